@@ -1,0 +1,58 @@
+// Strict safetensors reader: the header is validated completely (dtypes, shapes, offsets that
+// tile the data section exactly, file size) before any tensor data is touched; data is mmapped.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "model/config.h"
+
+namespace blockbatch::io {
+
+struct TensorEntry {
+  std::string name;
+  std::string dtype;  // safetensors tag: F32, BF16, ...
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;  // byte offsets into the data section
+};
+
+class SafetensorsFile : public std::enable_shared_from_this<SafetensorsFile> {
+ public:
+  // Throws c10::Error naming the file (and tensor) when the file is malformed.
+  static std::shared_ptr<SafetensorsFile> open(const std::string& path);
+  ~SafetensorsFile();
+
+  const std::string& path() const { return path_; }
+  const std::vector<TensorEntry>& entries() const { return entries_; }
+  const TensorEntry* find(const std::string& name) const;
+  // A CPU tensor viewing the mapped bytes (keeps the mapping alive). Weight dtypes only.
+  at::Tensor tensor(const std::string& name) const;
+
+ private:
+  SafetensorsFile() = default;
+  std::string path_;
+  void* map_ = nullptr;
+  size_t size_ = 0;
+  size_t data_offset_ = 0;
+  std::vector<TensorEntry> entries_;
+  std::unordered_map<std::string, size_t> index_;
+};
+
+// Parse config.json text into a validated ModelConfig (errors name `where` and the key).
+ModelConfig parse_model_config(const std::string& text, const std::string& where);
+
+struct LoadedCheckpoint {
+  ModelConfig config;
+  std::unordered_map<std::string, at::Tensor> weights;  // HF names, CPU, mmapped
+};
+
+// Read a Hugging Face checkpoint folder: config.json plus model.safetensors or the shards of
+// model.safetensors.index.json. Tensor names and shapes are checked against the config.
+LoadedCheckpoint load_checkpoint(const std::string& folder);
+
+}  // namespace blockbatch::io

@@ -1,0 +1,73 @@
+// CPU kernels of the native forward and the decode step: raw pointers and sizes, no tensors.
+//
+// Every kernel is templated on the storage type T (float, c10::BFloat16, c10::Half) and
+// computes in float32 (double where noted). They are the oracle for the CUDA kernels and are
+// bound to torch ops in csrc/torch/ops_cpu.cpp.
+#pragma once
+
+#include <cstdint>
+
+namespace blockbatch::cpu {
+
+// out[r, :] = (x[r, :] * rsqrt(mean(x[r, :]^2) + eps)) rounded to T, times w.   x row stride
+// `x_stride`, out contiguous [rows, dim].
+template <typename T>
+void rms_norm(const T* x, int64_t x_stride, const T* w, T* out, int64_t rows, int64_t dim, float eps);
+
+// out[r, i] = silu(gu[r, i]) * gu[r, m + i]; gu is [rows, 2m] (gate | up), out [rows, m].
+template <typename T>
+void silu_mul(const T* gate_up, T* out, int64_t rows, int64_t m);
+
+// In-place rotate-half RoPE on x[t, h, :] (row stride `row_stride`, heads contiguous by
+// head_dim) at positions[t]. cos_sin is [max_pos, head_dim] float: cos in the first half,
+// sin in the second half (one value per frequency).
+template <typename T>
+void rope_inplace(T* x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim,
+                  const int64_t* positions, const float* cos_sin);
+
+// Geometry of a KV buffer [rows, layers, 2, kv_heads, L, head_dim] (contiguous).
+struct KvGeometry {
+  int64_t layers, kv_heads, length, head_dim;
+  int64_t row_stride() const { return layers * 2 * kv_heads * length * head_dim; }
+  int64_t offset(int64_t row, int64_t layer, int64_t kind, int64_t head, int64_t pos) const {
+    return (((row * layers + layer) * 2 + kind) * kv_heads + head) * length * head_dim + pos * head_dim;
+  }
+};
+
+// Writes fresh k/v [t, kv_heads, head_dim] (row stride `src_stride`) into the KV slots of
+// their positions: kv[kv_rows[r], layer, 0|1, h, positions[t], :] for t in row r's range
+// [cu_seqlens[r], cu_seqlens[r+1]).
+template <typename T>
+void kv_write(T* kv, const KvGeometry& g, int64_t layer, const T* k, const T* v, int64_t src_stride,
+              const int64_t* positions, const int64_t* cu_seqlens, const int64_t* kv_rows, int64_t rows);
+
+// Packed variable-length bidirectional attention with GQA.
+// Row r's queries are tokens [cu_seqlens[r], cu_seqlens[r+1]). Its keys are, in order:
+// the first cache_lens[r] slots of KV row kv_rows[r] at `layer` (when cache != nullptr), then,
+// when attend_fresh, the row's own fresh k/v. Query head h reads kv head h / (heads/kv_heads).
+struct AttentionArgs {
+  const void* q;  // [T, heads, head_dim], row stride q_stride
+  const void* k;  // [T, kv_heads, head_dim], row stride kv_stride
+  const void* v;
+  void* out;      // [T, heads * head_dim] contiguous
+  int64_t q_stride, kv_stride;
+  const int64_t* cu_seqlens;
+  int64_t rows;
+  const void* cache;  // KV buffer or nullptr
+  KvGeometry geometry;
+  int64_t layer;
+  const int64_t* kv_rows;
+  const int64_t* cache_lens;
+  bool attend_fresh;
+  int64_t heads, kv_heads, head_dim;
+};
+template <typename T>
+void packed_attention(const AttentionArgs& a);
+
+// Per row of logits [rows, vocab]: argmax (lowest id on ties) and its softmax probability,
+// 1 / sum_j exp(l_j - l_max), summed in double. One pass for the max, one for the sum; no
+// probability matrix.
+template <typename T>
+void confidence(const T* logits, int64_t rows, int64_t vocab, int64_t* argmax, double* conf);
+
+}  // namespace blockbatch::cpu

@@ -1,0 +1,85 @@
+// RMSNorm, SwiGLU activation and the fused confidence kernel (CPU).
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <limits>
+
+#include "kernels/cpu/common.h"
+#include "kernels/cpu/kernels.h"
+
+namespace blockbatch::cpu {
+
+template <typename T>
+void rms_norm(const T* x, int64_t x_stride, const T* w, T* out, int64_t rows, int64_t dim, float eps) {
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* xr = x + r * x_stride;
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t i = 0;
+      for (; i + 8 <= dim; i += 8) {
+        for (int j = 0; j < 8; ++j) {
+          float v = to_float(xr[i + j]);
+          acc[j] += v * v;
+        }
+      }
+      float tail = 0;
+      for (; i < dim; ++i) tail += to_float(xr[i]) * to_float(xr[i]);
+      float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + tail;
+      float inv = 1.0f / std::sqrt(sum / static_cast<float>(dim) + eps);
+      T* o = out + r * dim;
+      for (int64_t k = 0; k < dim; ++k) {
+        // Round the normalised value to T first (as LLaDA does), then scale by the weight.
+        T normed = from_float<T>(to_float(xr[k]) * inv);
+        o[k] = from_float<T>(to_float(normed) * to_float(w[k]));
+      }
+    }
+  });
+}
+
+template <typename T>
+void silu_mul(const T* gate_up, T* out, int64_t rows, int64_t m) {
+  at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* g = gate_up + r * 2 * m;
+      const T* u = g + m;
+      T* o = out + r * m;
+      for (int64_t i = 0; i < m; ++i) {
+        float gv = to_float(g[i]);
+        float act = from_float<T>(gv / (1.0f + std::exp(-gv)));  // silu rounded to T, as torch does
+        o[i] = from_float<T>(act * to_float(u[i]));
+      }
+    }
+  });
+}
+
+template <typename T>
+void confidence(const T* logits, int64_t rows, int64_t vocab, int64_t* argmax, double* conf) {
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* l = logits + r * vocab;
+      float best = -std::numeric_limits<float>::infinity();
+      int64_t best_id = 0;
+      for (int64_t j = 0; j < vocab; ++j) {
+        float v = to_float(l[j]);
+        if (v > best) {  // strict: the lowest id wins ties
+          best = v;
+          best_id = j;
+        }
+      }
+      double sum = 0;
+      const double m = best;
+      for (int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(to_float(l[j])) - m);
+      argmax[r] = best_id;
+      conf[r] = 1.0 / sum;
+    }
+  });
+}
+
+#define INSTANTIATE(T)                                                                       \
+  template void rms_norm<T>(const T*, int64_t, const T*, T*, int64_t, int64_t, float);       \
+  template void silu_mul<T>(const T*, T*, int64_t, int64_t);                                 \
+  template void confidence<T>(const T*, int64_t, int64_t, int64_t*, double*);
+BLOCKBATCH_INSTANTIATE_FLOATING(INSTANTIATE)
+#undef INSTANTIATE
+
+}  // namespace blockbatch::cpu

@@ -1,0 +1,265 @@
+// The native LLaDA forward: GEMMs through ATen, everything else through blockbatch kernels.
+#include "model/model.h"
+
+#include <ATen/ops/arange.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/pow.h>
+#include <ATen/ops/reciprocal.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/Exception.h>
+
+#include <set>
+
+#include "torch/ops.h"
+
+namespace blockbatch {
+
+namespace {
+const std::string kPrefix = "model.transformer.";
+constexpr const char* kLayerTensors[] = {"attn_norm", "q_proj",  "k_proj",  "v_proj", "attn_out",
+                                         "ff_norm",   "ff_proj", "up_proj", "ff_out"};
+
+c10::ScalarType parse_dtype(const std::string& dtype, c10::ScalarType fallback) {
+  if (dtype.empty()) return fallback;
+  if (dtype == "float32") return at::kFloat;
+  if (dtype == "bfloat16") return at::kBFloat16;
+  if (dtype == "float16") return at::kHalf;
+  TORCH_CHECK(false, "dtype must be 'float32', 'bfloat16', 'float16' or '' (keep), got '", dtype, "'");
+}
+}  // namespace
+
+KvMode parse_kv_mode(const std::string& mode) {
+  if (mode == "full") return KvMode::kFull;
+  if (mode == "dual") return KvMode::kDual;
+  if (mode == "prefix") return KvMode::kPrefix;
+  TORCH_CHECK(false, "mode must be 'full', 'dual' or 'prefix', got '", mode, "'");
+}
+
+ModelConfig config_from_dicts(const c10::Dict<std::string, int64_t>& ints, const c10::Dict<std::string, double>& floats) {
+  auto get_int = [&](const char* key) {
+    TORCH_CHECK(ints.contains(key), "config: required integer key '", key, "' is missing");
+    return ints.at(key);
+  };
+  auto get_float = [&](const char* key) {
+    TORCH_CHECK(floats.contains(key), "config: required float key '", key, "' is missing");
+    return floats.at(key);
+  };
+  ModelConfig c;
+  c.d_model = get_int("d_model");
+  c.n_layers = get_int("n_layers");
+  c.n_heads = get_int("n_heads");
+  c.n_kv_heads = get_int("n_kv_heads");
+  c.mlp_hidden_size = get_int("mlp_hidden_size");
+  c.vocab_size = get_int("vocab_size");
+  c.embedding_size = get_int("embedding_size");
+  c.mask_token_id = get_int("mask_token_id");
+  c.eos_token_id = get_int("eos_token_id");
+  c.max_sequence_length = get_int("max_sequence_length");
+  c.weight_tying = get_int("weight_tying") != 0;
+  c.rope_theta = get_float("rope_theta");
+  c.rms_norm_eps = get_float("rms_norm_eps");
+  c.validate();
+  return c;
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> expected_weight_shapes(const ModelConfig& c) {
+  const int64_t d = c.d_model, hd = c.head_dim(), m = c.mlp_hidden_size;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  out.push_back({kPrefix + "wte.weight", {c.embedding_size, d}});
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    const std::string p = kPrefix + "blocks." + std::to_string(i) + ".";
+    out.push_back({p + "attn_norm.weight", {d}});
+    out.push_back({p + "q_proj.weight", {c.n_heads * hd, d}});
+    out.push_back({p + "k_proj.weight", {c.n_kv_heads * hd, d}});
+    out.push_back({p + "v_proj.weight", {c.n_kv_heads * hd, d}});
+    out.push_back({p + "attn_out.weight", {d, c.n_heads * hd}});
+    out.push_back({p + "ff_norm.weight", {d}});
+    out.push_back({p + "ff_proj.weight", {m, d}});
+    out.push_back({p + "up_proj.weight", {m, d}});
+    out.push_back({p + "ff_out.weight", {d, m}});
+  }
+  out.push_back({kPrefix + "ln_f.weight", {d}});
+  if (!c.weight_tying) out.push_back({kPrefix + "ff_out.weight", {c.embedding_size, d}});
+  return out;
+}
+
+Model::Model(const c10::Dict<std::string, int64_t>& ints, const c10::Dict<std::string, double>& floats,
+             const c10::Dict<std::string, at::Tensor>& weights, const std::string& dtype)
+    : config_(config_from_dicts(ints, floats)) {
+  std::unordered_map<std::string, at::Tensor> map;
+  for (const auto& item : weights) map.emplace(item.key(), item.value());
+  TORCH_CHECK(!map.empty(), "weights: the dict is empty");
+  build(map, parse_dtype(dtype, map.begin()->second.scalar_type()));
+}
+
+Model::Model(ModelConfig config, const std::unordered_map<std::string, at::Tensor>& weights, c10::ScalarType dtype)
+    : config_(std::move(config)) {
+  config_.validate();
+  build(weights, dtype);
+}
+
+void Model::build(const std::unordered_map<std::string, at::Tensor>& weights, c10::ScalarType dtype) {
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
+              "dtype must be float32, bfloat16 or float16, got ", dtype);
+  const auto expected = expected_weight_shapes(config_);
+  std::set<std::string> names;
+  std::optional<c10::Device> device;
+  for (const auto& [name, shape] : expected) {
+    names.insert(name);
+    auto it = weights.find(name);
+    TORCH_CHECK(it != weights.end(), "weights: tensor '", name, "' is missing");
+    const at::Tensor& t = it->second;
+    TORCH_CHECK(t.sizes() == c10::IntArrayRef(shape), "weights: tensor '", name, "' has shape ", t.sizes(),
+                ", expected ", c10::IntArrayRef(shape));
+    TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf,
+                "weights: tensor '", name, "' has dtype ", t.scalar_type(), "; expected float32, bfloat16 or float16");
+    if (!device) device = t.device();
+    TORCH_CHECK(t.device() == *device, "weights: tensor '", name, "' is on ", t.device(), " but others are on ",
+                *device);
+  }
+  for (const auto& [name, t] : weights) {
+    TORCH_CHECK(names.count(name), "weights: unexpected tensor '", name, "' (not part of a LLaDA model with this config)");
+  }
+  auto w = [&](const std::string& name) { return weights.at(kPrefix + name).to(dtype).contiguous(); };
+  wte_ = w("wte.weight");
+  ln_f_ = w("ln_f.weight");
+  lm_head_ = (config_.weight_tying ? wte_ : w("ff_out.weight")).narrow(0, 0, config_.vocab_size).contiguous();
+  layers_.clear();
+  for (int64_t i = 0; i < config_.n_layers; ++i) {
+    const std::string p = "blocks." + std::to_string(i) + ".";
+    LayerWeights lw;
+    lw.attn_norm = w(p + "attn_norm.weight");
+    lw.wqkv = at::cat({w(p + "q_proj.weight"), w(p + "k_proj.weight"), w(p + "v_proj.weight")}, 0);
+    lw.attn_out = w(p + "attn_out.weight");
+    lw.ff_norm = w(p + "ff_norm.weight");
+    lw.w_gate_up = at::cat({w(p + "ff_proj.weight"), w(p + "up_proj.weight")}, 0);
+    lw.ff_out = w(p + "ff_out.weight");
+    layers_.push_back(std::move(lw));
+  }
+  // RoPE table [max_sequence_length, head_dim]: cos | sin of one angle per frequency, computed
+  // in float64 exactly as the reference does, then rounded to float32.
+  const int64_t hd = config_.head_dim();
+  auto f64 = at::TensorOptions().dtype(at::kDouble).device(*device);
+  at::Tensor inv_freq = at::reciprocal(at::pow(config_.rope_theta, at::arange(0, hd, 2, f64).div(hd)));
+  at::Tensor angles = at::arange(config_.max_sequence_length, f64).unsqueeze(1).mul(inv_freq.unsqueeze(0));
+  rope_table_ = at::cat({angles.cos(), angles.sin()}, 1).to(at::kFloat).contiguous();
+}
+
+at::Tensor Model::new_kv(int64_t rows, int64_t length) const {
+  TORCH_CHECK(rows >= 0, "rows must be >= 0, got ", rows);
+  TORCH_CHECK(length > 0 && length <= config_.max_sequence_length, "length = ", length, " must be in [1, ",
+              config_.max_sequence_length, "] (max_sequence_length)");
+  return at::zeros({rows, config_.n_layers, 2, config_.n_kv_heads, length, config_.head_dim()},
+                   wte_.options());
+}
+
+void Model::check(const ForwardBatch& b) const {
+  auto index_vector = [&](const at::Tensor& t, const char* name) {
+    TORCH_CHECK(t.defined(), name, " is required");
+    TORCH_CHECK(t.scalar_type() == at::kLong, name, " must be int64, got ", t.scalar_type());
+    TORCH_CHECK(t.dim() == 1, name, " must be 1-D, got shape ", t.sizes());
+    TORCH_CHECK(t.device() == device(), name, " is on ", t.device(), " but the model is on ", device());
+  };
+  index_vector(b.tokens, "tokens");
+  index_vector(b.positions, "positions");
+  index_vector(b.cu_seqlens, "cu_seqlens");
+  const int64_t T = b.tokens.size(0);
+  TORCH_CHECK(b.positions.size(0) == T, "positions must have ", T, " entries (one per token), got ",
+              b.positions.size(0));
+  TORCH_CHECK(b.cu_seqlens.size(0) >= 2, "cu_seqlens must have at least 2 entries (one row), got ",
+              b.cu_seqlens.size(0));
+  const int64_t R = b.cu_seqlens.size(0) - 1;
+  int64_t max_pos = config_.max_sequence_length;
+  if (b.kv.defined()) {
+    const auto& c = config_;
+    TORCH_CHECK(b.kv.dim() == 6 && b.kv.size(1) == c.n_layers && b.kv.size(2) == 2 && b.kv.size(3) == c.n_kv_heads &&
+                    b.kv.size(5) == c.head_dim(),
+                "kv must be [rows, ", c.n_layers, ", 2, ", c.n_kv_heads, ", L, ", c.head_dim(), "], got shape ",
+                b.kv.sizes());
+    TORCH_CHECK(b.kv.scalar_type() == dtype(), "kv dtype ", b.kv.scalar_type(), " differs from the model dtype ",
+                dtype());
+    TORCH_CHECK(b.kv.device() == device(), "kv is on ", b.kv.device(), " but the model is on ", device());
+    TORCH_CHECK(b.kv.is_contiguous(), "kv must be contiguous");
+    max_pos = std::min(max_pos, b.kv.size(4));
+  } else {
+    TORCH_CHECK(b.mode == KvMode::kFull, "modes 'dual' and 'prefix' need a kv buffer");
+  }
+  if (b.kv_rows.defined()) {
+    index_vector(b.kv_rows, "kv_rows");
+    TORCH_CHECK(b.kv_rows.size(0) == R, "kv_rows must have ", R, " entries (one per row), got ", b.kv_rows.size(0));
+  } else if (b.kv.defined()) {
+    TORCH_CHECK(b.kv.size(0) >= R, "kv has ", b.kv.size(0), " rows but the batch has ", R,
+                " rows and no kv_rows mapping");
+  }
+  if (b.mode == KvMode::kPrefix) {
+    TORCH_CHECK(b.prefix_lens.defined(), "prefix_lens is required in mode 'prefix'");
+    index_vector(b.prefix_lens, "prefix_lens");
+    TORCH_CHECK(b.prefix_lens.size(0) == R, "prefix_lens must have ", R, " entries (one per row), got ",
+                b.prefix_lens.size(0));
+  }
+  if (b.logit_index.defined()) index_vector(b.logit_index, "logit_index");
+  if (device().is_cpu()) {  // value checks need host data
+    auto in_range = [](const at::Tensor& t, const char* name, int64_t lo, int64_t hi) {
+      const int64_t* p = t.const_data_ptr<int64_t>();
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        TORCH_CHECK(p[i] >= lo && p[i] < hi, name, "[", i, "] = ", p[i], " is outside [", lo, ", ", hi, ")");
+      }
+    };
+    in_range(b.tokens, "tokens", 0, config_.vocab_size);
+    in_range(b.positions, "positions", 0, max_pos);
+    const int64_t* cu = b.cu_seqlens.const_data_ptr<int64_t>();
+    TORCH_CHECK(cu[0] == 0 && cu[R] == T, "cu_seqlens must start at 0 and end at the token count ", T);
+    for (int64_t r = 0; r < R; ++r) {
+      TORCH_CHECK(cu[r + 1] >= cu[r], "cu_seqlens must be non-decreasing at row ", r);
+    }
+    if (b.kv_rows.defined()) in_range(b.kv_rows, "kv_rows", 0, b.kv.defined() ? b.kv.size(0) : 0);
+    if (b.mode == KvMode::kPrefix) in_range(b.prefix_lens, "prefix_lens", 0, b.kv.size(4) + 1);
+    if (b.logit_index.defined()) in_range(b.logit_index, "logit_index", 0, T);
+  }
+}
+
+at::Tensor Model::forward(const ForwardBatch& b) const {
+  check(b);
+  const auto& c = config_;
+  const int64_t T = b.tokens.size(0), R = b.cu_seqlens.size(0) - 1, hd = c.head_dim();
+  const int64_t q_width = c.n_heads * hd, kv_width = c.n_kv_heads * hd;
+  const auto index_opts = b.tokens.options();
+
+  std::optional<at::Tensor> attn_kv, attn_rows, cache_lens;
+  at::Tensor kv_rows = b.kv_rows.defined() ? b.kv_rows : at::arange(R, index_opts);
+  const bool write = b.kv.defined() && b.mode != KvMode::kPrefix;
+  bool attend_fresh = true;
+  if (b.mode == KvMode::kDual) {
+    attn_kv = b.kv;
+    attn_rows = kv_rows;
+    cache_lens = at::full({R}, b.kv.size(4), index_opts);
+    attend_fresh = false;  // the fresh K/V are already in their slots
+  } else if (b.mode == KvMode::kPrefix) {
+    attn_kv = b.kv;
+    attn_rows = kv_rows;
+    cache_lens = b.prefix_lens;
+  }
+
+  at::Tensor x = wte_.index_select(0, b.tokens);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& w = layers_[l];
+    at::Tensor h = ops::rms_norm(x, w.attn_norm, c.rms_norm_eps);
+    at::Tensor qkv = at::mm(h, w.wqkv.t());
+    at::Tensor q = qkv.narrow(1, 0, q_width).view({T, c.n_heads, hd});
+    at::Tensor k = qkv.narrow(1, q_width, kv_width).view({T, c.n_kv_heads, hd});
+    at::Tensor v = qkv.narrow(1, q_width + kv_width, kv_width).view({T, c.n_kv_heads, hd});
+    ops::rope_(q, b.positions, rope_table_);
+    ops::rope_(k, b.positions, rope_table_);
+    if (write) ops::kv_write_(b.kv, k, v, b.positions, b.cu_seqlens, kv_rows, l);
+    at::Tensor attn = ops::packed_attention(q, k, v, b.cu_seqlens, attn_kv, attn_rows, cache_lens, l, attend_fresh);
+    x.add_(at::mm(attn, w.attn_out.t()));
+    h = ops::rms_norm(x, w.ff_norm, c.rms_norm_eps);
+    x.add_(at::mm(ops::silu_mul(at::mm(h, w.w_gate_up.t())), w.ff_out.t()));
+  }
+  at::Tensor last = b.logit_index.defined() ? x.index_select(0, b.logit_index) : x;
+  return at::mm(ops::rms_norm(last, ln_f_, c.rms_norm_eps), lm_head_.t());
+}
+
+}  // namespace blockbatch

@@ -1,0 +1,123 @@
+// Shape, dtype and device checks shared by the CPU, CUDA and Meta implementations.
+#include <c10/util/Exception.h>
+
+#include "torch/ops.h"
+
+namespace blockbatch {
+
+namespace {
+void check_floating(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf,
+              name, " must be float32, bfloat16 or float16, got ", t.scalar_type());
+}
+void check_index(const at::Tensor& t, const char* name, int64_t dim) {
+  TORCH_CHECK(t.scalar_type() == at::kLong, name, " must be int64, got ", t.scalar_type());
+  TORCH_CHECK(t.dim() == dim, name, " must have ", dim, " dimension(s), got shape ", t.sizes());
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+}
+void check_same_device(const at::Tensor& a, const at::Tensor& b, const char* na, const char* nb) {
+  TORCH_CHECK(a.device() == b.device(), na, " is on ", a.device(), " but ", nb, " is on ", b.device());
+}
+// [T, heads, head_dim] with contiguous heads; any row stride.
+void check_heads_view(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.dim() == 3, name, " must be [tokens, heads, head_dim], got shape ", t.sizes());
+  TORCH_CHECK(t.stride(2) == 1 && t.stride(1) == t.size(2), name,
+              " must have contiguous heads (stride(2) == 1, stride(1) == head_dim), got strides ", t.strides());
+}
+}  // namespace
+
+void check_rms_norm(const at::Tensor& x, const at::Tensor& weight) {
+  check_floating(x, "x");
+  TORCH_CHECK(x.dim() == 2, "x must be [rows, dim], got shape ", x.sizes());
+  TORCH_CHECK(x.stride(1) == 1, "x must have a contiguous last dimension");
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1), "weight must be [", x.size(1), "], got ",
+              weight.sizes());
+  TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "weight dtype ", weight.scalar_type(),
+              " differs from x dtype ", x.scalar_type());
+  TORCH_CHECK(weight.is_contiguous(), "weight must be contiguous");
+  check_same_device(x, weight, "x", "weight");
+}
+
+void check_silu_mul(const at::Tensor& gate_up) {
+  check_floating(gate_up, "gate_up");
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0, "gate_up must be [rows, 2*m], got shape ",
+              gate_up.sizes());
+  TORCH_CHECK(gate_up.is_contiguous(), "gate_up must be contiguous");
+}
+
+void check_rope(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin) {
+  check_floating(x, "x");
+  check_heads_view(x, "x");
+  TORCH_CHECK(x.size(2) % 2 == 0, "x head_dim must be even, got ", x.size(2));
+  check_index(positions, "positions", 1);
+  TORCH_CHECK(positions.size(0) == x.size(0), "positions must have ", x.size(0), " entries, got ", positions.size(0));
+  TORCH_CHECK(cos_sin.scalar_type() == at::kFloat && cos_sin.dim() == 2 && cos_sin.size(1) == x.size(2) &&
+                  cos_sin.is_contiguous(),
+              "cos_sin must be a contiguous float32 [max_positions, ", x.size(2), "] table, got ",
+              cos_sin.scalar_type(), " ", cos_sin.sizes());
+  check_same_device(x, positions, "x", "positions");
+  check_same_device(x, cos_sin, "x", "cos_sin");
+}
+
+void check_kv_write(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
+                    const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer) {
+  check_floating(kv, "kv");
+  TORCH_CHECK(kv.dim() == 6 && kv.size(2) == 2, "kv must be [rows, layers, 2, kv_heads, L, head_dim], got shape ",
+              kv.sizes());
+  TORCH_CHECK(kv.is_contiguous(), "kv must be contiguous");
+  TORCH_CHECK(layer >= 0 && layer < kv.size(1), "layer = ", layer, " is outside [0, ", kv.size(1), ")");
+  for (const auto& [t, name] : {std::pair{&k, "k"}, std::pair{&v, "v"}}) {
+    check_heads_view(*t, name);
+    TORCH_CHECK(t->scalar_type() == kv.scalar_type(), name, " dtype ", t->scalar_type(), " differs from kv dtype ",
+                kv.scalar_type());
+    TORCH_CHECK(t->size(1) == kv.size(3) && t->size(2) == kv.size(5), name, " must be [tokens, ", kv.size(3), ", ",
+                kv.size(5), "], got ", t->sizes());
+    check_same_device(kv, *t, "kv", name);
+  }
+  TORCH_CHECK(k.sizes() == v.sizes() && k.strides() == v.strides(), "k and v must have the same shape and strides");
+  check_index(positions, "positions", 1);
+  TORCH_CHECK(positions.size(0) == k.size(0), "positions must have ", k.size(0), " entries, got ", positions.size(0));
+  check_index(cu_seqlens, "cu_seqlens", 1);
+  TORCH_CHECK(cu_seqlens.size(0) >= 1, "cu_seqlens must have at least one entry");
+  check_index(kv_rows, "kv_rows", 1);
+  TORCH_CHECK(kv_rows.size(0) == cu_seqlens.size(0) - 1, "kv_rows must have ", cu_seqlens.size(0) - 1,
+              " entries (one per row), got ", kv_rows.size(0));
+}
+
+void check_packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
+                            const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
+                            int64_t layer) {
+  check_floating(q, "q");
+  check_heads_view(q, "q");
+  check_heads_view(k, "k");
+  check_heads_view(v, "v");
+  TORCH_CHECK(k.sizes() == v.sizes() && k.strides() == v.strides(), "k and v must have the same shape and strides");
+  TORCH_CHECK(k.size(0) == q.size(0) && k.size(2) == q.size(2), "k must be [", q.size(0), ", kv_heads, ", q.size(2),
+              "], got ", k.sizes());
+  TORCH_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, "kv_heads = ", k.size(1), " must divide heads = ",
+              q.size(1));
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
+              "q, k and v must share a dtype");
+  check_same_device(q, k, "q", "k");
+  check_same_device(q, v, "q", "v");
+  check_index(cu_seqlens, "cu_seqlens", 1);
+  TORCH_CHECK(cu_seqlens.size(0) >= 1, "cu_seqlens must have at least one entry");
+  const int64_t rows = cu_seqlens.size(0) - 1;
+  if (kv.has_value()) {
+    TORCH_CHECK(kv->dim() == 6 && kv->size(2) == 2 && kv->size(3) == k.size(1) && kv->size(5) == q.size(2),
+                "kv must be [rows, layers, 2, ", k.size(1), ", L, ", q.size(2), "], got shape ", kv->sizes());
+    TORCH_CHECK(kv->is_contiguous(), "kv must be contiguous");
+    TORCH_CHECK(kv->scalar_type() == q.scalar_type(), "kv dtype ", kv->scalar_type(), " differs from q dtype ",
+                q.scalar_type());
+    check_same_device(q, *kv, "q", "kv");
+    TORCH_CHECK(layer >= 0 && layer < kv->size(1), "layer = ", layer, " is outside [0, ", kv->size(1), ")");
+    TORCH_CHECK(kv_rows.has_value() && cache_lens.has_value(), "kv_rows and cache_lens are required with kv");
+    check_index(*kv_rows, "kv_rows", 1);
+    check_index(*cache_lens, "cache_lens", 1);
+    TORCH_CHECK(kv_rows->size(0) == rows && cache_lens->size(0) == rows, "kv_rows and cache_lens must have ", rows,
+                " entries (one per row)");
+  }
+}
+
+}  // namespace blockbatch

@@ -1,0 +1,54 @@
+// blockbatch::ops::* — call the registered ops through the dispatcher, so the model and the
+// decode loop are written once and run on whichever device their tensors live on.
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include "torch/ops.h"
+
+namespace blockbatch::ops {
+
+namespace {
+template <typename Sig>
+c10::TypedOperatorHandle<Sig> handle(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
+}
+}  // namespace
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  static auto op = handle<at::Tensor(const at::Tensor&, const at::Tensor&, double)>("blockbatch::rms_norm");
+  return op.call(x, weight, eps);
+}
+
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  static auto op = handle<at::Tensor(const at::Tensor&)>("blockbatch::silu_mul");
+  return op.call(gate_up);
+}
+
+void rope_(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin) {
+  static auto op = handle<void(const at::Tensor&, const at::Tensor&, const at::Tensor&)>("blockbatch::rope_");
+  op.call(x, positions, cos_sin);
+}
+
+void kv_write_(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
+               const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer) {
+  static auto op = handle<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                               const at::Tensor&, const at::Tensor&, int64_t)>("blockbatch::kv_write_");
+  op.call(kv, k, v, positions, cu_seqlens, kv_rows, layer);
+}
+
+at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
+                            const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
+                            int64_t layer, bool attend_fresh) {
+  static auto op =
+      handle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                        const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                        const std::optional<at::Tensor>&, int64_t, bool)>("blockbatch::packed_attention");
+  return op.call(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer, attend_fresh);
+}
+
+std::tuple<at::Tensor, at::Tensor> confidence(const at::Tensor& logits) {
+  static auto op = handle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&)>("blockbatch::confidence");
+  return op.call(logits);
+}
+
+}  // namespace blockbatch::ops

@@ -1,0 +1,47 @@
+// Tensor-level kernel ops. `blockbatch::ops::*` call through the dispatcher (CPU, CUDA or Meta
+// chosen by the inputs' dispatch key); `*_cpu` / `*_meta` are the registered implementations.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <tuple>
+
+namespace blockbatch {
+
+namespace ops {
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+at::Tensor silu_mul(const at::Tensor& gate_up);
+void rope_(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin);
+void kv_write_(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
+               const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer);
+at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
+                            const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
+                            int64_t layer, bool attend_fresh);
+std::tuple<at::Tensor, at::Tensor> confidence(const at::Tensor& logits);
+}  // namespace ops
+
+at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double eps);
+at::Tensor silu_mul_cpu(const at::Tensor& gate_up);
+void rope_cpu(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin);
+void kv_write_cpu(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
+                  const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer);
+at::Tensor packed_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
+                                const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
+                                int64_t layer, bool attend_fresh);
+std::tuple<at::Tensor, at::Tensor> confidence_cpu(const at::Tensor& logits);
+
+// Shape checks shared by every backend (CPU, CUDA, Meta): throw naming the argument.
+void check_rms_norm(const at::Tensor& x, const at::Tensor& weight);
+void check_silu_mul(const at::Tensor& gate_up);
+void check_rope(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin);
+void check_kv_write(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
+                    const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer);
+void check_packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
+                            const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
+                            int64_t layer);
+
+}  // namespace blockbatch

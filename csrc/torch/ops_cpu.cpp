@@ -1,0 +1,132 @@
+// CPU implementations of the kernel ops: validate, then call csrc/kernels/cpu.
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+
+#include "kernels/cpu/kernels.h"
+#include "torch/ops.h"
+
+namespace blockbatch {
+
+namespace {
+// float32, bfloat16 and float16 only (the checks refuse every other dtype).
+#define BLOCKBATCH_DISPATCH_FLOATING(TYPE, NAME, ...)                         \
+  AT_DISPATCH_SWITCH(TYPE, NAME, AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__)     \
+                         AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__)         \
+                             AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__))
+
+// Row boundaries must start at 0, never decrease and end at `total`.
+void check_cu_seqlens_values(const at::Tensor& cu, int64_t total) {
+  const int64_t* p = cu.data_ptr<int64_t>();
+  TORCH_CHECK(p[0] == 0, "cu_seqlens[0] must be 0, got ", p[0]);
+  for (int64_t i = 1; i < cu.size(0); ++i) {
+    TORCH_CHECK(p[i] >= p[i - 1], "cu_seqlens must be non-decreasing: cu_seqlens[", i, "] = ", p[i], " < ", p[i - 1]);
+  }
+  TORCH_CHECK(p[cu.size(0) - 1] == total, "cu_seqlens[-1] = ", p[cu.size(0) - 1], " must equal the token count ",
+              total);
+}
+void check_range(const at::Tensor& t, const char* name, int64_t lo, int64_t hi) {
+  const int64_t* p = t.data_ptr<int64_t>();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    TORCH_CHECK(p[i] >= lo && p[i] < hi, name, "[", i, "] = ", p[i], " is outside [", lo, ", ", hi, ")");
+  }
+}
+}  // namespace
+
+at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_rms_norm(x, weight);
+  at::Tensor out = at::empty({x.size(0), x.size(1)}, x.options());
+  BLOCKBATCH_DISPATCH_FLOATING(x.scalar_type(), "rms_norm", [&] {
+    cpu::rms_norm<scalar_t>(x.const_data_ptr<scalar_t>(), x.stride(0), weight.const_data_ptr<scalar_t>(),
+                            out.data_ptr<scalar_t>(), x.size(0), x.size(1), static_cast<float>(eps));
+  });
+  return out;
+}
+
+at::Tensor silu_mul_cpu(const at::Tensor& gate_up) {
+  check_silu_mul(gate_up);
+  const int64_t m = gate_up.size(1) / 2;
+  at::Tensor out = at::empty({gate_up.size(0), m}, gate_up.options());
+  BLOCKBATCH_DISPATCH_FLOATING(gate_up.scalar_type(), "silu_mul", [&] {
+    cpu::silu_mul<scalar_t>(gate_up.const_data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), gate_up.size(0), m);
+  });
+  return out;
+}
+
+void rope_cpu(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin) {
+  check_rope(x, positions, cos_sin);
+  check_range(positions, "positions", 0, cos_sin.size(0));
+  BLOCKBATCH_DISPATCH_FLOATING(x.scalar_type(), "rope_", [&] {
+    cpu::rope_inplace<scalar_t>(x.data_ptr<scalar_t>(), x.size(0), x.stride(0), x.size(1), x.size(2),
+                                positions.const_data_ptr<int64_t>(), cos_sin.const_data_ptr<float>());
+  });
+}
+
+void kv_write_cpu(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
+                  const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer) {
+  check_kv_write(kv, k, v, positions, cu_seqlens, kv_rows, layer);
+  check_cu_seqlens_values(cu_seqlens, k.size(0));
+  check_range(positions, "positions", 0, kv.size(4));
+  check_range(kv_rows, "kv_rows", 0, kv.size(0));
+  const cpu::KvGeometry g{kv.size(1), kv.size(3), kv.size(4), kv.size(5)};
+  BLOCKBATCH_DISPATCH_FLOATING(kv.scalar_type(), "kv_write_", [&] {
+    cpu::kv_write<scalar_t>(kv.data_ptr<scalar_t>(), g, layer, k.const_data_ptr<scalar_t>(),
+                            v.const_data_ptr<scalar_t>(), k.stride(0), positions.const_data_ptr<int64_t>(),
+                            cu_seqlens.const_data_ptr<int64_t>(), kv_rows.const_data_ptr<int64_t>(),
+                            cu_seqlens.size(0) - 1);
+  });
+}
+
+at::Tensor packed_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
+                                const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
+                                int64_t layer, bool attend_fresh) {
+  check_packed_attention(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer);
+  check_cu_seqlens_values(cu_seqlens, q.size(0));
+  const int64_t rows = cu_seqlens.size(0) - 1;
+  cpu::AttentionArgs a{};
+  if (kv.has_value()) {
+    check_range(*kv_rows, "kv_rows", 0, kv->size(0));
+    check_range(*cache_lens, "cache_lens", 0, kv->size(4) + 1);
+    a.cache = kv->const_data_ptr();
+    a.geometry = {kv->size(1), kv->size(3), kv->size(4), kv->size(5)};
+    a.kv_rows = kv_rows->const_data_ptr<int64_t>();
+    a.cache_lens = cache_lens->const_data_ptr<int64_t>();
+  }
+  const int64_t* cu = cu_seqlens.const_data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t keys = (kv.has_value() ? a.cache_lens[r] : 0) + (attend_fresh ? cu[r + 1] - cu[r] : 0);
+    TORCH_CHECK(keys > 0 || cu[r + 1] == cu[r], "row ", r, " has queries but no keys to attend to");
+  }
+  at::Tensor out = at::empty({q.size(0), q.size(1) * q.size(2)}, q.options());
+  a.q = q.const_data_ptr();
+  a.k = k.const_data_ptr();
+  a.v = v.const_data_ptr();
+  a.out = out.data_ptr();
+  a.q_stride = q.stride(0);
+  a.kv_stride = k.stride(0);
+  a.cu_seqlens = cu;
+  a.rows = rows;
+  a.layer = layer;
+  a.attend_fresh = attend_fresh;
+  a.heads = q.size(1);
+  a.kv_heads = k.size(1);
+  a.head_dim = q.size(2);
+  BLOCKBATCH_DISPATCH_FLOATING(q.scalar_type(), "packed_attention", [&] { cpu::packed_attention<scalar_t>(a); });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> confidence_cpu(const at::Tensor& logits) {
+  TORCH_CHECK(logits.dim() == 2 && logits.size(1) > 0, "logits must be [rows, vocab] with vocab > 0, got shape ",
+              logits.sizes());
+  TORCH_CHECK(logits.stride(1) == 1 && logits.stride(0) == logits.size(1), "logits must be contiguous");
+  at::Tensor argmax = at::empty({logits.size(0)}, logits.options().dtype(at::kLong));
+  at::Tensor conf = at::empty({logits.size(0)}, logits.options().dtype(at::kDouble));
+  BLOCKBATCH_DISPATCH_FLOATING(logits.scalar_type(), "confidence", [&] {
+    cpu::confidence<scalar_t>(logits.const_data_ptr<scalar_t>(), logits.size(0), logits.size(1),
+                              argmax.data_ptr<int64_t>(), conf.data_ptr<double>());
+  });
+  return {argmax, conf};
+}
+
+}  // namespace blockbatch

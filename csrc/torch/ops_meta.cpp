@@ -1,0 +1,54 @@
+// Meta (shape-only) implementations: let the ops run under FakeTensor and torch.compile.
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include "torch/ops.h"
+
+namespace blockbatch {
+namespace {
+
+at::Tensor rms_norm_meta(const at::Tensor& x, const at::Tensor& weight, double) {
+  check_rms_norm(x, weight);
+  return at::empty({x.size(0), x.size(1)}, x.options());
+}
+
+at::Tensor silu_mul_meta(const at::Tensor& gate_up) {
+  check_silu_mul(gate_up);
+  return at::empty({gate_up.size(0), gate_up.size(1) / 2}, gate_up.options());
+}
+
+void rope_meta(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin) {
+  check_rope(x, positions, cos_sin);
+}
+
+void kv_write_meta(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
+                   const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer) {
+  check_kv_write(kv, k, v, positions, cu_seqlens, kv_rows, layer);
+}
+
+at::Tensor packed_attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
+                                 const std::optional<at::Tensor>& kv_rows,
+                                 const std::optional<at::Tensor>& cache_lens, int64_t layer, bool) {
+  check_packed_attention(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer);
+  return at::empty({q.size(0), q.size(1) * q.size(2)}, q.options());
+}
+
+std::tuple<at::Tensor, at::Tensor> confidence_meta(const at::Tensor& logits) {
+  TORCH_CHECK(logits.dim() == 2, "logits must be [rows, vocab], got shape ", logits.sizes());
+  return {at::empty({logits.size(0)}, logits.options().dtype(at::kLong)),
+          at::empty({logits.size(0)}, logits.options().dtype(at::kDouble))};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(blockbatch, Meta, m) {
+  m.impl("rms_norm", &rms_norm_meta);
+  m.impl("silu_mul", &silu_mul_meta);
+  m.impl("rope_", &rope_meta);
+  m.impl("kv_write_", &kv_write_meta);
+  m.impl("packed_attention", &packed_attention_meta);
+  m.impl("confidence", &confidence_meta);
+}
+
+}  // namespace blockbatch

@@ -1,0 +1,324 @@
+"""Hugging Face checkpoint folders: strict reading and writing (LLaDA weight layout).
+
+A folder holds ``config.json``, weights in ``model.safetensors`` or in shards listed by
+``model.safetensors.index.json``, and optionally ``tokenizer.json`` (+ ``tokenizer_config.json``
+with a chat template). Weights are memory-mapped by the ``safetensors`` package after we have
+validated every header ourselves, so a malformed file is refused before any data is touched
+and every error names the file and the tensor or key at fault.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import struct
+from typing import Any, Iterable
+
+import torch
+
+from .config import ModelConfig
+from .errors import CheckpointError
+
+WEIGHTS_NAME = "model.safetensors"
+INDEX_NAME = "model.safetensors.index.json"
+CONFIG_NAME = "config.json"
+TOKENIZER_NAME = "tokenizer.json"
+TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
+PREFIX = "model.transformer."
+LAYER_TENSORS = ("attn_norm", "q_proj", "k_proj", "v_proj", "attn_out", "ff_norm", "ff_proj", "up_proj", "ff_out")
+
+# safetensors dtype tag -> (torch dtype, bytes per element)
+_ST_DTYPES: dict[str, tuple[torch.dtype | None, int]] = {
+    "F64": (torch.float64, 8), "F32": (torch.float32, 4), "F16": (torch.float16, 2),
+    "BF16": (torch.bfloat16, 2), "I64": (torch.int64, 8), "I32": (torch.int32, 4),
+    "I16": (torch.int16, 2), "I8": (torch.int8, 1), "U8": (torch.uint8, 1), "BOOL": (torch.bool, 1),
+    "F8_E4M3": (None, 1), "F8_E5M2": (None, 1), "U16": (None, 2), "U32": (None, 4), "U64": (None, 8),
+}
+WEIGHT_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+_MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor a LLaDA checkpoint must hold, with its shape (HF names)."""
+    d, hd, m = config.d_model, config.head_dim, config.mlp_hidden_size
+    shapes: dict[str, tuple[int, ...]] = {PREFIX + "wte.weight": (config.embedding_size, d)}
+    per_layer = {
+        "attn_norm": (d,), "q_proj": (config.n_heads * hd, d), "k_proj": (config.n_kv_heads * hd, d),
+        "v_proj": (config.n_kv_heads * hd, d), "attn_out": (d, config.n_heads * hd), "ff_norm": (d,),
+        "ff_proj": (m, d), "up_proj": (m, d), "ff_out": (d, m),
+    }
+    for i in range(config.n_layers):
+        for name, shape in per_layer.items():
+            shapes[f"{PREFIX}blocks.{i}.{name}.weight"] = shape
+    shapes[PREFIX + "ln_f.weight"] = (d,)
+    if not config.weight_tying:
+        shapes[PREFIX + "ff_out.weight"] = (config.embedding_size, d)
+    return shapes
+
+
+# --------------------------------------------------------------------------- headers
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int  # byte offsets into the data section
+    end: int
+
+
+def read_safetensors_header(path: str) -> dict[str, TensorInfo]:
+    """Parse and validate a safetensors header without touching the tensor data.
+
+    Checks: 8-byte length prefix, header size within the file, JSON object, known dtypes,
+    shapes of non-negative integers, ``data_offsets`` that match ``numel * itemsize`` and tile
+    the data section exactly (no gaps, overlaps or bytes past the end of the file).
+    """
+    try:
+        file_size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            prefix = f.read(8)
+            if len(prefix) < 8:
+                raise CheckpointError(f"{path}: file is {file_size} bytes, too short for a safetensors header")
+            (n,) = struct.unpack("<Q", prefix)
+            if n > _MAX_HEADER_BYTES or 8 + n > file_size:
+                raise CheckpointError(
+                    f"{path}: header length {n} does not fit in the {file_size}-byte file (truncated or not safetensors)")
+            raw = f.read(n)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: file not found") from None
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: header is not valid JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: header must be a JSON object")
+    data_size = file_size - 8 - n
+    infos: dict[str, TensorInfo] = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            if not isinstance(entry, dict):
+                raise CheckpointError(f"{path}: '__metadata__' must be an object of strings")
+            continue
+        if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+            raise CheckpointError(f"{path}: tensor '{name}': entry must have exactly dtype, shape, data_offsets")
+        dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+        if dtype not in _ST_DTYPES:
+            raise CheckpointError(f"{path}: tensor '{name}': unknown dtype {dtype!r}")
+        if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
+                                                  for s in shape):
+            raise CheckpointError(f"{path}: tensor '{name}': shape {shape!r} is not a list of non-negative integers")
+        if (not isinstance(offsets, list) or len(offsets) != 2
+                or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+                or not 0 <= offsets[0] <= offsets[1]):
+            raise CheckpointError(f"{path}: tensor '{name}': data_offsets {offsets!r} are not [begin <= end]")
+        numel = 1
+        for s in shape:
+            numel *= s
+        nbytes = numel * _ST_DTYPES[dtype][1]
+        if offsets[1] - offsets[0] != nbytes:
+            raise CheckpointError(
+                f"{path}: tensor '{name}': data_offsets {offsets} span {offsets[1] - offsets[0]} bytes but "
+                f"{dtype}{shape} needs {nbytes}")
+        if offsets[1] > data_size:
+            raise CheckpointError(
+                f"{path}: tensor '{name}': data_offsets end {offsets[1]} is past the data section "
+                f"({data_size} bytes): file truncated?")
+        infos[name] = TensorInfo(name, dtype, tuple(shape), offsets[0], offsets[1])
+    expected_begin = 0
+    for info in sorted(infos.values(), key=lambda t: (t.begin, t.end)):
+        if info.begin != expected_begin:
+            what = "overlaps the previous tensor" if info.begin < expected_begin else "leaves a gap before it"
+            raise CheckpointError(f"{path}: tensor '{info.name}': data_offsets begin {info.begin} {what}")
+        expected_begin = info.end
+    if expected_begin != data_size:
+        raise CheckpointError(
+            f"{path}: tensors cover {expected_begin} bytes but the data section holds {data_size}: header lies")
+    return infos
+
+
+# --------------------------------------------------------------------------- checkpoint
+
+
+@dataclasses.dataclass
+class Checkpoint:
+    """A loaded checkpoint: config, named weights (HF names), tokenizer (or None)."""
+
+    path: str
+    config: ModelConfig
+    weights: dict[str, torch.Tensor]
+    tokenizer: Any = None  # tokenizers.Tokenizer
+    chat_template: str | None = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(iter(self.weights.values())).dtype
+
+
+def _weight_files(folder: str) -> dict[str, str]:
+    """Map tensor name -> file that holds it."""
+    index_path = os.path.join(folder, INDEX_NAME)
+    single = os.path.join(folder, WEIGHTS_NAME)
+    if os.path.exists(index_path):
+        try:
+            with open(index_path, encoding="utf-8") as f:
+                index = json.load(f)
+        except json.JSONDecodeError as e:
+            raise CheckpointError(f"{index_path}: not valid JSON ({e})") from None
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{index_path}: key 'weight_map' is missing or empty")
+        out = {}
+        for name, shard in weight_map.items():
+            if not isinstance(shard, str) or os.path.basename(shard) != shard:
+                raise CheckpointError(f"{index_path}: tensor '{name}' maps to {shard!r}, not a file name in the folder")
+            shard_path = os.path.join(folder, shard)
+            if not os.path.exists(shard_path):
+                raise CheckpointError(f"{index_path}: tensor '{name}' lives in missing shard {shard}")
+            out[name] = shard_path
+        return out
+    if os.path.exists(single):
+        return {name: single for name in read_safetensors_header(single)}
+    raise CheckpointError(f"{folder}: no {WEIGHTS_NAME} and no {INDEX_NAME}")
+
+
+def load_weights(folder: str, config: ModelConfig, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """Read and validate every weight tensor; returns HF-named tensors (memory-mapped when no cast)."""
+    from safetensors import safe_open
+
+    files = _weight_files(folder)
+    headers = {path: read_safetensors_header(path) for path in sorted(set(files.values()))}
+    expected = expected_weight_shapes(config)
+    for name, path in files.items():
+        if name not in headers[path]:
+            raise CheckpointError(f"{path}: tensor '{name}' is listed in the index but absent from this shard")
+        if name not in expected:
+            raise CheckpointError(f"{path}: unexpected tensor '{name}' (not part of a LLaDA model with this config)")
+    for path, infos in headers.items():
+        for name in infos:
+            if files.get(name) != path:
+                raise CheckpointError(f"{path}: unexpected tensor '{name}' (not listed for this file)")
+    for name, shape in expected.items():
+        if name not in files:
+            raise CheckpointError(f"{folder}: tensor '{name}' is missing")
+        info = headers[files[name]][name]
+        if info.shape != shape:
+            raise CheckpointError(f"{files[name]}: tensor '{name}' has shape {list(info.shape)}, expected {list(shape)}")
+        if info.dtype not in WEIGHT_DTYPES:
+            raise CheckpointError(
+                f"{files[name]}: tensor '{name}' has dtype {info.dtype}; weights must be F32, BF16 or F16")
+    stored = {headers[files[n]][n].dtype for n in expected}
+    if dtype is None and len(stored) > 1:
+        raise CheckpointError(f"{folder}: tensors mix dtypes {sorted(stored)}; pass dtype= to convert them")
+    weights: dict[str, torch.Tensor] = {}
+    for path in headers:
+        try:
+            with safe_open(path, framework="pt") as f:
+                for name in headers[path]:
+                    t = f.get_tensor(name)
+                    weights[name] = t if dtype is None or t.dtype == dtype else t.to(dtype)
+        except CheckpointError:
+            raise
+        except Exception as e:  # safetensors raises its own error types
+            raise CheckpointError(f"{path}: cannot read tensors ({e})") from None
+    return {name: weights[name] for name in expected}
+
+
+def load_tokenizer(folder: str):
+    """``tokenizers.Tokenizer`` from ``tokenizer.json`` (None when absent) and the chat template."""
+    path = os.path.join(folder, TOKENIZER_NAME)
+    if not os.path.exists(path):
+        return None, None
+    from tokenizers import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_file(path)
+    except Exception as e:
+        raise CheckpointError(f"{path}: cannot parse tokenizer ({e})") from None
+    template = None
+    cfg_path = os.path.join(folder, TOKENIZER_CONFIG_NAME)
+    if os.path.exists(cfg_path):
+        try:
+            with open(cfg_path, encoding="utf-8") as f:
+                tok_cfg = json.load(f)
+        except json.JSONDecodeError as e:
+            raise CheckpointError(f"{cfg_path}: not valid JSON ({e})") from None
+        template = tok_cfg.get("chat_template") if isinstance(tok_cfg, dict) else None
+    return tokenizer, template
+
+
+def load_checkpoint(path: str | os.PathLike, dtype: torch.dtype | None = None) -> Checkpoint:
+    """Load a Hugging Face LLaDA checkpoint folder.
+
+    Parameters
+    ----------
+    path: folder with ``config.json``, ``model.safetensors`` (or sharded + index) and
+        optionally ``tokenizer.json``.
+    dtype: convert weights to this dtype (float32, bfloat16, float16); None keeps the stored one.
+    """
+    folder = os.fspath(path)
+    if not os.path.isdir(folder):
+        raise CheckpointError(f"{folder}: not a checkpoint folder (does not exist or is not a directory)")
+    if dtype is not None and dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise CheckpointError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
+    config = ModelConfig.from_json_file(os.path.join(folder, CONFIG_NAME))
+    weights = load_weights(folder, config, dtype)
+    tokenizer, template = load_tokenizer(folder)
+    if tokenizer is not None and tokenizer.get_vocab_size() > config.vocab_size:
+        raise CheckpointError(
+            f"{os.path.join(folder, TOKENIZER_NAME)}: tokenizer has {tokenizer.get_vocab_size()} tokens, "
+            f"more than vocab_size = {config.vocab_size}")
+    return Checkpoint(folder, config, weights, tokenizer, template)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def save_checkpoint(path: str | os.PathLike, config: ModelConfig, weights: dict[str, torch.Tensor],
+                    tokenizer=None, chat_template: str | None = None,
+                    max_shard_bytes: int | None = None) -> None:
+    """Write a checkpoint folder in the exact HF LLaDA layout.
+
+    ``max_shard_bytes`` splits the weights into ``model-0000i-of-0000n.safetensors`` shards with
+    a ``model.safetensors.index.json``, as large HF checkpoints are.
+    """
+    from safetensors.torch import save_file
+
+    folder = os.fspath(path)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, CONFIG_NAME), "w", encoding="utf-8") as f:
+        json.dump(config.to_dict(), f, indent=2)
+    tensors = {name: t.detach().contiguous().cpu() for name, t in weights.items()}
+    if max_shard_bytes is None:
+        save_file(tensors, os.path.join(folder, WEIGHTS_NAME), metadata={"format": "pt"})
+    else:
+        shards: list[dict[str, torch.Tensor]] = [{}]
+        size = 0
+        for name, t in tensors.items():
+            nbytes = t.numel() * t.element_size()
+            if shards[-1] and size + nbytes > max_shard_bytes:
+                shards.append({})
+                size = 0
+            shards[-1][name] = t
+            size += nbytes
+        weight_map = {}
+        for i, shard in enumerate(shards):
+            fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, os.path.join(folder, fname), metadata={"format": "pt"})
+            weight_map.update({name: fname for name in shard})
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        with open(os.path.join(folder, INDEX_NAME), "w", encoding="utf-8") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    if tokenizer is not None:
+        tokenizer.save(os.path.join(folder, TOKENIZER_NAME))
+    if chat_template is not None:
+        with open(os.path.join(folder, TOKENIZER_CONFIG_NAME), "w", encoding="utf-8") as f:
+            json.dump({"chat_template": chat_template}, f, indent=2)
+
+
+def iter_layer_names(config: ModelConfig) -> Iterable[str]:
+    for i in range(config.n_layers):
+        for t in LAYER_TENSORS:
+            yield f"{PREFIX}blocks.{i}.{t}.weight"

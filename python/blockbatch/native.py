@@ -1,0 +1,83 @@
+"""Python face of the native model: ``torch.classes.blockbatch.Model`` + ``torch.ops.blockbatch.forward``."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ._C_loader import load_extension
+from .config import ModelConfig
+from .loading import Checkpoint, load_checkpoint
+
+load_extension()
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+_SCALAR_NAMES = {"Float": "float32", "BFloat16": "bfloat16", "Half": "float16"}  # c10::toString
+
+
+def pack_rows(ids: Sequence[torch.Tensor], positions: Sequence[torch.Tensor],
+              device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pack per-row query ids/positions into (tokens ``[T]``, positions ``[T]``, cu_seqlens ``[R+1]``)."""
+    if len(ids) != len(positions):
+        raise ValueError(f"ids has {len(ids)} rows but positions has {len(positions)}")
+    lengths = [int(t.numel()) for t in ids]
+    for r, (i, p) in enumerate(zip(ids, positions)):
+        if i.numel() != p.numel():
+            raise ValueError(f"row {r}: {i.numel()} ids but {p.numel()} positions")
+    cu = torch.zeros(len(ids) + 1, dtype=torch.long)
+    cu[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.long), 0)
+    tokens = torch.cat([t.reshape(-1).long() for t in ids]) if ids else torch.zeros(0, dtype=torch.long)
+    pos = torch.cat([p.reshape(-1).long() for p in positions]) if positions else torch.zeros(0, dtype=torch.long)
+    return tokens.to(device), pos.to(device), cu.to(device)
+
+
+class NativeModel:
+    """A LLaDA model held by the C++ engine.
+
+    >>> model = NativeModel.from_pretrained("path/to/checkpoint", dtype=torch.bfloat16)
+    >>> logits = model.forward([ids], [positions])[0]          # [len(ids), vocab]
+    """
+
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype | None = None,
+                 device: torch.device | str = "cpu"):
+        if dtype is not None and dtype not in _DTYPE_NAMES:
+            raise ValueError(f"dtype must be one of {list(_DTYPE_NAMES)}, got {dtype}")
+        self.config = config
+        self.device = torch.device(device)
+        on_device = {k: v.to(self.device) for k, v in weights.items()}
+        self.obj = torch.classes.blockbatch.Model(config.int_fields(), config.float_fields(), on_device,
+                                                  _DTYPE_NAMES[dtype] if dtype is not None else "")
+        self.dtype = next(d for d, name in _DTYPE_NAMES.items() if name == _SCALAR_NAMES[self.obj.dtype()])
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: Checkpoint, dtype: torch.dtype | None = None,
+                        device: torch.device | str = "cpu") -> "NativeModel":
+        return cls(checkpoint.config, checkpoint.weights, dtype, device)
+
+    @classmethod
+    def from_pretrained(cls, path: str, dtype: torch.dtype | None = None,
+                        device: torch.device | str = "cpu") -> "NativeModel":
+        return cls.from_checkpoint(load_checkpoint(path), dtype, device)
+
+    def new_kv(self, rows: int, length: int) -> torch.Tensor:
+        """Zeroed KV buffer ``[rows, layers, 2, kv_heads, length, head_dim]``."""
+        return self.obj.new_kv(rows, length)
+
+    def forward_packed(self, tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor,
+                       kv: torch.Tensor | None = None, mode: str = "full", kv_rows: torch.Tensor | None = None,
+                       prefix_lens: torch.Tensor | None = None,
+                       logit_index: torch.Tensor | None = None) -> torch.Tensor:
+        """The raw op: logits ``[n, vocab]`` for packed rows (see ``torch.ops.blockbatch.forward``)."""
+        return torch.ops.blockbatch.forward(self.obj, tokens, positions, cu_seqlens, kv, kv_rows, prefix_lens, mode,
+                                            logit_index)
+
+    def forward(self, ids: Sequence[torch.Tensor], positions: Sequence[torch.Tensor], kv: torch.Tensor | None = None,
+                mode: str = "full", kv_rows: Sequence[int] | None = None,
+                prefix_lens: Sequence[int] | None = None) -> list[torch.Tensor]:
+        """Same contract as ``ReferenceModel.forward``: per-row logits ``[len(ids[r]), vocab]`` (float32)."""
+        tokens, pos, cu = pack_rows(ids, positions, self.device)
+        rows = torch.tensor(list(kv_rows), dtype=torch.long, device=self.device) if kv_rows is not None else None
+        pre = torch.tensor(list(prefix_lens), dtype=torch.long, device=self.device) if prefix_lens is not None else None
+        logits = self.forward_packed(tokens, pos, cu, kv, mode, rows, pre).float()
+        return list(torch.split(logits, [int(t.numel()) for t in ids]))

@@ -1,0 +1,340 @@
+"""LLaDA-style SFT of the toy model on the reference forward (CPU, deterministic).
+
+    python -m blockbatch.toy.train [--out DIR] [--steps N] [--threads 2]
+
+Each step draws a canvas length ``G`` (64, 128 or 256) and a batch of training problems; a row is
+``prompt + response + EOS...`` padded with EOS so that all rows share the length
+``max_prompt + G`` (every row's canvas is therefore at least ``G`` long). The prompt is never
+masked; every response position (EOS padding included) is masked with probability ``t`` drawn
+per row (stratified over the batch), and the loss is the cross-entropy on masked positions
+weighted ``1/t`` and divided by the row's response length (LLaDA SFT, eq. in its appendix B).
+
+Everything is seeded and the thread count is fixed, so a run reproduces the shipped checkpoint
+bit for bit on the same software stack. The checkpoint folder gets ``config.json``,
+``model.safetensors``, ``tokenizer.json`` and ``learning_curve.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import random
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from ..config import ModelConfig
+from ..loading import PREFIX, WEIGHTS_NAME, expected_weight_shapes, save_checkpoint
+from ..reference.model import ReferenceModel
+from . import task as toy_task
+from . import tokenizer as toy_tok
+
+DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoint")
+CURVE_NAME = "learning_curve.json"
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    # model
+    d_model: int = 128
+    n_layers: int = 6
+    n_heads: int = 4
+    n_kv_heads: int = 4
+    mlp_hidden_size: int = 384
+    rope_theta: float = 10000.0
+    max_sequence_length: int = 512
+    # optimisation
+    steps: int = 1500
+    tokens_per_step: int = 5120  # rows per step = tokens_per_step // row length
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.05
+    warmup: int = 100
+    weight_decay: float = 0.05
+    grad_clip: float = 1.0
+    eps: float = 1e-3  # t ~ U(eps, 1)
+    canvas_lengths: tuple[int, ...] = (64, 128, 256)
+    canvas_weights: tuple[float, ...] = (0.7, 0.2, 0.1)
+    seed: int = 0
+    threads: int = 2
+    # monitoring
+    log_every: int = 25
+    eval_every: int = 250
+    eval_n: int = 64
+    eval_gen_length: int = 64
+    eval_block_length: int = 32
+
+
+def model_config(tc: TrainConfig) -> ModelConfig:
+    return ModelConfig(
+        d_model=tc.d_model, n_layers=tc.n_layers, n_heads=tc.n_heads, n_kv_heads=tc.n_kv_heads,
+        mlp_hidden_size=tc.mlp_hidden_size, vocab_size=toy_tok.VOCAB_SIZE, embedding_size=toy_tok.VOCAB_SIZE,
+        rope_theta=tc.rope_theta, rms_norm_eps=1e-5, weight_tying=False, mask_token_id=toy_tok.MASK_ID,
+        eos_token_id=toy_tok.EOS_ID, max_sequence_length=tc.max_sequence_length, pad_token_id=toy_tok.PAD_ID,
+    ).validate()
+
+
+def init_weights(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
+    """GPT-2 style init: N(0, 0.02) embeddings, 1/sqrt(fan_in) projections, residual outputs
+    scaled by 1/sqrt(2 * n_layers), unit norms. Returns leaf float32 tensors with requires_grad."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, shape in expected_weight_shapes(config).items():
+        if len(shape) == 1:
+            t = torch.ones(shape)
+        elif name.endswith("wte.weight"):
+            t = 0.02 * torch.randn(shape, generator=g)
+        else:
+            t = torch.randn(shape, generator=g) / math.sqrt(shape[1])
+            if name.endswith(".attn_out.weight") or (name.endswith(".ff_out.weight") and ".blocks." in name):
+                t = t / math.sqrt(2 * config.n_layers)
+            elif name == PREFIX + "ff_out.weight":
+                t = t * 0.1
+        out[name] = t.requires_grad_(True)
+    return out
+
+
+# --------------------------------------------------------------------------- data
+
+
+def encode_problem(tokenizer, problem: toy_task.Problem) -> tuple[list[int], list[int]]:
+    return toy_tok.encode(tokenizer, problem.prompt), toy_tok.encode(tokenizer, problem.response)
+
+
+def make_batch(tokenizer, problems: list[toy_task.Problem], canvas: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids ``[B, T]`` (prompt + response + EOS padding, ``T = max prompt + canvas``) and a bool
+    ``[B, T]`` mask of the response region (everything after the prompt)."""
+    enc = [encode_problem(tokenizer, p) for p in problems]
+    lp_max = max(len(p) for p, _ in enc)
+    T = lp_max + canvas
+    ids = torch.full((len(enc), T), toy_tok.EOS_ID, dtype=torch.long)
+    resp = torch.zeros((len(enc), T), dtype=torch.bool)
+    for b, (p, r) in enumerate(enc):
+        if len(r) >= T - len(p):
+            raise ValueError(f"response of {len(r)} tokens does not fit in a canvas of {T - len(p)}")
+        ids[b, : len(p)] = torch.tensor(p)
+        ids[b, len(p): len(p) + len(r)] = torch.tensor(r)
+        resp[b, len(p):] = True
+    return ids, resp
+
+
+def diffusion_loss(model: ReferenceModel, ids: torch.Tensor, resp: torch.Tensor, g: torch.Generator,
+                   eps: float = 1e-3) -> torch.Tensor:
+    """LLaDA SFT loss: mask response tokens with prob t per row, CE on masked / t / response length."""
+    B = ids.shape[0]
+    u = torch.rand((), generator=g)
+    t = ((u + torch.arange(B) / B) % 1.0) * (1 - eps) + eps  # stratified t ~ U(eps, 1)
+    masked = (torch.rand(ids.shape, generator=g) < t[:, None]) & resp
+    noisy = torch.where(masked, torch.full_like(ids, model.config.mask_token_id), ids)
+    logits = model.forward_batch(noisy)
+    ce = F.cross_entropy(logits.view(-1, logits.shape[-1]), ids.view(-1), reduction="none").view(ids.shape)
+    per_row = (ce * masked).sum(1) / t / resp.sum(1)
+    return per_row.mean()
+
+
+# --------------------------------------------------------------------------- batched decoding
+
+
+@torch.no_grad()
+def batched_decode(model: ReferenceModel, prompts: list[list[int]], gen_length: int, block_length: int,
+                   threshold: float | None) -> tuple[list[list[int]], float]:
+    """Decode many prompts at once (rows grouped by prompt length) with a full forward each step.
+
+    Same rules as the reference policies with ``policy="vanilla"``: blocks left to right; in the
+    current block commit the argmax at the most confident masked position, plus (``threshold``)
+    every masked position with confidence >= threshold. Returns generated ids and mean NFE.
+    Used for the quick held-out accuracy of the learning curve.
+    """
+    cfg = model.config
+    out: list[list[int] | None] = [None] * len(prompts)
+    nfe_total = 0
+    groups: dict[int, list[int]] = {}
+    for i, p in enumerate(prompts):
+        groups.setdefault(len(p), []).append(i)
+    for lp, rows in groups.items():
+        x = torch.full((len(rows), lp + gen_length), cfg.mask_token_id, dtype=torch.long)
+        x[:, :lp] = torch.tensor([prompts[i] for i in rows])
+        block = torch.zeros(len(rows), dtype=torch.long)
+        nblocks = gen_length // block_length
+        nfe = torch.zeros(len(rows), dtype=torch.long)
+        while True:
+            # advance rows whose current block is complete
+            for r in range(len(rows)):
+                while block[r] < nblocks:
+                    s = lp + int(block[r]) * block_length
+                    if bool((x[r, s: s + block_length] == cfg.mask_token_id).any()):
+                        break
+                    block[r] += 1
+            active = (block < nblocks).nonzero().flatten()
+            if len(active) == 0:
+                break
+            logits = model.forward_batch(x[active]).double()
+            probs = torch.softmax(logits, -1)
+            conf, x0 = probs.max(-1)
+            for j, r in enumerate(active.tolist()):
+                s = lp + int(block[r]) * block_length
+                e = s + block_length
+                c = conf[j, s:e].clone()
+                cand = x[r, s:e] == cfg.mask_token_id
+                c[~cand] = -math.inf
+                chosen = torch.zeros_like(cand)
+                if threshold is not None:
+                    chosen = c >= threshold
+                chosen[int(torch.argmax(c))] = True
+                chosen &= cand
+                x[r, s:e][chosen] = x0[j, s:e][chosen]
+                nfe[r] += 1
+        for j, i in enumerate(rows):
+            out[i] = x[j, lp:].tolist()
+        nfe_total += int(nfe.sum())
+    return out, nfe_total / max(1, len(prompts))
+
+
+def quick_accuracy(model: ReferenceModel, tokenizer, problems, gen_length: int, block_length: int,
+                   threshold: float | None) -> tuple[float, float]:
+    prompts = [toy_tok.encode(tokenizer, p.prompt) for p in problems]
+    gens, nfe = batched_decode(model, prompts, gen_length, block_length, threshold)
+    ok = sum(toy_task.check_answer(p, toy_tok.decode_response(tokenizer, g)) for p, g in zip(problems, gens))
+    return ok / len(problems), nfe
+
+
+# --------------------------------------------------------------------------- training
+
+
+class Progress:
+    """One status line, redrawn in place on a terminal, printed every ``every`` steps otherwise."""
+
+    def __init__(self, total: int, every: int, stream=sys.stderr):
+        self.total, self.every, self.stream = total, every, stream
+        self.tty = stream.isatty()
+        self.start = time.perf_counter()
+
+    def update(self, step: int, msg: str) -> None:
+        if not self.tty and step % self.every and step != self.total:
+            return
+        el = time.perf_counter() - self.start
+        eta = el / max(step, 1) * (self.total - step)
+        width = 24
+        fill = int(width * step / self.total)
+        line = (f"[{'#' * fill}{'.' * (width - fill)}] {step}/{self.total} {msg} "
+                f"{el / 60:4.1f}m elapsed, ETA {eta / 60:4.1f}m")
+        if self.tty:
+            self.stream.write("\r" + line + "\x1b[K")
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def note(self, msg: str) -> None:
+        if self.tty:
+            self.stream.write("\r\x1b[K")
+        self.stream.write(msg + "\n")
+        self.stream.flush()
+
+
+def lr_at(tc: TrainConfig, step: int) -> float:
+    if step < tc.warmup:
+        return tc.lr * (step + 1) / tc.warmup
+    frac = (step - tc.warmup) / max(1, tc.steps - tc.warmup)
+    return tc.lr * (tc.min_lr_ratio + (1 - tc.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
+    """Train; write the checkpoint to ``out`` (if given). Returns the learning-curve dict."""
+    torch.set_num_threads(tc.threads)
+    torch.manual_seed(tc.seed)
+    config = model_config(tc)
+    tokenizer = toy_tok.build_tokenizer()
+    weights = init_weights(config, tc.seed)
+    model = ReferenceModel(config, weights)
+    decay = [w for w in weights.values() if w.dim() == 2]
+    no_decay = [w for w in weights.values() if w.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=tc.lr, betas=(0.9, 0.98), eps=1e-8)
+    g = torch.Generator().manual_seed(tc.seed + 1)
+    rng = random.Random(tc.seed + 2)
+    stream = toy_task.iter_problems(tc.seed, "train")
+    eval_problems = toy_task.make_problems(tc.eval_n, seed=1000 + tc.seed, split="test")
+    n_params = sum(w.numel() for w in weights.values())
+
+    curve: list[dict] = []
+    progress = Progress(tc.steps, tc.log_every)
+    if not quiet:
+        progress.note(f"toy model: {n_params / 1e6:.2f}M parameters, {tc.steps} steps, {tc.threads} threads")
+    running, running_n = 0.0, 0
+    t0 = time.perf_counter()
+    for step in range(1, tc.steps + 1):
+        canvas = rng.choices(tc.canvas_lengths, weights=tc.canvas_weights)[0]
+        rows = max(1, tc.tokens_per_step // (toy_task.MAX_PROMPT_CHARS + canvas))
+        problems = [next(stream) for _ in range(rows)]
+        ids, resp = make_batch(tokenizer, problems, canvas)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(tc, step - 1)
+        loss = diffusion_loss(model, ids, resp, g, tc.eps)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(weights.values()), tc.grad_clip)
+        opt.step()
+        running += loss.item()
+        running_n += 1
+        if step % tc.log_every == 0 or step == tc.steps:
+            rec = {"step": step, "loss": round(running / running_n, 5),
+                   "elapsed_s": round(time.perf_counter() - t0, 1)}
+            running, running_n = 0.0, 0
+            if tc.eval_every and (step % tc.eval_every == 0 or step == tc.steps):
+                acc, nfe = quick_accuracy(model, tokenizer, eval_problems, tc.eval_gen_length,
+                                          tc.eval_block_length, threshold=0.9)
+                rec.update({"heldout_acc": round(acc, 4), "heldout_nfe": round(nfe, 2)})
+                if not quiet:
+                    progress.note(f"step {step}: loss {rec['loss']:.4f}, held-out accuracy {acc:.3f} "
+                                  f"(threshold 0.9, mean NFE {nfe:.1f}, n={len(eval_problems)})")
+            curve.append(rec)
+        if not quiet:
+            progress.update(step, f"loss {running / max(running_n, 1) if running_n else rec['loss']:.4f}")
+    if not quiet:
+        progress.note(f"done in {(time.perf_counter() - t0) / 60:.1f} min")
+
+    result = {
+        "train_config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(tc).items()},
+        "n_parameters": n_params,
+        "heldout_eval": {"n": tc.eval_n, "split": "test", "seed": 1000 + tc.seed,
+                         "decoder": f"threshold 0.9, gen {tc.eval_gen_length}, block {tc.eval_block_length}"},
+        "train_time_s": round(time.perf_counter() - t0, 1),
+        "torch_version": torch.__version__,
+        "curve": curve,
+    }
+    if out is not None:
+        save_checkpoint(out, config, {k: v.detach() for k, v in weights.items()}, tokenizer=tokenizer)
+        with open(os.path.join(out, WEIGHTS_NAME), "rb") as f:
+            result["model_sha256"] = hashlib.sha256(f.read()).hexdigest()
+        with open(os.path.join(out, CURVE_NAME), "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
+        if not quiet:
+            progress.note(f"wrote {out} (model.safetensors sha256 {result['model_sha256'][:16]}...)")
+    result["weights"] = weights
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m blockbatch.toy.train", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=DEFAULT_OUT, help="checkpoint folder (default: the shipped toy/checkpoint)")
+    defaults = TrainConfig()
+    for f in dataclasses.fields(TrainConfig):
+        value = getattr(defaults, f.name)
+        if isinstance(value, tuple):
+            continue
+        ap.add_argument("--" + f.name.replace("_", "-"), type=type(value), default=value)
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args(argv)
+    tc = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
+                        if hasattr(args, f.name)})
+    train(tc, out=args.out, quiet=args.quiet)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,72 @@
+"""Thin driver: configure and build CMakeLists.txt, then place _C and the bb_* binaries.
+
+Always install with --no-build-isolation so the build uses the torch already installed:
+    pip install --no-build-isolation -e .
+CUDA kernels build when the installed torch has CUDA and CUDA_HOME points at the toolkit root
+(the folder holding include/cuda_runtime.h); set BLOCKBATCH_CUDA=0 to force a CPU-only build.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+BINARIES = ("bb_forward",)
+
+
+def cuda_requested():
+    import torch
+
+    flag = os.environ.get("BLOCKBATCH_CUDA")
+    if flag is not None:
+        return flag not in ("0", "OFF", "off", "")
+    home = os.environ.get("CUDA_HOME")
+    return torch.version.cuda is not None and bool(home) and os.path.exists(os.path.join(home, "include", "cuda_runtime.h"))
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext):
+        import torch
+
+        tag = f"{sys.implementation.cache_tag}-torch{torch.__version__.split('+')[0]}"
+        with_cuda = cuda_requested()
+        build_dir = os.path.join(ROOT, "build", f"cmake-{tag}{'-cuda' if with_cuda else ''}")
+        out_dir = os.path.join(build_dir, "out")
+        os.makedirs(build_dir, exist_ok=True)
+        cmake = shutil.which("cmake") or "cmake"
+        args = [
+            cmake, "-S", ROOT, "-B", build_dir, "-G", "Ninja",
+            f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+            f"-DBLOCKBATCH_OUTPUT_DIR={out_dir}",
+            "-DCMAKE_BUILD_TYPE=Release",
+            f"-DBLOCKBATCH_CUDA={'ON' if with_cuda else 'OFF'}",
+        ]
+        if with_cuda:
+            home = os.environ["CUDA_HOME"]
+            arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "9.0").replace(".", "").replace("+PTX", "").split(";")[0]
+            args += [f"-DCMAKE_CUDA_COMPILER={os.path.join(home, 'bin', 'nvcc')}",
+                     f"-DCUDAToolkit_ROOT={home}", f"-DCMAKE_CUDA_ARCHITECTURES={arch}"]
+        subprocess.check_call(args)
+        jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 2))
+        subprocess.check_call([cmake, "--build", build_dir, "-j", jobs])
+        target = self.get_ext_fullpath(ext.name)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copy2(os.path.join(out_dir, "_C.so"), target)
+        # The bb_* binaries ship inside the package (blockbatch/bin). Editable installs build in a
+        # temporary folder and only copy the extension back, so also place them in the source tree.
+        for pkg_dir in {os.path.dirname(target), os.path.join(ROOT, "python", "blockbatch")}:
+            bin_dir = os.path.join(pkg_dir, "bin")
+            os.makedirs(bin_dir, exist_ok=True)
+            for name in BINARIES:
+                shutil.copy2(os.path.join(out_dir, name), os.path.join(bin_dir, name))
+
+
+setup(
+    ext_modules=[Extension("blockbatch._C", sources=[])],
+    cmdclass={"build_ext": CMakeBuild},
+)
