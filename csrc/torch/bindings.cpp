@@ -55,20 +55,30 @@ TORCH_LIBRARY(blockbatch, m) {
                        c10::Dict<std::string, at::Tensor>, std::string>())
       .def("vocab_size", [](const c10::intrusive_ptr<Model>& self) { return self->config().vocab_size; })
       .def("n_layers", [](const c10::intrusive_ptr<Model>& self) { return self->config().n_layers; })
+      // len(model) raises TypeError as for any Python object without a length. torch's schema
+      // checker (opcheck) probes len() on every argument and tolerates only TypeError, while a
+      // TorchBind object without __len__ raises NotImplementedError.
+      .def("__len__", [](const c10::intrusive_ptr<Model>&) -> int64_t {
+        TORCH_CHECK_TYPE(false, "object of type Model has no len()");
+      })
       .def("n_kv_heads", [](const c10::intrusive_ptr<Model>& self) { return self->config().n_kv_heads; })
       .def("head_dim", [](const c10::intrusive_ptr<Model>& self) { return self->config().head_dim(); })
       .def("dtype", [](const c10::intrusive_ptr<Model>& self) { return std::string(c10::toString(self->dtype())); })
       .def("device", [](const c10::intrusive_ptr<Model>& self) { return self->device().str(); })
       .def("new_kv", [](const c10::intrusive_ptr<Model>& self, int64_t rows,
                         int64_t length) { return self->new_kv(rows, length); })
+      // Identity equality (torch.compile compares script-object arguments while tracing).
+      .def("__eq__", [](const c10::intrusive_ptr<Model>& self,
+                        const c10::intrusive_ptr<Model>& other) { return self.get() == other.get(); })
       // Fake-tensor tracing keeps the real model object: the meta kernels only read its config.
       .def("tracing_mode", [](const c10::intrusive_ptr<Model>&) { return std::string("real"); });
 
   // Native LLaDA forward over packed variable-length query rows (cu_seqlens) with per-row KV
-  // buffers; mode full | dual | prefix (ALGORITHMS.md 3). Returns logits [n, vocab].
+  // buffers; kv_mode full | dual | prefix (ALGORITHMS.md 3). Returns logits [n, vocab].
+  // (Not named `mode`: torch.compile's dispatch-mode redirection reserves that keyword.)
   m.def("forward(__torch__.torch.classes.blockbatch.Model model, Tensor tokens, Tensor positions, "
         "Tensor cu_seqlens, Tensor(a!)? kv=None, Tensor? kv_rows=None, Tensor? prefix_lens=None, "
-        "str mode=\"full\", Tensor? logit_index=None) -> Tensor");
+        "str kv_mode=\"full\", Tensor? logit_index=None) -> Tensor");
   // RMSNorm in float32: x * rsqrt(mean(x^2) + eps), rounded to x's dtype, times weight.
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   // SwiGLU activation: silu(gate) * up over a fused [rows, 2m] gate|up GEMM output.

@@ -148,7 +148,6 @@ class ModelConfig:
             "layer_norm_type": "rms",
             "rope": True,
             "include_bias": False,
-            "pad_token_id": self.pad_token_id if self.pad_token_id is not None else self.eos_token_id,
         })
         return d
 

@@ -24,6 +24,7 @@ def random_config(**overrides) -> ModelConfig:
         fields["mask_token_id"] = fields["vocab_size"] - 1
     if fields["eos_token_id"] is None:
         fields["eos_token_id"] = fields["vocab_size"] - 2
+    fields.setdefault("pad_token_id", fields["eos_token_id"])
     return ModelConfig(**fields).validate()
 
 

@@ -64,6 +64,10 @@ struct AttentionArgs {
 template <typename T>
 void packed_attention(const AttentionArgs& a);
 
+// The instruction set the attention kernel runs with (chosen once, at first use).
+enum class CpuCapability { kGeneric, kAvx2, kAvx512 };
+CpuCapability cpu_capability();
+
 // Per row of logits [rows, vocab]: argmax (lowest id on ties) and its softmax probability,
 // 1 / sum_j exp(l_j - l_max), summed in double. One pass for the max, one for the sum; no
 // probability matrix.

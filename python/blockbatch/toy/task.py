@@ -1,17 +1,25 @@
-"""The toy task: a chain of single-digit additions and subtractions, solved step by step.
+"""The toy task: a chain of single-digit additions and subtractions, with running totals.
 
-A problem starts from a two-digit number and applies ``k`` (2..6) operations ``+d`` / ``-d``
-with ``d`` in 1..9, chosen so that every running value stays in 10..99. The prompt is the
-expression; the response writes one step per operation and then the answer::
+A problem starts from a two-digit number and applies ``k`` (2..8) operations ``+d`` / ``-d``
+with ``d`` in 1..9, chosen so that every running value stays in 10..99. The prompt lists the
+operations in fixed 3-character slots, pads the unused slots with spaces and ends in ``=``; the
+response writes the running total after each operation, then ``;`` and the answer::
 
-    prompt:    37+5-8+6=
-    response:  37+5=42,42-8=34,34+6=40;40
+    prompt:    "37 +5 -8 +6" + 15 spaces + " ="    (always 28 characters)
+    response:  "42 34 40;40"
 
-Every running value has two digits, so the layout of the response (where each operand, sign,
-``=``, ``,`` and ``;`` goes) is fixed by the prompt alone, while the result digits have to be
-computed, and a result deep in the chain depends on all the earlier ones. A small model is
-therefore sure of the format and of the copied operands long before it is sure of the digits,
-which is what makes threshold decoding take several steps.
+Why this layout: the model is a bidirectional transformer with RoPE, which finds "the token at
+a fixed distance" easily but has no notion of absolute position. Every prompt has the same
+length and every slot the same width, so the operand of step ``j`` always sits exactly 24
+tokens before that step's total, and the previous total 3 tokens before it: the whole task is
+made of fixed-offset lookups plus two-digit arithmetic, which a ~1M-parameter model learns in
+minutes on a CPU. (With free-form prompts a model that size does not learn to find the j-th
+operand in that budget.)
+
+The layout of the response (where each space, ``;`` and EOS goes) follows from the prompt
+alone, while each total depends on all the earlier ones: a small model is sure of the format
+long before it is sure of the digits, so threshold decoding commits the format first and the
+digits over several steps.
 
 Problems are assigned to the train or test split by a hash of their prompt, so the splits are
 disjoint whatever seeds are used; ``make_problems(n, seed, split)`` is deterministic.
@@ -24,16 +32,16 @@ import hashlib
 import random
 import re
 
-MIN_OPS, MAX_OPS = 2, 6
+MIN_OPS, MAX_OPS = 2, 8
 MIN_VALUE, MAX_VALUE = 10, 99
 TEST_FRACTION_PER_MILLE = 100  # ~10% of all possible prompts belong to the test split
 SPLITS = ("train", "test")
+SLOT = 3  # characters per operation slot in the prompt and per total in the response
 ANSWER_SEP = ";"
-STEP_SEP = ","
+VALUE_SEP = " "
 
-# Longest response: MAX_OPS steps of "ab+c=de" plus separators and ";de".
-MAX_RESPONSE_CHARS = MAX_OPS * 7 + (MAX_OPS - 1) + 3
-MAX_PROMPT_CHARS = 2 + 2 * MAX_OPS + 1
+PROMPT_CHARS = 2 + SLOT * MAX_OPS + 2  # start, slots, " ="
+MAX_RESPONSE_CHARS = SLOT * MAX_OPS - 1 + 1 + 2  # totals with separators, ";", answer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,8 +52,14 @@ class Problem:
     ops: tuple[int, ...]
 
     @property
+    def expression(self) -> str:
+        """``"37+5-8+6"``: the problem in plain notation (not what the model sees)."""
+        return str(self.start) + "".join(f"{'+' if d > 0 else '-'}{abs(d)}" for d in self.ops)
+
+    @property
     def prompt(self) -> str:
-        return str(self.start) + "".join(f"{'+' if d > 0 else '-'}{abs(d)}" for d in self.ops) + "="
+        slots = "".join(f" {'+' if d > 0 else '-'}{abs(d)}" for d in self.ops)
+        return f"{self.start}{slots}{' ' * (SLOT * (MAX_OPS - len(self.ops)))} ="
 
     @property
     def values(self) -> list[int]:
@@ -62,12 +76,7 @@ class Problem:
 
     @property
     def response(self) -> str:
-        steps, v = [], self.start
-        for d in self.ops:
-            nv = v + d
-            steps.append(f"{v}{'+' if d > 0 else '-'}{abs(d)}={nv}")
-            v = nv
-        return STEP_SEP.join(steps) + ANSWER_SEP + str(v)
+        return VALUE_SEP.join(str(v) for v in self.values) + ANSWER_SEP + str(self.answer)
 
 
 def split_of(problem: Problem) -> str:

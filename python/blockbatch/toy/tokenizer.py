@@ -6,7 +6,7 @@ PAD_TOKEN = "<|pad|>"
 UNK_TOKEN = "<|unk|>"
 EOS_TOKEN = "<|endoftext|>"
 MASK_TOKEN = "<|mdm_mask|>"
-CHARS = "0123456789+-=,;"
+CHARS = "0123456789+-=;, "
 # Fixed order, so ids never depend on anything but this list.
 VOCAB: tuple[str, ...] = (PAD_TOKEN, UNK_TOKEN) + tuple(CHARS) + (EOS_TOKEN, MASK_TOKEN)
 SPECIAL_TOKENS = (PAD_TOKEN, UNK_TOKEN, EOS_TOKEN, MASK_TOKEN)

@@ -269,7 +269,7 @@ def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
     t0 = time.perf_counter()
     for step in range(1, tc.steps + 1):
         canvas = rng.choices(tc.canvas_lengths, weights=tc.canvas_weights)[0]
-        rows = max(1, tc.tokens_per_step // (toy_task.MAX_PROMPT_CHARS + canvas))
+        rows = max(1, tc.tokens_per_step // (toy_task.PROMPT_CHARS + canvas))
         problems = [next(stream) for _ in range(rows)]
         ids, resp = make_batch(tokenizer, problems, canvas)
         for group in opt.param_groups:
@@ -279,8 +279,10 @@ def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(weights.values()), tc.grad_clip)
         opt.step()
-        running += loss.item()
+        value = loss.item()
+        running += value
         running_n += 1
+        ema = value if step == 1 else 0.95 * ema + 0.05 * value
         if step % tc.log_every == 0 or step == tc.steps:
             rec = {"step": step, "loss": round(running / running_n, 5),
                    "elapsed_s": round(time.perf_counter() - t0, 1)}
@@ -294,7 +296,7 @@ def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
                                   f"(threshold 0.9, mean NFE {nfe:.1f}, n={len(eval_problems)})")
             curve.append(rec)
         if not quiet:
-            progress.update(step, f"loss {running / max(running_n, 1) if running_n else rec['loss']:.4f}")
+            progress.update(step, f"loss {ema:.4f}")
     if not quiet:
         progress.note(f"done in {(time.perf_counter() - t0) / 60:.1f} min")
 

@@ -1,0 +1,52 @@
+"""Shared benchmark helpers: environment record, interleaved timing, JSON output."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+
+def environment() -> dict:
+    import blockbatch
+
+    return {
+        "blockbatch": blockbatch.__version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, dict]:
+    """Time each callable `repeats` times, round-robin so machine drift hits all alike.
+
+    Returns {name: {"median_s", "min_s", "runs_s"}}.
+    """
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    runs: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            runs[name].append(time.perf_counter() - t0)
+    return {name: {"median_s": statistics.median(r), "min_s": min(r), "runs_s": r} for name, r in runs.items()}
+
+
+def write_json(path: str, payload: dict) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(payload, f, indent=2)
+    print(f"wrote {path}")

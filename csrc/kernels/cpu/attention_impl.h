@@ -1,0 +1,136 @@
+// Packed variable-length bidirectional attention over per-row KV (CPU).
+//
+// Work item = (head, row). For each item the keys are first gathered into a transposed float buffer Kt[head_dim][n_keys] (from the KV row's cache slots
+// and/or the row's fresh keys), so that the score loop S[i][j] += q[i][d] * Kt[d][j] runs
+// along contiguous keys and vectorises; then a row softmax; then O[i] += p[i][j] * V[j] along
+// contiguous head_dim. Everything accumulates in float32.
+// Included once per CPU capability (attention_{generic,avx2,avx512}.cpp, each compiled with its
+// own -m flags); attention.cpp picks the best one the running CPU supports.
+#pragma once
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/common.h"
+#include "kernels/cpu/kernels.h"
+
+namespace blockbatch::cpu::BLOCKBATCH_CPU_CAPABILITY {
+
+namespace {
+constexpr int64_t kTile = 8;  // queries scored together
+
+// kt[d * ld + offset + j] = keys[j * stride + d] for j < n, d < hd, in 16x16 blocks so that
+// neither the reads nor the writes stride through memory one element at a time.
+template <typename T>
+inline void transpose_keys(float* __restrict kt, int64_t ld, int64_t offset, const T* keys, int64_t stride, int64_t n,
+                           int64_t hd) {
+  constexpr int64_t B = 16;
+  for (int64_t j0 = 0; j0 < n; j0 += B) {
+    const int64_t j1 = std::min(j0 + B, n);
+    for (int64_t d0 = 0; d0 < hd; d0 += B) {
+      const int64_t d1 = std::min(d0 + B, hd);
+      for (int64_t j = j0; j < j1; ++j) {
+        const T* kj = keys + j * stride;
+        for (int64_t d = d0; d < d1; ++d) kt[d * ld + offset + j] = to_float(kj[d]);
+      }
+    }
+  }
+}
+
+// acc[i][0:hd] += p[i][j] * v_j[0:hd] for the nq queries of a tile, one key at a time, so that
+// each value row is read once per tile.
+template <typename T>
+inline void accumulate_values(float* __restrict acc, const float* __restrict p, int64_t ldp, int64_t nq,
+                              const T* values, int64_t stride, int64_t n, int64_t hd) {
+  for (int64_t j = 0; j < n; ++j) {
+    const T* vj = values + j * stride;
+    for (int64_t i = 0; i < nq; ++i) {
+      const float pij = p[i * ldp + j];
+      float* __restrict ai = acc + i * hd;
+      for (int64_t d = 0; d < hd; ++d) ai[d] += pij * to_float(vj[d]);
+    }
+  }
+}
+}  // namespace
+
+template <typename T>
+void packed_attention_impl(const AttentionArgs& a) {
+  const T* q = static_cast<const T*>(a.q);
+  const T* kf = static_cast<const T*>(a.k);
+  const T* vf = static_cast<const T*>(a.v);
+  const T* cache = static_cast<const T*>(a.cache);
+  T* out = static_cast<T*>(a.out);
+  const int64_t hd = a.head_dim;
+  const int64_t group = a.heads / a.kv_heads;
+  const float inv_sqrt_hd = 1.0f / std::sqrt(static_cast<float>(hd));
+
+  // Work item = (head, row), head-major: every head carries the same total work, so the
+  // static split of parallel_for is balanced whatever the row lengths.
+  const int64_t items = a.heads * a.rows;
+  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> kt, scores, qf(kTile * hd), acc(kTile * hd);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t h = item / a.rows, r = item % a.rows;
+      const int64_t kvh = h / group;
+      const int64_t row_begin = a.cu_seqlens[r], row_end = a.cu_seqlens[r + 1];
+      if (row_end == row_begin) continue;
+      const int64_t n_cache = cache ? a.cache_lens[r] : 0;
+      const int64_t n_fresh = a.attend_fresh ? row_end - row_begin : 0;
+      const int64_t nk = n_cache + n_fresh;
+      const T* kc = cache ? cache + a.geometry.offset(a.kv_rows[r], a.layer, 0, kvh, 0) : nullptr;
+      const T* vc = cache ? cache + a.geometry.offset(a.kv_rows[r], a.layer, 1, kvh, 0) : nullptr;
+      const T* kfr = kf + row_begin * a.kv_stride + kvh * hd;
+      const T* vfr = vf + row_begin * a.kv_stride + kvh * hd;
+      kt.resize(hd * nk);
+      if (n_cache) transpose_keys(kt.data(), nk, 0, kc, hd, n_cache, hd);
+      if (n_fresh) transpose_keys(kt.data(), nk, n_cache, kfr, a.kv_stride, n_fresh, hd);
+      scores.resize(kTile * nk);
+      for (int64_t tt = row_begin; tt < row_end; tt += kTile) {
+        const int64_t nq = std::min(kTile, row_end - tt);
+        for (int64_t i = 0; i < nq; ++i) {
+          const T* qi = q + (tt + i) * a.q_stride + h * hd;
+          for (int64_t d = 0; d < hd; ++d) qf[i * hd + d] = to_float(qi[d]) * inv_sqrt_hd;
+        }
+        // Scores S[i][j] = (q_i / sqrt(hd)) . k_j, accumulated along contiguous keys.
+        std::fill(scores.begin(), scores.begin() + nq * nk, 0.0f);
+        for (int64_t d = 0; d < hd; ++d) {
+          const float* __restrict kd = kt.data() + d * nk;
+          for (int64_t i = 0; i < nq; ++i) {
+            const float qv = qf[i * hd + d];
+            float* __restrict si = scores.data() + i * nk;
+            for (int64_t j = 0; j < nk; ++j) si[j] += qv * kd[j];
+          }
+        }
+        // Row softmax (probabilities normalised in place), then O_i = sum_j p_ij v_j.
+        for (int64_t i = 0; i < nq; ++i) {
+          float* __restrict si = scores.data() + i * nk;
+          const float mx = max_of(si, nk);
+          for (int64_t j = 0; j < nk; ++j) si[j] = fast_exp(si[j] - mx);
+          const float inv = 1.0f / sum_of(si, nk);
+          for (int64_t j = 0; j < nk; ++j) si[j] *= inv;
+        }
+        std::fill(acc.begin(), acc.begin() + nq * hd, 0.0f);
+        if (n_cache) accumulate_values(acc.data(), scores.data(), nk, nq, vc, hd, n_cache, hd);
+        if (n_fresh) accumulate_values(acc.data(), scores.data() + n_cache, nk, nq, vfr, a.kv_stride, n_fresh, hd);
+        for (int64_t i = 0; i < nq; ++i) {
+          T* o = out + (tt + i) * a.heads * hd + h * hd;
+          for (int64_t d = 0; d < hd; ++d) o[d] = from_float<T>(acc[i * hd + d]);
+        }
+      }
+    }
+  });
+}
+
+void packed_attention(const AttentionArgs& a, int dtype_code) {
+  switch (dtype_code) {
+    case 0: packed_attention_impl<float>(a); break;
+    case 1: packed_attention_impl<c10::BFloat16>(a); break;
+    default: packed_attention_impl<c10::Half>(a); break;
+  }
+}
+
+}  // namespace blockbatch::cpu::BLOCKBATCH_CPU_CAPABILITY

@@ -1,0 +1,261 @@
+"""Exact-match accuracy and NFE of decoders on held-out toy problems.
+
+    python -m blockbatch.toy.evaluate [--checkpoint DIR] [--n 200] [--gen-length 64]
+        [--policies vanilla,prefix,dual] [--threshold 0.9] [--block-length 32] [--json FILE]
+
+``vanilla`` is one-token-per-step decoding (``steps = gen_length``, lowest-confidence
+remasking, no threshold); ``prefix`` and ``dual`` are the Fast-dLLM cached policies with the
+confidence-threshold commit rule. All run through ``blockbatch.reference.policies.generate``.
+
+Other decoders (the native engine, multi-branch decoding...) plug into ``evaluate``: a decoder is
+any callable ``decoder(prompt_ids) -> generated ids``, where ``prompt_ids`` is a 1-D int64 tensor
+and the result is the generated ids after the prompt (a tensor or list), optionally returned as
+``(ids, nfe)``, or an object with ``tokens`` (prompt + generation) and ``nfe`` like
+``ReferenceResult``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..loading import load_checkpoint
+from ..reference.model import ReferenceModel
+from ..reference.policies import POLICIES, generate
+from . import checkpoint_path
+from . import task as toy_task
+from . import tokenizer as toy_tok
+
+EVAL_SEED = 0  # default held-out problem set: make_problems(n, EVAL_SEED, "test")
+Decoder = Callable[[torch.Tensor], Any]
+
+
+@dataclasses.dataclass
+class EvalResult:
+    name: str
+    n: int
+    accuracy: float  # answer exact match (check_answer)
+    trace_accuracy: float  # whole response exact (check_trace)
+    mean_nfe: float | None  # None when the decoder does not report NFE
+    wall_s: float
+    outputs: list[str] = dataclasses.field(default_factory=list, repr=False)
+    correct: list[bool] = dataclasses.field(default_factory=list, repr=False)
+
+    def summary(self) -> dict:
+        return {"name": self.name, "n": self.n, "accuracy": round(self.accuracy, 4),
+                "trace_accuracy": round(self.trace_accuracy, 4),
+                "mean_nfe": None if self.mean_nfe is None else round(self.mean_nfe, 3),
+                "wall_s": round(self.wall_s, 2)}
+
+
+def _split_output(prompt: torch.Tensor, out: Any) -> tuple[list[int], int | None]:
+    """Normalise a decoder's return value to (generated ids, nfe or None)."""
+    nfe = None
+    if hasattr(out, "tokens"):
+        nfe = getattr(out, "nfe", None)
+        ids = out.tokens
+        ids = ids[len(prompt):]
+    elif isinstance(out, tuple) and len(out) == 2:
+        ids, nfe = out
+    else:
+        ids = out
+    if isinstance(ids, torch.Tensor):
+        ids = ids.flatten().tolist()
+    return [int(i) for i in ids], (None if nfe is None else int(nfe))
+
+
+def evaluate(decoder: Decoder, problems: Sequence[toy_task.Problem] | None = None, tokenizer=None,
+             n: int = 200, seed: int = EVAL_SEED, name: str = "decoder", eos_id: int = toy_tok.EOS_ID,
+             mask_id: int = toy_tok.MASK_ID, progress: bool = False) -> EvalResult:
+    """Run ``decoder`` on each problem's prompt and check the decoded answers.
+
+    ``problems`` defaults to ``make_problems(n, seed, "test")``; ``tokenizer`` to the toy one.
+    """
+    tokenizer = tokenizer or toy_tok.build_tokenizer()
+    problems = list(problems) if problems is not None else toy_task.make_problems(n, seed, "test")
+    outputs, correct, traces, nfes = [], [], [], []
+    t0 = time.perf_counter()
+    for i, p in enumerate(problems):
+        prompt = torch.tensor(toy_tok.encode(tokenizer, p.prompt), dtype=torch.long)
+        ids, nfe = _split_output(prompt, decoder(prompt))
+        text = toy_tok.decode_response(tokenizer, ids, eos_id, mask_id)
+        outputs.append(text)
+        correct.append(toy_task.check_answer(p, text))
+        traces.append(toy_task.check_trace(p, text))
+        if nfe is not None:
+            nfes.append(nfe)
+        if progress and sys.stderr.isatty():
+            sys.stderr.write(f"\r  {name}: {i + 1}/{len(problems)}, accuracy so far {sum(correct) / (i + 1):.3f}")
+            sys.stderr.flush()
+    if progress and sys.stderr.isatty():
+        sys.stderr.write("\r\x1b[K")
+    k = max(1, len(problems))
+    return EvalResult(name, len(problems), sum(correct) / k, sum(traces) / k,
+                      (sum(nfes) / len(nfes)) if nfes and len(nfes) == len(problems) else None,
+                      time.perf_counter() - t0, outputs, correct)
+
+
+def reference_decoder(model: ReferenceModel, policy: str, gen_length: int = 64, block_length: int = 32,
+                      threshold: float | None = 0.9) -> Decoder:
+    """A decoder running ``reference.policies.generate``.
+
+    ``policy="vanilla"`` with ``threshold=None`` is one token per step (``steps = gen_length``).
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    if gen_length % block_length:
+        raise ValueError(f"block_length {block_length} must divide gen_length {gen_length}")
+
+    def decode(prompt: torch.Tensor):
+        res = generate(model, prompt, gen_length, block_length, policy=policy,
+                       steps=gen_length if threshold is None else None, threshold=threshold)
+        return res.tokens[prompt.numel():], res.nfe
+
+    return decode
+
+
+def policy_threshold(policy: str, threshold: float) -> float | None:
+    """The commit rule the CLI uses: vanilla one token per step, prefix/dual with the threshold."""
+    return None if policy == "vanilla" else threshold
+
+
+def evaluate_policies(model: ReferenceModel, policies: Sequence[str] = POLICIES, n: int = 200,
+                      gen_length: int = 64, block_length: int = 32, threshold: float = 0.9,
+                      seed: int = EVAL_SEED, tokenizer=None, progress: bool = False) -> dict[str, EvalResult]:
+    problems = toy_task.make_problems(n, seed, "test")
+    out = {}
+    for policy in policies:
+        dec = reference_decoder(model, policy, gen_length, block_length, policy_threshold(policy, threshold))
+        out[policy] = evaluate(dec, problems, tokenizer, name=policy, progress=progress)
+    return out
+
+
+# --------------------------------------------------------------------------- confidence spread
+
+
+def token_kind(problem: toy_task.Problem, index: int) -> str:
+    """Kind of the reference response token at ``index``: trace digit, answer digit, format, or eos."""
+    r = problem.response
+    if index >= len(r):
+        return "eos"
+    if r[index].isdigit():
+        return "answer_digit" if index > r.index(toy_task.ANSWER_SEP) else "trace_digit"
+    return "format"
+
+
+@torch.no_grad()
+def confidence_spread(model: ReferenceModel, problems: Sequence[toy_task.Problem], tokenizer=None,
+                      gen_length: int = 64, block_length: int = 32, threshold: float = 0.9) -> dict:
+    """Confidence of each generated position at its first proposal, by kind of reference token.
+
+    Decodes with the threshold rule (full forward each step, like ``vanilla`` with a threshold);
+    a position's first proposal is the first forward in which its block is the current one.
+    Returns, per kind, the count, the fraction with confidence < ``threshold`` and the mean
+    confidence, plus the distribution of tokens committed per step.
+    """
+    tokenizer = tokenizer or toy_tok.build_tokenizer()
+    cfg = model.config
+    stats: dict[str, list[float]] = {"format": [], "trace_digit": [], "answer_digit": [], "eos": []}
+    per_step: dict[int, int] = {}
+    for p in problems:
+        prompt = toy_tok.encode(tokenizer, p.prompt)
+        lp = len(prompt)
+        x = torch.full((lp + gen_length,), cfg.mask_token_id, dtype=torch.long)
+        x[:lp] = torch.tensor(prompt)
+        pos = torch.arange(lp + gen_length)
+        for b in range(gen_length // block_length):
+            s, e = lp + b * block_length, lp + (b + 1) * block_length
+            first = True
+            while bool((x[s:e] == cfg.mask_token_id).any()):
+                logits = model.forward([x], [pos])[0][s:e].double()
+                conf, x0 = torch.softmax(logits, -1).max(-1)
+                if first:
+                    for i in range(s, e):
+                        stats[token_kind(p, i - lp)].append(float(conf[i - s]))
+                    first = False
+                c = torch.where(x[s:e] == cfg.mask_token_id, conf, torch.full_like(conf, -math.inf))
+                chosen = c >= threshold
+                chosen[int(torch.argmax(c))] = True
+                chosen &= torch.isfinite(c)
+                x[s:e][chosen] = x0[chosen]
+                k = int(chosen.sum())
+                per_step[k] = per_step.get(k, 0) + 1
+    out = {kind: {"count": len(v), "frac_below_threshold": (sum(c < threshold for c in v) / len(v)) if v else None,
+                  "mean_conf": (sum(v) / len(v)) if v else None} for kind, v in stats.items()}
+    out["committed_per_step_hist"] = dict(sorted(per_step.items()))
+    return out
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def format_table(results: dict[str, EvalResult]) -> str:
+    lines = [f"{'policy':<10} {'n':>5} {'accuracy':>9} {'trace acc':>9} {'mean NFE':>9} {'wall s':>8}"]
+    for r in results.values():
+        nfe = "-" if r.mean_nfe is None else f"{r.mean_nfe:.2f}"
+        lines.append(f"{r.name:<10} {r.n:>5} {r.accuracy:>9.3f} {r.trace_accuracy:>9.3f} {nfe:>9} {r.wall_s:>8.1f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m blockbatch.toy.evaluate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--checkpoint", default=checkpoint_path())
+    ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=EVAL_SEED)
+    ap.add_argument("--gen-length", type=int, default=64)
+    ap.add_argument("--block-length", type=int, default=32)
+    ap.add_argument("--policies", default="vanilla,prefix,dual")
+    ap.add_argument("--threshold", type=float, default=0.9)
+    ap.add_argument("--confidence", action="store_true",
+                    help="also report the confidence at first proposal by kind of token")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--json", default=None, help="write the results to this JSON file")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    for p in policies:
+        if p not in POLICIES:
+            ap.error(f"unknown policy {p!r}; choose from {', '.join(POLICIES)}")
+    if args.gen_length % args.block_length:
+        ap.error(f"--block-length {args.block_length} must divide --gen-length {args.gen_length}")
+
+    ck = load_checkpoint(args.checkpoint)
+    model = ReferenceModel.from_checkpoint(ck, dtype=torch.float32)
+    tokenizer = ck.tokenizer or toy_tok.build_tokenizer()
+    results = evaluate_policies(model, policies, args.n, args.gen_length, args.block_length, args.threshold,
+                                args.seed, tokenizer, progress=True)
+    print(f"checkpoint {args.checkpoint}: {args.n} held-out problems (seed {args.seed}), gen {args.gen_length}, "
+          f"block {args.block_length}; vanilla = 1 token/step, prefix/dual = threshold {args.threshold}")
+    print(format_table(results))
+    report: dict[str, Any] = {
+        "checkpoint": args.checkpoint, "n": args.n, "seed": args.seed, "gen_length": args.gen_length,
+        "block_length": args.block_length, "threshold": args.threshold,
+        "results": {k: dict(v.summary(), threshold=policy_threshold(k, args.threshold)) for k, v in results.items()},
+    }
+    if args.confidence:
+        problems = toy_task.make_problems(args.n, args.seed, "test")
+        spread = confidence_spread(model, problems, tokenizer, args.gen_length, args.block_length, args.threshold)
+        report["confidence_at_first_proposal"] = spread
+        print(f"confidence at first proposal (threshold {args.threshold}):")
+        for kind in ("format", "trace_digit", "answer_digit", "eos"):
+            s = spread[kind]
+            if s["count"]:
+                print(f"  {kind:<13} n={s['count']:>6}  below threshold {s['frac_below_threshold']:.3f}  "
+                      f"mean {s['mean_conf']:.3f}")
+        print(f"  tokens committed per step: {spread['committed_per_step_hist']}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
