@@ -6,6 +6,7 @@ CUDA kernels build when the installed torch has CUDA and CUDA_HOME points at the
 (the folder holding include/cuda_runtime.h); set BLOCKBATCH_CUDA=0 to force a CPU-only build.
 """
 
+import glob
 import os
 import shutil
 import subprocess
@@ -50,7 +51,13 @@ class CMakeBuild(build_ext):
             home = os.environ["CUDA_HOME"]
             arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "9.0").replace(".", "").replace("+PTX", "").split(";")[0]
             args += [f"-DCMAKE_CUDA_COMPILER={os.path.join(home, 'bin', 'nvcc')}",
-                     f"-DCUDAToolkit_ROOT={home}", f"-DCMAKE_CUDA_ARCHITECTURES={arch}"]
+                     f"-DCUDAToolkit_ROOT={home}", f"-DCUDA_TOOLKIT_ROOT_DIR={home}",
+                     f"-DCMAKE_CUDA_ARCHITECTURES={arch}"]
+            # A toolkit without nvrtc (e.g. only cudart + nvcc): use the one pip's CUDA torch ships.
+            if not glob.glob(os.path.join(home, "lib*", "libnvrtc.so*")):
+                nvrtc = glob.glob(os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "*", "lib", "libnvrtc.so.*[0-9]"))
+                if nvrtc:
+                    args.append(f"-DCUDA_nvrtc_LIBRARY={os.path.realpath(sorted(nvrtc)[0])}")
         subprocess.check_call(args)
         jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 2))
         subprocess.check_call([cmake, "--build", build_dir, "-j", jobs])
@@ -59,7 +66,10 @@ class CMakeBuild(build_ext):
         shutil.copy2(os.path.join(out_dir, "_C.so"), target)
         # The bb_* binaries ship inside the package (blockbatch/bin). Editable installs build in a
         # temporary folder and only copy the extension back, so also place them in the source tree.
-        for pkg_dir in {os.path.dirname(target), os.path.join(ROOT, "python", "blockbatch")}:
+        pkg_dirs = {os.path.dirname(target)}
+        if self.inplace or getattr(self, "editable_mode", False):
+            pkg_dirs.add(os.path.join(ROOT, "python", "blockbatch"))
+        for pkg_dir in pkg_dirs:
             bin_dir = os.path.join(pkg_dir, "bin")
             os.makedirs(bin_dir, exist_ok=True)
             for name in BINARIES:

@@ -7,6 +7,12 @@
 
 #include <cstdint>
 
+#ifdef __CUDACC__
+#define BLOCKBATCH_HOST_DEVICE __host__ __device__
+#else
+#define BLOCKBATCH_HOST_DEVICE
+#endif
+
 namespace blockbatch::cpu {
 
 // out[r, :] = (x[r, :] * rsqrt(mean(x[r, :]^2) + eps)) rounded to T, times w.   x row stride
@@ -25,11 +31,12 @@ template <typename T>
 void rope_inplace(T* x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim,
                   const int64_t* positions, const float* cos_sin);
 
-// Geometry of a KV buffer [rows, layers, 2, kv_heads, L, head_dim] (contiguous).
+// Geometry of a KV buffer [rows, layers, 2, kv_heads, L, head_dim] (contiguous); shared with
+// the CUDA kernels.
 struct KvGeometry {
   int64_t layers, kv_heads, length, head_dim;
-  int64_t row_stride() const { return layers * 2 * kv_heads * length * head_dim; }
-  int64_t offset(int64_t row, int64_t layer, int64_t kind, int64_t head, int64_t pos) const {
+  BLOCKBATCH_HOST_DEVICE int64_t row_stride() const { return layers * 2 * kv_heads * length * head_dim; }
+  BLOCKBATCH_HOST_DEVICE int64_t offset(int64_t row, int64_t layer, int64_t kind, int64_t head, int64_t pos) const {
     return (((row * layers + layer) * 2 + kind) * kv_heads + head) * length * head_dim + pos * head_dim;
   }
 };

@@ -1,0 +1,81 @@
+// Packed variable-length bidirectional attention over per-row KV (CUDA, straightforward form):
+// one block per (query token, head); scores for all keys in shared memory, block softmax,
+// then each thread accumulates output dimensions. fp32 accumulation for every dtype.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kernels.cuh"
+
+namespace blockbatch::cuda {
+
+namespace {
+constexpr int kThreads = 128;
+
+template <typename T>
+__global__ void attention_kernel(cpu::AttentionArgs a) {
+  extern __shared__ float smem[];  // [head_dim] query, then [n_keys] scores
+  __shared__ float scratch[32];
+  const int64_t t = blockIdx.x, h = blockIdx.y;
+  const int64_t hd = a.head_dim, kvh = h / (a.heads / a.kv_heads);
+  const int64_t r = row_of(a.cu_seqlens, a.rows, t);
+  const int64_t row_begin = a.cu_seqlens[r], row_end = a.cu_seqlens[r + 1];
+  const T* q = static_cast<const T*>(a.q) + t * a.q_stride + h * hd;
+  const T* kf = static_cast<const T*>(a.k) + row_begin * a.kv_stride + kvh * hd;
+  const T* vf = static_cast<const T*>(a.v) + row_begin * a.kv_stride + kvh * hd;
+  const T* cache = static_cast<const T*>(a.cache);
+  const int64_t n_cache = cache ? a.cache_lens[r] : 0;
+  const int64_t n_fresh = a.attend_fresh ? row_end - row_begin : 0;
+  const int64_t nk = n_cache + n_fresh;
+  const T* kc = cache ? cache + a.geometry.offset(a.kv_rows[r], a.layer, 0, kvh, 0) : nullptr;
+  const T* vc = cache ? cache + a.geometry.offset(a.kv_rows[r], a.layer, 1, kvh, 0) : nullptr;
+  float* qs = smem;
+  float* scores = smem + hd;
+  const float scale = rsqrtf(static_cast<float>(hd));
+  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = to_f(q[d]) * scale;
+  __syncthreads();
+  float local_max = -INFINITY;
+  for (int64_t j = threadIdx.x; j < nk; j += blockDim.x) {
+    const T* kj = j < n_cache ? kc + j * hd : kf + (j - n_cache) * a.kv_stride;
+    float s = 0;
+    for (int64_t d = 0; d < hd; ++d) s += qs[d] * to_f(kj[d]);
+    scores[j] = s;
+    local_max = fmaxf(local_max, s);
+  }
+  const float mx = block_max(local_max, scratch);
+  float local_sum = 0;
+  for (int64_t j = threadIdx.x; j < nk; j += blockDim.x) {
+    const float p = __expf(scores[j] - mx);
+    scores[j] = p;
+    local_sum += p;
+  }
+  const float inv = 1.0f / block_sum(local_sum, scratch);
+  T* o = static_cast<T*>(a.out) + t * a.heads * hd + h * hd;
+  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
+    float acc = 0;
+    for (int64_t j = 0; j < nk; ++j) {
+      const T* vj = j < n_cache ? vc + j * hd : vf + (j - n_cache) * a.kv_stride;
+      acc += scores[j] * to_f(vj[d]);
+    }
+    o[d] = from_f<T>(acc * inv);
+  }
+}
+}  // namespace
+
+template <typename T>
+cudaError_t packed_attention(const cpu::AttentionArgs& a, int64_t tokens, int64_t max_keys, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  const size_t shared = static_cast<size_t>(a.head_dim + max_keys) * sizeof(float);
+  if (shared > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(attention_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(shared));
+    if (e != cudaSuccess) return e;
+  }
+  dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(a.heads));
+  attention_kernel<T><<<grid, kThreads, shared, stream>>>(a);
+  return cudaGetLastError();
+}
+
+#define INSTANTIATE(T) \
+  template cudaError_t packed_attention<T>(const cpu::AttentionArgs&, int64_t, int64_t, cudaStream_t);
+BLOCKBATCH_CUDA_INSTANTIATE(INSTANTIATE)
+#undef INSTANTIATE
+
+}  // namespace blockbatch::cuda

@@ -1,0 +1,36 @@
+// CUDA kernels of the native forward: raw pointers, sizes and a stream; no torch headers.
+// Launchers return cudaError_t; csrc/torch/ops_cuda.cpp turns errors into TORCH_CHECKs.
+// These are the straightforward reference kernels (correct for any shape); the tuned
+// attention/decode kernels of the CUDA backend build on the same interfaces.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cpu/kernels.h"  // KvGeometry, AttentionArgs (plain structs)
+
+namespace blockbatch::cuda {
+
+// T is float, __nv_bfloat16 or __half (see the explicit instantiations in each .cu file).
+template <typename T>
+cudaError_t rms_norm(const T* x, int64_t x_stride, const T* w, T* out, int64_t rows, int64_t dim, float eps,
+                     cudaStream_t stream);
+template <typename T>
+cudaError_t silu_mul(const T* gate_up, T* out, int64_t rows, int64_t m, cudaStream_t stream);
+template <typename T>
+cudaError_t rope_inplace(T* x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim,
+                         const int64_t* positions, const float* cos_sin, cudaStream_t stream);
+template <typename T>
+cudaError_t kv_write(T* kv, const cpu::KvGeometry& g, int64_t layer, const T* k, const T* v, int64_t src_stride,
+                     const int64_t* positions, const int64_t* cu_seqlens, const int64_t* kv_rows, int64_t rows,
+                     int64_t tokens, cudaStream_t stream);
+// a.cu_seqlens, a.kv_rows, a.cache_lens are device pointers; `tokens` = cu_seqlens[rows];
+// max_keys bounds every row's key count (sizes the shared score buffer).
+template <typename T>
+cudaError_t packed_attention(const cpu::AttentionArgs& a, int64_t tokens, int64_t max_keys, cudaStream_t stream);
+template <typename T>
+cudaError_t confidence(const T* logits, int64_t rows, int64_t vocab, int64_t* argmax, double* conf,
+                       cudaStream_t stream);
+
+}  // namespace blockbatch::cuda

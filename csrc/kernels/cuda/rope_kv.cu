@@ -1,0 +1,72 @@
+// RoPE and the KV-slot write (CUDA).
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kernels.cuh"
+
+namespace blockbatch::cuda {
+
+namespace {
+template <typename T>
+__global__ void rope_kernel(T* x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim,
+                            const int64_t* positions, const float* cos_sin) {
+  const int64_t half = head_dim / 2;
+  const int64_t n = tokens * heads * half;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < n;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = idx % half, h = (idx / half) % heads, t = idx / (half * heads);
+    const float* c = cos_sin + positions[t] * head_dim;
+    T* xh = x + t * row_stride + h * head_dim;
+    const float a = to_f(xh[i]), b = to_f(xh[i + half]);
+    // Same operation order as the reference: x*cos + rotate_half(x)*sin (no FMA contraction).
+    xh[i] = from_f<T>(__fadd_rn(__fmul_rn(a, c[i]), __fmul_rn(-b, c[half + i])));
+    xh[i + half] = from_f<T>(__fadd_rn(__fmul_rn(b, c[i]), __fmul_rn(a, c[half + i])));
+  }
+}
+
+template <typename T>
+__global__ void kv_write_kernel(T* kv, cpu::KvGeometry g, int64_t layer, const T* k, const T* v, int64_t src_stride,
+                                const int64_t* positions, const int64_t* cu, const int64_t* kv_rows, int64_t rows,
+                                int64_t tokens) {
+  const int64_t n = tokens * g.kv_heads * g.head_dim;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < n;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t d = idx % g.head_dim, h = (idx / g.head_dim) % g.kv_heads, t = idx / (g.head_dim * g.kv_heads);
+    const int64_t row = kv_rows[row_of(cu, rows, t)];
+    kv[g.offset(row, layer, 0, h, positions[t]) + d] = k[t * src_stride + h * g.head_dim + d];
+    kv[g.offset(row, layer, 1, h, positions[t]) + d] = v[t * src_stride + h * g.head_dim + d];
+  }
+}
+
+unsigned blocks_for(int64_t n) {
+  const int64_t b = (n + 255) / 256;
+  return static_cast<unsigned>(b < 65535 ? (b > 0 ? b : 1) : 65535);
+}
+}  // namespace
+
+template <typename T>
+cudaError_t rope_inplace(T* x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim,
+                         const int64_t* positions, const float* cos_sin, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  rope_kernel<T><<<blocks_for(tokens * heads * head_dim / 2), 256, 0, stream>>>(x, tokens, row_stride, heads,
+                                                                                 head_dim, positions, cos_sin);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t kv_write(T* kv, const cpu::KvGeometry& g, int64_t layer, const T* k, const T* v, int64_t src_stride,
+                     const int64_t* positions, const int64_t* cu_seqlens, const int64_t* kv_rows, int64_t rows,
+                     int64_t tokens, cudaStream_t stream) {
+  if (tokens == 0 || rows == 0) return cudaSuccess;
+  kv_write_kernel<T><<<blocks_for(tokens * g.kv_heads * g.head_dim), 256, 0, stream>>>(
+      kv, g, layer, k, v, src_stride, positions, cu_seqlens, kv_rows, rows, tokens);
+  return cudaGetLastError();
+}
+
+#define INSTANTIATE(T)                                                                                          \
+  template cudaError_t rope_inplace<T>(T*, int64_t, int64_t, int64_t, int64_t, const int64_t*, const float*,     \
+                                       cudaStream_t);                                                           \
+  template cudaError_t kv_write<T>(T*, const cpu::KvGeometry&, int64_t, const T*, const T*, int64_t,            \
+                                   const int64_t*, const int64_t*, const int64_t*, int64_t, int64_t, cudaStream_t);
+BLOCKBATCH_CUDA_INSTANTIATE(INSTANTIATE)
+#undef INSTANTIATE
+
+}  // namespace blockbatch::cuda

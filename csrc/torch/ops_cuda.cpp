@@ -1,0 +1,161 @@
+// CUDA implementations of the kernel ops: validate shapes (value ranges are checked where the
+// decode loop builds its index tensors, to avoid host syncs), then launch csrc/kernels/cuda.
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <torch/library.h>
+
+#include "kernels/cuda/kernels.cuh"
+#include "torch/ops.h"
+
+namespace blockbatch {
+
+namespace {
+
+// Calls fn with a null pointer of the CUDA storage type matching `type` (float, bf16, half).
+template <typename Fn>
+void dispatch_cuda_type(c10::ScalarType type, const char* op, Fn&& fn) {
+  switch (type) {
+    case at::kFloat: fn(static_cast<float*>(nullptr)); break;
+    case at::kBFloat16: fn(static_cast<__nv_bfloat16*>(nullptr)); break;
+    case at::kHalf: fn(static_cast<__half*>(nullptr)); break;
+    default: TORCH_CHECK(false, op, ": unsupported dtype ", type);
+  }
+}
+
+template <typename T>
+T* ptr(const at::Tensor& t) {
+  return reinterpret_cast<T*>(t.data_ptr());
+}
+
+void check_launch(cudaError_t e, const char* op) {
+  TORCH_CHECK(e == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(e));
+}
+
+void check_cuda(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor, got ", t.device());
+}
+
+at::Tensor rms_norm_cuda(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_rms_norm(x, weight);
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out = at::empty({x.size(0), x.size(1)}, x.options());
+  dispatch_cuda_type(x.scalar_type(), "rms_norm", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    check_launch(cuda::rms_norm<T>(ptr<T>(x), x.stride(0), ptr<T>(weight), ptr<T>(out), x.size(0), x.size(1),
+                                   static_cast<float>(eps), c10::cuda::getCurrentCUDAStream()),
+                 "rms_norm");
+  });
+  return out;
+}
+
+at::Tensor silu_mul_cuda(const at::Tensor& gate_up) {
+  check_silu_mul(gate_up);
+  const c10::cuda::CUDAGuard guard(gate_up.device());
+  const int64_t m = gate_up.size(1) / 2;
+  at::Tensor out = at::empty({gate_up.size(0), m}, gate_up.options());
+  dispatch_cuda_type(gate_up.scalar_type(), "silu_mul", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    check_launch(cuda::silu_mul<T>(ptr<T>(gate_up), ptr<T>(out), gate_up.size(0), m,
+                                   c10::cuda::getCurrentCUDAStream()),
+                 "silu_mul");
+  });
+  return out;
+}
+
+void rope_cuda(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin) {
+  check_rope(x, positions, cos_sin);
+  const c10::cuda::CUDAGuard guard(x.device());
+  dispatch_cuda_type(x.scalar_type(), "rope_", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    check_launch(cuda::rope_inplace<T>(ptr<T>(x), x.size(0), x.stride(0), x.size(1), x.size(2),
+                                       positions.const_data_ptr<int64_t>(), cos_sin.const_data_ptr<float>(),
+                                       c10::cuda::getCurrentCUDAStream()),
+                 "rope_");
+  });
+}
+
+void kv_write_cuda(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
+                   const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer) {
+  check_kv_write(kv, k, v, positions, cu_seqlens, kv_rows, layer);
+  check_cuda(cu_seqlens, "cu_seqlens");
+  check_cuda(kv_rows, "kv_rows");
+  const c10::cuda::CUDAGuard guard(kv.device());
+  const cpu::KvGeometry g{kv.size(1), kv.size(3), kv.size(4), kv.size(5)};
+  dispatch_cuda_type(kv.scalar_type(), "kv_write_", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    check_launch(cuda::kv_write<T>(ptr<T>(kv), g, layer, ptr<T>(k), ptr<T>(v), k.stride(0),
+                                   positions.const_data_ptr<int64_t>(), cu_seqlens.const_data_ptr<int64_t>(),
+                                   kv_rows.const_data_ptr<int64_t>(), cu_seqlens.size(0) - 1, k.size(0),
+                                   c10::cuda::getCurrentCUDAStream()),
+                 "kv_write_");
+  });
+}
+
+at::Tensor packed_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
+                                 const std::optional<at::Tensor>& kv_rows,
+                                 const std::optional<at::Tensor>& cache_lens, int64_t layer, bool attend_fresh) {
+  check_packed_attention(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer);
+  check_cuda(cu_seqlens, "cu_seqlens");
+  const c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor out = at::empty({q.size(0), q.size(1) * q.size(2)}, q.options());
+  cpu::AttentionArgs a{};
+  a.q = q.const_data_ptr();
+  a.k = k.const_data_ptr();
+  a.v = v.const_data_ptr();
+  a.out = out.data_ptr();
+  a.q_stride = q.stride(0);
+  a.kv_stride = k.stride(0);
+  a.cu_seqlens = cu_seqlens.const_data_ptr<int64_t>();
+  a.rows = cu_seqlens.size(0) - 1;
+  a.layer = layer;
+  a.attend_fresh = attend_fresh;
+  a.heads = q.size(1);
+  a.kv_heads = k.size(1);
+  a.head_dim = q.size(2);
+  int64_t max_keys = attend_fresh ? q.size(0) : 0;  // upper bound without a host sync
+  if (kv.has_value()) {
+    a.cache = kv->const_data_ptr();
+    a.geometry = {kv->size(1), kv->size(3), kv->size(4), kv->size(5)};
+    a.kv_rows = kv_rows->const_data_ptr<int64_t>();
+    a.cache_lens = cache_lens->const_data_ptr<int64_t>();
+    max_keys += kv->size(4);
+  }
+  dispatch_cuda_type(q.scalar_type(), "packed_attention", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    check_launch(cuda::packed_attention<T>(a, q.size(0), max_keys, c10::cuda::getCurrentCUDAStream()),
+                 "packed_attention");
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> confidence_cuda(const at::Tensor& logits) {
+  TORCH_CHECK(logits.dim() == 2 && logits.size(1) > 0 && logits.is_contiguous(),
+              "logits must be a contiguous [rows, vocab] tensor, got shape ", logits.sizes());
+  const c10::cuda::CUDAGuard guard(logits.device());
+  at::Tensor argmax = at::empty({logits.size(0)}, logits.options().dtype(at::kLong));
+  at::Tensor conf = at::empty({logits.size(0)}, logits.options().dtype(at::kDouble));
+  dispatch_cuda_type(logits.scalar_type(), "confidence", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    check_launch(cuda::confidence<T>(ptr<T>(logits), logits.size(0), logits.size(1), argmax.data_ptr<int64_t>(),
+                                     conf.data_ptr<double>(), c10::cuda::getCurrentCUDAStream()),
+                 "confidence");
+  });
+  return {argmax, conf};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(blockbatch, CUDA, m) {
+  m.impl("rms_norm", &rms_norm_cuda);
+  m.impl("silu_mul", &silu_mul_cuda);
+  m.impl("rope_", &rope_cuda);
+  m.impl("kv_write_", &kv_write_cuda);
+  m.impl("packed_attention", &packed_attention_cuda);
+  m.impl("confidence", &confidence_cuda);
+}
+
+}  // namespace blockbatch

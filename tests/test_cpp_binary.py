@@ -1,0 +1,119 @@
+"""The bb_forward C++ binary: strict C++ checkpoint reader + native forward, outside Python."""
+
+import json
+import os
+import re
+import struct
+import subprocess
+
+import pytest
+import torch
+
+import blockbatch
+from blockbatch.loading import PREFIX, save_checkpoint
+from blockbatch.native import NativeModel, pack_rows
+from blockbatch.testing import random_config, random_weights
+
+BIN = os.path.join(os.path.dirname(blockbatch.__file__), "bin", "bb_forward")
+
+
+def run(*args):
+    return subprocess.run([BIN, *map(str, args)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def test_help_documents_options():
+    res = run("--help")
+    assert res.returncode == 0
+    for flag in ("--model", "--dtype", "--mode", "--lengths", "--canvas", "--iters"):
+        assert flag in res.stdout
+
+
+def test_missing_model_argument_is_usage_error():
+    res = run()
+    assert res.returncode == 2 and "--model DIR is required" in res.stderr
+
+
+@pytest.mark.parametrize("shards", [None, 30_000])
+@pytest.mark.parametrize("mode", ["dual", "prefix", "full"])
+def test_forward_matches_python(tmp_path, shards, mode):
+    config = random_config(n_heads=4, n_kv_heads=2, d_model=64)
+    weights = random_weights(config, seed=5, logit_scale=2.0)
+    save_checkpoint(tmp_path, config, weights, max_shard_bytes=shards)
+    lengths, L = [3, 5, 8], 20
+    res = run("--model", tmp_path, "--mode", mode, "--lengths", ",".join(map(str, lengths)), "--canvas", L,
+              "--iters", 1)
+    assert res.returncode == 0, res.stderr
+    stats = re.search(r"logits shape=\[(\d+), (\d+)\] mean=(\S+) std=(\S+) argmax\[0\]=(\d+)", res.stdout)
+    assert stats and re.search(r"^result mode=" + mode + r" .* ms_median=\S+ tokens_per_s=\S+$", res.stdout, re.M)
+
+    model = NativeModel(config, weights)
+    T = sum(lengths)
+    tokens = (torch.arange(T) * 7919) % config.vocab_size
+    ids = list(torch.split(tokens, lengths))
+    start = (lambda n: 0) if mode == "full" else (lambda n: L - n)
+    pos = [torch.arange(start(n), start(n) + n) for n in lengths]
+    kv = model.new_kv(len(lengths), L) if mode != "full" else None
+    prefix = [L - n for n in lengths] if mode == "prefix" else None
+    logits = torch.cat(model.forward(ids, pos, kv, mode, prefix_lens=prefix))
+    assert (int(stats[1]), int(stats[2])) == tuple(logits.shape)
+    assert abs(float(stats[3]) - logits.mean().item()) < 1e-5
+    assert abs(float(stats[4]) - logits.std().item()) < 1e-5
+    assert int(stats[5]) == int(logits[0].argmax())
+
+
+def _broken(tmp_path, mutate_weights=None, mutate_file=None, mutate_config=None):
+    config = random_config()
+    weights = random_weights(config)
+    if mutate_weights:
+        mutate_weights(weights)
+    save_checkpoint(tmp_path, config, weights)
+    if mutate_config:
+        p = os.path.join(tmp_path, "config.json")
+        with open(p) as f:
+            cfg = json.load(f)
+        mutate_config(cfg)
+        with open(p, "w") as f:
+            json.dump(cfg, f)
+    if mutate_file:
+        mutate_file(os.path.join(tmp_path, "model.safetensors"))
+    return run("--model", tmp_path)
+
+
+def _truncate(path):
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 64)
+
+
+def _lie(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    b, e = header[PREFIX + "ln_f.weight"]["data_offsets"]
+    header[PREFIX + "ln_f.weight"]["data_offsets"] = [b, e - 4]
+    raw = json.dumps(header).encode().ljust(n)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw + data[8 + n:])
+
+
+@pytest.mark.parametrize("case,kwargs,pattern", [
+    ("truncated", dict(mutate_file=_truncate), r"model.safetensors: tensor '.*': data_offsets end \d+ is past the data section .*truncated"),
+    ("header-lies", dict(mutate_file=_lie), r"tensor 'model.transformer.ln_f.weight': data_offsets span 252 bytes"),
+    ("missing", dict(mutate_weights=lambda w: w.pop(PREFIX + "blocks.0.ff_out.weight")),
+     r"tensor 'model.transformer.blocks.0.ff_out.weight' is missing"),
+    ("extra", dict(mutate_weights=lambda w: w.__setitem__("lm_head.bias", torch.zeros(3))),
+     r"unexpected tensor 'lm_head.bias'"),
+    ("dtype", dict(mutate_weights=lambda w: w.__setitem__(PREFIX + "ln_f.weight", torch.ones(64, dtype=torch.int32))),
+     r"tensor 'model.transformer.ln_f.weight' has dtype I32; weights must be F32, BF16 or F16"),
+    ("shape", dict(mutate_weights=lambda w: w.__setitem__(PREFIX + "ln_f.weight", torch.ones(65))),
+     r"tensor 'model.transformer.ln_f.weight' has shape \[65\], expected \[64\]"),
+    ("model_type", dict(mutate_config=lambda c: c.__setitem__("model_type", "bert")),
+     r"config.json: key 'model_type' must be \"llada\""),
+    ("mask-id", dict(mutate_config=lambda c: c.__setitem__("mask_token_id", 500)),
+     r"config.json: .*'mask_token_id' = 500 is outside the vocabulary \[0, 97\)"),
+])
+def test_bad_checkpoints_are_refused(tmp_path, case, kwargs, pattern):
+    res = _broken(tmp_path, **kwargs)
+    assert res.returncode == 1
+    assert re.search(pattern, res.stderr), res.stderr
