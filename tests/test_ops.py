@@ -114,18 +114,20 @@ def test_packed_attention_modes(dtype, heads, kv_heads, hd):
 def test_confidence_matches_softmax(dtype):
     logits = (3 * torch.randn(17, 1000)).to(dtype)
     logits[3, 10] = logits[3, 20] = logits[3].max() + 1  # a tie: lowest id wins
-    argmax, conf = ops.confidence(logits)
-    x0, expected = ref_propose(logits)
+    logits[5, 7] = logits[5].max() + 2  # the excluded id is never proposed
+    argmax, conf = ops.confidence(logits, 7)
+    x0, expected = ref_propose(logits, 7)
     assert torch.equal(argmax, x0)
-    assert argmax[3] == 10
+    assert argmax[3] == 10 and argmax[5] != 7
     assert conf.dtype == torch.float64
     torch.testing.assert_close(conf, expected, atol=1e-12, rtol=1e-10)
+    assert conf[5] < 0.5  # probability over the whole vocabulary, the excluded id included
 
 
-def ref_propose(logits):
+def ref_propose(logits, mask_id):
     from blockbatch.reference.policies import propose
 
-    return propose(logits.float())
+    return propose(logits.float(), mask_id)
 
 
 def test_kernel_bad_input_names_argument():
@@ -172,7 +174,8 @@ def _opcheck_samples():
     yield "packed_attention", ops.packed_attention.default, (
         torch.randn(3, 2, 4), torch.randn(3, 1, 4), torch.randn(3, 1, 4), torch.tensor([0, 1, 3]),
         torch.randn(2, 1, 2, 1, 5, 4), torch.tensor([1, 0]), torch.tensor([2, 5]), 0, True)
-    yield "confidence", ops.confidence.default, (torch.randn(4, 50),)
+    yield "confidence", ops.confidence.default, (torch.randn(4, 50), 3)
+    yield "sparse_probs", ops.sparse_probs.default, (torch.randn(4, 50) * 3, 0.1, 11)
 
 
 @pytest.mark.parametrize("name,op,args", list(_opcheck_samples()), ids=lambda x: x if isinstance(x, str) else "")

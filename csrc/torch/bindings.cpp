@@ -92,9 +92,12 @@ TORCH_LIBRARY(blockbatch, m) {
   // slots of its KV row, then (attend_fresh) to its own fresh K/V. GQA by head grouping.
   m.def("packed_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, Tensor? kv, Tensor? kv_rows, "
         "Tensor? cache_lens, int layer, bool attend_fresh) -> Tensor");
-  // Proposal + confidence per row: argmax (lowest id on ties) and its softmax probability
-  // (float64), without materialising probabilities (ALGORITHMS.md 1).
-  m.def("confidence(Tensor logits) -> (Tensor argmax, Tensor conf)");
+  // Proposal + confidence per row: argmax over ids != exclude (the mask id; lowest id on ties)
+  // and its softmax probability (float64), without materialising probabilities (ALGORITHMS.md 1).
+  m.def("confidence(Tensor logits, int exclude=-1) -> (Tensor argmax, Tensor conf)");
+  // BlockBatch's sparse probability map: per row, the (at most max_k) tokens whose softmax
+  // probability exceeds floor (ALGORITHMS.md 4); ids padded with -1.
+  m.def("sparse_probs(Tensor logits, float floor, int max_k) -> (Tensor ids, Tensor probs)");
 }
 
 TORCH_LIBRARY_IMPL(blockbatch, CPU, m) {
@@ -105,6 +108,7 @@ TORCH_LIBRARY_IMPL(blockbatch, CPU, m) {
   m.impl("kv_write_", &kv_write_cpu);
   m.impl("packed_attention", &packed_attention_cpu);
   m.impl("confidence", &confidence_cpu);
+  m.impl("sparse_probs", &sparse_probs_cpu);
 }
 
 TORCH_LIBRARY_IMPL(blockbatch, Meta, m) {

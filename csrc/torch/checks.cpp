@@ -26,6 +26,13 @@ void check_heads_view(const at::Tensor& t, const char* name) {
 }
 }  // namespace
 
+void check_logits(const at::Tensor& logits) {
+  check_floating(logits, "logits");
+  TORCH_CHECK(logits.dim() == 2 && logits.size(1) > 0, "logits must be [rows, vocab] with vocab > 0, got shape ",
+              logits.sizes());
+  TORCH_CHECK(logits.is_contiguous(), "logits must be contiguous");
+}
+
 void check_rms_norm(const at::Tensor& x, const at::Tensor& weight) {
   check_floating(x, "x");
   TORCH_CHECK(x.dim() == 2, "x must be [rows, dim], got shape ", x.sizes());

@@ -46,9 +46,16 @@ at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return op.call(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer, attend_fresh);
 }
 
-std::tuple<at::Tensor, at::Tensor> confidence(const at::Tensor& logits) {
-  static auto op = handle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&)>("blockbatch::confidence");
-  return op.call(logits);
+std::tuple<at::Tensor, at::Tensor> confidence(const at::Tensor& logits, int64_t exclude) {
+  static auto op =
+      handle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, int64_t)>("blockbatch::confidence");
+  return op.call(logits, exclude);
+}
+
+std::tuple<at::Tensor, at::Tensor> sparse_probs(const at::Tensor& logits, double floor, int64_t max_k) {
+  static auto op = handle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, double, int64_t)>(
+      "blockbatch::sparse_probs");
+  return op.call(logits, floor, max_k);
 }
 
 }  // namespace blockbatch::ops

@@ -19,7 +19,8 @@ at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::
                             const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
                             const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
                             int64_t layer, bool attend_fresh);
-std::tuple<at::Tensor, at::Tensor> confidence(const at::Tensor& logits);
+std::tuple<at::Tensor, at::Tensor> confidence(const at::Tensor& logits, int64_t exclude);
+std::tuple<at::Tensor, at::Tensor> sparse_probs(const at::Tensor& logits, double floor, int64_t max_k);
 }  // namespace ops
 
 at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double eps);
@@ -31,9 +32,11 @@ at::Tensor packed_attention_cpu(const at::Tensor& q, const at::Tensor& k, const 
                                 const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
                                 const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
                                 int64_t layer, bool attend_fresh);
-std::tuple<at::Tensor, at::Tensor> confidence_cpu(const at::Tensor& logits);
+std::tuple<at::Tensor, at::Tensor> confidence_cpu(const at::Tensor& logits, int64_t exclude);
+std::tuple<at::Tensor, at::Tensor> sparse_probs_cpu(const at::Tensor& logits, double floor, int64_t max_k);
 
 // Shape checks shared by every backend (CPU, CUDA, Meta): throw naming the argument.
+void check_logits(const at::Tensor& logits);
 void check_rms_norm(const at::Tensor& x, const at::Tensor& weight);
 void check_silu_mul(const at::Tensor& gate_up);
 void check_rope(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin);

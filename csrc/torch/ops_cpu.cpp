@@ -116,17 +116,29 @@ at::Tensor packed_attention_cpu(const at::Tensor& q, const at::Tensor& k, const 
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor> confidence_cpu(const at::Tensor& logits) {
-  TORCH_CHECK(logits.dim() == 2 && logits.size(1) > 0, "logits must be [rows, vocab] with vocab > 0, got shape ",
-              logits.sizes());
-  TORCH_CHECK(logits.stride(1) == 1 && logits.stride(0) == logits.size(1), "logits must be contiguous");
+std::tuple<at::Tensor, at::Tensor> confidence_cpu(const at::Tensor& logits, int64_t exclude) {
+  check_logits(logits);
+  TORCH_CHECK(logits.size(1) > 1 || exclude != 0, "logits must hold a proposable id besides exclude");
   at::Tensor argmax = at::empty({logits.size(0)}, logits.options().dtype(at::kLong));
   at::Tensor conf = at::empty({logits.size(0)}, logits.options().dtype(at::kDouble));
   BLOCKBATCH_DISPATCH_FLOATING(logits.scalar_type(), "confidence", [&] {
     cpu::confidence<scalar_t>(logits.const_data_ptr<scalar_t>(), logits.size(0), logits.size(1),
-                              argmax.data_ptr<int64_t>(), conf.data_ptr<double>());
+                              exclude, argmax.data_ptr<int64_t>(), conf.data_ptr<double>());
   });
   return {argmax, conf};
+}
+
+std::tuple<at::Tensor, at::Tensor> sparse_probs_cpu(const at::Tensor& logits, double floor, int64_t max_k) {
+  check_logits(logits);
+  TORCH_CHECK(floor > 0 && floor < 1, "floor must be in (0, 1), got ", floor);
+  TORCH_CHECK(max_k > 0, "max_k must be > 0, got ", max_k);
+  at::Tensor ids = at::empty({logits.size(0), max_k}, logits.options().dtype(at::kLong));
+  at::Tensor probs = at::empty({logits.size(0), max_k}, logits.options().dtype(at::kDouble));
+  BLOCKBATCH_DISPATCH_FLOATING(logits.scalar_type(), "sparse_probs", [&] {
+    cpu::sparse_probs<scalar_t>(logits.const_data_ptr<scalar_t>(), logits.size(0), logits.size(1), floor, max_k,
+                                ids.data_ptr<int64_t>(), probs.data_ptr<double>());
+  });
+  return {ids, probs};
 }
 
 }  // namespace blockbatch

@@ -132,7 +132,7 @@ at::Tensor packed_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor> confidence_cuda(const at::Tensor& logits) {
+std::tuple<at::Tensor, at::Tensor> confidence_cuda(const at::Tensor& logits, int64_t exclude) {
   TORCH_CHECK(logits.dim() == 2 && logits.size(1) > 0 && logits.is_contiguous(),
               "logits must be a contiguous [rows, vocab] tensor, got shape ", logits.sizes());
   const c10::cuda::CUDAGuard guard(logits.device());
@@ -140,7 +140,7 @@ std::tuple<at::Tensor, at::Tensor> confidence_cuda(const at::Tensor& logits) {
   at::Tensor conf = at::empty({logits.size(0)}, logits.options().dtype(at::kDouble));
   dispatch_cuda_type(logits.scalar_type(), "confidence", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    check_launch(cuda::confidence<T>(ptr<T>(logits), logits.size(0), logits.size(1), argmax.data_ptr<int64_t>(),
+    check_launch(cuda::confidence<T>(ptr<T>(logits), logits.size(0), logits.size(1), exclude, argmax.data_ptr<int64_t>(),
                                      conf.data_ptr<double>(), c10::cuda::getCurrentCUDAStream()),
                  "confidence");
   });

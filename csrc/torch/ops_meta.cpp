@@ -34,10 +34,16 @@ at::Tensor packed_attention_meta(const at::Tensor& q, const at::Tensor& k, const
   return at::empty({q.size(0), q.size(1) * q.size(2)}, q.options());
 }
 
-std::tuple<at::Tensor, at::Tensor> confidence_meta(const at::Tensor& logits) {
+std::tuple<at::Tensor, at::Tensor> confidence_meta(const at::Tensor& logits, int64_t) {
   TORCH_CHECK(logits.dim() == 2, "logits must be [rows, vocab], got shape ", logits.sizes());
   return {at::empty({logits.size(0)}, logits.options().dtype(at::kLong)),
           at::empty({logits.size(0)}, logits.options().dtype(at::kDouble))};
+}
+
+std::tuple<at::Tensor, at::Tensor> sparse_probs_meta(const at::Tensor& logits, double, int64_t max_k) {
+  check_logits(logits);
+  return {at::empty({logits.size(0), max_k}, logits.options().dtype(at::kLong)),
+          at::empty({logits.size(0), max_k}, logits.options().dtype(at::kDouble))};
 }
 
 }  // namespace
@@ -49,6 +55,7 @@ TORCH_LIBRARY_IMPL(blockbatch, Meta, m) {
   m.impl("kv_write_", &kv_write_meta);
   m.impl("packed_attention", &packed_attention_meta);
   m.impl("confidence", &confidence_meta);
+  m.impl("sparse_probs", &sparse_probs_meta);
 }
 
 }  // namespace blockbatch

@@ -1,5 +1,6 @@
 """``blockbatch`` command line.
 
+    blockbatch generate [--model DIR] [--policy P] PROMPT...   decode prompts (default: the shipped toy model)
     blockbatch forward --model DIR          load a checkpoint, run one native forward, print logits stats
     blockbatch make-random DIR [--seed N]   write a random LLaDA checkpoint (for trying things out)
 
@@ -62,6 +63,60 @@ def _cmd_forward(args: argparse.Namespace) -> int:
     return 0
 
 
+def _threshold(text: str) -> float | None:
+    if text.lower() == "none":
+        return None
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1] or 'none', got {text}")
+    return value
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def summary_line(stats: dict) -> str:
+    """One human line per generation: NFE split, tokens per forward, time (and BlockBatch extras)."""
+    committed = sum(stats["committed_per_step"])
+    tpf = committed / stats["nfe"] if stats["nfe"] else 0.0
+    if stats["policy"] == "blockbatch":
+        branches = stats["branches"]
+        return (f"[blockbatch {','.join(str(b['block_size']) for b in branches)}] nfe={stats['nfe']} "
+                f"(init {stats['nfe_init']} + block {stats['nfe_block']} + refresh {stats['nfe_refresh']}), "
+                f"paper NFE {stats['nfe_paper']}, winner block {stats['winner_block_size']}"
+                f"{' (EOS exit)' if stats['early_exit'] else ''}, merged {sum(b['merged'] for b in branches)}, "
+                f"synced {sum(b['copied'] for b in branches)} tokens, {stats['wall_ms']:.1f} ms")
+    return (f"[{stats['policy']} block {stats['branches'][0]['block_size']}] nfe={stats['nfe']} "
+            f"(full {stats['nfe_full']} + block {stats['nfe_block']}), {tpf:.2f} tokens/forward, "
+            f"{stats['wall_ms']:.1f} ms")
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from .engine import Engine
+    from .options import DecodeOptions
+
+    options = DecodeOptions(
+        policy=args.policy, gen_length=args.gen_length, block_length=args.block_length, steps=args.steps,
+        threshold=args.threshold, factor=args.factor, temperature=args.temperature, seed=args.seed,
+        stop_on_eos=args.stop_on_eos, block_sizes=args.block_sizes, merge_gate=args.merge_gate,
+        sync_gap=args.sync_gap, refresh_tokens=args.refresh_tokens, refresh_mode=args.refresh_mode)
+    engine = Engine.from_pretrained(args.model, device=args.device, dtype=DTYPES[args.dtype])
+    prompts = [p if not args.ids else [int(x) for x in p.split(",")] for p in args.prompts]
+    chat = False if args.no_chat else None
+    results = engine.generate(prompts, options, chat=chat, progress=not args.json and len(prompts) > 1)
+    for prompt, gen in zip(args.prompts, results):
+        if args.json:
+            print(json.dumps({"prompt": prompt, "text": gen.text, "ids": gen.ids, "stats": gen.stats}))
+        else:
+            print(f"{prompt!r} -> {gen.text!r}" if len(args.prompts) > 1 else gen.text)
+            print("  " + summary_line(gen.stats))
+    return 0
+
+
 def _cmd_make_random(args: argparse.Namespace) -> int:
     from .testing import make_random_checkpoint
 
@@ -78,6 +133,46 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="blockbatch", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "generate", help="decode prompts with a policy (default model: the shipped toy model)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Decode each PROMPT with the native engine and print the text plus a one-line stats summary.",
+        epilog="examples:\n"
+               "  blockbatch generate '37 +5 -8 +6                =='\n"
+               "  blockbatch generate --policy blockbatch --gen-length 128 PROMPT\n"
+               "  blockbatch generate --policy vanilla --threshold none --steps 64 PROMPT   (LLaDA fixed schedule)\n"
+               "  blockbatch generate --model /path/to/LLaDA-8B-Instruct --dtype bfloat16 --device cuda 'Hi'")
+    p.add_argument("prompts", nargs="+", metavar="PROMPT", help="prompt text (or ids with --ids)")
+    p.add_argument("--model", default=None, help="checkpoint folder (default: the toy model shipped in the package)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    p.add_argument("--ids", action="store_true", help="prompts are comma-separated token ids")
+    p.add_argument("--no-chat", action="store_true", help="do not apply the checkpoint's chat template")
+    p.add_argument("--json", action="store_true", help="one JSON object per prompt (text, ids, all stats)")
+    g = p.add_argument_group("decoding (ALGORITHMS.md)")
+    g.add_argument("--policy", choices=["vanilla", "prefix", "dual", "blockbatch"], default="dual",
+                   help="vanilla: full forward per step; prefix/dual: Fast-dLLM caches; blockbatch: multi-branch "
+                        "(default dual)")
+    g.add_argument("--gen-length", type=int, default=64, help="tokens to generate (default 64)")
+    g.add_argument("--block-length", type=int, default=32, help="block size of single-branch policies (default 32)")
+    g.add_argument("--threshold", type=_threshold, default=0.9,
+                   help="commit every candidate with confidence >= T (default 0.9); 'none' = fixed schedule")
+    g.add_argument("--steps", type=int, default=None, help="total steps of the fixed schedule (with --threshold none)")
+    g.add_argument("--factor", type=float, default=None, help="Fast-dLLM factor rule instead of the threshold")
+    g.add_argument("--temperature", type=float, default=0.0, help="Gumbel-max sampling temperature (default 0: greedy)")
+    g.add_argument("--seed", type=int, default=0, help="sampling seed (with --temperature > 0)")
+    g.add_argument("--stop-on-eos", action="store_true", help="stop after the first block holding EOS")
+    b = p.add_argument_group("blockbatch")
+    b.add_argument("--block-sizes", type=_int_list, default=(4, 8, 16, 32, 64, 128),
+                   help="branch block sizes, comma-separated; each must divide --gen-length (default 4,8,16,32,64,128)")
+    b.add_argument("--merge-gate", type=float, default=0.5, help="merge a token when the destination's own "
+                                                                "probability exceeds this (default 0.5)")
+    b.add_argument("--sync-gap", type=int, default=8, help="copy the leader when lagging by more tokens (default 8)")
+    b.add_argument("--refresh-tokens", type=int, default=32, help="full refresh every N decoded tokens per branch "
+                                                                 "(default 32; 0 disables)")
+    b.add_argument("--refresh-mode", choices=["periodic", "divergence"], default="periodic")
+    p.set_defaults(func=_cmd_generate)
 
     p = sub.add_parser("forward", help="load a checkpoint and print logits statistics of one native forward",
                        description="Load a Hugging Face LLaDA checkpoint folder with blockbatch's strict loader, "

@@ -81,3 +81,18 @@ class NativeModel:
         pre = torch.tensor(list(prefix_lens), dtype=torch.long, device=self.device) if prefix_lens is not None else None
         logits = self.forward_packed(tokens, pos, cu, kv, mode, rows, pre).float()
         return list(torch.split(logits, [int(t.numel()) for t in ids]))
+
+
+@torch.library.register_fake("blockbatch::decode")
+def _decode_fake(model, prompt_ids, policy="dual", gen_length=128, block_length=32, steps=0, commit="threshold",
+                 threshold=0.9, factor=1.0, temperature=0.0, seed=0, stop_on_eos=False,
+                 block_sizes=(4, 8, 16, 32, 64, 128), merge_gate=0.5, sync_gap=8, refresh_tokens=32,
+                 refresh_mode="periodic", prob_floor=0.1, merge=True, sync=True):
+    # Outputs live on the host; the number of forwards is data-dependent.
+    forwards = torch.library.get_ctx().new_dynamic_size()
+    branches = len(block_sizes) if policy == "blockbatch" else 1
+    cpu = torch.device("cpu")
+    return (torch.empty(prompt_ids.shape[0] + gen_length, dtype=torch.long, device=cpu),
+            torch.empty(len(torch.ops.blockbatch.decode_stat_names()), dtype=torch.float64, device=cpu),
+            torch.empty(forwards, 2, dtype=torch.long, device=cpu),
+            torch.empty(branches, 5, dtype=torch.long, device=cpu))

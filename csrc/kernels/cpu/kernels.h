@@ -75,10 +75,18 @@ void packed_attention(const AttentionArgs& a);
 enum class CpuCapability { kGeneric, kAvx2, kAvx512 };
 CpuCapability cpu_capability();
 
-// Per row of logits [rows, vocab]: argmax (lowest id on ties) and its softmax probability,
-// 1 / sum_j exp(l_j - l_max), summed in double. One pass for the max, one for the sum; no
-// probability matrix.
+// Per row of logits [rows, vocab]: argmax over the ids != `exclude` (the mask id: a proposal is
+// never the mask itself; -1 excludes nothing), lowest id on ties, and its softmax probability
+// over the whole vocabulary, exp(l_x0 - l_max) / sum_j exp(l_j - l_max), summed in double. One
+// pass for the max, one for the sum; no probability matrix.
 template <typename T>
-void confidence(const T* logits, int64_t rows, int64_t vocab, int64_t* argmax, double* conf);
+void confidence(const T* logits, int64_t rows, int64_t vocab, int64_t exclude, int64_t* argmax, double* conf);
+
+// Sparse probabilities per row of logits [rows, vocab]: the tokens whose softmax probability
+// (float64) exceeds `floor`, at most max_k of them (ids[r, k] = -1 pads). Used for BlockBatch's
+// per-position probability map.
+template <typename T>
+void sparse_probs(const T* logits, int64_t rows, int64_t vocab, double floor, int64_t max_k, int64_t* ids,
+                  double* probs);
 
 }  // namespace blockbatch::cpu

@@ -1,6 +1,7 @@
 // RMSNorm, SwiGLU activation and the fused confidence kernel (CPU).
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -53,24 +54,53 @@ void silu_mul(const T* gate_up, T* out, int64_t rows, int64_t m) {
 }
 
 template <typename T>
-void confidence(const T* logits, int64_t rows, int64_t vocab, int64_t* argmax, double* conf) {
+void confidence(const T* logits, int64_t rows, int64_t vocab, int64_t exclude, int64_t* argmax, double* conf) {
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* l = logits + r * vocab;
-      float best = -std::numeric_limits<float>::infinity();
-      int64_t best_id = 0;
+      float mx = -std::numeric_limits<float>::infinity();   // max over all ids (softmax shift)
+      float best = -std::numeric_limits<float>::infinity();  // max over proposable ids
+      int64_t best_id = exclude == 0 ? 1 : 0;
       for (int64_t j = 0; j < vocab; ++j) {
-        float v = to_float(l[j]);
-        if (v > best) {  // strict: the lowest id wins ties
+        const float v = to_float(l[j]);
+        mx = std::max(mx, v);
+        if (v > best && j != exclude) {  // strict: the lowest id wins ties
           best = v;
           best_id = j;
         }
       }
       double sum = 0;
-      const double m = best;
+      const double m = mx;
       for (int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(to_float(l[j])) - m);
       argmax[r] = best_id;
-      conf[r] = 1.0 / sum;
+      conf[r] = std::exp(static_cast<double>(best) - m) / sum;
+    }
+  });
+}
+
+template <typename T>
+void sparse_probs(const T* logits, int64_t rows, int64_t vocab, double floor, int64_t max_k, int64_t* ids,
+                  double* probs) {
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* l = logits + r * vocab;
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < vocab; ++j) mx = std::max(mx, to_float(l[j]));
+      double sum = 0;
+      for (int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(to_float(l[j])) - mx);
+      int64_t k = 0;
+      for (int64_t j = 0; j < vocab && k < max_k; ++j) {
+        const double p = std::exp(static_cast<double>(to_float(l[j])) - mx) / sum;
+        if (p > floor) {
+          ids[r * max_k + k] = j;
+          probs[r * max_k + k] = p;
+          ++k;
+        }
+      }
+      for (; k < max_k; ++k) {
+        ids[r * max_k + k] = -1;
+        probs[r * max_k + k] = 0;
+      }
     }
   });
 }
@@ -78,7 +108,8 @@ void confidence(const T* logits, int64_t rows, int64_t vocab, int64_t* argmax, d
 #define INSTANTIATE(T)                                                                       \
   template void rms_norm<T>(const T*, int64_t, const T*, T*, int64_t, int64_t, float);       \
   template void silu_mul<T>(const T*, T*, int64_t, int64_t);                                 \
-  template void confidence<T>(const T*, int64_t, int64_t, int64_t*, double*);
+  template void confidence<T>(const T*, int64_t, int64_t, int64_t, int64_t*, double*);                 \
+  template void sparse_probs<T>(const T*, int64_t, int64_t, double, int64_t, int64_t*, double*);
 BLOCKBATCH_INSTANTIATE_FLOATING(INSTANTIATE)
 #undef INSTANTIATE
 

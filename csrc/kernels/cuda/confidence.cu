@@ -9,20 +9,23 @@ namespace {
 constexpr int kThreads = 256;
 
 template <typename T>
-__global__ void confidence_kernel(const T* logits, int64_t vocab, int64_t* argmax, double* conf) {
+__global__ void confidence_kernel(const T* logits, int64_t vocab, int64_t exclude, int64_t* argmax, double* conf) {
   __shared__ float best_v[kThreads];
   __shared__ int64_t best_i[kThreads];
   __shared__ double scratch[32];
+  __shared__ float max_scratch[32];
   const T* l = logits + blockIdx.x * vocab;
-  float bv = -INFINITY;
+  float bv = -INFINITY, mx = -INFINITY;
   int64_t bi = vocab;
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
     const float v = to_f(l[j]);
-    if (v > bv) {  // strided scan visits ids in increasing order: strict > keeps the lowest
+    mx = fmaxf(mx, v);
+    if (v > bv && j != exclude) {  // strided scan visits ids in increasing order: strict > keeps the lowest
       bv = v;
       bi = j;
     }
   }
+  const double m = block_max(mx, max_scratch);
   best_v[threadIdx.x] = bv;
   best_i[threadIdx.x] = bi;
   __syncthreads();
@@ -37,27 +40,26 @@ __global__ void confidence_kernel(const T* logits, int64_t vocab, int64_t* argma
     }
     __syncthreads();
   }
-  const double m = best_v[0];
   double sum = 0;
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) sum += exp(static_cast<double>(to_f(l[j])) - m);
   sum = block_sum(sum, scratch);
   if (threadIdx.x == 0) {
     argmax[blockIdx.x] = best_i[0];
-    conf[blockIdx.x] = 1.0 / sum;
+    conf[blockIdx.x] = exp(static_cast<double>(best_v[0]) - m) / sum;
   }
 }
 }  // namespace
 
 template <typename T>
-cudaError_t confidence(const T* logits, int64_t rows, int64_t vocab, int64_t* argmax, double* conf,
+cudaError_t confidence(const T* logits, int64_t rows, int64_t vocab, int64_t exclude, int64_t* argmax, double* conf,
                        cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  confidence_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, vocab, argmax, conf);
+  confidence_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, vocab, exclude, argmax, conf);
   return cudaGetLastError();
 }
 
 #define INSTANTIATE(T) \
-  template cudaError_t confidence<T>(const T*, int64_t, int64_t, int64_t*, double*, cudaStream_t);
+  template cudaError_t confidence<T>(const T*, int64_t, int64_t, int64_t, int64_t*, double*, cudaStream_t);
 BLOCKBATCH_CUDA_INSTANTIATE(INSTANTIATE)
 #undef INSTANTIATE
 

@@ -30,7 +30,7 @@ cudaError_t kv_write(T* kv, const cpu::KvGeometry& g, int64_t layer, const T* k,
 template <typename T>
 cudaError_t packed_attention(const cpu::AttentionArgs& a, int64_t tokens, int64_t max_keys, cudaStream_t stream);
 template <typename T>
-cudaError_t confidence(const T* logits, int64_t rows, int64_t vocab, int64_t* argmax, double* conf,
+cudaError_t confidence(const T* logits, int64_t rows, int64_t vocab, int64_t exclude, int64_t* argmax, double* conf,
                        cudaStream_t stream);
 
 }  // namespace blockbatch::cuda

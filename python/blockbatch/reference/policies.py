@@ -35,19 +35,23 @@ def commit_rule(threshold: float | None, factor: float | None) -> str:
     return "threshold" if threshold is not None else "fixed"
 
 
-def propose(logits: torch.Tensor, temperature: float = 0.0,
+def propose(logits: torch.Tensor, mask_id: int, temperature: float = 0.0,
             generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Proposal and confidence (section 1). logits ``[n, V]`` -> x0 ``[n]`` int64, conf ``[n]`` float64.
 
     ``x0`` is the argmax (first index on ties) of the logits, or of Gumbel-perturbed float64
-    logits when ``temperature > 0``; ``conf`` is ``softmax(logits)[x0]`` in float64.
+    logits when ``temperature > 0``, over every id but ``mask_id`` (a model may rank the mask
+    first; committing it would never finish a block); ``conf`` is ``softmax(logits)[x0]`` in
+    float64 over the whole vocabulary.
     """
     l64 = logits.double()
     if temperature > 0:
         noise = torch.rand(l64.shape, dtype=torch.float64, generator=generator)
-        x0 = torch.argmax(l64.exp() / (-torch.log(noise)) ** temperature, dim=-1)
+        score = l64.exp() / (-torch.log(noise)) ** temperature
     else:
-        x0 = torch.argmax(logits, dim=-1)
+        score = logits.clone()
+    score[:, mask_id] = float("-inf")
+    x0 = torch.argmax(score, dim=-1)
     conf = torch.softmax(l64, dim=-1).gather(-1, x0[:, None])[:, 0]
     return x0, conf
 
@@ -122,7 +126,7 @@ def generate(model: ReferenceModel, prompt: torch.Tensor, gen_length: int, block
     kv = model.new_kv(1, L) if policy != "vanilla" else None
 
     def commit(logits_block: torch.Tensor, s: int, e: int, step_in_block: int, schedule: list[int]) -> None:
-        x0, conf = propose(logits_block, temperature, generator)
+        x0, conf = propose(logits_block, mask_id, temperature, generator)
         cand = x[s:e] == mask_id
         conf = torch.where(cand, conf, torch.full_like(conf, float("-inf")))
         if rule == "threshold":

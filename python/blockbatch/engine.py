@@ -1,0 +1,126 @@
+"""``Engine``: load a checkpoint once, decode prompts with any policy in the native op."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from .loading import load_checkpoint
+from .native import NativeModel
+from .options import DecodeOptions, run_decode
+from .tokenization import TextCodec
+
+
+@dataclasses.dataclass
+class Generation:
+    """One decoded request."""
+
+    text: str                 # generation trimmed at the first EOS / end-of-turn ("" without tokenizer)
+    ids: list[int]            # generated ids, trimmed the same way
+    raw_ids: list[int]        # all gen_length generated ids
+    prompt_ids: list[int]
+    stats: dict[str, Any]     # nfe, nfe_full, nfe_block, ..., committed_per_step, branches, wall_ms
+
+
+class Engine:
+    """A model held by the native engine plus its tokenizer.
+
+    >>> engine = Engine.from_pretrained()                      # the shipped toy model
+    >>> engine.generate("37 +5 -8 +6 ...", DecodeOptions(policy="blockbatch", gen_length=64))
+    """
+
+    def __init__(self, checkpoint, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
+        self.checkpoint = checkpoint
+        self.config = checkpoint.config
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' but no CUDA device is available")
+        self.model = NativeModel.from_checkpoint(checkpoint, dtype=dtype, device=self.device)
+        self.codec = TextCodec(checkpoint.tokenizer, self.config, checkpoint.chat_template) \
+            if checkpoint.tokenizer is not None else None
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike | None = None, device: str | torch.device = "cpu",
+                        dtype: torch.dtype | None = None) -> "Engine":
+        """Load a Hugging Face LLaDA folder; ``None`` loads the toy model shipped in the package."""
+        if path is None:
+            from .toy import checkpoint_path
+
+            path = checkpoint_path()
+        return cls(load_checkpoint(path), device, dtype)
+
+    def encode(self, prompt: str | Sequence[int] | torch.Tensor, chat: bool | None = None) -> torch.Tensor:
+        if isinstance(prompt, str):
+            if self.codec is None:
+                raise ValueError("this checkpoint has no tokenizer.json: pass token ids instead of text")
+            ids = torch.tensor(self.codec.encode(prompt, chat), dtype=torch.long)
+        elif isinstance(prompt, torch.Tensor):
+            if prompt.dtype != torch.long:
+                raise TypeError(f"prompt token ids must be int64, got {prompt.dtype}")
+            if prompt.dim() != 1:
+                raise ValueError(f"a prompt tensor must be 1-D, got shape {tuple(prompt.shape)}")
+            ids = prompt.cpu()
+        else:
+            ids = torch.tensor([int(i) for i in prompt], dtype=torch.long)
+        if ids.numel() == 0:
+            raise ValueError("prompt is empty")
+        return ids
+
+    def generate(self, prompts: str | Sequence[int] | torch.Tensor | Iterable[str | Sequence[int] | torch.Tensor],
+                 options: DecodeOptions | None = None, chat: bool | None = None,
+                 progress: bool = False) -> list[Generation]:
+        """Decode each prompt (text, a list of ids, or a 1-D/2-D int64 tensor) independently.
+
+        Each request is decoded on its own, so its result never depends on the others.
+        """
+        options = options or DecodeOptions()
+        if isinstance(prompts, str) or (isinstance(prompts, torch.Tensor) and prompts.dim() == 1) or (
+                isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        elif isinstance(prompts, torch.Tensor):
+            prompts = list(prompts)
+        prompts = list(prompts)
+        out = []
+        bar = _Progress(len(prompts)) if progress and len(prompts) > 1 else None
+        for prompt in prompts:
+            ids = self.encode(prompt, chat)
+            result = run_decode(self.model.obj, ids.to(self.device), options)
+            raw = result.tokens[ids.numel():].tolist()
+            trimmed = self.codec.trim(raw) if self.codec else _trim_eos(raw, self.config.eos_token_id)
+            text = self.codec.decode(trimmed) if self.codec else ""
+            out.append(Generation(text, trimmed, raw, ids.tolist(), result.stats))
+            if bar:
+                bar.update(result.stats)
+        if bar:
+            bar.close()
+        return out
+
+
+def _trim_eos(ids: list[int], eos: int) -> list[int]:
+    return ids[: ids.index(eos)] if eos in ids else ids
+
+
+class _Progress:
+    """A one-line progress bar on stderr (no dependency)."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self.start, self.nfe = total, 0, time.perf_counter(), 0
+
+    def update(self, stats: dict) -> None:
+        self.done += 1
+        self.nfe += stats["nfe"]
+        elapsed = time.perf_counter() - self.start
+        width = 30
+        filled = int(width * self.done / self.total)
+        eta = elapsed / self.done * (self.total - self.done)
+        sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
+                         f"mean NFE {self.nfe / self.done:.1f}  {elapsed:.1f}s elapsed, ETA {eta:.1f}s")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        sys.stderr.write("\n")
