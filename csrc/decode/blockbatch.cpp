@@ -378,7 +378,9 @@ class BlockBatchDecoder {
     at::Tensor mu = x.mean(0);
     at::Tensor dist = (x - mu).pow(2).sum(-1).mean(-1);
     at::Tensor rho2 = (1 - mu.pow(2).sum(-1)).mean();
-    return (dist > rho2 * 2).any().item<bool>();
+    // Identical rows (right after a sync) give dist = 0 and rho2 = +-1e-16 of rounding: never
+    // refresh on rounding noise (same rule as the reference).
+    return (dist > rho2.clamp_min(0) * 2).any().item<bool>() && dist.max().item<double>() > 1e-9;
   }
 
   void refresh_step() {

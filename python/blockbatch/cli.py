@@ -99,7 +99,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from .engine import Engine
     from .options import DecodeOptions
 
-    options = DecodeOptions(
+    options = DecodeOptions(  # raises ValueError naming the bad option
         policy=args.policy, gen_length=args.gen_length, block_length=args.block_length, steps=args.steps,
         threshold=args.threshold, factor=args.factor, temperature=args.temperature, seed=args.seed,
         stop_on_eos=args.stop_on_eos, block_sizes=args.block_sizes, merge_gate=args.merge_gate,
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, RuntimeError) as e:  # CheckpointError, TORCH_CHECK: one clear line, no traceback
+    except (ValueError, RuntimeError, TypeError) as e:  # CheckpointError, TORCH_CHECK: one clear line
         print(f"error: {e}", file=sys.stderr)
         return 1
 

@@ -19,6 +19,8 @@ import torch
 from .model import ReferenceModel
 from .policies import propose, select_threshold
 
+DIVERGENCE_EPS = 1e-9  # squared distances below this are rounding noise, not drift
+
 
 @dataclasses.dataclass
 class Branch:
@@ -232,7 +234,9 @@ def blockbatch_generate(model: ReferenceModel, prompt: torch.Tensor, gen_length:
         mu = x.mean(0)
         dist = ((x - mu) ** 2).sum(-1).mean(-1)           # per branch, averaged over tensors
         rho2 = (1 - (mu ** 2).sum(-1)).mean()
-        return bool((dist > 2 * rho2).any())
+        # Identical rows (right after a sync) give dist = 0 and rho2 = +-1e-16 of rounding:
+        # never refresh on rounding noise.
+        return bool((dist > 2 * rho2.clamp_min(0)).any() and dist.max() > DIVERGENCE_EPS)
 
     def refresh_step() -> None:
         active = [br for br in branches if not br.done]

@@ -1,0 +1,186 @@
+"""BlockBatch in the C++ loop vs the plain Python reference (ALGORITHMS.md section 4)."""
+
+import itertools
+
+import pytest
+import torch
+
+from blockbatch.native import NativeModel
+from blockbatch.options import DecodeOptions, run_decode
+from blockbatch.reference.blockbatch import blockbatch_generate
+from blockbatch.reference.model import ReferenceModel
+from blockbatch.testing import random_config, random_weights
+
+
+@pytest.fixture(scope="module")
+def models():
+    # Small vocabulary + peaked LM head: branches agree often, so merges and syncs happen.
+    config = random_config(d_model=64, n_heads=2, n_kv_heads=1, mlp_hidden_size=128, vocab_size=40)
+    weights = random_weights(config, seed=1, logit_scale=8.0)
+    return config, ReferenceModel(config, weights), NativeModel(config, weights)
+
+
+def run_both(models, prompt, gen_length, **kw):
+    config, ref, nat = models
+    kw.setdefault("block_sizes", (4, 8, 16, 32, 64, 128))
+    kw.setdefault("stop_on_eos", True)
+    expected = blockbatch_generate(ref, prompt, gen_length, **kw)
+    out = run_decode(nat.obj, prompt, DecodeOptions(policy="blockbatch", gen_length=gen_length, **kw))
+    return expected, out
+
+
+def assert_same(expected, out):
+    s = out.stats
+    assert torch.equal(out.tokens, expected.tokens)
+    assert (s["nfe"], s["nfe_init"], s["nfe_block"], s["nfe_refresh"], s["nfe_paper"]) == (
+        expected.nfe, expected.nfe_init, expected.nfe_block, expected.nfe_refresh, expected.nfe_paper)
+    assert (s["winner"], s["winner_block_size"], s["early_exit"]) == (
+        expected.winner, expected.winner_block_size, expected.early_exit)
+    assert s["committed_per_step"] == expected.committed_per_step
+    assert s["query_tokens_per_step"] == expected.query_tokens_per_step
+    for b, e in zip(s["branches"], expected.branches):
+        assert (b["block_size"], b["committed"], b["merged"], b["copied"], b["forwards"]) == (
+            e.block_size, e.committed, e.merged, e.copied, e.forwards)
+
+
+GRID = [
+    dict(block_sizes=sizes, gen_length=G, refresh_mode=mode, sync_gap=gap, merge_gate=gate, stop_on_eos=eos)
+    for (sizes, G), mode, gap, gate, eos in itertools.product(
+        [((4, 8, 16, 32, 64, 128), 128), ((4, 8, 16, 32, 64, 128), 256), ((8, 32), 64), ((16,), 64), ((4, 64), 64),
+         ((4, 64), 192)],
+        ["periodic", "divergence"], [4, 64], [0.3, 0.9], [True, False])
+    if not (mode == "divergence" and G == 256)  # keep the grid within CI time; divergence runs at 64..192
+]
+MECHANISMS = {"merged": 0, "copied": 0, "refresh": 0}
+
+
+@pytest.mark.parametrize("case", GRID, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()).replace(" ", ""))
+def test_grid_matches_reference(models, case):
+    config = models[0]
+    kw = dict(case)
+    gen_length = kw.pop("gen_length")
+    g = torch.Generator().manual_seed(gen_length + len(kw["block_sizes"]))
+    prompt = torch.randint(0, config.vocab_size - 2, (int(torch.randint(3, 12, (1,), generator=g)),), generator=g)
+    expected, out = run_both(models, prompt, gen_length, **kw)
+    assert_same(expected, out)
+    MECHANISMS["merged"] += sum(b["merged"] for b in out.stats["branches"])
+    MECHANISMS["copied"] += sum(b["copied"] for b in out.stats["branches"])
+    MECHANISMS["refresh"] += out.stats["nfe_refresh"]
+
+
+def test_every_mechanism_fired_in_the_grid():
+    """Runs after the grid (file order): merges, syncs and refreshes all happened (EOS early
+    exits need a model that emits EOS: see test_toy_model.py)."""
+    if not MECHANISMS["merged"] and not MECHANISMS["copied"]:
+        pytest.skip("run together with test_grid_matches_reference")
+    assert all(v > 0 for v in MECHANISMS.values()), MECHANISMS
+
+
+def test_temperature_sampling_matches_reference(models):
+    config = models[0]
+    prompt = torch.tensor([3, 1, 4, 1, 5])
+    expected, out = run_both(models, prompt, 64, block_sizes=(4, 16, 64), temperature=0.9, seed=7)
+    assert_same(expected, out)
+
+
+@pytest.mark.parametrize("switch", ["merge", "sync", "refresh"])
+def test_disabling_a_mechanism_changes_results(models, switch):
+    config, _, nat = models
+    changes = {"merge": dict(merge=False), "sync": dict(sync=False), "refresh": dict(refresh_tokens=0)}[switch]
+    changed = 0
+    for seed in range(4):
+        prompt = torch.randint(0, config.vocab_size - 2, (6,), generator=torch.Generator().manual_seed(seed))
+        base = DecodeOptions(policy="blockbatch", gen_length=128, stop_on_eos=False)
+        a = run_decode(nat.obj, prompt, base)
+        b = run_decode(nat.obj, prompt, base.replace(**changes))
+        stat = {"merge": "merged", "sync": "copied"}.get(switch)
+        if stat:
+            assert sum(x[stat] for x in b.stats["branches"]) == 0
+        else:
+            assert b.stats["nfe_refresh"] == 0
+        changed += (not torch.equal(a.tokens, b.tokens)) or a.stats["nfe"] != b.stats["nfe"]
+    assert changed > 0
+
+
+def test_single_branch_one_block_equals_dual_cache(models):
+    """One branch, one block (G = b), refresh disabled: dual cache, NFE = block steps + 1."""
+    config, _, nat = models
+    prompt = torch.tensor([7, 2, 9])
+    bb = run_decode(nat.obj, prompt, DecodeOptions(policy="blockbatch", gen_length=32, block_sizes=(32,),
+                                                   refresh_tokens=0, stop_on_eos=False))
+    dual = run_decode(nat.obj, prompt, DecodeOptions(policy="dual", gen_length=32, block_length=32))
+    assert torch.equal(bb.tokens, dual.tokens)
+    assert bb.stats["nfe"] == bb.stats["nfe_block"] + 1 == dual.stats["nfe"]
+
+
+@pytest.mark.parametrize("b,G", [(8, 64), (16, 64), (32, 128)])
+def test_single_branch_refresh_every_block_equals_dual_cache(models, b, G):
+    """With a refresh per block, a refresh is exactly dual cache's block-start full forward."""
+    config, _, nat = models
+    for seed in range(3):
+        prompt = torch.randint(0, config.vocab_size - 2, (5,), generator=torch.Generator().manual_seed(seed))
+        bb = run_decode(nat.obj, prompt, DecodeOptions(policy="blockbatch", gen_length=G, block_sizes=(b,),
+                                                       refresh_tokens=b, stop_on_eos=False))
+        dual = run_decode(nat.obj, prompt, DecodeOptions(policy="dual", gen_length=G, block_length=b))
+        assert torch.equal(bb.tokens, dual.tokens)
+        assert bb.stats["nfe"] == dual.stats["nfe"]
+        assert bb.stats["committed_per_step"] == dual.stats["committed_per_step"]
+
+
+def test_block_size_order_does_not_matter(models):
+    config, _, nat = models
+    prompt = torch.tensor([4, 4, 1])
+    a = run_decode(nat.obj, prompt, DecodeOptions(policy="blockbatch", gen_length=128))
+    b = run_decode(nat.obj, prompt, DecodeOptions(policy="blockbatch", gen_length=128,
+                                                  block_sizes=(64, 4, 128, 16, 8, 32)))
+    assert torch.equal(a.tokens, b.tokens) and a.stats == {**b.stats, "wall_ms": a.stats["wall_ms"]}
+
+
+def test_other_requests_do_not_change_a_result(models):
+    from blockbatch.engine import Engine  # noqa: F401  (Engine decodes requests one by one)
+
+    config, _, nat = models
+    p1, p2 = torch.tensor([5, 6, 7]), torch.tensor([9, 9])
+    alone = run_decode(nat.obj, p1, DecodeOptions(policy="blockbatch", gen_length=64))
+    run_decode(nat.obj, p2, DecodeOptions(policy="blockbatch", gen_length=64))
+    again = run_decode(nat.obj, p1, DecodeOptions(policy="blockbatch", gen_length=64))
+    assert torch.equal(alone.tokens, again.tokens)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("kwargs,pattern", [
+    (dict(block_sizes=[]), r"block_sizes must not be empty"),
+    (dict(block_sizes=[4, 4]), r"block_sizes must not repeat a size, got 4 twice"),
+    (dict(block_sizes=[4, 48]), r"block size 48 in block_sizes must divide gen_length = 128"),
+    (dict(block_sizes=list(range(1, 18))), r"block_sizes may hold at most 16 branches, got 17"),
+    (dict(merge_gate=0.0), r"merge_gate must be in \(0, 1\], got 0"),
+    (dict(merge_gate=1.2), r"merge_gate must be in \(0, 1\], got 1.2"),
+    (dict(threshold=0.0), r"threshold must be in \(0, 1\], got 0"),
+    (dict(sync_gap=-1), r"sync_gap must be >= 0, got -1"),
+    (dict(refresh_tokens=-3), r"refresh_tokens must be >= 0"),
+    (dict(refresh_mode="sometimes"), r"refresh_mode must be 'periodic' or 'divergence', got 'sometimes'"),
+    (dict(prob_floor=1.0), r"prob_floor must be in \(0, 1\), got 1"),
+])
+def test_cpp_rejects_bad_blockbatch_options(models, kwargs, pattern):
+    _, _, nat = models
+    args = dict(policy="blockbatch", gen_length=128)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=pattern):
+        torch.ops.blockbatch.decode(nat.obj, torch.tensor([1, 2]), **args)
+
+
+@pytest.mark.parametrize("kwargs,pattern", [
+    (dict(block_sizes=()), r"block_sizes must be a non-empty list"),
+    (dict(block_sizes=(8, 8)), r"block_sizes must not repeat a size"),
+    (dict(block_sizes=(4, 48)), r"block size 48 in block_sizes must be a positive divisor of gen_length = 128"),
+    (dict(block_sizes=tuple(range(1, 18))), r"block_sizes may hold at most 16 branches, got 17"),
+    (dict(merge_gate=0.0), r"merge_gate must be in \(0, 1\]"),
+    (dict(threshold=1.5), r"threshold must be in \(0, 1\]"),
+    (dict(sync_gap=-1), r"sync_gap must be an integer >= 0, got -1"),
+    (dict(refresh_mode="x"), r"refresh_mode must be one of periodic, divergence"),
+])
+def test_python_rejects_bad_blockbatch_options(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        DecodeOptions(policy="blockbatch", gen_length=128, **kwargs)

@@ -1,0 +1,127 @@
+"""Engine and CLI on a checkpoint with a tokenizer (random weights; the toy model has its own tests)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from blockbatch.engine import Engine, Generation
+from blockbatch.loading import save_checkpoint
+from blockbatch.options import DecodeOptions, run_decode
+from blockbatch.testing import random_config, random_weights
+from blockbatch.toy import tokenizer as toy_tok
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ckpt")
+    config = random_config(vocab_size=toy_tok.VOCAB_SIZE, mask_token_id=toy_tok.MASK_ID, eos_token_id=toy_tok.EOS_ID,
+                           pad_token_id=toy_tok.PAD_ID, d_model=64, n_layers=2)
+    save_checkpoint(path, config, random_weights(config, seed=2, logit_scale=5.0), tokenizer=toy_tok.build_tokenizer())
+    return str(path), config
+
+
+def test_generate_text_and_ids_agree(ckpt):
+    path, config = ckpt
+    engine = Engine.from_pretrained(path)
+    options = DecodeOptions(policy="dual", gen_length=32, block_length=8)
+    [by_text] = engine.generate("12 +3 =", options)
+    ids = engine.codec.encode("12 +3 =")
+    [by_ids] = engine.generate(ids, options)
+    [by_tensor] = engine.generate(torch.tensor(ids), options)
+    assert isinstance(by_text, Generation)
+    assert by_text.ids == by_ids.ids == by_tensor.ids and by_text.prompt_ids == ids
+    assert by_text.text == engine.codec.decode(by_text.ids)
+    assert len(by_text.raw_ids) == 32 and by_text.ids == by_text.raw_ids[: len(by_text.ids)]
+    assert config.eos_token_id not in by_text.ids
+    direct = run_decode(engine.model.obj, torch.tensor(ids), options)
+    assert direct.tokens[len(ids):].tolist() == by_text.raw_ids
+
+
+def test_output_trimmed_at_first_eos(ckpt):
+    path, config = ckpt
+    engine = Engine.from_pretrained(path)
+    raw = [5, 6, config.eos_token_id, 7, config.eos_token_id]
+    assert engine.codec.trim(raw) == [5, 6]
+
+
+def test_batch_of_prompts_equals_one_by_one(ckpt):
+    path, _ = ckpt
+    engine = Engine.from_pretrained(path)
+    options = DecodeOptions(policy="blockbatch", gen_length=32, block_sizes=(4, 8, 32))
+    prompts = ["1 +2 =", "45 -3 +9 =", "7 ="]
+    together = engine.generate(prompts, options)
+    alone = [engine.generate(p, options)[0] for p in prompts]
+    assert [g.raw_ids for g in together] == [g.raw_ids for g in alone]
+    assert together[1].stats["policy"] == "blockbatch" and len(together[1].stats["branches"]) == 3
+
+
+def test_engine_bad_prompts(ckpt):
+    path, config = ckpt
+    engine = Engine.from_pretrained(path)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        engine.generate("")
+    with pytest.raises(ValueError, match=r"prompt_ids\[0\] is the mask id"):
+        engine.generate([config.mask_token_id, 3])
+    with pytest.raises(ValueError, match=r"is outside the vocabulary"):
+        engine.generate([config.vocab_size + 5])
+    with pytest.raises(TypeError, match="must be int64"):
+        engine.generate(torch.tensor([1.0, 2.0]))
+    with pytest.raises(ValueError, match="no CUDA device"):
+        if not torch.cuda.is_available():
+            Engine.from_pretrained(path, device="cuda")
+        else:
+            raise ValueError("no CUDA device (skipped: a GPU is present)")
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "blockbatch.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def test_cli_generate_prints_text_and_stats(ckpt):
+    path, _ = ckpt
+    res = _cli("generate", "--model", path, "--gen-length", 32, "--block-length", 8, "12 +3 =")
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[-1].startswith("  [dual block 8] nfe=") and "tokens/forward" in lines[-1]
+
+
+def test_cli_generate_json_and_progress(ckpt):
+    path, _ = ckpt
+    res = _cli("generate", "--model", path, "--policy", "blockbatch", "--gen-length", 32, "--block-sizes", "4,8,32",
+               "--json", "1 +1 =", "2 +2 =")
+    assert res.returncode == 0, res.stderr
+    rows = [json.loads(line) for line in res.stdout.splitlines()]
+    assert [r["prompt"] for r in rows] == ["1 +1 =", "2 +2 ="]
+    assert all(r["stats"]["nfe"] >= 1 and len(r["stats"]["branches"]) == 3 for r in rows)
+    res = _cli("generate", "--model", path, "--gen-length", 32, "1 +1 =", "2 +2 =", "3 +3 =")
+    assert res.returncode == 0 and "3/3" in res.stderr  # progress bar with several prompts
+
+
+@pytest.mark.parametrize("args,pattern", [
+    (["--gen-length", "30", "--block-length", "8"], "block_length = 8 must divide gen_length = 30"),
+    (["--threshold", "1.5"], "must be in \\(0, 1\\] or 'none'"),
+    (["--policy", "blockbatch", "--block-sizes", "4,4"], "block_sizes must not repeat a size"),
+    (["--model", "/nonexistent/x"], "not a checkpoint folder"),
+])
+def test_cli_errors_are_one_clear_line(ckpt, args, pattern):
+    import re
+
+    path, _ = ckpt
+    base = ["generate"] + (["--model", path] if "--model" not in args else [])
+    res = _cli(*base, *args, "1 +1 =")
+    assert res.returncode != 0
+    assert re.search(pattern, res.stderr), res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_cli_help_teaches():
+    res = _cli("generate", "--help")
+    assert res.returncode == 0
+    for flag in ("--policy", "--block-sizes", "--merge-gate", "--sync-gap", "--refresh-tokens", "--threshold",
+                 "examples:"):
+        assert flag in res.stdout
