@@ -55,13 +55,13 @@ def test_decode_matches_reference(models, policy, gen_length, block_length, extr
         options = DecodeOptions(policy=policy, gen_length=gen_length, block_length=block_length, **extra)
         expected = generate(ref, prompt, gen_length, block_length, policy, steps=options.steps,
                             threshold=options.threshold, factor=options.factor, temperature=options.temperature,
-                            seed=options.seed, stop_on_eos=options.stop_on_eos)
+                            seed=options.seed, stop_on_eos=options.eos_exit)
         out = run_decode(nat.obj, prompt, options)
         assert torch.equal(out.tokens, expected.tokens), (prompt_len, out.tokens, expected.tokens)
         s = out.stats
         assert (s["nfe"], s["nfe_full"], s["nfe_block"]) == (expected.nfe, expected.nfe_full, expected.nfe_block)
         assert s["committed_per_step"] == expected.committed_per_step
-        if not options.stop_on_eos:  # (stop_on_eos fills the rest of the canvas with EOS)
+        if not options.eos_exit:  # (stop_on_eos fills the rest of the canvas with EOS)
             assert sum(s["committed_per_step"]) == gen_length
             assert not (out.tokens == config.mask_token_id).any()
 

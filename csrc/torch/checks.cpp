@@ -33,6 +33,34 @@ void check_logits(const at::Tensor& logits) {
   TORCH_CHECK(logits.is_contiguous(), "logits must be contiguous");
 }
 
+cpu::AttentionArgs attention_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
+                                  const std::optional<at::Tensor>& kv_rows,
+                                  const std::optional<at::Tensor>& cache_lens, int64_t layer, bool attend_fresh,
+                                  const at::Tensor& out) {
+  cpu::AttentionArgs a{};
+  a.q = q.const_data_ptr();
+  a.k = k.const_data_ptr();
+  a.v = v.const_data_ptr();
+  a.out = out.data_ptr();
+  a.q_stride = q.stride(0);
+  a.kv_stride = k.stride(0);
+  a.cu_seqlens = cu_seqlens.const_data_ptr<int64_t>();
+  a.rows = cu_seqlens.size(0) - 1;
+  a.layer = layer;
+  a.attend_fresh = attend_fresh;
+  a.heads = q.size(1);
+  a.kv_heads = k.size(1);
+  a.head_dim = q.size(2);
+  if (kv.has_value()) {
+    a.cache = kv->const_data_ptr();
+    a.geometry = {kv->size(1), kv->size(3), kv->size(4), kv->size(5)};
+    a.kv_rows = kv_rows->const_data_ptr<int64_t>();
+    a.cache_lens = cache_lens->const_data_ptr<int64_t>();
+  }
+  return a;
+}
+
 void check_rms_norm(const at::Tensor& x, const at::Tensor& weight) {
   check_floating(x, "x");
   TORCH_CHECK(x.dim() == 2, "x must be [rows, dim], got shape ", x.sizes());

@@ -7,6 +7,8 @@
 #include <optional>
 #include <tuple>
 
+#include "kernels/cpu/kernels.h"
+
 namespace blockbatch {
 
 namespace ops {
@@ -37,6 +39,13 @@ std::tuple<at::Tensor, at::Tensor> sparse_probs_cpu(const at::Tensor& logits, do
 
 // Shape checks shared by every backend (CPU, CUDA, Meta): throw naming the argument.
 void check_logits(const at::Tensor& logits);
+// Pointer-and-size arguments of the attention kernels (CPU and CUDA) for checked tensors;
+// `out` is the [T, heads * head_dim] output.
+cpu::AttentionArgs attention_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
+                                  const std::optional<at::Tensor>& kv_rows,
+                                  const std::optional<at::Tensor>& cache_lens, int64_t layer, bool attend_fresh,
+                                  const at::Tensor& out);
 void check_rms_norm(const at::Tensor& x, const at::Tensor& weight);
 void check_silu_mul(const at::Tensor& gate_up);
 void check_rope(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin);

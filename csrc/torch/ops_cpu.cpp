@@ -84,34 +84,17 @@ at::Tensor packed_attention_cpu(const at::Tensor& q, const at::Tensor& k, const 
   check_packed_attention(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer);
   check_cu_seqlens_values(cu_seqlens, q.size(0));
   const int64_t rows = cu_seqlens.size(0) - 1;
-  cpu::AttentionArgs a{};
   if (kv.has_value()) {
     check_range(*kv_rows, "kv_rows", 0, kv->size(0));
     check_range(*cache_lens, "cache_lens", 0, kv->size(4) + 1);
-    a.cache = kv->const_data_ptr();
-    a.geometry = {kv->size(1), kv->size(3), kv->size(4), kv->size(5)};
-    a.kv_rows = kv_rows->const_data_ptr<int64_t>();
-    a.cache_lens = cache_lens->const_data_ptr<int64_t>();
   }
-  const int64_t* cu = cu_seqlens.const_data_ptr<int64_t>();
+  at::Tensor out = at::empty({q.size(0), q.size(1) * q.size(2)}, q.options());
+  const cpu::AttentionArgs a = attention_args(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer, attend_fresh, out);
+  const int64_t* cu = a.cu_seqlens;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t keys = (kv.has_value() ? a.cache_lens[r] : 0) + (attend_fresh ? cu[r + 1] - cu[r] : 0);
     TORCH_CHECK(keys > 0 || cu[r + 1] == cu[r], "row ", r, " has queries but no keys to attend to");
   }
-  at::Tensor out = at::empty({q.size(0), q.size(1) * q.size(2)}, q.options());
-  a.q = q.const_data_ptr();
-  a.k = k.const_data_ptr();
-  a.v = v.const_data_ptr();
-  a.out = out.data_ptr();
-  a.q_stride = q.stride(0);
-  a.kv_stride = k.stride(0);
-  a.cu_seqlens = cu;
-  a.rows = rows;
-  a.layer = layer;
-  a.attend_fresh = attend_fresh;
-  a.heads = q.size(1);
-  a.kv_heads = k.size(1);
-  a.head_dim = q.size(2);
   BLOCKBATCH_DISPATCH_FLOATING(q.scalar_type(), "packed_attention", [&] { cpu::packed_attention<scalar_t>(a); });
   return out;
 }

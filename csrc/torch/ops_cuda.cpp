@@ -102,28 +102,8 @@ at::Tensor packed_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
   check_cuda(cu_seqlens, "cu_seqlens");
   const c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out = at::empty({q.size(0), q.size(1) * q.size(2)}, q.options());
-  cpu::AttentionArgs a{};
-  a.q = q.const_data_ptr();
-  a.k = k.const_data_ptr();
-  a.v = v.const_data_ptr();
-  a.out = out.data_ptr();
-  a.q_stride = q.stride(0);
-  a.kv_stride = k.stride(0);
-  a.cu_seqlens = cu_seqlens.const_data_ptr<int64_t>();
-  a.rows = cu_seqlens.size(0) - 1;
-  a.layer = layer;
-  a.attend_fresh = attend_fresh;
-  a.heads = q.size(1);
-  a.kv_heads = k.size(1);
-  a.head_dim = q.size(2);
-  int64_t max_keys = attend_fresh ? q.size(0) : 0;  // upper bound without a host sync
-  if (kv.has_value()) {
-    a.cache = kv->const_data_ptr();
-    a.geometry = {kv->size(1), kv->size(3), kv->size(4), kv->size(5)};
-    a.kv_rows = kv_rows->const_data_ptr<int64_t>();
-    a.cache_lens = cache_lens->const_data_ptr<int64_t>();
-    max_keys += kv->size(4);
-  }
+  const cpu::AttentionArgs a = attention_args(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer, attend_fresh, out);
+  const int64_t max_keys = (attend_fresh ? q.size(0) : 0) + (kv.has_value() ? kv->size(4) : 0);  // no host sync
   dispatch_cuda_type(q.scalar_type(), "packed_attention", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     check_launch(cuda::packed_attention<T>(a, q.size(0), max_keys, c10::cuda::getCurrentCUDAStream()),
@@ -147,6 +127,23 @@ std::tuple<at::Tensor, at::Tensor> confidence_cuda(const at::Tensor& logits, int
   return {argmax, conf};
 }
 
+std::tuple<at::Tensor, at::Tensor> sparse_probs_cuda(const at::Tensor& logits, double floor, int64_t max_k) {
+  check_logits(logits);
+  TORCH_CHECK(floor > 0 && floor < 1, "floor must be in (0, 1), got ", floor);
+  TORCH_CHECK(max_k > 0, "max_k must be > 0, got ", max_k);
+  const c10::cuda::CUDAGuard guard(logits.device());
+  at::Tensor ids = at::empty({logits.size(0), max_k}, logits.options().dtype(at::kLong));
+  at::Tensor probs = at::empty({logits.size(0), max_k}, logits.options().dtype(at::kDouble));
+  dispatch_cuda_type(logits.scalar_type(), "sparse_probs", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    check_launch(cuda::sparse_probs<T>(ptr<T>(logits), logits.size(0), logits.size(1), floor, max_k,
+                                       ids.data_ptr<int64_t>(), probs.data_ptr<double>(),
+                                       c10::cuda::getCurrentCUDAStream()),
+                 "sparse_probs");
+  });
+  return {ids, probs};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(blockbatch, CUDA, m) {
@@ -156,6 +153,7 @@ TORCH_LIBRARY_IMPL(blockbatch, CUDA, m) {
   m.impl("kv_write_", &kv_write_cuda);
   m.impl("packed_attention", &packed_attention_cuda);
   m.impl("confidence", &confidence_cuda);
+  m.impl("sparse_probs", &sparse_probs_cuda);
 }
 
 }  // namespace blockbatch

@@ -162,7 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--factor", type=float, default=None, help="Fast-dLLM factor rule instead of the threshold")
     g.add_argument("--temperature", type=float, default=0.0, help="Gumbel-max sampling temperature (default 0: greedy)")
     g.add_argument("--seed", type=int, default=0, help="sampling seed (with --temperature > 0)")
-    g.add_argument("--stop-on-eos", action="store_true", help="stop after the first block holding EOS")
+    g.add_argument("--stop-on-eos", dest="stop_on_eos", action="store_true", default=None,
+                   help="stop at the first completed block holding EOS (default: on for blockbatch only)")
+    g.add_argument("--no-stop-on-eos", dest="stop_on_eos", action="store_false",
+                   help="decode the whole canvas even with blockbatch")
     b = p.add_argument_group("blockbatch")
     b.add_argument("--block-sizes", type=_int_list, default=(4, 8, 16, 32, 64, 128),
                    help="branch block sizes, comma-separated; each must divide --gen-length (default 4,8,16,32,64,128)")

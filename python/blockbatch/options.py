@@ -22,6 +22,10 @@ class DecodeOptions:
 
     Single-branch policies (vanilla / prefix / dual) use ``block_length``; ``blockbatch`` runs one
     branch per entry of ``block_sizes`` with the merge / sync / refresh settings below.
+
+    ``stop_on_eos`` None means the policy's own default: off for the single-branch policies (as
+    in Fast-dLLM: the whole canvas is decoded, the text is cut at the first EOS afterwards) and
+    on for ``blockbatch``, whose EOS early exit is part of the algorithm (ALGORITHMS.md 4).
     """
 
     policy: str = "dual"
@@ -32,7 +36,7 @@ class DecodeOptions:
     factor: float | None = None
     temperature: float = 0.0
     seed: int = 0
-    stop_on_eos: bool = False
+    stop_on_eos: bool | None = None
     block_sizes: tuple[int, ...] = DEFAULT_BLOCK_SIZES
     merge_gate: float = 0.5
     sync_gap: int = 8
@@ -97,6 +101,11 @@ class DecodeOptions:
             raise bad("prob_floor", "in (0, 1)")
 
     @property
+    def eos_exit(self) -> bool:
+        """``stop_on_eos`` resolved against the policy's default."""
+        return self.stop_on_eos if self.stop_on_eos is not None else self.policy == "blockbatch"
+
+    @property
     def commit(self) -> str:
         if self.factor is not None:
             return "factor"
@@ -118,7 +127,7 @@ def run_decode(model_obj, prompt_ids: torch.Tensor, options: DecodeOptions) -> D
     tokens, counters, step_log, branch_stats = torch.ops.blockbatch.decode(
         model_obj, prompt_ids, o.policy, o.gen_length, o.block_length, o.steps or 0, o.commit,
         o.threshold if o.threshold is not None else 1.0, o.factor if o.factor is not None else 1.0,
-        float(o.temperature), int(o.seed), bool(o.stop_on_eos), list(o.block_sizes), float(o.merge_gate),
+        float(o.temperature), int(o.seed), o.eos_exit, list(o.block_sizes), float(o.merge_gate),
         int(o.sync_gap), int(o.refresh_tokens), o.refresh_mode, float(o.prob_floor), bool(o.merge), bool(o.sync))
     names = torch.ops.blockbatch.decode_stat_names()
     stats: dict[str, Any] = {}

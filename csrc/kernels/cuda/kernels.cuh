@@ -33,4 +33,10 @@ template <typename T>
 cudaError_t confidence(const T* logits, int64_t rows, int64_t vocab, int64_t exclude, int64_t* argmax, double* conf,
                        cudaStream_t stream);
 
+// Tokens with softmax probability > floor per row (ids padded with -1; order within a row is
+// unspecified: the probability map is keyed by token).
+template <typename T>
+cudaError_t sparse_probs(const T* logits, int64_t rows, int64_t vocab, double floor, int64_t max_k, int64_t* ids,
+                         double* probs, cudaStream_t stream);
+
 }  // namespace blockbatch::cuda
