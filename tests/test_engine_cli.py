@@ -125,3 +125,20 @@ def test_cli_help_teaches():
     for flag in ("--policy", "--block-sizes", "--merge-gate", "--sync-gap", "--refresh-tokens", "--threshold",
                  "examples:"):
         assert flag in res.stdout
+
+
+def test_chat_template_is_applied(tmp_path):
+    config = random_config(vocab_size=toy_tok.VOCAB_SIZE, mask_token_id=toy_tok.MASK_ID, eos_token_id=toy_tok.EOS_ID,
+                           pad_token_id=toy_tok.PAD_ID)
+    template = "{% for m in messages %}={{ m['content'] }};{% endfor %}{% if add_generation_prompt %}+{% endif %}"
+    save_checkpoint(tmp_path, config, random_weights(config), tokenizer=toy_tok.build_tokenizer(),
+                    chat_template=template)
+    engine = Engine.from_pretrained(tmp_path)
+    assert engine.checkpoint.chat_template == template
+    chat_ids = engine.encode("12")
+    plain_ids = engine.encode("12", chat=False)
+    assert engine.codec.decode(chat_ids) == "=12;+"
+    assert engine.codec.decode(plain_ids) == "12"
+    options = DecodeOptions(gen_length=16, block_length=8)
+    assert engine.generate("12", options)[0].prompt_ids == chat_ids.tolist()
+    assert engine.generate("12", options, chat=False)[0].prompt_ids == plain_ids.tolist()

@@ -1,0 +1,146 @@
+"""GPU per-step latency at LLaDA-8B shape (random bf16 weights): native packed step vs plain PyTorch.
+
+    python benchmarks/bench_gpu_step.py --out DIR [--layers 32] [--repeats 10]
+
+Steps: the 6-branch BlockBatch step (windows 4..128 = 252 query tokens, dual cache) and one
+32-token dual-cache step, each over KV rows of L = 512 and 2048. "plain" is the same step in
+plain PyTorch (cuBLAS GEMMs + SDPA per row). Latency: median over repeats, CUDA events.
+Roofline per step: max(weight bytes / 4.8 TB/s, FLOPs / 790 TFLOP/s) (H200 bf16).
+CUDA-graph replay is reported as not implemented until the graph path lands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+LLADA_8B = dict(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, mlp_hidden_size=12288, vocab_size=126464,
+                max_sequence_length=4096, rope_theta=500000.0)
+HBM_BYTES_PER_S = 4.8e12
+BF16_FLOPS = 790e12
+
+
+def cuda_ms(fn, repeats: int) -> float:
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def random_bf16_weights(config, device):
+    from blockbatch.loading import expected_weight_shapes
+
+    g = torch.Generator(device=device).manual_seed(0)
+    out = {}
+    for name, shape in expected_weight_shapes(config).items():
+        t = torch.empty(shape, dtype=torch.bfloat16, device=device)
+        t.normal_(0, 1.0 if len(shape) == 1 else shape[1] ** -0.5, generator=g)
+        out[name] = t
+    return out
+
+
+class PlainStep:
+    """The same dual-cache step in plain PyTorch: cuBLAS GEMMs, SDPA per row."""
+
+    def __init__(self, config, weights):
+        from blockbatch.loading import PREFIX
+        from blockbatch.reference.model import rope_cos_sin
+
+        self.c = config
+        self.w = weights
+        self.P = PREFIX
+        cos, sin = rope_cos_sin(torch.arange(config.max_sequence_length), config.head_dim, config.rope_theta)
+        self.cos, self.sin = cos.cuda(), sin.cuda()
+
+    def __call__(self, ids, pos, lens, kv):
+        """ids/pos packed [T]; lens[r] query tokens of row r, which uses KV row r."""
+        c, w, P = self.c, self.w, self.P
+        hd, H = c.head_dim, c.n_heads
+        x = w[P + "wte.weight"][ids]
+        rows = range(len(lens))
+        for i in range(c.n_layers):
+            b = f"{P}blocks.{i}."
+            h = F.rms_norm(x.float(), (c.d_model,), eps=c.rms_norm_eps).to(x.dtype) * w[b + "attn_norm.weight"]
+            q = (h @ w[b + "q_proj.weight"].T).view(-1, H, hd)
+            k = (h @ w[b + "k_proj.weight"].T).view(-1, H, hd)
+            v = (h @ w[b + "v_proj.weight"].T).view(-1, H, hd)
+            cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]
+            rot = lambda t: torch.cat([-t[..., hd // 2:], t[..., : hd // 2]], -1)  # noqa: E731
+            q = (q.float() * cos + rot(q.float()) * sin).to(x.dtype)
+            k = (k.float() * cos + rot(k.float()) * sin).to(x.dtype)
+            outs, start = [], 0
+            for r, n in zip(rows, lens):
+                p = pos[start:start + n]
+                kv[r, i, 0][:, p] = k[start:start + n].transpose(0, 1)
+                kv[r, i, 1][:, p] = v[start:start + n].transpose(0, 1)
+                o = F.scaled_dot_product_attention(q[start:start + n].transpose(0, 1)[None], kv[r, i, 0][None],
+                                                   kv[r, i, 1][None])
+                outs.append(o[0].transpose(0, 1).reshape(n, -1))
+                start += n
+            x = x + torch.cat(outs) @ w[b + "attn_out.weight"].T
+            h = F.rms_norm(x.float(), (c.d_model,), eps=c.rms_norm_eps).to(x.dtype) * w[b + "ff_norm.weight"]
+            x = x + (F.silu(h @ w[b + "ff_proj.weight"].T) * (h @ w[b + "up_proj.weight"].T)) @ w[b + "ff_out.weight"].T
+        x = F.rms_norm(x.float(), (c.d_model,), eps=c.rms_norm_eps).to(x.dtype) * w[P + "ln_f.weight"]
+        return x @ w[P + "ff_out.weight"].T
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="folder for bench_gpu_step.json")
+    ap.add_argument("--layers", type=int, default=32, help="layers of the LLaDA-8B-shaped model (default 32)")
+    ap.add_argument("--repeats", type=int, default=10)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: no CUDA device", file=sys.stderr)
+        return 2
+    from blockbatch.native import NativeModel, pack_rows
+    from blockbatch.testing import random_config
+
+    config = random_config(**{**LLADA_8B, "n_layers": args.layers})
+    weights = random_bf16_weights(config, "cuda")
+    params = sum(t.numel() for t in weights.values())
+    model = NativeModel(config, weights, dtype=torch.bfloat16, device="cuda")
+    plain = PlainStep(config, weights)
+    results = []
+    for L in (512, 2048):
+        for label, lengths in (("blockbatch-6", [4, 8, 16, 32, 64, 128]), ("single-32", [32])):
+            kv = model.new_kv(len(lengths), L)
+            ids = [torch.randint(0, config.vocab_size, (n,)) for n in lengths]
+            pos = [torch.arange(L // 2 // n * n, L // 2 // n * n + n) for n in lengths]
+            packed = pack_rows(ids, pos, "cuda")
+            native_ms = cuda_ms(lambda: model.forward_packed(*packed, kv, "dual"), args.repeats)
+            tokens, positions = packed[0], packed[1]
+            plain_ms = cuda_ms(lambda: plain(tokens, positions, lengths, kv), args.repeats)
+            T = sum(lengths)
+            flops = 2 * T * (params - 2 * config.vocab_size * config.d_model) + 2 * T * config.vocab_size * config.d_model \
+                + 4 * T * L * config.d_model * config.n_layers
+            weight_bytes = 2 * params - 2 * config.vocab_size * config.d_model  # the embedding table is gathered, not streamed
+            roofline_ms = max(weight_bytes / HBM_BYTES_PER_S, flops / BF16_FLOPS) * 1e3
+            row = {"step": label, "L": L, "query_tokens": T, "native_eager_ms": native_ms, "plain_pytorch_ms": plain_ms,
+                   "graph_replay_ms": None, "graph_replay": "not implemented yet", "roofline_ms": roofline_ms,
+                   "native_over_roofline": native_ms / roofline_ms, "plain_over_native": plain_ms / native_ms}
+            results.append(row)
+            print(json.dumps(row), flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench_gpu_step.json"), "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "params": params,
+                   "layers": args.layers, "results": results}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# GPU check: build from source on the GPU machine, run the GPU tests, then the GPU benchmarks,
+# writing results into the folder given as $1 (within 8 minutes on one H200).
+#   bash benchmarks/gpu_check.sh "$OUT"
+set -uo pipefail
+OUT="${1:?usage: gpu_check.sh OUT_DIR}"
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}" TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0a}" MAX_JOBS="${MAX_JOBS:-16}"
+export PYTHONUNBUFFERED=1
+PY="${PYTHON:-python3}"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
+{
+  echo "== build ($(date +%T))"
+  timeout 300 "$PY" -m pip install --no-build-isolation --no-deps -e . || { echo "BUILD FAILED"; exit 1; }
+  echo "== GPU tests ($(date +%T))"
+  timeout 180 "$PY" -m pytest -q tests/test_cuda.py tests/test_ops.py -x --junitxml="$OUT/gpu_tests.xml"
+  echo "== GPU benchmarks ($(date +%T))"
+  timeout 240 "$PY" benchmarks/bench_gpu_step.py --out "$OUT"
+  echo "== done ($(date +%T))"
+} 2>&1 | tee "$OUT/gpu_check.log"
