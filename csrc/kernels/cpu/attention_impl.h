@@ -71,7 +71,12 @@ void packed_attention_impl(const AttentionArgs& a) {
   // Work item = (head, row), head-major: every head carries the same total work, so the
   // static split of parallel_for is balanced whatever the row lengths.
   const int64_t items = a.heads * a.rows;
-  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
+  int64_t work = 0;  // multiply-adds of one head over all rows
+  for (int64_t r = 0; r < a.rows; ++r) {
+    const int64_t nq = a.cu_seqlens[r + 1] - a.cu_seqlens[r];
+    work += 2 * nq * hd * ((cache ? a.cache_lens[r] : 0) + (a.attend_fresh ? nq : 0));
+  }
+  at::parallel_for(0, items, grain_for(work / (a.rows > 0 ? a.rows : 1)), [&](int64_t begin, int64_t end) {
     std::vector<float> kt, scores, qf(kTile * hd), acc(kTile * hd);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t h = item / a.rows, r = item % a.rows;

@@ -14,6 +14,14 @@ inline float to_float(T v) { return static_cast<float>(v); }
 template <typename T>
 inline T from_float(float v) { return static_cast<T>(v); }
 
+// Rows per at::parallel_for chunk so that each chunk carries about kMinChunkWork elements of
+// work: tiny decode steps then run on one thread (thread wake-ups cost more than they save, and
+// spin-waiting threads crawl on a busy machine).
+constexpr int64_t kMinChunkWork = 1 << 15;
+inline int64_t grain_for(int64_t work_per_row) {
+  return work_per_row >= kMinChunkWork ? 1 : kMinChunkWork / (work_per_row > 0 ? work_per_row : 1);
+}
+
 // max and sum over n floats with 16 independent lanes (vectorisable without -ffast-math).
 inline float max_of(const float* x, int64_t n) {
   float lanes[16];

@@ -12,7 +12,7 @@ namespace blockbatch::cpu {
 
 template <typename T>
 void rms_norm(const T* x, int64_t x_stride, const T* w, T* out, int64_t rows, int64_t dim, float eps) {
-  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, grain_for(dim), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + r * x_stride;
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -39,7 +39,7 @@ void rms_norm(const T* x, int64_t x_stride, const T* w, T* out, int64_t rows, in
 
 template <typename T>
 void silu_mul(const T* gate_up, T* out, int64_t rows, int64_t m) {
-  at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, grain_for(4 * m), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* g = gate_up + r * 2 * m;
       const T* u = g + m;
@@ -55,7 +55,7 @@ void silu_mul(const T* gate_up, T* out, int64_t rows, int64_t m) {
 
 template <typename T>
 void confidence(const T* logits, int64_t rows, int64_t vocab, int64_t exclude, int64_t* argmax, double* conf) {
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, grain_for(2 * vocab), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* l = logits + r * vocab;
       float mx = -std::numeric_limits<float>::infinity();   // max over all ids (softmax shift)
@@ -81,7 +81,7 @@ void confidence(const T* logits, int64_t rows, int64_t vocab, int64_t exclude, i
 template <typename T>
 void sparse_probs(const T* logits, int64_t rows, int64_t vocab, double floor, int64_t max_k, int64_t* ids,
                   double* probs) {
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, grain_for(2 * vocab), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* l = logits + r * vocab;
       float mx = -std::numeric_limits<float>::infinity();

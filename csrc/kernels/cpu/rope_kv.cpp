@@ -12,7 +12,7 @@ template <typename T>
 void rope_inplace(T* x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim,
                   const int64_t* positions, const float* cos_sin) {
   const int64_t half = head_dim / 2;
-  at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, tokens, grain_for(heads * head_dim), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const float* c = cos_sin + positions[t] * head_dim;
       const float* s = c + half;
@@ -36,7 +36,8 @@ template <typename T>
 void kv_write(T* kv, const KvGeometry& g, int64_t layer, const T* k, const T* v, int64_t src_stride,
               const int64_t* positions, const int64_t* cu_seqlens, const int64_t* kv_rows, int64_t rows) {
   const size_t bytes = static_cast<size_t>(g.head_dim) * sizeof(T);
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+  const int64_t per_row = cu_seqlens[rows] / (rows > 0 ? rows : 1) * g.kv_heads * g.head_dim;
+  at::parallel_for(0, rows, grain_for(per_row), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       for (int64_t t = cu_seqlens[r]; t < cu_seqlens[r + 1]; ++t) {
         for (int64_t h = 0; h < g.kv_heads; ++h) {
