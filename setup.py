@@ -17,7 +17,7 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-BINARIES = ("bb_forward",)
+BINARIES = ("bb_forward", "bb_bench_decode")
 
 
 def cuda_requested():

@@ -117,3 +117,64 @@ def test_bad_checkpoints_are_refused(tmp_path, case, kwargs, pattern):
     res = _broken(tmp_path, **kwargs)
     assert res.returncode == 1
     assert re.search(pattern, res.stderr), res.stderr
+
+
+BENCH = os.path.join(os.path.dirname(blockbatch.__file__), "bin", "bb_bench_decode")
+
+
+@pytest.mark.parametrize("policy,extra", [("blockbatch", ["--block-sizes", "4,16,64"]), ("dual", ["--block-length", "16"]),
+                                          ("vanilla", ["--block-length", "16", "--steps", "64"])])
+def test_bench_decode_verifies_against_python(tmp_path, policy, extra):
+    from blockbatch.options import DecodeOptions, run_decode
+
+    config = random_config(vocab_size=50)
+    weights = random_weights(config, seed=9, logit_scale=6.0)
+    save_checkpoint(tmp_path / "ckpt", config, weights)
+    model = NativeModel(config, weights)
+    kw = dict(policy=policy, gen_length=64)
+    if policy == "blockbatch":
+        kw.update(block_sizes=(4, 16, 64))
+    if policy == "dual":
+        kw.update(block_length=16)
+    if policy == "vanilla":
+        kw.update(block_length=16, threshold=None, steps=64)
+    options = DecodeOptions(**kw)
+    lines = []
+    for seed in range(3):
+        prompt = torch.randint(0, 45, (4 + seed,), generator=torch.Generator().manual_seed(seed))
+        out = run_decode(model.obj, prompt, options)
+        lines.append({"prompt_ids": prompt.tolist(), "expected_ids": out.tokens[len(prompt):].tolist()})
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    res = subprocess.run([BENCH, "--model", str(tmp_path / "ckpt"), "--prompts", str(prompts), "--policy", policy,
+                          "--gen-length", "64", "--verify", *extra], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert re.search(rf"^result policy={policy} dtype=float32 prompts=3 gen_length=64 nfe_mean=\S+ "
+                     r"ms_per_sample_median=\S+ tokens_per_s=\S+", res.stdout, re.M)
+    assert "Disposition: Passed" in res.stdout
+    # A wrong expectation is caught.
+    lines[1]["expected_ids"][0] = (lines[1]["expected_ids"][0] + 1) % 45
+    prompts.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    res = subprocess.run([BENCH, "--model", str(tmp_path / "ckpt"), "--prompts", str(prompts), "--policy", policy,
+                          "--gen-length", "64", "--verify", *extra], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 3 and "Disposition: Failed (1 of 3 prompts differ)" in res.stdout
+
+
+def test_bench_decode_bad_inputs(tmp_path):
+    config = random_config()
+    save_checkpoint(tmp_path, config, random_weights(config))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": [1, 2]}\n')
+    res = subprocess.run([BENCH, "--model", str(tmp_path), "--prompts", str(bad)], capture_output=True, text=True)
+    assert res.returncode == 1 and 'bad.jsonl:1: needs a "prompt_ids" list' in res.stderr
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"prompt_ids": [1, 2]}\n')
+    res = subprocess.run([BENCH, "--model", str(tmp_path), "--prompts", str(good), "--block-sizes", "4,48"],
+                         capture_output=True, text=True)
+    assert res.returncode == 1 and "block size 48 in block_sizes must divide gen_length = 128" in res.stderr
+    res = subprocess.run([BENCH, "--model", str(tmp_path), "--prompts", str(good), "--policy", "fast"],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "policy must be one of" in res.stderr
+    res = subprocess.run([BENCH, "--help"], capture_output=True, text=True)
+    assert res.returncode == 0 and "--verify" in res.stdout
