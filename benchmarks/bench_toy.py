@@ -14,24 +14,11 @@ Also times one packed 6-branch block step, native vs the reference model (same i
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 
 import torch
 
 from common import environment, interleaved_medians, write_json
-
-
-def policies(gen_length: int):
-    from blockbatch.options import DecodeOptions
-
-    return {
-        "vanilla": DecodeOptions(policy="vanilla", gen_length=gen_length, block_length=32, threshold=None,
-                                 steps=gen_length),
-        "dual": DecodeOptions(policy="dual", gen_length=gen_length, block_length=32, threshold=0.9),
-        "blockbatch": DecodeOptions(policy="blockbatch", gen_length=gen_length, threshold=0.9, stop_on_eos=True),
-    }
 
 
 def main(argv=None) -> int:
@@ -40,63 +27,24 @@ def main(argv=None) -> int:
     ap.add_argument("--gen-length", type=int, default=128, help="generation length (default 128)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--checkpoint", default=None, help="default: the shipped toy model")
+    ap.add_argument("--compare-reference", action="store_true", help="also time the reference loops")
     ap.add_argument("--out", default="results/bench_toy.json")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    from blockbatch import bench
     from blockbatch.engine import Engine
-    from blockbatch.toy import task
 
     engine = Engine.from_pretrained(args.checkpoint)
-    problems = task.make_problems(args.n, 0, "test")
-    opts = policies(args.gen_length)
-    records = []
-    t0 = time.perf_counter()
-    for i, problem in enumerate(problems):
-        for name, options in opts.items():
-            start = time.perf_counter()
-            [gen] = engine.generate(problem.prompt, options, chat=False)
-            wall_ms = (time.perf_counter() - start) * 1e3
-            records.append({"problem": i, "policy": name, "prompt": problem.prompt, "output": gen.text,
-                            "correct": task.check_answer(problem, gen.text), "nfe": gen.stats["nfe"],
-                            "nfe_paper": gen.stats["nfe_paper"], "wall_ms": wall_ms,
-                            "winner_block_size": gen.stats["winner_block_size"],
-                            "early_exit": gen.stats["early_exit"]})
-        if (i + 1) % 20 == 0 or i + 1 == len(problems):
-            print(f"\r{i + 1}/{len(problems)} problems, {time.perf_counter() - t0:.0f}s", end="", file=sys.stderr)
-    print(file=sys.stderr)
-
-    summary = {}
-    for name in opts:
-        rows = [r for r in records if r["policy"] == name]
-        summary[name] = {
-            "accuracy": sum(r["correct"] for r in rows) / len(rows),
-            "mean_nfe": statistics.mean(r["nfe"] for r in rows),
-            "median_nfe": statistics.median(r["nfe"] for r in rows),
-            "mean_nfe_paper": statistics.mean(r["nfe_paper"] for r in rows),
-            "mean_wall_ms": statistics.mean(r["wall_ms"] for r in rows),
-            "median_wall_ms": statistics.median(r["wall_ms"] for r in rows),
-        }
-    base = summary["dual"]
-    for s in summary.values():
-        s["nfe_vs_dual"] = s["mean_nfe"] / base["mean_nfe"]
-        s["speedup_vs_dual"] = base["median_wall_ms"] / s["median_wall_ms"]
-
-    # One packed BlockBatch step (windows of 4..128 over the toy canvas): native vs reference.
-    step = packed_step_timing(engine, problems[0].prompt, args.gen_length)
-
-    print(f"toy task, {len(problems)} held-out problems, gen_length {args.gen_length}, "
-          f"threads {torch.get_num_threads()}")
-    print(f"{'policy':11s} {'acc':>6s} {'NFE':>7s} {'NFE med':>7s} {'paper':>6s} {'ms mean':>8s} {'ms med':>7s} "
-          f"{'NFE/dual':>8s} {'speedup':>7s}")
-    for name, s in summary.items():
-        print(f"{name:11s} {s['accuracy']:6.3f} {s['mean_nfe']:7.2f} {s['median_nfe']:7.1f} {s['mean_nfe_paper']:6.1f} "
-              f"{s['mean_wall_ms']:8.2f} {s['median_wall_ms']:7.2f} {s['nfe_vs_dual']:8.3f} {s['speedup_vs_dual']:7.2f}")
+    policies = {name: bench.policy_options(name, args.gen_length) for name in bench.DEFAULT_POLICIES}
+    result = bench.run_bench(engine, bench.load_tasks(None, args.n), policies, args.compare_reference)
+    step = packed_step_timing(engine, bench.load_tasks(None, 1)[0].prompt, args.gen_length)
+    print(f"toy task, {args.n} held-out problems, gen_length {args.gen_length}, threads {torch.get_num_threads()}")
+    print(bench.format_table(result))
     print(f"packed 6-branch block step ({step['query_tokens']} query tokens): native {step['native_ms']:.3f} ms, "
           f"reference {step['reference_ms']:.3f} ms ({step['reference_ms'] / step['native_ms']:.1f}x)")
-    write_json(args.out, {"benchmark": "toy_policies", "environment": environment(), "n": len(problems),
-                          "gen_length": args.gen_length, "summary": summary, "packed_step": step,
-                          "records": records})
+    write_json(args.out, {"benchmark": "toy_policies", "environment": environment(), "n": args.n,
+                          "gen_length": args.gen_length, "packed_step": step, **result})
     return 0
 
 

@@ -4,28 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import time
 from typing import Callable
 
-import torch
-
-
-def environment() -> dict:
-    import blockbatch
-
-    return {
-        "blockbatch": blockbatch.__version__,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "threads": torch.get_num_threads(),
-        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
+from blockbatch.bench import environment  # noqa: F401  (re-exported for the benchmark scripts)
 
 
 def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, dict]:

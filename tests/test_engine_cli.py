@@ -142,3 +142,31 @@ def test_chat_template_is_applied(tmp_path):
     options = DecodeOptions(gen_length=16, block_length=8)
     assert engine.generate("12", options)[0].prompt_ids == chat_ids.tolist()
     assert engine.generate("12", options, chat=False)[0].prompt_ids == plain_ids.tolist()
+
+
+def test_cli_bench_with_reference_comparison(ckpt, tmp_path):
+    path, _ = ckpt
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("\n".join(json.dumps({"prompt": p, "answer": "x"}) for p in ("1 +1 =", "12 -3 =", "5 =")) + "\n")
+    out = tmp_path / "out"
+    res = _cli("bench", "--model", path, "--tasks", tasks, "--n", 3, "--gen-length", 32,
+               "--policies", "vanilla", "dual:block_length=8", "blockbatch:block_sizes=4/8/32,sync_gap=4",
+               "--compare-reference", "--out", out, "--quiet")
+    assert res.returncode == 0, res.stderr
+    data = json.loads((out / "bench.json").read_text())
+    assert set(data["summary"]) == {"vanilla", "dual:block_length=8", "blockbatch:block_sizes=4/8/32,sync_gap=4"}
+    assert len(data["records"]) == 9 and data["environment"]["torch"] == torch.__version__
+    for s in data["summary"].values():
+        assert s["reference_token_equal"] == 1.0  # the native engine decodes exactly what the reference does
+        assert s["speedup_vs_reference"] > 0 and s["mean_nfe"] >= 1
+    assert "x ref" in res.stdout and "peak RSS" in res.stdout
+
+
+def test_bench_rejects_bad_policy_spec():
+    from blockbatch.bench import policy_options
+
+    with pytest.raises(ValueError, match="policy must be one of"):
+        policy_options("greedy", 64)
+    with pytest.raises(ValueError, match="unknown option 'gate'"):
+        policy_options("blockbatch:gate=3", 64)
+    assert policy_options("blockbatch:block_sizes=8/32,sync_gap=4", 64).block_sizes == (8, 32)

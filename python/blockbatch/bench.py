@@ -1,0 +1,229 @@
+"""``blockbatch bench``: a task set under several policies, side by side, on one checkpoint.
+
+Policies are interleaved per sample so that machine drift hits all of them alike. Per policy:
+accuracy, mean / median NFE, tokens per forward, median wall time per sample, generated tokens
+per second (prompt tokens excluded), peak memory; optionally the same policies through the
+pure-PyTorch reference loops (``compare_reference``) and the per-policy speed ratio.
+
+Task sets: the toy task's held-out problems (default) or a JSONL file whose lines hold
+``{"prompt": str, "answer": str}`` (exact match of the stripped generation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+from typing import Callable
+
+import torch
+
+from .options import DecodeOptions
+
+# name -> options; the paper's settings (ALGORITHMS.md): dual cache block 32 / threshold 0.9.
+DEFAULT_POLICIES = ("vanilla", "dual", "blockbatch")
+
+
+_CONVERT = {
+    "block_length": int, "steps": int, "threshold": float, "factor": float, "temperature": float, "seed": int,
+    "stop_on_eos": lambda v: v.lower() in ("1", "true", "yes"), "merge_gate": float, "sync_gap": int,
+    "refresh_tokens": int, "refresh_mode": str, "prob_floor": float,
+    "block_sizes": lambda v: tuple(int(x) for x in v.split("/")),
+    "merge": lambda v: v.lower() in ("1", "true", "yes"), "sync": lambda v: v.lower() in ("1", "true", "yes"),
+}
+
+
+def policy_options(name: str, gen_length: int) -> DecodeOptions:
+    """``vanilla`` | ``prefix`` | ``dual`` | ``blockbatch``, optionally ``name:key=value,...``
+    (e.g. ``blockbatch:block_sizes=8/32,sync_gap=4`` or ``dual:block_length=16,threshold=0.7``)."""
+    base, _, spec = name.partition(":")
+    presets = {
+        "vanilla": dict(policy="vanilla", block_length=32, threshold=None, steps=gen_length),
+        "prefix": dict(policy="prefix", block_length=32, threshold=0.9),
+        "dual": dict(policy="dual", block_length=32, threshold=0.9),
+        "blockbatch": dict(policy="blockbatch", threshold=0.9),
+    }
+    if base not in presets:
+        raise ValueError(f"policy must be one of {', '.join(presets)} (optionally name:key=value,...), got {name!r}")
+    kw = dict(presets[base], gen_length=gen_length)
+    for item in filter(None, spec.split(",")):
+        key, _, value = item.partition("=")
+        if key not in _CONVERT:
+            raise ValueError(f"{name!r}: unknown option {key!r}; known: {', '.join(sorted(_CONVERT))}")
+        kw[key] = None if value == "none" else _CONVERT[key](value)
+    return DecodeOptions(**kw)
+
+
+@dataclasses.dataclass
+class Sample:
+    prompt: str
+    check: Callable[[str], bool]
+
+
+def load_tasks(path: str | None, n: int) -> list[Sample]:
+    if path is None:
+        from .toy import task
+
+        return [Sample(p.prompt, (lambda p: lambda text: task.check_answer(p, text))(p))
+                for p in task.make_problems(n, 0, "test")]
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                prompt, answer = row["prompt"], str(row["answer"])
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise ValueError(f"{path}:{lineno}: expected {{\"prompt\": ..., \"answer\": ...}} ({e})") from None
+            out.append(Sample(prompt, (lambda a: lambda text: text.strip() == a.strip())(answer)))
+    return out[:n]
+
+
+def environment() -> dict:
+    """Versions, threads and device: recorded with every benchmark result."""
+    import platform
+
+    from . import __version__
+
+    return {
+        "blockbatch": __version__, "torch": torch.__version__, "python": platform.python_version(),
+        "machine": platform.machine(), "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def run_bench(engine, samples: list[Sample], policies: dict[str, DecodeOptions], compare_reference: bool = False,
+              progress: bool = True) -> dict:
+    """Per-sample records and per-policy summaries (see the module docstring)."""
+    records = []
+    ref_model = None
+    if compare_reference:
+        from .reference.model import ReferenceModel
+
+        ref_model = ReferenceModel.from_checkpoint(engine.checkpoint)
+    t0 = time.perf_counter()
+    for i, sample in enumerate(samples):
+        ids = engine.encode(sample.prompt)
+        for name, options in policies.items():
+            start = time.perf_counter()
+            [gen] = engine.generate(ids, options)
+            wall_ms = (time.perf_counter() - start) * 1e3
+            rec = {"sample": i, "policy": name, "output": gen.text, "correct": bool(sample.check(gen.text)),
+                   "nfe": gen.stats["nfe"], "nfe_paper": gen.stats["nfe_paper"], "wall_ms": wall_ms,
+                   "generated_tokens": len(gen.ids), "committed": sum(gen.stats["committed_per_step"])}
+            if ref_model is not None:
+                start = time.perf_counter()
+                ref_tokens = reference_decode(ref_model, ids, options)
+                rec["reference_wall_ms"] = (time.perf_counter() - start) * 1e3
+                rec["reference_equal"] = bool(torch.equal(ref_tokens, torch.tensor(ids.tolist() + gen.raw_ids)))
+            records.append(rec)
+        if progress:
+            el = time.perf_counter() - t0
+            sys.stderr.write(f"\r[{i + 1}/{len(samples)}] {el:.0f}s elapsed, ETA {el / (i + 1) * (len(samples) - i - 1):.0f}s")
+    if progress:
+        sys.stderr.write("\n")
+    summary = {}
+    for name in policies:
+        rows = [r for r in records if r["policy"] == name]
+        total_ms = sum(r["wall_ms"] for r in rows)
+        s = {
+            "accuracy": sum(r["correct"] for r in rows) / len(rows),
+            "mean_nfe": statistics.mean(r["nfe"] for r in rows),
+            "median_nfe": statistics.median(r["nfe"] for r in rows),
+            "mean_nfe_paper": statistics.mean(r["nfe_paper"] for r in rows),
+            "tokens_per_forward": sum(r["committed"] for r in rows) / sum(r["nfe"] for r in rows),
+            "median_wall_ms": statistics.median(r["wall_ms"] for r in rows),
+            "mean_wall_ms": total_ms / len(rows),
+            "generated_tokens_per_s": 1e3 * sum(r["generated_tokens"] for r in rows) / total_ms,
+        }
+        if compare_reference:
+            s["reference_median_wall_ms"] = statistics.median(r["reference_wall_ms"] for r in rows)
+            s["speedup_vs_reference"] = s["reference_median_wall_ms"] / s["median_wall_ms"]
+            s["reference_token_equal"] = sum(r["reference_equal"] for r in rows) / len(rows)
+        summary[name] = s
+    if "dual" in summary:
+        for s in summary.values():
+            s["nfe_vs_dual"] = s["mean_nfe"] / summary["dual"]["mean_nfe"]
+            s["speedup_vs_dual"] = summary["dual"]["median_wall_ms"] / s["median_wall_ms"]
+    return {"summary": summary, "records": records, "peak_rss_mb": peak_rss_mb()}
+
+
+def reference_decode(ref_model, ids: torch.Tensor, o: DecodeOptions) -> torch.Tensor:
+    """The same request through the pure-PyTorch reference loop (what the authors' code does)."""
+    if o.policy == "blockbatch":
+        from .reference.blockbatch import blockbatch_generate
+
+        return blockbatch_generate(ref_model, ids, o.gen_length, o.block_sizes, threshold=o.threshold,
+                                   merge_gate=o.merge_gate, sync_gap=o.sync_gap, refresh_tokens=o.refresh_tokens,
+                                   refresh_mode=o.refresh_mode, prob_floor=o.prob_floor, stop_on_eos=o.eos_exit,
+                                   merge=o.merge, sync=o.sync, temperature=o.temperature, seed=o.seed).tokens
+    from .reference.policies import generate
+
+    return generate(ref_model, ids, o.gen_length, o.block_length, o.policy, steps=o.steps, threshold=o.threshold,
+                    factor=o.factor, temperature=o.temperature, seed=o.seed, stop_on_eos=o.eos_exit).tokens
+
+
+def format_table(result: dict) -> str:
+    cols = [("policy", "{:11s}"), ("acc", "{:6.3f}"), ("NFE", "{:7.2f}"), ("NFE med", "{:7.1f}"),
+            ("tok/fwd", "{:7.2f}"), ("ms med", "{:8.2f}"), ("gen tok/s", "{:9.1f}")]
+    keys = ["accuracy", "mean_nfe", "median_nfe", "tokens_per_forward", "median_wall_ms", "generated_tokens_per_s"]
+    any_s = next(iter(result["summary"].values()))
+    if "nfe_vs_dual" in any_s:
+        cols += [("NFE/dual", "{:8.3f}"), ("x dual", "{:6.2f}")]
+        keys += ["nfe_vs_dual", "speedup_vs_dual"]
+    if "speedup_vs_reference" in any_s:
+        cols += [("ref ms", "{:8.1f}"), ("x ref", "{:6.2f}"), ("ref==", "{:5.2f}")]
+        keys += ["reference_median_wall_ms", "speedup_vs_reference", "reference_token_equal"]
+    head = " ".join(f"{name:>{len(fmt.format(0) if 'f' in fmt else name)}}" if i else f"{name:11s}"
+                    for i, (name, fmt) in enumerate(cols))
+    lines = [head]
+    for policy, s in result["summary"].items():
+        lines.append(" ".join([cols[0][1].format(policy)] + [fmt.format(s[k]) for (_, fmt), k in zip(cols[1:], keys)]))
+    lines.append(f"peak RSS {result['peak_rss_mb']:.0f} MB")
+    return "\n".join(lines)
+
+
+def save_plots(result: dict, out_dir: str) -> list[str]:
+    """accuracy vs NFE per policy, and speedup bars against dual cache (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("note: matplotlib is not installed; skipping the PNG plots (pip install matplotlib)", file=sys.stderr)
+        return []
+    summary = result["summary"]
+    paths = []
+    fig, ax = plt.subplots(figsize=(5, 4))
+    for name, s in summary.items():
+        ax.scatter(s["mean_nfe"], s["accuracy"], s=60)
+        ax.annotate(name, (s["mean_nfe"], s["accuracy"]), textcoords="offset points", xytext=(5, 5))
+    ax.set_xlabel("mean NFE per sample")
+    ax.set_ylabel("accuracy")
+    ax.set_title("accuracy vs forward passes")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    paths.append(os.path.join(out_dir, "accuracy_vs_nfe.png"))
+    fig.savefig(paths[-1], dpi=120)
+    if "speedup_vs_dual" in next(iter(summary.values())):
+        fig, ax = plt.subplots(figsize=(5, 4))
+        names = list(summary)
+        ax.bar(names, [summary[n]["speedup_vs_dual"] for n in names])
+        ax.axhline(1.0, color="gray", lw=1)
+        ax.set_ylabel("speedup vs dual cache (median time per sample)")
+        fig.tight_layout()
+        paths.append(os.path.join(out_dir, "speedup_vs_dual.png"))
+        fig.savefig(paths[-1], dpi=120)
+    plt.close("all")
+    return paths
