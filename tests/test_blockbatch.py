@@ -141,9 +141,10 @@ def test_other_requests_do_not_change_a_result(models):
 
     config, _, nat = models
     p1, p2 = torch.tensor([5, 6, 7]), torch.tensor([9, 9])
-    alone = run_decode(nat.obj, p1, DecodeOptions(policy="blockbatch", gen_length=64))
-    run_decode(nat.obj, p2, DecodeOptions(policy="blockbatch", gen_length=64))
-    again = run_decode(nat.obj, p1, DecodeOptions(policy="blockbatch", gen_length=64))
+    options = DecodeOptions(policy="blockbatch", gen_length=128)
+    alone = run_decode(nat.obj, p1, options)
+    run_decode(nat.obj, p2, options)
+    again = run_decode(nat.obj, p1, options)
     assert torch.equal(alone.tokens, again.tokens)
 
 
