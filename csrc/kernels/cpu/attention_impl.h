@@ -23,6 +23,71 @@ namespace blockbatch::cpu::BLOCKBATCH_CPU_CAPABILITY {
 namespace {
 constexpr int64_t kTile = 8;  // queries scored together
 
+// Native float vector of this capability (GCC vector extension): the micro-kernels below keep
+// their accumulators in registers, which plain loops left to the auto-vectoriser did not.
+#if defined(__AVX512F__)
+constexpr int64_t kW = 16;
+#elif defined(__AVX2__)
+constexpr int64_t kW = 8;
+#else
+constexpr int64_t kW = 4;
+#endif
+typedef float vfloat __attribute__((vector_size(kW * sizeof(float))));
+inline vfloat vload(const float* p) {
+  vfloat v;
+  __builtin_memcpy(&v, p, sizeof(vfloat));
+  return v;
+}
+inline void vstore(float* p, vfloat v) { __builtin_memcpy(p, &v, sizeof(vfloat)); }
+
+// S[i][j0 .. j0 + 2W) = sum_d q[i][d] * kt[d][j], for the kTile queries of a tile (rows of q
+// past the real queries are zero). 16 accumulators stay in registers across the d loop.
+inline void score_block(const float* __restrict q, int64_t hd, const float* __restrict kt, int64_t ld, int64_t j0,
+                        float* __restrict s) {
+  vfloat acc[kTile][2];
+  for (int64_t i = 0; i < kTile; ++i) acc[i][0] = acc[i][1] = vfloat{} ;
+  for (int64_t d = 0; d < hd; ++d) {
+    const vfloat k0 = vload(kt + d * ld + j0), k1 = vload(kt + d * ld + j0 + kW);
+    for (int64_t i = 0; i < kTile; ++i) {
+      const float qv = q[i * hd + d];
+      acc[i][0] += qv * k0;
+      acc[i][1] += qv * k1;
+    }
+  }
+  for (int64_t i = 0; i < kTile; ++i) {
+    vstore(s + i * ld + j0, acc[i][0]);
+    vstore(s + i * ld + j0 + kW, acc[i][1]);
+  }
+}
+
+// O[i][d0 .. d0 + 4W) = sum_j p[i][j] * v[j][d0 ..], for 4 queries; 16 accumulators.
+inline void value_block(const float* __restrict p, int64_t ld, const float* __restrict v, int64_t hd, int64_t nk,
+                        int64_t d0, float* __restrict o) {
+  vfloat acc[4][4];
+  for (int64_t i = 0; i < 4; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = vfloat{};
+  for (int64_t j = 0; j < nk; ++j) {
+    const float* vj = v + j * hd + d0;
+    const vfloat v0 = vload(vj), v1 = vload(vj + kW), v2 = vload(vj + 2 * kW), v3 = vload(vj + 3 * kW);
+    for (int64_t i = 0; i < 4; ++i) {
+      const float pij = p[i * ld + j];
+      acc[i][0] += pij * v0;
+      acc[i][1] += pij * v1;
+      acc[i][2] += pij * v2;
+      acc[i][3] += pij * v3;
+    }
+  }
+  for (int64_t i = 0; i < 4; ++i) {
+    for (int64_t c = 0; c < 4; ++c) vstore(o + i * hd + d0 + c * kW, acc[i][c]);
+  }
+}
+
+template <typename T>
+inline void rows_to_float(float* __restrict dst, const T* src, int64_t stride, int64_t n, int64_t hd) {
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t d = 0; d < hd; ++d) dst[j * hd + d] = to_float(src[j * stride + d]);
+  }
+}
+
 // kt[d * ld + offset + j] = keys[j * stride + d] for j < n, d < hd, in 16x16 blocks so that
 // neither the reads nor the writes stride through memory one element at a time.
 template <typename T>
@@ -77,7 +142,8 @@ void packed_attention_impl(const AttentionArgs& a) {
     work += 2 * nq * hd * ((cache ? a.cache_lens[r] : 0) + (a.attend_fresh ? nq : 0));
   }
   at::parallel_for(0, items, grain_for(work / (a.rows > 0 ? a.rows : 1)), [&](int64_t begin, int64_t end) {
-    std::vector<float> kt, scores, qf(kTile * hd), acc(kTile * hd);
+    std::vector<float> kt, vt, scores, qf(kTile * hd), acc(kTile * hd);
+    const bool vector_values = hd % (4 * kW) == 0;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t h = item / a.rows, r = item % a.rows;
       const int64_t kvh = h / group;
@@ -86,41 +152,46 @@ void packed_attention_impl(const AttentionArgs& a) {
       const int64_t n_cache = cache ? a.cache_lens[r] : 0;
       const int64_t n_fresh = a.attend_fresh ? row_end - row_begin : 0;
       const int64_t nk = n_cache + n_fresh;
+      const int64_t ld = (nk + 2 * kW - 1) / (2 * kW) * (2 * kW);  // keys padded for score_block
       const T* kc = cache ? cache + a.geometry.offset(a.kv_rows[r], a.layer, 0, kvh, 0) : nullptr;
       const T* vc = cache ? cache + a.geometry.offset(a.kv_rows[r], a.layer, 1, kvh, 0) : nullptr;
       const T* kfr = kf + row_begin * a.kv_stride + kvh * hd;
       const T* vfr = vf + row_begin * a.kv_stride + kvh * hd;
-      kt.resize(hd * nk);
-      if (n_cache) transpose_keys(kt.data(), nk, 0, kc, hd, n_cache, hd);
-      if (n_fresh) transpose_keys(kt.data(), nk, n_cache, kfr, a.kv_stride, n_fresh, hd);
-      scores.resize(kTile * nk);
+      kt.assign(hd * ld, 0.0f);
+      if (n_cache) transpose_keys(kt.data(), ld, 0, kc, hd, n_cache, hd);
+      if (n_fresh) transpose_keys(kt.data(), ld, n_cache, kfr, a.kv_stride, n_fresh, hd);
+      vt.resize(nk * hd);  // values as contiguous float rows [nk, hd]
+      if (n_cache) rows_to_float(vt.data(), vc, hd, n_cache, hd);
+      if (n_fresh) rows_to_float(vt.data() + n_cache * hd, vfr, a.kv_stride, n_fresh, hd);
+      scores.resize(kTile * ld);
       for (int64_t tt = row_begin; tt < row_end; tt += kTile) {
         const int64_t nq = std::min(kTile, row_end - tt);
+        std::fill(qf.begin(), qf.end(), 0.0f);
         for (int64_t i = 0; i < nq; ++i) {
           const T* qi = q + (tt + i) * a.q_stride + h * hd;
           for (int64_t d = 0; d < hd; ++d) qf[i * hd + d] = to_float(qi[d]) * inv_sqrt_hd;
         }
-        // Scores S[i][j] = (q_i / sqrt(hd)) . k_j, accumulated along contiguous keys.
-        std::fill(scores.begin(), scores.begin() + nq * nk, 0.0f);
-        for (int64_t d = 0; d < hd; ++d) {
-          const float* __restrict kd = kt.data() + d * nk;
-          for (int64_t i = 0; i < nq; ++i) {
-            const float qv = qf[i * hd + d];
-            float* __restrict si = scores.data() + i * nk;
-            for (int64_t j = 0; j < nk; ++j) si[j] += qv * kd[j];
-          }
-        }
-        // Row softmax (probabilities normalised in place), then O_i = sum_j p_ij v_j.
+        // Scores S[i][j] = (q_i / sqrt(hd)) . k_j.
+        for (int64_t j0 = 0; j0 < ld; j0 += 2 * kW) score_block(qf.data(), hd, kt.data(), ld, j0, scores.data());
+        // Row softmax over the nk real keys (probabilities normalised in place).
         for (int64_t i = 0; i < nq; ++i) {
-          float* __restrict si = scores.data() + i * nk;
+          float* __restrict si = scores.data() + i * ld;
           const float mx = max_of(si, nk);
           for (int64_t j = 0; j < nk; ++j) si[j] = fast_exp(si[j] - mx);
           const float inv = 1.0f / sum_of(si, nk);
           for (int64_t j = 0; j < nk; ++j) si[j] *= inv;
         }
-        std::fill(acc.begin(), acc.begin() + nq * hd, 0.0f);
-        if (n_cache) accumulate_values(acc.data(), scores.data(), nk, nq, vc, hd, n_cache, hd);
-        if (n_fresh) accumulate_values(acc.data(), scores.data() + n_cache, nk, nq, vfr, a.kv_stride, n_fresh, hd);
+        // O_i = sum_j p_ij v_j.
+        if (vector_values) {
+          for (int64_t i0 = 0; i0 < nq; i0 += 4) {
+            for (int64_t d0 = 0; d0 < hd; d0 += 4 * kW) {
+              value_block(scores.data() + i0 * ld, ld, vt.data(), hd, nk, d0, acc.data() + i0 * hd);
+            }
+          }
+        } else {
+          std::fill(acc.begin(), acc.begin() + nq * hd, 0.0f);
+          accumulate_values(acc.data(), scores.data(), ld, nq, vt.data(), hd, nk, hd);
+        }
         for (int64_t i = 0; i < nq; ++i) {
           T* o = out + (tt + i) * a.heads * hd + h * hd;
           for (int64_t d = 0; d < hd; ++d) o[d] = from_float<T>(acc[i * hd + d]);
