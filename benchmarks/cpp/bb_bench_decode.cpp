@@ -21,9 +21,8 @@
 #include <vector>
 
 #include "decode/decode.h"
+#include "common.h"
 #include "io/json.h"
-#include "io/safetensors.h"
-#include "model/model.h"
 
 namespace {
 
@@ -128,8 +127,8 @@ Options parse(int argc, char** argv) {
     std::cerr << "error: --model DIR and --prompts FILE are required (see --help)\n";
     std::exit(2);
   }
-  if (o.repeats < 1 || (o.dtype != "float32" && o.dtype != "bfloat16")) {
-    std::cerr << "error: --repeats must be >= 1 and --dtype float32 or bfloat16\n";
+  if (o.repeats < 1) {
+    std::cerr << "error: --repeats must be >= 1\n";
     std::exit(2);
   }
   std::sort(o.decode.block_sizes.begin(), o.decode.block_sizes.end());
@@ -177,8 +176,7 @@ int main(int argc, char** argv) {
   Options o = parse(argc, argv);
   if (o.threads > 0) at::set_num_threads(o.threads);
   try {
-    auto ckpt = blockbatch::io::load_checkpoint(o.model);
-    blockbatch::Model model(ckpt.config, ckpt.weights, o.dtype == "bfloat16" ? at::kBFloat16 : at::kFloat);
+    blockbatch::Model model = blockbatch::bench::load_model(o.model, o.dtype);
     const auto samples = read_prompts(o.prompts, o.verify);
     double nfe_sum = 0, generated = 0;
     std::vector<double> ms;

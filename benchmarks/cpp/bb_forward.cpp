@@ -19,8 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "io/safetensors.h"
-#include "model/model.h"
+#include "common.h"
 
 namespace {
 
@@ -105,13 +104,7 @@ int main(int argc, char** argv) {
   Options o = parse(argc, argv);
   if (o.threads > 0) at::set_num_threads(o.threads);
   try {
-    auto ckpt = blockbatch::io::load_checkpoint(o.model);
-    c10::ScalarType dtype = o.dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
-    if (o.dtype != "bfloat16" && o.dtype != "float32") {
-      std::cerr << "error: --dtype must be float32 or bfloat16, got '" << o.dtype << "'\n";
-      return 2;
-    }
-    blockbatch::Model model(ckpt.config, ckpt.weights, dtype);
+    blockbatch::Model model = blockbatch::bench::load_model(o.model, o.dtype);
     const auto& c = model.config();
     const int64_t L = std::min(o.canvas, c.max_sequence_length);
     blockbatch::ForwardBatch b;

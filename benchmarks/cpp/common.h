@@ -1,0 +1,21 @@
+// Shared pieces of the bb_* binaries.
+#pragma once
+
+#include <c10/util/Exception.h>
+
+#include <string>
+
+#include "io/safetensors.h"
+#include "model/model.h"
+
+namespace blockbatch::bench {
+
+// A model from a Hugging Face folder read by the strict C++ reader; dtype "float32" | "bfloat16".
+inline Model load_model(const std::string& dir, const std::string& dtype) {
+  TORCH_CHECK_VALUE(dtype == "float32" || dtype == "bfloat16", "--dtype must be float32 or bfloat16, got '", dtype,
+                    "'");
+  auto ckpt = io::load_checkpoint(dir);
+  return Model(ckpt.config, ckpt.weights, dtype == "bfloat16" ? at::kBFloat16 : at::kFloat);
+}
+
+}  // namespace blockbatch::bench
