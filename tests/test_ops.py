@@ -227,3 +227,19 @@ def test_compiled_forward_matches_eager():
 
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(tokens, pos, cu), step(tokens, pos, cu))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sparse_probs_matches_softmax(dtype):
+    logits = (4 * torch.randn(23, 300)).to(dtype)
+    logits[0] = 0  # uniform row: nothing above the floor
+    logits[1, 5] = 50  # one certain token
+    ids, probs = ops.sparse_probs(logits, 0.1, 11)
+    p = torch.softmax(logits.double(), -1)
+    for r in range(logits.shape[0]):
+        expected = {int(t): float(p[r, t]) for t in (p[r] > 0.1).nonzero()[:, 0]}
+        got = {int(i): float(q) for i, q in zip(ids[r], probs[r]) if i >= 0}
+        assert got.keys() == expected.keys()
+        for t in got:
+            assert abs(got[t] - expected[t]) < 1e-12
+    assert (ids[0] == -1).all() and ids[1, 0] == 5 and (ids[1, 1:] == -1).all()

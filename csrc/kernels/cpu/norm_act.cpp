@@ -88,9 +88,14 @@ void sparse_probs(const T* logits, int64_t rows, int64_t vocab, double floor, in
       for (int64_t j = 0; j < vocab; ++j) mx = std::max(mx, to_float(l[j]));
       double sum = 0;
       for (int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(to_float(l[j])) - mx);
+      // p_j > floor needs l_j - max > log(floor * sum): only those few ids pay a second exp
+      // (the bound is loosened by 1e-9 so the exact comparison below decides ties).
+      const double cut = std::log(floor * sum) - 1e-9;
       int64_t k = 0;
       for (int64_t j = 0; j < vocab && k < max_k; ++j) {
-        const double p = std::exp(static_cast<double>(to_float(l[j])) - mx) / sum;
+        const double z = static_cast<double>(to_float(l[j])) - mx;
+        if (z <= cut) continue;
+        const double p = std::exp(z) / sum;
         if (p > floor) {
           ids[r * max_k + k] = j;
           probs[r * max_k + k] = p;
