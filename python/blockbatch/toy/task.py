@@ -1,25 +1,31 @@
-"""The toy task: a chain of single-digit additions and subtractions, with running totals.
+"""The toy task: a chain of small additions and subtractions, filled in step by step.
 
-A problem starts from a two-digit number and applies ``k`` (2..8) operations ``+d`` / ``-d``
-with ``d`` in 1..9, chosen so that every running value stays in 10..99. The prompt lists the
-operations in fixed 3-character slots, pads the unused slots with spaces and ends in ``=``; the
-response writes the running total after each operation, then ``;`` and the answer::
+A problem starts from a two-digit number and applies ``k`` (2..6) operations ``+d`` / ``-d``
+with ``d`` in 1..3, chosen so that every running value stays in 10..99. The prompt is the chain
+with a blank ``__`` for each running total, in fixed 5-character slots (unused slots are dots)
+and a final ``?``; the response writes the chain again with the blanks filled in, then ``;``
+and the answer::
 
-    prompt:    "37 +5 -8 +6" + 15 spaces + " ="    (always 28 characters)
-    response:  "42 34 40;40"
+    prompt:    "37+2=__-3=__+1=__...............?"   (always 33 characters)
+    response:  "37+2=39-3=36+1=37;37"
+
+The answer is checked exactly (``check_answer``); ``check_trace`` also checks every step.
 
 Why this layout: the model is a bidirectional transformer with RoPE, which finds "the token at
 a fixed distance" easily but has no notion of absolute position. Every prompt has the same
-length and every slot the same width, so the operand of step ``j`` always sits exactly 24
-tokens before that step's total, and the previous total 3 tokens before it: the whole task is
-made of fixed-offset lookups plus two-digit arithmetic, which a ~1M-parameter model learns in
-minutes on a CPU. (With free-form prompts a model that size does not learn to find the j-th
-operand in that budget.)
+length, so each response character sits exactly ``PROMPT_CHARS`` tokens after the prompt
+character it copies or fills in, and each total needs only its own operand (3-4 tokens back)
+and the previous total (5 tokens back): the task is fixed-offset copying plus two-digit
+arithmetic, which a ~1M-parameter model learns in minutes on a CPU. Two choices were forced by
+that budget: with free-form prompts a model that size does not learn to find the j-th operand,
+and with operands up to 9 it stays stuck on the units digit (``(u + d) mod 10`` is independent
+of ``u`` alone, so there is no first-order signal to follow); with ``d <= 3`` the new units
+digit stays close to the old one and the table is learned in about a thousand steps.
 
-The layout of the response (where each space, ``;`` and EOS goes) follows from the prompt
-alone, while each total depends on all the earlier ones: a small model is sure of the format
-long before it is sure of the digits, so threshold decoding commits the format first and the
-digits over several steps.
+The layout of the response (where each operand, ``=``, ``;`` and EOS goes) follows from the
+prompt alone, while each total depends on all the earlier ones: a small model is sure of the
+format long before it is sure of the digits, so threshold decoding commits the format first
+and the digits over several steps.
 
 Problems are assigned to the train or test split by a hash of their prompt, so the splits are
 disjoint whatever seeds are used; ``make_problems(n, seed, split)`` is deterministic.
@@ -32,16 +38,19 @@ import hashlib
 import random
 import re
 
-MIN_OPS, MAX_OPS = 2, 8
+MIN_OPS, MAX_OPS = 2, 6
 MIN_VALUE, MAX_VALUE = 10, 99
+MAX_DIGIT = 3  # operations are +d / -d with d in 1..MAX_DIGIT
 TEST_FRACTION_PER_MILLE = 100  # ~10% of all possible prompts belong to the test split
 SPLITS = ("train", "test")
-SLOT = 3  # characters per operation slot in the prompt and per total in the response
+SLOT = 5  # characters per step: sign, digit, "=", two digits of the total
+BLANK = "__"
+UNUSED = "."
+PROMPT_END = "?"
 ANSWER_SEP = ";"
-VALUE_SEP = " "
 
-PROMPT_CHARS = 2 + SLOT * MAX_OPS + 2  # start, slots, " ="
-MAX_RESPONSE_CHARS = SLOT * MAX_OPS - 1 + 1 + 2  # totals with separators, ";", answer
+PROMPT_CHARS = 2 + SLOT * MAX_OPS + 1
+MAX_RESPONSE_CHARS = 2 + SLOT * MAX_OPS + 1 + 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,10 +65,13 @@ class Problem:
         """``"37+5-8+6"``: the problem in plain notation (not what the model sees)."""
         return str(self.start) + "".join(f"{'+' if d > 0 else '-'}{abs(d)}" for d in self.ops)
 
+    def _chain(self, totals: list[str]) -> str:
+        return str(self.start) + "".join(f"{'+' if d > 0 else '-'}{abs(d)}={t}" for d, t in zip(self.ops, totals))
+
     @property
     def prompt(self) -> str:
-        slots = "".join(f" {'+' if d > 0 else '-'}{abs(d)}" for d in self.ops)
-        return f"{self.start}{slots}{' ' * (SLOT * (MAX_OPS - len(self.ops)))} ="
+        unused = UNUSED * (SLOT * (MAX_OPS - len(self.ops)))
+        return self._chain([BLANK] * len(self.ops)) + unused + PROMPT_END
 
     @property
     def values(self) -> list[int]:
@@ -76,7 +88,7 @@ class Problem:
 
     @property
     def response(self) -> str:
-        return VALUE_SEP.join(str(v) for v in self.values) + ANSWER_SEP + str(self.answer)
+        return self._chain([str(v) for v in self.values]) + ANSWER_SEP + str(self.answer)
 
 
 def split_of(problem: Problem) -> str:
@@ -93,7 +105,7 @@ def random_problem(rng: random.Random, min_ops: int = MIN_OPS, max_ops: int = MA
     for _ in range(k):
         signs = [s for s in (1, -1) if MIN_VALUE <= v + s <= MAX_VALUE]
         sign = rng.choice(signs)
-        digits = [d for d in range(1, 10) if MIN_VALUE <= v + sign * d <= MAX_VALUE]
+        digits = [d for d in range(1, MAX_DIGIT + 1) if MIN_VALUE <= v + sign * d <= MAX_VALUE]
         d = sign * rng.choice(digits)
         ops.append(d)
         v += d

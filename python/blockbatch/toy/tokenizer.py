@@ -6,7 +6,7 @@ PAD_TOKEN = "<|pad|>"
 UNK_TOKEN = "<|unk|>"
 EOS_TOKEN = "<|endoftext|>"
 MASK_TOKEN = "<|mdm_mask|>"
-CHARS = "0123456789+-=;, "
+CHARS = "0123456789+-=;_.?"
 # Fixed order, so ids never depend on anything but this list.
 VOCAB: tuple[str, ...] = (PAD_TOKEN, UNK_TOKEN) + tuple(CHARS) + (EOS_TOKEN, MASK_TOKEN)
 SPECIAL_TOKENS = (PAD_TOKEN, UNK_TOKEN, EOS_TOKEN, MASK_TOKEN)
@@ -38,4 +38,4 @@ def decode_response(tokenizer, ids, eos_id: int = EOS_ID, mask_id: int = MASK_ID
     if eos_id in ids:
         ids = ids[: ids.index(eos_id)]
     # A mask left in the output is an error the checker must see, not silently drop.
-    return "".join("?" if i == mask_id else tokenizer.decode([i], skip_special_tokens=True) for i in ids)
+    return "".join(MASK_TOKEN if i == mask_id else tokenizer.decode([i], skip_special_tokens=True) for i in ids)
