@@ -13,7 +13,7 @@ import dataclasses
 import json
 import os
 import struct
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
@@ -26,7 +26,6 @@ CONFIG_NAME = "config.json"
 TOKENIZER_NAME = "tokenizer.json"
 TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
 PREFIX = "model.transformer."
-LAYER_TENSORS = ("attn_norm", "q_proj", "k_proj", "v_proj", "attn_out", "ff_norm", "ff_proj", "up_proj", "ff_out")
 
 # safetensors dtype tag -> (torch dtype, bytes per element)
 _ST_DTYPES: dict[str, tuple[torch.dtype | None, int]] = {
@@ -317,8 +316,3 @@ def save_checkpoint(path: str | os.PathLike, config: ModelConfig, weights: dict[
         with open(os.path.join(folder, TOKENIZER_CONFIG_NAME), "w", encoding="utf-8") as f:
             json.dump({"chat_template": chat_template}, f, indent=2)
 
-
-def iter_layer_names(config: ModelConfig) -> Iterable[str]:
-    for i in range(config.n_layers):
-        for t in LAYER_TENSORS:
-            yield f"{PREFIX}blocks.{i}.{t}.weight"

@@ -47,19 +47,6 @@ inline float sum_of(const float* x, int64_t n) {
   return s;
 }
 
-// Dot product with 8 independent accumulators (GCC vectorises this without -ffast-math).
-template <typename T>
-inline float dot(const float* a, const T* b, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * to_float(b[i + j]);
-  }
-  float tail = 0;
-  for (; i < n; ++i) tail += a[i] * to_float(b[i]);
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + tail;
-}
-
 // exp(x) for the softmax inner loops, written so that GCC vectorises it (std::exp is a scalar
 // libm call and dominated attention time). exp(x) = 2^n * e^r with n = floor(x log2 e) and
 // r = x - n ln2 reduced in two exact steps (Cody-Waite); e^r on [0, ln2) by a degree-6
