@@ -55,6 +55,11 @@ def test_worked_example():
     assert len(p.prompt) == task.PROMPT_CHARS
     assert p.response == "37+2=39-3=36+1=37;37"
     assert p.answer == 37 and p.values == [39, 36, 37]
+    kinds = task.response_kinds(p)
+    assert "".join(c for c, k in zip(p.response, kinds) if k == "total_digit") == "393637"
+    assert "".join(c for c, k in zip(p.response, kinds) if k == "copied_digit") == "37231"
+    assert "".join(c for c, k in zip(p.response, kinds) if k == "format") == "+=-=+=;"
+    assert "".join(c for c, k in zip(p.response, kinds) if k == "answer_digit") == "37"
 
 
 def test_checker_accepts_correct_and_rejects_wrong():
@@ -159,6 +164,8 @@ def test_evaluate_accepts_any_decoder():
     assert good.accuracy == 1.0 and good.trace_accuracy == 1.0 and good.mean_nfe == 7
     bad = toy_eval.evaluate(off_by_one, problems, tok)
     assert bad.accuracy == 0.0 and bad.mean_nfe is None
+    batched = toy_eval.evaluate_batched(lambda prompts: [oracle(p) for p in prompts], problems, tok, batch_size=6)
+    assert batched.accuracy == 1.0 and batched.outputs == good.outputs
 
 
 # --------------------------------------------------------------------------- trainer

@@ -15,3 +15,10 @@ CHECKPOINT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "check
 def checkpoint_path() -> str:
     """Folder of the shipped toy checkpoint."""
     return CHECKPOINT_DIR
+
+
+def load(dtype=None):
+    """The shipped toy checkpoint as a ``blockbatch.Checkpoint`` (config, weights, tokenizer)."""
+    from ..loading import load_checkpoint
+
+    return load_checkpoint(CHECKPOINT_DIR, dtype)

@@ -11,7 +11,8 @@ Other decoders (the native engine, multi-branch decoding...) plug into ``evaluat
 any callable ``decoder(prompt_ids) -> generated ids``, where ``prompt_ids`` is a 1-D int64 tensor
 and the result is the generated ids after the prompt (a tensor or list), optionally returned as
 ``(ids, nfe)``, or an object with ``tokens`` (prompt + generation) and ``nfe`` like
-``ReferenceResult``.
+``ReferenceResult``. ``evaluate_batched`` takes a decoder of a list of prompts instead. The
+text is cut at the first EOS; a mask left in the output makes the answer wrong.
 """
 
 from __future__ import annotations
@@ -74,25 +75,45 @@ def _split_output(prompt: torch.Tensor, out: Any) -> tuple[list[int], int | None
 def evaluate(decoder: Decoder, problems: Sequence[toy_task.Problem] | None = None, tokenizer=None,
              n: int = 200, seed: int = EVAL_SEED, name: str = "decoder", eos_id: int = toy_tok.EOS_ID,
              mask_id: int = toy_tok.MASK_ID, progress: bool = False) -> EvalResult:
-    """Run ``decoder`` on each problem's prompt and check the decoded answers.
+    """Run ``decoder`` on each problem's prompt, one at a time, and check the decoded answers.
 
     ``problems`` defaults to ``make_problems(n, seed, "test")``; ``tokenizer`` to the toy one.
     """
+
+    def batch(prompts: list[torch.Tensor]) -> list[Any]:
+        return [decoder(prompts[0])]
+
+    return evaluate_batched(batch, problems, tokenizer, n, seed, name, eos_id, mask_id, batch_size=1,
+                            progress=progress)
+
+
+def evaluate_batched(decoder: Callable[[list[torch.Tensor]], Sequence[Any]],
+                     problems: Sequence[toy_task.Problem] | None = None, tokenizer=None, n: int = 200,
+                     seed: int = EVAL_SEED, name: str = "decoder", eos_id: int = toy_tok.EOS_ID,
+                     mask_id: int = toy_tok.MASK_ID, batch_size: int = 32, progress: bool = False) -> EvalResult:
+    """Like ``evaluate`` for a decoder that takes a list of prompts (at most ``batch_size``) and
+    returns one output per prompt, in order (each output as for ``evaluate``)."""
     tokenizer = tokenizer or toy_tok.build_tokenizer()
     problems = list(problems) if problems is not None else toy_task.make_problems(n, seed, "test")
+    prompts = [torch.tensor(toy_tok.encode(tokenizer, p.prompt), dtype=torch.long) for p in problems]
     outputs, correct, traces, nfes = [], [], [], []
     t0 = time.perf_counter()
-    for i, p in enumerate(problems):
-        prompt = torch.tensor(toy_tok.encode(tokenizer, p.prompt), dtype=torch.long)
-        ids, nfe = _split_output(prompt, decoder(prompt))
-        text = toy_tok.decode_response(tokenizer, ids, eos_id, mask_id)
-        outputs.append(text)
-        correct.append(toy_task.check_answer(p, text))
-        traces.append(toy_task.check_trace(p, text))
-        if nfe is not None:
-            nfes.append(nfe)
+    for start in range(0, len(problems), batch_size):
+        chunk = prompts[start: start + batch_size]
+        results = list(decoder(chunk))
+        if len(results) != len(chunk):
+            raise ValueError(f"decoder returned {len(results)} outputs for {len(chunk)} prompts")
+        for p, prompt, out in zip(problems[start: start + batch_size], chunk, results):
+            ids, nfe = _split_output(prompt, out)
+            text = toy_tok.decode_response(tokenizer, ids, eos_id, mask_id)
+            outputs.append(text)
+            correct.append(toy_task.check_answer(p, text))
+            traces.append(toy_task.check_trace(p, text))
+            if nfe is not None:
+                nfes.append(nfe)
         if progress and sys.stderr.isatty():
-            sys.stderr.write(f"\r  {name}: {i + 1}/{len(problems)}, accuracy so far {sum(correct) / (i + 1):.3f}")
+            done = len(outputs)
+            sys.stderr.write(f"\r  {name}: {done}/{len(problems)}, accuracy so far {sum(correct) / done:.3f}")
             sys.stderr.flush()
     if progress and sys.stderr.isatty():
         sys.stderr.write("\r\x1b[K")
@@ -141,13 +162,9 @@ def evaluate_policies(model: ReferenceModel, policies: Sequence[str] = POLICIES,
 
 
 def token_kind(problem: toy_task.Problem, index: int) -> str:
-    """Kind of the reference response token at ``index``: trace digit, answer digit, format, or eos."""
-    r = problem.response
-    if index >= len(r):
-        return "eos"
-    if r[index].isdigit():
-        return "answer_digit" if index > r.index(toy_task.ANSWER_SEP) else "trace_digit"
-    return "format"
+    """Kind of the reference response token at ``index`` (``task.response_kinds``, or ``eos``)."""
+    kinds = toy_task.response_kinds(problem)
+    return kinds[index] if index < len(kinds) else "eos"
 
 
 @torch.no_grad()
@@ -162,7 +179,7 @@ def confidence_spread(model: ReferenceModel, problems: Sequence[toy_task.Problem
     """
     tokenizer = tokenizer or toy_tok.build_tokenizer()
     cfg = model.config
-    stats: dict[str, list[float]] = {"format": [], "trace_digit": [], "answer_digit": [], "eos": []}
+    stats: dict[str, list[float]] = {kind: [] for kind in toy_task.RESPONSE_KINDS + ("eos",)}
     per_step: dict[int, int] = {}
     for p in problems:
         prompt = toy_tok.encode(tokenizer, p.prompt)
@@ -245,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         spread = confidence_spread(model, problems, tokenizer, args.gen_length, args.block_length, args.threshold)
         report["confidence_at_first_proposal"] = spread
         print(f"confidence at first proposal (threshold {args.threshold}):")
-        for kind in ("format", "trace_digit", "answer_digit", "eos"):
+        for kind in toy_task.RESPONSE_KINDS + ("eos",):
             s = spread[kind]
             if s["count"]:
                 print(f"  {kind:<13} n={s['count']:>6}  below threshold {s['frac_below_threshold']:.3f}  "

@@ -91,6 +91,22 @@ class Problem:
         return self._chain([str(v) for v in self.values]) + ANSWER_SEP + str(self.answer)
 
 
+RESPONSE_KINDS = ("format", "copied_digit", "total_digit", "answer_digit")
+
+
+def response_kinds(problem: Problem) -> list[str]:
+    """Kind of each reference response character: ``format`` (signs, ``=``, ``;``),
+    ``copied_digit`` (the start value and the operands, repeated from the prompt),
+    ``total_digit`` (the running totals filled into the blanks) or ``answer_digit``."""
+    kinds = ["copied_digit", "copied_digit"]
+    for _ in problem.ops:
+        kinds += ["format", "copied_digit", "format", "total_digit", "total_digit"]
+    kinds.append("format")
+    kinds += ["answer_digit"] * len(str(problem.answer))
+    assert len(kinds) == len(problem.response)
+    return kinds
+
+
 def split_of(problem: Problem) -> str:
     """``"test"`` for ~10% of prompts (chosen by a hash of the prompt text), else ``"train"``."""
     h = int.from_bytes(hashlib.sha256(problem.prompt.encode()).digest()[:4], "little")
