@@ -165,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Decode each PROMPT with the native engine and print the text plus a one-line stats summary.",
         epilog="examples:\n"
-               "  blockbatch generate '37 +5 -8 +6                =='\n"
+               "  blockbatch generate '72-2=__-3=__-3=__...............?'   (the shipped toy model)\n"
                "  blockbatch generate --policy blockbatch --gen-length 128 PROMPT\n"
                "  blockbatch generate --policy vanilla --threshold none --steps 64 PROMPT   (LLaDA fixed schedule)\n"
                "  blockbatch generate --model /path/to/LLaDA-8B-Instruct --dtype bfloat16 --device cuda 'Hi'")
