@@ -31,7 +31,7 @@ class Engine:
     """A model held by the native engine plus its tokenizer.
 
     >>> engine = Engine.from_pretrained()                      # the shipped toy model
-    >>> engine.generate("37 +5 -8 +6 ...", DecodeOptions(policy="blockbatch", gen_length=64))
+    >>> engine.generate("72-2=__-3=__-3=__...............?", DecodeOptions(policy="blockbatch", gen_length=128))
     """
 
     def __init__(self, checkpoint, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
