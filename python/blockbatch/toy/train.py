@@ -320,6 +320,7 @@ def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
     }
     if out is not None:
         save_checkpoint(out, config, {k: v.detach() for k, v in weights.items()}, tokenizer=tokenizer)
+        os.chmod(os.path.join(out, WEIGHTS_NAME), 0o644)  # safetensors writes 0600; the file ships
         with open(os.path.join(out, WEIGHTS_NAME), "rb") as f:
             result["model_sha256"] = hashlib.sha256(f.read()).hexdigest()
         with open(os.path.join(out, CURVE_NAME), "w", encoding="utf-8") as f:
