@@ -209,6 +209,17 @@ class BlockBatchDecoder {
     return {ids.cpu().contiguous(), probs.cpu().contiguous()};
   }
 
+  // What every forward does for a branch it covered: record the sparse probabilities of its
+  // `n_probs` logits rows from `row` (positions from first_pos), then commit inside its window
+  // from the logits rows starting at window_row.
+  int64_t absorb(Branch& b, const at::Tensor& logits, const Proposals& all, const Sparse& sp, int64_t row,
+                 int64_t first_pos, int64_t n_probs, int64_t window_row) {
+    record_probs(b, sp.ids.const_data_ptr<int64_t>() + row * max_k_, sp.probs.const_data_ptr<double>() + row * max_k_,
+                 n_probs, first_pos);
+    const Proposals p = window_proposals(logits, all, window_row, b.end - b.start);
+    return commit_window(b, p.token.data(), p.conf.data());
+  }
+
   // Init (batch-1 forward, KV copied to every row) or refresh (one forward over `rows`).
   void full_forward(const std::vector<Branch*>& rows, bool init) {
     PackedQueries q;
@@ -238,10 +249,7 @@ class BlockBatchDecoder {
       (init ? b.nfe_init : b.nfe_refresh) += 1;
       b.blocks_since_refresh = 0;
       b.needs_refresh = false;
-      record_probs(b, sp.ids.const_data_ptr<int64_t>() + base * max_k_,
-                   sp.probs.const_data_ptr<double>() + base * max_k_, G, lp_);
-      const Proposals p = window_proposals(logits, all, base + b.start - lp_, b.end - b.start);
-      total += commit_window(b, p.token.data(), p.conf.data());
+      total += absorb(b, logits, all, sp, base, lp_, G, base + b.start - lp_);
     }
     stats_.steps.push_back({total, q.size()});
   }
@@ -266,10 +274,7 @@ class BlockBatchDecoder {
       Branch& b = *rows[i];
       const int64_t base = q.cu_seqlens[i], n = b.end - b.start;
       b.nfe_block += 1;
-      record_probs(b, sp.ids.const_data_ptr<int64_t>() + base * max_k_,
-                   sp.probs.const_data_ptr<double>() + base * max_k_, n, b.start);
-      const Proposals p = window_proposals(logits, all, base, n);
-      total += commit_window(b, p.token.data(), p.conf.data());
+      total += absorb(b, logits, all, sp, base, b.start, n, base);
       if (o_.stop_on_eos && !has_masks(b)) {
         const auto& x = canvas_[b.row];
         auto eos = std::find(x.begin() + b.start, x.begin() + b.end, c_.eos_token_id);
