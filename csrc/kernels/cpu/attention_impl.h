@@ -60,24 +60,37 @@ inline void score_block(const float* __restrict q, int64_t hd, const float* __re
   }
 }
 
-// O[i][d0 .. d0 + 4W) = sum_j p[i][j] * v[j][d0 ..], for 4 queries; 16 accumulators.
+// O[i][d0 .. d0 + C*W) = sum_j p[i][j] * v[j][d0 ..], for R queries: R*C = 16 accumulators in
+// registers (C = 4, 2, 1 vectors across head_dim, so that head_dim 32 on AVX-512 is covered too).
+template <int R, int C>
 inline void value_block(const float* __restrict p, int64_t ld, const float* __restrict v, int64_t hd, int64_t nk,
                         int64_t d0, float* __restrict o) {
-  vfloat acc[4][4];
-  for (int64_t i = 0; i < 4; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = vfloat{};
+  vfloat acc[R][C];
+  for (int i = 0; i < R; ++i)
+    for (int c = 0; c < C; ++c) acc[i][c] = vfloat{};
   for (int64_t j = 0; j < nk; ++j) {
     const float* vj = v + j * hd + d0;
-    const vfloat v0 = vload(vj), v1 = vload(vj + kW), v2 = vload(vj + 2 * kW), v3 = vload(vj + 3 * kW);
-    for (int64_t i = 0; i < 4; ++i) {
+    vfloat vv[C];
+    for (int c = 0; c < C; ++c) vv[c] = vload(vj + c * kW);
+    for (int i = 0; i < R; ++i) {
       const float pij = p[i * ld + j];
-      acc[i][0] += pij * v0;
-      acc[i][1] += pij * v1;
-      acc[i][2] += pij * v2;
-      acc[i][3] += pij * v3;
+      for (int c = 0; c < C; ++c) acc[i][c] += pij * vv[c];
     }
   }
-  for (int64_t i = 0; i < 4; ++i) {
-    for (int64_t c = 0; c < 4; ++c) vstore(o + i * hd + d0 + c * kW, acc[i][c]);
+  for (int i = 0; i < R; ++i)
+    for (int c = 0; c < C; ++c) vstore(o + i * hd + d0 + c * kW, acc[i][c]);
+}
+
+// O = P V for the nq (<= kTile) queries of a tile with the widest register block head_dim allows.
+inline void values_tile(const float* p, int64_t ld, const float* v, int64_t hd, int64_t nk, int64_t nq, float* o) {
+  const int64_t chunks = hd / kW;
+  if (chunks % 4 == 0) {
+    for (int64_t i0 = 0; i0 < nq; i0 += 4)
+      for (int64_t d0 = 0; d0 < hd; d0 += 4 * kW) value_block<4, 4>(p + i0 * ld, ld, v, hd, nk, d0, o + i0 * hd);
+  } else if (chunks % 2 == 0) {
+    for (int64_t d0 = 0; d0 < hd; d0 += 2 * kW) value_block<kTile, 2>(p, ld, v, hd, nk, d0, o);
+  } else {
+    for (int64_t d0 = 0; d0 < hd; d0 += kW) value_block<kTile, 1>(p, ld, v, hd, nk, d0, o);
   }
 }
 
@@ -143,7 +156,7 @@ void packed_attention_impl(const AttentionArgs& a) {
   }
   at::parallel_for(0, items, grain_for(work / (a.rows > 0 ? a.rows : 1)), [&](int64_t begin, int64_t end) {
     std::vector<float> kt, vt, scores, qf(kTile * hd), acc(kTile * hd);
-    const bool vector_values = hd % (4 * kW) == 0;
+    const bool vector_values = hd % kW == 0;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t h = item / a.rows, r = item % a.rows;
       const int64_t kvh = h / group;
@@ -183,11 +196,7 @@ void packed_attention_impl(const AttentionArgs& a) {
         }
         // O_i = sum_j p_ij v_j.
         if (vector_values) {
-          for (int64_t i0 = 0; i0 < nq; i0 += 4) {
-            for (int64_t d0 = 0; d0 < hd; d0 += 4 * kW) {
-              value_block(scores.data() + i0 * ld, ld, vt.data(), hd, nk, d0, acc.data() + i0 * hd);
-            }
-          }
+          values_tile(scores.data(), ld, vt.data(), hd, nk, nq, acc.data());
         } else {
           std::fill(acc.begin(), acc.begin() + nq * hd, 0.0f);
           accumulate_values(acc.data(), scores.data(), ld, nq, vt.data(), hd, nk, hd);
