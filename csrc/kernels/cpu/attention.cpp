@@ -1,4 +1,4 @@
-// Runtime choice of the attention kernel build: AVX-512, AVX2+FMA or the portable generic one.
+// Runtime choice of the kernel build (attention, SwiGLU): AVX-512, AVX2+FMA or the portable generic one.
 #include <type_traits>
 
 #include "kernels/cpu/common.h"
@@ -9,6 +9,7 @@ namespace blockbatch::cpu {
 #define DECLARE_CAPABILITY(CAP)                                   \
   namespace CAP {                                                 \
   void packed_attention(const AttentionArgs& a, int dtype_code);  \
+  void silu_mul(const void* gate_up, void* out, int64_t rows, int64_t m, int dtype_code); \
   }
 DECLARE_CAPABILITY(generic)
 DECLARE_CAPABILITY(avx2)
@@ -30,8 +31,13 @@ CpuCapability cpu_capability() {
 }
 
 template <typename T>
+constexpr int dtype_code() {
+  return std::is_same_v<T, float> ? 0 : std::is_same_v<T, c10::BFloat16> ? 1 : 2;
+}
+
+template <typename T>
 void packed_attention(const AttentionArgs& a) {
-  const int code = std::is_same_v<T, float> ? 0 : std::is_same_v<T, c10::BFloat16> ? 1 : 2;
+  constexpr int code = dtype_code<T>();
   switch (cpu_capability()) {
     case CpuCapability::kAvx512: avx512::packed_attention(a, code); break;
     case CpuCapability::kAvx2: avx2::packed_attention(a, code); break;
@@ -39,7 +45,19 @@ void packed_attention(const AttentionArgs& a) {
   }
 }
 
-#define INSTANTIATE(T) template void packed_attention<T>(const AttentionArgs&);
+template <typename T>
+void silu_mul(const T* gate_up, T* out, int64_t rows, int64_t m) {
+  constexpr int code = dtype_code<T>();
+  switch (cpu_capability()) {
+    case CpuCapability::kAvx512: avx512::silu_mul(gate_up, out, rows, m, code); break;
+    case CpuCapability::kAvx2: avx2::silu_mul(gate_up, out, rows, m, code); break;
+    default: generic::silu_mul(gate_up, out, rows, m, code); break;
+  }
+}
+
+#define INSTANTIATE(T)                                           \
+  template void packed_attention<T>(const AttentionArgs&);      \
+  template void silu_mul<T>(const T*, T*, int64_t, int64_t);
 BLOCKBATCH_INSTANTIATE_FLOATING(INSTANTIATE)
 #undef INSTANTIATE
 

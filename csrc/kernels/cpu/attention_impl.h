@@ -1,4 +1,5 @@
-// Packed variable-length bidirectional attention over per-row KV (CPU).
+// CPU kernels built once per CPU capability: packed variable-length bidirectional attention over
+// per-row KV, and the SwiGLU activation.
 //
 // Work item = (head, row). For each item the keys are first gathered into a transposed float buffer Kt[head_dim][n_keys] (from the KV row's cache slots
 // and/or the row's fresh keys), so that the score loop S[i][j] += q[i][d] * Kt[d][j] runs
@@ -39,6 +40,7 @@ inline vfloat vload(const float* p) {
   return v;
 }
 inline void vstore(float* p, vfloat v) { __builtin_memcpy(p, &v, sizeof(vfloat)); }
+typedef int32_t vint __attribute__((vector_size(kW * sizeof(int32_t))));
 
 // S[i][j0 .. j0 + 2W) = sum_d q[i][d] * kt[d][j], for the kTile queries of a tile (rows of q
 // past the real queries are zero). 16 accumulators stay in registers across the d loop.
@@ -208,6 +210,44 @@ void packed_attention_impl(const AttentionArgs& a) {
       }
     }
   });
+}
+
+// out[r] = silu(g) * u over rows of [g | u] (width 2m), kW lanes at a time; silu is rounded to T
+// before the product, as torch's F.silu(g) * u does.
+template <typename T>
+void silu_mul_impl(const T* gate_up, T* out, int64_t rows, int64_t m) {
+  at::parallel_for(0, rows, grain_for(4 * m), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* g = gate_up + r * 2 * m;
+      const T* u = g + m;
+      T* o = out + r * m;
+      int64_t i = 0;
+      for (; i + kW <= m; i += kW) {
+        vfloat gv, uv;
+        for (int64_t k = 0; k < kW; ++k) {
+          gv[k] = to_float(g[i + k]);
+          uv[k] = to_float(u[i + k]);
+        }
+        const vfloat act = gv / (1.0f + fast_exp_vec<vfloat, vint>(-gv));
+        for (int64_t k = 0; k < kW; ++k) o[i + k] = from_float<T>(to_float(from_float<T>(act[k])) * uv[k]);
+      }
+      for (; i < m; ++i) {
+        const float gv = to_float(g[i]);
+        const float act = to_float(from_float<T>(gv / (1.0f + fast_exp(-gv))));
+        o[i] = from_float<T>(act * to_float(u[i]));
+      }
+    }
+  });
+}
+
+void silu_mul(const void* gate_up, void* out, int64_t rows, int64_t m, int dtype_code) {
+  switch (dtype_code) {
+    case 0: silu_mul_impl(static_cast<const float*>(gate_up), static_cast<float*>(out), rows, m); break;
+    case 1:
+      silu_mul_impl(static_cast<const c10::BFloat16*>(gate_up), static_cast<c10::BFloat16*>(out), rows, m);
+      break;
+    default: silu_mul_impl(static_cast<const c10::Half*>(gate_up), static_cast<c10::Half*>(out), rows, m); break;
+  }
 }
 
 void packed_attention(const AttentionArgs& a, int dtype_code) {

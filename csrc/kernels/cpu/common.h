@@ -70,30 +70,29 @@ inline float fast_exp(float x) {
   return p * __builtin_bit_cast(float, (n + 127) << 23);
 }
 
-// fast_exp on 4 lanes with GCC vector types (baseline SSE2): the clamps become compare + blend.
-// The scalar fast_exp inlined into SwiGLU's g / (1 + exp(-g)) let GCC split off the clamped path
-// and divide every lane by the constant 1 + exp(88), whose subnormal quotients cost microcode
-// assists: that loop ran 8x slower than libm. Same formula and error as fast_exp.
-typedef float float4_t __attribute__((vector_size(16)));
-typedef int32_t int4_t __attribute__((vector_size(16)));
-inline float4_t fast_exp4(float4_t x) {
-  const float4_t lo = float4_t{} - 87.0f, hi = float4_t{} + 88.0f;
+// fast_exp on a GCC vector of floats (V) with the matching int32 vector (I): the clamps become
+// compare + blend. The scalar fast_exp inlined into SwiGLU's g / (1 + exp(-g)) let GCC split off
+// the clamped path and divide every lane by the constant 1 + exp(88), whose subnormal quotients
+// cost microcode assists: that loop ran 8x slower than libm. Same formula and error as fast_exp.
+template <typename V, typename I>
+inline V fast_exp_vec(V x) {
+  const V lo = V{} - 87.0f, hi = V{} + 88.0f;
   x = x < lo ? lo : x;
   x = x > hi ? hi : x;
-  const float4_t t = x * 1.44269504088896341f;
-  const int4_t n = __builtin_convertvector(t + 128.0f, int4_t) - 128;  // floor(t), as in fast_exp
-  const float4_t nf = __builtin_convertvector(n, float4_t);
-  float4_t r = x - nf * 0.693145751953125f;
+  const V t = x * 1.44269504088896341f;
+  const I n = __builtin_convertvector(t + 128.0f, I) - 128;  // floor(t), as in fast_exp
+  const V nf = __builtin_convertvector(n, V);
+  V r = x - nf * 0.693145751953125f;
   r = r - nf * 1.428606765330187e-06f;
-  float4_t p = float4_t{} + 1.9557753e-3f;
+  V p = V{} + 1.9557753e-3f;
   p = p * r + 7.7767950e-3f;
   p = p * r + 4.1928079e-2f;
   p = p * r + 1.6660486e-1f;
   p = p * r + 5.0000685e-1f;
   p = p * r + 9.9999970e-1f;
   p = p * r + 1.0f;
-  const int4_t bits = (n + 127) << 23;
-  float4_t scale;
+  const I bits = (n + 127) << 23;
+  V scale;
   __builtin_memcpy(&scale, &bits, sizeof(scale));
   return p * scale;
 }

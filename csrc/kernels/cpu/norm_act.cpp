@@ -1,4 +1,4 @@
-// RMSNorm, SwiGLU activation and the fused confidence kernel (CPU).
+// RMSNorm, the fused confidence kernel and the sparse probability map (CPU).
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -32,32 +32,6 @@ void rms_norm(const T* x, int64_t x_stride, const T* w, T* out, int64_t rows, in
         // Round the normalised value to T first (as LLaDA does), then scale by the weight.
         T normed = from_float<T>(to_float(xr[k]) * inv);
         o[k] = from_float<T>(to_float(normed) * to_float(w[k]));
-      }
-    }
-  });
-}
-
-template <typename T>
-void silu_mul(const T* gate_up, T* out, int64_t rows, int64_t m) {
-  at::parallel_for(0, rows, grain_for(4 * m), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T* g = gate_up + r * 2 * m;
-      const T* u = g + m;
-      T* o = out + r * m;
-      int64_t i = 0;
-      for (; i + 4 <= m; i += 4) {  // 4 lanes at a time (fast_exp4); silu rounded to T, as torch does
-        float4_t gv, uv;
-        for (int k = 0; k < 4; ++k) {
-          gv[k] = to_float(g[i + k]);
-          uv[k] = to_float(u[i + k]);
-        }
-        const float4_t act = gv / (1.0f + fast_exp4(-gv));
-        for (int k = 0; k < 4; ++k) o[i + k] = from_float<T>(to_float(from_float<T>(act[k])) * uv[k]);
-      }
-      for (; i < m; ++i) {
-        const float gv = to_float(g[i]);
-        const float act = to_float(from_float<T>(gv / (1.0f + fast_exp(-gv))));
-        o[i] = from_float<T>(act * to_float(u[i]));
       }
     }
   });
@@ -122,7 +96,6 @@ void sparse_probs(const T* logits, int64_t rows, int64_t vocab, double floor, in
 
 #define INSTANTIATE(T)                                                                       \
   template void rms_norm<T>(const T*, int64_t, const T*, T*, int64_t, int64_t, float);       \
-  template void silu_mul<T>(const T*, T*, int64_t, int64_t);                                 \
   template void confidence<T>(const T*, int64_t, int64_t, int64_t, int64_t*, double*);                 \
   template void sparse_probs<T>(const T*, int64_t, int64_t, double, int64_t, int64_t*, double*);
 BLOCKBATCH_INSTANTIATE_FLOATING(INSTANTIATE)
