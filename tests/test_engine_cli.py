@@ -1,5 +1,6 @@
 """Engine and CLI on a checkpoint with a tokenizer (random weights; the toy model has its own tests)."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -160,6 +161,9 @@ def test_cli_bench_with_reference_comparison(ckpt, tmp_path):
         assert s["reference_token_equal"] == 1.0  # the native engine decodes exactly what the reference does
         assert s["speedup_vs_reference"] > 0 and s["mean_nfe"] >= 1
     assert "x ref" in res.stdout and "peak RSS" in res.stdout
+    if importlib.util.find_spec("matplotlib") is not None:  # installed by the README test command
+        png = (out / "accuracy_vs_nfe.png").read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
 
 
 def test_bench_rejects_bad_policy_spec():

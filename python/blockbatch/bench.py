@@ -28,7 +28,7 @@ from .options import DecodeOptions
 DEFAULT_POLICIES = ("vanilla", "dual", "blockbatch")
 
 
-_CONVERT = {
+OPTION_PARSERS = {
     "block_length": int, "steps": int, "threshold": float, "factor": float, "temperature": float, "seed": int,
     "stop_on_eos": lambda v: v.lower() in ("1", "true", "yes"), "merge_gate": float, "sync_gap": int,
     "refresh_tokens": int, "refresh_mode": str, "prob_floor": float,
@@ -37,9 +37,8 @@ _CONVERT = {
 }
 
 
-def policy_options(name: str, gen_length: int) -> DecodeOptions:
-    """``vanilla`` | ``prefix`` | ``dual`` | ``blockbatch``, optionally ``name:key=value,...``
-    (e.g. ``blockbatch:block_sizes=8/32,sync_gap=4`` or ``dual:block_length=16,threshold=0.7``)."""
+def policy_kwargs(name: str, gen_length: int) -> dict:
+    """The DecodeOptions fields of a policy spec (see ``policy_options``), not yet validated."""
     base, _, spec = name.partition(":")
     presets = {
         "vanilla": dict(policy="vanilla", block_length=32, threshold=None, steps=gen_length),
@@ -52,10 +51,16 @@ def policy_options(name: str, gen_length: int) -> DecodeOptions:
     kw = dict(presets[base], gen_length=gen_length)
     for item in filter(None, spec.split(",")):
         key, _, value = item.partition("=")
-        if key not in _CONVERT:
-            raise ValueError(f"{name!r}: unknown option {key!r}; known: {', '.join(sorted(_CONVERT))}")
-        kw[key] = None if value == "none" else _CONVERT[key](value)
-    return DecodeOptions(**kw)
+        if key not in OPTION_PARSERS:
+            raise ValueError(f"{name!r}: unknown option {key!r}; known: {', '.join(sorted(OPTION_PARSERS))}")
+        kw[key] = None if value == "none" else OPTION_PARSERS[key](value)
+    return kw
+
+
+def policy_options(name: str, gen_length: int) -> DecodeOptions:
+    """``vanilla`` | ``prefix`` | ``dual`` | ``blockbatch``, optionally ``name:key=value,...``
+    (e.g. ``blockbatch:block_sizes=8/32,sync_gap=4`` or ``dual:block_length=16,threshold=0.7``)."""
+    return DecodeOptions(**policy_kwargs(name, gen_length))
 
 
 @dataclasses.dataclass

@@ -23,20 +23,27 @@ class TextCodec:
             if token_id is not None:
                 self.stop_ids.add(token_id)
 
-    def encode(self, text: str, chat: bool | None = None) -> list[int]:
-        """Token ids of ``text``; wrapped in the chat template when ``chat`` (default: if one exists)."""
+    def encode(self, text: str, chat: bool | None = None, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``; wrapped in the chat template when ``chat`` (default: if one exists).
+
+        ``add_special_tokens=False`` encodes text that is already rendered (e.g. by lm-eval's
+        --apply_chat_template) without the tokenizer's BOS / post-processor tokens."""
         use_chat = self.chat_template is not None if chat is None else chat
         if use_chat:
-            if self.chat_template is None:
-                raise ValueError("chat=True but the checkpoint has no chat template (tokenizer_config.json)")
-            import jinja2
-
-            env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-            rendered = env.from_string(self.chat_template).render(
-                messages=[{"role": "user", "content": text}], add_generation_prompt=True,
-                bos_token=self._token_text("bos"), eos_token=self._token_text("eos"))
+            rendered = self.render_chat([{"role": "user", "content": text}], add_generation_prompt=True)
             return self.tokenizer.encode(rendered, add_special_tokens=False).ids
-        return self.tokenizer.encode(text).ids
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+        """The chat template applied to ``messages`` (``[{"role": ..., "content": ...}, ...]``), as text."""
+        if self.chat_template is None:
+            raise ValueError("chat=True but the checkpoint has no chat template (tokenizer_config.json)")
+        import jinja2
+
+        env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+        return env.from_string(self.chat_template).render(
+            messages=list(messages), add_generation_prompt=add_generation_prompt,
+            bos_token=self._token_text("bos"), eos_token=self._token_text("eos"))
 
     def _token_text(self, kind: str) -> str:
         if kind == "eos":

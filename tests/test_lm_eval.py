@@ -1,0 +1,132 @@
+"""lm-evaluation-harness integration: the ``blockbatch`` model on a local task, no network."""
+
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+# No hub access: datasets reads these at import time.
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+lm_eval = pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install lm-eval)")
+
+from blockbatch.engine import Engine  # noqa: E402
+from blockbatch.lm_eval import BlockBatchLM  # noqa: E402  (registers the model)
+from blockbatch.toy import task as toy_task  # noqa: E402
+
+TASK_DIR = Path(__file__).parent / "lm_eval_task"
+TASK = "blockbatch_toy_arith"
+
+
+def _rows():
+    with open(TASK_DIR / "toy_arith.jsonl", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return BlockBatchLM(policy="blockbatch", device="cpu")
+
+
+def test_task_file_holds_toy_problems():
+    rows = _rows()
+    problems = toy_task.make_problems(len(rows), 0, "test")
+    assert [(r["prompt"], r["response"]) for r in rows] == [(p.prompt, p.response) for p in problems]
+
+
+def test_simple_evaluate_equals_direct_engine(lm):
+    """Every response lm-eval scored is the one the engine gives directly, and exact_match is
+    the fraction of responses equal to the reference."""
+    from lm_eval.tasks import TaskManager
+
+    out = lm_eval.simple_evaluate(model=lm, tasks=[TASK], task_manager=TaskManager(include_path=str(TASK_DIR)),
+                                  log_samples=True)
+    samples = out["samples"][TASK]
+    rows = _rows()
+    assert len(samples) == len(rows)
+    engine = Engine.from_pretrained()
+    options, budget = lm.options_for({"until": ["\n"], "max_gen_toks": 64, "do_sample": False})
+    assert (options.policy, options.gen_length, budget) == ("blockbatch", 128, 64)  # 64 rounded up to lcm(4..128)
+    correct = 0
+    for s in samples:
+        row = rows[s["doc_id"]]
+        [gen] = engine.generate(row["prompt"], options)
+        direct = engine.codec.decode(gen.ids[:budget])
+        assert s["resps"][0][0] == direct
+        correct += direct == row["response"]
+    em = out["results"][TASK]["exact_match,none"]
+    assert em == pytest.approx(correct / len(rows))
+    assert em >= 0.75  # the toy model solves most held-out problems with BlockBatch
+
+
+def test_cli_module_runs_local_task(tmp_path):
+    env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    cmd = [sys.executable, "-m", "blockbatch.lm_eval", "--model", "blockbatch",
+           "--model_args", "policy=dual,block_length=16,gen_length=64,threshold=0.9",
+           "--tasks", TASK, "--include_path", str(TASK_DIR), "--limit", "4", "--device", "cpu",
+           "--output_path", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "blockbatch[dual:block_length=16,threshold=0.9]: 4 requests" in proc.stderr
+    [result_file] = list(tmp_path.rglob("results_*.json"))
+    result = json.loads(result_file.read_text())
+    assert result["config"]["model"] == "blockbatch"
+    assert 0.0 <= result["results"][TASK]["exact_match,none"] <= 1.0
+    assert result["n-samples"][TASK]["effective"] == 4
+
+
+def _request(context, **gen_kwargs):
+    return types.SimpleNamespace(args=(context, gen_kwargs))
+
+
+def test_until_cuts_the_text_and_max_gen_toks_the_tokens(lm):
+    prompt = "72-2=__-3=__-3=__...............?"
+    [full] = lm.generate_until([_request(prompt, until=["\n"], max_gen_toks=64)], disable_tqdm=True)
+    assert full == "72-2=70-3=67-3=64;64"
+    [cut] = lm.generate_until([_request(prompt, until=[";"], max_gen_toks=64)], disable_tqdm=True)
+    assert cut == "72-2=70-3=67-3=64"
+    [short] = lm.generate_until([_request(prompt, until=[], max_gen_toks=5)], disable_tqdm=True)
+    assert short == "72-2="
+
+
+def test_gen_length_rounding_per_policy():
+    dual = BlockBatchLM(policy="dual", block_length=16, device="cpu")
+    assert dual.options_for({"max_gen_toks": 100})[0].gen_length == 112
+    assert dual.options_for({})[0].gen_length == 128
+    vanilla, _ = BlockBatchLM(policy="vanilla", device="cpu").options_for({"max_gen_toks": 40})
+    assert (vanilla.gen_length, vanilla.steps, vanilla.commit) == (64, 64, "fixed")  # one token per step
+    fixed = BlockBatchLM(policy="blockbatch", block_sizes="8/32", gen_length=64, device="cpu")
+    opts, budget = fixed.options_for({"max_gen_toks": 300})
+    assert (opts.gen_length, opts.block_sizes, budget) == (64, (8, 32), 300)
+    sampled, _ = fixed.options_for({"do_sample": True, "temperature": 0.7, "seed": 3})
+    assert (sampled.temperature, sampled.seed) == (0.7, 3)
+
+
+def test_bad_arguments_are_named(lm):
+    with pytest.raises(ValueError, match="'block_size'"):
+        BlockBatchLM(policy="dual", block_size=16)
+    with pytest.raises(ValueError, match="policy must be one of"):
+        BlockBatchLM(policy="greedy")
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        BlockBatchLM(dtype="int8")
+    with pytest.raises(ValueError, match="gen_length"):
+        BlockBatchLM(gen_length=0)
+    with pytest.raises(ValueError, match="block size 64 in block_sizes must be a positive divisor of gen_length = 96"):
+        BlockBatchLM(policy="blockbatch", gen_length=96)
+    with pytest.raises(ValueError, match="top_p=0.9"):
+        lm.generate_until([_request("1+1=__", top_p=0.9)], disable_tqdm=True)
+    with pytest.raises(ValueError, match="'penalty_alpha'"):
+        lm.options_for({"penalty_alpha": 0.6})
+    assert lm.options_for({"top_p": 1.0, "top_k": 0})[0].policy == "blockbatch"  # neutral values pass
+
+
+def test_loglikelihood_is_refused_clearly(lm):
+    with pytest.raises(NotImplementedError, match="loglikelihood is not supported"):
+        lm.loglikelihood([_request("a", )])
+    with pytest.raises(NotImplementedError, match="not supported"):
+        lm.loglikelihood_rolling([_request("a")])
