@@ -17,5 +17,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu
   timeout 180 "$PY" -m pytest -q tests/test_cuda.py tests/test_ops.py -x --junitxml="$OUT/gpu_tests.xml"
   echo "== GPU benchmarks ($(date +%T))"
   timeout 240 "$PY" benchmarks/bench_gpu_step.py --out "$OUT"
+  echo "== GPU decode check ($(date +%T))"
+  timeout 120 "$PY" benchmarks/gpu_decode_check.py --out "$OUT" --n 50
   echo "== done ($(date +%T))"
 } 2>&1 | tee "$OUT/gpu_check.log"

@@ -149,3 +149,19 @@ def test_cpp_rejects_bad_prompts(models):
 def test_python_options_reject_bad_values(kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
         DecodeOptions(**kwargs)
+
+
+@pytest.mark.parametrize("policy", ["vanilla", "dual", "blockbatch"])
+def test_cuda_graphs_option_is_inert_on_cpu(models, policy):
+    """cuda_graphs only changes how CUDA steps are launched: on the CPU nothing changes and no
+    graph is recorded (the GPU twin, tests/test_cuda.py, checks replay == eager on a device)."""
+    _, _, native = models
+    options = DecodeOptions(policy=policy, gen_length=32, block_length=8, block_sizes=(4, 8, 16))
+    if policy == "vanilla":
+        options = options.replace(threshold=None, steps=32)
+    prompt = torch.tensor([3, 1, 4, 1, 5])
+    on = run_decode(native.obj, prompt, options)
+    off = run_decode(native.obj, prompt, options.replace(cuda_graphs=False))
+    assert torch.equal(on.tokens, off.tokens)
+    assert on.stats["graph_captures"] == on.stats["graph_replays"] == 0 == off.stats["graph_replays"]
+    assert on.stats["committed_per_step"] == off.stats["committed_per_step"]

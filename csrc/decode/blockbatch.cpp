@@ -4,7 +4,8 @@
 //
 // Host side: canvases, windows, counters and the sparse probability maps (small). Device side:
 // the KV rows [branches, layers, 2, kv_heads, L, head_dim] and the forwards. Each forward costs
-// one host<-device copy of its proposals and sparse probabilities.
+// one host->device copy of its packed indices and one host<-device copy of its proposals and
+// sparse probabilities (StepRunner; on CUDA the step replays a graph per active-branch set).
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/softmax.h>
@@ -20,6 +21,7 @@
 #include "decode/commit.h"
 #include "decode/decode.h"
 #include "decode/step.h"
+#include "decode/step_runner.h"
 #include "torch/ops.h"
 
 namespace blockbatch {
@@ -47,7 +49,8 @@ class BlockBatchDecoder {
  public:
   BlockBatchDecoder(const Model& model, const std::vector<int64_t>& prompt, const DecodeOptions& o)
       : model_(model), o_(o), c_(model.config()), lp_(static_cast<int64_t>(prompt.size())),
-        L_(lp_ + o.gen_length), generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))) {
+        L_(lp_ + o.gen_length), generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))),
+        runner_(model, o.cuda_graphs) {
     std::vector<int64_t> sizes = o.block_sizes;
     std::sort(sizes.begin(), sizes.end());
     max_k_ = static_cast<int64_t>(std::floor(1.0 / o.prob_floor)) + 1;
@@ -99,6 +102,8 @@ class BlockBatchDecoder {
       b.stats.forwards = b.nfe_init + b.nfe_block + b.nfe_refresh;
       stats_.branches.push_back(b.stats);
     }
+    stats_.graph_captures = runner_.captures();
+    stats_.graph_replays = runner_.replays();
     stats_.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     res.stats = std::move(stats_);
     return res;
@@ -186,37 +191,57 @@ class BlockBatchDecoder {
     return k;
   }
 
-  // Proposals for the rows [first, first + n) of `logits`. Greedy proposals come from one call
-  // over all rows (`all`); sampling draws noise per branch window, in branch order.
-  Proposals window_proposals(const at::Tensor& logits, const Proposals& all, int64_t first, int64_t n) {
-    Proposals p;
-    if (o_.temperature > 0) return propose(logits.narrow(0, first, n), c_.mask_token_id, o_.temperature, generator_);
-    p.token.assign(all.token.begin() + first, all.token.begin() + first + n);
-    p.conf.assign(all.conf.begin() + first, all.conf.begin() + first + n);
-    return p;
-  }
-
-  Proposals greedy(const at::Tensor& logits) {
-    if (o_.temperature > 0) return {};
-    return propose(logits, c_.mask_token_id, 0.0, generator_);
-  }
-
   struct Sparse {
     at::Tensor ids, probs;  // host
   };
-  Sparse sparse(const at::Tensor& logits) {
-    auto [ids, probs] = ops::sparse_probs(logits.contiguous(), o_.prob_floor, max_k_);
-    return {ids.cpu().contiguous(), probs.cpu().contiguous()};
+  // What the host reads back from one forward, in ONE device-to-host copy: the greedy proposals
+  // and the sparse probability map (sampling: the float64 logits instead of the proposals).
+  struct StepData {
+    at::Tensor logits;    // device
+    Proposals all;        // greedy proposals of every logits row
+    Sparse sp;
+    at::Tensor logits64;  // host, sampling only
+  };
+  StepData forward(const PackedQueries& q, KvMode mode) {
+    const bool sampling = o_.temperature > 0;
+    StepRunner::Output out = runner_.run(q, kv_, mode, sampling ? 1 : 0, [&](const at::Tensor& logits) {
+      const at::Tensor l = logits.contiguous();
+      auto [ids, probs] = ops::sparse_probs(l, o_.prob_floor, max_k_);
+      if (sampling) return std::vector<at::Tensor>{ids, probs, l.to(at::kDouble)};
+      auto [token, conf] = ops::confidence(l, c_.mask_token_id);
+      return std::vector<at::Tensor>{token, conf, ids, probs};
+    });
+    StepData d;
+    d.logits = out.logits;
+    if (sampling) {
+      d.sp = {out.host[0], out.host[1]};
+      d.logits64 = out.host[2];
+    } else {
+      d.all = to_proposals(out.host[0], out.host[1]);
+      d.sp = {out.host[2], out.host[3]};
+    }
+    return d;
+  }
+
+  // Proposals for the logits rows [first, first + n). Greedy proposals come from one call over
+  // all rows; sampling draws noise per branch window, in branch order.
+  Proposals window_proposals(const StepData& d, int64_t first, int64_t n) {
+    if (o_.temperature > 0) {
+      return sample_proposals(d.logits64.narrow(0, first, n), c_.mask_token_id, o_.temperature, generator_);
+    }
+    Proposals p;
+    p.token.assign(d.all.token.begin() + first, d.all.token.begin() + first + n);
+    p.conf.assign(d.all.conf.begin() + first, d.all.conf.begin() + first + n);
+    return p;
   }
 
   // What every forward does for a branch it covered: record the sparse probabilities of its
   // `n_probs` logits rows from `row` (positions from first_pos), then commit inside its window
   // from the logits rows starting at window_row.
-  int64_t absorb(Branch& b, const at::Tensor& logits, const Proposals& all, const Sparse& sp, int64_t row,
-                 int64_t first_pos, int64_t n_probs, int64_t window_row) {
-    record_probs(b, sp.ids.const_data_ptr<int64_t>() + row * max_k_, sp.probs.const_data_ptr<double>() + row * max_k_,
-                 n_probs, first_pos);
-    const Proposals p = window_proposals(logits, all, window_row, b.end - b.start);
+  int64_t absorb(Branch& b, const StepData& d, int64_t row, int64_t first_pos, int64_t n_probs, int64_t window_row) {
+    record_probs(b, d.sp.ids.const_data_ptr<int64_t>() + row * max_k_,
+                 d.sp.probs.const_data_ptr<double>() + row * max_k_, n_probs, first_pos);
+    const Proposals p = window_proposals(d, window_row, b.end - b.start);
     return commit_window(b, p.token.data(), p.conf.data());
   }
 
@@ -233,15 +258,13 @@ class BlockBatchDecoder {
         for (int64_t p = lp_; p < L_; ++p) q.logit_index.push_back(static_cast<int64_t>(i) * L_ + p);
       }
     }
-    at::Tensor logits = q.run(model_, kv_, KvMode::kFull);  // [rows * G, vocab] (one row at init)
+    const StepData d = forward(q, KvMode::kFull);  // logits [rows * G, vocab] (one row at init)
     if (init) {
       for (int64_t r = 1; r < kv_.size(0); ++r) kv_.select(0, r).copy_(kv_.select(0, 0));
       stats_.nfe_init += 1;
     } else {
       stats_.nfe_refresh += 1;
     }
-    const Proposals all = greedy(logits);
-    const Sparse sp = sparse(logits);
     int64_t total = 0;
     for (size_t i = 0; i < rows.size(); ++i) {
       Branch& b = *rows[i];
@@ -249,7 +272,7 @@ class BlockBatchDecoder {
       (init ? b.nfe_init : b.nfe_refresh) += 1;
       b.blocks_since_refresh = 0;
       b.needs_refresh = false;
-      total += absorb(b, logits, all, sp, base, lp_, G, base + b.start - lp_);
+      total += absorb(b, d, base, lp_, G, base + b.start - lp_);
     }
     stats_.steps.push_back({total, q.size()});
   }
@@ -265,22 +288,21 @@ class BlockBatchDecoder {
       }
     }
     if (rows.empty()) return;
-    at::Tensor logits = q.run(model_, kv_, KvMode::kDual);
+    const StepData d = forward(q, KvMode::kDual);
     stats_.nfe_block += 1;
-    const Proposals all = greedy(logits);
-    const Sparse sp = sparse(logits);
     int64_t total = 0;
     for (size_t i = 0; i < rows.size(); ++i) {
       Branch& b = *rows[i];
       const int64_t base = q.cu_seqlens[i], n = b.end - b.start;
       b.nfe_block += 1;
-      total += absorb(b, logits, all, sp, base, b.start, n, base);
+      total += absorb(b, d, base, b.start, n, base);
       if (o_.stop_on_eos && !has_masks(b)) {
         const auto& x = canvas_[b.row];
         auto eos = std::find(x.begin() + b.start, x.begin() + b.end, c_.eos_token_id);
         if (eos != x.begin() + b.end) {
           const int64_t first = eos - x.begin() - b.start;
-          at::Tensor probs = at::softmax(logits.select(0, base + first).to(at::kDouble), -1).cpu();
+          // Rare (once per branch): the one extra device-to-host copy of a step.
+          at::Tensor probs = at::softmax(d.logits.select(0, base + first).to(at::kDouble), -1).cpu();
           b.eos_ready = true;
           b.eos_prob = probs.const_data_ptr<double>()[c_.eos_token_id];
         }
@@ -417,6 +439,7 @@ class BlockBatchDecoder {
   const ModelConfig& c_;
   const int64_t lp_, L_;
   at::Generator generator_;
+  StepRunner runner_;  // before kv_: the request's device work runs on the runner's stream
   int64_t max_k_ = 0;
   std::vector<Branch> branches_;
   std::vector<std::vector<int64_t>> canvas_;

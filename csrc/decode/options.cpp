@@ -72,7 +72,7 @@ void DecodeOptions::validate(const ModelConfig& c, int64_t prompt_length) const 
 const std::vector<std::string>& decode_stat_names() {
   static const std::vector<std::string> names = {
       "nfe", "nfe_full", "nfe_block", "nfe_init", "nfe_refresh", "nfe_paper",
-      "winner", "winner_block_size", "early_exit", "wall_ms", "steps"};
+      "winner", "winner_block_size", "early_exit", "wall_ms", "steps", "graph_captures", "graph_replays"};
   return names;
 }
 
@@ -82,7 +82,8 @@ std::vector<double> decode_stat_values(const DecodeStats& s) {
           static_cast<double>(s.nfe_refresh), static_cast<double>(s.nfe_paper),
           static_cast<double>(s.winner),     static_cast<double>(s.winner_block_size),
           s.early_exit ? 1.0 : 0.0,          s.wall_ms,
-          static_cast<double>(s.steps.size())};
+          static_cast<double>(s.steps.size()), static_cast<double>(s.graph_captures),
+          static_cast<double>(s.graph_replays)};
 }
 
 }  // namespace blockbatch

@@ -34,6 +34,7 @@ struct DecodeOptions {
   double prob_floor = 0.1;
   bool merge = true;              // ablation switches (tests show each mechanism matters)
   bool sync = true;
+  bool cuda_graphs = true;        // CUDA: replay recorded steps (StepRunner); no effect on CPU
 
   // Throws c10::Error naming the argument and its allowed range.
   void validate(const ModelConfig& config, int64_t prompt_length) const;
@@ -62,6 +63,8 @@ struct DecodeStats {
   int64_t winner_block_size = 0;
   bool early_exit = false;
   double wall_ms = 0;
+  int64_t graph_captures = 0;  // CUDA graphs recorded / replayed (0 on CPU or with cuda_graphs off)
+  int64_t graph_replays = 0;
   std::vector<std::array<int64_t, 2>> steps;  // per forward: tokens committed, packed query tokens
   std::vector<BranchStats> branches;
 };

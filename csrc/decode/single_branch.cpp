@@ -10,6 +10,7 @@
 #include "decode/commit.h"
 #include "decode/decode.h"
 #include "decode/step.h"
+#include "decode/step_runner.h"
 
 namespace blockbatch {
 
@@ -27,6 +28,7 @@ DecodeResult decode_single_branch(const Model& model, const std::vector<int64_t>
   std::copy(prompt.begin(), prompt.end(), x.begin());
   DecodeStats& st = res.stats;
   st.branches.push_back(BranchStats{b});
+  StepRunner runner(model, o.cuda_graphs);  // before kv: the request's device work runs on its stream
   at::Tensor kv = o.policy == Policy::kVanilla ? at::Tensor() : model.new_kv(1, L);
 
   for (int64_t block = 0; block < num_blocks; ++block) {
@@ -54,7 +56,12 @@ DecodeResult decode_single_branch(const Model& model, const std::vector<int64_t>
         mode = KvMode::kPrefix;
         st.nfe_block += 1;
       }
-      const Proposals prop = propose(q.run(model, kv, mode), c.mask_token_id, o.temperature, generator);
+      const bool sampling = o.temperature > 0;
+      const StepRunner::Output out = runner.run(q, kv, mode, sampling ? 1 : 0, [&](const at::Tensor& logits) {
+        return sampling ? sampling_readout(logits) : greedy_readout(logits, c.mask_token_id);
+      });
+      const Proposals prop = sampling ? sample_proposals(out.host[0], c.mask_token_id, o.temperature, generator)
+                                      : to_proposals(out.host[0], out.host[1]);
       std::vector<double> conf(b);
       for (int64_t i = 0; i < b; ++i) {
         conf[i] = x[s + i] == c.mask_token_id ? prop.conf[i] : -std::numeric_limits<double>::infinity();
@@ -84,6 +91,8 @@ DecodeResult decode_single_branch(const Model& model, const std::vector<int64_t>
   st.nfe_paper = st.nfe;
   st.branches[0].forwards = st.nfe;
   st.winner_block_size = b;
+  st.graph_captures = runner.captures();
+  st.graph_replays = runner.replays();
   st.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return res;
 }

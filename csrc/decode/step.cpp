@@ -2,6 +2,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/argmax.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/div.h>
@@ -19,24 +20,24 @@
 
 namespace blockbatch {
 
-at::Tensor PackedQueries::run(const Model& model, const at::Tensor& kv, KvMode mode) const {
-  // One int64 host buffer -> one copy to the device; the index tensors are views into it.
-  const int64_t n_tok = size(), n_rows = rows();
-  const bool prefix = mode == KvMode::kPrefix, select = !logit_index.empty();
+std::vector<int64_t> PackedQueries::host_buffer(KvMode mode) const {
   std::vector<int64_t> host;
-  host.reserve(2 * n_tok + n_rows + 1 + n_rows + (prefix ? n_rows : 0) + logit_index.size());
+  host.reserve(2 * tokens.size() + 2 * kv_rows.size() + 1 + prefix_lens.size() + logit_index.size());
   auto append = [&](const std::vector<int64_t>& v) { host.insert(host.end(), v.begin(), v.end()); };
   append(tokens);
   append(positions);
   append(cu_seqlens);
   append(kv_rows);
-  if (prefix) append(prefix_lens);
-  if (select) append(logit_index);
-  at::Tensor all = at::from_blob(host.data(), {static_cast<int64_t>(host.size())}, at::kLong)
-                       .to(model.device(), /*non_blocking=*/false, /*copy=*/true);
+  if (mode == KvMode::kPrefix) append(prefix_lens);
+  append(logit_index);
+  return host;
+}
+
+ForwardBatch PackedQueries::batch(const at::Tensor& buffer, const at::Tensor& kv, KvMode mode) const {
+  const int64_t n_tok = size(), n_rows = rows();
   int64_t at_ = 0;
   auto take = [&](int64_t n) {
-    at::Tensor t = all.narrow(0, at_, n);
+    at::Tensor t = buffer.narrow(0, at_, n);
     at_ += n;
     return t;
   };
@@ -44,35 +45,66 @@ at::Tensor PackedQueries::run(const Model& model, const at::Tensor& kv, KvMode m
   b.tokens = take(n_tok);
   b.positions = take(n_tok);
   b.cu_seqlens = take(n_rows + 1);
-  at::Tensor rows = take(n_rows);
-  if (kv.defined()) b.kv_rows = rows;
-  if (prefix) b.prefix_lens = take(n_rows);
-  if (select) b.logit_index = take(static_cast<int64_t>(logit_index.size()));
+  at::Tensor rows_t = take(n_rows);
+  if (kv.defined()) b.kv_rows = rows_t;
+  if (mode == KvMode::kPrefix) b.prefix_lens = take(n_rows);
+  if (!logit_index.empty()) b.logit_index = take(static_cast<int64_t>(logit_index.size()));
   b.kv = kv;
   b.mode = mode;
-  return model.forward(b);
+  return b;
 }
 
-Proposals propose(const at::Tensor& logits, int64_t mask_id, double temperature, at::Generator& generator) {
+std::vector<at::Tensor> greedy_readout(const at::Tensor& logits, int64_t mask_id) {
+  auto [token, conf] = ops::confidence(logits.contiguous(), mask_id);
+  return {token, conf};
+}
+
+std::vector<at::Tensor> sampling_readout(const at::Tensor& logits) { return {logits.to(at::kDouble)}; }
+
+Proposals sample_proposals(const at::Tensor& l64, int64_t mask_id, double temperature, at::Generator& generator) {
+  // Fast-dLLM's Gumbel-max: argmax(exp(l) / (-log u)^T), u ~ U(0, 1) in float64.
+  at::Tensor noise = at::rand(l64.sizes(), generator, at::TensorOptions().dtype(at::kDouble));
+  at::Tensor score = at::div(l64.exp(), at::pow(at::neg(at::log(noise)), temperature));
+  score.select(1, mask_id).fill_(-std::numeric_limits<double>::infinity());
+  at::Tensor token = at::argmax(score, -1);
+  at::Tensor conf = at::softmax(l64, -1).gather(-1, token.unsqueeze(-1)).squeeze(-1);
+  return to_proposals(token, conf);
+}
+
+Proposals to_proposals(const at::Tensor& token, const at::Tensor& conf) {
   Proposals p;
-  const int64_t n = logits.size(0);
-  at::Tensor token, conf;
-  if (temperature > 0) {
-    // Fast-dLLM's Gumbel-max: argmax(exp(l) / (-log u)^T), u ~ U(0, 1) in float64.
-    at::Tensor l64 = logits.to(at::kDouble).cpu();
-    at::Tensor noise = at::rand(l64.sizes(), generator, at::TensorOptions().dtype(at::kDouble));
-    at::Tensor score = at::div(l64.exp(), at::pow(at::neg(at::log(noise)), temperature));
-    score.select(1, mask_id).fill_(-std::numeric_limits<double>::infinity());
-    token = at::argmax(score, -1);
-    conf = at::softmax(l64, -1).gather(-1, token.unsqueeze(-1)).squeeze(-1);
-  } else {
-    std::tie(token, conf) = ops::confidence(logits.contiguous(), mask_id);
-    token = token.cpu();
-    conf = conf.cpu();
-  }
+  const int64_t n = token.numel();
   p.token.assign(token.const_data_ptr<int64_t>(), token.const_data_ptr<int64_t>() + n);
   p.conf.assign(conf.const_data_ptr<double>(), conf.const_data_ptr<double>() + n);
   return p;
+}
+
+at::Tensor pack_readout(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> flat;
+  for (const at::Tensor& t : tensors) {
+    TORCH_CHECK(t.element_size() == 8, "readout: 8-byte elements expected, got ", t.scalar_type());
+    flat.push_back(t.contiguous().view(at::kLong).reshape({-1}));
+  }
+  return at::cat(flat);
+}
+
+std::vector<at::Tensor> unpack_readout(const at::Tensor& host_flat, const std::vector<at::Tensor>& like) {
+  std::vector<at::Tensor> out;
+  int64_t at_ = 0;
+  for (const at::Tensor& t : like) {
+    out.push_back(host_flat.narrow(0, at_, t.numel()).view(t.scalar_type()).view(t.sizes()));
+    at_ += t.numel();
+  }
+  return out;
+}
+
+std::vector<at::Tensor> read_back(const std::vector<at::Tensor>& tensors) {
+  bool on_host = true;
+  for (const at::Tensor& t : tensors) on_host = on_host && t.is_cpu();
+  if (!on_host) return unpack_readout(pack_readout(tensors).cpu(), tensors);  // the one copy
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& t : tensors) out.push_back(t.contiguous());
+  return out;
 }
 
 }  // namespace blockbatch

@@ -26,8 +26,11 @@ struct PackedQueries {
   }
   int64_t size() const { return static_cast<int64_t>(tokens.size()); }
   int64_t rows() const { return static_cast<int64_t>(kv_rows.size()); }
-  // Logits [n, vocab] (n = logit_index size, or all tokens).
-  at::Tensor run(const Model& model, const at::Tensor& kv, KvMode mode) const;
+  // All index vectors in one int64 buffer (tokens, positions, cu_seqlens, kv_rows, then
+  // prefix_lens in prefix mode and logit_index when set): one host-to-device copy per forward.
+  std::vector<int64_t> host_buffer(KvMode mode) const;
+  // The forward's inputs as views into `buffer` (host_buffer's layout, on the model's device).
+  ForwardBatch batch(const at::Tensor& buffer, const at::Tensor& kv, KvMode mode) const;
 };
 
 // Proposals for logits rows (ALGORITHMS.md section 1): argmax (or Gumbel-max in float64 when
@@ -37,6 +40,18 @@ struct Proposals {
   std::vector<int64_t> token;
   std::vector<double> conf;
 };
-Proposals propose(const at::Tensor& logits, int64_t mask_id, double temperature, at::Generator& generator);
+// Readouts (device tensors the host needs from logits) and the proposals made from their host
+// copies: greedy = confidence kernel (argmax, its probability); sampling = float64 logits.
+std::vector<at::Tensor> greedy_readout(const at::Tensor& logits, int64_t mask_id);
+std::vector<at::Tensor> sampling_readout(const at::Tensor& logits);
+Proposals to_proposals(const at::Tensor& token, const at::Tensor& conf);  // host int64 / float64 [n]
+Proposals sample_proposals(const at::Tensor& logits64, int64_t mask_id, double temperature, at::Generator& generator);
+
+// Host copies of device tensors with 8-byte elements (int64 / float64) in ONE device-to-host copy:
+// concatenated as int64 bit patterns on the device (pack), split again on the host (unpack).
+// CPU tensors are returned as they are, made contiguous.
+std::vector<at::Tensor> read_back(const std::vector<at::Tensor>& tensors);
+at::Tensor pack_readout(const std::vector<at::Tensor>& tensors);
+std::vector<at::Tensor> unpack_readout(const at::Tensor& host_flat, const std::vector<at::Tensor>& like);
 
 }  // namespace blockbatch

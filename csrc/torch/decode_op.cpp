@@ -14,7 +14,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> decode_op(
     int64_t gen_length, int64_t block_length, int64_t steps, const std::string& commit, double threshold,
     double factor, double temperature, int64_t seed, bool stop_on_eos, c10::IntArrayRef block_sizes,
     double merge_gate, int64_t sync_gap, int64_t refresh_tokens, const std::string& refresh_mode,
-    double prob_floor, bool merge, bool sync) {
+    double prob_floor, bool merge, bool sync, bool cuda_graphs) {
   TORCH_CHECK_TYPE(prompt_ids.scalar_type() == at::kLong, "prompt_ids must be int64, got ", prompt_ids.scalar_type());
   TORCH_CHECK_VALUE(prompt_ids.dim() == 1, "prompt_ids must be 1-D [prompt_length], got shape ", prompt_ids.sizes());
   at::Tensor prompt_cpu = prompt_ids.cpu().contiguous();
@@ -40,6 +40,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> decode_op(
   o.prob_floor = prob_floor;
   o.merge = merge;
   o.sync = sync;
+  o.cuda_graphs = cuda_graphs;
 
   DecodeResult r = decode(*model, prompt, o);
   at::Tensor tokens = at::tensor(r.tokens, at::kLong);
@@ -70,7 +71,7 @@ TORCH_LIBRARY_FRAGMENT(blockbatch, m) {
         "float factor=1.0, float temperature=0.0, int seed=0, bool stop_on_eos=False, "
         "int[] block_sizes=[4, 8, 16, 32, 64, 128], float merge_gate=0.5, int sync_gap=8, "
         "int refresh_tokens=32, str refresh_mode=\"periodic\", float prob_floor=0.1, bool merge=True, "
-        "bool sync=True) -> (Tensor tokens, Tensor stats, Tensor step_log, Tensor branch_stats)");
+        "bool sync=True, bool cuda_graphs=True) -> (Tensor tokens, Tensor stats, Tensor step_log, Tensor branch_stats)");
   // Names of decode's scalar counters, in order.
   m.def("decode_stat_names() -> str[]", &decode_stat_names_op);
 }

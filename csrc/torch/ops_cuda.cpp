@@ -7,6 +7,8 @@
 #include <cuda_fp16.h>
 #include <torch/library.h>
 
+#include <type_traits>
+
 #include "kernels/cuda/kernels.cuh"
 #include "torch/ops.h"
 
@@ -32,6 +34,14 @@ T* ptr(const at::Tensor& t) {
 
 void check_launch(cudaError_t e, const char* op) {
   TORCH_CHECK(e == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(e));
+}
+
+// Compute capability (major) of a device; a host-side attribute query, no stream sync. (Not
+// ATen's CUDAContext.h: it pulls cuBLAS / cuSPARSE headers the toolkit may not ship.)
+int compute_capability_major(int device) {
+  int major = 0;
+  check_launch(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
+  return major;
 }
 
 void check_cuda(const at::Tensor& t, const char* name) {
@@ -104,10 +114,17 @@ at::Tensor packed_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
   at::Tensor out = at::empty({q.size(0), q.size(1) * q.size(2)}, q.options());
   const cpu::AttentionArgs a = attention_args(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer, attend_fresh, out);
   const int64_t max_keys = (attend_fresh ? q.size(0) : 0) + (kv.has_value() ? kv->size(4) : 0);  // no host sync
+  const int sm_major = compute_capability_major(q.get_device());
   dispatch_cuda_type(q.scalar_type(), "packed_attention", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    check_launch(cuda::packed_attention<T>(a, q.size(0), max_keys, c10::cuda::getCurrentCUDAStream()),
-                 "packed_attention");
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+    if constexpr (!std::is_same_v<T, float>) {
+      if (cuda::flash_attention_supported(a, 1, sm_major)) {
+        check_launch(cuda::flash_attention<T>(a, q.size(0), stream), "packed_attention (tensor cores)");
+        return;
+      }
+    }
+    check_launch(cuda::packed_attention<T>(a, q.size(0), max_keys, stream), "packed_attention");
   });
   return out;
 }

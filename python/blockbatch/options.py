@@ -45,6 +45,7 @@ class DecodeOptions:
     prob_floor: float = 0.1
     merge: bool = True
     sync: bool = True
+    cuda_graphs: bool = True   # CUDA: replay recorded decode steps (tokens equal eager); no effect on CPU
 
     def __post_init__(self) -> None:
         def bad(name: str, allowed: str) -> ValueError:
@@ -128,7 +129,8 @@ def run_decode(model_obj, prompt_ids: torch.Tensor, options: DecodeOptions) -> D
         model_obj, prompt_ids, o.policy, o.gen_length, o.block_length, o.steps or 0, o.commit,
         o.threshold if o.threshold is not None else 1.0, o.factor if o.factor is not None else 1.0,
         float(o.temperature), int(o.seed), o.eos_exit, list(o.block_sizes), float(o.merge_gate),
-        int(o.sync_gap), int(o.refresh_tokens), o.refresh_mode, float(o.prob_floor), bool(o.merge), bool(o.sync))
+        int(o.sync_gap), int(o.refresh_tokens), o.refresh_mode, float(o.prob_floor), bool(o.merge), bool(o.sync),
+        bool(o.cuda_graphs))
     names = torch.ops.blockbatch.decode_stat_names()
     stats: dict[str, Any] = {}
     for name, value in zip(names, counters.tolist()):

@@ -29,6 +29,12 @@ cudaError_t kv_write(T* kv, const cpu::KvGeometry& g, int64_t layer, const T* k,
 // max_keys bounds every row's key count (sizes the shared score buffer).
 template <typename T>
 cudaError_t packed_attention(const cpu::AttentionArgs& a, int64_t tokens, int64_t max_keys, cudaStream_t stream);
+// Tensor-core attention (bf16 / fp16, head_dim 64 or 128, sm_80+; flash_attention.cu) for the
+// same arguments. `supported` says whether it applies (dtype, head_dim, 16-byte alignment of the
+// pointers and strides, compute capability); otherwise packed_attention above is used.
+bool flash_attention_supported(const cpu::AttentionArgs& a, int dtype_code, int sm_major);  // dtype_code 0 = fp32
+template <typename T>
+cudaError_t flash_attention(const cpu::AttentionArgs& a, int64_t tokens, cudaStream_t stream);
 template <typename T>
 cudaError_t confidence(const T* logits, int64_t rows, int64_t vocab, int64_t exclude, int64_t* argmax, double* conf,
                        cudaStream_t stream);

@@ -1,0 +1,105 @@
+#include "decode/step_runner.h"
+
+#include <ATen/ops/from_blob.h>
+
+#include <array>
+#include <map>
+
+#ifdef BLOCKBATCH_WITH_CUDA
+#include <ATen/ops/empty.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAException.h>
+#include <cuda_runtime_api.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace blockbatch {
+
+#ifdef BLOCKBATCH_WITH_CUDA
+// All of a request's device work runs on one side stream (graphs cannot be captured on the
+// default stream), which first waits for the caller's stream and is drained before the caller
+// gets its stream back. Graphs share one memory pool: they replay one after another.
+struct StepRunner::Graphs {
+  using Key = std::array<int64_t, 6>;
+  struct Entry {
+    int64_t seen = 0;
+    std::unique_ptr<at::cuda::CUDAGraph> graph;
+    at::Tensor input;               // static device copy of the packed index buffer
+    at::Tensor logits, flat;        // graph outputs: the logits and the packed readout
+    std::vector<at::Tensor> like;   // dtypes / shapes of the readout tensors
+  };
+  c10::cuda::CUDAStream stream;
+  c10::cuda::CUDAStreamGuard guard;
+  decltype(at::cuda::graph_pool_handle()) pool;
+  std::map<Key, Entry> entries;
+
+  explicit Graphs(c10::Device device)
+      : stream(c10::cuda::getStreamFromPool(false, device.index())),
+        guard(wait_then(c10::cuda::getCurrentCUDAStream(device.index()), stream)),
+        pool(at::cuda::graph_pool_handle()) {}
+  ~Graphs() {
+    entries.clear();
+    stream.synchronize();
+  }
+  // `side` waits for the work queued so far on `caller` (raw events: ATen's CUDAEvent.h pulls
+  // cuBLAS / cuSPARSE headers that a bare toolkit may not ship).
+  static c10::cuda::CUDAStream wait_then(c10::cuda::CUDAStream caller, c10::cuda::CUDAStream side) {
+    cudaEvent_t ready;
+    C10_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    C10_CUDA_CHECK(cudaEventRecord(ready, caller.stream()));
+    C10_CUDA_CHECK(cudaStreamWaitEvent(side.stream(), ready, 0));
+    C10_CUDA_CHECK(cudaEventDestroy(ready));  // released once the wait is satisfied
+    return side;
+  }
+};
+#else
+struct StepRunner::Graphs {};
+#endif
+
+StepRunner::StepRunner(const Model& model, bool use_graphs) : model_(model) {
+#ifdef BLOCKBATCH_WITH_CUDA
+  if (use_graphs && model.device().is_cuda()) graphs_ = std::make_unique<Graphs>(model.device());
+#else
+  (void)use_graphs;
+#endif
+}
+
+StepRunner::~StepRunner() = default;
+
+StepRunner::Output StepRunner::run(const PackedQueries& q, const at::Tensor& kv, KvMode mode, int64_t readout_kind,
+                                   const Readout& readout) {
+  std::vector<int64_t> host = q.host_buffer(mode);
+  const at::Tensor host_t = at::from_blob(host.data(), {static_cast<int64_t>(host.size())}, at::kLong);
+#ifdef BLOCKBATCH_WITH_CUDA
+  if (graphs_) {
+    const Graphs::Key key{static_cast<int64_t>(mode), q.size(), q.rows(), static_cast<int64_t>(q.logit_index.size()),
+                          kv.defined() ? 1 : 0, readout_kind};
+    Graphs::Entry& e = graphs_->entries[key];
+    e.seen += 1;
+    if (!e.graph && e.seen >= 2) {  // the first run of this shape (eager, below) warmed everything up
+      e.input = at::empty({host_t.numel()}, host_t.options().device(model_.device()));
+      e.graph = std::make_unique<at::cuda::CUDAGraph>();
+      e.graph->capture_begin(graphs_->pool);
+      e.logits = model_.forward(q.batch(e.input, kv, mode));
+      e.like = readout(e.logits);
+      e.flat = pack_readout(e.like);
+      e.graph->capture_end();
+      ++captures_;
+    }
+    if (e.graph) {
+      e.input.copy_(host_t);  // the step's indices into the graph's static input
+      e.graph->replay();
+      ++replays_;
+      return {e.logits, unpack_readout(e.flat.cpu(), e.like)};
+    }
+  }
+#endif
+  const at::Tensor input = host_t.to(model_.device(), /*non_blocking=*/false, /*copy=*/true);
+  Output out;
+  out.logits = model_.forward(q.batch(input, kv, mode));
+  out.host = read_back(readout(out.logits));
+  return out;
+}
+
+}  // namespace blockbatch

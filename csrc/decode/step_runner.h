@@ -1,0 +1,53 @@
+// Runs the packed forwards of one decode request and reads back what the host needs.
+//
+// Every step is: one host-to-device copy of the packed index buffer, the forward, a readout
+// (confidence, sparse probabilities, ...), and ONE device-to-host copy of the readout.
+// On CUDA with graphs enabled, a step whose shape was seen before is replayed from a CUDA graph:
+// the shape key is (mode, query tokens, rows, logit rows, readout); in BlockBatch it changes only
+// when the set of active branches (or the refresh set) changes, so a new set is captured on its
+// second step and replayed from then on. The first step of a shape runs eagerly (it warms up
+// cuBLAS and the kernels' attributes before any capture). Replays read the index buffer the
+// host just copied into the graph's static input, so they compute exactly what eager runs do.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "decode/step.h"
+#include "model/model.h"
+
+namespace blockbatch {
+
+class StepRunner {
+ public:
+  // Device tensors with 8-byte elements (int64 / float64) computed from the logits.
+  using Readout = std::function<std::vector<at::Tensor>(const at::Tensor& logits)>;
+
+  // use_graphs: capture / replay CUDA graphs (ignored on CPU and in builds without CUDA).
+  StepRunner(const Model& model, bool use_graphs);
+  ~StepRunner();
+  StepRunner(const StepRunner&) = delete;
+  StepRunner& operator=(const StepRunner&) = delete;
+
+  struct Output {
+    at::Tensor logits;              // on the device; valid until the next run
+    std::vector<at::Tensor> host;   // host copies of readout(logits)
+  };
+  // forward(q) and the host copies of its readout. `readout_kind` names the readout in the shape
+  // key: callers pass a different kind for each different readout function.
+  Output run(const PackedQueries& q, const at::Tensor& kv, KvMode mode, int64_t readout_kind, const Readout& readout);
+  int64_t captures() const { return captures_; }
+  int64_t replays() const { return replays_; }
+
+ private:
+  struct Graphs;  // CUDA state (defined in step_runner.cpp when built with CUDA)
+  const Model& model_;
+  std::unique_ptr<Graphs> graphs_;
+  int64_t captures_ = 0, replays_ = 0;
+};
+
+}  // namespace blockbatch

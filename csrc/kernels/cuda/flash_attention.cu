@@ -1,0 +1,277 @@
+// Packed variable-length bidirectional attention over per-row KV on tensor cores (bf16 / fp16,
+// head_dim 64 or 128, GQA; sm_80 and newer): FlashAttention-2 style.
+//
+// A block of 4 warps owns 64 queries of one row and one head (each warp 16 queries). Key tiles of
+// 64 (the row's cache keys, then its fresh keys) are staged in shared memory; S = Q K^T and
+// O += P V run on mma.sync.m16n8k16 with fp32 accumulators; the softmax is online (running max
+// and sum per query row, O rescaled when the max grows), so no score matrix is ever stored.
+// The probabilities are rounded to T before P V, as every bf16 FlashAttention does.
+//
+// Fragment layouts (PTX ISA, mma.m16n8k16 with 16-bit A/B): lane = 4 * g + t.
+//   A (16x16, row-major): a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]
+//   B (16x8, K x N):      b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]
+//   C (16x8, fp32):       c0 = C[g][2t], c1 = C[g][2t+1], c2 = C[g+8][2t], c3 = C[g+8][2t+1]
+// Two adjacent 16x8 C tiles of S are exactly the A fragment of P for one k-step of P V.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kernels.cuh"
+
+namespace blockbatch::cuda {
+
+namespace {
+constexpr int kBlockQ = 64, kBlockK = 64, kWarps = 4, kThreads = kWarps * 32;
+constexpr int kPad = 8;  // shared rows padded by 16 bytes: fragment loads spread over the banks
+
+template <typename T>
+__device__ __forceinline__ void mma16816(float* c, const uint32_t* a, const uint32_t* b);
+template <>
+__device__ __forceinline__ void mma16816<__nv_bfloat16>(float* c, const uint32_t* a, const uint32_t* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+template <>
+__device__ __forceinline__ void mma16816<__half>(float* c, const uint32_t* a, const uint32_t* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+// Two floats rounded to T, packed low = first (the lower column of a fragment pair).
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <typename T>
+__device__ __forceinline__ uint32_t pack_elems(T lo, T hi) {
+  const uint16_t l = *reinterpret_cast<const uint16_t*>(&lo), h = *reinterpret_cast<const uint16_t*>(&hi);
+  return static_cast<uint32_t>(l) | (static_cast<uint32_t>(h) << 16);
+}
+
+// The q-tile a block works on: tiles of 64 queries never straddle rows. Block x walks the rows'
+// tile counts (rows are few: requests x branches); false when x is past the last tile.
+__device__ __forceinline__ bool tile_of(const int64_t* cu, int64_t rows, int64_t x, int64_t& row, int64_t& q0) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = cu[r + 1] - cu[r], tiles = (n + kBlockQ - 1) / kBlockQ;
+    if (x < tiles) {
+      row = r;
+      q0 = cu[r] + x * kBlockQ;
+      return true;
+    }
+    x -= tiles;
+  }
+  return false;
+}
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::AttentionArgs a) {
+  constexpr int LD = HD + kPad;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* qs = reinterpret_cast<T*>(smem_raw);  // [kBlockQ][LD]
+  T* ks = qs + kBlockQ * LD;               // [kBlockK][LD]
+  T* vs = ks + kBlockK * LD;               // [kBlockK][LD]
+
+  int64_t r, q0;
+  if (!tile_of(a.cu_seqlens, a.rows, blockIdx.x, r, q0)) return;
+  const int64_t h = blockIdx.y, kvh = h / (a.heads / a.kv_heads);
+  const int64_t row_begin = a.cu_seqlens[r], row_end = a.cu_seqlens[r + 1];
+  const int64_t nq = row_end - q0 < kBlockQ ? row_end - q0 : kBlockQ;
+  const int64_t n_cache = a.cache ? a.cache_lens[r] : 0;
+  const int64_t n_fresh = a.attend_fresh ? row_end - row_begin : 0;
+  const int64_t nk = n_cache + n_fresh;
+  const T* cache = static_cast<const T*>(a.cache);
+  const T* kc = cache ? cache + a.geometry.offset(a.kv_rows[r], a.layer, 0, kvh, 0) : nullptr;
+  const T* vc = cache ? cache + a.geometry.offset(a.kv_rows[r], a.layer, 1, kvh, 0) : nullptr;
+  const T* kf = static_cast<const T*>(a.k) + row_begin * a.kv_stride + kvh * HD;
+  const T* vf = static_cast<const T*>(a.v) + row_begin * a.kv_stride + kvh * HD;
+  const T* q = static_cast<const T*>(a.q) + h * HD;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  constexpr int kChunks = HD / 8;  // 16-byte chunks per row
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+
+  // Q tile -> shared (rows past the row's queries are zero), then each warp's A fragments.
+  for (int i = tid; i < kBlockQ * kChunks; i += kThreads) {
+    const int row = i / kChunks, ch = i % kChunks;
+    const uint4 v = row < nq ? *reinterpret_cast<const uint4*>(q + (q0 + row) * a.q_stride + ch * 8) : zero;
+    *reinterpret_cast<uint4*>(qs + row * LD + ch * 8) = v;
+  }
+  __syncthreads();
+  uint32_t qa[HD / 16][4];
+  {
+    const T* qw = qs + warp * 16 * LD;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      const int c = kk * 16 + 2 * t4;
+      qa[kk][0] = *reinterpret_cast<const uint32_t*>(qw + g * LD + c);
+      qa[kk][1] = *reinterpret_cast<const uint32_t*>(qw + (g + 8) * LD + c);
+      qa[kk][2] = *reinterpret_cast<const uint32_t*>(qw + g * LD + c + 8);
+      qa[kk][3] = *reinterpret_cast<const uint32_t*>(qw + (g + 8) * LD + c + 8);
+    }
+  }
+
+  // Scores are kept in the log2 domain: s * log2(e) / sqrt(HD), so exp2f gives the softmax.
+  const float scale = 1.4426950408889634f * rsqrtf(static_cast<float>(HD));
+  float o[HD / 8][4];
+#pragma unroll
+  for (int n = 0; n < HD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;  // rows g and g + 8 of this warp
+
+  for (int64_t k0 = 0; k0 < nk; k0 += kBlockK) {
+    __syncthreads();  // the previous tile is consumed
+    for (int i = tid; i < kBlockK * kChunks; i += kThreads) {
+      const int row = i / kChunks, ch = i % kChunks;
+      const int64_t j = k0 + row;
+      uint4 kv = zero, vv = zero;
+      if (j < n_cache) {
+        kv = *reinterpret_cast<const uint4*>(kc + j * HD + ch * 8);
+        vv = *reinterpret_cast<const uint4*>(vc + j * HD + ch * 8);
+      } else if (j < nk) {
+        kv = *reinterpret_cast<const uint4*>(kf + (j - n_cache) * a.kv_stride + ch * 8);
+        vv = *reinterpret_cast<const uint4*>(vf + (j - n_cache) * a.kv_stride + ch * 8);
+      }
+      *reinterpret_cast<uint4*>(ks + row * LD + ch * 8) = kv;
+      *reinterpret_cast<uint4*>(vs + row * LD + ch * 8) = vv;
+    }
+    __syncthreads();
+
+    // S = Q K^T for this warp's 16 queries x 64 keys: 8 tiles of 16 x 8.
+    float s[kBlockK / 8][4];
+#pragma unroll
+    for (int n = 0; n < kBlockK / 8; ++n) {
+      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+      const T* kr = ks + (n * 8 + g) * LD;
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; ++kk) {
+        uint32_t b[2];
+        b[0] = *reinterpret_cast<const uint32_t*>(kr + kk * 16 + 2 * t4);
+        b[1] = *reinterpret_cast<const uint32_t*>(kr + kk * 16 + 2 * t4 + 8);
+        mma16816<T>(s[n], qa[kk], b);
+      }
+    }
+    // Scale, mask keys past the row's last, online softmax update.
+    float mx0 = m0, mx1 = m1;
+#pragma unroll
+    for (int n = 0; n < kBlockK / 8; ++n) {
+      const int64_t j = k0 + n * 8 + 2 * t4;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool valid = j + (e & 1) < nk;
+        s[n][e] = valid ? s[n][e] * scale : -INFINITY;
+      }
+      mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
+      mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float alpha0 = exp2f(m0 - mx0), alpha1 = exp2f(m1 - mx1);  // 0 on the first tile
+    m0 = mx0;
+    m1 = mx1;
+    l0 *= alpha0;
+    l1 *= alpha1;
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) {
+      o[n][0] *= alpha0;
+      o[n][1] *= alpha0;
+      o[n][2] *= alpha1;
+      o[n][3] *= alpha1;
+    }
+#pragma unroll
+    for (int n = 0; n < kBlockK / 8; ++n) {
+      s[n][0] = exp2f(s[n][0] - m0);
+      s[n][1] = exp2f(s[n][1] - m0);
+      s[n][2] = exp2f(s[n][2] - m1);
+      s[n][3] = exp2f(s[n][3] - m1);
+      l0 += s[n][0] + s[n][1];  // this thread's columns; the quad sums at the end
+      l1 += s[n][2] + s[n][3];
+    }
+    // O += P V: k-steps of 16 keys; P's A fragment is two adjacent S tiles.
+#pragma unroll
+    for (int kk = 0; kk < kBlockK / 16; ++kk) {
+      uint32_t pa[4];
+      pa[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+      pa[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+      pa[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      const T* v0 = vs + (kk * 16 + 2 * t4) * LD;
+#pragma unroll
+      for (int n = 0; n < HD / 8; ++n) {
+        const int col = n * 8 + g;
+        uint32_t b[2];
+        b[0] = pack_elems<T>(v0[col], v0[LD + col]);
+        b[1] = pack_elems<T>(v0[8 * LD + col], v0[9 * LD + col]);
+        mma16816<T>(o[n], pa, b);
+      }
+    }
+  }
+
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+  const int64_t i0 = warp * 16 + g, i1 = i0 + 8;
+  T* out = static_cast<T*>(a.out) + h * HD;
+  const int64_t out_stride = a.heads * HD;
+#pragma unroll
+  for (int n = 0; n < HD / 8; ++n) {
+    const int col = n * 8 + 2 * t4;
+    if (i0 < nq) *reinterpret_cast<uint32_t*>(out + (q0 + i0) * out_stride + col) = pack2<T>(o[n][0] * inv0, o[n][1] * inv0);
+    if (i1 < nq) *reinterpret_cast<uint32_t*>(out + (q0 + i1) * out_stride + col) = pack2<T>(o[n][2] * inv1, o[n][3] * inv1);
+  }
+}
+
+template <typename T, int HD>
+cudaError_t launch(const cpu::AttentionArgs& a, int64_t tokens, cudaStream_t stream) {
+  constexpr size_t shared = static_cast<size_t>(3 * kBlockQ * (HD + kPad)) * sizeof(T);
+  static_assert(kBlockQ == kBlockK, "the shared layout assumes equal query and key tiles");
+  if (shared > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(flash_attention_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(shared));
+    if (e != cudaSuccess) return e;
+  }
+  // Upper bound on the tiles: every row adds at most one partial tile; surplus blocks exit.
+  const int64_t blocks = (tokens + kBlockQ - 1) / kBlockQ + a.rows;
+  dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.heads));
+  flash_attention_kernel<T, HD><<<grid, kThreads, shared, stream>>>(a);
+  return cudaGetLastError();
+}
+}  // namespace
+
+bool flash_attention_supported(const cpu::AttentionArgs& a, int dtype_code, int sm_major) {
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return dtype_code != 0 && sm_major >= 8 && (a.head_dim == 64 || a.head_dim == 128) && a.q_stride % 8 == 0 &&
+         a.kv_stride % 8 == 0 && aligned(a.q) && aligned(a.k) && aligned(a.v) && aligned(a.out) &&
+         (a.cache == nullptr || aligned(a.cache));
+}
+
+template <typename T>
+cudaError_t flash_attention(const cpu::AttentionArgs& a, int64_t tokens, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  return a.head_dim == 64 ? launch<T, 64>(a, tokens, stream) : launch<T, 128>(a, tokens, stream);
+}
+
+template cudaError_t flash_attention<__nv_bfloat16>(const cpu::AttentionArgs&, int64_t, cudaStream_t);
+template cudaError_t flash_attention<__half>(const cpu::AttentionArgs&, int64_t, cudaStream_t);
+
+}  // namespace blockbatch::cuda
