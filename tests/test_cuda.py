@@ -165,3 +165,21 @@ def test_decode_reads_back_once_per_step_on_gpu():
         d2h = sum("DtoH" in n for n in names)
         forwards = out.stats["nfe"]
         assert d2h <= forwards + 1, f"{policy}: {d2h} device-to-host copies for {forwards} forwards"
+
+
+@pytest.mark.parametrize("rule", ["threshold", "fixed", "factor"])
+def test_commit_cuda_equals_cpu(rule):
+    g = torch.Generator().manual_seed(1)
+    for n in (1, 5, 32, 33, 300, 4096):
+        L = n + 50
+        canvas = torch.randint(0, 6, (L,), generator=g)
+        canvas[torch.rand(L, generator=g) < 0.6] = 9
+        window = torch.randperm(L, generator=g)[:n]
+        token = torch.randint(0, 9, (n,), generator=g)
+        conf = torch.rand(n, generator=g, dtype=torch.float64)
+        conf[torch.rand(n, generator=g) < 0.2] = 0.5
+        k = torch.tensor([n // 3])
+        cpu, gpu = canvas.clone(), canvas.cuda()
+        a = ops.commit_(cpu, window, token, conf, k, 9, 0, rule, 0.8, 1.0)
+        b = ops.commit_(gpu, window.cuda(), token.cuda(), conf.cuda(), k.cuda(), 9, 0, rule, 0.8, 1.0)
+        assert torch.equal(gpu.cpu(), cpu) and b.cpu().tolist() == a.tolist(), f"n={n}"

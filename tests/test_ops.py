@@ -176,6 +176,9 @@ def _opcheck_samples():
         torch.randn(2, 1, 2, 1, 5, 4), torch.tensor([1, 0]), torch.tensor([2, 5]), 0, True)
     yield "confidence", ops.confidence.default, (torch.randn(4, 50), 3)
     yield "sparse_probs", ops.sparse_probs.default, (torch.randn(4, 50) * 3, 0.1, 11)
+    yield "commit_", ops.commit_.default, (torch.tensor([5, 9, 9, 1, 9, 9]), torch.tensor([1, 2, 3, 4]),
+                                           torch.tensor([7, 3, 2, 0]), torch.tensor([0.95, 0.2, 0.99, 0.5], dtype=torch.float64),
+                                           torch.tensor([2]), 9, 0, "threshold", 0.9, 1.0)
 
 
 @pytest.mark.parametrize("name,op,args", list(_opcheck_samples()), ids=lambda x: x if isinstance(x, str) else "")
@@ -243,3 +246,58 @@ def test_sparse_probs_matches_softmax(dtype):
         for t in got:
             assert abs(got[t] - expected[t]) < 1e-12
     assert (ids[0] == -1).all() and ids[1, 0] == 5 and (ids[1, 1:] == -1).all()
+
+
+# ----------------------------------------------------------------------------- commit_
+
+
+def _host_commit(canvas, window, token, conf, k, mask, eos, rule, tau, factor):
+    """ALGORITHMS.md 2 written out in Python: the rules the decode loop applies."""
+    x = canvas.tolist()
+    cand = [i for i, p in enumerate(window.tolist()) if x[p] == mask]
+    order = sorted(cand, key=lambda i: (-float(conf[i]), i))
+    if rule == "threshold":
+        chosen = {i for i in cand if conf[i] >= tau} | ({order[0]} if order else set())
+    elif rule == "fixed":
+        chosen = set(order[: int(k[0])])
+    else:
+        take = len(order)
+        for r in range(2, len(order) + 1):
+            if not conf[order[r - 1]] >= 1.0 - factor / (r + 1):
+                take = len(order) if r == len(order) else r - 1
+                break
+        chosen = set(order[:take])
+    for i in chosen:
+        x[window[i]] = int(token[i])
+    eos_seen = int(any(x[p] == eos for p in window.tolist()))
+    return x, [len(chosen), len(cand) - len(chosen), eos_seen]
+
+
+@pytest.mark.parametrize("rule", ["threshold", "fixed", "factor"])
+def test_commit_matches_the_rules(rule):
+    g = torch.Generator().manual_seed(0)
+    for trial in range(40):
+        n, L = int(torch.randint(1, 40, (1,), generator=g)), 64
+        canvas = torch.randint(0, 6, (L,), generator=g)
+        canvas[torch.rand(L, generator=g) < 0.6] = 9  # masks
+        window = torch.randperm(L, generator=g)[:n]
+        token = torch.randint(0, 9, (n,), generator=g)
+        conf = torch.rand(n, generator=g, dtype=torch.float64)
+        conf[torch.rand(n, generator=g) < 0.2] = 0.5  # ties
+        k = torch.randint(0, n + 2, (1,), generator=g)
+        want, counts = _host_commit(canvas, window, token, conf, k, 9, 0, rule, 0.8, 1.0)
+        got = canvas.clone()
+        out = ops.commit_(got, window, token, conf, k, 9, 0, rule, 0.8, 1.0)
+        assert got.tolist() == want and out.tolist() == counts, f"trial {trial}"
+
+
+def test_commit_bad_input_names_argument():
+    canvas, w, t, c, k = torch.full((8,), 9), torch.tensor([1, 2]), torch.tensor([3, 4]), torch.rand(2, dtype=torch.float64), torch.tensor([1])
+    with pytest.raises(ValueError, match="rule must be one of"):
+        ops.commit_(canvas, w, t, c, k, 9, 0, "greedy", 0.9, 1.0)
+    with pytest.raises(ValueError, match=r"window\[1\] = 8 is outside the canvas"):
+        ops.commit_(canvas, torch.tensor([1, 8]), t, c, k, 9, 0, "threshold", 0.9, 1.0)
+    with pytest.raises(TypeError, match="conf must be Double"):
+        ops.commit_(canvas, w, t, c.float(), k, 9, 0, "threshold", 0.9, 1.0)
+    with pytest.raises(ValueError, match="one entry per window position"):
+        ops.commit_(canvas, w, t[:1], c, k, 9, 0, "threshold", 0.9, 1.0)

@@ -1,16 +1,23 @@
 // Single-branch policies (ALGORITHMS.md section 3): vanilla, prefix cache, dual cache.
 // Blocks are aligned at the prompt end and decoded left to right; every block loops until it
 // holds no mask (checked before each step). The python twin is reference/policies.py.
+// The canvas lives on the model's device; a step = one H2D copy of its index buffer, forward,
+// confidence, commit_ on the device, one D2H copy of the counts (StepRunner: on CUDA the step
+// replays a recorded graph once its shape has been seen).
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/tensor.h>
 
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <numeric>
 
 #include "decode/commit.h"
 #include "decode/decode.h"
 #include "decode/step.h"
 #include "decode/step_runner.h"
+#include "torch/ops.h"
 
 namespace blockbatch {
 
@@ -20,73 +27,91 @@ DecodeResult decode_single_branch(const Model& model, const std::vector<int64_t>
   const int64_t lp = static_cast<int64_t>(prompt.size()), L = lp + o.gen_length, b = o.block_length;
   const int64_t num_blocks = o.gen_length / b;
   const int64_t steps_per_block = o.commit == CommitRule::kFixed ? o.steps / num_blocks : 0;
+  const bool sampling = o.temperature > 0;
+  const char* rule = o.commit == CommitRule::kThreshold ? "threshold" : o.commit == CommitRule::kFixed ? "fixed" : "factor";
   at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed));
 
   DecodeResult res;
-  std::vector<int64_t>& x = res.tokens;
-  x.assign(L, c.mask_token_id);
-  std::copy(prompt.begin(), prompt.end(), x.begin());
   DecodeStats& st = res.stats;
   st.branches.push_back(BranchStats{b});
-  StepRunner runner(model, o.cuda_graphs);  // before kv: the request's device work runs on its stream
+  StepRunner runner(model, o.cuda_graphs);  // before any device tensor: the request's work runs on its stream
   at::Tensor kv = o.policy == Policy::kVanilla ? at::Tensor() : model.new_kv(1, L);
+  // The canvas lives on the model's device: each step gathers its tokens there and commits there
+  // (blockbatch::commit_), so the host only reads back the step's counts.
+  std::vector<int64_t> init(L, c.mask_token_id);
+  std::copy(prompt.begin(), prompt.end(), init.begin());
+  const at::Tensor canvas = at::from_blob(init.data(), {L}, at::kLong).to(model.device(), false, /*copy=*/true);
 
   for (int64_t block = 0; block < num_blocks; ++block) {
     const int64_t s = lp + block * b, e = s + b;
-    auto masks_left = [&] { return std::count(x.begin() + s, x.begin() + e, c.mask_token_id); };
     const std::vector<int64_t> schedule =
-        o.commit == CommitRule::kFixed ? fixed_schedule(masks_left(), steps_per_block) : std::vector<int64_t>();
-    for (int64_t step = 0; masks_left() > 0; ++step) {
+        o.commit == CommitRule::kFixed ? fixed_schedule(b, steps_per_block) : std::vector<int64_t>();
+    int64_t masks_left = b, eos_in_block = 0;  // a block starts all masks
+    for (int64_t step = 0; masks_left > 0; ++step) {
       PackedQueries q;
       KvMode mode;
       const bool full = o.policy == Policy::kVanilla || step == 0;
       if (full) {  // whole canvas; at a cached block start its K/V fill the buffer
-        q.add_row(x.data(), 0, L, 0);
+        q.add_positions(0, L, 0);
         for (int64_t p = s; p < e; ++p) q.logit_index.push_back(p);
         mode = KvMode::kFull;
         st.nfe_full += 1;
       } else if (o.policy == Policy::kDual) {  // the block against the whole cached canvas
-        q.add_row(x.data(), s, e, 0);
+        q.add_positions(s, e, 0);
         mode = KvMode::kDual;
         st.nfe_block += 1;
       } else {  // prefix: block + whole suffix against the frozen prefix [0, s)
-        q.add_row(x.data(), s, L, 0);
+        q.add_positions(s, L, 0);
         q.prefix_lens.push_back(s);
         for (int64_t i = 0; i < b; ++i) q.logit_index.push_back(i);
         mode = KvMode::kPrefix;
         st.nfe_block += 1;
       }
-      const bool sampling = o.temperature > 0;
-      const StepRunner::Output out = runner.run(q, kv, mode, sampling ? 1 : 0, [&](const at::Tensor& logits) {
-        return sampling ? sampling_readout(logits) : greedy_readout(logits, c.mask_token_id);
-      });
-      const Proposals prop = sampling ? sample_proposals(out.host[0], c.mask_token_id, o.temperature, generator)
-                                      : to_proposals(out.host[0], out.host[1]);
-      std::vector<double> conf(b);
-      for (int64_t i = 0; i < b; ++i) {
-        conf[i] = x[s + i] == c.mask_token_id ? prop.conf[i] : -std::numeric_limits<double>::infinity();
-      }
-      std::vector<char> chosen;
-      switch (o.commit) {
-        case CommitRule::kThreshold: chosen = select_threshold(conf.data(), b, o.threshold); break;
-        case CommitRule::kFactor: chosen = select_factor(conf.data(), b, o.factor); break;
-        case CommitRule::kFixed: chosen = select_fixed(conf.data(), b, schedule.at(step)); break;
-      }
-      int64_t committed = 0;
-      for (int64_t i = 0; i < b; ++i) {
-        if (chosen[i]) {
-          x[s + i] = prop.token[i];
-          ++committed;
+      // Index buffer: the forward's indices, then the commit window and the fixed rule's count.
+      std::vector<int64_t> buffer = q.host_buffer(mode);
+      const int64_t base = static_cast<int64_t>(buffer.size());
+      for (int64_t p = s; p < e; ++p) buffer.push_back(p);
+      buffer.push_back(schedule.empty() ? 0 : schedule.at(step));
+      const StepRunner::Key key{static_cast<int64_t>(mode), q.size(), static_cast<int64_t>(q.logit_index.size()), b,
+                                kv.defined() ? 1 : 0, sampling ? 1 : 0};
+      StepRunner::Output out = runner.run(buffer, key, [&](const at::Tensor& dev) {
+        StepRunner::Body body;
+        body.logits = model.forward(q.batch(dev, kv, mode, canvas));
+        if (sampling) {  // proposals come from the seeded host generator (the reference's draws)
+          body.readout = sampling_readout(body.logits);
+        } else {
+          auto [token, conf] = ops::confidence(body.logits.contiguous(), c.mask_token_id);
+          body.readout = {ops::commit_(canvas, dev.narrow(0, base, b), token, conf, dev.narrow(0, base + b, 1),
+                                       c.mask_token_id, c.eos_token_id, rule, o.threshold, o.factor)};
         }
+        return body;
+      });
+      at::Tensor counts = sampling ? at::Tensor() : out.host[0];
+      if (sampling) {
+        const Proposals prop = sample_proposals(out.host[0], c.mask_token_id, o.temperature, generator);
+        const auto dev = [&](std::vector<int64_t> v) { return at::tensor(v, at::kLong).to(model.device()); };
+        std::vector<int64_t> window(b);
+        std::iota(window.begin(), window.end(), s);
+        counts = ops::commit_(canvas, dev(window), dev(prop.token),
+                              at::tensor(prop.conf, at::kDouble).to(model.device()),
+                              dev({schedule.empty() ? 0 : schedule.at(step)}), c.mask_token_id, c.eos_token_id, rule,
+                              o.threshold, o.factor)
+                     .cpu();
       }
+      const int64_t committed = counts.const_data_ptr<int64_t>()[0];
+      masks_left = counts.const_data_ptr<int64_t>()[1];
+      eos_in_block = counts.const_data_ptr<int64_t>()[2];
       st.steps.push_back({committed, q.size()});
       st.branches[0].committed += committed;
     }
-    if (o.stop_on_eos && std::find(x.begin() + lp, x.begin() + e, c.eos_token_id) != x.begin() + e) {
-      std::fill(x.begin() + e, x.end(), c.eos_token_id);
+    // Earlier blocks held no EOS (the loop would have stopped), so an EOS in [lp, e) is in this block.
+    if (o.stop_on_eos && eos_in_block) {
+      canvas.narrow(0, e, L - e).fill_(c.eos_token_id);
       break;
     }
   }
+  const at::Tensor tokens = canvas.cpu();
+  res.tokens.assign(tokens.const_data_ptr<int64_t>(), tokens.const_data_ptr<int64_t>() + L);
   st.nfe = st.nfe_full + st.nfe_block;
   st.nfe_paper = st.nfe;
   st.branches[0].forwards = st.nfe;

@@ -8,6 +8,7 @@
 #include <ATen/ops/div.h>
 #include <ATen/ops/exp.h>
 #include <ATen/ops/gather.h>
+#include <ATen/ops/index_select.h>
 #include <ATen/ops/log.h>
 #include <ATen/ops/neg.h>
 #include <ATen/ops/pow.h>
@@ -33,7 +34,8 @@ std::vector<int64_t> PackedQueries::host_buffer(KvMode mode) const {
   return host;
 }
 
-ForwardBatch PackedQueries::batch(const at::Tensor& buffer, const at::Tensor& kv, KvMode mode) const {
+ForwardBatch PackedQueries::batch(const at::Tensor& buffer, const at::Tensor& kv, KvMode mode,
+                                  const at::Tensor& canvas) const {
   const int64_t n_tok = size(), n_rows = rows();
   int64_t at_ = 0;
   auto take = [&](int64_t n) {
@@ -42,8 +44,13 @@ ForwardBatch PackedQueries::batch(const at::Tensor& buffer, const at::Tensor& kv
     return t;
   };
   ForwardBatch b;
-  b.tokens = take(n_tok);
+  const bool gather = tokens.empty();
+  if (!gather) b.tokens = take(n_tok);
   b.positions = take(n_tok);
+  if (gather) {
+    TORCH_CHECK(canvas.defined(), "PackedQueries: rows added by position need the canvas to gather tokens from");
+    b.tokens = canvas.index_select(0, b.positions);
+  }
   b.cu_seqlens = take(n_rows + 1);
   at::Tensor rows_t = take(n_rows);
   if (kv.defined()) b.kv_rows = rows_t;

@@ -21,7 +21,7 @@ namespace blockbatch {
 // default stream), which first waits for the caller's stream and is drained before the caller
 // gets its stream back. Graphs share one memory pool: they replay one after another.
 struct StepRunner::Graphs {
-  using Key = std::array<int64_t, 6>;
+  using Key = StepRunner::Key;
   struct Entry {
     int64_t seen = 0;
     std::unique_ptr<at::cuda::CUDAGraph> graph;
@@ -69,20 +69,31 @@ StepRunner::~StepRunner() = default;
 
 StepRunner::Output StepRunner::run(const PackedQueries& q, const at::Tensor& kv, KvMode mode, int64_t readout_kind,
                                    const Readout& readout) {
-  std::vector<int64_t> host = q.host_buffer(mode);
-  const at::Tensor host_t = at::from_blob(host.data(), {static_cast<int64_t>(host.size())}, at::kLong);
+  const Key key{static_cast<int64_t>(mode), q.size(), q.rows(), static_cast<int64_t>(q.logit_index.size()),
+                kv.defined() ? 1 : 0, readout_kind};
+  return run(q.host_buffer(mode), key, [&](const at::Tensor& buffer) {
+    Body body;
+    body.logits = model_.forward(q.batch(buffer, kv, mode));
+    body.readout = readout(body.logits);
+    return body;
+  });
+}
+
+StepRunner::Output StepRunner::run(const std::vector<int64_t>& buffer, const Key& key, const Step& step) {
+  const at::Tensor host_t =
+      at::from_blob(const_cast<int64_t*>(buffer.data()), {static_cast<int64_t>(buffer.size())}, at::kLong);
 #ifdef BLOCKBATCH_WITH_CUDA
   if (graphs_) {
-    const Graphs::Key key{static_cast<int64_t>(mode), q.size(), q.rows(), static_cast<int64_t>(q.logit_index.size()),
-                          kv.defined() ? 1 : 0, readout_kind};
     Graphs::Entry& e = graphs_->entries[key];
     e.seen += 1;
     if (!e.graph && e.seen >= 2) {  // the first run of this shape (eager, below) warmed everything up
       e.input = at::empty({host_t.numel()}, host_t.options().device(model_.device()));
+      e.input.copy_(host_t);  // capture records, it does not run: the state stays as it is
       e.graph = std::make_unique<at::cuda::CUDAGraph>();
       e.graph->capture_begin(graphs_->pool);
-      e.logits = model_.forward(q.batch(e.input, kv, mode));
-      e.like = readout(e.logits);
+      Body body = step(e.input);
+      e.logits = body.logits;
+      e.like = body.readout;
       e.flat = pack_readout(e.like);
       e.graph->capture_end();
       ++captures_;
@@ -95,11 +106,8 @@ StepRunner::Output StepRunner::run(const PackedQueries& q, const at::Tensor& kv,
     }
   }
 #endif
-  const at::Tensor input = host_t.to(model_.device(), /*non_blocking=*/false, /*copy=*/true);
-  Output out;
-  out.logits = model_.forward(q.batch(input, kv, mode));
-  out.host = read_back(readout(out.logits));
-  return out;
+  Body body = step(host_t.to(model_.device(), /*non_blocking=*/false, /*copy=*/true));
+  return {body.logits, read_back(body.readout)};
 }
 
 }  // namespace blockbatch

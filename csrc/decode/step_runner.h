@@ -12,6 +12,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <array>
+
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -26,6 +28,15 @@ class StepRunner {
  public:
   // Device tensors with 8-byte elements (int64 / float64) computed from the logits.
   using Readout = std::function<std::vector<at::Tensor>(const at::Tensor& logits)>;
+  // A whole step on the device from its index buffer (already on the device): the logits and the
+  // tensors to read back (8-byte elements). It may update device state (the canvas, the KV rows):
+  // a replay does exactly what the recorded call did, with the new buffer contents.
+  struct Body {
+    at::Tensor logits;
+    std::vector<at::Tensor> readout;
+  };
+  using Step = std::function<Body(const at::Tensor& buffer)>;
+  using Key = std::array<int64_t, 6>;  // the step's shape: equal keys must mean equal launch shapes
 
   // use_graphs: capture / replay CUDA graphs (ignored on CPU and in builds without CUDA).
   StepRunner(const Model& model, bool use_graphs);
@@ -35,10 +46,12 @@ class StepRunner {
 
   struct Output {
     at::Tensor logits;              // on the device; valid until the next run
-    std::vector<at::Tensor> host;   // host copies of readout(logits)
+    std::vector<at::Tensor> host;   // host copies of the readout
   };
-  // forward(q) and the host copies of its readout. `readout_kind` names the readout in the shape
-  // key: callers pass a different kind for each different readout function.
+  // One step: copy `buffer` to the device, run `step` (or replay its graph), read back.
+  Output run(const std::vector<int64_t>& buffer, const Key& key, const Step& step);
+  // The common case: forward(q) and the host copies of readout(logits). `readout_kind` names the
+  // readout in the shape key: callers pass a different kind for each readout function.
   Output run(const PackedQueries& q, const at::Tensor& kv, KvMode mode, int64_t readout_kind, const Readout& readout);
   int64_t captures() const { return captures_; }
   int64_t replays() const { return replays_; }

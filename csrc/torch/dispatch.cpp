@@ -58,4 +58,13 @@ std::tuple<at::Tensor, at::Tensor> sparse_probs(const at::Tensor& logits, double
   return op.call(logits, floor, max_k);
 }
 
+at::Tensor commit_(const at::Tensor& canvas, const at::Tensor& window, const at::Tensor& token, const at::Tensor& conf,
+                   const at::Tensor& k, int64_t mask_id, int64_t eos_id, const std::string& rule, double threshold,
+                   double factor) {
+  static auto op = handle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                     const at::Tensor&, int64_t, int64_t, const std::string&, double, double)>(
+      "blockbatch::commit_");
+  return op.call(canvas, window, token, conf, k, mask_id, eos_id, rule, threshold, factor);
+}
+
 }  // namespace blockbatch::ops

@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <string>
 #include <tuple>
 
 #include "kernels/cpu/kernels.h"
@@ -23,7 +24,15 @@ at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::
                             int64_t layer, bool attend_fresh);
 std::tuple<at::Tensor, at::Tensor> confidence(const at::Tensor& logits, int64_t exclude);
 std::tuple<at::Tensor, at::Tensor> sparse_probs(const at::Tensor& logits, double floor, int64_t max_k);
+at::Tensor commit_(const at::Tensor& canvas, const at::Tensor& window, const at::Tensor& token, const at::Tensor& conf,
+                   const at::Tensor& k, int64_t mask_id, int64_t eos_id, const std::string& rule, double threshold,
+                   double factor);
 }  // namespace ops
+
+// commit_ windows hold at most this many positions (the CUDA kernel keeps them in shared memory).
+constexpr int64_t kMaxCommitWindow = 4096;
+void check_commit(const at::Tensor& canvas, const at::Tensor& window, const at::Tensor& token, const at::Tensor& conf,
+                  const at::Tensor& k, const std::string& rule);
 
 at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor silu_mul_cpu(const at::Tensor& gate_up);

@@ -9,6 +9,7 @@
 
 #include <type_traits>
 
+#include "decode/options.h"
 #include "kernels/cuda/kernels.cuh"
 #include "torch/ops.h"
 
@@ -163,7 +164,23 @@ std::tuple<at::Tensor, at::Tensor> sparse_probs_cuda(const at::Tensor& logits, d
 
 }  // namespace
 
+at::Tensor commit_cuda(const at::Tensor& canvas, const at::Tensor& window, const at::Tensor& token,
+                       const at::Tensor& conf, const at::Tensor& k, int64_t mask_id, int64_t eos_id,
+                       const std::string& rule, double threshold, double factor) {
+  check_commit(canvas, window, token, conf, k, rule);  // window values are not checked: no host sync
+  const c10::cuda::CUDAGuard guard(canvas.device());
+  at::Tensor counts = at::empty({3}, canvas.options());
+  const CommitRule r = parse_commit_rule(rule);
+  const int code = r == CommitRule::kThreshold ? 0 : r == CommitRule::kFixed ? 1 : 2;
+  check_launch(cuda::commit(canvas.data_ptr<int64_t>(), window.const_data_ptr<int64_t>(), token.const_data_ptr<int64_t>(),
+                            conf.const_data_ptr<double>(), k.const_data_ptr<int64_t>(), window.size(0), mask_id, eos_id,
+                            code, threshold, factor, counts.data_ptr<int64_t>(), c10::cuda::getCurrentCUDAStream()),
+               "commit_");
+  return counts;
+}
+
 TORCH_LIBRARY_IMPL(blockbatch, CUDA, m) {
+  m.impl("commit_", &commit_cuda);
   m.impl("rms_norm", &rms_norm_cuda);
   m.impl("silu_mul", &silu_mul_cuda);
   m.impl("rope_", &rope_cuda);

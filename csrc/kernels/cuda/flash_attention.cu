@@ -15,6 +15,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <atomic>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.cuh"
 
@@ -245,10 +247,19 @@ template <typename T, int HD>
 cudaError_t launch(const cpu::AttentionArgs& a, int64_t tokens, cudaStream_t stream) {
   constexpr size_t shared = static_cast<size_t>(3 * kBlockQ * (HD + kPad)) * sizeof(T);
   static_assert(kBlockQ == kBlockK, "the shared layout assumes equal query and key tiles");
-  if (shared > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(flash_attention_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(shared));
+  if (shared > 48 * 1024) {  // opt in to > 48 KB of shared memory, once per device (the first
+    // launch is an eager warm-up, never inside a graph capture)
+    static std::atomic<uint64_t> opted_in{0};
+    int device = 0;
+    cudaError_t e = cudaGetDevice(&device);
     if (e != cudaSuccess) return e;
+    const uint64_t bit = uint64_t{1} << (device & 63);
+    if (!(opted_in.load() & bit)) {
+      e = cudaFuncSetAttribute(flash_attention_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(shared));
+      if (e != cudaSuccess) return e;
+      opted_in.fetch_or(bit);
+    }
   }
   // Upper bound on the tiles: every row adds at most one partial tile; surplus blocks exit.
   const int64_t blocks = (tokens + kBlockQ - 1) / kBlockQ + a.rows;

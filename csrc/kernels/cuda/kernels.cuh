@@ -45,4 +45,10 @@ template <typename T>
 cudaError_t sparse_probs(const T* logits, int64_t rows, int64_t vocab, double floor, int64_t max_k, int64_t* ids,
                          double* probs, cudaStream_t stream);
 
+// One commit-rule step over `window` (n <= 4096 positions) of the device canvas; rule 0 threshold,
+// 1 fixed (k[0] tokens, read on the device), 2 factor. counts[3] = committed, masks left, eos seen.
+cudaError_t commit(int64_t* canvas, const int64_t* window, const int64_t* token, const double* conf, const int64_t* k,
+                   int64_t n, int64_t mask_id, int64_t eos_id, int rule, double tau, double factor, int64_t* counts,
+                   cudaStream_t stream);
+
 }  // namespace blockbatch::cuda
