@@ -39,8 +39,8 @@ struct StepRunner::Graphs {
         guard(wait_then(c10::cuda::getCurrentCUDAStream(device.index()), stream)),
         pool(at::cuda::graph_pool_handle()) {}
   ~Graphs() {
+    stream.synchronize();  // no replay may still run when the graphs and their pool are released
     entries.clear();
-    stream.synchronize();
   }
   // `side` waits for the work queued so far on `caller` (raw events: ATen's CUDAEvent.h pulls
   // cuBLAS / cuSPARSE headers that a bare toolkit may not ship).

@@ -1,6 +1,8 @@
 // Packed variable-length bidirectional attention over per-row KV (CUDA, straightforward form):
 // one block per (query token, head); scores for all keys in shared memory, block softmax,
 // then each thread accumulates output dimensions. fp32 accumulation for every dtype.
+#include <atomic>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.cuh"
 
@@ -63,10 +65,19 @@ template <typename T>
 cudaError_t packed_attention(const cpu::AttentionArgs& a, int64_t tokens, int64_t max_keys, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   const size_t shared = static_cast<size_t>(a.head_dim + max_keys) * sizeof(float);
-  if (shared > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(attention_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(shared));
+  if (shared > 48 * 1024) {  // raise the opt-in only when a larger size is first needed (an eager
+    // warm-up run: the decode loop never records a shape it has not run before)
+    static std::atomic<int> opted_in[64];
+    int device = 0;
+    cudaError_t e = cudaGetDevice(&device);
     if (e != cudaSuccess) return e;
+    std::atomic<int>& have = opted_in[device & 63];
+    if (static_cast<int>(shared) > have.load()) {
+      e = cudaFuncSetAttribute(attention_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(shared));
+      if (e != cudaSuccess) return e;
+      have.store(static_cast<int>(shared));
+    }
   }
   dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(a.heads));
   attention_kernel<T><<<grid, kThreads, shared, stream>>>(a);
