@@ -192,7 +192,8 @@ void packed_attention_impl(const AttentionArgs& a) {
         for (int64_t i = 0; i < nq; ++i) {
           float* __restrict si = scores.data() + i * ld;
           const float mx = max_of(si, nk);
-          for (int64_t j = 0; j < nk; ++j) si[j] = fast_exp(si[j] - mx);
+          // Over the padded width ld (a multiple of kW): the padding keys score 0, finite, unused.
+          for (int64_t j = 0; j < ld; j += kW) vstore(si + j, fast_exp_vec<vfloat, vint>(vload(si + j) - mx));
           const float inv = 1.0f / sum_of(si, nk);
           for (int64_t j = 0; j < nk; ++j) si[j] *= inv;
         }
@@ -233,7 +234,7 @@ void silu_mul_impl(const T* gate_up, T* out, int64_t rows, int64_t m) {
       }
       for (; i < m; ++i) {
         const float gv = to_float(g[i]);
-        const float act = to_float(from_float<T>(gv / (1.0f + fast_exp(-gv))));
+        const float act = to_float(from_float<T>(gv / (1.0f + std::exp(-gv))));  // tail: m % kW lanes
         o[i] = from_float<T>(act * to_float(u[i]));
       }
     }

@@ -47,33 +47,14 @@ inline float sum_of(const float* x, int64_t n) {
   return s;
 }
 
-// exp(x) for the softmax inner loops, written so that GCC vectorises it (std::exp is a scalar
-// libm call and dominated attention time). exp(x) = 2^n * e^r with n = floor(x log2 e) and
-// r = x - n ln2 reduced in two exact steps (Cody-Waite); e^r on [0, ln2) by a degree-6
-// polynomial fitted for relative error. Max relative error ~1.2e-7 on [-87, 0]. Vectorises
-// when compiled with -fno-trapping-math (set for the attention kernels in CMakeLists.txt).
-inline float fast_exp(float x) {
-  x = x < -87.0f ? -87.0f : x;
-  x = x > 88.0f ? 88.0f : x;
-  const float t = x * 1.44269504088896341f;
-  const int n = static_cast<int>(t + 128.0f) - 128;  // floor(t): t + 128 > 0 after the clamp
-  const float nf = static_cast<float>(n);
-  float r = x - nf * 0.693145751953125f;  // ln2 high part: n * hi is exact
-  r = r - nf * 1.428606765330187e-06f;     // ln2 low part
-  float p = 1.9557753e-3f;
-  p = p * r + 7.7767950e-3f;
-  p = p * r + 4.1928079e-2f;
-  p = p * r + 1.6660486e-1f;
-  p = p * r + 5.0000685e-1f;
-  p = p * r + 9.9999970e-1f;
-  p = p * r + 1.0f;
-  return p * __builtin_bit_cast(float, (n + 127) << 23);
-}
-
-// fast_exp on a GCC vector of floats (V) with the matching int32 vector (I): the clamps become
-// compare + blend. The scalar fast_exp inlined into SwiGLU's g / (1 + exp(-g)) let GCC split off
-// the clamped path and divide every lane by the constant 1 + exp(88), whose subnormal quotients
-// cost microcode assists: that loop ran 8x slower than libm. Same formula and error as fast_exp.
+// exp(x) on a GCC vector of floats (V) with the matching int32 vector (I), for the softmax and
+// SwiGLU inner loops (libm's scalar expf dominated both). exp(x) = 2^n * e^r with
+// n = floor(x log2 e) and r = x - n ln2 reduced in two exact steps (Cody-Waite); e^r on [0, ln2)
+// by a degree-6 polynomial fitted for relative error: max relative error ~1.2e-7 on [-87, 0].
+// Written on vector types, not left to the auto-vectoriser: the clamps stay compare + blend.
+// (A scalar version inlined into SwiGLU's g / (1 + exp(-g)) let GCC split off the clamped path
+// and divide every lane by the constant 1 + exp(88); the subnormal quotients cost microcode
+// assists and made that loop 8x slower than libm.)
 template <typename V, typename I>
 inline V fast_exp_vec(V x) {
   const V lo = V{} - 87.0f, hi = V{} + 88.0f;
