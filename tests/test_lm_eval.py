@@ -130,3 +130,10 @@ def test_loglikelihood_is_refused_clearly(lm):
         lm.loglikelihood([_request("a", )])
     with pytest.raises(NotImplementedError, match="not supported"):
         lm.loglikelihood_rolling([_request("a")])
+
+
+def test_module_help_documents_the_model():
+    proc = subprocess.run([sys.executable, "-m", "blockbatch.lm_eval", "--help"], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "model_args" in proc.stdout and "gen_length" in proc.stdout and "lm-eval" in proc.stdout

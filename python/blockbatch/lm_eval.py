@@ -192,6 +192,9 @@ def main(argv: list[str] | None = None) -> None:
 
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
+    if len(sys.argv) == 1 or sys.argv[1] in ("-h", "--help"):
+        print(__doc__)  # the blockbatch model and its model_args, then lm-eval's own help
+        print("lm-eval's command line follows.\n")
     cli_evaluate()
 
 
