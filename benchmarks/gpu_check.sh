@@ -6,13 +6,23 @@ set -uo pipefail
 OUT="${1:?usage: gpu_check.sh OUT_DIR}"
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
-export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}" TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0a}" MAX_JOBS="${MAX_JOBS:-16}"
+# CUDA_HOME: the toolkit root (holding include/cuda_runtime.h): as given, else /usr/local/cuda,
+# else the one above the nvcc on PATH, else the one torch finds.
+if [ -z "${CUDA_HOME:-}" ] || [ ! -f "$CUDA_HOME/include/cuda_runtime.h" ]; then
+  for c in /usr/local/cuda "$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /x/x)")")" \
+           "$(${PYTHON:-python3} -c 'from torch.utils.cpp_extension import CUDA_HOME; print(CUDA_HOME or "")' 2>/dev/null)"; do
+    if [ -n "$c" ] && [ -f "$c/include/cuda_runtime.h" ]; then CUDA_HOME="$c"; break; fi
+  done
+fi
+echo "CUDA_HOME=${CUDA_HOME:-not found}" > "$OUT/cuda_home.txt"
+export CUDA_HOME TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0a}" MAX_JOBS="${MAX_JOBS:-16}"
 export PYTHONUNBUFFERED=1
 PY="${PYTHON:-python3}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
 {
   echo "== build ($(date +%T))"
   timeout 300 "$PY" -m pip install --no-build-isolation --no-deps -e . || { echo "BUILD FAILED"; exit 1; }
+  "$PY" -c "import torch, blockbatch.native; assert torch._C._dispatch_has_kernel_for_dispatch_key('blockbatch::packed_attention', 'CUDA'), 'the build has no CUDA kernels (CUDA_HOME=$CUDA_HOME)'; print('CUDA kernels registered')" || exit 1
   echo "== GPU tests ($(date +%T))"
   timeout 180 "$PY" -m pytest -q tests/test_cuda.py tests/test_ops.py -x --junitxml="$OUT/gpu_tests.xml"
   echo "== GPU benchmarks ($(date +%T))"
