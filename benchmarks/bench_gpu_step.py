@@ -65,10 +65,10 @@ def busy_ms(fn) -> float:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    total_us = 0.0
+    total_us = 0.0  # as PyTorch's own table totals "Self CUDA": the device-side events' own time
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
-            total_us += getattr(e, "device_time", None) or getattr(e, "cuda_time", 0.0)
+            total_us += getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
     return total_us / 1e3
 
 
@@ -168,7 +168,8 @@ def main(argv=None) -> int:
             weight_bytes = 2 * params - 2 * config.vocab_size * config.d_model  # the embedding table is gathered, not streamed
             roofline_ms = max(weight_bytes / HBM_BYTES_PER_S, flops / BF16_FLOPS) * 1e3
             row = {"step": label, "L": L, "query_tokens": T, "native_eager_ms": native_ms, "plain_pytorch_ms": plain_ms,
-                   "graph_replay_ms": replay_ms, "gpu_busy_ms": gpu_busy_ms, "replay_over_busy": replay_ms / gpu_busy_ms,
+                   "graph_replay_ms": replay_ms, "gpu_busy_ms": gpu_busy_ms,
+                   "replay_over_busy": replay_ms / gpu_busy_ms if gpu_busy_ms > 0 else None,
                    "roofline_ms": roofline_ms, "native_over_roofline": native_ms / roofline_ms,
                    "replay_over_roofline": replay_ms / roofline_ms, "plain_over_native": plain_ms / native_ms}
             results.append(row)
