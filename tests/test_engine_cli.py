@@ -101,6 +101,10 @@ def test_cli_generate_json_and_progress(ckpt):
     assert all(r["stats"]["nfe"] >= 1 and len(r["stats"]["branches"]) == 3 for r in rows)
     res = _cli("generate", "--model", path, "--gen-length", 32, "1 +1 =", "2 +2 =", "3 +3 =")
     assert res.returncode == 0 and "3/3" in res.stderr  # progress bar with several prompts
+    eager = _cli("generate", "--model", path, "--policy", "blockbatch", "--gen-length", 32, "--block-sizes", "4,8,32",
+                 "--json", "--no-cuda-graphs", "1 +1 =", "2 +2 =")
+    assert eager.returncode == 0, eager.stderr
+    assert [json.loads(line)["text"] for line in eager.stdout.splitlines()] == [r["text"] for r in rows]
 
 
 @pytest.mark.parametrize("args,pattern", [
@@ -174,3 +178,4 @@ def test_bench_rejects_bad_policy_spec():
     with pytest.raises(ValueError, match="unknown option 'gate'"):
         policy_options("blockbatch:gate=3", 64)
     assert policy_options("blockbatch:block_sizes=8/32,sync_gap=4", 64).block_sizes == (8, 32)
+    assert policy_options("dual:cuda_graphs=false", 64).cuda_graphs is False

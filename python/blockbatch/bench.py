@@ -34,6 +34,7 @@ OPTION_PARSERS = {
     "refresh_tokens": int, "refresh_mode": str, "prob_floor": float,
     "block_sizes": lambda v: tuple(int(x) for x in v.split("/")),
     "merge": lambda v: v.lower() in ("1", "true", "yes"), "sync": lambda v: v.lower() in ("1", "true", "yes"),
+    "cuda_graphs": lambda v: v.lower() in ("1", "true", "yes"),
 }
 
 

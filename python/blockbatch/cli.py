@@ -105,7 +105,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         policy=args.policy, gen_length=args.gen_length, block_length=args.block_length, steps=args.steps,
         threshold=args.threshold, factor=args.factor, temperature=args.temperature, seed=args.seed,
         stop_on_eos=args.stop_on_eos, block_sizes=args.block_sizes, merge_gate=args.merge_gate,
-        sync_gap=args.sync_gap, refresh_tokens=args.refresh_tokens, refresh_mode=args.refresh_mode)
+        sync_gap=args.sync_gap, refresh_tokens=args.refresh_tokens, refresh_mode=args.refresh_mode,
+        cuda_graphs=not args.no_cuda_graphs)
     engine = Engine.from_pretrained(args.model, device=args.device, dtype=DTYPES[args.dtype])
     prompts = [p if not args.ids else [int(x) for x in p.split(",")] for p in args.prompts]
     chat = False if args.no_chat else None
@@ -176,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ids", action="store_true", help="prompts are comma-separated token ids")
     p.add_argument("--no-chat", action="store_true", help="do not apply the checkpoint's chat template")
     p.add_argument("--json", action="store_true", help="one JSON object per prompt (text, ids, all stats)")
+    p.add_argument("--no-cuda-graphs", action="store_true",
+                   help="on CUDA, launch every step eagerly instead of replaying recorded CUDA graphs "
+                        "(same tokens; for debugging and timing comparisons)")
     g = p.add_argument_group("decoding (ALGORITHMS.md)")
     g.add_argument("--policy", choices=["vanilla", "prefix", "dual", "blockbatch"], default="dual",
                    help="vanilla: full forward per step; prefix/dual: Fast-dLLM caches; blockbatch: multi-branch "
