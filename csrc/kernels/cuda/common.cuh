@@ -21,42 +21,42 @@ __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return
 template <>
 __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half(v); }
 
-template <typename V>
-__device__ __forceinline__ V warp_sum(V v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+struct SumOp {
+  template <typename V>
+  __device__ __forceinline__ V operator()(V a, V b) const { return a + b; }
+};
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+template <typename V, typename Op>
+__device__ __forceinline__ V warp_reduce(V v, Op op) {
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 
-// Block-wide sum; `scratch` holds >= 32 values. All threads get the result.
+// Block-wide reduction with `op` (identity: the value threads past the last warp contribute);
+// `scratch` holds >= 32 values. All threads get the result.
+template <typename V, typename Op>
+__device__ __forceinline__ V block_reduce(V v, V* scratch, Op op, V identity) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  v = warp_reduce(v, op);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = threadIdx.x < warps ? scratch[threadIdx.x] : identity;
+  if (warp == 0) v = warp_reduce(v, op);
+  if (threadIdx.x == 0) scratch[0] = v;
+  __syncthreads();
+  return scratch[0];
+}
+
 template <typename V>
 __device__ __forceinline__ V block_sum(V v, V* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
-  v = warp_sum(v);
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = threadIdx.x < warps ? scratch[threadIdx.x] : V(0);
-  if (warp == 0) v = warp_sum(v);
-  if (threadIdx.x == 0) scratch[0] = v;
-  __syncthreads();
-  return scratch[0];
+  return block_reduce(v, scratch, SumOp{}, V(0));
 }
-
 __device__ __forceinline__ float block_max(float v, float* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = threadIdx.x < warps ? scratch[threadIdx.x] : -INFINITY;
-  if (warp == 0) v = warp_max(v);
-  if (threadIdx.x == 0) scratch[0] = v;
-  __syncthreads();
-  return scratch[0];
+  return block_reduce(v, scratch, MaxOp{}, -INFINITY);
 }
 
 // Row r such that cu[r] <= t < cu[r + 1] (cu is non-decreasing, cu[0] = 0).
