@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
-#include <numeric>
 
 #include "decode/commit.h"
 #include "decode/decode.h"
@@ -74,28 +73,27 @@ DecodeResult decode_single_branch(const Model& model, const std::vector<int64_t>
       buffer.push_back(schedule.empty() ? 0 : schedule.at(step));
       const StepRunner::Key key{static_cast<int64_t>(mode), q.size(), static_cast<int64_t>(q.logit_index.size()), b,
                                 kv.defined() ? 1 : 0, sampling ? 1 : 0};
+      auto commit = [&](const at::Tensor& dev, const at::Tensor& token, const at::Tensor& conf) {
+        return ops::commit_(canvas, dev.narrow(0, base, b), token, conf, dev.narrow(0, base + b, 1), c.mask_token_id,
+                            c.eos_token_id, rule, o.threshold, o.factor);
+      };
       StepRunner::Output out = runner.run(buffer, key, [&](const at::Tensor& dev) {
         StepRunner::Body body;
         body.logits = model.forward(q.batch(dev, kv, mode, canvas));
         if (sampling) {  // proposals come from the seeded host generator (the reference's draws)
-          body.readout = sampling_readout(body.logits);
+          body.readout = {body.logits.to(at::kDouble)};
         } else {
           auto [token, conf] = ops::confidence(body.logits.contiguous(), c.mask_token_id);
-          body.readout = {ops::commit_(canvas, dev.narrow(0, base, b), token, conf, dev.narrow(0, base + b, 1),
-                                       c.mask_token_id, c.eos_token_id, rule, o.threshold, o.factor)};
+          body.readout = {commit(dev, token, conf)};
         }
         return body;
       });
       at::Tensor counts = sampling ? at::Tensor() : out.host[0];
-      if (sampling) {
+      if (sampling) {  // commit the host proposals: window and count from the same index buffer
         const Proposals prop = sample_proposals(out.host[0], c.mask_token_id, o.temperature, generator);
-        const auto dev = [&](std::vector<int64_t> v) { return at::tensor(v, at::kLong).to(model.device()); };
-        std::vector<int64_t> window(b);
-        std::iota(window.begin(), window.end(), s);
-        counts = ops::commit_(canvas, dev(window), dev(prop.token),
-                              at::tensor(prop.conf, at::kDouble).to(model.device()),
-                              dev({schedule.empty() ? 0 : schedule.at(step)}), c.mask_token_id, c.eos_token_id, rule,
-                              o.threshold, o.factor)
+        const at::Tensor dev = at::from_blob(buffer.data(), {base + b + 1}, at::kLong).to(model.device(), false, true);
+        counts = commit(dev, at::tensor(prop.token, at::kLong).to(model.device()),
+                        at::tensor(prop.conf, at::kDouble).to(model.device()))
                      .cpu();
       }
       const int64_t committed = counts.const_data_ptr<int64_t>()[0];

@@ -61,13 +61,6 @@ ForwardBatch PackedQueries::batch(const at::Tensor& buffer, const at::Tensor& kv
   return b;
 }
 
-std::vector<at::Tensor> greedy_readout(const at::Tensor& logits, int64_t mask_id) {
-  auto [token, conf] = ops::confidence(logits.contiguous(), mask_id);
-  return {token, conf};
-}
-
-std::vector<at::Tensor> sampling_readout(const at::Tensor& logits) { return {logits.to(at::kDouble)}; }
-
 Proposals sample_proposals(const at::Tensor& l64, int64_t mask_id, double temperature, at::Generator& generator) {
   // Fast-dLLM's Gumbel-max: argmax(exp(l) / (-log u)^T), u ~ U(0, 1) in float64.
   at::Tensor noise = at::rand(l64.sizes(), generator, at::TensorOptions().dtype(at::kDouble));

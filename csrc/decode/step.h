@@ -49,10 +49,8 @@ struct Proposals {
   std::vector<int64_t> token;
   std::vector<double> conf;
 };
-// Readouts (device tensors the host needs from logits) and the proposals made from their host
-// copies: greedy = confidence kernel (argmax, its probability); sampling = float64 logits.
-std::vector<at::Tensor> greedy_readout(const at::Tensor& logits, int64_t mask_id);
-std::vector<at::Tensor> sampling_readout(const at::Tensor& logits);
+// Proposals from host copies of a step's readout: greedy = the confidence kernel's (argmax, its
+// probability); sampling = Gumbel-max over the float64 logits with the seeded host generator.
 Proposals to_proposals(const at::Tensor& token, const at::Tensor& conf);  // host int64 / float64 [n]
 Proposals sample_proposals(const at::Tensor& logits64, int64_t mask_id, double temperature, at::Generator& generator);
 

@@ -87,8 +87,8 @@ StepRunner::Output StepRunner::run(const std::vector<int64_t>& buffer, const Key
     Graphs::Entry& e = graphs_->entries[key];
     e.seen += 1;
     if (!e.graph && e.seen >= 2) {  // the first run of this shape (eager, below) warmed everything up
+      // Capture records, it does not run: the input is filled before each replay, below.
       e.input = at::empty({host_t.numel()}, host_t.options().device(model_.device()));
-      e.input.copy_(host_t);  // capture records, it does not run: the state stays as it is
       e.graph = std::make_unique<at::cuda::CUDAGraph>();
       e.graph->capture_begin(graphs_->pool);
       Body body = step(e.input);
