@@ -127,7 +127,7 @@ def test_bad_arguments_are_named(lm):
 
 def test_loglikelihood_is_refused_clearly(lm):
     with pytest.raises(NotImplementedError, match="loglikelihood is not supported"):
-        lm.loglikelihood([_request("a", )])
+        lm.loglikelihood([_request("a")])
     with pytest.raises(NotImplementedError, match="not supported"):
         lm.loglikelihood_rolling([_request("a")])
 

@@ -109,14 +109,15 @@ class BlockBatchLM(LM):
                              f"max_gen_toks, temperature, do_sample, seed")
         if max_gen_toks is not None and (not isinstance(max_gen_toks, int) or max_gen_toks <= 0):
             raise ValueError(f"gen_kwargs max_gen_toks must be a positive integer, got {max_gen_toks!r}")
-        kw = policy_kwargs(self.policy_spec, self.gen_length or max_gen_toks or 128)
+        length = self.gen_length or max_gen_toks or 128
+        kw = policy_kwargs(self.policy_spec, length)
         if self.gen_length is None:  # round the canvas up to a multiple of every block size in use
             sizes = kw.get("block_sizes", DEFAULT_BLOCK_SIZES) if kw["policy"] == "blockbatch" else [kw["block_length"]]
             if all(isinstance(b, int) and b > 0 for b in sizes):
                 unit = math.lcm(*sizes)
-                kw["gen_length"] = -(-kw["gen_length"] // unit) * unit
-                if kw["policy"] == "vanilla" and "steps" not in self.policy_spec:
-                    kw["steps"] = kw["gen_length"]  # vanilla: one token per step over the whole canvas
+                # parsed again at the rounded length, so that length-derived presets (vanilla's
+                # one step per token) follow it and explicit options still override them
+                kw = policy_kwargs(self.policy_spec, -(-length // unit) * unit)
         base = DecodeOptions(**kw)
         changes: dict[str, Any] = {}
         if do_sample is False or (temperature is not None and float(temperature) == 0.0):
