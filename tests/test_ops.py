@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import blockbatch.native  # noqa: F401  (loads the extension)
 from blockbatch.native import NativeModel, pack_rows
 from blockbatch.reference import model as ref
-from blockbatch.testing import random_config, random_weights
+from blockbatch.testing import FIELD, coordinate_args, random_branch_state, random_config, random_weights
 
 ops = torch.ops.blockbatch
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -176,6 +176,17 @@ def _opcheck_samples():
         torch.randn(2, 1, 2, 1, 5, 4), torch.tensor([1, 0]), torch.tensor([2, 5]), 0, True)
     yield "confidence", ops.confidence.default, (torch.randn(4, 50), 3)
     yield "sparse_probs", ops.sparse_probs.default, (torch.randn(4, 50) * 3, 0.1, 11)
+    s = random_branch_state(1)
+    yield "bb_coordinate_", ops.bb_coordinate_.default, coordinate_args(s)
+    b = int((s["state"][:, FIELD["done"]] == 0).nonzero()[0])
+    start, n = int(s["state"][b, FIELD["start"]]), int(s["state"][b, FIELD["block"]])
+    logits = torch.randn(n, 10)
+    token, conf = ops.confidence(logits, 9)
+    ids, probs = ops.sparse_probs(logits, 0.1, 3)
+    yield "bb_absorb_", ops.bb_absorb_.default, (s["canvas"], s["state"], s["eos_prob"], s["map_ids"], s["map_probs"],
+                                                 torch.tensor([[b, 0, start, n, 0]]), token, conf, ids, probs, logits,
+                                                 3, 9, 7, 0.9, True)
+    yield "kv_copy_rows_", ops.kv_copy_rows_.default, (torch.randn(3, 2, 4), torch.tensor([-1, 0, 0]))
     yield "commit_", ops.commit_.default, (torch.tensor([5, 9, 9, 1, 9, 9]), torch.tensor([1, 2, 3, 4]),
                                            torch.tensor([7, 3, 2, 0]), torch.tensor([0.95, 0.2, 0.99, 0.5], dtype=torch.float64),
                                            torch.tensor([2]), 9, 0, "threshold", 0.9, 1.0)
@@ -301,3 +312,184 @@ def test_commit_bad_input_names_argument():
         ops.commit_(canvas, w, t, c.float(), k, 9, 0, "threshold", 0.9, 1.0)
     with pytest.raises(ValueError, match="one entry per window position"):
         ops.commit_(canvas, w, t[:1], c, k, 9, 0, "threshold", 0.9, 1.0)
+
+
+# ------------------------------------------------------------- BlockBatch bookkeeping ops
+# The decode tests check these ops end to end against the Python reference (tokens, winner,
+# every counter); here: their contracts on states the decode loop may not reach.
+
+
+def _rows_from(s, b):
+    return {name: int(s["state"][b, i]) for name, i in FIELD.items()}
+
+
+def test_coordinate_keeps_its_invariants():
+    """After bb_coordinate_: only masks were filled (or the row is a synced copy of the leader's),
+    `merged` counts exactly the filled masks, every live window is the aligned block holding the
+    branch's first mask with `masks` = its mask count, done rows hold no mask; and over the seeds
+    advances, merges and syncs all fire."""
+    fired = {"advance": 0, "merge": 0, "sync": 0}
+    for seed in range(80):
+        s = random_branch_state(seed)
+        before, st0 = s["canvas"].clone(), s["state"].clone()
+        ops.bb_coordinate_(*coordinate_args(s))
+        canvas, lp, L, mask = s["canvas"], s["prompt_len"], s["canvas"].shape[1], s["mask_id"]
+        assert s["flags"][1] == 0  # no branch was EOS-ready
+        for b in range(canvas.shape[0]):
+            r, r0 = _rows_from(s, b), {n: int(st0[b, i]) for n, i in FIELD.items()}
+            src = int(s["sync_src"][b])
+            if src >= 0:
+                assert torch.equal(canvas[b], canvas[src]) and r["decoded"] == int(s["state"][src, FIELD["decoded"]])
+                assert r["copied"] - r0["copied"] == int(st0[src, FIELD["decoded"]]) - r0["decoded"] > 8
+                fired["sync"] += 1
+            else:
+                changed = canvas[b] != before[b]
+                assert (before[b][changed] == mask).all(), f"seed {seed}: branch {b} overwrote a token"
+                assert r["merged"] - r0["merged"] == int(changed.sum())
+                fired["merge"] += int(changed.sum())
+            gen = canvas[b, lp:]
+            if r["done"]:
+                assert not (gen == mask).any() and r["start"] == r["end"] == L and r["masks"] == 0
+                continue
+            first = lp + int((gen == mask).nonzero()[0])
+            assert (r["start"] - lp) % r["block"] == 0 and r["end"] == r["start"] + r["block"]
+            assert r["start"] <= first < r["end"], f"seed {seed}: branch {b} window misses its first mask"
+            assert r["masks"] == int((canvas[b, r["start"]:r["end"]] == mask).sum())
+            fired["advance"] += int(r["start"] != r0["start"] and src < 0)
+        wanted = any(int(s["state"][b, FIELD["needs_refresh"]]) and not int(s["state"][b, FIELD["done"]])
+                     for b in range(canvas.shape[0]))
+        assert int(s["flags"][0]) == int(wanted)
+    assert all(v > 0 for v in fired.values()), fired
+
+
+def test_coordinate_changes_nothing_when_a_branch_is_eos_ready():
+    s = random_branch_state(3)
+    s["state"][1, FIELD["eos_ready"]] = 1
+    snapshot = {k: v.clone() for k, v in s.items() if torch.is_tensor(v)}
+    ops.bb_coordinate_(*coordinate_args(s))
+    assert s["flags"].tolist() == [0, 1] and (s["sync_src"] == -1).all()
+    for k in ("canvas", "state", "map_ids", "map_probs"):
+        assert torch.equal(s[k], snapshot[k]), k
+
+
+def test_coordinate_switches():
+    """merge=False never fills a mask; sync=False never copies; a larger gap copies less."""
+    for seed in range(20):
+        s = random_branch_state(seed)
+        ops.bb_coordinate_(*coordinate_args(s, merge=False, sync=False))
+        assert (s["state"][:, FIELD["merged"]] == random_branch_state(seed)["state"][:, FIELD["merged"]]).all()
+        assert (s["sync_src"] == -1).all()
+        s = random_branch_state(seed)
+        ops.bb_coordinate_(*coordinate_args(s, merge=False, sync_gap=10**6))
+        assert (s["sync_src"] == -1).all()
+
+
+def test_absorb_records_commits_and_marks_eos():
+    """bb_absorb_ against the rules written out: the map rows are the step's sparse rows, the
+    window commits by threshold (_host_commit), counters grow by the commits, and a complete
+    window holding EOS is EOS-ready with the float64 softmax probability of its first EOS."""
+    eos, tau = 7, 0.8
+    for seed in range(40):
+        s = random_branch_state(seed)
+        g = torch.Generator().manual_seed(seed)
+        live = [b for b in range(4) if not s["state"][b, FIELD["done"]]]
+        spans, rows = [], 0
+        for b in live:
+            start, end = int(s["state"][b, FIELD["start"]]), int(s["state"][b, FIELD["end"]])
+            spans.append([b, rows, start, end - start, 0])
+            rows += end - start
+        if not spans:
+            continue
+        logits = torch.randn(rows, 10, generator=g) * 4
+        logits[:, eos] += 3 * (torch.rand(rows, generator=g) < 0.3)  # some EOS proposals
+        token, conf = ops.confidence(logits, s["mask_id"])
+        ids, probs = ops.sparse_probs(logits, 0.1, 3)
+        before = {k: s[k].clone() for k in ("canvas", "state", "map_ids")}
+        ops.bb_absorb_(s["canvas"], s["state"], s["eos_prob"], s["map_ids"], s["map_probs"], torch.tensor(spans),
+                       token, conf, ids, probs, logits, s["prompt_len"], s["mask_id"], eos, tau, True)
+        lp = s["prompt_len"]
+        for b, row0, start, n, _ in spans:
+            window = torch.arange(start, start + n)
+            want, (k, left, _) = _host_commit(before["canvas"][b], window, token[row0:row0 + n], conf[row0:row0 + n],
+                                              None, s["mask_id"], eos, "threshold", tau, 0.0)
+            assert s["canvas"][b].tolist() == want, f"seed {seed} branch {b}"
+            assert torch.equal(s["map_ids"][b, start - lp:start - lp + n], ids[row0:row0 + n])
+            r, r0 = _rows_from(s, b), {n_: int(before["state"][b, i]) for n_, i in FIELD.items()}
+            assert (r["decoded"] - r0["decoded"], r["committed"] - r0["committed"], r["masks"]) == (k, k, left)
+            held = [i for i in range(n) if want[start + i] == eos]
+            if left == 0 and held:
+                p = torch.softmax(logits[row0 + held[0]].double(), -1)[eos].item()
+                assert r["eos_ready"] == 1 and abs(s["eos_prob"][b].item() - p) < 1e-12
+            else:
+                assert r["eos_ready"] == 0
+        untouched = [b for b in range(4) if b not in live]
+        for b in untouched:
+            assert torch.equal(s["canvas"][b], before["canvas"][b])
+
+
+def test_kv_copy_rows():
+    kv = torch.randn(4, 2, 3, 5)
+    want = kv.clone()
+    want[1], want[3] = kv[2], kv[2]
+    ops.kv_copy_rows_(kv, torch.tensor([-1, 2, -1, 2]))
+    assert torch.equal(kv, want)
+    with pytest.raises(ValueError, match=r"src\[0\] = 4 must be -1 \(keep\) or a row"):
+        ops.kv_copy_rows_(kv, torch.tensor([4, -1, -1, -1]))
+    with pytest.raises(ValueError, match="src must have size 4"):
+        ops.kv_copy_rows_(kv, torch.tensor([-1, -1]))
+
+
+def test_bookkeeping_bad_input_names_argument():
+    s = random_branch_state(0)
+    args = list(coordinate_args(s))
+    with pytest.raises(ValueError, match=r"state must have size 12 in dimension 1"):
+        ops.bb_coordinate_(*(args[:1] + [s["state"][:, :5].contiguous()] + args[2:]))
+    with pytest.raises(TypeError, match="map_probs must be Double"):
+        ops.bb_coordinate_(*(args[:6] + [s["map_probs"].float()] + args[7:]))
+    with pytest.raises(ValueError, match=r"prompt_len must be in \[0, 67\)"):
+        ops.bb_coordinate_(*(args[:7] + [70] + args[8:]))
+    logits = torch.randn(4, 10)
+    token, conf = ops.confidence(logits, 9)
+    ids, probs = ops.sparse_probs(logits, 0.1, 3)
+    live = int((s["state"][:, FIELD["done"]] == 0).nonzero()[0])
+    start = int(s["state"][live, FIELD["start"]])
+    with pytest.raises(ValueError, match=rf"spans\[0\] = \(row {live}, .*does not cover branch {live}'s window"):
+        ops.bb_absorb_(s["canvas"], s["state"], s["eos_prob"], s["map_ids"], s["map_probs"],
+                       torch.tensor([[live, 0, start + 1, 3, 0]]), token, conf, ids, probs, logits, 3, 9, 7, 0.9, True)
+
+
+@pytest.mark.parametrize("threads", [4, 32])
+def test_bookkeeping_under_the_gpu_execution_model(threads):
+    """The bookkeeping code run the way the CUDA kernels run it (one thread block: strided loops,
+    barriers, tree reductions), emulated by `threads` CPU threads, gives the serial results: no
+    divergent barrier, no racing write, reductions that do not depend on the split."""
+    for seed in range(30):
+        for kwargs in ({}, {"merge_gate": 0.7, "sync_gap": 4}):
+            serial, emulated = random_branch_state(seed), random_branch_state(seed)
+            ops.bb_coordinate_(*coordinate_args(serial, **kwargs))
+            ops._bb_coordinate_threads_(*coordinate_args(emulated, **kwargs), threads)
+            for k in ("canvas", "state", "flags", "sync_src"):
+                assert torch.equal(emulated[k], serial[k]), f"seed {seed}: {k}"
+        g = torch.Generator().manual_seed(seed)
+        spans, rows = [], 0
+        for b in range(4):
+            if not serial["state"][b, FIELD["done"]]:
+                start, end = int(serial["state"][b, FIELD["start"]]), int(serial["state"][b, FIELD["end"]])
+                spans.append([b, rows, start, end - start, 0])
+                rows += end - start
+        if not spans:
+            continue
+        logits = torch.randn(rows, 40, generator=g) * 4
+        logits[:, 7] += 4
+        token, conf = ops.confidence(logits, 9)
+        ids, probs = ops.sparse_probs(logits, 0.1, 3)
+        args = (torch.tensor(spans), token, conf, ids, probs, logits, serial["prompt_len"], 9, 7, 0.8, True)
+        ops.bb_absorb_(serial["canvas"], serial["state"], serial["eos_prob"], serial["map_ids"], serial["map_probs"],
+                       *args)
+        ops._bb_absorb_threads_(emulated["canvas"], emulated["state"], emulated["eos_prob"], emulated["map_ids"],
+                                emulated["map_probs"], *args, threads)
+        for k in ("canvas", "state", "map_ids", "map_probs"):
+            assert torch.equal(emulated[k], serial[k]), f"seed {seed}: {k}"
+        assert torch.allclose(emulated["eos_prob"], serial["eos_prob"], rtol=1e-12, atol=0)
+    with pytest.raises(ValueError, match="threads must be a power of two"):
+        ops._bb_coordinate_threads_(*coordinate_args(random_branch_state(0)), 3)

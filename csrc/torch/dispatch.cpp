@@ -67,4 +67,32 @@ at::Tensor commit_(const at::Tensor& canvas, const at::Tensor& window, const at:
   return op.call(canvas, window, token, conf, k, mask_id, eos_id, rule, threshold, factor);
 }
 
+void bb_absorb_(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
+                const at::Tensor& map_ids, const at::Tensor& map_probs, const at::Tensor& spans,
+                const at::Tensor& token, const at::Tensor& conf, const at::Tensor& ids, const at::Tensor& probs,
+                const at::Tensor& logits, int64_t prompt_len, int64_t mask_id, int64_t eos_id, double threshold,
+                bool stop_on_eos) {
+  using T = const at::Tensor&;
+  static auto op = handle<void(T, T, T, T, T, T, T, T, T, T, T, int64_t, int64_t, int64_t, double, bool)>(
+      "blockbatch::bb_absorb_");
+  op.call(canvas, state, eos_prob, map_ids, map_probs, spans, token, conf, ids, probs, logits, prompt_len, mask_id,
+          eos_id, threshold, stop_on_eos);
+}
+
+void bb_coordinate_(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
+                    const at::Tensor& flags, const at::Tensor& sync_src, const at::Tensor& map_ids,
+                    const at::Tensor& map_probs, int64_t prompt_len, int64_t mask_id, double merge_gate, bool merge,
+                    bool sync, int64_t sync_gap, int64_t refresh_tokens, bool periodic_refresh) {
+  using T = const at::Tensor&;
+  static auto op = handle<void(T, T, T, T, T, T, T, int64_t, int64_t, double, bool, bool, int64_t, int64_t, bool)>(
+      "blockbatch::bb_coordinate_");
+  op.call(canvas, state, eos_prob, flags, sync_src, map_ids, map_probs, prompt_len, mask_id, merge_gate, merge, sync,
+          sync_gap, refresh_tokens, periodic_refresh);
+}
+
+void kv_copy_rows_(const at::Tensor& kv, const at::Tensor& src) {
+  static auto op = handle<void(const at::Tensor&, const at::Tensor&)>("blockbatch::kv_copy_rows_");
+  op.call(kv, src);
+}
+
 }  // namespace blockbatch::ops

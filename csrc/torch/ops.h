@@ -8,7 +8,15 @@
 #include <string>
 #include <tuple>
 
+#include "kernels/branches.h"
 #include "kernels/cpu/kernels.h"
+
+// CPU dispatch over the float dtypes the ops accept: float32, bfloat16 and float16 (the checks
+// refuse every other dtype). Needs <ATen/Dispatch.h>.
+#define BLOCKBATCH_DISPATCH_FLOATING(TYPE, NAME, ...)                     \
+  AT_DISPATCH_SWITCH(TYPE, NAME, AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__) \
+                         AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__)     \
+                             AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__))
 
 namespace blockbatch {
 
@@ -27,7 +35,33 @@ std::tuple<at::Tensor, at::Tensor> sparse_probs(const at::Tensor& logits, double
 at::Tensor commit_(const at::Tensor& canvas, const at::Tensor& window, const at::Tensor& token, const at::Tensor& conf,
                    const at::Tensor& k, int64_t mask_id, int64_t eos_id, const std::string& rule, double threshold,
                    double factor);
+// BlockBatch bookkeeping on the canvas' device (torch/branches_op.cpp, kernels/branches.h).
+void bb_absorb_(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
+                const at::Tensor& map_ids, const at::Tensor& map_probs, const at::Tensor& spans,
+                const at::Tensor& token, const at::Tensor& conf, const at::Tensor& ids, const at::Tensor& probs,
+                const at::Tensor& logits, int64_t prompt_len, int64_t mask_id, int64_t eos_id, double threshold,
+                bool stop_on_eos);
+void bb_coordinate_(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
+                    const at::Tensor& flags, const at::Tensor& sync_src, const at::Tensor& map_ids,
+                    const at::Tensor& map_probs, int64_t prompt_len, int64_t mask_id, double merge_gate, bool merge,
+                    bool sync, int64_t sync_gap, int64_t refresh_tokens, bool periodic_refresh);
+void kv_copy_rows_(const at::Tensor& kv, const at::Tensor& src);
 }  // namespace ops
+
+// Shapes of a request's bookkeeping tensors (checked by check_branches for every backend).
+struct BranchTensors {
+  int64_t B, L, K;
+};
+BranchTensors check_branches(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
+                             const at::Tensor& map_ids, const at::Tensor& map_probs, int64_t prompt_len);
+void check_absorb(const BranchTensors& d, const at::Tensor& canvas, const at::Tensor& spans, const at::Tensor& token,
+                  const at::Tensor& conf, const at::Tensor& ids, const at::Tensor& probs, const at::Tensor& logits);
+void check_coordinate(const BranchTensors& d, const at::Tensor& canvas, const at::Tensor& flags,
+                      const at::Tensor& sync_src);
+void check_kv_copy_rows(const at::Tensor& kv, const at::Tensor& src);
+branches::View branch_view(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
+                           const at::Tensor& map_ids, const at::Tensor& map_probs, int64_t prompt_len,
+                           int64_t mask_id, int64_t eos_id);
 
 // commit_ windows hold at most this many positions (the CUDA kernel keeps them in shared memory).
 constexpr int64_t kMaxCommitWindow = 4096;

@@ -9,12 +9,6 @@
 namespace blockbatch {
 
 namespace {
-// float32, bfloat16 and float16 only (the checks refuse every other dtype).
-#define BLOCKBATCH_DISPATCH_FLOATING(TYPE, NAME, ...)                         \
-  AT_DISPATCH_SWITCH(TYPE, NAME, AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__)     \
-                         AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__)         \
-                             AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__))
-
 // Row boundaries must start at 0, never decrease and end at `total`.
 void check_cu_seqlens_values(const at::Tensor& cu, int64_t total) {
   const int64_t* p = cu.data_ptr<int64_t>();

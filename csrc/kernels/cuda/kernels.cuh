@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "kernels/branches.h"     // View, AbsorbParams, CoordinateParams (plain structs)
 #include "kernels/cpu/kernels.h"  // KvGeometry, AttentionArgs (plain structs)
 
 namespace blockbatch::cuda {
@@ -50,5 +51,15 @@ cudaError_t sparse_probs(const T* logits, int64_t rows, int64_t vocab, double fl
 cudaError_t commit(int64_t* canvas, const int64_t* window, const int64_t* token, const double* conf, const int64_t* k,
                    int64_t n, int64_t mask_id, int64_t eos_id, int rule, double tau, double factor, int64_t* counts,
                    cudaStream_t stream);
+
+// BlockBatch bookkeeping (branches.cu; every pointer in `v` and the arguments is on the device):
+// absorb one block per span, coordinate in one block, and the sync's KV row copies.
+template <typename T>
+cudaError_t bb_absorb(const branches::View& v, const int64_t* spans, int64_t n_spans, const int64_t* token,
+                      const double* conf, const int64_t* ids, const double* probs, const T* logits, int64_t vocab,
+                      const branches::AbsorbParams& p, cudaStream_t stream);
+cudaError_t bb_coordinate(const branches::View& v, int64_t* flags, int64_t* sync_src,
+                          const branches::CoordinateParams& p, cudaStream_t stream);
+cudaError_t kv_copy_rows(void* kv, const int64_t* src, int64_t rows, int64_t row_bytes, cudaStream_t stream);
 
 }  // namespace blockbatch::cuda

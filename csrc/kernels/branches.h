@@ -1,0 +1,355 @@
+// BlockBatch branch bookkeeping (ALGORITHMS.md section 4) on the device holding the canvases:
+// what a forward's logits do to each branch it covered (absorb: probability map, threshold
+// commit, EOS readiness) and the coordination between forwards (advance, merge, sync, the
+// periodic refresh decision). The host only reads back the small state table afterwards.
+//
+// One source for both backends: every function is a template over an executor `Ex`.
+//   SerialExec (below; the CPU ops): plain loops.
+//   BlockExec (kernels/cuda/branches.cu): one CUDA thread block; for_each / reduce / count
+//   stride over the threads, `once` runs on thread 0, and each ends with __syncthreads().
+// So the CPU tests of the decode loop check the very code the GPU runs. Rules for the code here:
+// every thread takes the same branches (decisions come from reductions or from memory read
+// after a barrier); state is written only inside `once`, or by `for_each` / `count` at the
+// element the index owns; a `count` body may write its own element and nothing another index reads.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define BB_HD __host__ __device__
+#else
+#define BB_HD
+#endif
+
+namespace blockbatch::branches {
+
+constexpr int64_t kMaxBranches = 16;  // DecodeOptions caps block_sizes at 16
+
+// Columns of the int64 [B, kFields] branch-state table (rows = branches by ascending block size).
+enum Field : int64_t {
+  kBlock,         // block size
+  kStart,         // current window [start, end); L when done
+  kEnd,
+  kDecoded,       // tokens committed by its forwards or received by sync
+  kDone,
+  kSinceRefresh,  // blocks advanced since its last full forward
+  kNeedsRefresh,
+  kEosReady,      // its window is complete and holds EOS (eos_prob[b] = the probability it gave it)
+  kMasks,         // masks left in its window (0 when done)
+  kCommitted,     // stats: tokens committed, merged in, copied by sync
+  kMerged,
+  kCopied,
+  kFields
+};
+// int64 [kFlags] written by coordinate.
+enum Flag : int64_t { kRefreshWanted, kEarlyExit, kFlags };
+// Rows of the int64 [S, kSpanFields] span table: one per branch covered by a forward.
+enum SpanField : int64_t {
+  kSpanRow,       // branch (canvas row, KV row)
+  kSpanLogitRow,  // logits row of position first_pos
+  kSpanFirstPos,  // canvas position of that row
+  kSpanRows,      // logits rows recorded into the probability map (first_pos ...)
+  kSpanFull,      // 1: a full forward (init / refresh): resets the refresh counters
+  kSpanFields
+};
+
+// Device (or host) pointers of one request's bookkeeping tensors.
+struct View {
+  int64_t* canvas;     // [B, L]
+  int64_t* state;      // [B, kFields]
+  double* eos_prob;    // [B]
+  int64_t* map_ids;    // [B, L - lp, K]: tokens with probability > floor (-1: none)
+  double* map_probs;   // [B, L - lp, K]
+  int64_t B, L, lp, K, mask_id, eos_id;
+
+  BB_HD int64_t* st(int64_t b) const { return state + b * kFields; }
+  BB_HD int64_t* row(int64_t b) const { return canvas + b * L; }
+  BB_HD int64_t entry(int64_t b, int64_t pos) const { return (b * (L - lp) + pos - lp) * K; }
+};
+
+struct AbsorbParams {
+  double threshold;
+  bool stop_on_eos;
+};
+
+struct CoordinateParams {
+  double merge_gate;
+  bool merge, sync;
+  int64_t sync_gap, refresh_tokens;
+  bool periodic_refresh;
+};
+
+struct Min {
+  template <typename V>
+  BB_HD V operator()(V a, V b) const { return b < a ? b : a; }
+};
+struct Max {
+  template <typename V>
+  BB_HD V operator()(V a, V b) const { return a < b ? b : a; }
+};
+struct Sum {
+  template <typename V>
+  BB_HD V operator()(V a, V b) const { return a + b; }
+};
+// The most confident candidate; the lowest index on ties (associative and commutative).
+struct Best {
+  double conf;
+  int64_t index;
+};
+struct BestOp {
+  BB_HD Best operator()(Best a, Best b) const {
+    return (b.conf > a.conf || (b.conf == a.conf && b.index < a.index)) ? b : a;
+  }
+};
+
+struct SerialExec {
+  template <typename F>
+  void for_each(int64_t n, F&& f) const {
+    for (int64_t i = 0; i < n; ++i) f(i);
+  }
+  template <typename V, typename F, typename Op>
+  V reduce(int64_t n, V init, F&& f, Op op) const {
+    V acc = init;
+    for (int64_t i = 0; i < n; ++i) acc = op(acc, f(i));
+    return acc;
+  }
+  template <typename F>
+  int64_t count(int64_t n, F&& f) const {
+    int64_t c = 0;
+    for (int64_t i = 0; i < n; ++i) c += f(i) ? 1 : 0;
+    return c;
+  }
+  template <typename F>
+  void once(F&& f) const {
+    f();
+  }
+};
+
+// ------------------------------------------------------------------------------ window helpers
+
+template <typename Ex>
+BB_HD int64_t masks_in(const Ex& ex, const View& v, int64_t b, int64_t s, int64_t e) {
+  const int64_t* x = v.row(b);
+  return ex.reduce(e - s, int64_t(0), [&](int64_t i) { return int64_t(x[s + i] == v.mask_id); }, Sum{});
+}
+
+// Window = the block of the branch's own size holding its first masked generated position.
+template <typename Ex>
+BB_HD void snap_window(const Ex& ex, const View& v, int64_t b) {
+  const int64_t* x = v.row(b);
+  const int64_t first =
+      ex.reduce(v.L - v.lp, v.L, [&](int64_t i) { return x[v.lp + i] == v.mask_id ? v.lp + i : v.L; }, Min{});
+  ex.once([&] {
+    int64_t* st = v.st(b);
+    if (first == v.L) {
+      st[kDone] = 1;
+      st[kStart] = st[kEnd] = v.L;
+    } else {
+      st[kStart] = v.lp + (first - v.lp) / st[kBlock] * st[kBlock];
+      st[kEnd] = st[kStart] + st[kBlock];
+    }
+  });
+}
+
+template <typename Ex>
+BB_HD void advance(const Ex& ex, const View& v, int64_t b, const CoordinateParams& p) {
+  snap_window(ex, v, b);
+  ex.once([&] {
+    int64_t* st = v.st(b);
+    if (st[kDone]) return;
+    st[kSinceRefresh] += 1;
+    if (p.refresh_tokens > 0 && p.periodic_refresh && st[kSinceRefresh] * st[kBlock] >= p.refresh_tokens) {
+      st[kNeedsRefresh] = 1;
+    }
+  });
+}
+
+template <typename Ex>
+BB_HD void update_masks(const Ex& ex, const View& v, int64_t b) {
+  const int64_t m = v.st(b)[kDone] ? 0 : masks_in(ex, v, b, v.st(b)[kStart], v.st(b)[kEnd]);
+  ex.once([&] { v.st(b)[kMasks] = m; });
+}
+
+// ------------------------------------------------------------------------------------- absorb
+
+// Softmax probability (float64) of `token` in logits row `row`; logit(row, j) reads one logit
+// as double (the backend converts its storage type).
+template <typename Ex, typename Logit>
+BB_HD double softmax_at(const Ex& ex, const Logit& logit, int64_t row, int64_t vocab, int64_t token) {
+  const double m = ex.reduce(vocab, static_cast<double>(-INFINITY), [&](int64_t j) { return logit(row, j); }, Max{});
+  const double s = ex.reduce(vocab, 0.0, [&](int64_t j) { return exp(logit(row, j) - m); }, Sum{});
+  return exp(logit(row, token) - m) / s;
+}
+
+// Span `sp` of a forward: record its probability rows, commit by threshold inside the branch's
+// window from the window's proposals (token / conf per logits row), update the counters, and on a
+// block step mark the branch EOS-ready when its window is complete and holds EOS.
+template <typename Ex, typename Logit>
+BB_HD void absorb_span(const Ex& ex, const View& v, const int64_t* sp, const int64_t* token, const double* conf,
+                       const int64_t* ids, const double* probs, const Logit& logit, int64_t vocab,
+                       const AbsorbParams& p) {
+  const int64_t b = sp[kSpanRow], lrow = sp[kSpanLogitRow], pos0 = sp[kSpanFirstPos], K = v.K;
+  ex.for_each(sp[kSpanRows] * K, [&](int64_t i) {
+    const int64_t dst = v.entry(b, pos0 + i / K) + i % K, src = (lrow + i / K) * K + i % K;
+    v.map_ids[dst] = ids[src];
+    v.map_probs[dst] = probs[src];
+  });
+  const int64_t s = v.st(b)[kStart], n = v.st(b)[kEnd] - s, wrow = lrow + s - pos0;
+  int64_t* x = v.row(b) + s;
+  const Best best = ex.reduce(
+      n, Best{-INFINITY, n},
+      [&](int64_t i) { return x[i] == v.mask_id ? Best{conf[wrow + i], i} : Best{-INFINITY, n}; }, BestOp{});
+  // Every candidate with conf >= tau, plus the most confident one (none when no candidate).
+  const int64_t k = best.index == n ? 0 : ex.count(n, [&](int64_t i) {
+    if (x[i] != v.mask_id || !(conf[wrow + i] >= p.threshold || i == best.index)) return false;
+    x[i] = token[wrow + i];
+    return true;
+  });
+  const int64_t left = masks_in(ex, v, b, s, s + n);
+  const bool full = sp[kSpanFull] != 0;
+  ex.once([&] {
+    int64_t* st = v.st(b);
+    st[kDecoded] += k;
+    st[kCommitted] += k;
+    st[kMasks] = left;
+    if (full) st[kSinceRefresh] = st[kNeedsRefresh] = 0;
+  });
+  if (full || !p.stop_on_eos || left != 0) return;
+  const int64_t first = ex.reduce(n, n, [&](int64_t i) { return x[i] == v.eos_id ? i : n; }, Min{});
+  if (first == n) return;
+  const double prob = softmax_at(ex, logit, wrow + first, vocab, v.eos_id);
+  ex.once([&] {
+    v.st(b)[kEosReady] = 1;
+    v.eos_prob[b] = prob;
+  });
+}
+
+// --------------------------------------------------------------------------------- coordinate
+
+template <typename Ex>
+BB_HD int64_t leader(const Ex&, const View& v) {  // most decoded, done included; first on ties
+  int64_t best = 0;
+  for (int64_t b = 1; b < v.B; ++b) {
+    if (v.st(b)[kDecoded] > v.st(best)[kDecoded]) best = b;
+  }
+  return best;
+}
+
+// Probability the destination's map gives `token` (a real id) at `pos`: 0 when absent.
+BB_HD inline double map_prob(const View& v, int64_t dst, int64_t pos, int64_t token) {
+  const int64_t e = v.entry(dst, pos);
+  for (int64_t k = 0; k < v.K; ++k) {
+    if (v.map_ids[e + k] == token) return v.map_probs[e + k];
+  }
+  return 0.0;
+}
+// Whether the map holds any token at `pos` (ids are padded with -1 anywhere in the entry).
+BB_HD inline bool map_empty(const View& v, int64_t dst, int64_t pos) {
+  const int64_t e = v.entry(dst, pos);
+  for (int64_t k = 0; k < v.K; ++k) {
+    if (v.map_ids[e + k] >= 0) return false;
+  }
+  return true;
+}
+
+// Confidence-gated merging (ALGORITHMS.md 4, step 4).
+template <typename Ex>
+BB_HD void merge_step(const Ex& ex, const View& v, const CoordinateParams& p) {
+  int64_t order[kMaxBranches];
+  int64_t n = 0;
+  for (int64_t b = 0; b < v.B; ++b) {  // active, by window end descending (stable insertion)
+    if (v.st(b)[kDone]) continue;
+    int64_t j = n++;
+    for (; j > 0 && v.st(order[j - 1])[kEnd] < v.st(b)[kEnd]; --j) order[j] = order[j - 1];
+    order[j] = b;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t dst = order[i];
+    const int64_t* a = v.row(dst);
+    int64_t src[kMaxBranches];
+    int64_t ns = 0;
+    for (int64_t j = i + 1; j < n; ++j) {
+      const int64_t* s = v.row(order[j]);
+      const int64_t clash = ex.reduce(v.L - v.lp, int64_t(0), [&](int64_t q) {
+        const int64_t t = v.lp + q;
+        return int64_t(a[t] != v.mask_id && s[t] != v.mask_id && a[t] != s[t]);
+      }, Max{});
+      if (!clash) src[ns++] = order[j];
+    }
+    if (ns == 0) continue;
+    int64_t* x = v.row(dst);
+    const int64_t filled = ex.count(v.L - v.lp, [&](int64_t q) {
+      const int64_t pos = v.lp + q;
+      bool covered = false;
+      for (int64_t j = 0; j < ns; ++j) covered = covered || (v.st(src[j])[kStart] <= pos && pos < v.st(src[j])[kEnd]);
+      if (!covered || x[pos] != v.mask_id || map_empty(v, dst, pos)) return false;
+      int64_t best_tok = v.mask_id;
+      double best_p = 0.0;
+      for (int64_t j = 0; j < ns; ++j) {
+        const int64_t tok = v.row(src[j])[pos];
+        if (tok == v.mask_id) continue;
+        const double pr = map_prob(v, dst, pos, tok);
+        if (pr > best_p) {
+          best_tok = tok;
+          best_p = pr;
+        }
+      }
+      if (!(best_p > p.merge_gate) || best_tok == v.mask_id) return false;
+      x[pos] = best_tok;
+      return true;
+    });
+    ex.once([&] { v.st(dst)[kMerged] += filled; });
+    if (filled && masks_in(ex, v, dst, v.st(dst)[kStart], v.st(dst)[kEnd]) == 0) advance(ex, v, dst, p);
+  }
+}
+
+// Leader sync (step 5): lagging branches copy the leader's canvas row (sync_src[b] = leader: the
+// caller copies the KV row), take its `decoded` and `done`, and re-snap with their own block size.
+template <typename Ex>
+BB_HD void sync_step(const Ex& ex, const View& v, int64_t* sync_src, const CoordinateParams& p) {
+  const int64_t lead = leader(ex, v);
+  for (int64_t b = 0; b < v.B; ++b) {
+    if (b == lead || v.st(b)[kDone] || v.st(lead)[kDecoded] - v.st(b)[kDecoded] <= p.sync_gap) continue;
+    const int64_t *from = v.row(lead);
+    int64_t* to = v.row(b);
+    ex.for_each(v.L, [&](int64_t t) { to[t] = from[t]; });
+    ex.once([&] {
+      int64_t *st = v.st(b), *ld = v.st(lead);
+      st[kCopied] += ld[kDecoded] > st[kDecoded] ? ld[kDecoded] - st[kDecoded] : 0;
+      st[kDecoded] = ld[kDecoded];
+      st[kDone] = ld[kDone];
+      sync_src[b] = lead;
+    });
+    snap_window(ex, v, b);
+  }
+}
+
+// Steps 3-5 after a forward (advance, merge, sync) and the periodic refresh decision. Nothing
+// changes when a branch is EOS-ready: the host returns that branch's canvas (early exit).
+template <typename Ex>
+BB_HD void coordinate(const Ex& ex, const View& v, int64_t* flags, int64_t* sync_src, const CoordinateParams& p) {
+  bool eos_ready = false;
+  for (int64_t b = 0; b < v.B; ++b) eos_ready = eos_ready || v.st(b)[kEosReady];
+  ex.once([&] {
+    for (int64_t b = 0; b < v.B; ++b) sync_src[b] = -1;
+    flags[kEarlyExit] = eos_ready;
+    flags[kRefreshWanted] = 0;
+  });
+  if (eos_ready) return;
+  for (int64_t b = 0; b < v.B; ++b) {
+    if (!v.st(b)[kDone] && masks_in(ex, v, b, v.st(b)[kStart], v.st(b)[kEnd]) == 0) advance(ex, v, b, p);
+  }
+  if (v.st(leader(ex, v))[kDecoded] > 0) {
+    if (p.merge) merge_step(ex, v, p);
+    if (p.sync) sync_step(ex, v, sync_src, p);
+  }
+  for (int64_t b = 0; b < v.B; ++b) update_masks(ex, v, b);
+  ex.once([&] {
+    for (int64_t b = 0; b < v.B; ++b) {
+      if (!v.st(b)[kDone] && v.st(b)[kNeedsRefresh]) flags[kRefreshWanted] = 1;
+    }
+  });
+}
+
+}  // namespace blockbatch::branches

@@ -1,0 +1,354 @@
+// BlockBatch bookkeeping ops (csrc/kernels/branches.h) and the KV row copy used by leader sync:
+// schemas, the checks every backend shares, and the CPU / Meta implementations.
+#include <ATen/Dispatch.h>
+#include <torch/library.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "kernels/branches.h"
+#include "torch/ops.h"
+
+namespace blockbatch {
+
+namespace br = branches;
+
+namespace {
+
+int64_t check_tensor(const at::Tensor& t, const char* name, c10::ScalarType type, std::initializer_list<int64_t> shape,
+                     const at::Tensor& like) {
+  TORCH_CHECK_TYPE(t.scalar_type() == type, name, " must be ", type, ", got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.is_contiguous(), name, " must be contiguous");
+  TORCH_CHECK_VALUE(t.dim() == static_cast<int64_t>(shape.size()), name, " must have ", shape.size(),
+                    " dimensions, got shape ", t.sizes());
+  int64_t d = 0;
+  for (int64_t s : shape) {
+    TORCH_CHECK_VALUE(s < 0 || t.size(d) == s, name, " must have size ", s, " in dimension ", d, ", got shape ",
+                      t.sizes());
+    ++d;
+  }
+  TORCH_CHECK_VALUE(t.device() == like.device(), name, " must be on the canvas' device ", like.device(), ", got ",
+                    t.device());
+  return t.numel();
+}
+
+}  // namespace
+
+BranchTensors check_branches(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
+                             const at::Tensor& map_ids, const at::Tensor& map_probs, int64_t prompt_len) {
+  check_tensor(canvas, "canvas", at::kLong, {-1, -1}, canvas);
+  const int64_t B = canvas.size(0), L = canvas.size(1);
+  TORCH_CHECK_VALUE(B >= 1 && B <= br::kMaxBranches, "canvas must hold 1 to ", br::kMaxBranches,
+                    " branch rows, got ", B);
+  TORCH_CHECK_VALUE(prompt_len >= 0 && prompt_len < L, "prompt_len must be in [0, ", L, "), got ", prompt_len);
+  check_tensor(state, "state", at::kLong, {B, br::kFields}, canvas);
+  check_tensor(eos_prob, "eos_prob", at::kDouble, {B}, canvas);
+  check_tensor(map_ids, "map_ids", at::kLong, {B, L - prompt_len, -1}, canvas);
+  check_tensor(map_probs, "map_probs", at::kDouble, {B, L - prompt_len, map_ids.size(2)}, canvas);
+  return {B, L, map_ids.size(2)};
+}
+
+void check_absorb(const BranchTensors& d, const at::Tensor& canvas, const at::Tensor& spans, const at::Tensor& token,
+                  const at::Tensor& conf, const at::Tensor& ids, const at::Tensor& probs, const at::Tensor& logits) {
+  check_tensor(spans, "spans", at::kLong, {-1, br::kSpanFields}, canvas);
+  TORCH_CHECK_VALUE(spans.size(0) <= d.B, "spans: at most one per branch (", d.B, "), got ", spans.size(0));
+  check_logits(logits);
+  TORCH_CHECK_VALUE(logits.device() == canvas.device(), "logits must be on the canvas' device ", canvas.device(),
+                    ", got ", logits.device());
+  const int64_t n = logits.size(0);
+  check_tensor(token, "token", at::kLong, {n}, canvas);
+  check_tensor(conf, "conf", at::kDouble, {n}, canvas);
+  check_tensor(ids, "ids", at::kLong, {n, d.K}, canvas);
+  check_tensor(probs, "probs", at::kDouble, {n, d.K}, canvas);
+}
+
+void check_coordinate(const BranchTensors& d, const at::Tensor& canvas, const at::Tensor& flags,
+                      const at::Tensor& sync_src) {
+  check_tensor(flags, "flags", at::kLong, {br::kFlags}, canvas);
+  check_tensor(sync_src, "sync_src", at::kLong, {d.B}, canvas);
+}
+
+void check_kv_copy_rows(const at::Tensor& kv, const at::Tensor& src) {
+  TORCH_CHECK_VALUE(kv.dim() >= 1 && kv.is_contiguous(), "kv must be a contiguous tensor with a row dimension, got ",
+                    kv.sizes());
+  check_tensor(src, "src", at::kLong, {kv.size(0)}, kv);
+}
+
+branches::View branch_view(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
+                           const at::Tensor& map_ids, const at::Tensor& map_probs, int64_t prompt_len,
+                           int64_t mask_id, int64_t eos_id) {
+  return {canvas.data_ptr<int64_t>(), state.data_ptr<int64_t>(), eos_prob.data_ptr<double>(),
+          map_ids.data_ptr<int64_t>(), map_probs.data_ptr<double>(),
+          canvas.size(0), canvas.size(1), prompt_len, map_ids.size(2), mask_id, eos_id};
+}
+
+namespace {
+
+void absorb_cpu(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
+                const at::Tensor& map_ids, const at::Tensor& map_probs, const at::Tensor& spans,
+                const at::Tensor& token, const at::Tensor& conf, const at::Tensor& ids, const at::Tensor& probs,
+                const at::Tensor& logits, int64_t prompt_len, int64_t mask_id, int64_t eos_id, double threshold,
+                bool stop_on_eos) {
+  const BranchTensors d = check_branches(canvas, state, eos_prob, map_ids, map_probs, prompt_len);
+  check_absorb(d, canvas, spans, token, conf, ids, probs, logits);
+  const br::View v = branch_view(canvas, state, eos_prob, map_ids, map_probs, prompt_len, mask_id, eos_id);
+  const int64_t* sp = spans.const_data_ptr<int64_t>();
+  const int64_t rows = logits.size(0);
+  for (int64_t i = 0; i < spans.size(0); ++i) {  // the host checks what the GPU kernel trusts
+    const int64_t* s = sp + i * br::kSpanFields;
+    const int64_t b = s[br::kSpanRow];
+    TORCH_CHECK_VALUE(b >= 0 && b < d.B, "spans[", i, "]: branch ", b, " is not in [0, ", d.B, ")");
+    const int64_t* st = v.st(b);
+    TORCH_CHECK_VALUE(!st[br::kDone] && st[br::kStart] >= s[br::kSpanFirstPos] &&
+                          s[br::kSpanFirstPos] >= prompt_len && s[br::kSpanRows] >= 0 &&
+                          s[br::kSpanFirstPos] + s[br::kSpanRows] <= d.L && s[br::kSpanLogitRow] >= 0 &&
+                          s[br::kSpanLogitRow] + s[br::kSpanRows] <= rows &&
+                          s[br::kSpanLogitRow] + st[br::kEnd] - s[br::kSpanFirstPos] <= rows,
+                      "spans[", i, "] = (row ", b, ", logits row ", s[br::kSpanLogitRow], ", position ",
+                      s[br::kSpanFirstPos], ", rows ", s[br::kSpanRows], ") does not cover branch ", b,
+                      "'s window [", st[br::kStart], ", ", st[br::kEnd], ") inside the ", rows, " logits rows");
+  }
+  const br::AbsorbParams p{threshold, stop_on_eos};
+  BLOCKBATCH_DISPATCH_FLOATING(logits.scalar_type(), "bb_absorb_", [&] {
+    const scalar_t* l = logits.const_data_ptr<scalar_t>();
+    const int64_t vocab = logits.size(1);
+    auto logit = [&](int64_t row, int64_t j) { return static_cast<double>(static_cast<float>(l[row * vocab + j])); };
+    for (int64_t i = 0; i < spans.size(0); ++i) {
+      br::absorb_span(br::SerialExec{}, v, sp + i * br::kSpanFields, token.const_data_ptr<int64_t>(),
+                      conf.const_data_ptr<double>(), ids.const_data_ptr<int64_t>(), probs.const_data_ptr<double>(),
+                      logit, vocab, p);
+    }
+  });
+}
+
+void coordinate_cpu(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
+                    const at::Tensor& flags, const at::Tensor& sync_src, const at::Tensor& map_ids,
+                    const at::Tensor& map_probs, int64_t prompt_len, int64_t mask_id, double merge_gate, bool merge,
+                    bool sync, int64_t sync_gap, int64_t refresh_tokens, bool periodic_refresh) {
+  const BranchTensors d = check_branches(canvas, state, eos_prob, map_ids, map_probs, prompt_len);
+  check_coordinate(d, canvas, flags, sync_src);
+  const br::View v = branch_view(canvas, state, eos_prob, map_ids, map_probs, prompt_len, mask_id, -1);
+  for (int64_t b = 0; b < d.B; ++b) {
+    TORCH_CHECK_VALUE(v.st(b)[br::kBlock] > 0, "state[", b, "]: block size must be > 0, got ", v.st(b)[br::kBlock]);
+  }
+  br::coordinate(br::SerialExec{}, v, flags.data_ptr<int64_t>(), sync_src.data_ptr<int64_t>(),
+                 br::CoordinateParams{merge_gate, merge, sync, sync_gap, refresh_tokens, periodic_refresh});
+}
+
+void kv_copy_rows_cpu(const at::Tensor& kv, const at::Tensor& src) {
+  check_kv_copy_rows(kv, src);
+  const int64_t rows = kv.size(0), bytes = kv.numel() / std::max<int64_t>(rows, 1) * kv.element_size();
+  const int64_t* s = src.const_data_ptr<int64_t>();
+  auto* base = static_cast<char*>(kv.data_ptr());
+  for (int64_t r = 0; r < rows; ++r) {
+    TORCH_CHECK_VALUE(s[r] >= -1 && s[r] < rows, "src[", r, "] = ", s[r], " must be -1 (keep) or a row in [0, ",
+                      rows, ")");
+    if (s[r] >= 0 && s[r] != r) std::memcpy(base + r * bytes, base + s[r] * bytes, static_cast<size_t>(bytes));
+  }
+}
+
+// ---- CPU emulation of the CUDA executor (kernels/cuda/branches.cu's BlockExec): `threads`
+// std::threads run the same code as one thread block: strided loops, a barrier after every
+// phase, the same tree reductions over a shared scratch. Tests run the bookkeeping through it to
+// check the GPU execution model here: threads taking different branches miss a barrier (the
+// barrier times out and the op throws); racing writes show up as results unlike the serial ones.
+class Barrier {
+ public:
+  explicit Barrier(int n) : n_(n) {}
+  void wait() {
+    std::unique_lock<std::mutex> lock(m_);
+    if (broken_) throw std::runtime_error("barrier broken");
+    const int64_t gen = generation_;
+    if (++arrived_ == n_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    if (!cv_.wait_for(lock, std::chrono::seconds(10), [&] { return generation_ != gen || broken_; }) || broken_) {
+      broken_ = true;
+      cv_.notify_all();
+      throw std::runtime_error("threads diverged: a barrier was not reached by every thread");
+    }
+  }
+  void abandon() {  // a thread failed: release the others
+    std::lock_guard<std::mutex> lock(m_);
+    broken_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  const int n_;
+  int arrived_ = 0;
+  int64_t generation_ = 0;
+  bool broken_ = false;
+};
+
+struct ThreadBlockExec {
+  int tid, threads;
+  Barrier* barrier;
+  unsigned char* scratch;  // threads * 16 bytes, shared
+
+  template <typename F>
+  void for_each(int64_t n, F&& f) const {
+    for (int64_t i = tid; i < n; i += threads) f(i);
+    barrier->wait();
+  }
+  template <typename V, typename F, typename Op>
+  V reduce(int64_t n, V init, F&& f, Op op) const {
+    static_assert(sizeof(V) <= 16);
+    V acc = init;
+    for (int64_t i = tid; i < n; i += threads) acc = op(acc, f(i));
+    V* s = reinterpret_cast<V*>(scratch);
+    s[tid] = acc;
+    barrier->wait();
+    for (int w = threads / 2; w > 0; w >>= 1) {
+      if (tid < w) s[tid] = op(s[tid], s[tid + w]);
+      barrier->wait();
+    }
+    const V r = s[0];
+    barrier->wait();
+    return r;
+  }
+  template <typename F>
+  int64_t count(int64_t n, F&& f) const {
+    return reduce(n, int64_t(0), [&](int64_t i) { return int64_t(f(i) ? 1 : 0); }, br::Sum{});
+  }
+  template <typename F>
+  void once(F&& f) const {
+    if (tid == 0) f();
+    barrier->wait();
+  }
+};
+
+// Runs body(exec) on `threads` threads forming one emulated block; rethrows the first failure.
+template <typename Body>
+void run_thread_block(int64_t threads, const Body& body) {
+  TORCH_CHECK_VALUE(threads >= 1 && threads <= 64 && (threads & (threads - 1)) == 0,
+                    "threads must be a power of two in [1, 64], got ", threads);
+  const int n = static_cast<int>(threads);
+  Barrier barrier(n);
+  alignas(16) unsigned char scratch[64 * 16];
+  std::vector<std::exception_ptr> errors(n);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < n; ++t) {
+    pool.emplace_back([&, t] {
+      try {
+        body(ThreadBlockExec{t, n, &barrier, scratch});
+      } catch (...) {
+        errors[t] = std::current_exception();
+        barrier.abandon();
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+void absorb_threads_cpu(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
+                        const at::Tensor& map_ids, const at::Tensor& map_probs, const at::Tensor& spans,
+                        const at::Tensor& token, const at::Tensor& conf, const at::Tensor& ids,
+                        const at::Tensor& probs, const at::Tensor& logits, int64_t prompt_len, int64_t mask_id,
+                        int64_t eos_id, double threshold, bool stop_on_eos, int64_t threads) {
+  const BranchTensors d = check_branches(canvas, state, eos_prob, map_ids, map_probs, prompt_len);
+  check_absorb(d, canvas, spans, token, conf, ids, probs, logits);
+  TORCH_CHECK_TYPE(logits.scalar_type() == at::kFloat, "logits must be Float for the emulation");
+  const br::View v = branch_view(canvas, state, eos_prob, map_ids, map_probs, prompt_len, mask_id, eos_id);
+  const float* l = logits.const_data_ptr<float>();
+  const int64_t vocab = logits.size(1);
+  auto logit = [&](int64_t row, int64_t j) { return static_cast<double>(l[row * vocab + j]); };
+  for (int64_t i = 0; i < spans.size(0); ++i) {  // one block per span, as on the GPU (one at a time here)
+    run_thread_block(threads, [&](const ThreadBlockExec& ex) {
+      br::absorb_span(ex, v, spans.const_data_ptr<int64_t>() + i * br::kSpanFields, token.const_data_ptr<int64_t>(),
+                      conf.const_data_ptr<double>(), ids.const_data_ptr<int64_t>(), probs.const_data_ptr<double>(),
+                      logit, vocab, br::AbsorbParams{threshold, stop_on_eos});
+    });
+  }
+}
+
+void coordinate_threads_cpu(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
+                            const at::Tensor& flags, const at::Tensor& sync_src, const at::Tensor& map_ids,
+                            const at::Tensor& map_probs, int64_t prompt_len, int64_t mask_id, double merge_gate,
+                            bool merge, bool sync, int64_t sync_gap, int64_t refresh_tokens, bool periodic_refresh,
+                            int64_t threads) {
+  const BranchTensors d = check_branches(canvas, state, eos_prob, map_ids, map_probs, prompt_len);
+  check_coordinate(d, canvas, flags, sync_src);
+  const br::View v = branch_view(canvas, state, eos_prob, map_ids, map_probs, prompt_len, mask_id, -1);
+  run_thread_block(threads, [&](const ThreadBlockExec& ex) {
+    br::coordinate(ex, v, flags.data_ptr<int64_t>(), sync_src.data_ptr<int64_t>(),
+                   br::CoordinateParams{merge_gate, merge, sync, sync_gap, refresh_tokens, periodic_refresh});
+  });
+}
+
+void absorb_meta(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
+                 const at::Tensor& map_ids, const at::Tensor& map_probs, const at::Tensor& spans,
+                 const at::Tensor& token, const at::Tensor& conf, const at::Tensor& ids, const at::Tensor& probs,
+                 const at::Tensor& logits, int64_t prompt_len, int64_t, int64_t, double, bool) {
+  check_absorb(check_branches(canvas, state, eos_prob, map_ids, map_probs, prompt_len), canvas, spans, token, conf,
+               ids, probs, logits);
+}
+
+void coordinate_meta(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
+                     const at::Tensor& flags, const at::Tensor& sync_src, const at::Tensor& map_ids,
+                     const at::Tensor& map_probs, int64_t prompt_len, int64_t, double, bool, bool, int64_t, int64_t,
+                     bool) {
+  check_coordinate(check_branches(canvas, state, eos_prob, map_ids, map_probs, prompt_len), canvas, flags, sync_src);
+}
+
+void kv_copy_rows_meta(const at::Tensor& kv, const at::Tensor& src) { check_kv_copy_rows(kv, src); }
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(blockbatch, m) {
+  // BlockBatch bookkeeping on the canvas' device (ALGORITHMS.md 4; csrc/kernels/branches.h).
+  // canvas int64 [B, L]; state int64 [B, 12] (block, start, end, decoded, done, since_refresh,
+  // needs_refresh, eos_ready, masks, committed, merged, copied); eos_prob float64 [B];
+  // map_ids int64 / map_probs float64 [B, L - prompt_len, K]: the sparse probability maps.
+  // bb_absorb_: for each span (row, logits_row, first_pos, rows, full) of a forward, record the
+  // rows' sparse probabilities (ids / probs [N, K]) into the branch's map, commit by threshold
+  // inside its window from token / conf [N], count, and on a block step with stop_on_eos mark it
+  // EOS-ready when its window is complete and holds EOS (float64 softmax of that logits row).
+  m.def("bb_absorb_(Tensor(a!) canvas, Tensor(b!) state, Tensor(c!) eos_prob, Tensor(d!) map_ids, "
+        "Tensor(e!) map_probs, Tensor spans, Tensor token, Tensor conf, Tensor ids, Tensor probs, Tensor logits, "
+        "int prompt_len, int mask_id, int eos_id, float threshold, bool stop_on_eos) -> ()");
+  // bb_coordinate_: advance, confidence-gated merge, leader sync (canvas rows; sync_src[b] = the
+  // row whose KV row b must copy, -1 none) and the periodic refresh decision; flags int64 [2] =
+  // (refresh wanted, early exit pending: nothing was changed).
+  m.def("bb_coordinate_(Tensor(a!) canvas, Tensor(b!) state, Tensor eos_prob, Tensor(c!) flags, Tensor(d!) sync_src, "
+        "Tensor map_ids, Tensor map_probs, int prompt_len, int mask_id, float merge_gate, bool merge, bool sync, "
+        "int sync_gap, int refresh_tokens, bool periodic_refresh) -> ()");
+  // kv_copy_rows_: kv[r] = kv[src[r]] for every r with src[r] >= 0 (src int64 [kv.size(0)]).
+  m.def("kv_copy_rows_(Tensor(a!) kv, Tensor src) -> ()");
+  // Test hooks (CPU only): the two ops above run by `threads` std::threads emulating one CUDA
+  // thread block (the GPU executor's barriers and reductions).
+  m.def("_bb_absorb_threads_(Tensor(a!) canvas, Tensor(b!) state, Tensor(c!) eos_prob, Tensor(d!) map_ids, "
+        "Tensor(e!) map_probs, Tensor spans, Tensor token, Tensor conf, Tensor ids, Tensor probs, Tensor logits, "
+        "int prompt_len, int mask_id, int eos_id, float threshold, bool stop_on_eos, int threads) -> ()");
+  m.def("_bb_coordinate_threads_(Tensor(a!) canvas, Tensor(b!) state, Tensor eos_prob, Tensor(c!) flags, "
+        "Tensor(d!) sync_src, Tensor map_ids, Tensor map_probs, int prompt_len, int mask_id, float merge_gate, "
+        "bool merge, bool sync, int sync_gap, int refresh_tokens, bool periodic_refresh, int threads) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(blockbatch, CPU, m) {
+  m.impl("bb_absorb_", &absorb_cpu);
+  m.impl("bb_coordinate_", &coordinate_cpu);
+  m.impl("kv_copy_rows_", &kv_copy_rows_cpu);
+  m.impl("_bb_absorb_threads_", &absorb_threads_cpu);
+  m.impl("_bb_coordinate_threads_", &coordinate_threads_cpu);
+}
+TORCH_LIBRARY_IMPL(blockbatch, Meta, m) {
+  m.impl("bb_absorb_", &absorb_meta);
+  m.impl("bb_coordinate_", &coordinate_meta);
+  m.impl("kv_copy_rows_", &kv_copy_rows_meta);
+}
+
+}  // namespace blockbatch
