@@ -2,105 +2,113 @@
 // python/blockbatch/reference/blockbatch.py; both are written from the spec and must agree on
 // tokens, winner and every counter.
 //
-// Host side: canvases, windows, counters and the sparse probability maps (small). Device side:
-// the KV rows [branches, layers, 2, kv_heads, L, head_dim] and the forwards. Each forward costs
-// one host->device copy of its packed indices and one host<-device copy of its proposals and
-// sparse probabilities (StepRunner; on CUDA the step replays a graph per active-branch set).
+// Everything a branch owns lives on the model's device: canvases [B, L], KV rows, the sparse
+// probability maps and the state table (windows, counters, flags). A step is one device program
+// (StepRunner: one host->device copy of its index buffer; on CUDA a graph replayed per
+// active-branch set): forward, confidence, sparse probabilities, bb_absorb_ (map update, threshold
+// commit, EOS readiness) and, after init and block steps, bb_coordinate_ (advance, merge, sync),
+// kv_copy_rows_ and the divergence test; then ONE device->host copy of the state table (12
+// numbers per branch), from which the host decides the next step's shape. The bookkeeping is
+// csrc/kernels/branches.h: the same source runs as CPU loops and as one CUDA thread block.
+// Sampling (temperature > 0) draws its Gumbel noise from the seeded host generator (the
+// reference's draws), so those steps read the float64 logits back and absorb eagerly.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
-#include <ATen/ops/softmax.h>
-#include <ATen/ops/tensor.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <limits>
-#include <set>
+#include <cstring>
 
-#include "decode/commit.h"
 #include "decode/decode.h"
 #include "decode/step.h"
 #include "decode/step_runner.h"
+#include "kernels/branches.h"
 #include "torch/ops.h"
 
 namespace blockbatch {
 
 namespace {
 
-struct Branch {
-  int64_t block_size = 0;
-  int64_t row = 0;                 // canvas row and KV row
-  int64_t start = 0, end = 0;      // current window
-  int64_t decoded = 0;             // committed by its forwards or received by sync
-  bool done = false;
-  int64_t blocks_since_refresh = 0;
-  bool needs_refresh = false;
-  bool eos_ready = false;
-  double eos_prob = 0;
-  // prob_map[p - lp]: tokens with probability > prob_floor at generated position p, from the
-  // most recent forward of this branch that covered p (empty: none above the floor / never).
-  std::vector<std::vector<std::pair<int64_t, double>>> prob_map;
-  BranchStats stats;
-  int64_t nfe_init = 0, nfe_block = 0, nfe_refresh = 0;
-};
+namespace br = branches;
+
+// Step kinds in the StepRunner shape key.
+enum StepKind : int64_t { kInitStep = 10, kBlockStep, kRefreshStep, kCoordinateStep };
 
 class BlockBatchDecoder {
  public:
   BlockBatchDecoder(const Model& model, const std::vector<int64_t>& prompt, const DecodeOptions& o)
-      : model_(model), o_(o), c_(model.config()), lp_(static_cast<int64_t>(prompt.size())),
-        L_(lp_ + o.gen_length), generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))),
-        runner_(model, o.cuda_graphs) {
+      : model_(model), o_(o), c_(model.config()), lp_(static_cast<int64_t>(prompt.size())), G_(o.gen_length),
+        L_(lp_ + G_), B_(static_cast<int64_t>(o.block_sizes.size())),
+        K_(static_cast<int64_t>(std::floor(1.0 / o.prob_floor)) + 1),
+        generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))),
+        runner_(model, o.cuda_graphs), st_(static_cast<size_t>(B_ * br::kFields), 0), eos_(B_, 0.0),
+        nfe_init_(B_, 0), nfe_block_(B_, 0), nfe_refresh_(B_, 0) {
     std::vector<int64_t> sizes = o.block_sizes;
     std::sort(sizes.begin(), sizes.end());
-    max_k_ = static_cast<int64_t>(std::floor(1.0 / o.prob_floor)) + 1;
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      Branch b;
-      b.block_size = sizes[i];
-      b.row = static_cast<int64_t>(i);
-      b.start = lp_;
-      b.end = lp_ + sizes[i];
-      b.prob_map.resize(o.gen_length);
-      b.stats.block_size = sizes[i];
-      branches_.push_back(std::move(b));
-      canvas_.emplace_back(L_, c_.mask_token_id);
-      std::copy(prompt.begin(), prompt.end(), canvas_.back().begin());
+    std::vector<int64_t> canvas(static_cast<size_t>(B_ * L_), c_.mask_token_id);
+    for (int64_t b = 0; b < B_; ++b) {
+      std::copy(prompt.begin(), prompt.end(), canvas.begin() + b * L_);
+      int64_t* st = &st_[b * br::kFields];
+      st[br::kBlock] = sizes[b];
+      st[br::kStart] = lp_;
+      st[br::kEnd] = lp_ + sizes[b];
+      st[br::kMasks] = sizes[b];
     }
-    kv_ = model.new_kv(static_cast<int64_t>(sizes.size()), L_);
+    const at::TensorOptions dev = at::TensorOptions().device(model.device());
+    auto to_dev = [&](std::vector<int64_t>& v, at::IntArrayRef shape) {
+      return at::from_blob(v.data(), shape, at::kLong).to(model.device(), false, /*copy=*/true);
+    };
+    canvas_ = to_dev(canvas, {B_, L_});
+    state_ = to_dev(st_, {B_, br::kFields});
+    eos_prob_ = at::zeros({B_}, dev.dtype(at::kDouble));
+    map_ids_ = at::full({B_, G_, K_}, -1, dev.dtype(at::kLong));
+    map_probs_ = at::zeros({B_, G_, K_}, dev.dtype(at::kDouble));
+    flags_ = at::zeros({br::kFlags}, dev.dtype(at::kLong));
+    sync_src_ = at::full({B_}, -1, dev.dtype(at::kLong));
+    kv_ = model.new_kv(B_, L_);
   }
 
   DecodeResult run() {
     const auto t0 = std::chrono::steady_clock::now();
-    full_forward(all_branches(), /*init=*/true);
-    coordinate();
-    Branch* winner = nullptr;
+    init_step();
+    maybe_refresh();
+    int64_t winner = -1;
     while (!all_done()) {
       block_step();
-      Branch* ready = nullptr;  // highest EOS probability; the first (smallest size) wins ties
-      for (auto& b : branches_) {
-        if (b.eos_ready && (!ready || b.eos_prob > ready->eos_prob)) ready = &b;
+      for (int64_t b = 0; b < B_; ++b) {  // highest EOS probability; the first (smallest size) wins ties
+        if (st(b)[br::kEosReady] && (winner < 0 || eos_[b] > eos_[winner])) winner = b;
       }
-      if (ready) {
-        winner = ready;
+      if (winner >= 0) {
         stats_.early_exit = true;
         break;
       }
-      coordinate();
+      maybe_refresh();
     }
-    if (!winner) {  // natural exit: most progress, the smallest block size on ties
-      for (auto& b : branches_) {
-        if (!winner || progress(b) > progress(*winner)) winner = &b;
+    if (winner < 0) {  // natural exit: most progress, the smallest block size on ties
+      for (int64_t b = 0; b < B_; ++b) {
+        if (winner < 0 || progress(b) > progress(winner)) winner = b;
       }
     }
     DecodeResult res;
-    res.tokens = canvas_[winner->row];
+    const at::Tensor tokens = canvas_.select(0, winner).cpu();
+    res.tokens.assign(tokens.const_data_ptr<int64_t>(), tokens.const_data_ptr<int64_t>() + L_);
     stats_.nfe = stats_.nfe_init + stats_.nfe_block + stats_.nfe_refresh;
-    stats_.nfe_paper = winner->nfe_init + winner->nfe_block + winner->nfe_refresh;
-    stats_.winner = winner->row;
-    stats_.winner_block_size = winner->block_size;
-    for (auto& b : branches_) {
-      b.stats.forwards = b.nfe_init + b.nfe_block + b.nfe_refresh;
-      stats_.branches.push_back(b.stats);
+    stats_.nfe_paper = nfe_init_[winner] + nfe_block_[winner] + nfe_refresh_[winner];
+    stats_.winner = winner;
+    stats_.winner_block_size = st(winner)[br::kBlock];
+    for (int64_t b = 0; b < B_; ++b) {
+      BranchStats s;
+      s.block_size = st(b)[br::kBlock];
+      s.committed = st(b)[br::kCommitted];
+      s.merged = st(b)[br::kMerged];
+      s.copied = st(b)[br::kCopied];
+      s.forwards = nfe_init_[b] + nfe_block_[b] + nfe_refresh_[b];
+      stats_.branches.push_back(s);
     }
     stats_.graph_captures = runner_.captures();
     stats_.graph_replays = runner_.replays();
@@ -110,340 +118,190 @@ class BlockBatchDecoder {
   }
 
  private:
-  int64_t progress(const Branch& b) const { return (b.done ? L_ : b.start) - lp_; }
+  // Host copy of branch b's state row (as of the last readback).
+  const int64_t* st(int64_t b) const { return &st_[b * br::kFields]; }
+  int64_t progress(int64_t b) const { return (st(b)[br::kDone] ? L_ : st(b)[br::kStart]) - lp_; }
   bool all_done() const {
-    return std::all_of(branches_.begin(), branches_.end(), [](const Branch& b) { return b.done; });
-  }
-  std::vector<Branch*> all_branches() {
-    std::vector<Branch*> out;
-    for (auto& b : branches_) out.push_back(&b);
-    return out;
-  }
-  std::vector<Branch*> active() {
-    std::vector<Branch*> out;
-    for (auto& b : branches_) {
-      if (!b.done) out.push_back(&b);
-    }
-    return out;
-  }
-  bool has_masks(const Branch& b) const {
-    const auto& x = canvas_[b.row];
-    return std::find(x.begin() + b.start, x.begin() + b.end, c_.mask_token_id) != x.begin() + b.end;
-  }
-
-  // Window = the block of the branch's own size holding its first masked generated position.
-  void snap_window(Branch& b) {
-    const auto& x = canvas_[b.row];
-    auto it = std::find(x.begin() + lp_, x.end(), c_.mask_token_id);
-    if (it == x.end()) {
-      b.done = true;
-      b.start = b.end = L_;
-      return;
-    }
-    const int64_t k = (it - x.begin() - lp_) / b.block_size;
-    b.start = lp_ + k * b.block_size;
-    b.end = b.start + b.block_size;
-  }
-
-  void advance(Branch& b) {
-    snap_window(b);
-    if (b.done) return;
-    b.blocks_since_refresh += 1;
-    if (o_.refresh_tokens > 0 && o_.refresh_mode == RefreshMode::kPeriodic &&
-        b.blocks_since_refresh * b.block_size >= o_.refresh_tokens) {
-      b.needs_refresh = true;
-    }
-  }
-
-  // Sparse probabilities for `rows` logits rows, recorded at positions first_pos...
-  void record_probs(Branch& b, const int64_t* ids, const double* probs, int64_t rows, int64_t first_pos) {
-    for (int64_t i = 0; i < rows; ++i) {
-      auto& entry = b.prob_map[first_pos + i - lp_];
-      entry.clear();
-      for (int64_t k = 0; k < max_k_; ++k) {
-        if (ids[i * max_k_ + k] >= 0) entry.emplace_back(ids[i * max_k_ + k], probs[i * max_k_ + k]);
-      }
-    }
-  }
-
-  // Threshold rule inside the branch's window from that window's proposals.
-  int64_t commit_window(Branch& b, const int64_t* token, const double* conf) {
-    auto& x = canvas_[b.row];
-    const int64_t n = b.end - b.start;
-    std::vector<double> c(n);
-    bool any = false;
-    for (int64_t i = 0; i < n; ++i) {
-      const bool candidate = x[b.start + i] == c_.mask_token_id;
-      c[i] = candidate ? conf[i] : -std::numeric_limits<double>::infinity();
-      any = any || candidate;
-    }
-    if (!any) return 0;
-    const std::vector<char> chosen = select_threshold(c.data(), n, o_.threshold);
-    int64_t k = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      if (chosen[i]) {
-        x[b.start + i] = token[i];
-        ++k;
-      }
-    }
-    b.decoded += k;
-    b.stats.committed += k;
-    return k;
-  }
-
-  struct Sparse {
-    at::Tensor ids, probs;  // host
-  };
-  // What the host reads back from one forward, in ONE device-to-host copy: the greedy proposals
-  // and the sparse probability map (sampling: the float64 logits instead of the proposals).
-  struct StepData {
-    at::Tensor logits;    // device
-    Proposals all;        // greedy proposals of every logits row
-    Sparse sp;
-    at::Tensor logits64;  // host, sampling only
-  };
-  StepData forward(const PackedQueries& q, KvMode mode) {
-    const bool sampling = o_.temperature > 0;
-    StepRunner::Output out = runner_.run(q, kv_, mode, sampling ? 1 : 0, [&](const at::Tensor& logits) {
-      const at::Tensor l = logits.contiguous();
-      auto [ids, probs] = ops::sparse_probs(l, o_.prob_floor, max_k_);
-      if (sampling) return std::vector<at::Tensor>{ids, probs, l.to(at::kDouble)};
-      auto [token, conf] = ops::confidence(l, c_.mask_token_id);
-      return std::vector<at::Tensor>{token, conf, ids, probs};
-    });
-    StepData d;
-    d.logits = out.logits;
-    if (sampling) {
-      d.sp = {out.host[0], out.host[1]};
-      d.logits64 = out.host[2];
-    } else {
-      d.all = to_proposals(out.host[0], out.host[1]);
-      d.sp = {out.host[2], out.host[3]};
-    }
-    return d;
-  }
-
-  // Proposals for the logits rows [first, first + n). Greedy proposals come from one call over
-  // all rows; sampling draws noise per branch window, in branch order.
-  Proposals window_proposals(const StepData& d, int64_t first, int64_t n) {
-    if (o_.temperature > 0) {
-      return sample_proposals(d.logits64.narrow(0, first, n), c_.mask_token_id, o_.temperature, generator_);
-    }
-    Proposals p;
-    p.token.assign(d.all.token.begin() + first, d.all.token.begin() + first + n);
-    p.conf.assign(d.all.conf.begin() + first, d.all.conf.begin() + first + n);
-    return p;
-  }
-
-  // What every forward does for a branch it covered: record the sparse probabilities of its
-  // `n_probs` logits rows from `row` (positions from first_pos), then commit inside its window
-  // from the logits rows starting at window_row.
-  int64_t absorb(Branch& b, const StepData& d, int64_t row, int64_t first_pos, int64_t n_probs, int64_t window_row) {
-    record_probs(b, d.sp.ids.const_data_ptr<int64_t>() + row * max_k_,
-                 d.sp.probs.const_data_ptr<double>() + row * max_k_, n_probs, first_pos);
-    const Proposals p = window_proposals(d, window_row, b.end - b.start);
-    return commit_window(b, p.token.data(), p.conf.data());
-  }
-
-  // Init (batch-1 forward, KV copied to every row) or refresh (one forward over `rows`).
-  void full_forward(const std::vector<Branch*>& rows, bool init) {
-    PackedQueries q;
-    const int64_t G = o_.gen_length;
-    if (init) {
-      q.add_row(canvas_[0].data(), 0, L_, 0);
-      for (int64_t p = lp_; p < L_; ++p) q.logit_index.push_back(p);
-    } else {
-      for (size_t i = 0; i < rows.size(); ++i) {
-        q.add_row(canvas_[rows[i]->row].data(), 0, L_, rows[i]->row);
-        for (int64_t p = lp_; p < L_; ++p) q.logit_index.push_back(static_cast<int64_t>(i) * L_ + p);
-      }
-    }
-    const StepData d = forward(q, KvMode::kFull);  // logits [rows * G, vocab] (one row at init)
-    if (init) {
-      for (int64_t r = 1; r < kv_.size(0); ++r) kv_.select(0, r).copy_(kv_.select(0, 0));
-      stats_.nfe_init += 1;
-    } else {
-      stats_.nfe_refresh += 1;
-    }
-    int64_t total = 0;
-    for (size_t i = 0; i < rows.size(); ++i) {
-      Branch& b = *rows[i];
-      const int64_t base = init ? 0 : static_cast<int64_t>(i) * G;  // this row's logits
-      (init ? b.nfe_init : b.nfe_refresh) += 1;
-      b.blocks_since_refresh = 0;
-      b.needs_refresh = false;
-      total += absorb(b, d, base, lp_, G, base + b.start - lp_);
-    }
-    stats_.steps.push_back({total, q.size()});
-  }
-
-  // Batched block denoise: every active branch whose window has masks; dual-cache semantics.
-  void block_step() {
-    std::vector<Branch*> rows;
-    PackedQueries q;
-    for (auto& b : branches_) {
-      if (!b.done && has_masks(b)) {
-        rows.push_back(&b);
-        q.add_row(canvas_[b.row].data(), b.start, b.end, b.row);
-      }
-    }
-    if (rows.empty()) return;
-    const StepData d = forward(q, KvMode::kDual);
-    stats_.nfe_block += 1;
-    int64_t total = 0;
-    for (size_t i = 0; i < rows.size(); ++i) {
-      Branch& b = *rows[i];
-      const int64_t base = q.cu_seqlens[i], n = b.end - b.start;
-      b.nfe_block += 1;
-      total += absorb(b, d, base, b.start, n, base);
-      if (o_.stop_on_eos && !has_masks(b)) {
-        const auto& x = canvas_[b.row];
-        auto eos = std::find(x.begin() + b.start, x.begin() + b.end, c_.eos_token_id);
-        if (eos != x.begin() + b.end) {
-          const int64_t first = eos - x.begin() - b.start;
-          // Rare (once per branch): the one extra device-to-host copy of a step.
-          at::Tensor probs = at::softmax(d.logits.select(0, base + first).to(at::kDouble), -1).cpu();
-          b.eos_ready = true;
-          b.eos_prob = probs.const_data_ptr<double>()[c_.eos_token_id];
-        }
-      }
-    }
-    stats_.steps.push_back({total, q.size()});
-  }
-
-  Branch& leader() {  // most decoded, done branches included; the smallest block size on ties
-    Branch* best = &branches_[0];
-    for (auto& b : branches_) {
-      if (b.decoded > best->decoded) best = &b;
-    }
-    return *best;
-  }
-
-  bool compatible(const Branch& dst, const Branch& src) const {
-    const auto &a = canvas_[dst.row], &s = canvas_[src.row];
-    for (int64_t p = lp_; p < L_; ++p) {
-      if (a[p] != c_.mask_token_id && s[p] != c_.mask_token_id && a[p] != s[p]) return false;
+    for (int64_t b = 0; b < B_; ++b) {
+      if (!st(b)[br::kDone]) return false;
     }
     return true;
   }
-
-  static double prob_of(const std::vector<std::pair<int64_t, double>>& entry, int64_t token) {
-    for (const auto& [t, p] : entry) {
-      if (t == token) return p;
-    }
-    return 0.0;
+  int64_t committed_total() const {
+    int64_t n = 0;
+    for (int64_t b = 0; b < B_; ++b) n += st(b)[br::kCommitted];
+    return n;
   }
 
-  // Confidence-gated merging: destinations by window end, descending (stable: ties keep
-  // ascending block size); sources are the compatible branches after each destination.
-  void merge_step() {
-    std::vector<Branch*> order = active();
-    std::stable_sort(order.begin(), order.end(), [](const Branch* a, const Branch* b) { return a->end > b->end; });
-    for (size_t i = 0; i < order.size(); ++i) {
-      Branch& dst = *order[i];
-      std::vector<Branch*> sources;
-      for (size_t j = i + 1; j < order.size(); ++j) {
-        if (compatible(dst, *order[j])) sources.push_back(order[j]);
-      }
-      std::set<int64_t> seen;
-      int64_t filled = 0;
-      auto& x = canvas_[dst.row];
-      for (Branch* src : sources) {
-        for (int64_t pos = src->start; pos < src->end; ++pos) {
-          if (!seen.insert(pos).second) continue;
-          const auto& entry = dst.prob_map[pos - lp_];
-          if (x[pos] != c_.mask_token_id || entry.empty()) continue;
-          int64_t best_tok = c_.mask_token_id;
-          double best_p = 0.0;
-          for (Branch* s : sources) {
-            const int64_t tok = canvas_[s->row][pos];
-            if (tok == c_.mask_token_id) continue;
-            const double p = prob_of(entry, tok);
-            if (p > best_p) {
-              best_tok = tok;
-              best_p = p;
-            }
-          }
-          if (best_p > o_.merge_gate && best_tok != c_.mask_token_id) {
-            x[pos] = best_tok;
-            ++filled;
-          }
-        }
-      }
-      dst.stats.merged += filled;
-      if (filled && !dst.done && !has_masks(dst)) advance(dst);
-    }
+  // The tensors a step reads back (in one copy) and the host mirror they refresh.
+  std::vector<at::Tensor> status() const { return {state_, eos_prob_, flags_}; }
+  void take_status(const std::vector<at::Tensor>& host) {
+    std::copy_n(host[0].const_data_ptr<int64_t>(), st_.size(), st_.begin());
+    std::copy_n(host[1].const_data_ptr<double>(), B_, eos_.begin());
+    std::copy_n(host[2].const_data_ptr<int64_t>(), br::kFlags, flags_h_);
   }
 
-  // Leader sync: lagging branches copy the leader's canvas and KV row, then re-snap their
-  // window with their own block size (their probability maps and refresh counters stay).
-  void sync_step() {
-    Branch& lead = leader();
-    for (auto& b : branches_) {
-      if (&b == &lead || b.done || lead.decoded - b.decoded <= o_.sync_gap) continue;
-      canvas_[b.row] = canvas_[lead.row];
-      kv_.select(0, b.row).copy_(kv_.select(0, lead.row));
-      b.stats.copied += std::max<int64_t>(lead.decoded - b.decoded, 0);
-      b.decoded = lead.decoded;
-      b.done = lead.done;
-      snap_window(b);
-    }
-  }
-
-  // Divergence trigger: per layer and K/V, unit-normalise each active row's flattened tensor;
-  // refresh when some row's mean squared distance to the mean exceeds 2 (1 - |mean|^2).
-  bool diverged() {
-    std::vector<int64_t> rows;
-    for (auto& b : branches_) {
-      if (!b.done) rows.push_back(b.row);
-    }
-    if (rows.size() < 2) return false;
-    at::Tensor index = at::tensor(rows, at::kLong).to(kv_.device());
-    at::Tensor x = kv_.index_select(0, index).reshape({static_cast<int64_t>(rows.size()), c_.n_layers * 2, -1});
-    x = x.to(at::kDouble);
+  // Divergence trigger on the device (no readback): per layer and K/V, unit-normalise each active
+  // row's flattened tensor; refresh when some row's mean squared distance to the active rows' mean
+  // exceeds 2 (1 - |mean|^2). Identical rows (right after a sync) give dist = 0 and rho2 = +-1e-16
+  // of rounding: never refresh on rounding noise (same rule as the reference).
+  at::Tensor diverged() const {
+    const at::Tensor active = state_.select(1, br::kDone).eq(0);
+    const at::Tensor w = active.to(at::kDouble);
+    at::Tensor x = kv_.reshape({B_, c_.n_layers * 2, -1}).to(at::kDouble);
     x = x / x.norm(2, {-1}, true).clamp_min(1e-30);
-    at::Tensor mu = x.mean(0);
-    at::Tensor dist = (x - mu).pow(2).sum(-1).mean(-1);
-    at::Tensor rho2 = (1 - mu.pow(2).sum(-1)).mean();
-    // Identical rows (right after a sync) give dist = 0 and rho2 = +-1e-16 of rounding: never
-    // refresh on rounding noise (same rule as the reference).
-    return (dist > rho2.clamp_min(0) * 2).any().item<bool>() && dist.max().item<double>() > 1e-9;
+    const at::Tensor n = w.sum();
+    const at::Tensor mu = (x * w.view({B_, 1, 1})).sum(0) / n;
+    const at::Tensor dist = (x - mu).pow(2).sum(-1).mean(-1);
+    const at::Tensor rho2 = (1 - mu.pow(2).sum(-1)).mean();
+    const at::Tensor over = ((dist > rho2.clamp_min(0) * 2) & active).any();
+    const at::Tensor moved = dist.masked_fill(active.logical_not(), 0).max() > 1e-9;
+    return (over & moved & (n >= 2)).to(at::kLong).reshape({1});
   }
 
-  void refresh_step() {
-    std::vector<Branch*> rows = active();
-    if (rows.empty()) return;
-    bool wanted = false;
-    if (o_.refresh_mode == RefreshMode::kDivergence) {
-      wanted = o_.refresh_tokens > 0 && diverged();
-    } else {
-      for (Branch* b : rows) wanted = wanted || b->needs_refresh;
-    }
-    if (wanted) full_forward(rows, /*init=*/false);
-  }
-
-  // Steps 3-6 of an iteration: advance, merge, sync, refresh.
+  // Steps 3-5 (advance, merge, sync and its KV copies) and the refresh decision, on the device.
   void coordinate() {
-    for (auto& b : branches_) {
-      if (!b.done && !has_masks(b)) advance(b);
+    const bool periodic = o_.refresh_mode == RefreshMode::kPeriodic;
+    ops::bb_coordinate_(canvas_, state_, eos_prob_, flags_, sync_src_, map_ids_, map_probs_, lp_, c_.mask_token_id,
+                        o_.merge_gate, o_.merge, o_.sync, o_.sync_gap, o_.refresh_tokens, periodic);
+    ops::kv_copy_rows_(kv_, sync_src_);
+    if (!periodic && o_.refresh_tokens > 0) flags_.narrow(0, br::kRefreshWanted, 1).copy_(diverged());
+  }
+
+  void absorb(const at::Tensor& logits, const at::Tensor& spans, const at::Tensor& token, const at::Tensor& conf,
+              const at::Tensor& ids, const at::Tensor& probs) {
+    ops::bb_absorb_(canvas_, state_, eos_prob_, map_ids_, map_probs_, spans, token, conf, ids, probs, logits, lp_,
+                    c_.mask_token_id, c_.eos_token_id, o_.threshold, o_.stop_on_eos);
+  }
+
+  // One forward over `q` and what follows it on the device: absorb every span (rows of `spans`:
+  // branch, logits row, first position, rows, full) and, unless it is a refresh, coordinate.
+  // Greedy: one device program and one readback. Sampling: the float64 logits come back, the
+  // host draws each span's proposals in span order, and the spans are absorbed one by one.
+  void forward_step(const PackedQueries& q, KvMode mode, StepKind kind, const std::vector<int64_t>& spans) {
+    const int64_t S = static_cast<int64_t>(spans.size()) / br::kSpanFields;
+    std::vector<int64_t> buffer = q.host_buffer(mode);
+    const int64_t base = static_cast<int64_t>(buffer.size());
+    buffer.insert(buffer.end(), spans.begin(), spans.end());
+    const bool sampling = o_.temperature > 0, coord = kind != kRefreshStep;
+    const StepRunner::Key key{static_cast<int64_t>(mode), q.size(), q.rows(),
+                              static_cast<int64_t>(q.logit_index.size()), sampling ? 1 : 0, kind};
+    const int64_t before = committed_total();
+    StepRunner::Output out = runner_.run(buffer, key, [&](const at::Tensor& dev) {
+      StepRunner::Body body;
+      body.logits = model_.forward(q.batch(dev, kv_, mode, canvas_)).contiguous();
+      if (kind == kInitStep) {  // the batch-1 prompt forward filled row 0: every branch starts from it
+        for (int64_t r = 1; r < B_; ++r) kv_.select(0, r).copy_(kv_.select(0, 0));
+      }
+      if (sampling) {
+        body.readout = {body.logits.to(at::kDouble)};
+        return body;
+      }
+      auto [token, conf] = ops::confidence(body.logits, c_.mask_token_id);
+      auto [ids, probs] = ops::sparse_probs(body.logits, o_.prob_floor, K_);
+      absorb(body.logits, dev.narrow(0, base, S * br::kSpanFields).view({S, br::kSpanFields}), token, conf, ids,
+             probs);
+      if (coord) coordinate();
+      body.readout = status();
+      return body;
+    });
+    if (sampling) {
+      const at::Tensor& logits64 = out.host[0];
+      const int64_t n = logits64.size(0);
+      auto [ids, probs] = ops::sparse_probs(out.logits, o_.prob_floor, K_);
+      for (int64_t i = 0; i < S; ++i) {
+        const int64_t* sp = &spans[i * br::kSpanFields];
+        const int64_t b = sp[br::kSpanRow], s = st(b)[br::kStart], w = st(b)[br::kEnd] - s;
+        const int64_t wrow = sp[br::kSpanLogitRow] + s - sp[br::kSpanFirstPos];
+        const Proposals p = sample_proposals(logits64.narrow(0, wrow, w), c_.mask_token_id, o_.temperature, generator_);
+        // One buffer per span: its span row, then token and conf (float64 bits) per logits row.
+        std::vector<int64_t> host(sp, sp + br::kSpanFields);
+        host.resize(br::kSpanFields + 2 * n, 0);
+        std::copy(p.token.begin(), p.token.end(), host.begin() + br::kSpanFields + wrow);
+        std::memcpy(host.data() + br::kSpanFields + n + wrow, p.conf.data(), sizeof(double) * p.conf.size());
+        const at::Tensor dev = at::from_blob(host.data(), {static_cast<int64_t>(host.size())}, at::kLong)
+                                   .to(model_.device(), false, /*copy=*/true);
+        absorb(out.logits, dev.narrow(0, 0, br::kSpanFields).view({1, br::kSpanFields}),
+               dev.narrow(0, br::kSpanFields, n), dev.narrow(0, br::kSpanFields + n, n).view(at::kDouble), ids,
+               probs);
+      }
+      if (coord) coordinate();
+      take_status(read_back(status()));
+    } else {
+      take_status(out.host);
     }
-    if (leader().decoded > 0) {
-      if (o_.merge) merge_step();
-      if (o_.sync) sync_step();
+    stats_.steps.push_back({committed_total() - before, q.size()});
+  }
+
+  // Init (1 NFE): batch-1 full forward over [prompt | masks]; every branch records every
+  // position and commits in its first window; then advance / merge / sync / refresh decision.
+  void init_step() {
+    PackedQueries q;
+    q.add_positions(0, L_, 0, 0);
+    for (int64_t p = lp_; p < L_; ++p) q.logit_index.push_back(p);
+    std::vector<int64_t> spans;
+    for (int64_t b = 0; b < B_; ++b) spans.insert(spans.end(), {b, 0, lp_, G_, 1});
+    stats_.nfe_init += 1;
+    for (int64_t b = 0; b < B_; ++b) nfe_init_[b] += 1;
+    forward_step(q, KvMode::kFull, kInitStep, spans);
+  }
+
+  // Batched block denoise (1 NFE): every active branch whose window has masks, dual-cache
+  // semantics; then coordinate. With no such branch there is no forward, only the coordination.
+  void block_step() {
+    PackedQueries q;
+    std::vector<int64_t> spans;
+    for (int64_t b = 0; b < B_; ++b) {
+      if (st(b)[br::kDone] || st(b)[br::kMasks] == 0) continue;
+      spans.insert(spans.end(), {b, q.size(), st(b)[br::kStart], st(b)[br::kEnd] - st(b)[br::kStart], 0});
+      q.add_positions(st(b)[br::kStart], st(b)[br::kEnd], b, b * L_);
+      nfe_block_[b] += 1;
     }
-    refresh_step();
+    if (q.rows() > 0) {
+      stats_.nfe_block += 1;
+      forward_step(q, KvMode::kDual, kBlockStep, spans);
+      return;
+    }
+    const std::vector<int64_t> buffer{0};  // nothing to send; StepRunner wants a buffer
+    const StepRunner::Key key{0, 0, 0, 0, 0, kCoordinateStep};
+    take_status(runner_.run(buffer, key, [&](const at::Tensor&) {
+                       StepRunner::Body body;
+                       coordinate();
+                       body.readout = status();
+                       return body;
+                     }).host);
+  }
+
+  // Refresh (1 NFE) when the last coordination asked for it: one full forward over every active
+  // row; each row's KV written back to its own row, maps updated, commits in each window.
+  void maybe_refresh() {
+    if (stats_.early_exit || !flags_h_[br::kRefreshWanted] || all_done()) return;
+    PackedQueries q;
+    std::vector<int64_t> spans;
+    for (int64_t b = 0; b < B_; ++b) {
+      if (st(b)[br::kDone]) continue;
+      spans.insert(spans.end(), {b, q.rows() * G_, lp_, G_, 1});
+      for (int64_t p = lp_; p < L_; ++p) q.logit_index.push_back(q.rows() * L_ + p);
+      q.add_positions(0, L_, b, b * L_);
+      nfe_refresh_[b] += 1;
+    }
+    stats_.nfe_refresh += 1;
+    forward_step(q, KvMode::kFull, kRefreshStep, spans);
   }
 
   const Model& model_;
   const DecodeOptions& o_;
   const ModelConfig& c_;
-  const int64_t lp_, L_;
+  const int64_t lp_, G_, L_, B_, K_;
   at::Generator generator_;
-  StepRunner runner_;  // before kv_: the request's device work runs on the runner's stream
-  int64_t max_k_ = 0;
-  std::vector<Branch> branches_;
-  std::vector<std::vector<int64_t>> canvas_;
-  at::Tensor kv_;
+  StepRunner runner_;  // before the device tensors: the request's device work runs on its stream
+  // Device state (rows = branches by ascending block size; see kernels/branches.h).
+  at::Tensor canvas_, state_, eos_prob_, map_ids_, map_probs_, flags_, sync_src_, kv_;
+  // Host mirror of the last readback, and the forwards each branch took part in.
+  std::vector<int64_t> st_;
+  std::vector<double> eos_;
+  int64_t flags_h_[br::kFlags] = {0, 0};
+  std::vector<int64_t> nfe_init_, nfe_block_, nfe_refresh_;
   DecodeStats stats_;
 };
 

@@ -23,9 +23,11 @@ namespace blockbatch {
 
 std::vector<int64_t> PackedQueries::host_buffer(KvMode mode) const {
   std::vector<int64_t> host;
-  host.reserve(2 * tokens.size() + 2 * kv_rows.size() + 1 + prefix_lens.size() + logit_index.size());
+  host.reserve(tokens.size() + gather.size() + positions.size() + 2 * kv_rows.size() + 1 + prefix_lens.size() +
+               logit_index.size());
   auto append = [&](const std::vector<int64_t>& v) { host.insert(host.end(), v.begin(), v.end()); };
   append(tokens);
+  append(gather);
   append(positions);
   append(cu_seqlens);
   append(kv_rows);
@@ -44,13 +46,14 @@ ForwardBatch PackedQueries::batch(const at::Tensor& buffer, const at::Tensor& kv
     return t;
   };
   ForwardBatch b;
-  const bool gather = tokens.empty();
-  if (!gather) b.tokens = take(n_tok);
-  b.positions = take(n_tok);
-  if (gather) {
+  TORCH_CHECK(tokens.empty() || gather.empty(), "PackedQueries: rows are all added with tokens or all by position");
+  if (gather.empty()) {
+    b.tokens = take(n_tok);
+  } else {
     TORCH_CHECK(canvas.defined(), "PackedQueries: rows added by position need the canvas to gather tokens from");
-    b.tokens = canvas.index_select(0, b.positions);
+    b.tokens = canvas.reshape({-1}).index_select(0, take(n_tok));
   }
+  b.positions = take(n_tok);
   b.cu_seqlens = take(n_rows + 1);
   at::Tensor rows_t = take(n_rows);
   if (kv.defined()) b.kv_rows = rows_t;
