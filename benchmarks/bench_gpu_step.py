@@ -9,6 +9,10 @@ Roofline per step: max(weight bytes / 4.8 TB/s, FLOPs / 790 TFLOP/s) (H200 bf16)
 Graph replay: the same step (forward + confidence, what the decode loop's StepRunner records)
 captured once in a CUDA graph and replayed; GPU-busy time: the sum of the step's kernel times
 (torch.profiler), the bound a replay can approach.
+Bookkeeping (BlockBatch rows): what a decode step adds after the forward on the device, on a
+random mid-decode state of the 6 branches: sparse probabilities + bb_absorb_ + bb_coordinate_
+("bookkeeping_ms", graph-replayed, restoring the state first), and the leader sync's KV row
+copies, which move whole KV rows ("sync_kv_copy_ms" per copied row).
 """
 
 from __future__ import annotations
@@ -129,6 +133,45 @@ class PlainStep:
         return x @ w[P + "ff_out.weight"].T
 
 
+def bookkeeping(config, model, kv, L: int, repeats: int) -> dict:
+    """Device time of one BlockBatch step's bookkeeping at this shape (see the module docstring)."""
+    from blockbatch.testing import FIELD, coordinate_args, random_branch_state
+
+    ops = torch.ops.blockbatch
+    lp = 128
+    s0 = random_branch_state(0, prompt_len=lp, gen_length=L - lp, sizes=(4, 8, 16, 32, 64, 128),
+                             vocab=config.vocab_size, mask_id=config.mask_token_id, k=11)
+    s0 = {k: (v.cuda() if torch.is_tensor(v) else v) for k, v in s0.items()}
+    s = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in s0.items()}
+    state = s0["state"].cpu()
+    spans, rows = [], 0
+    for b in range(6):
+        if not state[b, FIELD["done"]]:
+            start, end = int(state[b, FIELD["start"]]), int(state[b, FIELD["end"]])
+            spans.append([b, rows, start, end - start, 0])
+            rows += end - start
+    spans = torch.tensor(spans, device="cuda")
+    logits = torch.randn(rows, config.vocab_size, device="cuda", dtype=torch.bfloat16) * 3
+
+    def step():
+        for k in ("canvas", "state", "map_ids", "map_probs", "flags", "sync_src"):
+            s[k].copy_(s0[k])
+        token, conf = ops.confidence(logits, config.mask_token_id)
+        ids, probs = ops.sparse_probs(logits, 0.1, 11)
+        ops.bb_absorb_(s["canvas"], s["state"], s["eos_prob"], s["map_ids"], s["map_probs"], spans, token, conf,
+                       ids, probs, logits, lp, config.mask_token_id, config.eos_token_id, 0.9, True)
+        ops.bb_coordinate_(*coordinate_args(s))
+
+    out = {"bookkeeping_ms": graph_ms(step, repeats), "bookkeeping_rows": rows}
+    step()
+    copied = int((s["sync_src"] >= 0).sum())
+    if copied:
+        src = s["sync_src"].clone()
+        out["sync_kv_copy_ms"] = cuda_ms(lambda: ops.kv_copy_rows_(kv, src), repeats) / copied
+        out["kv_row_bytes"] = kv[0].numel() * kv.element_size()
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for bench_gpu_step.json")
@@ -172,6 +215,8 @@ def main(argv=None) -> int:
                    "replay_over_busy": replay_ms / gpu_busy_ms if gpu_busy_ms > 0 else None,
                    "roofline_ms": roofline_ms, "native_over_roofline": native_ms / roofline_ms,
                    "replay_over_roofline": replay_ms / roofline_ms, "plain_over_native": plain_ms / native_ms}
+            if label == "blockbatch-6":
+                row.update(bookkeeping(config, model, kv, L, args.repeats))
             results.append(row)
             print(json.dumps(row), flush=True)
     os.makedirs(args.out, exist_ok=True)
