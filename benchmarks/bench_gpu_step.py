@@ -135,7 +135,7 @@ class PlainStep:
 
 def bookkeeping(config, model, kv, L: int, repeats: int) -> dict:
     """Device time of one BlockBatch step's bookkeeping at this shape (see the module docstring)."""
-    from blockbatch.testing import FIELD, coordinate_args, random_branch_state
+    from blockbatch.testing import coordinate_args, random_branch_state, window_spans
 
     ops = torch.ops.blockbatch
     lp = 128
@@ -143,13 +143,7 @@ def bookkeeping(config, model, kv, L: int, repeats: int) -> dict:
                              vocab=config.vocab_size, mask_id=config.mask_token_id, k=11)
     s0 = {k: (v.cuda() if torch.is_tensor(v) else v) for k, v in s0.items()}
     s = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in s0.items()}
-    state = s0["state"].cpu()
-    spans, rows = [], 0
-    for b in range(6):
-        if not state[b, FIELD["done"]]:
-            start, end = int(state[b, FIELD["start"]]), int(state[b, FIELD["end"]])
-            spans.append([b, rows, start, end - start, 0])
-            rows += end - start
+    spans, rows = window_spans(s0["state"].cpu())
     spans = torch.tensor(spans, device="cuda")
     logits = torch.randn(rows, config.vocab_size, device="cuda", dtype=torch.bfloat16) * 3
 

@@ -7,7 +7,7 @@ import blockbatch.native  # noqa: F401
 from blockbatch.native import NativeModel
 from blockbatch.options import DecodeOptions, run_decode
 from blockbatch.reference import model as ref
-from blockbatch.testing import FIELD, coordinate_args, random_branch_state, random_config, random_weights
+from blockbatch.testing import coordinate_args, random_branch_state, random_config, random_weights, window_spans
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 ops = torch.ops.blockbatch
@@ -217,12 +217,7 @@ def test_absorb_cuda_equals_cpu(dtype):
     for seed in range(40):
         cpu = random_branch_state(seed)
         g = torch.Generator().manual_seed(seed)
-        spans, rows = [], 0
-        for b in range(4):
-            if not cpu["state"][b, FIELD["done"]]:
-                start, end = int(cpu["state"][b, FIELD["start"]]), int(cpu["state"][b, FIELD["end"]])
-                spans.append([b, rows, start, end - start, seed % 2])
-                rows += end - start
+        spans, rows = window_spans(cpu["state"], full=seed % 2)
         if not spans:
             continue
         logits = (torch.randn(rows, 300, generator=g) * 4).to(dtype)

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 import blockbatch.native  # noqa: F401  (loads the extension)
 from blockbatch.native import NativeModel, pack_rows
 from blockbatch.reference import model as ref
-from blockbatch.testing import FIELD, coordinate_args, random_branch_state, random_config, random_weights
+from blockbatch.testing import (FIELD, coordinate_args, random_branch_state, random_config, random_weights,
+                                window_spans)
 
 ops = torch.ops.blockbatch
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -392,12 +393,8 @@ def test_absorb_records_commits_and_marks_eos():
     for seed in range(40):
         s = random_branch_state(seed)
         g = torch.Generator().manual_seed(seed)
-        live = [b for b in range(4) if not s["state"][b, FIELD["done"]]]
-        spans, rows = [], 0
-        for b in live:
-            start, end = int(s["state"][b, FIELD["start"]]), int(s["state"][b, FIELD["end"]])
-            spans.append([b, rows, start, end - start, 0])
-            rows += end - start
+        spans, rows = window_spans(s["state"])
+        live = [sp[0] for sp in spans]
         if not spans:
             continue
         logits = torch.randn(rows, 10, generator=g) * 4
@@ -471,12 +468,7 @@ def test_bookkeeping_under_the_gpu_execution_model(threads):
             for k in ("canvas", "state", "flags", "sync_src"):
                 assert torch.equal(emulated[k], serial[k]), f"seed {seed}: {k}"
         g = torch.Generator().manual_seed(seed)
-        spans, rows = [], 0
-        for b in range(4):
-            if not serial["state"][b, FIELD["done"]]:
-                start, end = int(serial["state"][b, FIELD["start"]]), int(serial["state"][b, FIELD["end"]])
-                spans.append([b, rows, start, end - start, 0])
-                rows += end - start
+        spans, rows = window_spans(serial["state"])
         if not spans:
             continue
         logits = torch.randn(rows, 40, generator=g) * 4

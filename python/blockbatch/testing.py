@@ -131,3 +131,15 @@ def coordinate_args(s: dict, *, merge_gate=0.5, merge=True, sync=True, sync_gap=
     """bb_coordinate_'s arguments for a random_branch_state dict."""
     return (s["canvas"], s["state"], s["eos_prob"], s["flags"], s["sync_src"], s["map_ids"], s["map_probs"],
             s["prompt_len"], s["mask_id"], merge_gate, merge, sync, sync_gap, refresh_tokens, periodic_refresh)
+
+
+def window_spans(state: torch.Tensor, full: int = 0) -> tuple[list, int]:
+    """bb_absorb_ spans for a block step over every live branch's window, packed in branch order:
+    ([[branch, logits_row, start, rows, full], ...], total logits rows)."""
+    spans, rows = [], 0
+    for b in range(state.shape[0]):
+        if not state[b, FIELD["done"]]:
+            start, end = int(state[b, FIELD["start"]]), int(state[b, FIELD["end"]])
+            spans.append([b, rows, start, end - start, full])
+            rows += end - start
+    return spans, rows
