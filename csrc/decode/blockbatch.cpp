@@ -14,6 +14,7 @@
 // reference's draws), so those steps read the float64 logits back and absorb eagerly.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
@@ -144,16 +145,24 @@ class BlockBatchDecoder {
   // Divergence trigger on the device (no readback): per layer and K/V, unit-normalise each active
   // row's flattened tensor; refresh when some row's mean squared distance to the active rows' mean
   // exceeds 2 (1 - |mean|^2). Identical rows (right after a sync) give dist = 0 and rho2 = +-1e-16
-  // of rounding: never refresh on rounding noise (same rule as the reference).
+  // of rounding: never refresh on rounding noise (same rule as the reference). One layer at a
+  // time: the float64 copy is 4x a layer of the KV rows, not 4x all of them (LLaDA-8B, L 2048,
+  // 6 rows: 0.8 GB instead of 26 GB, which a captured graph would keep in its pool).
   at::Tensor diverged() const {
     const at::Tensor active = state_.select(1, br::kDone).eq(0);
     const at::Tensor w = active.to(at::kDouble);
-    at::Tensor x = kv_.reshape({B_, c_.n_layers * 2, -1}).to(at::kDouble);
-    x = x / x.norm(2, {-1}, true).clamp_min(1e-30);
     const at::Tensor n = w.sum();
-    const at::Tensor mu = (x * w.view({B_, 1, 1})).sum(0) / n;
-    const at::Tensor dist = (x - mu).pow(2).sum(-1).mean(-1);
-    const at::Tensor rho2 = (1 - mu.pow(2).sum(-1)).mean();
+    const at::Tensor rows = kv_.reshape({B_, c_.n_layers * 2, -1});  // [branch, (layer, K/V), elements]
+    std::vector<at::Tensor> sq, spread;  // per layer: [B, 2] squared distances, [2] 1 - |mean|^2
+    for (int64_t l = 0; l < c_.n_layers; ++l) {
+      at::Tensor x = rows.narrow(1, 2 * l, 2).to(at::kDouble);
+      x = x / x.norm(2, {-1}, true).clamp_min(1e-30);
+      const at::Tensor mu = (x * w.view({B_, 1, 1})).sum(0) / n;
+      sq.push_back((x - mu).pow(2).sum(-1));
+      spread.push_back(1 - mu.pow(2).sum(-1));
+    }
+    const at::Tensor dist = at::cat(sq, 1).mean(-1);
+    const at::Tensor rho2 = at::cat(spread).mean();
     const at::Tensor over = ((dist > rho2.clamp_min(0) * 2) & active).any();
     const at::Tensor moved = dist.masked_fill(active.logical_not(), 0).max() > 1e-9;
     return (over & moved & (n >= 2)).to(at::kLong).reshape({1});
