@@ -16,11 +16,8 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define BB_HD __host__ __device__
-#else
-#define BB_HD
-#endif
+#include "kernels/cpu/kernels.h"  // BLOCKBATCH_HOST_DEVICE
+
 
 namespace blockbatch::branches {
 
@@ -63,9 +60,9 @@ struct View {
   double* map_probs;   // [B, L - lp, K]
   int64_t B, L, lp, K, mask_id, eos_id;
 
-  BB_HD int64_t* st(int64_t b) const { return state + b * kFields; }
-  BB_HD int64_t* row(int64_t b) const { return canvas + b * L; }
-  BB_HD int64_t entry(int64_t b, int64_t pos) const { return (b * (L - lp) + pos - lp) * K; }
+  BLOCKBATCH_HOST_DEVICE int64_t* st(int64_t b) const { return state + b * kFields; }
+  BLOCKBATCH_HOST_DEVICE int64_t* row(int64_t b) const { return canvas + b * L; }
+  BLOCKBATCH_HOST_DEVICE int64_t entry(int64_t b, int64_t pos) const { return (b * (L - lp) + pos - lp) * K; }
 };
 
 struct AbsorbParams {
@@ -82,15 +79,15 @@ struct CoordinateParams {
 
 struct Min {
   template <typename V>
-  BB_HD V operator()(V a, V b) const { return b < a ? b : a; }
+  BLOCKBATCH_HOST_DEVICE V operator()(V a, V b) const { return b < a ? b : a; }
 };
 struct Max {
   template <typename V>
-  BB_HD V operator()(V a, V b) const { return a < b ? b : a; }
+  BLOCKBATCH_HOST_DEVICE V operator()(V a, V b) const { return a < b ? b : a; }
 };
 struct Sum {
   template <typename V>
-  BB_HD V operator()(V a, V b) const { return a + b; }
+  BLOCKBATCH_HOST_DEVICE V operator()(V a, V b) const { return a + b; }
 };
 // The most confident candidate; the lowest index on ties (associative and commutative).
 struct Best {
@@ -98,7 +95,7 @@ struct Best {
   int64_t index;
 };
 struct BestOp {
-  BB_HD Best operator()(Best a, Best b) const {
+  BLOCKBATCH_HOST_DEVICE Best operator()(Best a, Best b) const {
     return (b.conf > a.conf || (b.conf == a.conf && b.index < a.index)) ? b : a;
   }
 };
@@ -129,14 +126,14 @@ struct SerialExec {
 // ------------------------------------------------------------------------------ window helpers
 
 template <typename Ex>
-BB_HD int64_t masks_in(const Ex& ex, const View& v, int64_t b, int64_t s, int64_t e) {
+BLOCKBATCH_HOST_DEVICE int64_t masks_in(const Ex& ex, const View& v, int64_t b, int64_t s, int64_t e) {
   const int64_t* x = v.row(b);
   return ex.reduce(e - s, int64_t(0), [&](int64_t i) { return int64_t(x[s + i] == v.mask_id); }, Sum{});
 }
 
 // Window = the block of the branch's own size holding its first masked generated position.
 template <typename Ex>
-BB_HD void snap_window(const Ex& ex, const View& v, int64_t b) {
+BLOCKBATCH_HOST_DEVICE void snap_window(const Ex& ex, const View& v, int64_t b) {
   const int64_t* x = v.row(b);
   const int64_t first =
       ex.reduce(v.L - v.lp, v.L, [&](int64_t i) { return x[v.lp + i] == v.mask_id ? v.lp + i : v.L; }, Min{});
@@ -153,7 +150,7 @@ BB_HD void snap_window(const Ex& ex, const View& v, int64_t b) {
 }
 
 template <typename Ex>
-BB_HD void advance(const Ex& ex, const View& v, int64_t b, const CoordinateParams& p) {
+BLOCKBATCH_HOST_DEVICE void advance(const Ex& ex, const View& v, int64_t b, const CoordinateParams& p) {
   snap_window(ex, v, b);
   ex.once([&] {
     int64_t* st = v.st(b);
@@ -166,7 +163,7 @@ BB_HD void advance(const Ex& ex, const View& v, int64_t b, const CoordinateParam
 }
 
 template <typename Ex>
-BB_HD void update_masks(const Ex& ex, const View& v, int64_t b) {
+BLOCKBATCH_HOST_DEVICE void update_masks(const Ex& ex, const View& v, int64_t b) {
   const int64_t m = v.st(b)[kDone] ? 0 : masks_in(ex, v, b, v.st(b)[kStart], v.st(b)[kEnd]);
   ex.once([&] { v.st(b)[kMasks] = m; });
 }
@@ -176,7 +173,7 @@ BB_HD void update_masks(const Ex& ex, const View& v, int64_t b) {
 // Softmax probability (float64) of `token` in logits row `row`; logit(row, j) reads one logit
 // as double (the backend converts its storage type).
 template <typename Ex, typename Logit>
-BB_HD double softmax_at(const Ex& ex, const Logit& logit, int64_t row, int64_t vocab, int64_t token) {
+BLOCKBATCH_HOST_DEVICE double softmax_at(const Ex& ex, const Logit& logit, int64_t row, int64_t vocab, int64_t token) {
   const double m = ex.reduce(vocab, static_cast<double>(-INFINITY), [&](int64_t j) { return logit(row, j); }, Max{});
   const double s = ex.reduce(vocab, 0.0, [&](int64_t j) { return exp(logit(row, j) - m); }, Sum{});
   return exp(logit(row, token) - m) / s;
@@ -186,9 +183,9 @@ BB_HD double softmax_at(const Ex& ex, const Logit& logit, int64_t row, int64_t v
 // window from the window's proposals (token / conf per logits row), update the counters, and on a
 // block step mark the branch EOS-ready when its window is complete and holds EOS.
 template <typename Ex, typename Logit>
-BB_HD void absorb_span(const Ex& ex, const View& v, const int64_t* sp, const int64_t* token, const double* conf,
-                       const int64_t* ids, const double* probs, const Logit& logit, int64_t vocab,
-                       const AbsorbParams& p) {
+BLOCKBATCH_HOST_DEVICE void absorb_span(const Ex& ex, const View& v, const int64_t* sp, const int64_t* token,
+                                        const double* conf, const int64_t* ids, const double* probs,
+                                        const Logit& logit, int64_t vocab, const AbsorbParams& p) {
   const int64_t b = sp[kSpanRow], lrow = sp[kSpanLogitRow], pos0 = sp[kSpanFirstPos], K = v.K;
   ex.for_each(sp[kSpanRows] * K, [&](int64_t i) {
     const int64_t dst = v.entry(b, pos0 + i / K) + i % K, src = (lrow + i / K) * K + i % K;
@@ -228,7 +225,7 @@ BB_HD void absorb_span(const Ex& ex, const View& v, const int64_t* sp, const int
 // --------------------------------------------------------------------------------- coordinate
 
 template <typename Ex>
-BB_HD int64_t leader(const Ex&, const View& v) {  // most decoded, done included; first on ties
+BLOCKBATCH_HOST_DEVICE int64_t leader(const Ex&, const View& v) {  // most decoded, done included; first on ties
   int64_t best = 0;
   for (int64_t b = 1; b < v.B; ++b) {
     if (v.st(b)[kDecoded] > v.st(best)[kDecoded]) best = b;
@@ -237,7 +234,7 @@ BB_HD int64_t leader(const Ex&, const View& v) {  // most decoded, done included
 }
 
 // Probability the destination's map gives `token` (a real id) at `pos`: 0 when absent.
-BB_HD inline double map_prob(const View& v, int64_t dst, int64_t pos, int64_t token) {
+BLOCKBATCH_HOST_DEVICE inline double map_prob(const View& v, int64_t dst, int64_t pos, int64_t token) {
   const int64_t e = v.entry(dst, pos);
   for (int64_t k = 0; k < v.K; ++k) {
     if (v.map_ids[e + k] == token) return v.map_probs[e + k];
@@ -245,7 +242,7 @@ BB_HD inline double map_prob(const View& v, int64_t dst, int64_t pos, int64_t to
   return 0.0;
 }
 // Whether the map holds any token at `pos` (ids are padded with -1 anywhere in the entry).
-BB_HD inline bool map_empty(const View& v, int64_t dst, int64_t pos) {
+BLOCKBATCH_HOST_DEVICE inline bool map_empty(const View& v, int64_t dst, int64_t pos) {
   const int64_t e = v.entry(dst, pos);
   for (int64_t k = 0; k < v.K; ++k) {
     if (v.map_ids[e + k] >= 0) return false;
@@ -255,7 +252,7 @@ BB_HD inline bool map_empty(const View& v, int64_t dst, int64_t pos) {
 
 // Confidence-gated merging (ALGORITHMS.md 4, step 4).
 template <typename Ex>
-BB_HD void merge_step(const Ex& ex, const View& v, const CoordinateParams& p) {
+BLOCKBATCH_HOST_DEVICE void merge_step(const Ex& ex, const View& v, const CoordinateParams& p) {
   int64_t order[kMaxBranches];
   int64_t n = 0;
   for (int64_t b = 0; b < v.B; ++b) {  // active, by window end descending (stable insertion)
@@ -307,7 +304,7 @@ BB_HD void merge_step(const Ex& ex, const View& v, const CoordinateParams& p) {
 // Leader sync (step 5): lagging branches copy the leader's canvas row (sync_src[b] = leader: the
 // caller copies the KV row), take its `decoded` and `done`, and re-snap with their own block size.
 template <typename Ex>
-BB_HD void sync_step(const Ex& ex, const View& v, int64_t* sync_src, const CoordinateParams& p) {
+BLOCKBATCH_HOST_DEVICE void sync_step(const Ex& ex, const View& v, int64_t* sync_src, const CoordinateParams& p) {
   const int64_t lead = leader(ex, v);
   for (int64_t b = 0; b < v.B; ++b) {
     if (b == lead || v.st(b)[kDone] || v.st(lead)[kDecoded] - v.st(b)[kDecoded] <= p.sync_gap) continue;
@@ -328,7 +325,8 @@ BB_HD void sync_step(const Ex& ex, const View& v, int64_t* sync_src, const Coord
 // Steps 3-5 after a forward (advance, merge, sync) and the periodic refresh decision. Nothing
 // changes when a branch is EOS-ready: the host returns that branch's canvas (early exit).
 template <typename Ex>
-BB_HD void coordinate(const Ex& ex, const View& v, int64_t* flags, int64_t* sync_src, const CoordinateParams& p) {
+BLOCKBATCH_HOST_DEVICE void coordinate(const Ex& ex, const View& v, int64_t* flags, int64_t* sync_src,
+                                       const CoordinateParams& p) {
   bool eos_ready = false;
   for (int64_t b = 0; b < v.B; ++b) eos_ready = eos_ready || v.st(b)[kEosReady];
   ex.once([&] {

@@ -59,7 +59,9 @@ template <typename T>
 struct RowLogit {
   const T* logits;
   int64_t vocab;
-  __device__ double operator()(int64_t row, int64_t j) const { return static_cast<double>(to_f(logits[row * vocab + j])); }
+  __device__ double operator()(int64_t row, int64_t j) const {
+    return static_cast<double>(to_f(logits[row * vocab + j]));
+  }
 };
 
 template <typename T>
