@@ -11,7 +11,7 @@ import sys
 import torch
 
 OPS = ["forward", "decode", "rms_norm", "silu_mul", "rope_", "kv_write_", "packed_attention", "confidence",
-       "sparse_probs", "commit_", "bb_absorb_", "bb_coordinate_", "kv_copy_rows_"]
+       "sparse_probs", "commit_", "rope_kv_write_", "bb_absorb_", "bb_coordinate_", "kv_copy_rows_"]
 
 
 def main() -> int:

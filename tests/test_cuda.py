@@ -7,7 +7,8 @@ import blockbatch.native  # noqa: F401
 from blockbatch.native import NativeModel
 from blockbatch.options import DecodeOptions, run_decode
 from blockbatch.reference import model as ref
-from blockbatch.testing import coordinate_args, random_branch_state, random_config, random_weights, window_spans
+from blockbatch.testing import (coordinate_args, random_branch_state, random_config, random_weights, rope_kv_case,
+                                rope_table, window_spans)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 ops = torch.ops.blockbatch
@@ -32,6 +33,28 @@ def test_rms_norm_silu_cuda(dtype):
     gu = torch.randn(19, 512, device="cuda")
     torch.testing.assert_close(ops.silu_mul(gu.to(dtype)).cpu().float(), ops.silu_mul(gu.cpu().to(dtype)).float(),
                                atol=1e-4 if dtype == torch.float32 else 3e-2, rtol=1e-4 if dtype == torch.float32 else 3e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_kv_write_cuda(dtype):
+    """The fused RoPE + KV-slot write == rope_ + kv_write_ on the GPU (bit for bit) and == the
+    CPU ops (float32 bitwise: same operation order, no FMA contraction; bf16 within one ulp)."""
+    table = rope_table(32, 16, 1e4)
+    results = []
+    for device, fused in (("cuda", True), ("cuda", False), ("cpu", True)):
+        qkv, q, k, v, kv, (pos, cu, rows) = rope_kv_case(device, dtype)
+        t = table.to(device)
+        if fused:
+            ops.rope_kv_write_(q, k, v, pos, t, kv, cu, rows, 1)
+        else:
+            ops.rope_(q, pos, t)
+            ops.rope_(k, pos, t)
+            ops.kv_write_(kv, k, v, pos, cu, rows, 1)
+        results.append((qkv.cpu(), kv.cpu()))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    tol = 0 if dtype == torch.float32 else 1e-2
+    for a, b in zip(results[0], results[2]):
+        assert (a.float() - b.float()).abs().max().item() <= tol * b.float().abs().max().item()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -10,7 +10,7 @@ import blockbatch.native  # noqa: F401  (loads the extension)
 from blockbatch.native import NativeModel, pack_rows
 from blockbatch.reference import model as ref
 from blockbatch.testing import (FIELD, coordinate_args, random_branch_state, random_config, random_weights,
-                                window_spans)
+                                rope_kv_case, rope_table, window_spans)
 
 ops = torch.ops.blockbatch
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -34,11 +34,6 @@ def test_silu_mul(dtype):
     torch.testing.assert_close(ops.silu_mul(gu), expected, atol=_tol(dtype), rtol=_tol(dtype))
 
 
-def _rope_table(max_pos, hd, theta):
-    cos, sin = ref.rope_cos_sin(torch.arange(max_pos), hd, theta)
-    return torch.cat([cos[:, : hd // 2], sin[:, : hd // 2]], dim=1).contiguous()
-
-
 @pytest.mark.parametrize("hd", [8, 32, 64, 128])
 def test_rope_matches_reference_bitwise(hd):
     x = torch.randn(11, 3, hd)
@@ -46,7 +41,7 @@ def test_rope_matches_reference_bitwise(hd):
     cos, sin = ref.rope_cos_sin(positions, hd, 5e5)
     expected = ref.apply_rope(x, cos, sin)
     out = x.clone()
-    ops.rope_(out, positions, _rope_table(512, hd, 5e5))
+    ops.rope_(out, positions, rope_table(512, hd, 5e5))
     assert torch.equal(out, expected)
 
 
@@ -54,7 +49,7 @@ def test_rope_on_strided_heads_view():
     qkv = torch.randn(5, 3 * 2 * 16)
     q = qkv[:, : 2 * 16].view(5, 2, 16)
     expected = ref.apply_rope(q.clone(), *ref.rope_cos_sin(torch.arange(5), 16, 1e4))
-    ops.rope_(q, torch.arange(5), _rope_table(8, 16, 1e4))
+    ops.rope_(q, torch.arange(5), rope_table(8, 16, 1e4))
     assert torch.equal(q, expected)
     assert torch.equal(qkv[:, 32:], qkv[:, 32:])  # the rest untouched (same view)
 
@@ -72,6 +67,20 @@ def test_kv_write_places_slots():
         expected[r, 1, 0, :, p] = k[t]
         expected[r, 1, 1, :, p] = v[t]
     assert torch.equal(kv, expected)
+
+
+def test_rope_kv_write_equals_rope_then_kv_write():
+    a_qkv, q, k, v, a_kv, (pos, cu, rows) = rope_kv_case()
+    table = rope_table(32, 16, 1e4)
+    ops.rope_kv_write_(q, k, v, pos, table, a_kv, cu, rows, 1)
+    b_qkv, q, k, v, b_kv, _ = rope_kv_case()
+    ops.rope_(q, pos, table)
+    ops.rope_(k, pos, table)
+    ops.kv_write_(b_kv, k, v, pos, cu, rows, 1)
+    assert torch.equal(a_qkv, b_qkv) and torch.equal(a_kv, b_kv)
+    _, q, k, v, kv, _ = rope_kv_case()
+    with pytest.raises(RuntimeError, match="q dtype BFloat16 differs from k dtype Float"):
+        ops.rope_kv_write_(q.bfloat16(), k, v, pos, table, kv, cu, rows, 1)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -172,6 +181,9 @@ def _opcheck_samples():
     yield "rope_", ops.rope_.default, (torch.randn(3, 2, 8), torch.tensor([0, 1, 5]), torch.randn(6, 8))
     yield "kv_write_", ops.kv_write_.default, (torch.zeros(2, 1, 2, 1, 6, 4), torch.randn(3, 1, 4), torch.randn(3, 1, 4),
                                               torch.tensor([0, 2, 5]), torch.tensor([0, 1, 3]), torch.tensor([1, 0]), 0)
+    _, q, k, v, kv_buf, (pos, cu_rows, kv_rows) = rope_kv_case()
+    yield "rope_kv_write_", ops.rope_kv_write_.default, (q, k, v, pos, rope_table(32, 16, 1e4), kv_buf, cu_rows,
+                                                         kv_rows, 0)
     yield "packed_attention", ops.packed_attention.default, (
         torch.randn(3, 2, 4), torch.randn(3, 1, 4), torch.randn(3, 1, 4), torch.tensor([0, 1, 3]),
         torch.randn(2, 1, 2, 1, 5, 4), torch.tensor([1, 0]), torch.tensor([2, 5]), 0, True)

@@ -250,9 +250,12 @@ at::Tensor Model::forward(const ForwardBatch& b) const {
     at::Tensor q = qkv.narrow(1, 0, q_width).view({T, c.n_heads, hd});
     at::Tensor k = qkv.narrow(1, q_width, kv_width).view({T, c.n_kv_heads, hd});
     at::Tensor v = qkv.narrow(1, q_width + kv_width, kv_width).view({T, c.n_kv_heads, hd});
-    ops::rope_(q, b.positions, rope_table_);
-    ops::rope_(k, b.positions, rope_table_);
-    if (write) ops::kv_write_(b.kv, k, v, b.positions, b.cu_seqlens, kv_rows, l);
+    if (write) {  // rotate q and k and fill the fresh K/V slots in one pass
+      ops::rope_kv_write_(q, k, v, b.positions, rope_table_, b.kv, b.cu_seqlens, kv_rows, l);
+    } else {
+      ops::rope_(q, b.positions, rope_table_);
+      ops::rope_(k, b.positions, rope_table_);
+    }
     at::Tensor attn = ops::packed_attention(q, k, v, b.cu_seqlens, attn_kv, attn_rows, cache_lens, l, attend_fresh);
     x.add_(at::mm(attn, w.attn_out.t()));
     h = ops::rms_norm(x, w.ff_norm, c.rms_norm_eps);

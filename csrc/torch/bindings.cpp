@@ -88,6 +88,10 @@ TORCH_LIBRARY(blockbatch, m) {
   // Write fresh K/V [T, kv_heads, head_dim] into their position slots of per-row KV buffers.
   m.def("kv_write_(Tensor(a!) kv, Tensor k, Tensor v, Tensor positions, Tensor cu_seqlens, Tensor kv_rows, "
         "int layer) -> ()");
+  // rope_ on q and k, then kv_write_ of the rotated k and v: one CUDA kernel (a layer's three
+  // small launches and a second read of k become one pass); on CPU the two ops in sequence.
+  m.def("rope_kv_write_(Tensor(a!) q, Tensor(b!) k, Tensor v, Tensor positions, Tensor cos_sin, Tensor(c!) kv, "
+        "Tensor cu_seqlens, Tensor kv_rows, int layer) -> ()");
   // Packed varlen bidirectional attention: each row's queries attend to the first cache_lens[r]
   // slots of its KV row, then (attend_fresh) to its own fresh K/V. GQA by head grouping.
   m.def("packed_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, Tensor? kv, Tensor? kv_rows, "
@@ -106,6 +110,7 @@ TORCH_LIBRARY_IMPL(blockbatch, CPU, m) {
   m.impl("silu_mul", &silu_mul_cpu);
   m.impl("rope_", &rope_cpu);
   m.impl("kv_write_", &kv_write_cpu);
+  m.impl("rope_kv_write_", &rope_kv_write_cpu);
   m.impl("packed_attention", &packed_attention_cpu);
   m.impl("confidence", &confidence_cpu);
   m.impl("sparse_probs", &sparse_probs_cpu);

@@ -119,6 +119,17 @@ void check_kv_write(const at::Tensor& kv, const at::Tensor& k, const at::Tensor&
               " entries (one per row), got ", kv_rows.size(0));
 }
 
+void check_rope_kv_write(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
+                         const at::Tensor& cos_sin, const at::Tensor& kv, const at::Tensor& cu_seqlens,
+                         const at::Tensor& kv_rows, int64_t layer) {
+  check_rope(q, positions, cos_sin);
+  check_rope(k, positions, cos_sin);
+  check_kv_write(kv, k, v, positions, cu_seqlens, kv_rows, layer);
+  // (head_dim: both match the cos_sin table's width, checked above)
+  TORCH_CHECK(q.scalar_type() == k.scalar_type(), "q dtype ", q.scalar_type(), " differs from k dtype ",
+              k.scalar_type());
+}
+
 void check_packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
                             const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,

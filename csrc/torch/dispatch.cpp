@@ -35,6 +35,14 @@ void kv_write_(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, c
   op.call(kv, k, v, positions, cu_seqlens, kv_rows, layer);
 }
 
+void rope_kv_write_(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
+                    const at::Tensor& cos_sin, const at::Tensor& kv, const at::Tensor& cu_seqlens,
+                    const at::Tensor& kv_rows, int64_t layer) {
+  using T = const at::Tensor&;
+  static auto op = handle<void(T, T, T, T, T, T, T, T, int64_t)>("blockbatch::rope_kv_write_");
+  op.call(q, k, v, positions, cos_sin, kv, cu_seqlens, kv_rows, layer);
+}
+
 at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
                             const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,

@@ -26,6 +26,9 @@ at::Tensor silu_mul(const at::Tensor& gate_up);
 void rope_(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin);
 void kv_write_(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer);
+void rope_kv_write_(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
+                    const at::Tensor& cos_sin, const at::Tensor& kv, const at::Tensor& cu_seqlens,
+                    const at::Tensor& kv_rows, int64_t layer);
 at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
                             const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
@@ -73,6 +76,9 @@ at::Tensor silu_mul_cpu(const at::Tensor& gate_up);
 void rope_cpu(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin);
 void kv_write_cpu(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                   const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer);
+void rope_kv_write_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
+                       const at::Tensor& cos_sin, const at::Tensor& kv, const at::Tensor& cu_seqlens,
+                       const at::Tensor& kv_rows, int64_t layer);
 at::Tensor packed_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
                                 const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
@@ -94,6 +100,9 @@ void check_silu_mul(const at::Tensor& gate_up);
 void check_rope(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin);
 void check_kv_write(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                     const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer);
+void check_rope_kv_write(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
+                         const at::Tensor& cos_sin, const at::Tensor& kv, const at::Tensor& cu_seqlens,
+                         const at::Tensor& kv_rows, int64_t layer);
 void check_packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
                             const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,

@@ -56,6 +56,15 @@ void rope_cpu(const at::Tensor& x, const at::Tensor& positions, const at::Tensor
   });
 }
 
+void rope_kv_write_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
+                       const at::Tensor& cos_sin, const at::Tensor& kv, const at::Tensor& cu_seqlens,
+                       const at::Tensor& kv_rows, int64_t layer) {
+  check_rope_kv_write(q, k, v, positions, cos_sin, kv, cu_seqlens, kv_rows, layer);
+  rope_cpu(q, positions, cos_sin);
+  rope_cpu(k, positions, cos_sin);
+  kv_write_cpu(kv, k, v, positions, cu_seqlens, kv_rows, layer);
+}
+
 void kv_write_cpu(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                   const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer) {
   check_kv_write(kv, k, v, positions, cu_seqlens, kv_rows, layer);

@@ -105,6 +105,25 @@ void kv_write_cuda(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& 
   });
 }
 
+void rope_kv_write_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
+                        const at::Tensor& cos_sin, const at::Tensor& kv, const at::Tensor& cu_seqlens,
+                        const at::Tensor& kv_rows, int64_t layer) {
+  check_rope_kv_write(q, k, v, positions, cos_sin, kv, cu_seqlens, kv_rows, layer);
+  check_cuda(cu_seqlens, "cu_seqlens");
+  check_cuda(kv_rows, "kv_rows");
+  const c10::cuda::CUDAGuard guard(kv.device());
+  const cpu::KvGeometry g{kv.size(1), kv.size(3), kv.size(4), kv.size(5)};
+  dispatch_cuda_type(kv.scalar_type(), "rope_kv_write_", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    check_launch(cuda::rope_kv_write<T>(ptr<T>(q), q.stride(0), q.size(1), ptr<T>(k), ptr<T>(v), k.stride(0),
+                                        positions.const_data_ptr<int64_t>(), cos_sin.const_data_ptr<float>(),
+                                        ptr<T>(kv), g, layer, cu_seqlens.const_data_ptr<int64_t>(),
+                                        kv_rows.const_data_ptr<int64_t>(), cu_seqlens.size(0) - 1, k.size(0),
+                                        c10::cuda::getCurrentCUDAStream()),
+                 "rope_kv_write_");
+  });
+}
+
 at::Tensor packed_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
                                  const std::optional<at::Tensor>& kv_rows,
@@ -233,6 +252,7 @@ TORCH_LIBRARY_IMPL(blockbatch, CUDA, m) {
   m.impl("rms_norm", &rms_norm_cuda);
   m.impl("silu_mul", &silu_mul_cuda);
   m.impl("rope_", &rope_cuda);
+  m.impl("rope_kv_write_", &rope_kv_write_cuda);
   m.impl("kv_write_", &kv_write_cuda);
   m.impl("packed_attention", &packed_attention_cuda);
   m.impl("confidence", &confidence_cuda);

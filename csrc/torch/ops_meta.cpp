@@ -21,6 +21,12 @@ void rope_meta(const at::Tensor& x, const at::Tensor& positions, const at::Tenso
   check_rope(x, positions, cos_sin);
 }
 
+void rope_kv_write_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
+                        const at::Tensor& cos_sin, const at::Tensor& kv, const at::Tensor& cu_seqlens,
+                        const at::Tensor& kv_rows, int64_t layer) {
+  check_rope_kv_write(q, k, v, positions, cos_sin, kv, cu_seqlens, kv_rows, layer);
+}
+
 void kv_write_meta(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                    const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer) {
   check_kv_write(kv, k, v, positions, cu_seqlens, kv_rows, layer);
@@ -53,6 +59,7 @@ TORCH_LIBRARY_IMPL(blockbatch, Meta, m) {
   m.impl("silu_mul", &silu_mul_meta);
   m.impl("rope_", &rope_meta);
   m.impl("kv_write_", &kv_write_meta);
+  m.impl("rope_kv_write_", &rope_kv_write_meta);
   m.impl("packed_attention", &packed_attention_meta);
   m.impl("confidence", &confidence_meta);
   m.impl("sparse_probs", &sparse_probs_meta);

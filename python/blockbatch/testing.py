@@ -143,3 +143,24 @@ def window_spans(state: torch.Tensor, full: int = 0) -> tuple[list, int]:
             spans.append([b, rows, start, end - start, full])
             rows += end - start
     return spans, rows
+
+
+def rope_table(max_pos: int, hd: int, theta: float) -> torch.Tensor:
+    """The model's RoPE table (cos | sin per position, float32) from the reference's angles."""
+    from .reference.model import rope_cos_sin
+
+    cos, sin = rope_cos_sin(torch.arange(max_pos), hd, theta)
+    return torch.cat([cos[:, : hd // 2], sin[:, : hd // 2]], dim=1).contiguous()
+
+
+def rope_kv_case(device="cpu", dtype=torch.float32, heads=4, kv_heads=2, hd=16):
+    """A fused qkv GEMM output with q / k / v head views, as the model slices it, and a KV buffer."""
+    g = torch.Generator().manual_seed(5)
+    T = 9
+    qkv = torch.randn(T, (heads + 2 * kv_heads) * hd, generator=g).to(device, dtype)
+    q = qkv[:, : heads * hd].view(T, heads, hd)
+    k = qkv[:, heads * hd:(heads + kv_heads) * hd].view(T, kv_heads, hd)
+    v = qkv[:, (heads + kv_heads) * hd:].view(T, kv_heads, hd)
+    kv = torch.randn(3, 2, 2, kv_heads, 20, hd, generator=g).to(device, dtype)
+    index = [torch.tensor(x, device=device) for x in ([3, 4, 19, 0, 9, 8, 1, 2, 7], [0, 2, 5, 9], [2, 0, 1])]
+    return qkv, q, k, v, kv, index

@@ -36,6 +36,42 @@ __global__ void kv_write_kernel(T* kv, cpu::KvGeometry g, int64_t layer, const T
   }
 }
 
+// rope_kernel on q and k, then kv_write_kernel's copy of the rotated k and of v, in one pass:
+// index (t, slot, i) with slots = q heads | k heads | v heads and i < head_dim / 2.
+template <typename T>
+__global__ void rope_kv_write_kernel(T* q, int64_t q_stride, int64_t heads, T* k, const T* v, int64_t kv_stride,
+                                     int64_t head_dim, const int64_t* positions, const float* cos_sin, T* kv,
+                                     cpu::KvGeometry g, int64_t layer, const int64_t* cu, const int64_t* kv_rows,
+                                     int64_t rows, int64_t tokens) {
+  const int64_t half = head_dim / 2, slots = heads + 2 * g.kv_heads;
+  const int64_t n = tokens * slots * half;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < n;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = idx % half, s = (idx / half) % slots, t = idx / (half * slots);
+    const int64_t pos = positions[t];
+    if (s >= heads + g.kv_heads) {  // v: copied as it is
+      const int64_t h = s - heads - g.kv_heads;
+      const T* vh = v + t * kv_stride + h * head_dim;
+      T* dst = kv + g.offset(kv_rows[row_of(cu, rows, t)], layer, 1, h, pos);
+      dst[i] = vh[i];
+      dst[i + half] = vh[i + half];
+      continue;
+    }
+    T* xh = s < heads ? q + t * q_stride + s * head_dim : k + t * kv_stride + (s - heads) * head_dim;
+    const float* c = cos_sin + pos * head_dim;
+    const float a = to_f(xh[i]), b = to_f(xh[i + half]);
+    const T ra = from_f<T>(__fadd_rn(__fmul_rn(a, c[i]), __fmul_rn(-b, c[half + i])));  // as rope_kernel
+    const T rb = from_f<T>(__fadd_rn(__fmul_rn(b, c[i]), __fmul_rn(a, c[half + i])));
+    xh[i] = ra;
+    xh[i + half] = rb;
+    if (s >= heads) {
+      T* dst = kv + g.offset(kv_rows[row_of(cu, rows, t)], layer, 0, s - heads, pos);
+      dst[i] = ra;
+      dst[i + half] = rb;
+    }
+  }
+}
+
 unsigned blocks_for(int64_t n) {
   const int64_t b = (n + 255) / 256;
   return static_cast<unsigned>(b < 65535 ? (b > 0 ? b : 1) : 65535);
@@ -61,11 +97,26 @@ cudaError_t kv_write(T* kv, const cpu::KvGeometry& g, int64_t layer, const T* k,
   return cudaGetLastError();
 }
 
+template <typename T>
+cudaError_t rope_kv_write(T* q, int64_t q_stride, int64_t heads, T* k, const T* v, int64_t kv_stride,
+                          const int64_t* positions, const float* cos_sin, T* kv, const cpu::KvGeometry& g,
+                          int64_t layer, const int64_t* cu_seqlens, const int64_t* kv_rows, int64_t rows,
+                          int64_t tokens, cudaStream_t stream) {
+  if (tokens == 0 || rows == 0) return cudaSuccess;
+  rope_kv_write_kernel<T><<<blocks_for(tokens * (heads + 2 * g.kv_heads) * g.head_dim / 2), 256, 0, stream>>>(
+      q, q_stride, heads, k, v, kv_stride, g.head_dim, positions, cos_sin, kv, g, layer, cu_seqlens, kv_rows, rows,
+      tokens);
+  return cudaGetLastError();
+}
+
 #define INSTANTIATE(T)                                                                                          \
   template cudaError_t rope_inplace<T>(T*, int64_t, int64_t, int64_t, int64_t, const int64_t*, const float*,     \
                                        cudaStream_t);                                                           \
   template cudaError_t kv_write<T>(T*, const cpu::KvGeometry&, int64_t, const T*, const T*, int64_t,            \
-                                   const int64_t*, const int64_t*, const int64_t*, int64_t, int64_t, cudaStream_t);
+                                   const int64_t*, const int64_t*, const int64_t*, int64_t, int64_t, cudaStream_t); \
+  template cudaError_t rope_kv_write<T>(T*, int64_t, int64_t, T*, const T*, int64_t, const int64_t*, const float*,  \
+                                        T*, const cpu::KvGeometry&, int64_t, const int64_t*, const int64_t*,      \
+                                        int64_t, int64_t, cudaStream_t);
 BLOCKBATCH_CUDA_INSTANTIATE(INSTANTIATE)
 #undef INSTANTIATE
 
