@@ -152,6 +152,29 @@ def test_tensor_core_attention_error_within_2x_pytorch(dtype, heads, kv_heads, h
         assert our_err <= 2 * torch_err, f"ours {our_err:.3g} vs PyTorch {torch_err:.3g} (cache={cache.tolist()})"
 
 
+@pytest.mark.parametrize("hd", [64, 128])
+def test_split_key_attention_on_long_rows(hd):
+    """Few queries over long KV rows (the Fast-dLLM 32-token step at L = 2048): the tensor-core
+    kernel splits each row's keys over up to 16 blocks and merges them; same 2x-PyTorch rule,
+    with rows whose cache is shorter than a split (empty splits) and rows of one query."""
+    torch.manual_seed(1)
+    dtype, heads, kv_heads, L = torch.bfloat16, 8, 4, 2048
+    for lengths, cache_list, fresh in (([32], [L], False), ([3, 32, 1], [2048, 70, 0], True), ([16], [130], True)):
+        T = sum(lengths)
+        q = torch.randn(T, heads, hd, device="cuda").to(dtype)
+        k = torch.randn(T, kv_heads, hd, device="cuda").to(dtype)
+        v = torch.randn(T, kv_heads, hd, device="cuda").to(dtype)
+        kv = torch.randn(len(lengths), 1, 2, kv_heads, L, hd, device="cuda").to(dtype)
+        cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), device="cuda")
+        rows = torch.arange(len(lengths), device="cuda").flip(0)
+        cache = torch.tensor(cache_list, device="cuda")
+        exact = _sdpa_rows(q.float(), k.float(), v.float(), cu, kv.float(), rows, cache, 0, fresh)
+        torch_err = (_sdpa_rows(q, k, v, cu, kv, rows, cache, 0, fresh).float() - exact).abs().max().item()
+        ours = ops.packed_attention(q, k, v, cu, kv, rows, cache, 0, fresh)
+        our_err = (ours.float() - exact).abs().max().item()
+        assert torch_err > 0 and our_err <= 2 * torch_err, f"{lengths} {cache_list}: {our_err:.3g} vs {torch_err:.3g}"
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("policy", ["vanilla", "prefix", "dual", "blockbatch"])
 def test_cuda_graph_replay_equals_eager(policy, dtype):

@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <type_traits>
 
 #include "decode/options.h"
@@ -43,6 +44,18 @@ int compute_capability_major(int device) {
   int major = 0;
   check_launch(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
   return major;
+}
+
+// Streaming multiprocessors of a device (cached: the first call is an eager warm-up, not a capture).
+int multiprocessor_count(int device) {
+  static std::atomic<int> cache[64] = {};
+  std::atomic<int>& slot = cache[device & 63];
+  int n = slot.load();
+  if (n == 0) {
+    check_launch(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+    slot.store(n);
+  }
+  return n;
 }
 
 void check_cuda(const at::Tensor& t, const char* name) {
@@ -140,7 +153,12 @@ at::Tensor packed_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
     if constexpr (!std::is_same_v<T, float>) {
       if (cuda::flash_attention_supported(a, 1, sm_major)) {
-        check_launch(cuda::flash_attention<T>(a, q.size(0), stream), "packed_attention (tensor cores)");
+        const int splits = cuda::flash_attention_splits(a, q.size(0), max_keys, multiprocessor_count(q.get_device()));
+        at::Tensor part;  // split-key partial results (fp32), merged by the launch's second kernel
+        if (splits > 1) part = at::empty({splits, q.size(0), q.size(1), q.size(2) + 2}, q.options().dtype(at::kFloat));
+        check_launch(cuda::flash_attention<T>(a, q.size(0), splits, splits > 1 ? part.data_ptr<float>() : nullptr,
+                                              stream),
+                     "packed_attention (tensor cores)");
         return;
       }
     }

@@ -12,6 +12,11 @@
 //   B (16x8, K x N):      b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]
 //   C (16x8, fp32):       c0 = C[g][2t], c1 = C[g][2t+1], c2 = C[g+8][2t], c3 = C[g+8][2t+1]
 // Two adjacent 16x8 C tiles of S are exactly the A fragment of P for one k-step of P V.
+//
+// Split keys (flash-decoding): when the q-tiles x heads are too few to fill the GPU and the rows
+// are long, grid.z splits each row's keys into `splits` ranges (multiples of 64 keys). Each block
+// then writes its unnormalised O and its (max, sum) per query to an fp32 workspace, and
+// combine_kernel merges the splits: M = max m_s, L = sum l_s 2^(m_s - M), O = sum O_s 2^(m_s - M) / L.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -80,7 +85,8 @@ __device__ __forceinline__ bool tile_of(const int64_t* cu, int64_t rows, int64_t
 }
 
 template <typename T, int HD>
-__global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::AttentionArgs a) {
+__global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::AttentionArgs a, int splits, float* part,
+                                                                   int64_t tokens) {
   constexpr int LD = HD + kPad;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* qs = reinterpret_cast<T*>(smem_raw);  // [kBlockQ][LD]
@@ -95,6 +101,9 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::Attentio
   const int64_t n_cache = a.cache ? a.cache_lens[r] : 0;
   const int64_t n_fresh = a.attend_fresh ? row_end - row_begin : 0;
   const int64_t nk = n_cache + n_fresh;
+  // This block's keys [kb, ke): split blockIdx.z of `splits` ranges of whole key tiles.
+  const int64_t chunk = ((nk + splits - 1) / splits + kBlockK - 1) / kBlockK * kBlockK;
+  const int64_t kb = blockIdx.z * chunk, ke = kb + chunk < nk ? kb + chunk : nk;
   const T* cache = static_cast<const T*>(a.cache);
   const T* kc = cache ? cache + a.geometry.offset(a.kv_rows[r], a.layer, 0, kvh, 0) : nullptr;
   const T* vc = cache ? cache + a.geometry.offset(a.kv_rows[r], a.layer, 1, kvh, 0) : nullptr;
@@ -133,7 +142,7 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::Attentio
   for (int n = 0; n < HD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;  // rows g and g + 8 of this warp
 
-  for (int64_t k0 = 0; k0 < nk; k0 += kBlockK) {
+  for (int64_t k0 = kb; k0 < ke; k0 += kBlockK) {
     __syncthreads();  // the previous tile is consumed
     for (int i = tid; i < kBlockK * kChunks; i += kThreads) {
       const int row = i / kChunks, ch = i % kChunks;
@@ -172,7 +181,7 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::Attentio
       const int64_t j = k0 + n * 8 + 2 * t4;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const bool valid = j + (e & 1) < nk;
+        const bool valid = j + (e & 1) < ke;
         s[n][e] = valid ? s[n][e] * scale : -INFINITY;
       }
       mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
@@ -227,8 +236,24 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::Attentio
   l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
   const int64_t i0 = warp * 16 + g, i1 = i0 + 8;
+  if (splits > 1) {  // partial result: unnormalised O, then (m, l), per (split, token, head)
+    constexpr int W = HD + 2;
+    float* p0 = part + ((blockIdx.z * tokens + q0 + i0) * a.heads + h) * W;
+    float* p1 = part + ((blockIdx.z * tokens + q0 + i1) * a.heads + h) * W;
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) {
+      const int col = n * 8 + 2 * t4;
+      if (i0 < nq) *reinterpret_cast<float2*>(p0 + col) = make_float2(o[n][0], o[n][1]);
+      if (i1 < nq) *reinterpret_cast<float2*>(p1 + col) = make_float2(o[n][2], o[n][3]);
+    }
+    if (t4 == 0) {  // m and l are the same in the four threads of a quad
+      if (i0 < nq) *reinterpret_cast<float2*>(p0 + HD) = make_float2(m0, l0);
+      if (i1 < nq) *reinterpret_cast<float2*>(p1 + HD) = make_float2(m1, l1);
+    }
+    return;
+  }
+  const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
   T* out = static_cast<T*>(a.out) + h * HD;
   const int64_t out_stride = a.heads * HD;
 #pragma unroll
@@ -239,8 +264,29 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::Attentio
   }
 }
 
+// One block per (token, head), HD threads: merge the splits' partial results (see the top).
 template <typename T, int HD>
-cudaError_t launch(const cpu::AttentionArgs& a, int64_t tokens, cudaStream_t stream) {
+__global__ void __launch_bounds__(HD) combine_kernel(const float* part, int splits, int64_t tokens, int64_t heads,
+                                                     T* out) {
+  constexpr int W = HD + 2;
+  const int64_t tok = blockIdx.x, h = blockIdx.y;
+  const int d = threadIdx.x;
+  float M = -INFINITY;
+  for (int s = 0; s < splits; ++s) M = fmaxf(M, part[((s * tokens + tok) * heads + h) * W + HD]);
+  float L = 0.0f, acc = 0.0f;
+  if (M != -INFINITY) {
+    for (int s = 0; s < splits; ++s) {
+      const float* p = part + ((s * tokens + tok) * heads + h) * W;
+      const float w = exp2f(p[HD] - M);  // 0 for a split without keys (m = -inf)
+      L += p[HD + 1] * w;
+      acc += p[d] * w;
+    }
+  }
+  out[tok * heads * HD + h * HD + d] = from_f<T>(L > 0.0f ? acc / L : 0.0f);
+}
+
+template <typename T, int HD>
+cudaError_t launch(const cpu::AttentionArgs& a, int64_t tokens, int splits, float* part, cudaStream_t stream) {
   constexpr size_t shared = static_cast<size_t>(3 * kBlockQ * (HD + kPad)) * sizeof(T);
   static_assert(kBlockQ == kBlockK, "the shared layout assumes equal query and key tiles");
   if (shared > 48 * 1024) {  // opt in to > 48 KB of shared memory, once per device (the first
@@ -259,8 +305,14 @@ cudaError_t launch(const cpu::AttentionArgs& a, int64_t tokens, cudaStream_t str
   }
   // Upper bound on the tiles: every row adds at most one partial tile; surplus blocks exit.
   const int64_t blocks = (tokens + kBlockQ - 1) / kBlockQ + a.rows;
-  dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.heads));
-  flash_attention_kernel<T, HD><<<grid, kThreads, shared, stream>>>(a);
+  dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.heads), static_cast<unsigned>(splits));
+  flash_attention_kernel<T, HD><<<grid, kThreads, shared, stream>>>(a, splits, part, tokens);
+  if (splits > 1) {
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    combine_kernel<T, HD><<<dim3(static_cast<unsigned>(tokens), static_cast<unsigned>(a.heads)), HD, 0, stream>>>(
+        part, splits, tokens, a.heads, static_cast<T*>(a.out));
+  }
   return cudaGetLastError();
 }
 }  // namespace
@@ -272,13 +324,25 @@ bool flash_attention_supported(const cpu::AttentionArgs& a, int dtype_code, int 
          (a.cache == nullptr || aligned(a.cache));
 }
 
-template <typename T>
-cudaError_t flash_attention(const cpu::AttentionArgs& a, int64_t tokens, cudaStream_t stream) {
-  if (tokens == 0) return cudaSuccess;
-  return a.head_dim == 64 ? launch<T, 64>(a, tokens, stream) : launch<T, 128>(a, tokens, stream);
+int flash_attention_splits(const cpu::AttentionArgs& a, int64_t tokens, int64_t max_keys, int sm_count) {
+  const int64_t ctas = ((tokens + kBlockQ - 1) / kBlockQ + a.rows) * a.heads;  // the launch's q-tile bound
+  const int64_t want = 2 * static_cast<int64_t>(sm_count);                     // two waves of blocks
+  if (ctas >= want || max_keys < 4 * kBlockK) return 1;
+  const int64_t by_fill = (want + ctas - 1) / ctas, by_keys = max_keys / (2 * kBlockK);  // >= 2 tiles per split
+  const int64_t s = by_fill < by_keys ? by_fill : by_keys;
+  return static_cast<int>(s < 16 ? s : 16);
 }
 
-template cudaError_t flash_attention<__nv_bfloat16>(const cpu::AttentionArgs&, int64_t, cudaStream_t);
-template cudaError_t flash_attention<__half>(const cpu::AttentionArgs&, int64_t, cudaStream_t);
+template <typename T>
+cudaError_t flash_attention(const cpu::AttentionArgs& a, int64_t tokens, int splits, float* part,
+                            cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  if (splits < 1 || (splits > 1 && part == nullptr)) return cudaErrorInvalidValue;
+  return a.head_dim == 64 ? launch<T, 64>(a, tokens, splits, part, stream)
+                          : launch<T, 128>(a, tokens, splits, part, stream);
+}
+
+template cudaError_t flash_attention<__nv_bfloat16>(const cpu::AttentionArgs&, int64_t, int, float*, cudaStream_t);
+template cudaError_t flash_attention<__half>(const cpu::AttentionArgs&, int64_t, int, float*, cudaStream_t);
 
 }  // namespace blockbatch::cuda

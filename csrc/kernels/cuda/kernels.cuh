@@ -41,8 +41,13 @@ cudaError_t packed_attention(const cpu::AttentionArgs& a, int64_t tokens, int64_
 // same arguments. `supported` says whether it applies (dtype, head_dim, 16-byte alignment of the
 // pointers and strides, compute capability); otherwise packed_attention above is used.
 bool flash_attention_supported(const cpu::AttentionArgs& a, int dtype_code, int sm_major);  // dtype_code 0 = fp32
+// Key splits for a launch (1: none): enough to give the GPU two waves of blocks when the q-tiles
+// x heads are few and rows hold >= 256 keys (max_keys bounds every row's key count).
+int flash_attention_splits(const cpu::AttentionArgs& a, int64_t tokens, int64_t max_keys, int sm_count);
+// splits > 1 needs `part`: fp32 workspace of splits * tokens * heads * (head_dim + 2) floats.
 template <typename T>
-cudaError_t flash_attention(const cpu::AttentionArgs& a, int64_t tokens, cudaStream_t stream);
+cudaError_t flash_attention(const cpu::AttentionArgs& a, int64_t tokens, int splits, float* part,
+                            cudaStream_t stream);
 template <typename T>
 cudaError_t confidence(const T* logits, int64_t rows, int64_t vocab, int64_t exclude, int64_t* argmax, double* conf,
                        cudaStream_t stream);
