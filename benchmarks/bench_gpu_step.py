@@ -13,6 +13,9 @@ Bookkeeping (BlockBatch rows): what a decode step adds after the forward on the 
 random mid-decode state of the 6 branches: sparse probabilities + bb_absorb_ + bb_coordinate_
 ("bookkeeping_ms", graph-replayed, restoring the state first), and the leader sync's KV row
 copies, which move whole KV rows ("sync_kv_copy_ms" per copied row).
+Attention alone (one layer's packed_attention at the step's shape, dual cache): its time with
+the automatic key-split count and with 1, 2, 4, 8 splits forced (BLOCKBATCH_ATTN_SPLITS), and
+the K/V bandwidth it reaches (each row's K and V read once / time; the H200 peak is 4.8 TB/s).
 """
 
 from __future__ import annotations
@@ -133,6 +136,29 @@ class PlainStep:
         return x @ w[P + "ff_out.weight"].T
 
 
+def attention_sweep(config, kv, lengths, L: int, repeats: int) -> dict:
+    """One layer's dual-cache attention at this step's shape, per key-split setting."""
+    hd, heads, kv_heads = config.d_model // config.n_heads, config.n_heads, config.n_kv_heads
+    T, R = sum(lengths), len(lengths)
+    q = torch.randn(T, heads, hd, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(T, kv_heads, hd, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(T, kv_heads, hd, device="cuda", dtype=torch.bfloat16)
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), device="cuda")
+    rows, cache = torch.arange(R, device="cuda"), torch.full((R,), L, device="cuda")
+    kv_bytes = R * kv_heads * L * hd * 2 * kv.element_size()
+    out = {}
+    for splits in ("auto", "1", "2", "4", "8"):
+        if splits != "auto":
+            os.environ["BLOCKBATCH_ATTN_SPLITS"] = splits
+        try:
+            ms = cuda_ms(lambda: torch.ops.blockbatch.packed_attention(q, k, v, cu, kv, rows, cache, 0, False), repeats)
+        finally:
+            os.environ.pop("BLOCKBATCH_ATTN_SPLITS", None)
+        out[f"attn_ms_splits_{splits}"] = ms
+        out[f"attn_kv_tb_per_s_splits_{splits}"] = kv_bytes / (ms * 1e-3) / 1e12
+    return out
+
+
 def bookkeeping(config, model, kv, L: int, repeats: int) -> dict:
     """Device time of one BlockBatch step's bookkeeping at this shape (see the module docstring)."""
     from blockbatch.testing import coordinate_args, random_branch_state, window_spans
@@ -209,6 +235,7 @@ def main(argv=None) -> int:
                    "replay_over_busy": replay_ms / gpu_busy_ms if gpu_busy_ms > 0 else None,
                    "roofline_ms": roofline_ms, "native_over_roofline": native_ms / roofline_ms,
                    "replay_over_roofline": replay_ms / roofline_ms, "plain_over_native": plain_ms / native_ms}
+            row.update(attention_sweep(config, kv, lengths, L, args.repeats))
             if label == "blockbatch-6":
                 row.update(bookkeeping(config, model, kv, L, args.repeats))
             results.append(row)

@@ -1,5 +1,7 @@
 """CUDA kernels and decode on GPU vs the CPU path (skipped cleanly without a GPU)."""
 
+import os
+
 import pytest
 import torch
 
@@ -173,6 +175,13 @@ def test_split_key_attention_on_long_rows(hd):
         ours = ops.packed_attention(q, k, v, cu, kv, rows, cache, 0, fresh)
         our_err = (ours.float() - exact).abs().max().item()
         assert torch_err > 0 and our_err <= 2 * torch_err, f"{lengths} {cache_list}: {our_err:.3g} vs {torch_err:.3g}"
+        for forced in ("1", "3", "16"):  # any split count gives the same attention up to rounding
+            os.environ["BLOCKBATCH_ATTN_SPLITS"] = forced
+            try:
+                other = ops.packed_attention(q, k, v, cu, kv, rows, cache, 0, fresh)
+            finally:
+                del os.environ["BLOCKBATCH_ATTN_SPLITS"]
+            assert ((other.float() - exact).abs().max().item()) <= 2 * torch_err, f"splits {forced}"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <type_traits>
 
 #include "decode/options.h"
@@ -56,6 +57,18 @@ int multiprocessor_count(int device) {
     slot.store(n);
   }
   return n;
+}
+
+// Key splits of a tensor-core attention launch: the heuristic's choice, or BLOCKBATCH_ATTN_SPLITS
+// (1..16) when set — a tuning and debugging override, read per call so a benchmark can sweep it.
+int attention_splits(int heuristic) {
+  const char* env = std::getenv("BLOCKBATCH_ATTN_SPLITS");
+  if (env == nullptr || *env == '\0') return heuristic;
+  char* end = nullptr;
+  const long v = std::strtol(env, &end, 10);
+  TORCH_CHECK_VALUE(*end == '\0' && v >= 1 && v <= 16, "BLOCKBATCH_ATTN_SPLITS must be an integer in [1, 16], got '",
+                    env, "'");
+  return static_cast<int>(v);
 }
 
 void check_cuda(const at::Tensor& t, const char* name) {
@@ -153,7 +166,8 @@ at::Tensor packed_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
     if constexpr (!std::is_same_v<T, float>) {
       if (cuda::flash_attention_supported(a, 1, sm_major)) {
-        const int splits = cuda::flash_attention_splits(a, q.size(0), max_keys, multiprocessor_count(q.get_device()));
+        const int splits = attention_splits(
+            cuda::flash_attention_splits(a, q.size(0), max_keys, multiprocessor_count(q.get_device())));
         at::Tensor part;  // split-key partial results (fp32), merged by the launch's second kernel
         if (splits > 1) part = at::empty({splits, q.size(0), q.size(1), q.size(2) + 2}, q.options().dtype(at::kFloat));
         check_launch(cuda::flash_attention<T>(a, q.size(0), splits, splits > 1 ? part.data_ptr<float>() : nullptr,
