@@ -1,31 +1,78 @@
 // Proposal + confidence (CUDA): per row, argmax (lowest id on ties) and 1 / sum exp(l - max)
-// with the sum in double; one block per row, no probability matrix.
+// with the sum in double; one block per row, no probability matrix. Both kernels read the row's
+// logits once for max and sum together (online softmax: each thread keeps a running max and a sum
+// rescaled when the max grows; the block merges the (max, sum) pairs); sparse_probs reads it a
+// second time to pick the tokens above the floor.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.cuh"
 
 namespace blockbatch::cuda {
 
 namespace {
-constexpr int kThreads = 256;
+constexpr int kThreads = 256;  // a power of two (tree reductions)
+
+// Running softmax normaliser: sum of exp(l - m) over the logits seen, m their max.
+struct MaxSum {
+  float m = -INFINITY;
+  double s = 0.0;
+  __device__ __forceinline__ void add(float v) {
+    if (v == -INFINITY) return;
+    if (v > m) {
+      s = m == -INFINITY ? 0.0 : s * exp(static_cast<double>(m) - v);
+      m = v;
+    }
+    s += exp(static_cast<double>(v) - m);
+  }
+  __device__ __forceinline__ void merge(const MaxSum& o) {
+    if (o.m == -INFINITY) return;
+    if (m == -INFINITY) {
+      *this = o;
+      return;
+    }
+    const float M = fmaxf(m, o.m);
+    s = s * exp(static_cast<double>(m) - M) + o.s * exp(static_cast<double>(o.m) - M);
+    m = M;
+  }
+};
+
+// Block-wide merge of every thread's MaxSum (all threads get the result).
+__device__ __forceinline__ MaxSum block_max_sum(MaxSum v, float* ms, double* ss) {
+  ms[threadIdx.x] = v.m;
+  ss[threadIdx.x] = v.s;
+  __syncthreads();
+  for (int w = blockDim.x / 2; w > 0; w >>= 1) {
+    if (threadIdx.x < w) {
+      MaxSum a{ms[threadIdx.x], ss[threadIdx.x]};
+      a.merge(MaxSum{ms[threadIdx.x + w], ss[threadIdx.x + w]});
+      ms[threadIdx.x] = a.m;
+      ss[threadIdx.x] = a.s;
+    }
+    __syncthreads();
+  }
+  const MaxSum r{ms[0], ss[0]};
+  __syncthreads();
+  return r;
+}
 
 template <typename T>
-__global__ void confidence_kernel(const T* logits, int64_t vocab, int64_t exclude, int64_t* argmax, double* conf) {
+__global__ void __launch_bounds__(kThreads) confidence_kernel(const T* logits, int64_t vocab, int64_t exclude,
+                                                              int64_t* argmax, double* conf) {
   __shared__ float best_v[kThreads];
   __shared__ int64_t best_i[kThreads];
-  __shared__ double scratch[32];
-  __shared__ float max_scratch[32];
+  __shared__ double ss[kThreads];
   const T* l = logits + blockIdx.x * vocab;
-  float bv = -INFINITY, mx = -INFINITY;
+  float bv = -INFINITY;
   int64_t bi = vocab;
+  MaxSum ms;
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
     const float v = to_f(l[j]);
-    mx = fmaxf(mx, v);
+    ms.add(v);
     if (v > bv && j != exclude) {  // strided scan visits ids in increasing order: strict > keeps the lowest
       bv = v;
       bi = j;
     }
   }
-  const double m = block_max(mx, max_scratch);
+  const MaxSum total = block_max_sum(ms, best_v, ss);  // best_v doubles as the max scratch
   best_v[threadIdx.x] = bv;
   best_i[threadIdx.x] = bi;
   __syncthreads();
@@ -40,29 +87,25 @@ __global__ void confidence_kernel(const T* logits, int64_t vocab, int64_t exclud
     }
     __syncthreads();
   }
-  double sum = 0;
-  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) sum += exp(static_cast<double>(to_f(l[j])) - m);
-  sum = block_sum(sum, scratch);
   if (threadIdx.x == 0) {
     argmax[blockIdx.x] = best_i[0];
-    conf[blockIdx.x] = exp(static_cast<double>(best_v[0]) - m) / sum;
+    conf[blockIdx.x] = exp(static_cast<double>(best_v[0]) - total.m) / total.s;
   }
 }
+
 template <typename T>
-__global__ void sparse_probs_kernel(const T* logits, int64_t vocab, double floor, int64_t max_k, int64_t* ids,
-                                    double* probs) {
-  __shared__ float max_scratch[32];
-  __shared__ double scratch[32];
+__global__ void __launch_bounds__(kThreads) sparse_probs_kernel(const T* logits, int64_t vocab, double floor,
+                                                                int64_t max_k, int64_t* ids, double* probs) {
+  __shared__ float ms_scratch[kThreads];
+  __shared__ double ss_scratch[kThreads];
   __shared__ unsigned long long count;
   const T* l = logits + blockIdx.x * vocab;
   int64_t* row_ids = ids + blockIdx.x * max_k;
   double* row_probs = probs + blockIdx.x * max_k;
-  float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) mx = fmaxf(mx, to_f(l[j]));
-  const double m = block_max(mx, max_scratch);
-  double sum = 0;
-  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) sum += exp(static_cast<double>(to_f(l[j])) - m);
-  sum = block_sum(sum, scratch);
+  MaxSum ms;
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) ms.add(to_f(l[j]));
+  const MaxSum total = block_max_sum(ms, ms_scratch, ss_scratch);
+  const double m = total.m, sum = total.s;
   for (int64_t k = threadIdx.x; k < max_k; k += blockDim.x) {
     row_ids[k] = -1;
     row_probs[k] = 0;
