@@ -114,13 +114,18 @@ void rope_cuda(const at::Tensor& x, const at::Tensor& positions, const at::Tenso
   });
 }
 
+// The KV buffer's geometry for a slot write, once its row indices are known to be on the device.
+cpu::KvGeometry kv_slots(const at::Tensor& kv, const at::Tensor& cu_seqlens, const at::Tensor& kv_rows) {
+  check_cuda(cu_seqlens, "cu_seqlens");
+  check_cuda(kv_rows, "kv_rows");
+  return {kv.size(1), kv.size(3), kv.size(4), kv.size(5)};
+}
+
 void kv_write_cuda(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                    const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer) {
   check_kv_write(kv, k, v, positions, cu_seqlens, kv_rows, layer);
-  check_cuda(cu_seqlens, "cu_seqlens");
-  check_cuda(kv_rows, "kv_rows");
   const c10::cuda::CUDAGuard guard(kv.device());
-  const cpu::KvGeometry g{kv.size(1), kv.size(3), kv.size(4), kv.size(5)};
+  const cpu::KvGeometry g = kv_slots(kv, cu_seqlens, kv_rows);
   dispatch_cuda_type(kv.scalar_type(), "kv_write_", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     check_launch(cuda::kv_write<T>(ptr<T>(kv), g, layer, ptr<T>(k), ptr<T>(v), k.stride(0),
@@ -135,10 +140,8 @@ void rope_kv_write_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tens
                         const at::Tensor& cos_sin, const at::Tensor& kv, const at::Tensor& cu_seqlens,
                         const at::Tensor& kv_rows, int64_t layer) {
   check_rope_kv_write(q, k, v, positions, cos_sin, kv, cu_seqlens, kv_rows, layer);
-  check_cuda(cu_seqlens, "cu_seqlens");
-  check_cuda(kv_rows, "kv_rows");
   const c10::cuda::CUDAGuard guard(kv.device());
-  const cpu::KvGeometry g{kv.size(1), kv.size(3), kv.size(4), kv.size(5)};
+  const cpu::KvGeometry g = kv_slots(kv, cu_seqlens, kv_rows);
   dispatch_cuda_type(kv.scalar_type(), "rope_kv_write_", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     check_launch(cuda::rope_kv_write<T>(ptr<T>(q), q.stride(0), q.size(1), ptr<T>(k), ptr<T>(v), k.stride(0),
