@@ -23,10 +23,8 @@ namespace blockbatch {
 
 std::vector<int64_t> PackedQueries::host_buffer(KvMode mode) const {
   std::vector<int64_t> host;
-  host.reserve(tokens.size() + gather.size() + positions.size() + 2 * kv_rows.size() + 1 + prefix_lens.size() +
-               logit_index.size());
+  host.reserve(gather.size() + positions.size() + 2 * kv_rows.size() + 1 + prefix_lens.size() + logit_index.size());
   auto append = [&](const std::vector<int64_t>& v) { host.insert(host.end(), v.begin(), v.end()); };
-  append(tokens);
   append(gather);
   append(positions);
   append(cu_seqlens);
@@ -46,13 +44,8 @@ ForwardBatch PackedQueries::batch(const at::Tensor& buffer, const at::Tensor& kv
     return t;
   };
   ForwardBatch b;
-  TORCH_CHECK(tokens.empty() || gather.empty(), "PackedQueries: rows are all added with tokens or all by position");
-  if (gather.empty()) {
-    b.tokens = take(n_tok);
-  } else {
-    TORCH_CHECK(canvas.defined(), "PackedQueries: rows added by position need the canvas to gather tokens from");
-    b.tokens = canvas.reshape({-1}).index_select(0, take(n_tok));
-  }
+  TORCH_CHECK(canvas.defined(), "PackedQueries: the canvas to gather tokens from is required");
+  b.tokens = canvas.reshape({-1}).index_select(0, take(n_tok));
   b.positions = take(n_tok);
   b.cu_seqlens = take(n_rows + 1);
   at::Tensor rows_t = take(n_rows);

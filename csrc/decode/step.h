@@ -12,19 +12,13 @@
 
 namespace blockbatch {
 
-// Host-side description of one packed forward; `run` ships it to the model's device.
+// Host-side description of one packed forward over canvas rows that live on the model's device:
+// host_buffer() packs its indices for one host-to-device copy, batch() turns that copy into the
+// forward's inputs.
 struct PackedQueries {
-  std::vector<int64_t> tokens, gather, positions, cu_seqlens{0}, kv_rows, prefix_lens, logit_index;
+  std::vector<int64_t> gather, positions, cu_seqlens{0}, kv_rows, prefix_lens, logit_index;
 
-  void add_row(const int64_t* canvas, int64_t begin, int64_t end, int64_t kv_row) {
-    for (int64_t p = begin; p < end; ++p) {
-      tokens.push_back(canvas[p]);
-      positions.push_back(p);
-    }
-    cu_seqlens.push_back(static_cast<int64_t>(tokens.size()));
-    kv_rows.push_back(kv_row);
-  }
-  // A row whose tokens are gathered on the device from a canvas tensor (see batch): position p
+  // A row whose tokens are gathered on the device from the canvas tensor (see batch): position p
   // takes the flattened canvas' element canvas_offset + p (canvas_offset = row * L for a [B, L] one).
   void add_positions(int64_t begin, int64_t end, int64_t kv_row, int64_t canvas_offset = 0) {
     for (int64_t p = begin; p < end; ++p) {
@@ -36,14 +30,13 @@ struct PackedQueries {
   }
   int64_t size() const { return static_cast<int64_t>(positions.size()); }
   int64_t rows() const { return static_cast<int64_t>(kv_rows.size()); }
-  // All index vectors in one int64 buffer (tokens or gather indices, positions, cu_seqlens,
+  // All index vectors in one int64 buffer (gather indices, positions, cu_seqlens,
   // kv_rows, then prefix_lens in prefix mode and logit_index when set): one host-to-device copy
   // per forward. Callers may append their own entries after it.
   std::vector<int64_t> host_buffer(KvMode mode) const;
   // The forward's inputs as views into `buffer` (host_buffer's layout, on the model's device);
-  // rows added with add_positions take their tokens from `canvas` (any shape, read flattened).
-  ForwardBatch batch(const at::Tensor& buffer, const at::Tensor& kv, KvMode mode,
-                     const at::Tensor& canvas = at::Tensor()) const;
+  // the tokens are gathered from `canvas` (any shape, read flattened).
+  ForwardBatch batch(const at::Tensor& buffer, const at::Tensor& kv, KvMode mode, const at::Tensor& canvas) const;
 };
 
 // Proposals for logits rows (ALGORITHMS.md section 1): argmax (or Gumbel-max in float64 when

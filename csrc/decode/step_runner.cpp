@@ -5,6 +5,8 @@
 #include <array>
 #include <map>
 
+#include "decode/step.h"  // read_back, pack_readout, unpack_readout
+
 #ifdef BLOCKBATCH_WITH_CUDA
 #include <ATen/ops/empty.h>
 #include <ATen/cuda/CUDAGraph.h>
@@ -66,18 +68,6 @@ StepRunner::StepRunner(const Model& model, bool use_graphs) : model_(model) {
 }
 
 StepRunner::~StepRunner() = default;
-
-StepRunner::Output StepRunner::run(const PackedQueries& q, const at::Tensor& kv, KvMode mode, int64_t readout_kind,
-                                   const Readout& readout) {
-  const Key key{static_cast<int64_t>(mode), q.size(), q.rows(), static_cast<int64_t>(q.logit_index.size()),
-                kv.defined() ? 1 : 0, readout_kind};
-  return run(q.host_buffer(mode), key, [&](const at::Tensor& buffer) {
-    Body body;
-    body.logits = model_.forward(q.batch(buffer, kv, mode));
-    body.readout = readout(body.logits);
-    return body;
-  });
-}
 
 StepRunner::Output StepRunner::run(const std::vector<int64_t>& buffer, const Key& key, const Step& step) {
   const at::Tensor host_t =

@@ -3,7 +3,7 @@
 // Every step is: one host-to-device copy of the packed index buffer, the forward, a readout
 // (confidence, sparse probabilities, ...), and ONE device-to-host copy of the readout.
 // On CUDA with graphs enabled, a step whose shape was seen before is replayed from a CUDA graph:
-// the shape key is (mode, query tokens, rows, logit rows, readout); in BlockBatch it changes only
+// the caller's shape key (mode, query tokens, rows, logit rows, step kind); in BlockBatch it changes only
 // when the set of active branches (or the refresh set) changes, so a new set is captured on its
 // second step and replayed from then on. The first step of a shape runs eagerly (it warms up
 // cuBLAS and the kernels' attributes before any capture). Replays read the index buffer the
@@ -19,15 +19,12 @@
 #include <memory>
 #include <vector>
 
-#include "decode/step.h"
 #include "model/model.h"
 
 namespace blockbatch {
 
 class StepRunner {
  public:
-  // Device tensors with 8-byte elements (int64 / float64) computed from the logits.
-  using Readout = std::function<std::vector<at::Tensor>(const at::Tensor& logits)>;
   // A whole step on the device from its index buffer (already on the device): the logits and the
   // tensors to read back (8-byte elements). It may update device state (the canvas, the KV rows):
   // a replay does exactly what the recorded call did, with the new buffer contents.
@@ -50,9 +47,6 @@ class StepRunner {
   };
   // One step: copy `buffer` to the device, run `step` (or replay its graph), read back.
   Output run(const std::vector<int64_t>& buffer, const Key& key, const Step& step);
-  // The common case: forward(q) and the host copies of readout(logits). `readout_kind` names the
-  // readout in the shape key: callers pass a different kind for each readout function.
-  Output run(const PackedQueries& q, const at::Tensor& kv, KvMode mode, int64_t readout_kind, const Readout& readout);
   int64_t captures() const { return captures_; }
   int64_t replays() const { return replays_; }
 
