@@ -48,7 +48,7 @@ class BlockBatchDecoder {
         K_(static_cast<int64_t>(std::floor(1.0 / o.prob_floor)) + 1),
         generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))),
         runner_(model, o.cuda_graphs), st_(static_cast<size_t>(B_ * br::kFields), 0), eos_(B_, 0.0),
-        nfe_init_(B_, 0), nfe_block_(B_, 0), nfe_refresh_(B_, 0) {
+        forwards_(B_, 0) {
     std::vector<int64_t> sizes = o.block_sizes;
     std::sort(sizes.begin(), sizes.end());
     std::vector<int64_t> canvas(static_cast<size_t>(B_ * L_), c_.mask_token_id);
@@ -70,7 +70,9 @@ class BlockBatchDecoder {
     map_ids_ = at::full({B_, G_, K_}, -1, dev.dtype(at::kLong));
     map_probs_ = at::zeros({B_, G_, K_}, dev.dtype(at::kDouble));
     flags_ = at::zeros({br::kFlags}, dev.dtype(at::kLong));
-    sync_src_ = at::full({B_}, -1, dev.dtype(at::kLong));
+    // Until the first coordination overwrites it: every row copies row 0 (the init forward's KV).
+    sync_src_ = at::zeros({B_}, dev.dtype(at::kLong));
+    sync_src_.narrow(0, 0, 1).fill_(-1);
     kv_ = model.new_kv(B_, L_);
   }
 
@@ -99,7 +101,7 @@ class BlockBatchDecoder {
     const at::Tensor tokens = canvas_.select(0, winner).cpu();
     res.tokens.assign(tokens.const_data_ptr<int64_t>(), tokens.const_data_ptr<int64_t>() + L_);
     stats_.nfe = stats_.nfe_init + stats_.nfe_block + stats_.nfe_refresh;
-    stats_.nfe_paper = nfe_init_[winner] + nfe_block_[winner] + nfe_refresh_[winner];
+    stats_.nfe_paper = forwards_[winner];
     stats_.winner = winner;
     stats_.winner_block_size = st(winner)[br::kBlock];
     for (int64_t b = 0; b < B_; ++b) {
@@ -108,7 +110,7 @@ class BlockBatchDecoder {
       s.committed = st(b)[br::kCommitted];
       s.merged = st(b)[br::kMerged];
       s.copied = st(b)[br::kCopied];
-      s.forwards = nfe_init_[b] + nfe_block_[b] + nfe_refresh_[b];
+      s.forwards = forwards_[b];
       stats_.branches.push_back(s);
     }
     stats_.graph_captures = runner_.captures();
@@ -199,9 +201,7 @@ class BlockBatchDecoder {
     StepRunner::Output out = runner_.run(buffer, key, [&](const at::Tensor& dev) {
       StepRunner::Body body;
       body.logits = model_.forward(q.batch(dev, kv_, mode, canvas_)).contiguous();
-      if (kind == kInitStep) {  // the batch-1 prompt forward filled row 0: every branch starts from it
-        for (int64_t r = 1; r < B_; ++r) kv_.select(0, r).copy_(kv_.select(0, 0));
-      }
+      if (kind == kInitStep) ops::kv_copy_rows_(kv_, sync_src_);  // the batch-1 forward filled row 0
       if (sampling) {
         body.readout = {body.logits.to(at::kDouble)};
         return body;
@@ -251,7 +251,7 @@ class BlockBatchDecoder {
     std::vector<int64_t> spans;
     for (int64_t b = 0; b < B_; ++b) spans.insert(spans.end(), {b, 0, lp_, G_, 1});
     stats_.nfe_init += 1;
-    for (int64_t b = 0; b < B_; ++b) nfe_init_[b] += 1;
+    for (int64_t b = 0; b < B_; ++b) forwards_[b] += 1;
     forward_step(q, KvMode::kFull, kInitStep, spans);
   }
 
@@ -264,7 +264,7 @@ class BlockBatchDecoder {
       if (st(b)[br::kDone] || st(b)[br::kMasks] == 0) continue;
       spans.insert(spans.end(), {b, q.size(), st(b)[br::kStart], st(b)[br::kEnd] - st(b)[br::kStart], 0});
       q.add_positions(st(b)[br::kStart], st(b)[br::kEnd], b, b * L_);
-      nfe_block_[b] += 1;
+      forwards_[b] += 1;
     }
     if (q.rows() > 0) {
       stats_.nfe_block += 1;
@@ -284,7 +284,7 @@ class BlockBatchDecoder {
   // Refresh (1 NFE) when the last coordination asked for it: one full forward over every active
   // row; each row's KV written back to its own row, maps updated, commits in each window.
   void maybe_refresh() {
-    if (stats_.early_exit || !flags_h_[br::kRefreshWanted] || all_done()) return;
+    if (!flags_h_[br::kRefreshWanted] || all_done()) return;
     PackedQueries q;
     std::vector<int64_t> spans;
     for (int64_t b = 0; b < B_; ++b) {
@@ -292,7 +292,7 @@ class BlockBatchDecoder {
       spans.insert(spans.end(), {b, q.rows() * G_, lp_, G_, 1});
       for (int64_t p = lp_; p < L_; ++p) q.logit_index.push_back(q.rows() * L_ + p);
       q.add_positions(0, L_, b, b * L_);
-      nfe_refresh_[b] += 1;
+      forwards_[b] += 1;
     }
     stats_.nfe_refresh += 1;
     forward_step(q, KvMode::kFull, kRefreshStep, spans);
@@ -306,11 +306,12 @@ class BlockBatchDecoder {
   StepRunner runner_;  // before the device tensors: the request's device work runs on its stream
   // Device state (rows = branches by ascending block size; see kernels/branches.h).
   at::Tensor canvas_, state_, eos_prob_, map_ids_, map_probs_, flags_, sync_src_, kv_;
-  // Host mirror of the last readback, and the forwards each branch took part in.
+  // Host mirror of the last readback, and the forwards each branch took part in (init, block and
+  // refresh: the paper's per-branch NFE).
   std::vector<int64_t> st_;
   std::vector<double> eos_;
   int64_t flags_h_[br::kFlags] = {0, 0};
-  std::vector<int64_t> nfe_init_, nfe_block_, nfe_refresh_;
+  std::vector<int64_t> forwards_;
   DecodeStats stats_;
 };
 

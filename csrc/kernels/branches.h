@@ -224,8 +224,9 @@ BLOCKBATCH_HOST_DEVICE void absorb_span(const Ex& ex, const View& v, const int64
 
 // --------------------------------------------------------------------------------- coordinate
 
-template <typename Ex>
-BLOCKBATCH_HOST_DEVICE int64_t leader(const Ex&, const View& v) {  // most decoded, done included; first on ties
+// Most decoded, done branches included; the first (smallest block size) on ties. Every thread
+// computes it alike from the state table.
+BLOCKBATCH_HOST_DEVICE inline int64_t leader(const View& v) {
   int64_t best = 0;
   for (int64_t b = 1; b < v.B; ++b) {
     if (v.st(b)[kDecoded] > v.st(best)[kDecoded]) best = b;
@@ -305,7 +306,7 @@ BLOCKBATCH_HOST_DEVICE void merge_step(const Ex& ex, const View& v, const Coordi
 // caller copies the KV row), take its `decoded` and `done`, and re-snap with their own block size.
 template <typename Ex>
 BLOCKBATCH_HOST_DEVICE void sync_step(const Ex& ex, const View& v, int64_t* sync_src, const CoordinateParams& p) {
-  const int64_t lead = leader(ex, v);
+  const int64_t lead = leader(v);
   for (int64_t b = 0; b < v.B; ++b) {
     if (b == lead || v.st(b)[kDone] || v.st(lead)[kDecoded] - v.st(b)[kDecoded] <= p.sync_gap) continue;
     const int64_t *from = v.row(lead);
@@ -338,7 +339,7 @@ BLOCKBATCH_HOST_DEVICE void coordinate(const Ex& ex, const View& v, int64_t* fla
   for (int64_t b = 0; b < v.B; ++b) {
     if (!v.st(b)[kDone] && masks_in(ex, v, b, v.st(b)[kStart], v.st(b)[kEnd]) == 0) advance(ex, v, b, p);
   }
-  if (v.st(leader(ex, v))[kDecoded] > 0) {
+  if (v.st(leader(v))[kDecoded] > 0) {
     if (p.merge) merge_step(ex, v, p);
     if (p.sync) sync_step(ex, v, sync_src, p);
   }
