@@ -22,6 +22,15 @@ CommitRule parse_commit_rule(const std::string& name) {
   TORCH_CHECK_VALUE(false, "commit must be one of 'threshold', 'fixed', 'factor', got '", name, "'");
 }
 
+const char* commit_rule_name(CommitRule rule) {
+  switch (rule) {
+    case CommitRule::kThreshold: return "threshold";
+    case CommitRule::kFixed: return "fixed";
+    case CommitRule::kFactor: return "factor";
+  }
+  return "";
+}
+
 RefreshMode parse_refresh_mode(const std::string& name) {
   if (name == "periodic") return RefreshMode::kPeriodic;
   if (name == "divergence") return RefreshMode::kDivergence;

@@ -42,6 +42,7 @@ struct DecodeOptions {
 
 Policy parse_policy(const std::string& name);
 CommitRule parse_commit_rule(const std::string& name);
+const char* commit_rule_name(CommitRule rule);  // parse_commit_rule's inverse
 RefreshMode parse_refresh_mode(const std::string& name);
 
 struct BranchStats {

@@ -27,7 +27,7 @@ DecodeResult decode_single_branch(const Model& model, const std::vector<int64_t>
   const int64_t num_blocks = o.gen_length / b;
   const int64_t steps_per_block = o.commit == CommitRule::kFixed ? o.steps / num_blocks : 0;
   const bool sampling = o.temperature > 0;
-  const char* rule = o.commit == CommitRule::kThreshold ? "threshold" : o.commit == CommitRule::kFixed ? "fixed" : "factor";
+  const char* rule = commit_rule_name(o.commit);
   at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed));
 
   DecodeResult res;
