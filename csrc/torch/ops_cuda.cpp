@@ -39,21 +39,16 @@ void check_launch(cudaError_t e, const char* op) {
   TORCH_CHECK(e == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(e));
 }
 
-// Compute capability (major) of a device; a host-side attribute query, no stream sync. (Not
-// ATen's CUDAContext.h: it pulls cuBLAS / cuSPARSE headers the toolkit may not ship.)
-int compute_capability_major(int device) {
-  int major = 0;
-  check_launch(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
-  return major;
-}
-
-// Streaming multiprocessors of a device (cached: the first call is an eager warm-up, not a capture).
-int multiprocessor_count(int device) {
+// A device attribute the attention launch needs (compute capability, SM count): a host-side query,
+// no stream sync, cached per device after the first call (an eager warm-up, never a capture).
+// Not ATen's CUDAContext.h: it pulls cuBLAS / cuSPARSE headers the toolkit may not ship.
+template <cudaDeviceAttr kAttr>
+int device_attribute(int device) {
   static std::atomic<int> cache[64] = {};
   std::atomic<int>& slot = cache[device & 63];
   int n = slot.load();
   if (n == 0) {
-    check_launch(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+    check_launch(cudaDeviceGetAttribute(&n, kAttr, device), "cudaDeviceGetAttribute");
     slot.store(n);
   }
   return n;
@@ -163,14 +158,15 @@ at::Tensor packed_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
   at::Tensor out = at::empty({q.size(0), q.size(1) * q.size(2)}, q.options());
   const cpu::AttentionArgs a = attention_args(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer, attend_fresh, out);
   const int64_t max_keys = (attend_fresh ? q.size(0) : 0) + (kv.has_value() ? kv->size(4) : 0);  // no host sync
-  const int sm_major = compute_capability_major(q.get_device());
+  const int sm_major = device_attribute<cudaDevAttrComputeCapabilityMajor>(q.get_device());
   dispatch_cuda_type(q.scalar_type(), "packed_attention", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
     if constexpr (!std::is_same_v<T, float>) {
       if (cuda::flash_attention_supported(a, 1, sm_major)) {
         const int splits = attention_splits(
-            cuda::flash_attention_splits(a, q.size(0), max_keys, multiprocessor_count(q.get_device())));
+            cuda::flash_attention_splits(a, q.size(0), max_keys,
+                                         device_attribute<cudaDevAttrMultiProcessorCount>(q.get_device())));
         at::Tensor part;  // split-key partial results (fp32), merged by the launch's second kernel
         if (splits > 1) part = at::empty({splits, q.size(0), q.size(1), q.size(2) + 2}, q.options().dtype(at::kFloat));
         check_launch(cuda::flash_attention<T>(a, q.size(0), splits, splits > 1 ? part.data_ptr<float>() : nullptr,
