@@ -332,8 +332,9 @@ def test_commit_bad_input_names_argument():
 # every counter); here: their contracts on states the decode loop may not reach.
 
 
-def _rows_from(s, b):
-    return {name: int(s["state"][b, i]) for name, i in FIELD.items()}
+def _fields(state, b):
+    """Branch b's row of a state table, by column name."""
+    return {name: int(state[b, i]) for name, i in FIELD.items()}
 
 
 def test_coordinate_keeps_its_invariants():
@@ -349,7 +350,7 @@ def test_coordinate_keeps_its_invariants():
         canvas, lp, L, mask = s["canvas"], s["prompt_len"], s["canvas"].shape[1], s["mask_id"]
         assert s["flags"][1] == 0  # no branch was EOS-ready
         for b in range(canvas.shape[0]):
-            r, r0 = _rows_from(s, b), {n: int(st0[b, i]) for n, i in FIELD.items()}
+            r, r0 = _fields(s["state"], b), _fields(st0, b)
             src = int(s["sync_src"][b])
             if src >= 0:
                 assert torch.equal(canvas[b], canvas[src]) and r["decoded"] == int(s["state"][src, FIELD["decoded"]])
@@ -423,7 +424,7 @@ def test_absorb_records_commits_and_marks_eos():
                                               None, s["mask_id"], eos, "threshold", tau, 0.0)
             assert s["canvas"][b].tolist() == want, f"seed {seed} branch {b}"
             assert torch.equal(s["map_ids"][b, start - lp:start - lp + n], ids[row0:row0 + n])
-            r, r0 = _rows_from(s, b), {n_: int(before["state"][b, i]) for n_, i in FIELD.items()}
+            r, r0 = _fields(s["state"], b), _fields(before["state"], b)
             assert (r["decoded"] - r0["decoded"], r["committed"] - r0["committed"], r["masks"]) == (k, k, left)
             held = [i for i in range(n) if want[start + i] == eos]
             if left == 0 and held:
