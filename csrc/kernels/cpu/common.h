@@ -61,7 +61,7 @@ inline V fast_exp_vec(V x) {
   x = x < lo ? lo : x;
   x = x > hi ? hi : x;
   const V t = x * 1.44269504088896341f;
-  const I n = __builtin_convertvector(t + 128.0f, I) - 128;  // floor(t), as in fast_exp
+  const I n = __builtin_convertvector(t + 128.0f, I) - 128;  // floor(t): t + 128 > 0 after the clamp
   const V nf = __builtin_convertvector(n, V);
   V r = x - nf * 0.693145751953125f;
   r = r - nf * 1.428606765330187e-06f;

@@ -112,8 +112,13 @@ __global__ void __launch_bounds__(kThreads) sparse_probs_kernel(const T* logits,
   }
   if (threadIdx.x == 0) count = 0;
   __syncthreads();
+  // As the CPU kernel: p_j > floor needs l_j - max > log(floor * sum), so only those few ids pay
+  // the float64 exp (the bound is loosened by 1e-9 so the exact comparison below decides ties).
+  const double cut = log(floor * sum) - 1e-9;
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
-    const double p = exp(static_cast<double>(to_f(l[j])) - m) / sum;
+    const double z = static_cast<double>(to_f(l[j])) - m;
+    if (z <= cut) continue;
+    const double p = exp(z) / sum;
     if (p > floor) {
       const unsigned long long slot = atomicAdd(&count, 1ull);
       if (slot < static_cast<unsigned long long>(max_k)) {
