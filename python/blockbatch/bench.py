@@ -28,13 +28,15 @@ from .options import DecodeOptions
 DEFAULT_POLICIES = ("vanilla", "dual", "blockbatch")
 
 
+def _flag(value: str) -> bool:
+    return value.lower() in ("1", "true", "yes")
+
+
 OPTION_PARSERS = {
     "block_length": int, "steps": int, "threshold": float, "factor": float, "temperature": float, "seed": int,
-    "stop_on_eos": lambda v: v.lower() in ("1", "true", "yes"), "merge_gate": float, "sync_gap": int,
-    "refresh_tokens": int, "refresh_mode": str, "prob_floor": float,
-    "block_sizes": lambda v: tuple(int(x) for x in v.split("/")),
-    "merge": lambda v: v.lower() in ("1", "true", "yes"), "sync": lambda v: v.lower() in ("1", "true", "yes"),
-    "cuda_graphs": lambda v: v.lower() in ("1", "true", "yes"),
+    "stop_on_eos": _flag, "merge_gate": float, "sync_gap": int, "refresh_tokens": int, "refresh_mode": str,
+    "prob_floor": float, "block_sizes": lambda v: tuple(int(x) for x in v.split("/")),
+    "merge": _flag, "sync": _flag, "cuda_graphs": _flag,
 }
 
 
