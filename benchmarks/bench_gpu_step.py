@@ -22,6 +22,7 @@ the K/V bandwidth it reaches (each row's K and V read once / time; the H200 peak
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -193,6 +194,47 @@ def bookkeeping(config, model, kv, L: int, repeats: int) -> dict:
     return out
 
 
+@contextlib.contextmanager
+def section(row: dict, name: str):
+    """Run one measured part; an exception is recorded in row[name + "_error"] instead of ending the run."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - every failure is reported in the JSON and the exit status
+        row[f"{name}_error"] = f"{type(e).__name__}: {e}"
+        print(f"error in {row['step']} L={row['L']} {name}: {row[name + '_error']}", file=sys.stderr, flush=True)
+
+
+def step_latency(config, params: int, step, plain, packed, lengths, kv, L: int, repeats: int) -> dict:
+    """Eager, GPU-busy and plain-PyTorch times of one step, with its rooflines."""
+    native_ms = cuda_ms(step, repeats)
+    gpu_busy_ms = busy_ms(step)
+    tokens, positions = packed[0], packed[1]
+    plain_ms = cuda_ms(lambda: plain(tokens, positions, lengths, kv), repeats)
+    T = sum(lengths)
+    flops = 2 * T * (params - 2 * config.vocab_size * config.d_model) + 2 * T * config.vocab_size * config.d_model \
+        + 4 * T * L * config.d_model * config.n_layers
+    weight_bytes = 2 * params - 2 * config.vocab_size * config.d_model  # the embedding table is gathered, not streamed
+    roofline_ms = max(weight_bytes / HBM_BYTES_PER_S, flops / BF16_FLOPS) * 1e3
+    # The issue's roofline counts weights only; a dual-cache step must also read every row's
+    # cached K and V once (6 rows x 1.07 GB at L 2048 for LLaDA-8B): the floor with them.
+    kv_read = kv.numel() * kv.element_size()  # kv holds exactly the step's rows at length L
+    roofline_kv_ms = max((weight_bytes + kv_read) / HBM_BYTES_PER_S, flops / BF16_FLOPS) * 1e3
+    return {"native_eager_ms": native_ms, "plain_pytorch_ms": plain_ms, "gpu_busy_ms": gpu_busy_ms,
+            "roofline_ms": roofline_ms, "native_over_roofline": native_ms / roofline_ms,
+            "busy_over_roofline": gpu_busy_ms / roofline_ms,
+            "kv_read_bytes": kv_read, "roofline_with_kv_ms": roofline_kv_ms, "plain_over_native": plain_ms / native_ms}
+
+
+def replay_latency(step, row: dict, repeats: int) -> dict:
+    """The step captured in a CUDA graph: replay time against the GPU-busy time and both rooflines."""
+    replay_ms = graph_ms(step, repeats)
+    out = {"graph_replay_ms": replay_ms, "replay_over_roofline": replay_ms / row["roofline_ms"],
+           "replay_over_roofline_with_kv": replay_ms / row["roofline_with_kv_ms"]}
+    if row.get("gpu_busy_ms"):
+        out["replay_over_busy"] = replay_ms / row["gpu_busy_ms"]
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for bench_gpu_step.json")
@@ -211,48 +253,43 @@ def main(argv=None) -> int:
     model = NativeModel(config, weights, dtype=torch.bfloat16, device="cuda")
     plain = PlainStep(config, weights)
     results = []
+    os.makedirs(args.out, exist_ok=True)
+
+    def save():  # after every step shape, so a run cut short by its time limit keeps what it measured
+        with open(os.path.join(args.out, "bench_gpu_step.json"), "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "params": params,
+                       "layers": args.layers, "results": results}, f, indent=2)
+
     for L in (512, 2048):
         for label, lengths in (("blockbatch-6", [4, 8, 16, 32, 64, 128]), ("single-32", [32])):
+            row = {"step": label, "L": L, "query_tokens": sum(lengths)}
+            results.append(row)
             kv = model.new_kv(len(lengths), L)
             ids = [torch.randint(0, config.vocab_size, (n,)) for n in lengths]
             pos = [torch.arange(L // 2 // n * n, L // 2 // n * n + n) for n in lengths]
             packed = pack_rows(ids, pos, "cuda")
+
             def step():
                 logits = model.forward_packed(*packed, kv, "dual")
                 return torch.ops.blockbatch.confidence(logits, config.mask_token_id)
 
-            native_ms = cuda_ms(step, args.repeats)
-            replay_ms = graph_ms(step, args.repeats)
-            gpu_busy_ms = busy_ms(step)
-            tokens, positions = packed[0], packed[1]
-            plain_ms = cuda_ms(lambda: plain(tokens, positions, lengths, kv), args.repeats)
-            T = sum(lengths)
-            flops = 2 * T * (params - 2 * config.vocab_size * config.d_model) + 2 * T * config.vocab_size * config.d_model \
-                + 4 * T * L * config.d_model * config.n_layers
-            weight_bytes = 2 * params - 2 * config.vocab_size * config.d_model  # the embedding table is gathered, not streamed
-            roofline_ms = max(weight_bytes / HBM_BYTES_PER_S, flops / BF16_FLOPS) * 1e3
-            # The issue's roofline counts weights only; a dual-cache step must also read every row's
-            # cached K and V once (6 rows x 1.07 GB at L 2048 for LLaDA-8B): the floor with them.
-            kv_read = kv.numel() * kv.element_size()  # kv holds exactly the step's rows at length L
-            roofline_kv_ms = max((weight_bytes + kv_read) / HBM_BYTES_PER_S, flops / BF16_FLOPS) * 1e3
-            row = {"step": label, "L": L, "query_tokens": T, "native_eager_ms": native_ms, "plain_pytorch_ms": plain_ms,
-                   "graph_replay_ms": replay_ms, "gpu_busy_ms": gpu_busy_ms,
-                   "replay_over_busy": replay_ms / gpu_busy_ms if gpu_busy_ms > 0 else None,
-                   "roofline_ms": roofline_ms, "native_over_roofline": native_ms / roofline_ms,
-                   "kv_read_bytes": kv_read, "roofline_with_kv_ms": roofline_kv_ms,
-                   "replay_over_roofline_with_kv": replay_ms / roofline_kv_ms,
-                   "replay_over_roofline": replay_ms / roofline_ms, "plain_over_native": plain_ms / native_ms}
-            row.update(attention_sweep(config, kv, lengths, L, args.repeats))
+            # Each part is measured on its own: one that fails records its error and the rest still run.
+            with section(row, "step"):
+                row.update(step_latency(config, params, step, plain, packed, lengths, kv, L, args.repeats))
+            with section(row, "replay"):
+                row.update(replay_latency(step, row, args.repeats))
+            with section(row, "attention"):
+                row.update(attention_sweep(config, kv, lengths, L, args.repeats))
             if label == "blockbatch-6":
-                row.update(bookkeeping(config, model, kv, L, args.repeats))
-            results.append(row)
+                with section(row, "bookkeeping"):
+                    row.update(bookkeeping(config, model, kv, L, args.repeats))
+            del kv
             print(json.dumps(row), flush=True)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "bench_gpu_step.json"), "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "params": params,
-                   "layers": args.layers, "results": results}, f, indent=2)
-    return 0
-
+            save()
+    failed = [f"{r['step']} L={r['L']}: {k}" for r in results for k in r if k.endswith("_error")]
+    if failed:
+        print("failed parts: " + "; ".join(failed), file=sys.stderr)
+    return 1 if failed else 0
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -28,54 +28,66 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("error: no CUDA device", file=sys.stderr)
         return 2
-    from blockbatch.bench import policy_options
     from blockbatch.engine import Engine
     from blockbatch.toy import task
 
     problems = task.make_problems(args.n, 0, "test")
     engines = {"cpu": Engine.from_pretrained(None, "cpu"), "fp32": Engine.from_pretrained(None, "cuda"),
                "bf16": Engine.from_pretrained(None, "cuda", torch.bfloat16)}
-    report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "n": args.n, "policies": {}}
-    for name, gen in (("vanilla", 64), ("dual", 128), ("blockbatch", 128)):
-        base = policy_options(name, gen)
-        runs = {}
-        for label, engine, graphs in (("cpu", "cpu", True), ("fp32_eager", "fp32", False), ("fp32_graph", "fp32", True),
-                                      ("bf16_eager", "bf16", False), ("bf16_graph", "bf16", True)):
-            opts = base.replace(cuda_graphs=graphs)
-            out = []
-            for p in problems:
-                t0 = time.perf_counter()
-                [g] = engines[engine].generate(p.prompt, opts)
-                if engine != "cpu":
-                    torch.cuda.synchronize()
-                out.append((g, (time.perf_counter() - t0) * 1e3, task.check_answer(p, g.text)))
-            runs[label] = out
-
-        def same(a, b):
-            return sum(x[0].raw_ids == y[0].raw_ids for x, y in zip(runs[a], runs[b])) / args.n
-
-        def agreement(a, b):
-            eq = [sum(i == j for i, j in zip(x[0].raw_ids, y[0].raw_ids)) / len(x[0].raw_ids)
-                  for x, y in zip(runs[a], runs[b])]
-            return statistics.mean(eq)
-
-        row = {
-            "fp32_gpu_equals_cpu": same("fp32_graph", "cpu"),
-            "fp32_graph_equals_eager": same("fp32_graph", "fp32_eager"),
-            "bf16_graph_equals_eager": same("bf16_graph", "bf16_eager"),
-            "bf16_vs_fp32_token_agreement": agreement("bf16_graph", "fp32_graph"),
-            "accuracy": {k: sum(r[2] for r in v) / args.n for k, v in runs.items()},
-            "median_ms": {k: statistics.median(r[1] for r in v) for k, v in runs.items()},
-            "mean_nfe": {k: statistics.mean(r[0].stats["nfe"] for r in v) for k, v in runs.items()},
-            "graph_captures_per_sample": statistics.mean(r[0].stats["graph_captures"] for r in runs["bf16_graph"]),
-            "graph_replays_per_sample": statistics.mean(r[0].stats["graph_replays"] for r in runs["bf16_graph"]),
-        }
-        report["policies"][name] = row
-        print(name, json.dumps(row), flush=True)
+    report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "n": args.n, "policies": {},
+              "errors": {}}
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "gpu_decode_check.json"), "w") as f:
-        json.dump(report, f, indent=2)
-    return 0
+    for name, gen in (("vanilla", 64), ("dual", 128), ("blockbatch", 128)):
+        try:
+            report["policies"][name] = check_policy(engines, problems, name, gen, args.n)
+        except Exception as e:  # noqa: BLE001 - recorded in the JSON and the exit status; the other policies still run
+            report["errors"][name] = f"{type(e).__name__}: {e}"
+            print(f"error in {name}: {report['errors'][name]}", file=sys.stderr, flush=True)
+        else:
+            print(name, json.dumps(report["policies"][name]), flush=True)
+        with open(os.path.join(args.out, "gpu_decode_check.json"), "w") as f:  # after each policy: nothing lost on a time-out
+            json.dump(report, f, indent=2)
+    return 1 if report["errors"] else 0
+
+
+def check_policy(engines, problems, name: str, gen: int, n: int) -> dict:
+    """One policy's runs (CPU, GPU fp32/bf16, eager/graphs) on the problems, compared (see the module docstring)."""
+    from blockbatch.bench import policy_options
+    from blockbatch.toy import task
+
+    base = policy_options(name, gen)
+    runs = {}
+    for label, engine, graphs in (("cpu", "cpu", True), ("fp32_eager", "fp32", False), ("fp32_graph", "fp32", True),
+                                  ("bf16_eager", "bf16", False), ("bf16_graph", "bf16", True)):
+        opts = base.replace(cuda_graphs=graphs)
+        out = []
+        for p in problems:
+            t0 = time.perf_counter()
+            [g] = engines[engine].generate(p.prompt, opts)
+            if engine != "cpu":
+                torch.cuda.synchronize()
+            out.append((g, (time.perf_counter() - t0) * 1e3, task.check_answer(p, g.text)))
+        runs[label] = out
+
+    def same(a, b):
+        return sum(x[0].raw_ids == y[0].raw_ids for x, y in zip(runs[a], runs[b])) / n
+
+    def agreement(a, b):
+        eq = [sum(i == j for i, j in zip(x[0].raw_ids, y[0].raw_ids)) / len(x[0].raw_ids)
+              for x, y in zip(runs[a], runs[b])]
+        return statistics.mean(eq)
+
+    return {
+        "fp32_gpu_equals_cpu": same("fp32_graph", "cpu"),
+        "fp32_graph_equals_eager": same("fp32_graph", "fp32_eager"),
+        "bf16_graph_equals_eager": same("bf16_graph", "bf16_eager"),
+        "bf16_vs_fp32_token_agreement": agreement("bf16_graph", "fp32_graph"),
+        "accuracy": {k: sum(r[2] for r in v) / n for k, v in runs.items()},
+        "median_ms": {k: statistics.median(r[1] for r in v) for k, v in runs.items()},
+        "mean_nfe": {k: statistics.mean(r[0].stats["nfe"] for r in v) for k, v in runs.items()},
+        "graph_captures_per_sample": statistics.mean(r[0].stats["graph_captures"] for r in runs["bf16_graph"]),
+        "graph_replays_per_sample": statistics.mean(r[0].stats["graph_replays"] for r in runs["bf16_graph"]),
+    }
 
 
 if __name__ == "__main__":

@@ -1,0 +1,76 @@
+"""Short table of a gpu_check.sh run: test counts and failures, step latencies, decode checks.
+
+    python benchmarks/gpu_summary.py DIR
+
+DIR is the folder gpu_check.sh wrote (gpu_tests.xml, ops_tests.xml, bench_gpu_step.json,
+gpu_decode_check.json); missing files are reported as missing, not skipped silently.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import xml.etree.ElementTree as ET
+
+
+def tests(path: str) -> list[str]:
+    if not os.path.exists(path):
+        return [f"{os.path.basename(path)}: missing (the stage did not finish)"]
+    root = ET.parse(path).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    n = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    lines = [f"{os.path.basename(path)}: {n['tests'] - n['failures'] - n['errors'] - n['skipped']} passed, "
+             f"{n['failures']} failed, {n['errors']} errors, {n['skipped']} skipped"]
+    for case in suite.iter("testcase"):
+        for bad in list(case.findall("failure")) + list(case.findall("error")):
+            lines.append(f"  FAILED {case.get('name')}: {(bad.get('message') or '').splitlines()[0][:200] if bad.get('message') else ''}")
+    return lines
+
+
+def fmt(v) -> str:
+    return f"{v:.3f}" if isinstance(v, float) else ("-" if v is None else str(v))
+
+
+def steps(path: str) -> list[str]:
+    if not os.path.exists(path):
+        return ["bench_gpu_step.json: missing"]
+    data = json.load(open(path))
+    cols = ("native_eager_ms", "graph_replay_ms", "gpu_busy_ms", "plain_pytorch_ms", "roofline_ms",
+            "replay_over_roofline", "replay_over_roofline_with_kv", "replay_over_busy", "plain_over_native",
+            "attn_ms_splits_auto", "attn_kv_tb_per_s_splits_auto", "bookkeeping_ms")
+    lines = [f"bench_gpu_step ({data.get('device')}, torch {data.get('torch')}, {data.get('layers')} layers)",
+             "step L " + " ".join(cols)]
+    for r in data["results"]:
+        lines.append(f"{r['step']} {r['L']} " + " ".join(fmt(r.get(c)) for c in cols))
+        lines += [f"  {k}: {v}" for k, v in r.items() if k.endswith("_error")]
+    return lines
+
+
+def decode(path: str) -> list[str]:
+    if not os.path.exists(path):
+        return ["gpu_decode_check.json: missing"]
+    data = json.load(open(path))
+    lines = [f"gpu_decode_check (n={data['n']})"]
+    for name, r in data["policies"].items():
+        lines.append(f"{name}: fp32 gpu==cpu {r['fp32_gpu_equals_cpu']:.2f}, graph==eager fp32 {r['fp32_graph_equals_eager']:.2f}"
+                     f" bf16 {r['bf16_graph_equals_eager']:.2f}, bf16~fp32 {r['bf16_vs_fp32_token_agreement']:.4f}, "
+                     f"acc {json.dumps(r['accuracy'])}, median ms {json.dumps({k: round(v, 2) for k, v in r['median_ms'].items()})}")
+    lines += [f"{name}: ERROR {e}" for name, e in data.get("errors", {}).items()]
+    return lines
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or not os.path.isdir(argv[0]):
+        print("usage: gpu_summary.py DIR (the folder gpu_check.sh wrote)", file=sys.stderr)
+        return 2
+    d = argv[0]
+    out = tests(os.path.join(d, "gpu_tests.xml")) + tests(os.path.join(d, "ops_tests.xml"))
+    out += steps(os.path.join(d, "bench_gpu_step.json")) + decode(os.path.join(d, "gpu_decode_check.json"))
+    print("\n".join(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
