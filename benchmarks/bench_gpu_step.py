@@ -14,9 +14,12 @@ Bookkeeping (BlockBatch rows): what a decode step adds after the forward on the 
 random mid-decode state of the 6 branches: sparse probabilities + bb_absorb_ + bb_coordinate_
 ("bookkeeping_ms", graph-replayed, restoring the state first), and the leader sync's KV row
 copies, which move whole KV rows ("sync_kv_copy_ms" per copied row).
-Attention alone (one layer's packed_attention at the step's shape, dual cache): its time with
-the automatic key-split count and with 1, 2, 4, 8 splits forced (BLOCKBATCH_ATTN_SPLITS), and
-the K/V bandwidth it reaches (each row's K and V read once / time; the H200 peak is 4.8 TB/s).
+Attention alone (one layer's packed_attention at the step's shape, dual cache): its time for
+each tensor-core kernel (BLOCKBATCH_ATTN_KERNEL sync / pipelined) with the automatic key-split
+count and with 1, 2, 4, 8 splits forced (BLOCKBATCH_ATTN_SPLITS), and the K/V bandwidth it
+reaches (each row's K and V read once / time; the H200 peak is 4.8 TB/s); the whole step is
+also timed with the pipelined kernel ("pipelined_*"). "top_kernels": the step's kernels by
+device time (the profiler's names, cut short).
 """
 
 from __future__ import annotations
@@ -65,8 +68,9 @@ def graph_ms(fn, repeats: int) -> float:
     return cuda_ms(graph.replay, repeats)
 
 
-def busy_ms(fn) -> float:
-    """Sum of the device times of the kernels one call of fn launches."""
+def busy_ms(fn, top: int = 12) -> tuple[float, list]:
+    """Sum of the device times of the kernels one call of fn launches, and the `top` kernels by
+    total time as [name (cut to 90 characters), ms, launches]."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -75,10 +79,16 @@ def busy_ms(fn) -> float:
         fn()
         torch.cuda.synchronize()
     total_us = 0.0  # as PyTorch's own table totals "Self CUDA": the device-side events' own time
+    per_kernel: dict[str, list] = {}
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
-            total_us += getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
-    return total_us / 1e3
+            us = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
+            total_us += us
+            entry = per_kernel.setdefault(e.name[:90], [0.0, 0])
+            entry[0] += us / 1e3
+            entry[1] += 1
+    ranked = sorted(([name, round(ms, 4), n] for name, (ms, n) in per_kernel.items()), key=lambda x: -x[1])
+    return total_us / 1e3, ranked[:top]
 
 
 def random_bf16_weights(config, device):
@@ -149,16 +159,33 @@ def attention_sweep(config, kv, lengths, L: int, repeats: int) -> dict:
     rows, cache = torch.arange(R, device="cuda"), torch.full((R,), L, device="cuda")
     kv_bytes = R * kv_heads * L * hd * 2 * kv.element_size()
     out = {}
-    for splits in ("auto", "1", "2", "4", "8"):
-        if splits != "auto":
-            os.environ["BLOCKBATCH_ATTN_SPLITS"] = splits
-        try:
-            ms = cuda_ms(lambda: torch.ops.blockbatch.packed_attention(q, k, v, cu, kv, rows, cache, 0, False), repeats)
-        finally:
-            os.environ.pop("BLOCKBATCH_ATTN_SPLITS", None)
-        out[f"attn_ms_splits_{splits}"] = ms
-        out[f"attn_kv_tb_per_s_splits_{splits}"] = kv_bytes / (ms * 1e-3) / 1e12
+    for kernel in ("sync", "pipelined"):
+        for splits in ("auto", "1", "2", "4", "8"):
+            with attention_env(kernel, None if splits == "auto" else splits):
+                ms = cuda_ms(lambda: torch.ops.blockbatch.packed_attention(q, k, v, cu, kv, rows, cache, 0, False),
+                             repeats)
+            out[f"attn_{kernel}_ms_splits_{splits}"] = ms
+            out[f"attn_{kernel}_kv_tb_per_s_splits_{splits}"] = kv_bytes / (ms * 1e-3) / 1e12
     return out
+
+
+@contextlib.contextmanager
+def attention_env(kernel: str | None, splits: str | None = None):
+    """BLOCKBATCH_ATTN_KERNEL / BLOCKBATCH_ATTN_SPLITS set for the block (None: the default)."""
+    saved = {k: os.environ.get(k) for k in ("BLOCKBATCH_ATTN_KERNEL", "BLOCKBATCH_ATTN_SPLITS")}
+    for key, value in (("BLOCKBATCH_ATTN_KERNEL", kernel), ("BLOCKBATCH_ATTN_SPLITS", splits)):
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def bookkeeping(config, model, kv, L: int, repeats: int) -> dict:
@@ -207,7 +234,7 @@ def section(row: dict, name: str):
 def step_latency(config, params: int, step, plain, packed, lengths, kv, L: int, repeats: int) -> dict:
     """Eager, GPU-busy and plain-PyTorch times of one step, with its rooflines."""
     native_ms = cuda_ms(step, repeats)
-    gpu_busy_ms = busy_ms(step)
+    gpu_busy_ms, top_kernels = busy_ms(step)
     tokens, positions = packed[0], packed[1]
     plain_ms = cuda_ms(lambda: plain(tokens, positions, lengths, kv), repeats)
     T = sum(lengths)
@@ -222,7 +249,8 @@ def step_latency(config, params: int, step, plain, packed, lengths, kv, L: int, 
     return {"native_eager_ms": native_ms, "plain_pytorch_ms": plain_ms, "gpu_busy_ms": gpu_busy_ms,
             "roofline_ms": roofline_ms, "native_over_roofline": native_ms / roofline_ms,
             "busy_over_roofline": gpu_busy_ms / roofline_ms,
-            "kv_read_bytes": kv_read, "roofline_with_kv_ms": roofline_kv_ms, "plain_over_native": plain_ms / native_ms}
+            "kv_read_bytes": kv_read, "roofline_with_kv_ms": roofline_kv_ms, "plain_over_native": plain_ms / native_ms,
+            "top_kernels": top_kernels}
 
 
 def replay_latency(step, row: dict, repeats: int) -> dict:
@@ -278,6 +306,11 @@ def main(argv=None) -> int:
                 row.update(step_latency(config, params, step, plain, packed, lengths, kv, L, args.repeats))
             with section(row, "replay"):
                 row.update(replay_latency(step, row, args.repeats))
+            with section(row, "pipelined"):  # the whole step with the other attention kernel
+                with attention_env("pipelined"):
+                    row["pipelined_eager_ms"] = cuda_ms(step, args.repeats)
+                    row["pipelined_replay_ms"] = graph_ms(step, args.repeats)
+                    row["pipelined_busy_ms"], row["pipelined_top_kernels"] = busy_ms(step)
             with section(row, "attention"):
                 row.update(attention_sweep(config, kv, lengths, L, args.repeats))
             if label == "blockbatch-6":

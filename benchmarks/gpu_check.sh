@@ -32,7 +32,8 @@ export PYTHONUNBUFFERED=1
   echo "== build ($(date +%T))"
   if ! timeout 240 "$PY" -m pip install --no-build-isolation --no-deps -e .; then
     echo "pip install failed: building in place instead"
-    timeout 240 "$PY" setup.py build_ext --inplace || { echo "BUILD FAILED"; exit 1; }
+    timeout 240 "$PY" setup.py build_ext || { echo "BUILD FAILED"; exit 1; }
+    cp "$(ls -t build/cmake-*-cuda/out/_C.so | head -1)" python/blockbatch/_C.so || exit 1
     export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
   fi
   "$PY" -c "import torch, blockbatch.native; assert torch._C._dispatch_has_kernel_for_dispatch_key('blockbatch::packed_attention', 'CUDA'), 'the build has no CUDA kernels (CUDA_HOME=$CUDA_HOME)'; print('CUDA kernels registered')" || exit 1

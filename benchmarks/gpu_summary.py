@@ -38,12 +38,13 @@ def steps(path: str) -> list[str]:
     data = json.load(open(path))
     cols = ("native_eager_ms", "graph_replay_ms", "gpu_busy_ms", "plain_pytorch_ms", "roofline_ms",
             "replay_over_roofline", "replay_over_roofline_with_kv", "replay_over_busy", "plain_over_native",
-            "attn_ms_splits_auto", "attn_kv_tb_per_s_splits_auto", "bookkeeping_ms")
+            "pipelined_replay_ms", "attn_sync_ms_splits_auto", "attn_pipelined_ms_splits_auto", "bookkeeping_ms")
     lines = [f"bench_gpu_step ({data.get('device')}, torch {data.get('torch')}, {data.get('layers')} layers)",
              "step L " + " ".join(cols)]
     for r in data["results"]:
         lines.append(f"{r['step']} {r['L']} " + " ".join(fmt(r.get(c)) for c in cols))
         lines += [f"  {k}: {v}" for k, v in r.items() if k.endswith("_error")]
+        lines += [f"    {ms:8.3f} ms {n:4d}x {name[:70]}" for name, ms, n in r.get("top_kernels", [])[:6]]
     return lines
 
 

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "decode/options.h"
@@ -54,6 +55,8 @@ int device_attribute(int device) {
   return n;
 }
 
+constexpr bool kAttentionPipelinedByDefault = false;
+
 // Key splits of a tensor-core attention launch: the heuristic's choice, or BLOCKBATCH_ATTN_SPLITS
 // (1..16) when set — a tuning and debugging override, read per call so a benchmark can sweep it.
 int attention_splits(int heuristic) {
@@ -64,6 +67,18 @@ int attention_splits(int heuristic) {
   TORCH_CHECK_VALUE(*end == '\0' && v >= 1 && v <= 16, "BLOCKBATCH_ATTN_SPLITS must be an integer in [1, 16], got '",
                     env, "'");
   return static_cast<int>(v);
+}
+
+// Which tensor-core attention kernel: BLOCKBATCH_ATTN_KERNEL = "sync" (K/V tiles staged through
+// registers) or "pipelined" (cp.async double buffering + ldmatrix); both give the same bits. Read per
+// call, like the split override, so one process can time both.
+bool attention_pipelined() {
+  const char* env = std::getenv("BLOCKBATCH_ATTN_KERNEL");
+  if (env == nullptr || *env == '\0') return kAttentionPipelinedByDefault;
+  const std::string v(env);
+  TORCH_CHECK_VALUE(v == "sync" || v == "pipelined", "BLOCKBATCH_ATTN_KERNEL must be 'sync' or 'pipelined', got '", v,
+                    "'");
+  return v == "pipelined";
 }
 
 void check_cuda(const at::Tensor& t, const char* name) {
@@ -170,7 +185,7 @@ at::Tensor packed_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
         at::Tensor part;  // split-key partial results (fp32), merged by the launch's second kernel
         if (splits > 1) part = at::empty({splits, q.size(0), q.size(1), q.size(2) + 2}, q.options().dtype(at::kFloat));
         check_launch(cuda::flash_attention<T>(a, q.size(0), splits, splits > 1 ? part.data_ptr<float>() : nullptr,
-                                              stream),
+                                              attention_pipelined(), stream),
                      "packed_attention (tensor cores)");
         return;
       }

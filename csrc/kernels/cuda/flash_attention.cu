@@ -13,6 +13,12 @@
 //   C (16x8, fp32):       c0 = C[g][2t], c1 = C[g][2t+1], c2 = C[g+8][2t], c3 = C[g+8][2t+1]
 // Two adjacent 16x8 C tiles of S are exactly the A fragment of P for one k-step of P V.
 //
+// Pipelined variant (flash_attention_pipelined_kernel, chosen by the caller): the K/V tiles are
+// copied global -> shared with cp.async into two stages, so tile t + 1 is in flight while tile t is
+// computed, and the K and V fragments come from shared memory by ldmatrix (x4; .trans for V)
+// instead of 32-bit / 16-bit loads. Same arithmetic in the same order: the two kernels agree
+// bit for bit.
+//
 // Split keys (flash-decoding): when the q-tiles x heads are too few to fill the GPU and the rows
 // are long, grid.z splits each row's keys into `splits` ranges (multiples of 64 keys). Each block
 // then writes its unnormalised O and its (max, sum) per query to an fp32 workspace, and
@@ -69,6 +75,51 @@ __device__ __forceinline__ uint32_t pack_elems(T lo, T hi) {
   return static_cast<uint32_t>(l) | (static_cast<uint32_t>(h) << 16);
 }
 
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes global -> shared without passing through registers; valid = false writes 16 zero bytes
+// (src-size 0: nothing is read, src need only be a mapped address).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+// Wait until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// Four 8x8 16-bit matrices from shared memory: lane 8 * i + r gives the address of row r of
+// matrix i; r[i] of lane 4 * g + t holds row g, columns 2t and 2t + 1 of matrix i (low half first).
+// With .trans each matrix arrives transposed: r[i] of lane 4 * g + t holds rows 2t and 2t + 1 of
+// column g.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p))
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p))
+               : "memory");
+#endif
+}
+
 // The q-tile a block works on: tiles of 64 queries never straddle rows. Block x walks the rows'
 // tile counts (rows are few: requests x branches); false when x is past the last tile.
 __device__ __forceinline__ bool tile_of(const int64_t* cu, int64_t rows, int64_t x, int64_t& row, int64_t& q0) {
@@ -84,14 +135,19 @@ __device__ __forceinline__ bool tile_of(const int64_t* cu, int64_t rows, int64_t
   return false;
 }
 
-template <typename T, int HD>
+// Shared memory: the Q tile, then per stage a K and a V tile (rows padded to HD + kPad).
+template <int HD, bool kPipe>
+constexpr size_t shared_elems() {
+  return static_cast<size_t>(kBlockQ + (kPipe ? 2 : 1) * 2 * kBlockK) * (HD + kPad);
+}
+
+template <typename T, int HD, bool kPipe>
 __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::AttentionArgs a, int splits, float* part,
                                                                    int64_t tokens) {
-  constexpr int LD = HD + kPad;
+  constexpr int LD = HD + kPad, kTile = kBlockK * LD;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* qs = reinterpret_cast<T*>(smem_raw);  // [kBlockQ][LD]
-  T* ks = qs + kBlockQ * LD;               // [kBlockK][LD]
-  T* vs = ks + kBlockK * LD;               // [kBlockK][LD]
+  T* kvs = qs + kBlockQ * LD;              // per stage: K [kBlockK][LD], then V [kBlockK][LD]
 
   int64_t r, q0;
   if (!tile_of(a.cu_seqlens, a.rows, blockIdx.x, r, q0)) return;
@@ -114,6 +170,34 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::Attentio
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   constexpr int kChunks = HD / 8;  // 16-byte chunks per row
   const uint4 zero = make_uint4(0, 0, 0, 0);
+  const int64_t ntiles = ke > kb ? (ke - kb + kBlockK - 1) / kBlockK : 0;
+
+  // Pipelined: K/V tile [k0, k0 + 64) of this block's keys -> stage `stage`, asynchronously;
+  // keys at or past ke are zero-filled (their scores are masked, and 0 * V must stay 0).
+  auto load_async = [&](int64_t k0, int stage) {
+    T* ks = kvs + stage * 2 * kTile;
+    T* vs = ks + kTile;
+    for (int i = tid; i < kBlockK * kChunks; i += kThreads) {
+      const int row = i / kChunks, ch = i % kChunks;
+      const int64_t j = k0 + row;
+      const bool valid = j < ke;
+      const T* ksrc = q;  // any mapped address when nothing is read
+      const T* vsrc = q;
+      if (valid && j < n_cache) {
+        ksrc = kc + j * HD + ch * 8;
+        vsrc = vc + j * HD + ch * 8;
+      } else if (valid) {
+        ksrc = kf + (j - n_cache) * a.kv_stride + ch * 8;
+        vsrc = vf + (j - n_cache) * a.kv_stride + ch * 8;
+      }
+      cp_async16(ks + row * LD + ch * 8, ksrc, valid);
+      cp_async16(vs + row * LD + ch * 8, vsrc, valid);
+    }
+  };
+  if constexpr (kPipe) {
+    if (ntiles > 0) load_async(kb, 0);  // in flight while the Q tile is staged
+    cp_async_commit();
+  }
 
   // Q tile -> shared (rows past the row's queries are zero), then each warp's A fragments.
   for (int i = tid; i < kBlockQ * kChunks; i += kThreads) {
@@ -142,36 +226,60 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::Attentio
   for (int n = 0; n < HD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;  // rows g and g + 8 of this warp
 
-  for (int64_t k0 = kb; k0 < ke; k0 += kBlockK) {
-    __syncthreads();  // the previous tile is consumed
-    for (int i = tid; i < kBlockK * kChunks; i += kThreads) {
-      const int row = i / kChunks, ch = i % kChunks;
-      const int64_t j = k0 + row;
-      uint4 kv = zero, vv = zero;
-      if (j < n_cache) {
-        kv = *reinterpret_cast<const uint4*>(kc + j * HD + ch * 8);
-        vv = *reinterpret_cast<const uint4*>(vc + j * HD + ch * 8);
-      } else if (j < nk) {
-        kv = *reinterpret_cast<const uint4*>(kf + (j - n_cache) * a.kv_stride + ch * 8);
-        vv = *reinterpret_cast<const uint4*>(vf + (j - n_cache) * a.kv_stride + ch * 8);
+  for (int64_t t = 0; t < ntiles; ++t) {
+    const int64_t k0 = kb + t * kBlockK;
+    const int stage = kPipe ? static_cast<int>(t & 1) : 0;
+    T* ks = kvs + stage * 2 * kTile;
+    T* vs = ks + kTile;
+    if constexpr (kPipe) {
+      if (t + 1 < ntiles) load_async(k0 + kBlockK, stage ^ 1);
+      cp_async_commit();   // (an empty group on the last tile keeps the count uniform)
+      cp_async_wait<1>();  // this thread's copies of tile t have landed ...
+      __syncthreads();     // ... and everyone's
+    } else {
+      __syncthreads();  // the previous tile is consumed
+      for (int i = tid; i < kBlockK * kChunks; i += kThreads) {
+        const int row = i / kChunks, ch = i % kChunks;
+        const int64_t j = k0 + row;
+        uint4 kv = zero, vv = zero;
+        if (j < n_cache) {
+          kv = *reinterpret_cast<const uint4*>(kc + j * HD + ch * 8);
+          vv = *reinterpret_cast<const uint4*>(vc + j * HD + ch * 8);
+        } else if (j < nk) {
+          kv = *reinterpret_cast<const uint4*>(kf + (j - n_cache) * a.kv_stride + ch * 8);
+          vv = *reinterpret_cast<const uint4*>(vf + (j - n_cache) * a.kv_stride + ch * 8);
+        }
+        *reinterpret_cast<uint4*>(ks + row * LD + ch * 8) = kv;
+        *reinterpret_cast<uint4*>(vs + row * LD + ch * 8) = vv;
       }
-      *reinterpret_cast<uint4*>(ks + row * LD + ch * 8) = kv;
-      *reinterpret_cast<uint4*>(vs + row * LD + ch * 8) = vv;
+      __syncthreads();
     }
-    __syncthreads();
 
     // S = Q K^T for this warp's 16 queries x 64 keys: 8 tiles of 16 x 8.
     float s[kBlockK / 8][4];
 #pragma unroll
     for (int n = 0; n < kBlockK / 8; ++n) {
       s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-      const T* kr = ks + (n * 8 + g) * LD;
+      if constexpr (kPipe) {
+        // Matrix i of k-step pair kk2: keys n*8 .. n*8+7, dims kk2*32 + 8i .. +7; {b0, b1} of
+        // k-step 2 kk2 are matrices 0 and 1, of k-step 2 kk2 + 1 matrices 2 and 3.
+        const T* kr = ks + (n * 8 + (lane & 7)) * LD + (lane >> 3) * 8;
 #pragma unroll
-      for (int kk = 0; kk < HD / 16; ++kk) {
-        uint32_t b[2];
-        b[0] = *reinterpret_cast<const uint32_t*>(kr + kk * 16 + 2 * t4);
-        b[1] = *reinterpret_cast<const uint32_t*>(kr + kk * 16 + 2 * t4 + 8);
-        mma16816<T>(s[n], qa[kk], b);
+        for (int kk2 = 0; kk2 < HD / 32; ++kk2) {
+          uint32_t b[4];
+          ldmatrix_x4(b, kr + kk2 * 32);
+          mma16816<T>(s[n], qa[2 * kk2], b);
+          mma16816<T>(s[n], qa[2 * kk2 + 1], b + 2);
+        }
+      } else {
+        const T* kr = ks + (n * 8 + g) * LD;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; ++kk) {
+          uint32_t b[2];
+          b[0] = *reinterpret_cast<const uint32_t*>(kr + kk * 16 + 2 * t4);
+          b[1] = *reinterpret_cast<const uint32_t*>(kr + kk * 16 + 2 * t4 + 8);
+          mma16816<T>(s[n], qa[kk], b);
+        }
       }
     }
     // Scale, mask keys past the row's last, online softmax update.
@@ -220,16 +328,30 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::Attentio
       pa[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
       pa[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
       pa[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-      const T* v0 = vs + (kk * 16 + 2 * t4) * LD;
+      if constexpr (kPipe) {
+        // Matrix i (transposed): keys kk*16 + 8 (i & 1) .. +7, dims n2*16 + 8 (i >> 1) .. +7; {b0, b1}
+        // of dim tile 2 n2 are matrices 0 and 1, of dim tile 2 n2 + 1 matrices 2 and 3.
+        const T* vr = vs + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8;
 #pragma unroll
-      for (int n = 0; n < HD / 8; ++n) {
-        const int col = n * 8 + g;
-        uint32_t b[2];
-        b[0] = pack_elems<T>(v0[col], v0[LD + col]);
-        b[1] = pack_elems<T>(v0[8 * LD + col], v0[9 * LD + col]);
-        mma16816<T>(o[n], pa, b);
+        for (int n2 = 0; n2 < HD / 16; ++n2) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, vr + n2 * 16);
+          mma16816<T>(o[2 * n2], pa, b);
+          mma16816<T>(o[2 * n2 + 1], pa, b + 2);
+        }
+      } else {
+        const T* v0 = vs + (kk * 16 + 2 * t4) * LD;
+#pragma unroll
+        for (int n = 0; n < HD / 8; ++n) {
+          const int col = n * 8 + g;
+          uint32_t b[2];
+          b[0] = pack_elems<T>(v0[col], v0[LD + col]);
+          b[1] = pack_elems<T>(v0[8 * LD + col], v0[9 * LD + col]);
+          mma16816<T>(o[n], pa, b);
+        }
       }
     }
+    if constexpr (kPipe) __syncthreads();  // this stage is refilled by the next iteration's prefetch
   }
 
   l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
@@ -285,10 +407,9 @@ __global__ void __launch_bounds__(HD) combine_kernel(const float* part, int spli
   out[tok * heads * HD + h * HD + d] = from_f<T>(L > 0.0f ? acc / L : 0.0f);
 }
 
-template <typename T, int HD>
+template <typename T, int HD, bool kPipe>
 cudaError_t launch(const cpu::AttentionArgs& a, int64_t tokens, int splits, float* part, cudaStream_t stream) {
-  constexpr size_t shared = static_cast<size_t>(3 * kBlockQ * (HD + kPad)) * sizeof(T);
-  static_assert(kBlockQ == kBlockK, "the shared layout assumes equal query and key tiles");
+  constexpr size_t shared = shared_elems<HD, kPipe>() * sizeof(T);
   if (shared > 48 * 1024) {  // opt in to > 48 KB of shared memory, once per device (the first
     // launch is an eager warm-up, never inside a graph capture)
     static std::atomic<uint64_t> opted_in{0};
@@ -297,7 +418,7 @@ cudaError_t launch(const cpu::AttentionArgs& a, int64_t tokens, int splits, floa
     if (e != cudaSuccess) return e;
     const uint64_t bit = uint64_t{1} << (device & 63);
     if (!(opted_in.load() & bit)) {
-      e = cudaFuncSetAttribute(flash_attention_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      e = cudaFuncSetAttribute(flash_attention_kernel<T, HD, kPipe>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(shared));
       if (e != cudaSuccess) return e;
       opted_in.fetch_or(bit);
@@ -306,7 +427,7 @@ cudaError_t launch(const cpu::AttentionArgs& a, int64_t tokens, int splits, floa
   // Upper bound on the tiles: every row adds at most one partial tile; surplus blocks exit.
   const int64_t blocks = (tokens + kBlockQ - 1) / kBlockQ + a.rows;
   dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.heads), static_cast<unsigned>(splits));
-  flash_attention_kernel<T, HD><<<grid, kThreads, shared, stream>>>(a, splits, part, tokens);
+  flash_attention_kernel<T, HD, kPipe><<<grid, kThreads, shared, stream>>>(a, splits, part, tokens);
   if (splits > 1) {
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
@@ -334,15 +455,20 @@ int flash_attention_splits(const cpu::AttentionArgs& a, int64_t tokens, int64_t 
 }
 
 template <typename T>
-cudaError_t flash_attention(const cpu::AttentionArgs& a, int64_t tokens, int splits, float* part,
+cudaError_t flash_attention(const cpu::AttentionArgs& a, int64_t tokens, int splits, float* part, bool pipelined,
                             cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   if (splits < 1 || (splits > 1 && part == nullptr)) return cudaErrorInvalidValue;
-  return a.head_dim == 64 ? launch<T, 64>(a, tokens, splits, part, stream)
-                          : launch<T, 128>(a, tokens, splits, part, stream);
+  if (pipelined) {
+    return a.head_dim == 64 ? launch<T, 64, true>(a, tokens, splits, part, stream)
+                            : launch<T, 128, true>(a, tokens, splits, part, stream);
+  }
+  return a.head_dim == 64 ? launch<T, 64, false>(a, tokens, splits, part, stream)
+                          : launch<T, 128, false>(a, tokens, splits, part, stream);
 }
 
-template cudaError_t flash_attention<__nv_bfloat16>(const cpu::AttentionArgs&, int64_t, int, float*, cudaStream_t);
-template cudaError_t flash_attention<__half>(const cpu::AttentionArgs&, int64_t, int, float*, cudaStream_t);
+template cudaError_t flash_attention<__nv_bfloat16>(const cpu::AttentionArgs&, int64_t, int, float*, bool,
+                                                    cudaStream_t);
+template cudaError_t flash_attention<__half>(const cpu::AttentionArgs&, int64_t, int, float*, bool, cudaStream_t);
 
 }  // namespace blockbatch::cuda

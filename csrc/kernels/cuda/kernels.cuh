@@ -45,8 +45,9 @@ bool flash_attention_supported(const cpu::AttentionArgs& a, int dtype_code, int 
 // x heads are few and rows hold >= 256 keys (max_keys bounds every row's key count).
 int flash_attention_splits(const cpu::AttentionArgs& a, int64_t tokens, int64_t max_keys, int sm_count);
 // splits > 1 needs `part`: fp32 workspace of splits * tokens * heads * (head_dim + 2) floats.
+// pipelined: the kernel whose K/V tiles are double-buffered with cp.async (same results, bit for bit).
 template <typename T>
-cudaError_t flash_attention(const cpu::AttentionArgs& a, int64_t tokens, int splits, float* part,
+cudaError_t flash_attention(const cpu::AttentionArgs& a, int64_t tokens, int splits, float* part, bool pipelined,
                             cudaStream_t stream);
 template <typename T>
 cudaError_t confidence(const T* logits, int64_t rows, int64_t vocab, int64_t exclude, int64_t* argmax, double* conf,
