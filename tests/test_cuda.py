@@ -32,14 +32,18 @@ def _pytorch_error(fn, args32, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rms_norm_silu_cuda(dtype):
-    x = torch.randn(37, 256, device="cuda")
-    w = 1 + 0.1 * torch.randn(256, device="cuda")
+@pytest.mark.parametrize("dim,m", [(256, 256), (4096, 12288), (100, 12)])  # 16-byte chunks / scalar kernels
+def test_rms_norm_silu_cuda(dtype, dim, m):
+    x = torch.randn(37, dim, device="cuda")
+    w = 1 + 0.1 * torch.randn(dim, device="cuda")
     cpu = ops.rms_norm(x.cpu().to(dtype), w.cpu().to(dtype), 1e-5)
     gpu = ops.rms_norm(x.to(dtype), w.to(dtype), 1e-5)
     tol = 1e-4 if dtype == torch.float32 else 2 * _pytorch_error(lambda a, b: ref.rms_norm(a, b, 1e-5), (x, w), dtype) + 1e-2
     assert (gpu.cpu().float() - cpu.float()).abs().max() <= tol
-    gu = torch.randn(19, 512, device="cuda")
+    strided = torch.randn(5, dim + 8, device="cuda").to(dtype)[:, :dim]  # rows 16-byte aligned, stride != dim
+    torch.testing.assert_close(ops.rms_norm(strided, w.to(dtype), 1e-5).cpu().float(),
+                               ops.rms_norm(strided.cpu(), w.cpu().to(dtype), 1e-5).float(), atol=tol, rtol=0)
+    gu = torch.randn(19, 2 * m, device="cuda")
     torch.testing.assert_close(ops.silu_mul(gu.to(dtype)).cpu().float(), ops.silu_mul(gu.cpu().to(dtype)).float(),
                                atol=1e-4 if dtype == torch.float32 else 3e-2, rtol=1e-4 if dtype == torch.float32 else 3e-2)
 
@@ -87,11 +91,13 @@ def test_packed_attention_cuda(dtype, heads, kv_heads, hd):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_confidence_and_sparse_probs_cuda(dtype):
-    logits = (4 * torch.randn(33, 5000, device="cuda")).to(dtype)
+@pytest.mark.parametrize("vocab", [5000, 4999])  # rows read in 16-byte chunks / element by element
+def test_confidence_and_sparse_probs_cuda(dtype, vocab):
+    logits = (4 * torch.randn(33, vocab, device="cuda")).to(dtype)
+    logits[3, 10] = logits[3, 2000] = logits[3].max() + 1  # a tie: the lower id wins
     a_gpu, c_gpu = ops.confidence(logits, 7)
     a_cpu, c_cpu = ops.confidence(logits.cpu(), 7)
-    assert torch.equal(a_gpu.cpu(), a_cpu)
+    assert torch.equal(a_gpu.cpu(), a_cpu) and a_cpu[3].item() == 10
     torch.testing.assert_close(c_gpu.cpu(), c_cpu, atol=1e-9, rtol=1e-7)
     ids_g, p_g = ops.sparse_probs(logits, 0.1, 11)
     ids_c, p_c = ops.sparse_probs(logits.cpu(), 0.1, 11)

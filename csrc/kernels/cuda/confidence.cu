@@ -2,14 +2,17 @@
 // with the sum in double; one block per row, no probability matrix. Both kernels read the row's
 // logits once for max and sum together (online softmax: each thread keeps a running max and a sum
 // rescaled when the max grows; the block merges the (max, sum) pairs); sparse_probs reads it a
-// second time to pick the tokens above the floor.
+// second time to pick the tokens above the floor. Rows whose logits are 16-byte aligned are read
+// 16 bytes at a time; each such chunk updates the running max once and adds its exps as
+// independent terms (the per-element running update was a serial chain of float64 exps that
+// left the 32-row step latency-bound: 0.26 ms for 32 x 126464 bf16 logits on an H200).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.cuh"
 
 namespace blockbatch::cuda {
 
 namespace {
-constexpr int kThreads = 256;  // a power of two (tree reductions)
+constexpr int kThreads = 512;  // a power of two (tree reductions)
 
 // Running softmax normaliser: sum of exp(l - m) over the logits seen, m their max.
 struct MaxSum {
@@ -22,6 +25,19 @@ struct MaxSum {
       m = v;
     }
     s += exp(static_cast<double>(v) - m);
+  }
+  // n logits whose max is cm: one rescale at most, then n independent exps.
+  template <int n>
+  __device__ __forceinline__ void add_chunk(const float* v, float cm) {
+    if (cm == -INFINITY) return;
+    if (cm > m) {
+      s = m == -INFINITY ? 0.0 : s * exp(static_cast<double>(m) - cm);
+      m = cm;
+    }
+    double acc = 0.0;
+#pragma unroll
+    for (int u = 0; u < n; ++u) acc += exp(static_cast<double>(v[u]) - m);  // exp(-inf) = 0
+    s += acc;
   }
   __device__ __forceinline__ void merge(const MaxSum& o) {
     if (o.m == -INFINITY) return;
@@ -54,7 +70,45 @@ __device__ __forceinline__ MaxSum block_max_sum(MaxSum v, float* ms, double* ss)
   return r;
 }
 
-template <typename T>
+// One thread's share of a row: its MaxSum and, with kArgmax, its largest logit (lowest id on
+// ties) other than `exclude`. kVec: the row is read as 16-byte chunks (vocab a multiple of the
+// chunk, row 16-byte aligned). Each thread visits ids in increasing order, so strict > keeps the
+// lowest id among equal values.
+template <typename T, bool kVec, bool kArgmax>
+__device__ __forceinline__ void scan_row(const T* l, int64_t vocab, int64_t exclude, MaxSum& ms, float& bv,
+                                         int64_t& bi) {
+  if constexpr (kVec) {
+    constexpr int P = 16 / sizeof(T);
+    const int64_t chunks = vocab / P;
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+      const uint4 raw = reinterpret_cast<const uint4*>(l)[c];
+      const T* e = reinterpret_cast<const T*>(&raw);
+      float v[P];
+      float cm = -INFINITY;
+#pragma unroll
+      for (int u = 0; u < P; ++u) {
+        v[u] = to_f(e[u]);
+        cm = fmaxf(cm, v[u]);
+        if (kArgmax && v[u] > bv && c * P + u != exclude) {
+          bv = v[u];
+          bi = c * P + u;
+        }
+      }
+      ms.add_chunk<P>(v, cm);
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+      const float v = to_f(l[j]);
+      ms.add(v);
+      if (kArgmax && v > bv && j != exclude) {
+        bv = v;
+        bi = j;
+      }
+    }
+  }
+}
+
+template <typename T, bool kVec>
 __global__ void __launch_bounds__(kThreads) confidence_kernel(const T* logits, int64_t vocab, int64_t exclude,
                                                               int64_t* argmax, double* conf) {
   __shared__ float best_v[kThreads];
@@ -64,14 +118,7 @@ __global__ void __launch_bounds__(kThreads) confidence_kernel(const T* logits, i
   float bv = -INFINITY;
   int64_t bi = vocab;
   MaxSum ms;
-  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
-    const float v = to_f(l[j]);
-    ms.add(v);
-    if (v > bv && j != exclude) {  // strided scan visits ids in increasing order: strict > keeps the lowest
-      bv = v;
-      bi = j;
-    }
-  }
+  scan_row<T, kVec, true>(l, vocab, exclude, ms, bv, bi);
   const MaxSum total = block_max_sum(ms, best_v, ss);  // best_v doubles as the max scratch
   best_v[threadIdx.x] = bv;
   best_i[threadIdx.x] = bi;
@@ -93,7 +140,7 @@ __global__ void __launch_bounds__(kThreads) confidence_kernel(const T* logits, i
   }
 }
 
-template <typename T>
+template <typename T, bool kVec>
 __global__ void __launch_bounds__(kThreads) sparse_probs_kernel(const T* logits, int64_t vocab, double floor,
                                                                 int64_t max_k, int64_t* ids, double* probs) {
   __shared__ float ms_scratch[kThreads];
@@ -103,7 +150,9 @@ __global__ void __launch_bounds__(kThreads) sparse_probs_kernel(const T* logits,
   int64_t* row_ids = ids + blockIdx.x * max_k;
   double* row_probs = probs + blockIdx.x * max_k;
   MaxSum ms;
-  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) ms.add(to_f(l[j]));
+  float unused_v = -INFINITY;
+  int64_t unused_i = 0;
+  scan_row<T, kVec, false>(l, vocab, -1, ms, unused_v, unused_i);
   const MaxSum total = block_max_sum(ms, ms_scratch, ss_scratch);
   const double m = total.m, sum = total.s;
   for (int64_t k = threadIdx.x; k < max_k; k += blockDim.x) {
@@ -128,13 +177,24 @@ __global__ void __launch_bounds__(kThreads) sparse_probs_kernel(const T* logits,
     }
   }
 }
+// Rows of `vocab` logits can be read in 16-byte chunks: every row start 16-byte aligned.
+template <typename T>
+bool vectorizable(const T* logits, int64_t vocab) {
+  return reinterpret_cast<uintptr_t>(logits) % 16 == 0 && (vocab * static_cast<int64_t>(sizeof(T))) % 16 == 0;
+}
 }  // namespace
 
 template <typename T>
 cudaError_t sparse_probs(const T* logits, int64_t rows, int64_t vocab, double floor, int64_t max_k, int64_t* ids,
                          double* probs, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  sparse_probs_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, vocab, floor, max_k, ids, probs);
+  if (vectorizable(logits, vocab)) {
+    sparse_probs_kernel<T, true><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, vocab, floor, max_k,
+                                                                                        ids, probs);
+  } else {
+    sparse_probs_kernel<T, false><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, vocab, floor, max_k,
+                                                                                         ids, probs);
+  }
   return cudaGetLastError();
 }
 
@@ -142,7 +202,13 @@ template <typename T>
 cudaError_t confidence(const T* logits, int64_t rows, int64_t vocab, int64_t exclude, int64_t* argmax, double* conf,
                        cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  confidence_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, vocab, exclude, argmax, conf);
+  if (vectorizable(logits, vocab)) {
+    confidence_kernel<T, true><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, vocab, exclude, argmax,
+                                                                                      conf);
+  } else {
+    confidence_kernel<T, false><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, vocab, exclude, argmax,
+                                                                                       conf);
+  }
   return cudaGetLastError();
 }
 

@@ -37,17 +37,20 @@ __global__ void kv_write_kernel(T* kv, cpu::KvGeometry g, int64_t layer, const T
 }
 
 // rope_kernel on q and k, then kv_write_kernel's copy of the rotated k and of v, in one pass:
-// index (t, slot, i) with slots = q heads | k heads | v heads and i < head_dim / 2.
+// grid.y walks the tokens t; x the (slot, i) pairs of a token, slots = q heads | k heads | v heads
+// and i < head_dim / 2 (32-bit index arithmetic; the token's position and KV row read once per
+// thread, not found again per element by 64-bit division).
 template <typename T>
 __global__ void rope_kv_write_kernel(T* q, int64_t q_stride, int64_t heads, T* k, const T* v, int64_t kv_stride,
                                      int64_t head_dim, const int64_t* positions, const float* cos_sin, T* kv,
                                      cpu::KvGeometry g, int64_t layer, const int64_t* cu, const int64_t* kv_rows,
                                      int64_t rows, int64_t tokens) {
-  const int64_t half = head_dim / 2, slots = heads + 2 * g.kv_heads;
-  const int64_t n = tokens * slots * half;
-  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < n;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t i = idx % half, s = (idx / half) % slots, t = idx / (half * slots);
+  const int half = static_cast<int>(head_dim / 2), slots = static_cast<int>(heads + 2 * g.kv_heads);
+  const int per_token = slots * half;
+  const int idx = blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= per_token) return;
+  const int i = idx % half, s = idx / half;
+  for (int64_t t = blockIdx.y; t < tokens; t += gridDim.y) {
     const int64_t pos = positions[t];
     if (s >= heads + g.kv_heads) {  // v: copied as it is
       const int64_t h = s - heads - g.kv_heads;
@@ -103,7 +106,9 @@ cudaError_t rope_kv_write(T* q, int64_t q_stride, int64_t heads, T* k, const T* 
                           int64_t layer, const int64_t* cu_seqlens, const int64_t* kv_rows, int64_t rows,
                           int64_t tokens, cudaStream_t stream) {
   if (tokens == 0 || rows == 0) return cudaSuccess;
-  rope_kv_write_kernel<T><<<blocks_for(tokens * (heads + 2 * g.kv_heads) * g.head_dim / 2), 256, 0, stream>>>(
+  const int64_t per_token = (heads + 2 * g.kv_heads) * g.head_dim / 2;
+  const dim3 grid(static_cast<unsigned>((per_token + 255) / 256), static_cast<unsigned>(tokens < 65535 ? tokens : 65535));
+  rope_kv_write_kernel<T><<<grid, 256, 0, stream>>>(
       q, q_stride, heads, k, v, kv_stride, g.head_dim, positions, cos_sin, kv, g, layer, cu_seqlens, kv_rows, rows,
       tokens);
   return cudaGetLastError();
