@@ -48,6 +48,25 @@ def test_rms_norm_silu_cuda(dtype, dim, m):
                                atol=1e-4 if dtype == torch.float32 else 3e-2, rtol=1e-4 if dtype == torch.float32 else 3e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dim", [4096, 256, 100])  # 16-byte chunks (2 or 1 per thread) / scalar kernel
+def test_add_rms_norm_cuda(dtype, dim):
+    """Fused residual add + RMSNorm on the GPU == add_ then rms_norm on the GPU, bit for bit (x
+    and the output), and == the CPU op within the rms_norm tolerance."""
+    x = torch.randn(37, dim, device="cuda").to(dtype)
+    delta = torch.randn(37, dim, device="cuda").to(dtype)
+    w = (1 + 0.1 * torch.randn(dim, device="cuda")).to(dtype)
+    x_cpu = x.clone().cpu()  # a copy also where "cuda" is the CPU (dry runs)
+    expected_x = x.clone().add_(delta)
+    expected = ops.rms_norm(expected_x, w, 1e-5)
+    out = ops.add_rms_norm_(x, delta, w, 1e-5)
+    assert torch.equal(x, expected_x) and torch.equal(out, expected)
+    out_cpu = ops.add_rms_norm_(x_cpu, delta.cpu(), w.cpu(), 1e-5)
+    assert torch.equal(x.cpu(), x_cpu)  # the add itself rounds the same on both
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.cpu().float(), out_cpu.float(), atol=tol, rtol=tol)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rope_kv_write_cuda(dtype):
     """The fused RoPE + KV-slot write == rope_ + kv_write_ on the GPU (bit for bit) and == the

@@ -242,10 +242,12 @@ at::Tensor Model::forward(const ForwardBatch& b) const {
     cache_lens = b.prefix_lens;
   }
 
+  // Each residual add is fused with the RMSNorm after it (add_rms_norm_): x += attention output,
+  // then ff_norm; x += MLP output, then the next layer's attn_norm. The last MLP add stays plain.
   at::Tensor x = wte_.index_select(0, b.tokens);
+  at::Tensor h = ops::rms_norm(x, layers_[0].attn_norm, c.rms_norm_eps);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
-    at::Tensor h = ops::rms_norm(x, w.attn_norm, c.rms_norm_eps);
     at::Tensor qkv = at::mm(h, w.wqkv.t());
     at::Tensor q = qkv.narrow(1, 0, q_width).view({T, c.n_heads, hd});
     at::Tensor k = qkv.narrow(1, q_width, kv_width).view({T, c.n_kv_heads, hd});
@@ -257,9 +259,13 @@ at::Tensor Model::forward(const ForwardBatch& b) const {
       ops::rope_(k, b.positions, rope_table_);
     }
     at::Tensor attn = ops::packed_attention(q, k, v, b.cu_seqlens, attn_kv, attn_rows, cache_lens, l, attend_fresh);
-    x.add_(at::mm(attn, w.attn_out.t()));
-    h = ops::rms_norm(x, w.ff_norm, c.rms_norm_eps);
-    x.add_(at::mm(ops::silu_mul(at::mm(h, w.w_gate_up.t())), w.ff_out.t()));
+    h = ops::add_rms_norm_(x, at::mm(attn, w.attn_out.t()), w.ff_norm, c.rms_norm_eps);
+    const at::Tensor mlp = at::mm(ops::silu_mul(at::mm(h, w.w_gate_up.t())), w.ff_out.t());
+    if (l + 1 < c.n_layers) {
+      h = ops::add_rms_norm_(x, mlp, layers_[l + 1].attn_norm, c.rms_norm_eps);
+    } else {
+      x.add_(mlp);
+    }
   }
   at::Tensor last = b.logit_index.defined() ? x.index_select(0, b.logit_index) : x;
   return at::mm(ops::rms_norm(last, ln_f_, c.rms_norm_eps), lm_head_.t());

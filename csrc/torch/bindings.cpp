@@ -81,6 +81,10 @@ TORCH_LIBRARY(blockbatch, m) {
         "str kv_mode=\"full\", Tensor? logit_index=None) -> Tensor");
   // RMSNorm in float32: x * rsqrt(mean(x^2) + eps), rounded to x's dtype, times weight.
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  // The residual add and the next RMSNorm: x += delta in place (rounded to x's dtype), then
+  // rms_norm(x, weight). One CUDA kernel (a layer's two adds stop being launches of their own);
+  // on CPU add_ then rms_norm.
+  m.def("add_rms_norm_(Tensor(a!) x, Tensor delta, Tensor weight, float eps) -> Tensor");
   // SwiGLU activation: silu(gate) * up over a fused [rows, 2m] gate|up GEMM output.
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   // In-place rotate-half RoPE of x [T, heads, head_dim] at absolute positions (float32 math).
@@ -107,6 +111,7 @@ TORCH_LIBRARY(blockbatch, m) {
 TORCH_LIBRARY_IMPL(blockbatch, CPU, m) {
   m.impl("forward", &model_forward);
   m.impl("rms_norm", &rms_norm_cpu);
+  m.impl("add_rms_norm_", &add_rms_norm_cpu);
   m.impl("silu_mul", &silu_mul_cpu);
   m.impl("rope_", &rope_cpu);
   m.impl("kv_write_", &kv_write_cpu);

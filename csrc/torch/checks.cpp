@@ -73,6 +73,16 @@ void check_rms_norm(const at::Tensor& x, const at::Tensor& weight) {
   check_same_device(x, weight, "x", "weight");
 }
 
+void check_add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight) {
+  check_rms_norm(x, weight);
+  TORCH_CHECK(x.is_contiguous(), "x must be contiguous (it is updated in place)");
+  TORCH_CHECK(delta.sizes() == x.sizes(), "delta must be shaped like x ", x.sizes(), ", got ", delta.sizes());
+  TORCH_CHECK(delta.scalar_type() == x.scalar_type(), "delta dtype ", delta.scalar_type(), " differs from x dtype ",
+              x.scalar_type());
+  TORCH_CHECK(delta.is_contiguous(), "delta must be contiguous");
+  check_same_device(x, delta, "x", "delta");
+}
+
 void check_silu_mul(const at::Tensor& gate_up) {
   check_floating(gate_up, "gate_up");
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0, "gate_up must be [rows, 2*m], got shape ",

@@ -18,6 +18,12 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return op.call(x, weight, eps);
 }
 
+at::Tensor add_rms_norm_(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps) {
+  static auto op = handle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double)>(
+      "blockbatch::add_rms_norm_");
+  return op.call(x, delta, weight, eps);
+}
+
 at::Tensor silu_mul(const at::Tensor& gate_up) {
   static auto op = handle<at::Tensor(const at::Tensor&)>("blockbatch::silu_mul");
   return op.call(gate_up);

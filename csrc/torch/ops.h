@@ -22,6 +22,7 @@ namespace blockbatch {
 
 namespace ops {
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+at::Tensor add_rms_norm_(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps);
 at::Tensor silu_mul(const at::Tensor& gate_up);
 void rope_(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin);
 void kv_write_(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
@@ -72,6 +73,7 @@ void check_commit(const at::Tensor& canvas, const at::Tensor& window, const at::
                   const at::Tensor& k, const std::string& rule);
 
 at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double eps);
+at::Tensor add_rms_norm_cpu(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps);
 at::Tensor silu_mul_cpu(const at::Tensor& gate_up);
 void rope_cpu(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin);
 void kv_write_cpu(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
@@ -96,6 +98,7 @@ cpu::AttentionArgs attention_args(const at::Tensor& q, const at::Tensor& k, cons
                                   const std::optional<at::Tensor>& cache_lens, int64_t layer, bool attend_fresh,
                                   const at::Tensor& out);
 void check_rms_norm(const at::Tensor& x, const at::Tensor& weight);
+void check_add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight);
 void check_silu_mul(const at::Tensor& gate_up);
 void check_rope(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin);
 void check_kv_write(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,

@@ -37,6 +37,12 @@ at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double ep
   return out;
 }
 
+at::Tensor add_rms_norm_cpu(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps) {
+  check_add_rms_norm(x, delta, weight);
+  const_cast<at::Tensor&>(x).add_(delta);  // x is the op's mutable argument (Tensor(a!))
+  return rms_norm_cpu(x, weight, eps);
+}
+
 at::Tensor silu_mul_cpu(const at::Tensor& gate_up) {
   check_silu_mul(gate_up);
   const int64_t m = gate_up.size(1) / 2;

@@ -196,6 +196,19 @@ at::Tensor packed_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
   return out;
 }
 
+at::Tensor add_rms_norm_cuda(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps) {
+  check_add_rms_norm(x, delta, weight);
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out = at::empty({x.size(0), x.size(1)}, x.options());
+  dispatch_cuda_type(x.scalar_type(), "add_rms_norm_", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    check_launch(cuda::add_rms_norm<T>(ptr<T>(x), ptr<T>(delta), ptr<T>(weight), ptr<T>(out), x.size(0), x.size(1),
+                                       static_cast<float>(eps), c10::cuda::getCurrentCUDAStream()),
+                 "add_rms_norm_");
+  });
+  return out;
+}
+
 std::tuple<at::Tensor, at::Tensor> confidence_cuda(const at::Tensor& logits, int64_t exclude) {
   TORCH_CHECK(logits.dim() == 2 && logits.size(1) > 0 && logits.is_contiguous(),
               "logits must be a contiguous [rows, vocab] tensor, got shape ", logits.sizes());
@@ -297,6 +310,7 @@ TORCH_LIBRARY_IMPL(blockbatch, CUDA, m) {
   m.impl("kv_copy_rows_", &kv_copy_rows_cuda);
   m.impl("commit_", &commit_cuda);
   m.impl("rms_norm", &rms_norm_cuda);
+  m.impl("add_rms_norm_", &add_rms_norm_cuda);
   m.impl("silu_mul", &silu_mul_cuda);
   m.impl("rope_", &rope_cuda);
   m.impl("rope_kv_write_", &rope_kv_write_cuda);

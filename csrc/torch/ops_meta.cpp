@@ -12,6 +12,11 @@ at::Tensor rms_norm_meta(const at::Tensor& x, const at::Tensor& weight, double) 
   return at::empty({x.size(0), x.size(1)}, x.options());
 }
 
+at::Tensor add_rms_norm_meta(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double) {
+  check_add_rms_norm(x, delta, weight);
+  return at::empty({x.size(0), x.size(1)}, x.options());
+}
+
 at::Tensor silu_mul_meta(const at::Tensor& gate_up) {
   check_silu_mul(gate_up);
   return at::empty({gate_up.size(0), gate_up.size(1) / 2}, gate_up.options());
@@ -56,6 +61,7 @@ std::tuple<at::Tensor, at::Tensor> sparse_probs_meta(const at::Tensor& logits, d
 
 TORCH_LIBRARY_IMPL(blockbatch, Meta, m) {
   m.impl("rms_norm", &rms_norm_meta);
+  m.impl("add_rms_norm_", &add_rms_norm_meta);
   m.impl("silu_mul", &silu_mul_meta);
   m.impl("rope_", &rope_meta);
   m.impl("kv_write_", &kv_write_meta);

@@ -17,6 +17,10 @@ namespace blockbatch::cuda {
 template <typename T>
 cudaError_t rms_norm(const T* x, int64_t x_stride, const T* w, T* out, int64_t rows, int64_t dim, float eps,
                      cudaStream_t stream);
+// x += delta (x, delta [rows, dim] contiguous; rounded to T), then out = rms_norm(x).
+template <typename T>
+cudaError_t add_rms_norm(T* x, const T* delta, const T* w, T* out, int64_t rows, int64_t dim, float eps,
+                         cudaStream_t stream);
 template <typename T>
 cudaError_t silu_mul(const T* gate_up, T* out, int64_t rows, int64_t m, cudaStream_t stream);
 template <typename T>

@@ -9,13 +9,21 @@
 namespace blockbatch::cuda {
 
 namespace {
-template <typename T>
-__global__ void rms_norm_kernel(const T* x, int64_t x_stride, const T* w, T* out, int64_t dim, float eps) {
+// kAdd (add_rms_norm_): x += delta first (rounded to T, as PyTorch's add), written back to x, and
+// the updated x is normalised; x is then [rows, dim] contiguous (x_stride == dim).
+template <typename T, bool kAdd>
+__global__ void rms_norm_kernel(T* x, int64_t x_stride, const T* delta, const T* w, T* out, int64_t dim,
+                                float eps) {
   __shared__ float scratch[32];
-  const T* xr = x + blockIdx.x * x_stride;
+  T* xr = x + blockIdx.x * x_stride;
   float ss = 0;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
-    const float v = to_f(xr[i]);
+    float v = to_f(xr[i]);
+    if constexpr (kAdd) {
+      const T sum = from_f<T>(v + to_f(delta[blockIdx.x * dim + i]));
+      xr[i] = sum;
+      v = to_f(sum);
+    }
     ss += v * v;
   }
   ss = block_sum(ss, scratch);
@@ -28,15 +36,17 @@ __global__ void rms_norm_kernel(const T* x, int64_t x_stride, const T* w, T* out
 }
 
 // The vectorised RMSNorm: thread i holds chunks i, i + blockDim, ... (at most kChunks) of its row.
-template <typename T, int kChunks>
-__global__ void rms_norm_vec_kernel(const T* x, int64_t x_stride, const T* w, T* out, int64_t dim, float eps) {
+template <typename T, int kChunks, bool kAdd>
+__global__ void rms_norm_vec_kernel(T* x, int64_t x_stride, const T* delta, const T* w, T* out, int64_t dim,
+                                    float eps) {
   constexpr int P = 16 / sizeof(T);
   __shared__ float scratch[32];
-  const uint4* xr = reinterpret_cast<const uint4*>(x + blockIdx.x * x_stride);
+  uint4* xr = reinterpret_cast<uint4*>(x + blockIdx.x * x_stride);
+  const uint4* dr = kAdd ? reinterpret_cast<const uint4*>(delta + blockIdx.x * dim) : nullptr;
   const uint4* wr = reinterpret_cast<const uint4*>(w);
   uint4* o = reinterpret_cast<uint4*>(out + blockIdx.x * dim);
   const int chunks = static_cast<int>(dim / P);
-  uint4 xv[kChunks], wv[kChunks];
+  uint4 xv[kChunks], wv[kChunks], dv[kChunks];
   float ss = 0;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {  // every load in flight before the first use
@@ -44,11 +54,20 @@ __global__ void rms_norm_vec_kernel(const T* x, int64_t x_stride, const T* w, T*
     if (i < chunks) {
       xv[c] = xr[i];
       wv[c] = wr[i];
+      if constexpr (kAdd) dv[c] = dr[i];
     }
   }
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
-    if (threadIdx.x + c * blockDim.x < chunks) {
+    const int i = threadIdx.x + c * blockDim.x;
+    if (i < chunks) {
+      if constexpr (kAdd) {
+        T* e = reinterpret_cast<T*>(&xv[c]);
+        const T* d = reinterpret_cast<const T*>(&dv[c]);
+#pragma unroll
+        for (int u = 0; u < P; ++u) e[u] = from_f<T>(to_f(e[u]) + to_f(d[u]));  // as rms_norm_kernel
+        xr[i] = xv[c];
+      }
       const T* e = reinterpret_cast<const T*>(&xv[c]);
 #pragma unroll
       for (int u = 0; u < P; ++u) ss += to_f(e[u]) * to_f(e[u]);
@@ -103,6 +122,29 @@ __global__ void silu_mul_vec_kernel(const T* gate_up, T* out, int64_t rows, int6
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// kAdd = false never writes x (rms_norm's x is const; the cast only shares the kernels).
+template <typename T, bool kAdd>
+cudaError_t launch_rms_norm(T* x, int64_t x_stride, const T* delta, const T* w, T* out, int64_t rows, int64_t dim,
+                            float eps, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  constexpr int64_t P = 16 / sizeof(T), kThreadsVec = 256;
+  const int64_t chunks = dim / P;
+  if (dim % P == 0 && x_stride % P == 0 && aligned16(x) && aligned16(w) && aligned16(out) &&
+      (!kAdd || aligned16(delta)) && chunks <= 4 * kThreadsVec) {
+    const unsigned grid = static_cast<unsigned>(rows);
+    if (chunks <= kThreadsVec) {
+      rms_norm_vec_kernel<T, 1, kAdd><<<grid, kThreadsVec, 0, stream>>>(x, x_stride, delta, w, out, dim, eps);
+    } else if (chunks <= 2 * kThreadsVec) {
+      rms_norm_vec_kernel<T, 2, kAdd><<<grid, kThreadsVec, 0, stream>>>(x, x_stride, delta, w, out, dim, eps);
+    } else {
+      rms_norm_vec_kernel<T, 4, kAdd><<<grid, kThreadsVec, 0, stream>>>(x, x_stride, delta, w, out, dim, eps);
+    }
+    return cudaGetLastError();
+  }
+  rms_norm_kernel<T, kAdd><<<static_cast<unsigned>(rows), 256, 0, stream>>>(x, x_stride, delta, w, out, dim, eps);
+  return cudaGetLastError();
+}
+
 template <typename T>
 __global__ void silu_mul_kernel(const T* gate_up, T* out, int64_t rows, int64_t m) {
   const int64_t n = rows * m;
@@ -119,23 +161,13 @@ __global__ void silu_mul_kernel(const T* gate_up, T* out, int64_t rows, int64_t 
 template <typename T>
 cudaError_t rms_norm(const T* x, int64_t x_stride, const T* w, T* out, int64_t rows, int64_t dim, float eps,
                      cudaStream_t stream) {
-  if (rows == 0) return cudaSuccess;
-  constexpr int64_t P = 16 / sizeof(T), kThreadsVec = 256;
-  const int64_t chunks = dim / P;
-  if (dim % P == 0 && x_stride % P == 0 && aligned16(x) && aligned16(w) && aligned16(out) &&
-      chunks <= 4 * kThreadsVec) {
-    const unsigned grid = static_cast<unsigned>(rows);
-    if (chunks <= kThreadsVec) {
-      rms_norm_vec_kernel<T, 1><<<grid, kThreadsVec, 0, stream>>>(x, x_stride, w, out, dim, eps);
-    } else if (chunks <= 2 * kThreadsVec) {
-      rms_norm_vec_kernel<T, 2><<<grid, kThreadsVec, 0, stream>>>(x, x_stride, w, out, dim, eps);
-    } else {
-      rms_norm_vec_kernel<T, 4><<<grid, kThreadsVec, 0, stream>>>(x, x_stride, w, out, dim, eps);
-    }
-    return cudaGetLastError();
-  }
-  rms_norm_kernel<T><<<static_cast<unsigned>(rows), 256, 0, stream>>>(x, x_stride, w, out, dim, eps);
-  return cudaGetLastError();
+  return launch_rms_norm<T, false>(const_cast<T*>(x), x_stride, nullptr, w, out, rows, dim, eps, stream);
+}
+
+template <typename T>
+cudaError_t add_rms_norm(T* x, const T* delta, const T* w, T* out, int64_t rows, int64_t dim, float eps,
+                         cudaStream_t stream) {
+  return launch_rms_norm<T, true>(x, dim, delta, w, out, rows, dim, eps, stream);
 }
 
 template <typename T>
@@ -157,6 +189,7 @@ cudaError_t silu_mul(const T* gate_up, T* out, int64_t rows, int64_t m, cudaStre
 
 #define INSTANTIATE(T)                                                                                     \
   template cudaError_t rms_norm<T>(const T*, int64_t, const T*, T*, int64_t, int64_t, float, cudaStream_t); \
+  template cudaError_t add_rms_norm<T>(T*, const T*, const T*, T*, int64_t, int64_t, float, cudaStream_t);   \
   template cudaError_t silu_mul<T>(const T*, T*, int64_t, int64_t, cudaStream_t);
 BLOCKBATCH_CUDA_INSTANTIATE(INSTANTIATE)
 #undef INSTANTIATE
