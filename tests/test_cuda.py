@@ -1,7 +1,5 @@
 """CUDA kernels and decode on GPU vs the CPU path (skipped cleanly without a GPU)."""
 
-import os
-
 import pytest
 import torch
 
@@ -165,6 +163,18 @@ def _sdpa_rows(q, k, v, cu, kv, rows, cache_lens, layer, fresh):
     return torch.cat(outs)
 
 
+def _attention_inputs(lengths, heads, kv_heads, hd, L, layers, dtype):
+    """Random packed q, k, v [T, heads | kv_heads, hd], per-row KV buffers [rows, layers, 2,
+    kv_heads, L, hd] (all in `dtype`, on the GPU) and cu_seqlens for rows of `lengths` queries."""
+    T = sum(lengths)
+    q = torch.randn(T, heads, hd, device="cuda").to(dtype)
+    k = torch.randn(T, kv_heads, hd, device="cuda").to(dtype)
+    v = torch.randn(T, kv_heads, hd, device="cuda").to(dtype)
+    kv = torch.randn(len(lengths), layers, 2, kv_heads, L, hd, device="cuda").to(dtype)
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), device="cuda")
+    return q, k, v, kv, cu
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("heads,kv_heads,hd", [(8, 8, 64), (8, 2, 128), (4, 1, 64)])
 def test_tensor_core_attention_error_within_2x_pytorch(dtype, heads, kv_heads, hd, attn_kernel):
@@ -172,12 +182,7 @@ def test_tensor_core_attention_error_within_2x_pytorch(dtype, heads, kv_heads, h
     on the same rounded inputs: no worse than 2x PyTorch's own SDPA error at that dtype."""
     torch.manual_seed(0)
     lengths, L = [1, 7, 64, 65, 130, 200], 333
-    T = sum(lengths)
-    q = torch.randn(T, heads, hd, device="cuda").to(dtype)
-    k = torch.randn(T, kv_heads, hd, device="cuda").to(dtype)
-    v = torch.randn(T, kv_heads, hd, device="cuda").to(dtype)
-    kv = torch.randn(6, 2, 2, kv_heads, L, hd, device="cuda").to(dtype)
-    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), device="cuda")
+    q, k, v, kv, cu = _attention_inputs(lengths, heads, kv_heads, hd, L, 2, dtype)
     rows = torch.tensor([2, 0, 5, 1, 4, 3], device="cuda")
     for cache, fresh in [(torch.full((6,), L, device="cuda"), False), (torch.tensor([0, 5, 64, 100, 299, 333], device="cuda"), True)]:
         exact = _sdpa_rows(q.float(), k.float(), v.float(), cu, kv.float(), rows, cache, 1, fresh)
@@ -189,19 +194,14 @@ def test_tensor_core_attention_error_within_2x_pytorch(dtype, heads, kv_heads, h
 
 
 @pytest.mark.parametrize("hd", [64, 128])
-def test_split_key_attention_on_long_rows(hd, attn_kernel):
+def test_split_key_attention_on_long_rows(hd, attn_kernel, monkeypatch):
     """Few queries over long KV rows (the Fast-dLLM 32-token step at L = 2048): the tensor-core
     kernel splits each row's keys over up to 16 blocks and merges them; same 2x-PyTorch rule,
     with rows whose cache is shorter than a split (empty splits) and rows of one query."""
     torch.manual_seed(1)
     dtype, heads, kv_heads, L = torch.bfloat16, 8, 4, 2048
     for lengths, cache_list, fresh in (([32], [L], False), ([3, 32, 1], [2048, 70, 0], True), ([16], [130], True)):
-        T = sum(lengths)
-        q = torch.randn(T, heads, hd, device="cuda").to(dtype)
-        k = torch.randn(T, kv_heads, hd, device="cuda").to(dtype)
-        v = torch.randn(T, kv_heads, hd, device="cuda").to(dtype)
-        kv = torch.randn(len(lengths), 1, 2, kv_heads, L, hd, device="cuda").to(dtype)
-        cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), device="cuda")
+        q, k, v, kv, cu = _attention_inputs(lengths, heads, kv_heads, hd, L, 1, dtype)
         rows = torch.arange(len(lengths), device="cuda").flip(0)
         cache = torch.tensor(cache_list, device="cuda")
         exact = _sdpa_rows(q.float(), k.float(), v.float(), cu, kv.float(), rows, cache, 0, fresh)
@@ -210,12 +210,10 @@ def test_split_key_attention_on_long_rows(hd, attn_kernel):
         our_err = (ours.float() - exact).abs().max().item()
         assert torch_err > 0 and our_err <= 2 * torch_err, f"{lengths} {cache_list}: {our_err:.3g} vs {torch_err:.3g}"
         for forced in ("1", "3", "16"):  # any split count gives the same attention up to rounding
-            os.environ["BLOCKBATCH_ATTN_SPLITS"] = forced
-            try:
-                other = ops.packed_attention(q, k, v, cu, kv, rows, cache, 0, fresh)
-            finally:
-                del os.environ["BLOCKBATCH_ATTN_SPLITS"]
+            monkeypatch.setenv("BLOCKBATCH_ATTN_SPLITS", forced)
+            other = ops.packed_attention(q, k, v, cu, kv, rows, cache, 0, fresh)
             assert ((other.float() - exact).abs().max().item()) <= 2 * torch_err, f"splits {forced}"
+        monkeypatch.delenv("BLOCKBATCH_ATTN_SPLITS")  # the next case's first call: the automatic count
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -228,11 +226,7 @@ def test_pipelined_attention_equals_sync_bit_for_bit(dtype, hd, monkeypatch):
     heads, kv_heads, L = 8, 4, 700
     lengths = [0, 1, 5, 64, 65, 130, 31]
     T = sum(lengths)
-    q = torch.randn(T, heads, hd, device="cuda").to(dtype)
-    k = torch.randn(T, kv_heads, hd, device="cuda").to(dtype)
-    v = torch.randn(T, kv_heads, hd, device="cuda").to(dtype)
-    kv = torch.randn(len(lengths), 2, 2, kv_heads, L, hd, device="cuda").to(dtype)
-    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), device="cuda")
+    q, k, v, kv, cu = _attention_inputs(lengths, heads, kv_heads, hd, L, 2, dtype)
     rows = torch.randperm(len(lengths), device="cuda")
     cases = [(torch.full((len(lengths),), L, device="cuda"), False),
              (torch.tensor([0, 700, 63, 64, 1, 333, 129], device="cuda"), True),

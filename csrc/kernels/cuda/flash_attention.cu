@@ -13,9 +13,9 @@
 //   C (16x8, fp32):       c0 = C[g][2t], c1 = C[g][2t+1], c2 = C[g+8][2t], c3 = C[g+8][2t+1]
 // Two adjacent 16x8 C tiles of S are exactly the A fragment of P for one k-step of P V.
 //
-// Pipelined variant (flash_attention_pipelined_kernel, chosen by the caller): the K/V tiles are
-// copied global -> shared with cp.async into two stages, so tile t + 1 is in flight while tile t is
-// computed, and the K and V fragments come from shared memory by ldmatrix (x4; .trans for V)
+// Pipelined variant (flash_attention_kernel with kPipe, chosen by the caller): the K/V tiles are
+// copied global -> shared with cp.async into two stages, so tile t + 1 is in flight while tile t
+// is computed, and the K and V fragments come from shared memory by ldmatrix (x4; .trans for V)
 // instead of 32-bit / 16-bit loads. Same arithmetic in the same order: the two kernels agree
 // bit for bit.
 //
