@@ -10,7 +10,7 @@ import sys
 
 import torch
 
-OPS = ["forward", "decode", "rms_norm", "add_rms_norm_", "silu_mul", "rope_", "kv_write_", "packed_attention", "confidence",
+OPS = ["forward", "decode", "rms_norm", "add_rms_norm_", "silu_mul", "linear", "rope_", "kv_write_", "packed_attention", "confidence",
        "sparse_probs", "commit_", "rope_kv_write_", "bb_absorb_", "bb_coordinate_", "kv_copy_rows_"]
 
 

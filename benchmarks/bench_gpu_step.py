@@ -17,9 +17,15 @@ copies, which move whole KV rows ("sync_kv_copy_ms" per copied row).
 Attention alone (one layer's packed_attention at the step's shape, dual cache): its time for
 each tensor-core kernel (BLOCKBATCH_ATTN_KERNEL sync / pipelined) with the automatic key-split
 count and with 1, 2, 4, 8 splits forced (BLOCKBATCH_ATTN_SPLITS), and the K/V bandwidth it
-reaches (each row's K and V read once / time; the H200 peak is 4.8 TB/s); the whole step is
-also timed with the pipelined kernel ("pipelined_*"). "top_kernels": the step's kernels by
-device time (the profiler's names, cut short).
+reaches (each row's K and V read once / time; the H200 peak is 4.8 TB/s). "top_kernels": the
+step's kernels by device time (the profiler's names, cut short).
+GEMMs (steps of at most 64 query tokens): the whole step again with BLOCKBATCH_GEMM=stream, the
+weight-streaming kernel of csrc/kernels/cuda/linear.cu ("stream_*": eager, replay, busy). And
+"gemm" in the JSON: each of the step's weight shapes (fused QKV, attention out, fused gate|up,
+MLP out, LM head) at 8, 32 and 64 rows, cuBLAS against the streaming kernel with its automatic
+cluster split count and with 1, 2, 4, 8 splits forced (BLOCKBATCH_GEMM_SPLITS): microseconds per
+GEMM and the weight bandwidth it reaches (weights rotated over copies larger than the L2 cache
+together, so every call streams its weights from DRAM).
 """
 
 from __future__ import annotations
@@ -170,10 +176,10 @@ def attention_sweep(config, kv, lengths, L: int, repeats: int) -> dict:
 
 
 @contextlib.contextmanager
-def attention_env(kernel: str | None, splits: str | None = None):
-    """BLOCKBATCH_ATTN_KERNEL / BLOCKBATCH_ATTN_SPLITS set for the block (None: the default)."""
-    saved = {k: os.environ.get(k) for k in ("BLOCKBATCH_ATTN_KERNEL", "BLOCKBATCH_ATTN_SPLITS")}
-    for key, value in (("BLOCKBATCH_ATTN_KERNEL", kernel), ("BLOCKBATCH_ATTN_SPLITS", splits)):
+def environ(**values):
+    """Environment variables set for the block (None: unset), restored after it."""
+    saved = {k: os.environ.get(k) for k in values}
+    for key, value in values.items():
         if value is None:
             os.environ.pop(key, None)
         else:
@@ -186,6 +192,39 @@ def attention_env(kernel: str | None, splits: str | None = None):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def attention_env(kernel: str | None, splits: str | None = None):
+    """BLOCKBATCH_ATTN_KERNEL / BLOCKBATCH_ATTN_SPLITS set for the block (None: the default)."""
+    return environ(BLOCKBATCH_ATTN_KERNEL=kernel, BLOCKBATCH_ATTN_SPLITS=splits)
+
+
+def gemm_sweep(config, rows: int, repeats: int) -> dict:
+    """x @ W.T at the step's weight shapes for `rows` tokens: cuBLAS vs the streaming kernel."""
+    d, m = config.d_model, config.mlp_hidden_size
+    hd = d // config.n_heads
+    shapes = {"qkv": ((config.n_heads + 2 * config.n_kv_heads) * hd, d), "attn_out": (d, config.n_heads * hd),
+              "gate_up": (2 * m, d), "ff_out": (d, m), "lm_head": (config.vocab_size, d)}
+    out = {}
+    for name, (N, K) in shapes.items():
+        nbytes = N * K * 2
+        copies = max(2, -(-(256 << 20) // nbytes))  # > 256 MB together: more than the L2 cache holds
+        ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+        x = torch.randn(rows, K, device="cuda", dtype=torch.bfloat16)
+
+        def run():
+            for w in ws:
+                torch.ops.blockbatch.linear(x, w)
+
+        for gemm, splits in (("cublas", None), ("stream", None), ("stream", "1"), ("stream", "2"), ("stream", "4"),
+                             ("stream", "8")):
+            with environ(BLOCKBATCH_GEMM=gemm, BLOCKBATCH_GEMM_SPLITS=splits):
+                us = cuda_ms(run, repeats) / copies * 1e3
+            key = f"{name}_{gemm}" + ("" if gemm == "cublas" else f"_splits_{splits or 'auto'}")
+            out[f"{key}_us"] = us
+            out[f"{key}_tb_per_s"] = nbytes / (us * 1e-6) / 1e12
+        del ws
+    return out
 
 
 def bookkeeping(config, model, kv, L: int, repeats: int) -> dict:
@@ -280,13 +319,13 @@ def main(argv=None) -> int:
     params = sum(t.numel() for t in weights.values())
     model = NativeModel(config, weights, dtype=torch.bfloat16, device="cuda")
     plain = PlainStep(config, weights)
-    results = []
+    results, gemm = [], {}
     os.makedirs(args.out, exist_ok=True)
 
     def save():  # after every step shape, so a run cut short by its time limit keeps what it measured
         with open(os.path.join(args.out, "bench_gpu_step.json"), "w") as f:
             json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "params": params,
-                       "layers": args.layers, "results": results}, f, indent=2)
+                       "layers": args.layers, "results": results, "gemm": gemm}, f, indent=2)
 
     for L in (512, 2048):
         for label, lengths in (("blockbatch-6", [4, 8, 16, 32, 64, 128]), ("single-32", [32])):
@@ -306,11 +345,12 @@ def main(argv=None) -> int:
                 row.update(step_latency(config, params, step, plain, packed, lengths, kv, L, args.repeats))
             with section(row, "replay"):
                 row.update(replay_latency(step, row, args.repeats))
-            with section(row, "pipelined"):  # the whole step with the other attention kernel
-                with attention_env("pipelined"):
-                    row["pipelined_eager_ms"] = cuda_ms(step, args.repeats)
-                    row["pipelined_replay_ms"] = graph_ms(step, args.repeats)
-                    row["pipelined_busy_ms"], row["pipelined_top_kernels"] = busy_ms(step)
+            if sum(lengths) <= 64:  # the whole step on the weight-streaming GEMM
+                with section(row, "stream"), environ(BLOCKBATCH_GEMM="stream"):
+                    row["stream_eager_ms"] = cuda_ms(step, args.repeats)
+                    row["stream_replay_ms"] = graph_ms(step, args.repeats)
+                    row["stream_busy_ms"], row["stream_top_kernels"] = busy_ms(step)
+                    row["stream_replay_over_roofline"] = row["stream_replay_ms"] / row["roofline_ms"]
             with section(row, "attention"):
                 row.update(attention_sweep(config, kv, lengths, L, args.repeats))
             if label == "blockbatch-6":
@@ -319,7 +359,16 @@ def main(argv=None) -> int:
             del kv
             print(json.dumps(row), flush=True)
             save()
-    failed = [f"{r['step']} L={r['L']}: {k}" for r in results for k in r if k.endswith("_error")]
+    del model, plain, weights  # the sweep's weight copies need the room
+    torch.cuda.empty_cache()
+    for rows in (8, 32, 64):
+        row = gemm[f"rows_{rows}"] = {"step": f"gemm-{rows}", "L": "-"}
+        with section(row, "gemm"):
+            row.update(gemm_sweep(config, rows, args.repeats))
+        print(json.dumps(row), flush=True)
+        save()
+    failed = [f"gemm: {k}" for r in gemm.values() for k in r if k.endswith("_error")]
+    failed += [f"{r['step']} L={r['L']}: {k}" for r in results for k in r if k.endswith("_error")]
     if failed:
         print("failed parts: " + "; ".join(failed), file=sys.stderr)
     return 1 if failed else 0

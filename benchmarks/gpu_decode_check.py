@@ -5,7 +5,8 @@
 For each policy (vanilla gen 64, dual and BlockBatch gen 128), on the held-out toy problems:
 float32 GPU tokens == CPU tokens; CUDA-graph replay == eager (float32 and bf16); bf16 vs float32
 token agreement (generated positions) and accuracy; median ms per sample eager vs graphs; graph
-captures / replays per sample. Writes DIR/gpu_decode_check.json.
+captures / replays per sample; and bf16 with the weight-streaming GEMM (BLOCKBATCH_GEMM=stream,
+graphs): its agreement with float32 and with the cuBLAS bf16 run. Writes DIR/gpu_decode_check.json.
 """
 
 from __future__ import annotations
@@ -58,15 +59,21 @@ def check_policy(engines, problems, name: str, gen: int, n: int) -> dict:
     base = policy_options(name, gen)
     runs = {}
     for label, engine, graphs in (("cpu", "cpu", True), ("fp32_eager", "fp32", False), ("fp32_graph", "fp32", True),
-                                  ("bf16_eager", "bf16", False), ("bf16_graph", "bf16", True)):
+                                  ("bf16_eager", "bf16", False), ("bf16_graph", "bf16", True),
+                                  ("bf16_stream_graph", "bf16", True)):
         opts = base.replace(cuda_graphs=graphs)
         out = []
-        for p in problems:
-            t0 = time.perf_counter()
-            [g] = engines[engine].generate(p.prompt, opts)
-            if engine != "cpu":
-                torch.cuda.synchronize()
-            out.append((g, (time.perf_counter() - t0) * 1e3, task.check_answer(p, g.text)))
+        if label.startswith("bf16_stream"):
+            os.environ["BLOCKBATCH_GEMM"] = "stream"
+        try:
+            for p in problems:
+                t0 = time.perf_counter()
+                [g] = engines[engine].generate(p.prompt, opts)
+                if engine != "cpu":
+                    torch.cuda.synchronize()
+                out.append((g, (time.perf_counter() - t0) * 1e3, task.check_answer(p, g.text)))
+        finally:
+            os.environ.pop("BLOCKBATCH_GEMM", None)
         runs[label] = out
 
     def same(a, b):
@@ -82,6 +89,8 @@ def check_policy(engines, problems, name: str, gen: int, n: int) -> dict:
         "fp32_graph_equals_eager": same("fp32_graph", "fp32_eager"),
         "bf16_graph_equals_eager": same("bf16_graph", "bf16_eager"),
         "bf16_vs_fp32_token_agreement": agreement("bf16_graph", "fp32_graph"),
+        "bf16_stream_vs_fp32_token_agreement": agreement("bf16_stream_graph", "fp32_graph"),
+        "bf16_stream_vs_cublas_token_agreement": agreement("bf16_stream_graph", "bf16_graph"),
         "accuracy": {k: sum(r[2] for r in v) / n for k, v in runs.items()},
         "median_ms": {k: statistics.median(r[1] for r in v) for k, v in runs.items()},
         "mean_nfe": {k: statistics.mean(r[0].stats["nfe"] for r in v) for k, v in runs.items()},

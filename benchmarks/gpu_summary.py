@@ -38,13 +38,23 @@ def steps(path: str) -> list[str]:
     data = json.load(open(path))
     cols = ("native_eager_ms", "graph_replay_ms", "gpu_busy_ms", "plain_pytorch_ms", "roofline_ms",
             "replay_over_roofline", "replay_over_roofline_with_kv", "replay_over_busy", "plain_over_native",
-            "pipelined_replay_ms", "attn_sync_ms_splits_auto", "attn_pipelined_ms_splits_auto", "bookkeeping_ms")
+            "stream_replay_ms", "stream_busy_ms", "attn_sync_ms_splits_auto", "attn_pipelined_ms_splits_auto", "bookkeeping_ms")
     lines = [f"bench_gpu_step ({data.get('device')}, torch {data.get('torch')}, {data.get('layers')} layers)",
              "step L " + " ".join(cols)]
     for r in data["results"]:
         lines.append(f"{r['step']} {r['L']} " + " ".join(fmt(r.get(c)) for c in cols))
         lines += [f"  {k}: {v}" for k, v in r.items() if k.endswith("_error")]
         lines += [f"    {ms:8.3f} ms {n:4d}x {name[:70]}" for name, ms, n in r.get("top_kernels", [])[:6]]
+    for key, r in data.get("gemm", {}).items():  # per weight shape: cuBLAS vs the streaming kernel
+        lines += [f"  {k}: {v}" for k, v in r.items() if k.endswith("_error")]
+        for name in ("qkv", "attn_out", "gate_up", "ff_out", "lm_head"):
+            if f"{name}_cublas_us" not in r:
+                continue
+            stream = {s: r.get(f"{name}_stream_splits_{s}_us") for s in ("auto", "1", "2", "4", "8")}
+            lines.append(f"gemm {key} {name}: cuBLAS {r[f'{name}_cublas_us']:.1f} us "
+                         f"({r[f'{name}_cublas_tb_per_s']:.2f} TB/s); stream "
+                         + " ".join(f"{s}:{fmt(v)}" for s, v in stream.items())
+                         + f" us (auto {fmt(r.get(f'{name}_stream_splits_auto_tb_per_s'))} TB/s)")
     return lines
 
 
@@ -56,6 +66,7 @@ def decode(path: str) -> list[str]:
     for name, r in data["policies"].items():
         lines.append(f"{name}: fp32 gpu==cpu {r['fp32_gpu_equals_cpu']:.2f}, graph==eager fp32 {r['fp32_graph_equals_eager']:.2f}"
                      f" bf16 {r['bf16_graph_equals_eager']:.2f}, bf16~fp32 {r['bf16_vs_fp32_token_agreement']:.4f}, "
+                     f"stream~fp32 {r.get('bf16_stream_vs_fp32_token_agreement', float('nan')):.4f}, "
                      f"acc {json.dumps(r['accuracy'])}, median ms {json.dumps({k: round(v, 2) for k, v in r['median_ms'].items()})}")
     lines += [f"{name}: ERROR {e}" for name, e in data.get("errors", {}).items()]
     return lines

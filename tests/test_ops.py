@@ -51,6 +51,26 @@ def test_silu_mul(dtype):
     torch.testing.assert_close(ops.silu_mul(gu), expected, atol=_tol(dtype), rtol=_tol(dtype))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_is_x_times_weight_transposed(dtype):
+    """The model's GEMM op: on CPU exactly ATen's x @ weight.T (the float32 reference tests depend
+    on those bits), for contiguous and strided x; bad shapes name the argument."""
+    x = torch.randn(9, 40).to(dtype)
+    w = torch.randn(24, 40).to(dtype)
+    assert torch.equal(ops.linear(x, w), x @ w.t())
+    strided = torch.randn(9, 48).to(dtype)[:, 4:44]
+    assert torch.equal(ops.linear(strided, w), strided @ w.t())
+    assert ops.linear(x[:0], w).shape == (0, 24)
+    with pytest.raises(RuntimeError, match=r"weight must be \[out_features, 40\] \(x has 40 features\), got shape \[24, 41\]"):
+        ops.linear(x, torch.randn(24, 41).to(dtype))
+    with pytest.raises(RuntimeError, match=r"x must be \[rows, in_features\], got shape \[40\]"):
+        ops.linear(x[0], w)
+    names = {torch.float32: "Float", torch.bfloat16: "BFloat16", torch.float16: "Half"}
+    other = torch.float16 if dtype == torch.float32 else torch.float32
+    with pytest.raises(RuntimeError, match=f"weight dtype {names[other]} differs from x dtype {names[dtype]}"):
+        ops.linear(x, w.to(other))
+
+
 @pytest.mark.parametrize("hd", [8, 32, 64, 128])
 def test_rope_matches_reference_bitwise(hd):
     x = torch.randn(11, 3, hd)
@@ -196,6 +216,7 @@ def _opcheck_samples():
     yield "rms_norm", ops.rms_norm.default, (torch.randn(4, 8), torch.randn(8), 1e-5)
     yield "add_rms_norm_", ops.add_rms_norm_.default, (torch.randn(4, 8), torch.randn(4, 8), torch.randn(8), 1e-5)
     yield "silu_mul", ops.silu_mul.default, (torch.randn(4, 8),)
+    yield "linear", ops.linear.default, (torch.randn(4, 8), torch.randn(6, 8))
     yield "rope_", ops.rope_.default, (torch.randn(3, 2, 8), torch.tensor([0, 1, 5]), torch.randn(6, 8))
     yield "kv_write_", ops.kv_write_.default, (torch.zeros(2, 1, 2, 1, 6, 4), torch.randn(3, 1, 4), torch.randn(3, 1, 4),
                                               torch.tensor([0, 2, 5]), torch.tensor([0, 1, 3]), torch.tensor([1, 0]), 0)

@@ -1,10 +1,10 @@
-// The native LLaDA forward: GEMMs through ATen, everything else through blockbatch kernels.
+// The native LLaDA forward: every step through a blockbatch op (GEMMs: ops::linear, ATen's GEMM or
+// the weight-streaming CUDA kernel), so it runs on whichever device the weights live on.
 #include "model/model.h"
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/full.h>
-#include <ATen/ops/mm.h>
 #include <ATen/ops/pow.h>
 #include <ATen/ops/reciprocal.h>
 #include <ATen/ops/zeros.h>
@@ -248,7 +248,7 @@ at::Tensor Model::forward(const ForwardBatch& b) const {
   at::Tensor h = ops::rms_norm(x, layers_[0].attn_norm, c.rms_norm_eps);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
-    at::Tensor qkv = at::mm(h, w.wqkv.t());
+    at::Tensor qkv = ops::linear(h, w.wqkv);
     at::Tensor q = qkv.narrow(1, 0, q_width).view({T, c.n_heads, hd});
     at::Tensor k = qkv.narrow(1, q_width, kv_width).view({T, c.n_kv_heads, hd});
     at::Tensor v = qkv.narrow(1, q_width + kv_width, kv_width).view({T, c.n_kv_heads, hd});
@@ -259,8 +259,8 @@ at::Tensor Model::forward(const ForwardBatch& b) const {
       ops::rope_(k, b.positions, rope_table_);
     }
     at::Tensor attn = ops::packed_attention(q, k, v, b.cu_seqlens, attn_kv, attn_rows, cache_lens, l, attend_fresh);
-    h = ops::add_rms_norm_(x, at::mm(attn, w.attn_out.t()), w.ff_norm, c.rms_norm_eps);
-    const at::Tensor mlp = at::mm(ops::silu_mul(at::mm(h, w.w_gate_up.t())), w.ff_out.t());
+    h = ops::add_rms_norm_(x, ops::linear(attn, w.attn_out), w.ff_norm, c.rms_norm_eps);
+    const at::Tensor mlp = ops::linear(ops::silu_mul(ops::linear(h, w.w_gate_up)), w.ff_out);
     if (l + 1 < c.n_layers) {
       h = ops::add_rms_norm_(x, mlp, layers_[l + 1].attn_norm, c.rms_norm_eps);
     } else {
@@ -268,7 +268,7 @@ at::Tensor Model::forward(const ForwardBatch& b) const {
     }
   }
   at::Tensor last = b.logit_index.defined() ? x.index_select(0, b.logit_index) : x;
-  return at::mm(ops::rms_norm(last, ln_f_, c.rms_norm_eps), lm_head_.t());
+  return ops::linear(ops::rms_norm(last, ln_f_, c.rms_norm_eps), lm_head_);
 }
 
 }  // namespace blockbatch

@@ -87,6 +87,9 @@ TORCH_LIBRARY(blockbatch, m) {
   m.def("add_rms_norm_(Tensor(a!) x, Tensor delta, Tensor weight, float eps) -> Tensor");
   // SwiGLU activation: silu(gate) * up over a fused [rows, 2m] gate|up GEMM output.
   m.def("silu_mul(Tensor gate_up) -> Tensor");
+  // x @ weight.T (x [rows, in], weight [out, in], one dtype): ATen's GEMM, or on CUDA for at most 64
+  // rows the weight-streaming kernel when BLOCKBATCH_GEMM=stream (csrc/kernels/cuda/linear.cu).
+  m.def("linear(Tensor x, Tensor weight) -> Tensor");
   // In-place rotate-half RoPE of x [T, heads, head_dim] at absolute positions (float32 math).
   m.def("rope_(Tensor(a!) x, Tensor positions, Tensor cos_sin) -> ()");
   // Write fresh K/V [T, kv_heads, head_dim] into their position slots of per-row KV buffers.
@@ -113,6 +116,7 @@ TORCH_LIBRARY_IMPL(blockbatch, CPU, m) {
   m.impl("rms_norm", &rms_norm_cpu);
   m.impl("add_rms_norm_", &add_rms_norm_cpu);
   m.impl("silu_mul", &silu_mul_cpu);
+  m.impl("linear", &linear_cpu);
   m.impl("rope_", &rope_cpu);
   m.impl("kv_write_", &kv_write_cpu);
   m.impl("rope_kv_write_", &rope_kv_write_cpu);

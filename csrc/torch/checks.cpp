@@ -90,6 +90,16 @@ void check_silu_mul(const at::Tensor& gate_up) {
   TORCH_CHECK(gate_up.is_contiguous(), "gate_up must be contiguous");
 }
 
+void check_linear(const at::Tensor& x, const at::Tensor& weight) {
+  check_floating(x, "x");
+  TORCH_CHECK(x.dim() == 2, "x must be [rows, in_features], got shape ", x.sizes());
+  TORCH_CHECK(weight.dim() == 2 && weight.size(1) == x.size(1), "weight must be [out_features, ", x.size(1),
+              "] (x has ", x.size(1), " features), got shape ", weight.sizes());
+  TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "weight dtype ", weight.scalar_type(), " differs from x dtype ",
+              x.scalar_type());
+  check_same_device(x, weight, "x", "weight");
+}
+
 void check_rope(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin) {
   check_floating(x, "x");
   check_heads_view(x, "x");

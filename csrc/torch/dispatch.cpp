@@ -29,6 +29,11 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   return op.call(gate_up);
 }
 
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight) {
+  static auto op = handle<at::Tensor(const at::Tensor&, const at::Tensor&)>("blockbatch::linear");
+  return op.call(x, weight);
+}
+
 void rope_(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin) {
   static auto op = handle<void(const at::Tensor&, const at::Tensor&, const at::Tensor&)>("blockbatch::rope_");
   op.call(x, positions, cos_sin);

@@ -24,6 +24,7 @@ namespace ops {
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor add_rms_norm_(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps);
 at::Tensor silu_mul(const at::Tensor& gate_up);
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight);
 void rope_(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin);
 void kv_write_(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer);
@@ -75,6 +76,7 @@ void check_commit(const at::Tensor& canvas, const at::Tensor& window, const at::
 at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor add_rms_norm_cpu(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps);
 at::Tensor silu_mul_cpu(const at::Tensor& gate_up);
+at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight);
 void rope_cpu(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin);
 void kv_write_cpu(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                   const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer);
@@ -100,6 +102,7 @@ cpu::AttentionArgs attention_args(const at::Tensor& q, const at::Tensor& k, cons
 void check_rms_norm(const at::Tensor& x, const at::Tensor& weight);
 void check_add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight);
 void check_silu_mul(const at::Tensor& gate_up);
+void check_linear(const at::Tensor& x, const at::Tensor& weight);
 void check_rope(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin);
 void check_kv_write(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                     const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer);

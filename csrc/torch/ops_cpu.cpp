@@ -1,6 +1,7 @@
 // CPU implementations of the kernel ops: validate, then call csrc/kernels/cpu.
 #include <ATen/Dispatch.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
 #include <c10/util/Exception.h>
 
 #include "kernels/cpu/kernels.h"
@@ -51,6 +52,11 @@ at::Tensor silu_mul_cpu(const at::Tensor& gate_up) {
     cpu::silu_mul<scalar_t>(gate_up.const_data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), gate_up.size(0), m);
   });
   return out;
+}
+
+at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight) {
+  check_linear(x, weight);
+  return at::mm(x, weight.t());
 }
 
 void rope_cpu(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin) {

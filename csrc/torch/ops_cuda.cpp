@@ -1,6 +1,7 @@
 // CUDA implementations of the kernel ops: validate shapes (value ranges are checked where the
 // decode loop builds its index tensors, to avoid host syncs), then launch csrc/kernels/cuda.
 #include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_bf16.h>
@@ -80,6 +81,29 @@ bool attention_pipelined() {
   TORCH_CHECK_VALUE(v == "sync" || v == "pipelined", "BLOCKBATCH_ATTN_KERNEL must be 'sync' or 'pipelined', got '", v,
                     "'");
   return v == "pipelined";
+}
+
+// Which GEMM runs x @ weight.T for at most 64 rows: BLOCKBATCH_GEMM = "cublas" (the default: ATen's
+// at::mm) or "stream" (linear.cu's weight-streaming kernel, where it applies). The stream kernel
+// stays opt-in until a GPU run has shown it correct and faster (see docs/bench/gpu/NOTES.md).
+// BLOCKBATCH_GEMM_SPLITS (1..8) overrides its cluster split count. Both read per call, so a
+// benchmark can time every choice in one process.
+bool gemm_stream() {
+  const char* env = std::getenv("BLOCKBATCH_GEMM");
+  if (env == nullptr || *env == '\0') return false;
+  const std::string v(env);
+  TORCH_CHECK_VALUE(v == "cublas" || v == "stream", "BLOCKBATCH_GEMM must be 'cublas' or 'stream', got '", v, "'");
+  return v == "stream";
+}
+
+int gemm_splits(int heuristic) {
+  const char* env = std::getenv("BLOCKBATCH_GEMM_SPLITS");
+  if (env == nullptr || *env == '\0') return heuristic;
+  char* end = nullptr;
+  const long v = std::strtol(env, &end, 10);
+  TORCH_CHECK_VALUE(*end == '\0' && v >= 1 && v <= 8, "BLOCKBATCH_GEMM_SPLITS must be an integer in [1, 8], got '",
+                    env, "'");
+  return static_cast<int>(v);
 }
 
 void check_cuda(const at::Tensor& t, const char* name) {
@@ -192,6 +216,32 @@ at::Tensor packed_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
       }
     }
     check_launch(cuda::packed_attention<T>(a, q.size(0), max_keys, stream), "packed_attention");
+  });
+  return out;
+}
+
+at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight) {
+  check_linear(x, weight);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t M = x.size(0), N = weight.size(0), K = x.size(1);
+  if (x.scalar_type() == at::kFloat || M > cuda::kLinearSmallMaxRows || !gemm_stream() || x.stride(1) != 1 ||
+      weight.stride(1) != 1) {
+    return at::mm(x, weight.t());
+  }
+  at::Tensor out = at::empty({M, N}, x.options());
+  const int device = x.get_device();
+  if (!cuda::linear_small_supported(x.const_data_ptr(), x.stride(0), weight.const_data_ptr(), weight.stride(0),
+                                    out.const_data_ptr(), M, N, K, 1,
+                                    device_attribute<cudaDevAttrComputeCapabilityMajor>(device))) {
+    return at::mm(x, weight.t());
+  }
+  const int splits =
+      gemm_splits(cuda::linear_small_splits(M, N, K, device_attribute<cudaDevAttrMultiProcessorCount>(device)));
+  dispatch_cuda_type(x.scalar_type(), "linear", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    check_launch(cuda::linear_small<T>(ptr<T>(x), x.stride(0), ptr<T>(weight), weight.stride(0), ptr<T>(out), N, M,
+                                       N, K, splits, c10::cuda::getCurrentCUDAStream()),
+                 "linear (weight streaming)");
   });
   return out;
 }
@@ -312,6 +362,7 @@ TORCH_LIBRARY_IMPL(blockbatch, CUDA, m) {
   m.impl("rms_norm", &rms_norm_cuda);
   m.impl("add_rms_norm_", &add_rms_norm_cuda);
   m.impl("silu_mul", &silu_mul_cuda);
+  m.impl("linear", &linear_cuda);
   m.impl("rope_", &rope_cuda);
   m.impl("rope_kv_write_", &rope_kv_write_cuda);
   m.impl("kv_write_", &kv_write_cuda);

@@ -22,6 +22,11 @@ at::Tensor silu_mul_meta(const at::Tensor& gate_up) {
   return at::empty({gate_up.size(0), gate_up.size(1) / 2}, gate_up.options());
 }
 
+at::Tensor linear_meta(const at::Tensor& x, const at::Tensor& weight) {
+  check_linear(x, weight);
+  return at::empty({x.size(0), weight.size(0)}, x.options());
+}
+
 void rope_meta(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin) {
   check_rope(x, positions, cos_sin);
 }
@@ -63,6 +68,7 @@ TORCH_LIBRARY_IMPL(blockbatch, Meta, m) {
   m.impl("rms_norm", &rms_norm_meta);
   m.impl("add_rms_norm_", &add_rms_norm_meta);
   m.impl("silu_mul", &silu_mul_meta);
+  m.impl("linear", &linear_meta);
   m.impl("rope_", &rope_meta);
   m.impl("kv_write_", &kv_write_meta);
   m.impl("rope_kv_write_", &rope_kv_write_meta);

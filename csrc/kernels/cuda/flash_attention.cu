@@ -31,30 +31,13 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.cuh"
+#include "kernels/cuda/mma.cuh"
 
 namespace blockbatch::cuda {
 
 namespace {
 constexpr int kBlockQ = 64, kBlockK = 64, kWarps = 4, kThreads = kWarps * 32;
 constexpr int kPad = 8;  // shared rows padded by 16 bytes: fragment loads spread over the banks
-
-// D = A B + D on one m16n8k16 tile: A, B 16-bit (T: bf16 or fp16), fp32 accumulators.
-#define BLOCKBATCH_MMA16816(TYPE)                                                                          \
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE                                     \
-               ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                             \
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                            \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
-template <typename T>
-__device__ __forceinline__ void mma16816(float* c, const uint32_t* a, const uint32_t* b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    BLOCKBATCH_MMA16816("bf16");
-  } else {
-    BLOCKBATCH_MMA16816("f16");
-  }
-#endif
-}
-#undef BLOCKBATCH_MMA16816
 
 // Two floats rounded to T, packed low = first (the lower column of a fragment pair).
 template <typename T>

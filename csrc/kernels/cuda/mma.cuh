@@ -1,0 +1,30 @@
+// Tensor-core building blocks shared by the CUDA kernels (flash_attention.cu, linear.cu).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace blockbatch::cuda {
+
+// D = A B + D on one m16n8k16 tile: A, B 16-bit (T: bf16 or fp16), fp32 accumulators.
+#define BLOCKBATCH_MMA16816(TYPE)                                                                          \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE                                     \
+               ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                             \
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                            \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
+template <typename T>
+__device__ __forceinline__ void mma16816(float* c, const uint32_t* a, const uint32_t* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    BLOCKBATCH_MMA16816("bf16");
+  } else {
+    BLOCKBATCH_MMA16816("f16");
+  }
+#endif
+}
+#undef BLOCKBATCH_MMA16816
+
+}  // namespace blockbatch::cuda
