@@ -66,13 +66,17 @@ def test_add_rms_norm_cuda(dtype, dim):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rope_kv_write_cuda(dtype):
-    """The fused RoPE + KV-slot write == rope_ + kv_write_ on the GPU (bit for bit) and == the
-    CPU ops (float32 bitwise: same operation order, no FMA contraction; bf16 within one ulp)."""
-    table = rope_table(32, 16, 1e4)
+@pytest.mark.parametrize("hd", [16, 128, 12])  # 16-byte accesses for 16 and 128; 12 falls back to pairs
+@pytest.mark.parametrize("rope_kernel", ["scalar", "vec"])
+def test_rope_kv_write_cuda(dtype, hd, rope_kernel, monkeypatch):
+    """The fused RoPE + KV-slot write (each kernel: BLOCKBATCH_ROPE_KERNEL) == rope_ + kv_write_ on
+    the GPU (bit for bit) and == the CPU ops (float32 bitwise: same operation order, no FMA
+    contraction; bf16 within one ulp)."""
+    monkeypatch.setenv("BLOCKBATCH_ROPE_KERNEL", rope_kernel)
+    table = rope_table(32, hd, 1e4)
     results = []
     for device, fused in (("cuda", True), ("cuda", False), ("cpu", True)):
-        qkv, q, k, v, kv, (pos, cu, rows) = rope_kv_case(device, dtype)
+        qkv, q, k, v, kv, (pos, cu, rows) = rope_kv_case(device, dtype, hd=hd)
         t = table.to(device)
         if fused:
             ops.rope_kv_write_(q, k, v, pos, t, kv, cu, rows, 1)
@@ -242,6 +246,13 @@ def test_pipelined_attention_equals_sync_bit_for_bit(dtype, hd, monkeypatch):
                 outs[kernel] = ops.packed_attention(q, k, v, cu, kv, rows, cache, 1, fresh)
             assert not outs["pipelined"].isnan().any()
             assert torch.equal(outs["sync"], outs["pipelined"]), f"cache={cache.tolist()} fresh={fresh} splits={splits!r}"
+
+
+def test_rope_kernel_variable_is_checked(monkeypatch):
+    monkeypatch.setenv("BLOCKBATCH_ROPE_KERNEL", "fast")
+    qkv, q, k, v, kv, (pos, cu, rows) = rope_kv_case("cuda", torch.bfloat16)
+    with pytest.raises(ValueError, match="BLOCKBATCH_ROPE_KERNEL must be 'scalar' or 'vec', got 'fast'"):
+        ops.rope_kv_write_(q, k, v, pos, rope_table(32, 16, 1e4).cuda(), kv, cu, rows, 1)
 
 
 def test_attention_kernel_variable_is_checked(monkeypatch):

@@ -106,6 +106,16 @@ int gemm_splits(int heuristic) {
   return static_cast<int>(v);
 }
 
+// rope_kv_write_'s kernel: BLOCKBATCH_ROPE_KERNEL = "scalar" (the default: element pairs) or "vec"
+// (16 bytes per access, same bits; opt-in until a GPU run has checked and timed it). Read per call.
+bool rope_vectorized() {
+  const char* env = std::getenv("BLOCKBATCH_ROPE_KERNEL");
+  if (env == nullptr || *env == '\0') return false;
+  const std::string v(env);
+  TORCH_CHECK_VALUE(v == "scalar" || v == "vec", "BLOCKBATCH_ROPE_KERNEL must be 'scalar' or 'vec', got '", v, "'");
+  return v == "vec";
+}
+
 void check_cuda(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor, got ", t.device());
 }
@@ -183,7 +193,7 @@ void rope_kv_write_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tens
                                         positions.const_data_ptr<int64_t>(), cos_sin.const_data_ptr<float>(),
                                         ptr<T>(kv), g, layer, cu_seqlens.const_data_ptr<int64_t>(),
                                         kv_rows.const_data_ptr<int64_t>(), cu_seqlens.size(0) - 1, k.size(0),
-                                        c10::cuda::getCurrentCUDAStream()),
+                                        rope_vectorized(), c10::cuda::getCurrentCUDAStream()),
                  "rope_kv_write_");
   });
 }

@@ -31,12 +31,13 @@ cudaError_t kv_write(T* kv, const cpu::KvGeometry& g, int64_t layer, const T* k,
                      const int64_t* positions, const int64_t* cu_seqlens, const int64_t* kv_rows, int64_t rows,
                      int64_t tokens, cudaStream_t stream);
 // rope_inplace on q [tokens, heads, head_dim] and k, then kv_write of the rotated k and v (k and v
-// share kv_stride), in one kernel; bit-identical to the two calls.
+// share kv_stride), in one kernel; bit-identical to the two calls. `vectorized`: 16 bytes per
+// access where the head_dim, strides and pointers allow it (same bits), else element pairs.
 template <typename T>
 cudaError_t rope_kv_write(T* q, int64_t q_stride, int64_t heads, T* k, const T* v, int64_t kv_stride,
                           const int64_t* positions, const float* cos_sin, T* kv, const cpu::KvGeometry& g,
                           int64_t layer, const int64_t* cu_seqlens, const int64_t* kv_rows, int64_t rows,
-                          int64_t tokens, cudaStream_t stream);
+                          int64_t tokens, bool vectorized, cudaStream_t stream);
 // a.cu_seqlens, a.kv_rows, a.cache_lens are device pointers; `tokens` = cu_seqlens[rows];
 // max_keys bounds every row's key count (sizes the shared score buffer).
 template <typename T>
