@@ -19,9 +19,11 @@ each tensor-core kernel (BLOCKBATCH_ATTN_KERNEL sync / pipelined) with the autom
 count and with 1, 2, 4, 8 splits forced (BLOCKBATCH_ATTN_SPLITS), and the K/V bandwidth it
 reaches (each row's K and V read once / time; the H200 peak is 4.8 TB/s). "top_kernels": the
 step's kernels by device time (the profiler's names, cut short).
-GEMMs (steps of at most 64 query tokens): the whole step again with BLOCKBATCH_GEMM=stream, the
-weight-streaming kernel of csrc/kernels/cuda/linear.cu ("stream_*": eager, replay, busy). And
-"gemm" in the JSON: each of the step's weight shapes (fused QKV, attention out, fused gate|up,
+Candidates (CANDIDATES below: opt-in kernels not yet the default): the whole step again under
+each one's environment variables and under all together ("<name>_eager_ms", "_replay_ms",
+"_busy_ms", "_replay_over_busy", "_replay_over_roofline"): the weight-streaming GEMM of
+csrc/kernels/cuda/linear.cu ("stream", steps of at most 64 query tokens), the 16-byte
+rope_kv_write ("rope_vec"), programmatic dependent launch ("pdl"). And "gemm" in the JSON: each of the step's weight shapes (fused QKV, attention out, fused gate|up,
 MLP out, LM head) at 8, 32 and 64 rows, cuBLAS against the streaming kernel with its automatic
 cluster split count and with 1, 2, 4, 8 splits forced (BLOCKBATCH_GEMM_SPLITS): microseconds per
 GEMM and the weight bandwidth it reaches (weights rotated over copies larger than the L2 cache
@@ -302,6 +304,25 @@ def replay_latency(step, row: dict, repeats: int) -> dict:
     return out
 
 
+# Opt-in kernels not yet made the default (each needs a GPU run to check and time it first).
+CANDIDATES = {
+    "stream": {"BLOCKBATCH_GEMM": "stream"},    # weight-streaming GEMM for <= 64 rows (linear.cu)
+    "rope_vec": {"BLOCKBATCH_ROPE_KERNEL": "vec"},  # 16-byte rope_kv_write
+    "pdl": {"BLOCKBATCH_PDL": "1"},             # programmatic dependent launch (launch.cuh)
+    "all": {"BLOCKBATCH_GEMM": "stream", "BLOCKBATCH_ROPE_KERNEL": "vec", "BLOCKBATCH_PDL": "1"},
+}
+
+
+def candidate_latency(name: str, step, row: dict, repeats: int) -> dict:
+    """The step under one candidate's variables: eager, replay, GPU-busy, and the replay's ratios."""
+    out = {f"{name}_eager_ms": cuda_ms(step, repeats), f"{name}_replay_ms": graph_ms(step, repeats)}
+    out[f"{name}_busy_ms"], out[f"{name}_top_kernels"] = busy_ms(step)
+    out[f"{name}_replay_over_busy"] = out[f"{name}_replay_ms"] / out[f"{name}_busy_ms"]
+    if "roofline_ms" in row:
+        out[f"{name}_replay_over_roofline"] = out[f"{name}_replay_ms"] / row["roofline_ms"]
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for bench_gpu_step.json")
@@ -345,12 +366,11 @@ def main(argv=None) -> int:
                 row.update(step_latency(config, params, step, plain, packed, lengths, kv, L, args.repeats))
             with section(row, "replay"):
                 row.update(replay_latency(step, row, args.repeats))
-            if sum(lengths) <= 64:  # the whole step on the weight-streaming GEMM
-                with section(row, "stream"), environ(BLOCKBATCH_GEMM="stream"):
-                    row["stream_eager_ms"] = cuda_ms(step, args.repeats)
-                    row["stream_replay_ms"] = graph_ms(step, args.repeats)
-                    row["stream_busy_ms"], row["stream_top_kernels"] = busy_ms(step)
-                    row["stream_replay_over_roofline"] = row["stream_replay_ms"] / row["roofline_ms"]
+            for name, env in CANDIDATES.items():  # the opt-in kernels, each and together
+                if name == "stream" and sum(lengths) > 64:
+                    continue  # the streaming GEMM takes at most 64 rows
+                with section(row, name), environ(**env):
+                    row.update(candidate_latency(name, step, row, args.repeats))
             with section(row, "attention"):
                 row.update(attention_sweep(config, kv, lengths, L, args.repeats))
             if label == "blockbatch-6":

@@ -38,7 +38,8 @@ def steps(path: str) -> list[str]:
     data = json.load(open(path))
     cols = ("native_eager_ms", "graph_replay_ms", "gpu_busy_ms", "plain_pytorch_ms", "roofline_ms",
             "replay_over_roofline", "replay_over_roofline_with_kv", "replay_over_busy", "plain_over_native",
-            "stream_replay_ms", "stream_busy_ms", "attn_sync_ms_splits_auto", "attn_pipelined_ms_splits_auto", "bookkeeping_ms")
+            "stream_replay_ms", "rope_vec_replay_ms", "pdl_replay_ms", "pdl_replay_over_busy", "all_replay_ms",
+            "all_replay_over_roofline", "attn_sync_ms_splits_auto", "attn_pipelined_ms_splits_auto", "bookkeeping_ms")
     lines = [f"bench_gpu_step ({data.get('device')}, torch {data.get('torch')}, {data.get('layers')} layers)",
              "step L " + " ".join(cols)]
     for r in data["results"]:

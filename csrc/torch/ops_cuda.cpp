@@ -116,6 +116,20 @@ bool rope_vectorized() {
   return v == "vec";
 }
 
+}  // namespace
+
+// Programmatic dependent launch for the forward's kernels (csrc/kernels/cuda/launch.cuh):
+// BLOCKBATCH_PDL = "1" on, "0" or unset off (opt-in until a GPU run has checked and timed it).
+bool cuda::programmatic_launch() {
+  const char* env = std::getenv("BLOCKBATCH_PDL");
+  if (env == nullptr || *env == '\0') return false;
+  const std::string v(env);
+  TORCH_CHECK_VALUE(v == "0" || v == "1", "BLOCKBATCH_PDL must be '0' or '1', got '", v, "'");
+  return v == "1";
+}
+
+namespace {
+
 void check_cuda(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor, got ", t.device());
 }

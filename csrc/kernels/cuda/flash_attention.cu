@@ -31,6 +31,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
 
 namespace blockbatch::cuda {
@@ -127,6 +128,7 @@ constexpr size_t shared_elems() {
 template <typename T, int HD, bool kPipe>
 __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::AttentionArgs a, int splits, float* part,
                                                                    int64_t tokens) {
+  dependent_launch_prologue();
   constexpr int LD = HD + kPad, kTile = kBlockK * LD;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* qs = reinterpret_cast<T*>(smem_raw);  // [kBlockQ][LD]
@@ -373,6 +375,7 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::Attentio
 template <typename T, int HD>
 __global__ void __launch_bounds__(HD) combine_kernel(const float* part, int splits, int64_t tokens, int64_t heads,
                                                      T* out) {
+  dependent_launch_prologue();
   constexpr int W = HD + 2;
   const int64_t tok = blockIdx.x, h = blockIdx.y;
   const int d = threadIdx.x;
@@ -410,14 +413,11 @@ cudaError_t launch(const cpu::AttentionArgs& a, int64_t tokens, int splits, floa
   // Upper bound on the tiles: every row adds at most one partial tile; surplus blocks exit.
   const int64_t blocks = (tokens + kBlockQ - 1) / kBlockQ + a.rows;
   dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.heads), static_cast<unsigned>(splits));
-  flash_attention_kernel<T, HD, kPipe><<<grid, kThreads, shared, stream>>>(a, splits, part, tokens);
-  if (splits > 1) {
-    const cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
-    combine_kernel<T, HD><<<dim3(static_cast<unsigned>(tokens), static_cast<unsigned>(a.heads)), HD, 0, stream>>>(
-        part, splits, tokens, a.heads, static_cast<T*>(a.out));
-  }
-  return cudaGetLastError();
+  const cudaError_t e = launch_kernel(flash_attention_kernel<T, HD, kPipe>, grid, kThreads, shared, stream, nullptr, a,
+                                      splits, part, tokens);
+  if (splits == 1 || e != cudaSuccess) return e;
+  return launch_kernel(combine_kernel<T, HD>, dim3(static_cast<unsigned>(tokens), static_cast<unsigned>(a.heads)), HD,
+                       0, stream, nullptr, part, splits, tokens, a.heads, static_cast<T*>(a.out));
 }
 }  // namespace
 

@@ -13,6 +13,10 @@
 
 namespace blockbatch::cuda {
 
+// Whether the forward's kernels are launched with programmatic dependent launch (BLOCKBATCH_PDL;
+// csrc/kernels/cuda/launch.cuh; defined in csrc/torch/ops_cuda.cpp, which reads the variable).
+bool programmatic_launch();
+
 // T is float, __nv_bfloat16 or __half (see the explicit instantiations in each .cu file).
 template <typename T>
 cudaError_t rms_norm(const T* x, int64_t x_stride, const T* w, T* out, int64_t rows, int64_t dim, float eps,

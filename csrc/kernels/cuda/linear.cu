@@ -29,6 +29,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
 
 namespace blockbatch::cuda {
@@ -55,6 +56,7 @@ template <typename T, int MT>
 __global__ void __launch_bounds__(kThreads, 2)
     linear_kernel(const T* __restrict__ x, int64_t ldx, const T* __restrict__ w, int64_t ldw, T* __restrict__ y,
                   int64_t ldy, int M, int N, int K) {
+  dependent_launch_prologue();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int RT = row_tiles<MT>(), kAcc = RT * MT * 4;
   __shared__ float part[kWarps - 1][kAcc][32];  // warps 1-3's partial sums, lane-minor (no bank conflicts)
@@ -156,20 +158,14 @@ template <typename T, int MT>
 cudaError_t launch(const T* x, int64_t ldx, const T* w, int64_t ldw, T* y, int64_t ldy, int64_t M, int64_t N,
                    int64_t K, int splits, cudaStream_t stream) {
   constexpr int rows = 16 * row_tiles<MT>();
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>((N + rows - 1) / rows), static_cast<unsigned>(splits), 1);
-  cfg.blockDim = dim3(kThreads, 1, 1);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = static_cast<unsigned>(splits);
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, linear_kernel<T, MT>, x, ldx, w, ldw, y, ldy, static_cast<int>(M),
-                            static_cast<int>(N), static_cast<int>(K));
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 1;
+  cluster.val.clusterDim.y = static_cast<unsigned>(splits);
+  cluster.val.clusterDim.z = 1;
+  return launch_kernel(linear_kernel<T, MT>, dim3(static_cast<unsigned>((N + rows - 1) / rows), static_cast<unsigned>(splits)),
+                       dim3(kThreads), 0, stream, &cluster, x, ldx, w, ldw, y, ldy, static_cast<int>(M),
+                       static_cast<int>(N), static_cast<int>(K));
 }
 }  // namespace
 

@@ -5,6 +5,7 @@
 // squares is added in another order).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace blockbatch::cuda {
 
@@ -14,6 +15,7 @@ namespace {
 template <typename T, bool kAdd>
 __global__ void rms_norm_kernel(T* x, int64_t x_stride, const T* delta, const T* w, T* out, int64_t dim,
                                 float eps) {
+  dependent_launch_prologue();
   __shared__ float scratch[32];
   T* xr = x + blockIdx.x * x_stride;
   float ss = 0;
@@ -39,6 +41,7 @@ __global__ void rms_norm_kernel(T* x, int64_t x_stride, const T* delta, const T*
 template <typename T, int kChunks, bool kAdd>
 __global__ void rms_norm_vec_kernel(T* x, int64_t x_stride, const T* delta, const T* w, T* out, int64_t dim,
                                     float eps) {
+  dependent_launch_prologue();
   constexpr int P = 16 / sizeof(T);
   __shared__ float scratch[32];
   uint4* xr = reinterpret_cast<uint4*>(x + blockIdx.x * x_stride);
@@ -96,6 +99,7 @@ __global__ void rms_norm_vec_kernel(T* x, int64_t x_stride, const T* delta, cons
 // The vectorised SwiGLU: grid.y walks the rows, x the 16-byte chunks of a row's m outputs.
 template <typename T>
 __global__ void silu_mul_vec_kernel(const T* gate_up, T* out, int64_t rows, int64_t m) {
+  dependent_launch_prologue();
   constexpr int P = 16 / sizeof(T);
   const int64_t chunks = m / P;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
@@ -131,22 +135,19 @@ cudaError_t launch_rms_norm(T* x, int64_t x_stride, const T* delta, const T* w, 
   const int64_t chunks = dim / P;
   if (dim % P == 0 && x_stride % P == 0 && aligned16(x) && aligned16(w) && aligned16(out) &&
       (!kAdd || aligned16(delta)) && chunks <= 4 * kThreadsVec) {
-    const unsigned grid = static_cast<unsigned>(rows);
-    if (chunks <= kThreadsVec) {
-      rms_norm_vec_kernel<T, 1, kAdd><<<grid, kThreadsVec, 0, stream>>>(x, x_stride, delta, w, out, dim, eps);
-    } else if (chunks <= 2 * kThreadsVec) {
-      rms_norm_vec_kernel<T, 2, kAdd><<<grid, kThreadsVec, 0, stream>>>(x, x_stride, delta, w, out, dim, eps);
-    } else {
-      rms_norm_vec_kernel<T, 4, kAdd><<<grid, kThreadsVec, 0, stream>>>(x, x_stride, delta, w, out, dim, eps);
-    }
-    return cudaGetLastError();
+    const auto kernel = chunks <= kThreadsVec       ? rms_norm_vec_kernel<T, 1, kAdd>
+                        : chunks <= 2 * kThreadsVec ? rms_norm_vec_kernel<T, 2, kAdd>
+                                                    : rms_norm_vec_kernel<T, 4, kAdd>;
+    return launch_kernel(kernel, static_cast<unsigned>(rows), kThreadsVec, 0, stream, nullptr, x, x_stride, delta, w,
+                         out, dim, eps);
   }
-  rms_norm_kernel<T, kAdd><<<static_cast<unsigned>(rows), 256, 0, stream>>>(x, x_stride, delta, w, out, dim, eps);
-  return cudaGetLastError();
+  return launch_kernel(rms_norm_kernel<T, kAdd>, static_cast<unsigned>(rows), 256, 0, stream, nullptr, x, x_stride,
+                       delta, w, out, dim, eps);
 }
 
 template <typename T>
 __global__ void silu_mul_kernel(const T* gate_up, T* out, int64_t rows, int64_t m) {
+  dependent_launch_prologue();
   const int64_t n = rows * m;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < n;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -179,12 +180,11 @@ cudaError_t silu_mul(const T* gate_up, T* out, int64_t rows, int64_t m, cudaStre
     const int64_t per_row = (m / P + 255) / 256;
     const dim3 grid(static_cast<unsigned>(per_row < 65535 ? per_row : 65535),
                     static_cast<unsigned>(rows < 65535 ? rows : 65535));
-    silu_mul_vec_kernel<T><<<grid, 256, 0, stream>>>(gate_up, out, rows, m);
-    return cudaGetLastError();
+    return launch_kernel(silu_mul_vec_kernel<T>, grid, 256, 0, stream, nullptr, gate_up, out, rows, m);
   }
   const int64_t blocks = (n + 255) / 256 < 65535 ? (n + 255) / 256 : 65535;
-  silu_mul_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(gate_up, out, rows, m);
-  return cudaGetLastError();
+  return launch_kernel(silu_mul_kernel<T>, static_cast<unsigned>(blocks), 256, 0, stream, nullptr, gate_up, out, rows,
+                       m);
 }
 
 #define INSTANTIATE(T)                                                                                     \

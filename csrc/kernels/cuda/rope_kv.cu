@@ -1,6 +1,7 @@
 // RoPE and the KV-slot write (CUDA).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace blockbatch::cuda {
 
@@ -45,6 +46,7 @@ __global__ void rope_kv_write_kernel(T* q, int64_t q_stride, int64_t heads, T* k
                                      int64_t head_dim, const int64_t* positions, const float* cos_sin, T* kv,
                                      cpu::KvGeometry g, int64_t layer, const int64_t* cu, const int64_t* kv_rows,
                                      int64_t rows, int64_t tokens) {
+  dependent_launch_prologue();
   const int half = static_cast<int>(head_dim / 2), slots = static_cast<int>(heads + 2 * g.kv_heads);
   const int per_token = slots * half;
   const int idx = blockIdx.x * blockDim.x + threadIdx.x;
@@ -85,6 +87,7 @@ __global__ void rope_kv_write_vec_kernel(T* q, int64_t q_stride, int64_t heads, 
                                          int64_t head_dim, const int64_t* positions, const float* cos_sin, T* kv,
                                          cpu::KvGeometry g, int64_t layer, const int64_t* cu, const int64_t* kv_rows,
                                          int64_t rows, int64_t tokens) {
+  dependent_launch_prologue();
   constexpr int V = 16 / sizeof(T);
   const int half = static_cast<int>(head_dim / 2), per_slot = half / V;
   const int slots = static_cast<int>(heads + 2 * g.kv_heads);
@@ -171,14 +174,9 @@ cudaError_t rope_kv_write(T* q, int64_t q_stride, int64_t heads, T* k, const T* 
                aligned(k) && aligned(v) && aligned(kv) && aligned(cos_sin);
   const int64_t per_token = (heads + 2 * g.kv_heads) * (g.head_dim / 2) / (vectorized ? V : 1);
   const dim3 grid(static_cast<unsigned>((per_token + 255) / 256), static_cast<unsigned>(tokens < 65535 ? tokens : 65535));
-  if (vectorized) {
-    rope_kv_write_vec_kernel<T><<<grid, 256, 0, stream>>>(q, q_stride, heads, k, v, kv_stride, g.head_dim, positions,
-                                                          cos_sin, kv, g, layer, cu_seqlens, kv_rows, rows, tokens);
-  } else {
-    rope_kv_write_kernel<T><<<grid, 256, 0, stream>>>(q, q_stride, heads, k, v, kv_stride, g.head_dim, positions,
-                                                      cos_sin, kv, g, layer, cu_seqlens, kv_rows, rows, tokens);
-  }
-  return cudaGetLastError();
+  return launch_kernel(vectorized ? rope_kv_write_vec_kernel<T> : rope_kv_write_kernel<T>, grid, 256, 0, stream, nullptr,
+                       q, q_stride, heads, k, v, kv_stride, g.head_dim, positions, cos_sin, kv, g, layer, cu_seqlens,
+                       kv_rows, rows, tokens);
 }
 
 #define INSTANTIATE(T)                                                                                          \

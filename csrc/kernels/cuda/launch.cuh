@@ -1,0 +1,56 @@
+// Kernel launches with programmatic dependent launch (PDL, sm_90+), for the kernels of a forward.
+//
+// In a captured step about 420 kernels run back to back and each boundary leaves the GPU idle for
+// about a microsecond (launch, block scheduling, the prologue), 3-7% of a replay. A kernel
+// launched with programmatic stream serialization may be scheduled while the kernel before it is
+// still running: its blocks start, run up to griddepcontrol.wait, and wait there until the
+// previous grid has completed and its memory is visible. Every kernel launched this way therefore
+// calls `dependent_launch_prologue()` first, before it reads or writes global memory (a buffer
+// it writes may still be read by the previous kernel), and so waits for the whole previous grid:
+// stream order is kept, only the launch latency overlaps. The prologue also lets the next kernel
+// launch early (launch_dependents). Without the launch attribute, or on older GPUs, both
+// instructions do nothing.
+//
+// BLOCKBATCH_PDL = "1" turns the attribute on (default off until a GPU run has checked and timed
+// it; read per launch so one process can time both).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "kernels/cuda/kernels.cuh"  // programmatic_launch()
+
+namespace blockbatch::cuda {
+
+__device__ __forceinline__ void dependent_launch_prologue() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// kernel<<<grid, block, shared, stream>>>(args...), with the PDL attribute when enabled; `extra`
+// is one more launch attribute (a cluster shape) or nullptr.
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared, cudaStream_t stream,
+                          const cudaLaunchAttribute* extra, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = shared;
+  cfg.stream = stream;
+  cudaLaunchAttribute attrs[2];
+  unsigned n = 0;
+  if (extra != nullptr) attrs[n++] = *extra;
+  if (programmatic_launch()) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cfg.attrs = n ? attrs : nullptr;
+  cfg.numAttrs = n;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace blockbatch::cuda
