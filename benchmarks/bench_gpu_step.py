@@ -1,6 +1,6 @@
 """GPU per-step latency at LLaDA-8B shape (random bf16 weights): native packed step vs plain PyTorch.
 
-    python benchmarks/bench_gpu_step.py --out DIR [--layers 32] [--repeats 10]
+    python benchmarks/bench_gpu_step.py --out DIR [--part default|candidates] [--layers 32] [--repeats 10]
 
 Steps: the 6-branch BlockBatch step (windows 4..128 = 252 query tokens, dual cache) and one
 32-token dual-cache step, each over KV rows of L = 512 and 2048. "plain" is the same step in
@@ -19,8 +19,9 @@ each tensor-core kernel (BLOCKBATCH_ATTN_KERNEL sync / pipelined) with the autom
 count and with 1, 2, 4, 8 splits forced (BLOCKBATCH_ATTN_SPLITS), and the K/V bandwidth it
 reaches (each row's K and V read once / time; the H200 peak is 4.8 TB/s). "top_kernels": the
 step's kernels by device time (the profiler's names, cut short).
-Candidates (CANDIDATES below: opt-in kernels not yet the default): the whole step again under
-each one's environment variables and under all together ("<name>_eager_ms", "_replay_ms",
+Candidates (--part candidates, a run of its own; CANDIDATES below: opt-in kernels not yet the
+default): the whole step with the default kernels ("default_*") and again under each candidate's
+environment variables and under all together ("<name>_eager_ms", "_replay_ms",
 "_busy_ms", "_replay_over_busy", "_replay_over_roofline"): the weight-streaming GEMM of
 csrc/kernels/cuda/linear.cu ("stream", steps of at most 64 query tokens), the 16-byte
 rope_kv_write ("rope_vec"), programmatic dependent launch ("pdl"). And "gemm" in the JSON: each of the step's weight shapes (fused QKV, attention out, fused gate|up,
@@ -272,12 +273,9 @@ def section(row: dict, name: str):
         print(f"error in {row['step']} L={row['L']} {name}: {row[name + '_error']}", file=sys.stderr, flush=True)
 
 
-def step_latency(config, params: int, step, plain, packed, lengths, kv, L: int, repeats: int) -> dict:
-    """Eager, GPU-busy and plain-PyTorch times of one step, with its rooflines."""
-    native_ms = cuda_ms(step, repeats)
-    gpu_busy_ms, top_kernels = busy_ms(step)
-    tokens, positions = packed[0], packed[1]
-    plain_ms = cuda_ms(lambda: plain(tokens, positions, lengths, kv), repeats)
+def step_roofline(config, params: int, lengths, L: int, kv) -> tuple[float, float, int]:
+    """max(weight bytes / 4.8 TB/s, FLOPs / 790 TFLOP/s) in ms, the same with the cached K/V read
+    added to the bytes, and those K/V bytes."""
     T = sum(lengths)
     flops = 2 * T * (params - 2 * config.vocab_size * config.d_model) + 2 * T * config.vocab_size * config.d_model \
         + 4 * T * L * config.d_model * config.n_layers
@@ -287,6 +285,16 @@ def step_latency(config, params: int, step, plain, packed, lengths, kv, L: int, 
     # cached K and V once (6 rows x 1.07 GB at L 2048 for LLaDA-8B): the floor with them.
     kv_read = kv.numel() * kv.element_size()  # kv holds exactly the step's rows at length L
     roofline_kv_ms = max((weight_bytes + kv_read) / HBM_BYTES_PER_S, flops / BF16_FLOPS) * 1e3
+    return roofline_ms, roofline_kv_ms, kv_read
+
+
+def step_latency(config, params: int, step, plain, packed, lengths, kv, L: int, repeats: int) -> dict:
+    """Eager, GPU-busy and plain-PyTorch times of one step, with its rooflines."""
+    native_ms = cuda_ms(step, repeats)
+    gpu_busy_ms, top_kernels = busy_ms(step)
+    tokens, positions = packed[0], packed[1]
+    plain_ms = cuda_ms(lambda: plain(tokens, positions, lengths, kv), repeats)
+    roofline_ms, roofline_kv_ms, kv_read = step_roofline(config, params, lengths, L, kv)
     return {"native_eager_ms": native_ms, "plain_pytorch_ms": plain_ms, "gpu_busy_ms": gpu_busy_ms,
             "roofline_ms": roofline_ms, "native_over_roofline": native_ms / roofline_ms,
             "busy_over_roofline": gpu_busy_ms / roofline_ms,
@@ -325,7 +333,13 @@ def candidate_latency(name: str, step, row: dict, repeats: int) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, help="folder for bench_gpu_step.json")
+    ap.add_argument("--out", required=True,
+                    help="folder for bench_gpu_step.json (--part default) or bench_gpu_candidates.json")
+    ap.add_argument("--part", choices=("default", "candidates"), default="default",
+                    help="default: the steps as shipped (latency, replay, plain PyTorch, attention sweep, "
+                         "bookkeeping); candidates: each step's default replay beside every opt-in "
+                         "kernel's, then the GEMM sweep. Separate runs, so a faulting candidate (a CUDA "
+                         "error poisons its process) cannot take the default numbers with it")
     ap.add_argument("--layers", type=int, default=32, help="layers of the LLaDA-8B-shaped model (default 32)")
     ap.add_argument("--repeats", type=int, default=10)
     args = ap.parse_args(argv)
@@ -342,9 +356,11 @@ def main(argv=None) -> int:
     plain = PlainStep(config, weights)
     results, gemm = [], {}
     os.makedirs(args.out, exist_ok=True)
+    candidates = args.part == "candidates"
+    out_name = "bench_gpu_candidates.json" if candidates else "bench_gpu_step.json"
 
     def save():  # after every step shape, so a run cut short by its time limit keeps what it measured
-        with open(os.path.join(args.out, "bench_gpu_step.json"), "w") as f:
+        with open(os.path.join(args.out, out_name), "w") as f:
             json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "params": params,
                        "layers": args.layers, "results": results, "gemm": gemm}, f, indent=2)
 
@@ -362,15 +378,21 @@ def main(argv=None) -> int:
                 return torch.ops.blockbatch.confidence(logits, config.mask_token_id)
 
             # Each part is measured on its own: one that fails records its error and the rest still run.
+            if candidates:  # the default step beside each opt-in kernel, in this one process
+                row["roofline_ms"] = step_roofline(config, params, lengths, L, kv)[0]
+                for name, env in {"default": {}, **CANDIDATES}.items():
+                    if name == "stream" and sum(lengths) > 64:
+                        continue  # the streaming GEMM takes at most 64 rows
+                    with section(row, name), environ(**env):
+                        row.update(candidate_latency(name, step, row, args.repeats))
+                del kv
+                print(json.dumps(row), flush=True)
+                save()
+                continue
             with section(row, "step"):
                 row.update(step_latency(config, params, step, plain, packed, lengths, kv, L, args.repeats))
             with section(row, "replay"):
                 row.update(replay_latency(step, row, args.repeats))
-            for name, env in CANDIDATES.items():  # the opt-in kernels, each and together
-                if name == "stream" and sum(lengths) > 64:
-                    continue  # the streaming GEMM takes at most 64 rows
-                with section(row, name), environ(**env):
-                    row.update(candidate_latency(name, step, row, args.repeats))
             with section(row, "attention"):
                 row.update(attention_sweep(config, kv, lengths, L, args.repeats))
             if label == "blockbatch-6":
@@ -381,7 +403,7 @@ def main(argv=None) -> int:
             save()
     del model, plain, weights  # the sweep's weight copies need the room
     torch.cuda.empty_cache()
-    for rows in (8, 32, 64):
+    for rows in (8, 32, 64) if candidates else ():
         row = gemm[f"rows_{rows}"] = {"step": f"gemm-{rows}", "L": "-"}
         with section(row, "gemm"):
             row.update(gemm_sweep(config, rows, args.repeats))

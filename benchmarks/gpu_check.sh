@@ -2,10 +2,13 @@
 # GPU check: build from source on the GPU machine, run the GPU tests, then the GPU benchmarks,
 # writing results into the folder given as $1 (within 8 minutes on one H200):
 #   env.txt (GPU, toolkit, versions, kernel resource usage), gpu_check.log, gpu_tests.xml,
-#   bench_gpu_step.json, gpu_decode_check.json, ops_tests.xml; a short table ends the log.
+#   bench_gpu_step.json, gpu_decode_check.json, ops_tests.xml; then the opt-in kernels not yet
+#   checked on a GPU ("candidates"): candidate_tests.xml, bench_gpu_candidates.json,
+#   gpu_decode_candidates.json; a short table ends the log.
 #   bash benchmarks/gpu_check.sh "$OUT"
 # Every stage has its own time limit and writes as it goes, so a stage that fails or runs long
-# costs only itself.
+# costs only itself. The candidates run last, each stage in its own process: a faulting kernel
+# poisons its process's CUDA context, and a hung one only uses up its stage's limit.
 set -uo pipefail
 OUT="${1:?usage: gpu_check.sh OUT_DIR}"
 mkdir -p "$OUT"
@@ -44,13 +47,19 @@ export PYTHONUNBUFFERED=1
       echo "== resource usage"; cuobjdump --dump-resource-usage "$so" | grep -E "Function|REG" | head -200; } >> "$OUT/env.txt" 2>&1
   fi
   echo "== GPU tests ($(date +%T))"
-  timeout 150 "$PY" -m pytest -q --tb=short tests/test_cuda.py --junitxml="$OUT/gpu_tests.xml"
+  timeout 150 "$PY" -m pytest -q --tb=short tests/test_cuda.py -m "not candidate" --junitxml="$OUT/gpu_tests.xml"
   echo "== GPU benchmarks ($(date +%T))"
   timeout 180 "$PY" benchmarks/bench_gpu_step.py --out "$OUT"
   echo "== GPU decode check ($(date +%T))"
   timeout 100 "$PY" benchmarks/gpu_decode_check.py --out "$OUT" --n 50
   echo "== op checks with the CUDA build ($(date +%T))"
   timeout 90 "$PY" -m pytest -q --tb=short -p no:logging tests/test_ops.py --junitxml="$OUT/ops_tests.xml"
+  echo "== candidates: GPU tests ($(date +%T))"
+  timeout 90 "$PY" -m pytest -q --tb=short tests/test_cuda.py -m candidate --junitxml="$OUT/candidate_tests.xml"
+  echo "== candidates: step benchmarks and GEMM sweep ($(date +%T))"
+  timeout 120 "$PY" benchmarks/bench_gpu_step.py --out "$OUT" --part candidates
+  echo "== candidates: decode check ($(date +%T))"
+  timeout 90 "$PY" benchmarks/gpu_decode_check.py --out "$OUT" --n 50 --candidates
   echo "== done ($(date +%T))"
 } 2>&1 | tee "$OUT/gpu_check.log"
 echo "== summary" | tee -a "$OUT/gpu_check.log"

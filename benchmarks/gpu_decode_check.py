@@ -5,8 +5,13 @@
 For each policy (vanilla gen 64, dual and BlockBatch gen 128), on the held-out toy problems:
 float32 GPU tokens == CPU tokens; CUDA-graph replay == eager (float32 and bf16); bf16 vs float32
 token agreement (generated positions) and accuracy; median ms per sample eager vs graphs; graph
-captures / replays per sample; and bf16 with the weight-streaming GEMM (BLOCKBATCH_GEMM=stream,
-graphs): its agreement with float32 and with the cuBLAS bf16 run. Writes DIR/gpu_decode_check.json.
+captures / replays per sample. Writes DIR/gpu_decode_check.json.
+
+With --candidates (a run of its own: a faulting opt-in kernel poisons its CUDA context): bf16
+with graphs, default kernels vs every opt-in kernel together (BLOCKBATCH_GEMM=stream,
+BLOCKBATCH_ROPE_KERNEL=vec, BLOCKBATCH_PDL=1) and float32 with PDL + the 16-byte rope: token
+agreement with the default run (the float32 one must be 1.0: same bits) and accuracy. Writes
+DIR/gpu_decode_candidates.json.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--n", type=int, default=50, help="held-out toy problems (default 50)")
+    ap.add_argument("--candidates", action="store_true", help="compare the opt-in kernels instead (see above)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("error: no CUDA device", file=sys.stderr)
@@ -35,18 +41,20 @@ def main(argv=None) -> int:
     problems = task.make_problems(args.n, 0, "test")
     engines = {"cpu": Engine.from_pretrained(None, "cpu"), "fp32": Engine.from_pretrained(None, "cuda"),
                "bf16": Engine.from_pretrained(None, "cuda", torch.bfloat16)}
+    check = check_candidates if args.candidates else check_policy
+    out_name = "gpu_decode_candidates.json" if args.candidates else "gpu_decode_check.json"
     report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "n": args.n, "policies": {},
               "errors": {}}
     os.makedirs(args.out, exist_ok=True)
     for name, gen in (("vanilla", 64), ("dual", 128), ("blockbatch", 128)):
         try:
-            report["policies"][name] = check_policy(engines, problems, name, gen, args.n)
+            report["policies"][name] = check(engines, problems, name, gen, args.n)
         except Exception as e:  # noqa: BLE001 - recorded in the JSON and the exit status; the other policies still run
             report["errors"][name] = f"{type(e).__name__}: {e}"
             print(f"error in {name}: {report['errors'][name]}", file=sys.stderr, flush=True)
         else:
             print(name, json.dumps(report["policies"][name]), flush=True)
-        with open(os.path.join(args.out, "gpu_decode_check.json"), "w") as f:  # after each policy: nothing lost on a time-out
+        with open(os.path.join(args.out, out_name), "w") as f:  # after each policy: nothing lost on a time-out
             json.dump(report, f, indent=2)
     return 1 if report["errors"] else 0
 
@@ -54,28 +62,57 @@ def main(argv=None) -> int:
 def check_policy(engines, problems, name: str, gen: int, n: int) -> dict:
     """One policy's runs (CPU, GPU fp32/bf16, eager/graphs) on the problems, compared (see the module docstring)."""
     from blockbatch.bench import policy_options
-    from blockbatch.toy import task
 
     base = policy_options(name, gen)
     runs = {}
     for label, engine, graphs in (("cpu", "cpu", True), ("fp32_eager", "fp32", False), ("fp32_graph", "fp32", True),
-                                  ("bf16_eager", "bf16", False), ("bf16_graph", "bf16", True),
-                                  ("bf16_stream_graph", "bf16", True)):
-        opts = base.replace(cuda_graphs=graphs)
-        out = []
-        if label.startswith("bf16_stream"):
-            os.environ["BLOCKBATCH_GEMM"] = "stream"
-        try:
-            for p in problems:
-                t0 = time.perf_counter()
-                [g] = engines[engine].generate(p.prompt, opts)
-                if engine != "cpu":
-                    torch.cuda.synchronize()
-                out.append((g, (time.perf_counter() - t0) * 1e3, task.check_answer(p, g.text)))
-        finally:
-            os.environ.pop("BLOCKBATCH_GEMM", None)
-        runs[label] = out
+                                  ("bf16_eager", "bf16", False), ("bf16_graph", "bf16", True)):
+        runs[label] = generate_all(engines[engine], problems, base.replace(cuda_graphs=graphs), engine != "cpu")
+    same, agreement = comparisons(runs, n)
+    return {
+        "fp32_gpu_equals_cpu": same("fp32_graph", "cpu"),
+        "fp32_graph_equals_eager": same("fp32_graph", "fp32_eager"),
+        "bf16_graph_equals_eager": same("bf16_graph", "bf16_eager"),
+        "bf16_vs_fp32_token_agreement": agreement("bf16_graph", "fp32_graph"),
+        "accuracy": {k: sum(r[2] for r in v) / n for k, v in runs.items()},
+        "median_ms": {k: statistics.median(r[1] for r in v) for k, v in runs.items()},
+        "mean_nfe": {k: statistics.mean(r[0].stats["nfe"] for r in v) for k, v in runs.items()},
+        "graph_captures_per_sample": statistics.mean(r[0].stats["graph_captures"] for r in runs["bf16_graph"]),
+        "graph_replays_per_sample": statistics.mean(r[0].stats["graph_replays"] for r in runs["bf16_graph"]),
+    }
 
+
+ALL_CANDIDATES = {"BLOCKBATCH_GEMM": "stream", "BLOCKBATCH_ROPE_KERNEL": "vec", "BLOCKBATCH_PDL": "1"}
+SAME_BITS_CANDIDATES = {"BLOCKBATCH_ROPE_KERNEL": "vec", "BLOCKBATCH_PDL": "1"}
+
+
+def generate_all(engine, problems, opts, gpu: bool, env: dict | None = None) -> list:
+    """(generation, ms, correct) per problem, with `env` set for the run."""
+    from blockbatch.toy import task
+
+    env = env or {}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        out = []
+        for p in problems:
+            t0 = time.perf_counter()
+            [g] = engine.generate(p.prompt, opts)
+            if gpu:
+                torch.cuda.synchronize()
+            out.append((g, (time.perf_counter() - t0) * 1e3, task.check_answer(p, g.text)))
+        return out
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def comparisons(runs: dict, n: int):
+    """same(a, b): the share of problems with identical generations; agreement(a, b): the mean share
+    of equal generated tokens."""
     def same(a, b):
         return sum(x[0].raw_ids == y[0].raw_ids for x, y in zip(runs[a], runs[b])) / n
 
@@ -84,18 +121,25 @@ def check_policy(engines, problems, name: str, gen: int, n: int) -> dict:
               for x, y in zip(runs[a], runs[b])]
         return statistics.mean(eq)
 
+    return same, agreement
+
+
+def check_candidates(engines, problems, name: str, gen: int, n: int) -> dict:
+    """Default kernels vs the opt-in ones on the problems (see the module docstring)."""
+    from blockbatch.bench import policy_options
+
+    opts = policy_options(name, gen).replace(cuda_graphs=True)
+    runs = {"fp32": generate_all(engines["fp32"], problems, opts, True),
+            "fp32_same_bits_candidates": generate_all(engines["fp32"], problems, opts, True, SAME_BITS_CANDIDATES),
+            "bf16": generate_all(engines["bf16"], problems, opts, True),
+            "bf16_all_candidates": generate_all(engines["bf16"], problems, opts, True, ALL_CANDIDATES)}
+    same, agreement = comparisons(runs, n)
     return {
-        "fp32_gpu_equals_cpu": same("fp32_graph", "cpu"),
-        "fp32_graph_equals_eager": same("fp32_graph", "fp32_eager"),
-        "bf16_graph_equals_eager": same("bf16_graph", "bf16_eager"),
-        "bf16_vs_fp32_token_agreement": agreement("bf16_graph", "fp32_graph"),
-        "bf16_stream_vs_fp32_token_agreement": agreement("bf16_stream_graph", "fp32_graph"),
-        "bf16_stream_vs_cublas_token_agreement": agreement("bf16_stream_graph", "bf16_graph"),
+        "fp32_same_bits_candidates_equal_default": same("fp32_same_bits_candidates", "fp32"),
+        "bf16_all_candidates_vs_default_token_agreement": agreement("bf16_all_candidates", "bf16"),
+        "bf16_all_candidates_vs_fp32_token_agreement": agreement("bf16_all_candidates", "fp32"),
         "accuracy": {k: sum(r[2] for r in v) / n for k, v in runs.items()},
         "median_ms": {k: statistics.median(r[1] for r in v) for k, v in runs.items()},
-        "mean_nfe": {k: statistics.mean(r[0].stats["nfe"] for r in v) for k, v in runs.items()},
-        "graph_captures_per_sample": statistics.mean(r[0].stats["graph_captures"] for r in runs["bf16_graph"]),
-        "graph_replays_per_sample": statistics.mean(r[0].stats["graph_replays"] for r in runs["bf16_graph"]),
     }
 
 

@@ -3,7 +3,8 @@
     python benchmarks/gpu_summary.py DIR
 
 DIR is the folder gpu_check.sh wrote (gpu_tests.xml, ops_tests.xml, bench_gpu_step.json,
-gpu_decode_check.json); missing files are reported as missing, not skipped silently.
+gpu_decode_check.json, and for the opt-in kernels candidate_tests.xml, bench_gpu_candidates.json,
+gpu_decode_candidates.json); missing files are reported as missing, not skipped silently.
 """
 
 from __future__ import annotations
@@ -34,12 +35,14 @@ def fmt(v) -> str:
 
 def steps(path: str) -> list[str]:
     if not os.path.exists(path):
-        return ["bench_gpu_step.json: missing"]
+        return [f"{os.path.basename(path)}: missing"]
     data = json.load(open(path))
     cols = ("native_eager_ms", "graph_replay_ms", "gpu_busy_ms", "plain_pytorch_ms", "roofline_ms",
             "replay_over_roofline", "replay_over_roofline_with_kv", "replay_over_busy", "plain_over_native",
-            "stream_replay_ms", "rope_vec_replay_ms", "pdl_replay_ms", "pdl_replay_over_busy", "all_replay_ms",
-            "all_replay_over_roofline", "attn_sync_ms_splits_auto", "attn_pipelined_ms_splits_auto", "bookkeeping_ms")
+            "attn_sync_ms_splits_auto", "attn_pipelined_ms_splits_auto", "bookkeeping_ms")
+    if os.path.basename(path) == "bench_gpu_candidates.json":  # default vs each opt-in kernel, one process
+        names = ("default", "stream", "rope_vec", "pdl", "all")
+        cols = tuple(f"{n}_{c}" for n in names for c in ("replay_ms", "busy_ms", "replay_over_busy"))
     lines = [f"bench_gpu_step ({data.get('device')}, torch {data.get('torch')}, {data.get('layers')} layers)",
              "step L " + " ".join(cols)]
     for r in data["results"]:
@@ -61,13 +64,16 @@ def steps(path: str) -> list[str]:
 
 def decode(path: str) -> list[str]:
     if not os.path.exists(path):
-        return ["gpu_decode_check.json: missing"]
+        return [f"{os.path.basename(path)}: missing"]
     data = json.load(open(path))
-    lines = [f"gpu_decode_check (n={data['n']})"]
+    lines = [f"{os.path.basename(path)} (n={data['n']})"]
     for name, r in data["policies"].items():
+        if "fp32_gpu_equals_cpu" not in r:  # the candidates' comparison
+            lines.append(f"{name}: " + ", ".join(f"{k} {fmt(v)}" for k, v in r.items() if not isinstance(v, dict))
+                         + f", acc {json.dumps(r['accuracy'])}")
+            continue
         lines.append(f"{name}: fp32 gpu==cpu {r['fp32_gpu_equals_cpu']:.2f}, graph==eager fp32 {r['fp32_graph_equals_eager']:.2f}"
                      f" bf16 {r['bf16_graph_equals_eager']:.2f}, bf16~fp32 {r['bf16_vs_fp32_token_agreement']:.4f}, "
-                     f"stream~fp32 {r.get('bf16_stream_vs_fp32_token_agreement', float('nan')):.4f}, "
                      f"acc {json.dumps(r['accuracy'])}, median ms {json.dumps({k: round(v, 2) for k, v in r['median_ms'].items()})}")
     lines += [f"{name}: ERROR {e}" for name, e in data.get("errors", {}).items()]
     return lines
@@ -81,6 +87,8 @@ def main(argv=None) -> int:
     d = argv[0]
     out = tests(os.path.join(d, "gpu_tests.xml")) + tests(os.path.join(d, "ops_tests.xml"))
     out += steps(os.path.join(d, "bench_gpu_step.json")) + decode(os.path.join(d, "gpu_decode_check.json"))
+    out += ["== opt-in kernels (candidates)"] + tests(os.path.join(d, "candidate_tests.xml"))
+    out += steps(os.path.join(d, "bench_gpu_candidates.json")) + decode(os.path.join(d, "gpu_decode_candidates.json"))
     print("\n".join(out))
     return 0
 

@@ -67,7 +67,7 @@ def test_add_rms_norm_cuda(dtype, dim):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hd", [16, 128, 12])  # 16-byte accesses for 16 and 128; 12 falls back to pairs
-@pytest.mark.parametrize("rope_kernel", ["scalar", "vec"])
+@pytest.mark.parametrize("rope_kernel", ["scalar", pytest.param("vec", marks=pytest.mark.candidate)])
 def test_rope_kv_write_cuda(dtype, hd, rope_kernel, monkeypatch):
     """The fused RoPE + KV-slot write (each kernel: BLOCKBATCH_ROPE_KERNEL) == rope_ + kv_write_ on
     the GPU (bit for bit) and == the CPU ops (float32 bitwise: same operation order, no FMA
@@ -248,6 +248,7 @@ def test_pipelined_attention_equals_sync_bit_for_bit(dtype, hd, monkeypatch):
             assert torch.equal(outs["sync"], outs["pipelined"]), f"cache={cache.tolist()} fresh={fresh} splits={splits!r}"
 
 
+@pytest.mark.candidate
 def test_rope_kernel_variable_is_checked(monkeypatch):
     monkeypatch.setenv("BLOCKBATCH_ROPE_KERNEL", "fast")
     qkv, q, k, v, kv, (pos, cu, rows) = rope_kv_case("cuda", torch.bfloat16)
@@ -269,6 +270,7 @@ LINEAR_SHAPES = [(1, 64, 32), (7, 200, 96), (8, 4096, 4096), (32, 4096, 4096), (
                  (64, 12288, 4096), (17, 126464, 128)]
 
 
+@pytest.mark.candidate
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("M,N,K", LINEAR_SHAPES)
 def test_stream_linear_error_within_2x_cublas(dtype, M, N, K, monkeypatch):
@@ -292,6 +294,7 @@ def test_stream_linear_error_within_2x_cublas(dtype, M, N, K, monkeypatch):
         assert err <= 2 * cublas_err, f"splits {splits!r}: {err:.3g} vs cuBLAS {cublas_err:.3g}"
 
 
+@pytest.mark.candidate
 def test_stream_linear_runs_its_kernel_and_falls_back(monkeypatch):
     """With BLOCKBATCH_GEMM=stream the 16-bit GEMM of <= 64 rows launches linear_kernel (profiler);
     float32, 65 rows, K not a multiple of 32 and a strided weight take ATen's GEMM (same bits);
@@ -323,6 +326,7 @@ def test_stream_linear_runs_its_kernel_and_falls_back(monkeypatch):
         ops.linear(x, w)
 
 
+@pytest.mark.candidate
 def test_forward_and_decode_with_stream_linear(monkeypatch):
     """A bf16 model whose GEMMs all run on the weight-streaming kernel (d 128, MLP 256, vocab 64,
     40 tokens: every shape qualifies): the logits' error against the float32 model is no worse than
@@ -370,6 +374,7 @@ def test_cuda_graph_replay_equals_eager(policy, dtype):
     assert eager.stats["graph_replays"] == 0 and graph.stats["graph_captures"] >= 1 and graph.stats["graph_replays"] >= 1
 
 
+@pytest.mark.candidate
 @pytest.mark.parametrize("policy", ["vanilla", "prefix", "dual", "blockbatch"])
 def test_pdl_and_vector_rope_change_no_bits(policy, monkeypatch):
     """Programmatic dependent launch (BLOCKBATCH_PDL=1) only overlaps launches and the 16-byte
@@ -400,6 +405,7 @@ def test_pdl_and_vector_rope_change_no_bits(policy, monkeypatch):
                     {k: v for k, v in base.stats.items() if k not in skip}, label
 
 
+@pytest.mark.candidate
 def test_pdl_variable_is_checked(monkeypatch):
     monkeypatch.setenv("BLOCKBATCH_PDL", "yes")
     x = torch.randn(4, 64, device="cuda")
