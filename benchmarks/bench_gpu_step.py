@@ -26,8 +26,8 @@ environment variables and under all together ("<name>_eager_ms", "_replay_ms",
 csrc/kernels/cuda/linear.cu ("stream", steps of at most 64 query tokens), the 16-byte
 rope_kv_write ("rope_vec"), programmatic dependent launch ("pdl"). And "gemm" in the JSON: each of the step's weight shapes (fused QKV, attention out, fused gate|up,
 MLP out, LM head) at 8, 32 and 64 rows, cuBLAS against the streaming kernel with its automatic
-cluster split count and with 1, 2, 4, 8 splits forced (BLOCKBATCH_GEMM_SPLITS): microseconds per
-GEMM and the weight bandwidth it reaches (weights rotated over copies larger than the L2 cache
+cluster split count and with 1, 2, 4, 8 splits forced (BLOCKBATCH_GEMM_SPLITS), and at 252 and
+256 rows cuBLAS alone: microseconds per GEMM, the weight bandwidth and the TFLOP/s it reaches (weights rotated over copies larger than the L2 cache
 together, so every call streams its weights from DRAM).
 """
 
@@ -219,13 +219,15 @@ def gemm_sweep(config, rows: int, repeats: int) -> dict:
             for w in ws:
                 torch.ops.blockbatch.linear(x, w)
 
-        for gemm, splits in (("cublas", None), ("stream", None), ("stream", "1"), ("stream", "2"), ("stream", "4"),
-                             ("stream", "8")):
+        variants = (("cublas", None), ("stream", None), ("stream", "1"), ("stream", "2"), ("stream", "4"),
+                    ("stream", "8"))
+        for gemm, splits in variants if rows <= 64 else variants[:1]:  # the streaming kernel takes <= 64 rows
             with environ(BLOCKBATCH_GEMM=gemm, BLOCKBATCH_GEMM_SPLITS=splits):
                 us = cuda_ms(run, repeats) / copies * 1e3
             key = f"{name}_{gemm}" + ("" if gemm == "cublas" else f"_splits_{splits or 'auto'}")
             out[f"{key}_us"] = us
             out[f"{key}_tb_per_s"] = nbytes / (us * 1e-6) / 1e12
+            out[f"{key}_tflop_per_s"] = 2 * rows * N * K / (us * 1e-6) / 1e12
         del ws
     return out
 
@@ -403,7 +405,9 @@ def main(argv=None) -> int:
             save()
     del model, plain, weights  # the sweep's weight copies need the room
     torch.cuda.empty_cache()
-    for rows in (8, 32, 64) if candidates else ():
+    # 252 and 256: the 6-branch step's row count and the next multiple of 64 (does padding the
+    # packed step help cuBLAS's tiling?), cuBLAS only.
+    for rows in (8, 32, 64, 252, 256) if candidates else ():
         row = gemm[f"rows_{rows}"] = {"step": f"gemm-{rows}", "L": "-"}
         with section(row, "gemm"):
             row.update(gemm_sweep(config, rows, args.repeats))

@@ -55,6 +55,10 @@ def steps(path: str) -> list[str]:
             if f"{name}_cublas_us" not in r:
                 continue
             stream = {s: r.get(f"{name}_stream_splits_{s}_us") for s in ("auto", "1", "2", "4", "8")}
+            if stream["auto"] is None:  # rows the streaming kernel does not take: cuBLAS alone
+                lines.append(f"gemm {key} {name}: cuBLAS {r[f'{name}_cublas_us']:.1f} us "
+                             f"({r[f'{name}_cublas_tflop_per_s']:.0f} TFLOP/s)")
+                continue
             lines.append(f"gemm {key} {name}: cuBLAS {r[f'{name}_cublas_us']:.1f} us "
                          f"({r[f'{name}_cublas_tb_per_s']:.2f} TB/s); stream "
                          + " ".join(f"{s}:{fmt(v)}" for s, v in stream.items())
