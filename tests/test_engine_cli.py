@@ -132,6 +132,20 @@ def test_cli_help_teaches():
         assert flag in res.stdout
 
 
+def test_cli_help_lists_every_cuda_environment_variable():
+    """Each BLOCKBATCH_* variable the C++ sources read (std::getenv) is explained by generate --help."""
+    import pathlib
+    import re
+
+    src = pathlib.Path(__file__).resolve().parents[1] / "csrc"
+    read = {m for f in src.rglob("*.c*") for m in re.findall(r'getenv\("(BLOCKBATCH_\w+)"\)', f.read_text())}
+    assert {"BLOCKBATCH_ATTN_KERNEL", "BLOCKBATCH_GEMM", "BLOCKBATCH_PDL"} <= read  # the scan finds them
+    res = _cli("generate", "--help")
+    assert res.returncode == 0
+    missing = sorted(v for v in read if f"{v}=" not in res.stdout)
+    assert not missing, f"generate --help does not explain {missing}"
+
+
 def test_chat_template_is_applied(tmp_path):
     config = random_config(vocab_size=toy_tok.VOCAB_SIZE, mask_token_id=toy_tok.MASK_ID, eos_token_id=toy_tok.EOS_ID,
                            pad_token_id=toy_tok.PAD_ID)
