@@ -23,9 +23,10 @@ Candidates (--part candidates, a run of its own; CANDIDATES below: opt-in kernel
 default): the whole step with the default kernels ("default_*") and again under each candidate's
 environment variables and under all together ("<name>_eager_ms", "_replay_ms",
 "_busy_ms", "_replay_over_busy", "_replay_over_roofline"): the weight-streaming GEMM of
-csrc/kernels/cuda/linear.cu ("stream", steps of at most 64 query tokens), the 16-byte
+csrc/kernels/cuda/linear.cu, loading into registers ("stream") or through a cp.async ring
+("staged"; steps of at most 64 query tokens), the 16-byte
 rope_kv_write ("rope_vec"), programmatic dependent launch ("pdl"). And "gemm" in the JSON: each of the step's weight shapes (fused QKV, attention out, fused gate|up,
-MLP out, LM head) at 8, 32 and 64 rows, cuBLAS against the streaming kernel with its automatic
+MLP out, LM head) at 8, 32 and 64 rows, cuBLAS against each streaming kernel with its automatic
 cluster split count and with 1, 2, 4, 8 splits forced (BLOCKBATCH_GEMM_SPLITS), and at 252 and
 256 rows cuBLAS alone: microseconds per GEMM, the weight bandwidth and the TFLOP/s it reaches (weights rotated over copies larger than the L2 cache
 together, so every call streams its weights from DRAM).
@@ -219,8 +220,8 @@ def gemm_sweep(config, rows: int, repeats: int) -> dict:
             for w in ws:
                 torch.ops.blockbatch.linear(x, w)
 
-        variants = (("cublas", None), ("stream", None), ("stream", "1"), ("stream", "2"), ("stream", "4"),
-                    ("stream", "8"))
+        variants = (("cublas", None),) + tuple((kind, s) for kind in ("stream", "staged")
+                                                for s in (None, "1", "2", "4", "8"))
         for gemm, splits in variants if rows <= 64 else variants[:1]:  # the streaming kernel takes <= 64 rows
             with environ(BLOCKBATCH_GEMM=gemm, BLOCKBATCH_GEMM_SPLITS=splits):
                 us = cuda_ms(run, repeats) / copies * 1e3
@@ -317,6 +318,7 @@ def replay_latency(step, row: dict, repeats: int) -> dict:
 # Opt-in kernels not yet made the default (each needs a GPU run to check and time it first).
 CANDIDATES = {
     "stream": {"BLOCKBATCH_GEMM": "stream"},    # weight-streaming GEMM for <= 64 rows (linear.cu)
+    "staged": {"BLOCKBATCH_GEMM": "staged"},    # the same through a cp.async shared-memory ring
     "rope_vec": {"BLOCKBATCH_ROPE_KERNEL": "vec"},  # 16-byte rope_kv_write
     "pdl": {"BLOCKBATCH_PDL": "1"},             # programmatic dependent launch (launch.cuh)
     "all": {"BLOCKBATCH_GEMM": "stream", "BLOCKBATCH_ROPE_KERNEL": "vec", "BLOCKBATCH_PDL": "1"},
@@ -383,7 +385,7 @@ def main(argv=None) -> int:
             if candidates:  # the default step beside each opt-in kernel, in this one process
                 row["roofline_ms"] = step_roofline(config, params, lengths, L, kv)[0]
                 for name, env in {"default": {}, **CANDIDATES}.items():
-                    if name == "stream" and sum(lengths) > 64:
+                    if name in ("stream", "staged") and sum(lengths) > 64:
                         continue  # the streaming GEMM takes at most 64 rows
                     with section(row, name), environ(**env):
                         row.update(candidate_latency(name, step, row, args.repeats))

@@ -9,8 +9,9 @@ captures / replays per sample. Writes DIR/gpu_decode_check.json.
 
 With --candidates (a run of its own: a faulting opt-in kernel poisons its CUDA context): bf16
 with graphs, default kernels vs every opt-in kernel together (BLOCKBATCH_GEMM=stream,
-BLOCKBATCH_ROPE_KERNEL=vec, BLOCKBATCH_PDL=1) and float32 with PDL + the 16-byte rope: token
-agreement with the default run (the float32 one must be 1.0: same bits) and accuracy. Writes
+BLOCKBATCH_ROPE_KERNEL=vec, BLOCKBATCH_PDL=1), bf16 with BLOCKBATCH_GEMM=staged, and float32
+with PDL + the 16-byte rope: token agreement with the default run (the float32 one must be 1.0:
+same bits) and accuracy. Writes
 DIR/gpu_decode_candidates.json.
 """
 
@@ -132,12 +133,14 @@ def check_candidates(engines, problems, name: str, gen: int, n: int) -> dict:
     runs = {"fp32": generate_all(engines["fp32"], problems, opts, True),
             "fp32_same_bits_candidates": generate_all(engines["fp32"], problems, opts, True, SAME_BITS_CANDIDATES),
             "bf16": generate_all(engines["bf16"], problems, opts, True),
-            "bf16_all_candidates": generate_all(engines["bf16"], problems, opts, True, ALL_CANDIDATES)}
+            "bf16_all_candidates": generate_all(engines["bf16"], problems, opts, True, ALL_CANDIDATES),
+            "bf16_staged": generate_all(engines["bf16"], problems, opts, True, {"BLOCKBATCH_GEMM": "staged"})}
     same, agreement = comparisons(runs, n)
     return {
         "fp32_same_bits_candidates_equal_default": same("fp32_same_bits_candidates", "fp32"),
         "bf16_all_candidates_vs_default_token_agreement": agreement("bf16_all_candidates", "bf16"),
         "bf16_all_candidates_vs_fp32_token_agreement": agreement("bf16_all_candidates", "fp32"),
+        "bf16_staged_vs_default_token_agreement": agreement("bf16_staged", "bf16"),
         "accuracy": {k: sum(r[2] for r in v) / n for k, v in runs.items()},
         "median_ms": {k: statistics.median(r[1] for r in v) for k, v in runs.items()},
     }

@@ -41,7 +41,7 @@ def steps(path: str) -> list[str]:
             "replay_over_roofline", "replay_over_roofline_with_kv", "replay_over_busy", "plain_over_native",
             "attn_sync_ms_splits_auto", "attn_pipelined_ms_splits_auto", "bookkeeping_ms")
     if os.path.basename(path) == "bench_gpu_candidates.json":  # default vs each opt-in kernel, one process
-        names = ("default", "stream", "rope_vec", "pdl", "all")
+        names = ("default", "stream", "staged", "rope_vec", "pdl", "all")
         cols = tuple(f"{n}_{c}" for n in names for c in ("replay_ms", "busy_ms", "replay_over_busy"))
     lines = [f"bench_gpu_step ({data.get('device')}, torch {data.get('torch')}, {data.get('layers')} layers)",
              "step L " + " ".join(cols)]
@@ -54,15 +54,16 @@ def steps(path: str) -> list[str]:
         for name in ("qkv", "attn_out", "gate_up", "ff_out", "lm_head"):
             if f"{name}_cublas_us" not in r:
                 continue
-            stream = {s: r.get(f"{name}_stream_splits_{s}_us") for s in ("auto", "1", "2", "4", "8")}
-            if stream["auto"] is None:  # rows the streaming kernel does not take: cuBLAS alone
+            if f"{name}_stream_splits_auto_us" not in r:  # rows the streaming kernels do not take
                 lines.append(f"gemm {key} {name}: cuBLAS {r[f'{name}_cublas_us']:.1f} us "
                              f"({r[f'{name}_cublas_tflop_per_s']:.0f} TFLOP/s)")
                 continue
-            lines.append(f"gemm {key} {name}: cuBLAS {r[f'{name}_cublas_us']:.1f} us "
-                         f"({r[f'{name}_cublas_tb_per_s']:.2f} TB/s); stream "
-                         + " ".join(f"{s}:{fmt(v)}" for s, v in stream.items())
-                         + f" us (auto {fmt(r.get(f'{name}_stream_splits_auto_tb_per_s'))} TB/s)")
+            line = f"gemm {key} {name}: cuBLAS {r[f'{name}_cublas_us']:.1f} us ({r[f'{name}_cublas_tb_per_s']:.2f} TB/s)"
+            for kind in ("stream", "staged"):
+                us = {s: r.get(f"{name}_{kind}_splits_{s}_us") for s in ("auto", "1", "2", "4", "8")}
+                line += (f"; {kind} " + " ".join(f"{s}:{fmt(v)}" for s, v in us.items())
+                         + f" us (auto {fmt(r.get(f'{name}_{kind}_splits_auto_tb_per_s'))} TB/s)")
+            lines.append(line)
     return lines
 
 

@@ -84,16 +84,19 @@ bool attention_pipelined() {
 }
 
 // Which GEMM runs x @ weight.T for at most 64 rows: BLOCKBATCH_GEMM = "cublas" (the default: ATen's
-// at::mm) or "stream" (linear.cu's weight-streaming kernel, where it applies). The stream kernel
-// stays opt-in until a GPU run has shown it correct and faster (see docs/bench/gpu/NOTES.md).
-// BLOCKBATCH_GEMM_SPLITS (1..8) overrides its cluster split count. Both read per call, so a
-// benchmark can time every choice in one process.
-bool gemm_stream() {
+// at::mm), "stream" or "staged" (linear.cu's weight-streaming kernels: loads into registers, or
+// through a cp.async shared-memory ring; where they apply). Both stay opt-in until a GPU run has
+// shown them correct and faster (see docs/bench/gpu/NOTES.md). BLOCKBATCH_GEMM_SPLITS (1..8)
+// overrides their cluster split count. Both read per call, so a benchmark can time every choice
+// in one process.
+enum class Gemm { kCublas, kStream, kStaged };
+Gemm gemm_kind() {
   const char* env = std::getenv("BLOCKBATCH_GEMM");
-  if (env == nullptr || *env == '\0') return false;
+  if (env == nullptr || *env == '\0') return Gemm::kCublas;
   const std::string v(env);
-  TORCH_CHECK_VALUE(v == "cublas" || v == "stream", "BLOCKBATCH_GEMM must be 'cublas' or 'stream', got '", v, "'");
-  return v == "stream";
+  TORCH_CHECK_VALUE(v == "cublas" || v == "stream" || v == "staged",
+                    "BLOCKBATCH_GEMM must be 'cublas', 'stream' or 'staged', got '", v, "'");
+  return v == "cublas" ? Gemm::kCublas : v == "stream" ? Gemm::kStream : Gemm::kStaged;
 }
 
 int gemm_splits(int heuristic) {
@@ -248,7 +251,8 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight) {
   check_linear(x, weight);
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t M = x.size(0), N = weight.size(0), K = x.size(1);
-  if (x.scalar_type() == at::kFloat || M > cuda::kLinearSmallMaxRows || !gemm_stream() || x.stride(1) != 1 ||
+  const Gemm kind = gemm_kind();
+  if (x.scalar_type() == at::kFloat || M > cuda::kLinearSmallMaxRows || kind == Gemm::kCublas || x.stride(1) != 1 ||
       weight.stride(1) != 1) {
     return at::mm(x, weight.t());
   }
@@ -259,12 +263,13 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight) {
                                     device_attribute<cudaDevAttrComputeCapabilityMajor>(device))) {
     return at::mm(x, weight.t());
   }
-  const int splits =
-      gemm_splits(cuda::linear_small_splits(M, N, K, device_attribute<cudaDevAttrMultiProcessorCount>(device)));
+  const bool staged = kind == Gemm::kStaged;
+  const int splits = gemm_splits(
+      cuda::linear_small_splits(M, N, K, device_attribute<cudaDevAttrMultiProcessorCount>(device), staged));
   dispatch_cuda_type(x.scalar_type(), "linear", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     check_launch(cuda::linear_small<T>(ptr<T>(x), x.stride(0), ptr<T>(weight), weight.stride(0), ptr<T>(out), N, M,
-                                       N, K, splits, c10::cuda::getCurrentCUDAStream()),
+                                       N, K, splits, staged, c10::cuda::getCurrentCUDAStream()),
                  "linear (weight streaming)");
   });
   return out;

@@ -26,8 +26,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 CUDA_ENVIRONMENT = """CUDA kernels (environment variables, read at every launch; --device cuda only):
   BLOCKBATCH_ATTN_KERNEL=pipelined|sync  tensor-core attention kernel (default pipelined; same bits)
   BLOCKBATCH_ATTN_SPLITS=1..16           force attention's key-split count (default: automatic)
-  BLOCKBATCH_GEMM=cublas|stream          GEMMs of <= 64 rows on the weight-streaming kernel
-                                         (default cublas; stream is not yet checked on a GPU)
+  BLOCKBATCH_GEMM=cublas|stream|staged   GEMMs of <= 64 rows on a weight-streaming kernel (loads
+                                         into registers / a cp.async ring; default cublas; the
+                                         streaming kernels are not yet checked on a GPU)
   BLOCKBATCH_GEMM_SPLITS=1..8            the streaming kernel's cluster split count (default: automatic)
   BLOCKBATCH_ROPE_KERNEL=scalar|vec      16-byte RoPE + KV-slot write (default scalar; same bits;
                                          vec is not yet checked on a GPU)

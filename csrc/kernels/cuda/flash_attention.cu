@@ -59,30 +59,6 @@ __device__ __forceinline__ uint32_t pack_elems(T lo, T hi) {
   return static_cast<uint32_t>(l) | (static_cast<uint32_t>(h) << 16);
 }
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16 bytes global -> shared without passing through registers; valid = false writes 16 zero bytes
-// (src-size 0: nothing is read, src need only be a mapped address).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-               "r"(valid ? 16 : 0)
-               : "memory");
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-// Wait until at most N of this thread's committed groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-#endif
-}
 // Four 8x8 16-bit matrices from shared memory: lane 8 * i + r gives the address of row r of
 // matrix i; r[i] of lane 4 * g + t holds row g, columns 2t and 2t + 1 of matrix i (low half first).
 // With .trans each matrix arrives transposed: r[i] of lane 4 * g + t holds rows 2t and 2t + 1 of

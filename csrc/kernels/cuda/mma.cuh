@@ -1,4 +1,4 @@
-// Tensor-core building blocks shared by the CUDA kernels (flash_attention.cu, linear.cu).
+// Tensor-core and cp.async building blocks shared by the CUDA kernels (flash_attention.cu, linear.cu).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -26,5 +26,30 @@ __device__ __forceinline__ void mma16816(float* c, const uint32_t* a, const uint
 #endif
 }
 #undef BLOCKBATCH_MMA16816
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes global -> shared without passing through registers; valid = false writes 16 zero bytes
+// (src-size 0: nothing is read, src need only be a mapped address).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+// Wait until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
 
 }  // namespace blockbatch::cuda
