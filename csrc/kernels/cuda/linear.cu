@@ -2,9 +2,8 @@
 // (bf16 / fp16, fp32 accumulation, sm_90: thread-block clusters).
 //
 // With 32 query tokens an 8B model's step reads 16 GB of weights and does little arithmetic per
-// byte, so the GEMMs should run at DRAM bandwidth; cuBLAS reached about 78% of it on an H200. This
-// kernel streams W once, straight from global memory into mma.sync fragments, without shared
-// memory or ldmatrix:
+// byte, so the GEMMs should run at DRAM bandwidth; cuBLAS reached about 78% of it on an H200. These
+// kernels stream W once into mma.sync fragments, without ldmatrix:
 //
 // - A = W (row-major, K contiguous) and B = X^T (col-major: X rows are K contiguous), so C = W X^T
 //   is Y^T in 16 (W rows) x 8 (X rows) tiles.
@@ -14,17 +13,17 @@
 //   use the same map from fragment K to real K in every lane, and a dot product does not care in
 //   which order its K terms are visited, so the product is exact (only the fp32 summation order
 //   differs from cuBLAS).
-// - A block of 4 warps owns 16 RT rows of W; its warps take turns over the 32-wide K chunks
-//   (two chunks in flight per warp, 16 x 16-byte loads per lane), then warps 1-3 hand their fp32
-//   partial sums to warp 0 through shared memory (added in warp order).
+// - A block of 4 warps owns 16 RT rows of W; its warps take turns over the 32-wide K chunks, then
+//   warps 1-3 hand their fp32 partial sums to warp 0 through shared memory (added in warp order).
 // - Split K across a cluster: the grid's y dimension is one cluster of `splits` blocks, each owning
 //   a contiguous K range; block rank 0 adds the other ranks' partial sums from their shared memory
 //   (distributed shared memory, rank order) and writes Y. The reduction order is fixed, so the
 //   result is deterministic, and nothing goes through global memory or a second launch.
 //
 // Two ways to keep DRAM busy (BLOCKBATCH_GEMM chooses; same fragments, same reductions):
-// - "stream" (linear_kernel): each warp loads two chunks straight into registers, then computes;
-//   the bytes in flight are bounded by registers (8 KB per warp, about 64 KB per SM).
+// - "stream" (linear_kernel): each warp loads two chunks straight from global memory into
+//   registers (16 x 16 bytes of W per lane), then computes; the bytes in flight are bounded by
+//   registers (8 KB per warp, about 64 KB per SM).
 // - "staged" (linear_staged_kernel): the block copies 128-wide K stages of its W rows and of X
 //   into a ring of kStages shared-memory buffers with cp.async, kStages - 1 stages ahead of the
 //   arithmetic, and each warp takes one 32-wide chunk of a stage (16-byte shared loads in the same
