@@ -262,6 +262,10 @@ def test_attention_kernel_variable_is_checked(monkeypatch):
     cu = torch.tensor([0, 4], device="cuda")
     with pytest.raises(ValueError, match="BLOCKBATCH_ATTN_KERNEL must be 'sync' or 'pipelined', got 'fast'"):
         ops.packed_attention(q, q, q, cu, None, None, None, 0, True)
+    monkeypatch.delenv("BLOCKBATCH_ATTN_KERNEL")
+    monkeypatch.setenv("BLOCKBATCH_ATTN_SPLITS", "0")
+    with pytest.raises(ValueError, match=r"BLOCKBATCH_ATTN_SPLITS must be an integer in \[1, 16\], got '0'"):
+        ops.packed_attention(q, q, q, cu, None, None, None, 0, True)
 
 
 # (rows, out, in): one 8-row tile, row / column tails, the LLaDA-8B step's shapes at 32 and 64

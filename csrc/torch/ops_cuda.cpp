@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 
@@ -56,31 +57,48 @@ int device_attribute(int device) {
   return n;
 }
 
+// The value of environment variable `name`, one of `choices` (unset or empty: `fallback`); any
+// other value is an error naming the variable and its choices.
+std::string env_choice(const char* name, std::initializer_list<const char*> choices, const char* fallback) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return fallback;
+  const std::string v(env);
+  std::string allowed;
+  bool ok = false;
+  size_t i = 0;
+  for (const char* c : choices) {
+    ok = ok || v == c;
+    allowed += std::string(i == 0 ? "" : (i + 1 == choices.size() ? " or " : ", ")) + "'" + c + "'";
+    ++i;
+  }
+  TORCH_CHECK_VALUE(ok, name, " must be ", allowed, ", got '", v, "'");
+  return v;
+}
+
+// The integer value of environment variable `name` in [lo, hi] (unset or empty: `fallback`).
+int env_int(const char* name, int lo, int hi, int fallback) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return fallback;
+  char* end = nullptr;
+  const long v = std::strtol(env, &end, 10);
+  TORCH_CHECK_VALUE(*end == '\0' && v >= lo && v <= hi, name, " must be an integer in [", lo, ", ", hi, "], got '",
+                    env, "'");
+  return static_cast<int>(v);
+}
+
 constexpr bool kAttentionPipelinedByDefault = true;  // 2.4x the staged kernel at 6 rows x L 2048 on an H200
 
 // Key splits of a tensor-core attention launch: the heuristic's choice, or BLOCKBATCH_ATTN_SPLITS
 // (1..16) when set — a tuning and debugging override, read per call so a benchmark can sweep it.
-int attention_splits(int heuristic) {
-  const char* env = std::getenv("BLOCKBATCH_ATTN_SPLITS");
-  if (env == nullptr || *env == '\0') return heuristic;
-  char* end = nullptr;
-  const long v = std::strtol(env, &end, 10);
-  TORCH_CHECK_VALUE(*end == '\0' && v >= 1 && v <= 16, "BLOCKBATCH_ATTN_SPLITS must be an integer in [1, 16], got '",
-                    env, "'");
-  return static_cast<int>(v);
-}
+int attention_splits(int heuristic) { return env_int("BLOCKBATCH_ATTN_SPLITS", 1, 16, heuristic); }
 
 // Which tensor-core attention kernel: BLOCKBATCH_ATTN_KERNEL = "pipelined" (the default: cp.async
 // double buffering + ldmatrix) or "sync" (K/V tiles staged through registers, the first version,
 // kept as the bit-for-bit reference of the pipelined one). Read per call, like the split override,
 // so one process can time both.
 bool attention_pipelined() {
-  const char* env = std::getenv("BLOCKBATCH_ATTN_KERNEL");
-  if (env == nullptr || *env == '\0') return kAttentionPipelinedByDefault;
-  const std::string v(env);
-  TORCH_CHECK_VALUE(v == "sync" || v == "pipelined", "BLOCKBATCH_ATTN_KERNEL must be 'sync' or 'pipelined', got '", v,
-                    "'");
-  return v == "pipelined";
+  return env_choice("BLOCKBATCH_ATTN_KERNEL", {"sync", "pipelined"},
+                    kAttentionPipelinedByDefault ? "pipelined" : "sync") == "pipelined";
 }
 
 // Which GEMM runs x @ weight.T for at most 64 rows: BLOCKBATCH_GEMM = "cublas" (the default: ATen's
@@ -91,45 +109,21 @@ bool attention_pipelined() {
 // in one process.
 enum class Gemm { kCublas, kStream, kStaged };
 Gemm gemm_kind() {
-  const char* env = std::getenv("BLOCKBATCH_GEMM");
-  if (env == nullptr || *env == '\0') return Gemm::kCublas;
-  const std::string v(env);
-  TORCH_CHECK_VALUE(v == "cublas" || v == "stream" || v == "staged",
-                    "BLOCKBATCH_GEMM must be 'cublas', 'stream' or 'staged', got '", v, "'");
+  const std::string v = env_choice("BLOCKBATCH_GEMM", {"cublas", "stream", "staged"}, "cublas");
   return v == "cublas" ? Gemm::kCublas : v == "stream" ? Gemm::kStream : Gemm::kStaged;
 }
 
-int gemm_splits(int heuristic) {
-  const char* env = std::getenv("BLOCKBATCH_GEMM_SPLITS");
-  if (env == nullptr || *env == '\0') return heuristic;
-  char* end = nullptr;
-  const long v = std::strtol(env, &end, 10);
-  TORCH_CHECK_VALUE(*end == '\0' && v >= 1 && v <= 8, "BLOCKBATCH_GEMM_SPLITS must be an integer in [1, 8], got '",
-                    env, "'");
-  return static_cast<int>(v);
-}
+int gemm_splits(int heuristic) { return env_int("BLOCKBATCH_GEMM_SPLITS", 1, 8, heuristic); }
 
 // rope_kv_write_'s kernel: BLOCKBATCH_ROPE_KERNEL = "scalar" (the default: element pairs) or "vec"
 // (16 bytes per access, same bits; opt-in until a GPU run has checked and timed it). Read per call.
-bool rope_vectorized() {
-  const char* env = std::getenv("BLOCKBATCH_ROPE_KERNEL");
-  if (env == nullptr || *env == '\0') return false;
-  const std::string v(env);
-  TORCH_CHECK_VALUE(v == "scalar" || v == "vec", "BLOCKBATCH_ROPE_KERNEL must be 'scalar' or 'vec', got '", v, "'");
-  return v == "vec";
-}
+bool rope_vectorized() { return env_choice("BLOCKBATCH_ROPE_KERNEL", {"scalar", "vec"}, "scalar") == "vec"; }
 
 }  // namespace
 
 // Programmatic dependent launch for the forward's kernels (csrc/kernels/cuda/launch.cuh):
 // BLOCKBATCH_PDL = "1" on, "0" or unset off (opt-in until a GPU run has checked and timed it).
-bool cuda::programmatic_launch() {
-  const char* env = std::getenv("BLOCKBATCH_PDL");
-  if (env == nullptr || *env == '\0') return false;
-  const std::string v(env);
-  TORCH_CHECK_VALUE(v == "0" || v == "1", "BLOCKBATCH_PDL must be '0' or '1', got '", v, "'");
-  return v == "1";
-}
+bool cuda::programmatic_launch() { return env_choice("BLOCKBATCH_PDL", {"0", "1"}, "0") == "1"; }
 
 namespace {
 
