@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import xml.etree.ElementTree as ET
 
@@ -67,6 +68,41 @@ def steps(path: str) -> list[str]:
     return lines
 
 
+CANDIDATE_TESTS = {  # candidate -> the test names (substrings) that must pass before it may become the default
+    "stream": ("stream_linear",),
+    "staged": ("stream_linear",),
+    "rope_vec": ("rope_kv_write_cuda", "rope_kernel_variable", "pdl_and_vector_rope"),
+    "pdl": ("pdl_and_vector_rope", "pdl_variable"),
+}
+
+
+def verdicts(d: str) -> list[str]:
+    """Per candidate: did its GPU tests pass, and its graph replay against the default's, step by
+    step (ratios from the one process that timed both)? Worth making the default when its tests
+    pass, no step is more than 1% slower and one is at least 1% faster."""
+    tests_xml, bench = os.path.join(d, "candidate_tests.xml"), os.path.join(d, "bench_gpu_candidates.json")
+    if not (os.path.exists(tests_xml) and os.path.exists(bench)):
+        return ["verdicts: candidate_tests.xml or bench_gpu_candidates.json missing"]
+    failed = [case.get("name", "") for case in ET.parse(tests_xml).getroot().iter("testcase")
+              if case.find("failure") is not None or case.find("error") is not None]
+    results = json.load(open(bench))["results"]
+    lines = ["verdicts (candidate replay / default replay per step; < 1 is faster):"]
+    for name, needles in CANDIDATE_TESTS.items():
+        def concerns(test: str) -> bool:  # a parametrized id naming another GEMM kind is not this one's
+            kinds = {"stream", "staged"} & set(re.split(r"[\[\]-]", test))
+            return any(n in test for n in needles) and (not kinds or name in kinds)
+        bad = [f for f in failed if concerns(f)]
+        ratios = {f"{r['step']} L{r['L']}": r[name + "_replay_ms"] / r["default_replay_ms"]
+                  for r in results if r.get(name + "_replay_ms") and r.get("default_replay_ms")}
+        slower = [k for k, v in ratios.items() if v > 1.01]
+        verdict = ("tests FAIL" if bad else "no timings" if not ratios else
+                   f"keep opt-in (slower at {', '.join(slower)})" if slower else
+                   "make the default" if min(ratios.values()) < 0.99 else "no measurable gain")
+        lines.append(f"  {name}: {verdict}; " + "; ".join(f"{k}: {v:.3f}" for k, v in ratios.items())
+                     + (f"; failed: {', '.join(bad)}" if bad else ""))
+    return lines
+
+
 def decode(path: str) -> list[str]:
     if not os.path.exists(path):
         return [f"{os.path.basename(path)}: missing"]
@@ -94,6 +130,7 @@ def main(argv=None) -> int:
     out += steps(os.path.join(d, "bench_gpu_step.json")) + decode(os.path.join(d, "gpu_decode_check.json"))
     out += ["== opt-in kernels (candidates)"] + tests(os.path.join(d, "candidate_tests.xml"))
     out += steps(os.path.join(d, "bench_gpu_candidates.json")) + decode(os.path.join(d, "gpu_decode_candidates.json"))
+    out += verdicts(d)
     print("\n".join(out))
     return 0
 

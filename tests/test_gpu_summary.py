@@ -1,0 +1,36 @@
+"""benchmarks/gpu_summary.py's candidate verdicts on synthetic gpu_check.sh output (no GPU needed)."""
+
+import importlib.util
+import json
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("gpu_summary", ROOT / "benchmarks" / "gpu_summary.py")
+gpu_summary = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gpu_summary)
+
+XML = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="3">
+<testcase classname="tests.test_cuda" name="test_stream_linear_error_within_2x_cublas[1-64-32-dtype0-staged]">
+<failure message="assert 0.5 &lt;= 0.1">x</failure></testcase>
+<testcase classname="tests.test_cuda" name="test_stream_linear_error_within_2x_cublas[1-64-32-dtype0-stream]"/>
+<testcase classname="tests.test_cuda" name="test_pdl_variable_is_checked"/>
+</testsuite></testsuites>"""
+
+
+def test_verdicts(tmp_path):
+    (tmp_path / "candidate_tests.xml").write_text(XML)
+    step = {"step": "single-32", "L": 512, "default_replay_ms": 5.0, "stream_replay_ms": 4.5,
+            "staged_replay_ms": 4.0, "rope_vec_replay_ms": 5.02, "pdl_replay_ms": 5.2}
+    big = {"step": "blockbatch-6", "L": 512, "default_replay_ms": 8.0, "rope_vec_replay_ms": 7.9,
+           "pdl_replay_ms": 7.0}
+    (tmp_path / "bench_gpu_candidates.json").write_text(json.dumps({"results": [step, big]}))
+    lines = {line.split(":")[0].strip(): line for line in gpu_summary.verdicts(str(tmp_path))[1:]}
+    assert "make the default" in lines["stream"] and "single-32 L512: 0.900" in lines["stream"]
+    assert "tests FAIL" in lines["staged"] and "dtype0-staged" in lines["staged"]  # the stream id is not its failure
+    assert "make the default" in lines["rope_vec"]  # 1.004 is within 1%, 0.988 a gain
+    assert "keep opt-in (slower at single-32 L512)" in lines["pdl"]
+
+
+def test_verdicts_without_files(tmp_path):
+    assert gpu_summary.verdicts(str(tmp_path)) == [
+        "verdicts: candidate_tests.xml or bench_gpu_candidates.json missing"]
