@@ -118,7 +118,7 @@ cudaError_t kv_copy_rows(void* kv, const int64_t* src, int64_t rows, int64_t row
     const int64_t blocks = (words + kCopyThreads - 1) / kCopyThreads;
     return dim3(static_cast<unsigned>(blocks < 1024 ? blocks : 1024), static_cast<unsigned>(rows));
   };
-  if (row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(kv) % 16 == 0) {
+  if (row_bytes % 16 == 0 && aligned16(kv)) {
     kv_copy_rows_kernel<<<grid(row_bytes / 16), kCopyThreads, 0, stream>>>(static_cast<int4*>(kv), src,
                                                                            row_bytes / 16);
   } else {

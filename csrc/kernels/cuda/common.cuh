@@ -59,6 +59,11 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
   return block_reduce(v, scratch, MaxOp{}, -INFINITY);
 }
 
+// Whether p is 16-byte aligned (the vectorized kernels' loads and stores need it).
+__host__ __device__ __forceinline__ bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
 // Row r such that cu[r] <= t < cu[r + 1] (cu is non-decreasing, cu[0] = 0).
 __device__ __forceinline__ int64_t row_of(const int64_t* cu, int64_t rows, int64_t t) {
   int64_t lo = 0, hi = rows - 1;

@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(kThreads) sparse_probs_kernel(const T* logits,
 // Rows of `vocab` logits can be read in 16-byte chunks: every row start 16-byte aligned.
 template <typename T>
 bool vectorizable(const T* logits, int64_t vocab) {
-  return reinterpret_cast<uintptr_t>(logits) % 16 == 0 && (vocab * static_cast<int64_t>(sizeof(T))) % 16 == 0;
+  return aligned16(logits) && (vocab * static_cast<int64_t>(sizeof(T))) % 16 == 0;
 }
 }  // namespace
 

@@ -26,7 +26,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <atomic>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -372,19 +371,9 @@ __global__ void __launch_bounds__(HD) combine_kernel(const float* part, int spli
 template <typename T, int HD, bool kPipe>
 cudaError_t launch(const cpu::AttentionArgs& a, int64_t tokens, int splits, float* part, cudaStream_t stream) {
   constexpr size_t shared = shared_elems<HD, kPipe>() * sizeof(T);
-  if (shared > 48 * 1024) {  // opt in to > 48 KB of shared memory, once per device (the first
-    // launch is an eager warm-up, never inside a graph capture)
-    static std::atomic<uint64_t> opted_in{0};
-    int device = 0;
-    cudaError_t e = cudaGetDevice(&device);
+  if (shared > 48 * 1024) {
+    const cudaError_t e = allow_shared_memory<flash_attention_kernel<T, HD, kPipe>>(shared);
     if (e != cudaSuccess) return e;
-    const uint64_t bit = uint64_t{1} << (device & 63);
-    if (!(opted_in.load() & bit)) {
-      e = cudaFuncSetAttribute(flash_attention_kernel<T, HD, kPipe>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(shared));
-      if (e != cudaSuccess) return e;
-      opted_in.fetch_or(bit);
-    }
   }
   // Upper bound on the tiles: every row adds at most one partial tile; surplus blocks exit.
   const int64_t blocks = (tokens + kBlockQ - 1) / kBlockQ + a.rows;
@@ -398,10 +387,9 @@ cudaError_t launch(const cpu::AttentionArgs& a, int64_t tokens, int splits, floa
 }  // namespace
 
 bool flash_attention_supported(const cpu::AttentionArgs& a, int dtype_code, int sm_major) {
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   return dtype_code != 0 && sm_major >= 8 && (a.head_dim == 64 || a.head_dim == 128) && a.q_stride % 8 == 0 &&
-         a.kv_stride % 8 == 0 && aligned(a.q) && aligned(a.k) && aligned(a.v) && aligned(a.out) &&
-         (a.cache == nullptr || aligned(a.cache));
+         a.kv_stride % 8 == 0 && aligned16(a.q) && aligned16(a.k) && aligned16(a.v) && aligned16(a.out) &&
+         (a.cache == nullptr || aligned16(a.cache));
 }
 
 int flash_attention_splits(const cpu::AttentionArgs& a, int64_t tokens, int64_t max_keys, int sm_count) {

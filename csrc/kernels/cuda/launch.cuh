@@ -17,6 +17,8 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdint>
 #include <utility>
 
 #include "kernels/cuda/kernels.cuh"  // programmatic_launch()
@@ -51,6 +53,23 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size
   cfg.attrs = n ? attrs : nullptr;
   cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+// Lets `Kernel` use `bytes` (> 48 KB) of dynamic shared memory on the current device: the attribute
+// is set once per device and kernel (the first call is an eager warm-up, never inside a capture).
+template <auto Kernel>
+cudaError_t allow_shared_memory(size_t bytes) {
+  static std::atomic<uint64_t> done{0};  // one bit per device
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return e;
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if (!(done.load() & bit)) {
+    e = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+    if (e != cudaSuccess) return e;
+    done.fetch_or(bit);
+  }
+  return cudaSuccess;
 }
 
 }  // namespace blockbatch::cuda

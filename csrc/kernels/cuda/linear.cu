@@ -33,7 +33,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <atomic>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -250,24 +249,6 @@ __global__ void __launch_bounds__(kThreads, 2)
 #endif
 }
 
-// The staged kernel needs more than 48 KB of dynamic shared memory: opted in once per device
-// (the first call is an eager warm-up, never inside a graph capture).
-template <typename T, int MT>
-cudaError_t opt_in_staged() {
-  static std::atomic<uint64_t> done{0};
-  int device = 0;
-  cudaError_t e = cudaGetDevice(&device);
-  if (e != cudaSuccess) return e;
-  const uint64_t bit = uint64_t{1} << (device & 63);
-  if (!(done.load() & bit)) {
-    e = cudaFuncSetAttribute(linear_staged_kernel<T, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(staged_shared_bytes<MT>()));
-    if (e != cudaSuccess) return e;
-    done.fetch_or(bit);
-  }
-  return cudaSuccess;
-}
-
 template <typename T, int MT>
 cudaError_t launch(const T* x, int64_t ldx, const T* w, int64_t ldw, T* y, int64_t ldy, int64_t M, int64_t N,
                    int64_t K, int splits, bool staged, cudaStream_t stream) {
@@ -279,7 +260,7 @@ cudaError_t launch(const T* x, int64_t ldx, const T* w, int64_t ldw, T* y, int64
   cluster.val.clusterDim.z = 1;
   const dim3 grid(static_cast<unsigned>((N + rows - 1) / rows), static_cast<unsigned>(splits));
   if (staged) {
-    const cudaError_t e = opt_in_staged<T, MT>();
+    const cudaError_t e = allow_shared_memory<linear_staged_kernel<T, MT>>(staged_shared_bytes<MT>());
     if (e != cudaSuccess) return e;
     return launch_kernel(linear_staged_kernel<T, MT>, grid, dim3(kThreads), staged_shared_bytes<MT>(), stream,
                          &cluster, x, ldx, w, ldw, y, ldy, static_cast<int>(M), static_cast<int>(N),
@@ -301,7 +282,7 @@ int blocks_per_sm(bool staged) {  // resident blocks of a variant per SM (regist
   };
   static const int plain = query(linear_kernel<__nv_bfloat16, MT>, 0);
   static const int ring = [&] {
-    if (opt_in_staged<__nv_bfloat16, MT>() != cudaSuccess) {
+    if (allow_shared_memory<linear_staged_kernel<__nv_bfloat16, MT>>(staged_shared_bytes<MT>()) != cudaSuccess) {
       cudaGetLastError();
       return 1;
     }
@@ -313,11 +294,10 @@ int blocks_per_sm(bool staged) {  // resident blocks of a variant per SM (regist
 
 bool linear_small_supported(const void* x, int64_t ldx, const void* w, int64_t ldw, const void* y, int64_t M,
                             int64_t N, int64_t K, int dtype_code, int sm_major) {
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const int64_t kIntMax = 2147483647;  // M, N, K travel as int
   return dtype_code != 0 && sm_major >= 9 && M >= 1 && M <= kLinearSmallMaxRows && N >= 1 && N <= kIntMax &&
-         K >= kChunk && K <= kIntMax && K % kChunk == 0 && ldx % 8 == 0 && ldw % 8 == 0 && aligned(x) &&
-         aligned(w) && aligned(y);
+         K >= kChunk && K <= kIntMax && K % kChunk == 0 && ldx % 8 == 0 && ldw % 8 == 0 && aligned16(x) &&
+         aligned16(w) && aligned16(y);
 }
 
 int linear_small_splits(int64_t M, int64_t N, int64_t K, int sm_count, bool staged) {

@@ -124,8 +124,6 @@ __global__ void silu_mul_vec_kernel(const T* gate_up, T* out, int64_t rows, int6
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // kAdd = false never writes x (rms_norm's x is const; the cast only shares the kernels).
 template <typename T, bool kAdd>
 cudaError_t launch_rms_norm(T* x, int64_t x_stride, const T* delta, const T* w, T* out, int64_t rows, int64_t dim,
