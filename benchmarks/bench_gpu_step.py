@@ -44,6 +44,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
+from common import environ
 
 LLADA_8B = dict(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, mlp_hidden_size=12288, vocab_size=126464,
                 max_sequence_length=4096, rope_theta=500000.0)
@@ -171,36 +172,12 @@ def attention_sweep(config, kv, lengths, L: int, repeats: int) -> dict:
     out = {}
     for kernel in ("sync", "pipelined"):
         for splits in ("auto", "1", "2", "4", "8"):
-            with attention_env(kernel, None if splits == "auto" else splits):
+            with environ(BLOCKBATCH_ATTN_KERNEL=kernel, BLOCKBATCH_ATTN_SPLITS=None if splits == "auto" else splits):
                 ms = cuda_ms(lambda: torch.ops.blockbatch.packed_attention(q, k, v, cu, kv, rows, cache, 0, False),
                              repeats)
             out[f"attn_{kernel}_ms_splits_{splits}"] = ms
             out[f"attn_{kernel}_kv_tb_per_s_splits_{splits}"] = kv_bytes / (ms * 1e-3) / 1e12
     return out
-
-
-@contextlib.contextmanager
-def environ(**values):
-    """Environment variables set for the block (None: unset), restored after it."""
-    saved = {k: os.environ.get(k) for k in values}
-    for key, value in values.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def attention_env(kernel: str | None, splits: str | None = None):
-    """BLOCKBATCH_ATTN_KERNEL / BLOCKBATCH_ATTN_SPLITS set for the block (None: the default)."""
-    return environ(BLOCKBATCH_ATTN_KERNEL=kernel, BLOCKBATCH_ATTN_SPLITS=splits)
 
 
 def gemm_sweep(config, rows: int, repeats: int) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -26,6 +27,25 @@ def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int, warm
             fn()
             runs[name].append(time.perf_counter() - t0)
     return {name: {"median_s": statistics.median(r), "min_s": min(r), "runs_s": r} for name, r in runs.items()}
+
+
+@contextlib.contextmanager
+def environ(**values):
+    """Environment variables set for the block (None: unset), restored after it."""
+    saved = {k: os.environ.get(k) for k in values}
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def write_json(path: str, payload: dict) -> None:

@@ -25,6 +25,7 @@ import sys
 import time
 
 import torch
+from common import environ
 
 
 def main(argv=None) -> int:
@@ -75,8 +76,7 @@ def check_policy(engines, problems, name: str, gen: int, n: int) -> dict:
         "fp32_graph_equals_eager": same("fp32_graph", "fp32_eager"),
         "bf16_graph_equals_eager": same("bf16_graph", "bf16_eager"),
         "bf16_vs_fp32_token_agreement": agreement("bf16_graph", "fp32_graph"),
-        "accuracy": {k: sum(r[2] for r in v) / n for k, v in runs.items()},
-        "median_ms": {k: statistics.median(r[1] for r in v) for k, v in runs.items()},
+        **outcomes(runs, n),
         "mean_nfe": {k: statistics.mean(r[0].stats["nfe"] for r in v) for k, v in runs.items()},
         "graph_captures_per_sample": statistics.mean(r[0].stats["graph_captures"] for r in runs["bf16_graph"]),
         "graph_replays_per_sample": statistics.mean(r[0].stats["graph_replays"] for r in runs["bf16_graph"]),
@@ -91,10 +91,7 @@ def generate_all(engine, problems, opts, gpu: bool, env: dict | None = None) -> 
     """(generation, ms, correct) per problem, with `env` set for the run."""
     from blockbatch.toy import task
 
-    env = env or {}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with environ(**(env or {})):
         out = []
         for p in problems:
             t0 = time.perf_counter()
@@ -103,12 +100,6 @@ def generate_all(engine, problems, opts, gpu: bool, env: dict | None = None) -> 
                 torch.cuda.synchronize()
             out.append((g, (time.perf_counter() - t0) * 1e3, task.check_answer(p, g.text)))
         return out
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def comparisons(runs: dict, n: int):
@@ -123,6 +114,12 @@ def comparisons(runs: dict, n: int):
         return statistics.mean(eq)
 
     return same, agreement
+
+
+def outcomes(runs: dict, n: int) -> dict:
+    """Per run: the share of problems answered correctly and the median ms per problem."""
+    return {"accuracy": {k: sum(r[2] for r in v) / n for k, v in runs.items()},
+            "median_ms": {k: statistics.median(r[1] for r in v) for k, v in runs.items()}}
 
 
 def check_candidates(engines, problems, name: str, gen: int, n: int) -> dict:
@@ -141,8 +138,7 @@ def check_candidates(engines, problems, name: str, gen: int, n: int) -> dict:
         "bf16_all_candidates_vs_default_token_agreement": agreement("bf16_all_candidates", "bf16"),
         "bf16_all_candidates_vs_fp32_token_agreement": agreement("bf16_all_candidates", "fp32"),
         "bf16_staged_vs_default_token_agreement": agreement("bf16_staged", "bf16"),
-        "accuracy": {k: sum(r[2] for r in v) / n for k, v in runs.items()},
-        "median_ms": {k: statistics.median(r[1] for r in v) for k, v in runs.items()},
+        **outcomes(runs, n),
     }
 
 
