@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace blockbatch::cuda {
 
@@ -13,7 +14,7 @@ constexpr int kThreads = 128;
 
 template <typename T>
 __global__ void attention_kernel(cpu::AttentionArgs a) {
-  extern __shared__ float smem[];  // [head_dim] query, then [n_keys] scores
+  BLOCKBATCH_DYNAMIC_SHARED(float, smem);  // [head_dim] query, then [n_keys] scores
   __shared__ float scratch[32];
   const int64_t t = blockIdx.x, h = blockIdx.y;
   const int64_t hd = a.head_dim, kvh = h / (a.heads / a.kv_heads);
@@ -80,8 +81,7 @@ cudaError_t packed_attention(const cpu::AttentionArgs& a, int64_t tokens, int64_
     }
   }
   dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(a.heads));
-  attention_kernel<T><<<grid, kThreads, shared, stream>>>(a);
-  return cudaGetLastError();
+  return launch_plain(attention_kernel<T>, grid, kThreads, shared, stream, a);
 }
 
 #define INSTANTIATE(T) \

@@ -6,6 +6,7 @@
 #include "kernels/branches.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace blockbatch::cuda {
 
@@ -68,14 +69,14 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads) absorb_kernel(br::View v, const int64_t* spans, const int64_t* token,
                                                           const double* conf, const int64_t* ids, const double* probs,
                                                           RowLogit<T> logit, br::AbsorbParams p) {
-  __shared__ alignas(16) unsigned char scratch[kThreads * kScratchBytes];
+  __shared__ __align__(16) unsigned char scratch[kThreads * kScratchBytes];
   br::absorb_span(BlockExec{scratch}, v, spans + blockIdx.x * br::kSpanFields, token, conf, ids, probs, logit,
                   logit.vocab, p);
 }
 
 __global__ void __launch_bounds__(kThreads) coordinate_kernel(br::View v, int64_t* flags, int64_t* sync_src,
                                                               br::CoordinateParams p) {
-  __shared__ alignas(16) unsigned char scratch[kThreads * kScratchBytes];
+  __shared__ __align__(16) unsigned char scratch[kThreads * kScratchBytes];
   br::coordinate(BlockExec{scratch}, v, flags, sync_src, p);
 }
 
@@ -100,15 +101,13 @@ cudaError_t bb_absorb(const br::View& v, const int64_t* spans, int64_t n_spans, 
                       const double* conf, const int64_t* ids, const double* probs, const T* logits, int64_t vocab,
                       const br::AbsorbParams& p, cudaStream_t stream) {
   if (n_spans == 0) return cudaSuccess;
-  absorb_kernel<T><<<static_cast<unsigned>(n_spans), kThreads, 0, stream>>>(v, spans, token, conf, ids, probs,
-                                                                             RowLogit<T>{logits, vocab}, p);
-  return cudaGetLastError();
+  return launch_plain(absorb_kernel<T>, static_cast<unsigned>(n_spans), kThreads, 0, stream, v, spans, token, conf,
+                     ids, probs, RowLogit<T>{logits, vocab}, p);
 }
 
 cudaError_t bb_coordinate(const br::View& v, int64_t* flags, int64_t* sync_src, const br::CoordinateParams& p,
                           cudaStream_t stream) {
-  coordinate_kernel<<<1, kThreads, 0, stream>>>(v, flags, sync_src, p);
-  return cudaGetLastError();
+  return launch_plain(coordinate_kernel, 1, kThreads, 0, stream, v, flags, sync_src, p);
 }
 
 cudaError_t kv_copy_rows(void* kv, const int64_t* src, int64_t rows, int64_t row_bytes, cudaStream_t stream) {
@@ -119,13 +118,11 @@ cudaError_t kv_copy_rows(void* kv, const int64_t* src, int64_t rows, int64_t row
     return dim3(static_cast<unsigned>(blocks < 1024 ? blocks : 1024), static_cast<unsigned>(rows));
   };
   if (row_bytes % 16 == 0 && aligned16(kv)) {
-    kv_copy_rows_kernel<<<grid(row_bytes / 16), kCopyThreads, 0, stream>>>(static_cast<int4*>(kv), src,
-                                                                           row_bytes / 16);
-  } else {
-    kv_copy_rows_kernel<<<grid(row_bytes), kCopyThreads, 0, stream>>>(static_cast<unsigned char*>(kv), src,
-                                                                      row_bytes);
+    return launch_plain(kv_copy_rows_kernel<int4>, grid(row_bytes / 16), kCopyThreads, 0, stream,
+                        static_cast<int4*>(kv), src, row_bytes / 16);
   }
-  return cudaGetLastError();
+  return launch_plain(kv_copy_rows_kernel<unsigned char>, grid(row_bytes), kCopyThreads, 0, stream,
+                      static_cast<unsigned char*>(kv), src, row_bytes);
 }
 
 #define BLOCKBATCH_INSTANTIATE_ABSORB(T)                                                                         \

@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace blockbatch::cuda {
 
@@ -24,7 +25,7 @@ __device__ __forceinline__ int rank_of(const double* c, int64_t n, int64_t i) {
 __global__ void commit_kernel(int64_t* canvas, const int64_t* window, const int64_t* token, const double* conf,
                               const int64_t* k, int64_t n, int64_t mask_id, int64_t eos_id, int rule, double tau,
                               double factor, int64_t* counts) {
-  extern __shared__ double c[];  // candidate confidence, -inf for settled positions
+  BLOCKBATCH_DYNAMIC_SHARED(double, c);  // candidate confidence, -inf for settled positions
   __shared__ int candidates, committed, first_fail, eos;
   if (threadIdx.x == 0) {
     candidates = committed = eos = 0;
@@ -74,9 +75,8 @@ __global__ void commit_kernel(int64_t* canvas, const int64_t* window, const int6
 cudaError_t commit(int64_t* canvas, const int64_t* window, const int64_t* token, const double* conf, const int64_t* k,
                    int64_t n, int64_t mask_id, int64_t eos_id, int rule, double tau, double factor, int64_t* counts,
                    cudaStream_t stream) {
-  commit_kernel<<<1, kThreads, static_cast<size_t>(n) * sizeof(double), stream>>>(
-      canvas, window, token, conf, k, n, mask_id, eos_id, rule, tau, factor, counts);
-  return cudaGetLastError();
+  return launch_plain(commit_kernel, 1, kThreads, static_cast<size_t>(n) * sizeof(double), stream, canvas, window,
+                     token, conf, k, n, mask_id, eos_id, rule, tau, factor, counts);
 }
 
 }  // namespace blockbatch::cuda

@@ -6,6 +6,14 @@
 
 #include <cstdint>
 
+// The block's dynamic shared memory as `T name[]` (16-byte aligned). Under the CPU emulator
+// (tests/cuda_emu/) a pointer to the emulated block's allocation.
+#ifdef BLOCKBATCH_CUDA_EMULATION
+#define BLOCKBATCH_DYNAMIC_SHARED(T, name) T* name = static_cast<T*>(::bbemu::dynamic_shared())
+#else
+#define BLOCKBATCH_DYNAMIC_SHARED(T, name) extern __shared__ __align__(16) T name[]
+#endif
+
 namespace blockbatch::cuda {
 
 __device__ __forceinline__ float to_f(float v) { return v; }

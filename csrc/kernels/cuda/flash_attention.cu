@@ -63,7 +63,9 @@ __device__ __forceinline__ uint32_t pack_elems(T lo, T hi) {
 // With .trans each matrix arrives transposed: r[i] of lane 4 * g + t holds rows 2t and 2t + 1 of
 // column g.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(BLOCKBATCH_CUDA_EMULATION)
+  ::bbemu::ldmatrix_x4(r, p, false);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_u32(p))
@@ -71,7 +73,9 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* p) {
 #endif
 }
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(BLOCKBATCH_CUDA_EMULATION)
+  ::bbemu::ldmatrix_x4(r, p, true);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_u32(p))
@@ -105,7 +109,7 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::Attentio
                                                                    int64_t tokens) {
   dependent_launch_prologue();
   constexpr int LD = HD + kPad, kTile = kBlockK * LD;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  BLOCKBATCH_DYNAMIC_SHARED(unsigned char, smem_raw);
   T* qs = reinterpret_cast<T*>(smem_raw);  // [kBlockQ][LD]
   T* kvs = qs + kBlockQ * LD;              // per stage: K [kBlockK][LD], then V [kBlockK][LD]
 

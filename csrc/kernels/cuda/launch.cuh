@@ -33,10 +33,15 @@ __device__ __forceinline__ void dependent_launch_prologue() {
 }
 
 // kernel<<<grid, block, shared, stream>>>(args...), with the PDL attribute when enabled; `extra`
-// is one more launch attribute (a cluster shape) or nullptr.
+// is one more launch attribute (a cluster shape) or nullptr. Under the CPU emulator
+// (tests/cuda_emu/) the kernel runs there, synchronously.
 template <typename... Params, typename... Args>
 cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared, cudaStream_t stream,
                           const cudaLaunchAttribute* extra, Args&&... args) {
+#ifdef BLOCKBATCH_CUDA_EMULATION
+  (void)stream;
+  return ::bbemu::launch(kernel, grid, block, shared, extra, std::forward<Args>(args)...);
+#else
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -53,6 +58,25 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size
   cfg.attrs = n ? attrs : nullptr;
   cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+#endif
+}
+
+// kernel<<<grid, block, shared, stream>>>(args...) for kernels that do not start with
+// dependent_launch_prologue(): never with the PDL attribute.
+template <typename... Params, typename... Args>
+cudaError_t launch_plain(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared, cudaStream_t stream,
+                         Args&&... args) {
+#ifdef BLOCKBATCH_CUDA_EMULATION
+  (void)stream;
+  return ::bbemu::launch(kernel, grid, block, shared, nullptr, std::forward<Args>(args)...);
+#else
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = shared;
+  cfg.stream = stream;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+#endif
 }
 
 // Lets `Kernel` use `bytes` (> 48 KB) of dynamic shared memory on the current device: the attribute

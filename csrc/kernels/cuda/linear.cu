@@ -29,7 +29,7 @@
 //   arithmetic, and each warp takes one 32-wide chunk of a stage (16-byte shared loads in the same
 //   permuted-K layout; rows padded to an odd multiple of 64 bytes, so a quarter-warp's loads
 //   cover all 32 banks). About 120 KB in flight per SM, independent of registers. Needs K % 128.
-#include <cooperative_groups.h>
+#include <cooperative_groups.h>  // tests/cuda_emu/include/ has the emulator's
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -55,9 +55,18 @@ constexpr int row_tiles() {
   return MT <= 4 ? 4 : 2;
 }
 template <int MT>
+constexpr size_t reduction_shared_bytes() {  // warps 1-3's partial sums (see reduce_and_store)
+  return static_cast<size_t>(kWarps - 1) * row_tiles<MT>() * MT * 4 * 32 * sizeof(float);
+}
+template <int MT>
 constexpr size_t staged_shared_bytes() {  // the ring: per stage 16 RT W rows and 8 MT X rows
   return static_cast<size_t>(kStages) * (16 * row_tiles<MT>() + 8 * MT) * kStageLd * 2;
 }
+static_assert(staged_shared_bytes<1>() >= reduction_shared_bytes<1>() &&
+                  staged_shared_bytes<2>() >= reduction_shared_bytes<2>() &&
+                  staged_shared_bytes<4>() >= reduction_shared_bytes<4>() &&
+                  staged_shared_bytes<8>() >= reduction_shared_bytes<8>(),
+              "the staged kernel reduces in its ring");
 
 __device__ __forceinline__ uint4 load_stream(const void* p) {  // W: read once, evict first
   return __ldcs(reinterpret_cast<const uint4*>(p));
@@ -146,9 +155,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     linear_kernel(const T* __restrict__ x, int64_t ldx, const T* __restrict__ w, int64_t ldw, T* __restrict__ y,
                   int64_t ldy, int M, int N, int K) {
   dependent_launch_prologue();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int RT = row_tiles<MT>(), kAcc = RT * MT * 4;
-  __shared__ float part[(kWarps - 1) * kAcc * 32];
+#if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900) || defined(BLOCKBATCH_CUDA_EMULATION)
+  constexpr int RT = row_tiles<MT>();
+  // Dynamic (reduction_shared_bytes), as distributed shared memory is addressed in the emulator.
+  BLOCKBATCH_DYNAMIC_SHARED(float, part);
 
   const cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank()), splits = static_cast<int>(cluster.num_blocks());
@@ -191,10 +201,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     linear_staged_kernel(const T* __restrict__ x, int64_t ldx, const T* __restrict__ w, int64_t ldw,
                          T* __restrict__ y, int64_t ldy, int M, int N, int K) {
   dependent_launch_prologue();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900) || defined(BLOCKBATCH_CUDA_EMULATION)
   constexpr int RT = row_tiles<MT>(), BN = 16 * RT, BM = 8 * MT, kStageElems = (BN + BM) * kStageLd;
   constexpr int kPieces = kStageK / 8;  // 16-byte pieces per staged row
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  BLOCKBATCH_DYNAMIC_SHARED(unsigned char, smem_raw);
   T* ring = reinterpret_cast<T*>(smem_raw);
 
   const cg::cluster_group cluster = cg::this_cluster();
@@ -266,7 +276,8 @@ cudaError_t launch(const T* x, int64_t ldx, const T* w, int64_t ldw, T* y, int64
                          &cluster, x, ldx, w, ldw, y, ldy, static_cast<int>(M), static_cast<int>(N),
                          static_cast<int>(K));
   }
-  return launch_kernel(linear_kernel<T, MT>, grid, dim3(kThreads), 0, stream, &cluster, x, ldx, w, ldw, y, ldy,
+  return launch_kernel(linear_kernel<T, MT>, grid, dim3(kThreads), reduction_shared_bytes<MT>(), stream, &cluster,
+                       x, ldx, w, ldw, y, ldy,
                        static_cast<int>(M), static_cast<int>(N), static_cast<int>(K));
 }
 
@@ -280,7 +291,7 @@ int blocks_per_sm(bool staged) {  // resident blocks of a variant per SM (regist
     }
     return b > 0 ? b : 1;
   };
-  static const int plain = query(linear_kernel<__nv_bfloat16, MT>, 0);
+  static const int plain = query(linear_kernel<__nv_bfloat16, MT>, reduction_shared_bytes<MT>());
   static const int ring = [&] {
     if (allow_shared_memory<linear_staged_kernel<__nv_bfloat16, MT>>(staged_shared_bytes<MT>()) != cudaSuccess) {
       cudaGetLastError();

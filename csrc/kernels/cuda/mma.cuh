@@ -1,4 +1,5 @@
 // Tensor-core and cp.async building blocks shared by the CUDA kernels (flash_attention.cu, linear.cu).
+// Under BLOCKBATCH_CUDA_EMULATION (tests/cuda_emu/) each one calls the CPU emulator instead.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -17,7 +18,9 @@ namespace blockbatch::cuda {
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
 template <typename T>
 __device__ __forceinline__ void mma16816(float* c, const uint32_t* a, const uint32_t* b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(BLOCKBATCH_CUDA_EMULATION)
+  ::bbemu::mma16816(c, a, b, std::is_same_v<T, __nv_bfloat16>);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     BLOCKBATCH_MMA16816("bf16");
   } else {
@@ -33,21 +36,27 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 // 16 bytes global -> shared without passing through registers; valid = false writes 16 zero bytes
 // (src-size 0: nothing is read, src need only be a mapped address).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(BLOCKBATCH_CUDA_EMULATION)
+  ::bbemu::cp_async16(dst, src, valid);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
                "r"(valid ? 16 : 0)
                : "memory");
 #endif
 }
 __device__ __forceinline__ void cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(BLOCKBATCH_CUDA_EMULATION)
+  ::bbemu::cp_async_commit();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 #endif
 }
 // Wait until at most N of this thread's committed groups are still in flight.
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(BLOCKBATCH_CUDA_EMULATION)
+  ::bbemu::cp_async_wait(N);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }

@@ -121,9 +121,8 @@ template <typename T>
 cudaError_t rope_inplace(T* x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim,
                          const int64_t* positions, const float* cos_sin, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  rope_kernel<T><<<blocks_for(tokens * heads * head_dim / 2), 256, 0, stream>>>(x, tokens, row_stride, heads,
-                                                                                 head_dim, positions, cos_sin);
-  return cudaGetLastError();
+  return launch_plain(rope_kernel<T>, blocks_for(tokens * heads * head_dim / 2), 256, 0, stream, x, tokens,
+                     row_stride, heads, head_dim, positions, cos_sin);
 }
 
 template <typename T>
@@ -131,9 +130,8 @@ cudaError_t kv_write(T* kv, const cpu::KvGeometry& g, int64_t layer, const T* k,
                      const int64_t* positions, const int64_t* cu_seqlens, const int64_t* kv_rows, int64_t rows,
                      int64_t tokens, cudaStream_t stream) {
   if (tokens == 0 || rows == 0) return cudaSuccess;
-  kv_write_kernel<T><<<blocks_for(tokens * g.kv_heads * g.head_dim), 256, 0, stream>>>(
-      kv, g, layer, k, v, src_stride, positions, cu_seqlens, kv_rows, rows, tokens);
-  return cudaGetLastError();
+  return launch_plain(kv_write_kernel<T>, blocks_for(tokens * g.kv_heads * g.head_dim), 256, 0, stream, kv, g,
+                     layer, k, v, src_stride, positions, cu_seqlens, kv_rows, rows, tokens);
 }
 
 template <typename T>

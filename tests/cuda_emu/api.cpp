@@ -1,0 +1,122 @@
+// C entry points of the emulated CUDA kernels, for tests/test_cuda_emulated.py (ctypes): the
+// launchers of csrc/kernels/cuda/kernels.cuh on host pointers, the storage type as a code
+// (0 float32, 1 bfloat16, 2 float16). Each returns the launch's cudaError_t (0: success; else
+// bbemu_last_error() says why).
+#include <type_traits>
+
+#include "kernels/cuda/kernels.cuh"
+
+namespace bc = blockbatch::cuda;
+namespace cpu = blockbatch::cpu;
+
+namespace {
+template <typename F>
+int by_dtype(int dtype, F&& f) {
+  switch (dtype) {
+    case 0: return static_cast<int>(f(float{}));
+    case 1: return static_cast<int>(f(__nv_bfloat16{}));
+    case 2: return static_cast<int>(f(__half{}));
+    default: return static_cast<int>(cudaErrorInvalidValue);
+  }
+}
+template <typename T>
+T* as(void* p) {
+  return static_cast<T*>(p);
+}
+template <typename T>
+const T* as(const void* p) {
+  return static_cast<const T*>(p);
+}
+cudaStream_t kStream = nullptr;
+}  // namespace
+
+extern "C" {
+
+int bbemu_linear_small(int dtype, const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy,
+                       int64_t M, int64_t N, int64_t K, int splits, int staged) {
+  return by_dtype(dtype, [&](auto t) {
+    using T = decltype(t);
+    return bc::linear_small<T>(as<T>(x), ldx, as<T>(w), ldw, as<T>(y), ldy, M, N, K, splits, staged != 0, kStream);
+  });
+}
+
+int bbemu_linear_small_splits(int64_t M, int64_t N, int64_t K, int sm_count, int staged) {
+  return bc::linear_small_splits(M, N, K, sm_count, staged != 0);
+}
+
+int bbemu_rope_kv_write(int dtype, void* q, int64_t q_stride, int64_t heads, void* k, const void* v,
+                        int64_t kv_stride, const int64_t* positions, const float* cos_sin, void* kv, int64_t layers,
+                        int64_t kv_heads, int64_t length, int64_t head_dim, int64_t layer, const int64_t* cu_seqlens,
+                        const int64_t* kv_rows, int64_t rows, int64_t tokens, int vectorized) {
+  const cpu::KvGeometry g{layers, kv_heads, length, head_dim};
+  return by_dtype(dtype, [&](auto t) {
+    using T = decltype(t);
+    return bc::rope_kv_write<T>(as<T>(q), q_stride, heads, as<T>(k), as<T>(v), kv_stride, positions, cos_sin,
+                                as<T>(kv), g, layer, cu_seqlens, kv_rows, rows, tokens, vectorized != 0, kStream);
+  });
+}
+
+// packed_attention's arguments; `kernel`: 0 the reference kernel (attention.cu; max_keys bounds
+// the rows' key counts), 1 the staged tensor-core kernel, 2 the pipelined one (splits > 1 needs
+// `part`: splits * tokens * heads * (head_dim + 2) floats; splits 0: flash_attention_splits).
+int bbemu_attention(int dtype, int kernel, const void* q, const void* k, const void* v, void* out, int64_t q_stride,
+                    int64_t kv_stride, const int64_t* cu_seqlens, int64_t rows, const void* cache, int64_t layers,
+                    int64_t kv_heads, int64_t length, int64_t head_dim, int64_t layer, const int64_t* kv_rows,
+                    const int64_t* cache_lens, int attend_fresh, int64_t heads, int64_t tokens, int64_t max_keys,
+                    int splits, float* part) {
+  cpu::AttentionArgs a{q, k, v, out, q_stride, kv_stride, cu_seqlens, rows, cache, cpu::KvGeometry{layers, kv_heads, length, head_dim},
+                       layer, kv_rows, cache_lens, attend_fresh != 0, heads, kv_heads, head_dim};
+  if (kernel != 0 && !bc::flash_attention_supported(a, dtype, 9)) return static_cast<int>(cudaErrorInvalidValue);
+  if (kernel != 0 && splits == 0) splits = bc::flash_attention_splits(a, tokens, max_keys, 132);
+  return by_dtype(dtype, [&](auto t) {
+    using T = decltype(t);
+    if constexpr (std::is_same_v<T, float>) {  // no float32 tensor-core kernel (supported() says so)
+      return bc::packed_attention<T>(a, tokens, max_keys, kStream);
+    } else {
+      return kernel == 0 ? bc::packed_attention<T>(a, tokens, max_keys, kStream)
+                         : bc::flash_attention<T>(a, tokens, splits, part, kernel == 2, kStream);
+    }
+  });
+}
+
+int bbemu_attention_splits(int dtype, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rows,
+                           int64_t tokens, int64_t max_keys) {
+  cpu::AttentionArgs a{};
+  a.heads = heads, a.kv_heads = kv_heads, a.head_dim = head_dim, a.rows = rows;
+  (void)dtype;
+  return bc::flash_attention_splits(a, tokens, max_keys, 132);
+}
+
+int bbemu_rms_norm(int dtype, void* x, int64_t x_stride, const void* delta, const void* w, void* out, int64_t rows,
+                   int64_t dim, float eps) {
+  return by_dtype(dtype, [&](auto t) {
+    using T = decltype(t);
+    return delta == nullptr ? bc::rms_norm<T>(as<T>(x), x_stride, as<T>(w), as<T>(out), rows, dim, eps, kStream)
+                            : bc::add_rms_norm<T>(as<T>(x), as<T>(delta), as<T>(w), as<T>(out), rows, dim, eps, kStream);
+  });
+}
+
+int bbemu_silu_mul(int dtype, const void* gate_up, void* out, int64_t rows, int64_t m) {
+  return by_dtype(dtype, [&](auto t) {
+    using T = decltype(t);
+    return bc::silu_mul<T>(as<T>(gate_up), as<T>(out), rows, m, kStream);
+  });
+}
+
+int bbemu_confidence(int dtype, const void* logits, int64_t rows, int64_t vocab, int64_t exclude, int64_t* argmax,
+                     double* conf) {
+  return by_dtype(dtype, [&](auto t) {
+    using T = decltype(t);
+    return bc::confidence<T>(as<T>(logits), rows, vocab, exclude, argmax, conf, kStream);
+  });
+}
+
+int bbemu_sparse_probs(int dtype, const void* logits, int64_t rows, int64_t vocab, double floor, int64_t max_k,
+                       int64_t* ids, double* probs) {
+  return by_dtype(dtype, [&](auto t) {
+    using T = decltype(t);
+    return bc::sparse_probs<T>(as<T>(logits), rows, vocab, floor, max_k, ids, probs, kStream);
+  });
+}
+
+}  // extern "C"

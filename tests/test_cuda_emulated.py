@@ -1,0 +1,314 @@
+"""The CUDA kernels run on the CPU CUDA emulator (tests/cuda_emu/) against the CPU ops.
+
+The kernel sources of csrc/kernels/cuda/ are compiled by the host compiler with the emulator in
+front: every GPU thread is a fiber, barriers and warp collectives are scheduled in a seeded
+shuffled order, mma.sync / ldmatrix use the PTX fragment layouts, cp.async lands only at its
+wait. So the kernels' indexing, tails, fragment mappings, barriers and reductions are checked
+here on every CI run, not only when a GPU is lent. The emulator's own checks are tested on
+kernels with known faults (tests/cuda_emu/selftest.cu); its fragment layouts are the ones under
+which the tensor-core attention kernel, verified on an H200, computes attention here.
+Needs the CUDA toolkit's headers (not a GPU); skipped cleanly without them.
+"""
+
+import ctypes
+
+import pytest
+import torch
+
+import blockbatch.native  # noqa: F401
+from blockbatch.testing import rope_kv_case, rope_table
+from cuda_emu.build import build
+
+ops = torch.ops.blockbatch
+CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+# argument kinds: i int, u unsigned, l int64, z size_t, f float, d double, p pointer (tensor or None)
+_KINDS = {"i": ctypes.c_int, "u": ctypes.c_uint, "l": ctypes.c_int64, "z": ctypes.c_size_t, "f": ctypes.c_float,
+          "d": ctypes.c_double, "p": ctypes.c_void_p}
+_SIGNATURES = {
+    "bbemu_linear_small": "ipl pl pl lll ii",
+    "bbemu_rope_kv_write": "i plp ppl pp p llll l ppll i",
+    "bbemu_attention": "ii pppp ll pl p llll l pp i lll ip",
+    "bbemu_rms_norm": "i pl ppp ll f",
+    "bbemu_silu_mul": "i pp ll",
+    "bbemu_confidence": "i p lll pp",
+    "bbemu_sparse_probs": "i p ll dl pp",
+    "bbemu_selftest_neighbour": "pii",
+    "bbemu_selftest_copy": "ppii",
+    "bbemu_selftest_warp": "pi",
+    "bbemu_selftest_launch": "uuzi",
+}
+
+
+class Emulator:
+    def __init__(self, lib):
+        self.lib = lib
+        for name, sig in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.argtypes = [_KINDS[c] for c in sig.replace(" ", "")]
+            fn.restype = ctypes.c_int
+        lib.bbemu_last_error.restype = ctypes.c_char_p
+        lib.bbemu_set_seed.argtypes = [ctypes.c_uint64]
+
+    def seed(self, s):
+        self.lib.bbemu_set_seed(s)
+
+    def error(self):
+        return self.lib.bbemu_last_error().decode()
+
+    def __call__(self, name, *args):
+        """The launcher's cudaError_t (0: success)."""
+        conv = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
+        return getattr(self.lib, name)(*conv)
+
+    def ok(self, name, *args):
+        rc = self(name, *args)
+        assert rc == 0, f"{name}: cudaError {rc}: {self.error()}"
+
+
+@pytest.fixture(scope="module")
+def emu():
+    try:
+        path = build()
+    except RuntimeError as e:
+        if str(e).startswith(("no C++ compiler", "no CUDA toolkit headers")):
+            pytest.skip(str(e))
+        raise
+    e = Emulator(ctypes.CDLL(str(path)))
+    e.seed(1)
+    return e
+
+
+def _rel_err(a, b):
+    return (a.double() - b.double()).abs().max().item()
+
+
+# ---------------------------------------------------------------------------------------------
+# The emulator's checks, on kernels with known faults
+
+
+def test_emulator_catches_a_missing_barrier(emu):
+    n, want = 96, (torch.arange(96) + 1) % 96
+    out = torch.empty(n)
+    for seed in (1, 2, 3):
+        emu.seed(seed)
+        emu.ok("bbemu_selftest_neighbour", out, n, 1)
+        assert torch.equal(out, want.float())
+    wrong = 0
+    for seed in (1, 2, 3):
+        emu.seed(seed)
+        emu.ok("bbemu_selftest_neighbour", out, n, 0)
+        wrong += int(not torch.equal(out, want.float()))
+    assert wrong == 3  # a thread that runs before its neighbour reads unwritten (NaN) shared memory
+
+
+def test_emulator_catches_a_missing_cp_async_wait(emu):
+    n = 64
+    src = torch.randn(4 * n)
+    out = torch.empty(4 * n)
+    emu.ok("bbemu_selftest_copy", src, out, n, 1)
+    assert torch.equal(out, src.view(n, 4).roll(-1, 0).flatten())
+    emu.ok("bbemu_selftest_copy", src, out, n, 0)
+    assert out.isnan().any()  # copies land at the wait, which never comes before the reads
+
+
+def test_emulator_catches_divergent_warp_collectives(emu):
+    out = torch.empty(32)
+    emu.ok("bbemu_selftest_warp", out, 0)
+    assert torch.equal(out, (torch.arange(32) ^ 1).float())
+    assert emu("bbemu_selftest_warp", out, 1) != 0
+    assert "is in shfl_xor while lane" in emu.error() and "syncwarp" in emu.error()
+    assert emu("bbemu_selftest_warp", out, 2) != 0
+    assert emu.error().startswith("deadlock: block (0, 0, 0) thread") and "warp collective" in emu.error()
+
+
+def test_emulator_checks_launch_limits(emu):
+    emu.ok("bbemu_selftest_launch", 4, 1, 48 * 1024, 0)
+    assert emu("bbemu_selftest_launch", 4, 1, 64 * 1024, 0) != 0
+    assert "65536 bytes of dynamic shared memory (limit 49152" in emu.error()
+    emu.ok("bbemu_selftest_launch", 4, 1, 64 * 1024, 64 * 1024)
+    emu.ok("bbemu_selftest_launch", 8, 8, 0, 0)
+    assert emu("bbemu_selftest_launch", 4, 3, 0, 0) != 0 and "cluster (3, 1, 1) for grid (4, 1, 1)" in emu.error()
+    assert emu("bbemu_selftest_launch", 16, 16, 0, 0) != 0 and "cluster (16, 1, 1)" in emu.error()
+
+
+# ---------------------------------------------------------------------------------------------
+# The weight-streaming GEMM (linear.cu; BLOCKBATCH_GEMM=stream / staged on a GPU)
+
+# (rows, out, in): one 8-row tile, row / column tails, each X tile count (1, 2, 4, 8), K not a
+# multiple of 128 (staged falls back to stream), more K chunks than warps x splits.
+GEMM_SHAPES = [(1, 64, 32), (7, 200, 96), (8, 256, 512), (16, 96, 256), (32, 130, 256), (33, 72, 384),
+               (64, 72, 384), (20, 48, 1024)]
+
+
+def _gemm_case(M, N, K, dtype, pad):
+    g = torch.Generator().manual_seed(M * 1000 + N + K)
+    x = torch.randn(M, K + pad, generator=g).to(dtype)[:, :K]  # leading dimensions K + pad
+    w = (torch.randn(N, K + pad, generator=g) / K ** 0.5).to(dtype)[:, :K]
+    return x, w
+
+
+def _gemm(emu, x, w, splits, staged, sentinel=7.0):
+    """Y through the emulated kernel, in a buffer with a guard row and guard columns that must
+    keep `sentinel`; Y itself starts as NaN (every element must be written)."""
+    M, K = x.shape
+    N = w.shape[0]
+    buf = torch.full((M + 1, N + 8), sentinel, dtype=x.dtype)
+    buf[:M, :N] = float("nan")
+    emu.ok("bbemu_linear_small", CODE[x.dtype], x, x.stride(0), w, w.stride(0), buf, buf.stride(0), M, N, K, splits,
+           int(staged))
+    assert (buf[M] == sentinel).all() and (buf[:, N:] == sentinel).all(), "a write outside Y"
+    return buf[:M, :N]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("staged", [False, True], ids=["stream", "staged"])
+@pytest.mark.parametrize("M,N,K", GEMM_SHAPES)
+def test_linear_small_emulated(emu, M, N, K, staged, dtype):
+    """x @ w.T for every split count the kernels take (3: uneven K ranges; 8: some ranks without
+    K): within 2x PyTorch's own error at this dtype of the exact product of the rounded inputs,
+    every element written, nothing outside Y."""
+    x, w = _gemm_case(M, N, K, dtype, pad=8 if K % 64 == 0 else 0)
+    exact = x.double() @ w.double().t()
+    torch_err = _rel_err(x @ w.t(), exact)
+    assert torch_err > 0
+    for splits in (1, 2, 3, 8):
+        y = _gemm(emu, x, w, splits, staged)
+        assert not y.isnan().any(), f"splits {splits}: unwritten outputs"
+        err = _rel_err(y, exact)
+        assert err <= 2 * torch_err, f"splits {splits}: {err:.3g} vs PyTorch {torch_err:.3g}"
+
+
+def test_linear_small_is_deterministic_and_the_variants_agree(emu):
+    """The reduction order is fixed (warp order, then cluster rank order): the same bits under
+    every schedule; with one split the staged kernel visits the same K chunks in the same order
+    per warp as the register one, so their results are equal bit for bit."""
+    x, w = _gemm_case(24, 100, 512, torch.bfloat16, pad=0)
+    for staged in (False, True):
+        runs = []
+        for seed in (1, 2, 3):
+            emu.seed(seed)
+            runs.append(_gemm(emu, x, w, 4, staged))
+        assert all(torch.equal(runs[0], r) for r in runs[1:])
+    assert torch.equal(_gemm(emu, x, w, 1, False), _gemm(emu, x, w, 1, True))
+
+
+def test_linear_small_rejects_what_it_cannot_run(emu):
+    x, w = _gemm_case(8, 64, 64, torch.bfloat16, pad=0)
+    y = torch.empty(8, 64, dtype=torch.bfloat16)
+    for dtype, M, K, splits in ((0, 8, 64, 1), (1, 65, 64, 1), (1, 8, 48, 1), (1, 8, 64, 9), (1, 8, 64, 0)):
+        assert emu("bbemu_linear_small", dtype, x, 64, w, 64, y, 64, M, 64, K, splits, 0) != 0
+
+
+# ---------------------------------------------------------------------------------------------
+# RoPE + KV write, attention, the small kernels: the same comparisons as tests/test_cuda.py
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hd", [16, 128, 12])
+def test_rope_kv_write_emulated(emu, dtype, hd):
+    """Both rope_kv_write kernels (16-byte accesses where hd allows, element pairs) == the CPU op
+    (float32: bit for bit; bf16 within one bf16 step of the values' scale) and == each other."""
+    table = rope_table(32, hd, 1e4)
+    qkv_ref, q, k, v, kv_ref, (pos, cu, rows) = rope_kv_case("cpu", dtype, hd=hd)
+    ops.rope_kv_write_(q, k, v, pos, table, kv_ref, cu, rows, 1)
+    results = []
+    for vectorized in (1, 0):
+        qkv, q, k, v, kv, _ = rope_kv_case("cpu", dtype, hd=hd)
+        L, layers = kv.shape[4], kv.shape[1]
+        emu.ok("bbemu_rope_kv_write", CODE[dtype], q, q.stride(0), q.shape[1], k, v, k.stride(0), pos, table, kv,
+               layers, kv.shape[3], L, hd, 1, cu, rows, len(rows), q.shape[0], vectorized)
+        results.append((qkv, kv))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    tol = 0 if dtype == torch.float32 else 1e-2
+    for a, b in zip(results[0], (qkv_ref, kv_ref)):
+        assert _rel_err(a, b) <= tol * b.float().abs().max().item()
+
+
+def _attention(emu, kernel, q, k, v, cu, kv, rows, cache, layer, fresh, splits, max_keys):
+    T, heads, hd = q.shape
+    out = torch.full((T, heads * hd), float("nan"), dtype=q.dtype)
+    part = torch.empty(max(splits, 16) * T * heads * (hd + 2))
+    emu.ok("bbemu_attention", CODE[q.dtype], kernel, q, k, v, out, q.stride(0), k.stride(0), cu, len(rows), kv,
+           kv.shape[1], kv.shape[3], kv.shape[4], hd, layer, rows, cache, int(fresh), heads, T, max_keys, splits, part)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads,kv_heads,hd", [(4, 2, 64), (2, 1, 128)])
+def test_attention_emulated(emu, dtype, heads, kv_heads, hd):
+    """The reference kernel and both tensor-core kernels (staged, pipelined; one and three key
+    splits, and the automatic count) against float32 attention on the same rounded inputs:
+    within 2x the CPU op's own error at this dtype; staged == pipelined bit for bit."""
+    g = torch.Generator().manual_seed(heads * hd)
+    lengths, L = [1, 7, 64, 65], 140
+    T = sum(lengths)
+    q, k, v = (torch.randn(T, h, hd, generator=g).to(dtype) for h in (heads, kv_heads, kv_heads))
+    kv = torch.randn(len(lengths), 2, 2, kv_heads, L, hd, generator=g).to(dtype)
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)))
+    rows = torch.tensor([2, 0, 3, 1])
+    for cache, fresh in ((torch.full((4,), L), False), (torch.tensor([0, 5, 64, 140]), True)):
+        exact = ops.packed_attention(q.float(), k.float(), v.float(), cu, kv.float(), rows, cache, 1, fresh)
+        cpu_err = _rel_err(ops.packed_attention(q, k, v, cu, kv, rows, cache, 1, fresh), exact)
+        assert cpu_err > 0
+        max_keys = L + max(lengths)
+        ref = _attention(emu, 0, q, k, v, cu, kv, rows, cache, 1, fresh, 1, max_keys)
+        assert _rel_err(ref, exact) <= 2 * cpu_err
+        for splits in (1, 3, 0):
+            staged, pipelined = (_attention(emu, kernel, q, k, v, cu, kv, rows, cache, 1, fresh, splits, max_keys)
+                                 for kernel in (1, 2))
+            assert not pipelined.isnan().any()
+            err = _rel_err(pipelined, exact)
+            assert err <= 2 * cpu_err, f"cache={cache.tolist()} splits={splits}: {err:.3g} vs {cpu_err:.3g}"
+            assert torch.equal(staged, pipelined), f"cache={cache.tolist()} splits={splits}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dim", [256, 4096, 100])  # 16-byte chunks (1 or 2 per thread) / scalar kernels
+def test_norm_and_activation_emulated(emu, dtype, dim):
+    """RMSNorm, the fused residual add + RMSNorm (x updated too) and SwiGLU == the CPU ops
+    (float32 within 1e-4; bf16 within 2e-2)."""
+    g = torch.Generator().manual_seed(dim)
+    rows = 5
+    x = torch.randn(rows, dim + 8, generator=g).to(dtype)[:, :dim]  # row stride != dim
+    w = (1 + 0.1 * torch.randn(dim, generator=g)).to(dtype)
+    delta = torch.randn(rows, dim, generator=g).to(dtype)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    out = torch.empty(rows, dim, dtype=dtype)
+    emu.ok("bbemu_rms_norm", CODE[dtype], x, x.stride(0), None, w, out, rows, dim, 1e-5)
+    torch.testing.assert_close(out.float(), ops.rms_norm(x, w, 1e-5).float(), atol=tol, rtol=tol)
+    xc = x.contiguous()
+    x_ref = xc.clone()
+    expected = ops.add_rms_norm_(x_ref, delta, w, 1e-5)
+    emu.ok("bbemu_rms_norm", CODE[dtype], xc, dim, delta, w, out, rows, dim, 1e-5)
+    assert torch.equal(xc, x_ref)
+    torch.testing.assert_close(out.float(), expected.float(), atol=tol, rtol=tol)
+    m = dim // 2 + 3
+    gu = torch.randn(rows, 2 * m, generator=g).to(dtype)
+    act = torch.empty(rows, m, dtype=dtype)
+    emu.ok("bbemu_silu_mul", CODE[dtype], gu, act, rows, m)
+    torch.testing.assert_close(act.float(), ops.silu_mul(gu).float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("vocab", [5000, 4999])  # rows read in 16-byte chunks / element by element
+def test_confidence_and_sparse_probs_emulated(emu, dtype, vocab):
+    g = torch.Generator().manual_seed(vocab)
+    rows = 4
+    logits = (4 * torch.randn(rows, vocab, generator=g)).to(dtype)
+    logits[3, 10] = logits[3, 2000] = logits[3].max() + 1  # a tie: the lower id wins
+    argmax, conf = torch.empty(rows, dtype=torch.long), torch.empty(rows, dtype=torch.float64)
+    emu.ok("bbemu_confidence", CODE[dtype], logits, rows, vocab, 7, argmax, conf)
+    a_cpu, c_cpu = ops.confidence(logits, 7)
+    assert torch.equal(argmax, a_cpu) and argmax[3].item() == 10
+    torch.testing.assert_close(conf, c_cpu, atol=1e-9, rtol=1e-7)
+    max_k = 11
+    ids, probs = torch.empty(rows, max_k, dtype=torch.long), torch.empty(rows, max_k, dtype=torch.float64)
+    emu.ok("bbemu_sparse_probs", CODE[dtype], logits, rows, vocab, 0.1, max_k, ids, probs)
+    ids_c, p_c = ops.sparse_probs(logits, 0.1, max_k)
+    for r in range(rows):  # same (token, prob) set per row; the GPU order is unspecified
+        ours = sorted((int(i), float(p)) for i, p in zip(ids[r], probs[r]) if i >= 0)
+        theirs = sorted((int(i), float(p)) for i, p in zip(ids_c[r], p_c[r]) if i >= 0)
+        assert [i for i, _ in ours] == [i for i, _ in theirs]
+        torch.testing.assert_close(torch.tensor([p for _, p in ours], dtype=torch.float64),
+                                   torch.tensor([p for _, p in theirs], dtype=torch.float64), atol=1e-9, rtol=1e-7)
