@@ -25,7 +25,10 @@ environment variables and under all together ("<name>_eager_ms", "_replay_ms",
 "_busy_ms", "_replay_over_busy", "_replay_over_roofline"): the weight-streaming GEMM of
 csrc/kernels/cuda/linear.cu, loading into registers ("stream") or through a cp.async ring
 ("staged"; steps of at most 64 query tokens), the 16-byte
-rope_kv_write ("rope_vec"), programmatic dependent launch ("pdl"). And "gemm" in the JSON: each of the step's weight shapes (fused QKV, attention out, fused gate|up,
+rope_kv_write ("rope_vec"), programmatic dependent launch ("pdl"), attention with three cp.async
+K/V stages ("attn3", BLOCKBATCH_ATTN_KERNEL=pipelined3; with the attention-alone timings of the
+default pipelined kernel beside it), cuBLAS on rows padded to a multiple of 64 ("pad",
+BLOCKBATCH_GEMM_PAD=64: the 6-branch step's 252 rows as 256). And "gemm" in the JSON: each of the step's weight shapes (fused QKV, attention out, fused gate|up,
 MLP out, LM head) at 8, 32 and 64 rows, cuBLAS against each streaming kernel with its automatic
 cluster split count and with 1, 2, 4, 8 splits forced (BLOCKBATCH_GEMM_SPLITS), and at 252 and
 256 rows cuBLAS alone: microseconds per GEMM, the weight bandwidth and the TFLOP/s it reaches (weights rotated over copies larger than the L2 cache
@@ -159,8 +162,8 @@ class PlainStep:
         return x @ w[P + "ff_out.weight"].T
 
 
-def attention_sweep(config, kv, lengths, L: int, repeats: int) -> dict:
-    """One layer's dual-cache attention at this step's shape, per key-split setting."""
+def attention_sweep(config, kv, lengths, L: int, repeats: int, kernels=("sync", "pipelined")) -> dict:
+    """One layer's dual-cache attention at this step's shape, per kernel and key-split setting."""
     hd, heads, kv_heads = config.d_model // config.n_heads, config.n_heads, config.n_kv_heads
     T, R = sum(lengths), len(lengths)
     q = torch.randn(T, heads, hd, device="cuda", dtype=torch.bfloat16)
@@ -170,7 +173,7 @@ def attention_sweep(config, kv, lengths, L: int, repeats: int) -> dict:
     rows, cache = torch.arange(R, device="cuda"), torch.full((R,), L, device="cuda")
     kv_bytes = R * kv_heads * L * hd * 2 * kv.element_size()
     out = {}
-    for kernel in ("sync", "pipelined"):
+    for kernel in kernels:
         for splits in ("auto", "1", "2", "4", "8"):
             with environ(BLOCKBATCH_ATTN_KERNEL=kernel, BLOCKBATCH_ATTN_SPLITS=None if splits == "auto" else splits):
                 ms = cuda_ms(lambda: torch.ops.blockbatch.packed_attention(q, k, v, cu, kv, rows, cache, 0, False),
@@ -298,7 +301,10 @@ CANDIDATES = {
     "staged": {"BLOCKBATCH_GEMM": "staged"},    # the same through a cp.async shared-memory ring
     "rope_vec": {"BLOCKBATCH_ROPE_KERNEL": "vec"},  # 16-byte rope_kv_write
     "pdl": {"BLOCKBATCH_PDL": "1"},             # programmatic dependent launch (launch.cuh)
-    "all": {"BLOCKBATCH_GEMM": "stream", "BLOCKBATCH_ROPE_KERNEL": "vec", "BLOCKBATCH_PDL": "1"},
+    "attn3": {"BLOCKBATCH_ATTN_KERNEL": "pipelined3"},  # attention with 3 cp.async K/V stages
+    "pad": {"BLOCKBATCH_GEMM_PAD": "64"},       # cuBLAS GEMMs of > 64 rows on rows padded to 64 (252 -> 256)
+    "all": {"BLOCKBATCH_GEMM": "stream", "BLOCKBATCH_GEMM_PAD": "64", "BLOCKBATCH_ROPE_KERNEL": "vec", "BLOCKBATCH_PDL": "1",
+            "BLOCKBATCH_ATTN_KERNEL": "pipelined3"},
 }
 
 
@@ -364,8 +370,12 @@ def main(argv=None) -> int:
                 for name, env in {"default": {}, **CANDIDATES}.items():
                     if name in ("stream", "staged") and sum(lengths) > 64:
                         continue  # the streaming GEMM takes at most 64 rows
+                    if name == "pad" and sum(lengths) <= 64:
+                        continue  # padding applies to more than 64 rows
                     with section(row, name), environ(**env):
                         row.update(candidate_latency(name, step, row, args.repeats))
+                with section(row, "attention"):
+                    row.update(attention_sweep(config, kv, lengths, L, args.repeats, ("pipelined", "pipelined3")))
                 del kv
                 print(json.dumps(row), flush=True)
                 save()

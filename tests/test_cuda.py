@@ -15,7 +15,7 @@ ops = torch.ops.blockbatch
 DTYPES = [torch.float32, torch.bfloat16]
 
 
-@pytest.fixture(params=["sync", "pipelined"])
+@pytest.fixture(params=["sync", "pipelined", pytest.param("pipelined3", marks=pytest.mark.candidate)])
 def attn_kernel(request, monkeypatch):
     """Run the test with each tensor-core attention kernel (BLOCKBATCH_ATTN_KERNEL)."""
     monkeypatch.setenv("BLOCKBATCH_ATTN_KERNEL", request.param)
@@ -222,10 +222,11 @@ def test_split_key_attention_on_long_rows(hd, attn_kernel, monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("hd", [64, 128])
-def test_pipelined_attention_equals_sync_bit_for_bit(dtype, hd, monkeypatch):
-    """The cp.async / ldmatrix kernel does the same arithmetic in the same order as the staged one:
-    equal bits on random rows (cache only, cache + fresh, fresh only, empty and one-query rows),
-    with and without key splits; every output element written (NaN poison)."""
+@pytest.mark.parametrize("pipelined", ["pipelined", pytest.param("pipelined3", marks=pytest.mark.candidate)])
+def test_pipelined_attention_equals_sync_bit_for_bit(dtype, hd, pipelined, monkeypatch):
+    """The cp.async / ldmatrix kernels (2 and 3 stages) do the same arithmetic in the same order as
+    the staged one: equal bits on random rows (cache only, cache + fresh, fresh only, empty and
+    one-query rows), with and without key splits; every output element written (NaN poison)."""
     torch.manual_seed(2)
     heads, kv_heads, L = 8, 4, 700
     lengths = [0, 1, 5, 64, 65, 130, 31]
@@ -238,14 +239,14 @@ def test_pipelined_attention_equals_sync_bit_for_bit(dtype, hd, monkeypatch):
     for cache, fresh in cases:
         for splits in ("", "1", "4", "16"):
             outs = {}
-            for kernel in ("sync", "pipelined"):
+            for kernel in ("sync", pipelined):
                 monkeypatch.setenv("BLOCKBATCH_ATTN_KERNEL", kernel)
                 monkeypatch.setenv("BLOCKBATCH_ATTN_SPLITS", splits)
                 poison = torch.full((T, heads * hd), float("nan"), device="cuda", dtype=dtype)
                 del poison  # the caching allocator hands this NaN block to the output below
                 outs[kernel] = ops.packed_attention(q, k, v, cu, kv, rows, cache, 1, fresh)
-            assert not outs["pipelined"].isnan().any()
-            assert torch.equal(outs["sync"], outs["pipelined"]), f"cache={cache.tolist()} fresh={fresh} splits={splits!r}"
+            assert not outs[pipelined].isnan().any()
+            assert torch.equal(outs["sync"], outs[pipelined]), f"cache={cache.tolist()} fresh={fresh} splits={splits!r}"
 
 
 @pytest.mark.candidate
@@ -260,7 +261,7 @@ def test_attention_kernel_variable_is_checked(monkeypatch):
     monkeypatch.setenv("BLOCKBATCH_ATTN_KERNEL", "fast")
     q = torch.randn(4, 2, 64, device="cuda", dtype=torch.bfloat16)
     cu = torch.tensor([0, 4], device="cuda")
-    with pytest.raises(ValueError, match="BLOCKBATCH_ATTN_KERNEL must be 'sync' or 'pipelined', got 'fast'"):
+    with pytest.raises(ValueError, match="BLOCKBATCH_ATTN_KERNEL must be 'sync', 'pipelined' or 'pipelined3', got 'fast'"):
         ops.packed_attention(q, q, q, cu, None, None, None, 0, True)
     monkeypatch.delenv("BLOCKBATCH_ATTN_KERNEL")
     monkeypatch.setenv("BLOCKBATCH_ATTN_SPLITS", "0")
@@ -334,6 +335,31 @@ def test_stream_linear_runs_its_kernel_and_falls_back(monkeypatch):
     monkeypatch.setenv("BLOCKBATCH_GEMM", "stream")
     monkeypatch.setenv("BLOCKBATCH_GEMM_SPLITS", "9")
     with pytest.raises(ValueError, match=r"BLOCKBATCH_GEMM_SPLITS must be an integer in \[1, 8\], got '9'"):
+        ops.linear(x, w)
+
+
+@pytest.mark.candidate
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_padded_gemm(dtype, monkeypatch):
+    """BLOCKBATCH_GEMM_PAD=64: a 16-bit GEMM of more than 64 rows runs on zero-padded rows (252 ->
+    256) and returns the first M rows, contiguous, within 2x cuBLAS's error on the unpadded rows;
+    multiples of 64, <= 64 rows and float32 are untouched (same bits); bad values name the variable."""
+    torch.manual_seed(5)
+    x = torch.randn(252, 4096, device="cuda").to(dtype)
+    w = (torch.randn(1000, 4096, device="cuda") / 64).to(dtype)
+    exact = x.float() @ w.float().t()
+    cublas_err = ((x @ w.t()).float() - exact).abs().max().item()
+    monkeypatch.setenv("BLOCKBATCH_GEMM_PAD", "64")
+    ours = ops.linear(x, w)
+    assert ours.shape == (252, 1000) and ours.is_contiguous() and not ours.isnan().any()
+    assert (ours.float() - exact).abs().max().item() <= 2 * cublas_err
+    strided = torch.randn(100, 4104, device="cuda").to(dtype)[:, :4096]
+    torch.testing.assert_close(ops.linear(strided, w).float(), strided.float() @ w.float().t(), atol=4 * cublas_err,
+                               rtol=0)
+    for a, b in ((x[:64], w), (x[:192], w), (x.float(), w.float())):
+        assert torch.equal(ops.linear(a, b), a @ b.t())
+    monkeypatch.setenv("BLOCKBATCH_GEMM_PAD", "512")
+    with pytest.raises(ValueError, match=r"BLOCKBATCH_GEMM_PAD must be an integer in \[0, 256\], got '512'"):
         ops.linear(x, w)
 
 

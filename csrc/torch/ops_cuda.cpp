@@ -92,13 +92,15 @@ constexpr bool kAttentionPipelinedByDefault = true;  // 2.4x the staged kernel a
 // (1..16) when set — a tuning and debugging override, read per call so a benchmark can sweep it.
 int attention_splits(int heuristic) { return env_int("BLOCKBATCH_ATTN_SPLITS", 1, 16, heuristic); }
 
-// Which tensor-core attention kernel: BLOCKBATCH_ATTN_KERNEL = "pipelined" (the default: cp.async
-// double buffering + ldmatrix) or "sync" (K/V tiles staged through registers, the first version,
-// kept as the bit-for-bit reference of the pipelined one). Read per call, like the split override,
-// so one process can time both.
-bool attention_pipelined() {
-  return env_choice("BLOCKBATCH_ATTN_KERNEL", {"sync", "pipelined"},
-                    kAttentionPipelinedByDefault ? "pipelined" : "sync") == "pipelined";
+// Which tensor-core attention kernel, as its K/V stage count: BLOCKBATCH_ATTN_KERNEL = "pipelined"
+// (the default: cp.async double buffering + ldmatrix), "pipelined3" (three cp.async stages: two
+// tiles in flight; opt-in until a GPU run has checked and timed it) or "sync" (K/V tiles staged
+// through registers, the first version, kept as the bit-for-bit reference of the others). Read
+// per call, like the split override, so one process can time all three.
+int attention_stages() {
+  const std::string v = env_choice("BLOCKBATCH_ATTN_KERNEL", {"sync", "pipelined", "pipelined3"},
+                                   kAttentionPipelinedByDefault ? "pipelined" : "sync");
+  return v == "sync" ? 1 : v == "pipelined" ? 2 : 3;
 }
 
 // Which GEMM runs x @ weight.T for at most 64 rows: BLOCKBATCH_GEMM = "cublas" (the default: ATen's
@@ -114,6 +116,21 @@ Gemm gemm_kind() {
 }
 
 int gemm_splits(int heuristic) { return env_int("BLOCKBATCH_GEMM_SPLITS", 1, 8, heuristic); }
+
+// BLOCKBATCH_GEMM_PAD = P (2..256; unset, 0 or 1: off): a 16-bit cuBLAS GEMM of more than 64 rows
+// runs on its rows padded with zero rows to a multiple of P, and returns the first M rows. The
+// 6-branch step has 252 rows; if cuBLAS tiles 256 rows better than 252 (it ran 192-row tiles at
+// 252, about 66% of them useful), the copy of x (2 MB) costs far less than it saves. Opt-in
+// until a GPU run has timed it (bench_gpu_step.py's "pad" candidate and its GEMM sweep).
+int gemm_row_multiple() { return env_int("BLOCKBATCH_GEMM_PAD", 0, 256, 0); }
+
+at::Tensor padded_mm(const at::Tensor& x, const at::Tensor& weight, int64_t multiple) {
+  const int64_t M = x.size(0), padded = (M + multiple - 1) / multiple * multiple;
+  at::Tensor xp = at::empty({padded, x.size(1)}, x.options());
+  xp.narrow(0, 0, M).copy_(x);
+  xp.narrow(0, M, padded - M).zero_();
+  return at::mm(xp, weight.t()).narrow(0, 0, M);  // a row prefix of a contiguous matrix: contiguous
+}
 
 // rope_kv_write_'s kernel: BLOCKBATCH_ROPE_KERNEL = "scalar" (the default: element pairs) or "vec"
 // (16 bytes per access, same bits; opt-in until a GPU run has checked and timed it). Read per call.
@@ -231,7 +248,7 @@ at::Tensor packed_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
         at::Tensor part;  // split-key partial results (fp32), merged by the launch's second kernel
         if (splits > 1) part = at::empty({splits, q.size(0), q.size(1), q.size(2) + 2}, q.options().dtype(at::kFloat));
         check_launch(cuda::flash_attention<T>(a, q.size(0), splits, splits > 1 ? part.data_ptr<float>() : nullptr,
-                                              attention_pipelined(), stream),
+                                              attention_stages(), stream),
                      "packed_attention (tensor cores)");
         return;
       }
@@ -246,6 +263,10 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight) {
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t M = x.size(0), N = weight.size(0), K = x.size(1);
   const Gemm kind = gemm_kind();
+  if (const int multiple = gemm_row_multiple();
+      multiple > 1 && x.scalar_type() != at::kFloat && M > cuda::kLinearSmallMaxRows && M % multiple != 0) {
+    return padded_mm(x, weight, multiple);
+  }
   if (x.scalar_type() == at::kFloat || M > cuda::kLinearSmallMaxRows || kind == Gemm::kCublas || x.stride(1) != 1 ||
       weight.stride(1) != 1) {
     return at::mm(x, weight.t());

@@ -24,12 +24,17 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 # The CUDA kernels' environment variables (read per launch), shown by `generate --help`.
 CUDA_ENVIRONMENT = """CUDA kernels (environment variables, read at every launch; --device cuda only):
-  BLOCKBATCH_ATTN_KERNEL=pipelined|sync  tensor-core attention kernel (default pipelined; same bits)
+  BLOCKBATCH_ATTN_KERNEL=pipelined|pipelined3|sync
+                                         tensor-core attention kernel: 2 or 3 cp.async K/V stages,
+                                         or staged through registers (default pipelined; same
+                                         bits; pipelined3 is not yet timed on a GPU)
   BLOCKBATCH_ATTN_SPLITS=1..16           force attention's key-split count (default: automatic)
   BLOCKBATCH_GEMM=cublas|stream|staged   GEMMs of <= 64 rows on a weight-streaming kernel (loads
                                          into registers / a cp.async ring; default cublas; the
                                          streaming kernels are not yet checked on a GPU)
   BLOCKBATCH_GEMM_SPLITS=1..8            the streaming kernel's cluster split count (default: automatic)
+  BLOCKBATCH_GEMM_PAD=0..256             pad the rows of 16-bit GEMMs of > 64 rows to a multiple of
+                                         this for cuBLAS (default 0: off; not yet timed on a GPU)
   BLOCKBATCH_ROPE_KERNEL=scalar|vec      16-byte RoPE + KV-slot write (default scalar; same bits;
                                          vec is not yet checked on a GPU)
   BLOCKBATCH_PDL=0|1                     programmatic dependent launch of the forward's kernels

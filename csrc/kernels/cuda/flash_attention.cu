@@ -13,11 +13,19 @@
 //   C (16x8, fp32):       c0 = C[g][2t], c1 = C[g][2t+1], c2 = C[g+8][2t], c3 = C[g+8][2t+1]
 // Two adjacent 16x8 C tiles of S are exactly the A fragment of P for one k-step of P V.
 //
-// Pipelined variant (flash_attention_kernel with kPipe, chosen by the caller): the K/V tiles are
-// copied global -> shared with cp.async into two stages, so tile t + 1 is in flight while tile t
-// is computed, and the K and V fragments come from shared memory by ldmatrix (x4; .trans for V)
-// instead of 32-bit / 16-bit loads. Same arithmetic in the same order: the two kernels agree
-// bit for bit.
+// Pipelined variants (flash_attention_kernel with kStages >= 2, chosen by the caller): the K/V
+// tiles are copied global -> shared with cp.async into kStages stages, and the K and V fragments
+// come from shared memory by ldmatrix (x4; .trans for V) instead of 32-bit / 16-bit loads.
+// - kStages = 2: tile t + 1 is in flight while tile t is computed (a barrier after each tile, as
+//   its stage is refilled next).
+// - kStages = 3: tiles t + 1 and t + 2 are in flight while tile t is computed: each tile costs
+//   about half a DRAM round trip instead of a whole one when the loads, not the arithmetic, set
+//   the pace (few queries per row over long rows: a decode step). The Q tile is staged through
+//   the third stage's buffer before the loop (its fragments then live in registers), so the
+//   shared memory is 3 K/V stages (104 KB at head_dim 128: two blocks per SM, as with 2 stages).
+//   The prefetch of tile t + 2 goes into tile t - 1's stage after the barrier that opens tile t,
+//   which also orders it after every warp's last read of that stage: one barrier per tile.
+// Same arithmetic in the same order: every variant agrees with the staged one bit for bit.
 //
 // Split keys (flash-decoding): when the q-tiles x heads are too few to fill the GPU and the rows
 // are long, grid.z splits each row's keys into `splits` ranges (multiples of 64 keys). Each block
@@ -99,19 +107,24 @@ __device__ __forceinline__ bool tile_of(const int64_t* cu, int64_t rows, int64_t
 }
 
 // Shared memory: the Q tile, then per stage a K and a V tile (rows padded to HD + kPad).
-template <int HD, bool kPipe>
+template <int HD, int kStages>
 constexpr size_t shared_elems() {
-  return static_cast<size_t>(kBlockQ + (kPipe ? 2 : 1) * 2 * kBlockK) * (HD + kPad);
+  static_assert(kStages >= 1 && kStages <= 3, "1: staged through registers, 2 or 3: cp.async stages");
+  static_assert(2 * kBlockK >= kBlockQ, "with 3 stages the Q tile fits in one stage's buffer");
+  return static_cast<size_t>((kStages >= 3 ? 0 : kBlockQ) + kStages * 2 * kBlockK) * (HD + kPad);
 }
 
-template <typename T, int HD, bool kPipe>
+template <typename T, int HD, int kStages>
 __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::AttentionArgs a, int splits, float* part,
                                                                    int64_t tokens) {
   dependent_launch_prologue();
   constexpr int LD = HD + kPad, kTile = kBlockK * LD;
+  constexpr bool kPipe = kStages >= 2;
   BLOCKBATCH_DYNAMIC_SHARED(unsigned char, smem_raw);
-  T* qs = reinterpret_cast<T*>(smem_raw);  // [kBlockQ][LD]
-  T* kvs = qs + kBlockQ * LD;              // per stage: K [kBlockK][LD], then V [kBlockK][LD]
+  // Per stage: K [kBlockK][LD], then V [kBlockK][LD]; the Q tile [kBlockQ][LD] before them, or
+  // (3 stages) in the last stage's buffer, which the loop first fills after the Q fragments are read.
+  T* kvs = reinterpret_cast<T*>(smem_raw) + (kStages >= 3 ? 0 : kBlockQ * LD);
+  T* qs = kStages >= 3 ? kvs + (kStages - 1) * 2 * kTile : reinterpret_cast<T*>(smem_raw);
 
   int64_t r, q0;
   if (!tile_of(a.cu_seqlens, a.rows, blockIdx.x, r, q0)) return;
@@ -159,8 +172,11 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::Attentio
     }
   };
   if constexpr (kPipe) {
-    if (ntiles > 0) load_async(kb, 0);  // in flight while the Q tile is staged
-    cp_async_commit();
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {  // in flight while the Q tile is staged
+      if (s < ntiles) load_async(kb + s * kBlockK, s);
+      cp_async_commit();  // one group per tile, empty past the end: the waits below count groups
+    }
   }
 
   // Q tile -> shared (rows past the row's queries are zero), then each warp's A fragments.
@@ -192,14 +208,19 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::Attentio
 
   for (int64_t t = 0; t < ntiles; ++t) {
     const int64_t k0 = kb + t * kBlockK;
-    const int stage = kPipe ? static_cast<int>(t & 1) : 0;
+    const int stage = kPipe ? static_cast<int>(t % kStages) : 0;
     T* ks = kvs + stage * 2 * kTile;
     T* vs = ks + kTile;
-    if constexpr (kPipe) {
+    if constexpr (kStages == 2) {
       if (t + 1 < ntiles) load_async(k0 + kBlockK, stage ^ 1);
       cp_async_commit();   // (an empty group on the last tile keeps the count uniform)
       cp_async_wait<1>();  // this thread's copies of tile t have landed ...
       __syncthreads();     // ... and everyone's
+    } else if constexpr (kStages >= 3) {
+      cp_async_wait<kStages - 2>();  // this thread's copies of tile t have landed ...
+      __syncthreads();               // ... and everyone's; every warp is done with tile t - 1
+      if (t + kStages - 1 < ntiles) load_async(k0 + (kStages - 1) * kBlockK, static_cast<int>((t + kStages - 1) % kStages));
+      cp_async_commit();
     } else {
       __syncthreads();  // the previous tile is consumed
       for (int i = tid; i < kBlockK * kChunks; i += kThreads) {
@@ -315,7 +336,7 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::Attentio
         }
       }
     }
-    if constexpr (kPipe) __syncthreads();  // this stage is refilled by the next iteration's prefetch
+    if constexpr (kStages == 2) __syncthreads();  // this stage is refilled by the next iteration's prefetch
   }
 
   l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
@@ -372,17 +393,17 @@ __global__ void __launch_bounds__(HD) combine_kernel(const float* part, int spli
   out[tok * heads * HD + h * HD + d] = from_f<T>(L > 0.0f ? acc / L : 0.0f);
 }
 
-template <typename T, int HD, bool kPipe>
+template <typename T, int HD, int kStages>
 cudaError_t launch(const cpu::AttentionArgs& a, int64_t tokens, int splits, float* part, cudaStream_t stream) {
-  constexpr size_t shared = shared_elems<HD, kPipe>() * sizeof(T);
+  constexpr size_t shared = shared_elems<HD, kStages>() * sizeof(T);
   if (shared > 48 * 1024) {
-    const cudaError_t e = allow_shared_memory<flash_attention_kernel<T, HD, kPipe>>(shared);
+    const cudaError_t e = allow_shared_memory<flash_attention_kernel<T, HD, kStages>>(shared);
     if (e != cudaSuccess) return e;
   }
   // Upper bound on the tiles: every row adds at most one partial tile; surplus blocks exit.
   const int64_t blocks = (tokens + kBlockQ - 1) / kBlockQ + a.rows;
   dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.heads), static_cast<unsigned>(splits));
-  const cudaError_t e = launch_kernel(flash_attention_kernel<T, HD, kPipe>, grid, kThreads, shared, stream, nullptr, a,
+  const cudaError_t e = launch_kernel(flash_attention_kernel<T, HD, kStages>, grid, kThreads, shared, stream, nullptr, a,
                                       splits, part, tokens);
   if (splits == 1 || e != cudaSuccess) return e;
   return launch_kernel(combine_kernel<T, HD>, dim3(static_cast<unsigned>(tokens), static_cast<unsigned>(a.heads)), HD,
@@ -406,20 +427,20 @@ int flash_attention_splits(const cpu::AttentionArgs& a, int64_t tokens, int64_t 
 }
 
 template <typename T>
-cudaError_t flash_attention(const cpu::AttentionArgs& a, int64_t tokens, int splits, float* part, bool pipelined,
+cudaError_t flash_attention(const cpu::AttentionArgs& a, int64_t tokens, int splits, float* part, int stages,
                             cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  if (splits < 1 || (splits > 1 && part == nullptr)) return cudaErrorInvalidValue;
-  if (pipelined) {
-    return a.head_dim == 64 ? launch<T, 64, true>(a, tokens, splits, part, stream)
-                            : launch<T, 128, true>(a, tokens, splits, part, stream);
+  if (splits < 1 || (splits > 1 && part == nullptr) || stages < 1 || stages > 3) return cudaErrorInvalidValue;
+  const bool hd64 = a.head_dim == 64;
+  switch (stages) {
+    case 1: return hd64 ? launch<T, 64, 1>(a, tokens, splits, part, stream) : launch<T, 128, 1>(a, tokens, splits, part, stream);
+    case 2: return hd64 ? launch<T, 64, 2>(a, tokens, splits, part, stream) : launch<T, 128, 2>(a, tokens, splits, part, stream);
+    default: return hd64 ? launch<T, 64, 3>(a, tokens, splits, part, stream) : launch<T, 128, 3>(a, tokens, splits, part, stream);
   }
-  return a.head_dim == 64 ? launch<T, 64, false>(a, tokens, splits, part, stream)
-                          : launch<T, 128, false>(a, tokens, splits, part, stream);
 }
 
-template cudaError_t flash_attention<__nv_bfloat16>(const cpu::AttentionArgs&, int64_t, int, float*, bool,
+template cudaError_t flash_attention<__nv_bfloat16>(const cpu::AttentionArgs&, int64_t, int, float*, int,
                                                     cudaStream_t);
-template cudaError_t flash_attention<__half>(const cpu::AttentionArgs&, int64_t, int, float*, bool, cudaStream_t);
+template cudaError_t flash_attention<__half>(const cpu::AttentionArgs&, int64_t, int, float*, int, cudaStream_t);
 
 }  // namespace blockbatch::cuda

@@ -54,9 +54,10 @@ bool flash_attention_supported(const cpu::AttentionArgs& a, int dtype_code, int 
 // x heads are few and rows hold >= 256 keys (max_keys bounds every row's key count).
 int flash_attention_splits(const cpu::AttentionArgs& a, int64_t tokens, int64_t max_keys, int sm_count);
 // splits > 1 needs `part`: fp32 workspace of splits * tokens * heads * (head_dim + 2) floats.
-// pipelined: the kernel whose K/V tiles are double-buffered with cp.async (same results, bit for bit).
+// stages: 1 the kernel staging K/V tiles through registers; 2 or 3 the kernels whose K/V tiles go
+// through 2 or 3 cp.async stages (same results, bit for bit).
 template <typename T>
-cudaError_t flash_attention(const cpu::AttentionArgs& a, int64_t tokens, int splits, float* part, bool pipelined,
+cudaError_t flash_attention(const cpu::AttentionArgs& a, int64_t tokens, int splits, float* part, int stages,
                             cudaStream_t stream);
 // Y[M, N] = X[M, K] W[N, K]^T for M <= kLinearSmallMaxRows rows (linear.cu: weights streamed once
 // into tensor-core fragments, K split over a thread-block cluster of `splits` <= 8 blocks; sm_90+,
