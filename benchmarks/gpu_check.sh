@@ -60,9 +60,9 @@ export PYTHONUNBUFFERED=1
     echo "candidate tests timed out: the candidate benchmarks are skipped"
   else
     echo "== candidates: step benchmarks and GEMM sweep ($(date +%T))"
-    timeout 120 "$PY" benchmarks/bench_gpu_step.py --out "$OUT" --part candidates
+    timeout 150 "$PY" benchmarks/bench_gpu_step.py --out "$OUT" --part candidates
     echo "== candidates: decode check ($(date +%T))"
-    timeout 90 "$PY" benchmarks/gpu_decode_check.py --out "$OUT" --n 50 --candidates
+    timeout 60 "$PY" benchmarks/gpu_decode_check.py --out "$OUT" --n 50 --candidates
   fi
   echo "== done ($(date +%T))"
 } 2>&1 | tee "$OUT/gpu_check.log"

@@ -1,4 +1,4 @@
-"""The CUDA kernels run on the CPU CUDA emulator (tests/cuda_emu/) against the CPU ops.
+"""Every CUDA kernel runs on the CPU CUDA emulator (tests/cuda_emu/) against the CPU ops.
 
 The kernel sources of csrc/kernels/cuda/ are compiled by the host compiler with the emulator in
 front: every GPU thread is a fiber, barriers and warp collectives are scheduled in a seeded
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import blockbatch.native  # noqa: F401
-from blockbatch.testing import rope_kv_case, rope_table
+from blockbatch.testing import coordinate_args, random_branch_state, rope_kv_case, rope_table, window_spans
 from cuda_emu.build import build
 
 ops = torch.ops.blockbatch
@@ -33,6 +33,12 @@ _SIGNATURES = {
     "bbemu_silu_mul": "i pp ll",
     "bbemu_confidence": "i p lll pp",
     "bbemu_sparse_probs": "i p ll dl pp",
+    "bbemu_rope_inplace": "i pllll pp",
+    "bbemu_kv_write": "i p llll l ppl ppp ll",
+    "bbemu_commit": "pppp p lll i dd p",
+    "bbemu_bb_absorb": "i ppppp llllll pl pppp pl di",
+    "bbemu_bb_coordinate": "ppppp lllll pp d ii ll i",
+    "bbemu_kv_copy_rows": "ppll",
     "bbemu_selftest_neighbour": "pii",
     "bbemu_selftest_copy": "ppii",
     "bbemu_selftest_warp": "pi",
@@ -314,3 +320,91 @@ def test_confidence_and_sparse_probs_emulated(emu, dtype, vocab):
         assert [i for i, _ in ours] == [i for i, _ in theirs]
         torch.testing.assert_close(torch.tensor([p for _, p in ours], dtype=torch.float64),
                                    torch.tensor([p for _, p in theirs], dtype=torch.float64), atol=1e-9, rtol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_separate_rope_and_kv_write_emulated(emu, dtype):
+    """rope_ and kv_write_ (the unfused kernels) == the CPU ops, bit for bit."""
+    hd = 16
+    table = rope_table(32, hd, 1e4)
+    qkv_ref, q_ref, k_ref, v_ref, kv_ref, (pos, cu, rows) = rope_kv_case("cpu", dtype, hd=hd)
+    qkv, q, k, v, kv, _ = rope_kv_case("cpu", dtype, hd=hd)
+    ops.rope_(q_ref, pos, table)
+    ops.kv_write_(kv_ref, k_ref, v_ref, pos, cu, rows, 1)
+    T = q.shape[0]
+    emu.ok("bbemu_rope_inplace", CODE[dtype], q, T, q.stride(0), q.shape[1], hd, pos, table)
+    emu.ok("bbemu_kv_write", CODE[dtype], kv, kv.shape[1], kv.shape[3], kv.shape[4], hd, 1, k, v, k.stride(0), pos,
+           cu, rows, len(rows), T)
+    assert torch.equal(qkv, qkv_ref) and torch.equal(kv, kv_ref)
+
+
+@pytest.mark.parametrize("rule", ["threshold", "fixed", "factor"])
+def test_commit_emulated(emu, rule):
+    g = torch.Generator().manual_seed(1)
+    for n in (1, 33, 300, 4096):
+        L = n + 50
+        canvas = torch.randint(0, 6, (L,), generator=g)
+        canvas[torch.rand(L, generator=g) < 0.6] = 9
+        window = torch.randperm(L, generator=g)[:n]
+        token = torch.randint(0, 9, (n,), generator=g)
+        conf = torch.rand(n, generator=g, dtype=torch.float64)
+        conf[torch.rand(n, generator=g) < 0.2] = 0.5
+        k = torch.tensor([n // 3])
+        cpu, emulated, counts = canvas.clone(), canvas.clone(), torch.empty(3, dtype=torch.long)
+        expected = ops.commit_(cpu, window, token, conf, k, 9, 0, rule, 0.8, 1.0)
+        emu.ok("bbemu_commit", emulated, window, token, conf, k, n, 9, 0, ["threshold", "fixed", "factor"].index(rule),
+               0.8, 1.0, counts)
+        assert torch.equal(emulated, cpu) and counts.tolist() == expected.tolist(), f"n={n}"
+
+
+def _view_args(s):
+    B, L = s["canvas"].shape
+    return (s["canvas"], s["state"], s["eos_prob"], s["map_ids"], s["map_probs"], B, L, s["prompt_len"],
+            s["map_ids"].shape[2], s["mask_id"])
+
+
+def test_coordinate_and_kv_copy_rows_emulated(emu):
+    """bb_coordinate_ (one thread block) == the CPU loops on random mid-decode states, every output;
+    then kv_copy_rows_ (16-byte and byte copies)."""
+    for seed in range(8):
+        for kwargs in ({}, {"merge_gate": 0.7, "sync_gap": 4}, {"periodic_refresh": False}):
+            cpu = random_branch_state(seed, gen_length=256 if seed % 4 == 0 else 64)
+            emulated = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in cpu.items()}
+            args = coordinate_args(cpu, **kwargs)
+            ops.bb_coordinate_(*args)
+            merge_gate, merge, sync, sync_gap, refresh_tokens, periodic_refresh = args[9:]
+            emu.ok("bbemu_bb_coordinate", *_view_args(emulated), emulated["flags"], emulated["sync_src"], merge_gate,
+                   int(merge), int(sync), sync_gap, refresh_tokens, int(periodic_refresh))
+            for k in ("canvas", "state", "flags", "sync_src"):
+                assert torch.equal(emulated[k], cpu[k]), f"seed {seed} {kwargs}: {k}"
+            for width in (64, 67):  # rows of 16-byte words / of bytes
+                kv = torch.randn(4, 2, 3, width, 8)
+                expected = kv.clone()
+                ops.kv_copy_rows_(expected, cpu["sync_src"])
+                emu.ok("bbemu_kv_copy_rows", kv, emulated["sync_src"], kv.shape[0], kv[0].numel() * 4)
+                assert torch.equal(kv, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_absorb_emulated(emu, dtype):
+    """bb_absorb_ (one block per span) == the CPU loops: map rows, commits, counters, EOS readiness."""
+    eos = 7
+    for seed in range(6):
+        cpu = random_branch_state(seed)
+        g = torch.Generator().manual_seed(seed)
+        spans, rows = window_spans(cpu["state"], full=seed % 2)
+        if not spans:
+            continue
+        logits = (torch.randn(rows, 300, generator=g) * 4).to(dtype)
+        logits[:, eos] += 3
+        token, conf = ops.confidence(logits, cpu["mask_id"])
+        ids, probs = ops.sparse_probs(logits, 0.1, 3)
+        emulated = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in cpu.items()}
+        spans_t = torch.tensor(spans)
+        ops.bb_absorb_(cpu["canvas"], cpu["state"], cpu["eos_prob"], cpu["map_ids"], cpu["map_probs"], spans_t, token,
+                       conf, ids, probs, logits, cpu["prompt_len"], cpu["mask_id"], eos, 0.8, True)
+        view = list(_view_args(emulated)) + [eos]
+        emu.ok("bbemu_bb_absorb", CODE[dtype], *view, spans_t, len(spans), token, conf, ids, probs, logits, 300, 0.8, 1)
+        for k in ("canvas", "state", "map_ids", "map_probs"):
+            assert torch.equal(emulated[k], cpu[k]), f"seed {seed}: {k}"
+        assert torch.allclose(emulated["eos_prob"], cpu["eos_prob"], rtol=1e-12, atol=0)

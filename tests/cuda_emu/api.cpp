@@ -120,4 +120,57 @@ int bbemu_sparse_probs(int dtype, const void* logits, int64_t rows, int64_t voca
   });
 }
 
+int bbemu_rope_inplace(int dtype, void* x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim,
+                       const int64_t* positions, const float* cos_sin) {
+  return by_dtype(dtype, [&](auto t) {
+    using T = decltype(t);
+    return bc::rope_inplace<T>(as<T>(x), tokens, row_stride, heads, head_dim, positions, cos_sin, kStream);
+  });
+}
+
+int bbemu_kv_write(int dtype, void* kv, int64_t layers, int64_t kv_heads, int64_t length, int64_t head_dim,
+                   int64_t layer, const void* k, const void* v, int64_t src_stride, const int64_t* positions,
+                   const int64_t* cu_seqlens, const int64_t* kv_rows, int64_t rows, int64_t tokens) {
+  const cpu::KvGeometry g{layers, kv_heads, length, head_dim};
+  return by_dtype(dtype, [&](auto t) {
+    using T = decltype(t);
+    return bc::kv_write<T>(as<T>(kv), g, layer, as<T>(k), as<T>(v), src_stride, positions, cu_seqlens, kv_rows, rows,
+                           tokens, kStream);
+  });
+}
+
+int bbemu_commit(int64_t* canvas, const int64_t* window, const int64_t* token, const double* conf, const int64_t* k,
+                 int64_t n, int64_t mask_id, int64_t eos_id, int rule, double tau, double factor, int64_t* counts) {
+  return bc::commit(canvas, window, token, conf, k, n, mask_id, eos_id, rule, tau, factor, counts, kStream);
+}
+
+// The branch tensors of bb_absorb_ / bb_coordinate_ as a View (canvas [B, L], state [B, fields],
+// eos_prob [B], map_ids / map_probs [B, L - lp, K]).
+int bbemu_bb_absorb(int dtype, int64_t* canvas, int64_t* state, double* eos_prob, int64_t* map_ids, double* map_probs,
+                    int64_t B, int64_t L, int64_t lp, int64_t K, int64_t mask_id, int64_t eos_id, const int64_t* spans,
+                    int64_t n_spans, const int64_t* token, const double* conf, const int64_t* ids, const double* probs,
+                    const void* logits, int64_t vocab, double threshold, int stop_on_eos) {
+  const blockbatch::branches::View v{canvas, state, eos_prob, map_ids, map_probs, B, L, lp, K, mask_id, eos_id};
+  return by_dtype(dtype, [&](auto t) {
+    using T = decltype(t);
+    return bc::bb_absorb<T>(v, spans, n_spans, token, conf, ids, probs, as<T>(logits), vocab,
+                            blockbatch::branches::AbsorbParams{threshold, stop_on_eos != 0}, kStream);
+  });
+}
+
+int bbemu_bb_coordinate(int64_t* canvas, int64_t* state, double* eos_prob, int64_t* map_ids, double* map_probs,
+                        int64_t B, int64_t L, int64_t lp, int64_t K, int64_t mask_id, int64_t* flags, int64_t* sync_src,
+                        double merge_gate, int merge, int sync, int64_t sync_gap, int64_t refresh_tokens,
+                        int periodic_refresh) {
+  const blockbatch::branches::View v{canvas, state, eos_prob, map_ids, map_probs, B, L, lp, K, mask_id, -1};
+  return bc::bb_coordinate(v, flags, sync_src,
+                           blockbatch::branches::CoordinateParams{merge_gate, merge != 0, sync != 0, sync_gap,
+                                                                  refresh_tokens, periodic_refresh != 0},
+                           kStream);
+}
+
+int bbemu_kv_copy_rows(void* kv, const int64_t* src, int64_t rows, int64_t row_bytes) {
+  return bc::kv_copy_rows(kv, src, rows, row_bytes, kStream);
+}
+
 }  // extern "C"
