@@ -44,6 +44,7 @@ def steps(path: str) -> list[str]:
     if os.path.basename(path) == "bench_gpu_candidates.json":  # default vs each opt-in kernel, one process
         names = ("default", "stream", "staged", "rope_vec", "pdl", "attn3", "pad", "all")
         cols = tuple(f"{n}_{c}" for n in names for c in ("replay_ms", "busy_ms", "replay_over_busy"))
+        cols += ("pdl_replay_over_default_busy",)
         cols += tuple(f"attn_{k}_ms_splits_{s}" for k in ("pipelined", "pipelined3") for s in ("auto", "1"))
     lines = [f"bench_gpu_step ({data.get('device')}, torch {data.get('torch')}, {data.get('layers')} layers)",
              "step L " + " ".join(cols)]
