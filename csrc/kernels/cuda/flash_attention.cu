@@ -24,7 +24,8 @@
 //   the third stage's buffer before the loop (its fragments then live in registers), so the
 //   shared memory is 3 K/V stages (104 KB at head_dim 128: two blocks per SM, as with 2 stages).
 //   The prefetch of tile t + 2 goes into tile t - 1's stage after the barrier that opens tile t,
-//   which also orders it after every warp's last read of that stage: one barrier per tile.
+//   which also orders it after every warp's last read of that stage: one barrier per tile. Warps
+//   whose 16 queries are all past the row's end skip the arithmetic (see the loop).
 // Same arithmetic in the same order: every variant agrees with the staged one bit for bit.
 //
 // Split keys (flash-decoding): when the q-tiles x heads are too few to fill the GPU and the rows
@@ -240,6 +241,13 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::Attentio
       __syncthreads();
     }
 
+    // 3 stages: a warp whose 16 queries all lie past the row's last has nothing to compute (its
+    // outputs are never written); it only takes its share of the loads and the barriers. In a
+    // decode step most q-tiles are partial (a row of 4 queries leaves 3 of 4 warps idle), and
+    // their mma / softmax work competed with the full tiles' for the SM's issue slots.
+    if constexpr (kStages >= 3) {
+      if (warp * 16 >= nq) continue;
+    }
     // S = Q K^T for this warp's 16 queries x 64 keys: 8 tiles of 16 x 8.
     float s[kBlockK / 8][4];
 #pragma unroll
