@@ -26,8 +26,9 @@ environment variables and under all together ("<name>_eager_ms", "_replay_ms",
 csrc/kernels/cuda/linear.cu, loading into registers ("stream") or through a cp.async ring
 ("staged"; steps of at most 64 query tokens), the 16-byte
 rope_kv_write ("rope_vec"), programmatic dependent launch ("pdl"), attention with three cp.async
-K/V stages ("attn3", BLOCKBATCH_ATTN_KERNEL=pipelined3; with the attention-alone timings of the
-default pipelined kernel beside it), cuBLAS on rows padded to a multiple of 64 ("pad",
+K/V stages ("attn3", BLOCKBATCH_ATTN_KERNEL=pipelined3) and with the keys of small q-tiles split
+over warps ("attn_split", =splitwarps; with the attention-alone timings of the default pipelined
+kernel beside both), cuBLAS on rows padded to a multiple of 64 ("pad",
 BLOCKBATCH_GEMM_PAD=64: the 6-branch step's 252 rows as 256). And "gemm" in the JSON: each of the step's weight shapes (fused QKV, attention out, fused gate|up,
 MLP out, LM head) at 8, 32 and 64 rows, cuBLAS against each streaming kernel with its automatic
 cluster split count and with 1, 2, 4, 8 splits forced (BLOCKBATCH_GEMM_SPLITS), and at 252 and
@@ -302,9 +303,10 @@ CANDIDATES = {
     "rope_vec": {"BLOCKBATCH_ROPE_KERNEL": "vec"},  # 16-byte rope_kv_write
     "pdl": {"BLOCKBATCH_PDL": "1"},             # programmatic dependent launch (launch.cuh)
     "attn3": {"BLOCKBATCH_ATTN_KERNEL": "pipelined3"},  # attention with 3 cp.async K/V stages
+    "attn_split": {"BLOCKBATCH_ATTN_KERNEL": "splitwarps"},  # + small q-tiles' keys split over warps
     "pad": {"BLOCKBATCH_GEMM_PAD": "64"},       # cuBLAS GEMMs of > 64 rows on rows padded to 64 (252 -> 256)
     "all": {"BLOCKBATCH_GEMM": "stream", "BLOCKBATCH_GEMM_PAD": "64", "BLOCKBATCH_ROPE_KERNEL": "vec", "BLOCKBATCH_PDL": "1",
-            "BLOCKBATCH_ATTN_KERNEL": "pipelined3"},
+            "BLOCKBATCH_ATTN_KERNEL": "splitwarps"},
 }
 
 
@@ -380,7 +382,8 @@ def main(argv=None) -> int:
                     with section(row, name), environ(**env):
                         row.update(candidate_latency(name, step, row, args.repeats))
                 with section(row, "attention"):
-                    row.update(attention_sweep(config, kv, lengths, L, args.repeats, ("pipelined", "pipelined3")))
+                    row.update(attention_sweep(config, kv, lengths, L, args.repeats,
+                                               ("pipelined", "pipelined3", "splitwarps")))
                 del kv
                 print(json.dumps(row), flush=True)
                 save()

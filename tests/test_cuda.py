@@ -15,7 +15,8 @@ ops = torch.ops.blockbatch
 DTYPES = [torch.float32, torch.bfloat16]
 
 
-@pytest.fixture(params=["sync", "pipelined", pytest.param("pipelined3", marks=pytest.mark.candidate)])
+@pytest.fixture(params=["sync", "pipelined", pytest.param("pipelined3", marks=pytest.mark.candidate),
+                        pytest.param("splitwarps", marks=pytest.mark.candidate)])
 def attn_kernel(request, monkeypatch):
     """Run the test with each tensor-core attention kernel (BLOCKBATCH_ATTN_KERNEL)."""
     monkeypatch.setenv("BLOCKBATCH_ATTN_KERNEL", request.param)
@@ -261,7 +262,8 @@ def test_attention_kernel_variable_is_checked(monkeypatch):
     monkeypatch.setenv("BLOCKBATCH_ATTN_KERNEL", "fast")
     q = torch.randn(4, 2, 64, device="cuda", dtype=torch.bfloat16)
     cu = torch.tensor([0, 4], device="cuda")
-    with pytest.raises(ValueError, match="BLOCKBATCH_ATTN_KERNEL must be 'sync', 'pipelined' or 'pipelined3', got 'fast'"):
+    with pytest.raises(ValueError,
+                       match="BLOCKBATCH_ATTN_KERNEL must be 'sync', 'pipelined', 'pipelined3' or 'splitwarps', got 'fast'"):
         ops.packed_attention(q, q, q, cu, None, None, None, 0, True)
     monkeypatch.delenv("BLOCKBATCH_ATTN_KERNEL")
     monkeypatch.setenv("BLOCKBATCH_ATTN_SPLITS", "0")

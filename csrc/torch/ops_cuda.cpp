@@ -92,15 +92,17 @@ constexpr bool kAttentionPipelinedByDefault = true;  // 2.4x the staged kernel a
 // (1..16) when set — a tuning and debugging override, read per call so a benchmark can sweep it.
 int attention_splits(int heuristic) { return env_int("BLOCKBATCH_ATTN_SPLITS", 1, 16, heuristic); }
 
-// Which tensor-core attention kernel, as its K/V stage count: BLOCKBATCH_ATTN_KERNEL = "pipelined"
-// (the default: cp.async double buffering + ldmatrix), "pipelined3" (three cp.async stages: two
-// tiles in flight; opt-in until a GPU run has checked and timed it) or "sync" (K/V tiles staged
-// through registers, the first version, kept as the bit-for-bit reference of the others). Read
-// per call, like the split override, so one process can time all three.
-int attention_stages() {
-  const std::string v = env_choice("BLOCKBATCH_ATTN_KERNEL", {"sync", "pipelined", "pipelined3"},
+// Which tensor-core attention kernel (flash_attention's variant): BLOCKBATCH_ATTN_KERNEL =
+// "pipelined" (the default: cp.async double buffering + ldmatrix), "pipelined3" (three cp.async
+// stages: two tiles in flight; idle warps skip the arithmetic), "splitwarps" (pipelined3, and the
+// keys of q-tiles of at most 32 queries split over the warps that would idle) or "sync" (K/V tiles
+// staged through registers, the first version, the bit-for-bit reference of the pipelined ones).
+// pipelined3 and splitwarps are opt-in until a GPU run has checked and timed them. Read per call,
+// like the split override, so one process can time all of them.
+int attention_variant() {
+  const std::string v = env_choice("BLOCKBATCH_ATTN_KERNEL", {"sync", "pipelined", "pipelined3", "splitwarps"},
                                    kAttentionPipelinedByDefault ? "pipelined" : "sync");
-  return v == "sync" ? 1 : v == "pipelined" ? 2 : 3;
+  return v == "sync" ? 1 : v == "pipelined" ? 2 : v == "pipelined3" ? 3 : 4;
 }
 
 // Which GEMM runs x @ weight.T for at most 64 rows: BLOCKBATCH_GEMM = "cublas" (the default: ATen's
@@ -248,7 +250,7 @@ at::Tensor packed_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
         at::Tensor part;  // split-key partial results (fp32), merged by the launch's second kernel
         if (splits > 1) part = at::empty({splits, q.size(0), q.size(1), q.size(2) + 2}, q.options().dtype(at::kFloat));
         check_launch(cuda::flash_attention<T>(a, q.size(0), splits, splits > 1 ? part.data_ptr<float>() : nullptr,
-                                              attention_stages(), stream),
+                                              attention_variant(), stream),
                      "packed_attention (tensor cores)");
         return;
       }

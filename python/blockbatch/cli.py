@@ -24,10 +24,12 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 # The CUDA kernels' environment variables (read per launch), shown by `generate --help`.
 CUDA_ENVIRONMENT = """CUDA kernels (environment variables, read at every launch; --device cuda only):
-  BLOCKBATCH_ATTN_KERNEL=pipelined|pipelined3|sync
+  BLOCKBATCH_ATTN_KERNEL=pipelined|pipelined3|splitwarps|sync
                                          tensor-core attention kernel: 2 or 3 cp.async K/V stages,
-                                         or staged through registers (default pipelined; same
-                                         bits; pipelined3 is not yet timed on a GPU)
+                                         3 stages with small q-tiles' keys split over warps, or
+                                         staged through registers (default pipelined; same bits
+                                         except splitwarps; pipelined3 and splitwarps are not yet
+                                         timed on a GPU)
   BLOCKBATCH_ATTN_SPLITS=1..16           force attention's key-split count (default: automatic)
   BLOCKBATCH_GEMM=cublas|stream|staged   GEMMs of <= 64 rows on a weight-streaming kernel (loads
                                          into registers / a cp.async ring; default cublas; the

@@ -27,6 +27,12 @@
 //   which also orders it after every warp's last read of that stage: one barrier per tile. Warps
 //   whose 16 queries are all past the row's end skip the arithmetic (see the loop).
 // Same arithmetic in the same order: every variant agrees with the staged one bit for bit.
+// - Warp split (3 stages, kWarpSplit): a q-tile of at most 16 (32) queries, which leaves 3 (2) of
+//   the 4 warps idle above, gives its 16-query group 4 (2) warps instead, each computing S and
+//   P V over its own quarter (half) of every key tile with its own online softmax; at the end the
+//   group's warps merge (m, l, O) in part order through the ring, as combine_kernel merges
+//   splits. A partial tile's work per key tile then takes a quarter (half) of the time. Same
+//   math; the summation order differs, so equal to the others within rounding, not bit for bit.
 //
 // Split keys (flash-decoding): when the q-tiles x heads are too few to fill the GPU and the rows
 // are long, grid.z splits each row's keys into `splits` ranges (multiples of 64 keys). Each block
@@ -115,9 +121,10 @@ constexpr size_t shared_elems() {
   return static_cast<size_t>((kStages >= 3 ? 0 : kBlockQ) + kStages * 2 * kBlockK) * (HD + kPad);
 }
 
-template <typename T, int HD, int kStages>
+template <typename T, int HD, int kStages, bool kWarpSplit>
 __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::AttentionArgs a, int splits, float* part,
                                                                    int64_t tokens) {
+  static_assert(!kWarpSplit || kStages == 3, "the warp split is a variant of the 3-stage kernel");
   dependent_launch_prologue();
   constexpr int LD = HD + kPad, kTile = kBlockK * LD;
   constexpr bool kPipe = kStages >= 2;
@@ -146,6 +153,14 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::Attentio
   const T* q = static_cast<const T*>(a.q) + h * HD;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  // Warp roles. Warp w owns queries [16 w, 16 w + 16) of the tile and every key; with kWarpSplit a
+  // tile of at most 16 (32) queries gives its one (each of its two) 16-query group(s) 4 (2) warps,
+  // each taking a contiguous quarter (half) of every 64-key tile, and the group's warps merge
+  // their softmax states (m, l, O) at the end, as the split-key combine does across blocks.
+  const int nq16 = static_cast<int>((nq + 15) / 16);
+  const int wpg = kWarpSplit ? (nq16 <= 1 ? kWarps : nq16 <= 2 ? kWarps / 2 : 1) : 1;  // warps per group
+  const int gq = warp / wpg, kp = warp % wpg;  // this warp's query group and key part
+  const int kw8 = (kBlockK / 8) / wpg;          // its 8-key column tiles of each key tile
   constexpr int kChunks = HD / 8;  // 16-byte chunks per row
   const uint4 zero = make_uint4(0, 0, 0, 0);
   const int64_t ntiles = ke > kb ? (ke - kb + kBlockK - 1) / kBlockK : 0;
@@ -189,7 +204,7 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::Attentio
   __syncthreads();
   uint32_t qa[HD / 16][4];
   {
-    const T* qw = qs + warp * 16 * LD;
+    const T* qw = qs + gq * 16 * LD;
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) {
       const int c = kk * 16 + 2 * t4;
@@ -246,13 +261,14 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::Attentio
     // decode step most q-tiles are partial (a row of 4 queries leaves 3 of 4 warps idle), and
     // their mma / softmax work competed with the full tiles' for the SM's issue slots.
     if constexpr (kStages >= 3) {
-      if (warp * 16 >= nq) continue;
+      if (gq * 16 >= nq) continue;
     }
     // S = Q K^T for this warp's 16 queries x 64 keys: 8 tiles of 16 x 8.
     float s[kBlockK / 8][4];
 #pragma unroll
     for (int n = 0; n < kBlockK / 8; ++n) {
       s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+      if (kWarpSplit && n / kw8 != kp) continue;  // another warp's keys (masked below)
       if constexpr (kPipe) {
         // Matrix i of k-step pair kk2: keys n*8 .. n*8+7, dims kk2*32 + 8i .. +7; {b0, b1} of
         // k-step 2 kk2 are matrices 0 and 1, of k-step 2 kk2 + 1 matrices 2 and 3.
@@ -282,7 +298,7 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::Attentio
       const int64_t j = k0 + n * 8 + 2 * t4;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const bool valid = j + (e & 1) < ke;
+        const bool valid = j + (e & 1) < ke && (!kWarpSplit || n / kw8 == kp);
         s[n][e] = valid ? s[n][e] * scale : -INFINITY;
       }
       mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
@@ -292,9 +308,15 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::Attentio
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    const float alpha0 = exp2f(m0 - mx0), alpha1 = exp2f(m1 - mx1);  // 0 on the first tile
+    float alpha0 = exp2f(m0 - mx0), alpha1 = exp2f(m1 - mx1);  // 0 on the first tile
+    if constexpr (kWarpSplit) {  // a key part can hold no valid key yet (max still -inf): no NaN
+      alpha0 = mx0 == -INFINITY ? 1.0f : alpha0;
+      alpha1 = mx1 == -INFINITY ? 1.0f : alpha1;
+    }
     m0 = mx0;
     m1 = mx1;
+    // The exponent base: the running max; 0 while it is -inf (every score is then -inf: exp2f = 0).
+    const float base0 = kWarpSplit && m0 == -INFINITY ? 0.0f : m0, base1 = kWarpSplit && m1 == -INFINITY ? 0.0f : m1;
     l0 *= alpha0;
     l1 *= alpha1;
 #pragma unroll
@@ -306,16 +328,17 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::Attentio
     }
 #pragma unroll
     for (int n = 0; n < kBlockK / 8; ++n) {
-      s[n][0] = exp2f(s[n][0] - m0);
-      s[n][1] = exp2f(s[n][1] - m0);
-      s[n][2] = exp2f(s[n][2] - m1);
-      s[n][3] = exp2f(s[n][3] - m1);
+      s[n][0] = exp2f(s[n][0] - base0);
+      s[n][1] = exp2f(s[n][1] - base0);
+      s[n][2] = exp2f(s[n][2] - base1);
+      s[n][3] = exp2f(s[n][3] - base1);
       l0 += s[n][0] + s[n][1];  // this thread's columns; the quad sums at the end
       l1 += s[n][2] + s[n][3];
     }
     // O += P V: k-steps of 16 keys; P's A fragment is two adjacent S tiles.
 #pragma unroll
     for (int kk = 0; kk < kBlockK / 16; ++kk) {
+      if (kWarpSplit && 2 * kk / kw8 != kp) continue;  // another warp's keys
       uint32_t pa[4];
       pa[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
       pa[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
@@ -351,7 +374,46 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::Attentio
   l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  const int64_t i0 = warp * 16 + g, i1 = i0 + 8;
+  if constexpr (kWarpSplit) {
+    if (wpg > 1) {  // the same in the whole block: merge each group's key parts into its first warp
+      cp_async_wait<0>();
+      __syncthreads();  // every warp is done with the ring, which now holds the parts' states
+      constexpr int kState = HD / 2 + 4;  // o (HD / 8 x 4), m0, m1, l0, l1 per lane, lane-minor
+      float* state = reinterpret_cast<float*>(smem_raw);
+      if (kp != 0) {
+        float* mine = state + warp * kState * 32 + lane;
+#pragma unroll
+        for (int n = 0; n < HD / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) mine[(n * 4 + e) * 32] = o[n][e];
+        mine[(HD / 2) * 32] = m0;
+        mine[(HD / 2 + 1) * 32] = m1;
+        mine[(HD / 2 + 2) * 32] = l0;
+        mine[(HD / 2 + 3) * 32] = l1;
+      }
+      __syncthreads();
+      if (kp != 0) return;
+      for (int p = 1; p < wpg; ++p) {  // in part order: deterministic
+        const float* other = state + (warp + p) * kState * 32 + lane;
+        const float om0 = other[(HD / 2) * 32], om1 = other[(HD / 2 + 1) * 32];
+        const float M0 = fmaxf(m0, om0), M1 = fmaxf(m1, om1);
+        const float a0 = M0 == -INFINITY ? 0.0f : exp2f(m0 - M0), b0 = M0 == -INFINITY ? 0.0f : exp2f(om0 - M0);
+        const float a1 = M1 == -INFINITY ? 0.0f : exp2f(m1 - M1), b1 = M1 == -INFINITY ? 0.0f : exp2f(om1 - M1);
+#pragma unroll
+        for (int n = 0; n < HD / 8; ++n) {
+          o[n][0] = o[n][0] * a0 + other[(n * 4) * 32] * b0;
+          o[n][1] = o[n][1] * a0 + other[(n * 4 + 1) * 32] * b0;
+          o[n][2] = o[n][2] * a1 + other[(n * 4 + 2) * 32] * b1;
+          o[n][3] = o[n][3] * a1 + other[(n * 4 + 3) * 32] * b1;
+        }
+        l0 = l0 * a0 + other[(HD / 2 + 2) * 32] * b0;
+        l1 = l1 * a1 + other[(HD / 2 + 3) * 32] * b1;
+        m0 = M0;
+        m1 = M1;
+      }
+    }
+  }
+  const int64_t i0 = gq * 16 + g, i1 = i0 + 8;
   if (splits > 1) {  // partial result: unnormalised O, then (m, l), per (split, token, head)
     constexpr int W = HD + 2;
     float* p0 = part + ((blockIdx.z * tokens + q0 + i0) * a.heads + h) * W;
@@ -401,17 +463,18 @@ __global__ void __launch_bounds__(HD) combine_kernel(const float* part, int spli
   out[tok * heads * HD + h * HD + d] = from_f<T>(L > 0.0f ? acc / L : 0.0f);
 }
 
-template <typename T, int HD, int kStages>
+template <typename T, int HD, int kStages, bool kWarpSplit = false>
 cudaError_t launch(const cpu::AttentionArgs& a, int64_t tokens, int splits, float* part, cudaStream_t stream) {
   constexpr size_t shared = shared_elems<HD, kStages>() * sizeof(T);
+  static_assert(!kWarpSplit || shared >= kWarps * (HD / 2 + 4) * 32 * sizeof(float), "the ring holds the merge");
   if (shared > 48 * 1024) {
-    const cudaError_t e = allow_shared_memory<flash_attention_kernel<T, HD, kStages>>(shared);
+    const cudaError_t e = allow_shared_memory<flash_attention_kernel<T, HD, kStages, kWarpSplit>>(shared);
     if (e != cudaSuccess) return e;
   }
   // Upper bound on the tiles: every row adds at most one partial tile; surplus blocks exit.
   const int64_t blocks = (tokens + kBlockQ - 1) / kBlockQ + a.rows;
   dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.heads), static_cast<unsigned>(splits));
-  const cudaError_t e = launch_kernel(flash_attention_kernel<T, HD, kStages>, grid, kThreads, shared, stream, nullptr, a,
+  const cudaError_t e = launch_kernel(flash_attention_kernel<T, HD, kStages, kWarpSplit>, grid, kThreads, shared, stream, nullptr, a,
                                       splits, part, tokens);
   if (splits == 1 || e != cudaSuccess) return e;
   return launch_kernel(combine_kernel<T, HD>, dim3(static_cast<unsigned>(tokens), static_cast<unsigned>(a.heads)), HD,
@@ -435,15 +498,18 @@ int flash_attention_splits(const cpu::AttentionArgs& a, int64_t tokens, int64_t 
 }
 
 template <typename T>
-cudaError_t flash_attention(const cpu::AttentionArgs& a, int64_t tokens, int splits, float* part, int stages,
+cudaError_t flash_attention(const cpu::AttentionArgs& a, int64_t tokens, int splits, float* part, int variant,
                             cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  if (splits < 1 || (splits > 1 && part == nullptr) || stages < 1 || stages > 3) return cudaErrorInvalidValue;
+  if (splits < 1 || (splits > 1 && part == nullptr) || variant < 1 || variant > 4) return cudaErrorInvalidValue;
   const bool hd64 = a.head_dim == 64;
-  switch (stages) {
+  switch (variant) {
     case 1: return hd64 ? launch<T, 64, 1>(a, tokens, splits, part, stream) : launch<T, 128, 1>(a, tokens, splits, part, stream);
     case 2: return hd64 ? launch<T, 64, 2>(a, tokens, splits, part, stream) : launch<T, 128, 2>(a, tokens, splits, part, stream);
-    default: return hd64 ? launch<T, 64, 3>(a, tokens, splits, part, stream) : launch<T, 128, 3>(a, tokens, splits, part, stream);
+    case 3: return hd64 ? launch<T, 64, 3>(a, tokens, splits, part, stream) : launch<T, 128, 3>(a, tokens, splits, part, stream);
+    default:
+      return hd64 ? launch<T, 64, 3, true>(a, tokens, splits, part, stream)
+                  : launch<T, 128, 3, true>(a, tokens, splits, part, stream);
   }
 }
 

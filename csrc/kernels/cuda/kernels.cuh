@@ -54,10 +54,11 @@ bool flash_attention_supported(const cpu::AttentionArgs& a, int dtype_code, int 
 // x heads are few and rows hold >= 256 keys (max_keys bounds every row's key count).
 int flash_attention_splits(const cpu::AttentionArgs& a, int64_t tokens, int64_t max_keys, int sm_count);
 // splits > 1 needs `part`: fp32 workspace of splits * tokens * heads * (head_dim + 2) floats.
-// stages: 1 the kernel staging K/V tiles through registers; 2 or 3 the kernels whose K/V tiles go
-// through 2 or 3 cp.async stages (same results, bit for bit).
+// variant: 1 the kernel staging K/V tiles through registers; 2 or 3 the kernels whose K/V tiles go
+// through 2 or 3 cp.async stages (same results, bit for bit); 4 the 3-stage kernel whose q-tiles of
+// at most 32 queries split each key tile over 2 or 4 warps (same math, another summation order).
 template <typename T>
-cudaError_t flash_attention(const cpu::AttentionArgs& a, int64_t tokens, int splits, float* part, int stages,
+cudaError_t flash_attention(const cpu::AttentionArgs& a, int64_t tokens, int splits, float* part, int variant,
                             cudaStream_t stream);
 // Y[M, N] = X[M, K] W[N, K]^T for M <= kLinearSmallMaxRows rows (linear.cu: weights streamed once
 // into tensor-core fragments, K split over a thread-block cluster of `splits` <= 8 blocks; sm_90+,
