@@ -31,6 +31,7 @@ _SIGNATURES = {
     "bbemu_linear_small": "ipl pl pl lll ii",
     "bbemu_rope_kv_write": "i plp ppl pp p llll l ppll i",
     "bbemu_attention": "ii pppp ll pl p llll l pp i lll ip",
+    "bbemu_attention_splits": "llllll",
     "bbemu_rms_norm": "i pl ppp ll f",
     "bbemu_silu_mul": "i pp ll",
     "bbemu_confidence": "i p lll pp",
@@ -234,13 +235,19 @@ def test_rope_kv_write_emulated(emu, dtype, hd):
         assert _rel_err(a, b) <= tol * b.float().abs().max().item()
 
 
-def _attention(emu, kernel, q, k, v, cu, kv, rows, cache, layer, fresh, splits, max_keys):
+def _attention(emu, kernel, q, k, v, cu, kv, rows, cache, layer, fresh, splits, max_keys, sentinel=7.0):
+    """The kernel's output (NaN to start with: every element must be written) in a buffer with a
+    guard row, and the split workspace sized as ops_cuda.cpp sizes it, plus a guard: neither guard
+    may change."""
     T, heads, hd = q.shape
-    out = torch.full((T, heads * hd), float("nan"), dtype=q.dtype)
-    part = torch.empty(max(splits, 16) * T * heads * (hd + 2))
+    out = torch.full((T + 1, heads * hd), float("nan"), dtype=q.dtype)
+    out[T] = sentinel
+    used = splits if splits else emu("bbemu_attention_splits", heads, k.shape[1], hd, len(rows), T, max_keys)
+    part = torch.full(((used if kernel else 1) * T * heads * (hd + 2) + 64,), sentinel)
     emu.ok("bbemu_attention", CODE[q.dtype], kernel, q, k, v, out, q.stride(0), k.stride(0), cu, len(rows), kv,
            kv.shape[1], kv.shape[3], kv.shape[4], hd, layer, rows, cache, int(fresh), heads, T, max_keys, splits, part)
-    return out
+    assert (out[T] == sentinel).all() and (part[-64:] == sentinel).all(), "a write outside the output / workspace"
+    return out[:T]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -80,11 +80,11 @@ int bbemu_attention(int dtype, int kernel, const void* q, const void* k, const v
   });
 }
 
-int bbemu_attention_splits(int dtype, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rows,
-                           int64_t tokens, int64_t max_keys) {
+// The automatic key-split count bbemu_attention uses (splits 0), on a 132-SM device.
+int bbemu_attention_splits(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rows, int64_t tokens,
+                           int64_t max_keys) {
   cpu::AttentionArgs a{};
   a.heads = heads, a.kv_heads = kv_heads, a.head_dim = head_dim, a.rows = rows;
-  (void)dtype;
   return bc::flash_attention_splits(a, tokens, max_keys, 132);
 }
 
