@@ -65,8 +65,10 @@ int bbemu_attention(int dtype, int kernel, const void* q, const void* k, const v
                     int64_t kv_heads, int64_t length, int64_t head_dim, int64_t layer, const int64_t* kv_rows,
                     const int64_t* cache_lens, int attend_fresh, int64_t heads, int64_t tokens, int64_t max_keys,
                     int splits, float* part) {
-  cpu::AttentionArgs a{q, k, v, out, q_stride, kv_stride, cu_seqlens, rows, cache, cpu::KvGeometry{layers, kv_heads, length, head_dim},
-                       layer, kv_rows, cache_lens, attend_fresh != 0, heads, kv_heads, head_dim};
+  const cpu::KvGeometry geometry{layers, kv_heads, length, head_dim};
+  const cpu::AttentionArgs a{q,          k,    v,     out,      q_stride, kv_stride,
+                             cu_seqlens, rows, cache, geometry, layer,    kv_rows,
+                             cache_lens, attend_fresh != 0, heads, kv_heads, head_dim};
   if (kernel != 0 && !bc::flash_attention_supported(a, dtype, 9)) return static_cast<int>(cudaErrorInvalidValue);
   if (kernel != 0 && splits == 0) splits = bc::flash_attention_splits(a, tokens, max_keys, 132);
   return by_dtype(dtype, [&](auto t) {
@@ -92,8 +94,8 @@ int bbemu_rms_norm(int dtype, void* x, int64_t x_stride, const void* delta, cons
                    int64_t dim, float eps) {
   return by_dtype(dtype, [&](auto t) {
     using T = decltype(t);
-    return delta == nullptr ? bc::rms_norm<T>(as<T>(x), x_stride, as<T>(w), as<T>(out), rows, dim, eps, kStream)
-                            : bc::add_rms_norm<T>(as<T>(x), as<T>(delta), as<T>(w), as<T>(out), rows, dim, eps, kStream);
+    if (delta == nullptr) return bc::rms_norm<T>(as<T>(x), x_stride, as<T>(w), as<T>(out), rows, dim, eps, kStream);
+    return bc::add_rms_norm<T>(as<T>(x), as<T>(delta), as<T>(w), as<T>(out), rows, dim, eps, kStream);
   });
 }
 

@@ -220,7 +220,9 @@ unsigned cluster_blocks() { return static_cast<unsigned>(g_cluster->blocks.size(
 
 void* cluster_map(const void* p, unsigned rank) {
   Fiber& f = current();
-  if (rank >= g_cluster->blocks.size()) fail("map_shared_rank(%u) in a cluster of %zu blocks", rank, g_cluster->blocks.size());
+  if (rank >= g_cluster->blocks.size()) {
+    fail("map_shared_rank(%u) in a cluster of %zu blocks", rank, g_cluster->blocks.size());
+  }
   if (!in_dynamic_shared(f, p, 1)) fail("map_shared_rank of an address outside the block's dynamic shared memory");
   const size_t offset = static_cast<size_t>(static_cast<const unsigned char*>(p) - shared_base(f));
   return g_cluster->blocks[rank].shared.get() + offset;

@@ -26,7 +26,7 @@
 //   The prefetch of tile t + 2 goes into tile t - 1's stage after the barrier that opens tile t,
 //   which also orders it after every warp's last read of that stage: one barrier per tile. Warps
 //   whose 16 queries are all past the row's end skip the arithmetic (see the loop).
-// Same arithmetic in the same order: every variant agrees with the staged one bit for bit.
+//   Same arithmetic in the same order as the staged kernel: all three agree bit for bit.
 // - Warp split (3 stages, kWarpSplit): a q-tile of at most 16 (32) queries, which leaves 3 (2) of
 //   the 4 warps idle above, gives its 16-query group 4 (2) warps instead, each computing S and
 //   P V over its own quarter (half) of every key tile with its own online softmax; at the end the
@@ -235,7 +235,9 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::Attentio
     } else if constexpr (kStages >= 3) {
       cp_async_wait<kStages - 2>();  // this thread's copies of tile t have landed ...
       __syncthreads();               // ... and everyone's; every warp is done with tile t - 1
-      if (t + kStages - 1 < ntiles) load_async(k0 + (kStages - 1) * kBlockK, static_cast<int>((t + kStages - 1) % kStages));
+      if (t + kStages - 1 < ntiles) {
+        load_async(k0 + (kStages - 1) * kBlockK, static_cast<int>((t + kStages - 1) % kStages));
+      }
       cp_async_commit();
     } else {
       __syncthreads();  // the previous tile is consumed
@@ -397,8 +399,9 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::Attentio
         const float* other = state + (warp + p) * kState * 32 + lane;
         const float om0 = other[(HD / 2) * 32], om1 = other[(HD / 2 + 1) * 32];
         const float M0 = fmaxf(m0, om0), M1 = fmaxf(m1, om1);
-        const float a0 = M0 == -INFINITY ? 0.0f : exp2f(m0 - M0), b0 = M0 == -INFINITY ? 0.0f : exp2f(om0 - M0);
-        const float a1 = M1 == -INFINITY ? 0.0f : exp2f(m1 - M1), b1 = M1 == -INFINITY ? 0.0f : exp2f(om1 - M1);
+        const bool none0 = M0 == -INFINITY, none1 = M1 == -INFINITY;  // no key in any part yet: l, O stay 0
+        const float a0 = none0 ? 0.0f : exp2f(m0 - M0), b0 = none0 ? 0.0f : exp2f(om0 - M0);
+        const float a1 = none1 ? 0.0f : exp2f(m1 - M1), b1 = none1 ? 0.0f : exp2f(om1 - M1);
 #pragma unroll
         for (int n = 0; n < HD / 8; ++n) {
           o[n][0] = o[n][0] * a0 + other[(n * 4) * 32] * b0;
@@ -474,8 +477,8 @@ cudaError_t launch(const cpu::AttentionArgs& a, int64_t tokens, int splits, floa
   // Upper bound on the tiles: every row adds at most one partial tile; surplus blocks exit.
   const int64_t blocks = (tokens + kBlockQ - 1) / kBlockQ + a.rows;
   dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.heads), static_cast<unsigned>(splits));
-  const cudaError_t e = launch_kernel(flash_attention_kernel<T, HD, kStages, kWarpSplit>, grid, kThreads, shared, stream, nullptr, a,
-                                      splits, part, tokens);
+  const cudaError_t e = launch_kernel(flash_attention_kernel<T, HD, kStages, kWarpSplit>, grid, kThreads, shared,
+                                      stream, nullptr, a, splits, part, tokens);
   if (splits == 1 || e != cudaSuccess) return e;
   return launch_kernel(combine_kernel<T, HD>, dim3(static_cast<unsigned>(tokens), static_cast<unsigned>(a.heads)), HD,
                        0, stream, nullptr, part, splits, tokens, a.heads, static_cast<T*>(a.out));
@@ -504,9 +507,15 @@ cudaError_t flash_attention(const cpu::AttentionArgs& a, int64_t tokens, int spl
   if (splits < 1 || (splits > 1 && part == nullptr) || variant < 1 || variant > 4) return cudaErrorInvalidValue;
   const bool hd64 = a.head_dim == 64;
   switch (variant) {
-    case 1: return hd64 ? launch<T, 64, 1>(a, tokens, splits, part, stream) : launch<T, 128, 1>(a, tokens, splits, part, stream);
-    case 2: return hd64 ? launch<T, 64, 2>(a, tokens, splits, part, stream) : launch<T, 128, 2>(a, tokens, splits, part, stream);
-    case 3: return hd64 ? launch<T, 64, 3>(a, tokens, splits, part, stream) : launch<T, 128, 3>(a, tokens, splits, part, stream);
+    case 1:
+      return hd64 ? launch<T, 64, 1>(a, tokens, splits, part, stream)
+                  : launch<T, 128, 1>(a, tokens, splits, part, stream);
+    case 2:
+      return hd64 ? launch<T, 64, 2>(a, tokens, splits, part, stream)
+                  : launch<T, 128, 2>(a, tokens, splits, part, stream);
+    case 3:
+      return hd64 ? launch<T, 64, 3>(a, tokens, splits, part, stream)
+                  : launch<T, 128, 3>(a, tokens, splits, part, stream);
     default:
       return hd64 ? launch<T, 64, 3, true>(a, tokens, splits, part, stream)
                   : launch<T, 128, 3, true>(a, tokens, splits, part, stream);
