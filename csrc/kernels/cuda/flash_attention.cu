@@ -33,11 +33,15 @@
 //   group's warps merge (m, l, O) in part order through the ring, as combine_kernel merges
 //   splits. A partial tile's work per key tile then takes a quarter (half) of the time. Same
 //   math; the summation order differs, so equal to the others within rounding, not bit for bit.
+//   With 2-8 key splits, a (q-tile, head)'s splits are launched as one thread-block cluster and
+//   rank 0 merges their states from the others' shared memory (combine_kernel's arithmetic, in
+//   split order) and writes the output: no fp32 workspace round trip, no second launch.
 //
 // Split keys (flash-decoding): when the q-tiles x heads are too few to fill the GPU and the rows
 // are long, grid.z splits each row's keys into `splits` ranges (multiples of 64 keys). Each block
 // then writes its unnormalised O and its (max, sum) per query to an fp32 workspace, and
 // combine_kernel merges the splits: M = max m_s, L = sum l_s 2^(m_s - M), O = sum O_s 2^(m_s - M) / L.
+#include <cooperative_groups.h>  // tests/cuda_emu/include/ has the emulator's
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -53,6 +57,7 @@ namespace blockbatch::cuda {
 namespace {
 constexpr int kBlockQ = 64, kBlockK = 64, kWarps = 4, kThreads = kWarps * 32;
 constexpr int kPad = 8;  // shared rows padded by 16 bytes: fragment loads spread over the banks
+constexpr int kMaxClusterSplits = 8;  // the warp-split kernel merges up to this many splits in a cluster
 
 // Two floats rounded to T, packed low = first (the lower column of a fragment pair).
 template <typename T>
@@ -123,7 +128,7 @@ constexpr size_t shared_elems() {
 
 template <typename T, int HD, int kStages, bool kWarpSplit>
 __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::AttentionArgs a, int splits, float* part,
-                                                                   int64_t tokens) {
+                                                                   int64_t tokens, bool cluster_merge) {
   static_assert(!kWarpSplit || kStages == 3, "the warp split is a variant of the 3-stage kernel");
   dependent_launch_prologue();
   constexpr int LD = HD + kPad, kTile = kBlockK * LD;
@@ -376,11 +381,12 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::Attentio
   l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  constexpr int kState = HD / 2 + 4;  // a lane's o (HD / 8 x 4), m0, m1, l0, l1 (lane-minor in shared memory)
+  bool holder = true;                 // this warp holds its query group's state
   if constexpr (kWarpSplit) {
     if (wpg > 1) {  // the same in the whole block: merge each group's key parts into its first warp
       cp_async_wait<0>();
       __syncthreads();  // every warp is done with the ring, which now holds the parts' states
-      constexpr int kState = HD / 2 + 4;  // o (HD / 8 x 4), m0, m1, l0, l1 per lane, lane-minor
       float* state = reinterpret_cast<float*>(smem_raw);
       if (kp != 0) {
         float* mine = state + warp * kState * 32 + lane;
@@ -394,8 +400,8 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::Attentio
         mine[(HD / 2 + 3) * 32] = l1;
       }
       __syncthreads();
-      if (kp != 0) return;
-      for (int p = 1; p < wpg; ++p) {  // in part order: deterministic
+      holder = kp == 0;
+      for (int p = 1; holder && p < wpg; ++p) {  // in part order: deterministic
         const float* other = state + (warp + p) * kState * 32 + lane;
         const float om0 = other[(HD / 2) * 32], om1 = other[(HD / 2 + 1) * 32];
         const float M0 = fmaxf(m0, om0), M1 = fmaxf(m1, om1);
@@ -417,6 +423,69 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::Attentio
     }
   }
   const int64_t i0 = gq * 16 + g, i1 = i0 + 8;
+  const bool row0 = holder && i0 < nq, row1 = holder && i1 < nq;
+  T* out = static_cast<T*>(a.out) + h * HD;
+  const int64_t out_stride = a.heads * HD;
+  if constexpr (kWarpSplit) {
+    if (cluster_merge) {  // the key splits of this (q-tile, head) are one cluster: rank 0 merges
+      const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+      const unsigned rank = cluster.block_rank(), ranks = cluster.num_blocks();
+      cp_async_wait<0>();
+      __syncthreads();  // the ring is free (after the warp merge's reads too: its own region)
+      float* cstate = reinterpret_cast<float*>(smem_raw) + kWarps * kState * 32;  // per query group
+      if (holder) {
+        float* mine = cstate + gq * kState * 32 + lane;
+#pragma unroll
+        for (int n = 0; n < HD / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) mine[(n * 4 + e) * 32] = o[n][e];
+        mine[(HD / 2) * 32] = m0;
+        mine[(HD / 2 + 1) * 32] = m1;
+        mine[(HD / 2 + 2) * 32] = l0;
+        mine[(HD / 2 + 3) * 32] = l1;
+      }
+      cluster.sync();  // every rank's state is in its shared memory
+      if (rank == 0 && holder) {  // combine_kernel's arithmetic, in rank (= split) order
+        auto ranked = [&](unsigned s) { return cluster.map_shared_rank(cstate, s) + gq * kState * 32 + lane; };
+        float M0 = -INFINITY, M1 = -INFINITY;
+        for (unsigned s = 0; s < ranks; ++s) {
+          M0 = fmaxf(M0, ranked(s)[(HD / 2) * 32]);
+          M1 = fmaxf(M1, ranked(s)[(HD / 2 + 1) * 32]);
+        }
+        float L0 = 0.0f, L1 = 0.0f;
+#pragma unroll
+        for (int n = 0; n < HD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+        for (unsigned s = 0; s < ranks; ++s) {
+          const float* p = ranked(s);
+          const float w0 = M0 == -INFINITY ? 0.0f : exp2f(p[(HD / 2) * 32] - M0);  // 0 for a split without keys
+          const float w1 = M1 == -INFINITY ? 0.0f : exp2f(p[(HD / 2 + 1) * 32] - M1);
+          L0 += p[(HD / 2 + 2) * 32] * w0;
+          L1 += p[(HD / 2 + 3) * 32] * w1;
+#pragma unroll
+          for (int n = 0; n < HD / 8; ++n) {
+            o[n][0] += p[(n * 4) * 32] * w0;
+            o[n][1] += p[(n * 4 + 1) * 32] * w0;
+            o[n][2] += p[(n * 4 + 2) * 32] * w1;
+            o[n][3] += p[(n * 4 + 3) * 32] * w1;
+          }
+        }
+#pragma unroll
+        for (int n = 0; n < HD / 8; ++n) {
+          const int col = n * 8 + 2 * t4;
+          if (row0) {
+            *reinterpret_cast<uint32_t*>(out + (q0 + i0) * out_stride + col) =
+                pack2<T>(L0 > 0.0f ? o[n][0] / L0 : 0.0f, L0 > 0.0f ? o[n][1] / L0 : 0.0f);
+          }
+          if (row1) {
+            *reinterpret_cast<uint32_t*>(out + (q0 + i1) * out_stride + col) =
+                pack2<T>(L1 > 0.0f ? o[n][2] / L1 : 0.0f, L1 > 0.0f ? o[n][3] / L1 : 0.0f);
+          }
+        }
+      }
+      cluster.sync();  // no rank exits (freeing its shared memory) before rank 0 has read it
+      return;
+    }
+  }
   if (splits > 1) {  // partial result: unnormalised O, then (m, l), per (split, token, head)
     constexpr int W = HD + 2;
     float* p0 = part + ((blockIdx.z * tokens + q0 + i0) * a.heads + h) * W;
@@ -424,23 +493,21 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::Attentio
 #pragma unroll
     for (int n = 0; n < HD / 8; ++n) {
       const int col = n * 8 + 2 * t4;
-      if (i0 < nq) *reinterpret_cast<float2*>(p0 + col) = make_float2(o[n][0], o[n][1]);
-      if (i1 < nq) *reinterpret_cast<float2*>(p1 + col) = make_float2(o[n][2], o[n][3]);
+      if (row0) *reinterpret_cast<float2*>(p0 + col) = make_float2(o[n][0], o[n][1]);
+      if (row1) *reinterpret_cast<float2*>(p1 + col) = make_float2(o[n][2], o[n][3]);
     }
     if (t4 == 0) {  // m and l are the same in the four threads of a quad
-      if (i0 < nq) *reinterpret_cast<float2*>(p0 + HD) = make_float2(m0, l0);
-      if (i1 < nq) *reinterpret_cast<float2*>(p1 + HD) = make_float2(m1, l1);
+      if (row0) *reinterpret_cast<float2*>(p0 + HD) = make_float2(m0, l0);
+      if (row1) *reinterpret_cast<float2*>(p1 + HD) = make_float2(m1, l1);
     }
     return;
   }
   const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
-  T* out = static_cast<T*>(a.out) + h * HD;
-  const int64_t out_stride = a.heads * HD;
 #pragma unroll
   for (int n = 0; n < HD / 8; ++n) {
     const int col = n * 8 + 2 * t4;
-    if (i0 < nq) *reinterpret_cast<uint32_t*>(out + (q0 + i0) * out_stride + col) = pack2<T>(o[n][0] * inv0, o[n][1] * inv0);
-    if (i1 < nq) *reinterpret_cast<uint32_t*>(out + (q0 + i1) * out_stride + col) = pack2<T>(o[n][2] * inv1, o[n][3] * inv1);
+    if (row0) *reinterpret_cast<uint32_t*>(out + (q0 + i0) * out_stride + col) = pack2<T>(o[n][0] * inv0, o[n][1] * inv0);
+    if (row1) *reinterpret_cast<uint32_t*>(out + (q0 + i1) * out_stride + col) = pack2<T>(o[n][2] * inv1, o[n][3] * inv1);
   }
 }
 
@@ -469,7 +536,7 @@ __global__ void __launch_bounds__(HD) combine_kernel(const float* part, int spli
 template <typename T, int HD, int kStages, bool kWarpSplit = false>
 cudaError_t launch(const cpu::AttentionArgs& a, int64_t tokens, int splits, float* part, cudaStream_t stream) {
   constexpr size_t shared = shared_elems<HD, kStages>() * sizeof(T);
-  static_assert(!kWarpSplit || shared >= kWarps * (HD / 2 + 4) * 32 * sizeof(float), "the ring holds the merge");
+  static_assert(!kWarpSplit || shared >= 2 * kWarps * (HD / 2 + 4) * 32 * sizeof(float), "the ring holds the merges");
   if (shared > 48 * 1024) {
     const cudaError_t e = allow_shared_memory<flash_attention_kernel<T, HD, kStages, kWarpSplit>>(shared);
     if (e != cudaSuccess) return e;
@@ -477,8 +544,17 @@ cudaError_t launch(const cpu::AttentionArgs& a, int64_t tokens, int splits, floa
   // Upper bound on the tiles: every row adds at most one partial tile; surplus blocks exit.
   const int64_t blocks = (tokens + kBlockQ - 1) / kBlockQ + a.rows;
   dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.heads), static_cast<unsigned>(splits));
+  if (kWarpSplit && splits > 1 && splits <= kMaxClusterSplits) {  // merged in the cluster: no combine pass
+    cudaLaunchAttribute cluster;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = 1;
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = static_cast<unsigned>(splits);
+    return launch_kernel(flash_attention_kernel<T, HD, kStages, kWarpSplit>, grid, kThreads, shared, stream, &cluster,
+                         a, splits, part, tokens, true);
+  }
   const cudaError_t e = launch_kernel(flash_attention_kernel<T, HD, kStages, kWarpSplit>, grid, kThreads, shared,
-                                      stream, nullptr, a, splits, part, tokens);
+                                      stream, nullptr, a, splits, part, tokens, false);
   if (splits == 1 || e != cudaSuccess) return e;
   return launch_kernel(combine_kernel<T, HD>, dim3(static_cast<unsigned>(tokens), static_cast<unsigned>(a.heads)), HD,
                        0, stream, nullptr, part, splits, tokens, a.heads, static_cast<T*>(a.out));
