@@ -146,6 +146,16 @@ def test_cli_help_lists_every_cuda_environment_variable():
     assert res.returncode == 0
     missing = sorted(v for v in read if f"{v}=" not in res.stdout)
     assert not missing, f"generate --help does not explain {missing}"
+    # The defaults ops_cuda.cpp compiles in are the ones the help states.
+    defaults = re.findall(r'constexpr [\w ]+\* kDefault\w+ = "?(\w+)"?;\s+// (BLOCKBATCH_\w+)|'
+                          r'constexpr int kDefault\w+ = (\d+);\s+// (BLOCKBATCH_\w+)',
+                          (src / "torch" / "ops_cuda.cpp").read_text())
+    pairs = [(a or c, b or d) for a, b, c, d in defaults]
+    assert {v for _, v in pairs} >= {"BLOCKBATCH_ATTN_KERNEL", "BLOCKBATCH_GEMM", "BLOCKBATCH_PDL"}
+    for value, var in pairs:
+        text = res.stdout[res.stdout.index(f"{var}="):]
+        text = text[:text.index("BLOCKBATCH_", len(var))] if "BLOCKBATCH_" in text[len(var):] else text
+        assert f"default {value}" in text, f"generate --help does not give {var}'s default ({value})"
 
 
 def test_chat_template_is_applied(tmp_path):

@@ -86,7 +86,15 @@ int env_int(const char* name, int lo, int hi, int fallback) {
   return static_cast<int>(v);
 }
 
-constexpr bool kAttentionPipelinedByDefault = true;  // 2.4x the staged kernel at 6 rows x L 2048 on an H200
+// The CUDA kernel choices when their environment variables are unset: the kernels checked and
+// timed on a GPU. An opt-in candidate becomes the default by changing its line here (and the
+// default that `blockbatch generate --help` states; a test compares the two), once a GPU run has
+// shown it correct and faster (benchmarks/gpu_check.sh: its verdicts; docs/bench/gpu/NOTES.md).
+constexpr const char* kDefaultAttnKernel = "pipelined";  // BLOCKBATCH_ATTN_KERNEL; 2.4x "sync" at 6 rows x L 2048
+constexpr const char* kDefaultGemm = "cublas";           // BLOCKBATCH_GEMM
+constexpr int kDefaultGemmPad = 0;                       // BLOCKBATCH_GEMM_PAD
+constexpr const char* kDefaultRopeKernel = "scalar";     // BLOCKBATCH_ROPE_KERNEL
+constexpr const char* kDefaultPdl = "0";                 // BLOCKBATCH_PDL
 
 // Key splits of a tensor-core attention launch: the heuristic's choice, or BLOCKBATCH_ATTN_SPLITS
 // (1..16) when set — a tuning and debugging override, read per call so a benchmark can sweep it.
@@ -100,8 +108,8 @@ int attention_splits(int heuristic) { return env_int("BLOCKBATCH_ATTN_SPLITS", 1
 // pipelined3 and splitwarps are opt-in until a GPU run has checked and timed them. Read per call,
 // like the split override, so one process can time all of them.
 int attention_variant() {
-  const std::string v = env_choice("BLOCKBATCH_ATTN_KERNEL", {"sync", "pipelined", "pipelined3", "splitwarps"},
-                                   kAttentionPipelinedByDefault ? "pipelined" : "sync");
+  const std::string v =
+      env_choice("BLOCKBATCH_ATTN_KERNEL", {"sync", "pipelined", "pipelined3", "splitwarps"}, kDefaultAttnKernel);
   return v == "sync" ? 1 : v == "pipelined" ? 2 : v == "pipelined3" ? 3 : 4;
 }
 
@@ -113,7 +121,7 @@ int attention_variant() {
 // in one process.
 enum class Gemm { kCublas, kStream, kStaged };
 Gemm gemm_kind() {
-  const std::string v = env_choice("BLOCKBATCH_GEMM", {"cublas", "stream", "staged"}, "cublas");
+  const std::string v = env_choice("BLOCKBATCH_GEMM", {"cublas", "stream", "staged"}, kDefaultGemm);
   return v == "cublas" ? Gemm::kCublas : v == "stream" ? Gemm::kStream : Gemm::kStaged;
 }
 
@@ -124,7 +132,7 @@ int gemm_splits(int heuristic) { return env_int("BLOCKBATCH_GEMM_SPLITS", 1, 8, 
 // 6-branch step has 252 rows; if cuBLAS tiles 256 rows better than 252 (it ran 192-row tiles at
 // 252, about 66% of them useful), the copy of x (2 MB) costs far less than it saves. Opt-in
 // until a GPU run has timed it (bench_gpu_step.py's "pad" candidate and its GEMM sweep).
-int gemm_row_multiple() { return env_int("BLOCKBATCH_GEMM_PAD", 0, 256, 0); }
+int gemm_row_multiple() { return env_int("BLOCKBATCH_GEMM_PAD", 0, 256, kDefaultGemmPad); }
 
 at::Tensor padded_mm(const at::Tensor& x, const at::Tensor& weight, int64_t multiple) {
   const int64_t M = x.size(0), padded = (M + multiple - 1) / multiple * multiple;
@@ -136,13 +144,13 @@ at::Tensor padded_mm(const at::Tensor& x, const at::Tensor& weight, int64_t mult
 
 // rope_kv_write_'s kernel: BLOCKBATCH_ROPE_KERNEL = "scalar" (the default: element pairs) or "vec"
 // (16 bytes per access, same bits; opt-in until a GPU run has checked and timed it). Read per call.
-bool rope_vectorized() { return env_choice("BLOCKBATCH_ROPE_KERNEL", {"scalar", "vec"}, "scalar") == "vec"; }
+bool rope_vectorized() { return env_choice("BLOCKBATCH_ROPE_KERNEL", {"scalar", "vec"}, kDefaultRopeKernel) == "vec"; }
 
 }  // namespace
 
 // Programmatic dependent launch for the forward's kernels (csrc/kernels/cuda/launch.cuh):
 // BLOCKBATCH_PDL = "1" on, "0" or unset off (opt-in until a GPU run has checked and timed it).
-bool cuda::programmatic_launch() { return env_choice("BLOCKBATCH_PDL", {"0", "1"}, "0") == "1"; }
+bool cuda::programmatic_launch() { return env_choice("BLOCKBATCH_PDL", {"0", "1"}, kDefaultPdl) == "1"; }
 
 namespace {
 
