@@ -296,15 +296,18 @@ def replay_latency(step, row: dict, repeats: int) -> dict:
     return out
 
 
-# Opt-in kernels not yet made the default (each needs a GPU run to check and time it first).
+# Opt-in kernels not yet made the default (each needs a GPU run to check and time it first), in the
+# order they are timed: least risky first, since a kernel that faults ends its process's CUDA
+# context and with it the timings of every candidate after it (each is timed on every step before
+# the next one starts).
 CANDIDATES = {
-    "stream": {"BLOCKBATCH_GEMM": "stream"},    # weight-streaming GEMM for <= 64 rows (linear.cu)
-    "staged": {"BLOCKBATCH_GEMM": "staged"},    # the same through a cp.async shared-memory ring
-    "rope_vec": {"BLOCKBATCH_ROPE_KERNEL": "vec"},  # 16-byte rope_kv_write
     "pdl": {"BLOCKBATCH_PDL": "1"},             # programmatic dependent launch (launch.cuh)
+    "rope_vec": {"BLOCKBATCH_ROPE_KERNEL": "vec"},  # 16-byte rope_kv_write
+    "pad": {"BLOCKBATCH_GEMM_PAD": "64"},       # cuBLAS GEMMs of > 64 rows on rows padded to 64 (252 -> 256)
     "attn3": {"BLOCKBATCH_ATTN_KERNEL": "pipelined3"},  # attention with 3 cp.async K/V stages
     "attn_split": {"BLOCKBATCH_ATTN_KERNEL": "splitwarps"},  # + small q-tiles' keys split over warps
-    "pad": {"BLOCKBATCH_GEMM_PAD": "64"},       # cuBLAS GEMMs of > 64 rows on rows padded to 64 (252 -> 256)
+    "stream": {"BLOCKBATCH_GEMM": "stream"},    # weight-streaming GEMM for <= 64 rows (linear.cu)
+    "staged": {"BLOCKBATCH_GEMM": "staged"},    # the same through a cp.async shared-memory ring
     "all": {"BLOCKBATCH_GEMM": "stream", "BLOCKBATCH_GEMM_PAD": "64", "BLOCKBATCH_ROPE_KERNEL": "vec", "BLOCKBATCH_PDL": "1",
             "BLOCKBATCH_ATTN_KERNEL": "splitwarps"},
 }
@@ -358,48 +361,62 @@ def main(argv=None) -> int:
             json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "params": params,
                        "layers": args.layers, "results": results, "gemm": gemm}, f, indent=2)
 
-    for L in (512, 2048):
-        for label, lengths in (("blockbatch-6", [4, 8, 16, 32, 64, 128]), ("single-32", [32])):
-            row = {"step": label, "L": L, "query_tokens": sum(lengths)}
+    def make_step(lengths, L):
+        kv = model.new_kv(len(lengths), L)
+        ids = [torch.randint(0, config.vocab_size, (n,)) for n in lengths]
+        pos = [torch.arange(L // 2 // n * n, L // 2 // n * n + n) for n in lengths]
+        packed = pack_rows(ids, pos, "cuda")
+
+        def step():
+            logits = model.forward_packed(*packed, kv, "dual")
+            return torch.ops.blockbatch.confidence(logits, config.mask_token_id)
+
+        return kv, packed, step
+
+    shapes = [(L, label, lengths) for L in (512, 2048)
+              for label, lengths in (("blockbatch-6", [4, 8, 16, 32, 64, 128]), ("single-32", [32]))]
+    if candidates:  # the default step beside each opt-in kernel, in this one process, candidate by candidate
+        steps = []
+        for L, label, lengths in shapes:
+            kv, _, step = make_step(lengths, L)
+            row = {"step": label, "L": L, "query_tokens": sum(lengths),
+                   "roofline_ms": step_roofline(config, params, lengths, L, kv)[0]}
             results.append(row)
-            kv = model.new_kv(len(lengths), L)
-            ids = [torch.randint(0, config.vocab_size, (n,)) for n in lengths]
-            pos = [torch.arange(L // 2 // n * n, L // 2 // n * n + n) for n in lengths]
-            packed = pack_rows(ids, pos, "cuda")
-
-            def step():
-                logits = model.forward_packed(*packed, kv, "dual")
-                return torch.ops.blockbatch.confidence(logits, config.mask_token_id)
-
-            # Each part is measured on its own: one that fails records its error and the rest still run.
-            if candidates:  # the default step beside each opt-in kernel, in this one process
-                row["roofline_ms"] = step_roofline(config, params, lengths, L, kv)[0]
-                for name, env in {"default": {}, **CANDIDATES}.items():
-                    if name in ("stream", "staged") and sum(lengths) > 64:
-                        continue  # the streaming GEMM takes at most 64 rows
-                    if name == "pad" and sum(lengths) <= 64:
-                        continue  # padding applies to more than 64 rows
-                    with section(row, name), environ(**env):
-                        row.update(candidate_latency(name, step, row, args.repeats))
-                with section(row, "attention"):
-                    row.update(attention_sweep(config, kv, lengths, L, args.repeats,
-                                               ("pipelined", "pipelined3", "splitwarps")))
-                del kv
-                print(json.dumps(row), flush=True)
-                save()
-                continue
-            with section(row, "step"):
-                row.update(step_latency(config, params, step, plain, packed, lengths, kv, L, args.repeats))
-            with section(row, "replay"):
-                row.update(replay_latency(step, row, args.repeats))
-            with section(row, "attention"):
-                row.update(attention_sweep(config, kv, lengths, L, args.repeats))
-            if label == "blockbatch-6":
-                with section(row, "bookkeeping"):
-                    row.update(bookkeeping(config, model, kv, L, args.repeats))
-            del kv
-            print(json.dumps(row), flush=True)
+            steps.append((row, lengths, L, kv, step))
+        for name, env in {"default": {}, **CANDIDATES}.items():
+            for row, lengths, L, kv, step in steps:
+                if name in ("stream", "staged") and sum(lengths) > 64:
+                    continue  # the streaming GEMM takes at most 64 rows
+                if name == "pad" and sum(lengths) <= 64:
+                    continue  # padding applies to more than 64 rows
+                with section(row, name), environ(**env):
+                    row.update(candidate_latency(name, step, row, args.repeats))
+            print(json.dumps({"candidate": name, **{f"{r['step']} L{r['L']}": r.get(f"{name}_replay_ms")
+                                                     for r, *_ in steps}}), flush=True)
             save()
+        for row, lengths, L, kv, step in steps:
+            with section(row, "attention"):
+                row.update(attention_sweep(config, kv, lengths, L, args.repeats,
+                                           ("pipelined", "pipelined3", "splitwarps")))
+            save()
+        del steps
+    for L, label, lengths in shapes if not candidates else ():
+        row = {"step": label, "L": L, "query_tokens": sum(lengths)}
+        results.append(row)
+        kv, packed, step = make_step(lengths, L)
+        # Each part is measured on its own: one that fails records its error and the rest still run.
+        with section(row, "step"):
+            row.update(step_latency(config, params, step, plain, packed, lengths, kv, L, args.repeats))
+        with section(row, "replay"):
+            row.update(replay_latency(step, row, args.repeats))
+        with section(row, "attention"):
+            row.update(attention_sweep(config, kv, lengths, L, args.repeats))
+        if label == "blockbatch-6":
+            with section(row, "bookkeeping"):
+                row.update(bookkeeping(config, model, kv, L, args.repeats))
+        del kv
+        print(json.dumps(row), flush=True)
+        save()
     del model, plain, weights  # the sweep's weight copies need the room
     torch.cuda.empty_cache()
     # 252 and 256: the 6-branch step's row count and the next multiple of 64 (does padding the
