@@ -3,12 +3,13 @@
     python benchmarks/gpu_summary.py DIR
 
 DIR is the folder gpu_check.sh wrote (gpu_tests.xml, ops_tests.xml, bench_gpu_step.json,
-gpu_decode_check.json, and for the opt-in kernels candidate_tests.xml, bench_gpu_candidates.json,
+gpu_decode_check.json, and for the opt-in kernels candidate_tests*.xml (one per candidate), bench_gpu_candidates.json,
 gpu_decode_candidates.json); missing files are reported as missing, not skipped silently.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -81,14 +82,19 @@ CANDIDATE_TESTS = {  # candidate -> the test names (substrings) that must pass b
 }
 
 
+def candidate_test_files(d: str) -> list[str]:
+    """The candidates' JUnit files: one per candidate process (candidate_tests_<name>.xml)."""
+    return sorted(glob.glob(os.path.join(d, "candidate_tests*.xml")))
+
+
 def verdicts(d: str) -> list[str]:
     """Per candidate: did its GPU tests pass, and its graph replay against the default's, step by
     step (ratios from the one process that timed both)? Worth making the default when its tests
     pass, no step is more than 1% slower and one is at least 1% faster."""
-    tests_xml, bench = os.path.join(d, "candidate_tests.xml"), os.path.join(d, "bench_gpu_candidates.json")
-    if not (os.path.exists(tests_xml) and os.path.exists(bench)):
-        return ["verdicts: candidate_tests.xml or bench_gpu_candidates.json missing"]
-    failed = [case.get("name", "") for case in ET.parse(tests_xml).getroot().iter("testcase")
+    tests_xml, bench = candidate_test_files(d), os.path.join(d, "bench_gpu_candidates.json")
+    if not (tests_xml and os.path.exists(bench)):
+        return ["verdicts: candidate_tests*.xml or bench_gpu_candidates.json missing"]
+    failed = [case.get("name", "") for path in tests_xml for case in ET.parse(path).getroot().iter("testcase")
               if case.find("failure") is not None or case.find("error") is not None]
     results = json.load(open(bench))["results"]
     lines = ["verdicts (candidate replay / default replay per step; < 1 is faster):"]
@@ -133,7 +139,9 @@ def main(argv=None) -> int:
     d = argv[0]
     out = tests(os.path.join(d, "gpu_tests.xml")) + tests(os.path.join(d, "ops_tests.xml"))
     out += steps(os.path.join(d, "bench_gpu_step.json")) + decode(os.path.join(d, "gpu_decode_check.json"))
-    out += ["== opt-in kernels (candidates)"] + tests(os.path.join(d, "candidate_tests.xml"))
+    out += ["== opt-in kernels (candidates)"]
+    for path in candidate_test_files(d) or [os.path.join(d, "candidate_tests_*.xml")]:
+        out += tests(path)
     out += steps(os.path.join(d, "bench_gpu_candidates.json")) + decode(os.path.join(d, "gpu_decode_candidates.json"))
     out += verdicts(d)
     print("\n".join(out))

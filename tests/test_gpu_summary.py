@@ -9,16 +9,20 @@ spec = importlib.util.spec_from_file_location("gpu_summary", ROOT / "benchmarks"
 gpu_summary = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gpu_summary)
 
-XML = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="3">
+GEMM_XML = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="2">
 <testcase classname="tests.test_cuda" name="test_stream_linear_error_within_2x_cublas[1-64-32-dtype0-staged]">
 <failure message="assert 0.5 &lt;= 0.1">x</failure></testcase>
 <testcase classname="tests.test_cuda" name="test_stream_linear_error_within_2x_cublas[1-64-32-dtype0-stream]"/>
+</testsuite></testsuites>"""
+PDL_XML = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="1">
 <testcase classname="tests.test_cuda" name="test_pdl_variable_is_checked"/>
 </testsuite></testsuites>"""
 
 
 def test_verdicts(tmp_path):
-    (tmp_path / "candidate_tests.xml").write_text(XML)
+    """gpu_check.sh runs each candidate's tests in a process of its own: the verdicts read every file."""
+    (tmp_path / "candidate_tests_gemm.xml").write_text(GEMM_XML)
+    (tmp_path / "candidate_tests_pdl.xml").write_text(PDL_XML)
     step = {"step": "single-32", "L": 512, "default_replay_ms": 5.0, "stream_replay_ms": 4.5,
             "staged_replay_ms": 4.0, "rope_vec_replay_ms": 5.02, "pdl_replay_ms": 5.2}
     big = {"step": "blockbatch-6", "L": 512, "default_replay_ms": 8.0, "rope_vec_replay_ms": 7.9,
@@ -33,4 +37,13 @@ def test_verdicts(tmp_path):
 
 def test_verdicts_without_files(tmp_path):
     assert gpu_summary.verdicts(str(tmp_path)) == [
-        "verdicts: candidate_tests.xml or bench_gpu_candidates.json missing"]
+        "verdicts: candidate_tests*.xml or bench_gpu_candidates.json missing"]
+
+
+def test_summary_lists_each_candidate_file(tmp_path, capsys):
+    (tmp_path / "candidate_tests_gemm.xml").write_text(GEMM_XML)
+    (tmp_path / "candidate_tests_pdl.xml").write_text(PDL_XML)
+    assert gpu_summary.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "candidate_tests_gemm.xml: " in out and "candidate_tests_pdl.xml: 1 passed, 0 failed" in out
+    assert "FAILED test_stream_linear_error_within_2x_cublas[1-64-32-dtype0-staged]" in out
