@@ -152,10 +152,14 @@ GEMM_SHAPES = [(1, 64, 32), (7, 200, 96), (8, 256, 512), (16, 96, 256), (32, 130
 
 
 def _gemm_case(M, N, K, dtype, pad):
+    """x [M, K] and w [N, K] as views into NaN-filled buffers one row longer and `pad` columns
+    wider (leading dimensions K + pad): a read outside either matrix turns an output into NaN."""
     g = torch.Generator().manual_seed(M * 1000 + N + K)
-    x = torch.randn(M, K + pad, generator=g).to(dtype)[:, :K]  # leading dimensions K + pad
-    w = (torch.randn(N, K + pad, generator=g) / K ** 0.5).to(dtype)[:, :K]
-    return x, w
+    x = torch.full((M + 1, K + pad), float("nan"), dtype=dtype)
+    w = torch.full((N + 1, K + pad), float("nan"), dtype=dtype)
+    x[:M, :K] = torch.randn(M, K, generator=g).to(dtype)
+    w[:N, :K] = (torch.randn(N, K, generator=g) / K ** 0.5).to(dtype)
+    return x[:M, :K], w[:N, :K]
 
 
 def _gemm(emu, x, w, splits, staged, sentinel=7.0):
@@ -177,14 +181,14 @@ def _gemm(emu, x, w, splits, staged, sentinel=7.0):
 def test_linear_small_emulated(emu, M, N, K, staged, dtype):
     """x @ w.T for every split count the kernels take (3: uneven K ranges; 8: some ranks without
     K): within 2x PyTorch's own error at this dtype of the exact product of the rounded inputs,
-    every element written, nothing outside Y."""
+    every element written, nothing written outside Y, nothing read outside x and w (NaN there)."""
     x, w = _gemm_case(M, N, K, dtype, pad=8 if K % 64 == 0 else 0)
     exact = x.double() @ w.double().t()
     torch_err = _rel_err(x @ w.t(), exact)
     assert torch_err > 0
     for splits in (1, 2, 3, 8):
         y = _gemm(emu, x, w, splits, staged)
-        assert not y.isnan().any(), f"splits {splits}: unwritten outputs"
+        assert not y.isnan().any(), f"splits {splits}: NaN outputs (unwritten, or read outside x / w)"
         err = _rel_err(y, exact)
         assert err <= 2 * torch_err, f"splits {splits}: {err:.3g} vs PyTorch {torch_err:.3g}"
 
@@ -262,10 +266,14 @@ def test_attention_emulated(emu, dtype, heads, kv_heads, hd):
     lengths, L = [1, 7, 64, 65], 140
     T = sum(lengths)
     q, k, v = (torch.randn(T, h, hd, generator=g).to(dtype) for h in (heads, kv_heads, kv_heads))
-    kv = torch.randn(len(lengths), 2, 2, kv_heads, L, hd, generator=g).to(dtype)
     cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)))
     rows = torch.tensor([2, 0, 3, 1])
     for cache, fresh in ((torch.full((4,), L), False), (torch.tensor([0, 5, 64, 140]), True)):
+        # Layer 1's slots past each row's cache length and all of layer 0 are NaN: no kernel (nor
+        # the CPU op) may read them, or the outputs turn NaN.
+        kv = torch.full((len(lengths), 2, 2, kv_heads, L, hd), float("nan"), dtype=dtype)
+        for r, n in zip(rows.tolist(), cache.tolist()):
+            kv[r, 1, :, :, :n] = torch.randn(2, kv_heads, n, hd, generator=g).to(dtype)
         exact = ops.packed_attention(q.float(), k.float(), v.float(), cu, kv.float(), rows, cache, 1, fresh)
         cpu_err = _rel_err(ops.packed_attention(q, k, v, cu, kv, rows, cache, 1, fresh), exact)
         assert cpu_err > 0
