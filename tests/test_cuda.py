@@ -7,8 +7,8 @@ import blockbatch.native  # noqa: F401
 from blockbatch.native import NativeModel
 from blockbatch.options import DecodeOptions, run_decode
 from blockbatch.reference import model as ref
-from blockbatch.testing import (coordinate_args, random_branch_state, random_config, random_weights, rope_kv_case,
-                                rope_table, window_spans)
+from blockbatch.testing import (absorb_case, commit_case, coordinate_args, random_branch_state, random_config,
+                                random_weights, rope_kv_case, rope_table)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 ops = torch.ops.blockbatch
@@ -479,14 +479,7 @@ def test_decode_reads_back_once_per_step_on_gpu():
 def test_commit_cuda_equals_cpu(rule):
     g = torch.Generator().manual_seed(1)
     for n in (1, 5, 32, 33, 300, 4096):
-        L = n + 50
-        canvas = torch.randint(0, 6, (L,), generator=g)
-        canvas[torch.rand(L, generator=g) < 0.6] = 9
-        window = torch.randperm(L, generator=g)[:n]
-        token = torch.randint(0, 9, (n,), generator=g)
-        conf = torch.rand(n, generator=g, dtype=torch.float64)
-        conf[torch.rand(n, generator=g) < 0.2] = 0.5
-        k = torch.tensor([n // 3])
+        canvas, window, token, conf, k = commit_case(g, n)
         cpu, gpu = canvas.clone(), canvas.cuda()
         a = ops.commit_(cpu, window, token, conf, k, 9, 0, rule, 0.8, 1.0)
         b = ops.commit_(gpu, window.cuda(), token.cuda(), conf.cuda(), k.cuda(), 9, 0, rule, 0.8, 1.0)
@@ -521,15 +514,10 @@ def test_absorb_cuda_equals_cpu(dtype):
     readiness (its float64 softmax probability within 1e-12)."""
     eos = 7
     for seed in range(40):
-        cpu = random_branch_state(seed)
-        g = torch.Generator().manual_seed(seed)
-        spans, rows = window_spans(cpu["state"], full=seed % 2)
-        if not spans:
+        case = absorb_case(seed, dtype, eos)
+        if case is None:
             continue
-        logits = (torch.randn(rows, 300, generator=g) * 4).to(dtype)
-        logits[:, eos] += 3
-        token, conf = ops.confidence(logits, cpu["mask_id"])
-        ids, probs = ops.sparse_probs(logits, 0.1, 3)
+        cpu, spans, logits, token, conf, ids, probs = case
         gpu = _to(cpu, "cuda")
         for s, dev in ((cpu, "cpu"), (gpu, "cuda")):
             ops.bb_absorb_(s["canvas"], s["state"], s["eos_prob"], s["map_ids"], s["map_probs"],

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 import blockbatch.native  # noqa: F401
-from blockbatch.testing import coordinate_args, random_branch_state, rope_kv_case, rope_table, window_spans
+from blockbatch.testing import (absorb_case, commit_case, coordinate_args, random_branch_state, rope_kv_case,
+                                rope_table)
 from cuda_emu.build import build
 
 ops = torch.ops.blockbatch
@@ -363,14 +364,7 @@ def test_separate_rope_and_kv_write_emulated(emu, dtype):
 def test_commit_emulated(emu, rule):
     g = torch.Generator().manual_seed(1)
     for n in (1, 33, 300, 4096):
-        L = n + 50
-        canvas = torch.randint(0, 6, (L,), generator=g)
-        canvas[torch.rand(L, generator=g) < 0.6] = 9
-        window = torch.randperm(L, generator=g)[:n]
-        token = torch.randint(0, 9, (n,), generator=g)
-        conf = torch.rand(n, generator=g, dtype=torch.float64)
-        conf[torch.rand(n, generator=g) < 0.2] = 0.5
-        k = torch.tensor([n // 3])
+        canvas, window, token, conf, k = commit_case(g, n)
         cpu, emulated, counts = canvas.clone(), canvas.clone(), torch.empty(3, dtype=torch.long)
         expected = ops.commit_(cpu, window, token, conf, k, 9, 0, rule, 0.8, 1.0)
         emu.ok("bbemu_commit", emulated, window, token, conf, k, n, 9, 0, ["threshold", "fixed", "factor"].index(rule),
@@ -411,15 +405,10 @@ def test_absorb_emulated(emu, dtype):
     """bb_absorb_ (one block per span) == the CPU loops: map rows, commits, counters, EOS readiness."""
     eos = 7
     for seed in range(6):
-        cpu = random_branch_state(seed)
-        g = torch.Generator().manual_seed(seed)
-        spans, rows = window_spans(cpu["state"], full=seed % 2)
-        if not spans:
+        case = absorb_case(seed, dtype, eos)
+        if case is None:
             continue
-        logits = (torch.randn(rows, 300, generator=g) * 4).to(dtype)
-        logits[:, eos] += 3
-        token, conf = ops.confidence(logits, cpu["mask_id"])
-        ids, probs = ops.sparse_probs(logits, 0.1, 3)
+        cpu, spans, logits, token, conf, ids, probs = case
         emulated = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in cpu.items()}
         spans_t = torch.tensor(spans)
         ops.bb_absorb_(cpu["canvas"], cpu["state"], cpu["eos_prob"], cpu["map_ids"], cpu["map_probs"], spans_t, token,

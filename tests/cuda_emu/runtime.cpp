@@ -185,8 +185,7 @@ void schedule(Cluster& c, std::mt19937_64& rng) {
       if (!c.error.empty()) return;
     }
     if (all_done) return;
-    if (!ran) {
-      std::string kinds;
+    if (!ran) {  // nobody can move: report the first waiting thread
       for (const Fiber& f : c.fibers) {
         if (f.done) continue;
         const Block& b = c.blocks[f.block];
@@ -195,7 +194,6 @@ void schedule(Cluster& c, std::mt19937_64& rng) {
         c.error = "deadlock: " + where(f) + "waits at " + at + " that not all threads reach";
         return;
       }
-      (void)kinds;
     }
   }
 }

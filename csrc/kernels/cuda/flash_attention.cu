@@ -103,6 +103,22 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) {
 #endif
 }
 
+// A lane's online-softmax state (o [HD / 8][4], then m0, m1, l0, l1) into shared memory at `p`
+// (this lane's first slot), lane-minor: element i at p[32 i]. The warp split and the cluster
+// merge read it back at the same offsets.
+template <int HD>
+__device__ __forceinline__ void store_state(float* p, const float (&o)[HD / 8][4], float m0, float m1, float l0,
+                                            float l1) {
+#pragma unroll
+  for (int n = 0; n < HD / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) p[(n * 4 + e) * 32] = o[n][e];
+  p[(HD / 2) * 32] = m0;
+  p[(HD / 2 + 1) * 32] = m1;
+  p[(HD / 2 + 2) * 32] = l0;
+  p[(HD / 2 + 3) * 32] = l1;
+}
+
 // The q-tile a block works on: tiles of 64 queries never straddle rows. Block x walks the rows'
 // tile counts (rows are few: requests x branches); false when x is past the last tile.
 __device__ __forceinline__ bool tile_of(const int64_t* cu, int64_t rows, int64_t x, int64_t& row, int64_t& q0) {
@@ -389,15 +405,7 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::Attentio
       __syncthreads();  // every warp is done with the ring, which now holds the parts' states
       float* state = reinterpret_cast<float*>(smem_raw);
       if (kp != 0) {
-        float* mine = state + warp * kState * 32 + lane;
-#pragma unroll
-        for (int n = 0; n < HD / 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) mine[(n * 4 + e) * 32] = o[n][e];
-        mine[(HD / 2) * 32] = m0;
-        mine[(HD / 2 + 1) * 32] = m1;
-        mine[(HD / 2 + 2) * 32] = l0;
-        mine[(HD / 2 + 3) * 32] = l1;
+        store_state<HD>(state + warp * kState * 32 + lane, o, m0, m1, l0, l1);
       }
       __syncthreads();
       holder = kp == 0;
@@ -434,15 +442,7 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::Attentio
       __syncthreads();  // the ring is free (after the warp merge's reads too: its own region)
       float* cstate = reinterpret_cast<float*>(smem_raw) + kWarps * kState * 32;  // per query group
       if (holder) {
-        float* mine = cstate + gq * kState * 32 + lane;
-#pragma unroll
-        for (int n = 0; n < HD / 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) mine[(n * 4 + e) * 32] = o[n][e];
-        mine[(HD / 2) * 32] = m0;
-        mine[(HD / 2 + 1) * 32] = m1;
-        mine[(HD / 2 + 2) * 32] = l0;
-        mine[(HD / 2 + 3) * 32] = l1;
+        store_state<HD>(cstate + gq * kState * 32 + lane, o, m0, m1, l0, l1);
       }
       cluster.sync();  // every rank's state is in its shared memory
       if (rank == 0 && holder) {  // combine_kernel's arithmetic, in rank (= split) order

@@ -32,14 +32,14 @@ __device__ __forceinline__ void dependent_launch_prologue() {
 #endif
 }
 
-// kernel<<<grid, block, shared, stream>>>(args...), with the PDL attribute when enabled; `extra`
-// is one more launch attribute (a cluster shape) or nullptr. Under the CPU emulator
-// (tests/cuda_emu/) the kernel runs there, synchronously.
+// kernel<<<grid, block, shared, stream>>>(args...) with `extra` (one more launch attribute: a
+// cluster shape; or nullptr) and, when `pdl`, programmatic stream serialization. Under the CPU
+// emulator (tests/cuda_emu/) the kernel runs there, synchronously (PDL is not modelled).
 template <typename... Params, typename... Args>
-cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared, cudaStream_t stream,
-                          const cudaLaunchAttribute* extra, Args&&... args) {
+cudaError_t launch_with(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared, cudaStream_t stream,
+                        const cudaLaunchAttribute* extra, bool pdl, Args&&... args) {
 #ifdef BLOCKBATCH_CUDA_EMULATION
-  (void)stream;
+  (void)stream, (void)pdl;
   return ::bbemu::launch(kernel, grid, block, shared, extra, std::forward<Args>(args)...);
 #else
   cudaLaunchConfig_t cfg = {};
@@ -50,7 +50,7 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size
   cudaLaunchAttribute attrs[2];
   unsigned n = 0;
   if (extra != nullptr) attrs[n++] = *extra;
-  if (programmatic_launch()) {
+  if (pdl) {
     attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attrs[n].val.programmaticStreamSerializationAllowed = 1;
     ++n;
@@ -61,22 +61,19 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size
 #endif
 }
 
-// kernel<<<grid, block, shared, stream>>>(args...) for kernels that do not start with
-// dependent_launch_prologue(): never with the PDL attribute.
+// A kernel of the forward (it starts with dependent_launch_prologue()): with the PDL attribute
+// when enabled.
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared, cudaStream_t stream,
+                          const cudaLaunchAttribute* extra, Args&&... args) {
+  return launch_with(kernel, grid, block, shared, stream, extra, programmatic_launch(), std::forward<Args>(args)...);
+}
+
+// A kernel that does not start with dependent_launch_prologue(): never with the PDL attribute.
 template <typename... Params, typename... Args>
 cudaError_t launch_plain(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared, cudaStream_t stream,
                          Args&&... args) {
-#ifdef BLOCKBATCH_CUDA_EMULATION
-  (void)stream;
-  return ::bbemu::launch(kernel, grid, block, shared, nullptr, std::forward<Args>(args)...);
-#else
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = shared;
-  cfg.stream = stream;
-  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
-#endif
+  return launch_with(kernel, grid, block, shared, stream, nullptr, false, std::forward<Args>(args)...);
 }
 
 // Lets `Kernel` use `bytes` (> 48 KB) of dynamic shared memory on the current device: the attribute
