@@ -19,7 +19,7 @@ each tensor-core kernel (BLOCKBATCH_ATTN_KERNEL sync / pipelined) with the autom
 count and with 1, 2, 4, 8 splits forced (BLOCKBATCH_ATTN_SPLITS), and the K/V bandwidth it
 reaches (each row's K and V read once / time; the H200 peak is 4.8 TB/s). "top_kernels": the
 step's kernels by device time (the profiler's names, cut short).
-Candidates (--part candidates, a run of its own; CANDIDATES below: opt-in kernels not yet the
+Candidates (--part candidates, a run of its own; CANDIDATES in common.py: opt-in kernels not yet the
 default): the whole step with the default kernels ("default_*") and again under each candidate's
 environment variables and under all together ("<name>_eager_ms", "_replay_ms",
 "_busy_ms", "_replay_over_busy", "_replay_over_roofline"): the weight-streaming GEMM of
@@ -48,7 +48,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from common import environ
+from common import CANDIDATES, environ
 
 LLADA_8B = dict(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, mlp_hidden_size=12288, vocab_size=126464,
                 max_sequence_length=4096, rope_theta=500000.0)
@@ -294,23 +294,6 @@ def replay_latency(step, row: dict, repeats: int) -> dict:
     if row.get("gpu_busy_ms"):
         out["replay_over_busy"] = replay_ms / row["gpu_busy_ms"]
     return out
-
-
-# Opt-in kernels not yet made the default (each needs a GPU run to check and time it first), in the
-# order they are timed: least risky first, since a kernel that faults ends its process's CUDA
-# context and with it the timings of every candidate after it (each is timed on every step before
-# the next one starts).
-CANDIDATES = {
-    "pdl": {"BLOCKBATCH_PDL": "1"},             # programmatic dependent launch (launch.cuh)
-    "rope_vec": {"BLOCKBATCH_ROPE_KERNEL": "vec"},  # 16-byte rope_kv_write
-    "pad": {"BLOCKBATCH_GEMM_PAD": "64"},       # cuBLAS GEMMs of > 64 rows on rows padded to 64 (252 -> 256)
-    "attn3": {"BLOCKBATCH_ATTN_KERNEL": "pipelined3"},  # attention with 3 cp.async K/V stages
-    "attn_split": {"BLOCKBATCH_ATTN_KERNEL": "splitwarps"},  # + small q-tiles' keys split over warps
-    "stream": {"BLOCKBATCH_GEMM": "stream"},    # weight-streaming GEMM for <= 64 rows (linear.cu)
-    "staged": {"BLOCKBATCH_GEMM": "staged"},    # the same through a cp.async shared-memory ring
-    "all": {"BLOCKBATCH_GEMM": "stream", "BLOCKBATCH_GEMM_PAD": "64", "BLOCKBATCH_ROPE_KERNEL": "vec", "BLOCKBATCH_PDL": "1",
-            "BLOCKBATCH_ATTN_KERNEL": "splitwarps"},
-}
 
 
 def candidate_latency(name: str, step, row: dict, repeats: int) -> dict:

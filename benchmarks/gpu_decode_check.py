@@ -8,8 +8,9 @@ token agreement (generated positions) and accuracy; median ms per sample eager v
 captures / replays per sample. Writes DIR/gpu_decode_check.json.
 
 With --candidates (a run of its own: a faulting opt-in kernel poisons its CUDA context): bf16
-with graphs, default kernels vs every opt-in kernel together (BLOCKBATCH_GEMM=stream,
-BLOCKBATCH_ROPE_KERNEL=vec, BLOCKBATCH_PDL=1), bf16 with BLOCKBATCH_GEMM=staged, and float32
+with graphs, default kernels vs every opt-in kernel together (CANDIDATES["all"] in common.py:
+BLOCKBATCH_GEMM=stream, BLOCKBATCH_GEMM_PAD=64, BLOCKBATCH_ROPE_KERNEL=vec, BLOCKBATCH_PDL=1,
+BLOCKBATCH_ATTN_KERNEL=splitwarps), bf16 with BLOCKBATCH_GEMM=staged, and float32
 with PDL + the 16-byte rope: token agreement with the default run (the float32 one must be 1.0:
 same bits) and accuracy. Writes
 DIR/gpu_decode_candidates.json.
@@ -25,7 +26,7 @@ import sys
 import time
 
 import torch
-from common import environ
+from common import CANDIDATES, environ
 
 
 def main(argv=None) -> int:
@@ -83,8 +84,8 @@ def check_policy(engines, problems, name: str, gen: int, n: int) -> dict:
     }
 
 
-ALL_CANDIDATES = {"BLOCKBATCH_GEMM": "stream", "BLOCKBATCH_ROPE_KERNEL": "vec", "BLOCKBATCH_PDL": "1"}
-SAME_BITS_CANDIDATES = {"BLOCKBATCH_ROPE_KERNEL": "vec", "BLOCKBATCH_PDL": "1"}
+# The opt-in kernels that must leave float32 tokens unchanged (same bits as the defaults).
+SAME_BITS_CANDIDATES = {**CANDIDATES["pdl"], **CANDIDATES["rope_vec"]}
 
 
 def generate_all(engine, problems, opts, gpu: bool, env: dict | None = None) -> list:
@@ -130,8 +131,8 @@ def check_candidates(engines, problems, name: str, gen: int, n: int) -> dict:
     runs = {"fp32": generate_all(engines["fp32"], problems, opts, True),
             "fp32_same_bits_candidates": generate_all(engines["fp32"], problems, opts, True, SAME_BITS_CANDIDATES),
             "bf16": generate_all(engines["bf16"], problems, opts, True),
-            "bf16_all_candidates": generate_all(engines["bf16"], problems, opts, True, ALL_CANDIDATES),
-            "bf16_staged": generate_all(engines["bf16"], problems, opts, True, {"BLOCKBATCH_GEMM": "staged"})}
+            "bf16_all_candidates": generate_all(engines["bf16"], problems, opts, True, CANDIDATES["all"]),
+            "bf16_staged": generate_all(engines["bf16"], problems, opts, True, CANDIDATES["staged"])}
     same, agreement = comparisons(runs, n)
     return {
         "fp32_same_bits_candidates_equal_default": same("fp32_same_bits_candidates", "fp32"),
