@@ -58,21 +58,22 @@ int device_attribute(int device) {
 }
 
 // The value of environment variable `name`, one of `choices` (unset or empty: `fallback`); any
-// other value is an error naming the variable and its choices.
+// other value is an error naming the variable and its choices. Called per op (per launch for
+// BLOCKBATCH_PDL): the list of choices is spelled out only for the error.
 std::string env_choice(const char* name, std::initializer_list<const char*> choices, const char* fallback) {
   const char* env = std::getenv(name);
   if (env == nullptr || *env == '\0') return fallback;
   const std::string v(env);
+  for (const char* c : choices) {
+    if (v == c) return v;
+  }
   std::string allowed;
-  bool ok = false;
   size_t i = 0;
   for (const char* c : choices) {
-    ok = ok || v == c;
     allowed += std::string(i == 0 ? "" : (i + 1 == choices.size() ? " or " : ", ")) + "'" + c + "'";
     ++i;
   }
-  TORCH_CHECK_VALUE(ok, name, " must be ", allowed, ", got '", v, "'");
-  return v;
+  TORCH_CHECK_VALUE(false, name, " must be ", allowed, ", got '", v, "'");
 }
 
 // The integer value of environment variable `name` in [lo, hi] (unset or empty: `fallback`).
