@@ -159,10 +159,11 @@ def test_other_requests_do_not_change_a_result(models):
     (dict(merge_gate=0.0), r"merge_gate must be in \(0, 1\], got 0"),
     (dict(merge_gate=1.2), r"merge_gate must be in \(0, 1\], got 1.2"),
     (dict(threshold=0.0), r"threshold must be in \(0, 1\], got 0"),
-    (dict(sync_gap=-1), r"sync_gap must be >= 0, got -1"),
-    (dict(refresh_tokens=-3), r"refresh_tokens must be >= 0"),
+    (dict(sync_gap=-1), r"sync_gap must be in \[0, 1073741824\], got -1"),
+    (dict(refresh_tokens=-3), r"refresh_tokens must be in \[0, 1073741824\] \(0 disables the refresh\), got -3"),
     (dict(refresh_mode="sometimes"), r"refresh_mode must be 'periodic' or 'divergence', got 'sometimes'"),
-    (dict(prob_floor=1.0), r"prob_floor must be in \(0, 1\), got 1"),
+    (dict(prob_floor=1.0), r"prob_floor must be in \[0.01, 1\), got 1"),
+    (dict(prob_floor=0.001), r"prob_floor must be in \[0.01, 1\), got 0.001"),
 ])
 def test_cpp_rejects_bad_blockbatch_options(models, kwargs, pattern):
     _, _, nat = models

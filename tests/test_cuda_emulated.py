@@ -40,7 +40,7 @@ _SIGNATURES = {
     "bbemu_rope_inplace": "i pllll pp",
     "bbemu_kv_write": "i p llll l ppl ppp ll",
     "bbemu_commit": "pppp p lll i dd p",
-    "bbemu_bb_absorb": "i ppppp llllll pl pppp pl di",
+    "bbemu_bb_absorb": "i ppppp llllll pl pppp pll di",
     "bbemu_bb_coordinate": "ppppp lllll pp d ii ll i",
     "bbemu_kv_copy_rows": "ppll",
     "bbemu_selftest_neighbour": "pii",
@@ -414,7 +414,8 @@ def test_absorb_emulated(emu, dtype):
         ops.bb_absorb_(cpu["canvas"], cpu["state"], cpu["eos_prob"], cpu["map_ids"], cpu["map_probs"], spans_t, token,
                        conf, ids, probs, logits, cpu["prompt_len"], cpu["mask_id"], eos, 0.8, True)
         view = list(_view_args(emulated)) + [eos]
-        emu.ok("bbemu_bb_absorb", CODE[dtype], *view, spans_t, len(spans), token, conf, ids, probs, logits, 300, 0.8, 1)
+        emu.ok("bbemu_bb_absorb", CODE[dtype], *view, spans_t, len(spans), token, conf, ids, probs, logits,
+               logits.shape[0], 300, 0.8, 1)
         for k in ("canvas", "state", "map_ids", "map_probs"):
             assert torch.equal(emulated[k], cpu[k]), f"seed {seed}: {k}"
         assert torch.allclose(emulated["eos_prob"], cpu["eos_prob"], rtol=1e-12, atol=0)

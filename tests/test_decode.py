@@ -110,8 +110,8 @@ def _decode(nat, prompt, **kw):
     (dict(threshold=1.5), r"threshold must be in \(0, 1\], got 1.5"),
     (dict(steps=-1), r"steps must be >= 0, got -1"),
     (dict(commit="fixed", steps=3), r"steps must be a positive multiple of the number of blocks \(4"),
-    (dict(commit="factor", factor=0.0), r"factor must be > 0, got 0"),
-    (dict(temperature=-1.0), r"temperature must be >= 0, got -1"),
+    (dict(commit="factor", factor=0.0), r"factor must be > 0 and finite, got 0"),
+    (dict(temperature=-1.0), r"temperature must be >= 0 and finite, got -1"),
     (dict(policy="greedy"), r"policy must be one of 'vanilla', 'prefix', 'dual', 'blockbatch', got 'greedy'"),
     (dict(commit="topk"), r"commit must be one of 'threshold', 'fixed', 'factor', got 'topk'"),
 ])
@@ -143,7 +143,7 @@ def test_cpp_rejects_bad_prompts(models):
     (dict(threshold=0.0), r"threshold must be in \(0, 1\]"),
     (dict(threshold=None, steps=-2), r"steps must be None or an integer >= 0, got -2"),
     (dict(threshold=None, steps=None), r"steps must be a positive multiple of the number of blocks \(4 = "),
-    (dict(temperature=-0.5), r"temperature must be >= 0, got -0.5"),
+    (dict(temperature=-0.5), r"temperature must be >= 0 and finite, got -0.5"),
     (dict(factor=-1.0), r"factor must be > 0"),
 ])
 def test_python_options_reject_bad_values(kwargs, pattern):

@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "decode/decode.h"
 #include "decode/step.h"
@@ -42,8 +43,8 @@ enum StepKind : int64_t { kInitStep = 10, kBlockStep, kRefreshStep, kCoordinateS
 
 class BlockBatchDecoder {
  public:
-  BlockBatchDecoder(const Model& model, const std::vector<int64_t>& prompt, const DecodeOptions& o)
-      : model_(model), o_(o), c_(model.config()), lp_(static_cast<int64_t>(prompt.size())), G_(o.gen_length),
+  BlockBatchDecoder(const Model& model, const std::vector<int64_t>& prompt, const DecodeOptions& o, const Stop& stop)
+      : model_(model), o_(o), stop_(stop), c_(model.config()), lp_(static_cast<int64_t>(prompt.size())), G_(o.gen_length),
         L_(lp_ + G_), B_(static_cast<int64_t>(o.block_sizes.size())),
         K_(static_cast<int64_t>(std::floor(1.0 / o.prob_floor)) + 1),
         generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))),
@@ -81,7 +82,14 @@ class BlockBatchDecoder {
     init_step();
     maybe_refresh();
     int64_t winner = -1;
-    while (!all_done()) {
+    // Bound: each branch's `decoded` never exceeds G (commits and merges fill masks; a sync
+    // copies a row whose leader decoded no more than G minus its masks), every block step with a
+    // forward adds at least one to some branch's count (or fails: Stop::no_progress), and a step
+    // with no forward leaves every active branch with masks. So at most 2 B G + 2 iterations.
+    const int64_t max_iterations = 2 * B_ * G_ + 2;
+    for (int64_t iteration = 0; !all_done(); ++iteration) {
+      TORCH_CHECK(iteration < max_iterations, "blockbatch: internal error: the decode did not finish within ",
+                  max_iterations, " block steps (2 * branches * gen_length + 2); please report it with the options");
       block_step();
       for (int64_t b = 0; b < B_; ++b) {  // highest EOS probability; the first (smallest size) wins ties
         if (st(b)[br::kEosReady] && (winner < 0 || eos_[b] > eos_[winner])) winner = b;
@@ -198,6 +206,7 @@ class BlockBatchDecoder {
     const StepRunner::Key key{static_cast<int64_t>(mode), q.size(), q.rows(),
                               static_cast<int64_t>(q.logit_index.size()), sampling ? 1 : 0, kind};
     const int64_t before = committed_total();
+    stop_.check(stats_.nfe_init + stats_.nfe_block + stats_.nfe_refresh - 1);  // this forward is counted
     StepRunner::Output out = runner_.run(buffer, key, [&](const at::Tensor& dev) {
       StepRunner::Body body;
       body.logits = model_.forward(q.batch(dev, kv_, mode, canvas_)).contiguous();
@@ -239,7 +248,19 @@ class BlockBatchDecoder {
     } else {
       take_status(out.host);
     }
-    stats_.steps.push_back({committed_total() - before, q.size()});
+    const int64_t committed = committed_total() - before;
+    stats_.steps.push_back({committed, q.size()});
+    if (committed == 0 && kind != kRefreshStep) {  // every branch in it commits >= 1 in its window
+      std::string what = kind == kInitStep ? "init forward" : "block step over branch windows";
+      for (int64_t i = 0; i < S; ++i) {
+        const int64_t* sp = &spans[i * br::kSpanFields];
+        what += " [" + std::to_string(sp[br::kSpanFirstPos]) + ", " +
+                std::to_string(sp[br::kSpanFirstPos] + (kind == kInitStep ? st(sp[br::kSpanRow])[br::kBlock]
+                                                                            : sp[br::kSpanRows])) + ")";
+        if (kind == kInitStep) break;
+      }
+      Stop::no_progress(static_cast<int64_t>(stats_.steps.size()) - 1, what);
+    }
   }
 
   // Init (1 NFE): batch-1 full forward over [prompt | masks]; every branch records every
@@ -300,6 +321,7 @@ class BlockBatchDecoder {
 
   const Model& model_;
   const DecodeOptions& o_;
+  const Stop& stop_;
   const ModelConfig& c_;
   const int64_t lp_, G_, L_, B_, K_;
   at::Generator generator_;
@@ -317,8 +339,9 @@ class BlockBatchDecoder {
 
 }  // namespace
 
-DecodeResult decode_blockbatch(const Model& model, const std::vector<int64_t>& prompt, const DecodeOptions& o) {
-  return BlockBatchDecoder(model, prompt, o).run();
+DecodeResult decode_blockbatch(const Model& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
+                               const Stop& stop) {
+  return BlockBatchDecoder(model, prompt, o, stop).run();
 }
 
 }  // namespace blockbatch

@@ -1,8 +1,13 @@
 #include "decode/options.h"
 
+#include "kernels/branches.h"
+
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
 #include <set>
 
 namespace blockbatch {
@@ -40,12 +45,22 @@ RefreshMode parse_refresh_mode(const std::string& name) {
 void DecodeOptions::validate(const ModelConfig& c, int64_t prompt_length) const {
   TORCH_CHECK_VALUE(prompt_length > 0, "prompt_ids must not be empty");
   TORCH_CHECK_VALUE(gen_length > 0, "gen_length must be > 0, got ", gen_length);
-  TORCH_CHECK_VALUE(prompt_length + gen_length <= c.max_sequence_length, "prompt length ", prompt_length,
-                    " + gen_length ", gen_length, " = ", prompt_length + gen_length,
-                    " exceeds max_sequence_length = ", c.max_sequence_length);
+  // Written without the sum: gen_length near 2^63 must not overflow the comparison.
+  if (prompt_length > c.max_sequence_length || gen_length > c.max_sequence_length - prompt_length) {
+    const bool fits = gen_length <= std::numeric_limits<int64_t>::max() - prompt_length;
+    TORCH_CHECK_VALUE(false, "prompt length ", prompt_length, " + gen_length ", gen_length,
+                      fits ? " = " + std::to_string(prompt_length + gen_length) : std::string(),
+                      " exceeds max_sequence_length = ", c.max_sequence_length);
+  }
   TORCH_CHECK_VALUE(steps >= 0, "steps must be >= 0, got ", steps);
-  TORCH_CHECK_VALUE(temperature >= 0, "temperature must be >= 0, got ", temperature);
+  TORCH_CHECK_VALUE(steps <= gen_length, "steps must be <= gen_length = ", gen_length,
+                    " (a step commits at least one token), got ", steps);
+  TORCH_CHECK_VALUE(temperature >= 0 && std::isfinite(temperature), "temperature must be >= 0 and finite, got ",
+                    temperature);
   TORCH_CHECK_VALUE(threshold > 0 && threshold <= 1, "threshold must be in (0, 1], got ", threshold);
+  TORCH_CHECK_VALUE(seed >= 0, "seed must be >= 0, got ", seed);
+  TORCH_CHECK_VALUE(timeout_s >= 0 && std::isfinite(timeout_s), "timeout_s must be >= 0 and finite (0: no deadline), "
+                    "got ", timeout_s);
   if (policy != Policy::kBlockBatch) {
     TORCH_CHECK_VALUE(block_length > 0 && block_length <= gen_length, "block_length must be in [1, gen_length = ",
                       gen_length, "], got ", block_length);
@@ -57,14 +72,15 @@ void DecodeOptions::validate(const ModelConfig& c, int64_t prompt_length) const 
                         blocks, " = gen_length / block_length) for the fixed schedule, got ", steps);
     }
     if (commit == CommitRule::kFactor) {
-      TORCH_CHECK_VALUE(factor > 0, "factor must be > 0, got ", factor);
+      TORCH_CHECK_VALUE(factor > 0 && std::isfinite(factor), "factor must be > 0 and finite, got ", factor);
     }
     return;
   }
   TORCH_CHECK_VALUE(commit == CommitRule::kThreshold, "policy 'blockbatch' commits by threshold; commit must be "
                     "'threshold'");
   TORCH_CHECK_VALUE(!block_sizes.empty(), "block_sizes must not be empty");
-  TORCH_CHECK_VALUE(block_sizes.size() <= 16, "block_sizes may hold at most 16 branches, got ", block_sizes.size());
+  TORCH_CHECK_VALUE(static_cast<int64_t>(block_sizes.size()) <= branches::kMaxBranches, "block_sizes may hold at most ",
+                    branches::kMaxBranches, " branches, got ", block_sizes.size());
   std::set<int64_t> seen;
   for (int64_t b : block_sizes) {
     TORCH_CHECK_VALUE(b > 0, "block_sizes entries must be > 0, got ", b);
@@ -72,10 +88,12 @@ void DecodeOptions::validate(const ModelConfig& c, int64_t prompt_length) const 
     TORCH_CHECK_VALUE(seen.insert(b).second, "block_sizes must not repeat a size, got ", b, " twice");
   }
   TORCH_CHECK_VALUE(merge_gate > 0 && merge_gate <= 1, "merge_gate must be in (0, 1], got ", merge_gate);
-  TORCH_CHECK_VALUE(sync_gap >= 0, "sync_gap must be >= 0, got ", sync_gap);
-  TORCH_CHECK_VALUE(refresh_tokens >= 0, "refresh_tokens must be >= 0 (0 disables the refresh), got ",
-                    refresh_tokens);
-  TORCH_CHECK_VALUE(prob_floor > 0 && prob_floor < 1, "prob_floor must be in (0, 1), got ", prob_floor);
+  TORCH_CHECK_VALUE(sync_gap >= 0 && sync_gap <= kMaxGapTokens, "sync_gap must be in [0, ", kMaxGapTokens, "], got ",
+                    sync_gap);
+  TORCH_CHECK_VALUE(refresh_tokens >= 0 && refresh_tokens <= kMaxGapTokens, "refresh_tokens must be in [0, ",
+                    kMaxGapTokens, "] (0 disables the refresh), got ", refresh_tokens);
+  TORCH_CHECK_VALUE(prob_floor >= kMinProbFloor && prob_floor < 1, "prob_floor must be in [", kMinProbFloor,
+                    ", 1), got ", prob_floor);
 }
 
 const std::vector<std::string>& decode_stat_names() {

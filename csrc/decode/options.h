@@ -35,6 +35,7 @@ struct DecodeOptions {
   bool merge = true;              // ablation switches (tests show each mechanism matters)
   bool sync = true;
   bool cuda_graphs = true;        // CUDA: replay recorded steps (StepRunner); no effect on CPU
+  double timeout_s = 0.0;         // > 0: the decode fails with a clear error once this many seconds pass
 
   // Throws c10::Error naming the argument and its allowed range.
   void validate(const ModelConfig& config, int64_t prompt_length) const;
@@ -44,6 +45,10 @@ Policy parse_policy(const std::string& name);
 CommitRule parse_commit_rule(const std::string& name);
 const char* commit_rule_name(CommitRule rule);  // parse_commit_rule's inverse
 RefreshMode parse_refresh_mode(const std::string& name);
+
+// Bounds of the options (DecodeOptions::validate; python/blockbatch/options.py uses the same).
+constexpr double kMinProbFloor = 0.01;      // the probability maps hold at most 1 / floor + 1 entries
+constexpr int64_t kMaxGapTokens = int64_t(1) << 30;  // sync_gap, refresh_tokens
 
 struct BranchStats {
   int64_t block_size = 0;

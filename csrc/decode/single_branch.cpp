@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <string>
 
 #include "decode/commit.h"
 #include "decode/decode.h"
@@ -20,7 +21,8 @@
 
 namespace blockbatch {
 
-DecodeResult decode_single_branch(const Model& model, const std::vector<int64_t>& prompt, const DecodeOptions& o) {
+DecodeResult decode_single_branch(const Model& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
+                                  const Stop& stop) {
   const auto t0 = std::chrono::steady_clock::now();
   const ModelConfig& c = model.config();
   const int64_t lp = static_cast<int64_t>(prompt.size()), L = lp + o.gen_length, b = o.block_length;
@@ -46,7 +48,16 @@ DecodeResult decode_single_branch(const Model& model, const std::vector<int64_t>
     const std::vector<int64_t> schedule =
         o.commit == CommitRule::kFixed ? fixed_schedule(b, steps_per_block) : std::vector<int64_t>();
     int64_t masks_left = b, eos_in_block = 0;  // a block starts all masks
+    // Bound: every step commits at least one token (or fails below), so a block takes at most b
+    // steps; the fixed schedule has exactly steps_per_block entries summing to b.
+    const int64_t max_steps = schedule.empty() ? b : static_cast<int64_t>(schedule.size());
     for (int64_t step = 0; masks_left > 0; ++step) {
+      stop.check(st.nfe_full + st.nfe_block);
+      if (step >= max_steps) {
+        Stop::no_progress(static_cast<int64_t>(st.steps.size()), "block " + std::to_string(block) + ", positions [" +
+                          std::to_string(s) + ", " + std::to_string(e) + "): the fixed schedule's " +
+                          std::to_string(max_steps) + " steps left " + std::to_string(masks_left) + " masks");
+      }
       PackedQueries q;
       KvMode mode;
       const bool full = o.policy == Policy::kVanilla || step == 0;
@@ -101,6 +112,10 @@ DecodeResult decode_single_branch(const Model& model, const std::vector<int64_t>
       eos_in_block = counts.const_data_ptr<int64_t>()[2];
       st.steps.push_back({committed, q.size()});
       st.branches[0].committed += committed;
+      if (committed == 0 && masks_left > 0) {
+        Stop::no_progress(static_cast<int64_t>(st.steps.size()) - 1, "block " + std::to_string(block) +
+                          ", positions [" + std::to_string(s) + ", " + std::to_string(e) + ")");
+      }
     }
     // Earlier blocks held no EOS (the loop would have stopped), so an EOS in [lp, e) is in this block.
     if (o.stop_on_eos && eos_in_block) {
@@ -120,7 +135,8 @@ DecodeResult decode_single_branch(const Model& model, const std::vector<int64_t>
   return res;
 }
 
-DecodeResult decode(const Model& model, const std::vector<int64_t>& prompt, const DecodeOptions& o) {
+DecodeResult decode(const Model& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
+                    const int64_t* cancel) {
   const ModelConfig& c = model.config();
   o.validate(c, static_cast<int64_t>(prompt.size()));
   for (size_t i = 0; i < prompt.size(); ++i) {
@@ -129,7 +145,9 @@ DecodeResult decode(const Model& model, const std::vector<int64_t>& prompt, cons
     TORCH_CHECK_VALUE(prompt[i] != c.mask_token_id, "prompt_ids[", i, "] is the mask id ", c.mask_token_id,
                       "; prompts must not contain masks");
   }
-  return o.policy == Policy::kBlockBatch ? decode_blockbatch(model, prompt, o) : decode_single_branch(model, prompt, o);
+  const Stop stop(o.timeout_s, cancel);
+  return o.policy == Policy::kBlockBatch ? decode_blockbatch(model, prompt, o, stop)
+                                         : decode_single_branch(model, prompt, o, stop);
 }
 
 }  // namespace blockbatch

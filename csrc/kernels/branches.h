@@ -68,6 +68,7 @@ struct View {
 struct AbsorbParams {
   double threshold;
   bool stop_on_eos;
+  int64_t rows;  // logits rows of the forward (spans must stay inside them)
 };
 
 struct CoordinateParams {
@@ -122,6 +123,34 @@ struct SerialExec {
     f();
   }
 };
+
+// ------------------------------------------------------------------------------ input guards
+// The host checks these before a CPU op runs (torch/branches_op.cpp names what is wrong); the
+// GPU kernels cannot read the device state table without a sync, so they check it here, in the
+// shared code, and skip what is out of bounds: nothing is ever written outside the tensors.
+
+// Branch b's window is inside the generation and its block size is positive.
+BLOCKBATCH_HOST_DEVICE inline bool window_ok(const View& v, int64_t b) {
+  const int64_t* st = v.st(b);
+  if (st[kBlock] <= 0) return false;
+  if (st[kDone]) return true;  // a done branch's window is never read
+  return st[kStart] >= v.lp && st[kStart] <= st[kEnd] && st[kEnd] <= v.L;
+}
+BLOCKBATCH_HOST_DEVICE inline bool state_ok(const View& v) {
+  for (int64_t b = 0; b < v.B; ++b) {
+    if (!window_ok(v, b)) return false;
+  }
+  return true;
+}
+// Span `sp` names a branch row, lies inside the canvas and the logits, and covers the branch's
+// window (rows = the forward's logits rows).
+BLOCKBATCH_HOST_DEVICE inline bool span_ok(const View& v, const int64_t* sp, int64_t rows) {
+  const int64_t b = sp[kSpanRow], lrow = sp[kSpanLogitRow], pos0 = sp[kSpanFirstPos], n = sp[kSpanRows];
+  if (b < 0 || b >= v.B || !window_ok(v, b) || v.st(b)[kDone]) return false;
+  const int64_t s = v.st(b)[kStart], e = v.st(b)[kEnd];
+  return pos0 >= v.lp && n >= 0 && n <= v.L - pos0 && lrow >= 0 && lrow <= rows && n <= rows - lrow &&
+         s >= pos0 && e - pos0 <= rows - lrow;
+}
 
 // ------------------------------------------------------------------------------ window helpers
 
@@ -186,6 +215,7 @@ template <typename Ex, typename Logit>
 BLOCKBATCH_HOST_DEVICE void absorb_span(const Ex& ex, const View& v, const int64_t* sp, const int64_t* token,
                                         const double* conf, const int64_t* ids, const double* probs,
                                         const Logit& logit, int64_t vocab, const AbsorbParams& p) {
+  if (!span_ok(v, sp, p.rows)) return;  // every thread reads the same state: all return together
   const int64_t b = sp[kSpanRow], lrow = sp[kSpanLogitRow], pos0 = sp[kSpanFirstPos], K = v.K;
   ex.for_each(sp[kSpanRows] * K, [&](int64_t i) {
     const int64_t dst = v.entry(b, pos0 + i / K) + i % K, src = (lrow + i / K) * K + i % K;
@@ -212,7 +242,7 @@ BLOCKBATCH_HOST_DEVICE void absorb_span(const Ex& ex, const View& v, const int64
     st[kMasks] = left;
     if (full) st[kSinceRefresh] = st[kNeedsRefresh] = 0;
   });
-  if (full || !p.stop_on_eos || left != 0) return;
+  if (full || !p.stop_on_eos || left != 0 || v.eos_id < 0 || v.eos_id >= vocab) return;
   const int64_t first = ex.reduce(n, n, [&](int64_t i) { return x[i] == v.eos_id ? i : n; }, Min{});
   if (first == n) return;
   const double prob = softmax_at(ex, logit, wrow + first, vocab, v.eos_id);
@@ -328,14 +358,15 @@ BLOCKBATCH_HOST_DEVICE void sync_step(const Ex& ex, const View& v, int64_t* sync
 template <typename Ex>
 BLOCKBATCH_HOST_DEVICE void coordinate(const Ex& ex, const View& v, int64_t* flags, int64_t* sync_src,
                                        const CoordinateParams& p) {
+  const bool ok = state_ok(v);  // the host checks it (CPU ops); a bad table changes nothing
   bool eos_ready = false;
   for (int64_t b = 0; b < v.B; ++b) eos_ready = eos_ready || v.st(b)[kEosReady];
   ex.once([&] {
     for (int64_t b = 0; b < v.B; ++b) sync_src[b] = -1;
-    flags[kEarlyExit] = eos_ready;
+    flags[kEarlyExit] = ok && eos_ready;
     flags[kRefreshWanted] = 0;
   });
-  if (eos_ready) return;
+  if (!ok || eos_ready) return;
   for (int64_t b = 0; b < v.B; ++b) {
     if (!v.st(b)[kDone] && masks_in(ex, v, b, v.st(b)[kStart], v.st(b)[kEnd]) == 0) advance(ex, v, b, p);
   }

@@ -201,7 +201,8 @@ void Model::check(const ForwardBatch& b) const {
   }
   if (b.logit_index.defined()) index_vector(b.logit_index, "logit_index");
   if (device().is_cpu()) {  // value checks need host data
-    auto in_range = [](const at::Tensor& t, const char* name, int64_t lo, int64_t hi) {
+    auto in_range = [](const at::Tensor& tensor, const char* name, int64_t lo, int64_t hi) {
+      const at::Tensor t = tensor.contiguous();  // read what the view holds, whatever its strides
       const int64_t* p = t.const_data_ptr<int64_t>();
       for (int64_t i = 0; i < t.numel(); ++i) {
         TORCH_CHECK(p[i] >= lo && p[i] < hi, name, "[", i, "] = ", p[i], " is outside [", lo, ", ", hi, ")");
@@ -209,7 +210,8 @@ void Model::check(const ForwardBatch& b) const {
     };
     in_range(b.tokens, "tokens", 0, config_.vocab_size);
     in_range(b.positions, "positions", 0, max_pos);
-    const int64_t* cu = b.cu_seqlens.const_data_ptr<int64_t>();
+    const at::Tensor cu_seqlens = b.cu_seqlens.contiguous();
+    const int64_t* cu = cu_seqlens.const_data_ptr<int64_t>();
     TORCH_CHECK(cu[0] == 0 && cu[R] == T, "cu_seqlens must start at 0 and end at the token count ", T);
     for (int64_t r = 0; r < R; ++r) {
       TORCH_CHECK(cu[r + 1] >= cu[r], "cu_seqlens must be non-decreasing at row ", r);
@@ -220,7 +222,13 @@ void Model::check(const ForwardBatch& b) const {
   }
 }
 
-at::Tensor Model::forward(const ForwardBatch& b) const {
+at::Tensor Model::forward(const ForwardBatch& batch) const {
+  // Index tensors are read through raw pointers (the value checks, the kernels): any strided view
+  // (base[::2], an expand()) is made contiguous first. A no-op for the decode loop's own buffers.
+  ForwardBatch b = batch;
+  for (at::Tensor* t : {&b.tokens, &b.positions, &b.cu_seqlens, &b.kv_rows, &b.prefix_lens, &b.logit_index}) {
+    if (t->defined() && !t->is_contiguous()) *t = t->contiguous();
+  }
   check(b);
   const auto& c = config_;
   const int64_t T = b.tokens.size(0), R = b.cu_seqlens.size(0) - 1, hd = c.head_dim();

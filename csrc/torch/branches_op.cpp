@@ -79,6 +79,18 @@ void check_kv_copy_rows(const at::Tensor& kv, const at::Tensor& src) {
   check_tensor(src, "src", at::kLong, {kv.size(0)}, kv);
 }
 
+void check_eos_id(int64_t eos_id, int64_t vocab) {
+  TORCH_CHECK_VALUE(eos_id >= 0 && eos_id < vocab, "eos_id = ", eos_id, " is outside the logits' vocabulary [0, ",
+                    vocab, ")");
+}
+
+void check_window(const branches::View& v, int64_t b) {
+  const int64_t* st = v.st(b);
+  TORCH_CHECK_VALUE(st[br::kBlock] > 0, "state[", b, "]: block size must be > 0, got ", st[br::kBlock]);
+  TORCH_CHECK_VALUE(br::window_ok(v, b), "state[", b, "]: window [", st[br::kStart], ", ", st[br::kEnd],
+                    ") must lie inside the generation [prompt_len = ", v.lp, ", ", v.L, ") with start <= end");
+}
+
 branches::View branch_view(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
                            const at::Tensor& map_ids, const at::Tensor& map_probs, int64_t prompt_len,
                            int64_t mask_id, int64_t eos_id) {
@@ -97,23 +109,22 @@ void absorb_cpu(const at::Tensor& canvas, const at::Tensor& state, const at::Ten
   const BranchTensors d = check_branches(canvas, state, eos_prob, map_ids, map_probs, prompt_len);
   check_absorb(d, canvas, spans, token, conf, ids, probs, logits);
   const br::View v = branch_view(canvas, state, eos_prob, map_ids, map_probs, prompt_len, mask_id, eos_id);
+  if (stop_on_eos) check_eos_id(eos_id, logits.size(1));
   const int64_t* sp = spans.const_data_ptr<int64_t>();
   const int64_t rows = logits.size(0);
-  for (int64_t i = 0; i < spans.size(0); ++i) {  // the host checks what the GPU kernel trusts
+  for (int64_t i = 0; i < spans.size(0); ++i) {  // what the GPU kernel checks and skips (br::span_ok)
     const int64_t* s = sp + i * br::kSpanFields;
     const int64_t b = s[br::kSpanRow];
     TORCH_CHECK_VALUE(b >= 0 && b < d.B, "spans[", i, "]: branch ", b, " is not in [0, ", d.B, ")");
+    check_window(v, b);
     const int64_t* st = v.st(b);
-    TORCH_CHECK_VALUE(!st[br::kDone] && st[br::kStart] >= s[br::kSpanFirstPos] &&
-                          s[br::kSpanFirstPos] >= prompt_len && s[br::kSpanRows] >= 0 &&
-                          s[br::kSpanFirstPos] + s[br::kSpanRows] <= d.L && s[br::kSpanLogitRow] >= 0 &&
-                          s[br::kSpanLogitRow] + s[br::kSpanRows] <= rows &&
-                          s[br::kSpanLogitRow] + st[br::kEnd] - s[br::kSpanFirstPos] <= rows,
-                      "spans[", i, "] = (row ", b, ", logits row ", s[br::kSpanLogitRow], ", position ",
-                      s[br::kSpanFirstPos], ", rows ", s[br::kSpanRows], ") does not cover branch ", b,
-                      "'s window [", st[br::kStart], ", ", st[br::kEnd], ") inside the ", rows, " logits rows");
+    TORCH_CHECK_VALUE(!st[br::kDone], "spans[", i, "]: branch ", b, " is done (state[", b, ", done] = 1)");
+    TORCH_CHECK_VALUE(br::span_ok(v, s, rows), "spans[", i, "] = (row ", b, ", logits row ", s[br::kSpanLogitRow],
+                      ", position ", s[br::kSpanFirstPos], ", rows ", s[br::kSpanRows], ") does not cover branch ", b,
+                      "'s window [", st[br::kStart], ", ", st[br::kEnd], ") inside the canvas [", prompt_len, ", ",
+                      d.L, ") and the ", rows, " logits rows");
   }
-  const br::AbsorbParams p{threshold, stop_on_eos};
+  const br::AbsorbParams p{threshold, stop_on_eos, logits.size(0)};
   BLOCKBATCH_DISPATCH_FLOATING(logits.scalar_type(), "bb_absorb_", [&] {
     const scalar_t* l = logits.const_data_ptr<scalar_t>();
     const int64_t vocab = logits.size(1);
@@ -133,9 +144,7 @@ void coordinate_cpu(const at::Tensor& canvas, const at::Tensor& state, const at:
   const BranchTensors d = check_branches(canvas, state, eos_prob, map_ids, map_probs, prompt_len);
   check_coordinate(d, canvas, flags, sync_src);
   const br::View v = branch_view(canvas, state, eos_prob, map_ids, map_probs, prompt_len, mask_id, -1);
-  for (int64_t b = 0; b < d.B; ++b) {
-    TORCH_CHECK_VALUE(v.st(b)[br::kBlock] > 0, "state[", b, "]: block size must be > 0, got ", v.st(b)[br::kBlock]);
-  }
+  for (int64_t b = 0; b < d.B; ++b) check_window(v, b);  // what the GPU kernel checks (br::state_ok)
   br::coordinate(br::SerialExec{}, v, flags.data_ptr<int64_t>(), sync_src.data_ptr<int64_t>(),
                  br::CoordinateParams{merge_gate, merge, sync, sync_gap, refresh_tokens, periodic_refresh});
 }
@@ -145,9 +154,11 @@ void kv_copy_rows_cpu(const at::Tensor& kv, const at::Tensor& src) {
   const int64_t rows = kv.size(0), bytes = kv.numel() / std::max<int64_t>(rows, 1) * kv.element_size();
   const int64_t* s = src.const_data_ptr<int64_t>();
   auto* base = static_cast<char*>(kv.data_ptr());
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = 0; r < rows; ++r) {  // all before any copy: a bad table changes nothing
     TORCH_CHECK_VALUE(s[r] >= -1 && s[r] < rows, "src[", r, "] = ", s[r], " must be -1 (keep) or a row in [0, ",
                       rows, ")");
+  }
+  for (int64_t r = 0; r < rows; ++r) {
     if (s[r] >= 0 && s[r] != r) std::memcpy(base + r * bytes, base + s[r] * bytes, static_cast<size_t>(bytes));
   }
 }
@@ -270,7 +281,7 @@ void absorb_threads_cpu(const at::Tensor& canvas, const at::Tensor& state, const
     run_thread_block(threads, [&](const ThreadBlockExec& ex) {
       br::absorb_span(ex, v, spans.const_data_ptr<int64_t>() + i * br::kSpanFields, token.const_data_ptr<int64_t>(),
                       conf.const_data_ptr<double>(), ids.const_data_ptr<int64_t>(), probs.const_data_ptr<double>(),
-                      logit, vocab, br::AbsorbParams{threshold, stop_on_eos});
+                      logit, vocab, br::AbsorbParams{threshold, stop_on_eos, logits.size(0)});
     });
   }
 }

@@ -64,6 +64,9 @@ void check_absorb(const BranchTensors& d, const at::Tensor& canvas, const at::Te
 void check_coordinate(const BranchTensors& d, const at::Tensor& canvas, const at::Tensor& flags,
                       const at::Tensor& sync_src);
 void check_kv_copy_rows(const at::Tensor& kv, const at::Tensor& src);
+// Values the bookkeeping kernels check on the device (and skip), checked on the host by the CPU ops.
+void check_eos_id(int64_t eos_id, int64_t vocab);
+void check_window(const branches::View& v, int64_t b);
 branches::View branch_view(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
                            const at::Tensor& map_ids, const at::Tensor& map_probs, int64_t prompt_len,
                            int64_t mask_id, int64_t eos_id);

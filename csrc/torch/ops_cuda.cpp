@@ -363,8 +363,9 @@ at::Tensor commit_cuda(const at::Tensor& canvas, const at::Tensor& window, const
   return counts;
 }
 
-// Values (span rows, windows, sync sources) are trusted here: the decode loop builds them from the
-// state the same kernels maintain, and checking them would cost a host sync per step.
+// Values (span rows, windows, sync sources) live on the device: checking them here would cost a
+// host sync per step, so the kernels check them (branches.h span_ok / state_ok, kv_copy_rows'
+// source row) and skip what is out of bounds. Host scalars (eos_id) are checked here.
 void bb_absorb_cuda(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
                     const at::Tensor& map_ids, const at::Tensor& map_probs, const at::Tensor& spans,
                     const at::Tensor& token, const at::Tensor& conf, const at::Tensor& ids, const at::Tensor& probs,
@@ -372,6 +373,7 @@ void bb_absorb_cuda(const at::Tensor& canvas, const at::Tensor& state, const at:
                     bool stop_on_eos) {
   const BranchTensors d = check_branches(canvas, state, eos_prob, map_ids, map_probs, prompt_len);
   check_absorb(d, canvas, spans, token, conf, ids, probs, logits);
+  if (stop_on_eos) check_eos_id(eos_id, logits.size(1));
   const c10::cuda::CUDAGuard guard(canvas.device());
   const branches::View v = branch_view(canvas, state, eos_prob, map_ids, map_probs, prompt_len, mask_id, eos_id);
   dispatch_cuda_type(logits.scalar_type(), "bb_absorb_", [&](auto* tag) {
@@ -379,7 +381,7 @@ void bb_absorb_cuda(const at::Tensor& canvas, const at::Tensor& state, const at:
     check_launch(cuda::bb_absorb<T>(v, spans.const_data_ptr<int64_t>(), spans.size(0), token.const_data_ptr<int64_t>(),
                                     conf.const_data_ptr<double>(), ids.const_data_ptr<int64_t>(),
                                     probs.const_data_ptr<double>(), ptr<T>(logits), logits.size(1),
-                                    branches::AbsorbParams{threshold, stop_on_eos},
+                                    branches::AbsorbParams{threshold, stop_on_eos, logits.size(0)},
                                     c10::cuda::getCurrentCUDAStream()),
                  "bb_absorb_");
   });

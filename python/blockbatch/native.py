@@ -87,7 +87,8 @@ class NativeModel:
 def _decode_fake(model, prompt_ids, policy="dual", gen_length=128, block_length=32, steps=0, commit="threshold",
                  threshold=0.9, factor=1.0, temperature=0.0, seed=0, stop_on_eos=False,
                  block_sizes=(4, 8, 16, 32, 64, 128), merge_gate=0.5, sync_gap=8, refresh_tokens=32,
-                 refresh_mode="periodic", prob_floor=0.1, merge=True, sync=True, cuda_graphs=True):
+                 refresh_mode="periodic", prob_floor=0.1, merge=True, sync=True, cuda_graphs=True, timeout_s=0.0,
+                 cancel=None):
     # Outputs live on the host; the number of forwards is data-dependent.
     forwards = torch.library.get_ctx().new_dynamic_size()
     branches = len(block_sizes) if policy == "blockbatch" else 1

@@ -3,13 +3,29 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import math
+import signal
+import threading
+from typing import Any, Callable, ClassVar
 
 import torch
 
 POLICIES = ("vanilla", "prefix", "dual", "blockbatch")
 REFRESH_MODES = ("periodic", "divergence")
 DEFAULT_BLOCK_SIZES = (4, 8, 16, 32, 64, 128)
+# Bounds shared with the C++ validation (csrc/decode/options.{h,cpp}: kMinProbFloor, kMaxGapTokens).
+MIN_PROB_FLOOR = 0.01      # the probability maps hold at most 1 / prob_floor + 1 entries per position
+MAX_GAP_TOKENS = 1 << 30   # sync_gap, refresh_tokens
+MAX_BRANCHES = 16
+MAX_SEED = (1 << 63) - 1
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +42,10 @@ class DecodeOptions:
     ``stop_on_eos`` None means the policy's own default: off for the single-branch policies (as
     in Fast-dLLM: the whole canvas is decoded, the text is cut at the first EOS afterwards) and
     on for ``blockbatch``, whose EOS early exit is part of the algorithm (ALGORITHMS.md 4).
+
+    ``timeout_s`` > 0 ends a decode that runs longer with ``TimeoutError``. Every field is
+    checked here: a wrong type raises TypeError, a value out of range ValueError, each naming
+    the field.
     """
 
     policy: str = "dual"
@@ -46,28 +66,33 @@ class DecodeOptions:
     merge: bool = True
     sync: bool = True
     cuda_graphs: bool = True   # CUDA: replay recorded decode steps (tokens equal eager); no effect on CPU
+    timeout_s: float = 0.0     # > 0: a decode running longer fails with TimeoutError (0: no deadline)
 
     def __post_init__(self) -> None:
+        self._check_types()
+
         def bad(name: str, allowed: str) -> ValueError:
             return ValueError(f"{name} must be {allowed}, got {getattr(self, name)!r}")
 
-        def is_int(v: Any) -> bool:
-            return isinstance(v, int) and not isinstance(v, bool)
-
         if self.policy not in POLICIES:
             raise bad("policy", f"one of {', '.join(POLICIES)}")
-        if not is_int(self.gen_length) or self.gen_length <= 0:
+        if self.gen_length <= 0:
             raise bad("gen_length", "a positive integer")
-        if self.steps is not None and (not is_int(self.steps) or self.steps < 0):
-            raise bad("steps", "None or an integer >= 0")
+        if self.steps is not None and not 0 <= self.steps <= self.gen_length:
+            raise bad("steps", f"None or an integer in [0, gen_length = {self.gen_length}] (a step commits at "
+                               "least one token)" if self.steps >= 0 else "None or an integer >= 0")
         if self.threshold is not None and not (0 < self.threshold <= 1):
             raise bad("threshold", "in (0, 1] (or None for the fixed schedule)")
-        if self.factor is not None and not self.factor > 0:
-            raise bad("factor", "> 0 (or None)")
-        if not self.temperature >= 0:
-            raise bad("temperature", ">= 0")
+        if self.factor is not None and not (self.factor > 0 and math.isfinite(self.factor)):
+            raise bad("factor", "> 0 and finite (or None)")
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise bad("temperature", ">= 0 and finite")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise bad("seed", f"an integer in [0, 2**63 - 1]")
+        if not (self.timeout_s >= 0 and math.isfinite(self.timeout_s)):
+            raise bad("timeout_s", ">= 0 and finite (0: no deadline)")
         if self.policy != "blockbatch":
-            if not is_int(self.block_length) or not 0 < self.block_length <= self.gen_length:
+            if not 0 < self.block_length <= self.gen_length:
                 raise bad("block_length", f"an integer in [1, gen_length = {self.gen_length}]")
             if self.gen_length % self.block_length:
                 raise ValueError(f"block_length = {self.block_length} must divide gen_length = {self.gen_length}")
@@ -80,26 +105,62 @@ class DecodeOptions:
         sizes = tuple(self.block_sizes)
         if not sizes:
             raise bad("block_sizes", "a non-empty list of block sizes")
-        if len(sizes) > 16:
-            raise ValueError(f"block_sizes may hold at most 16 branches, got {len(sizes)}")
+        if len(sizes) > MAX_BRANCHES:
+            raise ValueError(f"block_sizes may hold at most {MAX_BRANCHES} branches, got {len(sizes)}")
         if len(set(sizes)) != len(sizes):
             raise ValueError(f"block_sizes must not repeat a size, got {list(sizes)}")
         for b in sizes:
-            if not is_int(b) or b <= 0 or self.gen_length % b:
+            if b <= 0 or self.gen_length % b:
                 raise ValueError(f"block size {b!r} in block_sizes must be a positive divisor of gen_length = "
                                  f"{self.gen_length}")
         if self.commit != "threshold":
             raise ValueError("policy 'blockbatch' commits by threshold: set threshold and leave factor None")
         if not 0 < self.merge_gate <= 1:
             raise bad("merge_gate", "in (0, 1]")
-        if not is_int(self.sync_gap) or self.sync_gap < 0:
-            raise bad("sync_gap", "an integer >= 0")
-        if not is_int(self.refresh_tokens) or self.refresh_tokens < 0:
-            raise bad("refresh_tokens", "an integer >= 0 (0 disables the refresh)")
+        if not 0 <= self.sync_gap <= MAX_GAP_TOKENS:
+            raise bad("sync_gap", "an integer >= 0" if self.sync_gap < 0 else f"an integer in [0, {MAX_GAP_TOKENS}]")
+        if not 0 <= self.refresh_tokens <= MAX_GAP_TOKENS:
+            raise bad("refresh_tokens", "an integer >= 0 (0 disables the refresh)" if self.refresh_tokens < 0
+                      else f"an integer in [0, {MAX_GAP_TOKENS}]")
         if self.refresh_mode not in REFRESH_MODES:
             raise bad("refresh_mode", f"one of {', '.join(REFRESH_MODES)}")
-        if not 0 < self.prob_floor < 1:
-            raise bad("prob_floor", "in (0, 1)")
+        if not MIN_PROB_FLOOR <= self.prob_floor < 1:
+            raise bad("prob_floor", f"in [{MIN_PROB_FLOOR}, 1)")
+
+    # field -> (check, what it must be); None is allowed where the annotation says so.
+    _TYPES: ClassVar[dict[str, tuple[Callable[[Any], bool], str, bool]]] = {
+        "policy": (lambda v: isinstance(v, str), "a string", False),
+        "gen_length": (_is_int, "an integer", False),
+        "block_length": (_is_int, "an integer", False),
+        "steps": (_is_int, "an integer or None", True),
+        "threshold": (_is_real, "a number or None", True),
+        "factor": (_is_real, "a number or None", True),
+        "temperature": (_is_real, "a number", False),
+        "seed": (_is_int, "an integer", False),
+        "stop_on_eos": (lambda v: isinstance(v, bool), "a bool or None", True),
+        "block_sizes": (lambda v: isinstance(v, (list, tuple)) and all(_is_int(b) for b in v),
+                        "a list or tuple of integers", False),
+        "merge_gate": (_is_real, "a number", False),
+        "sync_gap": (_is_int, "an integer", False),
+        "refresh_tokens": (_is_int, "an integer", False),
+        "refresh_mode": (lambda v: isinstance(v, str), "a string", False),
+        "prob_floor": (_is_real, "a number", False),
+        "merge": (lambda v: isinstance(v, bool), "a bool", False),
+        "sync": (lambda v: isinstance(v, bool), "a bool", False),
+        "cuda_graphs": (lambda v: isinstance(v, bool), "a bool", False),
+        "timeout_s": (_is_real, "a number", False),
+    }
+
+    def _check_types(self) -> None:
+        for f in dataclasses.fields(self):
+            check, what, optional = self._TYPES[f.name]
+            value = getattr(self, f.name)
+            if value is None and optional:
+                continue
+            if not check(value):
+                raise TypeError(f"{f.name} must be {what}, got {type(value).__name__} {value!r}")
+        if isinstance(self.block_sizes, list):  # frozen: keep it hashable and immutable
+            object.__setattr__(self, "block_sizes", tuple(self.block_sizes))
 
     @property
     def eos_exit(self) -> bool:
@@ -123,14 +184,22 @@ class DecodeOutput:
 
 
 def run_decode(model_obj, prompt_ids: torch.Tensor, options: DecodeOptions) -> DecodeOutput:
-    """Call ``torch.ops.blockbatch.decode`` and turn its outputs into a stats dict."""
+    """Call ``torch.ops.blockbatch.decode`` and turn its outputs into a stats dict.
+
+    On the main thread the op runs on a worker thread while this thread waits, so Ctrl-C
+    (SIGINT) stops the decode within one forward and raises KeyboardInterrupt here; the model
+    stays usable. A decode past ``options.timeout_s`` raises TimeoutError.
+    """
     o = options
-    tokens, counters, step_log, branch_stats = torch.ops.blockbatch.decode(
-        model_obj, prompt_ids, o.policy, o.gen_length, o.block_length, o.steps or 0, o.commit,
-        o.threshold if o.threshold is not None else 1.0, o.factor if o.factor is not None else 1.0,
-        float(o.temperature), int(o.seed), o.eos_exit, list(o.block_sizes), float(o.merge_gate),
-        int(o.sync_gap), int(o.refresh_tokens), o.refresh_mode, float(o.prob_floor), bool(o.merge), bool(o.sync),
-        bool(o.cuda_graphs))
+    kwargs = dict(
+        policy=o.policy, gen_length=o.gen_length, block_length=o.block_length, steps=o.steps or 0, commit=o.commit,
+        threshold=float(o.threshold) if o.threshold is not None else 1.0,
+        factor=float(o.factor) if o.factor is not None else 1.0, temperature=float(o.temperature), seed=o.seed,
+        stop_on_eos=o.eos_exit, block_sizes=list(o.block_sizes), merge_gate=float(o.merge_gate),
+        sync_gap=o.sync_gap, refresh_tokens=o.refresh_tokens, refresh_mode=o.refresh_mode,
+        prob_floor=float(o.prob_floor), merge=o.merge, sync=o.sync, cuda_graphs=o.cuda_graphs,
+        timeout_s=float(o.timeout_s))
+    tokens, counters, step_log, branch_stats = _interruptible_decode(model_obj, prompt_ids, kwargs)
     names = torch.ops.blockbatch.decode_stat_names()
     stats: dict[str, Any] = {}
     for name, value in zip(names, counters.tolist()):
@@ -142,3 +211,69 @@ def run_decode(model_obj, prompt_ids: torch.Tensor, options: DecodeOptions) -> D
                          for row in branch_stats.tolist()]
     stats["policy"] = o.policy
     return DecodeOutput(tokens, stats)
+
+
+def _raise_translated(error: RuntimeError) -> None:
+    if "decode deadline exceeded" in str(error):
+        raise TimeoutError(str(error)) from None
+    raise error
+
+
+def _interruptible_decode(model_obj, prompt_ids: torch.Tensor, kwargs: dict) -> tuple:
+    """The decode op with a cancel flag; on the main thread, interruptible by Ctrl-C."""
+    cancel = torch.zeros(1, dtype=torch.long)
+    op = torch.ops.blockbatch.decode
+    if threading.current_thread() is not threading.main_thread():
+        try:  # signals only reach the main thread: nothing to wait for here
+            return op(model_obj, prompt_ids, cancel=cancel, **kwargs)
+        except RuntimeError as e:
+            _raise_translated(e)
+    result: dict[str, Any] = {}
+    stream = torch.cuda.current_stream() if prompt_ids.is_cuda else None
+
+    def work() -> None:
+        # SIGINT must reach the main thread (which raises KeyboardInterrupt and sets the flag):
+        # block it here, and so in the threads the op starts from here (they inherit the mask).
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            if stream is not None:
+                with torch.cuda.stream(stream):  # the caller's stream, as without the thread
+                    result["out"] = op(model_obj, prompt_ids, cancel=cancel, **kwargs)
+            else:
+                result["out"] = op(model_obj, prompt_ids, cancel=cancel, **kwargs)
+        except BaseException as e:  # handed to the caller below
+            result["error"] = e
+
+    # While the op runs, Ctrl-C only sets the cancel flag (the loop checks it before every
+    # forward); once the worker has stopped, KeyboardInterrupt is raised here as Python would.
+    interrupted = []
+
+    def on_sigint(signum, frame) -> None:
+        interrupted.append(signum)
+        cancel[0] = 1
+
+    previous = signal.getsignal(signal.SIGINT)
+    ours = previous is signal.default_int_handler
+    if ours:
+        signal.signal(signal.SIGINT, on_sigint)
+    worker = threading.Thread(target=work, name="blockbatch-decode", daemon=True)
+    try:
+        worker.start()
+        try:
+            while worker.is_alive():
+                worker.join(0.05)
+        except BaseException:  # a custom SIGINT handler raised: stop the decode all the same
+            cancel[0] = 1
+            worker.join()
+            raise
+    finally:
+        if ours:
+            signal.signal(signal.SIGINT, previous)
+    if interrupted:
+        raise KeyboardInterrupt
+    if "error" in result:
+        error = result["error"]
+        if isinstance(error, RuntimeError):
+            _raise_translated(error)
+        raise error
+    return result["out"]

@@ -151,12 +151,12 @@ int bbemu_commit(int64_t* canvas, const int64_t* window, const int64_t* token, c
 int bbemu_bb_absorb(int dtype, int64_t* canvas, int64_t* state, double* eos_prob, int64_t* map_ids, double* map_probs,
                     int64_t B, int64_t L, int64_t lp, int64_t K, int64_t mask_id, int64_t eos_id, const int64_t* spans,
                     int64_t n_spans, const int64_t* token, const double* conf, const int64_t* ids, const double* probs,
-                    const void* logits, int64_t vocab, double threshold, int stop_on_eos) {
+                    const void* logits, int64_t rows, int64_t vocab, double threshold, int stop_on_eos) {
   const blockbatch::branches::View v{canvas, state, eos_prob, map_ids, map_probs, B, L, lp, K, mask_id, eos_id};
   return by_dtype(dtype, [&](auto t) {
     using T = decltype(t);
     return bc::bb_absorb<T>(v, spans, n_spans, token, conf, ids, probs, as<T>(logits), vocab,
-                            blockbatch::branches::AbsorbParams{threshold, stop_on_eos != 0}, kStream);
+                            blockbatch::branches::AbsorbParams{threshold, stop_on_eos != 0, rows}, kStream);
   });
 }
 

@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kThreads) coordinate_kernel(br::View v, int64_
 template <typename W>
 __global__ void kv_copy_rows_kernel(W* kv, const int64_t* src, int64_t words) {
   const int64_t from = src[blockIdx.y], to = blockIdx.y;
-  if (from < 0 || from == to) return;
+  if (from < 0 || from >= gridDim.y || from == to) return;  // -1 keeps the row; bad sources are skipped
   const W* a = kv + from * words;
   W* b = kv + to * words;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < words;

@@ -1,0 +1,32 @@
+#include "decode/stop.h"
+
+#include <c10/util/Exception.h>
+
+namespace blockbatch {
+
+Stop::Stop(double timeout_s, const int64_t* cancel)
+    : start_(std::chrono::steady_clock::now()), timeout_s_(timeout_s), cancel_(cancel) {
+  if (timeout_s > 0) {
+    deadline_ = start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                             std::chrono::duration<double>(timeout_s));
+  }
+}
+
+void Stop::check(int64_t forwards) const {
+  TORCH_CHECK(cancel_ == nullptr || __atomic_load_n(cancel_, __ATOMIC_RELAXED) == 0,
+              "blockbatch: decode cancelled after ", forwards, " forwards");
+  if (timeout_s_ > 0) {
+    const auto now = std::chrono::steady_clock::now();
+    TORCH_CHECK(now < deadline_, "blockbatch: decode deadline exceeded: timeout_s = ", timeout_s_, " passed after ",
+                forwards, " forwards (",
+                std::chrono::duration<double>(now - start_).count(), " s); raise timeout_s or lower gen_length");
+  }
+}
+
+void Stop::no_progress(int64_t step, const std::string& what) {
+  TORCH_CHECK(false, "blockbatch: decode step ", step, " (", what,
+              ") committed no token although its commit rule commits at least one per step. The logits are "
+              "most likely not finite (NaN or inf: float16 overflows easily); try dtype float32 or bfloat16");
+}
+
+}  // namespace blockbatch
