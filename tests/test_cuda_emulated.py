@@ -30,16 +30,16 @@ _KINDS = {"i": ctypes.c_int, "u": ctypes.c_uint, "l": ctypes.c_int64, "z": ctype
           "d": ctypes.c_double, "p": ctypes.c_void_p}
 _SIGNATURES = {
     "bbemu_linear_small": "ipl pl pl lll ii",
-    "bbemu_rope_kv_write": "i plp ppl pp p llll l ppll i",
-    "bbemu_attention": "ii pppp ll pl p llll l pp i lll ip",
+    "bbemu_rope_kv_write": "i plp ppl ppl p lllll l ppll i",
+    "bbemu_attention": "ii pppp ll pl p lllll l pp i lll ip",
     "bbemu_attention_splits": "llllll",
     "bbemu_rms_norm": "i pl ppp ll f",
     "bbemu_silu_mul": "i pp ll",
     "bbemu_confidence": "i p lll pp",
     "bbemu_sparse_probs": "i p ll dl pp",
-    "bbemu_rope_inplace": "i pllll pp",
-    "bbemu_kv_write": "i p llll l ppl ppp ll",
-    "bbemu_commit": "pppp p lll i dd p",
+    "bbemu_rope_inplace": "i pllll ppl",
+    "bbemu_kv_write": "i p lllll l ppl ppp ll",
+    "bbemu_commit": "pl ppp p lll i dd p",
     "bbemu_bb_absorb": "i ppppp llllll pl pppp pll di",
     "bbemu_bb_coordinate": "ppppp lllll pp d ii ll i",
     "bbemu_kv_copy_rows": "ppll",
@@ -231,8 +231,9 @@ def test_rope_kv_write_emulated(emu, dtype, hd):
     for vectorized in (1, 0):
         qkv, q, k, v, kv, _ = rope_kv_case("cpu", dtype, hd=hd)
         L, layers = kv.shape[4], kv.shape[1]
-        emu.ok("bbemu_rope_kv_write", CODE[dtype], q, q.stride(0), q.shape[1], k, v, k.stride(0), pos, table, kv,
-               layers, kv.shape[3], L, hd, 1, cu, rows, len(rows), q.shape[0], vectorized)
+        emu.ok("bbemu_rope_kv_write", CODE[dtype], q, q.stride(0), q.shape[1], k, v, k.stride(0), pos, table,
+               table.shape[0], kv, layers, kv.shape[3], L, hd, kv.shape[0], 1, cu, rows, len(rows), q.shape[0],
+               vectorized)
         results.append((qkv, kv))
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
     tol = 0 if dtype == torch.float32 else 1e-2
@@ -250,7 +251,8 @@ def _attention(emu, kernel, q, k, v, cu, kv, rows, cache, layer, fresh, splits, 
     used = splits if splits else emu("bbemu_attention_splits", heads, k.shape[1], hd, len(rows), T, max_keys)
     part = torch.full(((used if kernel else 1) * T * heads * (hd + 2) + 64,), sentinel)
     emu.ok("bbemu_attention", CODE[q.dtype], kernel, q, k, v, out, q.stride(0), k.stride(0), cu, len(rows), kv,
-           kv.shape[1], kv.shape[3], kv.shape[4], hd, layer, rows, cache, int(fresh), heads, T, max_keys, splits, part)
+           kv.shape[1], kv.shape[3], kv.shape[4], hd, kv.shape[0], layer, rows, cache, int(fresh), heads, T, max_keys,
+           splits, part)
     assert (out[T] == sentinel).all() and (part[-64:] == sentinel).all(), "a write outside the output / workspace"
     return out[:T]
 
@@ -354,8 +356,9 @@ def test_separate_rope_and_kv_write_emulated(emu, dtype):
     ops.rope_(q_ref, pos, table)
     ops.kv_write_(kv_ref, k_ref, v_ref, pos, cu, rows, 1)
     T = q.shape[0]
-    emu.ok("bbemu_rope_inplace", CODE[dtype], q, T, q.stride(0), q.shape[1], hd, pos, table)
-    emu.ok("bbemu_kv_write", CODE[dtype], kv, kv.shape[1], kv.shape[3], kv.shape[4], hd, 1, k, v, k.stride(0), pos,
+    emu.ok("bbemu_rope_inplace", CODE[dtype], q, T, q.stride(0), q.shape[1], hd, pos, table, table.shape[0])
+    emu.ok("bbemu_kv_write", CODE[dtype], kv, kv.shape[1], kv.shape[3], kv.shape[4], hd, kv.shape[0], 1, k, v,
+           k.stride(0), pos,
            cu, rows, len(rows), T)
     assert torch.equal(qkv, qkv_ref) and torch.equal(kv, kv_ref)
 
@@ -367,7 +370,7 @@ def test_commit_emulated(emu, rule):
         canvas, window, token, conf, k = commit_case(g, n)
         cpu, emulated, counts = canvas.clone(), canvas.clone(), torch.empty(3, dtype=torch.long)
         expected = ops.commit_(cpu, window, token, conf, k, 9, 0, rule, 0.8, 1.0)
-        emu.ok("bbemu_commit", emulated, window, token, conf, k, n, 9, 0, ["threshold", "fixed", "factor"].index(rule),
+        emu.ok("bbemu_commit", emulated, emulated.shape[0], window, token, conf, k, n, 9, 0, ["threshold", "fixed", "factor"].index(rule),
                0.8, 1.0, counts)
         assert torch.equal(emulated, cpu) and counts.tolist() == expected.tolist(), f"n={n}"
 

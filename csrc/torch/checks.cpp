@@ -54,7 +54,7 @@ cpu::AttentionArgs attention_args(const at::Tensor& q, const at::Tensor& k, cons
   a.head_dim = q.size(2);
   if (kv.has_value()) {
     a.cache = kv->const_data_ptr();
-    a.geometry = {kv->size(1), kv->size(3), kv->size(4), kv->size(5)};
+    a.geometry = {kv->size(1), kv->size(3), kv->size(4), kv->size(5), kv->size(0)};
     a.kv_rows = kv_rows->const_data_ptr<int64_t>();
     a.cache_lens = cache_lens->const_data_ptr<int64_t>();
   }

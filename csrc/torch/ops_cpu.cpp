@@ -83,7 +83,7 @@ void kv_write_cpu(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v
   check_cu_seqlens_values(cu_seqlens, k.size(0));
   check_range(positions, "positions", 0, kv.size(4));
   check_range(kv_rows, "kv_rows", 0, kv.size(0));
-  const cpu::KvGeometry g{kv.size(1), kv.size(3), kv.size(4), kv.size(5)};
+  const cpu::KvGeometry g{kv.size(1), kv.size(3), kv.size(4), kv.size(5), kv.size(0)};
   BLOCKBATCH_DISPATCH_FLOATING(kv.scalar_type(), "kv_write_", [&] {
     cpu::kv_write<scalar_t>(kv.data_ptr<scalar_t>(), g, layer, k.const_data_ptr<scalar_t>(),
                             v.const_data_ptr<scalar_t>(), k.stride(0), positions.const_data_ptr<int64_t>(),

@@ -193,7 +193,7 @@ void rope_cuda(const at::Tensor& x, const at::Tensor& positions, const at::Tenso
     using T = std::remove_pointer_t<decltype(tag)>;
     check_launch(cuda::rope_inplace<T>(ptr<T>(x), x.size(0), x.stride(0), x.size(1), x.size(2),
                                        positions.const_data_ptr<int64_t>(), cos_sin.const_data_ptr<float>(),
-                                       c10::cuda::getCurrentCUDAStream()),
+                                       cos_sin.size(0), c10::cuda::getCurrentCUDAStream()),
                  "rope_");
   });
 }
@@ -202,7 +202,7 @@ void rope_cuda(const at::Tensor& x, const at::Tensor& positions, const at::Tenso
 cpu::KvGeometry kv_slots(const at::Tensor& kv, const at::Tensor& cu_seqlens, const at::Tensor& kv_rows) {
   check_cuda(cu_seqlens, "cu_seqlens");
   check_cuda(kv_rows, "kv_rows");
-  return {kv.size(1), kv.size(3), kv.size(4), kv.size(5)};
+  return {kv.size(1), kv.size(3), kv.size(4), kv.size(5), kv.size(0)};
 }
 
 void kv_write_cuda(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
@@ -230,7 +230,7 @@ void rope_kv_write_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tens
     using T = std::remove_pointer_t<decltype(tag)>;
     check_launch(cuda::rope_kv_write<T>(ptr<T>(q), q.stride(0), q.size(1), ptr<T>(k), ptr<T>(v), k.stride(0),
                                         positions.const_data_ptr<int64_t>(), cos_sin.const_data_ptr<float>(),
-                                        ptr<T>(kv), g, layer, cu_seqlens.const_data_ptr<int64_t>(),
+                                        cos_sin.size(0), ptr<T>(kv), g, layer, cu_seqlens.const_data_ptr<int64_t>(),
                                         kv_rows.const_data_ptr<int64_t>(), cu_seqlens.size(0) - 1, k.size(0),
                                         rope_vectorized(), c10::cuda::getCurrentCUDAStream()),
                  "rope_kv_write_");
@@ -351,12 +351,12 @@ std::tuple<at::Tensor, at::Tensor> sparse_probs_cuda(const at::Tensor& logits, d
 at::Tensor commit_cuda(const at::Tensor& canvas, const at::Tensor& window, const at::Tensor& token,
                        const at::Tensor& conf, const at::Tensor& k, int64_t mask_id, int64_t eos_id,
                        const std::string& rule, double threshold, double factor) {
-  check_commit(canvas, window, token, conf, k, rule);  // window values are not checked: no host sync
+  check_commit(canvas, window, token, conf, k, rule);  // window values: the kernel skips those outside the canvas
   const c10::cuda::CUDAGuard guard(canvas.device());
   at::Tensor counts = at::empty({3}, canvas.options());
   const CommitRule r = parse_commit_rule(rule);
   const int code = r == CommitRule::kThreshold ? 0 : r == CommitRule::kFixed ? 1 : 2;
-  check_launch(cuda::commit(canvas.data_ptr<int64_t>(), window.const_data_ptr<int64_t>(), token.const_data_ptr<int64_t>(),
+  check_launch(cuda::commit(canvas.data_ptr<int64_t>(), canvas.size(0), window.const_data_ptr<int64_t>(), token.const_data_ptr<int64_t>(),
                             conf.const_data_ptr<double>(), k.const_data_ptr<int64_t>(), window.size(0), mask_id, eos_id,
                             code, threshold, factor, counts.data_ptr<int64_t>(), c10::cuda::getCurrentCUDAStream()),
                "commit_");

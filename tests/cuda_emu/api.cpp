@@ -45,14 +45,15 @@ int bbemu_linear_small_splits(int64_t M, int64_t N, int64_t K, int sm_count, int
 }
 
 int bbemu_rope_kv_write(int dtype, void* q, int64_t q_stride, int64_t heads, void* k, const void* v,
-                        int64_t kv_stride, const int64_t* positions, const float* cos_sin, void* kv, int64_t layers,
-                        int64_t kv_heads, int64_t length, int64_t head_dim, int64_t layer, const int64_t* cu_seqlens,
-                        const int64_t* kv_rows, int64_t rows, int64_t tokens, int vectorized) {
-  const cpu::KvGeometry g{layers, kv_heads, length, head_dim};
+                        int64_t kv_stride, const int64_t* positions, const float* cos_sin, int64_t max_positions,
+                        void* kv, int64_t layers, int64_t kv_heads, int64_t length, int64_t head_dim,
+                        int64_t kv_buffers, int64_t layer, const int64_t* cu_seqlens, const int64_t* kv_rows,
+                        int64_t rows, int64_t tokens, int vectorized) {
+  const cpu::KvGeometry g{layers, kv_heads, length, head_dim, kv_buffers};
   return by_dtype(dtype, [&](auto t) {
     using T = decltype(t);
     return bc::rope_kv_write<T>(as<T>(q), q_stride, heads, as<T>(k), as<T>(v), kv_stride, positions, cos_sin,
-                                as<T>(kv), g, layer, cu_seqlens, kv_rows, rows, tokens, vectorized != 0, kStream);
+                                max_positions, as<T>(kv), g, layer, cu_seqlens, kv_rows, rows, tokens, vectorized != 0, kStream);
   });
 }
 
@@ -62,10 +63,10 @@ int bbemu_rope_kv_write(int dtype, void* q, int64_t q_stride, int64_t heads, voi
 // (head_dim + 2) floats; splits 0: flash_attention_splits).
 int bbemu_attention(int dtype, int kernel, const void* q, const void* k, const void* v, void* out, int64_t q_stride,
                     int64_t kv_stride, const int64_t* cu_seqlens, int64_t rows, const void* cache, int64_t layers,
-                    int64_t kv_heads, int64_t length, int64_t head_dim, int64_t layer, const int64_t* kv_rows,
-                    const int64_t* cache_lens, int attend_fresh, int64_t heads, int64_t tokens, int64_t max_keys,
-                    int splits, float* part) {
-  const cpu::KvGeometry geometry{layers, kv_heads, length, head_dim};
+                    int64_t kv_heads, int64_t length, int64_t head_dim, int64_t kv_buffers, int64_t layer,
+                    const int64_t* kv_rows, const int64_t* cache_lens, int attend_fresh, int64_t heads, int64_t tokens,
+                    int64_t max_keys, int splits, float* part) {
+  const cpu::KvGeometry geometry{layers, kv_heads, length, head_dim, kv_buffers};
   const cpu::AttentionArgs a{q,          k,    v,     out,      q_stride, kv_stride,
                              cu_seqlens, rows, cache, geometry, layer,    kv_rows,
                              cache_lens, attend_fresh != 0, heads, kv_heads, head_dim};
@@ -123,17 +124,18 @@ int bbemu_sparse_probs(int dtype, const void* logits, int64_t rows, int64_t voca
 }
 
 int bbemu_rope_inplace(int dtype, void* x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim,
-                       const int64_t* positions, const float* cos_sin) {
+                       const int64_t* positions, const float* cos_sin, int64_t max_positions) {
   return by_dtype(dtype, [&](auto t) {
     using T = decltype(t);
-    return bc::rope_inplace<T>(as<T>(x), tokens, row_stride, heads, head_dim, positions, cos_sin, kStream);
+    return bc::rope_inplace<T>(as<T>(x), tokens, row_stride, heads, head_dim, positions, cos_sin, max_positions,
+                               kStream);
   });
 }
 
 int bbemu_kv_write(int dtype, void* kv, int64_t layers, int64_t kv_heads, int64_t length, int64_t head_dim,
-                   int64_t layer, const void* k, const void* v, int64_t src_stride, const int64_t* positions,
+                   int64_t kv_buffers, int64_t layer, const void* k, const void* v, int64_t src_stride, const int64_t* positions,
                    const int64_t* cu_seqlens, const int64_t* kv_rows, int64_t rows, int64_t tokens) {
-  const cpu::KvGeometry g{layers, kv_heads, length, head_dim};
+  const cpu::KvGeometry g{layers, kv_heads, length, head_dim, kv_buffers};
   return by_dtype(dtype, [&](auto t) {
     using T = decltype(t);
     return bc::kv_write<T>(as<T>(kv), g, layer, as<T>(k), as<T>(v), src_stride, positions, cu_seqlens, kv_rows, rows,
@@ -141,9 +143,10 @@ int bbemu_kv_write(int dtype, void* kv, int64_t layers, int64_t kv_heads, int64_
   });
 }
 
-int bbemu_commit(int64_t* canvas, const int64_t* window, const int64_t* token, const double* conf, const int64_t* k,
-                 int64_t n, int64_t mask_id, int64_t eos_id, int rule, double tau, double factor, int64_t* counts) {
-  return bc::commit(canvas, window, token, conf, k, n, mask_id, eos_id, rule, tau, factor, counts, kStream);
+int bbemu_commit(int64_t* canvas, int64_t length, const int64_t* window, const int64_t* token, const double* conf,
+                 const int64_t* k, int64_t n, int64_t mask_id, int64_t eos_id, int rule, double tau, double factor,
+                 int64_t* counts) {
+  return bc::commit(canvas, length, window, token, conf, k, n, mask_id, eos_id, rule, tau, factor, counts, kStream);
 }
 
 // The branch tensors of bb_absorb_ / bb_coordinate_ as a View (canvas [B, L], state [B, fields],

@@ -35,6 +35,16 @@ void rope_inplace(T* x, int64_t tokens, int64_t row_stride, int64_t heads, int64
 // the CUDA kernels.
 struct KvGeometry {
   int64_t layers, kv_heads, length, head_dim;
+  int64_t rows;  // KV rows (buffers) in the tensor
+  // A slot inside the buffer: GPU kernels skip writes (and reads) of slots outside it, since
+  // checking device index tensors on the host would cost a sync (the CPU ops check them).
+  BLOCKBATCH_HOST_DEVICE bool slot_ok(int64_t row, int64_t pos) const {
+    return row >= 0 && row < rows && pos >= 0 && pos < length;
+  }
+  // Keys a row may read from its cache: 0 for a row outside the buffer, at most `length`.
+  BLOCKBATCH_HOST_DEVICE int64_t cache_keys(int64_t row, int64_t n) const {
+    return row < 0 || row >= rows || n < 0 ? 0 : (n < length ? n : length);
+  }
   BLOCKBATCH_HOST_DEVICE int64_t row_stride() const { return layers * 2 * kv_heads * length * head_dim; }
   BLOCKBATCH_HOST_DEVICE int64_t offset(int64_t row, int64_t layer, int64_t kind, int64_t head, int64_t pos) const {
     return (((row * layers + layer) * 2 + kind) * kv_heads + head) * length * head_dim + pos * head_dim;

@@ -24,7 +24,7 @@ __global__ void attention_kernel(cpu::AttentionArgs a) {
   const T* kf = static_cast<const T*>(a.k) + row_begin * a.kv_stride + kvh * hd;
   const T* vf = static_cast<const T*>(a.v) + row_begin * a.kv_stride + kvh * hd;
   const T* cache = static_cast<const T*>(a.cache);
-  const int64_t n_cache = cache ? a.cache_lens[r] : 0;
+  const int64_t n_cache = cache ? a.geometry.cache_keys(a.kv_rows[r], a.cache_lens[r]) : 0;  // inside the buffer
   const int64_t n_fresh = a.attend_fresh ? row_end - row_begin : 0;
   const int64_t nk = n_cache + n_fresh;
   const T* kc = cache ? cache + a.geometry.offset(a.kv_rows[r], a.layer, 0, kvh, 0) : nullptr;

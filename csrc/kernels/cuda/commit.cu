@@ -22,7 +22,7 @@ __device__ __forceinline__ int rank_of(const double* c, int64_t n, int64_t i) {
   return r;
 }
 
-__global__ void commit_kernel(int64_t* canvas, const int64_t* window, const int64_t* token, const double* conf,
+__global__ void commit_kernel(int64_t* canvas, int64_t length, const int64_t* window, const int64_t* token, const double* conf,
                               const int64_t* k, int64_t n, int64_t mask_id, int64_t eos_id, int rule, double tau,
                               double factor, int64_t* counts) {
   BLOCKBATCH_DYNAMIC_SHARED(double, c);  // candidate confidence, -inf for settled positions
@@ -33,7 +33,7 @@ __global__ void commit_kernel(int64_t* canvas, const int64_t* window, const int6
   }
   __syncthreads();
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const bool cand = canvas[window[i]] == mask_id;
+    const bool cand = window[i] >= 0 && window[i] < length && canvas[window[i]] == mask_id;  // inside only
     c[i] = cand ? conf[i] : -INFINITY;
     if (cand) atomicAdd(&candidates, 1);
   }
@@ -61,7 +61,7 @@ __global__ void commit_kernel(int64_t* canvas, const int64_t* window, const int6
   }
   __syncthreads();
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    if (canvas[window[i]] == eos_id) eos = 1;
+    if (window[i] >= 0 && window[i] < length && canvas[window[i]] == eos_id) eos = 1;
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -72,10 +72,10 @@ __global__ void commit_kernel(int64_t* canvas, const int64_t* window, const int6
 }
 }  // namespace
 
-cudaError_t commit(int64_t* canvas, const int64_t* window, const int64_t* token, const double* conf, const int64_t* k,
-                   int64_t n, int64_t mask_id, int64_t eos_id, int rule, double tau, double factor, int64_t* counts,
-                   cudaStream_t stream) {
-  return launch_plain(commit_kernel, 1, kThreads, static_cast<size_t>(n) * sizeof(double), stream, canvas, window,
+cudaError_t commit(int64_t* canvas, int64_t length, const int64_t* window, const int64_t* token, const double* conf,
+                   const int64_t* k, int64_t n, int64_t mask_id, int64_t eos_id, int rule, double tau, double factor,
+                   int64_t* counts, cudaStream_t stream) {
+  return launch_plain(commit_kernel, 1, kThreads, static_cast<size_t>(n) * sizeof(double), stream, canvas, length, window,
                      token, conf, k, n, mask_id, eos_id, rule, tau, factor, counts);
 }
 

@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(kThreads) flash_attention_kernel(cpu::Attentio
   const int64_t h = blockIdx.y, kvh = h / (a.heads / a.kv_heads);
   const int64_t row_begin = a.cu_seqlens[r], row_end = a.cu_seqlens[r + 1];
   const int64_t nq = row_end - q0 < kBlockQ ? row_end - q0 : kBlockQ;
-  const int64_t n_cache = a.cache ? a.cache_lens[r] : 0;
+  const int64_t n_cache = a.cache ? a.geometry.cache_keys(a.kv_rows[r], a.cache_lens[r]) : 0;  // inside the buffer
   const int64_t n_fresh = a.attend_fresh ? row_end - row_begin : 0;
   const int64_t nk = n_cache + n_fresh;
   // This block's keys [kb, ke): split blockIdx.z of `splits` ranges of whole key tiles.

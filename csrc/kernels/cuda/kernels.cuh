@@ -29,7 +29,7 @@ template <typename T>
 cudaError_t silu_mul(const T* gate_up, T* out, int64_t rows, int64_t m, cudaStream_t stream);
 template <typename T>
 cudaError_t rope_inplace(T* x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim,
-                         const int64_t* positions, const float* cos_sin, cudaStream_t stream);
+                         const int64_t* positions, const float* cos_sin, int64_t max_positions, cudaStream_t stream);
 template <typename T>
 cudaError_t kv_write(T* kv, const cpu::KvGeometry& g, int64_t layer, const T* k, const T* v, int64_t src_stride,
                      const int64_t* positions, const int64_t* cu_seqlens, const int64_t* kv_rows, int64_t rows,
@@ -39,9 +39,9 @@ cudaError_t kv_write(T* kv, const cpu::KvGeometry& g, int64_t layer, const T* k,
 // access where the head_dim, strides and pointers allow it (same bits), else element pairs.
 template <typename T>
 cudaError_t rope_kv_write(T* q, int64_t q_stride, int64_t heads, T* k, const T* v, int64_t kv_stride,
-                          const int64_t* positions, const float* cos_sin, T* kv, const cpu::KvGeometry& g,
-                          int64_t layer, const int64_t* cu_seqlens, const int64_t* kv_rows, int64_t rows,
-                          int64_t tokens, bool vectorized, cudaStream_t stream);
+                          const int64_t* positions, const float* cos_sin, int64_t max_positions, T* kv,
+                          const cpu::KvGeometry& g, int64_t layer, const int64_t* cu_seqlens, const int64_t* kv_rows,
+                          int64_t rows, int64_t tokens, bool vectorized, cudaStream_t stream);
 // a.cu_seqlens, a.kv_rows, a.cache_lens are device pointers; `tokens` = cu_seqlens[rows];
 // max_keys bounds every row's key count (sizes the shared score buffer).
 template <typename T>
@@ -83,10 +83,11 @@ template <typename T>
 cudaError_t sparse_probs(const T* logits, int64_t rows, int64_t vocab, double floor, int64_t max_k, int64_t* ids,
                          double* probs, cudaStream_t stream);
 
-// One commit-rule step over `window` (n <= 4096 positions) of the device canvas; rule 0 threshold,
-// 1 fixed (k[0] tokens, read on the device), 2 factor. counts[3] = committed, masks left, eos seen.
-cudaError_t commit(int64_t* canvas, const int64_t* window, const int64_t* token, const double* conf, const int64_t* k,
-                   int64_t n, int64_t mask_id, int64_t eos_id, int rule, double tau, double factor, int64_t* counts,
+// One commit-rule step over `window` (n <= 4096 positions) of the device canvas (`length` ids;
+// window positions outside it are skipped); rule 0 threshold, 1 fixed (k[0] tokens, read on the
+// device), 2 factor. counts[3] = committed, masks left, eos seen.
+cudaError_t commit(int64_t* canvas, int64_t length, const int64_t* window, const int64_t* token, const double* conf,
+                   const int64_t* k, int64_t n, int64_t mask_id, int64_t eos_id, int rule, double tau, double factor, int64_t* counts,
                    cudaStream_t stream);
 
 // BlockBatch bookkeeping (branches.cu; every pointer in `v` and the arguments is on the device):

@@ -8,12 +8,13 @@ namespace blockbatch::cuda {
 namespace {
 template <typename T>
 __global__ void rope_kernel(T* x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim,
-                            const int64_t* positions, const float* cos_sin) {
+                            const int64_t* positions, const float* cos_sin, int64_t max_positions) {
   const int64_t half = head_dim / 2;
   const int64_t n = tokens * heads * half;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < n;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t i = idx % half, h = (idx / half) % heads, t = idx / (half * heads);
+    if (positions[t] < 0 || positions[t] >= max_positions) continue;  // no table row: left as it is
     const float* c = cos_sin + positions[t] * head_dim;
     T* xh = x + t * row_stride + h * head_dim;
     const float a = to_f(xh[i]), b = to_f(xh[i + half]);
@@ -32,6 +33,7 @@ __global__ void kv_write_kernel(T* kv, cpu::KvGeometry g, int64_t layer, const T
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t d = idx % g.head_dim, h = (idx / g.head_dim) % g.kv_heads, t = idx / (g.head_dim * g.kv_heads);
     const int64_t row = kv_rows[row_of(cu, rows, t)];
+    if (!g.slot_ok(row, positions[t])) continue;  // outside the buffer: not written
     kv[g.offset(row, layer, 0, h, positions[t]) + d] = k[t * src_stride + h * g.head_dim + d];
     kv[g.offset(row, layer, 1, h, positions[t]) + d] = v[t * src_stride + h * g.head_dim + d];
   }
@@ -68,8 +70,8 @@ __device__ __forceinline__ void load_floats(float (&out)[V], const float* p) {
 // for every V, so the same bits.
 template <typename T, int V>
 __global__ void rope_kv_write_kernel(T* q, int64_t q_stride, int64_t heads, T* k, const T* v, int64_t kv_stride,
-                                     int64_t head_dim, const int64_t* positions, const float* cos_sin, T* kv,
-                                     cpu::KvGeometry g, int64_t layer, const int64_t* cu, const int64_t* kv_rows,
+                                     int64_t head_dim, const int64_t* positions, const float* cos_sin,
+                                     int64_t max_positions, T* kv, cpu::KvGeometry g, int64_t layer, const int64_t* cu, const int64_t* kv_rows,
                                      int64_t rows, int64_t tokens) {
   dependent_launch_prologue();
   using Vec = Pack<T, V>;
@@ -79,15 +81,18 @@ __global__ void rope_kv_write_kernel(T* q, int64_t q_stride, int64_t heads, T* k
   if (idx >= slots * per_slot) return;
   const int i0 = (idx % per_slot) * V, s = idx / per_slot;
   for (int64_t t = blockIdx.y; t < tokens; t += gridDim.y) {
-    const int64_t pos = positions[t];
+    const int64_t pos = positions[t], row = kv_rows[row_of(cu, rows, t)];
+    const bool slot = g.slot_ok(row, pos);  // outside the buffer or the table: skipped
     if (s >= heads + g.kv_heads) {  // v: copied as it is
+      if (!slot) continue;
       const int64_t h = s - heads - g.kv_heads;
       const T* vh = v + t * kv_stride + h * head_dim;
-      T* dst = kv + g.offset(kv_rows[row_of(cu, rows, t)], layer, 1, h, pos);
+      T* dst = kv + g.offset(row, layer, 1, h, pos);
       *reinterpret_cast<Vec*>(dst + i0) = *reinterpret_cast<const Vec*>(vh + i0);
       *reinterpret_cast<Vec*>(dst + half + i0) = *reinterpret_cast<const Vec*>(vh + half + i0);
       continue;
     }
+    if (pos < 0 || pos >= max_positions) continue;
     T* xh = s < heads ? q + t * q_stride + s * head_dim : k + t * kv_stride + (s - heads) * head_dim;
     const float* c = cos_sin + pos * head_dim;
     const Vec a = *reinterpret_cast<const Vec*>(xh + i0), b = *reinterpret_cast<const Vec*>(xh + half + i0);
@@ -103,8 +108,8 @@ __global__ void rope_kv_write_kernel(T* q, int64_t q_stride, int64_t heads, T* k
     }
     *reinterpret_cast<Vec*>(xh + i0) = ra;
     *reinterpret_cast<Vec*>(xh + half + i0) = rb;
-    if (s >= heads) {
-      T* dst = kv + g.offset(kv_rows[row_of(cu, rows, t)], layer, 0, s - heads, pos);
+    if (s >= heads && slot) {
+      T* dst = kv + g.offset(row, layer, 0, s - heads, pos);
       *reinterpret_cast<Vec*>(dst + i0) = ra;
       *reinterpret_cast<Vec*>(dst + half + i0) = rb;
     }
@@ -119,10 +124,11 @@ unsigned blocks_for(int64_t n) {
 
 template <typename T>
 cudaError_t rope_inplace(T* x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim,
-                         const int64_t* positions, const float* cos_sin, cudaStream_t stream) {
+                         const int64_t* positions, const float* cos_sin, int64_t max_positions,
+                         cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   return launch_plain(rope_kernel<T>, blocks_for(tokens * heads * head_dim / 2), 256, 0, stream, x, tokens,
-                     row_stride, heads, head_dim, positions, cos_sin);
+                     row_stride, heads, head_dim, positions, cos_sin, max_positions);
 }
 
 template <typename T>
@@ -136,9 +142,9 @@ cudaError_t kv_write(T* kv, const cpu::KvGeometry& g, int64_t layer, const T* k,
 
 template <typename T>
 cudaError_t rope_kv_write(T* q, int64_t q_stride, int64_t heads, T* k, const T* v, int64_t kv_stride,
-                          const int64_t* positions, const float* cos_sin, T* kv, const cpu::KvGeometry& g,
-                          int64_t layer, const int64_t* cu_seqlens, const int64_t* kv_rows, int64_t rows,
-                          int64_t tokens, bool vectorized, cudaStream_t stream) {
+                          const int64_t* positions, const float* cos_sin, int64_t max_positions, T* kv,
+                          const cpu::KvGeometry& g, int64_t layer, const int64_t* cu_seqlens, const int64_t* kv_rows,
+                          int64_t rows, int64_t tokens, bool vectorized, cudaStream_t stream) {
   if (tokens == 0 || rows == 0) return cudaSuccess;
   constexpr int64_t V = 16 / sizeof(T);
   // 16-byte accesses need every head half, row stride and base 16-byte aligned (a KV slot starts at
@@ -148,17 +154,17 @@ cudaError_t rope_kv_write(T* q, int64_t q_stride, int64_t heads, T* k, const T* 
   const int64_t per_token = (heads + 2 * g.kv_heads) * (g.head_dim / 2) / (vectorized ? V : 1);
   const dim3 grid(static_cast<unsigned>((per_token + 255) / 256), static_cast<unsigned>(tokens < 65535 ? tokens : 65535));
   return launch_kernel(vectorized ? rope_kv_write_kernel<T, V> : rope_kv_write_kernel<T, 1>, grid, 256, 0, stream, nullptr,
-                       q, q_stride, heads, k, v, kv_stride, g.head_dim, positions, cos_sin, kv, g, layer, cu_seqlens,
-                       kv_rows, rows, tokens);
+                       q, q_stride, heads, k, v, kv_stride, g.head_dim, positions, cos_sin, max_positions, kv, g, layer,
+                       cu_seqlens, kv_rows, rows, tokens);
 }
 
 #define INSTANTIATE(T)                                                                                          \
   template cudaError_t rope_inplace<T>(T*, int64_t, int64_t, int64_t, int64_t, const int64_t*, const float*,     \
-                                       cudaStream_t);                                                           \
+                                       int64_t, cudaStream_t);                                                  \
   template cudaError_t kv_write<T>(T*, const cpu::KvGeometry&, int64_t, const T*, const T*, int64_t,            \
                                    const int64_t*, const int64_t*, const int64_t*, int64_t, int64_t, cudaStream_t); \
   template cudaError_t rope_kv_write<T>(T*, int64_t, int64_t, T*, const T*, int64_t, const int64_t*, const float*,  \
-                                        T*, const cpu::KvGeometry&, int64_t, const int64_t*, const int64_t*,      \
+                                        int64_t, T*, const cpu::KvGeometry&, int64_t, const int64_t*, const int64_t*,      \
                                         int64_t, int64_t, bool, cudaStream_t);
 BLOCKBATCH_CUDA_INSTANTIATE(INSTANTIATE)
 #undef INSTANTIATE
