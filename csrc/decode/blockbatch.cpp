@@ -38,6 +38,12 @@ namespace {
 
 namespace br = branches;
 
+// EOS-ready branches whose EOS probabilities differ by less than float32's machine epsilon tie at
+// the early exit; the smallest block size among them wins. The authors rank them by a low-precision
+// softmax (bfloat16; float32 in the parity runs) in which near-certain probabilities collapse onto
+// equal values and max() keeps the first branch.
+constexpr double kEosTie = 1.0 / (1 << 23);
+
 // Step kinds in the StepRunner shape key.
 enum StepKind : int64_t { kInitStep = 10, kBlockStep, kRefreshStep, kCoordinateStep };
 
@@ -91,8 +97,14 @@ class BlockBatchDecoder {
       TORCH_CHECK(iteration < max_iterations, "blockbatch: internal error: the decode did not finish within ",
                   max_iterations, " block steps (2 * branches * gen_length + 2); please report it with the options");
       block_step();
-      for (int64_t b = 0; b < B_; ++b) {  // highest EOS probability; the first (smallest size) wins ties
-        if (st(b)[br::kEosReady] && (winner < 0 || eos_[b] > eos_[winner])) winner = b;
+      // Early exit: the first EOS-ready branch (smallest block size) within kEosTie of the highest
+      // EOS probability (the same rule as the reference's EOS_TIE; docs/ALGORITHMS.md).
+      double best = -1.0;
+      for (int64_t b = 0; b < B_; ++b) {
+        if (st(b)[br::kEosReady]) best = std::max(best, eos_[b]);
+      }
+      for (int64_t b = 0; b < B_ && winner < 0; ++b) {
+        if (st(b)[br::kEosReady] && eos_[b] >= best - kEosTie) winner = b;
       }
       if (winner >= 0) {
         stats_.early_exit = true;

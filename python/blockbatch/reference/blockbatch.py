@@ -20,6 +20,11 @@ from .model import ReferenceModel
 from .policies import propose, select_threshold
 
 DIVERGENCE_EPS = 1e-9  # squared distances below this are rounding noise, not drift
+# EOS-ready branches whose EOS probabilities differ by less than float32's machine epsilon are
+# tied at the early exit, and the smallest block size among them wins (docs/ALGORITHMS.md, "early
+# exit"). The authors rank them by a low-precision softmax (bfloat16; float32 in our parity runs),
+# in which near-certain probabilities collapse onto equal values and max() keeps the first branch.
+EOS_TIE = 2.0 ** -23
 
 
 @dataclasses.dataclass
@@ -275,8 +280,9 @@ def blockbatch_generate(model: ReferenceModel, prompt: torch.Tensor, gen_length:
     while not all(br.done for br in branches):
         block_step()
         ready = [br for br in branches if br.eos_ready]
-        if ready:  # highest EOS probability; max keeps the first (smallest block size) of equals
-            return finish(max(ready, key=lambda br: br.eos_prob), early=True)
+        if ready:  # the first (smallest block size) within EOS_TIE of the highest EOS probability
+            best = max(br.eos_prob for br in ready)
+            return finish(next(br for br in ready if br.eos_prob >= best - EOS_TIE), early=True)
         coordinate()
     progress = lambda br: (L if br.done else br.start) - lp  # noqa: E731
     return finish(max(branches, key=progress), early=False)
