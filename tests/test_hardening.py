@@ -249,8 +249,9 @@ def test_absorb_rejects_eos_id_outside_the_vocabulary():
     ("end", 10**9, r"state\[\d+\]: window \[\d+, 1000000000\) must lie inside the generation"),
     ("start", -7, r"state\[\d+\]: window \[-7, \d+\) must lie inside the generation"),
     ("start", 1, r"state\[\d+\]: window \[1, \d+\) must lie inside the generation \[prompt_len = 3"),
-    ("block", 0, r"state\[\d+\]: block size must be > 0, got 0"),
-    ("block", -4, r"state\[\d+\]: block size must be > 0, got -4"),
+    ("block", 0, r"state\[\d+\]: block size must be > 0 and divide the generation length 64, got 0"),
+    ("block", -4, r"state\[\d+\]: block size must be > 0 and divide the generation length 64, got -4"),
+    ("block", 33, r"state\[\d+\]: block size must be > 0 and divide the generation length 64, got 33"),
 ])
 def test_coordinate_rejects_windows_outside_the_canvas(field, value, pattern):
     proc = run_isolated(f"""

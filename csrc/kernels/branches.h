@@ -129,10 +129,21 @@ struct SerialExec {
 // GPU kernels cannot read the device state table without a sync, so they check it here, in the
 // shared code, and skip what is out of bounds: nothing is ever written outside the tensors.
 
-// Branch b's window is inside the generation and its block size is positive.
+// Token counts in the state table stay far from int64 overflow (their sums and differences).
+constexpr int64_t kMaxCount = int64_t(1) << 40;
+BLOCKBATCH_HOST_DEVICE inline bool counts_ok(const View& v, int64_t b) {
+  const int64_t* st = v.st(b);
+  const Field fields[] = {kDecoded, kSinceRefresh, kCommitted, kMerged, kCopied};
+  for (int i = 0; i < 5; ++i) {
+    if (st[fields[i]] < 0 || st[fields[i]] > kMaxCount) return false;
+  }
+  return true;
+}
+// Branch b's block size divides the generation (so every window it snaps to stays inside it),
+// its window is inside the generation and its counts are in range.
 BLOCKBATCH_HOST_DEVICE inline bool window_ok(const View& v, int64_t b) {
   const int64_t* st = v.st(b);
-  if (st[kBlock] <= 0) return false;
+  if (st[kBlock] <= 0 || (v.L - v.lp) % st[kBlock] != 0 || !counts_ok(v, b)) return false;
   if (st[kDone]) return true;  // a done branch's window is never read
   return st[kStart] >= v.lp && st[kStart] <= st[kEnd] && st[kEnd] <= v.L;
 }

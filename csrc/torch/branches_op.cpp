@@ -86,7 +86,12 @@ void check_eos_id(int64_t eos_id, int64_t vocab) {
 
 void check_window(const branches::View& v, int64_t b) {
   const int64_t* st = v.st(b);
-  TORCH_CHECK_VALUE(st[br::kBlock] > 0, "state[", b, "]: block size must be > 0, got ", st[br::kBlock]);
+  TORCH_CHECK_VALUE(st[br::kBlock] > 0 && (v.L - v.lp) % st[br::kBlock] == 0, "state[", b,
+                    "]: block size must be > 0 and divide the generation length ", v.L - v.lp, ", got ",
+                    st[br::kBlock]);
+  TORCH_CHECK_VALUE(br::counts_ok(v, b), "state[", b, "]: the counts (decoded, since_refresh, committed, merged, "
+                    "copied) must be in [0, ", br::kMaxCount, "], got ", st[br::kDecoded], ", ", st[br::kSinceRefresh],
+                    ", ", st[br::kCommitted], ", ", st[br::kMerged], ", ", st[br::kCopied]);
   TORCH_CHECK_VALUE(br::window_ok(v, b), "state[", b, "]: window [", st[br::kStart], ", ", st[br::kEnd],
                     ") must lie inside the generation [prompt_len = ", v.lp, ", ", v.L, ") with start <= end");
 }

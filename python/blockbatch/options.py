@@ -6,7 +6,7 @@ import dataclasses
 import math
 import signal
 import threading
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable
 
 import torch
 
@@ -26,6 +26,31 @@ def _is_int(v: Any) -> bool:
 
 def _is_real(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# field -> (check, what it must be); None is allowed where the annotation says so.
+_FIELD_TYPES: dict[str, tuple[Callable[[Any], bool], str, bool]] = {
+    "policy": (lambda v: isinstance(v, str), "a string", False),
+    "gen_length": (_is_int, "an integer", False),
+    "block_length": (_is_int, "an integer", False),
+    "steps": (_is_int, "an integer or None", True),
+    "threshold": (_is_real, "a number or None", True),
+    "factor": (_is_real, "a number or None", True),
+    "temperature": (_is_real, "a number", False),
+    "seed": (_is_int, "an integer", False),
+    "stop_on_eos": (lambda v: isinstance(v, bool), "a bool or None", True),
+    "block_sizes": (lambda v: isinstance(v, (list, tuple)) and all(_is_int(b) for b in v),
+                    "a list or tuple of integers", False),
+    "merge_gate": (_is_real, "a number", False),
+    "sync_gap": (_is_int, "an integer", False),
+    "refresh_tokens": (_is_int, "an integer", False),
+    "refresh_mode": (lambda v: isinstance(v, str), "a string", False),
+    "prob_floor": (_is_real, "a number", False),
+    "merge": (lambda v: isinstance(v, bool), "a bool", False),
+    "sync": (lambda v: isinstance(v, bool), "a bool", False),
+    "cuda_graphs": (lambda v: isinstance(v, bool), "a bool", False),
+    "timeout_s": (_is_real, "a number", False),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,33 +152,9 @@ class DecodeOptions:
         if not MIN_PROB_FLOOR <= self.prob_floor < 1:
             raise bad("prob_floor", f"in [{MIN_PROB_FLOOR}, 1)")
 
-    # field -> (check, what it must be); None is allowed where the annotation says so.
-    _TYPES: ClassVar[dict[str, tuple[Callable[[Any], bool], str, bool]]] = {
-        "policy": (lambda v: isinstance(v, str), "a string", False),
-        "gen_length": (_is_int, "an integer", False),
-        "block_length": (_is_int, "an integer", False),
-        "steps": (_is_int, "an integer or None", True),
-        "threshold": (_is_real, "a number or None", True),
-        "factor": (_is_real, "a number or None", True),
-        "temperature": (_is_real, "a number", False),
-        "seed": (_is_int, "an integer", False),
-        "stop_on_eos": (lambda v: isinstance(v, bool), "a bool or None", True),
-        "block_sizes": (lambda v: isinstance(v, (list, tuple)) and all(_is_int(b) for b in v),
-                        "a list or tuple of integers", False),
-        "merge_gate": (_is_real, "a number", False),
-        "sync_gap": (_is_int, "an integer", False),
-        "refresh_tokens": (_is_int, "an integer", False),
-        "refresh_mode": (lambda v: isinstance(v, str), "a string", False),
-        "prob_floor": (_is_real, "a number", False),
-        "merge": (lambda v: isinstance(v, bool), "a bool", False),
-        "sync": (lambda v: isinstance(v, bool), "a bool", False),
-        "cuda_graphs": (lambda v: isinstance(v, bool), "a bool", False),
-        "timeout_s": (_is_real, "a number", False),
-    }
-
     def _check_types(self) -> None:
         for f in dataclasses.fields(self):
-            check, what, optional = self._TYPES[f.name]
+            check, what, optional = _FIELD_TYPES[f.name]
             value = getattr(self, f.name)
             if value is None and optional:
                 continue
