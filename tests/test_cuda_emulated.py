@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import blockbatch.native  # noqa: F401
-from blockbatch.testing import (absorb_case, commit_case, coordinate_args, random_branch_state, rope_kv_case,
+from blockbatch.testing import (FIELD, absorb_case, commit_case, coordinate_args, random_branch_state, rope_kv_case,
                                 rope_table)
 from cuda_emu.build import build
 
@@ -422,3 +422,67 @@ def test_absorb_emulated(emu, dtype):
         for k in ("canvas", "state", "map_ids", "map_probs"):
             assert torch.equal(emulated[k], cpu[k]), f"seed {seed}: {k}"
         assert torch.allclose(emulated["eos_prob"], cpu["eos_prob"], rtol=1e-12, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Guards: device index values the host does not check (that would cost a sync) never make a
+# kernel write outside its tensors. Each tensor sits inside a larger NaN / sentinel buffer.
+
+
+def test_kv_writes_skip_slots_outside_the_buffer_emulated(emu):
+    hd, dtype = 16, torch.float32
+    table = rope_table(32, hd, 1e4)
+    _, q, k, v, kv, (pos, cu, rows) = rope_kv_case("cpu", dtype, hd=hd)
+    guard = torch.full((2 * kv.numel(),), float("nan"), dtype=dtype)
+    inside = guard[: kv.numel()].view(kv.shape)
+    inside.copy_(kv)
+    bad_pos, bad_rows = pos.clone(), rows.clone()
+    bad_pos[0], bad_pos[-1] = kv.shape[4] + 5, -3          # past the buffer's length, negative
+    bad_rows[0] = kv.shape[0]                               # a KV row past the buffer
+    for vectorized in (1, 0):
+        emu.ok("bbemu_rope_kv_write", CODE[dtype], q, q.stride(0), q.shape[1], k, v, k.stride(0), bad_pos, table,
+               table.shape[0], inside, kv.shape[1], kv.shape[3], kv.shape[4], hd, kv.shape[0], 1, cu, bad_rows,
+               len(rows), q.shape[0], vectorized)
+        emu.ok("bbemu_kv_write", CODE[dtype], inside, kv.shape[1], kv.shape[3], kv.shape[4], hd, kv.shape[0], 1, k, v,
+               k.stride(0), bad_pos, cu, bad_rows, len(rows), q.shape[0])
+        emu.ok("bbemu_rope_inplace", CODE[dtype], q, q.shape[0], q.stride(0), q.shape[1], hd, bad_pos, table,
+               table.shape[0])
+    assert torch.isnan(guard[kv.numel():]).all(), "a write past the KV buffer"
+
+
+def test_commit_skips_window_positions_outside_the_canvas_emulated(emu):
+    g = torch.Generator().manual_seed(3)
+    canvas, window, token, conf, k = commit_case(g, 40)
+    L = canvas.shape[0]
+    window[0], window[5], window[7] = L, -1, L + 10**6
+    buf = torch.full((2 * L,), -77, dtype=torch.long)
+    buf[:L] = canvas
+    counts = torch.empty(3, dtype=torch.long)
+    emu.ok("bbemu_commit", buf, L, window, token, conf, k, 40, 9, 0, 0, 0.8, 1.0, counts)
+    assert (buf[L:] == -77).all(), "a write past the canvas"
+    keep = torch.ones(40, dtype=torch.bool)
+    keep[[0, 5, 7]] = False
+    expected = canvas.clone()
+    ops.commit_(expected, window[keep], token[keep], conf[keep], k, 9, 0, "threshold", 0.8, 1.0)
+    assert torch.equal(buf[:L], expected)  # the other positions commit as the CPU op does
+
+
+def test_absorb_and_coordinate_skip_bad_state_rows_emulated(emu):
+    """A window past the canvas (which the CPU op rejects) changes nothing on the device."""
+    s = random_branch_state(3)
+    b = int((s["state"][:, FIELD["done"]] == 0).nonzero()[0])
+    L = s["canvas"].shape[1]
+    s["state"][b, FIELD["start"]], s["state"][b, FIELD["end"]] = L - 2, L + 1000
+    before = {k: v.clone() for k, v in s.items() if torch.is_tensor(v)}
+    logits = torch.randn(1002, 300)
+    token, conf = ops.confidence(logits, s["mask_id"])
+    ids, probs = ops.sparse_probs(logits, 0.1, 3)
+    spans = torch.tensor([[b, 0, L - 2, 2, 0]])
+    emu.ok("bbemu_bb_absorb", CODE[torch.float32], *_view_args(s), 7, spans, 1, token, conf, ids, probs, logits,
+           logits.shape[0], 300, 0.8, 1)
+    for k in before:
+        assert torch.equal(before[k], s[k]), f"absorb changed {k}"
+    emu.ok("bbemu_bb_coordinate", *_view_args(s), s["flags"], s["sync_src"], 0.5, 1, 1, 8, 32, 1)
+    for k in ("canvas", "state", "eos_prob", "map_ids", "map_probs"):
+        assert torch.equal(before[k], s[k]), f"coordinate changed {k}"
+    assert s["flags"].tolist() == [0, 0] and (s["sync_src"] == -1).all()
