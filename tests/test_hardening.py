@@ -37,15 +37,19 @@ def assert_ok(proc: subprocess.CompletedProcess, *expected: str) -> None:
         assert line in proc.stdout, f"{line!r} not in:\n{proc.stdout}\nstderr:\n{proc.stderr[-3000:]}"
 
 
+def _checkpoint(tmp_path_factory, name: str, **kwargs) -> str:
+    from blockbatch.testing import make_random_checkpoint
+
+    path = tmp_path_factory.mktemp(name) / "ckpt"
+    make_random_checkpoint(path, **kwargs)
+    return str(path)
+
+
 @pytest.fixture(scope="module")
 def nan_checkpoint(tmp_path_factory):
     """A tiny random model whose float16 logits overflow to inf/NaN (logit scale 1e5)."""
-    from blockbatch.testing import make_random_checkpoint
-
-    path = tmp_path_factory.mktemp("nan") / "ckpt"
-    make_random_checkpoint(path, logit_scale=1e5, n_layers=1, d_model=64, n_heads=2, n_kv_heads=2,
-                           mlp_hidden_size=128, vocab_size=64, embedding_size=64)
-    return str(path)
+    return _checkpoint(tmp_path_factory, "nan", logit_scale=1e5, n_layers=1, d_model=64, n_heads=2, n_kv_heads=2,
+                       mlp_hidden_size=128, vocab_size=64, embedding_size=64)
 
 
 # ------------------------------------------------------------- 1. non-finite logits end a decode
@@ -96,12 +100,8 @@ def test_nonfinite_logits_name_the_block(nan_checkpoint):
 @pytest.fixture(scope="module")
 def slow_checkpoint(tmp_path_factory):
     """Big enough that a 1000-token vanilla decode takes far longer than the test waits."""
-    from blockbatch.testing import make_random_checkpoint
-
-    path = tmp_path_factory.mktemp("slow") / "ckpt"
-    make_random_checkpoint(path, n_layers=4, d_model=256, n_heads=4, n_kv_heads=4, mlp_hidden_size=512,
-                           vocab_size=256, embedding_size=256, max_sequence_length=1024)
-    return str(path)
+    return _checkpoint(tmp_path_factory, "slow", n_layers=4, d_model=256, n_heads=4, n_kv_heads=4,
+                       mlp_hidden_size=512, vocab_size=256, embedding_size=256, max_sequence_length=1024)
 
 
 def test_sigint_stops_a_decode_within_a_step_and_the_engine_stays_usable(slow_checkpoint):
