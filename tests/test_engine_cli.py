@@ -29,8 +29,8 @@ def test_generate_text_and_ids_agree(ckpt):
     path, config = ckpt
     engine = Engine.from_pretrained(path)
     options = DecodeOptions(policy="dual", gen_length=32, block_length=8)
-    [by_text] = engine.generate("12 +3 =", options)
-    ids = engine.codec.encode("12 +3 =")
+    [by_text] = engine.generate("12+3=", options)
+    ids = engine.codec.encode("12+3=")
     [by_ids] = engine.generate(ids, options)
     [by_tensor] = engine.generate(torch.tensor(ids), options)
     assert isinstance(by_text, Generation)
@@ -53,7 +53,7 @@ def test_batch_of_prompts_equals_one_by_one(ckpt):
     path, _ = ckpt
     engine = Engine.from_pretrained(path)
     options = DecodeOptions(policy="blockbatch", gen_length=32, block_sizes=(4, 8, 32))
-    prompts = ["1 +2 =", "45 -3 +9 =", "7 ="]
+    prompts = ["1+2=", "45-3+9=", "7="]
     together = engine.generate(prompts, options)
     alone = [engine.generate(p, options)[0] for p in prompts]
     assert [g.raw_ids for g in together] == [g.raw_ids for g in alone]
@@ -85,7 +85,7 @@ def _cli(*args):
 
 def test_cli_generate_prints_text_and_stats(ckpt):
     path, _ = ckpt
-    res = _cli("generate", "--model", path, "--gen-length", 32, "--block-length", 8, "12 +3 =")
+    res = _cli("generate", "--model", path, "--gen-length", 32, "--block-length", 8, "12+3=")
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
     assert lines[-1].startswith("  [dual block 8] nfe=") and "tokens/forward" in lines[-1]
@@ -94,15 +94,15 @@ def test_cli_generate_prints_text_and_stats(ckpt):
 def test_cli_generate_json_and_progress(ckpt):
     path, _ = ckpt
     res = _cli("generate", "--model", path, "--policy", "blockbatch", "--gen-length", 32, "--block-sizes", "4,8,32",
-               "--json", "1 +1 =", "2 +2 =")
+               "--json", "1+1=", "2+2=")
     assert res.returncode == 0, res.stderr
     rows = [json.loads(line) for line in res.stdout.splitlines()]
-    assert [r["prompt"] for r in rows] == ["1 +1 =", "2 +2 ="]
+    assert [r["prompt"] for r in rows] == ["1+1=", "2+2="]
     assert all(r["stats"]["nfe"] >= 1 and len(r["stats"]["branches"]) == 3 for r in rows)
-    res = _cli("generate", "--model", path, "--gen-length", 32, "1 +1 =", "2 +2 =", "3 +3 =")
+    res = _cli("generate", "--model", path, "--gen-length", 32, "1+1=", "2+2=", "3+3=")
     assert res.returncode == 0 and "3/3" in res.stderr  # progress bar with several prompts
     eager = _cli("generate", "--model", path, "--policy", "blockbatch", "--gen-length", 32, "--block-sizes", "4,8,32",
-                 "--json", "--no-cuda-graphs", "1 +1 =", "2 +2 =")
+                 "--json", "--no-cuda-graphs", "1+1=", "2+2=")
     assert eager.returncode == 0, eager.stderr
     assert [json.loads(line)["text"] for line in eager.stdout.splitlines()] == [r["text"] for r in rows]
 
@@ -118,7 +118,7 @@ def test_cli_errors_are_one_clear_line(ckpt, args, pattern):
 
     path, _ = ckpt
     base = ["generate"] + (["--model", path] if "--model" not in args else [])
-    res = _cli(*base, *args, "1 +1 =")
+    res = _cli(*base, *args, "1+1=")
     assert res.returncode != 0
     assert re.search(pattern, res.stderr), res.stderr
     assert "Traceback" not in res.stderr
@@ -178,7 +178,7 @@ def test_chat_template_is_applied(tmp_path):
 def test_cli_bench_with_reference_comparison(ckpt, tmp_path):
     path, _ = ckpt
     tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text("\n".join(json.dumps({"prompt": p, "answer": "x"}) for p in ("1 +1 =", "12 -3 =", "5 =")) + "\n")
+    tasks.write_text("\n".join(json.dumps({"prompt": p, "answer": "x"}) for p in ("1+1=", "12-3=", "5=")) + "\n")
     out = tmp_path / "out"
     res = _cli("bench", "--model", path, "--tasks", tasks, "--n", 3, "--gen-length", 32,
                "--policies", "vanilla", "dual:block_length=8", "blockbatch:block_sizes=4/8/32,sync_gap=4",

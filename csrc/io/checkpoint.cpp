@@ -1,11 +1,10 @@
 // Hugging Face checkpoint folders in C++: config.json + (sharded) safetensors.
 #include <c10/util/Exception.h>
 
-#include <fstream>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "io/json.h"
 #include "io/safetensors.h"
@@ -14,16 +13,33 @@
 namespace blockbatch::io {
 
 namespace {
+constexpr uint64_t kMaxJsonBytes = 100ull << 20;  // config.json, model.safetensors.index.json
+
+// True when anything is at `path`, a dangling or looping symbolic link included (opening it then
+// says what is wrong instead of "missing").
 bool exists(const std::string& path) {
   struct stat st {};
-  return stat(path.c_str(), &st) == 0;
+  return lstat(path.c_str(), &st) == 0;
 }
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  TORCH_CHECK(in.good(), path, ": file not found or unreadable");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+std::string read_file(const std::string& path, const char* what) {
+  uint64_t size = 0;
+  const int fd = open_regular_file(path, what, &size);
+  if (size > kMaxJsonBytes) {
+    ::close(fd);
+    TORCH_CHECK(false, path, ": ", what, " is ", size, " bytes, more than the ", kMaxJsonBytes, " allowed");
+  }
+  std::string text(size, '\0');
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t got = pread(fd, text.data() + done, size - done, static_cast<off_t>(done));
+    if (got <= 0) {
+      ::close(fd);
+      TORCH_CHECK(false, path, ": cannot read ", what);
+    }
+    done += static_cast<size_t>(got);
+  }
+  ::close(fd);
+  return text;
 }
 Json parse_or_throw(const std::string& text, const std::string& where) {
   try {
@@ -81,7 +97,9 @@ ModelConfig parse_model_config(const std::string& text, const std::string& where
   try {
     c.validate();
   } catch (const c10::Error& e) {
-    TORCH_CHECK(false, where, ": ", e.msg());
+    std::string msg = e.msg();
+    if (msg.rfind("config: ", 0) == 0) msg = msg.substr(8);
+    TORCH_CHECK_VALUE(false, where, ": ", msg);
   }
   return c;
 }
@@ -90,19 +108,21 @@ LoadedCheckpoint load_checkpoint(const std::string& folder) {
   LoadedCheckpoint out;
   const std::string config_path = folder + "/config.json";
   TORCH_CHECK(exists(config_path), config_path, ": config.json not found");
-  out.config = parse_model_config(read_file(config_path), config_path);
+  out.config = parse_model_config(read_file(config_path, "config.json"), config_path);
 
   std::unordered_map<std::string, std::string> file_of;  // tensor -> shard path
   const std::string index_path = folder + "/model.safetensors.index.json";
   const std::string single = folder + "/model.safetensors";
   std::unordered_map<std::string, std::shared_ptr<SafetensorsFile>> files;
   if (exists(index_path)) {
-    Json index = parse_or_throw(read_file(index_path), index_path);
+    Json index = parse_or_throw(read_file(index_path, "model.safetensors.index.json"), index_path);
     TORCH_CHECK(index.is_object() && index.contains("weight_map") && index.at("weight_map").is_object(), index_path,
                 ": key 'weight_map' is missing");
     for (const auto& [name, shard] : index.at("weight_map").as_object()) {
-      TORCH_CHECK(shard.is_string() && shard.as_string().find('/') == std::string::npos, index_path, ": tensor '",
-                  name, "' must map to a file name in the folder");
+      TORCH_CHECK(shard.is_string() && !shard.as_string().empty() && shard.as_string() != "." &&
+                      shard.as_string() != ".." && shard.as_string().find('/') == std::string::npos &&
+                      shard.as_string().find('\0') == std::string::npos,
+                  index_path, ": tensor '", name, "' must map to a file name in the folder");
       const std::string p = folder + "/" + shard.as_string();
       TORCH_CHECK(exists(p), index_path, ": tensor '", name, "' lives in missing shard ", shard.as_string());
       file_of[name] = p;
@@ -114,6 +134,11 @@ LoadedCheckpoint load_checkpoint(const std::string& folder) {
     files[single] = SafetensorsFile::open(single);
     for (const auto& e : files[single]->entries()) file_of[e.name] = single;
   }
+  // The config against the weight files before anything sized by it is built: a 500-byte
+  // config.json must not make us list 10^9 tensor names.
+  TORCH_CHECK_VALUE(out.config.n_layers <= static_cast<int64_t>(file_of.size()), config_path, ": key 'n_layers' = ",
+                    out.config.n_layers, " needs ", out.config.tensor_count(), " tensors but the weight files hold ",
+                    file_of.size());
   std::set<std::string> expected_names;
   for (const auto& [name, shape] : expected_weight_shapes(out.config)) {
     expected_names.insert(name);

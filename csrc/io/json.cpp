@@ -227,7 +227,46 @@ class JsonParser {
   size_t pos_ = 0;
 };
 
-Json Json::parse(const std::string& text) { return JsonParser(text).document(); }
+namespace {
+// RFC 8259 text is UTF-8: the byte offset of the first byte that breaks it, or npos.
+size_t invalid_utf8_at(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t len = 0;
+    uint32_t cp = 0, min = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      len = 2, cp = c & 0x1F, min = 0x80;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3, cp = c & 0x0F, min = 0x800;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4, cp = c & 0x07, min = 0x10000;
+    } else {
+      return i;
+    }
+    if (i + len > s.size()) return i;
+    for (size_t k = 1; k < len; ++k) {
+      const unsigned char cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return i;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp < 0xE000)) return i;
+    i += len;
+  }
+  return std::string::npos;
+}
+}  // namespace
+
+Json Json::parse(const std::string& text) {
+  const size_t bad = invalid_utf8_at(text);
+  if (bad != std::string::npos) {
+    throw std::runtime_error("invalid JSON at byte " + std::to_string(bad) + ": not UTF-8 text");
+  }
+  return JsonParser(text).document();
+}
 
 bool Json::as_bool() const {
   if (type_ != Type::kBool) throw std::runtime_error("expected a boolean");

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <map>
 #include <stdexcept>
@@ -35,107 +36,127 @@ const std::map<std::string, DtypeInfo>& dtypes() {
 constexpr uint64_t kMaxHeader = 100ull << 20;
 }  // namespace
 
+namespace {
+// Closes the descriptor on every exit path.
+struct FdGuard {
+  int fd = -1;
+  ~FdGuard() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+}  // namespace
+
+int open_regular_file(const std::string& path, const char* what, uint64_t* size) {
+  // O_NONBLOCK: a FIFO named like a weight file must not block the open forever.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    TORCH_CHECK(err != ENOENT, path, ": ", what, " not found");
+    TORCH_CHECK(err != ELOOP, path, ": ", what, " is a symbolic link loop (too many levels of symbolic links)");
+    TORCH_CHECK(false, path, ": cannot open ", what, " (", std::strerror(err), ")");
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    TORCH_CHECK(false, path, ": cannot stat ", what, " (", std::strerror(err), ")");
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    TORCH_CHECK(!S_ISDIR(st.st_mode), path, ": ", what, " is a directory, not a file");
+    TORCH_CHECK(false, path, ": ", what, " is not a regular file (a FIFO, socket or device)");
+  }
+  *size = static_cast<uint64_t>(st.st_size);
+  return fd;
+}
+
+namespace {
+// a * b, or false when it does not fit in 63 bits (a shape whose byte count would wrap around
+// could otherwise pass the span check and map a view past the end of the file).
+bool mul_fits(uint64_t a, uint64_t b, uint64_t* out) {
+  constexpr uint64_t kLimit = uint64_t{1} << 63;
+  if (a != 0 && b > kLimit / a) return false;
+  *out = a * b;
+  return *out <= kLimit;
+}
+}  // namespace
+
 std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   std::shared_ptr<SafetensorsFile> f(new SafetensorsFile());
   f->path_ = path;
-  int fd = ::open(path.c_str(), O_RDONLY);
-  TORCH_CHECK(fd >= 0, path, ": cannot open (", std::strerror(errno), ")");
-  struct stat st {};
-  if (fstat(fd, &st) != 0) {
-    ::close(fd);
-    TORCH_CHECK(false, path, ": cannot stat");
-  }
-  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
-  if (file_size < 8) {
-    ::close(fd);
-    TORCH_CHECK(false, path, ": file is ", file_size, " bytes, too short for a safetensors header");
-  }
+  uint64_t file_size = 0;
+  FdGuard fd{open_regular_file(path, "safetensors file", &file_size)};
+  TORCH_CHECK(file_size >= 8, path, ": file is ", file_size, " bytes, too short for a safetensors header");
   uint64_t n = 0;
   unsigned char prefix[8];
-  if (pread(fd, prefix, 8, 0) != 8) {
-    ::close(fd);
-    TORCH_CHECK(false, path, ": cannot read the header length");
-  }
+  TORCH_CHECK(pread(fd.fd, prefix, 8, 0) == 8, path, ": cannot read the header length");
   for (int i = 7; i >= 0; --i) n = (n << 8) | prefix[i];  // little endian
-  if (n > kMaxHeader || 8 + n > file_size) {
-    ::close(fd);
-    TORCH_CHECK(false, path, ": header length ", n, " does not fit in the ", file_size,
-                "-byte file (truncated or not safetensors)");
-  }
+  TORCH_CHECK(n <= kMaxHeader && 8 + n <= file_size, path, ": header length ", n, " does not fit in the ", file_size,
+              "-byte file (truncated or not safetensors)");
   std::string text(n, '\0');
-  if (pread(fd, text.data(), n, 8) != static_cast<ssize_t>(n)) {
-    ::close(fd);
-    TORCH_CHECK(false, path, ": cannot read the header");
-  }
+  TORCH_CHECK(pread(fd.fd, text.data(), n, 8) == static_cast<ssize_t>(n), path, ": cannot read the header");
   const uint64_t data_size = file_size - 8 - n;
+  Json header;
   try {
-    Json header = Json::parse(text);
-    TORCH_CHECK(header.is_object(), path, ": header must be a JSON object");
-    for (const auto& [name, entry] : header.as_object()) {
-      if (name == "__metadata__") {
-        TORCH_CHECK(entry.is_object(), path, ": '__metadata__' must be an object");
-        continue;
-      }
-      TORCH_CHECK(entry.is_object() && entry.as_object().size() == 3 && entry.contains("dtype") &&
-                      entry.contains("shape") && entry.contains("data_offsets"),
-                  path, ": tensor '", name, "': entry must have exactly dtype, shape, data_offsets");
-      TensorEntry t;
-      t.name = name;
-      TORCH_CHECK(entry.at("dtype").is_string() && dtypes().count(entry.at("dtype").as_string()), path, ": tensor '",
-                  name, "': unknown dtype");
-      t.dtype = entry.at("dtype").as_string();
-      TORCH_CHECK(entry.at("shape").is_array(), path, ": tensor '", name, "': shape must be an array");
-      uint64_t numel = 1;
-      for (const auto& d : entry.at("shape").as_array()) {
-        TORCH_CHECK(d.is_integer() && d.as_int() >= 0, path, ": tensor '", name,
-                    "': shape must hold non-negative integers");
-        t.shape.push_back(d.as_int());
-        numel *= static_cast<uint64_t>(d.as_int());
-      }
-      const auto& offs = entry.at("data_offsets");
-      TORCH_CHECK(offs.is_array() && offs.as_array().size() == 2 && offs.as_array()[0].is_integer() &&
-                      offs.as_array()[1].is_integer() && offs.as_array()[0].as_int() >= 0 &&
-                      offs.as_array()[0].as_int() <= offs.as_array()[1].as_int(),
-                  path, ": tensor '", name, "': data_offsets must be [begin <= end]");
-      t.begin = offs.as_array()[0].as_int();
-      t.end = offs.as_array()[1].as_int();
-      const uint64_t nbytes = numel * dtypes().at(t.dtype).bytes;
-      TORCH_CHECK(t.end - t.begin == nbytes, path, ": tensor '", name, "': data_offsets span ", t.end - t.begin,
-                  " bytes but ", t.dtype, " of ", numel, " elements needs ", nbytes);
-      TORCH_CHECK(t.end <= data_size, path, ": tensor '", name, "': data_offsets end ", t.end,
-                  " is past the data section (", data_size, " bytes): file truncated?");
-      f->index_[name] = f->entries_.size();
-      f->entries_.push_back(std::move(t));
-    }
+    header = Json::parse(text);
   } catch (const std::runtime_error& e) {
-    ::close(fd);
-    if (dynamic_cast<const c10::Error*>(&e)) throw;
     TORCH_CHECK(false, path, ": header is not valid JSON (", e.what(), ")");
-  } catch (...) {
-    ::close(fd);
-    throw;
+  }
+  TORCH_CHECK(header.is_object(), path, ": header must be a JSON object");
+  for (const auto& [name, entry] : header.as_object()) {
+    if (name == "__metadata__") {
+      TORCH_CHECK(entry.is_object(), path, ": '__metadata__' must be an object");
+      continue;
+    }
+    TORCH_CHECK(entry.is_object() && entry.as_object().size() == 3 && entry.contains("dtype") &&
+                    entry.contains("shape") && entry.contains("data_offsets"),
+                path, ": tensor '", name, "': entry must have exactly dtype, shape, data_offsets");
+    TensorEntry t;
+    t.name = name;
+    TORCH_CHECK(entry.at("dtype").is_string() && dtypes().count(entry.at("dtype").as_string()), path, ": tensor '",
+                name, "': unknown dtype");
+    t.dtype = entry.at("dtype").as_string();
+    TORCH_CHECK(entry.at("shape").is_array(), path, ": tensor '", name, "': shape must be an array");
+    TORCH_CHECK(entry.at("shape").as_array().size() <= 64, path, ": tensor '", name, "': shape has more than 64 dims");
+    uint64_t numel = 1;
+    for (const auto& d : entry.at("shape").as_array()) {
+      TORCH_CHECK(d.is_integer() && d.as_int() >= 0, path, ": tensor '", name,
+                  "': shape must hold non-negative integers");
+      t.shape.push_back(d.as_int());
+      TORCH_CHECK(mul_fits(numel, static_cast<uint64_t>(d.as_int()), &numel), path, ": tensor '", name,
+                  "': shape ", c10::IntArrayRef(t.shape), " has more elements than any file can hold");
+    }
+    const auto& offs = entry.at("data_offsets");
+    TORCH_CHECK(offs.is_array() && offs.as_array().size() == 2 && offs.as_array()[0].is_integer() &&
+                    offs.as_array()[1].is_integer() && offs.as_array()[0].as_int() >= 0 &&
+                    offs.as_array()[0].as_int() <= offs.as_array()[1].as_int(),
+                path, ": tensor '", name, "': data_offsets must be [begin <= end]");
+    t.begin = offs.as_array()[0].as_int();
+    t.end = offs.as_array()[1].as_int();
+    uint64_t nbytes = 0;
+    TORCH_CHECK(mul_fits(numel, dtypes().at(t.dtype).bytes, &nbytes), path, ": tensor '", name, "': ", numel,
+                " elements of ", t.dtype, " are more bytes than any file can hold");
+    TORCH_CHECK(t.end - t.begin == nbytes, path, ": tensor '", name, "': data_offsets span ", t.end - t.begin,
+                " bytes but ", t.dtype, " of ", numel, " elements needs ", nbytes);
+    TORCH_CHECK(t.end <= data_size, path, ": tensor '", name, "': data_offsets end ", t.end,
+                " is past the data section (", data_size, " bytes): file truncated?");
+    f->index_[name] = f->entries_.size();
+    f->entries_.push_back(std::move(t));
   }
   std::vector<const TensorEntry*> sorted;
   for (const auto& t : f->entries_) sorted.push_back(&t);
   std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return std::tie(a->begin, a->end) < std::tie(b->begin, b->end); });
   uint64_t expected = 0;
   for (const auto* t : sorted) {
-    if (t->begin != expected) {
-      ::close(fd);
-      TORCH_CHECK(false, path, ": tensor '", t->name, "': data_offsets begin ", t->begin,
-                  t->begin < expected ? " overlaps the previous tensor" : " leaves a gap before it");
-    }
+    TORCH_CHECK(t->begin == expected, path, ": tensor '", t->name, "': data_offsets begin ", t->begin,
+                t->begin < expected ? " overlaps the previous tensor" : " leaves a gap before it");
     expected = t->end;
   }
-  if (expected != data_size) {
-    ::close(fd);
-    TORCH_CHECK(false, path, ": tensors cover ", expected, " bytes but the data section holds ", data_size,
-                ": header lies");
-  }
+  TORCH_CHECK(expected == data_size, path, ": tensors cover ", expected, " bytes but the data section holds ",
+              data_size, ": header lies");
   f->size_ = file_size;
   f->data_offset_ = 8 + n;
-  void* map = mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
+  void* map = mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd.fd, 0);
   TORCH_CHECK(map != MAP_FAILED, path, ": mmap failed (", std::strerror(errno), ")");
   f->map_ = map;
   return f;

@@ -43,6 +43,11 @@ class SafetensorsFile : public std::enable_shared_from_this<SafetensorsFile> {
   std::unordered_map<std::string, size_t> index_;
 };
 
+// Open `path` read-only after checking it is a regular file (not a directory, FIFO or device;
+// a FIFO never blocks the open); `what` names the file's role in errors. Returns the descriptor
+// and the file size; throws c10::Error naming the file (missing, symbolic link loop, ...).
+int open_regular_file(const std::string& path, const char* what, uint64_t* size);
+
 // Parse config.json text into a validated ModelConfig (errors name `where` and the key).
 ModelConfig parse_model_config(const std::string& text, const std::string& where);
 

@@ -6,6 +6,14 @@
 
 namespace blockbatch {
 
+// Sane upper bounds (python/blockbatch/config.py has the same): checked before anything sized by
+// a config value is allocated. The weights bound every shape; these bound what no weight does:
+// the RoPE table [max_sequence_length, head_dim] and the n_layers-long tensor list.
+constexpr int64_t kMaxSequenceLength = int64_t{1} << 20;
+constexpr int64_t kMaxLayers = int64_t{1} << 16;
+constexpr int64_t kMaxDim = int64_t{1} << 24;  // d_model, mlp_hidden_size, vocab_size, embedding_size
+constexpr int64_t kMaxRopeElements = int64_t{1} << 28;  // max_sequence_length * head_dim
+
 struct ModelConfig {
   int64_t d_model = 0;
   int64_t n_layers = 0;
@@ -22,7 +30,11 @@ struct ModelConfig {
   double rms_norm_eps = 0;
 
   int64_t head_dim() const { return d_model / n_heads; }
-  // Throws c10::Error naming the offending key when the config is inconsistent.
+  // How many tensors a checkpoint with this config holds (9 per layer, wte, ln_f, ff_out unless
+  // tied); call after validate() (n_layers bounded, so no overflow).
+  int64_t tensor_count() const { return 9 * n_layers + 2 + (weight_tying ? 0 : 1); }
+  // Throws c10::ValueError naming the offending key when the config is inconsistent, a value is
+  // out of its sane range, or a float is not finite.
   void validate() const;
 };
 

@@ -57,7 +57,9 @@ ModelConfig config_from_dicts(const c10::Dict<std::string, int64_t>& ints, const
   c.mask_token_id = get_int("mask_token_id");
   c.eos_token_id = get_int("eos_token_id");
   c.max_sequence_length = get_int("max_sequence_length");
-  c.weight_tying = get_int("weight_tying") != 0;
+  const int64_t tying = get_int("weight_tying");
+  TORCH_CHECK_VALUE(tying == 0 || tying == 1, "config: key 'weight_tying' must be 0 or 1, got ", tying);
+  c.weight_tying = tying == 1;
   c.rope_theta = get_float("rope_theta");
   c.rms_norm_eps = get_float("rms_norm_eps");
   c.validate();
@@ -103,6 +105,10 @@ Model::Model(ModelConfig config, const std::unordered_map<std::string, at::Tenso
 void Model::build(const std::unordered_map<std::string, at::Tensor>& weights, c10::ScalarType dtype) {
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
               "dtype must be float32, bfloat16 or float16, got ", dtype);
+  // The config against the weights before anything sized by it is built (the expected-tensor
+  // list is n_layers long; the RoPE table below is bounded by validate()).
+  TORCH_CHECK(config_.n_layers <= static_cast<int64_t>(weights.size()), "weights: config key 'n_layers' = ",
+              config_.n_layers, " needs ", config_.tensor_count(), " tensors but the dict holds ", weights.size());
   const auto expected = expected_weight_shapes(config_);
   std::set<std::string> names;
   std::optional<c10::Device> device;

@@ -29,7 +29,11 @@ DEFAULT_POLICIES = ("vanilla", "dual", "blockbatch")
 
 
 def _flag(value: str) -> bool:
-    return value.lower() in ("1", "true", "yes")
+    if value.lower() in ("1", "true", "yes"):
+        return True
+    if value.lower() in ("0", "false", "no"):
+        return False
+    raise ValueError(f"expected true / false, got {value!r}")
 
 
 OPTION_PARSERS = {
@@ -56,7 +60,10 @@ def policy_kwargs(name: str, gen_length: int) -> dict:
         key, _, value = item.partition("=")
         if key not in OPTION_PARSERS:
             raise ValueError(f"{name!r}: unknown option {key!r}; known: {', '.join(sorted(OPTION_PARSERS))}")
-        kw[key] = None if value == "none" else OPTION_PARSERS[key](value)
+        try:
+            kw[key] = None if value == "none" else OPTION_PARSERS[key](value)
+        except ValueError:
+            raise ValueError(f"{name!r}: option {key}={value!r} is not a valid value for {key}") from None
     return kw
 
 
@@ -73,23 +80,45 @@ class Sample:
 
 
 def load_tasks(path: str | None, n: int) -> list[Sample]:
+    """The first ``n`` samples (n >= 1) of the toy task (``path`` None) or of a JSONL file whose
+    lines are ``{"prompt": str, "answer": str | number}``. Errors name the file and line."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"n must be a positive integer, got {n!r}")
     if path is None:
         from .toy import task
 
         return [Sample(p.prompt, (lambda p: lambda text: task.check_answer(p, text))(p))
                 for p in task.make_problems(n, 0, "test")]
+    from .errors import CheckpointError, open_checked
+
+    try:
+        f, _ = open_checked(path, "task file")
+    except CheckpointError as e:
+        raise ValueError(str(e)) from None
     out = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not UTF-8 text (byte offset {e.start} of the line)") from None
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
-                prompt, answer = row["prompt"], str(row["answer"])
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                prompt, answer = row["prompt"], row["answer"]
+            except (json.JSONDecodeError, KeyError, TypeError, RecursionError, ValueError) as e:
                 raise ValueError(f"{path}:{lineno}: expected {{\"prompt\": ..., \"answer\": ...}} ({e})") from None
+            if not isinstance(prompt, str) or not prompt:
+                raise ValueError(f"{path}:{lineno}: \"prompt\" must be a non-empty string, got {type(prompt).__name__}")
+            if not isinstance(answer, (str, int, float)) or isinstance(answer, bool):
+                raise ValueError(f"{path}:{lineno}: \"answer\" must be a string or a number, got "
+                                 f"{type(answer).__name__}")
+            answer = str(answer)
             out.append(Sample(prompt, (lambda a: lambda text: text.strip() == a.strip())(answer)))
-    return out[:n]
+            if len(out) >= n:
+                break
+    return out
 
 
 def environment() -> dict:
@@ -113,6 +142,10 @@ def peak_rss_mb() -> float:
 def run_bench(engine, samples: list[Sample], policies: dict[str, DecodeOptions], compare_reference: bool = False,
               progress: bool = True) -> dict:
     """Per-sample records and per-policy summaries (see the module docstring)."""
+    if not samples:
+        raise ValueError("samples is empty: the bench needs at least one task")
+    if not policies:
+        raise ValueError("policies is empty: the bench needs at least one policy")
     records = []
     ref_model = None
     if compare_reference:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -53,17 +54,33 @@ def _cmd_forward(args: argparse.Namespace) -> int:
     cfg = ckpt.config
     if args.text is not None:
         if ckpt.tokenizer is None:
-            print(f"error: {args.model} has no tokenizer.json; pass --ids instead of --text", file=sys.stderr)
-            return 2
-        ids = torch.tensor(ckpt.tokenizer.encode(args.text).ids, dtype=torch.long)
+            raise UsageError(f"{args.model} has no tokenizer.json; pass --ids instead of --text")
+        from .tokenization import TextCodec
+
+        try:
+            encoded = TextCodec(ckpt.tokenizer, cfg).encode(args.text, chat=False, allow_unknown=args.allow_unknown)
+        except ValueError as e:
+            raise UsageError(f"--text: {e}; pass --allow-unknown to run it anyway") from None
+        ids = torch.tensor(encoded, dtype=torch.long)
     else:
-        ids = torch.tensor([int(x) for x in args.ids.split(",")], dtype=torch.long)
+        ids = torch.tensor(_parse_ids(args.ids, "--ids"), dtype=torch.long)
     if ids.numel() == 0:
-        print("error: the input is empty", file=sys.stderr)
-        return 2
+        raise UsageError("the input is empty")
+    if ids.numel() > cfg.max_sequence_length:
+        raise UsageError(f"the input has {ids.numel()} tokens, more than max_sequence_length = "
+                         f"{cfg.max_sequence_length}")
     t0 = time.perf_counter()
     logits = model.forward([ids], [torch.arange(ids.numel())])[0]
     fwd_s = time.perf_counter() - t0
+    finite = torch.isfinite(logits)
+    if not bool(finite.all()):
+        nan = int(torch.isnan(logits).sum())
+        inf = int(logits.numel() - finite.sum()) - nan
+        hint = ("float16 overflows on activations this model produces; run with --dtype float32 or --dtype bfloat16"
+                if args.dtype == "float16" else "the weights may hold NaN / inf, or the activations overflow "
+                                                "this dtype; try --dtype float32")
+        print(f"warning: the logits are not finite ({nan} NaN, {inf} inf of {logits.numel()}): the statistics "
+              f"below are meaningless; {hint}", file=sys.stderr)
     probs = logits.double().softmax(-1)
     top = probs.max(-1)
     stats = {
@@ -95,6 +112,31 @@ def _threshold(text: str) -> float | None:
     return value
 
 
+class UsageError(Exception):
+    """A user error found by the CLI itself: printed as one ``error: ...`` line, exit status 2."""
+
+
+def _parse_ids(text: str, what: str) -> list[int]:
+    ids = []
+    for i, item in enumerate(text.split(",")):
+        try:
+            ids.append(int(item))
+        except ValueError:
+            raise UsageError(f"{what}: entry {i} ({item.strip()!r}) of {text!r} is not an integer token id; expected "
+                             "comma-separated integers") from None
+    return ids
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer (>= 1), got {value}")
+    return value
+
+
 def _int_list(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(",") if x.strip())
@@ -122,16 +164,27 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from .engine import Engine
     from .options import DecodeOptions
 
+    if args.steps is not None and (args.threshold is not None or args.factor is not None):
+        rule = f"--factor {args.factor}" if args.factor is not None else f"--threshold {args.threshold}"
+        raise UsageError(f"--steps {args.steps} is used only by the fixed schedule, but {rule} commits by "
+                         f"confidence and would ignore it: pass --threshold none with --steps {args.steps}"
+                         + (" and drop --factor" if args.factor is not None else ""))
     options = DecodeOptions(  # raises ValueError naming the bad option
         policy=args.policy, gen_length=args.gen_length, block_length=args.block_length, steps=args.steps,
         threshold=args.threshold, factor=args.factor, temperature=args.temperature, seed=args.seed,
         stop_on_eos=args.stop_on_eos, block_sizes=args.block_sizes, merge_gate=args.merge_gate,
         sync_gap=args.sync_gap, refresh_tokens=args.refresh_tokens, refresh_mode=args.refresh_mode,
         cuda_graphs=not args.no_cuda_graphs)
+    prompts = [p if not args.ids else _parse_ids(p, f"PROMPT {i + 1}") for i, p in enumerate(args.prompts)]
     engine = Engine.from_pretrained(args.model, device=args.device, dtype=DTYPES[args.dtype])
-    prompts = [p if not args.ids else [int(x) for x in p.split(",")] for p in args.prompts]
     chat = False if args.no_chat else None
-    results = engine.generate(prompts, options, chat=chat, progress=not args.json and len(prompts) > 1)
+    try:
+        results = engine.generate(prompts, options, chat=chat, progress=not args.json and len(prompts) > 1,
+                                  allow_unknown=args.allow_unknown)
+    except ValueError as e:
+        if "outside the tokenizer's vocabulary" in str(e):
+            raise UsageError(f"{e}; pass --allow-unknown to decode it anyway") from None
+        raise
     for prompt, gen in zip(args.prompts, results):
         if args.json:
             print(json.dumps({"prompt": prompt, "text": gen.text, "ids": gen.ids, "stats": gen.stats}))
@@ -145,10 +198,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from . import bench
     from .engine import Engine
 
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise UsageError(f"--out {args.out}: exists and is not a directory")
     if args.threads:
         torch.set_num_threads(args.threads)
     policies = {name: bench.policy_options(name, args.gen_length) for name in args.policies}
     samples = bench.load_tasks(args.tasks, args.n)
+    if not samples:
+        raise UsageError(f"--tasks {args.tasks}: the file holds no tasks")
     engine = Engine.from_pretrained(args.model, device=args.device, dtype=DTYPES[args.dtype])
     result = bench.run_bench(engine, samples, policies, compare_reference=args.compare_reference,
                              progress=not args.quiet)
@@ -166,8 +223,27 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_make_random(args: argparse.Namespace) -> int:
-    from .testing import make_random_checkpoint
+    from .config import ModelConfig
+    from .loading import CONFIG_NAME, INDEX_NAME, TOKENIZER_CONFIG_NAME, TOKENIZER_NAME, WEIGHTS_NAME
+    from .testing import make_random_checkpoint, random_config
 
+    if os.path.lexists(args.out) and not os.path.isdir(args.out):
+        raise UsageError(f"{args.out}: exists and is not a directory; make-random writes a checkpoint folder")
+    present = [n for n in (CONFIG_NAME, WEIGHTS_NAME, INDEX_NAME, TOKENIZER_NAME, TOKENIZER_CONFIG_NAME)
+               if os.path.lexists(os.path.join(args.out, n))]
+    if present and not args.force:
+        raise UsageError(f"{args.out}: already holds {', '.join(present)}; pass --force to overwrite that checkpoint")
+    config: ModelConfig = random_config(d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
+                                        n_kv_heads=args.kv_heads or args.heads, mlp_hidden_size=args.mlp,
+                                        vocab_size=args.vocab)  # CheckpointError naming a bad size
+    from .loading import expected_weight_shapes
+
+    nbytes = sum(math.prod(s) for s in expected_weight_shapes(config).values()) * DTYPES[args.dtype].itemsize
+    memory = _physical_memory()
+    if memory and 2 * nbytes > memory:
+        raise UsageError(f"a checkpoint of this shape is {nbytes / 2**30:.1f} GiB, too large to build in this "
+                         f"machine's {memory / 2**30:.1f} GiB of memory; pass smaller --d-model / --layers / --mlp "
+                         "/ --vocab")
     config = make_random_checkpoint(args.out, seed=args.seed, dtype=DTYPES[args.dtype], logit_scale=args.logit_scale,
                                     d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
                                     n_kv_heads=args.kv_heads or args.heads, mlp_hidden_size=args.mlp,
@@ -177,10 +253,24 @@ def _cmd_make_random(args: argparse.Namespace) -> int:
     return 0
 
 
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``error: blockbatch bench: argument --n: ...`` (exit 2)."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="blockbatch", description=__doc__,
+    parser = _Parser(prog="blockbatch", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser(
         "generate", help="decode prompts with a policy (default model: the shipped toy model)",
@@ -198,6 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=list(DTYPES), default="float32")
     p.add_argument("--ids", action="store_true", help="prompts are comma-separated token ids")
     p.add_argument("--no-chat", action="store_true", help="do not apply the checkpoint's chat template")
+    p.add_argument("--allow-unknown", action="store_true",
+                   help="encode characters outside the tokenizer's vocabulary as its unknown token instead of "
+                        "refusing the prompt")
     p.add_argument("--json", action="store_true", help="one JSON object per prompt (text, ids, all stats)")
     p.add_argument("--no-cuda-graphs", action="store_true",
                    help="on CUDA, launch every step eagerly instead of replaying recorded CUDA graphs "
@@ -239,7 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  blockbatch bench --tasks my.jsonl --model DIR   (lines: {\"prompt\": ..., \"answer\": ...})")
     p.add_argument("--model", default=None, help="checkpoint folder (default: the shipped toy model)")
     p.add_argument("--tasks", default=None, help="JSONL of prompts and answers (default: toy held-out problems)")
-    p.add_argument("--n", type=int, default=200, help="samples (default 200)")
+    p.add_argument("--n", type=_positive_int, default=200, help="samples (default 200)")
     p.add_argument("--policies", nargs="+", default=["vanilla", "dual", "blockbatch"],
                    help="space-separated policies (default: vanilla dual blockbatch)")
     p.add_argument("--gen-length", type=int, default=128, help="generation length (default 128)")
@@ -247,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also run each policy through the pure-PyTorch reference loop and report the speed ratio")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32")
-    p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: torch's choice)")
+    p.add_argument("--threads", type=_positive_int, default=None, help="intra-op threads (default: torch's choice)")
     p.add_argument("--out", default="results/bench", help="output folder (default results/bench)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_bench)
@@ -261,11 +354,14 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--text", default=None, help="text to tokenize with the checkpoint's tokenizer")
     src.add_argument("--ids", default="1,2,3,4,5,6,7,8", help="comma-separated token ids (default 1..8)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--allow-unknown", action="store_true",
+                   help="with --text: encode characters outside the vocabulary as the unknown token")
     p.set_defaults(func=_cmd_forward)
 
     p = sub.add_parser("make-random", help="write a random LLaDA checkpoint folder",
                        description="Write a checkpoint with random weights in the exact HF LLaDA layout.")
-    p.add_argument("out", help="folder to create")
+    p.add_argument("out", help="folder to create (or an empty / new one)")
+    p.add_argument("--force", action="store_true", help="overwrite a checkpoint already in the folder")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=list(DTYPES), default="float32")
     p.add_argument("--d-model", type=int, default=128)
@@ -279,13 +375,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(e: BaseException) -> str:
+    text = " ".join(line.strip() for line in str(e).strip().splitlines() if line.strip())
+    return text or type(e).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run the CLI. User errors (bad arguments, checkpoints, prompts, files) print one line
+    ``error: ...`` on stderr and return 2; Ctrl-C prints ``interrupted`` and returns 130."""
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
-    except (ValueError, RuntimeError, TypeError) as e:  # CheckpointError, TORCH_CHECK: one clear line
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except UsageError as e:
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except (ValueError, RuntimeError, TypeError, OSError, ImportError) as e:
+        # CheckpointError, DecodeOptions, TORCH_CHECK (RuntimeError / ValueError), files: one clear line
+        if isinstance(e, BrokenPipeError):  # `blockbatch generate ... | head`: stop quietly
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print("error: out of memory", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

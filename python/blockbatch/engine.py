@@ -54,41 +54,71 @@ class Engine:
             path = checkpoint_path()
         return cls(load_checkpoint(path), device, dtype)
 
-    def encode(self, prompt: str | Sequence[int] | torch.Tensor, chat: bool | None = None) -> torch.Tensor:
+    def encode(self, prompt: str | Sequence[int] | torch.Tensor, chat: bool | None = None,
+               allow_unknown: bool = False, name: str = "prompt") -> torch.Tensor:
+        """Token ids of one prompt: text (through the chat template by default when the checkpoint
+        has one), a sequence of ints, or a 1-D int64 tensor. ``name`` is used in error messages.
+
+        Text with characters outside the tokenizer's vocabulary raises ``ValueError`` naming them
+        and their positions; ``allow_unknown=True`` encodes them as the unknown token instead.
+        """
         if isinstance(prompt, str):
             if self.codec is None:
-                raise ValueError("this checkpoint has no tokenizer.json: pass token ids instead of text")
-            ids = torch.tensor(self.codec.encode(prompt, chat), dtype=torch.long)
+                raise ValueError(f"{name}: this checkpoint has no tokenizer.json: pass token ids instead of text")
+            try:
+                ids = torch.tensor(self.codec.encode(prompt, chat, allow_unknown=allow_unknown), dtype=torch.long)
+            except ValueError as e:
+                raise ValueError(f"{name}: {e}") from None
         elif isinstance(prompt, torch.Tensor):
             if prompt.dtype != torch.long:
-                raise TypeError(f"prompt token ids must be int64, got {prompt.dtype}")
+                raise TypeError(f"{name}: prompt token ids must be int64, got {prompt.dtype}")
             if prompt.dim() != 1:
-                raise ValueError(f"a prompt tensor must be 1-D, got shape {tuple(prompt.shape)}")
+                raise ValueError(f"{name}: a prompt tensor must be 1-D, got shape {tuple(prompt.shape)}")
             ids = prompt.cpu()
-        else:
+        elif isinstance(prompt, (list, tuple)):
+            for i, token in enumerate(prompt):
+                if not _is_token_id(token):
+                    raise TypeError(f"{name}[{i}] must be an integer token id, got {type(token).__name__} "
+                                    f"{_short(token)}")
             ids = torch.tensor([int(i) for i in prompt], dtype=torch.long)
+        else:
+            raise TypeError(f"{name} must be a str, a list of token ids or a 1-D int64 tensor, got "
+                            f"{type(prompt).__name__}")
         if ids.numel() == 0:
-            raise ValueError("prompt is empty")
+            raise ValueError(f"{name}: prompt is empty")
         return ids
 
     def generate(self, prompts: str | Sequence[int] | torch.Tensor | Iterable[str | Sequence[int] | torch.Tensor],
                  options: DecodeOptions | None = None, chat: bool | None = None,
-                 progress: bool = False) -> list[Generation]:
+                 progress: bool = False, allow_unknown: bool = False) -> list[Generation]:
         """Decode each prompt (text, a list of ids, or a 1-D/2-D int64 tensor) independently.
 
-        Each request is decoded on its own, so its result never depends on the others.
+        ``prompts`` is one prompt or a list / tuple of prompts; anything else (a dict, a set, a
+        generator of characters, bytes) raises ``TypeError`` naming the argument. Each request is
+        decoded on its own, so its result never depends on the others.
         """
-        options = options or DecodeOptions()
+        options = DecodeOptions() if options is None else options
+        if not isinstance(options, DecodeOptions):
+            raise TypeError(f"options must be a DecodeOptions, got {type(options).__name__}")
         if isinstance(prompts, str) or (isinstance(prompts, torch.Tensor) and prompts.dim() == 1) or (
-                isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int)):
+                isinstance(prompts, (list, tuple)) and prompts and all(_is_token_id(t) for t in prompts)):
             prompts = [prompts]
         elif isinstance(prompts, torch.Tensor):
+            if prompts.dim() != 2:
+                raise ValueError(f"prompts: a prompt tensor must be 1-D or 2-D, got shape {tuple(prompts.shape)}")
             prompts = list(prompts)
-        prompts = list(prompts)
+        elif isinstance(prompts, (list, tuple)):
+            prompts = list(prompts)
+        else:
+            raise TypeError(f"prompts must be a str, a list of token ids, an int64 tensor or a list of those, got "
+                            f"{type(prompts).__name__}")
+        if not prompts:
+            raise ValueError("prompts is empty: pass at least one prompt")
+        encoded = [self.encode(p, chat, allow_unknown=allow_unknown, name=f"prompts[{i}]" if len(prompts) > 1
+                               else "prompt") for i, p in enumerate(prompts)]
         out = []
         bar = _Progress(len(prompts)) if progress and len(prompts) > 1 else None
-        for prompt in prompts:
-            ids = self.encode(prompt, chat)
+        for ids in encoded:
             result = run_decode(self.model.obj, ids.to(self.device), options)
             raw = result.tokens[ids.numel():].tolist()
             trimmed = self.codec.trim(raw) if self.codec else _trim_eos(raw, self.config.eos_token_id)
@@ -99,6 +129,22 @@ class Engine:
         if bar:
             bar.close()
         return out
+
+
+def _is_token_id(value: Any) -> bool:
+    """An int-like token id (int, numpy integer, 0-d integer tensor), never a bool or float."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    if isinstance(value, torch.Tensor):
+        return value.dim() == 0 and not value.dtype.is_floating_point and value.dtype != torch.bool
+    return hasattr(value, "__index__") and type(value).__module__ == "numpy" and "bool" not in type(value).__name__
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _trim_eos(ids: list[int], eos: int) -> list[int]:

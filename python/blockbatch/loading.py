@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from .config import ModelConfig
-from .errors import CheckpointError
+from .config import ModelConfig, _show
+from .errors import CheckpointError, checked_exists, open_checked, parse_json_bytes, read_json_file
 
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
@@ -36,6 +36,9 @@ _ST_DTYPES: dict[str, tuple[torch.dtype | None, int]] = {
 }
 WEIGHT_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 _MAX_HEADER_BYTES = 100 * 1024 * 1024
+_MAX_INDEX_BYTES = 100 * 1024 * 1024
+_MAX_TOKENIZER_BYTES = 1 << 30
+_MAX_TOKENIZER_CONFIG_BYTES = 256 * 1024 * 1024
 
 
 def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -75,9 +78,9 @@ def read_safetensors_header(path: str) -> dict[str, TensorInfo]:
     shapes of non-negative integers, ``data_offsets`` that match ``numel * itemsize`` and tile
     the data section exactly (no gaps, overlaps or bytes past the end of the file).
     """
-    try:
-        file_size = os.path.getsize(path)
-        with open(path, "rb") as f:
+    f, file_size = open_checked(path, "safetensors file")
+    with f:
+        try:
             prefix = f.read(8)
             if len(prefix) < 8:
                 raise CheckpointError(f"{path}: file is {file_size} bytes, too short for a safetensors header")
@@ -86,33 +89,32 @@ def read_safetensors_header(path: str) -> dict[str, TensorInfo]:
                 raise CheckpointError(
                     f"{path}: header length {n} does not fit in the {file_size}-byte file (truncated or not safetensors)")
             raw = f.read(n)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: file not found") from None
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: header is not valid JSON ({e})") from None
+        except OSError as e:
+            raise CheckpointError(f"{path}: cannot read the safetensors header ({e.strerror or e})") from None
+    if len(raw) != n:
+        raise CheckpointError(f"{path}: the file shrank while its header was read")
+    header = parse_json_bytes(raw, path, "header")
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: header must be a JSON object")
     data_size = file_size - 8 - n
     infos: dict[str, TensorInfo] = {}
     for name, entry in header.items():
         if name == "__metadata__":
-            if not isinstance(entry, dict):
+            if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):
                 raise CheckpointError(f"{path}: '__metadata__' must be an object of strings")
             continue
         if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
             raise CheckpointError(f"{path}: tensor '{name}': entry must have exactly dtype, shape, data_offsets")
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
         if dtype not in _ST_DTYPES:
-            raise CheckpointError(f"{path}: tensor '{name}': unknown dtype {dtype!r}")
+            raise CheckpointError(f"{path}: tensor '{name}': unknown dtype {_show(dtype)}")
         if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
                                                   for s in shape):
-            raise CheckpointError(f"{path}: tensor '{name}': shape {shape!r} is not a list of non-negative integers")
+            raise CheckpointError(f"{path}: tensor '{name}': shape {_show(shape)} is not a list of non-negative integers")
         if (not isinstance(offsets, list) or len(offsets) != 2
                 or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
                 or not 0 <= offsets[0] <= offsets[1]):
-            raise CheckpointError(f"{path}: tensor '{name}': data_offsets {offsets!r} are not [begin <= end]")
+            raise CheckpointError(f"{path}: tensor '{name}': data_offsets {_show(offsets)} are not [begin <= end]")
         numel = 1
         for s in shape:
             numel *= s
@@ -156,39 +158,52 @@ class Checkpoint:
         return next(iter(self.weights.values())).dtype
 
 
-def _weight_files(folder: str) -> dict[str, str]:
-    """Map tensor name -> file that holds it."""
+def _weight_files(folder: str) -> tuple[dict[str, str], str]:
+    """Map tensor name -> file that holds it, and the file that lists them (index or single file)."""
     index_path = os.path.join(folder, INDEX_NAME)
     single = os.path.join(folder, WEIGHTS_NAME)
-    if os.path.exists(index_path):
-        try:
-            with open(index_path, encoding="utf-8") as f:
-                index = json.load(f)
-        except json.JSONDecodeError as e:
-            raise CheckpointError(f"{index_path}: not valid JSON ({e})") from None
+    if checked_exists(index_path):
+        index = read_json_file(index_path, INDEX_NAME, _MAX_INDEX_BYTES)
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
             raise CheckpointError(f"{index_path}: key 'weight_map' is missing or empty")
         out = {}
+        checked: set[str] = set()
         for name, shard in weight_map.items():
-            if not isinstance(shard, str) or os.path.basename(shard) != shard:
-                raise CheckpointError(f"{index_path}: tensor '{name}' maps to {shard!r}, not a file name in the folder")
+            if (not isinstance(shard, str) or shard in ("", ".", "..") or os.path.basename(shard) != shard
+                    or "\\" in shard or "\0" in shard):
+                raise CheckpointError(
+                    f"{index_path}: tensor '{name}' maps to {_show(shard)}, not a file name in the folder")
             shard_path = os.path.join(folder, shard)
-            if not os.path.exists(shard_path):
-                raise CheckpointError(f"{index_path}: tensor '{name}' lives in missing shard {shard}")
+            if shard not in checked:
+                if not checked_exists(shard_path):
+                    raise CheckpointError(f"{index_path}: tensor '{name}' lives in missing shard {shard}")
+                checked.add(shard)
             out[name] = shard_path
-        return out
-    if os.path.exists(single):
-        return {name: single for name in read_safetensors_header(single)}
+        return out, index_path
+    if checked_exists(single):
+        return {name: single for name in read_safetensors_header(single)}, single
     raise CheckpointError(f"{folder}: no {WEIGHTS_NAME} and no {INDEX_NAME}")
+
+
+def tensor_count(config: ModelConfig) -> int:
+    """How many tensors a LLaDA checkpoint with this config holds (without listing them)."""
+    return 9 * config.n_layers + 2 + (0 if config.weight_tying else 1)
 
 
 def load_weights(folder: str, config: ModelConfig, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """Read and validate every weight tensor; returns HF-named tensors (memory-mapped when no cast)."""
     from safetensors import safe_open
 
-    files = _weight_files(folder)
+    files, listing = _weight_files(folder)
     headers = {path: read_safetensors_header(path) for path in sorted(set(files.values()))}
+    # The config is checked against the weight files before anything sized by it is built: a
+    # 500-byte config.json must not make us list 10^9 tensor names (or allocate anything else).
+    needed = tensor_count(config)
+    if config.n_layers > len(files):
+        raise CheckpointError(
+            f"{os.path.join(folder, CONFIG_NAME)}: key 'n_layers' = {config.n_layers} needs {needed} tensors but "
+            f"{listing} holds {len(files)}")
     expected = expected_weight_shapes(config)
     for name, path in files.items():
         if name not in headers[path]:
@@ -226,26 +241,75 @@ def load_weights(folder: str, config: ModelConfig, dtype: torch.dtype | None = N
 
 
 def load_tokenizer(folder: str):
-    """``tokenizers.Tokenizer`` from ``tokenizer.json`` (None when absent) and the chat template."""
+    """``tokenizers.Tokenizer`` from ``tokenizer.json`` (None when absent) and the chat template.
+
+    The chat template (``tokenizer_config.json`` key ``chat_template``) is compiled here, so a
+    Jinja syntax error is reported at load time naming the file, key and line.
+    """
     path = os.path.join(folder, TOKENIZER_NAME)
-    if not os.path.exists(path):
+    if not checked_exists(path):
         return None, None
     from tokenizers import Tokenizer
 
+    f, size = open_checked(path, TOKENIZER_NAME)
+    with f:
+        if size > _MAX_TOKENIZER_BYTES:
+            raise CheckpointError(f"{path}: {TOKENIZER_NAME} is {size} bytes, more than the {_MAX_TOKENIZER_BYTES} allowed")
+        try:
+            data = f.read(_MAX_TOKENIZER_BYTES + 1)
+        except OSError as e:
+            raise CheckpointError(f"{path}: cannot read {TOKENIZER_NAME} ({e.strerror or e})") from None
     try:
-        tokenizer = Tokenizer.from_file(path)
-    except Exception as e:
-        raise CheckpointError(f"{path}: cannot parse tokenizer ({e})") from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+    try:
+        tokenizer = Tokenizer.from_str(text)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # noqa: B036 - tokenizers' Rust panics derive from BaseException
+        raise CheckpointError(f"{path}: cannot parse tokenizer ({str(e)[:300]})") from None
     template = None
     cfg_path = os.path.join(folder, TOKENIZER_CONFIG_NAME)
-    if os.path.exists(cfg_path):
-        try:
-            with open(cfg_path, encoding="utf-8") as f:
-                tok_cfg = json.load(f)
-        except json.JSONDecodeError as e:
-            raise CheckpointError(f"{cfg_path}: not valid JSON ({e})") from None
+    if checked_exists(cfg_path):
+        tok_cfg = read_json_file(cfg_path, TOKENIZER_CONFIG_NAME, _MAX_TOKENIZER_CONFIG_BYTES)
         template = tok_cfg.get("chat_template") if isinstance(tok_cfg, dict) else None
+        template = _pick_chat_template(template, cfg_path)
+        if template is not None:
+            check_chat_template(template, f"{cfg_path}: key 'chat_template'")
     return tokenizer, template
+
+
+def _pick_chat_template(template: Any, cfg_path: str) -> str | None:
+    """A template string; Hugging Face also allows a list of {"name", "template"} (take "default")."""
+    if template is None or isinstance(template, str):
+        return template
+    if isinstance(template, list):
+        for item in template:
+            if not (isinstance(item, dict) and isinstance(item.get("name"), str)
+                    and isinstance(item.get("template"), str)):
+                raise CheckpointError(
+                    f"{cfg_path}: key 'chat_template' must be a string or a list of {{\"name\", \"template\"}} "
+                    f"objects, got an entry {_show(item)}")
+        named = {item["name"]: item["template"] for item in template}
+        return named.get("default")
+    raise CheckpointError(f"{cfg_path}: key 'chat_template' must be a string, got {type(template).__name__}")
+
+
+def check_chat_template(template: str, where: str) -> None:
+    """Compile a chat template (when jinja2 is installed); a syntax error names ``where`` and the line."""
+    try:
+        import jinja2
+    except ImportError:  # rendering will say jinja2 is needed
+        return
+    from .tokenization import chat_environment
+
+    try:
+        chat_environment().from_string(template)
+    except jinja2.TemplateSyntaxError as e:
+        raise CheckpointError(f"{where} has a Jinja syntax error at line {e.lineno}: {e.message}") from None
+    except (jinja2.TemplateError, RecursionError, MemoryError) as e:
+        raise CheckpointError(f"{where} cannot be compiled ({type(e).__name__}: {e})") from None
 
 
 def load_checkpoint(path: str | os.PathLike, dtype: torch.dtype | None = None) -> Checkpoint:

@@ -8,6 +8,27 @@ from .config import ModelConfig
 
 # End-of-turn markers of common chat formats; any present in the vocabulary also ends a reply.
 END_OF_TURN_TOKENS = ("<|eot_id|>", "<|im_end|>", "<|end_of_turn|>")
+_MAX_REPORTED = 8  # unknown characters listed in one error message
+
+
+def chat_environment():
+    """The Jinja environment chat templates run in: sandboxed (a template comes from a file in a
+    downloaded folder and must not reach Python internals) and immutable, as Hugging Face's."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise ValueError(f"the chat template refused the conversation: {message}")
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    return env
+
+
+def unknown_token_id(tokenizer) -> int | None:
+    """The id the tokenizer's model emits for text outside its vocabulary (None when it has none,
+    as byte-level BPE)."""
+    unk = getattr(tokenizer.model, "unk_token", None)
+    return tokenizer.token_to_id(unk) if isinstance(unk, str) else None
 
 
 class TextCodec:
@@ -17,33 +38,77 @@ class TextCodec:
         self.tokenizer = tokenizer
         self.config = config
         self.chat_template = chat_template
+        self.unk_id = unknown_token_id(tokenizer)
         self.stop_ids = {config.eos_token_id}
         for token in END_OF_TURN_TOKENS:
             token_id = tokenizer.token_to_id(token)
             if token_id is not None:
                 self.stop_ids.add(token_id)
 
-    def encode(self, text: str, chat: bool | None = None, add_special_tokens: bool = True) -> list[int]:
+    def encode(self, text: str, chat: bool | None = None, add_special_tokens: bool = True,
+               allow_unknown: bool = False) -> list[int]:
         """Token ids of ``text``; wrapped in the chat template when ``chat`` (default: if one exists).
 
         ``add_special_tokens=False`` encodes text that is already rendered (e.g. by lm-eval's
-        --apply_chat_template) without the tokenizer's BOS / post-processor tokens."""
+        --apply_chat_template) without the tokenizer's BOS / post-processor tokens.
+
+        Raises ``ValueError`` naming the characters and their positions when the text holds
+        characters outside the vocabulary (the tokenizer would turn them into its unknown token
+        and the model would decode nonsense); ``allow_unknown=True`` keeps the unknown tokens.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
         use_chat = self.chat_template is not None if chat is None else chat
         if use_chat:
             rendered = self.render_chat([{"role": "user", "content": text}], add_generation_prompt=True)
-            return self.tokenizer.encode(rendered, add_special_tokens=False).ids
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+            encoding = self.tokenizer.encode(rendered, add_special_tokens=False)
+            if not allow_unknown and self.unk_id is not None and self.unk_id in encoding.ids:
+                self._check_known(text, add_special_tokens=False)  # name positions in the user's text
+                self._check_known(rendered, add_special_tokens=False, what="the chat template's output")
+            return encoding.ids
+        encoding = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        if not allow_unknown and self.unk_id is not None and self.unk_id in encoding.ids:
+            self._report_unknown(text, encoding, "text")
+        return encoding.ids
+
+    def _check_known(self, text: str, add_special_tokens: bool, what: str = "text") -> None:
+        encoding = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        if self.unk_id is not None and self.unk_id in encoding.ids:
+            self._report_unknown(text, encoding, what)
+
+    def _report_unknown(self, text: str, encoding, what: str) -> None:
+        spans = [encoding.offsets[i] for i, t in enumerate(encoding.ids) if t == self.unk_id]
+        # The unknown token itself written in the text is not an unknown character.
+        unk_text = self.tokenizer.id_to_token(self.unk_id)
+        spans = [(a, b) for a, b in spans if text[a:b] != unk_text]
+        if not spans:
+            return
+        shown = ", ".join(f"{text[a:b]!r} at position {a}" for a, b in spans[:_MAX_REPORTED])
+        more = f" and {len(spans) - _MAX_REPORTED} more" if len(spans) > _MAX_REPORTED else ""
+        raise ValueError(
+            f"{what} holds characters outside the tokenizer's vocabulary: {shown}{more} (the tokenizer would turn "
+            f"them into {unk_text or 'its unknown token'}, which the model cannot decode from)")
 
     def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
         """The chat template applied to ``messages`` (``[{"role": ..., "content": ...}, ...]``), as text."""
         if self.chat_template is None:
             raise ValueError("chat=True but the checkpoint has no chat template (tokenizer_config.json)")
-        import jinja2
-
-        env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-        return env.from_string(self.chat_template).render(
-            messages=list(messages), add_generation_prompt=add_generation_prompt,
-            bos_token=self._token_text("bos"), eos_token=self._token_text("eos"))
+        try:
+            import jinja2
+        except ImportError:
+            raise ImportError("the checkpoint has a chat template: rendering it needs jinja2 "
+                              "(pip install jinja2), or pass chat=False / --no-chat") from None
+        try:
+            template = chat_environment().from_string(self.chat_template)
+            return template.render(
+                messages=list(messages), add_generation_prompt=add_generation_prompt,
+                bos_token=self._token_text("bos"), eos_token=self._token_text("eos"))
+        except jinja2.TemplateSyntaxError as e:
+            raise ValueError(f"chat template (tokenizer_config.json key 'chat_template'): Jinja syntax error at "
+                             f"line {e.lineno}: {e.message}") from None
+        except (jinja2.TemplateError, RecursionError) as e:
+            raise ValueError(f"chat template (tokenizer_config.json key 'chat_template') failed to render: "
+                             f"{type(e).__name__}: {e}") from None
 
     def _token_text(self, kind: str) -> str:
         if kind == "eos":
