@@ -149,6 +149,28 @@ def test_sigint_stops_a_decode_within_a_step_and_the_engine_stays_usable(slow_ch
             assert float(line.split()[-1]) < 10, line  # within a step of the signal, not at the end
 
 
+def test_cli_generate_ctrl_c_exits_130_within_a_step(slow_checkpoint):
+    """Ctrl-C during one long `blockbatch generate`: the native decode stops at its next forward,
+    the CLI prints `interrupted` and exits with status 130, no traceback."""
+    proc = subprocess.Popen([sys.executable, "-u", "-m", "blockbatch.cli", "generate", "--model", slow_checkpoint,
+                             "--policy", "vanilla", "--gen-length", "1000", "--block-length", "1000", "--threshold",
+                             "none", "--steps", "1000", "--ids", "1,2,3"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(6)  # loaded and decoding (the whole decode takes minutes)
+        assert proc.poll() is None, proc.communicate()
+        sent = time.perf_counter()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        elapsed = time.perf_counter() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "interrupted", err
+    assert elapsed < 10, elapsed
+
+
 def test_timeout_ends_a_decode_with_timeout_error(slow_checkpoint):
     e = Engine.from_pretrained(slow_checkpoint)
     t0 = time.perf_counter()

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <new>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -215,6 +216,12 @@ int main(int argc, char** argv) {
     }
   } catch (const c10::Error& e) {
     std::cerr << "error: " << e.msg() << "\n";
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "error: out of memory (the model or the requested shapes do not fit)\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
     return 1;
   }
   return 0;

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <new>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -147,6 +148,12 @@ int main(int argc, char** argv) {
                 static_cast<long long>(L), at::get_num_threads(), median, 1000.0 * cu.back() / median);
   } catch (const c10::Error& e) {
     std::cerr << "error: " << e.msg() << "\n";
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "error: out of memory (the model or the requested shapes do not fit)\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
     return 1;
   }
   return 0;
