@@ -98,7 +98,7 @@ class BlockBatchDecoder {
                   max_iterations, " block steps (2 * branches * gen_length + 2); please report it with the options");
       block_step();
       // Early exit: the first EOS-ready branch (smallest block size) within kEosTie of the highest
-      // EOS probability (the same rule as the reference's EOS_TIE; docs/ALGORITHMS.md).
+      // EOS probability (the same rule as the reference's EOS_TIE; docs/ALGORITHMS.md 4.6).
       double best = -1.0;
       for (int64_t b = 0; b < B_; ++b) {
         if (st(b)[br::kEosReady]) best = std::max(best, eos_[b]);

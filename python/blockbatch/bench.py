@@ -24,7 +24,7 @@ import torch
 
 from .options import DecodeOptions
 
-# name -> options; the paper's settings (ALGORITHMS.md): dual cache block 32 / threshold 0.9.
+# name -> options; the paper's settings (docs/ALGORITHMS.md 3): dual cache block 32 / threshold 0.9.
 DEFAULT_POLICIES = ("vanilla", "dual", "blockbatch")
 
 

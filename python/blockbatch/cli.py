@@ -295,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cuda-graphs", action="store_true",
                    help="on CUDA, launch every step eagerly instead of replaying recorded CUDA graphs "
                         "(same tokens; for debugging and timing comparisons)")
-    g = p.add_argument_group("decoding (ALGORITHMS.md)")
+    g = p.add_argument_group("decoding (docs/ALGORITHMS.md)")
     g.add_argument("--policy", choices=["vanilla", "prefix", "dual", "blockbatch"], default="dual",
                    help="vanilla: full forward per step; prefix/dual: Fast-dLLM caches; blockbatch: multi-branch "
                         "(default dual)")
