@@ -61,7 +61,10 @@ def test_simple_evaluate_equals_direct_engine(lm):
         correct += direct == row["response"]
     em = out["results"][TASK]["exact_match,none"]
     assert em == pytest.approx(correct / len(rows))
-    assert em >= 0.75  # the toy model solves most held-out problems with BlockBatch
+    # The toy model solves most held-out problems with BlockBatch: 11 of 16 since the early exit
+    # breaks near-ties of the EOS probability towards the smallest block as the authors do
+    # (issue 23; 12 of 16 before).
+    assert em >= 0.625
 
 
 def test_cli_module_runs_local_task(tmp_path):
