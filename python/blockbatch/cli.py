@@ -299,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--policy", choices=["vanilla", "prefix", "dual", "blockbatch"], default="dual",
                    help="vanilla: full forward per step; prefix/dual: Fast-dLLM caches; blockbatch: multi-branch "
                         "(default dual)")
-    g.add_argument("--gen-length", type=int, default=64, help="tokens to generate (default 64)")
+    g.add_argument("--gen-length", type=int, default=128, help="tokens to generate (default 128, as DecodeOptions)")
     g.add_argument("--block-length", type=int, default=32, help="block size of single-branch policies (default 32)")
     g.add_argument("--threshold", type=_threshold, default=0.9,
                    help="commit every candidate with confidence >= T (default 0.9); 'none' = fixed schedule")
