@@ -472,7 +472,8 @@ def test_decode_reads_back_once_per_step_on_gpu():
         d2h = sum("DtoH" in n for n in names)
         forwards = out.stats["nfe"]
         bound = forwards + 1 + (out.stats["nfe_refresh"] if policy == "blockbatch" else 0)
-        assert d2h <= bound, f"{policy}: {d2h} device-to-host copies for {forwards} forwards"
+        # at least one per forward plus the final canvas (a profile that missed the copies fails)
+        assert forwards + 1 <= d2h <= bound, f"{policy}: {d2h} device-to-host copies for {forwards} forwards"
 
 
 @pytest.mark.parametrize("rule", ["threshold", "fixed", "factor"])
