@@ -404,3 +404,14 @@ def test_decode_op_bounds_every_option(kwargs, pattern):
     e = Engine.from_pretrained()
     with pytest.raises(ValueError, match=pattern):
         ops.decode(e.model.obj, e.encode(PROMPT), **kwargs)
+
+
+def test_sparse_probs_bounds_max_k():
+    """max_k sizes the output: a huge one would allocate (and pad) gigabytes."""
+    logits = torch.randn(4, 50)
+    with pytest.raises(RuntimeError, match=r"max_k must be in \[1, 1024\], got 1000000000"):
+        ops.sparse_probs(logits, 0.1, 10**9)
+    with pytest.raises(RuntimeError, match=r"max_k must be in \[1, 1024\], got 0"):
+        ops.sparse_probs(logits, 0.1, 0)
+    ids, _ = ops.sparse_probs(logits, 0.1, 1024)  # the bound itself is fine
+    assert ids.shape == (4, 1024)

@@ -3,6 +3,8 @@
 
 #include "torch/ops.h"
 
+#include <algorithm>
+
 namespace blockbatch {
 
 namespace {
@@ -31,6 +33,14 @@ void check_logits(const at::Tensor& logits) {
   TORCH_CHECK(logits.dim() == 2 && logits.size(1) > 0, "logits must be [rows, vocab] with vocab > 0, got shape ",
               logits.sizes());
   TORCH_CHECK(logits.is_contiguous(), "logits must be contiguous");
+}
+
+void check_sparse_probs(const at::Tensor& logits, double floor, int64_t max_k) {
+  check_logits(logits);
+  TORCH_CHECK(floor > 0 && floor < 1, "floor must be in (0, 1), got ", floor);
+  // More slots than ids (or than a map ever needs) would only allocate padding: bounded.
+  const int64_t limit = std::max<int64_t>(logits.size(1), kMaxSparseSlots);
+  TORCH_CHECK(max_k > 0 && max_k <= limit, "max_k must be in [1, ", limit, "], got ", max_k);
 }
 
 cpu::AttentionArgs attention_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -135,6 +145,9 @@ void check_kv_write(const at::Tensor& kv, const at::Tensor& k, const at::Tensor&
   check_index(cu_seqlens, "cu_seqlens", 1);
   TORCH_CHECK(cu_seqlens.size(0) >= 1, "cu_seqlens must have at least one entry");
   check_index(kv_rows, "kv_rows", 1);
+  check_same_device(kv, positions, "kv", "positions");
+  check_same_device(kv, cu_seqlens, "kv", "cu_seqlens");
+  check_same_device(kv, kv_rows, "kv", "kv_rows");
   TORCH_CHECK(kv_rows.size(0) == cu_seqlens.size(0) - 1, "kv_rows must have ", cu_seqlens.size(0) - 1,
               " entries (one per row), got ", kv_rows.size(0));
 }
@@ -169,6 +182,7 @@ void check_packed_attention(const at::Tensor& q, const at::Tensor& k, const at::
   check_same_device(q, v, "q", "v");
   check_index(cu_seqlens, "cu_seqlens", 1);
   TORCH_CHECK(cu_seqlens.size(0) >= 1, "cu_seqlens must have at least one entry");
+  check_same_device(q, cu_seqlens, "q", "cu_seqlens");
   const int64_t rows = cu_seqlens.size(0) - 1;
   if (kv.has_value()) {
     TORCH_CHECK(kv->dim() == 6 && kv->size(2) == 2 && kv->size(3) == k.size(1) && kv->size(5) == q.size(2),
@@ -183,6 +197,8 @@ void check_packed_attention(const at::Tensor& q, const at::Tensor& k, const at::
     check_index(*cache_lens, "cache_lens", 1);
     TORCH_CHECK(kv_rows->size(0) == rows && cache_lens->size(0) == rows, "kv_rows and cache_lens must have ", rows,
                 " entries (one per row)");
+    check_same_device(q, *kv_rows, "q", "kv_rows");
+    check_same_device(q, *cache_lens, "q", "cache_lens");
   }
 }
 

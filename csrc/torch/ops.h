@@ -95,6 +95,9 @@ std::tuple<at::Tensor, at::Tensor> sparse_probs_cpu(const at::Tensor& logits, do
 
 // Shape checks shared by every backend (CPU, CUDA, Meta): throw naming the argument.
 void check_logits(const at::Tensor& logits);
+// sparse_probs: max_k at most max(vocab, kMaxSparseSlots) (a map needs 1 / floor + 1 <= 101).
+constexpr int64_t kMaxSparseSlots = 1024;
+void check_sparse_probs(const at::Tensor& logits, double floor, int64_t max_k);
 // Pointer-and-size arguments of the attention kernels (CPU and CUDA) for checked tensors;
 // `out` is the [T, heads * head_dim] output.
 cpu::AttentionArgs attention_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

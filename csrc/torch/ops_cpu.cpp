@@ -128,8 +128,7 @@ std::tuple<at::Tensor, at::Tensor> confidence_cpu(const at::Tensor& logits, int6
 
 std::tuple<at::Tensor, at::Tensor> sparse_probs_cpu(const at::Tensor& logits, double floor, int64_t max_k) {
   check_logits(logits);
-  TORCH_CHECK(floor > 0 && floor < 1, "floor must be in (0, 1), got ", floor);
-  TORCH_CHECK(max_k > 0, "max_k must be > 0, got ", max_k);
+  check_sparse_probs(logits, floor, max_k);
   at::Tensor ids = at::empty({logits.size(0), max_k}, logits.options().dtype(at::kLong));
   at::Tensor probs = at::empty({logits.size(0), max_k}, logits.options().dtype(at::kDouble));
   BLOCKBATCH_DISPATCH_FLOATING(logits.scalar_type(), "sparse_probs", [&] {

@@ -331,8 +331,7 @@ std::tuple<at::Tensor, at::Tensor> confidence_cuda(const at::Tensor& logits, int
 
 std::tuple<at::Tensor, at::Tensor> sparse_probs_cuda(const at::Tensor& logits, double floor, int64_t max_k) {
   check_logits(logits);
-  TORCH_CHECK(floor > 0 && floor < 1, "floor must be in (0, 1), got ", floor);
-  TORCH_CHECK(max_k > 0, "max_k must be > 0, got ", max_k);
+  check_sparse_probs(logits, floor, max_k);
   const c10::cuda::CUDAGuard guard(logits.device());
   at::Tensor ids = at::empty({logits.size(0), max_k}, logits.options().dtype(at::kLong));
   at::Tensor probs = at::empty({logits.size(0), max_k}, logits.options().dtype(at::kDouble));
