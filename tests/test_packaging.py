@@ -47,7 +47,7 @@ def test_runpath_is_relative_to_the_installed_torch(name, rel):
     # Relative to the installed layout, $ORIGIN/.. is site-packages: torch/lib holds libtorch_cpu.so.
     site = os.path.dirname(os.path.dirname(torch.__file__))
     origin = os.path.join(site, "blockbatch", *name.split("/")[:-1])
-    assert os.path.exists(os.path.join(rel.replace("$ORIGIN", origin), "libtorch_cpu.so"))
+    assert os.path.exists(os.path.normpath(os.path.join(rel.replace("$ORIGIN", origin), "libtorch_cpu.so")))
 
 
 def test_loader_explains_a_torch_mismatch(tmp_path):
