@@ -17,7 +17,7 @@ Writes a JSON record (--out, default docs/bench/soak.json: environment, settings
 variant counts / mean NFE / median ms, every RSS sample, the verdict) and a PNG of RSS over
 decodes next to it (same name, .png; needs matplotlib).
 
-    python benchmarks/soak.py                      # 1,000 decodes, gen_length 32, ~1-3 min on 2 cores
+    python benchmarks/soak.py                      # 1,000 decodes, gen_length 64, ~1-2 min on 2 cores
     python benchmarks/soak.py --n 200 --out /tmp/soak.json   # a quick look
     python benchmarks/soak.py --gen-length 64 --threads 2
 
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="decodes before the baseline RSS is taken (allocator pools, op caches)")
     ap.add_argument("--window", type=int, default=50,
                     help="samples in the medians that give the baseline (after warm-up) and the end RSS")
-    ap.add_argument("--gen-length", type=int, default=32, help="tokens generated per decode (short: a fast soak)")
+    ap.add_argument("--gen-length", type=int, default=64, help="tokens generated per decode (short: a fast soak)")
     ap.add_argument("--max-growth", type=float, default=0.01, help="allowed RSS growth after warm-up (0.01 = 1%%)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--seed", type=int, default=0, help="seed of the toy-task prompts")
