@@ -4,9 +4,18 @@ Always install with --no-build-isolation so the build uses the torch already ins
     pip install --no-build-isolation -e .
 CUDA kernels build when the installed torch has CUDA and CUDA_HOME points at the toolkit root
 (the folder holding include/cuda_runtime.h); set BLOCKBATCH_CUDA=0 to force a CPU-only build.
+
+BLOCKBATCH_SANITIZE=address,undefined builds the C++ core with those sanitizers (-fsanitize=...,
+-O1 -g) in its own build folder (build/cmake-*-san-address-undefined); see README.md, "Building
+with sanitizers", for running the tests under it.
+
+The built package requires exactly the torch it was compiled against (torch==X.Y.Z): _C and the
+bb_* binaries link libtorch, whose C++ ABI changes between releases. bin/build_info.json records
+that torch for blockbatch._C_loader, which explains a mismatch instead of failing to load.
 """
 
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -18,6 +27,22 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 BINARIES = ("bb_forward", "bb_bench_decode")
+BASE_DEPENDENCIES = ["numpy", "safetensors", "tokenizers"]
+
+
+def sanitizers():
+    """BLOCKBATCH_SANITIZE=address,undefined (commas or semicolons) -> ["address", "undefined"]."""
+    raw = os.environ.get("BLOCKBATCH_SANITIZE", "")
+    return [s.strip() for s in raw.replace(";", ",").split(",") if s.strip()]
+
+
+def torch_requirement():
+    """torch==<the version we compile against> (its public part: a +cpu / +cu130 build matches)."""
+    try:
+        import torch
+    except ImportError:  # metadata-only runs without torch (e.g. an sdist): any supported torch
+        return "torch>=2.6"
+    return f"torch=={torch.__version__.split('+')[0]}"
 
 
 def cuda_requested():
@@ -36,7 +61,14 @@ class CMakeBuild(build_ext):
 
         tag = f"{sys.implementation.cache_tag}-torch{torch.__version__.split('+')[0]}"
         with_cuda = cuda_requested()
-        build_dir = os.path.join(ROOT, "build", f"cmake-{tag}{'-cuda' if with_cuda else ''}")
+        san = sanitizers()
+        tag += "-cuda" if with_cuda else ""
+        tag += "-san-" + "-".join(san) if san else ""
+        build_dir = os.path.join(ROOT, "build", f"cmake-{tag}")
+        editable = bool(self.inplace or getattr(self, "editable_mode", False))
+        # Wheels: only $ORIGIN-relative RUNPATHs (CMakeLists.txt). Editable installs run _C and the
+        # binaries from the source tree, outside site-packages: add this venv's torch/lib too.
+        torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
         out_dir = os.path.join(build_dir, "out")
         os.makedirs(build_dir, exist_ok=True)
         cmake = shutil.which("cmake") or "cmake"
@@ -46,6 +78,8 @@ class CMakeBuild(build_ext):
             f"-DBLOCKBATCH_OUTPUT_DIR={out_dir}",
             "-DCMAKE_BUILD_TYPE=Release",
             f"-DBLOCKBATCH_CUDA={'ON' if with_cuda else 'OFF'}",
+            f"-DBLOCKBATCH_SANITIZE={';'.join(san)}",
+            f"-DBLOCKBATCH_EXTRA_RPATH={torch_lib if editable else ''}",
         ]
         if with_cuda:
             home = os.environ["CUDA_HOME"]
@@ -67,16 +101,22 @@ class CMakeBuild(build_ext):
         # The bb_* binaries ship inside the package (blockbatch/bin). Editable installs build in a
         # temporary folder and only copy the extension back, so also place them in the source tree.
         pkg_dirs = {os.path.dirname(target)}
-        if self.inplace or getattr(self, "editable_mode", False):
+        if editable:
             pkg_dirs.add(os.path.join(ROOT, "python", "blockbatch"))
+        info = {"torch": torch.__version__, "torch_cuda": torch.version.cuda, "cuda": with_cuda,
+                "sanitize": san, "python": sys.implementation.cache_tag}
         for pkg_dir in pkg_dirs:
             bin_dir = os.path.join(pkg_dir, "bin")
             os.makedirs(bin_dir, exist_ok=True)
             for name in BINARIES:
                 shutil.copy2(os.path.join(out_dir, name), os.path.join(bin_dir, name))
+            with open(os.path.join(bin_dir, "build_info.json"), "w") as f:
+                json.dump(info, f, indent=1)
+                f.write("\n")
 
 
 setup(
+    install_requires=[torch_requirement(), *BASE_DEPENDENCIES],
     ext_modules=[Extension("blockbatch._C", sources=[])],
     cmdclass={"build_ext": CMakeBuild},
 )

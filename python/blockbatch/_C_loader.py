@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
 
 import torch
@@ -25,6 +26,7 @@ def load_extension() -> str:
     candidates = sorted(glob.glob(os.path.join(here, "_C*.so")), key=os.path.getmtime, reverse=True)
     if not candidates:
         raise ImportError(f"blockbatch's C++ extension was not found in {here}. {_BUILD}")
+    check_torch_version(here)
     try:
         torch.ops.load_library(candidates[0])
     except (OSError, RuntimeError) as e:
@@ -41,3 +43,22 @@ def try_load_extension() -> bool:
     except ImportError:
         return False
     return True
+
+
+def check_torch_version(package_dir: str) -> None:
+    """Raise ImportError when _C was built against another torch than the one running.
+
+    setup.py records the build's torch in ``bin/build_info.json``; libtorch's C++ ABI changes
+    between releases, so a mismatch would otherwise surface as an undefined symbol (or worse).
+    A build without that file (a plain CMake build) is not checked.
+    """
+    try:
+        with open(os.path.join(package_dir, "bin", "build_info.json")) as f:
+            built = json.load(f)["torch"]
+    except (OSError, ValueError, KeyError):
+        return
+    if built.split("+")[0] != torch.__version__.split("+")[0]:
+        raise ImportError(
+            f"blockbatch's C++ extension was built against torch {built}, running torch {torch.__version__}: "
+            f"rebuild with `pip install --no-build-isolation --no-deps -e .` (source checkout) or install "
+            f"torch=={built.split('+')[0]} (a wheel requires the torch it was built with)")
