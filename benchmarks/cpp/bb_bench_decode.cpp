@@ -16,7 +16,6 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
-#include <new>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -176,7 +175,7 @@ std::vector<Sample> read_prompts(const std::string& path, bool need_expected) {
 int main(int argc, char** argv) {
   Options o = parse(argc, argv);
   if (o.threads > 0) at::set_num_threads(o.threads);
-  try {
+  return blockbatch::bench::run_main([&]() -> int {
     blockbatch::Model model = blockbatch::bench::load_model(o.model, o.dtype);
     const auto samples = read_prompts(o.prompts, o.verify);
     double nfe_sum = 0, generated = 0;
@@ -214,15 +213,6 @@ int main(int argc, char** argv) {
         return 3;
       }
     }
-  } catch (const c10::Error& e) {
-    std::cerr << "error: " << e.msg() << "\n";
-    return 1;
-  } catch (const std::bad_alloc&) {
-    std::cerr << "error: out of memory (the model or the requested shapes do not fit)\n";
-    return 1;
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 1;
-  }
-  return 0;
+    return 0;
+  });
 }

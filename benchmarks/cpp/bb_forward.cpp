@@ -15,7 +15,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
-#include <new>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -104,7 +103,7 @@ Options parse(int argc, char** argv) {
 int main(int argc, char** argv) {
   Options o = parse(argc, argv);
   if (o.threads > 0) at::set_num_threads(o.threads);
-  try {
+  return blockbatch::bench::run_main([&]() -> int {
     blockbatch::Model model = blockbatch::bench::load_model(o.model, o.dtype);
     const auto& c = model.config();
     const int64_t L = std::min(o.canvas, c.max_sequence_length);
@@ -146,15 +145,6 @@ int main(int argc, char** argv) {
     std::printf("result mode=%s dtype=%s rows=%lld tokens=%lld canvas=%lld threads=%d ms_median=%.3f tokens_per_s=%.1f\n",
                 o.mode.c_str(), o.dtype.c_str(), static_cast<long long>(rows), static_cast<long long>(cu.back()),
                 static_cast<long long>(L), at::get_num_threads(), median, 1000.0 * cu.back() / median);
-  } catch (const c10::Error& e) {
-    std::cerr << "error: " << e.msg() << "\n";
-    return 1;
-  } catch (const std::bad_alloc&) {
-    std::cerr << "error: out of memory (the model or the requested shapes do not fit)\n";
-    return 1;
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 1;
-  }
-  return 0;
+    return 0;
+  });
 }

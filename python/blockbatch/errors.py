@@ -107,8 +107,8 @@ def parse_json_bytes(data: bytes, where: str, subject: str = "") -> Any:
         raise CheckpointError(f"{invalid} ({e})") from None
 
 
-def read_json_file(path: str, what: str, max_bytes: int) -> Any:
-    """Parse a JSON file of at most ``max_bytes`` bytes; every error names the file."""
+def read_file_bytes(path: str, what: str, max_bytes: int) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes`` bytes; every error names the file."""
     f, size = open_checked(path, what)
     with f:
         if size > max_bytes:
@@ -119,4 +119,9 @@ def read_json_file(path: str, what: str, max_bytes: int) -> Any:
             raise CheckpointError(f"{path}: cannot read {what} ({e.strerror or e})") from None
     if len(data) > max_bytes:
         raise CheckpointError(f"{path}: {what} is more than {max_bytes} bytes")
-    return parse_json_bytes(data, path)
+    return data
+
+
+def read_json_file(path: str, what: str, max_bytes: int) -> Any:
+    """Parse a JSON file of at most ``max_bytes`` bytes; every error names the file."""
+    return parse_json_bytes(read_file_bytes(path, what, max_bytes), path)

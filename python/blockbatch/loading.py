@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from .config import ModelConfig, _show
-from .errors import CheckpointError, checked_exists, open_checked, parse_json_bytes, read_json_file
+from .errors import CheckpointError, checked_exists, open_checked, parse_json_bytes, read_file_bytes, read_json_file
 
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
@@ -251,14 +251,7 @@ def load_tokenizer(folder: str):
         return None, None
     from tokenizers import Tokenizer
 
-    f, size = open_checked(path, TOKENIZER_NAME)
-    with f:
-        if size > _MAX_TOKENIZER_BYTES:
-            raise CheckpointError(f"{path}: {TOKENIZER_NAME} is {size} bytes, more than the {_MAX_TOKENIZER_BYTES} allowed")
-        try:
-            data = f.read(_MAX_TOKENIZER_BYTES + 1)
-        except OSError as e:
-            raise CheckpointError(f"{path}: cannot read {TOKENIZER_NAME} ({e.strerror or e})") from None
+    data = read_file_bytes(path, TOKENIZER_NAME, _MAX_TOKENIZER_BYTES)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
