@@ -1,0 +1,280 @@
+"""Every ``BLOCKBATCH_*`` environment variable, in one table.
+
+The CUDA kernels read theirs in C++ (``csrc/torch/ops_cuda.cpp``: ``env_choice`` / ``env_int`` and the
+``kDefault*`` block at its top); the build options are read by ``setup.py``. This table is what the
+rest derives from:
+
+- ``blockbatch generate --help``: :func:`help_text`;
+- the README's table: :func:`readme_table` (``python -m blockbatch.settings readme`` rewrites it);
+- the benchmarks' opt-in kernels: :func:`candidates` (``benchmarks/common.py`` ``CANDIDATES``);
+- ``benchmarks/gpu_summary.py``'s verdict tests and ``gpu_check.sh``'s candidate test processes:
+  :func:`candidate_tests`, :func:`candidate_test_groups`;
+- the ``candidate`` pytest mark of ``tests/test_cuda.py``: :func:`param`, :func:`candidate_mark`.
+
+``tests/test_settings.py`` checks that the C++ reads agree with the table (names, choices, ranges,
+defaults) and that no source reads a ``BLOCKBATCH_*`` variable the table lacks.
+
+Status: ``promoted`` (the default was checked and timed on a GPU), ``candidate`` (the variable has
+opt-in values that no GPU run has checked and timed yet; they stay off until one has) or ``build``
+(a build option of ``setup.py``). Why each candidate exists and what it is expected to gain:
+``docs/bench/gpu/NOTES.md``. Promoting one: change its ``default`` / ``status`` here and the matching
+``kDefault*`` line of ``ops_cuda.cpp`` (a test compares the two), then rerun ``gpu_check.sh``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+from typing import Optional
+
+NOTES = "docs/bench/gpu/NOTES.md"
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    name: str
+    kind: str                          # "choice" | "int" | "bool" (a "0"/"1" choice) | "build"
+    doc: str                           # one line (wrapped by the renderers)
+    default: Optional[str]             # None: automatic (a heuristic's choice) / unset
+    status: str                        # "promoted" | "candidate" | "build"
+    choices: tuple[str, ...] = ()      # kind choice / bool: the accepted values, in C++'s order
+    range: Optional[tuple[int, int]] = None  # kind int: [lo, hi]
+    candidates: tuple[str, ...] = ()   # the opt-in values no GPU run has checked and timed yet
+    scope: str = "runtime"             # "runtime" (read per launch by _C) | "build" (read by setup.py)
+
+    @property
+    def syntax(self) -> str:
+        """NAME=values, as --help and the README show it (the default first for a choice)."""
+        if self.kind == "int":
+            return f"{self.name}={self.range[0]}..{self.range[1]}"
+        if self.kind in ("choice", "bool"):
+            first = [self.default] if self.default in self.choices else []
+            return f"{self.name}=" + "|".join(first + [c for c in self.choices if c not in first])
+        return f"{self.name}=..."
+
+    @property
+    def default_text(self) -> str:
+        return "automatic" if self.default is None else self.default
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("BLOCKBATCH_ATTN_KERNEL", "choice",
+            "tensor-core attention kernel: 2 (pipelined) or 3 (pipelined3) cp.async K/V stages, 3 stages with "
+            "small q-tiles' keys split over warps (splitwarps), or K/V staged through registers (sync); same "
+            "bits except splitwarps",
+            default="pipelined", status="candidate", choices=("sync", "pipelined", "pipelined3", "splitwarps"),
+            candidates=("pipelined3", "splitwarps")),
+    Setting("BLOCKBATCH_ATTN_SPLITS", "int", "force attention's key-split count",
+            default=None, status="promoted", range=(1, 16)),
+    Setting("BLOCKBATCH_GEMM", "choice",
+            "GEMMs of <= 64 rows on a weight-streaming kernel (loads into registers: stream; through a "
+            "cp.async ring: staged) instead of cuBLAS",
+            default="cublas", status="candidate", choices=("cublas", "stream", "staged"),
+            candidates=("stream", "staged")),
+    Setting("BLOCKBATCH_GEMM_SPLITS", "int", "the streaming GEMM's cluster split count",
+            default=None, status="candidate", range=(1, 8)),
+    Setting("BLOCKBATCH_GEMM_PAD", "int",
+            "pad the rows of 16-bit cuBLAS GEMMs of > 64 rows to a multiple of this; 0 or 1: off",
+            default="0", status="candidate", range=(0, 256), candidates=("64",)),
+    Setting("BLOCKBATCH_ROPE_KERNEL", "choice", "16-byte RoPE + KV-slot write (vec); same bits",
+            default="scalar", status="candidate", choices=("scalar", "vec"), candidates=("vec",)),
+    Setting("BLOCKBATCH_PDL", "bool", "programmatic dependent launch of the forward's kernels; same bits",
+            default="0", status="candidate", choices=("0", "1"), candidates=("1",)),
+    Setting("BLOCKBATCH_CUDA", "build",
+            "setup.py: build the CUDA kernels (0/OFF/off: CPU only; unset: when torch has CUDA and "
+            "CUDA_HOME holds the toolkit)", default=None, status="build", scope="build"),
+    Setting("BLOCKBATCH_SANITIZE", "build",
+            "setup.py: sanitizers for the C++ core, _C and bb_*, e.g. address,undefined (own build folder)",
+            default=None, status="build", scope="build"),
+)
+
+BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def get(name: str) -> Setting:
+    return BY_NAME[name]
+
+
+def runtime() -> list[Setting]:
+    """The variables _C reads at every launch (the CUDA kernels' choices)."""
+    return [s for s in SETTINGS if s.scope == "runtime"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """An opt-in kernel the GPU benchmarks time against the defaults (benchmarks/common.py CANDIDATES)."""
+    name: str                         # the benchmarks' key (bench_gpu_candidates.json, gpu_summary's verdicts)
+    env: dict                         # the variables it sets
+    doc: str
+    tests: tuple[str, ...]            # tests/test_cuda.py names (substrings) that must pass before promotion
+    group: str                        # gpu_check.sh: the candidate-test process its tests run in
+    in_all: bool = True               # part of the "all" candidate (every opt-in kernel together)
+
+
+# In the order they are timed: least risky first, since a kernel that faults ends its process's CUDA
+# context and with it the timings of every candidate after it.
+CANDIDATES: tuple[Candidate, ...] = (
+    Candidate("pdl", {"BLOCKBATCH_PDL": "1"}, "programmatic dependent launch (launch.cuh)",
+              ("pdl_and_vector_rope", "pdl_variable"), "pdl"),
+    Candidate("rope_vec", {"BLOCKBATCH_ROPE_KERNEL": "vec"}, "16-byte rope_kv_write",
+              ("rope_kv_write_cuda", "rope_kernel_variable", "pdl_and_vector_rope"), "rope_vec"),
+    Candidate("pad", {"BLOCKBATCH_GEMM_PAD": "64"}, "cuBLAS GEMMs of > 64 rows on rows padded to 64 (252 -> 256)",
+              ("padded_gemm",), "pad"),
+    Candidate("attn3", {"BLOCKBATCH_ATTN_KERNEL": "pipelined3"}, "attention with 3 cp.async K/V stages",
+              ("pipelined3",), "attn3", in_all=False),
+    Candidate("attn_split", {"BLOCKBATCH_ATTN_KERNEL": "splitwarps"}, "+ small q-tiles' keys split over warps",
+              ("splitwarps",), "attn_split"),
+    Candidate("stream", {"BLOCKBATCH_GEMM": "stream"}, "weight-streaming GEMM for <= 64 rows (linear.cu)",
+              ("stream_linear",), "gemm"),
+    Candidate("staged", {"BLOCKBATCH_GEMM": "staged"}, "the same through a cp.async shared-memory ring",
+              ("stream_linear",), "gemm", in_all=False),
+)
+
+# gpu_check.sh's candidate-test processes (pytest -k expressions), one per group. A test of a
+# group's own (not a verdict's borrowed one) belongs here; its order is the run order.
+TEST_GROUPS: tuple[tuple[str, str], ...] = (
+    ("pdl", "pdl_and_vector_rope or pdl_variable"),
+    ("rope_vec", "rope_kv_write_cuda or rope_kernel_variable"),
+    ("pad", "padded_gemm"),
+    ("attn3", "pipelined3"),
+    ("attn_split", "splitwarps"),
+    ("gemm", "stream_linear"),
+)
+
+
+def candidates() -> dict[str, dict]:
+    """{candidate name: its environment}, in timing order, then "all": every in_all one together.
+
+    Only the values the table still lists as candidates: a promoted one drops out.
+    """
+    out = {c.name: dict(c.env) for c in CANDIDATES if _still_candidate(c)}
+    every: dict = {}
+    for c in CANDIDATES:
+        if c.in_all and _still_candidate(c):
+            every.update(c.env)
+    out["all"] = every
+    return out
+
+
+def _still_candidate(c: Candidate) -> bool:
+    return all(v in BY_NAME[k].candidates for k, v in c.env.items())
+
+
+def candidate_tests() -> dict[str, tuple[str, ...]]:
+    """{candidate name: the test names (substrings) that must pass before it may become the default}."""
+    return {c.name: c.tests for c in CANDIDATES if _still_candidate(c)}
+
+
+def candidate_test_groups() -> list[tuple[str, str]]:
+    """gpu_check.sh's candidate test processes: [(name, pytest -k expression)]."""
+    live = {c.group for c in CANDIDATES if _still_candidate(c)}
+    return [(g, expr) for g, expr in TEST_GROUPS if g in live]
+
+
+def is_candidate(name: str, value: Optional[str] = None) -> bool:
+    """Whether `name` (or its value `value`) is an opt-in no GPU run has checked and timed yet."""
+    s = BY_NAME[name]
+    return s.status == "candidate" if value is None else value in s.candidates
+
+
+def param(name: str, value: str):
+    """A pytest.param of `value`, marked ``candidate`` while the table lists it as one."""
+    import pytest
+
+    return pytest.param(value, marks=pytest.mark.candidate) if is_candidate(name, value) else pytest.param(value)
+
+
+def candidate_mark(*names: str):
+    """pytest.mark.candidate while any of `names` is a candidate variable, else a mark that does nothing."""
+    import pytest
+
+    if any(is_candidate(n) for n in names):
+        return pytest.mark.candidate
+    return lambda test: test
+
+
+# --- renderers ---------------------------------------------------------------------------------
+
+HELP_WIDTH = 41  # where the descriptions of `generate --help`'s environment block start
+
+
+def _describe(s: Setting) -> str:
+    text = f"{s.doc} (default {s.default_text}"
+    if s.candidates:
+        text += "; opt-in candidate" + ("s " if len(s.candidates) > 1 else " ") + ", ".join(s.candidates)
+    elif s.status == "candidate":
+        text += "; candidate"
+    return text + ")"
+
+
+def help_text() -> str:
+    """The CUDA block of `blockbatch generate --help`."""
+    lines = ["CUDA kernels (environment variables, read at every launch; --device cuda only;",
+             f"candidates are opt-in until a GPU run has timed them: {NOTES}):"]
+    for s in runtime():
+        head = "  " + s.syntax
+        body = textwrap.wrap(_describe(s), 100 - HELP_WIDTH)
+        if len(head) + 1 <= HELP_WIDTH:
+            lines.append(head.ljust(HELP_WIDTH) + body[0])
+            body = body[1:]
+        else:
+            lines.append(head)
+        lines += [" " * HELP_WIDTH + b for b in body]
+    return "\n".join(lines)
+
+
+README_BEGIN = "<!-- settings table: generated by `python -m blockbatch.settings readme`; do not edit -->"
+README_END = "<!-- end of settings table -->"
+
+
+def readme_table() -> str:
+    """The README's table of every BLOCKBATCH_* variable (a Markdown table)."""
+    rows = ["| variable | values | default | status | what it does |", "| --- | --- | --- | --- | --- |"]
+    for s in SETTINGS:
+        if s.kind == "int":
+            values = f"{s.range[0]}..{s.range[1]}"
+        elif s.kind in ("choice", "bool"):
+            values = ", ".join(f"`{c}`" for c in s.choices)
+        else:
+            values = "(build option)"
+        status = s.status + (" (" + ", ".join(f"`{c}`" for c in s.candidates) + ")" if s.candidates else "")
+        default = "automatic" if s.default is None and s.scope == "runtime" else \
+            "unset" if s.default is None else f"`{s.default}`"
+        rows.append(f"| `{s.name}` | {values} | {default} | {status} | {s.doc} |")
+    return "\n".join(rows)
+
+
+def replace_readme_table(text: str) -> str:
+    """`text` (the README) with the part between the table markers replaced by readme_table()."""
+    start, end = text.index(README_BEGIN) + len(README_BEGIN), text.index(README_END)
+    return text[:start] + "\n" + readme_table() + "\n" + text[end:]
+
+
+def main(argv=None) -> int:
+    import argparse
+    import pathlib
+
+    ap = argparse.ArgumentParser(description="Render the BLOCKBATCH_* settings table.")
+    ap.add_argument("what", choices=("help", "readme", "table", "test-groups"),
+                    help="help: print the --help block; readme: rewrite README.md's table in place "
+                         "(--readme); table: print the Markdown table; test-groups: gpu_check.sh's "
+                         "candidate test processes, one 'name:pytest -k expression' a line")
+    ap.add_argument("--readme", default=str(pathlib.Path(__file__).resolve().parents[2] / "README.md"))
+    args = ap.parse_args(argv)
+    if args.what == "help":
+        print(help_text())
+    elif args.what == "table":
+        print(readme_table())
+    elif args.what == "test-groups":
+        for name, expr in candidate_test_groups():
+            print(f"{name}:{expr}")
+    else:
+        path = pathlib.Path(args.readme)
+        new = replace_readme_table(path.read_text(encoding="utf-8"))
+        path.write_text(new, encoding="utf-8")
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
