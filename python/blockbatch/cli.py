@@ -19,29 +19,10 @@ import time
 
 import torch
 
+from . import settings
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-
-
-# The CUDA kernels' environment variables (read per launch), shown by `generate --help`.
-CUDA_ENVIRONMENT = """CUDA kernels (environment variables, read at every launch; --device cuda only):
-  BLOCKBATCH_ATTN_KERNEL=pipelined|pipelined3|splitwarps|sync
-                                         tensor-core attention kernel: 2 or 3 cp.async K/V stages,
-                                         3 stages with small q-tiles' keys split over warps, or
-                                         staged through registers (default pipelined; same bits
-                                         except splitwarps; pipelined3 and splitwarps are not yet
-                                         timed on a GPU)
-  BLOCKBATCH_ATTN_SPLITS=1..16           force attention's key-split count (default: automatic)
-  BLOCKBATCH_GEMM=cublas|stream|staged   GEMMs of <= 64 rows on a weight-streaming kernel (loads
-                                         into registers / a cp.async ring; default cublas; the
-                                         streaming kernels are not yet checked on a GPU)
-  BLOCKBATCH_GEMM_SPLITS=1..8            the streaming kernel's cluster split count (default: automatic)
-  BLOCKBATCH_GEMM_PAD=0..256             pad the rows of 16-bit GEMMs of > 64 rows to a multiple of
-                                         this for cuBLAS (default 0: off; not yet timed on a GPU)
-  BLOCKBATCH_ROPE_KERNEL=scalar|vec      16-byte RoPE + KV-slot write (default scalar; same bits;
-                                         vec is not yet checked on a GPU)
-  BLOCKBATCH_PDL=0|1                     programmatic dependent launch of the forward's kernels
-                                         (default 0; same bits; not yet checked on a GPU)"""
 
 def _cmd_forward(args: argparse.Namespace) -> int:
     from .loading import load_checkpoint
@@ -281,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  blockbatch generate --policy blockbatch --gen-length 128 PROMPT\n"
                "  blockbatch generate --policy vanilla --threshold none --steps 64 PROMPT   (LLaDA fixed schedule)\n"
                "  blockbatch generate --model /path/to/LLaDA-8B-Instruct --dtype bfloat16 --device cuda 'Hi'\n"
-               "\n" + CUDA_ENVIRONMENT)
+               "\n" + settings.help_text())
     p.add_argument("prompts", nargs="+", metavar="PROMPT", help="prompt text (or ids with --ids)")
     p.add_argument("--model", default=None, help="checkpoint folder (default: the toy model shipped in the package)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
