@@ -9,24 +9,14 @@ import statistics
 import time
 from typing import Callable
 
+from blockbatch import settings
 from blockbatch.bench import environment  # noqa: F401  (re-exported for the benchmark scripts)
 
 
-# Opt-in kernels not yet made the default (each needs a GPU run to check and time it first), in the
-# order they are timed: least risky first, since a kernel that faults ends its process's CUDA
-# context and with it the timings of every candidate after it (each is timed on every step before
-# the next one starts). bench_gpu_step.py times each; gpu_decode_check.py decodes with them.
-CANDIDATES = {
-    "pdl": {"BLOCKBATCH_PDL": "1"},             # programmatic dependent launch (launch.cuh)
-    "rope_vec": {"BLOCKBATCH_ROPE_KERNEL": "vec"},  # 16-byte rope_kv_write
-    "pad": {"BLOCKBATCH_GEMM_PAD": "64"},       # cuBLAS GEMMs of > 64 rows on rows padded to 64 (252 -> 256)
-    "attn3": {"BLOCKBATCH_ATTN_KERNEL": "pipelined3"},  # attention with 3 cp.async K/V stages
-    "attn_split": {"BLOCKBATCH_ATTN_KERNEL": "splitwarps"},  # + small q-tiles' keys split over warps
-    "stream": {"BLOCKBATCH_GEMM": "stream"},    # weight-streaming GEMM for <= 64 rows (linear.cu)
-    "staged": {"BLOCKBATCH_GEMM": "staged"},    # the same through a cp.async shared-memory ring
-    "all": {"BLOCKBATCH_GEMM": "stream", "BLOCKBATCH_GEMM_PAD": "64", "BLOCKBATCH_ROPE_KERNEL": "vec", "BLOCKBATCH_PDL": "1",
-            "BLOCKBATCH_ATTN_KERNEL": "splitwarps"},
-}
+# The opt-in kernels the GPU benchmarks time against the defaults, in timing order (least risky
+# first), then "all" of them together: derived from the settings table (blockbatch/settings.py).
+# bench_gpu_step.py times each; gpu_decode_check.py decodes with them.
+CANDIDATES = settings.candidates()
 
 
 def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, dict]:

@@ -2,8 +2,8 @@
 # GPU check: build from source on the GPU machine, run the GPU tests, then the GPU benchmarks,
 # writing results into the folder given as $1 (within 8 minutes on one H200):
 #   env.txt (GPU, toolkit, versions, kernel resource usage), gpu_check.log, gpu_tests.xml,
-#   bench_gpu_step.json, gpu_decode_check.json, ops_tests.xml; then the opt-in kernels not yet
-#   checked on a GPU ("candidates"): candidate_tests_*.xml, bench_gpu_candidates.json,
+#   bench_gpu_step.json, gpu_decode_check.json, ops_tests.xml; then the opt-in kernels
+#   ("candidates", python/blockbatch/settings.py): candidate_tests_*.xml, bench_gpu_candidates.json,
 #   gpu_decode_candidates.json; a short table ends the log.
 #   bash benchmarks/gpu_check.sh "$OUT"
 # Every stage has its own time limit and writes as it goes, so a stage that fails or runs long
@@ -56,10 +56,11 @@ export PYTHONUNBUFFERED=1
   timeout 90 "$PY" -m pytest -q --tb=short -p no:logging tests/test_ops.py --junitxml="$OUT/ops_tests.xml"
   # One process per candidate: a kernel that faults ends its process's CUDA context, and would
   # otherwise fail every candidate test after it.
+  # The groups (name:pytest -k expression) come from the settings table (python/blockbatch/settings.py).
   hung=0
   others=""
-  for group in "pdl:pdl_and_vector_rope or pdl_variable" "rope_vec:rope_kv_write_cuda or rope_kernel_variable" \
-               "pad:padded_gemm" "attn3:pipelined3" "attn_split:splitwarps" "gemm:stream_linear"; do
+  mapfile -t groups < <("$PY" python/blockbatch/settings.py test-groups)
+  for group in ${groups[@]+"${groups[@]}"}; do
     name="${group%%:*}" expr="${group#*:}"
     others="${others:+$others or }$expr"
     echo "== candidates: GPU tests of $name ($(date +%T))"
@@ -68,7 +69,7 @@ export PYTHONUNBUFFERED=1
     [ $? -eq 124 ] && hung=1
   done
   echo "== candidates: any other GPU tests ($(date +%T))"
-  timeout 60 "$PY" -m pytest -q --tb=short tests/test_cuda.py -m candidate -k "not ($others)" \
+  timeout 60 "$PY" -m pytest -q --tb=short tests/test_cuda.py -m candidate -k "not (${others:-nothing_else})" \
     --junitxml="$OUT/candidate_tests_others.xml"
   [ $? -eq 124 ] && hung=1
   if [ $hung -eq 1 ]; then  # a candidate kernel hangs: its benchmarks would only hang again

@@ -16,6 +16,17 @@ import re
 import sys
 import xml.etree.ElementTree as ET
 
+try:
+    from blockbatch import settings
+except ImportError:  # not installed, no PYTHONPATH: the table is a standalone file of the checkout
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location(
+        "blockbatch_settings", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "blockbatch",
+                                            "settings.py"))
+    settings = sys.modules["blockbatch_settings"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(settings)
+
 
 def tests(path: str) -> list[str]:
     if not os.path.exists(path):
@@ -71,15 +82,8 @@ def steps(path: str) -> list[str]:
     return lines
 
 
-CANDIDATE_TESTS = {  # candidate -> the test names (substrings) that must pass before it may become the default
-    "stream": ("stream_linear",),
-    "staged": ("stream_linear",),
-    "rope_vec": ("rope_kv_write_cuda", "rope_kernel_variable", "pdl_and_vector_rope"),
-    "pdl": ("pdl_and_vector_rope", "pdl_variable"),
-    "attn3": ("pipelined3",),
-    "attn_split": ("splitwarps",),
-    "pad": ("padded_gemm",),
-}
+# candidate -> the test names (substrings) that must pass before it may become the default
+CANDIDATE_TESTS = settings.candidate_tests()
 
 
 def candidate_test_files(d: str) -> list[str]:
