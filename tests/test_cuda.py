@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import blockbatch.native  # noqa: F401
+from blockbatch import settings
 from blockbatch.native import NativeModel
 from blockbatch.options import DecodeOptions, run_decode
 from blockbatch.reference import model as ref
@@ -15,8 +16,8 @@ ops = torch.ops.blockbatch
 DTYPES = [torch.float32, torch.bfloat16]
 
 
-@pytest.fixture(params=["sync", "pipelined", pytest.param("pipelined3", marks=pytest.mark.candidate),
-                        pytest.param("splitwarps", marks=pytest.mark.candidate)])
+@pytest.fixture(params=[settings.param("BLOCKBATCH_ATTN_KERNEL", k) for k in ("sync", "pipelined", "pipelined3",
+                                                                             "splitwarps")])
 def attn_kernel(request, monkeypatch):
     """Run the test with each tensor-core attention kernel (BLOCKBATCH_ATTN_KERNEL)."""
     monkeypatch.setenv("BLOCKBATCH_ATTN_KERNEL", request.param)
@@ -68,7 +69,7 @@ def test_add_rms_norm_cuda(dtype, dim):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hd", [16, 128, 12])  # 16-byte accesses for 16 and 128; 12 falls back to pairs
-@pytest.mark.parametrize("rope_kernel", ["scalar", pytest.param("vec", marks=pytest.mark.candidate)])
+@pytest.mark.parametrize("rope_kernel", [settings.param("BLOCKBATCH_ROPE_KERNEL", k) for k in ("scalar", "vec")])
 def test_rope_kv_write_cuda(dtype, hd, rope_kernel, monkeypatch):
     """The fused RoPE + KV-slot write (each kernel: BLOCKBATCH_ROPE_KERNEL) == rope_ + kv_write_ on
     the GPU (bit for bit) and == the CPU ops (float32 bitwise: same operation order, no FMA
@@ -223,7 +224,7 @@ def test_split_key_attention_on_long_rows(hd, attn_kernel, monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("hd", [64, 128])
-@pytest.mark.parametrize("pipelined", ["pipelined", pytest.param("pipelined3", marks=pytest.mark.candidate)])
+@pytest.mark.parametrize("pipelined", [settings.param("BLOCKBATCH_ATTN_KERNEL", k) for k in ("pipelined", "pipelined3")])
 def test_pipelined_attention_equals_sync_bit_for_bit(dtype, hd, pipelined, monkeypatch):
     """The cp.async / ldmatrix kernels (2 and 3 stages) do the same arithmetic in the same order as
     the staged one: equal bits on random rows (cache only, cache + fresh, fresh only, empty and
@@ -250,7 +251,7 @@ def test_pipelined_attention_equals_sync_bit_for_bit(dtype, hd, pipelined, monke
             assert torch.equal(outs["sync"], outs[pipelined]), f"cache={cache.tolist()} fresh={fresh} splits={splits!r}"
 
 
-@pytest.mark.candidate
+@settings.candidate_mark("BLOCKBATCH_ROPE_KERNEL")
 def test_rope_kernel_variable_is_checked(monkeypatch):
     monkeypatch.setenv("BLOCKBATCH_ROPE_KERNEL", "fast")
     qkv, q, k, v, kv, (pos, cu, rows) = rope_kv_case("cuda", torch.bfloat16)
@@ -277,7 +278,7 @@ LINEAR_SHAPES = [(1, 64, 32), (7, 200, 96), (8, 4096, 4096), (32, 4096, 4096), (
                  (64, 12288, 4096), (17, 126464, 128), (16, 96, 256), (64, 72, 384)]
 
 
-@pytest.mark.candidate
+@settings.candidate_mark("BLOCKBATCH_GEMM")
 @pytest.mark.parametrize("gemm", ["stream", "staged"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("M,N,K", LINEAR_SHAPES)
@@ -303,7 +304,7 @@ def test_stream_linear_error_within_2x_cublas(gemm, dtype, M, N, K, monkeypatch)
         assert err <= 2 * cublas_err, f"splits {splits!r}: {err:.3g} vs cuBLAS {cublas_err:.3g}"
 
 
-@pytest.mark.candidate
+@settings.candidate_mark("BLOCKBATCH_GEMM")
 def test_stream_linear_runs_its_kernel_and_falls_back(monkeypatch):
     """With BLOCKBATCH_GEMM=stream / staged the 16-bit GEMM of <= 64 rows launches linear_kernel /
     linear_staged_kernel (profiler; staged with K % 128 != 0 runs linear_kernel); float32, 65 rows,
@@ -340,7 +341,7 @@ def test_stream_linear_runs_its_kernel_and_falls_back(monkeypatch):
         ops.linear(x, w)
 
 
-@pytest.mark.candidate
+@settings.candidate_mark("BLOCKBATCH_GEMM_PAD")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_padded_gemm(dtype, monkeypatch):
     """BLOCKBATCH_GEMM_PAD=64: a 16-bit GEMM of more than 64 rows runs on zero-padded rows (252 ->
@@ -365,7 +366,7 @@ def test_padded_gemm(dtype, monkeypatch):
         ops.linear(x, w)
 
 
-@pytest.mark.candidate
+@settings.candidate_mark("BLOCKBATCH_GEMM")
 def test_forward_and_decode_with_stream_linear(monkeypatch):
     """A bf16 model whose GEMMs all run on the weight-streaming kernel (d 128, MLP 256, vocab 64,
     40 tokens: every shape qualifies): the logits' error against the float32 model is no worse than
@@ -414,7 +415,7 @@ def test_cuda_graph_replay_equals_eager(policy, dtype):
     assert eager.stats["graph_replays"] == 0 and graph.stats["graph_captures"] >= 1 and graph.stats["graph_replays"] >= 1
 
 
-@pytest.mark.candidate
+@settings.candidate_mark("BLOCKBATCH_PDL", "BLOCKBATCH_ROPE_KERNEL")
 @pytest.mark.parametrize("policy", ["vanilla", "prefix", "dual", "blockbatch"])
 def test_pdl_and_vector_rope_change_no_bits(policy, monkeypatch):
     """Programmatic dependent launch (BLOCKBATCH_PDL=1) only overlaps launches and the 16-byte
@@ -445,7 +446,7 @@ def test_pdl_and_vector_rope_change_no_bits(policy, monkeypatch):
                     {k: v for k, v in base.stats.items() if k not in skip}, label
 
 
-@pytest.mark.candidate
+@settings.candidate_mark("BLOCKBATCH_PDL")
 def test_pdl_variable_is_checked(monkeypatch):
     monkeypatch.setenv("BLOCKBATCH_PDL", "yes")
     x = torch.randn(4, 64, device="cuda")
