@@ -87,10 +87,10 @@ int env_int(const char* name, int lo, int hi, int fallback) {
   return static_cast<int>(v);
 }
 
-// The CUDA kernel choices when their environment variables are unset: the kernels checked and
-// timed on a GPU. An opt-in candidate becomes the default by changing its line here (and the
-// default that `blockbatch generate --help` states; a test compares the two), once a GPU run has
-// shown it correct and faster (benchmarks/gpu_check.sh: its verdicts; docs/bench/gpu/NOTES.md).
+// The CUDA kernel choices when their environment variables are unset. Every BLOCKBATCH_* variable,
+// its values, default and status (promoted / opt-in candidate) is one row of the settings table,
+// python/blockbatch/settings.py; tests/test_settings.py checks that this block and the env_choice /
+// env_int calls below agree with it. Promoting a candidate: its row there and its line here.
 constexpr const char* kDefaultAttnKernel = "pipelined";  // BLOCKBATCH_ATTN_KERNEL; 2.4x "sync" at 6 rows x L 2048
 constexpr const char* kDefaultGemm = "cublas";           // BLOCKBATCH_GEMM
 constexpr int kDefaultGemmPad = 0;                       // BLOCKBATCH_GEMM_PAD
@@ -106,8 +106,7 @@ int attention_splits(int heuristic) { return env_int("BLOCKBATCH_ATTN_SPLITS", 1
 // stages: two tiles in flight; idle warps skip the arithmetic), "splitwarps" (pipelined3, and the
 // keys of q-tiles of at most 32 queries split over the warps that would idle) or "sync" (K/V tiles
 // staged through registers, the first version, the bit-for-bit reference of the pipelined ones).
-// pipelined3 and splitwarps are opt-in until a GPU run has checked and timed them. Read per call,
-// like the split override, so one process can time all of them.
+// Read per call, like the split override, so one process can time all of them.
 int attention_variant() {
   const std::string v =
       env_choice("BLOCKBATCH_ATTN_KERNEL", {"sync", "pipelined", "pipelined3", "splitwarps"}, kDefaultAttnKernel);
@@ -116,8 +115,7 @@ int attention_variant() {
 
 // Which GEMM runs x @ weight.T for at most 64 rows: BLOCKBATCH_GEMM = "cublas" (the default: ATen's
 // at::mm), "stream" or "staged" (linear.cu's weight-streaming kernels: loads into registers, or
-// through a cp.async shared-memory ring; where they apply). Both stay opt-in until a GPU run has
-// shown them correct and faster (see docs/bench/gpu/NOTES.md). BLOCKBATCH_GEMM_SPLITS (1..8)
+// through a cp.async shared-memory ring; where they apply). BLOCKBATCH_GEMM_SPLITS (1..8)
 // overrides their cluster split count. Both read per call, so a benchmark can time every choice
 // in one process.
 enum class Gemm { kCublas, kStream, kStaged };
@@ -131,8 +129,8 @@ int gemm_splits(int heuristic) { return env_int("BLOCKBATCH_GEMM_SPLITS", 1, 8, 
 // BLOCKBATCH_GEMM_PAD = P (2..256; unset, 0 or 1: off): a 16-bit cuBLAS GEMM of more than 64 rows
 // runs on its rows padded with zero rows to a multiple of P, and returns the first M rows. The
 // 6-branch step has 252 rows; if cuBLAS tiles 256 rows better than 252 (it ran 192-row tiles at
-// 252, about 66% of them useful), the copy of x (2 MB) costs far less than it saves. Opt-in
-// until a GPU run has timed it (bench_gpu_step.py's "pad" candidate and its GEMM sweep).
+// 252, about 66% of them useful), the copy of x (2 MB) costs far less than it saves
+// (bench_gpu_step.py's "pad" candidate and its GEMM sweep time it).
 int gemm_row_multiple() { return env_int("BLOCKBATCH_GEMM_PAD", 0, 256, kDefaultGemmPad); }
 
 at::Tensor padded_mm(const at::Tensor& x, const at::Tensor& weight, int64_t multiple) {
@@ -144,13 +142,13 @@ at::Tensor padded_mm(const at::Tensor& x, const at::Tensor& weight, int64_t mult
 }
 
 // rope_kv_write_'s kernel: BLOCKBATCH_ROPE_KERNEL = "scalar" (the default: element pairs) or "vec"
-// (16 bytes per access, same bits; opt-in until a GPU run has checked and timed it). Read per call.
+// (16 bytes per access, same bits). Read per call.
 bool rope_vectorized() { return env_choice("BLOCKBATCH_ROPE_KERNEL", {"scalar", "vec"}, kDefaultRopeKernel) == "vec"; }
 
 }  // namespace
 
 // Programmatic dependent launch for the forward's kernels (csrc/kernels/cuda/launch.cuh):
-// BLOCKBATCH_PDL = "1" on, "0" or unset off (opt-in until a GPU run has checked and timed it).
+// BLOCKBATCH_PDL = "1" on, "0" or unset off.
 bool cuda::programmatic_launch() { return env_choice("BLOCKBATCH_PDL", {"0", "1"}, kDefaultPdl) == "1"; }
 
 namespace {

@@ -11,8 +11,8 @@
 // launch early (launch_dependents). Without the launch attribute, or on older GPUs, both
 // instructions do nothing.
 //
-// BLOCKBATCH_PDL = "1" turns the attribute on (default off until a GPU run has checked and timed
-// it; read per launch so one process can time both).
+// BLOCKBATCH_PDL = "1" turns the attribute on (default off: python/blockbatch/settings.py; read per
+// launch so one process can time both).
 #pragma once
 
 #include <cuda_runtime.h>
