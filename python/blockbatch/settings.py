@@ -199,7 +199,7 @@ HELP_WIDTH = 41  # where the descriptions of `generate --help`'s environment blo
 
 
 def _describe(s: Setting) -> str:
-    text = f"{s.doc} (default {s.default_text}"
+    text = f"{s.doc} (default\0{s.default_text}"  # \0: kept on one line by help_text's wrapping
     if s.candidates:
         text += "; opt-in candidate" + ("s " if len(s.candidates) > 1 else " ") + ", ".join(s.candidates)
     elif s.status == "candidate":
@@ -213,7 +213,7 @@ def help_text() -> str:
              f"candidates are opt-in until a GPU run has timed them: {NOTES}):"]
     for s in runtime():
         head = "  " + s.syntax
-        body = textwrap.wrap(_describe(s), 100 - HELP_WIDTH)
+        body = [b.replace("\0", " ") for b in textwrap.wrap(_describe(s), 100 - HELP_WIDTH)]
         if len(head) + 1 <= HELP_WIDTH:
             lines.append(head.ljust(HELP_WIDTH) + body[0])
             body = body[1:]
