@@ -146,6 +146,9 @@ def test_cli_help_lists_every_cuda_environment_variable():
     assert res.returncode == 0
     missing = sorted(v for v in read if f"{v}=" not in res.stdout)
     assert not missing, f"generate --help does not explain {missing}"
+    from blockbatch import settings
+
+    assert settings.help_text() in res.stdout  # the block is rendered from the settings table
     # The defaults ops_cuda.cpp compiles in are the ones the help states.
     defaults = re.findall(r'constexpr [\w ]+\* kDefault\w+ = "?(\w+)"?;\s+// (BLOCKBATCH_\w+)|'
                           r'constexpr int kDefault\w+ = (\d+);\s+// (BLOCKBATCH_\w+)',
