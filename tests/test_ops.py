@@ -508,35 +508,3 @@ def test_bookkeeping_bad_input_names_argument():
     with pytest.raises(ValueError, match=rf"spans\[0\] = \(row {live}, .*does not cover branch {live}'s window"):
         ops.bb_absorb_(s["canvas"], s["state"], s["eos_prob"], s["map_ids"], s["map_probs"],
                        torch.tensor([[live, 0, start + 1, 3, 0]]), token, conf, ids, probs, logits, 3, 9, 7, 0.9, True)
-
-
-@pytest.mark.parametrize("threads", [4, 32])
-def test_bookkeeping_under_the_gpu_execution_model(threads):
-    """The bookkeeping code run the way the CUDA kernels run it (one thread block: strided loops,
-    barriers, tree reductions), emulated by `threads` CPU threads, gives the serial results: no
-    divergent barrier, no racing write, reductions that do not depend on the split."""
-    for seed in range(30):
-        for kwargs in ({}, {"merge_gate": 0.7, "sync_gap": 4}):
-            serial, emulated = random_branch_state(seed), random_branch_state(seed)
-            ops.bb_coordinate_(*coordinate_args(serial, **kwargs))
-            ops._bb_coordinate_threads_(*coordinate_args(emulated, **kwargs), threads)
-            for k in ("canvas", "state", "flags", "sync_src"):
-                assert torch.equal(emulated[k], serial[k]), f"seed {seed}: {k}"
-        g = torch.Generator().manual_seed(seed)
-        spans, rows = window_spans(serial["state"])
-        if not spans:
-            continue
-        logits = torch.randn(rows, 40, generator=g) * 4
-        logits[:, 7] += 4
-        token, conf = ops.confidence(logits, 9)
-        ids, probs = ops.sparse_probs(logits, 0.1, 3)
-        args = (torch.tensor(spans), token, conf, ids, probs, logits, serial["prompt_len"], 9, 7, 0.8, True)
-        ops.bb_absorb_(serial["canvas"], serial["state"], serial["eos_prob"], serial["map_ids"], serial["map_probs"],
-                       *args)
-        ops._bb_absorb_threads_(emulated["canvas"], emulated["state"], emulated["eos_prob"], emulated["map_ids"],
-                                emulated["map_probs"], *args, threads)
-        for k in ("canvas", "state", "map_ids", "map_probs"):
-            assert torch.equal(emulated[k], serial[k]), f"seed {seed}: {k}"
-        assert torch.allclose(emulated["eos_prob"], serial["eos_prob"], rtol=1e-12, atol=0)
-    with pytest.raises(ValueError, match="threads must be a power of two"):
-        ops._bb_coordinate_threads_(*coordinate_args(random_branch_state(0)), 3)

@@ -18,8 +18,6 @@ namespace blockbatch {
 
 namespace {
 const std::string kPrefix = "model.transformer.";
-constexpr const char* kLayerTensors[] = {"attn_norm", "q_proj",  "k_proj",  "v_proj", "attn_out",
-                                         "ff_norm",   "ff_proj", "up_proj", "ff_out"};
 
 c10::ScalarType parse_dtype(const std::string& dtype, c10::ScalarType fallback) {
   if (dtype.empty()) return fallback;

@@ -3,13 +3,8 @@
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
 
-#include <chrono>
-#include <condition_variable>
+#include <algorithm>
 #include <cstring>
-#include <exception>
-#include <mutex>
-#include <thread>
-#include <vector>
 
 #include "kernels/branches.h"
 #include "torch/ops.h"
@@ -168,143 +163,6 @@ void kv_copy_rows_cpu(const at::Tensor& kv, const at::Tensor& src) {
   }
 }
 
-// ---- CPU emulation of the CUDA executor (kernels/cuda/branches.cu's BlockExec): `threads`
-// std::threads run the same code as one thread block: strided loops, a barrier after every
-// phase, the same tree reductions over a shared scratch. Tests run the bookkeeping through it to
-// check the GPU execution model here: threads taking different branches miss a barrier (the
-// barrier times out and the op throws); racing writes show up as results unlike the serial ones.
-class Barrier {
- public:
-  explicit Barrier(int n) : n_(n) {}
-  void wait() {
-    std::unique_lock<std::mutex> lock(m_);
-    if (broken_) throw std::runtime_error("barrier broken");
-    const int64_t gen = generation_;
-    if (++arrived_ == n_) {
-      arrived_ = 0;
-      ++generation_;
-      cv_.notify_all();
-      return;
-    }
-    if (!cv_.wait_for(lock, std::chrono::seconds(10), [&] { return generation_ != gen || broken_; }) || broken_) {
-      broken_ = true;
-      cv_.notify_all();
-      throw std::runtime_error("threads diverged: a barrier was not reached by every thread");
-    }
-  }
-  void abandon() {  // a thread failed: release the others
-    std::lock_guard<std::mutex> lock(m_);
-    broken_ = true;
-    cv_.notify_all();
-  }
-
- private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  const int n_;
-  int arrived_ = 0;
-  int64_t generation_ = 0;
-  bool broken_ = false;
-};
-
-struct ThreadBlockExec {
-  int tid, threads;
-  Barrier* barrier;
-  unsigned char* scratch;  // threads * 16 bytes, shared
-
-  template <typename F>
-  void for_each(int64_t n, F&& f) const {
-    for (int64_t i = tid; i < n; i += threads) f(i);
-    barrier->wait();
-  }
-  template <typename V, typename F, typename Op>
-  V reduce(int64_t n, V init, F&& f, Op op) const {
-    static_assert(sizeof(V) <= 16);
-    V acc = init;
-    for (int64_t i = tid; i < n; i += threads) acc = op(acc, f(i));
-    V* s = reinterpret_cast<V*>(scratch);
-    s[tid] = acc;
-    barrier->wait();
-    for (int w = threads / 2; w > 0; w >>= 1) {
-      if (tid < w) s[tid] = op(s[tid], s[tid + w]);
-      barrier->wait();
-    }
-    const V r = s[0];
-    barrier->wait();
-    return r;
-  }
-  template <typename F>
-  int64_t count(int64_t n, F&& f) const {
-    return reduce(n, int64_t(0), [&](int64_t i) { return int64_t(f(i) ? 1 : 0); }, br::Sum{});
-  }
-  template <typename F>
-  void once(F&& f) const {
-    if (tid == 0) f();
-    barrier->wait();
-  }
-};
-
-// Runs body(exec) on `threads` threads forming one emulated block; rethrows the first failure.
-template <typename Body>
-void run_thread_block(int64_t threads, const Body& body) {
-  TORCH_CHECK_VALUE(threads >= 1 && threads <= 64 && (threads & (threads - 1)) == 0,
-                    "threads must be a power of two in [1, 64], got ", threads);
-  const int n = static_cast<int>(threads);
-  Barrier barrier(n);
-  alignas(16) unsigned char scratch[64 * 16];
-  std::vector<std::exception_ptr> errors(n);
-  std::vector<std::thread> pool;
-  for (int t = 0; t < n; ++t) {
-    pool.emplace_back([&, t] {
-      try {
-        body(ThreadBlockExec{t, n, &barrier, scratch});
-      } catch (...) {
-        errors[t] = std::current_exception();
-        barrier.abandon();
-      }
-    });
-  }
-  for (auto& th : pool) th.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
-}
-
-void absorb_threads_cpu(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
-                        const at::Tensor& map_ids, const at::Tensor& map_probs, const at::Tensor& spans,
-                        const at::Tensor& token, const at::Tensor& conf, const at::Tensor& ids,
-                        const at::Tensor& probs, const at::Tensor& logits, int64_t prompt_len, int64_t mask_id,
-                        int64_t eos_id, double threshold, bool stop_on_eos, int64_t threads) {
-  const BranchTensors d = check_branches(canvas, state, eos_prob, map_ids, map_probs, prompt_len);
-  check_absorb(d, canvas, spans, token, conf, ids, probs, logits);
-  TORCH_CHECK_TYPE(logits.scalar_type() == at::kFloat, "logits must be Float for the emulation");
-  const br::View v = branch_view(canvas, state, eos_prob, map_ids, map_probs, prompt_len, mask_id, eos_id);
-  const float* l = logits.const_data_ptr<float>();
-  const int64_t vocab = logits.size(1);
-  auto logit = [&](int64_t row, int64_t j) { return static_cast<double>(l[row * vocab + j]); };
-  for (int64_t i = 0; i < spans.size(0); ++i) {  // one block per span, as on the GPU (one at a time here)
-    run_thread_block(threads, [&](const ThreadBlockExec& ex) {
-      br::absorb_span(ex, v, spans.const_data_ptr<int64_t>() + i * br::kSpanFields, token.const_data_ptr<int64_t>(),
-                      conf.const_data_ptr<double>(), ids.const_data_ptr<int64_t>(), probs.const_data_ptr<double>(),
-                      logit, vocab, br::AbsorbParams{threshold, stop_on_eos, logits.size(0)});
-    });
-  }
-}
-
-void coordinate_threads_cpu(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
-                            const at::Tensor& flags, const at::Tensor& sync_src, const at::Tensor& map_ids,
-                            const at::Tensor& map_probs, int64_t prompt_len, int64_t mask_id, double merge_gate,
-                            bool merge, bool sync, int64_t sync_gap, int64_t refresh_tokens, bool periodic_refresh,
-                            int64_t threads) {
-  const BranchTensors d = check_branches(canvas, state, eos_prob, map_ids, map_probs, prompt_len);
-  check_coordinate(d, canvas, flags, sync_src);
-  const br::View v = branch_view(canvas, state, eos_prob, map_ids, map_probs, prompt_len, mask_id, -1);
-  run_thread_block(threads, [&](const ThreadBlockExec& ex) {
-    br::coordinate(ex, v, flags.data_ptr<int64_t>(), sync_src.data_ptr<int64_t>(),
-                   br::CoordinateParams{merge_gate, merge, sync, sync_gap, refresh_tokens, periodic_refresh});
-  });
-}
-
 void absorb_meta(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
                  const at::Tensor& map_ids, const at::Tensor& map_probs, const at::Tensor& spans,
                  const at::Tensor& token, const at::Tensor& conf, const at::Tensor& ids, const at::Tensor& probs,
@@ -344,22 +202,12 @@ TORCH_LIBRARY_FRAGMENT(blockbatch, m) {
         "int sync_gap, int refresh_tokens, bool periodic_refresh) -> ()");
   // kv_copy_rows_: kv[r] = kv[src[r]] for every r with src[r] >= 0 (src int64 [kv.size(0)]).
   m.def("kv_copy_rows_(Tensor(a!) kv, Tensor src) -> ()");
-  // Test hooks (CPU only): the two ops above run by `threads` std::threads emulating one CUDA
-  // thread block (the GPU executor's barriers and reductions).
-  m.def("_bb_absorb_threads_(Tensor(a!) canvas, Tensor(b!) state, Tensor(c!) eos_prob, Tensor(d!) map_ids, "
-        "Tensor(e!) map_probs, Tensor spans, Tensor token, Tensor conf, Tensor ids, Tensor probs, Tensor logits, "
-        "int prompt_len, int mask_id, int eos_id, float threshold, bool stop_on_eos, int threads) -> ()");
-  m.def("_bb_coordinate_threads_(Tensor(a!) canvas, Tensor(b!) state, Tensor eos_prob, Tensor(c!) flags, "
-        "Tensor(d!) sync_src, Tensor map_ids, Tensor map_probs, int prompt_len, int mask_id, float merge_gate, "
-        "bool merge, bool sync, int sync_gap, int refresh_tokens, bool periodic_refresh, int threads) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(blockbatch, CPU, m) {
   m.impl("bb_absorb_", &absorb_cpu);
   m.impl("bb_coordinate_", &coordinate_cpu);
   m.impl("kv_copy_rows_", &kv_copy_rows_cpu);
-  m.impl("_bb_absorb_threads_", &absorb_threads_cpu);
-  m.impl("_bb_coordinate_threads_", &coordinate_threads_cpu);
 }
 TORCH_LIBRARY_IMPL(blockbatch, Meta, m) {
   m.impl("bb_absorb_", &absorb_meta);

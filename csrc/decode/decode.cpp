@@ -1,0 +1,27 @@
+// decode(): the entry point declared in decode/decode.h. Validates the options and the prompt,
+// then hands the request to its policy (single_branch.cpp or blockbatch.cpp).
+#include <c10/util/Exception.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "decode/decode.h"
+
+namespace blockbatch {
+
+DecodeResult decode(const Model& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
+                    const int64_t* cancel) {
+  const ModelConfig& c = model.config();
+  o.validate(c, static_cast<int64_t>(prompt.size()));
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    TORCH_CHECK_VALUE(prompt[i] >= 0 && prompt[i] < c.vocab_size, "prompt_ids[", i, "] = ", prompt[i],
+                      " is outside the vocabulary [0, ", c.vocab_size, ")");
+    TORCH_CHECK_VALUE(prompt[i] != c.mask_token_id, "prompt_ids[", i, "] is the mask id ", c.mask_token_id,
+                      "; prompts must not contain masks");
+  }
+  const Stop stop(o.timeout_s, cancel);
+  return o.policy == Policy::kBlockBatch ? decode_blockbatch(model, prompt, o, stop)
+                                         : decode_single_branch(model, prompt, o, stop);
+}
+
+}  // namespace blockbatch
