@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
 import signal
@@ -220,6 +221,26 @@ def _raise_translated(error: RuntimeError) -> None:
     raise error
 
 
+_executor: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _block_sigint() -> None:
+    # SIGINT must reach the main thread (whose handler sets the cancel flag): block it in the
+    # worker, and so in the threads the op starts from it (they inherit the mask).
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+
+def _worker() -> concurrent.futures.ThreadPoolExecutor:
+    """One long-lived decode thread for the main thread's decodes. A new thread per decode grew
+    the resident memory by about 10 kB a decode (allocator arenas of short-lived threads; the
+    soak benchmark measured +4% over 1,000 decodes), one thread reused keeps it flat."""
+    global _executor
+    if _executor is None:
+        _executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="blockbatch-decode",
+                                                          initializer=_block_sigint)
+    return _executor
+
+
 def _interruptible_decode(model_obj, prompt_ids: torch.Tensor, kwargs: dict) -> tuple:
     """The decode op with a cancel flag; on the main thread, interruptible by Ctrl-C."""
     cancel = torch.zeros(1, dtype=torch.long)
@@ -229,21 +250,13 @@ def _interruptible_decode(model_obj, prompt_ids: torch.Tensor, kwargs: dict) -> 
             return op(model_obj, prompt_ids, cancel=cancel, **kwargs)
         except RuntimeError as e:
             _raise_translated(e)
-    result: dict[str, Any] = {}
     stream = torch.cuda.current_stream() if prompt_ids.is_cuda else None
 
-    def work() -> None:
-        # SIGINT must reach the main thread (which raises KeyboardInterrupt and sets the flag):
-        # block it here, and so in the threads the op starts from here (they inherit the mask).
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
-            if stream is not None:
-                with torch.cuda.stream(stream):  # the caller's stream, as without the thread
-                    result["out"] = op(model_obj, prompt_ids, cancel=cancel, **kwargs)
-            else:
-                result["out"] = op(model_obj, prompt_ids, cancel=cancel, **kwargs)
-        except BaseException as e:  # handed to the caller below
-            result["error"] = e
+    def work() -> tuple:
+        if stream is not None:
+            with torch.cuda.stream(stream):  # the caller's stream, as without the thread
+                return op(model_obj, prompt_ids, cancel=cancel, **kwargs)
+        return op(model_obj, prompt_ids, cancel=cancel, **kwargs)
 
     # While the op runs, Ctrl-C only sets the cancel flag (the loop checks it before every
     # forward); once the worker has stopped, KeyboardInterrupt is raised here as Python would.
@@ -257,24 +270,21 @@ def _interruptible_decode(model_obj, prompt_ids: torch.Tensor, kwargs: dict) -> 
     ours = previous is signal.default_int_handler
     if ours:
         signal.signal(signal.SIGINT, on_sigint)
-    worker = threading.Thread(target=work, name="blockbatch-decode", daemon=True)
     try:
-        worker.start()
+        future = _worker().submit(work)
         try:
-            while worker.is_alive():
-                worker.join(0.05)
+            while not future.done():
+                concurrent.futures.wait([future], timeout=0.05)
         except BaseException:  # a custom SIGINT handler raised: stop the decode all the same
             cancel[0] = 1
-            worker.join()
+            concurrent.futures.wait([future])
             raise
     finally:
         if ours:
             signal.signal(signal.SIGINT, previous)
     if interrupted:
         raise KeyboardInterrupt
-    if "error" in result:
-        error = result["error"]
-        if isinstance(error, RuntimeError):
-            _raise_translated(error)
-        raise error
-    return result["out"]
+    try:
+        return future.result()
+    except RuntimeError as e:
+        _raise_translated(e)
