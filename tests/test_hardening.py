@@ -415,3 +415,22 @@ def test_sparse_probs_bounds_max_k():
         ops.sparse_probs(logits, 0.1, 0)
     ids, _ = ops.sparse_probs(logits, 0.1, 1024)  # the bound itself is fine
     assert ids.shape == (4, 1024)
+
+
+def test_decode_after_fork_in_the_child():
+    """The main thread's decodes run on one long-lived worker thread; a forked child (which has
+    no such thread) starts its own instead of waiting forever on the parent's."""
+    proc = run_isolated("""
+        import os
+        from blockbatch import Engine, DecodeOptions
+        e = Engine.from_pretrained()
+        opts = DecodeOptions(policy="dual", gen_length=32, block_length=16)
+        [a] = e.generate([5, 6, 7], opts)
+        pid = os.fork()
+        if pid == 0:
+            [b] = e.generate([5, 6, 7], opts)
+            os._exit(0 if b.raw_ids == a.raw_ids else 3)
+        _, status = os.waitpid(pid, 0)
+        print("CHILD", os.waitstatus_to_exitcode(status))
+        """, timeout=120)
+    assert_ok(proc, "CHILD 0")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import math
+import os
 import signal
 import threading
 from typing import Any, Callable
@@ -222,6 +223,14 @@ def _raise_translated(error: RuntimeError) -> None:
 
 
 _executor: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _forget_executor() -> None:
+    global _executor
+    _executor = None  # a forked child has no worker thread: it starts its own on first use
+
+
+os.register_at_fork(after_in_child=_forget_executor)
 
 
 def _block_sigint() -> None:
