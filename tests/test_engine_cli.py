@@ -152,7 +152,7 @@ def test_cli_help_lists_every_cuda_environment_variable():
     # The defaults ops_cuda.cpp compiles in are the ones the help states.
     defaults = re.findall(r'constexpr [\w ]+\* kDefault\w+ = "?(\w+)"?;\s+// (BLOCKBATCH_\w+)|'
                           r'constexpr int kDefault\w+ = (\d+);\s+// (BLOCKBATCH_\w+)',
-                          (src / "torch" / "ops_cuda.cpp").read_text())
+                          (src / "ops" / "cuda" / "settings.cpp").read_text())
     pairs = [(a or c, b or d) for a, b, c, d in defaults]
     assert {v for _, v in pairs} >= {"BLOCKBATCH_ATTN_KERNEL", "BLOCKBATCH_GEMM", "BLOCKBATCH_PDL"}
     for value, var in pairs:

@@ -30,7 +30,7 @@
 #include "decode/step.h"
 #include "decode/step_runner.h"
 #include "kernels/branches.h"
-#include "torch/ops.h"
+#include "ops/ops.h"
 
 namespace blockbatch {
 
@@ -49,7 +49,7 @@ enum StepKind : int64_t { kInitStep = 10, kBlockStep, kRefreshStep, kCoordinateS
 
 class BlockBatchDecoder {
  public:
-  BlockBatchDecoder(const Model& model, const std::vector<int64_t>& prompt, const DecodeOptions& o, const Stop& stop)
+  BlockBatchDecoder(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o, const Stop& stop)
       : model_(model), o_(o), stop_(stop), c_(model.config()), lp_(static_cast<int64_t>(prompt.size())), G_(o.gen_length),
         L_(lp_ + G_), B_(static_cast<int64_t>(o.block_sizes.size())),
         K_(static_cast<int64_t>(std::floor(1.0 / o.prob_floor)) + 1),
@@ -331,7 +331,7 @@ class BlockBatchDecoder {
     forward_step(q, KvMode::kFull, kRefreshStep, spans);
   }
 
-  const Model& model_;
+  const Network& model_;
   const DecodeOptions& o_;
   const Stop& stop_;
   const ModelConfig& c_;
@@ -351,7 +351,7 @@ class BlockBatchDecoder {
 
 }  // namespace
 
-DecodeResult decode_blockbatch(const Model& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
+DecodeResult decode_blockbatch(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
                                const Stop& stop) {
   return BlockBatchDecoder(model, prompt, o, stop).run();
 }

@@ -9,7 +9,7 @@
 
 namespace blockbatch {
 
-DecodeResult decode(const Model& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
+DecodeResult decode(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
                     const int64_t* cancel) {
   const ModelConfig& c = model.config();
   o.validate(c, static_cast<int64_t>(prompt.size()));

@@ -13,15 +13,15 @@
 #include <limits>
 #include <string>
 
-#include "decode/commit.h"
+#include "kernels/cpu/commit_rules.h"
 #include "decode/decode.h"
 #include "decode/step.h"
 #include "decode/step_runner.h"
-#include "torch/ops.h"
+#include "ops/ops.h"
 
 namespace blockbatch {
 
-DecodeResult decode_single_branch(const Model& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
+DecodeResult decode_single_branch(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
                                   const Stop& stop) {
   const auto t0 = std::chrono::steady_clock::now();
   const ModelConfig& c = model.config();

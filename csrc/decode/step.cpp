@@ -17,7 +17,7 @@
 
 #include <limits>
 
-#include "torch/ops.h"
+#include "ops/ops.h"
 
 namespace blockbatch {
 

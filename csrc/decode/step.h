@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/model.h"
+#include "model/network.h"
 
 namespace blockbatch {
 

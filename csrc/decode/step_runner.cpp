@@ -59,7 +59,7 @@ struct StepRunner::Graphs {
 struct StepRunner::Graphs {};
 #endif
 
-StepRunner::StepRunner(const Model& model, bool use_graphs) : model_(model) {
+StepRunner::StepRunner(const Network& model, bool use_graphs) : model_(model) {
 #ifdef BLOCKBATCH_WITH_CUDA
   if (use_graphs && model.device().is_cuda()) graphs_ = std::make_unique<Graphs>(model.device());
 #else

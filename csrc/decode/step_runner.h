@@ -19,7 +19,7 @@
 #include <memory>
 #include <vector>
 
-#include "model/model.h"
+#include "model/network.h"
 
 namespace blockbatch {
 
@@ -36,7 +36,7 @@ class StepRunner {
   using Key = std::array<int64_t, 6>;  // the step's shape: equal keys must mean equal launch shapes
 
   // use_graphs: capture / replay CUDA graphs (ignored on CPU and in builds without CUDA).
-  StepRunner(const Model& model, bool use_graphs);
+  StepRunner(const Network& model, bool use_graphs);
   ~StepRunner();
   StepRunner(const StepRunner&) = delete;
   StepRunner& operator=(const StepRunner&) = delete;
@@ -52,7 +52,7 @@ class StepRunner {
 
  private:
   struct Graphs;  // CUDA state (defined in step_runner.cpp when built with CUDA)
-  const Model& model_;
+  const Network& model_;
   std::unique_ptr<Graphs> graphs_;
   int64_t captures_ = 0, replays_ = 0;
 };

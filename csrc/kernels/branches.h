@@ -125,7 +125,7 @@ struct SerialExec {
 };
 
 // ------------------------------------------------------------------------------ input guards
-// The host checks these before a CPU op runs (torch/branches_op.cpp names what is wrong); the
+// The host checks these before a CPU op runs (ops/cpu/branches.cpp names what is wrong); the
 // GPU kernels cannot read the device state table without a sync, so they check it here, in the
 // shared code, and skip what is out of bounds: nothing is ever written outside the tensors.
 

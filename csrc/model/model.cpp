@@ -10,59 +10,16 @@
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
+#include <optional>
 #include <set>
 
-#include "torch/ops.h"
+#include "ops/ops.h"
 
 namespace blockbatch {
 
 namespace {
 const std::string kPrefix = "model.transformer.";
-
-c10::ScalarType parse_dtype(const std::string& dtype, c10::ScalarType fallback) {
-  if (dtype.empty()) return fallback;
-  if (dtype == "float32") return at::kFloat;
-  if (dtype == "bfloat16") return at::kBFloat16;
-  if (dtype == "float16") return at::kHalf;
-  TORCH_CHECK(false, "dtype must be 'float32', 'bfloat16', 'float16' or '' (keep), got '", dtype, "'");
-}
 }  // namespace
-
-KvMode parse_kv_mode(const std::string& mode) {
-  if (mode == "full") return KvMode::kFull;
-  if (mode == "dual") return KvMode::kDual;
-  if (mode == "prefix") return KvMode::kPrefix;
-  TORCH_CHECK(false, "mode must be 'full', 'dual' or 'prefix', got '", mode, "'");
-}
-
-ModelConfig config_from_dicts(const c10::Dict<std::string, int64_t>& ints, const c10::Dict<std::string, double>& floats) {
-  auto get_int = [&](const char* key) {
-    TORCH_CHECK(ints.contains(key), "config: required integer key '", key, "' is missing");
-    return ints.at(key);
-  };
-  auto get_float = [&](const char* key) {
-    TORCH_CHECK(floats.contains(key), "config: required float key '", key, "' is missing");
-    return floats.at(key);
-  };
-  ModelConfig c;
-  c.d_model = get_int("d_model");
-  c.n_layers = get_int("n_layers");
-  c.n_heads = get_int("n_heads");
-  c.n_kv_heads = get_int("n_kv_heads");
-  c.mlp_hidden_size = get_int("mlp_hidden_size");
-  c.vocab_size = get_int("vocab_size");
-  c.embedding_size = get_int("embedding_size");
-  c.mask_token_id = get_int("mask_token_id");
-  c.eos_token_id = get_int("eos_token_id");
-  c.max_sequence_length = get_int("max_sequence_length");
-  const int64_t tying = get_int("weight_tying");
-  TORCH_CHECK_VALUE(tying == 0 || tying == 1, "config: key 'weight_tying' must be 0 or 1, got ", tying);
-  c.weight_tying = tying == 1;
-  c.rope_theta = get_float("rope_theta");
-  c.rms_norm_eps = get_float("rms_norm_eps");
-  c.validate();
-  return c;
-}
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> expected_weight_shapes(const ModelConfig& c) {
   const int64_t d = c.d_model, hd = c.head_dim(), m = c.mlp_hidden_size;
@@ -83,15 +40,6 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> expected_weight_shapes
   out.push_back({kPrefix + "ln_f.weight", {d}});
   if (!c.weight_tying) out.push_back({kPrefix + "ff_out.weight", {c.embedding_size, d}});
   return out;
-}
-
-Model::Model(const c10::Dict<std::string, int64_t>& ints, const c10::Dict<std::string, double>& floats,
-             const c10::Dict<std::string, at::Tensor>& weights, const std::string& dtype)
-    : config_(config_from_dicts(ints, floats)) {
-  std::unordered_map<std::string, at::Tensor> map;
-  for (const auto& item : weights) map.emplace(item.key(), item.value());
-  TORCH_CHECK(!map.empty(), "weights: the dict is empty");
-  build(map, parse_dtype(dtype, map.begin()->second.scalar_type()));
 }
 
 Model::Model(ModelConfig config, const std::unordered_map<std::string, at::Tensor>& weights, c10::ScalarType dtype)

@@ -4,13 +4,14 @@
 #include <torch/library.h>
 
 #include "decode/decode.h"
+#include "torch/model_handle.h"
 
 namespace blockbatch {
 
 namespace {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> decode_op(
-    const c10::intrusive_ptr<Model>& model, const at::Tensor& prompt_ids, const std::string& policy,
+    const c10::intrusive_ptr<ModelHandle>& model, const at::Tensor& prompt_ids, const std::string& policy,
     int64_t gen_length, int64_t block_length, int64_t steps, const std::string& commit, double threshold,
     double factor, double temperature, int64_t seed, bool stop_on_eos, c10::IntArrayRef block_sizes,
     double merge_gate, int64_t sync_gap, int64_t refresh_tokens, const std::string& refresh_mode,

@@ -473,7 +473,3 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, const voi
 void bbemu_set_seed(uint64_t seed) { bbemu::g_seed = seed; }
 const char* bbemu_last_error() { return bbemu::g_last_error.c_str(); }
 }
-
-namespace blockbatch::cuda {
-bool programmatic_launch() { return false; }
-}  // namespace blockbatch::cuda

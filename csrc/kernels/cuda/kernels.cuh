@@ -1,5 +1,5 @@
 // CUDA kernels of the native forward: raw pointers, sizes and a stream; no torch headers.
-// Launchers return cudaError_t; csrc/torch/ops_cuda.cpp turns errors into TORCH_CHECKs.
+// Launchers return cudaError_t; csrc/ops/cuda/*.cpp turn errors into TORCH_CHECKs.
 // These are the straightforward reference kernels (correct for any shape); the tuned
 // attention/decode kernels of the CUDA backend build on the same interfaces.
 #pragma once
@@ -12,10 +12,6 @@
 #include "kernels/cpu/kernels.h"  // KvGeometry, AttentionArgs (plain structs)
 
 namespace blockbatch::cuda {
-
-// Whether the forward's kernels are launched with programmatic dependent launch (BLOCKBATCH_PDL;
-// csrc/kernels/cuda/launch.cuh; defined in csrc/torch/ops_cuda.cpp, which reads the variable).
-bool programmatic_launch();
 
 // T is float, __nv_bfloat16 or __half (see the explicit instantiations in each .cu file).
 template <typename T>

@@ -11,8 +11,9 @@
 // launch early (launch_dependents). Without the launch attribute, or on older GPUs, both
 // instructions do nothing.
 //
-// BLOCKBATCH_PDL = "1" turns the attribute on (default off: python/blockbatch/settings.py; read per
-// launch so one process can time both).
+// The attribute is on while programmatic_launch() is (default off). The kernels read no settings:
+// the ops layer sets the flag from BLOCKBATCH_PDL before it launches (ops/cuda/settings.cpp, per op
+// so one process can time both; python/blockbatch/settings.py has the variable's row).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,9 +22,11 @@
 #include <cstdint>
 #include <utility>
 
-#include "kernels/cuda/kernels.cuh"  // programmatic_launch()
-
 namespace blockbatch::cuda {
+
+// Whether launch_kernel adds the PDL attribute (launch.cu: a process-wide flag, off at start).
+bool programmatic_launch();
+void set_programmatic_launch(bool on);
 
 __device__ __forceinline__ void dependent_launch_prologue() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

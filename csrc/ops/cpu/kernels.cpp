@@ -1,11 +1,12 @@
-// CPU implementations of the kernel ops: validate, then call csrc/kernels/cpu.
+// CPU implementations of the forward's kernel ops: validate, then call csrc/kernels/cpu.
 #include <ATen/Dispatch.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
 #include <c10/util/Exception.h>
 
 #include "kernels/cpu/kernels.h"
-#include "torch/ops.h"
+#include "ops/checks.h"
+#include "ops/impl.h"
 
 namespace blockbatch {
 

@@ -1,4 +1,4 @@
-#include "decode/commit.h"
+#include "kernels/cpu/commit_rules.h"
 
 #include <algorithm>
 #include <cmath>

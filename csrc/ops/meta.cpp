@@ -1,11 +1,11 @@
 // Meta (shape-only) implementations: let the ops run under FakeTensor and torch.compile.
 #include <ATen/ops/empty.h>
-#include <torch/library.h>
+#include <c10/util/Exception.h>
 
-#include "torch/ops.h"
+#include "ops/checks.h"
+#include "ops/impl.h"
 
 namespace blockbatch {
-namespace {
 
 at::Tensor rms_norm_meta(const at::Tensor& x, const at::Tensor& weight, double) {
   check_rms_norm(x, weight);
@@ -62,19 +62,28 @@ std::tuple<at::Tensor, at::Tensor> sparse_probs_meta(const at::Tensor& logits, d
           at::empty({logits.size(0), max_k}, logits.options().dtype(at::kDouble))};
 }
 
-}  // namespace
-
-TORCH_LIBRARY_IMPL(blockbatch, Meta, m) {
-  m.impl("rms_norm", &rms_norm_meta);
-  m.impl("add_rms_norm_", &add_rms_norm_meta);
-  m.impl("silu_mul", &silu_mul_meta);
-  m.impl("linear", &linear_meta);
-  m.impl("rope_", &rope_meta);
-  m.impl("kv_write_", &kv_write_meta);
-  m.impl("rope_kv_write_", &rope_kv_write_meta);
-  m.impl("packed_attention", &packed_attention_meta);
-  m.impl("confidence", &confidence_meta);
-  m.impl("sparse_probs", &sparse_probs_meta);
+at::Tensor commit_meta(const at::Tensor& canvas, const at::Tensor& window, const at::Tensor& token,
+                       const at::Tensor& conf, const at::Tensor& k, int64_t, int64_t, const std::string& rule, double,
+                       double) {
+  check_commit(canvas, window, token, conf, k, rule);
+  return at::empty({3}, canvas.options());
 }
+
+void bb_absorb_meta(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
+                 const at::Tensor& map_ids, const at::Tensor& map_probs, const at::Tensor& spans,
+                 const at::Tensor& token, const at::Tensor& conf, const at::Tensor& ids, const at::Tensor& probs,
+                 const at::Tensor& logits, int64_t prompt_len, int64_t, int64_t, double, bool) {
+  check_absorb(check_branches(canvas, state, eos_prob, map_ids, map_probs, prompt_len), canvas, spans, token, conf,
+               ids, probs, logits);
+}
+
+void bb_coordinate_meta(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
+                     const at::Tensor& flags, const at::Tensor& sync_src, const at::Tensor& map_ids,
+                     const at::Tensor& map_probs, int64_t prompt_len, int64_t, double, bool, bool, int64_t, int64_t,
+                     bool) {
+  check_coordinate(check_branches(canvas, state, eos_prob, map_ids, map_probs, prompt_len), canvas, flags, sync_src);
+}
+
+void kv_copy_rows_meta(const at::Tensor& kv, const at::Tensor& src) { check_kv_copy_rows(kv, src); }
 
 }  // namespace blockbatch

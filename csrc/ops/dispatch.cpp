@@ -2,7 +2,7 @@
 // decode loop are written once and run on whichever device their tensors live on.
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include "torch/ops.h"
+#include "ops/ops.h"
 
 namespace blockbatch::ops {
 

@@ -1,7 +1,7 @@
 // Shape, dtype and device checks shared by the CPU, CUDA and Meta implementations.
 #include <c10/util/Exception.h>
 
-#include "torch/ops.h"
+#include "ops/checks.h"
 
 #include <algorithm>
 

@@ -1,0 +1,61 @@
+// The model interface the decode loop sees: a Network runs one packed forward over variable-length
+// query rows with per-row KV buffers and returns the logits (writing the rows' new K/V into the
+// batch's buffer where the mode says so). Nothing here is specific to one model family: LLaDA's
+// transformer (model/model.h) is one implementation.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <string>
+
+#include "model/config.h"
+
+namespace blockbatch {
+
+// How the queries of a forward use the KV buffer (ALGORITHMS.md section 3).
+enum class KvMode {
+  kFull,    // queries attend to themselves; their K/V are written when a buffer is given
+  kDual,    // queries' K/V overwrite their slots, then attention over all L keys of the row
+  kPrefix,  // attention over the row's cached [0, s) plus the queries; nothing written
+};
+KvMode parse_kv_mode(const std::string& mode);
+
+// One packed forward: R rows, T tokens in total, row r = tokens [cu_seqlens[r], cu_seqlens[r+1]).
+struct ForwardBatch {
+  at::Tensor tokens;       // [T] int64
+  at::Tensor positions;    // [T] int64, absolute canvas positions
+  at::Tensor cu_seqlens;   // [R + 1] int64
+  at::Tensor kv;           // [rows, layers, 2, kv_heads, L, head_dim] or undefined (full mode only)
+  at::Tensor kv_rows;      // [R] int64: KV row of each query row (default: r)
+  at::Tensor prefix_lens;  // [R] int64, prefix mode: cached slots [0, s) attended
+  at::Tensor logit_index;  // [n] int64 into [0, T): rows of the logits returned (default: all)
+  KvMode mode = KvMode::kFull;
+};
+
+class Network {
+ public:
+  virtual ~Network() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  // The dtype of the logits and of the KV buffers; the device every tensor of a forward is on.
+  virtual c10::ScalarType dtype() const = 0;
+  virtual c10::Device device() const = 0;
+
+  // Logits [n, vocab_size] in dtype() (n = logit_index size, or T); writes the queries' K/V into
+  // batch.kv in modes full (when a buffer is given) and dual.
+  virtual at::Tensor forward(const ForwardBatch& batch) const = 0;
+  // Validates a batch (shapes, dtypes, devices, ranges); throws naming the argument.
+  virtual void check(const ForwardBatch& batch) const = 0;
+  // A zeroed KV buffer [rows, layers, 2, kv_heads, length, head_dim] in dtype() on device().
+  virtual at::Tensor new_kv(int64_t rows, int64_t length) const = 0;
+
+ protected:
+  Network() = default;
+  Network(const Network&) = default;
+  Network& operator=(const Network&) = default;
+};
+
+}  // namespace blockbatch

@@ -1,0 +1,67 @@
+// Argument checks of the tensor-level ops, shared by every backend (CPU, CUDA, Meta): each throws
+// naming the argument (shapes, dtypes, devices; the CPU ops also check values, see impl.h).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <string>
+
+#include "kernels/branches.h"
+#include "kernels/cpu/kernels.h"
+
+namespace blockbatch {
+
+// ---- The forward's kernel ops (ops/checks.cpp) ----
+void check_logits(const at::Tensor& logits);
+// sparse_probs: max_k at most max(vocab, kMaxSparseSlots) (a map needs 1 / floor + 1 <= 101).
+constexpr int64_t kMaxSparseSlots = 1024;
+void check_sparse_probs(const at::Tensor& logits, double floor, int64_t max_k);
+// Pointer-and-size arguments of the attention kernels (CPU and CUDA) for checked tensors;
+// `out` is the [T, heads * head_dim] output.
+cpu::AttentionArgs attention_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
+                                  const std::optional<at::Tensor>& kv_rows,
+                                  const std::optional<at::Tensor>& cache_lens, int64_t layer, bool attend_fresh,
+                                  const at::Tensor& out);
+void check_rms_norm(const at::Tensor& x, const at::Tensor& weight);
+void check_add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight);
+void check_silu_mul(const at::Tensor& gate_up);
+void check_linear(const at::Tensor& x, const at::Tensor& weight);
+void check_rope(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin);
+void check_kv_write(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
+                    const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer);
+void check_rope_kv_write(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
+                         const at::Tensor& cos_sin, const at::Tensor& kv, const at::Tensor& cu_seqlens,
+                         const at::Tensor& kv_rows, int64_t layer);
+void check_packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
+                            const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
+                            int64_t layer);
+
+// ---- The decode loop's bookkeeping ops: commit_, bb_absorb_, bb_coordinate_, kv_copy_rows_
+// (ops/checks_bookkeeping.cpp) ----
+// commit_ windows hold at most this many positions (the CUDA kernel keeps them in shared memory).
+constexpr int64_t kMaxCommitWindow = 4096;
+void check_commit(const at::Tensor& canvas, const at::Tensor& window, const at::Tensor& token, const at::Tensor& conf,
+                  const at::Tensor& k, const std::string& rule);
+
+// Shapes of a request's bookkeeping tensors (checked by check_branches for every backend).
+struct BranchTensors {
+  int64_t B, L, K;
+};
+BranchTensors check_branches(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
+                             const at::Tensor& map_ids, const at::Tensor& map_probs, int64_t prompt_len);
+void check_absorb(const BranchTensors& d, const at::Tensor& canvas, const at::Tensor& spans, const at::Tensor& token,
+                  const at::Tensor& conf, const at::Tensor& ids, const at::Tensor& probs, const at::Tensor& logits);
+void check_coordinate(const BranchTensors& d, const at::Tensor& canvas, const at::Tensor& flags,
+                      const at::Tensor& sync_src);
+void check_kv_copy_rows(const at::Tensor& kv, const at::Tensor& src);
+// Values the bookkeeping kernels check on the device (and skip), checked on the host by the CPU ops.
+void check_eos_id(int64_t eos_id, int64_t vocab);
+void check_window(const branches::View& v, int64_t b);
+branches::View branch_view(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
+                           const at::Tensor& map_ids, const at::Tensor& map_probs, int64_t prompt_len,
+                           int64_t mask_id, int64_t eos_id);
+
+}  // namespace blockbatch

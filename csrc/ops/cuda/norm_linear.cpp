@@ -1,0 +1,108 @@
+// CUDA implementations of the dense ops of a layer: rms_norm, add_rms_norm_, silu_mul and linear
+// (ATen's GEMM, or for at most 64 rows the weight-streaming kernel of kernels/cuda/linear.cu).
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <type_traits>
+
+#include "kernels/cuda/kernels.cuh"
+#include "ops/checks.h"
+#include "ops/cuda/common.h"
+#include "ops/cuda/settings.h"
+#include "ops/impl.h"
+
+namespace blockbatch {
+
+using namespace cuda_ops;
+
+namespace {
+
+at::Tensor padded_mm(const at::Tensor& x, const at::Tensor& weight, int64_t multiple) {
+  const int64_t M = x.size(0), padded = (M + multiple - 1) / multiple * multiple;
+  at::Tensor xp = at::empty({padded, x.size(1)}, x.options());
+  xp.narrow(0, 0, M).copy_(x);
+  xp.narrow(0, M, padded - M).zero_();
+  return at::mm(xp, weight.t()).narrow(0, 0, M);  // a row prefix of a contiguous matrix: contiguous
+}
+
+}  // namespace
+
+at::Tensor rms_norm_cuda(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_rms_norm(x, weight);
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out = at::empty({x.size(0), x.size(1)}, x.options());
+  dispatch_cuda_type(x.scalar_type(), "rms_norm", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    apply_pdl_setting();  // launches a kernel of the forward (launch_kernel)
+    check_launch(cuda::rms_norm<T>(ptr<T>(x), x.stride(0), ptr<T>(weight), ptr<T>(out), x.size(0), x.size(1),
+                                   static_cast<float>(eps), c10::cuda::getCurrentCUDAStream()),
+                 "rms_norm");
+  });
+  return out;
+}
+
+at::Tensor add_rms_norm_cuda(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps) {
+  check_add_rms_norm(x, delta, weight);
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out = at::empty({x.size(0), x.size(1)}, x.options());
+  dispatch_cuda_type(x.scalar_type(), "add_rms_norm_", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    apply_pdl_setting();  // launches a kernel of the forward (launch_kernel)
+    check_launch(cuda::add_rms_norm<T>(ptr<T>(x), ptr<T>(delta), ptr<T>(weight), ptr<T>(out), x.size(0), x.size(1),
+                                       static_cast<float>(eps), c10::cuda::getCurrentCUDAStream()),
+                 "add_rms_norm_");
+  });
+  return out;
+}
+
+at::Tensor silu_mul_cuda(const at::Tensor& gate_up) {
+  check_silu_mul(gate_up);
+  const c10::cuda::CUDAGuard guard(gate_up.device());
+  const int64_t m = gate_up.size(1) / 2;
+  at::Tensor out = at::empty({gate_up.size(0), m}, gate_up.options());
+  dispatch_cuda_type(gate_up.scalar_type(), "silu_mul", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    apply_pdl_setting();  // launches a kernel of the forward (launch_kernel)
+    check_launch(cuda::silu_mul<T>(ptr<T>(gate_up), ptr<T>(out), gate_up.size(0), m,
+                                   c10::cuda::getCurrentCUDAStream()),
+                 "silu_mul");
+  });
+  return out;
+}
+
+at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight) {
+  check_linear(x, weight);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t M = x.size(0), N = weight.size(0), K = x.size(1);
+  const Gemm kind = gemm_kind();
+  if (const int multiple = gemm_row_multiple();
+      multiple > 1 && x.scalar_type() != at::kFloat && M > cuda::kLinearSmallMaxRows && M % multiple != 0) {
+    return padded_mm(x, weight, multiple);
+  }
+  if (x.scalar_type() == at::kFloat || M > cuda::kLinearSmallMaxRows || kind == Gemm::kCublas || x.stride(1) != 1 ||
+      weight.stride(1) != 1) {
+    return at::mm(x, weight.t());
+  }
+  at::Tensor out = at::empty({M, N}, x.options());
+  const int device = x.get_device();
+  if (!cuda::linear_small_supported(x.const_data_ptr(), x.stride(0), weight.const_data_ptr(), weight.stride(0),
+                                    out.const_data_ptr(), M, N, K, 1,
+                                    device_attribute<cudaDevAttrComputeCapabilityMajor>(device))) {
+    return at::mm(x, weight.t());
+  }
+  const bool staged = kind == Gemm::kStaged;
+  const int splits = gemm_splits(
+      cuda::linear_small_splits(M, N, K, device_attribute<cudaDevAttrMultiProcessorCount>(device), staged));
+  dispatch_cuda_type(x.scalar_type(), "linear", [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    apply_pdl_setting();  // launches a kernel of the forward (launch_kernel)
+    check_launch(cuda::linear_small<T>(ptr<T>(x), x.stride(0), ptr<T>(weight), weight.stride(0), ptr<T>(out), N, M,
+                                       N, K, splits, staged, c10::cuda::getCurrentCUDAStream()),
+                 "linear (weight streaming)");
+  });
+  return out;
+}
+
+}  // namespace blockbatch

@@ -1,0 +1,150 @@
+// The BLOCKBATCH_* settings of the CUDA ops (ops/cuda/settings.h): every environment read of the
+// CUDA backend is in this file, each with its default in the block below.
+#include "ops/cuda/settings.h"
+
+#include <c10/util/Exception.h>
+
+#include <cstdlib>
+#include <initializer_list>
+#include <string>
+
+#include "kernels/cuda/launch.cuh"
+
+namespace blockbatch::cuda_ops {
+
+namespace {
+
+// The value of environment variable `name`, one of `choices` (unset or empty: `fallback`); any
+// other value is an error naming the variable and its choices. Called per op: the list of choices is spelled out only for the error.
+std::string env_choice(const char* name, std::initializer_list<const char*> choices, const char* fallback) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return fallback;
+  const std::string v(env);
+  for (const char* c : choices) {
+    if (v == c) return v;
+  }
+  std::string allowed;
+  size_t i = 0;
+  for (const char* c : choices) {
+    allowed += std::string(i == 0 ? "" : (i + 1 == choices.size() ? " or " : ", ")) + "'" + c + "'";
+    ++i;
+  }
+  TORCH_CHECK_VALUE(false, name, " must be ", allowed, ", got '", v, "'");
+}
+
+// The integer value of environment variable `name` in [lo, hi] (unset or empty: `fallback`).
+int env_int(const char* name, int lo, int hi, int fallback) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return fallback;
+  char* end = nullptr;
+  const long v = std::strtol(env, &end, 10);
+  TORCH_CHECK_VALUE(*end == '\0' && v >= lo && v <= hi, name, " must be an integer in [", lo, ", ", hi, "], got '",
+                    env, "'");
+  return static_cast<int>(v);
+}
+
+// The CUDA kernel choices when their environment variables are unset. Every BLOCKBATCH_* variable,
+// its values, default and status (promoted / opt-in candidate) is one row of the settings table,
+// python/blockbatch/settings.py; tests/test_settings.py checks that this block and the env_choice /
+// env_int calls below agree with it. Promoting a candidate: its row there and its line here.
+constexpr const char* kDefaultAttnKernel = "pipelined";  // BLOCKBATCH_ATTN_KERNEL; 2.4x "sync" at 6 rows x L 2048
+constexpr const char* kDefaultGemm = "cublas";           // BLOCKBATCH_GEMM
+constexpr int kDefaultGemmPad = 0;                       // BLOCKBATCH_GEMM_PAD
+constexpr const char* kDefaultRopeKernel = "scalar";     // BLOCKBATCH_ROPE_KERNEL
+constexpr const char* kDefaultPdl = "0";                 // BLOCKBATCH_PDL
+
+}  // namespace
+
+// Key splits of a tensor-core attention launch: the heuristic's choice, or BLOCKBATCH_ATTN_SPLITS
+// (1..16) when set — a tuning and debugging override, read per call so a benchmark can sweep it.
+int attention_splits(int heuristic) { return env_int("BLOCKBATCH_ATTN_SPLITS", 1, 16, heuristic); }
+
+// Which tensor-core attention kernel (flash_attention's variant): BLOCKBATCH_ATTN_KERNEL =
+// "pipelined" (the default: cp.async double buffering + ldmatrix), "pipelined3" (three cp.async
+// stages: two tiles in flight; idle warps skip the arithmetic), "splitwarps" (pipelined3, and the
+// keys of q-tiles of at most 32 queries split over the warps that would idle) or "sync" (K/V tiles
+// staged through registers, the first version, the bit-for-bit reference of the pipelined ones).
+// Read per call, like the split override, so one process can time all of them.
+int attention_variant() {
+  const std::string v =
+      env_choice("BLOCKBATCH_ATTN_KERNEL", {"sync", "pipelined", "pipelined3", "splitwarps"}, kDefaultAttnKernel);
+  return v == "sync" ? 1 : v == "pipelined" ? 2 : v == "pipelined3" ? 3 : 4;
+}
+
+// Which tensor-core attention kernel (flash_attention's variant): BLOCKBATCH_ATTN_KERNEL =
+// "pipelined" (the default: cp.async double buffering + ldmatrix), "pipelined3" (three cp.async
+// stages: two tiles in flight; idle warps skip the arithmetic), "splitwarps" (pipelined3, and the
+// keys of q-tiles of at most 32 queries split over the warps that would idle) or "sync" (K/V tiles
+// staged through registers, the first version, the bit-for-bit reference of the pipelined ones).
+// Read per call, like the split override, so one process can time all of them.
+int attention_variant() {
+  const std::string v =
+      env_choice("BLOCKBATCH_ATTN_KERNEL", {"sync", "pipelined", "pipelined3", "splitwarps"}, kDefaultAttnKernel);
+  return v == "sync" ? 1 : v == "pipelined" ? 2 : v == "pipelined3" ? 3 : 4;
+}
+
+// Which GEMM runs x @ weight.T for at most 64 rows: BLOCKBATCH_GEMM = "cublas" (the default: ATen's
+// at::mm), "stream" or "staged" (linear.cu's weight-streaming kernels: loads into registers, or
+// through a cp.async shared-memory ring; where they apply). BLOCKBATCH_GEMM_SPLITS (1..8)
+// overrides their cluster split count. Both read per call, so a benchmark can time every choice
+// in one process.
+Gemm gemm_kind() {
+  const std::string v = env_choice("BLOCKBATCH_GEMM", {"cublas", "stream", "staged"}, kDefaultGemm);
+  return v == "cublas" ? Gemm::kCublas : v == "stream" ? Gemm::kStream : Gemm::kStaged;
+}
+
+int gemm_splits(int heuristic) { return env_int("BLOCKBATCH_GEMM_SPLITS", 1, 8, heuristic); }
+
+// BLOCKBATCH_GEMM_PAD = P (2..256; unset, 0 or 1: off): a 16-bit cuBLAS GEMM of more than 64 rows
+// runs on its rows padded with zero rows to a multiple of P, and returns the first M rows. The
+// 6-branch step has 252 rows; if cuBLAS tiles 256 rows better than 252 (it ran 192-row tiles at
+// 252, about 66% of them useful), the copy of x (2 MB) costs far less than it saves
+// (bench_gpu_step.py's "pad" candidate and its GEMM sweep time it).
+int gemm_row_multiple() { return env_int("BLOCKBATCH_GEMM_PAD", 0, 256, kDefaultGemmPad); }
+
+at::Tensor padded_mm(const at::Tensor& x, const at::Tensor& weight, int64_t multiple) {
+  const int64_t M = x.size(0), padded = (M + multiple - 1) / multiple * multiple;
+  at::Tensor xp = at::empty({padded, x.size(1)}, x.options());
+  xp.narrow(0, 0, M).copy_(x);
+  xp.narrow(0, M, padded - M).zero_();
+  return at::mm(xp, weight.t()).narrow(0, 0, M);  // a row prefix of a contiguous matrix: contiguous
+}
+
+// BLOCKBATCH_GEMM_PAD = P (2..256; unset, 0 or 1: off): a 16-bit cuBLAS GEMM of more than 64 rows
+// runs on its rows padded with zero rows to a multiple of P, and returns the first M rows. The
+// 6-branch step has 252 rows; if cuBLAS tiles 256 rows better than 252 (it ran 192-row tiles at
+// 252, about 66% of them useful), the copy of x (2 MB) costs far less than it saves
+// (bench_gpu_step.py's "pad" candidate and its GEMM sweep time it).
+int gemm_row_multiple() { return env_int("BLOCKBATCH_GEMM_PAD", 0, 256, kDefaultGemmPad); }
+
+at::Tensor padded_mm(const at::Tensor& x, const at::Tensor& weight, int64_t multiple) {
+  const int64_t M = x.size(0), padded = (M + multiple - 1) / multiple * multiple;
+  at::Tensor xp = at::empty({padded, x.size(1)}, x.options());
+  xp.narrow(0, 0, M).copy_(x);
+  xp.narrow(0, M, padded - M).zero_();
+  return at::mm(xp, weight.t()).narrow(0, 0, M);  // a row prefix of a contiguous matrix: contiguous
+}
+
+// rope_kv_write_'s kernel: BLOCKBATCH_ROPE_KERNEL = "scalar" (the default: element pairs) or "vec"
+// (16 bytes per access, same bits). Read per call.
+bool rope_vectorized() { return env_choice("BLOCKBATCH_ROPE_KERNEL", {"scalar", "vec"}, kDefaultRopeKernel) == "vec"; }
+
+}  // namespace
+
+// Programmatic dependent launch for the forward's kernels (csrc/kernels/cuda/launch.cuh):
+// BLOCKBATCH_PDL = "1" on, "0" or unset off.
+bool cuda::programmatic_launch() { return env_choice("BLOCKBATCH_PDL", {"0", "1"}, kDefaultPdl) == "1"; }
+
+namespace {
+
+void check_cuda(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor, got ", t.device());
+}
+
+// Programmatic dependent launch for the forward's kernels (csrc/kernels/cuda/launch.cuh):
+// BLOCKBATCH_PDL = "1" on, "0" or unset off. Read per op, so one process can time both.
+void apply_pdl_setting() {
+  cuda::set_programmatic_launch(env_choice("BLOCKBATCH_PDL", {"0", "1"}, kDefaultPdl) == "1");
+}
+
+}  // namespace blockbatch::cuda_ops

@@ -1,0 +1,28 @@
+// The BLOCKBATCH_* settings of the CUDA ops: which kernel variant, split count or launch mode an
+// op uses. Each is read from its environment variable when the op runs (so one process can time
+// every choice), with the defaults of settings.cpp; python/blockbatch/settings.py is the table of
+// every variable, and tests/test_settings.py checks settings.cpp against it.
+#pragma once
+
+namespace blockbatch::cuda_ops {
+
+// Key splits of a tensor-core attention launch: `heuristic`, or BLOCKBATCH_ATTN_SPLITS when set.
+int attention_splits(int heuristic);
+// The tensor-core attention variant (BLOCKBATCH_ATTN_KERNEL): 1 sync, 2 pipelined, 3 pipelined3,
+// 4 splitwarps.
+int attention_variant();
+// The GEMM of x @ weight.T for at most 64 rows (BLOCKBATCH_GEMM) and its cluster split count
+// (BLOCKBATCH_GEMM_SPLITS, else `heuristic`).
+enum class Gemm { kCublas, kStream, kStaged };
+Gemm gemm_kind();
+int gemm_splits(int heuristic);
+// BLOCKBATCH_GEMM_PAD: pad a 16-bit cuBLAS GEMM of more than 64 rows to a multiple of this (<= 1: off).
+int gemm_row_multiple();
+// rope_kv_write_'s 16-byte kernel (BLOCKBATCH_ROPE_KERNEL = vec).
+bool rope_vectorized();
+// Reads BLOCKBATCH_PDL and sets the kernels' programmatic-launch flag (kernels/cuda/launch.cuh)
+// from it; called by every op right before it launches a kernel of the forward (one that starts
+// with dependent_launch_prologue()).
+void apply_pdl_setting();
+
+}  // namespace blockbatch::cuda_ops

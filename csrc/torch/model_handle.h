@@ -1,0 +1,33 @@
+// The TorchBind face of a model: torch.classes.blockbatch.Model holds a plain C++ model
+// (model/model.h) and hands it to the ops as the Network the decode loop sees.
+#pragma once
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/Tensor.h>
+#include <torch/custom_class.h>
+
+#include <memory>
+#include <string>
+
+#include "model/model.h"
+#include "model/network.h"
+
+namespace blockbatch {
+
+class ModelHandle : public torch::CustomClassHolder {
+ public:
+  // ints/floats: the config fields (python ModelConfig.int_fields / float_fields);
+  // weights: HF names (model.transformer.*), all on one device; dtype: "float32",
+  // "bfloat16", "float16" or "" to keep the weights' dtype.
+  ModelHandle(const c10::Dict<std::string, int64_t>& ints, const c10::Dict<std::string, double>& floats,
+              const c10::Dict<std::string, at::Tensor>& weights, const std::string& dtype);
+
+  const Network& network() const { return *model_; }
+  // So an op can pass the handle where a `const Network&` is taken (decode(*model, ...)).
+  operator const Network&() const { return *model_; }
+
+ private:
+  std::shared_ptr<const Model> model_;
+};
+
+}  // namespace blockbatch
