@@ -1,7 +1,8 @@
 """Every ``BLOCKBATCH_*`` environment variable, in one table.
 
-The CUDA kernels read theirs in C++ (``csrc/torch/ops_cuda.cpp``: ``env_choice`` / ``env_int`` and the
-``kDefault*`` block at its top); the build options are read by ``setup.py``. This table is what the
+The CUDA kernels' choices are read in C++ by the ops layer (``csrc/ops/cuda/settings.cpp``:
+``env_choice`` / ``env_int`` and the ``kDefault*`` block at its top); the build options are read by
+``setup.py``. This table is what the
 rest derives from:
 
 - ``blockbatch generate --help``: :func:`help_text`;
@@ -18,7 +19,7 @@ Status: ``promoted`` (the default was checked and timed on a GPU), ``candidate``
 opt-in values that no GPU run has checked and timed yet; they stay off until one has) or ``build``
 (a build option of ``setup.py``). Why each candidate exists and what it is expected to gain:
 ``docs/bench/gpu/NOTES.md``. Promoting one: change its ``default`` / ``status`` here and the matching
-``kDefault*`` line of ``ops_cuda.cpp`` (a test compares the two), then rerun ``gpu_check.sh``.
+``kDefault*`` line of ``settings.cpp`` (a test compares the two), then rerun ``gpu_check.sh``.
 """
 
 from __future__ import annotations
