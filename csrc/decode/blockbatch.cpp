@@ -49,7 +49,8 @@ enum StepKind : int64_t { kInitStep = 10, kBlockStep, kRefreshStep, kCoordinateS
 
 class BlockBatchDecoder {
  public:
-  BlockBatchDecoder(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o, const Stop& stop)
+  BlockBatchDecoder(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
+                    const Stop& stop)
       : model_(model), o_(o), stop_(stop), c_(model.config()), lp_(static_cast<int64_t>(prompt.size())), G_(o.gen_length),
         L_(lp_ + G_), B_(static_cast<int64_t>(o.block_sizes.size())),
         K_(static_cast<int64_t>(std::floor(1.0 / o.prob_floor)) + 1),

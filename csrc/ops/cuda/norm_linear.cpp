@@ -19,6 +19,7 @@ using namespace cuda_ops;
 
 namespace {
 
+// x @ weight.T on x padded with zero rows to a multiple of `multiple` rows (BLOCKBATCH_GEMM_PAD).
 at::Tensor padded_mm(const at::Tensor& x, const at::Tensor& weight, int64_t multiple) {
   const int64_t M = x.size(0), padded = (M + multiple - 1) / multiple * multiple;
   at::Tensor xp = at::empty({padded, x.size(1)}, x.options());

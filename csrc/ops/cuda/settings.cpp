@@ -15,7 +15,8 @@ namespace blockbatch::cuda_ops {
 namespace {
 
 // The value of environment variable `name`, one of `choices` (unset or empty: `fallback`); any
-// other value is an error naming the variable and its choices. Called per op: the list of choices is spelled out only for the error.
+// other value is an error naming the variable and its choices. Called per op: the list of choices
+// is spelled out only for the error.
 std::string env_choice(const char* name, std::initializer_list<const char*> choices, const char* fallback) {
   const char* env = std::getenv(name);
   if (env == nullptr || *env == '\0') return fallback;
