@@ -72,18 +72,6 @@ int attention_variant() {
   return v == "sync" ? 1 : v == "pipelined" ? 2 : v == "pipelined3" ? 3 : 4;
 }
 
-// Which tensor-core attention kernel (flash_attention's variant): BLOCKBATCH_ATTN_KERNEL =
-// "pipelined" (the default: cp.async double buffering + ldmatrix), "pipelined3" (three cp.async
-// stages: two tiles in flight; idle warps skip the arithmetic), "splitwarps" (pipelined3, and the
-// keys of q-tiles of at most 32 queries split over the warps that would idle) or "sync" (K/V tiles
-// staged through registers, the first version, the bit-for-bit reference of the pipelined ones).
-// Read per call, like the split override, so one process can time all of them.
-int attention_variant() {
-  const std::string v =
-      env_choice("BLOCKBATCH_ATTN_KERNEL", {"sync", "pipelined", "pipelined3", "splitwarps"}, kDefaultAttnKernel);
-  return v == "sync" ? 1 : v == "pipelined" ? 2 : v == "pipelined3" ? 3 : 4;
-}
-
 // Which GEMM runs x @ weight.T for at most 64 rows: BLOCKBATCH_GEMM = "cublas" (the default: ATen's
 // at::mm), "stream" or "staged" (linear.cu's weight-streaming kernels: loads into registers, or
 // through a cp.async shared-memory ring; where they apply). BLOCKBATCH_GEMM_SPLITS (1..8)
@@ -103,44 +91,9 @@ int gemm_splits(int heuristic) { return env_int("BLOCKBATCH_GEMM_SPLITS", 1, 8, 
 // (bench_gpu_step.py's "pad" candidate and its GEMM sweep time it).
 int gemm_row_multiple() { return env_int("BLOCKBATCH_GEMM_PAD", 0, 256, kDefaultGemmPad); }
 
-at::Tensor padded_mm(const at::Tensor& x, const at::Tensor& weight, int64_t multiple) {
-  const int64_t M = x.size(0), padded = (M + multiple - 1) / multiple * multiple;
-  at::Tensor xp = at::empty({padded, x.size(1)}, x.options());
-  xp.narrow(0, 0, M).copy_(x);
-  xp.narrow(0, M, padded - M).zero_();
-  return at::mm(xp, weight.t()).narrow(0, 0, M);  // a row prefix of a contiguous matrix: contiguous
-}
-
-// BLOCKBATCH_GEMM_PAD = P (2..256; unset, 0 or 1: off): a 16-bit cuBLAS GEMM of more than 64 rows
-// runs on its rows padded with zero rows to a multiple of P, and returns the first M rows. The
-// 6-branch step has 252 rows; if cuBLAS tiles 256 rows better than 252 (it ran 192-row tiles at
-// 252, about 66% of them useful), the copy of x (2 MB) costs far less than it saves
-// (bench_gpu_step.py's "pad" candidate and its GEMM sweep time it).
-int gemm_row_multiple() { return env_int("BLOCKBATCH_GEMM_PAD", 0, 256, kDefaultGemmPad); }
-
-at::Tensor padded_mm(const at::Tensor& x, const at::Tensor& weight, int64_t multiple) {
-  const int64_t M = x.size(0), padded = (M + multiple - 1) / multiple * multiple;
-  at::Tensor xp = at::empty({padded, x.size(1)}, x.options());
-  xp.narrow(0, 0, M).copy_(x);
-  xp.narrow(0, M, padded - M).zero_();
-  return at::mm(xp, weight.t()).narrow(0, 0, M);  // a row prefix of a contiguous matrix: contiguous
-}
-
 // rope_kv_write_'s kernel: BLOCKBATCH_ROPE_KERNEL = "scalar" (the default: element pairs) or "vec"
 // (16 bytes per access, same bits). Read per call.
 bool rope_vectorized() { return env_choice("BLOCKBATCH_ROPE_KERNEL", {"scalar", "vec"}, kDefaultRopeKernel) == "vec"; }
-
-}  // namespace
-
-// Programmatic dependent launch for the forward's kernels (csrc/kernels/cuda/launch.cuh):
-// BLOCKBATCH_PDL = "1" on, "0" or unset off.
-bool cuda::programmatic_launch() { return env_choice("BLOCKBATCH_PDL", {"0", "1"}, kDefaultPdl) == "1"; }
-
-namespace {
-
-void check_cuda(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor, got ", t.device());
-}
 
 // Programmatic dependent launch for the forward's kernels (csrc/kernels/cuda/launch.cuh):
 // BLOCKBATCH_PDL = "1" on, "0" or unset off. Read per op, so one process can time both.
