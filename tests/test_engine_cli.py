@@ -139,7 +139,7 @@ def test_cli_help_lists_every_cuda_environment_variable():
     import re
 
     src = pathlib.Path(__file__).resolve().parents[1] / "csrc"
-    pattern = r'(?:getenv|env_choice|env_int)\("(BLOCKBATCH_\w+)"'  # ops_cuda.cpp reads them through helpers
+    pattern = r'(?:getenv|env_choice|env_int)\("(BLOCKBATCH_\w+)"'  # ops/cuda/settings.cpp reads them through helpers
     read = {m for f in src.rglob("*.c*") for m in re.findall(pattern, f.read_text())}
     assert {"BLOCKBATCH_ATTN_KERNEL", "BLOCKBATCH_GEMM", "BLOCKBATCH_PDL"} <= read  # the scan finds them
     res = _cli("generate", "--help")
@@ -149,7 +149,7 @@ def test_cli_help_lists_every_cuda_environment_variable():
     from blockbatch import settings
 
     assert settings.help_text() in res.stdout  # the block is rendered from the settings table
-    # The defaults ops_cuda.cpp compiles in are the ones the help states.
+    # The defaults ops/cuda/settings.cpp compiles in are the ones the help states.
     defaults = re.findall(r'constexpr [\w ]+\* kDefault\w+ = "?(\w+)"?;\s+// (BLOCKBATCH_\w+)|'
                           r'constexpr int kDefault\w+ = (\d+);\s+// (BLOCKBATCH_\w+)',
                           (src / "ops" / "cuda" / "settings.cpp").read_text())

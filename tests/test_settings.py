@@ -16,16 +16,16 @@ NAME = r"(?<!-D)(?<![\w])(BLOCKBATCH_[A-Z0-9_]*[A-Z0-9])\b"  # a variable name; 
 
 
 def cpp_reads() -> dict[str, dict]:
-    """{variable: {"kind", "choices" / "range", "default"}} from ops_cuda.cpp's env_choice / env_int calls
+    """{variable: {"kind", "choices" / "range", "default"}} from ops/cuda/settings.cpp's env_choice / env_int calls
     and its kDefault* block (default None: the call falls back to a heuristic's choice)."""
     text = OPS_CUDA.read_text()
     constants = {m[0]: m[1] for m in re.findall(r'constexpr (?:const char\*|int) (kDefault\w+) = "?([\w.]+)"?;', text)}
     reads: dict[str, dict] = {}
     for name, choices, fallback in re.findall(r'env_choice\(\s*"(BLOCKBATCH_\w+)",\s*\{([^}]*)\},\s*(\w+)\)', text):
-        assert name not in reads, f"{name} is read twice in ops_cuda.cpp"
+        assert name not in reads, f"{name} is read twice in ops/cuda/settings.cpp"
         reads[name] = {"choices": tuple(re.findall(r'"([^"]*)"', choices)), "default": constants.get(fallback)}
     for name, lo, hi, fallback in re.findall(r'env_int\(\s*"(BLOCKBATCH_\w+)",\s*(-?\d+),\s*(-?\d+),\s*(\w+)\)', text):
-        assert name not in reads, f"{name} is read twice in ops_cuda.cpp"
+        assert name not in reads, f"{name} is read twice in ops/cuda/settings.cpp"
         reads[name] = {"range": (int(lo), int(hi)), "default": constants.get(fallback)}
     return reads
 
@@ -37,10 +37,10 @@ def test_cpp_reads_agree_with_the_table():
     calls = len(re.findall(r"\benv_(?:choice|int)\(\s*\"", text))
     assert calls == len(reads), "an env_choice / env_int call the scan does not parse"
     runtime = {s.name: s for s in settings.runtime()}
-    assert set(reads) == set(runtime), "ops_cuda.cpp and the table list different runtime variables"
+    assert set(reads) == set(runtime), "ops/cuda/settings.cpp and the table list different runtime variables"
     for name, read in reads.items():
         s = runtime[name]
-        assert read["default"] == s.default, f"{name}: ops_cuda.cpp's default {read['default']} != the table's {s.default}"
+        assert read["default"] == s.default, f"{name}: ops/cuda/settings.cpp's default {read['default']} != the table's {s.default}"
         if "choices" in read:
             assert s.kind in ("choice", "bool") and read["choices"] == s.choices, name
         else:
