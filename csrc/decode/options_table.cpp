@@ -189,16 +189,16 @@ std::string options_help() {
       "  --factor X\n      Fast-dLLM's factor rule instead of the threshold (wins over threshold); > 0 and finite; default none; 'none': off\n"
       "  --temperature X\n      Gumbel-max sampling temperature (float64, seeded); 0: greedy; >= 0 and finite; default 0.0\n"
       "  --seed N\n      sampling seed (with temperature > 0); in [0, 2^63 - 1]; default 0\n"
-      "  --stop-on-eos BOOL\n      stop once a completed block holds EOS (the text is cut at the first EOS either way); true or false; default off; blockbatch: on\n"
-      "  --block-sizes LIST\n      blockbatch: one branch per block size; each divides gen_length, no repeats; >= 1; default 4,8,16,32,64,128\n"
+      "  --stop-on-eos BOOL\n      stop once a completed block holds EOS (the text is cut at the first EOS either way); default off; blockbatch: on\n"
+      "  --block-sizes LIST\n      blockbatch: one branch per block size; each divides gen_length, no repeats; up to 16 entries, each >= 1; default 4,8,16,32,64,128\n"
       "  --merge-gate X\n      merge a token into a branch when that branch's own probability of it exceeds this; in (0, 1]; default 0.5\n"
       "  --sync-gap N\n      copy the leader into a branch lagging by more than this many tokens; in [0, 2^30]; default 8\n"
       "  --refresh-tokens N\n      full-canvas KV refresh of a branch every this many decoded tokens (0: never); in [0, 2^30]; default 32\n"
       "  --refresh-mode periodic|divergence\n      periodic: refresh every refresh_tokens; divergence: only when the branches' distributions drift; default periodic\n"
       "  --prob-floor X\n      probabilities kept per position for merging (>= this); in [0.01, 1); default 0.1\n"
-      "  --merge BOOL\n      confidence-gated merging (ablation switch); true or false; default on\n"
-      "  --sync BOOL\n      leader synchronisation (ablation switch); true or false; default on\n"
-      "  --cuda-graphs BOOL\n      CUDA: replay recorded decode steps (same tokens as eager); no effect on CPU; true or false; default on\n"
+      "  --merge BOOL\n      confidence-gated merging (ablation switch); default on\n"
+      "  --sync BOOL\n      leader synchronisation (ablation switch); default on\n"
+      "  --cuda-graphs BOOL\n      CUDA: replay recorded decode steps (same tokens as eager); no effect on CPU; default on\n"
       "  --timeout-s X\n      fail with a timeout once a decode runs longer than this many seconds (0: no deadline); >= 0 and finite; default 0.0\n";
 }
 

@@ -231,7 +231,9 @@ def to_op_kwargs(values: dict[str, Any]) -> dict[str, Any]:
 def cli_help(o: Option) -> str:
     parts = [o.doc]
     r = o.range_text()
-    if r and not o.choices:
+    if o.max_items:
+        r = f"up to {o.max_items} entries, each {r}"
+    if r and not o.choices and o.type != "bool":
         parts.append(r)
     if o.by_policy:
         others = ", ".join(f"{p}: {_value_text(v)}" for p, v in o.by_policy)
