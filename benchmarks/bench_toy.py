@@ -19,6 +19,7 @@ import sys
 import torch
 
 from common import environment, interleaved_medians, write_json
+from blockbatch.options import DEFAULT_BLOCK_SIZES
 
 
 def main(argv=None) -> int:
@@ -55,7 +56,7 @@ def packed_step_timing(engine, prompt: str, gen_length: int) -> dict:
     cfg = engine.config
     ids = torch.tensor(engine.codec.encode(prompt, chat=False))
     lp, L = ids.numel(), ids.numel() + gen_length
-    sizes = [4, 8, 16, 32, 64, 128]
+    sizes = list(DEFAULT_BLOCK_SIZES)
     canvas = torch.full((L,), cfg.mask_token_id)
     canvas[:lp] = ids
     ref = ReferenceModel.from_checkpoint(engine.checkpoint)

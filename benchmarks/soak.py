@@ -35,6 +35,7 @@ import sys
 import time
 
 import torch
+from blockbatch.options import DEFAULT_BLOCK_SIZES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -42,7 +43,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def mix(gen_length: int) -> list[tuple[str, dict]]:
     """The decode variants the soak cycles through (name, DecodeOptions fields)."""
     block = min(16, gen_length)
-    sizes = tuple(b for b in (4, 8, 16, 32, 64, 128) if b <= gen_length and gen_length % b == 0)
+    sizes = tuple(b for b in DEFAULT_BLOCK_SIZES if b <= gen_length and gen_length % b == 0)
     return [
         ("dual", dict(policy="dual", block_length=block)),
         ("blockbatch", dict(policy="blockbatch", block_sizes=sizes)),

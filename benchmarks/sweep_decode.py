@@ -24,9 +24,10 @@ import time
 import torch
 
 from common import environment, write_json
+from blockbatch.options import DEFAULT_BLOCK_SIZES
 
 GEN_LENGTHS = (64, 128, 256, 512, 1024)
-BRANCHES = (4, 8, 16, 32, 64, 128)
+BRANCHES = DEFAULT_BLOCK_SIZES  # the table default (blockbatch.contract)
 
 
 def make_model(checkpoint: str | None, workdir: str) -> str:

@@ -123,7 +123,7 @@ BENCH = os.path.join(os.path.dirname(blockbatch.__file__), "bin", "bb_bench_deco
 
 
 @pytest.mark.parametrize("policy,extra", [("blockbatch", ["--block-sizes", "4,16,64"]), ("dual", ["--block-length", "16"]),
-                                          ("vanilla", ["--block-length", "16", "--steps", "64"])])
+                                          ("vanilla", ["--block-length", "16", "--threshold", "none", "--steps", "64"])])
 def test_bench_decode_verifies_against_python(tmp_path, policy, extra):
     from blockbatch.options import DecodeOptions, run_decode
 
@@ -172,7 +172,9 @@ def test_bench_decode_bad_inputs(tmp_path):
     good.write_text('{"prompt_ids": [1, 2]}\n')
     res = subprocess.run([BENCH, "--model", str(tmp_path), "--prompts", str(good), "--block-sizes", "4,48"],
                          capture_output=True, text=True)
-    assert res.returncode == 1 and "block size 48 in block_sizes must divide gen_length = 128" in res.stderr
+    # an option error is a usage error (2), found before the model is loaded
+    assert res.returncode == 2 and "block size 48 in block_sizes must be a positive divisor of gen_length = 128" \
+        in res.stderr
     res = subprocess.run([BENCH, "--model", str(tmp_path), "--prompts", str(good), "--policy", "fast"],
                          capture_output=True, text=True)
     assert res.returncode == 2 and "policy must be one of" in res.stderr

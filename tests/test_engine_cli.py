@@ -109,7 +109,8 @@ def test_cli_generate_json_and_progress(ckpt):
 
 @pytest.mark.parametrize("args,pattern", [
     (["--gen-length", "30", "--block-length", "8"], "block_length = 8 must divide gen_length = 30"),
-    (["--threshold", "1.5"], "must be in \\(0, 1\\] or 'none'"),
+    (["--threshold", "1.5"], "^error: threshold must be in \\(0, 1\\], got 1.5$"),
+    (["--threshold", "high"], "argument --threshold: expected a number or 'none', got 'high'"),
     (["--policy", "blockbatch", "--block-sizes", "4,4"], "block_sizes must not repeat a size"),
     (["--model", "/nonexistent/x"], "not a checkpoint folder"),
 ])

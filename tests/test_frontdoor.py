@@ -471,7 +471,7 @@ def test_cli_make_random_refuses_to_overwrite(tmp_path):
 
 def test_cli_argument_errors_are_one_line(ckpt):
     assert_one_line_error(cli("generate", "--model", ckpt, "--gen-length", "x", "1+1="),
-                          r"^error: blockbatch generate: argument --gen-length: invalid int value: 'x'")
+                          r"^error: blockbatch generate: argument --gen-length: expected an integer, got 'x'")
     assert_one_line_error(cli("generate", "--model", ckpt, "--ids", "1,x", "1+1="),
                           r"^error: PROMPT 1: entry 1 \('x'\) of '1,x' is not an integer token id")
     assert_one_line_error(cli("forward", "--model", ckpt, "--ids", "1,,2"),
@@ -520,12 +520,13 @@ def test_import_without_the_extension(tmp_path):
                     ignore=shutil.ignore_patterns("_C*.so", "bin", "__pycache__", "checkpoint"))
     code = ("import blockbatch, torch\n"
             "assert blockbatch.__file__.startswith(%r)\n"
-            "blockbatch.ModelConfig, blockbatch.load_checkpoint, blockbatch.DecodeOptions(policy='dual')\n"
+            "blockbatch.ModelConfig, blockbatch.load_checkpoint, blockbatch.DecodeOptions\n"
+            "try:\n    blockbatch.DecodeOptions(policy='dual')\nexcept ImportError as e:\n    print('options:', e)\n"
             "try:\n    blockbatch.Engine\nexcept ImportError as e:\n    print('engine:', e)\n"
             "try:\n    blockbatch.NativeModel\nexcept ImportError as e:\n    print('native:', e)\n") % str(tmp_path)
     res = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**ENV, "PYTHONPATH": str(tmp_path)}, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    for kind in ("engine", "native"):
+    for kind in ("engine", "native", "options"):  # DecodeOptions' values are checked in C++
         assert f"{kind}: blockbatch's C++ extension was not found in {tmp_path / 'blockbatch'}. Build it with" \
                in res.stdout, res.stdout

@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from blockbatch.engine import Engine
-from blockbatch.options import MAX_GAP_TOKENS, MIN_PROB_FLOOR, POLICIES, DecodeOptions
+from blockbatch.contract import MAX_GAP_TOKENS, MIN_PROB_FLOOR, POLICIES
+from blockbatch.options import DecodeOptions
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
                     derandomize=True)

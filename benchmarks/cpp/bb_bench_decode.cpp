@@ -1,13 +1,14 @@
 // bb_bench_decode: decode a JSONL of prompts with the native loop, outside Python.
 //
 //   bb_bench_decode --model DIR --prompts FILE.jsonl [--policy blockbatch] [--gen-length 128]
-//                   [--block-length 32] [--threshold 0.9] [--block-sizes 4,8,16,32,64,128]
-//                   [--repeats 1] [--verify] [--threads N]
+//                   [--block-sizes 4,8,16,32,64,128] [any decode option] [--repeats 1] [--verify]
 //
-// Each JSONL line is an object with "prompt_ids" (list of token ids) and, for --verify,
-// "expected_ids" (the generated ids the engine must produce, e.g. written by the Python API).
-// One result line per configuration; with --verify a Disposition line and exit status 3 on a
-// mismatch.
+// Every decode option is a flag (`--gen-length 128`, `--no-merge`), parsed by set_option from the
+// options table (python/blockbatch/contract.py), so this binary, the Python CLI and the op take
+// the same options with the same defaults. Each JSONL line is an object with "prompt_ids" (list
+// of token ids) and, for --verify, "expected_ids" (the generated ids the engine must produce,
+// e.g. written by the Python API). One result line per configuration; with --verify a
+// Disposition line and exit status 3 on a mismatch.
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
@@ -27,7 +28,7 @@
 namespace {
 
 struct Options {
-  std::string model, prompts, policy = "blockbatch", dtype = "float32";
+  std::string model, prompts, dtype = "float32";
   blockbatch::DecodeOptions decode;
   int repeats = 1;
   int threads = 0;
@@ -40,35 +41,22 @@ void print_usage() {
       "Usage: bb_bench_decode --model DIR --prompts FILE.jsonl [options]\n\n"
       "  --model DIR          Hugging Face LLaDA checkpoint folder (read by the strict C++ reader)\n"
       "  --prompts FILE       JSONL, one object per line: {\"prompt_ids\": [...], \"expected_ids\": [...]}\n"
-      "  --policy P           vanilla | prefix | dual | blockbatch (default blockbatch)\n"
-      "  --gen-length N       tokens to generate (default 128)\n"
-      "  --block-length B     block size of the single-branch policies (default 32)\n"
-      "  --threshold T        commit threshold in (0, 1] (default 0.9)\n"
-      "  --steps S            use LLaDA's fixed schedule with S total steps instead of the threshold\n"
-      "  --block-sizes LIST   BlockBatch branches, comma-separated (default 4,8,16,32,64,128)\n"
-      "  --no-eos-exit        BlockBatch: decode the whole canvas (default: stop at the first EOS block)\n"
       "  --dtype T            float32 (default) or bfloat16\n"
       "  --repeats R          decode every prompt R times; the median time is reported (default 1)\n"
       "  --verify             compare generated ids with \"expected_ids\"; exit 3 on any mismatch\n"
       "  --threads N          intra-op threads (default: torch's choice)\n"
       "  --help               this text\n\n"
-      "Output: one line\n"
+      "Decode options (the same as blockbatch generate's and the op's; the policy defaults to blockbatch\n"
+      "here; booleans also as --NAME / --no-NAME; 'none' where a value may be None):\n"
+   << blockbatch::options_help() <<
+      "\nOutput: one line\n"
       "  result policy=... prompts=N nfe_mean=... ms_per_sample=... tokens_per_s=...\n"
       "and with --verify: Disposition: Passed | Failed (k of N prompts differ)\n";
-}
-
-std::vector<int64_t> parse_list(const std::string& text) {
-  std::vector<int64_t> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(std::stoll(item));
-  return out;
 }
 
 Options parse(int argc, char** argv) {
   Options o;
   o.decode.policy = blockbatch::Policy::kBlockBatch;
-  o.decode.stop_on_eos = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -86,23 +74,6 @@ Options parse(int argc, char** argv) {
         o.model = next();
       } else if (a == "--prompts") {
         o.prompts = next();
-      } else if (a == "--policy") {
-        o.policy = next();
-        o.decode.policy = blockbatch::parse_policy(o.policy);
-        o.decode.stop_on_eos = o.decode.policy == blockbatch::Policy::kBlockBatch;
-      } else if (a == "--gen-length") {
-        o.decode.gen_length = std::stoll(next());
-      } else if (a == "--block-length") {
-        o.decode.block_length = std::stoll(next());
-      } else if (a == "--threshold") {
-        o.decode.threshold = std::stod(next());
-      } else if (a == "--steps") {
-        o.decode.steps = std::stoll(next());
-        o.decode.commit = blockbatch::CommitRule::kFixed;
-      } else if (a == "--block-sizes") {
-        o.decode.block_sizes = parse_list(next());
-      } else if (a == "--no-eos-exit") {
-        o.decode.stop_on_eos = false;
       } else if (a == "--dtype") {
         o.dtype = next();
       } else if (a == "--repeats") {
@@ -111,6 +82,23 @@ Options parse(int argc, char** argv) {
         o.threads = std::stoi(next());
       } else if (a == "--verify") {
         o.verify = true;
+      } else if (a.rfind("--", 0) == 0) {
+        // A decode option: --gen-length N; a boolean also as --merge / --no-merge.
+        std::string name = a.substr(2);
+        std::replace(name.begin(), name.end(), '-', '_');
+        const char* type = blockbatch::option_type(name);
+        const bool negated = !type && name.rfind("no_", 0) == 0 && blockbatch::option_type(name.substr(3)) &&
+                             std::string(blockbatch::option_type(name.substr(3))) == "bool";
+        if (negated) {
+          blockbatch::set_option(o.decode, name.substr(3), "false");
+        } else if (type && std::string(type) == "bool" && (i + 1 >= argc || argv[i + 1][0] == '-')) {
+          blockbatch::set_option(o.decode, name, "true");  // --merge: a boolean flag without a value
+        } else if (type) {
+          blockbatch::set_option(o.decode, name, next());
+        } else {
+          std::cerr << "error: unknown argument '" << a << "' (see --help)\n";
+          std::exit(2);
+        }
       } else {
         std::cerr << "error: unknown argument '" << a << "' (see --help)\n";
         std::exit(2);
@@ -118,8 +106,11 @@ Options parse(int argc, char** argv) {
     } catch (const std::invalid_argument&) {
       std::cerr << "error: " << a << " needs a number (see --help)\n";
       std::exit(2);
+    } catch (const std::out_of_range&) {
+      std::cerr << "error: " << a << " is out of range (see --help)\n";
+      std::exit(2);
     } catch (const c10::Error& e) {
-      std::cerr << "error: " << e.msg() << "\n";
+      std::cerr << "error: " << a << ": " << e.msg() << "\n";
       std::exit(2);
     }
   }
@@ -129,6 +120,17 @@ Options parse(int argc, char** argv) {
   }
   if (o.repeats < 1) {
     std::cerr << "error: --repeats must be >= 1\n";
+    std::exit(2);
+  }
+  if (o.decode.steps && o.decode.commit() != blockbatch::CommitRule::kFixed) {
+    std::cerr << "error: --steps is used only by the fixed schedule, but the options commit by confidence and "
+                 "would ignore it: pass --threshold none with --steps\n";
+    std::exit(2);
+  }
+  try {
+    o.decode.check();
+  } catch (const c10::Error& e) {
+    std::cerr << "error: " << e.msg() << "\n";
     std::exit(2);
   }
   std::sort(o.decode.block_sizes.begin(), o.decode.block_sizes.end());
@@ -203,7 +205,7 @@ int main(int argc, char** argv) {
     std::sort(ms.begin(), ms.end());
     std::printf("result policy=%s dtype=%s prompts=%zu gen_length=%lld nfe_mean=%.2f ms_per_sample_median=%.3f "
                 "tokens_per_s=%.1f threads=%d\n",
-                o.policy.c_str(), o.dtype.c_str(), samples.size(), static_cast<long long>(o.decode.gen_length),
+                blockbatch::policy_name(o.decode.policy), o.dtype.c_str(), samples.size(), static_cast<long long>(o.decode.gen_length),
                 nfe_sum / samples.size(), ms[ms.size() / 2], 1000.0 * generated / total_ms, at::get_num_threads());
     if (o.verify) {
       if (mismatches == 0) {

@@ -203,7 +203,7 @@ class BlockBatchDecoder {
   void absorb(const at::Tensor& logits, const at::Tensor& spans, const at::Tensor& token, const at::Tensor& conf,
               const at::Tensor& ids, const at::Tensor& probs) {
     ops::bb_absorb_(canvas_, state_, eos_prob_, map_ids_, map_probs_, spans, token, conf, ids, probs, logits, lp_,
-                    c_.mask_token_id, c_.eos_token_id, o_.threshold, o_.stop_on_eos);
+                    c_.mask_token_id, c_.eos_token_id, *o_.threshold, *o_.stop_on_eos);
   }
 
   // One forward over `q` and what follows it on the device: absorb every span (rows of `spans`:

@@ -9,9 +9,11 @@
 
 namespace blockbatch {
 
-DecodeResult decode(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
+DecodeResult decode(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& options,
                     const int64_t* cancel) {
   const ModelConfig& c = model.config();
+  // The policies see every option set: the table's per-policy / per-family defaults filled in.
+  const DecodeOptions o = options.resolved(kDefaultFamily);
   o.validate(c, static_cast<int64_t>(prompt.size()));
   for (size_t i = 0; i < prompt.size(); ++i) {
     TORCH_CHECK_VALUE(prompt[i] >= 0 && prompt[i] < c.vocab_size, "prompt_ids[", i, "] = ", prompt[i],

@@ -21,7 +21,8 @@ struct DecodeResult {
 DecodeResult decode(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& options,
                     const int64_t* cancel = nullptr);
 
-// Policies (called by decode after validation). Both check `stop` before every forward, and
+// Policies (called by decode after validation, with DecodeOptions::resolved options: every
+// std::optional the table resolves is set). Both check `stop` before every forward, and
 // every loop has a bound: a step that commits nothing fails (Stop::no_progress).
 DecodeResult decode_single_branch(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
                                   const Stop& stop);

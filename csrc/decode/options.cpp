@@ -1,24 +1,22 @@
 #include "decode/options.h"
 
-#include "kernels/branches.h"
-
 #include <c10/util/Exception.h>
 
-#include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
-#include <string>
 #include <set>
+#include <sstream>
+#include <string>
+
+#include "decode/options_parse.h"
+#include "kernels/branches.h"
 
 namespace blockbatch {
 
-Policy parse_policy(const std::string& name) {
-  if (name == "vanilla") return Policy::kVanilla;
-  if (name == "prefix") return Policy::kPrefix;
-  if (name == "dual") return Policy::kDual;
-  if (name == "blockbatch") return Policy::kBlockBatch;
-  TORCH_CHECK_VALUE(false, "policy must be one of 'vanilla', 'prefix', 'dual', 'blockbatch', got '", name, "'");
-}
+static_assert(kMaxBranchesOption == branches::kMaxBranches,
+              "python/blockbatch/contract.py: block_sizes max_items must equal branches::kMaxBranches");
 
 CommitRule parse_commit_rule(const std::string& name) {
   if (name == "threshold") return CommitRule::kThreshold;
@@ -36,65 +34,126 @@ const char* commit_rule_name(CommitRule rule) {
   return "";
 }
 
-RefreshMode parse_refresh_mode(const std::string& name) {
-  if (name == "periodic") return RefreshMode::kPeriodic;
-  if (name == "divergence") return RefreshMode::kDivergence;
-  TORCH_CHECK_VALUE(false, "refresh_mode must be 'periodic' or 'divergence', got '", name, "'");
+CommitRule DecodeOptions::commit() const {
+  if (factor) return CommitRule::kFactor;
+  return threshold ? CommitRule::kThreshold : CommitRule::kFixed;
+}
+
+void DecodeOptions::check() const {
+  check_option_ranges(*this);
+  if (steps) {
+    TORCH_CHECK_VALUE(*steps <= gen_length, "steps must be None or an integer in [0, gen_length = ", gen_length,
+                      "] (a step commits at least one token), got ", *steps);
+  }
+  if (policy != Policy::kBlockBatch) {
+    TORCH_CHECK_VALUE(block_length <= gen_length, "block_length must be an integer in [1, gen_length = ", gen_length,
+                      "], got ", block_length);
+    TORCH_CHECK_VALUE(gen_length % block_length == 0, "block_length = ", block_length,
+                      " must divide gen_length = ", gen_length);
+    if (commit() == CommitRule::kFixed) {
+      const int64_t blocks = gen_length / block_length;
+      TORCH_CHECK_VALUE(steps.value_or(0) > 0 && *steps % blocks == 0, "steps must be a positive multiple of the "
+                        "number of blocks (", blocks, " = gen_length / block_length) for the fixed schedule, got ",
+                        steps ? std::to_string(*steps) : std::string("None"));
+    }
+    return;
+  }
+  TORCH_CHECK_VALUE(commit() == CommitRule::kThreshold,
+                    "policy 'blockbatch' commits by threshold: set threshold and leave factor None");
+  TORCH_CHECK_VALUE(!block_sizes.empty(), "block_sizes must be a non-empty list of block sizes");
+  std::set<int64_t> seen;
+  for (int64_t b : block_sizes) {
+    TORCH_CHECK_VALUE(gen_length % b == 0, "block size ", b, " in block_sizes must be a positive divisor of "
+                      "gen_length = ", gen_length);
+    TORCH_CHECK_VALUE(seen.insert(b).second, "block_sizes must not repeat a size, got ", b, " twice");
+  }
 }
 
 void DecodeOptions::validate(const ModelConfig& c, int64_t prompt_length) const {
   TORCH_CHECK_VALUE(prompt_length > 0, "prompt_ids must not be empty");
-  TORCH_CHECK_VALUE(gen_length > 0, "gen_length must be > 0, got ", gen_length);
-  // Written without the sum: gen_length near 2^63 must not overflow the comparison.
+  check_option_ranges(*this);
+  // Before the rules relating options: a canvas that cannot fit is the error to report first.
+  // Written without the sum: the comparison must not overflow.
   if (prompt_length > c.max_sequence_length || gen_length > c.max_sequence_length - prompt_length) {
     const bool fits = gen_length <= std::numeric_limits<int64_t>::max() - prompt_length;
     TORCH_CHECK_VALUE(false, "prompt length ", prompt_length, " + gen_length ", gen_length,
                       fits ? " = " + std::to_string(prompt_length + gen_length) : std::string(),
                       " exceeds max_sequence_length = ", c.max_sequence_length);
   }
-  TORCH_CHECK_VALUE(steps >= 0, "steps must be >= 0, got ", steps);
-  TORCH_CHECK_VALUE(steps <= gen_length, "steps must be <= gen_length = ", gen_length,
-                    " (a step commits at least one token), got ", steps);
-  TORCH_CHECK_VALUE(temperature >= 0 && std::isfinite(temperature), "temperature must be >= 0 and finite, got ",
-                    temperature);
-  TORCH_CHECK_VALUE(threshold > 0 && threshold <= 1, "threshold must be in (0, 1], got ", threshold);
-  TORCH_CHECK_VALUE(seed >= 0, "seed must be >= 0, got ", seed);
-  TORCH_CHECK_VALUE(timeout_s >= 0 && std::isfinite(timeout_s), "timeout_s must be >= 0 and finite (0: no deadline), "
-                    "got ", timeout_s);
-  if (policy != Policy::kBlockBatch) {
-    TORCH_CHECK_VALUE(block_length > 0 && block_length <= gen_length, "block_length must be in [1, gen_length = ",
-                      gen_length, "], got ", block_length);
-    TORCH_CHECK_VALUE(gen_length % block_length == 0, "block_length = ", block_length,
-                      " must divide gen_length = ", gen_length);
-    if (commit == CommitRule::kFixed) {
-      const int64_t blocks = gen_length / block_length;
-      TORCH_CHECK_VALUE(steps > 0 && steps % blocks == 0, "steps must be a positive multiple of the number of blocks (",
-                        blocks, " = gen_length / block_length) for the fixed schedule, got ", steps);
-    }
-    if (commit == CommitRule::kFactor) {
-      TORCH_CHECK_VALUE(factor > 0 && std::isfinite(factor), "factor must be > 0 and finite, got ", factor);
-    }
-    return;
-  }
-  TORCH_CHECK_VALUE(commit == CommitRule::kThreshold, "policy 'blockbatch' commits by threshold; commit must be "
-                    "'threshold'");
-  TORCH_CHECK_VALUE(!block_sizes.empty(), "block_sizes must not be empty");
-  TORCH_CHECK_VALUE(static_cast<int64_t>(block_sizes.size()) <= branches::kMaxBranches, "block_sizes may hold at most ",
-                    branches::kMaxBranches, " branches, got ", block_sizes.size());
-  std::set<int64_t> seen;
-  for (int64_t b : block_sizes) {
-    TORCH_CHECK_VALUE(b > 0, "block_sizes entries must be > 0, got ", b);
-    TORCH_CHECK_VALUE(gen_length % b == 0, "block size ", b, " in block_sizes must divide gen_length = ", gen_length);
-    TORCH_CHECK_VALUE(seen.insert(b).second, "block_sizes must not repeat a size, got ", b, " twice");
-  }
-  TORCH_CHECK_VALUE(merge_gate > 0 && merge_gate <= 1, "merge_gate must be in (0, 1], got ", merge_gate);
-  TORCH_CHECK_VALUE(sync_gap >= 0 && sync_gap <= kMaxGapTokens, "sync_gap must be in [0, ", kMaxGapTokens, "], got ",
-                    sync_gap);
-  TORCH_CHECK_VALUE(refresh_tokens >= 0 && refresh_tokens <= kMaxGapTokens, "refresh_tokens must be in [0, ",
-                    kMaxGapTokens, "] (0 disables the refresh), got ", refresh_tokens);
-  TORCH_CHECK_VALUE(prob_floor >= kMinProbFloor && prob_floor < 1, "prob_floor must be in [", kMinProbFloor,
-                    ", 1), got ", prob_floor);
+  check();
 }
+
+// ---------------------------------------------------------------- helpers of the generated code
+
+namespace {
+
+template <typename T>
+bool in_range(T v, std::optional<T> lo, bool lo_open, std::optional<T> hi, bool hi_open) {
+  if (lo && (lo_open ? !(v > *lo) : !(v >= *lo))) return false;
+  if (hi && (hi_open ? !(v < *hi) : !(v <= *hi))) return false;
+  return true;
+}
+
+}  // namespace
+
+void check_range(const char* name, int64_t v, std::optional<int64_t> lo, bool lo_open, std::optional<int64_t> hi,
+                 bool hi_open, const char* range) {
+  TORCH_CHECK_VALUE(in_range(v, lo, lo_open, hi, hi_open), name, " must be ", range, ", got ", v);
+}
+
+void check_range(const char* name, double v, std::optional<double> lo, bool lo_open, std::optional<double> hi,
+                 bool hi_open, const char* range) {
+  TORCH_CHECK_VALUE(std::isfinite(v) && in_range(v, lo, lo_open, hi, hi_open), name, " must be ", range, ", got ",
+                    v);
+}
+
+void check_count(const char* name, size_t n, int64_t max_items) {
+  TORCH_CHECK_VALUE(static_cast<int64_t>(n) <= max_items, name, " may hold at most ", max_items, " entries, got ",
+                    n);
+}
+
+void bad_choice(const char* name, std::string_view value, const char* range) {
+  TORCH_CHECK_VALUE(false, name, " must be ", range, ", got '", std::string(value), "'");
+  std::abort();  // unreachable: TORCH_CHECK_VALUE(false, ...) throws
+}
+
+bool is_none(const std::string& text) { return text == "none" || text == "None"; }
+
+int64_t parse_int(const char* name, const std::string& text) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  TORCH_CHECK_VALUE(!text.empty() && end == text.c_str() + text.size() && errno == 0, name,
+                    ": expected an integer, got '", text, "'");
+  return v;
+}
+
+double parse_float(const char* name, const std::string& text) {
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  TORCH_CHECK_VALUE(!text.empty() && end == text.c_str() + text.size() && errno == 0, name,
+                    ": expected a number, got '", text, "'");
+  return v;
+}
+
+bool parse_bool(const char* name, const std::string& text) {
+  if (text == "1" || text == "true" || text == "on" || text == "yes") return true;
+  if (text == "0" || text == "false" || text == "off" || text == "no") return false;
+  TORCH_CHECK_VALUE(false, name, ": expected true or false, got '", text, "'");
+}
+
+std::vector<int64_t> parse_int_list(const char* name, const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty()) out.push_back(parse_int(name, item));
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- statistics
 
 const std::vector<std::string>& decode_stat_names() {
   static const std::vector<std::string> names = {

@@ -1,4 +1,7 @@
-// Decoding options and statistics (ALGORITHMS.md sections 2-4), shared by every policy.
+// Decoding options (docs/ALGORITHMS.md sections 2-4) and statistics, shared by every policy.
+//
+// The options themselves (struct, defaults, enums, ranges) are generated from the table in
+// python/blockbatch/contract.py into options_table.h; this header adds the statistics.
 #pragma once
 
 #include <array>
@@ -6,49 +9,13 @@
 #include <string>
 #include <vector>
 
+#include "decode/options_table.h"
 #include "model/config.h"
 
 namespace blockbatch {
 
-enum class Policy { kVanilla, kPrefix, kDual, kBlockBatch };
-enum class CommitRule { kThreshold, kFixed, kFactor };
-enum class RefreshMode { kPeriodic, kDivergence };
-
-struct DecodeOptions {
-  Policy policy = Policy::kDual;
-  int64_t gen_length = 128;
-  int64_t block_length = 32;      // single-branch policies
-  int64_t steps = 0;              // fixed schedule: total steps over the generation
-  CommitRule commit = CommitRule::kThreshold;
-  double threshold = 0.9;
-  double factor = 1.0;
-  double temperature = 0.0;       // > 0: Gumbel-max in float64 (seeded)
-  int64_t seed = 0;
-  bool stop_on_eos = false;
-  // BlockBatch (section 4)
-  std::vector<int64_t> block_sizes = {4, 8, 16, 32, 64, 128};
-  double merge_gate = 0.5;
-  int64_t sync_gap = 8;
-  int64_t refresh_tokens = 32;    // 0 disables the refresh
-  RefreshMode refresh_mode = RefreshMode::kPeriodic;
-  double prob_floor = 0.1;
-  bool merge = true;              // ablation switches (tests show each mechanism matters)
-  bool sync = true;
-  bool cuda_graphs = true;        // CUDA: replay recorded steps (StepRunner); no effect on CPU
-  double timeout_s = 0.0;         // > 0: the decode fails with a clear error once this many seconds pass
-
-  // Throws c10::Error naming the argument and its allowed range.
-  void validate(const ModelConfig& config, int64_t prompt_length) const;
-};
-
-Policy parse_policy(const std::string& name);
-CommitRule parse_commit_rule(const std::string& name);
-const char* commit_rule_name(CommitRule rule);  // parse_commit_rule's inverse
-RefreshMode parse_refresh_mode(const std::string& name);
-
-// Bounds of the options (DecodeOptions::validate; python/blockbatch/options.py uses the same).
-constexpr double kMinProbFloor = 0.01;      // the probability maps hold at most 1 / floor + 1 entries
-constexpr int64_t kMaxGapTokens = int64_t(1) << 30;  // sync_gap, refresh_tokens
+CommitRule parse_commit_rule(const std::string& name);  // "threshold" | "fixed" | "factor"
+const char* commit_rule_name(CommitRule rule);          // parse_commit_rule's inverse
 
 struct BranchStats {
   int64_t block_size = 0;

@@ -27,9 +27,9 @@ DecodeResult decode_single_branch(const Network& model, const std::vector<int64_
   const ModelConfig& c = model.config();
   const int64_t lp = static_cast<int64_t>(prompt.size()), L = lp + o.gen_length, b = o.block_length;
   const int64_t num_blocks = o.gen_length / b;
-  const int64_t steps_per_block = o.commit == CommitRule::kFixed ? o.steps / num_blocks : 0;
+  const int64_t steps_per_block = o.commit() == CommitRule::kFixed ? *o.steps / num_blocks : 0;
   const bool sampling = o.temperature > 0;
-  const char* rule = commit_rule_name(o.commit);
+  const char* rule = commit_rule_name(o.commit());
   at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed));
 
   DecodeResult res;
@@ -46,7 +46,7 @@ DecodeResult decode_single_branch(const Network& model, const std::vector<int64_
   for (int64_t block = 0; block < num_blocks; ++block) {
     const int64_t s = lp + block * b, e = s + b;
     const std::vector<int64_t> schedule =
-        o.commit == CommitRule::kFixed ? fixed_schedule(b, steps_per_block) : std::vector<int64_t>();
+        o.commit() == CommitRule::kFixed ? fixed_schedule(b, steps_per_block) : std::vector<int64_t>();
     int64_t masks_left = b, eos_in_block = 0;  // a block starts all masks
     // Bound: every step commits at least one token (or fails below), so a block takes at most b
     // steps; the fixed schedule has exactly steps_per_block entries summing to b.
@@ -86,7 +86,7 @@ DecodeResult decode_single_branch(const Network& model, const std::vector<int64_
                                 kv.defined() ? 1 : 0, sampling ? 1 : 0};
       auto commit = [&](const at::Tensor& dev, const at::Tensor& token, const at::Tensor& conf) {
         return ops::commit_(canvas, dev.narrow(0, base, b), token, conf, dev.narrow(0, base + b, 1), c.mask_token_id,
-                            c.eos_token_id, rule, o.threshold, o.factor);
+                            c.eos_token_id, rule, o.threshold.value_or(1.0), o.factor.value_or(1.0));
       };
       StepRunner::Output out = runner.run(buffer, key, [&](const at::Tensor& dev) {
         StepRunner::Body body;
@@ -118,7 +118,7 @@ DecodeResult decode_single_branch(const Network& model, const std::vector<int64_
       }
     }
     // Earlier blocks held no EOS (the loop would have stopped), so an EOS in [lp, e) is in this block.
-    if (o.stop_on_eos && eos_in_block) {
+    if (*o.stop_on_eos && eos_in_block) {
       canvas.narrow(0, e, L - e).fill_(c.eos_token_id);
       break;
     }

@@ -1,70 +1,95 @@
-// torch.ops.blockbatch.decode: the whole generation of one request inside C++.
-#include <ATen/ops/from_blob.h>
+// torch.ops.blockbatch.decode (the whole generation of one request inside C++), check_options
+// (the options' validator, for Python's DecodeOptions) and check_config (the model config's).
+//
+// The options are keyword-only and read by name from the boxed call (decode_args.h, generated
+// from python/blockbatch/contract.py), so no C++ signature repeats the schema's argument order.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <ATen/ops/tensor.h>
 #include <torch/library.h>
 
+#include <string>
+
 #include "decode/decode.h"
+#include "torch/decode_args.h"
 #include "torch/model_handle.h"
 
 namespace blockbatch {
 
 namespace {
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> decode_op(
-    const c10::intrusive_ptr<ModelHandle>& model, const at::Tensor& prompt_ids, const std::string& policy,
-    int64_t gen_length, int64_t block_length, int64_t steps, const std::string& commit, double threshold,
-    double factor, double temperature, int64_t seed, bool stop_on_eos, c10::IntArrayRef block_sizes,
-    double merge_gate, int64_t sync_gap, int64_t refresh_tokens, const std::string& refresh_mode,
-    double prob_floor, bool merge, bool sync, bool cuda_graphs, double timeout_s,
-    const std::optional<at::Tensor>& cancel) {
+const std::string& decode_schema() {
+  // Defaults and types of every option come from the table; see README "Decode options".
+  static const std::string s =
+      std::string("decode(__torch__.torch.classes.blockbatch.Model model, Tensor prompt_ids, *, ") +
+      kDecodeOptionsSchema +
+      ", Tensor? cancel=None) -> (Tensor tokens, Tensor stats, Tensor step_log, Tensor branch_stats)";
+  return s;
+}
+
+const std::string& check_options_schema() {
+  static const std::string s = std::string("check_options(*, ") + kDecodeOptionsSchema + ") -> ()";
+  return s;
+}
+
+// The call's arguments: the last `n` entries of the stack, in schema order.
+const c10::IValue* call_args(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  return stack.data() + (stack.size() - op.schema().arguments().size());
+}
+
+void decode_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  const c10::IValue* args = call_args(op, *stack);
+  auto arg = [&](const char* name) -> const c10::IValue& { return args[*schema.argumentIndexWithName(name)]; };
+  const auto model = arg("model").toCustomClass<ModelHandle>();
+  const at::Tensor prompt_ids = arg("prompt_ids").toTensor();
   TORCH_CHECK_TYPE(prompt_ids.scalar_type() == at::kLong, "prompt_ids must be int64, got ", prompt_ids.scalar_type());
   TORCH_CHECK_VALUE(prompt_ids.dim() == 1, "prompt_ids must be 1-D [prompt_length], got shape ", prompt_ids.sizes());
   at::Tensor prompt_cpu = prompt_ids.cpu().contiguous();
   std::vector<int64_t> prompt(prompt_cpu.const_data_ptr<int64_t>(),
                               prompt_cpu.const_data_ptr<int64_t>() + prompt_cpu.numel());
-  DecodeOptions o;
-  o.policy = parse_policy(policy);
-  o.gen_length = gen_length;
-  o.block_length = block_length;
-  o.steps = steps;
-  o.commit = parse_commit_rule(commit);
-  o.threshold = threshold;
-  o.factor = factor;
-  o.temperature = temperature;
-  o.seed = seed;
-  o.stop_on_eos = stop_on_eos;
-  o.block_sizes.assign(block_sizes.begin(), block_sizes.end());
+  DecodeOptions o = decode_options_from_args(schema, args);
   std::sort(o.block_sizes.begin(), o.block_sizes.end());  // branch order never depends on the caller's
-  o.merge_gate = merge_gate;
-  o.sync_gap = sync_gap;
-  o.refresh_tokens = refresh_tokens;
-  o.refresh_mode = parse_refresh_mode(refresh_mode);
-  o.prob_floor = prob_floor;
-  o.merge = merge;
-  o.sync = sync;
-  o.cuda_graphs = cuda_graphs;
-  o.timeout_s = timeout_s;
   const int64_t* cancel_flag = nullptr;
-  if (cancel.has_value()) {
-    TORCH_CHECK_TYPE(cancel->scalar_type() == at::kLong, "cancel must be int64, got ", cancel->scalar_type());
-    TORCH_CHECK_VALUE(cancel->device().is_cpu() && cancel->numel() == 1 && cancel->is_contiguous(),
-                      "cancel must be a one-element int64 CPU tensor, got shape ", cancel->sizes(), " on ",
-                      cancel->device());
-    cancel_flag = cancel->const_data_ptr<int64_t>();
+  at::Tensor cancel;  // keeps the flag's storage alive while the decode runs
+  if (!arg("cancel").isNone()) {
+    cancel = arg("cancel").toTensor();
+    TORCH_CHECK_TYPE(cancel.scalar_type() == at::kLong, "cancel must be int64, got ", cancel.scalar_type());
+    TORCH_CHECK_VALUE(cancel.device().is_cpu() && cancel.numel() == 1 && cancel.is_contiguous(),
+                      "cancel must be a one-element int64 CPU tensor, got shape ", cancel.sizes(), " on ",
+                      cancel.device());
+    cancel_flag = cancel.const_data_ptr<int64_t>();
   }
 
   DecodeResult r = decode(*model, prompt, o, cancel_flag);
-  at::Tensor tokens = at::tensor(r.tokens, at::kLong);
-  at::Tensor stats = at::tensor(decode_stat_values(r.stats), at::kDouble);
   std::vector<int64_t> log;
   for (const auto& s : r.stats.steps) log.insert(log.end(), s.begin(), s.end());
-  at::Tensor step_log = at::tensor(log, at::kLong).view({-1, 2});
   std::vector<int64_t> branches;
   for (const auto& b : r.stats.branches) {
     branches.insert(branches.end(), {b.block_size, b.committed, b.merged, b.copied, b.forwards});
   }
-  at::Tensor branch_stats = at::tensor(branches, at::kLong).view({-1, 5});
-  return {tokens, stats, step_log, branch_stats};
+  torch::jit::drop(*stack, schema.arguments().size());
+  torch::jit::push(*stack, at::tensor(r.tokens, at::kLong), at::tensor(decode_stat_values(r.stats), at::kDouble),
+                   at::tensor(log, at::kLong).view({-1, 2}), at::tensor(branches, at::kLong).view({-1, 5}));
+}
+
+void check_options_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const DecodeOptions o = decode_options_from_args(op.schema(), call_args(op, *stack));
+  torch::jit::drop(*stack, op.schema().arguments().size());
+  o.check();
+}
+
+void check_config_op(const c10::Dict<std::string, int64_t>& ints, const c10::Dict<std::string, double>& floats) {
+  config_from_dicts(ints, floats);  // validates
+}
+
+c10::Dict<std::string, int64_t> config_limits_op() {
+  c10::Dict<std::string, int64_t> d;
+  d.insert("max_sequence_length", kMaxSequenceLength);
+  d.insert("layers", kMaxLayers);
+  d.insert("dim", kMaxDim);
+  d.insert("rope_elements", kMaxRopeElements);
+  return d;
 }
 
 std::vector<std::string> decode_stat_names_op() { return decode_stat_names(); }
@@ -72,25 +97,26 @@ std::vector<std::string> decode_stat_names_op() { return decode_stat_names(); }
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(blockbatch, m) {
-  // Decode one request (ALGORITHMS.md 1-4) entirely in C++: policy vanilla | prefix | dual |
-  // blockbatch; commit threshold | fixed | factor. timeout_s > 0: fail once that many seconds
-  // pass; cancel: a one-element int64 CPU tensor another thread sets to nonzero to stop the
-  // decode within one forward (both checked before every forward). Returns the canvas [prompt | generation],
-  // the scalar counters (names: decode_stat_names), a per-forward log [forwards, 2] (tokens
-  // committed, packed query tokens) and per-branch stats [branches, 5] (block size, committed,
-  // merged, copied, forwards).
-  m.def("decode(__torch__.torch.classes.blockbatch.Model model, Tensor prompt_ids, str policy=\"dual\", "
-        "int gen_length=128, int block_length=32, int steps=0, str commit=\"threshold\", float threshold=0.9, "
-        "float factor=1.0, float temperature=0.0, int seed=0, bool stop_on_eos=False, "
-        "int[] block_sizes=[4, 8, 16, 32, 64, 128], float merge_gate=0.5, int sync_gap=8, "
-        "int refresh_tokens=32, str refresh_mode=\"periodic\", float prob_floor=0.1, bool merge=True, "
-        "bool sync=True, bool cuda_graphs=True, float timeout_s=0.0, Tensor? cancel=None) "
-        "-> (Tensor tokens, Tensor stats, Tensor step_log, Tensor branch_stats)");
+  // Decode one request (docs/ALGORITHMS.md 1-4) entirely in C++; the options (keyword-only) are
+  // the table of python/blockbatch/contract.py. timeout_s > 0: fail once that many seconds pass;
+  // cancel: a one-element int64 CPU tensor another thread sets to nonzero to stop the decode
+  // within one forward (both checked before every forward). Returns the canvas
+  // [prompt | generation], the scalar counters (names: decode_stat_names), a per-forward log
+  // [forwards, 2] (tokens committed, packed query tokens) and per-branch stats [branches, 5]
+  // (block size, committed, merged, copied, forwards).
+  m.def(decode_schema().c_str());
+  // The options' checks that need no model (DecodeOptions::check): raises ValueError naming the
+  // option; Python's DecodeOptions calls it, so both languages give the same message.
+  m.def(check_options_schema().c_str(), torch::CppFunction::makeFromBoxedFunction<&check_options_boxed>());
+  // The model config's validator (ModelConfig::validate), for Python's ModelConfig.validate.
+  m.def("check_config(Dict(str, int) ints, Dict(str, float) floats) -> ()", &check_config_op);
+  // Its bounds (csrc/model/config.h), for Python's ModelConfig module constants.
+  m.def("config_limits() -> Dict(str, int)", &config_limits_op);
   // Names of decode's scalar counters, in order.
   m.def("decode_stat_names() -> str[]", &decode_stat_names_op);
 }
 
-TORCH_LIBRARY_IMPL(blockbatch, CPU, m) { m.impl("decode", &decode_op); }
-TORCH_LIBRARY_IMPL(blockbatch, CUDA, m) { m.impl("decode", &decode_op); }
+TORCH_LIBRARY_IMPL(blockbatch, CPU, m) { m.impl("decode", torch::CppFunction::makeFromBoxedFunction<&decode_boxed>()); }
+TORCH_LIBRARY_IMPL(blockbatch, CUDA, m) { m.impl("decode", torch::CppFunction::makeFromBoxedFunction<&decode_boxed>()); }
 
 }  // namespace blockbatch

@@ -14,8 +14,8 @@ c10::ScalarType parse_dtype(const std::string& dtype, c10::ScalarType fallback) 
   if (dtype == "float16") return at::kHalf;
   TORCH_CHECK(false, "dtype must be 'float32', 'bfloat16', 'float16' or '' (keep), got '", dtype, "'");
 }
+}  // namespace
 
-// The config from TorchBind's dicts (python ModelConfig.int_fields / float_fields), validated.
 ModelConfig config_from_dicts(const c10::Dict<std::string, int64_t>& ints, const c10::Dict<std::string, double>& floats) {
   auto get_int = [&](const char* key) {
     TORCH_CHECK(ints.contains(key), "config: required integer key '", key, "' is missing");
@@ -45,7 +45,6 @@ ModelConfig config_from_dicts(const c10::Dict<std::string, int64_t>& ints, const
   return c;
 }
 
-}  // namespace
 
 ModelHandle::ModelHandle(const c10::Dict<std::string, int64_t>& ints, const c10::Dict<std::string, double>& floats,
                          const c10::Dict<std::string, at::Tensor>& weights, const std::string& dtype) {

@@ -2,9 +2,10 @@
 
 ``import blockbatch`` loads the compiled extension (``blockbatch._C``) when it is present, so
 ``torch.ops.blockbatch.*`` and ``torch.classes.blockbatch.Model`` are registered from then on,
-and exports ``Engine``, ``DecodeOptions`` and ``NativeModel``. The pure-Python parts (config,
-loading, options, reference) import without the extension; then the native attributes
-(``Engine``, ``NativeModel``) raise ImportError with the build instructions.
+and exports ``Engine``, ``DecodeOptions`` and ``NativeModel``. The modules import without the
+extension; then the native attributes (``Engine``, ``NativeModel``) raise ImportError with the
+build instructions, and so do the two validators that live in C++ (constructing a
+``DecodeOptions``, validating a ``ModelConfig``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ __all__ = ["Checkpoint", "CheckpointError", "DecodeOptions", "Engine", "ModelCon
            "load_checkpoint", "save_checkpoint"]
 __version__ = "0.1.0"
 
-from .options import DecodeOptions  # pure Python: importable without the extension
+from .options import DecodeOptions  # importable without the extension (construction needs it)
 
 # Registers the ops now when the library is built (native.py adds their fake kernels for
 # torch.compile); a missing or unloadable library is reported, with the reason and the build

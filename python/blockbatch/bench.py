@@ -22,26 +22,16 @@ from typing import Callable
 
 import torch
 
+from . import contract
 from .options import DecodeOptions
 
 # name -> options; the paper's settings (docs/ALGORITHMS.md 3): dual cache block 32 / threshold 0.9.
 DEFAULT_POLICIES = ("vanilla", "dual", "blockbatch")
 
 
-def _flag(value: str) -> bool:
-    if value.lower() in ("1", "true", "yes"):
-        return True
-    if value.lower() in ("0", "false", "no"):
-        return False
-    raise ValueError(f"expected true / false, got {value!r}")
-
-
-OPTION_PARSERS = {
-    "block_length": int, "steps": int, "threshold": float, "factor": float, "temperature": float, "seed": int,
-    "stop_on_eos": _flag, "merge_gate": float, "sync_gap": int, "refresh_tokens": int, "refresh_mode": str,
-    "prob_floor": float, "block_sizes": lambda v: tuple(int(x) for x in v.split("/")),
-    "merge": _flag, "sync": _flag, "cuda_graphs": _flag,
-}
+# The options a policy spec may set (policy and gen_length are set by the spec's name and the
+# bench's --gen-length): every other option of the table, parsed by the table's types.
+SPEC_OPTIONS = tuple(n for n in contract.NAMES if n not in ("policy", "gen_length"))
 
 
 def policy_kwargs(name: str, gen_length: int) -> dict:
@@ -58,10 +48,10 @@ def policy_kwargs(name: str, gen_length: int) -> dict:
     kw = dict(presets[base], gen_length=gen_length)
     for item in filter(None, spec.split(",")):
         key, _, value = item.partition("=")
-        if key not in OPTION_PARSERS:
-            raise ValueError(f"{name!r}: unknown option {key!r}; known: {', '.join(sorted(OPTION_PARSERS))}")
+        if key not in SPEC_OPTIONS:
+            raise ValueError(f"{name!r}: unknown option {key!r}; known: {', '.join(sorted(SPEC_OPTIONS))}")
         try:
-            kw[key] = None if value == "none" else OPTION_PARSERS[key](value)
+            kw[key] = contract.parse_text(key, value, list_sep="/")  # lists: 8/32 (commas separate options)
         except ValueError:
             raise ValueError(f"{name!r}: option {key}={value!r} is not a valid value for {key}") from None
     return kw

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from . import settings
+from . import contract, settings
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -84,15 +84,6 @@ def _cmd_forward(args: argparse.Namespace) -> int:
     return 0
 
 
-def _threshold(text: str) -> float | None:
-    if text.lower() == "none":
-        return None
-    value = float(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1] or 'none', got {text}")
-    return value
-
-
 class UsageError(Exception):
     """A user error found by the CLI itself: printed as one ``error: ...`` line, exit status 2."""
 
@@ -116,13 +107,6 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer (>= 1), got {value}")
     return value
-
-
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
 def summary_line(stats: dict) -> str:
@@ -150,12 +134,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise UsageError(f"--steps {args.steps} is used only by the fixed schedule, but {rule} commits by "
                          f"confidence and would ignore it: pass --threshold none with --steps {args.steps}"
                          + (" and drop --factor" if args.factor is not None else ""))
-    options = DecodeOptions(  # raises ValueError naming the bad option
-        policy=args.policy, gen_length=args.gen_length, block_length=args.block_length, steps=args.steps,
-        threshold=args.threshold, factor=args.factor, temperature=args.temperature, seed=args.seed,
-        stop_on_eos=args.stop_on_eos, block_sizes=args.block_sizes, merge_gate=args.merge_gate,
-        sync_gap=args.sync_gap, refresh_tokens=args.refresh_tokens, refresh_mode=args.refresh_mode,
-        cuda_graphs=not args.no_cuda_graphs)
+    options = DecodeOptions(**contract.values_from_args(args))  # ValueError naming the bad option
     prompts = [p if not args.ids else _parse_ids(p, f"PROMPT {i + 1}") for i, p in enumerate(args.prompts)]
     engine = Engine.from_pretrained(args.model, device=args.device, dtype=DTYPES[args.dtype])
     chat = False if args.no_chat else None
@@ -273,34 +252,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="encode characters outside the tokenizer's vocabulary as its unknown token instead of "
                         "refusing the prompt")
     p.add_argument("--json", action="store_true", help="one JSON object per prompt (text, ids, all stats)")
-    p.add_argument("--no-cuda-graphs", action="store_true",
-                   help="on CUDA, launch every step eagerly instead of replaying recorded CUDA graphs "
-                        "(same tokens; for debugging and timing comparisons)")
-    g = p.add_argument_group("decoding (docs/ALGORITHMS.md)")
-    g.add_argument("--policy", choices=["vanilla", "prefix", "dual", "blockbatch"], default="dual",
-                   help="vanilla: full forward per step; prefix/dual: Fast-dLLM caches; blockbatch: multi-branch "
-                        "(default dual)")
-    g.add_argument("--gen-length", type=int, default=128, help="tokens to generate (default 128, as DecodeOptions)")
-    g.add_argument("--block-length", type=int, default=32, help="block size of single-branch policies (default 32)")
-    g.add_argument("--threshold", type=_threshold, default=0.9,
-                   help="commit every candidate with confidence >= T (default 0.9); 'none' = fixed schedule")
-    g.add_argument("--steps", type=int, default=None, help="total steps of the fixed schedule (with --threshold none)")
-    g.add_argument("--factor", type=float, default=None, help="Fast-dLLM factor rule instead of the threshold")
-    g.add_argument("--temperature", type=float, default=0.0, help="Gumbel-max sampling temperature (default 0: greedy)")
-    g.add_argument("--seed", type=int, default=0, help="sampling seed (with --temperature > 0)")
-    g.add_argument("--stop-on-eos", dest="stop_on_eos", action="store_true", default=None,
-                   help="stop at the first completed block holding EOS (default: on for blockbatch only)")
-    g.add_argument("--no-stop-on-eos", dest="stop_on_eos", action="store_false",
-                   help="decode the whole canvas even with blockbatch")
-    b = p.add_argument_group("blockbatch")
-    b.add_argument("--block-sizes", type=_int_list, default=(4, 8, 16, 32, 64, 128),
-                   help="branch block sizes, comma-separated; each must divide --gen-length (default 4,8,16,32,64,128)")
-    b.add_argument("--merge-gate", type=float, default=0.5, help="merge a token when the destination's own "
-                                                                "probability exceeds this (default 0.5)")
-    b.add_argument("--sync-gap", type=int, default=8, help="copy the leader when lagging by more tokens (default 8)")
-    b.add_argument("--refresh-tokens", type=int, default=32, help="full refresh every N decoded tokens per branch "
-                                                                 "(default 32; 0 disables)")
-    b.add_argument("--refresh-mode", choices=["periodic", "divergence"], default="periodic")
+    # One flag per decode option, from the options table (blockbatch.contract): defaults, types,
+    # ranges and help text are the table's.
+    contract.add_arguments(p, {"decoding": "decoding (every policy; docs/ALGORITHMS.md)",
+                               "blockbatch": "blockbatch (policy blockbatch only)",
+                               "runtime": "runtime"})
     p.set_defaults(func=_cmd_generate)
 
     p = sub.add_parser(

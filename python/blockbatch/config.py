@@ -14,15 +14,24 @@ from .errors import CheckpointError, read_json_file
 
 SUPPORTED_MODEL_TYPES = ("llada",)
 
-# Sane upper bounds, checked before anything sized by a config value is allocated. The weight
-# files bound the shapes (every tensor's shape is checked against them); these bound what no
-# weight does: the RoPE table is [max_sequence_length, head_dim] (float32, plus float64
-# temporaries), and the per-layer tensor list is n_layers long.
-MAX_SEQUENCE_LENGTH = 1 << 20
-MAX_LAYERS = 1 << 16
-MAX_DIM = 1 << 24  # d_model, mlp_hidden_size, vocab_size, embedding_size
-MAX_ROPE_ELEMENTS = 1 << 28  # max_sequence_length * head_dim
+# Sane upper bounds of the config values live in C++ (csrc/model/config.h, checked by
+# ModelConfig::validate, which ModelConfig.validate below calls): MAX_SEQUENCE_LENGTH, MAX_LAYERS,
+# MAX_DIM and MAX_ROPE_ELEMENTS are read from there (module attributes, see __getattr__).
 MAX_CONFIG_BYTES = 16 << 20  # config.json is a few hundred bytes
+_INT64_MAX = (1 << 63) - 1
+
+
+def __getattr__(name: str) -> int:
+    limits = {"MAX_SEQUENCE_LENGTH": "max_sequence_length", "MAX_LAYERS": "layers", "MAX_DIM": "dim",
+              "MAX_ROPE_ELEMENTS": "rope_elements"}
+    if name in limits:
+        from ._C_loader import load_extension
+        import torch
+
+        load_extension()
+        return int(torch.ops.blockbatch.config_limits()[limits[name]])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _INT_KEYS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden_size", "vocab_size", "embedding_size",
              "max_sequence_length")
@@ -84,9 +93,10 @@ class ModelConfig:
     def validate(self, where: str = "config") -> "ModelConfig":
         """Raise ``CheckpointError`` naming ``where`` and the offending key if the config is inconsistent.
 
-        Strict types: integer keys must be ints (not bools), float keys finite numbers,
-        ``weight_tying`` a bool; sizes are bounded (``MAX_DIM``, ``MAX_LAYERS``,
-        ``MAX_SEQUENCE_LENGTH``) so nothing sized by them can ask for absurd memory.
+        Strict types here (integer keys must be ints, not bools; float keys finite numbers;
+        ``weight_tying`` a bool); the values are checked by the C++ validator the engine and the
+        ``bb_*`` binaries run (``torch.ops.blockbatch.check_config``: ranges, sizes bounded so
+        nothing sized by them asks for absurd memory, ids inside the vocabulary, mask != eos).
         """
 
         def bad(key: str, msg: str) -> CheckpointError:
@@ -94,37 +104,28 @@ class ModelConfig:
 
         if self.model_type not in SUPPORTED_MODEL_TYPES:
             raise bad("model_type", f"is {_show(self.model_type)}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
-        limits = {"n_layers": MAX_LAYERS, "max_sequence_length": MAX_SEQUENCE_LENGTH}
-        for key in _INT_KEYS:
+        for key in (*_INT_KEYS, "mask_token_id", "eos_token_id"):
             value = getattr(self, key)
-            if not _is_int(value) or value <= 0:
-                raise bad(key, f"must be a positive integer, got {_show(value)}")
-            limit = limits.get(key, MAX_DIM)
-            if value > limit:
-                raise bad(key, f"= {_show(value)} is larger than the supported maximum {limit}")
-        if self.d_model % self.n_heads:
-            raise bad("n_heads", f"= {self.n_heads} must divide d_model = {self.d_model}")
-        if self.n_heads % self.n_kv_heads:
-            raise bad("n_kv_heads", f"= {self.n_kv_heads} must divide n_heads = {self.n_heads}")
-        if self.head_dim % 2:
-            raise bad("n_heads", f"gives an odd head_dim {self.head_dim}; RoPE needs an even head_dim")
-        if self.max_sequence_length * self.head_dim > MAX_ROPE_ELEMENTS:
-            raise bad("max_sequence_length", f"= {self.max_sequence_length} times head_dim = {self.head_dim} is more "
-                                             f"than the {MAX_ROPE_ELEMENTS} entries the RoPE table may hold")
-        if self.embedding_size < self.vocab_size:
-            raise bad("embedding_size", f"= {self.embedding_size} is smaller than vocab_size = {self.vocab_size}")
+            if not _is_int(value):
+                raise bad(key, f"must be an integer, got {_show(value)}")
+            if not -_INT64_MAX <= value <= _INT64_MAX:
+                raise bad(key, f"= {_show(value)} does not fit in 64 bits")
         for key in _FLOAT_KEYS:
             value = getattr(self, key)
-            if _as_finite(value) is None or not value > 0:
+            if _as_finite(value) is None:
                 raise bad(key, f"must be a positive finite number, got {_show(value)}")
         if not isinstance(self.weight_tying, bool):
             raise bad("weight_tying", f"must be true or false, got {_show(self.weight_tying)}")
-        for key in ("mask_token_id", "eos_token_id"):
-            value = getattr(self, key)
-            if not _is_int(value) or not 0 <= value < self.vocab_size:
-                raise bad(key, f"= {_show(value)} is outside the vocabulary [0, {self.vocab_size})")
-        if self.mask_token_id == self.eos_token_id:
-            raise bad("eos_token_id", f"= {self.eos_token_id} equals mask_token_id")
+        from ._C_loader import load_extension
+        import torch
+
+        load_extension()
+        try:
+            torch.ops.blockbatch.check_config(self.int_fields(), self.float_fields())
+        except (ValueError, RuntimeError) as e:
+            message = str(e).split("\n")[0]
+            raise CheckpointError(where + message[len("config"):] if message.startswith("config:")
+                                  else f"{where}: {message}") from None
         if self.pad_token_id is not None and (not _is_int(self.pad_token_id)
                                               or not 0 <= self.pad_token_id < self.vocab_size):
             raise bad("pad_token_id", f"= {_show(self.pad_token_id)} is outside the vocabulary [0, {self.vocab_size})")
@@ -181,9 +182,10 @@ class ModelConfig:
             ratio = raw["mlp_ratio"]
             if _as_finite(ratio) is None or not ratio > 0:
                 raise bad("mlp_ratio", f"must be a positive finite number, got {_show(ratio)}")
-            if d_model > MAX_DIM or ratio > MAX_DIM:
-                raise bad("mlp_ratio", f"* d_model = {_show(ratio)} * {d_model} is larger than {MAX_DIM}")
-            mlp = int(ratio * d_model)
+            try:
+                mlp = int(ratio * d_model)  # a huge product fails validate() by name (mlp_hidden_size)
+            except OverflowError:
+                raise bad("mlp_ratio", f"* d_model = {_show(ratio)} * {d_model} overflows") from None
         else:
             raise CheckpointError(f"{where}: required key 'mlp_hidden_size' is missing")
         eos = need("eos_token_id")

@@ -20,9 +20,9 @@ In Python: ``import blockbatch.lm_eval`` registers the model, then
   with a warning), ``dtype`` (float32 | bfloat16 | float16; default: the checkpoint's)
 - ``gen_length``: the diffusion canvas. Default: the request's ``max_gen_toks`` rounded up to a
   multiple of every block size in use (the generation is then cut to ``max_gen_toks`` tokens)
-- any decode option of a ``blockbatch bench`` policy spec: block_length, steps, threshold,
-  factor, temperature, seed, stop_on_eos, block_sizes (``4/8/16``), merge_gate, sync_gap,
-  refresh_tokens, refresh_mode, prob_floor, merge, sync
+- any other decode option of the options table (``blockbatch.contract``; the README's "Decode
+  options"), as in a ``blockbatch bench`` policy spec: lists as ``block_sizes=4/8/16``, ``none``
+  for None; ``--help`` prints them with their defaults
 
 Per request, ``gen_kwargs`` may set ``until`` (the text is cut at the first stop string),
 ``max_gen_toks``, ``temperature`` / ``do_sample`` and ``seed``; sampling knobs a diffusion decoder
@@ -41,7 +41,8 @@ import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
-from .bench import OPTION_PARSERS, policy_kwargs
+from . import contract
+from .bench import SPEC_OPTIONS, policy_kwargs
 from .engine import Engine
 from .options import DEFAULT_BLOCK_SIZES, DecodeOptions
 
@@ -62,10 +63,10 @@ class BlockBatchLM(LM):
         super().__init__()
         if dtype is not None and str(dtype) not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-        unknown = sorted(k for k in options if k not in OPTION_PARSERS)
+        unknown = sorted(k for k in options if k not in SPEC_OPTIONS)
         if unknown:
             raise ValueError(f"unknown model_args {', '.join(map(repr, unknown))}; known: pretrained, policy, device, "
-                             f"dtype, gen_length, {', '.join(sorted(OPTION_PARSERS))}")
+                             f"dtype, gen_length, {', '.join(sorted(SPEC_OPTIONS))}")
         if gen_length is not None and (not isinstance(gen_length, int) or isinstance(gen_length, bool)
                                        or gen_length <= 0):
             raise ValueError(f"gen_length must be a positive integer, got {gen_length!r}")
@@ -195,6 +196,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.argv = [sys.argv[0], *argv]
     if len(sys.argv) == 1 or sys.argv[1] in ("-h", "--help"):
         print(__doc__)  # the blockbatch model and its model_args, then lm-eval's own help
+        print("Decode options (model_args):")
+        for name in SPEC_OPTIONS:
+            print(f"  {name}: {contract.cli_help(contract.BY_NAME[name]).replace('%%', '%')}")
         print("lm-eval's command line follows.\n")
     cli_evaluate()
 

@@ -6,6 +6,7 @@ from typing import Sequence
 
 import torch
 
+from . import contract
 from ._C_loader import load_extension
 from .config import ModelConfig
 from .loading import Checkpoint, load_checkpoint
@@ -84,16 +85,14 @@ class NativeModel:
 
 
 @torch.library.register_fake("blockbatch::decode")
-def _decode_fake(model, prompt_ids, policy="dual", gen_length=128, block_length=32, steps=0, commit="threshold",
-                 threshold=0.9, factor=1.0, temperature=0.0, seed=0, stop_on_eos=False,
-                 block_sizes=(4, 8, 16, 32, 64, 128), merge_gate=0.5, sync_gap=8, refresh_tokens=32,
-                 refresh_mode="periodic", prob_floor=0.1, merge=True, sync=True, cuda_graphs=True, timeout_s=0.0,
-                 cancel=None):
-    # Outputs live on the host; the number of forwards is data-dependent.
+def _decode_fake(model, prompt_ids, **options):
+    # Outputs live on the host; the number of forwards is data-dependent. The options are the
+    # op's keyword-only arguments (the table of blockbatch.contract), defaults filled in.
+    o = {**contract.DEFAULTS, **options}
     forwards = torch.library.get_ctx().new_dynamic_size()
-    branches = len(block_sizes) if policy == "blockbatch" else 1
+    branches = len(o["block_sizes"]) if o["policy"] == "blockbatch" else 1
     cpu = torch.device("cpu")
-    return (torch.empty(prompt_ids.shape[0] + gen_length, dtype=torch.long, device=cpu),
+    return (torch.empty(prompt_ids.shape[0] + o["gen_length"], dtype=torch.long, device=cpu),
             torch.empty(len(torch.ops.blockbatch.decode_stat_names()), dtype=torch.float64, device=cpu),
             torch.empty(forwards, 2, dtype=torch.long, device=cpu),
             torch.empty(branches, 5, dtype=torch.long, device=cpu))

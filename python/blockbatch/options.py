@@ -1,183 +1,98 @@
-"""Decoding options (ALGORITHMS.md sections 2-4) and the typed call of ``torch.ops.blockbatch.decode``."""
+"""Decoding options (docs/ALGORITHMS.md sections 2-4) and the typed call of ``torch.ops.blockbatch.decode``.
+
+``DecodeOptions``' fields, defaults and types are the table of ``blockbatch.contract``; its values
+are checked by the C++ validator (``torch.ops.blockbatch.check_options``), the same one the op runs.
+"""
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import math
 import os
 import signal
 import threading
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-POLICIES = ("vanilla", "prefix", "dual", "blockbatch")
-REFRESH_MODES = ("periodic", "divergence")
-DEFAULT_BLOCK_SIZES = (4, 8, 16, 32, 64, 128)
-# Bounds shared with the C++ validation (csrc/decode/options.{h,cpp}: kMinProbFloor, kMaxGapTokens).
-MIN_PROB_FLOOR = 0.01      # the probability maps hold at most 1 / prob_floor + 1 entries per position
-MAX_GAP_TOKENS = 1 << 30   # sync_gap, refresh_tokens
-MAX_BRANCHES = 16
-MAX_SEED = (1 << 63) - 1
+from . import contract
+
+POLICIES = contract.POLICIES
+DEFAULT_BLOCK_SIZES = contract.BY_NAME["block_sizes"].default
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+_INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
-def _is_real(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+def _post_init(self) -> None:
+    for name in contract.NAMES:
+        value = getattr(self, name)
+        contract.check_type(name, value)
+        o = contract.BY_NAME[name]
+        ints = value if o.type == "int[]" else [value] if o.type == "int" and value is not None else []
+        if any(not _INT64[0] <= v <= _INT64[1] for v in ints):  # would not reach C++ as an int64
+            raise ValueError(f"{name} must be {o.range_text()}, got {value!r}")
+    if isinstance(self.block_sizes, list):  # frozen: keep it hashable and immutable
+        object.__setattr__(self, "block_sizes", tuple(self.block_sizes))
+    from ._C_loader import load_extension
+
+    load_extension()
+    torch.ops.blockbatch.check_options(**self.op_kwargs())  # ValueError naming the option
 
 
-# field -> (check, what it must be); None is allowed where the annotation says so.
-_FIELD_TYPES: dict[str, tuple[Callable[[Any], bool], str, bool]] = {
-    "policy": (lambda v: isinstance(v, str), "a string", False),
-    "gen_length": (_is_int, "an integer", False),
-    "block_length": (_is_int, "an integer", False),
-    "steps": (_is_int, "an integer or None", True),
-    "threshold": (_is_real, "a number or None", True),
-    "factor": (_is_real, "a number or None", True),
-    "temperature": (_is_real, "a number", False),
-    "seed": (_is_int, "an integer", False),
-    "stop_on_eos": (lambda v: isinstance(v, bool), "a bool or None", True),
-    "block_sizes": (lambda v: isinstance(v, (list, tuple)) and all(_is_int(b) for b in v),
-                    "a list or tuple of integers", False),
-    "merge_gate": (_is_real, "a number", False),
-    "sync_gap": (_is_int, "an integer", False),
-    "refresh_tokens": (_is_int, "an integer", False),
-    "refresh_mode": (lambda v: isinstance(v, str), "a string", False),
-    "prob_floor": (_is_real, "a number", False),
-    "merge": (lambda v: isinstance(v, bool), "a bool", False),
-    "sync": (lambda v: isinstance(v, bool), "a bool", False),
-    "cuda_graphs": (lambda v: isinstance(v, bool), "a bool", False),
-    "timeout_s": (_is_real, "a number", False),
-}
+def _eos_exit(self) -> bool:
+    """``stop_on_eos`` resolved against the policy's default (the table's per-policy column)."""
+    return self.resolved("stop_on_eos")
 
 
-@dataclasses.dataclass(frozen=True)
-class DecodeOptions:
-    """How to decode one request.
+def _commit(self) -> str:
+    if self.factor is not None:
+        return "factor"
+    return "threshold" if self.threshold is not None else "fixed"
 
-    Commit rule: ``factor`` when ``factor`` is set, else ``threshold`` when ``threshold`` is set,
-    else LLaDA's fixed schedule with ``steps`` total steps (``threshold=None, steps=gen_length``
-    is vanilla one-token-per-step decoding).
 
-    Single-branch policies (vanilla / prefix / dual) use ``block_length``; ``blockbatch`` runs one
-    branch per entry of ``block_sizes`` with the merge / sync / refresh settings below.
+def _resolved(self, name: str, family: str = contract.FAMILIES[0]) -> Any:
+    """Option `name` with a None that the table resolves replaced by its per-policy / per-family default."""
+    value = getattr(self, name)
+    o = contract.BY_NAME[name]
+    return o.default_for(self.policy, family) if value is None and o.resolved_by_table else value
 
-    ``stop_on_eos`` None means the policy's own default: off for the single-branch policies (as
-    in Fast-dLLM: the whole canvas is decoded, the text is cut at the first EOS afterwards) and
-    on for ``blockbatch``, whose EOS early exit is part of the algorithm (ALGORITHMS.md 4).
 
-    ``timeout_s`` > 0 ends a decode that runs longer with ``TimeoutError``. Every field is
-    checked here: a wrong type raises TypeError, a value out of range ValueError, each naming
-    the field.
-    """
+def _replace(self, **changes) -> "DecodeOptions":
+    return dataclasses.replace(self, **changes)
 
-    policy: str = "dual"
-    gen_length: int = 128
-    block_length: int = 32
-    steps: int | None = None
-    threshold: float | None = 0.9
-    factor: float | None = None
-    temperature: float = 0.0
-    seed: int = 0
-    stop_on_eos: bool | None = None
-    block_sizes: tuple[int, ...] = DEFAULT_BLOCK_SIZES
-    merge_gate: float = 0.5
-    sync_gap: int = 8
-    refresh_tokens: int = 32
-    refresh_mode: str = "periodic"
-    prob_floor: float = 0.1
-    merge: bool = True
-    sync: bool = True
-    cuda_graphs: bool = True   # CUDA: replay recorded decode steps (tokens equal eager); no effect on CPU
-    timeout_s: float = 0.0     # > 0: a decode running longer fails with TimeoutError (0: no deadline)
 
-    def __post_init__(self) -> None:
-        self._check_types()
+def _op_kwargs(self) -> dict[str, Any]:
+    """The keyword arguments of torch.ops.blockbatch.decode for these options."""
+    return contract.to_op_kwargs({name: getattr(self, name) for name in contract.NAMES})
 
-        def bad(name: str, allowed: str) -> ValueError:
-            return ValueError(f"{name} must be {allowed}, got {getattr(self, name)!r}")
 
-        if self.policy not in POLICIES:
-            raise bad("policy", f"one of {', '.join(POLICIES)}")
-        if self.gen_length <= 0:
-            raise bad("gen_length", "a positive integer")
-        if self.steps is not None and not 0 <= self.steps <= self.gen_length:
-            raise bad("steps", f"None or an integer in [0, gen_length = {self.gen_length}] (a step commits at "
-                               "least one token)" if self.steps >= 0 else "None or an integer >= 0")
-        if self.threshold is not None and not (0 < self.threshold <= 1):
-            raise bad("threshold", "in (0, 1] (or None for the fixed schedule)")
-        if self.factor is not None and not (self.factor > 0 and math.isfinite(self.factor)):
-            raise bad("factor", "> 0 and finite (or None)")
-        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
-            raise bad("temperature", ">= 0 and finite")
-        if not 0 <= self.seed <= MAX_SEED:
-            raise bad("seed", f"an integer in [0, 2**63 - 1]")
-        if not (self.timeout_s >= 0 and math.isfinite(self.timeout_s)):
-            raise bad("timeout_s", ">= 0 and finite (0: no deadline)")
-        if self.policy != "blockbatch":
-            if not 0 < self.block_length <= self.gen_length:
-                raise bad("block_length", f"an integer in [1, gen_length = {self.gen_length}]")
-            if self.gen_length % self.block_length:
-                raise ValueError(f"block_length = {self.block_length} must divide gen_length = {self.gen_length}")
-            if self.commit == "fixed":
-                blocks = self.gen_length // self.block_length
-                if not self.steps or self.steps % blocks:
-                    raise ValueError(f"steps must be a positive multiple of the number of blocks ({blocks} = "
-                                     f"gen_length / block_length) for the fixed schedule, got {self.steps!r}")
-            return
-        sizes = tuple(self.block_sizes)
-        if not sizes:
-            raise bad("block_sizes", "a non-empty list of block sizes")
-        if len(sizes) > MAX_BRANCHES:
-            raise ValueError(f"block_sizes may hold at most {MAX_BRANCHES} branches, got {len(sizes)}")
-        if len(set(sizes)) != len(sizes):
-            raise ValueError(f"block_sizes must not repeat a size, got {list(sizes)}")
-        for b in sizes:
-            if b <= 0 or self.gen_length % b:
-                raise ValueError(f"block size {b!r} in block_sizes must be a positive divisor of gen_length = "
-                                 f"{self.gen_length}")
-        if self.commit != "threshold":
-            raise ValueError("policy 'blockbatch' commits by threshold: set threshold and leave factor None")
-        if not 0 < self.merge_gate <= 1:
-            raise bad("merge_gate", "in (0, 1]")
-        if not 0 <= self.sync_gap <= MAX_GAP_TOKENS:
-            raise bad("sync_gap", "an integer >= 0" if self.sync_gap < 0 else f"an integer in [0, {MAX_GAP_TOKENS}]")
-        if not 0 <= self.refresh_tokens <= MAX_GAP_TOKENS:
-            raise bad("refresh_tokens", "an integer >= 0 (0 disables the refresh)" if self.refresh_tokens < 0
-                      else f"an integer in [0, {MAX_GAP_TOKENS}]")
-        if self.refresh_mode not in REFRESH_MODES:
-            raise bad("refresh_mode", f"one of {', '.join(REFRESH_MODES)}")
-        if not MIN_PROB_FLOOR <= self.prob_floor < 1:
-            raise bad("prob_floor", f"in [{MIN_PROB_FLOOR}, 1)")
+_TYPE_HINTS = {"int": int, "float": float, "bool": bool, "str": str, "int[]": tuple[int, ...]}
 
-    def _check_types(self) -> None:
-        for f in dataclasses.fields(self):
-            check, what, optional = _FIELD_TYPES[f.name]
-            value = getattr(self, f.name)
-            if value is None and optional:
-                continue
-            if not check(value):
-                raise TypeError(f"{f.name} must be {what}, got {type(value).__name__} {value!r}")
-        if isinstance(self.block_sizes, list):  # frozen: keep it hashable and immutable
-            object.__setattr__(self, "block_sizes", tuple(self.block_sizes))
+DecodeOptions = dataclasses.make_dataclass(
+    "DecodeOptions",
+    [(o.name, _TYPE_HINTS[o.type] | None if o.optional or o.resolved_by_table else _TYPE_HINTS[o.type],
+      dataclasses.field(default=contract.DEFAULTS[o.name])) for o in contract.OPTIONS],
+    namespace={"__post_init__": _post_init, "eos_exit": property(_eos_exit), "commit": property(_commit),
+               "resolved": _resolved, "replace": _replace, "op_kwargs": _op_kwargs,
+               "__module__": __name__},
+    frozen=True)
+DecodeOptions.__doc__ = """How to decode one request: one field per row of the options table
+(``blockbatch.contract.OPTIONS``; the README's "Decode options" lists them with their ranges).
 
-    @property
-    def eos_exit(self) -> bool:
-        """``stop_on_eos`` resolved against the policy's default."""
-        return self.stop_on_eos if self.stop_on_eos is not None else self.policy == "blockbatch"
+Commit rule: ``factor`` when ``factor`` is set, else ``threshold`` when ``threshold`` is set,
+else LLaDA's fixed schedule with ``steps`` total steps (``threshold=None, steps=gen_length`` is
+vanilla one-token-per-step decoding). Single-branch policies (vanilla / prefix / dual) use
+``block_length``; ``blockbatch`` runs one branch per entry of ``block_sizes``.
 
-    @property
-    def commit(self) -> str:
-        if self.factor is not None:
-            return "factor"
-        return "threshold" if self.threshold is not None else "fixed"
+``stop_on_eos`` None means the policy's own default: off for the single-branch policies (as in
+Fast-dLLM: the whole canvas is decoded, the text is cut at the first EOS afterwards) and on for
+``blockbatch``, whose EOS early exit is part of the algorithm. ``timeout_s`` > 0 ends a decode
+that runs longer with ``TimeoutError``.
 
-    def replace(self, **changes) -> "DecodeOptions":
-        return dataclasses.replace(self, **changes)
+Every field is checked on construction: a wrong type raises TypeError, a value out of range
+ValueError, each naming the field (the values by the C++ validator the op runs too).
+"""
 
 
 @dataclasses.dataclass
@@ -194,14 +109,7 @@ def run_decode(model_obj, prompt_ids: torch.Tensor, options: DecodeOptions) -> D
     stays usable. A decode past ``options.timeout_s`` raises TimeoutError.
     """
     o = options
-    kwargs = dict(
-        policy=o.policy, gen_length=o.gen_length, block_length=o.block_length, steps=o.steps or 0, commit=o.commit,
-        threshold=float(o.threshold) if o.threshold is not None else 1.0,
-        factor=float(o.factor) if o.factor is not None else 1.0, temperature=float(o.temperature), seed=o.seed,
-        stop_on_eos=o.eos_exit, block_sizes=list(o.block_sizes), merge_gate=float(o.merge_gate),
-        sync_gap=o.sync_gap, refresh_tokens=o.refresh_tokens, refresh_mode=o.refresh_mode,
-        prob_floor=float(o.prob_floor), merge=o.merge, sync=o.sync, cuda_graphs=o.cuda_graphs,
-        timeout_s=float(o.timeout_s))
+    kwargs = o.op_kwargs()
     tokens, counters, step_log, branch_stats = _interruptible_decode(model_obj, prompt_ids, kwargs)
     names = torch.ops.blockbatch.decode_stat_names()
     stats: dict[str, Any] = {}

@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from .. import contract
 from .model import ReferenceModel
 from .policies import propose, select_threshold
 
@@ -69,11 +70,16 @@ class BlockBatchResult:
     wall_s: float
 
 
+_D = {name: contract.BY_NAME[name].default_for("blockbatch") for name in contract.NAMES}  # the table's defaults
+
+
 def blockbatch_generate(model: ReferenceModel, prompt: torch.Tensor, gen_length: int,
-                        block_sizes=(4, 8, 16, 32, 64, 128), threshold: float = 0.9, merge_gate: float = 0.5,
-                        sync_gap: int = 8, refresh_tokens: int = 32, refresh_mode: str = "periodic",
-                        prob_floor: float = 0.1, stop_on_eos: bool = True, merge: bool = True, sync: bool = True,
-                        temperature: float = 0.0, seed: int = 0) -> BlockBatchResult:
+                        block_sizes=_D["block_sizes"], threshold: float = _D["threshold"],
+                        merge_gate: float = _D["merge_gate"], sync_gap: int = _D["sync_gap"],
+                        refresh_tokens: int = _D["refresh_tokens"], refresh_mode: str = _D["refresh_mode"],
+                        prob_floor: float = _D["prob_floor"], stop_on_eos: bool = _D["stop_on_eos"],
+                        merge: bool = _D["merge"], sync: bool = _D["sync"], temperature: float = _D["temperature"],
+                        seed: int = _D["seed"]) -> BlockBatchResult:
     t_start = time.perf_counter()
     cfg = model.config
     mask_id, eos_id = cfg.mask_token_id, cfg.eos_token_id

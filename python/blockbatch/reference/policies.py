@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from .. import contract
 from .model import ReferenceModel
 
 POLICIES = ("vanilla", "prefix", "dual")
@@ -97,10 +98,13 @@ def fixed_schedule(masks: int, steps_per_block: int) -> list[int]:
     return [base + (1 if i < rem else 0) for i in range(steps_per_block)]
 
 
+_D = {name: contract.BY_NAME[name].default_for("dual") for name in contract.NAMES}  # the table's defaults
+
+
 def generate(model: ReferenceModel, prompt: torch.Tensor, gen_length: int, block_length: int,
-             policy: str = "dual", steps: int | None = None, threshold: float | None = 0.9,
-             factor: float | None = None, temperature: float = 0.0, seed: int = 0,
-             stop_on_eos: bool = False) -> ReferenceResult:
+             policy: str = _D["policy"], steps: int | None = _D["steps"], threshold: float | None = _D["threshold"],
+             factor: float | None = _D["factor"], temperature: float = _D["temperature"], seed: int = _D["seed"],
+             stop_on_eos: bool = _D["stop_on_eos"]) -> ReferenceResult:
     """Decode one prompt (``[Lp]`` int64) with a single-branch policy; returns the whole canvas.
 
     ``steps`` (total over the generation) drives the fixed schedule; the threshold and factor

@@ -1,0 +1,320 @@
+"""The decoding options contract: one table, from which everything else is derived.
+
+Every option of ``torch.ops.blockbatch.decode`` is one row of :data:`OPTIONS` below: name, type,
+default, range, the policies it applies to, per-policy and per-model-family defaults, and a
+one-line doc. From this table:
+
+- ``csrc/decode/options_table.{h,cpp}`` (generated): the C++ ``DecodeOptions`` struct and its
+  defaults, the option enums and their parsers, the range checks with their messages, the
+  per-policy / per-family default resolution, the text parser of ``bb_bench_decode``'s flags;
+- ``csrc/torch/decode_args.h`` (generated): the op schema (keyword-only options) and the reader
+  of the op's boxed arguments;
+- at import, in Python: ``blockbatch.DecodeOptions`` (fields, defaults, type checks), the
+  ``blockbatch generate`` flags, the ``name:key=value`` parsers of ``blockbatch bench`` and the
+  lm-eval model, the fake (meta) kernel of the decode op;
+- the README's options table.
+
+Regenerate after editing the table: ``python -m blockbatch.gen_contract --write``;
+``python -m blockbatch.gen_contract --check`` (run in CI and by ``tests/tools/test_contract.py``)
+fails when a generated file is out of date.
+
+Value checks live in C++ only (``DecodeOptions::validate``: the generated range checks plus the
+rules that relate options to each other); ``DecodeOptions`` in Python checks the types and calls
+that validator through ``torch.ops.blockbatch.check_options``, so both languages give the same
+message. This module imports nothing but the standard library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any, Optional
+
+POLICIES = ("vanilla", "prefix", "dual", "blockbatch")
+SINGLE_BRANCH = ("vanilla", "prefix", "dual")
+FAMILIES = ("llada",)  # model families; the first is the default (the table's "default" column)
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    name: str
+    type: str                           # "int" | "float" | "bool" | "str" | "int[]"
+    default: Any                        # the default for every policy and family unless overridden
+    doc: str                            # one line
+    policies: tuple[str, ...] = POLICIES  # the policies that read it
+    optional: bool = False              # None is a value (see none_doc)
+    none_doc: str = ""                  # what None means
+    choices: tuple[str, ...] = ()       # type str: the accepted values
+    cpp_enum: str = ""                  # type str: the C++ enum type ...
+    cpp_values: tuple[str, ...] = ()    # ... and its enumerators, in `choices` order
+    lo: Optional[float] = None          # range: lo <= v (lo < v when lo_open)
+    lo_open: bool = False
+    hi: Optional[float] = None          # v <= hi (v < hi when hi_open)
+    hi_open: bool = False
+    max_items: Optional[int] = None     # type int[]: at most this many entries (each checked by lo / hi)
+    by_policy: tuple[tuple[str, Any], ...] = ()  # (policy, default) where it differs (value None: resolve)
+    by_family: tuple[tuple[str, Any], ...] = ()  # (family, default) where it differs (value None: resolve)
+    group: str = "decoding"             # the --help group
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def resolved_by_table(self) -> bool:
+        """None is resolved to a per-policy / per-family default (rather than meaning 'unset')."""
+        return bool(self.by_policy or self.by_family)
+
+    def default_for(self, policy: str, family: str = FAMILIES[0]) -> Any:
+        """The default when the caller passes None: the family's, else the policy's, else `default`."""
+        fam = dict(self.by_family)
+        if family in fam:
+            return fam[family]
+        return dict(self.by_policy).get(policy, self.default)
+
+    def range_text(self) -> str:
+        """The allowed values, as errors, --help and the README say them."""
+        if self.choices:
+            return "one of " + ", ".join(f"'{c}'" for c in self.choices)
+        if self.type == "bool":
+            return "true or false"
+        if self.lo is None and self.hi is None:
+            return "finite" if self.type == "float" else ""
+        num = _num_text
+        if self.lo is not None and self.hi is not None:
+            text = f"in {'(' if self.lo_open else '['}{num(self.lo)}, {num(self.hi)}{')' if self.hi_open else ']'}"
+        elif self.lo is not None:
+            text = f"{'>' if self.lo_open else '>='} {num(self.lo)}"
+        else:
+            text = f"{'<' if self.hi_open else '<='} {num(self.hi)}"
+        if self.type == "float" and (self.lo is None or self.hi is None):
+            text += " and finite"
+        return text
+
+
+def _num_text(v: float) -> str:
+    if isinstance(v, int) and v >= 1 << 20 and (v & (v - 1)) == 0:
+        return f"2^{v.bit_length() - 1}"
+    if isinstance(v, int) and v == (1 << 63) - 1:
+        return "2^63 - 1"
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+MAX_BRANCHES = 16             # csrc/kernels/branches.h kMaxBranches (a static_assert compares)
+MAX_GAP_TOKENS = 1 << 30      # sync_gap, refresh_tokens
+MIN_PROB_FLOOR = 0.01         # the probability maps hold at most 1 / prob_floor + 1 entries per position
+
+OPTIONS: tuple[Option, ...] = (
+    Option("policy", "str", "dual", "vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; "
+           "blockbatch: several block-size branches in one batched forward",
+           choices=POLICIES, cpp_enum="Policy", cpp_values=("kVanilla", "kPrefix", "kDual", "kBlockBatch")),
+    Option("gen_length", "int", 128, "tokens to generate (the diffusion canvas after the prompt)",
+           lo=1),
+    Option("block_length", "int", 32, "block size of the single-branch policies; divides gen_length",
+           policies=SINGLE_BRANCH, lo=1),
+    Option("steps", "int", None, "total steps of LLaDA's fixed schedule (a multiple of the number of blocks, "
+           "<= gen_length)", optional=True, none_doc="no fixed schedule", lo=0),
+    Option("threshold", "float", 0.9, "commit every masked position whose confidence is >= this",
+           optional=True, none_doc="the fixed schedule (with steps)", lo=0.0, lo_open=True, hi=1.0),
+    Option("factor", "float", None, "Fast-dLLM's factor rule instead of the threshold (wins over threshold)",
+           policies=SINGLE_BRANCH, optional=True, none_doc="off", lo=0.0, lo_open=True),
+    Option("temperature", "float", 0.0, "Gumbel-max sampling temperature (float64, seeded); 0: greedy", lo=0.0),
+    Option("seed", "int", 0, "sampling seed (with temperature > 0)", lo=0, hi=(1 << 63) - 1),
+    Option("stop_on_eos", "bool", False, "stop once a completed block holds EOS (the text is cut at the first EOS "
+           "either way)", by_policy=(("blockbatch", True),)),
+    Option("block_sizes", "int[]", (4, 8, 16, 32, 64, 128), "blockbatch: one branch per block size; each divides "
+           "gen_length, no repeats", policies=("blockbatch",), lo=1, max_items=MAX_BRANCHES,
+           group="blockbatch"),
+    Option("merge_gate", "float", 0.5, "merge a token into a branch when that branch's own probability of it "
+           "exceeds this", policies=("blockbatch",), lo=0.0, lo_open=True, hi=1.0, group="blockbatch"),
+    Option("sync_gap", "int", 8, "copy the leader into a branch lagging by more than this many tokens",
+           policies=("blockbatch",), lo=0, hi=MAX_GAP_TOKENS, group="blockbatch"),
+    Option("refresh_tokens", "int", 32, "full-canvas KV refresh of a branch every this many decoded tokens "
+           "(0: never)", policies=("blockbatch",), lo=0, hi=MAX_GAP_TOKENS, group="blockbatch"),
+    Option("refresh_mode", "str", "periodic", "periodic: refresh every refresh_tokens; divergence: only when the "
+           "branches' distributions drift", policies=("blockbatch",), choices=("periodic", "divergence"),
+           cpp_enum="RefreshMode", cpp_values=("kPeriodic", "kDivergence"), group="blockbatch"),
+    Option("prob_floor", "float", 0.1, "probabilities kept per position for merging (>= this)",
+           policies=("blockbatch",), lo=MIN_PROB_FLOOR, hi=1.0, hi_open=True, group="blockbatch"),
+    Option("merge", "bool", True, "confidence-gated merging (ablation switch)", policies=("blockbatch",),
+           group="blockbatch"),
+    Option("sync", "bool", True, "leader synchronisation (ablation switch)", policies=("blockbatch",),
+           group="blockbatch"),
+    Option("cuda_graphs", "bool", True, "CUDA: replay recorded decode steps (same tokens as eager); no effect on "
+           "CPU", group="runtime"),
+    Option("timeout_s", "float", 0.0, "fail with a timeout once a decode runs longer than this many seconds "
+           "(0: no deadline)", lo=0.0, group="runtime"),
+)
+
+BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
+NAMES: tuple[str, ...] = tuple(BY_NAME)
+# The default of every option as DecodeOptions holds it: None for the ones resolved per policy /
+# family (see Option.default_for).
+DEFAULTS: dict[str, Any] = {o.name: (None if o.resolved_by_table else o.default) for o in OPTIONS}
+
+
+# --------------------------------------------------------------------------- Python-side types
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+_TYPE_CHECKS = {
+    "int": (_is_int, "an integer"),
+    "float": (_is_real, "a number"),
+    "bool": (lambda v: isinstance(v, bool), "a bool"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "int[]": (lambda v: isinstance(v, (list, tuple)) and all(_is_int(b) for b in v), "a list or tuple of integers"),
+}
+
+
+def check_type(name: str, value: Any) -> None:
+    """TypeError naming the option when `value` is not of its type (None where the option allows it)."""
+    o = BY_NAME[name]
+    if value is None and (o.optional or o.resolved_by_table):
+        return
+    ok, what = _TYPE_CHECKS[o.type]
+    if not ok(value):
+        what += " or None" if o.optional or o.resolved_by_table else ""
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__} {value!r}")
+
+
+def parse_text(name: str, text: str, list_sep: str = ",") -> Any:
+    """An option's value from command-line text ('none' for None where allowed); ValueError naming it."""
+    o = BY_NAME[name]
+    t = text.strip()
+    if t.lower() == "none" and (o.optional or o.resolved_by_table):
+        return None
+    try:
+        if o.type == "int":
+            return int(t)
+        if o.type == "float":
+            return float(t)
+        if o.type == "bool":
+            if t.lower() in ("1", "true", "yes", "on"):
+                return True
+            if t.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if o.type == "int[]":
+            return tuple(int(x) for x in t.split(list_sep) if x.strip())
+        if o.choices and t not in o.choices:
+            raise ValueError
+        return t
+    except ValueError:
+        expected = {"int": "an integer", "float": "a number", "bool": "true or false",
+                    "int[]": f"integers separated by '{list_sep}'"}.get(o.type, o.range_text())
+        extra = " or 'none'" if o.optional or o.resolved_by_table else ""
+        raise ValueError(f"{name}: expected {expected}{extra}, got {text!r}") from None
+
+
+def to_op_kwargs(values: dict[str, Any]) -> dict[str, Any]:
+    """Keyword arguments of torch.ops.blockbatch.decode / check_options for option values."""
+    out = {}
+    for name in NAMES:
+        v = values[name]
+        o = BY_NAME[name]
+        if v is not None and o.type == "float":
+            v = float(v)
+        elif o.type == "int[]":
+            v = [int(b) for b in v]
+        out[name] = v
+    return out
+
+
+# --------------------------------------------------------------------------- command line
+
+def cli_help(o: Option) -> str:
+    parts = [o.doc]
+    r = o.range_text()
+    if o.max_items:
+        r = f"up to {o.max_items} entries, each {r}"
+    if r and not o.choices and o.type != "bool":
+        parts.append(r)
+    if o.by_policy:
+        others = ", ".join(f"{p}: {_value_text(v)}" for p, v in o.by_policy)
+        parts.append(f"default {_value_text(o.default)}; {others}")
+    elif o.type == "int[]":
+        parts.append("default " + ",".join(str(b) for b in o.default))
+    else:
+        parts.append(f"default {_value_text(o.default)}")
+    if o.optional:
+        parts.append(f"'none': {o.none_doc}")
+    return "; ".join(parts).replace("%", "%%")
+
+
+def _value_text(v: Any) -> str:
+    if v is None:
+        return "none"
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    if isinstance(v, (tuple, list)):
+        return ",".join(str(x) for x in v)
+    return str(v)
+
+
+def add_arguments(parser: argparse.ArgumentParser, groups: dict[str, str]) -> None:
+    """One flag per option (``--gen-length``; bools ``--merge`` / ``--no-merge``), default from the
+    table, in argument groups titled by `groups` (group name -> title)."""
+    made = {g: parser.add_argument_group(title) for g, title in groups.items()}
+    for o in OPTIONS:
+        g = made[o.group]
+        default = DEFAULTS[o.name]
+        if o.type == "bool":
+            g.add_argument(o.flag, dest=o.name, action=argparse.BooleanOptionalAction, default=default,
+                           help=cli_help(o))
+            continue
+        kind = _argparse_type(o)
+        meta = {"int": "N", "float": "X", "int[]": "LIST"}.get(o.type)
+        g.add_argument(o.flag, dest=o.name, type=kind, default=default, metavar=meta,
+                       choices=o.choices or None, help=cli_help(o))
+
+
+def _argparse_type(o: Option):
+    def parse(text: str) -> Any:
+        try:
+            return parse_text(o.name, text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e).split(": ", 1)[1]) from None
+    parse.__name__ = o.type  # argparse's "invalid <type> value" message
+    return parse
+
+
+def values_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    return {name: getattr(args, name) for name in NAMES}
+
+
+# --------------------------------------------------------------------------- documentation
+
+README_BEGIN = "<!-- options table: generated by `python -m blockbatch.gen_contract --write`; do not edit -->"
+README_END = "<!-- end of options table -->"
+
+
+def markdown_table() -> str:
+    families = [f for f in FAMILIES[1:] if any(dict(o.by_family).get(f) is not None for o in OPTIONS)]
+    head = ["option", "type", f"default ({FAMILIES[0]})", *(f"default ({f})" for f in families), "values",
+            "policies", "what it does"]
+    rows = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for o in OPTIONS:
+        default = f"`{_value_text(o.default)}`"
+        if o.by_policy:
+            default += ", " + ", ".join(f"{p}: `{_value_text(v)}`" for p, v in o.by_policy)
+        fam = [f"`{_value_text(dict(o.by_family)[f])}`" if f in dict(o.by_family) else "same" for f in families]
+        values = o.range_text() or "any"
+        if o.max_items:
+            values = f"up to {o.max_items} entries, each {values}"
+        if o.optional:
+            values += f"; none: {o.none_doc}"
+        policies = "all" if o.policies == POLICIES else ", ".join(o.policies)
+        rows.append(f"| `{o.name}` | {o.type}{'?' if o.optional else ''} | {default} | "
+                    + "".join(f"{x} | " for x in fam) + f"{values} | {policies} | {o.doc} |")
+    return "\n".join(rows)
+
+
+def replace_readme_table(text: str) -> str:
+    start, end = text.index(README_BEGIN) + len(README_BEGIN), text.index(README_END)
+    return text[:start] + "\n" + markdown_table() + "\n" + text[end:]
