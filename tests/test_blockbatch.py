@@ -9,7 +9,7 @@ from blockbatch.native import NativeModel
 from blockbatch.options import DecodeOptions, run_decode
 from blockbatch.reference.blockbatch import blockbatch_generate
 from blockbatch.reference.model import ReferenceModel
-from blockbatch.testing import random_config, random_weights
+from blockbatch.random_checkpoint import random_config, random_weights
 
 
 @pytest.fixture(scope="module")

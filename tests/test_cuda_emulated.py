@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import blockbatch.native  # noqa: F401
-from blockbatch.testing import (FIELD, absorb_case, commit_case, coordinate_args, random_branch_state, rope_kv_case,
-                                rope_table)
+from blockbatch.random_branch_state import FIELD, coordinate_args, random_branch_state
+from helpers.op_cases import absorb_case, commit_case, rope_kv_case, rope_table
 from cuda_emu.build import build
 
 ops = torch.ops.blockbatch

@@ -7,7 +7,7 @@ from blockbatch.native import NativeModel
 from blockbatch.options import DecodeOptions, run_decode
 from blockbatch.reference.model import ReferenceModel
 from blockbatch.reference.policies import generate
-from blockbatch.testing import random_config, random_weights
+from blockbatch.random_checkpoint import random_config, random_weights
 
 SHAPES = {
     "mha": dict(d_model=64, n_heads=2, n_kv_heads=2, mlp_hidden_size=128, vocab_size=61),

@@ -26,7 +26,7 @@ import blockbatch
 from blockbatch.config import MAX_LAYERS, MAX_SEQUENCE_LENGTH, ModelConfig
 from blockbatch.errors import CheckpointError
 from blockbatch.loading import load_checkpoint, read_safetensors_header, save_checkpoint
-from blockbatch.testing import random_config, random_weights
+from blockbatch.random_checkpoint import random_config, random_weights
 from blockbatch.toy import tokenizer as toy_tok
 
 PY = sys.executable
@@ -394,7 +394,7 @@ def test_cli_unknown_characters(ckpt):
 
 
 def test_cli_forward_warns_on_non_finite_logits(tmp_path):
-    from blockbatch.testing import make_random_checkpoint
+    from blockbatch.random_checkpoint import make_random_checkpoint
 
     path = tmp_path / "hot"
     make_random_checkpoint(path, logit_scale=1e6, d_model=64, n_layers=1)  # LM head beyond float16's range

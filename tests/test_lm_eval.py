@@ -153,7 +153,7 @@ def test_apply_chat_template_renders_the_checkpoints_template(tmp_path):
     """lm-eval's --apply_chat_template renders through the checkpoint's template; the rendered
     context is then encoded as is (no second BOS / template)."""
     from blockbatch.loading import save_checkpoint
-    from blockbatch.testing import random_config, random_weights
+    from blockbatch.random_checkpoint import random_config, random_weights
     from blockbatch.toy import tokenizer as toy_tok
 
     config = random_config(vocab_size=toy_tok.VOCAB_SIZE, mask_token_id=toy_tok.MASK_ID, eos_token_id=toy_tok.EOS_ID,
