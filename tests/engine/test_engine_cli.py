@@ -138,7 +138,7 @@ def test_cli_help_lists_every_cuda_environment_variable():
     import pathlib
     import re
 
-    src = pathlib.Path(__file__).resolve().parents[1] / "csrc"
+    src = pathlib.Path(__file__).resolve().parents[2] / "csrc"
     pattern = r'(?:getenv|env_choice|env_int)\("(BLOCKBATCH_\w+)"'  # ops_cuda.cpp reads them through helpers
     read = {m for f in src.rglob("*.c*") for m in re.findall(pattern, f.read_text())}
     assert {"BLOCKBATCH_ATTN_KERNEL", "BLOCKBATCH_GEMM", "BLOCKBATCH_PDL"} <= read  # the scan finds them

@@ -154,7 +154,7 @@ def test_python_options_reject_bad_values(kwargs, pattern):
 @pytest.mark.parametrize("policy", ["vanilla", "dual", "blockbatch"])
 def test_cuda_graphs_option_is_inert_on_cpu(models, policy):
     """cuda_graphs only changes how CUDA steps are launched: on the CPU nothing changes and no
-    graph is recorded (the GPU twin, tests/test_cuda.py, checks replay == eager on a device)."""
+    graph is recorded (the GPU twin, tests/cuda/test_cuda.py, checks replay == eager on a device)."""
     _, _, native = models
     options = DecodeOptions(policy=policy, gen_length=32, block_length=8, block_sizes=(4, 8, 16))
     if policy == "vanilla":

@@ -19,7 +19,7 @@ from blockbatch.engine import Engine  # noqa: E402
 from blockbatch.lm_eval import BlockBatchLM  # noqa: E402  (registers the model)
 from blockbatch.toy import task as toy_task  # noqa: E402
 
-TASK_DIR = Path(__file__).parent / "lm_eval_task"
+TASK_DIR = Path(__file__).resolve().parents[1] / "lm_eval_task"
 TASK = "blockbatch_toy_arith"
 
 
