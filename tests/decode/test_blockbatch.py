@@ -64,6 +64,7 @@ def test_grid_matches_reference(models, case):
     assert_same(expected, out)
 
 
+@pytest.mark.slow
 def test_every_mechanism_fired_in_the_grid(models):
     """The grid exercises merges, syncs and refreshes (EOS early exits need a model that emits
     EOS: see test_toy_model.py). Counted here from the engine alone, so the test stands on its

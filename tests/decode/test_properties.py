@@ -151,6 +151,7 @@ def test_invalid_values_raise_naming_the_field(data):
     assert field in str(info.value), f"{field}={value!r}: {info.value}"
 
 
+@pytest.mark.slow
 def test_bookkeeping_ops_never_crash_on_random_state_tables():
     """Random (mostly invalid) state tables, spans and ids: each call either succeeds with every
     window inside the canvas, or raises ValueError. Run in a subprocess: a crash fails here."""

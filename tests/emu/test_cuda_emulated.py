@@ -257,6 +257,7 @@ def _attention(emu, kernel, q, k, v, cu, kv, rows, cache, layer, fresh, splits, 
     return out[:T]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("heads,kv_heads,hd", [(4, 2, 64), (2, 1, 128)])
 def test_attention_emulated(emu, dtype, heads, kv_heads, hd):

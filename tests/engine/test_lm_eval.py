@@ -39,6 +39,7 @@ def test_task_file_holds_toy_problems():
     assert [(r["prompt"], r["response"]) for r in rows] == [(p.prompt, p.response) for p in problems]
 
 
+@pytest.mark.slow
 def test_simple_evaluate_equals_direct_engine(lm):
     """Every response lm-eval scored is the one the engine gives directly, and exact_match is
     the fraction of responses equal to the reference."""
@@ -67,6 +68,7 @@ def test_simple_evaluate_equals_direct_engine(lm):
     assert em >= 0.625
 
 
+@pytest.mark.slow
 def test_cli_module_runs_local_task(tmp_path):
     env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
     cmd = [sys.executable, "-m", "blockbatch.lm_eval", "--model", "blockbatch",

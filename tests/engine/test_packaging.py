@@ -120,6 +120,7 @@ def test_sdist_holds_the_sources_and_no_build_outputs(tmp_path):
     assert not [n for n in names if n.endswith(".so") or n.startswith("python/blockbatch/bin/") or "__pycache__" in n]
 
 
+@pytest.mark.slow
 def test_soak_benchmark_runs_and_reports(tmp_path):
     out = tmp_path / "soak.json"
     res = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "soak.py"), "--n", "24", "--warmup", "8",
