@@ -34,7 +34,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     from blockbatch.native import NativeModel
     from blockbatch.reference.model import ReferenceModel
-    from blockbatch.testing import random_config, random_weights
+    from blockbatch.random_checkpoint import random_config, random_weights
 
     dtype = getattr(torch, args.dtype)
     config = random_config(**CONFIG_50M)

@@ -216,7 +216,7 @@ def gemm_sweep(config, rows: int, repeats: int) -> dict:
 
 def bookkeeping(config, model, kv, L: int, repeats: int) -> dict:
     """Device time of one BlockBatch step's bookkeeping at this shape (see the module docstring)."""
-    from blockbatch.testing import coordinate_args, random_branch_state, window_spans
+    from blockbatch.random_branch_state import coordinate_args, random_branch_state, window_spans
 
     ops = torch.ops.blockbatch
     lp = 128
@@ -327,7 +327,7 @@ def main(argv=None) -> int:
         print("error: no CUDA device", file=sys.stderr)
         return 2
     from blockbatch.native import NativeModel, pack_rows
-    from blockbatch.testing import random_config
+    from blockbatch.random_checkpoint import random_config
 
     config = random_config(**{**LLADA_8B, "n_layers": args.layers})
     weights = random_bf16_weights(config, "cuda")

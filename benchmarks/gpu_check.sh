@@ -47,13 +47,13 @@ export PYTHONUNBUFFERED=1
       echo "== resource usage"; cuobjdump --dump-resource-usage "$so" | grep -E "Function|REG" | head -200; } >> "$OUT/env.txt" 2>&1
   fi
   echo "== GPU tests ($(date +%T))"
-  timeout 150 "$PY" -m pytest -q --tb=short tests/test_cuda.py -m "not candidate" --junitxml="$OUT/gpu_tests.xml"
+  timeout 150 "$PY" -m pytest -q --tb=short tests/cuda/test_cuda.py -m "not candidate" --junitxml="$OUT/gpu_tests.xml"
   echo "== GPU benchmarks ($(date +%T))"
   timeout 180 "$PY" benchmarks/bench_gpu_step.py --out "$OUT"
   echo "== GPU decode check ($(date +%T))"
   timeout 100 "$PY" benchmarks/gpu_decode_check.py --out "$OUT" --n 50
   echo "== op checks with the CUDA build ($(date +%T))"
-  timeout 90 "$PY" -m pytest -q --tb=short -p no:logging tests/test_ops.py --junitxml="$OUT/ops_tests.xml"
+  timeout 90 "$PY" -m pytest -q --tb=short -p no:logging tests/ops/test_ops.py --junitxml="$OUT/ops_tests.xml"
   # One process per candidate: a kernel that faults ends its process's CUDA context, and would
   # otherwise fail every candidate test after it.
   # The groups (name:pytest -k expression) come from the settings table (python/blockbatch/settings.py).
@@ -64,12 +64,12 @@ export PYTHONUNBUFFERED=1
     name="${group%%:*}" expr="${group#*:}"
     others="${others:+$others or }$expr"
     echo "== candidates: GPU tests of $name ($(date +%T))"
-    timeout 60 "$PY" -m pytest -q --tb=short tests/test_cuda.py -m candidate -k "$expr" \
+    timeout 60 "$PY" -m pytest -q --tb=short tests/cuda/test_cuda.py -m candidate -k "$expr" \
       --junitxml="$OUT/candidate_tests_$name.xml"
     [ $? -eq 124 ] && hung=1
   done
   echo "== candidates: any other GPU tests ($(date +%T))"
-  timeout 60 "$PY" -m pytest -q --tb=short tests/test_cuda.py -m candidate -k "not (${others:-nothing_else})" \
+  timeout 60 "$PY" -m pytest -q --tb=short tests/cuda/test_cuda.py -m candidate -k "not (${others:-nothing_else})" \
     --junitxml="$OUT/candidate_tests_others.xml"
   [ $? -eq 124 ] && hung=1
   if [ $hung -eq 1 ]; then  # a candidate kernel hangs: its benchmarks would only hang again

@@ -33,7 +33,7 @@ BRANCHES = DEFAULT_BLOCK_SIZES  # the table default (blockbatch.contract)
 def make_model(checkpoint: str | None, workdir: str) -> str:
     if checkpoint:
         return checkpoint
-    from blockbatch.testing import make_random_checkpoint
+    from blockbatch.random_checkpoint import make_random_checkpoint
 
     path = os.path.join(workdir, "random")
     make_random_checkpoint(path, seed=0, logit_scale=6.0, d_model=256, n_layers=4, n_heads=4, n_kv_heads=4,

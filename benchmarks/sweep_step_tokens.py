@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     from blockbatch.native import NativeModel, pack_rows
-    from blockbatch.testing import random_config, random_weights
+    from blockbatch.random_checkpoint import random_config, random_weights
 
     config = random_config(**CONFIG_50M)
     model = NativeModel(config, random_weights(config))

@@ -11,7 +11,7 @@ torch.set_num_threads(1)
 @pytest.fixture
 def make_ckpt(tmp_path):
     """Factory: write a random LLaDA checkpoint under tmp_path and return (path, config)."""
-    from blockbatch.testing import make_random_checkpoint
+    from blockbatch.random_checkpoint import make_random_checkpoint
 
     counter = iter(range(10_000))
 

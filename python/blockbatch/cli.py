@@ -185,7 +185,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_make_random(args: argparse.Namespace) -> int:
     from .config import ModelConfig
     from .loading import CONFIG_NAME, INDEX_NAME, TOKENIZER_CONFIG_NAME, TOKENIZER_NAME, WEIGHTS_NAME
-    from .testing import make_random_checkpoint, random_config
+    from .random_checkpoint import make_random_checkpoint, random_config
 
     if os.path.lexists(args.out) and not os.path.isdir(args.out):
         raise UsageError(f"{args.out}: exists and is not a directory; make-random writes a checkpoint folder")

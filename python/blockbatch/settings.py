@@ -10,9 +10,9 @@ rest derives from:
 - the benchmarks' opt-in kernels: :func:`candidates` (``benchmarks/common.py`` ``CANDIDATES``);
 - ``benchmarks/gpu_summary.py``'s verdict tests and ``gpu_check.sh``'s candidate test processes:
   :func:`candidate_tests`, :func:`candidate_test_groups`;
-- the ``candidate`` pytest mark of ``tests/test_cuda.py``: :func:`param`, :func:`candidate_mark`.
+- the ``candidate`` pytest mark of ``tests/cuda/test_cuda.py``: :func:`param`, :func:`candidate_mark`.
 
-``tests/test_settings.py`` checks that the C++ reads agree with the table (names, choices, ranges,
+``tests/tools/test_settings.py`` checks that the C++ reads agree with the table (names, choices, ranges,
 defaults) and that no source reads a ``BLOCKBATCH_*`` variable the table lacks.
 
 Status: ``promoted`` (the default was checked and timed on a GPU), ``candidate`` (the variable has
@@ -107,7 +107,7 @@ class Candidate:
     name: str                         # the benchmarks' key (bench_gpu_candidates.json, gpu_summary's verdicts)
     env: dict                         # the variables it sets
     doc: str
-    tests: tuple[str, ...]            # tests/test_cuda.py names (substrings) that must pass before promotion
+    tests: tuple[str, ...]            # tests/cuda/test_cuda.py names (substrings) that must pass before promotion
     group: str                        # gpu_check.sh: the candidate-test process its tests run in
     in_all: bool = True               # part of the "all" candidate (every opt-in kernel together)
 

@@ -3,7 +3,7 @@
 The authors' code (github.com/Laurence-Wu/BlockBatch, ``llada/generate_blockBatching_original_bulk.py``)
 is not a dependency of this project and none of it is copied here: this script takes the path of
 that file on the command line and imports it at run time. Its helper module ``generate.py`` (for
-``get_transfer_index``) is read from the same folder. ``tests/test_authors_refresh_parity.py``
+``get_transfer_index``) is read from the same folder. ``tests/decode/test_authors_refresh_parity.py``
 then compares the engine and the Python reference against the recorded outputs.
 
 How the authors' function is run:

@@ -7,7 +7,7 @@
 #include <cstdint>
 
 // The block's dynamic shared memory as `T name[]` (16-byte aligned). Under the CPU emulator
-// (tests/cuda_emu/) a pointer to the emulated block's allocation.
+// (tests/emu/cuda_emu/) a pointer to the emulated block's allocation.
 #ifdef BLOCKBATCH_CUDA_EMULATION
 #define BLOCKBATCH_DYNAMIC_SHARED(T, name) T* name = static_cast<T*>(::bbemu::dynamic_shared())
 #else

@@ -41,7 +41,7 @@
 // are long, grid.z splits each row's keys into `splits` ranges (multiples of 64 keys). Each block
 // then writes its unnormalised O and its (max, sum) per query to an fp32 workspace, and
 // combine_kernel merges the splits: M = max m_s, L = sum l_s 2^(m_s - M), O = sum O_s 2^(m_s - M) / L.
-#include <cooperative_groups.h>  // tests/cuda_emu/include/ has the emulator's
+#include <cooperative_groups.h>  // tests/emu/cuda_emu/include/ has the emulator's
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

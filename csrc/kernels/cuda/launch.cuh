@@ -37,7 +37,7 @@ __device__ __forceinline__ void dependent_launch_prologue() {
 
 // kernel<<<grid, block, shared, stream>>>(args...) with `extra` (one more launch attribute: a
 // cluster shape; or nullptr) and, when `pdl`, programmatic stream serialization. Under the CPU
-// emulator (tests/cuda_emu/) the kernel runs there, synchronously (PDL is not modelled).
+// emulator (tests/emu/cuda_emu/) the kernel runs there, synchronously (PDL is not modelled).
 template <typename... Params, typename... Args>
 cudaError_t launch_with(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared, cudaStream_t stream,
                         const cudaLaunchAttribute* extra, bool pdl, Args&&... args) {

@@ -29,7 +29,7 @@
 //   arithmetic, and each warp takes one 32-wide chunk of a stage (16-byte shared loads in the same
 //   permuted-K layout; rows padded to an odd multiple of 64 bytes, so a quarter-warp's loads
 //   cover all 32 banks). About 120 KB in flight per SM, independent of registers. Needs K % 128.
-#include <cooperative_groups.h>  // tests/cuda_emu/include/ has the emulator's
+#include <cooperative_groups.h>  // tests/emu/cuda_emu/include/ has the emulator's
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

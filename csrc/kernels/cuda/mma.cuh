@@ -1,5 +1,5 @@
 // Tensor-core and cp.async building blocks shared by the CUDA kernels (flash_attention.cu, linear.cu).
-// Under BLOCKBATCH_CUDA_EMULATION (tests/cuda_emu/) each one calls the CPU emulator instead.
+// Under BLOCKBATCH_CUDA_EMULATION (tests/emu/cuda_emu/) each one calls the CPU emulator instead.
 #pragma once
 
 #include <cuda_bf16.h>

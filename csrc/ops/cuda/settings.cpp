@@ -46,7 +46,7 @@ int env_int(const char* name, int lo, int hi, int fallback) {
 
 // The CUDA kernel choices when their environment variables are unset. Every BLOCKBATCH_* variable,
 // its values, default and status (promoted / opt-in candidate) is one row of the settings table,
-// python/blockbatch/settings.py; tests/test_settings.py checks that this block and the env_choice /
+// python/blockbatch/settings.py; tests/tools/test_settings.py checks that this block and the env_choice /
 // env_int calls below agree with it. Promoting a candidate: its row there and its line here.
 constexpr const char* kDefaultAttnKernel = "pipelined";  // BLOCKBATCH_ATTN_KERNEL; 2.4x "sync" at 6 rows x L 2048
 constexpr const char* kDefaultGemm = "cublas";           // BLOCKBATCH_GEMM

@@ -1,7 +1,7 @@
 // The BLOCKBATCH_* settings of the CUDA ops: which kernel variant, split count or launch mode an
 // op uses. Each is read from its environment variable when the op runs (so one process can time
 // every choice), with the defaults of settings.cpp; python/blockbatch/settings.py is the table of
-// every variable, and tests/test_settings.py checks settings.cpp against it.
+// every variable, and tests/tools/test_settings.py checks settings.cpp against it.
 #pragma once
 
 namespace blockbatch::cuda_ops {

@@ -9,7 +9,7 @@ import pytest
 
 from blockbatch import settings
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 OPS_CUDA = ROOT / "csrc" / "ops" / "cuda" / "settings.cpp"
 CXX_SUFFIXES = {".c", ".cc", ".cpp", ".cu", ".cuh", ".h", ".hpp"}
 NAME = r"(?<!-D)(?<![\w])(BLOCKBATCH_[A-Z0-9_]*[A-Z0-9])\b"  # a variable name; CMake -D options aside

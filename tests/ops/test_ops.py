@@ -9,8 +9,9 @@ import torch.nn.functional as F
 import blockbatch.native  # noqa: F401  (loads the extension)
 from blockbatch.native import NativeModel, pack_rows
 from blockbatch.reference import model as ref
-from blockbatch.testing import (FIELD, coordinate_args, random_branch_state, random_config, random_weights,
-                                rope_kv_case, rope_table, window_spans)
+from blockbatch.random_checkpoint import random_config, random_weights
+from blockbatch.random_branch_state import FIELD, coordinate_args, random_branch_state, window_spans
+from helpers.op_cases import rope_kv_case, rope_table
 
 ops = torch.ops.blockbatch
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

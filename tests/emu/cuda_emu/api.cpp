@@ -1,4 +1,4 @@
-// C entry points of the emulated CUDA kernels, for tests/test_cuda_emulated.py (ctypes): the
+// C entry points of the emulated CUDA kernels, for tests/emu/test_cuda_emulated.py (ctypes): the
 // launchers of csrc/kernels/cuda/kernels.cuh on host pointers, the storage type as a code
 // (0 float32, 1 bfloat16, 2 float16). Each returns the launch's cudaError_t (0: success; else
 // bbemu_last_error() says why).

@@ -16,7 +16,7 @@ import torch
 import blockbatch
 from blockbatch import _bin, _C_loader
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PKG = os.path.dirname(blockbatch.__file__)
 
 
@@ -115,11 +115,12 @@ def test_sdist_holds_the_sources_and_no_build_outputs(tmp_path):
     for needed in ("CMakeLists.txt", "setup.py", "pyproject.toml", "MANIFEST.in", "csrc/model/model.cpp",
                    "csrc/kernels/branches.h", "csrc/kernels/cuda/attention.cu", "benchmarks/cpp/bb_forward.cpp",
                    "benchmarks/cpp/common.h", "python/blockbatch/toy/checkpoint/model.safetensors",
-                   "python/blockbatch/_bin.py", "tests/test_ops.py"):
+                   "python/blockbatch/_bin.py", "tests/ops/test_ops.py"):
         assert needed in names, needed
     assert not [n for n in names if n.endswith(".so") or n.startswith("python/blockbatch/bin/") or "__pycache__" in n]
 
 
+@pytest.mark.slow
 def test_soak_benchmark_runs_and_reports(tmp_path):
     out = tmp_path / "soak.json"
     res = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "soak.py"), "--n", "24", "--warmup", "8",

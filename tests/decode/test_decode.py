@@ -7,7 +7,7 @@ from blockbatch.native import NativeModel
 from blockbatch.options import DecodeOptions, run_decode
 from blockbatch.reference.model import ReferenceModel
 from blockbatch.reference.policies import generate
-from blockbatch.testing import random_config, random_weights
+from blockbatch.random_checkpoint import random_config, random_weights
 
 SHAPES = {
     "mha": dict(d_model=64, n_heads=2, n_kv_heads=2, mlp_hidden_size=128, vocab_size=61),
@@ -153,7 +153,7 @@ def test_python_options_reject_bad_values(kwargs, pattern):
 @pytest.mark.parametrize("policy", ["vanilla", "dual", "blockbatch"])
 def test_cuda_graphs_option_is_inert_on_cpu(models, policy):
     """cuda_graphs only changes how CUDA steps are launched: on the CPU nothing changes and no
-    graph is recorded (the GPU twin, tests/test_cuda.py, checks replay == eager on a device)."""
+    graph is recorded (the GPU twin, tests/cuda/test_cuda.py, checks replay == eager on a device)."""
     _, _, native = models
     options = DecodeOptions(policy=policy, gen_length=32, block_length=8, block_sizes=(4, 8, 16))
     if policy == "vanilla":

@@ -19,7 +19,7 @@ from blockbatch.engine import Engine  # noqa: E402
 from blockbatch.lm_eval import BlockBatchLM  # noqa: E402  (registers the model)
 from blockbatch.toy import task as toy_task  # noqa: E402
 
-TASK_DIR = Path(__file__).parent / "lm_eval_task"
+TASK_DIR = Path(__file__).resolve().parents[1] / "lm_eval_task"
 TASK = "blockbatch_toy_arith"
 
 
@@ -39,6 +39,7 @@ def test_task_file_holds_toy_problems():
     assert [(r["prompt"], r["response"]) for r in rows] == [(p.prompt, p.response) for p in problems]
 
 
+@pytest.mark.slow
 def test_simple_evaluate_equals_direct_engine(lm):
     """Every response lm-eval scored is the one the engine gives directly, and exact_match is
     the fraction of responses equal to the reference."""
@@ -67,6 +68,7 @@ def test_simple_evaluate_equals_direct_engine(lm):
     assert em >= 0.625
 
 
+@pytest.mark.slow
 def test_cli_module_runs_local_task(tmp_path):
     env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
     cmd = [sys.executable, "-m", "blockbatch.lm_eval", "--model", "blockbatch",
@@ -153,7 +155,7 @@ def test_apply_chat_template_renders_the_checkpoints_template(tmp_path):
     """lm-eval's --apply_chat_template renders through the checkpoint's template; the rendered
     context is then encoded as is (no second BOS / template)."""
     from blockbatch.loading import save_checkpoint
-    from blockbatch.testing import random_config, random_weights
+    from blockbatch.random_checkpoint import random_config, random_weights
     from blockbatch.toy import tokenizer as toy_tok
 
     config = random_config(vocab_size=toy_tok.VOCAB_SIZE, mask_token_id=toy_tok.MASK_ID, eos_token_id=toy_tok.EOS_ID,

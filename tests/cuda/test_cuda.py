@@ -8,8 +8,9 @@ from blockbatch import settings
 from blockbatch.native import NativeModel
 from blockbatch.options import DecodeOptions, run_decode
 from blockbatch.reference import model as ref
-from blockbatch.testing import (absorb_case, commit_case, coordinate_args, random_branch_state, random_config,
-                                random_weights, rope_kv_case, rope_table)
+from blockbatch.random_checkpoint import random_config, random_weights
+from blockbatch.random_branch_state import coordinate_args, random_branch_state
+from helpers.op_cases import absorb_case, commit_case, rope_kv_case, rope_table
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 ops = torch.ops.blockbatch

@@ -152,6 +152,7 @@ def test_invalid_values_raise_naming_the_field(data):
     assert field in str(info.value), f"{field}={value!r}: {info.value}"
 
 
+@pytest.mark.slow
 def test_bookkeeping_ops_never_crash_on_random_state_tables():
     """Random (mostly invalid) state tables, spans and ids: each call either succeeds with every
     window inside the canvas, or raises ValueError. Run in a subprocess: a crash fails here."""
@@ -159,7 +160,7 @@ def test_bookkeeping_ops_never_crash_on_random_state_tables():
         import torch
         from hypothesis import given, settings, strategies as st
         import blockbatch.native
-        from blockbatch.testing import BRANCH_FIELDS, FIELD, coordinate_args, random_branch_state
+        from blockbatch.random_branch_state import BRANCH_FIELDS, FIELD, coordinate_args, random_branch_state
         ops = torch.ops.blockbatch
         big = st.one_of(st.integers(-5, 80), st.integers(-2**62, 2**62))
         counts = {"ok": 0, "rejected": 0}

@@ -26,7 +26,7 @@ import blockbatch
 from blockbatch.config import MAX_LAYERS, MAX_SEQUENCE_LENGTH, ModelConfig
 from blockbatch.errors import CheckpointError
 from blockbatch.loading import load_checkpoint, read_safetensors_header, save_checkpoint
-from blockbatch.testing import random_config, random_weights
+from blockbatch.random_checkpoint import random_config, random_weights
 from blockbatch.toy import tokenizer as toy_tok
 
 PY = sys.executable
@@ -394,7 +394,7 @@ def test_cli_unknown_characters(ckpt):
 
 
 def test_cli_forward_warns_on_non_finite_logits(tmp_path):
-    from blockbatch.testing import make_random_checkpoint
+    from blockbatch.random_checkpoint import make_random_checkpoint
 
     path = tmp_path / "hot"
     make_random_checkpoint(path, logit_scale=1e6, d_model=64, n_layers=1)  # LM head beyond float16's range
@@ -408,6 +408,7 @@ def test_cli_forward_warns_on_non_finite_logits(tmp_path):
 # --------------------------------------------------------------------------- item 7: CLI tracebacks
 
 
+@pytest.mark.slow
 def test_cli_bench_user_errors(ckpt, tmp_path):
     res = cli("bench", "--model", ckpt, "--n", 0)
     assert_one_line_error(res, r"^error: blockbatch bench: argument --n: must be a positive integer \(>= 1\), got 0")
@@ -453,6 +454,7 @@ def test_cli_checkpoint_errors_are_one_line(ckpt, damage, pattern):
         assert_one_line_error(cli(*args), pattern)
 
 
+@pytest.mark.slow
 def test_cli_make_random_refuses_to_overwrite(tmp_path):
     target = tmp_path / "file"
     target.write_text("precious")
@@ -469,6 +471,7 @@ def test_cli_make_random_refuses_to_overwrite(tmp_path):
                           r"too large to build in this machine's")
 
 
+@pytest.mark.slow
 def test_cli_argument_errors_are_one_line(ckpt):
     assert_one_line_error(cli("generate", "--model", ckpt, "--gen-length", "x", "1+1="),
                           r"^error: blockbatch generate: argument --gen-length: expected an integer, got 'x'")

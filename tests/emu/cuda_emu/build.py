@@ -5,7 +5,7 @@ Needs a C++17 compiler and the CUDA toolkit's headers (cuda_runtime.h, cuda_bf16
 $CUDA_HOME/include or /usr/local/cuda/include); no GPU, no nvcc. The library is cached under
 build/cuda-emu/<hash of every input>/, so an unchanged tree is not rebuilt.
 
-    python tests/cuda_emu/build.py      # build (or find) it and print its path
+    python tests/emu/cuda_emu/build.py      # build (or find) it and print its path
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
+ROOT = HERE.parents[2]
 KERNELS = ROOT / "csrc" / "kernels" / "cuda"
 # Translation units: every kernel file, then the emulator's own (selftest.cu: kernels with known faults).
 SOURCES = sorted(KERNELS.glob("*.cu")) + [HERE / "runtime.cpp", HERE / "api.cpp", HERE / "selftest.cu"]

@@ -18,7 +18,7 @@ import torch
 import blockbatch.native  # noqa: F401  (registers the ops)
 from blockbatch.engine import Engine
 from blockbatch.options import DecodeOptions
-from blockbatch.testing import FIELD, coordinate_args, random_branch_state
+from blockbatch.random_branch_state import FIELD, coordinate_args, random_branch_state
 
 ops = torch.ops.blockbatch
 PROMPT = "72-2=__-3=__-3=__...............?"
@@ -38,7 +38,7 @@ def assert_ok(proc: subprocess.CompletedProcess, *expected: str) -> None:
 
 
 def _checkpoint(tmp_path_factory, name: str, **kwargs) -> str:
-    from blockbatch.testing import make_random_checkpoint
+    from blockbatch.random_checkpoint import make_random_checkpoint
 
     path = tmp_path_factory.mktemp(name) / "ckpt"
     make_random_checkpoint(path, **kwargs)
@@ -219,7 +219,7 @@ def test_absorb_rejects_window_past_canvas_and_writes_nothing():
     proc = run_isolated("""
         import torch
         import blockbatch.native
-        from blockbatch.testing import FIELD, random_branch_state
+        from blockbatch.random_branch_state import FIELD, random_branch_state
         ops = torch.ops.blockbatch
         s = random_branch_state(3)
         b = int((s["state"][:, FIELD["done"]] == 0).nonzero()[0])
@@ -247,7 +247,7 @@ def test_absorb_rejects_eos_id_outside_the_vocabulary():
     proc = run_isolated("""
         import torch
         import blockbatch.native
-        from blockbatch.testing import FIELD, random_branch_state, window_spans
+        from blockbatch.random_branch_state import FIELD, random_branch_state, window_spans
         ops = torch.ops.blockbatch
         s = random_branch_state(5)
         spans, rows = window_spans(s["state"])
@@ -279,7 +279,7 @@ def test_coordinate_rejects_windows_outside_the_canvas(field, value, pattern):
     proc = run_isolated(f"""
         import torch
         import blockbatch.native
-        from blockbatch.testing import FIELD, coordinate_args, random_branch_state
+        from blockbatch.random_branch_state import FIELD, coordinate_args, random_branch_state
         s = random_branch_state(2)
         b = int((s["state"][:, FIELD["done"]] == 0).nonzero()[0])
         s["state"][b, FIELD[{field!r}]] = {value}
@@ -320,7 +320,7 @@ def test_valid_bookkeeping_is_unchanged_by_the_guards():
 @pytest.fixture(scope="module")
 def model():
     from blockbatch.native import NativeModel
-    from blockbatch.testing import random_config, random_weights
+    from blockbatch.random_checkpoint import random_config, random_weights
 
     config = random_config()
     return NativeModel(config, random_weights(config))
@@ -341,7 +341,7 @@ def test_forward_expanded_index_tensor_reads_in_bounds(model):
     proc = run_isolated("""
         import torch
         from blockbatch.native import NativeModel
-        from blockbatch.testing import random_config, random_weights
+        from blockbatch.random_checkpoint import random_config, random_weights
         config = random_config()
         m = NativeModel(config, random_weights(config))
         tokens = torch.tensor([3]).expand(6)

@@ -1,11 +1,11 @@
-"""Every CUDA kernel runs on the CPU CUDA emulator (tests/cuda_emu/) against the CPU ops.
+"""Every CUDA kernel runs on the CPU CUDA emulator (tests/emu/cuda_emu/) against the CPU ops.
 
 The kernel sources of csrc/kernels/cuda/ are compiled by the host compiler with the emulator in
 front: every GPU thread is a fiber, barriers and warp collectives are scheduled in a seeded
 shuffled order, mma.sync / ldmatrix use the PTX fragment layouts, cp.async lands only at its
 wait. So the kernels' indexing, tails, fragment mappings, barriers and reductions are checked
 here on every CI run, not only when a GPU is lent. The emulator's own checks are tested on
-kernels with known faults (tests/cuda_emu/selftest.cu); its fragment layouts are the ones under
+kernels with known faults (tests/emu/cuda_emu/selftest.cu); its fragment layouts are the ones under
 which the tensor-core attention kernel, verified on an H200, computes attention here.
 Needs the CUDA toolkit's headers (not a GPU); skipped cleanly without them. BBEMU_SEED=N runs
 everything under other thread orders (seeds 1-7 pass).
@@ -18,9 +18,9 @@ import pytest
 import torch
 
 import blockbatch.native  # noqa: F401
-from blockbatch.testing import (FIELD, absorb_case, commit_case, coordinate_args, random_branch_state, rope_kv_case,
-                                rope_table)
-from cuda_emu.build import build
+from blockbatch.random_branch_state import FIELD, coordinate_args, random_branch_state
+from helpers.op_cases import absorb_case, commit_case, rope_kv_case, rope_table
+from emu.cuda_emu.build import build
 
 ops = torch.ops.blockbatch
 CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -216,7 +216,7 @@ def test_linear_small_rejects_what_it_cannot_run(emu):
 
 
 # ---------------------------------------------------------------------------------------------
-# RoPE + KV write, attention, the small kernels: the same comparisons as tests/test_cuda.py
+# RoPE + KV write, attention, the small kernels: the same comparisons as tests/cuda/test_cuda.py
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -243,7 +243,7 @@ def test_rope_kv_write_emulated(emu, dtype, hd):
 
 def _attention(emu, kernel, q, k, v, cu, kv, rows, cache, layer, fresh, splits, max_keys, sentinel=7.0):
     """The kernel's output (NaN to start with: every element must be written) in a buffer with a
-    guard row, and the split workspace sized as ops_cuda.cpp sizes it, plus a guard: neither guard
+    guard row, and the split workspace sized as csrc/ops/cuda/attention.cpp sizes it, plus a guard: neither guard
     may change."""
     T, heads, hd = q.shape
     out = torch.full((T + 1, heads * hd), float("nan"), dtype=q.dtype)
@@ -257,6 +257,7 @@ def _attention(emu, kernel, q, k, v, cu, kv, rows, cache, layer, fresh, splits, 
     return out[:T]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("heads,kv_heads,hd", [(4, 2, 64), (2, 1, 128)])
 def test_attention_emulated(emu, dtype, heads, kv_heads, hd):

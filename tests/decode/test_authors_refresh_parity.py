@@ -27,7 +27,8 @@ from blockbatch.options import DecodeOptions, run_decode
 from blockbatch.reference.blockbatch import blockbatch_generate
 from blockbatch.reference.model import ReferenceModel
 
-FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "authors_refresh_toy.json")
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURE = os.path.join(TESTS, "fixtures", "authors_refresh_toy.json")
 DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"  # the fixture's token packing (one digit per id)
 REFERENCE_EVERY = 5
 

@@ -12,7 +12,7 @@ import torch
 from blockbatch.engine import Engine, Generation
 from blockbatch.loading import save_checkpoint
 from blockbatch.options import DecodeOptions, run_decode
-from blockbatch.testing import random_config, random_weights
+from blockbatch.random_checkpoint import random_config, random_weights
 from blockbatch.toy import tokenizer as toy_tok
 
 
@@ -139,7 +139,7 @@ def test_cli_help_lists_every_cuda_environment_variable():
     import pathlib
     import re
 
-    src = pathlib.Path(__file__).resolve().parents[1] / "csrc"
+    src = pathlib.Path(__file__).resolve().parents[2] / "csrc"
     pattern = r'(?:getenv|env_choice|env_int)\("(BLOCKBATCH_\w+)"'  # ops/cuda/settings.cpp reads them through helpers
     read = {m for f in src.rglob("*.c*") for m in re.findall(pattern, f.read_text())}
     assert {"BLOCKBATCH_ATTN_KERNEL", "BLOCKBATCH_GEMM", "BLOCKBATCH_PDL"} <= read  # the scan finds them

@@ -9,7 +9,7 @@ import torch
 
 from blockbatch import CheckpointError, load_checkpoint
 from blockbatch.loading import PREFIX, expected_weight_shapes, read_safetensors_header, save_checkpoint
-from blockbatch.testing import random_config, random_weights
+from blockbatch.random_checkpoint import random_config, random_weights
 
 
 def test_round_trip_single_file(make_ckpt):

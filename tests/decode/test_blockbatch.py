@@ -9,7 +9,7 @@ from blockbatch.native import NativeModel
 from blockbatch.options import DecodeOptions, run_decode
 from blockbatch.reference.blockbatch import blockbatch_generate
 from blockbatch.reference.model import ReferenceModel
-from blockbatch.testing import random_config, random_weights
+from blockbatch.random_checkpoint import random_config, random_weights
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +64,7 @@ def test_grid_matches_reference(models, case):
     assert_same(expected, out)
 
 
+@pytest.mark.slow
 def test_every_mechanism_fired_in_the_grid(models):
     """The grid exercises merges, syncs and refreshes (EOS early exits need a model that emits
     EOS: see test_toy_model.py). Counted here from the engine alone, so the test stands on its

@@ -12,7 +12,7 @@ import torch
 import blockbatch
 from blockbatch.loading import PREFIX, save_checkpoint
 from blockbatch.native import NativeModel, pack_rows
-from blockbatch.testing import random_config, random_weights
+from blockbatch.random_checkpoint import random_config, random_weights
 
 BIN = os.path.join(os.path.dirname(blockbatch.__file__), "bin", "bb_forward")
 

@@ -5,7 +5,7 @@ import torch
 
 from blockbatch.native import NativeModel
 from blockbatch.reference.model import ReferenceModel
-from blockbatch.testing import random_config, random_weights
+from blockbatch.random_checkpoint import random_config, random_weights
 
 SHAPES = {
     "mha-hd32": dict(d_model=64, n_heads=2, n_kv_heads=2, mlp_hidden_size=96, n_layers=2),

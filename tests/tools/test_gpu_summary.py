@@ -4,7 +4,7 @@ import importlib.util
 import json
 import pathlib
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("gpu_summary", ROOT / "benchmarks" / "gpu_summary.py")
 gpu_summary = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gpu_summary)
