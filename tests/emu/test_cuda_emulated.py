@@ -12,7 +12,12 @@ everything under other thread orders (seeds 1-7 pass).
 """
 
 import ctypes
+import ctypes.util
+import functools
+import hashlib
+import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -257,6 +262,47 @@ def _attention(emu, kernel, q, k, v, cu, kv, rows, cache, layer, fresh, splits, 
     return out[:T]
 
 
+# The flash kernels' outputs in test_attention_emulated, bit for bit, as recorded from the kernel
+# before flash_attention.cu was split into flash_common.cuh and variant files (a change of
+# operation order in any reduction changes some bits). BBEMU_RECORD_BITS=1 rewrites the record,
+# after a deliberate change of numerics only.
+FLASH_BITS = Path(__file__).parent / "cuda_emu" / "flash_attention_bits.json"
+
+
+def _digest(*tensors):
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=None)
+def _exp2f_digest():
+    """exp2f (the kernels' only libm call: the emulator runs the host's) over 2^16 arguments in
+    [-40, 0): a host whose exp2f rounds differently cannot reproduce the recorded bits."""
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    libm.exp2f.argtypes, libm.exp2f.restype = [ctypes.c_float], ctypes.c_float
+    x = torch.arange(1 << 16, dtype=torch.float32) * (-40.0 / (1 << 16))
+    return _digest(torch.tensor([libm.exp2f(v) for v in x.tolist()], dtype=torch.float32))
+
+
+def _check_flash_bits(key, inputs, outputs):
+    """outputs {case: tensor} == the record for `key` bit for bit (skipped where the inputs or the
+    host's exp2f differ from the recording's: the record cannot apply there)."""
+    record = json.loads(FLASH_BITS.read_text()) if FLASH_BITS.exists() else {}
+    got = {"inputs": _digest(*inputs), "exp2f": _exp2f_digest(),
+           "outputs": {case: _digest(out) for case, out in outputs.items()}}
+    if os.environ.get("BBEMU_RECORD_BITS") == "1":
+        record[key] = got
+        FLASH_BITS.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+        return
+    want = record[key]
+    if (got["inputs"], got["exp2f"]) != (want["inputs"], want["exp2f"]):
+        pytest.skip(f"{key}: inputs or the host's exp2f differ from the recording's; the bit record does not apply")
+    changed = sorted(c for c in want["outputs"] if got["outputs"].get(c) != want["outputs"][c])
+    assert not changed and got["outputs"].keys() == want["outputs"].keys(), f"{key}: bits changed in {changed}"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("heads,kv_heads,hd", [(4, 2, 64), (2, 1, 128)])
@@ -265,19 +311,22 @@ def test_attention_emulated(emu, dtype, heads, kv_heads, hd):
     stages; the warp split; one and three key splits, and the automatic count) against float32
     attention on the same rounded inputs: within 2x the CPU op's own error at this dtype; staged
     and pipelined kernels equal bit for bit. The rows of 1 and 7 queries take the warp split with
-    key parts that hold no key at all (1 or 5 keys + 1 or 7 fresh)."""
+    key parts that hold no key at all (1 or 5 keys + 1 or 7 fresh). Every flash output equals the
+    recorded bits (FLASH_BITS)."""
     g = torch.Generator().manual_seed(heads * hd)
     lengths, L = [1, 7, 64, 65], 140
     T = sum(lengths)
     q, k, v = (torch.randn(T, h, hd, generator=g).to(dtype) for h in (heads, kv_heads, kv_heads))
     cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)))
     rows = torch.tensor([2, 0, 3, 1])
+    inputs, outputs = [q, k, v], {}
     for cache, fresh in ((torch.full((4,), L), False), (torch.tensor([0, 5, 64, 140]), True)):
         # Layer 1's slots past each row's cache length and all of layer 0 are NaN: no kernel (nor
         # the CPU op) may read them, or the outputs turn NaN.
         kv = torch.full((len(lengths), 2, 2, kv_heads, L, hd), float("nan"), dtype=dtype)
         for r, n in zip(rows.tolist(), cache.tolist()):
             kv[r, 1, :, :, :n] = torch.randn(2, kv_heads, n, hd, generator=g).to(dtype)
+        inputs.append(kv)
         exact = ops.packed_attention(q.float(), k.float(), v.float(), cu, kv.float(), rows, cache, 1, fresh)
         cpu_err = _rel_err(ops.packed_attention(q, k, v, cu, kv, rows, cache, 1, fresh), exact)
         assert cpu_err > 0
@@ -294,6 +343,9 @@ def test_attention_emulated(emu, dtype, heads, kv_heads, hd):
                 assert err <= 2 * cpu_err, f"{name} cache={cache.tolist()} splits={splits}: {err:.3g} vs {cpu_err:.3g}"
             assert torch.equal(staged, pipelined), f"cache={cache.tolist()} splits={splits}"
             assert torch.equal(staged, pipelined3), f"cache={cache.tolist()} splits={splits}"
+            for kernel, out in enumerate((staged, pipelined, pipelined3, split), 1):
+                outputs[f"fresh={int(fresh)} splits={splits} variant={kernel}"] = out
+    _check_flash_bits(f"{str(dtype).split('.')[1]} heads={heads}/{kv_heads} hd={hd}", inputs, outputs)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

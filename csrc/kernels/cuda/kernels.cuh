@@ -42,7 +42,7 @@ cudaError_t rope_kv_write(T* q, int64_t q_stride, int64_t heads, T* k, const T* 
 // max_keys bounds every row's key count (sizes the shared score buffer).
 template <typename T>
 cudaError_t packed_attention(const cpu::AttentionArgs& a, int64_t tokens, int64_t max_keys, cudaStream_t stream);
-// Tensor-core attention (bf16 / fp16, head_dim 64 or 128, sm_80+; flash_attention.cu) for the
+// Tensor-core attention (bf16 / fp16, head_dim 64 or 128, sm_80+; flash_attention.cu, flash_common.cuh) for the
 // same arguments. `supported` says whether it applies (dtype, head_dim, 16-byte alignment of the
 // pointers and strides, compute capability); otherwise packed_attention above is used.
 bool flash_attention_supported(const cpu::AttentionArgs& a, int dtype_code, int sm_major);  // dtype_code 0 = fp32
