@@ -58,6 +58,11 @@ def random_dream_weights(config: ModelConfig, seed: int = 0, dtype: torch.dtype 
             t = torch.randn(shape, generator=g) / shape[1] ** 0.5
             if name == "lm_head.weight":
                 t = t * logit_scale
+                # The mask id's row is zero: its logit stays 0 while the largest of the others is
+                # well above, so a random model never proposes the mask id (a trained Dream does not
+                # either; the authors' vanilla and Fast-dLLM decoders would write it back, and their
+                # cached block loop would never end).
+                t[config.mask_token_id] = 0.0
         weights[name] = t.to(dtype)
     return weights
 
