@@ -45,9 +45,9 @@ class NativeModel:
                  device: torch.device | str = "cpu"):
         if getattr(config, "family", "llada") != "llada":
             raise CheckpointError(
-                f"the native engine does not run the {config.family.capitalize()} family yet (model_type "
-                f"{config.model_type!r}); use blockbatch.reference (blockbatch.reference.dream: dream_vanilla, "
-                "dream_cached, dream_blockbatch) to decode this checkpoint in float32 Python")
+                f"the native engine does not run the {config.family.capitalize()} family yet; use "
+                "blockbatch.reference.dream (dream_vanilla, dream_cached, dream_blockbatch) to decode this "
+                f"checkpoint (model_type {config.model_type!r}) in float32 Python")
         if dtype is not None and dtype not in _DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {list(_DTYPE_NAMES)}, got {dtype}")
         self.config = config
