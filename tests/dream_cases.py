@@ -34,6 +34,12 @@ def _cases() -> list[dict]:
                               gen_length=32, steps=16, seed=5))
     cases.append(dict(name="vanilla-entropy-pad5-steps32", policy="vanilla", alg="entropy", prompt=PROMPTS["pad5"],
                       gen_length=32, steps=32, seed=0))
+    cases.append(dict(name="vanilla-entropy-p12-top_p", policy="vanilla", alg="entropy", prompt=PROMPTS["p12"],
+                      gen_length=32, steps=16, seed=0, top_p=0.9))
+    cases.append(dict(name="vanilla-entropy-p12-top_k", policy="vanilla", alg="entropy",
+                      prompt=PROMPTS["p12"], gen_length=32, steps=16, seed=0, top_k=2))
+    cases.append(dict(name="vanilla-entropy-p7-alg_temp", policy="vanilla", alg="entropy", prompt=PROMPTS["p7"],
+                      gen_length=32, steps=16, seed=11, alg_temp=0.5))
     for policy in ("dual", "prefix"):
         for name in ("p3", "p7", "pad5", "p12"):
             cases.append(dict(name=f"{policy}-{name}", policy=policy, prompt=PROMPTS[name], gen_length=64,

@@ -90,3 +90,19 @@ def test_reference_matches_authors(model, fixture, index):
 def test_shift_rows():
     logits = torch.arange(12.0).view(4, 3)
     assert shift_rows(logits).tolist() == [[0, 1, 2], [0, 1, 2], [3, 4, 5], [6, 7, 8]]
+
+
+def test_block_size_order_does_not_matter(model, fixture):
+    case = next(c for c in fixture["cases"] if c["name"] == "blockbatch-eos-p12")
+    shuffled = dict(case, block_sizes=[32, 4, 64, 16, 8])
+    got = run_case(model, shuffled)
+    assert (got.tokens, got.nfe) == (case["tokens"], case["nfe"])
+
+
+def test_default_blockbatch_settings_are_the_authors_dream_defaults():
+    import inspect
+
+    defaults = {k: v.default for k, v in inspect.signature(dream_blockbatch).parameters.items()
+                if v.default is not inspect.Parameter.empty}
+    assert defaults == dict(block_sizes=(4, 8, 16, 32, 64), threshold=0.9, merge_gate=0.5, sync_gap=8,
+                            refresh_tokens=32, prob_floor=0.2, stop_on_eos=False)
