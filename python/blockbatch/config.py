@@ -375,7 +375,8 @@ class ModelConfig:
         return {k: int(getattr(self, k)) for k in (
             "d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden_size", "vocab_size",
             "embedding_size", "mask_token_id", "eos_token_id", "max_sequence_length")} | {
-            "weight_tying": int(self.weight_tying)}
+            "weight_tying": int(self.weight_tying), "attention_bias": int(bool(self.attention_bias)),
+            "family": {"llada": 0, "dream": 1}.get(self.family, -1)}
 
     def float_fields(self) -> dict[str, float]:
         return {"rope_theta": float(self.rope_theta), "rms_norm_eps": float(self.rms_norm_eps)}

@@ -9,7 +9,6 @@ import torch
 from . import contract
 from ._C_loader import load_extension
 from .config import ModelConfig
-from .errors import CheckpointError
 from .loading import Checkpoint, load_checkpoint
 
 load_extension()
@@ -43,11 +42,6 @@ class NativeModel:
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype | None = None,
                  device: torch.device | str = "cpu"):
-        if getattr(config, "family", "llada") != "llada":
-            raise CheckpointError(
-                f"the native engine does not run the {config.family.capitalize()} family yet; use "
-                "blockbatch.reference.dream (dream_vanilla, dream_cached, dream_blockbatch) to decode this "
-                f"checkpoint (model_type {config.model_type!r}) in float32 Python")
         if dtype is not None and dtype not in _DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {list(_DTYPE_NAMES)}, got {dtype}")
         self.config = config
