@@ -20,8 +20,8 @@ FAMILIES = {"llada": "llada", "Dream": "dream"}
 # Sane upper bounds of the config values live in C++ (csrc/model/config.h, checked by
 # ModelConfig::validate, which ModelConfig.validate below calls): MAX_SEQUENCE_LENGTH, MAX_LAYERS,
 # MAX_DIM and MAX_ROPE_ELEMENTS are read from there (module attributes, see __getattr__).
-MAX_CONFIG_BYTES = 16 << 20
-GENERATION_CONFIG_NAME = "generation_config.json"  # config.json is a few hundred bytes
+MAX_CONFIG_BYTES = 16 << 20  # config.json is a few hundred bytes
+GENERATION_CONFIG_NAME = "generation_config.json"
 _INT64_MAX = (1 << 63) - 1
 
 

@@ -1,6 +1,6 @@
 """Random Dream-family checkpoints in the exact Hugging Face Dream layout (tests, benchmarks).
 
-The Dream twin of ``blockbatch.testing.make_random_checkpoint``: a ``config.json`` with
+The Dream twin of ``blockbatch.random_checkpoint.make_random_checkpoint``: a ``config.json`` with
 ``model_type: "Dream"`` (Qwen2 key names), a ``generation_config.json`` and the weights under
 Dream's names, q/k/v biases included (``blockbatch.loading.dream_weight_shapes``).
 """

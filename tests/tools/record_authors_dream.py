@@ -66,7 +66,7 @@ from blockbatch.loading import load_checkpoint
 from blockbatch.reference.model import ReferenceModel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from dream_cases import CASES, CHECKPOINT, weights_digest  # noqa: E402  (tests/dream_cases.py)
+from helpers.dream_cases import CASES, CHECKPOINT, weights_digest  # noqa: E402  (tests/helpers/dream_cases.py)
 
 
 # ----------------------------------------------------------------------------- stand-ins

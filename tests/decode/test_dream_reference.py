@@ -5,7 +5,7 @@ tests/fixtures/authors_dream_random.json holds what the BlockBatch authors' Drea
 checkpoint, run by tests/tools/record_authors_dream.py over our float32 reference model: vanilla
 with every ``alg``, Fast-dLLM dual and prefix cache (block 32, threshold 0.9) and BlockBatch
 (blocks 4..64, their Dream defaults, with and without ``stop_on_eos``). The checkpoint is rebuilt
-here from the settings in tests/dream_cases.py; the reference must return the same canvas row,
+here from the settings in tests/helpers/dream_cases.py; the reference must return the same canvas row,
 token for token, and the same number of forwards.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
 import torch
@@ -23,10 +22,10 @@ from blockbatch.loading import load_checkpoint
 from blockbatch.reference.dream import dream_blockbatch, dream_cached, dream_vanilla, shift_rows
 from blockbatch.reference.model import ReferenceModel
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dream_cases import CASES, CHECKPOINT, weights_digest  # noqa: E402
+from helpers.dream_cases import CASES, CHECKPOINT, weights_digest
 
-FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "authors_dream_random.json")
+FIXTURE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures",
+                       "authors_dream_random.json")
 
 
 @pytest.fixture(scope="module")

@@ -37,10 +37,11 @@ def test_published_config_is_read_as_dream():
     assert (c.mlp_hidden_size, c.vocab_size, c.mask_token_id, c.eos_token_id) == (18944, 152064, 151666, 151643)
     assert c.max_sequence_length == 131072 and c.rope_theta == 1e6 and not c.weight_tying
     assert {k: getattr(c, k) for k in DREAM_7B} == DREAM_7B
-    # the C++ validator still gets exactly the keys it knows
+    # the C++ model and validator get the family and the biases with the shapes
+    assert c.int_fields()["family"] == 1 and c.int_fields()["attention_bias"] == 1
     assert set(c.int_fields()) == {"d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden_size", "vocab_size",
                                    "embedding_size", "mask_token_id", "eos_token_id", "max_sequence_length",
-                                   "weight_tying"}
+                                   "weight_tying", "family", "attention_bias"}
     assert set(c.float_fields()) == {"rope_theta", "rms_norm_eps"}
 
 
@@ -48,7 +49,7 @@ def test_family_comes_from_model_type_only():
     with pytest.raises(CheckpointError, match="model_type"):
         ModelConfig.from_dict({**PUBLISHED, "model_type": "dream"})  # HF spells it "Dream"
     assert random_dream_config().family == "dream"
-    from blockbatch.testing import random_config
+    from blockbatch.random_checkpoint import random_config
 
     assert random_config().family == "llada" and not random_config().attention_bias
 
@@ -139,16 +140,17 @@ def test_mask_id_outside_vocabulary(tmp_path):
         load_checkpoint(tmp_path)
 
 
-def test_native_engine_refuses_dream(tmp_path):
+def test_native_decode_refuses_dream(tmp_path):
+    """The native forward runs Dream (tests/ops/test_dream_forward.py); its decode loop does not yet,
+    and says so instead of decoding with LLaDA's semantics."""
+    from blockbatch import DecodeOptions
     from blockbatch.engine import Engine
 
     make_random_dream_checkpoint(tmp_path)
-    with pytest.raises(CheckpointError, match="does not run the Dream family yet; use blockbatch.reference"):
-        Engine.from_pretrained(tmp_path)
-    from blockbatch.native import NativeModel
-
-    with pytest.raises(CheckpointError, match="does not run the Dream family yet"):
-        NativeModel.from_pretrained(str(tmp_path))
+    engine = Engine.from_pretrained(tmp_path)
+    assert engine.config.family == "dream"
+    with pytest.raises(ValueError, match="the native decode loop does not run the dream family yet"):
+        engine.generate([[3, 4, 5]], DecodeOptions(gen_length=8, block_length=8))
 
 
 def test_reference_forward_is_a_qwen2_body(tmp_path):
