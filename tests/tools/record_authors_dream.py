@@ -10,7 +10,7 @@ line and imports three of its files at run time:
   ``alg="confidence_threshold"``);
 * ``generate_blockBatching_original_bulk.py``: BlockBatch for Dream (``generate_block_batching``).
 
-``tests/test_dream_reference.py`` then compares ``blockbatch.reference.dream`` against the
+``tests/decode/test_dream_reference.py`` then compares ``blockbatch.reference.dream`` against the
 recorded outputs, token for token and NFE for NFE.
 
 How the authors' functions are run:
