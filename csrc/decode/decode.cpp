@@ -12,6 +12,9 @@ namespace blockbatch {
 DecodeResult decode(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& options,
                     const int64_t* cancel) {
   const ModelConfig& c = model.config();
+  TORCH_CHECK_VALUE(c.family == Family::kLLaDA, "the native decode loop does not run the ", family_name(c.family),
+                    " family yet (its forward does: NativeModel.forward); decode this checkpoint with "
+                    "blockbatch.reference.dream in float32 Python");
   // The policies see every option set: the table's per-policy / per-family defaults filled in.
   const DecodeOptions o = options.resolved(kDefaultFamily);
   o.validate(c, static_cast<int64_t>(prompt.size()));

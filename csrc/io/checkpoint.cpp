@@ -54,6 +54,9 @@ ModelConfig parse_model_config(const std::string& text, const std::string& where
   Json j = parse_or_throw(text, where);
   TORCH_CHECK(j.is_object(), where, ": expected a JSON object at top level");
   TORCH_CHECK(j.contains("model_type"), where, ": key 'model_type' is missing");
+  TORCH_CHECK(!(j.at("model_type").is_string() && j.at("model_type").as_string() == "Dream"), where,
+              ": a Dream checkpoint: the C++ checkpoint reader (the bb_* binaries) reads the LLaDA family only; "
+              "load it from Python (blockbatch.load_checkpoint)");
   TORCH_CHECK(j.at("model_type").is_string() && j.at("model_type").as_string() == "llada", where,
               ": key 'model_type' must be \"llada\"");
   auto need = [&](const char* key) -> const Json& {

@@ -6,7 +6,19 @@
 
 namespace blockbatch {
 
+const char* family_name(Family family) {
+  switch (family) {
+    case Family::kLLaDA: return "llada";
+    case Family::kDream: return "dream";
+  }
+  return "";
+}
+
 void ModelConfig::validate() const {
+  TORCH_CHECK_VALUE(family == Family::kLLaDA || family == Family::kDream, "config: key 'family' = ",
+                    static_cast<int64_t>(family), " is not a model family (0: llada, 1: dream)");
+  TORCH_CHECK_VALUE(attention_bias == (family == Family::kDream), "config: key 'attention_bias' = ", attention_bias,
+                    ": ", family_name(family), attention_bias ? " has no q/k/v biases" : " always has q/k/v biases");
   auto bounded = [](const char* key, int64_t v, int64_t limit) {
     TORCH_CHECK_VALUE(v > 0, "config: key '", key, "' must be a positive integer, got ", v);
     TORCH_CHECK_VALUE(v <= limit, "config: key '", key, "' = ", v, " is larger than the supported maximum ", limit);

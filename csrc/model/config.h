@@ -1,4 +1,4 @@
-// Model configuration (LLaDA family), mirrored from python/blockbatch/config.py.
+// Model configuration (LLaDA and Dream families), mirrored from python/blockbatch/config.py.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +14,16 @@ constexpr int64_t kMaxLayers = int64_t{1} << 16;
 constexpr int64_t kMaxDim = int64_t{1} << 24;  // d_model, mlp_hidden_size, vocab_size, embedding_size
 constexpr int64_t kMaxRopeElements = int64_t{1} << 28;  // max_sequence_length * head_dim
 
+// The model family: a property of the checkpoint (config.json's model_type), never a flag.
+enum class Family : int64_t {
+  kLLaDA = 0,  // LLaDA: unshifted logits, no attention biases
+  kDream = 1,  // Dream (Qwen2 body): q/k/v biases; logits shifted (position i read from output i - 1)
+};
+const char* family_name(Family family);  // "llada" | "dream"
+
 struct ModelConfig {
+  Family family = Family::kLLaDA;
+  bool attention_bias = false;  // q/k/v projections carry biases (Dream)
   int64_t d_model = 0;
   int64_t n_layers = 0;
   int64_t n_heads = 0;
@@ -30,9 +39,10 @@ struct ModelConfig {
   double rms_norm_eps = 0;
 
   int64_t head_dim() const { return d_model / n_heads; }
-  // How many tensors a checkpoint with this config holds (9 per layer, wte, ln_f, ff_out unless
-  // tied); call after validate() (n_layers bounded, so no overflow).
-  int64_t tensor_count() const { return 9 * n_layers + 2 + (weight_tying ? 0 : 1); }
+  // How many tensors a checkpoint with this config holds (9 per layer, 3 more with attention
+  // biases, the embedding, the final norm, the LM head unless tied); call after validate()
+  // (n_layers bounded, so no overflow).
+  int64_t tensor_count() const { return (attention_bias ? 12 : 9) * n_layers + 2 + (weight_tying ? 0 : 1); }
   // Throws c10::ValueError naming the offending key when the config is inconsistent, a value is
   // out of its sane range, or a float is not finite.
   void validate() const;

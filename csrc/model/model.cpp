@@ -1,4 +1,4 @@
-// The native LLaDA forward: every step through a blockbatch op (GEMMs: ops::linear, ATen's GEMM or
+// The native LLaDA / Dream forward: every step through a blockbatch op (GEMMs: ops::linear, ATen's GEMM or
 // the weight-streaming CUDA kernel), so it runs on whichever device the weights live on.
 #include "model/model.h"
 
@@ -18,27 +18,55 @@
 namespace blockbatch {
 
 namespace {
-const std::string kPrefix = "model.transformer.";
+
+// Hugging Face tensor names of one family: the model-wide tensors and, per layer, the suffix
+// after the layer prefix of each slot.
+struct WeightNames {
+  std::string wte, ln_f, lm_head, layer_prefix;
+  std::string attn_norm, q, k, v, attn_out, ff_norm, gate, up, down, q_bias, k_bias, v_bias;
+};
+
+const WeightNames& weight_names(Family family) {
+  static const WeightNames llada{"model.transformer.wte.weight", "model.transformer.ln_f.weight",
+                                 "model.transformer.ff_out.weight", "model.transformer.blocks.",
+                                 "attn_norm.weight", "q_proj.weight", "k_proj.weight", "v_proj.weight",
+                                 "attn_out.weight", "ff_norm.weight", "ff_proj.weight", "up_proj.weight",
+                                 "ff_out.weight", "", "", ""};
+  static const WeightNames dream{"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight", "model.layers.",
+                                 "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                 "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+                                 "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+                                 "mlp.down_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.bias",
+                                 "self_attn.v_proj.bias"};
+  return family == Family::kDream ? dream : llada;
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> expected_weight_shapes(const ModelConfig& c) {
   const int64_t d = c.d_model, hd = c.head_dim(), m = c.mlp_hidden_size;
+  const WeightNames& n = weight_names(c.family);
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;
-  out.push_back({kPrefix + "wte.weight", {c.embedding_size, d}});
+  out.push_back({n.wte, {c.embedding_size, d}});
   for (int64_t i = 0; i < c.n_layers; ++i) {
-    const std::string p = kPrefix + "blocks." + std::to_string(i) + ".";
-    out.push_back({p + "attn_norm.weight", {d}});
-    out.push_back({p + "q_proj.weight", {c.n_heads * hd, d}});
-    out.push_back({p + "k_proj.weight", {c.n_kv_heads * hd, d}});
-    out.push_back({p + "v_proj.weight", {c.n_kv_heads * hd, d}});
-    out.push_back({p + "attn_out.weight", {d, c.n_heads * hd}});
-    out.push_back({p + "ff_norm.weight", {d}});
-    out.push_back({p + "ff_proj.weight", {m, d}});
-    out.push_back({p + "up_proj.weight", {m, d}});
-    out.push_back({p + "ff_out.weight", {d, m}});
+    const std::string p = n.layer_prefix + std::to_string(i) + ".";
+    out.push_back({p + n.attn_norm, {d}});
+    out.push_back({p + n.q, {c.n_heads * hd, d}});
+    out.push_back({p + n.k, {c.n_kv_heads * hd, d}});
+    out.push_back({p + n.v, {c.n_kv_heads * hd, d}});
+    if (c.attention_bias) {
+      out.push_back({p + n.q_bias, {c.n_heads * hd}});
+      out.push_back({p + n.k_bias, {c.n_kv_heads * hd}});
+      out.push_back({p + n.v_bias, {c.n_kv_heads * hd}});
+    }
+    out.push_back({p + n.attn_out, {d, c.n_heads * hd}});
+    out.push_back({p + n.ff_norm, {d}});
+    out.push_back({p + n.gate, {m, d}});
+    out.push_back({p + n.up, {m, d}});
+    out.push_back({p + n.down, {d, m}});
   }
-  out.push_back({kPrefix + "ln_f.weight", {d}});
-  if (!c.weight_tying) out.push_back({kPrefix + "ff_out.weight", {c.embedding_size, d}});
+  out.push_back({n.ln_f, {d}});
+  if (!c.weight_tying) out.push_back({n.lm_head, {c.embedding_size, d}});
   return out;
 }
 
@@ -72,22 +100,25 @@ void Model::build(const std::unordered_map<std::string, at::Tensor>& weights, c1
                 *device);
   }
   for (const auto& [name, t] : weights) {
-    TORCH_CHECK(names.count(name), "weights: unexpected tensor '", name, "' (not part of a LLaDA model with this config)");
+    TORCH_CHECK(names.count(name), "weights: unexpected tensor '", name, "' (not part of a ", family_name(config_.family),
+                " model with this config)");
   }
-  auto w = [&](const std::string& name) { return weights.at(kPrefix + name).to(dtype).contiguous(); };
-  wte_ = w("wte.weight");
-  ln_f_ = w("ln_f.weight");
-  lm_head_ = (config_.weight_tying ? wte_ : w("ff_out.weight")).narrow(0, 0, config_.vocab_size).contiguous();
+  auto w = [&](const std::string& name) { return weights.at(name).to(dtype).contiguous(); };
+  const WeightNames& n = weight_names(config_.family);
+  wte_ = w(n.wte);
+  ln_f_ = w(n.ln_f);
+  lm_head_ = (config_.weight_tying ? wte_ : w(n.lm_head)).narrow(0, 0, config_.vocab_size).contiguous();
   layers_.clear();
   for (int64_t i = 0; i < config_.n_layers; ++i) {
-    const std::string p = "blocks." + std::to_string(i) + ".";
+    const std::string p = n.layer_prefix + std::to_string(i) + ".";
     LayerWeights lw;
-    lw.attn_norm = w(p + "attn_norm.weight");
-    lw.wqkv = at::cat({w(p + "q_proj.weight"), w(p + "k_proj.weight"), w(p + "v_proj.weight")}, 0);
-    lw.attn_out = w(p + "attn_out.weight");
-    lw.ff_norm = w(p + "ff_norm.weight");
-    lw.w_gate_up = at::cat({w(p + "ff_proj.weight"), w(p + "up_proj.weight")}, 0);
-    lw.ff_out = w(p + "ff_out.weight");
+    lw.attn_norm = w(p + n.attn_norm);
+    lw.wqkv = at::cat({w(p + n.q), w(p + n.k), w(p + n.v)}, 0);
+    if (config_.attention_bias) lw.bqkv = at::cat({w(p + n.q_bias), w(p + n.k_bias), w(p + n.v_bias)}, 0);
+    lw.attn_out = w(p + n.attn_out);
+    lw.ff_norm = w(p + n.ff_norm);
+    lw.w_gate_up = at::cat({w(p + n.gate), w(p + n.up)}, 0);
+    lw.ff_out = w(p + n.down);
     layers_.push_back(std::move(lw));
   }
   // RoPE table [max_sequence_length, head_dim]: cos | sin of one angle per frequency, computed
@@ -209,6 +240,7 @@ at::Tensor Model::forward(const ForwardBatch& batch) const {
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
     at::Tensor qkv = ops::linear(h, w.wqkv);
+    if (w.bqkv.defined()) qkv.add_(w.bqkv);  // Dream: x W^T + b, rounded as the reference does it
     at::Tensor q = qkv.narrow(1, 0, q_width).view({T, c.n_heads, hd});
     at::Tensor k = qkv.narrow(1, q_width, kv_width).view({T, c.n_kv_heads, hd});
     at::Tensor v = qkv.narrow(1, q_width + kv_width, kv_width).view({T, c.n_kv_heads, hd});

@@ -1,4 +1,4 @@
-// The native LLaDA transformer: owns its weights, runs packed variable-length forwards over
+// The native LLaDA / Dream transformer (the same body; Dream adds q/k/v biases): owns its weights, runs packed variable-length forwards over
 // per-row KV buffers: the LLaDA implementation of Network (model/network.h);
 // python/blockbatch/reference/model.py is its readable twin.
 #pragma once
@@ -17,11 +17,12 @@ namespace blockbatch {
 
 struct LayerWeights {
   at::Tensor attn_norm, wqkv, attn_out, ff_norm, w_gate_up, ff_out;
+  at::Tensor bqkv;  // [q | k | v] biases (Dream), undefined without attention biases
 };
 
 class Model : public Network {
  public:
-  // weights: HF names (model.transformer.*), all on one device, converted to dtype (float32,
+  // weights: HF names (LLaDA model.transformer.*, Dream model.layers.* / lm_head), all on one device, converted to dtype (float32,
   // bfloat16 or float16). Validates the config and checks every tensor's name and shape.
   Model(ModelConfig config, const std::unordered_map<std::string, at::Tensor>& weights, c10::ScalarType dtype);
 

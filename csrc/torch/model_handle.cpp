@@ -25,7 +25,15 @@ ModelConfig config_from_dicts(const c10::Dict<std::string, int64_t>& ints, const
     TORCH_CHECK(floats.contains(key), "config: required float key '", key, "' is missing");
     return floats.at(key);
   };
+  auto get_optional_int = [&](const char* key, int64_t fallback) { return ints.contains(key) ? ints.at(key) : fallback; };
   ModelConfig c;
+  // Optional keys (a LLaDA config may leave them out): the family and the attention biases.
+  const int64_t family = get_optional_int("family", 0);
+  TORCH_CHECK_VALUE(family == 0 || family == 1, "config: key 'family' must be 0 (llada) or 1 (dream), got ", family);
+  c.family = static_cast<Family>(family);
+  const int64_t bias = get_optional_int("attention_bias", 0);
+  TORCH_CHECK_VALUE(bias == 0 || bias == 1, "config: key 'attention_bias' must be 0 or 1, got ", bias);
+  c.attention_bias = bias == 1;
   c.d_model = get_int("d_model");
   c.n_layers = get_int("n_layers");
   c.n_heads = get_int("n_heads");

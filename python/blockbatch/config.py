@@ -1,6 +1,7 @@
-"""Model configuration read from a Hugging Face ``config.json`` (LLaDA family).
+"""Model configuration read from a Hugging Face ``config.json`` (LLaDA and Dream families).
 
-Every id and shape used by the engine comes from here, never from constants in code.
+Every id and shape used by the engine comes from here, never from constants in code. The model
+family is a property of the checkpoint (``model_type``: ``"llada"`` or ``"Dream"``), never a flag.
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ from typing import Any
 
 from .errors import CheckpointError, read_json_file
 
-SUPPORTED_MODEL_TYPES = ("llada",)
+SUPPORTED_MODEL_TYPES = ("llada", "Dream")
+# model_type (as written in config.json) -> family
+FAMILIES = {"llada": "llada", "Dream": "dream"}
 
 # Sane upper bounds of the config values live in C++ (csrc/model/config.h, checked by
 # ModelConfig::validate, which ModelConfig.validate below calls): MAX_SEQUENCE_LENGTH, MAX_LAYERS,
 # MAX_DIM and MAX_ROPE_ELEMENTS are read from there (module attributes, see __getattr__).
 MAX_CONFIG_BYTES = 16 << 20  # config.json is a few hundred bytes
+GENERATION_CONFIG_NAME = "generation_config.json"
 _INT64_MAX = (1 << 63) - 1
 
 
@@ -65,9 +69,12 @@ def _as_finite(value: Any) -> float | None:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Architecture and special ids of a LLaDA-style bidirectional transformer.
+    """Architecture and special ids of a bidirectional transformer (LLaDA or Dream family).
 
-    Field names follow LLaDA's ``config.json``. ``head_dim = d_model // n_heads``.
+    Field names follow LLaDA's ``config.json``; a Dream ``config.json`` (Qwen2 names:
+    ``hidden_size``, ``num_hidden_layers``, ...) is read into the same fields by ``from_dict``.
+    ``head_dim = d_model // n_heads``. ``family`` follows from ``model_type``; ``attention_bias``
+    says the q/k/v projections carry biases (always true for Dream, false for LLaDA).
     """
 
     d_model: int
@@ -85,6 +92,18 @@ class ModelConfig:
     max_sequence_length: int
     model_type: str = "llada"
     pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    attention_bias: bool = False
+
+    @property
+    def family(self) -> str:
+        """``"llada"`` or ``"dream"``: decided by ``model_type`` alone."""
+        return FAMILIES.get(self.model_type, self.model_type)
+
+    @property
+    def shifted_logits(self) -> bool:
+        """Dream reads position ``i`` from the output at ``i - 1`` (ALGORITHMS.md section 5)."""
+        return self.family == "dream"
 
     @property
     def head_dim(self) -> int:
@@ -116,6 +135,12 @@ class ModelConfig:
                 raise bad(key, f"must be a positive finite number, got {_show(value)}")
         if not isinstance(self.weight_tying, bool):
             raise bad("weight_tying", f"must be true or false, got {_show(self.weight_tying)}")
+        if not isinstance(self.attention_bias, bool):
+            raise bad("attention_bias", f"must be true or false, got {_show(self.attention_bias)}")
+        if self.family == "dream":
+            self._validate_dream(where)
+        elif self.attention_bias:
+            raise bad("attention_bias", "is only supported for the Dream family")
         from ._C_loader import load_extension
         import torch
 
@@ -129,7 +154,35 @@ class ModelConfig:
         if self.pad_token_id is not None and (not _is_int(self.pad_token_id)
                                               or not 0 <= self.pad_token_id < self.vocab_size):
             raise bad("pad_token_id", f"= {_show(self.pad_token_id)} is outside the vocabulary [0, {self.vocab_size})")
+        if self.bos_token_id is not None and (not _is_int(self.bos_token_id)
+                                              or not 0 <= self.bos_token_id < self.vocab_size):
+            raise bad("bos_token_id", f"= {_show(self.bos_token_id)} is outside the vocabulary [0, {self.vocab_size})")
         return self
+
+    def _validate_dream(self, where: str) -> None:
+        """Dream checks, worded with the Hugging Face keys of a Dream ``config.json``.
+
+        The C++ validator (``torch.ops.blockbatch.check_config``) checks the same shapes under the
+        LLaDA key names and knows nothing of the family yet; until the native engine runs Dream,
+        these checks live here so that the message names the key the user actually wrote.
+        """
+
+        def bad(key: str, msg: str) -> CheckpointError:
+            return CheckpointError(f"{where}: key '{key}' {msg}")
+
+        heads, kv_heads = self.n_heads, self.n_kv_heads
+        if _is_int(heads) and _is_int(kv_heads):
+            if heads <= 0:
+                raise bad("num_attention_heads", f"= {heads} must be positive")
+            if kv_heads <= 0 or heads % kv_heads:
+                raise bad("num_key_value_heads",
+                          f"= {kv_heads} must divide num_attention_heads = {heads} (grouped-query attention)")
+            if _is_int(self.d_model) and self.d_model % heads:
+                raise bad("hidden_size", f"= {self.d_model} is not a multiple of num_attention_heads = {heads}")
+        if _is_int(self.vocab_size) and _is_int(self.mask_token_id) and not 0 <= self.mask_token_id < self.vocab_size:
+            raise bad("mask_token_id", f"= {self.mask_token_id} is outside the vocabulary [0, {self.vocab_size})")
+        if not self.attention_bias:
+            raise bad("attention_bias", "is false, but Dream's q/k/v projections always carry biases")
 
     # ------------------------------------------------------------------ json
 
@@ -173,6 +226,8 @@ class ModelConfig:
         model_type = need("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise bad("model_type", f"is {_show(model_type)}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+        if FAMILIES[model_type] == "dream":
+            return cls._dream_from_dict(raw, where, need, integer, number, present, bad)
         d_model = integer("d_model")
         n_heads = integer("n_heads")
         vocab_size = integer("vocab_size")
@@ -220,14 +275,90 @@ class ModelConfig:
         ).validate(where)
 
     @classmethod
+    def _dream_from_dict(cls, raw, where, need, integer, number, present, bad) -> "ModelConfig":
+        """A Dream ``config.json`` (``model_type: "Dream"``, Qwen2 key names)."""
+
+        def special(key: str) -> int | None:
+            value = raw.get(key)
+            if isinstance(value, list):  # HF allows a list of EOS ids; the first one is the EOS id
+                if not value or not all(_is_int(e) for e in value):
+                    raise bad(key, f"must be an integer or a non-empty list of integers, got {_show(value)}")
+                return value[0]
+            return None if value is None else integer(key)
+
+        tie = raw.get("tie_word_embeddings", False)
+        if not isinstance(tie, bool):
+            raise bad("tie_word_embeddings", f"must be true or false (a JSON boolean), got {_show(tie)}")
+        n_heads = integer("num_attention_heads")
+        vocab = integer("vocab_size")
+        if not present("mask_token_id"):
+            raise CheckpointError(f"{where}: required key 'mask_token_id' is missing (from config.json and "
+                                  "generation_config.json)")
+        eos = special("eos_token_id")
+        if eos is None:
+            raise CheckpointError(f"{where}: required key 'eos_token_id' is missing (from config.json and "
+                                  "generation_config.json)")
+        return cls(
+            d_model=integer("hidden_size"),
+            n_layers=integer("num_hidden_layers"),
+            n_heads=n_heads,
+            n_kv_heads=integer("num_key_value_heads") if present("num_key_value_heads") else n_heads,
+            mlp_hidden_size=integer("intermediate_size"),
+            vocab_size=vocab,
+            embedding_size=vocab,
+            rope_theta=number("rope_theta"),
+            rms_norm_eps=number("rms_norm_eps"),
+            weight_tying=tie,
+            mask_token_id=integer("mask_token_id"),
+            eos_token_id=eos,
+            max_sequence_length=integer("max_position_embeddings"),
+            model_type="Dream",
+            pad_token_id=special("pad_token_id"),
+            bos_token_id=special("bos_token_id"),
+            attention_bias=True,
+        ).validate(where)
+
+    @classmethod
     def from_json_file(cls, path: str | os.PathLike) -> "ModelConfig":
         path = os.fspath(path)
         raw = read_json_file(path, "config.json", MAX_CONFIG_BYTES)
+        if isinstance(raw, dict) and raw.get("model_type") == "Dream":
+            # Dream keeps its special ids in generation_config.json too; config.json wins.
+            gen_path = os.path.join(os.path.dirname(path), GENERATION_CONFIG_NAME)
+            if os.path.isfile(gen_path):
+                gen = read_json_file(gen_path, GENERATION_CONFIG_NAME, MAX_CONFIG_BYTES)
+                if isinstance(gen, dict):
+                    raw = dict(raw)
+                    for key in ("mask_token_id", "eos_token_id", "pad_token_id", "bos_token_id"):
+                        if raw.get(key) is None and gen.get(key) is not None:
+                            raw[key] = gen[key]
         return cls.from_dict(raw, where=path)
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``config.json`` dict LLaDA checkpoints carry (plus our ``head_dim``-free keys)."""
+        """The ``config.json`` dict the checkpoints of this family carry (LLaDA or Dream layout)."""
+        if self.family == "dream":
+            return {
+                "architectures": ["DreamModel"],
+                "model_type": "Dream",
+                "hidden_size": self.d_model,
+                "num_hidden_layers": self.n_layers,
+                "num_attention_heads": self.n_heads,
+                "num_key_value_heads": self.n_kv_heads,
+                "intermediate_size": self.mlp_hidden_size,
+                "vocab_size": self.vocab_size,
+                "rope_theta": self.rope_theta,
+                "rms_norm_eps": self.rms_norm_eps,
+                "tie_word_embeddings": self.weight_tying,
+                "mask_token_id": self.mask_token_id,
+                "eos_token_id": self.eos_token_id,
+                "pad_token_id": self.pad_token_id,
+                "bos_token_id": self.bos_token_id,
+                "max_position_embeddings": self.max_sequence_length,
+                "hidden_act": "silu",
+                "torch_dtype": "float32",
+            }
         d = dataclasses.asdict(self)
+        del d["bos_token_id"], d["attention_bias"]  # not LLaDA keys
         d.update({
             "architectures": ["LLaDAModelLM"],
             "activation_type": "silu",
@@ -244,7 +375,8 @@ class ModelConfig:
         return {k: int(getattr(self, k)) for k in (
             "d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden_size", "vocab_size",
             "embedding_size", "mask_token_id", "eos_token_id", "max_sequence_length")} | {
-            "weight_tying": int(self.weight_tying)}
+            "weight_tying": int(self.weight_tying), "attention_bias": int(bool(self.attention_bias)),
+            "family": {"llada": 0, "dream": 1}.get(self.family, -1)}
 
     def float_fields(self) -> dict[str, float]:
         return {"rope_theta": float(self.rope_theta), "rms_norm_eps": float(self.rms_norm_eps)}

@@ -1,4 +1,7 @@
-"""Hugging Face checkpoint folders: strict reading and writing (LLaDA weight layout).
+"""Hugging Face checkpoint folders: strict reading and writing (LLaDA and Dream weight layouts).
+
+The weight layout follows the family that ``config.json``'s ``model_type`` names: LLaDA
+(``model.transformer.*``) or Dream (Qwen2 names, ``model.layers.{i}.self_attn.q_proj.bias``, ...).
 
 A folder holds ``config.json``, weights in ``model.safetensors`` or in shards listed by
 ``model.safetensors.index.json``, and optionally ``tokenizer.json`` (+ ``tokenizer_config.json``
@@ -17,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .config import ModelConfig, _show
+from .config import GENERATION_CONFIG_NAME, ModelConfig, _show
 from .errors import CheckpointError, checked_exists, open_checked, parse_json_bytes, read_file_bytes, read_json_file
 
 WEIGHTS_NAME = "model.safetensors"
@@ -41,8 +44,40 @@ _MAX_TOKENIZER_BYTES = 1 << 30
 _MAX_TOKENIZER_CONFIG_BYTES = 256 * 1024 * 1024
 
 
+DREAM_PREFIX = "model."
+
+
+def dream_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor a Dream checkpoint must hold, with its shape (HF names).
+
+    Qwen2 body: q/k/v projections with biases, ``o_proj`` without, SwiGLU MLP, RMSNorms, and an
+    untied ``lm_head`` (unless ``tie_word_embeddings``).
+    """
+    d, hd, m = config.d_model, config.head_dim, config.mlp_hidden_size
+    q, kv = config.n_heads * hd, config.n_kv_heads * hd
+    shapes: dict[str, tuple[int, ...]] = {DREAM_PREFIX + "embed_tokens.weight": (config.embedding_size, d)}
+    per_layer = {
+        "input_layernorm.weight": (d,),
+        "self_attn.q_proj.weight": (q, d), "self_attn.q_proj.bias": (q,),
+        "self_attn.k_proj.weight": (kv, d), "self_attn.k_proj.bias": (kv,),
+        "self_attn.v_proj.weight": (kv, d), "self_attn.v_proj.bias": (kv,),
+        "self_attn.o_proj.weight": (d, q),
+        "post_attention_layernorm.weight": (d,),
+        "mlp.gate_proj.weight": (m, d), "mlp.up_proj.weight": (m, d), "mlp.down_proj.weight": (d, m),
+    }
+    for i in range(config.n_layers):
+        for name, shape in per_layer.items():
+            shapes[f"{DREAM_PREFIX}layers.{i}.{name}"] = shape
+    shapes[DREAM_PREFIX + "norm.weight"] = (d,)
+    if not config.weight_tying:
+        shapes["lm_head.weight"] = (config.embedding_size, d)
+    return shapes
+
+
 def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor a LLaDA checkpoint must hold, with its shape (HF names)."""
+    """Every tensor a checkpoint of ``config``'s family must hold, with its shape (HF names)."""
+    if config.family == "dream":
+        return dream_weight_shapes(config)
     d, hd, m = config.d_model, config.head_dim, config.mlp_hidden_size
     shapes: dict[str, tuple[int, ...]] = {PREFIX + "wte.weight": (config.embedding_size, d)}
     per_layer = {
@@ -187,8 +222,9 @@ def _weight_files(folder: str) -> tuple[dict[str, str], str]:
 
 
 def tensor_count(config: ModelConfig) -> int:
-    """How many tensors a LLaDA checkpoint with this config holds (without listing them)."""
-    return 9 * config.n_layers + 2 + (0 if config.weight_tying else 1)
+    """How many tensors a checkpoint with this config holds (without listing them)."""
+    per_layer = 12 if config.family == "dream" else 9
+    return per_layer * config.n_layers + 2 + (0 if config.weight_tying else 1)
 
 
 def load_weights(folder: str, config: ModelConfig, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
@@ -209,14 +245,17 @@ def load_weights(folder: str, config: ModelConfig, dtype: torch.dtype | None = N
         if name not in headers[path]:
             raise CheckpointError(f"{path}: tensor '{name}' is listed in the index but absent from this shard")
         if name not in expected:
-            raise CheckpointError(f"{path}: unexpected tensor '{name}' (not part of a LLaDA model with this config)")
+            raise CheckpointError(f"{path}: unexpected tensor '{name}' (not part of a {_family_name(config)} model "
+                                  "with this config)")
     for path, infos in headers.items():
         for name in infos:
             if files.get(name) != path:
                 raise CheckpointError(f"{path}: unexpected tensor '{name}' (not listed for this file)")
     for name, shape in expected.items():
         if name not in files:
-            raise CheckpointError(f"{folder}: tensor '{name}' is missing")
+            hint = (" (Dream's q/k/v projections carry biases)"
+                    if config.family == "dream" and name.endswith("_proj.bias") else "")
+            raise CheckpointError(f"{folder}: tensor '{name}' is missing{hint}")
         info = headers[files[name]][name]
         if info.shape != shape:
             raise CheckpointError(f"{files[name]}: tensor '{name}' has shape {list(info.shape)}, expected {list(shape)}")
@@ -238,6 +277,10 @@ def load_weights(folder: str, config: ModelConfig, dtype: torch.dtype | None = N
         except Exception as e:  # safetensors raises its own error types
             raise CheckpointError(f"{path}: cannot read tensors ({e})") from None
     return {name: weights[name] for name in expected}
+
+
+def _family_name(config: ModelConfig) -> str:
+    return "Dream" if config.family == "dream" else "LLaDA"
 
 
 def load_tokenizer(folder: str):
@@ -306,7 +349,7 @@ def check_chat_template(template: str, where: str) -> None:
 
 
 def load_checkpoint(path: str | os.PathLike, dtype: torch.dtype | None = None) -> Checkpoint:
-    """Load a Hugging Face LLaDA checkpoint folder.
+    """Load a Hugging Face LLaDA or Dream checkpoint folder (the family comes from ``model_type``).
 
     Parameters
     ----------
@@ -335,7 +378,7 @@ def load_checkpoint(path: str | os.PathLike, dtype: torch.dtype | None = None) -
 def save_checkpoint(path: str | os.PathLike, config: ModelConfig, weights: dict[str, torch.Tensor],
                     tokenizer=None, chat_template: str | None = None,
                     max_shard_bytes: int | None = None) -> None:
-    """Write a checkpoint folder in the exact HF LLaDA layout.
+    """Write a checkpoint folder in the exact HF layout of ``config``'s family (LLaDA or Dream).
 
     ``max_shard_bytes`` splits the weights into ``model-0000i-of-0000n.safetensors`` shards with
     a ``model.safetensors.index.json``, as large HF checkpoints are.
@@ -372,4 +415,10 @@ def save_checkpoint(path: str | os.PathLike, config: ModelConfig, weights: dict[
     if chat_template is not None:
         with open(os.path.join(folder, TOKENIZER_CONFIG_NAME), "w", encoding="utf-8") as f:
             json.dump({"chat_template": chat_template}, f, indent=2)
+    if config.family == "dream":  # Dream checkpoints carry their special ids here as well
+        gen = {"mask_token_id": config.mask_token_id, "eos_token_id": config.eos_token_id,
+               "pad_token_id": config.pad_token_id, "bos_token_id": config.bos_token_id,
+               "alg": "entropy", "alg_temp": 0.0, "steps": 512, "temperature": 0.0}
+        with open(os.path.join(folder, GENERATION_CONFIG_NAME), "w", encoding="utf-8") as f:
+            json.dump(gen, f, indent=2)
 

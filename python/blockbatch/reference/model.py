@@ -6,7 +6,12 @@ Architecture (LLaDA-8B, ``block_type`` llama): pre-norm blocks,
     y = h + ff_out(silu(ff_proj(n2)) * up_proj(n2)),                              n2 = ff_norm(h)
 
 then ``ln_f`` and the LM head (``ff_out``, or ``wte`` when weights are tied). Logits are NOT
-shifted: output ``i`` predicts the token at position ``i``. Attention is bidirectional with no
+shifted: output ``i`` predicts the token at position ``i``.
+
+A Dream checkpoint (Qwen2 body, ``config.family == "dream"``) runs through the same code: its
+weights are renamed onto the LLaDA slots (``DREAM_NAMES``) and its q/k/v projections add their
+biases (``x @ W.T + b``). The forward stays unshifted; Dream's shift (position ``i`` read from
+output ``i - 1``) belongs to the decoders in ``reference/dream.py``. Attention is bidirectional with no
 mask, scale ``1/sqrt(head_dim)``; with GQA, query head ``h`` reads kv head
 ``h // (n_heads // n_kv_heads)``.
 
@@ -72,13 +77,37 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor
     return torch.einsum("hqk,khd->qhd", probs, v.float()).to(q.dtype)
 
 
+# LLaDA slot -> Dream (Qwen2) tensor name, per layer.
+DREAM_NAMES = {
+    "attn_norm": "input_layernorm.weight", "q_proj": "self_attn.q_proj.weight", "k_proj": "self_attn.k_proj.weight",
+    "v_proj": "self_attn.v_proj.weight", "attn_out": "self_attn.o_proj.weight",
+    "ff_norm": "post_attention_layernorm.weight", "ff_proj": "mlp.gate_proj.weight", "up_proj": "mlp.up_proj.weight",
+    "ff_out": "mlp.down_proj.weight", "q_bias": "self_attn.q_proj.bias", "k_bias": "self_attn.k_proj.bias",
+    "v_bias": "self_attn.v_proj.bias",
+}
+
+
+def _proj(h: torch.Tensor, w: dict, name: str) -> torch.Tensor:
+    """``h @ W.T``, plus the bias when the layer has one (Dream's q/k/v)."""
+    out = h @ w[name].T
+    bias = w.get(name[0] + "_bias")
+    return out if bias is None else out + bias
+
+
 class ReferenceModel:
-    """Readable LLaDA forward over one or more KV rows (see the module docstring)."""
+    """Readable LLaDA / Dream forward over one or more KV rows (see the module docstring)."""
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype | None = None):
         self.config = config
         self.dtype = dtype or next(iter(weights.values())).dtype
         w = {k: v.to(self.dtype) for k, v in weights.items()}
+        if getattr(config, "family", "llada") == "dream":
+            self.wte = w["model.embed_tokens.weight"]
+            self.layers = [{slot: w[f"model.layers.{i}.{name}"] for slot, name in DREAM_NAMES.items()}
+                           for i in range(config.n_layers)]
+            self.ln_f = w["model.norm.weight"]
+            self.lm_head = self.wte if config.weight_tying else w["lm_head.weight"]
+            return
         self.wte = w[PREFIX + "wte.weight"]
         self.layers = [
             {name: w[f"{PREFIX}blocks.{i}.{name}.weight"] for name in (
@@ -128,9 +157,9 @@ class ReferenceModel:
         x = self.wte[ids]  # [B, L, d]
         for w in self.layers:
             h = rms_norm(x, w["attn_norm"], c.rms_norm_eps)
-            q = apply_rope((h @ w["q_proj"].T).view(B * L, c.n_heads, hd), cos.repeat(B, 1), sin.repeat(B, 1))
-            k = apply_rope((h @ w["k_proj"].T).view(B * L, c.n_kv_heads, hd), cos.repeat(B, 1), sin.repeat(B, 1))
-            v = (h @ w["v_proj"].T).view(B, L, c.n_kv_heads, hd)
+            q = apply_rope(_proj(h, w, "q_proj").view(B * L, c.n_heads, hd), cos.repeat(B, 1), sin.repeat(B, 1))
+            k = apply_rope(_proj(h, w, "k_proj").view(B * L, c.n_kv_heads, hd), cos.repeat(B, 1), sin.repeat(B, 1))
+            v = _proj(h, w, "v_proj").view(B, L, c.n_kv_heads, hd)
             group = c.n_heads // c.n_kv_heads
             q = q.view(B, L, c.n_heads, hd).transpose(1, 2)
             k = k.view(B, L, c.n_kv_heads, hd).transpose(1, 2).repeat_interleave(group, dim=1)
@@ -150,9 +179,9 @@ class ReferenceModel:
         x = self.wte[ids]
         for layer_index, w in enumerate(self.layers):
             h = rms_norm(x, w["attn_norm"], c.rms_norm_eps)
-            q = apply_rope((h @ w["q_proj"].T).view(-1, c.n_heads, hd), cos, sin)
-            k = apply_rope((h @ w["k_proj"].T).view(-1, c.n_kv_heads, hd), cos, sin)
-            v = (h @ w["v_proj"].T).view(-1, c.n_kv_heads, hd)
+            q = apply_rope(_proj(h, w, "q_proj").view(-1, c.n_heads, hd), cos, sin)
+            k = apply_rope(_proj(h, w, "k_proj").view(-1, c.n_kv_heads, hd), cos, sin)
+            v = _proj(h, w, "v_proj").view(-1, c.n_kv_heads, hd)
             if mode == "full":
                 keys, values = k, v
                 if kv is not None:
