@@ -11,7 +11,8 @@ from blockbatch.dream_checkpoint import random_dream_config, random_dream_weight
 from blockbatch.native import NativeModel
 from blockbatch.reference.model import ReferenceModel
 
-TOL = 1e-4
+from helpers.rows import TOL, assert_rows_close
+
 SHAPES = {
     "gqa-hd16": dict(d_model=64, n_heads=4, n_kv_heads=2, mlp_hidden_size=128, n_layers=2),
     "gqa-hd32-tied": dict(d_model=128, n_heads=4, n_kv_heads=1, mlp_hidden_size=160, n_layers=3, weight_tying=True),
@@ -25,13 +26,6 @@ def _models(shape, seed=0):
     return config, weights, ReferenceModel(config, weights), NativeModel(config, weights)
 
 
-def _assert_close(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert x.shape == y.shape
-        torch.testing.assert_close(y, x, atol=TOL, rtol=TOL)
-
-
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("lengths", [[9], [1, 13, 4], [4, 8, 16, 32, 5]], ids=lambda l: "rows" + "-".join(map(str, l)))
 def test_dream_full_dual_prefix_match_reference(shape, lengths):
@@ -39,13 +33,13 @@ def test_dream_full_dual_prefix_match_reference(shape, lengths):
     g = torch.Generator().manual_seed(len(lengths))
     ids = [torch.randint(0, config.vocab_size, (n,), generator=g) for n in lengths]
     pos = [torch.arange(n) + 2 * r for r, n in enumerate(lengths)]
-    _assert_close(ref.forward(ids, pos), nat.forward(ids, pos))
+    assert_rows_close(ref.forward(ids, pos), nat.forward(ids, pos))
 
     L, rows = 47, len(lengths)
     canvases = [torch.randint(0, config.vocab_size, (L,), generator=g) for _ in range(rows)]
     kv_ref, kv_nat = ref.new_kv(rows, L), nat.new_kv(rows, L)
     full = [torch.arange(L)] * rows
-    _assert_close(ref.forward(canvases, full, kv_ref, "full"), nat.forward(canvases, full, kv_nat, "full"))
+    assert_rows_close(ref.forward(canvases, full, kv_ref, "full"), nat.forward(canvases, full, kv_nat, "full"))
     torch.testing.assert_close(kv_nat, kv_ref, atol=TOL, rtol=TOL)  # biased K/V written into their slots
     ids, pos = [], []
     for r, n in enumerate(lengths):
@@ -55,10 +49,10 @@ def test_dream_full_dual_prefix_match_reference(shape, lengths):
         window[::2] = config.mask_token_id
         ids.append(window)
         pos.append(torch.arange(s, s + n))
-    _assert_close(ref.forward(ids, pos, kv_ref, "dual"), nat.forward(ids, pos, kv_nat, "dual"))
+    assert_rows_close(ref.forward(ids, pos, kv_ref, "dual"), nat.forward(ids, pos, kv_nat, "dual"))
     torch.testing.assert_close(kv_nat, kv_ref, atol=TOL, rtol=TOL)
     prefix = [int(p[0]) for p in pos]
-    _assert_close(ref.forward(ids, pos, kv_ref, "prefix", prefix_lens=prefix),
+    assert_rows_close(ref.forward(ids, pos, kv_ref, "prefix", prefix_lens=prefix),
                   nat.forward(ids, pos, kv_nat, "prefix", prefix_lens=prefix))
 
 

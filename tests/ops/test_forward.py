@@ -7,6 +7,8 @@ from blockbatch.native import NativeModel
 from blockbatch.reference.model import ReferenceModel
 from blockbatch.random_checkpoint import random_config, random_weights
 
+from helpers.rows import TOL, assert_rows_close
+
 SHAPES = {
     "mha-hd32": dict(d_model=64, n_heads=2, n_kv_heads=2, mlp_hidden_size=96, n_layers=2),
     "gqa-hd32": dict(d_model=128, n_heads=4, n_kv_heads=2, mlp_hidden_size=160, n_layers=2),
@@ -16,20 +18,12 @@ SHAPES = {
     "mha-hd128-tied": dict(d_model=256, n_heads=2, n_kv_heads=2, mlp_hidden_size=200, n_layers=2, weight_tying=True),
 }
 ROW_LENGTHS = [[7], [1, 13], [5, 3, 11], [4, 8, 16, 2], [9, 1, 6, 15, 3], [4, 8, 16, 32, 5, 17]]
-TOL = 1e-4
 
 
 def _models(shape, seed=0, vocab=101):
     config = random_config(vocab_size=vocab, **SHAPES[shape])
     weights = random_weights(config, seed=seed, logit_scale=3.0)
     return config, ReferenceModel(config, weights), NativeModel(config, weights)
-
-
-def _assert_close(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert x.shape == y.shape
-        torch.testing.assert_close(y, x, atol=TOL, rtol=TOL)
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
@@ -39,14 +33,15 @@ def test_full_mode_matches_reference(shape, lengths):
     g = torch.Generator().manual_seed(len(lengths))
     ids = [torch.randint(0, config.vocab_size, (n,), generator=g) for n in lengths]
     pos = [torch.arange(n) + 3 * r for r, n in enumerate(lengths)]  # any absolute positions
-    _assert_close(ref.forward(ids, pos), nat.forward(ids, pos))
+    assert_rows_close(ref.forward(ids, pos), nat.forward(ids, pos))
 
 
 def _filled_buffers(config, ref, nat, rows, L, g):
     canvases = [torch.randint(0, config.vocab_size, (L,), generator=g) for _ in range(rows)]
     kv_ref, kv_nat = ref.new_kv(rows, L), nat.new_kv(rows, L)
     positions = [torch.arange(L)] * rows
-    _assert_close(ref.forward(canvases, positions, kv_ref, "full"), nat.forward(canvases, positions, kv_nat, "full"))
+    assert_rows_close(ref.forward(canvases, positions, kv_ref, "full"),
+                      nat.forward(canvases, positions, kv_nat, "full"))
     torch.testing.assert_close(kv_nat, kv_ref, atol=TOL, rtol=TOL)
     return canvases, kv_ref, kv_nat
 
@@ -67,7 +62,7 @@ def test_dual_mode_matches_reference(shape, lengths):
         window[::2] = config.mask_token_id  # fresh tokens differ from what the cache saw
         ids.append(window)
         pos.append(torch.arange(s, s + n))
-    _assert_close(ref.forward(ids, pos, kv_ref, "dual", kv_rows=kv_rows),
+    assert_rows_close(ref.forward(ids, pos, kv_ref, "dual", kv_rows=kv_rows),
                   nat.forward(ids, pos, kv_nat, "dual", kv_rows=kv_rows))
     torch.testing.assert_close(kv_nat, kv_ref, atol=TOL, rtol=TOL)  # fresh K/V written into their slots
 
@@ -87,7 +82,7 @@ def test_prefix_mode_matches_reference(shape, lengths):
         ids.append(torch.full((n,), config.mask_token_id))
         pos.append(torch.arange(s, L))
         prefix.append(s)
-    _assert_close(ref.forward(ids, pos, kv_ref, "prefix", prefix_lens=prefix),
+    assert_rows_close(ref.forward(ids, pos, kv_ref, "prefix", prefix_lens=prefix),
                   nat.forward(ids, pos, kv_nat, "prefix", prefix_lens=prefix))
     assert torch.equal(kv_nat, before), "prefix mode must not write the KV buffer"
 
