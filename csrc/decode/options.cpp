@@ -39,34 +39,43 @@ CommitRule DecodeOptions::commit() const {
   return threshold ? CommitRule::kThreshold : CommitRule::kFixed;
 }
 
-void DecodeOptions::check() const {
-  check_option_ranges(*this);
-  if (steps) {
-    TORCH_CHECK_VALUE(*steps <= gen_length, "steps must be None or an integer in [0, gen_length = ", gen_length,
-                      "] (a step commits at least one token), got ", *steps);
+namespace {
+
+// The rules that relate options to each other (after the table's ranges have passed).
+void check_relations(const DecodeOptions& o) {
+  if (o.steps) {
+    TORCH_CHECK_VALUE(*o.steps <= o.gen_length, "steps must be None or an integer in [0, gen_length = ",
+                      o.gen_length, "] (a step commits at least one token), got ", *o.steps);
   }
-  if (policy != Policy::kBlockBatch) {
-    TORCH_CHECK_VALUE(block_length <= gen_length, "block_length must be an integer in [1, gen_length = ", gen_length,
-                      "], got ", block_length);
-    TORCH_CHECK_VALUE(gen_length % block_length == 0, "block_length = ", block_length,
-                      " must divide gen_length = ", gen_length);
-    if (commit() == CommitRule::kFixed) {
-      const int64_t blocks = gen_length / block_length;
-      TORCH_CHECK_VALUE(steps.value_or(0) > 0 && *steps % blocks == 0, "steps must be a positive multiple of the "
+  if (o.policy != Policy::kBlockBatch) {
+    TORCH_CHECK_VALUE(o.block_length <= o.gen_length, "block_length must be an integer in [1, gen_length = ",
+                      o.gen_length, "], got ", o.block_length);
+    TORCH_CHECK_VALUE(o.gen_length % o.block_length == 0, "block_length = ", o.block_length,
+                      " must divide gen_length = ", o.gen_length);
+    if (o.commit() == CommitRule::kFixed) {
+      const int64_t blocks = o.gen_length / o.block_length;
+      TORCH_CHECK_VALUE(o.steps.value_or(0) > 0 && *o.steps % blocks == 0, "steps must be a positive multiple of the "
                         "number of blocks (", blocks, " = gen_length / block_length) for the fixed schedule, got ",
-                        steps ? std::to_string(*steps) : std::string("None"));
+                        o.steps ? std::to_string(*o.steps) : std::string("None"));
     }
     return;
   }
-  TORCH_CHECK_VALUE(commit() == CommitRule::kThreshold,
+  TORCH_CHECK_VALUE(o.commit() == CommitRule::kThreshold,
                     "policy 'blockbatch' commits by threshold: set threshold and leave factor None");
-  TORCH_CHECK_VALUE(!block_sizes.empty(), "block_sizes must be a non-empty list of block sizes");
+  TORCH_CHECK_VALUE(!o.block_sizes.empty(), "block_sizes must be a non-empty list of block sizes");
   std::set<int64_t> seen;
-  for (int64_t b : block_sizes) {
-    TORCH_CHECK_VALUE(gen_length % b == 0, "block size ", b, " in block_sizes must be a positive divisor of "
-                      "gen_length = ", gen_length);
+  for (int64_t b : o.block_sizes) {
+    TORCH_CHECK_VALUE(o.gen_length % b == 0, "block size ", b, " in block_sizes must be a positive divisor of "
+                      "gen_length = ", o.gen_length);
     TORCH_CHECK_VALUE(seen.insert(b).second, "block_sizes must not repeat a size, got ", b, " twice");
   }
+}
+
+}  // namespace
+
+void DecodeOptions::check() const {
+  check_option_ranges(*this);
+  check_relations(*this);
 }
 
 void DecodeOptions::validate(const ModelConfig& c, int64_t prompt_length) const {
@@ -80,7 +89,7 @@ void DecodeOptions::validate(const ModelConfig& c, int64_t prompt_length) const 
                       fits ? " = " + std::to_string(prompt_length + gen_length) : std::string(),
                       " exceeds max_sequence_length = ", c.max_sequence_length);
   }
-  check();
+  check_relations(*this);
 }
 
 // ---------------------------------------------------------------- helpers of the generated code

@@ -16,12 +16,16 @@ namespace blockbatch {
 inline constexpr const char kDecodeOptionsSchema[] =
     "str policy=\"dual\", int gen_length=128, int block_length=32, int? steps=None, float? threshold=0.9, float? factor=None, float temperature=0.0, int seed=0, bool? stop_on_eos=None, int[] block_sizes=[4, 8, 16, 32, 64, 128], float merge_gate=0.5, int sync_gap=8, int refresh_tokens=32, str refresh_mode=\"periodic\", float prob_floor=0.1, bool merge=True, bool sync=True, bool cuda_graphs=True, float timeout_s=0.0";
 
-// The options of a boxed call: every argument is looked up by name in `schema`, so the order
-// of the schema's arguments never matters. `args` points at the call's first argument.
+// Argument `name` of a boxed call, looked up in `schema`, so the order of the schema's
+// arguments never matters. `args` points at the call's first argument.
+inline const c10::IValue& call_arg(const c10::FunctionSchema& schema, const c10::IValue* args,
+                                   const char* name) {
+  return args[*schema.argumentIndexWithName(name)];
+}
+
+// The options of a boxed call (decode, check_options), each read by name.
 inline DecodeOptions decode_options_from_args(const c10::FunctionSchema& schema, const c10::IValue* args) {
-  auto arg = [&](const char* name) -> const c10::IValue& {
-    return args[*schema.argumentIndexWithName(name)];
-  };
+  auto arg = [&](const char* name) -> const c10::IValue& { return call_arg(schema, args, name); };
   DecodeOptions o;
   o.policy = parse_policy(arg("policy").toStringRef());
   o.gen_length = arg("gen_length").toInt();

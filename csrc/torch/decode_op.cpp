@@ -40,7 +40,7 @@ const c10::IValue* call_args(const c10::OperatorHandle& op, const torch::jit::St
 void decode_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
   const c10::IValue* args = call_args(op, *stack);
-  auto arg = [&](const char* name) -> const c10::IValue& { return args[*schema.argumentIndexWithName(name)]; };
+  auto arg = [&](const char* name) -> const c10::IValue& { return call_arg(schema, args, name); };
   const auto model = arg("model").toCustomClass<ModelHandle>();
   const at::Tensor prompt_ids = arg("prompt_ids").toTensor();
   TORCH_CHECK_TYPE(prompt_ids.scalar_type() == at::kLong, "prompt_ids must be int64, got ", prompt_ids.scalar_type());

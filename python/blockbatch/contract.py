@@ -153,6 +153,12 @@ NAMES: tuple[str, ...] = tuple(BY_NAME)
 DEFAULTS: dict[str, Any] = {o.name: (None if o.resolved_by_table else o.default) for o in OPTIONS}
 
 
+def defaults_for(policy: str, family: str = FAMILIES[0]) -> dict[str, Any]:
+    """Every option's default for one policy and family, nothing left to resolve (the reference
+    decoders' keyword defaults)."""
+    return {o.name: o.default_for(policy, family) for o in OPTIONS}
+
+
 # --------------------------------------------------------------------------- Python-side types
 
 def _is_int(v: Any) -> bool:
@@ -244,7 +250,7 @@ def cli_help(o: Option) -> str:
         parts.append(f"default {_value_text(o.default)}")
     if o.optional:
         parts.append(f"'none': {o.none_doc}")
-    return "; ".join(parts).replace("%", "%%")
+    return "; ".join(parts)
 
 
 def _value_text(v: Any) -> str:
@@ -264,14 +270,14 @@ def add_arguments(parser: argparse.ArgumentParser, groups: dict[str, str]) -> No
     for o in OPTIONS:
         g = made[o.group]
         default = DEFAULTS[o.name]
+        text = cli_help(o).replace("%", "%%")  # argparse formats help strings with %
         if o.type == "bool":
-            g.add_argument(o.flag, dest=o.name, action=argparse.BooleanOptionalAction, default=default,
-                           help=cli_help(o))
+            g.add_argument(o.flag, dest=o.name, action=argparse.BooleanOptionalAction, default=default, help=text)
             continue
         kind = _argparse_type(o)
         meta = {"int": "N", "float": "X", "int[]": "LIST"}.get(o.type)
         g.add_argument(o.flag, dest=o.name, type=kind, default=default, metavar=meta,
-                       choices=o.choices or None, help=cli_help(o))
+                       choices=o.choices or None, help=text)
 
 
 def _argparse_type(o: Option):

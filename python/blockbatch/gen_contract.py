@@ -212,7 +212,7 @@ def render_source() -> str:
     L.append("  return")
     for o in OPTIONS:
         meta = {"int": "N", "float": "X", "bool": "BOOL", "int[]": "LIST"}.get(o.type, "|".join(o.choices))
-        text = f"  {o.flag} {meta}\n      {cli_help(o).replace('%%', '%')}\n"
+        text = f"  {o.flag} {meta}\n      {cli_help(o)}\n"
         L.append("      " + _c_string(text))
     L[-1] += ";"
     L.append("}")
@@ -233,12 +233,15 @@ def render_torch_args() -> str:
          "namespace blockbatch {", "",
          "// Keyword-only options of torch.ops.blockbatch.decode and check_options (after their `*`).",
          f"inline constexpr const char kDecodeOptionsSchema[] =\n    \"{schema_options()}\";", "",
-         "// The options of a boxed call: every argument is looked up by name in `schema`, so the order",
-         "// of the schema's arguments never matters. `args` points at the call's first argument.",
+         "// Argument `name` of a boxed call, looked up in `schema`, so the order of the schema's",
+         "// arguments never matters. `args` points at the call's first argument.",
+         "inline const c10::IValue& call_arg(const c10::FunctionSchema& schema, const c10::IValue* args,",
+         "                                   const char* name) {",
+         "  return args[*schema.argumentIndexWithName(name)];",
+         "}", "",
+         "// The options of a boxed call (decode, check_options), each read by name.",
          "inline DecodeOptions decode_options_from_args(const c10::FunctionSchema& schema, const c10::IValue* args) {",
-         "  auto arg = [&](const char* name) -> const c10::IValue& {",
-         "    return args[*schema.argumentIndexWithName(name)];",
-         "  };",
+         "  auto arg = [&](const char* name) -> const c10::IValue& { return call_arg(schema, args, name); };",
          "  DecodeOptions o;"]
     for o in OPTIONS:
         opt = o.optional or o.resolved_by_table

@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
         print(__doc__)  # the blockbatch model and its model_args, then lm-eval's own help
         print("Decode options (model_args):")
         for name in SPEC_OPTIONS:
-            print(f"  {name}: {contract.cli_help(contract.BY_NAME[name]).replace('%%', '%')}")
+            print(f"  {name}: {contract.cli_help(contract.BY_NAME[name])}")
         print("lm-eval's command line follows.\n")
     cli_evaluate()
 

@@ -70,7 +70,7 @@ class BlockBatchResult:
     wall_s: float
 
 
-_D = {name: contract.BY_NAME[name].default_for("blockbatch") for name in contract.NAMES}  # the table's defaults
+_D = contract.defaults_for("blockbatch")  # the table's defaults
 
 
 def blockbatch_generate(model: ReferenceModel, prompt: torch.Tensor, gen_length: int,

@@ -98,7 +98,7 @@ def fixed_schedule(masks: int, steps_per_block: int) -> list[int]:
     return [base + (1 if i < rem else 0) for i in range(steps_per_block)]
 
 
-_D = {name: contract.BY_NAME[name].default_for("dual") for name in contract.NAMES}  # the table's defaults
+_D = contract.defaults_for("dual")  # the table's defaults
 
 
 def generate(model: ReferenceModel, prompt: torch.Tensor, gen_length: int, block_length: int,
