@@ -133,7 +133,7 @@ Options parse(int argc, char** argv) {
     std::cerr << "error: " << e.msg() << "\n";
     std::exit(2);
   }
-  std::sort(o.decode.block_sizes.begin(), o.decode.block_sizes.end());
+  if (o.decode.block_sizes) std::sort(o.decode.block_sizes->begin(), o.decode.block_sizes->end());
   return o;
 }
 

@@ -52,12 +52,12 @@ class BlockBatchDecoder {
   BlockBatchDecoder(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
                     const Stop& stop)
       : model_(model), o_(o), stop_(stop), c_(model.config()), lp_(static_cast<int64_t>(prompt.size())), G_(o.gen_length),
-        L_(lp_ + G_), B_(static_cast<int64_t>(o.block_sizes.size())),
-        K_(static_cast<int64_t>(std::floor(1.0 / o.prob_floor)) + 1),
+        L_(lp_ + G_), B_(static_cast<int64_t>(o.block_sizes->size())),
+        K_(static_cast<int64_t>(std::floor(1.0 / *o.prob_floor)) + 1),
         generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))),
         runner_(model, o.cuda_graphs), st_(static_cast<size_t>(B_ * br::kFields), 0), eos_(B_, 0.0),
         forwards_(B_, 0) {
-    std::vector<int64_t> sizes = o.block_sizes;
+    std::vector<int64_t> sizes = *o.block_sizes;
     std::sort(sizes.begin(), sizes.end());
     std::vector<int64_t> canvas(static_cast<size_t>(B_ * L_), c_.mask_token_id);
     for (int64_t b = 0; b < B_; ++b) {
@@ -229,7 +229,7 @@ class BlockBatchDecoder {
         return body;
       }
       auto [token, conf] = ops::confidence(body.logits, c_.mask_token_id);
-      auto [ids, probs] = ops::sparse_probs(body.logits, o_.prob_floor, K_);
+      auto [ids, probs] = ops::sparse_probs(body.logits, *o_.prob_floor, K_);
       absorb(body.logits, dev.narrow(0, base, S * br::kSpanFields).view({S, br::kSpanFields}), token, conf, ids,
              probs);
       if (coord) coordinate();
@@ -239,7 +239,7 @@ class BlockBatchDecoder {
     if (sampling) {
       const at::Tensor& logits64 = out.host[0];
       const int64_t n = logits64.size(0);
-      auto [ids, probs] = ops::sparse_probs(out.logits, o_.prob_floor, K_);
+      auto [ids, probs] = ops::sparse_probs(out.logits, *o_.prob_floor, K_);
       for (int64_t i = 0; i < S; ++i) {
         const int64_t* sp = &spans[i * br::kSpanFields];
         const int64_t b = sp[br::kSpanRow], s = st(b)[br::kStart], w = st(b)[br::kEnd] - s;

@@ -25,6 +25,24 @@ const char* policy_name(Policy value) {
   return "";
 }
 
+Alg parse_alg(std::string_view name) {
+  if (name == "confidence") return Alg::kConfidence;
+  if (name == "margin") return Alg::kMargin;
+  if (name == "entropy") return Alg::kEntropy;
+  if (name == "origin") return Alg::kOrigin;
+  bad_choice("alg", name, "one of 'confidence', 'margin', 'entropy', 'origin'");
+}
+
+const char* alg_name(Alg value) {
+  switch (value) {
+    case Alg::kConfidence: return "confidence";
+    case Alg::kMargin: return "margin";
+    case Alg::kEntropy: return "entropy";
+    case Alg::kOrigin: return "origin";
+  }
+  return "";
+}
+
 RefreshMode parse_refresh_mode(std::string_view name) {
   if (name == "periodic") return RefreshMode::kPeriodic;
   if (name == "divergence") return RefreshMode::kDivergence;
@@ -47,12 +65,18 @@ void check_option_ranges(const DecodeOptions& o) {
   if (o.factor) check_range("factor", *o.factor, 0.0, true, std::nullopt, false, "> 0 and finite");
   check_range("temperature", o.temperature, 0.0, false, std::nullopt, false, ">= 0 and finite");
   check_range("seed", o.seed, 0, false, INT64_C(9223372036854775807), false, "in [0, 2^63 - 1]");
-  check_count("block_sizes", o.block_sizes.size(), 16);
-  for (int64_t v : o.block_sizes) check_range("block_sizes", v, 1, false, std::nullopt, false, ">= 1");
+  check_range("alg_temp", o.alg_temp, 0.0, false, std::nullopt, false, ">= 0 and finite");
+  check_range("eps", o.eps, 0.0, true, 1.0, true, "in (0, 1)");
+  if (o.top_p) check_range("top_p", *o.top_p, 0.0, true, 1.0, false, "in (0, 1]");
+  if (o.top_k) check_range("top_k", *o.top_k, 1, false, std::nullopt, false, ">= 1");
+  if (o.block_sizes) {
+  check_count("block_sizes", (*o.block_sizes).size(), 16);
+  for (int64_t v : (*o.block_sizes)) check_range("block_sizes", v, 1, false, std::nullopt, false, ">= 1");
+  }
   check_range("merge_gate", o.merge_gate, 0.0, true, 1.0, false, "in (0, 1]");
   check_range("sync_gap", o.sync_gap, 0, false, 1073741824, false, "in [0, 2^30]");
   check_range("refresh_tokens", o.refresh_tokens, 0, false, 1073741824, false, "in [0, 2^30]");
-  check_range("prob_floor", o.prob_floor, 0.01, false, 1.0, true, "in [0.01, 1)");
+  if (o.prob_floor) check_range("prob_floor", *o.prob_floor, 0.01, false, 1.0, true, "in [0.01, 1)");
   check_range("timeout_s", o.timeout_s, 0.0, false, std::nullopt, false, ">= 0 and finite");
 }
 
@@ -61,8 +85,21 @@ DecodeOptions DecodeOptions::resolved(std::string_view family) const {
   const Policy p = policy;
   (void)family, (void)p;
   if (!r.stop_on_eos) {
+    if (!r.stop_on_eos && family == "dream") r.stop_on_eos = false;
     if (!r.stop_on_eos && p == Policy::kBlockBatch) r.stop_on_eos = true;
     if (!r.stop_on_eos) r.stop_on_eos = false;
+  }
+  if (!r.alg) {
+    if (!r.alg && family == "dream") r.alg = Alg::kEntropy;
+    if (!r.alg) r.alg = Alg::kConfidence;
+  }
+  if (!r.block_sizes) {
+    if (!r.block_sizes && family == "dream") r.block_sizes = {4, 8, 16, 32, 64};
+    if (!r.block_sizes) r.block_sizes = {4, 8, 16, 32, 64, 128};
+  }
+  if (!r.prob_floor) {
+    if (!r.prob_floor && family == "dream") r.prob_floor = 0.2;
+    if (!r.prob_floor) r.prob_floor = 0.1;
   }
   return r;
 }
@@ -108,7 +145,31 @@ bool set_option(DecodeOptions& o, std::string_view name, const std::string& text
     o.stop_on_eos = parse_bool("stop_on_eos", text);
     return true;
   }
+  if (name == "alg") {
+    if (is_none(text)) { o.alg = std::nullopt; return true; }
+    o.alg = parse_alg(text);
+    return true;
+  }
+  if (name == "alg_temp") {
+    o.alg_temp = parse_float("alg_temp", text);
+    return true;
+  }
+  if (name == "eps") {
+    o.eps = parse_float("eps", text);
+    return true;
+  }
+  if (name == "top_p") {
+    if (is_none(text)) { o.top_p = std::nullopt; return true; }
+    o.top_p = parse_float("top_p", text);
+    return true;
+  }
+  if (name == "top_k") {
+    if (is_none(text)) { o.top_k = std::nullopt; return true; }
+    o.top_k = parse_int("top_k", text);
+    return true;
+  }
   if (name == "block_sizes") {
+    if (is_none(text)) { o.block_sizes = std::nullopt; return true; }
     o.block_sizes = parse_int_list("block_sizes", text);
     return true;
   }
@@ -129,6 +190,7 @@ bool set_option(DecodeOptions& o, std::string_view name, const std::string& text
     return true;
   }
   if (name == "prob_floor") {
+    if (is_none(text)) { o.prob_floor = std::nullopt; return true; }
     o.prob_floor = parse_float("prob_floor", text);
     return true;
   }
@@ -152,7 +214,7 @@ bool set_option(DecodeOptions& o, std::string_view name, const std::string& text
 }
 
 const std::vector<std::string>& option_names() {
-  static const std::vector<std::string> names = {"policy", "gen_length", "block_length", "steps", "threshold", "factor", "temperature", "seed", "stop_on_eos", "block_sizes", "merge_gate", "sync_gap", "refresh_tokens", "refresh_mode", "prob_floor", "merge", "sync", "cuda_graphs", "timeout_s"};
+  static const std::vector<std::string> names = {"policy", "gen_length", "block_length", "steps", "threshold", "factor", "temperature", "seed", "stop_on_eos", "alg", "alg_temp", "eps", "top_p", "top_k", "block_sizes", "merge_gate", "sync_gap", "refresh_tokens", "refresh_mode", "prob_floor", "merge", "sync", "cuda_graphs", "timeout_s"};
   return names;
 }
 
@@ -166,6 +228,11 @@ const char* option_type(std::string_view name) {
   if (name == "temperature") return "float";
   if (name == "seed") return "int";
   if (name == "stop_on_eos") return "bool";
+  if (name == "alg") return "str";
+  if (name == "alg_temp") return "float";
+  if (name == "eps") return "float";
+  if (name == "top_p") return "float";
+  if (name == "top_k") return "int";
   if (name == "block_sizes") return "int[]";
   if (name == "merge_gate") return "float";
   if (name == "sync_gap") return "int";
@@ -184,18 +251,23 @@ std::string options_help() {
       "  --policy vanilla|prefix|dual|blockbatch\n      vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; blockbatch: several block-size branches in one batched forward; default dual\n"
       "  --gen-length N\n      tokens to generate (the diffusion canvas after the prompt); >= 1; default 128\n"
       "  --block-length N\n      block size of the single-branch policies; divides gen_length; >= 1; default 32\n"
-      "  --steps N\n      total steps of LLaDA's fixed schedule (a multiple of the number of blocks, <= gen_length); >= 0; default none; 'none': no fixed schedule\n"
+      "  --steps N\n      total steps of LLaDA's fixed schedule (a multiple of the number of blocks, <= gen_length); Dream vanilla: its number of steps (<= gen_length); >= 0; default none; 'none': no fixed schedule (Dream vanilla: gen_length steps)\n"
       "  --threshold X\n      commit every masked position whose confidence is >= this; in (0, 1]; default 0.9; 'none': the fixed schedule (with steps)\n"
       "  --factor X\n      Fast-dLLM's factor rule instead of the threshold (wins over threshold); > 0 and finite; default none; 'none': off\n"
       "  --temperature X\n      Gumbel-max sampling temperature (float64, seeded); 0: greedy; >= 0 and finite; default 0.0\n"
       "  --seed N\n      sampling seed (with temperature > 0); in [0, 2^63 - 1]; default 0\n"
-      "  --stop-on-eos BOOL\n      stop once a completed block holds EOS (the text is cut at the first EOS either way); default off; blockbatch: on\n"
-      "  --block-sizes LIST\n      blockbatch: one branch per block size; each divides gen_length, no repeats; up to 16 entries, each >= 1; default 4,8,16,32,64,128\n"
+      "  --stop-on-eos BOOL\n      stop once a completed block holds EOS (the text is cut at the first EOS either way); default off; blockbatch: on; dream models: off\n"
+      "  --alg confidence|margin|entropy|origin\n      vanilla: which masked positions a step commits first: the most probable (confidence), the largest top-1 minus top-2 probability (margin), the lowest entropy (entropy), or a seeded random choice (origin); LLaDA ranks by confidence only; default confidence; dream models: entropy\n"
+      "  --alg-temp X\n      Dream vanilla: > 0 draws the positions to commit from softmax(confidence / alg_temp) (seeded) instead of taking the top ones; >= 0 and finite; default 0.0\n"
+      "  --eps X\n      Dream vanilla: the schedule's last time step (t runs from 1 down to eps over steps); in (0, 1); default 0.001\n"
+      "  --top-p X\n      Dream vanilla / prefix / dual: propose only from the most probable tokens holding this much probability; in (0, 1]; default none; 'none': off\n"
+      "  --top-k N\n      Dream vanilla / prefix / dual: propose only from the top_k most probable tokens; >= 1; default none; 'none': off\n"
+      "  --block-sizes LIST\n      blockbatch: one branch per block size; each divides gen_length, no repeats; up to 16 entries, each >= 1; default 4,8,16,32,64,128; dream models: 4,8,16,32,64\n"
       "  --merge-gate X\n      merge a token into a branch when that branch's own probability of it exceeds this; in (0, 1]; default 0.5\n"
       "  --sync-gap N\n      copy the leader into a branch lagging by more than this many tokens; in [0, 2^30]; default 8\n"
       "  --refresh-tokens N\n      full-canvas KV refresh of a branch every this many decoded tokens (0: never); in [0, 2^30]; default 32\n"
       "  --refresh-mode periodic|divergence\n      periodic: refresh every refresh_tokens; divergence: only when the branches' distributions drift; default periodic\n"
-      "  --prob-floor X\n      probabilities kept per position for merging (>= this); in [0.01, 1); default 0.1\n"
+      "  --prob-floor X\n      probabilities kept per position for merging (LLaDA: >= this; Dream: > this); in [0.01, 1); default 0.1; dream models: 0.2\n"
       "  --merge BOOL\n      confidence-gated merging (ablation switch); default on\n"
       "  --sync BOOL\n      leader synchronisation (ablation switch); default on\n"
       "  --cuda-graphs BOOL\n      CUDA: replay recorded decode steps (same tokens as eager); no effect on CPU; default on\n"

@@ -16,6 +16,10 @@ enum class Policy { kVanilla, kPrefix, kDual, kBlockBatch };
 Policy parse_policy(std::string_view name);  // throws c10::ValueError naming 'policy'
 const char* policy_name(Policy value);
 
+enum class Alg { kConfidence, kMargin, kEntropy, kOrigin };
+Alg parse_alg(std::string_view name);  // throws c10::ValueError naming 'alg'
+const char* alg_name(Alg value);
+
 enum class RefreshMode { kPeriodic, kDivergence };
 RefreshMode parse_refresh_mode(std::string_view name);  // throws c10::ValueError naming 'refresh_mode'
 const char* refresh_mode_name(RefreshMode value);
@@ -31,7 +35,7 @@ struct DecodeOptions {
   int64_t gen_length = 128;
   // block size of the single-branch policies; divides gen_length
   int64_t block_length = 32;
-  // total steps of LLaDA's fixed schedule (a multiple of the number of blocks, <= gen_length); nullopt: no fixed schedule
+  // total steps of LLaDA's fixed schedule (a multiple of the number of blocks, <= gen_length); Dream vanilla: its number of steps (<= gen_length); nullopt: no fixed schedule (Dream vanilla: gen_length steps)
   std::optional<int64_t> steps = std::nullopt;
   // commit every masked position whose confidence is >= this; nullopt: the fixed schedule (with steps)
   std::optional<double> threshold = 0.9;
@@ -43,8 +47,18 @@ struct DecodeOptions {
   int64_t seed = 0;
   // stop once a completed block holds EOS (the text is cut at the first EOS either way); nullopt: the per-policy / per-family default (resolved())
   std::optional<bool> stop_on_eos = std::nullopt;
-  // blockbatch: one branch per block size; each divides gen_length, no repeats
-  std::vector<int64_t> block_sizes = {4, 8, 16, 32, 64, 128};
+  // vanilla: which masked positions a step commits first: the most probable (confidence), the largest top-1 minus top-2 probability (margin), the lowest entropy (entropy), or a seeded random choice (origin); LLaDA ranks by confidence only; nullopt: the per-policy / per-family default (resolved())
+  std::optional<Alg> alg = std::nullopt;
+  // Dream vanilla: > 0 draws the positions to commit from softmax(confidence / alg_temp) (seeded) instead of taking the top ones
+  double alg_temp = 0.0;
+  // Dream vanilla: the schedule's last time step (t runs from 1 down to eps over steps)
+  double eps = 0.001;
+  // Dream vanilla / prefix / dual: propose only from the most probable tokens holding this much probability; nullopt: off
+  std::optional<double> top_p = std::nullopt;
+  // Dream vanilla / prefix / dual: propose only from the top_k most probable tokens; nullopt: off
+  std::optional<int64_t> top_k = std::nullopt;
+  // blockbatch: one branch per block size; each divides gen_length, no repeats; nullopt: the per-policy / per-family default (resolved())
+  std::optional<std::vector<int64_t>> block_sizes = std::nullopt;
   // merge a token into a branch when that branch's own probability of it exceeds this
   double merge_gate = 0.5;
   // copy the leader into a branch lagging by more than this many tokens
@@ -53,8 +67,8 @@ struct DecodeOptions {
   int64_t refresh_tokens = 32;
   // periodic: refresh every refresh_tokens; divergence: only when the branches' distributions drift
   RefreshMode refresh_mode = RefreshMode::kPeriodic;
-  // probabilities kept per position for merging (>= this)
-  double prob_floor = 0.1;
+  // probabilities kept per position for merging (LLaDA: >= this; Dream: > this); nullopt: the per-policy / per-family default (resolved())
+  std::optional<double> prob_floor = std::nullopt;
   // confidence-gated merging (ablation switch)
   bool merge = true;
   // leader synchronisation (ablation switch)
@@ -88,6 +102,8 @@ std::string options_help();
 
 // The model family whose defaults the table's "default" column holds (resolved()'s argument).
 constexpr const char* kDefaultFamily = "llada";
+// The model families the table knows, in its column order.
+inline constexpr const char* kFamilies[] = {"llada", "dream"};
 constexpr int64_t kMaxBranchesOption = 16;  // block_sizes entries
 
 }  // namespace blockbatch

@@ -14,7 +14,7 @@ namespace blockbatch {
 
 // Keyword-only options of torch.ops.blockbatch.decode and check_options (after their `*`).
 inline constexpr const char kDecodeOptionsSchema[] =
-    "str policy=\"dual\", int gen_length=128, int block_length=32, int? steps=None, float? threshold=0.9, float? factor=None, float temperature=0.0, int seed=0, bool? stop_on_eos=None, int[] block_sizes=[4, 8, 16, 32, 64, 128], float merge_gate=0.5, int sync_gap=8, int refresh_tokens=32, str refresh_mode=\"periodic\", float prob_floor=0.1, bool merge=True, bool sync=True, bool cuda_graphs=True, float timeout_s=0.0";
+    "str policy=\"dual\", int gen_length=128, int block_length=32, int? steps=None, float? threshold=0.9, float? factor=None, float temperature=0.0, int seed=0, bool? stop_on_eos=None, str? alg=None, float alg_temp=0.0, float eps=0.001, float? top_p=None, int? top_k=None, int[]? block_sizes=None, float merge_gate=0.5, int sync_gap=8, int refresh_tokens=32, str refresh_mode=\"periodic\", float? prob_floor=None, bool merge=True, bool sync=True, bool cuda_graphs=True, float timeout_s=0.0";
 
 // Argument `name` of a boxed call, looked up in `schema`, so the order of the schema's
 // arguments never matters. `args` points at the call's first argument.
@@ -40,12 +40,22 @@ inline DecodeOptions decode_options_from_args(const c10::FunctionSchema& schema,
   o.seed = arg("seed").toInt();
   if (!arg("stop_on_eos").isNone()) o.stop_on_eos = arg("stop_on_eos").toBool();
   else o.stop_on_eos = std::nullopt;
-  o.block_sizes = arg("block_sizes").toIntVector();
+  if (!arg("alg").isNone()) o.alg = parse_alg(arg("alg").toStringRef());
+  else o.alg = std::nullopt;
+  o.alg_temp = arg("alg_temp").toDouble();
+  o.eps = arg("eps").toDouble();
+  if (!arg("top_p").isNone()) o.top_p = arg("top_p").toDouble();
+  else o.top_p = std::nullopt;
+  if (!arg("top_k").isNone()) o.top_k = arg("top_k").toInt();
+  else o.top_k = std::nullopt;
+  if (!arg("block_sizes").isNone()) o.block_sizes = arg("block_sizes").toIntVector();
+  else o.block_sizes = std::nullopt;
   o.merge_gate = arg("merge_gate").toDouble();
   o.sync_gap = arg("sync_gap").toInt();
   o.refresh_tokens = arg("refresh_tokens").toInt();
   o.refresh_mode = parse_refresh_mode(arg("refresh_mode").toStringRef());
-  o.prob_floor = arg("prob_floor").toDouble();
+  if (!arg("prob_floor").isNone()) o.prob_floor = arg("prob_floor").toDouble();
+  else o.prob_floor = std::nullopt;
   o.merge = arg("merge").toBool();
   o.sync = arg("sync").toBool();
   o.cuda_graphs = arg("cuda_graphs").toBool();

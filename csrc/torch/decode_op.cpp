@@ -49,7 +49,7 @@ void decode_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::vector<int64_t> prompt(prompt_cpu.const_data_ptr<int64_t>(),
                               prompt_cpu.const_data_ptr<int64_t>() + prompt_cpu.numel());
   DecodeOptions o = decode_options_from_args(schema, args);
-  std::sort(o.block_sizes.begin(), o.block_sizes.end());  // branch order never depends on the caller's
+  if (o.block_sizes) std::sort(o.block_sizes->begin(), o.block_sizes->end());  // branch order never depends on the caller's
   const int64_t* cancel_flag = nullptr;
   at::Tensor cancel;  // keeps the flag's storage alive while the decode runs
   if (!arg("cancel").isNone()) {

@@ -255,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     # One flag per decode option, from the options table (blockbatch.contract): defaults, types,
     # ranges and help text are the table's.
     contract.add_arguments(p, {"decoding": "decoding (every policy; docs/ALGORITHMS.md)",
+                               "dream": "Dream-family samplers (alg: vanilla, both families; the others: Dream only)",
                                "blockbatch": "blockbatch (policy blockbatch only)",
                                "runtime": "runtime"})
     p.set_defaults(func=_cmd_generate)

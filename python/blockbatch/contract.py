@@ -32,7 +32,7 @@ from typing import Any, Optional
 
 POLICIES = ("vanilla", "prefix", "dual", "blockbatch")
 SINGLE_BRANCH = ("vanilla", "prefix", "dual")
-FAMILIES = ("llada",)  # model families; the first is the default (the table's "default" column)
+FAMILIES = ("llada", "dream")  # model families; the first is the default (the table's "default" column)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +53,8 @@ class Option:
     hi_open: bool = False
     max_items: Optional[int] = None     # type int[]: at most this many entries (each checked by lo / hi)
     by_policy: tuple[tuple[str, Any], ...] = ()  # (policy, default) where it differs (value None: resolve)
-    by_family: tuple[tuple[str, Any], ...] = ()  # (family, default) where it differs (value None: resolve)
+    # (family, default) or ("family:policy", default) where it differs from the columns above
+    by_family: tuple[tuple[str, Any], ...] = ()
     group: str = "decoding"             # the --help group
 
     @property
@@ -66,10 +67,12 @@ class Option:
         return bool(self.by_policy or self.by_family)
 
     def default_for(self, policy: str, family: str = FAMILIES[0]) -> Any:
-        """The default when the caller passes None: the family's, else the policy's, else `default`."""
+        """The default when the caller passes None: the family's for this policy, else the family's,
+        else the policy's, else `default`."""
         fam = dict(self.by_family)
-        if family in fam:
-            return fam[family]
+        for key in (f"{family}:{policy}", family):
+            if key in fam:
+                return fam[key]
         return dict(self.by_policy).get(policy, self.default)
 
     def range_text(self) -> str:
@@ -113,7 +116,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("block_length", "int", 32, "block size of the single-branch policies; divides gen_length",
            policies=SINGLE_BRANCH, lo=1),
     Option("steps", "int", None, "total steps of LLaDA's fixed schedule (a multiple of the number of blocks, "
-           "<= gen_length)", optional=True, none_doc="no fixed schedule", lo=0),
+           "<= gen_length); Dream vanilla: its number of steps (<= gen_length)", optional=True,
+           none_doc="no fixed schedule (Dream vanilla: gen_length steps)", lo=0),
     Option("threshold", "float", 0.9, "commit every masked position whose confidence is >= this",
            optional=True, none_doc="the fixed schedule (with steps)", lo=0.0, lo_open=True, hi=1.0),
     Option("factor", "float", None, "Fast-dLLM's factor rule instead of the threshold (wins over threshold)",
@@ -121,10 +125,25 @@ OPTIONS: tuple[Option, ...] = (
     Option("temperature", "float", 0.0, "Gumbel-max sampling temperature (float64, seeded); 0: greedy", lo=0.0),
     Option("seed", "int", 0, "sampling seed (with temperature > 0)", lo=0, hi=(1 << 63) - 1),
     Option("stop_on_eos", "bool", False, "stop once a completed block holds EOS (the text is cut at the first EOS "
-           "either way)", by_policy=(("blockbatch", True),)),
+           "either way)", by_policy=(("blockbatch", True),), by_family=(("dream", False),)),
+    Option("alg", "str", "confidence", "vanilla: which masked positions a step commits first: the most probable "
+           "(confidence), the largest top-1 minus top-2 probability (margin), the lowest entropy (entropy), or a "
+           "seeded random choice (origin); LLaDA ranks by confidence only", policies=("vanilla",),
+           choices=("confidence", "margin", "entropy", "origin"),
+           cpp_enum="Alg", cpp_values=("kConfidence", "kMargin", "kEntropy", "kOrigin"),
+           by_family=(("dream", "entropy"),), group="dream"),
+    Option("alg_temp", "float", 0.0, "Dream vanilla: > 0 draws the positions to commit from softmax(confidence / "
+           "alg_temp) (seeded) instead of taking the top ones", policies=("vanilla",), lo=0.0, group="dream"),
+    Option("eps", "float", 1e-3, "Dream vanilla: the schedule's last time step (t runs from 1 down to eps over "
+           "steps)", policies=("vanilla",), lo=0.0, lo_open=True, hi=1.0, hi_open=True, group="dream"),
+    Option("top_p", "float", None, "Dream vanilla / prefix / dual: propose only from the most probable tokens "
+           "holding this much probability", policies=SINGLE_BRANCH, optional=True, none_doc="off", lo=0.0,
+           lo_open=True, hi=1.0, group="dream"),
+    Option("top_k", "int", None, "Dream vanilla / prefix / dual: propose only from the top_k most probable "
+           "tokens", policies=SINGLE_BRANCH, optional=True, none_doc="off", lo=1, group="dream"),
     Option("block_sizes", "int[]", (4, 8, 16, 32, 64, 128), "blockbatch: one branch per block size; each divides "
            "gen_length, no repeats", policies=("blockbatch",), lo=1, max_items=MAX_BRANCHES,
-           group="blockbatch"),
+           by_family=(("dream", (4, 8, 16, 32, 64)),), group="blockbatch"),
     Option("merge_gate", "float", 0.5, "merge a token into a branch when that branch's own probability of it "
            "exceeds this", policies=("blockbatch",), lo=0.0, lo_open=True, hi=1.0, group="blockbatch"),
     Option("sync_gap", "int", 8, "copy the leader into a branch lagging by more than this many tokens",
@@ -134,8 +153,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("refresh_mode", "str", "periodic", "periodic: refresh every refresh_tokens; divergence: only when the "
            "branches' distributions drift", policies=("blockbatch",), choices=("periodic", "divergence"),
            cpp_enum="RefreshMode", cpp_values=("kPeriodic", "kDivergence"), group="blockbatch"),
-    Option("prob_floor", "float", 0.1, "probabilities kept per position for merging (>= this)",
-           policies=("blockbatch",), lo=MIN_PROB_FLOOR, hi=1.0, hi_open=True, group="blockbatch"),
+    Option("prob_floor", "float", 0.1, "probabilities kept per position for merging (LLaDA: >= this; Dream: > "
+           "this)", policies=("blockbatch",), lo=MIN_PROB_FLOOR, hi=1.0, hi_open=True,
+           by_family=(("dream", 0.2),), group="blockbatch"),
     Option("merge", "bool", True, "confidence-gated merging (ablation switch)", policies=("blockbatch",),
            group="blockbatch"),
     Option("sync", "bool", True, "leader synchronisation (ablation switch)", policies=("blockbatch",),
@@ -226,7 +246,7 @@ def to_op_kwargs(values: dict[str, Any]) -> dict[str, Any]:
         o = BY_NAME[name]
         if v is not None and o.type == "float":
             v = float(v)
-        elif o.type == "int[]":
+        elif o.type == "int[]" and v is not None:
             v = [int(b) for b in v]
         out[name] = v
     return out
@@ -241,13 +261,12 @@ def cli_help(o: Option) -> str:
         r = f"up to {o.max_items} entries, each {r}"
     if r and not o.choices and o.type != "bool":
         parts.append(r)
+    default = f"default {_value_text(o.default)}"
     if o.by_policy:
-        others = ", ".join(f"{p}: {_value_text(v)}" for p, v in o.by_policy)
-        parts.append(f"default {_value_text(o.default)}; {others}")
-    elif o.type == "int[]":
-        parts.append("default " + ",".join(str(b) for b in o.default))
-    else:
-        parts.append(f"default {_value_text(o.default)}")
+        default += "; " + ", ".join(f"{p}: {_value_text(v)}" for p, v in o.by_policy)
+    if o.by_family:
+        default += "; " + ", ".join(f"{f} models: {_value_text(v)}" for f, v in o.by_family)
+    parts.append(default)
     if o.optional:
         parts.append(f"'none': {o.none_doc}")
     return "; ".join(parts)
@@ -301,7 +320,7 @@ README_END = "<!-- end of options table -->"
 
 
 def markdown_table() -> str:
-    families = [f for f in FAMILIES[1:] if any(dict(o.by_family).get(f) is not None for o in OPTIONS)]
+    families = [f for f in FAMILIES[1:] if any(k.partition(":")[0] == f for o in OPTIONS for k, _ in o.by_family)]
     head = ["option", "type", f"default ({FAMILIES[0]})", *(f"default ({f})" for f in families), "values",
             "policies", "what it does"]
     rows = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
@@ -309,7 +328,8 @@ def markdown_table() -> str:
         default = f"`{_value_text(o.default)}`"
         if o.by_policy:
             default += ", " + ", ".join(f"{p}: `{_value_text(v)}`" for p, v in o.by_policy)
-        fam = [f"`{_value_text(dict(o.by_family)[f])}`" if f in dict(o.by_family) else "same" for f in families]
+        fam = [", ".join(f"{k.partition(':')[2] + ': ' if ':' in k else ''}`{_value_text(v)}`"
+                         for k, v in o.by_family if k.partition(":")[0] == f) or "same" for f in families]
         values = o.range_text() or "any"
         if o.max_items:
             values = f"up to {o.max_items} entries, each {values}"

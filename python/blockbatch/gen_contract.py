@@ -112,6 +112,8 @@ def render_header() -> str:
           "std::string options_help();", "",
           '// The model family whose defaults the table\'s "default" column holds (resolved()\'s argument).',
           f'constexpr const char* kDefaultFamily = "{FAMILIES[0]}";',
+          "// The model families the table knows, in its column order.",
+          "inline constexpr const char* kFamilies[] = {" + ", ".join(f'"{f}"' for f in FAMILIES) + "};",
           f"constexpr int64_t kMaxBranchesOption = {BY_NAME['block_sizes'].max_items};  // block_sizes entries",
           "", "}  // namespace blockbatch", ""]
     return "\n".join(L)
@@ -156,8 +158,13 @@ def render_source() -> str:
             continue
         opt = o.optional or o.resolved_by_table
         if o.type == "int[]":
-            L.append(f'  check_count("{o.name}", o.{o.name}.size(), {o.max_items});')
-            L.append(f"  for (int64_t v : o.{o.name}) {_range_call(o, 'v')}")
+            ref = f"(*o.{o.name})" if opt else f"o.{o.name}"
+            if opt:
+                L.append(f"  if (o.{o.name}) {{")
+            L.append(f'  check_count("{o.name}", {ref}.size(), {o.max_items});')
+            L.append(f"  for (int64_t v : {ref}) {_range_call(o, 'v')}")
+            if opt:
+                L.append("  }")
         elif opt:
             L.append(f"  if (o.{o.name}) {_range_call(o, '*o.' + o.name)}")
         else:
@@ -172,8 +179,14 @@ def render_source() -> str:
         if not o.resolved_by_table:
             continue
         L.append(f"  if (!r.{o.name}) {{")
-        for fam, v in o.by_family:
-            L.append(f'    if (!r.{o.name} && family == "{fam}") r.{o.name} = {_cpp_value(o, v)};')
+        # The family's default for this policy, then the family's, then the policy's, then the default.
+        keyed = sorted(o.by_family, key=lambda kv: ":" not in kv[0])
+        for key, v in keyed:
+            fam, _, pol = key.partition(":")
+            cond = f'family == "{fam}"'
+            if pol:
+                cond += f" && p == Policy::{BY_NAME['policy'].cpp_values[POLICIES.index(pol)]}"
+            L.append(f"    if (!r.{o.name} && {cond}) r.{o.name} = {_cpp_value(o, v)};")
         for pol, v in o.by_policy:
             cond = f"p == Policy::{BY_NAME['policy'].cpp_values[POLICIES.index(pol)]}"
             L.append(f"    if (!r.{o.name} && {cond}) r.{o.name} = {_cpp_value(o, v)};")

@@ -41,20 +41,24 @@ class NativeModel:
     """
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype | None = None,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", proposal_vocab: int | None = None):
         if dtype is not None and dtype not in _DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {list(_DTYPE_NAMES)}, got {dtype}")
         self.config = config
         self.device = torch.device(device)
         on_device = {k: v.to(self.device) for k, v in weights.items()}
-        self.obj = torch.classes.blockbatch.Model(config.int_fields(), config.float_fields(), on_device,
+        # proposal_vocab: the decoders propose ids below it only (None: every id; see
+        # Checkpoint.proposal_vocab: the ids the checkpoint's tokenizer can produce, Dream family)
+        ints = config.int_fields() | ({"proposal_vocab": int(proposal_vocab)} if proposal_vocab else {})
+        self.proposal_vocab = proposal_vocab
+        self.obj = torch.classes.blockbatch.Model(ints, config.float_fields(), on_device,
                                                   _DTYPE_NAMES[dtype] if dtype is not None else "")
         self.dtype = next(d for d, name in _DTYPE_NAMES.items() if name == _SCALAR_NAMES[self.obj.dtype()])
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint, dtype: torch.dtype | None = None,
                         device: torch.device | str = "cpu") -> "NativeModel":
-        return cls(checkpoint.config, checkpoint.weights, dtype, device)
+        return cls(checkpoint.config, checkpoint.weights, dtype, device, checkpoint.proposal_vocab)
 
     @classmethod
     def from_pretrained(cls, path: str, dtype: torch.dtype | None = None,
@@ -90,7 +94,12 @@ def _decode_fake(model, prompt_ids, **options):
     # op's keyword-only arguments (the table of blockbatch.contract), defaults filled in.
     o = {**contract.DEFAULTS, **options}
     forwards = torch.library.get_ctx().new_dynamic_size()
-    branches = len(o["block_sizes"]) if o["policy"] == "blockbatch" else 1
+    if o["policy"] != "blockbatch":
+        branches = 1
+    elif o["block_sizes"] is None:  # the model family's default list: its length depends on the checkpoint
+        branches = torch.library.get_ctx().new_dynamic_size()
+    else:
+        branches = len(o["block_sizes"])
     cpu = torch.device("cpu")
     return (torch.empty(prompt_ids.shape[0] + o["gen_length"], dtype=torch.long, device=cpu),
             torch.empty(len(torch.ops.blockbatch.decode_stat_names()), dtype=torch.float64, device=cpu),

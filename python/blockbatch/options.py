@@ -29,7 +29,7 @@ def _post_init(self) -> None:
         value = getattr(self, name)
         contract.check_type(name, value)
         o = contract.BY_NAME[name]
-        ints = value if o.type == "int[]" else [value] if o.type == "int" and value is not None else []
+        ints = (value or []) if o.type == "int[]" else [value] if o.type == "int" and value is not None else []
         if any(not _INT64[0] <= v <= _INT64[1] for v in ints):  # would not reach C++ as an int64
             raise ValueError(f"{name} must be {o.range_text()}, got {value!r}")
     if isinstance(self.block_sizes, list):  # frozen: keep it hashable and immutable
