@@ -1,22 +1,21 @@
 // decode(): the entry point declared in decode/decode.h. Validates the options and the prompt,
-// then hands the request to its policy (single_branch.cpp or blockbatch.cpp).
+// then hands the request to its policy: LLaDA's single_branch.cpp / blockbatch.cpp, Dream's
+// dream_single.cpp / dream_blockbatch.cpp (the family is the checkpoint's).
 #include <c10/util/Exception.h>
 
 #include <cstdint>
 #include <vector>
 
 #include "decode/decode.h"
+#include "decode/dream.h"
 
 namespace blockbatch {
 
 DecodeResult decode(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& options,
                     const int64_t* cancel) {
   const ModelConfig& c = model.config();
-  TORCH_CHECK_VALUE(c.family == Family::kLLaDA, "the native decode loop does not run the ", family_name(c.family),
-                    " family yet (its forward does: NativeModel.forward); decode this checkpoint with "
-                    "blockbatch.reference.dream in float32 Python");
   // The policies see every option set: the table's per-policy / per-family defaults filled in.
-  const DecodeOptions o = options.resolved(kDefaultFamily);
+  const DecodeOptions o = options.resolved(family_name(c.family));
   o.validate(c, static_cast<int64_t>(prompt.size()));
   for (size_t i = 0; i < prompt.size(); ++i) {
     TORCH_CHECK_VALUE(prompt[i] >= 0 && prompt[i] < c.vocab_size, "prompt_ids[", i, "] = ", prompt[i],
@@ -25,6 +24,13 @@ DecodeResult decode(const Network& model, const std::vector<int64_t>& prompt, co
                       "; prompts must not contain masks");
   }
   const Stop stop(o.timeout_s, cancel);
+  if (c.family == Family::kDream) {
+    switch (o.policy) {
+      case Policy::kVanilla: return decode_dream_vanilla(model, prompt, o, stop);
+      case Policy::kBlockBatch: return decode_dream_blockbatch(model, prompt, o, stop);
+      default: return decode_dream_cached(model, prompt, o, stop);
+    }
+  }
   return o.policy == Policy::kBlockBatch ? decode_blockbatch(model, prompt, o, stop)
                                          : decode_single_branch(model, prompt, o, stop);
 }

@@ -54,6 +54,7 @@ class DreamBlockBatch {
  public:
   DreamBlockBatch(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o, const Stop& stop)
       : model_(model), o_(o), stop_(stop), mask_(model.config().mask_token_id),
+        limit_(model.config().proposal_limit()),
         eos_(*o.stop_on_eos ? model.config().eos_token_id : -1), lp_(static_cast<int64_t>(prompt.size())),
         G_(o.gen_length), L_(lp_ + G_), threshold_(static_cast<float>(*o.threshold)),
         floor_(static_cast<float>(*o.prob_floor)), K_(static_cast<int64_t>(std::floor(1.0 / *o.prob_floor)) + 1),
@@ -230,7 +231,7 @@ class DreamBlockBatch {
     if (std::any_of(pos.begin(), pos.end(), [](int64_t p) { return p >= 0; })) {
       at::Tensor lg = logits.to(at::kFloat).clone();
       lg.select(1, mask_).fill_(kMaskPenalty);
-      const at::Tensor pred = dream::to_host({std::get<1>(at::topk(lg, 1))})[0];
+      const at::Tensor pred = dream::to_host({std::get<1>(at::topk(proposable(lg), 1))})[0];
       token.assign(pred.const_data_ptr<int64_t>(), pred.const_data_ptr<int64_t>() + pred.numel());
     }
     size_t k = 0;
@@ -316,7 +317,7 @@ class DreamBlockBatch {
     // K largest probabilities (every one above the floor is among them: K > 1 / floor).
     at::Tensor lg = logits.clone();
     lg.select(1, mask_).fill_(kMaskPenalty);
-    const at::Tensor pred = std::get<1>(at::topk(lg, 1));
+    const at::Tensor pred = std::get<1>(at::topk(proposable(lg), 1));
     const at::Tensor conf = at::gather(at::softmax(lg, -1), -1, pred).squeeze(-1);
     auto [pv, pid] = at::topk(at::softmax(logits, -1), std::min(K_, logits.size(-1)));
     const std::vector<at::Tensor> h = dream::to_host({pred.squeeze(-1), conf, pid, pv});
@@ -373,6 +374,16 @@ class DreamBlockBatch {
       }
     }
     advance(b);
+  }
+
+  // Logits for ranking proposals: ids the tokenizer cannot produce never win (the probabilities
+  // still come from the whole row).
+  at::Tensor proposable(const at::Tensor& lg) const {
+    const int64_t V = lg.size(-1);
+    if (limit_ >= V) return lg;
+    at::Tensor r = lg.clone();
+    r.narrow(-1, limit_, V - limit_).fill_(-std::numeric_limits<double>::infinity());
+    return r;
   }
 
   at::Tensor forward(const PackedQueries& q, KvMode mode, int64_t kind) {
@@ -516,7 +527,7 @@ class DreamBlockBatch {
   const Network& model_;
   const DecodeOptions& o_;
   const Stop& stop_;
-  const int64_t mask_, eos_, lp_, G_, L_;
+  const int64_t mask_, limit_, eos_, lp_, G_, L_;
   const float threshold_, floor_;  // compared with float32 probabilities
   const int64_t K_;
   int64_t B_ = 0, winner_ = 0;

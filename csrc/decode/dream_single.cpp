@@ -43,7 +43,7 @@ at::Tensor multinomial(const at::Tensor& probs, int64_t samples, at::Generator& 
 }
 
 Proposal propose(at::Tensor logits, Alg alg, double temperature, at::Generator& generator,
-                 std::optional<double> top_p, std::optional<int64_t> top_k) {
+                 std::optional<double> top_p, std::optional<int64_t> top_k, int64_t limit) {
   const double lowest = std::numeric_limits<float>::lowest();  // float32 logits (torch.finfo.min)
   if (temperature > 0) logits = at::div(logits, temperature);
   if (top_p && *top_p < 1) {  // keep the smallest prefix of the sorted vocabulary reaching top_p
@@ -60,12 +60,18 @@ Proposal propose(at::Tensor logits, Alg alg, double temperature, at::Generator& 
     logits = logits.masked_fill(logits < kth, lowest);
   }
   const at::Tensor probs = at::softmax(logits, -1);
+  at::Tensor pick = probs;
+  const int64_t V = probs.size(-1);
+  if (limit < V) {  // ids the tokenizer cannot produce never win (nor are drawn)
+    pick = probs.clone();
+    pick.narrow(-1, limit, V - limit).fill_(temperature > 0 ? 0.0 : -1.0);
+  }
   Proposal p;
   if (temperature > 0) {
-    p.x0 = multinomial(probs.reshape({-1, probs.size(-1)}), 1, generator).reshape(probs.sizes().slice(0, 1));
+    p.x0 = multinomial(pick.reshape({-1, V}), 1, generator).reshape(probs.sizes().slice(0, 1));
     p.conf = at::gather(probs, -1, p.x0.unsqueeze(-1)).squeeze(-1);
   } else {
-    std::tie(p.conf, p.x0) = at::max(probs, -1);
+    std::tie(p.conf, p.x0) = at::max(pick, -1);
   }
   if (alg == Alg::kMargin) {
     const at::Tensor top2 = std::get<0>(at::topk(probs, 2, -1));
@@ -175,13 +181,14 @@ DecodeResult decode_dream_vanilla(const Network& model, const std::vector<int64_
       }
       if (!rows.empty()) {
         const dream::Proposal p = dream::propose(logits.index_select(0, long_tensor(rows, dev)), alg, o.temperature,
-                                                 generator, o.top_p, o.top_k);
+                                                 generator, o.top_p, o.top_k, c.proposal_limit());
         const at::Tensor x0 = dream::to_host({p.x0})[0];
         for (size_t j = 0; j < pos.size(); ++j) x[pos[j]] = x0.const_data_ptr<int64_t>()[j];
         committed = static_cast<int64_t>(rows.size());
       }
     } else if (n > 0) {
-      const dream::Proposal p = dream::propose(logits.narrow(0, 0, n), alg, o.temperature, generator, o.top_p, o.top_k);
+      const dream::Proposal p =
+          dream::propose(logits, alg, o.temperature, generator, o.top_p, o.top_k, c.proposal_limit());
       const int64_t k = last ? n : static_cast<int64_t>(static_cast<float>(n) * ratio);
       if (k > 0) {
         at::Tensor full = at::full({1, L}, -dream::kInf, logits.options());
@@ -242,7 +249,8 @@ DecodeResult decode_dream_cached(const Network& model, const std::vector<int64_t
       q.logit_index.push_back(s - 1);
       const at::Tensor logits = fw.run(q, KvMode::kFull, kv, x, kBlockStart).to(at::kFloat);
       st.nfe_full += 1;
-      const dream::Proposal p = dream::propose(logits, Alg::kConfidence, 0.0, generator, o.top_p, o.top_k);
+      const dream::Proposal p =
+          dream::propose(logits, Alg::kConfidence, 0.0, generator, o.top_p, o.top_k, c.proposal_limit());
       x[s] = dream::to_host({p.x0})[0].const_data_ptr<int64_t>()[0];
       st.steps.push_back({1, L});
       st.branches[0].committed += 1;
@@ -263,7 +271,8 @@ DecodeResult decode_dream_cached(const Network& model, const std::vector<int64_t
       st.nfe_block += 1;
       int64_t committed = 0;
       if (n > 0) {
-        const dream::Proposal p = dream::propose(logits, Alg::kConfidence, 0.0, generator, o.top_p, o.top_k);
+        const dream::Proposal p =
+            dream::propose(logits, Alg::kConfidence, 0.0, generator, o.top_p, o.top_k, c.proposal_limit());
         at::Tensor full = at::full({1, end - s}, -dream::kInf, logits.options());
         full.select(0, 0).index_put_({long_tensor(rel, dev)}, p.conf);
         auto [top_conf, top_idx] = at::topk(full, n);

@@ -15,6 +15,7 @@
 #include <ATen/ops/rand.h>
 #include <ATen/ops/softmax.h>
 
+#include <algorithm>
 #include <limits>
 
 #include "ops/ops.h"
@@ -54,6 +55,7 @@ ForwardBatch PackedQueries::batch(const at::Tensor& buffer, const at::Tensor& kv
   if (!logit_index.empty()) b.logit_index = take(static_cast<int64_t>(logit_index.size()));
   b.kv = kv;
   b.mode = mode;
+  for (int64_t p : positions) b.max_positions = std::max(b.max_positions, p + 1);
   return b;
 }
 
@@ -76,6 +78,7 @@ Proposals to_proposals(const at::Tensor& token, const at::Tensor& conf) {
 }
 
 at::Tensor pack_readout(const std::vector<at::Tensor>& tensors) {
+  if (tensors.empty()) return at::empty({0}, at::kLong);  // a step that reads nothing back
   std::vector<at::Tensor> flat;
   for (const at::Tensor& t : tensors) {
     TORCH_CHECK(t.element_size() == 8, "readout: 8-byte elements expected, got ", t.scalar_type());

@@ -214,3 +214,39 @@ def test_llada_refuses_dream_samplers():
             engine.generate([[1, 2]], DecodeOptions(policy="vanilla", gen_length=32, alg="entropy"))
         with pytest.raises(ValueError, match="top_p / top_k"):
             engine.generate([[1, 2]], DecodeOptions(policy="dual", gen_length=32, top_k=4))
+
+
+def test_ids_the_tokenizer_cannot_produce_are_never_proposed(tmp_path):
+    """A Dream embedding table larger than its tokenizer (Dream-7B: 152064 rows): the decoders
+    propose only ids the tokenizer can produce, in every policy, native == reference."""
+    from tokenizers import Tokenizer, models
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(30)}, unk_token="t0"))
+    make_random_dream_checkpoint(tmp_path, seed=3, logit_scale=4.0, vocab_size=48, eos_token_id=20,
+                                 mask_token_id=21, tokenizer=tok)
+    engine = Engine.from_pretrained(tmp_path)
+    assert engine.checkpoint.proposal_vocab == 30
+    ref = ReferenceModel.from_checkpoint(load_checkpoint(tmp_path))
+    prompt = [3, 14, 15, 9, 2]
+    cases = [dict(name="vanilla", policy="vanilla", alg="entropy", prompt=prompt, gen_length=32, steps=16),
+             dict(name="dual", policy="dual", prompt=prompt, gen_length=32, block_length=16, threshold=0.9),
+             dict(name="prefix", policy="prefix", prompt=prompt, gen_length=32, block_length=16, threshold=0.9),
+             dict(name="blockbatch", policy="blockbatch", prompt=prompt, gen_length=32, block_sizes=[4, 8, 16, 32],
+                  threshold=0.9, refresh_tokens=32, sync_gap=8, stop_on_eos=False)]
+    unrestricted_out_of_range = 0
+    for case in cases:
+        g = engine.generate([prompt], options_for(case))[0]
+        assert max(g.raw_ids) < 30, f"{case['name']}: proposed an id the tokenizer cannot produce"
+        if case["policy"] == "vanilla":
+            r = dream_vanilla(ref, prompt, 32, 16, alg="entropy", vocab_limit=30)
+            free = dream_vanilla(ref, prompt, 32, 16, alg="entropy")
+        elif case["policy"] == "blockbatch":
+            r = dream_blockbatch(ref, prompt, 32, [4, 8, 16, 32], vocab_limit=30)
+            free = dream_blockbatch(ref, prompt, 32, [4, 8, 16, 32])
+        else:
+            r = dream_cached(ref, prompt, 32, 16, 0.9, dual=case["policy"] == "dual", vocab_limit=30)
+            free = dream_cached(ref, prompt, 32, 16, 0.9, dual=case["policy"] == "dual")
+        assert_same_row(g.raw_ids, prompt, r.tokens, 20, case["name"])
+        assert g.stats["nfe"] == r.nfe
+        unrestricted_out_of_range += max(free.tokens[len(prompt):]) >= 30
+    assert unrestricted_out_of_range > 0  # without the restriction this model does propose them

@@ -104,4 +104,5 @@ def test_default_blockbatch_settings_are_the_authors_dream_defaults():
     defaults = {k: v.default for k, v in inspect.signature(dream_blockbatch).parameters.items()
                 if v.default is not inspect.Parameter.empty}
     assert defaults == dict(block_sizes=(4, 8, 16, 32, 64), threshold=0.9, merge_gate=0.5, sync_gap=8,
-                            refresh_tokens=32, prob_floor=0.2, stop_on_eos=False)
+                            refresh_tokens=32, prob_floor=0.2, stop_on_eos=False, merge=True, sync=True,
+                            vocab_limit=None)

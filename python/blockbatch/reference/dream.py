@@ -89,13 +89,17 @@ def _filter_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
 
 
 def _propose(logits: torch.Tensor, alg: str, temperature: float = 0.0, g: torch.Generator | None = None,
-             top_p: float | None = None, top_k: int | None = None):
+             top_p: float | None = None, top_k: int | None = None, vocab_limit: int | None = None):
     """Dream's proposal over the last dimension: (confidence, token).
 
     Order as in Dream: temperature scaling, top-p, top-k, softmax (float32 for float32 logits);
     token = argmax (``Tensor.max``, the mask id included) or a draw when ``temperature > 0``;
     confidence = its probability (``maskgit_plus``), top-1 minus top-2 probability
     (``topk_margin``) or ``sum(p * log(p + 1e-10))`` (``entropy``: minus the entropy).
+
+    ``vocab_limit``: only ids below it are proposed (the ids the tokenizer can produce); the
+    softmax and the confidences still cover the whole vocabulary, so wherever the authors' argmax
+    is such an id the result is theirs.
     """
     if temperature > 0:
         logits = logits / temperature
@@ -104,12 +108,16 @@ def _propose(logits: torch.Tensor, alg: str, temperature: float = 0.0, g: torch.
     if top_k is not None:
         logits = _filter_top_k(logits, top_k)
     probs = torch.softmax(logits, dim=-1)
+    pick = probs
+    if vocab_limit is not None and vocab_limit < probs.shape[-1]:
+        pick = probs.clone()
+        pick[..., vocab_limit:] = 0.0 if temperature > 0 else -1.0
     if temperature > 0:
-        flat = probs.reshape(-1, probs.shape[-1])
+        flat = pick.reshape(-1, probs.shape[-1])
         x0 = torch.multinomial(flat, 1, generator=g).reshape(probs.shape[:-1])
         conf = torch.gather(probs, -1, x0[..., None]).squeeze(-1)
     else:
-        conf, x0 = probs.max(dim=-1)
+        conf, x0 = pick.max(dim=-1)
     if alg == "topk_margin":
         top2 = torch.topk(probs, 2, dim=-1).values
         conf = top2[..., 0] - top2[..., 1]
@@ -123,7 +131,8 @@ def _propose(logits: torch.Tensor, alg: str, temperature: float = 0.0, g: torch.
 
 def dream_vanilla(model: ReferenceModel, prompt: Sequence[int], gen_length: int, steps: int,
                   alg: str = "entropy", alg_temp: float = 0.0, eps: float = 1e-3, temperature: float = 0.0,
-                  top_p: float | None = None, top_k: int | None = None, seed: int = 0) -> DreamResult:
+                  top_p: float | None = None, top_k: int | None = None, seed: int = 0,
+                  vocab_limit: int | None = None) -> DreamResult:
     """Dream's sampler: ``steps`` full forwards over the whole canvas (no blocks).
 
     Schedule: ``t_i = linspace(1, eps, steps + 1)`` (float32); at step ``i < steps - 1`` with ``m``
@@ -153,10 +162,10 @@ def dream_vanilla(model: ReferenceModel, prompt: Sequence[int], gen_length: int,
             p_transfer = 1 - s / t if i < steps - 1 else 1
             x0 = torch.full_like(x[mask_index], mask_id)
             chosen = torch.rand(*x0.shape, generator=g) < p_transfer
-            _, x0[chosen] = _propose(mask_logits[chosen], alg, temperature, g, top_p, top_k)
+            _, x0[chosen] = _propose(mask_logits[chosen], alg, temperature, g, top_p, top_k, vocab_limit)
             x[mask_index] = x0.clone()
             continue
-        conf, x0 = _propose(mask_logits, alg, temperature, g, top_p, top_k)
+        conf, x0 = _propose(mask_logits, alg, temperature, g, top_p, top_k, vocab_limit)
         masks = mask_index.sum() / mask_index.shape[0]
         k = int(masks * (1 - s / t)) if i < steps - 1 else int(masks)
         full = torch.full_like(x, -torch.inf, dtype=logits.dtype)
@@ -178,7 +187,7 @@ def dream_vanilla(model: ReferenceModel, prompt: Sequence[int], gen_length: int,
 
 def dream_cached(model: ReferenceModel, prompt: Sequence[int], gen_length: int, block_length: int = 32,
                  threshold: float = 0.9, dual: bool = True, top_p: float | None = None,
-                 top_k: int | None = None) -> DreamResult:
+                 top_k: int | None = None, vocab_limit: int | None = None) -> DreamResult:
     """Fast-dLLM prefix (``dual=False``) or dual cache for Dream, threshold rule.
 
     Per block ``[s, e)``: one full forward (fills the cache) whose shifted logits write the token
@@ -204,7 +213,7 @@ def dream_cached(model: ReferenceModel, prompt: Sequence[int], gen_length: int, 
         kv = model.new_kv(1, L)
         logits = _full_logits(model, x, kv)
         nfe_full += 1
-        _, x0 = _propose(logits[None], "maskgit_plus", top_p=top_p, top_k=top_k)
+        _, x0 = _propose(logits[None], "maskgit_plus", top_p=top_p, top_k=top_k, vocab_limit=vocab_limit)
         x[s] = x0[0, s]
         while True:
             end = e if dual else L
@@ -215,7 +224,8 @@ def dream_cached(model: ReferenceModel, prompt: Sequence[int], gen_length: int, 
             nfe_block += 1
             logits = shift_rows(out)
             mask_index = (x[s:end] == mask_id)[None]
-            conf, x0 = _propose(logits[None][mask_index], "maskgit_plus", top_p=top_p, top_k=top_k)
+            conf, x0 = _propose(logits[None][mask_index], "maskgit_plus", top_p=top_p, top_k=top_k,
+                                vocab_limit=vocab_limit)
             proposal = torch.full((1, end - s), mask_id, dtype=torch.long)
             proposal[mask_index] = x0.clone()
             full = torch.full((1, end - s), -torch.inf, dtype=logits.dtype)
@@ -259,7 +269,8 @@ class _Branch:
 
 class _DreamBlockBatch:
     def __init__(self, model, prompt, gen_length, block_sizes, threshold, merge_gate, sync_gap, refresh_tokens,
-                 prob_floor, stop_on_eos):
+                 prob_floor, stop_on_eos, merge=True, sync=True, vocab_limit=None):
+        self.merge_on, self.sync_on, self.vocab_limit = merge, sync, vocab_limit
         c = model.config
         self.model, self.mask, self.G = model, c.mask_token_id, gen_length
         self.eos = c.eos_token_id if stop_on_eos else -1
@@ -333,7 +344,7 @@ class _DreamBlockBatch:
             pos = b.start + int(window.nonzero()[0, 0])
             row = lg[pos:pos + 1].clone()
             row[:, self.mask] = MASK_PENALTY
-            _, pred = torch.topk(row.float(), k=1, dim=-1)
+            _, pred = torch.topk(self._proposable(row.float()), k=1, dim=-1)
             self.x[b.row, pos] = pred[0, 0]
             b.committed += 1
             b.probs = None
@@ -382,7 +393,7 @@ class _DreamBlockBatch:
             return
         lg = out[:n].float().clone()
         lg[:, self.mask] = MASK_PENALTY
-        _, pred = torch.topk(lg, k=1, dim=-1)
+        _, pred = torch.topk(self._proposable(lg), k=1, dim=-1)
         conf = torch.gather(torch.softmax(lg, dim=-1), -1, pred).squeeze(-1)
         pred = pred.squeeze(-1)
         masked_conf = conf.masked_fill(~target, -math.inf)
@@ -396,6 +407,14 @@ class _DreamBlockBatch:
         b.committed += int(take.sum())
         self._record(b, out[:n], lo)
         self._advance(b)
+
+    def _proposable(self, lg: torch.Tensor) -> torch.Tensor:
+        """Logits for ranking proposals: the ids at or above vocab_limit never win (see _propose)."""
+        if self.vocab_limit is None or self.vocab_limit >= lg.shape[-1]:
+            return lg
+        lg = lg.clone()
+        lg[:, self.vocab_limit:] = -math.inf
+        return lg
 
     def _record(self, b: _Branch, logits: torch.Tensor, lo: int) -> None:
         if b.probs is None:
@@ -473,7 +492,7 @@ class _DreamBlockBatch:
         if self._leader().decoded == 0:
             return
         order = sorted([b for b in self.branches if not b.done], key=lambda b: b.end, reverse=True)
-        if not all(b.end <= self.Lp for b in order):
+        if self.merge_on and not all(b.end <= self.Lp for b in order):
             for i, dst in enumerate(order):
                 sources = self._compatible(dst, order[i + 1:])
                 if sources:
@@ -481,7 +500,7 @@ class _DreamBlockBatch:
         self._snap_all()
         leader = self._leader()
         for b in self.branches:
-            if b is leader or b.done:
+            if not self.sync_on or b is leader or b.done:
                 continue
             if leader.decoded - b.decoded > self.gap:
                 self._sync(b, leader)
@@ -538,7 +557,7 @@ class _DreamBlockBatch:
             if result is not None:
                 break
             active = [b for b in self.branches if not b.done]
-            if active and any(b.since_refresh >= self.refresh_tokens for b in active):
+            if active and self.refresh_tokens > 0 and any(b.since_refresh >= self.refresh_tokens for b in active):
                 self._refresh()
                 result = self._finished()
         if result is None:
@@ -550,7 +569,32 @@ class _DreamBlockBatch:
 def dream_blockbatch(model: ReferenceModel, prompt: Sequence[int], gen_length: int,
                      block_sizes: Sequence[int] = (4, 8, 16, 32, 64), threshold: float = 0.9,
                      merge_gate: float = MERGE_GATE, sync_gap: int = SYNC_GAP, refresh_tokens: int = REFRESH_TOKENS,
-                     prob_floor: float = PROB_FLOOR, stop_on_eos: bool = False) -> DreamResult:
-    """BlockBatch for Dream (ALGORITHMS.md section 5.4); NFE counts every forward executed."""
+                     prob_floor: float = PROB_FLOOR, stop_on_eos: bool = False, merge: bool = True,
+                     sync: bool = True, vocab_limit: int | None = None) -> DreamResult:
+    """BlockBatch for Dream (ALGORITHMS.md section 5.4); NFE counts every forward executed.
+
+    ``refresh_tokens=0`` never refreshes (the engine's meaning; the authors' default is 32);
+    ``merge`` / ``sync`` are the ablation switches."""
     return _DreamBlockBatch(model, prompt, gen_length, block_sizes, threshold, merge_gate, sync_gap,
-                            refresh_tokens, prob_floor, stop_on_eos).run()
+                            refresh_tokens, prob_floor, stop_on_eos, merge, sync, vocab_limit).run()
+
+
+ALG_NAMES = {"confidence": "maskgit_plus", "margin": "topk_margin", "entropy": "entropy", "origin": "origin"}
+
+
+def decode_with_options(model: ReferenceModel, prompt: Sequence[int], options, vocab_limit: int | None = None):
+    """One request under ``blockbatch.DecodeOptions`` (unset options: Dream's defaults from the
+    options table), through the decoder of its policy: what the native engine must return."""
+    o = options
+    opt = (lambda name: o.resolved(name, "dream"))
+    if o.policy == "vanilla":
+        return dream_vanilla(model, prompt, o.gen_length, o.steps if o.steps is not None else o.gen_length,
+                             alg=ALG_NAMES[opt("alg")], alg_temp=o.alg_temp, eps=o.eps, temperature=o.temperature,
+                             top_p=o.top_p, top_k=o.top_k, seed=o.seed, vocab_limit=vocab_limit)
+    if o.policy in ("prefix", "dual"):
+        return dream_cached(model, prompt, o.gen_length, o.block_length, o.threshold, dual=o.policy == "dual",
+                            top_p=o.top_p, top_k=o.top_k, vocab_limit=vocab_limit)
+    return dream_blockbatch(model, prompt, o.gen_length, opt("block_sizes"), threshold=o.threshold,
+                            merge_gate=o.merge_gate, sync_gap=o.sync_gap, refresh_tokens=o.refresh_tokens,
+                            prob_floor=opt("prob_floor"), stop_on_eos=opt("stop_on_eos"), merge=o.merge, sync=o.sync,
+                            vocab_limit=vocab_limit)
