@@ -49,6 +49,9 @@ void ModelConfig::validate() const {
                     " is outside the vocabulary [0, ", vocab_size, ")");
   TORCH_CHECK_VALUE(eos_token_id >= 0 && eos_token_id < vocab_size, "config: key 'eos_token_id' = ", eos_token_id,
                     " is outside the vocabulary [0, ", vocab_size, ")");
+  TORCH_CHECK_VALUE(proposal_vocab == 0 || (proposal_vocab > eos_token_id && proposal_vocab <= vocab_size),
+                    "config: key 'proposal_vocab' = ", proposal_vocab, " must be 0 (every id) or in (eos_token_id = ",
+                    eos_token_id, ", vocab_size = ", vocab_size, "]: EOS must stay proposable");
   TORCH_CHECK_VALUE(mask_token_id != eos_token_id, "config: key 'eos_token_id' = ", eos_token_id,
                     " equals mask_token_id");
 }

@@ -37,6 +37,11 @@ struct ModelConfig {
   bool weight_tying = false;
   double rope_theta = 0;
   double rms_norm_eps = 0;
+  // Ids the decoders may propose: [0, proposal_vocab) (0: the whole vocabulary). Set from the
+  // tokenizer when the embedding table is larger than it (Dream-7B: 152064 rows, ~151.7k ids the
+  // tokenizer can produce); the softmax still runs over the whole vocabulary.
+  int64_t proposal_vocab = 0;
+  int64_t proposal_limit() const { return proposal_vocab > 0 ? proposal_vocab : vocab_size; }
 
   int64_t head_dim() const { return d_model / n_heads; }
   // How many tensors a checkpoint with this config holds (9 per layer, 3 more with attention

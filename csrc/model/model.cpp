@@ -5,6 +5,7 @@
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/max.h>
 #include <ATen/ops/pow.h>
 #include <ATen/ops/reciprocal.h>
 #include <ATen/ops/zeros.h>
@@ -70,6 +71,10 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> expected_weight_shapes
   return out;
 }
 
+namespace {
+constexpr int64_t kInitialRopePositions = 4096;  // 2 MB at head_dim 128
+}  // namespace
+
 Model::Model(ModelConfig config, const std::unordered_map<std::string, at::Tensor>& weights, c10::ScalarType dtype)
     : config_(std::move(config)) {
   config_.validate();
@@ -121,13 +126,26 @@ void Model::build(const std::unordered_map<std::string, at::Tensor>& weights, c1
     lw.ff_out = w(p + n.down);
     layers_.push_back(std::move(lw));
   }
-  // RoPE table [max_sequence_length, head_dim]: cos | sin of one angle per frequency, computed
-  // in float64 exactly as the reference does, then rounded to float32.
   const int64_t hd = config_.head_dim();
   auto f64 = at::TensorOptions().dtype(at::kDouble).device(*device);
-  at::Tensor inv_freq = at::reciprocal(at::pow(config_.rope_theta, at::arange(0, hd, 2, f64).div(hd)));
-  at::Tensor angles = at::arange(config_.max_sequence_length, f64).unsqueeze(1).mul(inv_freq.unsqueeze(0));
-  rope_table_ = at::cat({angles.cos(), angles.sin()}, 1).to(at::kFloat).contiguous();
+  rope_->inv_freq = at::reciprocal(at::pow(config_.rope_theta, at::arange(0, hd, 2, f64).div(hd)));
+  rope_table(std::min<int64_t>(config_.max_sequence_length, kInitialRopePositions));
+}
+
+at::Tensor Model::rope_table(int64_t positions) const {
+  std::lock_guard<std::mutex> lock(rope_->mutex);
+  const int64_t have = rope_->table.defined() ? rope_->table.size(0) : 0;
+  if (positions <= have) return rope_->table;
+  // cos | sin of one angle per frequency, computed in float64 exactly as the reference does, then
+  // rounded to float32: row p does not depend on the table's length. Doubling bounds the growths.
+  const int64_t n = std::min(config_.max_sequence_length, std::max(positions, 2 * have));
+  TORCH_CHECK(positions <= n, "positions up to ", positions, " exceed max_sequence_length = ",
+              config_.max_sequence_length);
+  const at::Tensor angles =
+      at::arange(n, rope_->inv_freq.options()).unsqueeze(1).mul(rope_->inv_freq.unsqueeze(0));
+  if (rope_->table.defined()) rope_->retired.push_back(rope_->table);
+  rope_->table = at::cat({angles.cos(), angles.sin()}, 1).to(at::kFloat).contiguous();
+  return rope_->table;
 }
 
 at::Tensor Model::new_kv(int64_t rows, int64_t length) const {
@@ -215,6 +233,11 @@ at::Tensor Model::forward(const ForwardBatch& batch) const {
   check(b);
   const auto& c = config_;
   const int64_t T = b.tokens.size(0), R = b.cu_seqlens.size(0) - 1, hd = c.head_dim();
+  // A bound on the positions, for the RoPE table: the caller's, else the KV length (positions
+  // index it), else read from the positions (a device sync off the CPU; the decode loops say it).
+  int64_t positions = b.max_positions;
+  if (positions <= 0) positions = b.kv.defined() ? b.kv.size(4) : (T > 0 ? b.positions.max().item<int64_t>() + 1 : 1);
+  const at::Tensor rope_table = this->rope_table(positions);
   const int64_t q_width = c.n_heads * hd, kv_width = c.n_kv_heads * hd;
   const auto index_opts = b.tokens.options();
 
@@ -245,10 +268,10 @@ at::Tensor Model::forward(const ForwardBatch& batch) const {
     at::Tensor k = qkv.narrow(1, q_width, kv_width).view({T, c.n_kv_heads, hd});
     at::Tensor v = qkv.narrow(1, q_width + kv_width, kv_width).view({T, c.n_kv_heads, hd});
     if (write) {  // rotate q and k and fill the fresh K/V slots in one pass
-      ops::rope_kv_write_(q, k, v, b.positions, rope_table_, b.kv, b.cu_seqlens, kv_rows, l);
+      ops::rope_kv_write_(q, k, v, b.positions, rope_table, b.kv, b.cu_seqlens, kv_rows, l);
     } else {
-      ops::rope_(q, b.positions, rope_table_);
-      ops::rope_(k, b.positions, rope_table_);
+      ops::rope_(q, b.positions, rope_table);
+      ops::rope_(k, b.positions, rope_table);
     }
     at::Tensor attn = ops::packed_attention(q, k, v, b.cu_seqlens, attn_kv, attn_rows, cache_lens, l, attend_fresh);
     h = ops::add_rms_norm_(x, ops::linear(attn, w.attn_out), w.ff_norm, c.rms_norm_eps);

@@ -6,6 +6,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 
+#include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -36,9 +38,21 @@ class Model : public Network {
 
  private:
   void build(const std::unordered_map<std::string, at::Tensor>& weights, c10::ScalarType dtype);
+  // The RoPE table [n, head_dim] (cos | sin per position, float32) with n >= positions: sized by
+  // what forwards need (grown, never shrunk), not by max_sequence_length (Dream: 131072).
+  at::Tensor rope_table(int64_t positions) const;
+
+  // The RoPE table and the ones it replaced: a table outgrown while another thread's forward or a
+  // recorded CUDA graph still reads it stays alive with the model.
+  struct Rope {
+    std::mutex mutex;
+    at::Tensor table, inv_freq;
+    std::vector<at::Tensor> retired;
+  };
 
   ModelConfig config_;
-  at::Tensor wte_, ln_f_, lm_head_, rope_table_;
+  at::Tensor wte_, ln_f_, lm_head_;
+  std::shared_ptr<Rope> rope_ = std::make_shared<Rope>();
   std::vector<LayerWeights> layers_;
 };
 

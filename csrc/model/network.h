@@ -32,6 +32,7 @@ struct ForwardBatch {
   at::Tensor kv_rows;      // [R] int64: KV row of each query row (default: r)
   at::Tensor prefix_lens;  // [R] int64, prefix mode: cached slots [0, s) attended
   at::Tensor logit_index;  // [n] int64 into [0, T): rows of the logits returned (default: all)
+  int64_t max_positions = 0;  // > 0: every position is below this (saves a device read of positions)
   KvMode mode = KvMode::kFull;
 };
 

@@ -34,6 +34,7 @@ ModelConfig config_from_dicts(const c10::Dict<std::string, int64_t>& ints, const
   const int64_t bias = get_optional_int("attention_bias", 0);
   TORCH_CHECK_VALUE(bias == 0 || bias == 1, "config: key 'attention_bias' must be 0 or 1, got ", bias);
   c.attention_bias = bias == 1;
+  c.proposal_vocab = get_optional_int("proposal_vocab", 0);
   c.d_model = get_int("d_model");
   c.n_layers = get_int("n_layers");
   c.n_heads = get_int("n_heads");

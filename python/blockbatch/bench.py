@@ -154,7 +154,7 @@ def run_bench(engine, samples: list[Sample], policies: dict[str, DecodeOptions],
                    "generated_tokens": len(gen.ids), "committed": sum(gen.stats["committed_per_step"])}
             if ref_model is not None:
                 start = time.perf_counter()
-                ref_tokens = reference_decode(ref_model, ids, options)
+                ref_tokens = reference_decode(ref_model, ids, options, engine.checkpoint.proposal_vocab)
                 rec["reference_wall_ms"] = (time.perf_counter() - start) * 1e3
                 rec["reference_equal"] = bool(torch.equal(ref_tokens, torch.tensor(ids.tolist() + gen.raw_ids)))
             records.append(rec)
@@ -189,14 +189,23 @@ def run_bench(engine, samples: list[Sample], policies: dict[str, DecodeOptions],
     return {"summary": summary, "records": records, "peak_rss_mb": peak_rss_mb()}
 
 
-def reference_decode(ref_model, ids: torch.Tensor, o: DecodeOptions) -> torch.Tensor:
-    """The same request through the pure-PyTorch reference loop (what the authors' code does)."""
+def reference_decode(ref_model, ids: torch.Tensor, o: DecodeOptions, proposal_vocab: int | None = None) -> torch.Tensor:
+    """The same request through the pure-PyTorch reference loop (what the authors' code does), for
+    the model's family: the full canvas row (a BlockBatch row cut at its EOS continues with EOS)."""
+    family = ref_model.config.family
+    if family == "dream":
+        from .reference.dream import decode_with_options
+
+        tokens = decode_with_options(ref_model, ids.tolist(), o, proposal_vocab).tokens
+        full = ids.numel() + o.gen_length
+        return torch.tensor(tokens + [ref_model.config.eos_token_id] * (full - len(tokens)), dtype=torch.long)
     if o.policy == "blockbatch":
         from .reference.blockbatch import blockbatch_generate
 
-        return blockbatch_generate(ref_model, ids, o.gen_length, o.block_sizes, threshold=o.threshold,
-                                   merge_gate=o.merge_gate, sync_gap=o.sync_gap, refresh_tokens=o.refresh_tokens,
-                                   refresh_mode=o.refresh_mode, prob_floor=o.prob_floor, stop_on_eos=o.eos_exit,
+        return blockbatch_generate(ref_model, ids, o.gen_length, o.resolved("block_sizes", family),
+                                   threshold=o.threshold, merge_gate=o.merge_gate, sync_gap=o.sync_gap,
+                                   refresh_tokens=o.refresh_tokens, refresh_mode=o.refresh_mode,
+                                   prob_floor=o.resolved("prob_floor", family), stop_on_eos=o.eos_exit,
                                    merge=o.merge, sync=o.sync, temperature=o.temperature, seed=o.seed).tokens
     from .reference.policies import generate
 

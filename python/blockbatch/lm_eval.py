@@ -44,7 +44,7 @@ from lm_eval.api.registry import register_model
 from . import contract
 from .bench import SPEC_OPTIONS, policy_kwargs
 from .engine import Engine
-from .options import DEFAULT_BLOCK_SIZES, DecodeOptions
+from .options import DecodeOptions
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -113,7 +113,8 @@ class BlockBatchLM(LM):
         length = self.gen_length or max_gen_toks or 128
         kw = policy_kwargs(self.policy_spec, length)
         if self.gen_length is None:  # round the canvas up to a multiple of every block size in use
-            sizes = kw.get("block_sizes", DEFAULT_BLOCK_SIZES) if kw["policy"] == "blockbatch" else [kw["block_length"]]
+            family_sizes = contract.BY_NAME["block_sizes"].default_for("blockbatch", self.engine.config.family)
+            sizes = (kw.get("block_sizes") or family_sizes) if kw["policy"] == "blockbatch" else [kw["block_length"]]
             if all(isinstance(b, int) and b > 0 for b in sizes):
                 unit = math.lcm(*sizes)
                 # parsed again at the rounded length, so that length-derived presets (vanilla's

@@ -192,6 +192,19 @@ class Checkpoint:
     def dtype(self) -> torch.dtype:
         return next(iter(self.weights.values())).dtype
 
+    @property
+    def proposal_vocab(self) -> int | None:
+        """Dream family: one past the largest id the tokenizer can produce, when the embedding table
+        is larger (Dream-7B: 152064 rows); the decoders never propose the ids above it. None: every
+        id (no tokenizer, a tokenizer covering the table, or the LLaDA family)."""
+        if self.tokenizer is None or self.config.family != "dream":
+            return None
+        ids = self.tokenizer.get_vocab(with_added_tokens=True).values()
+        bound = max(ids, default=-1) + 1
+        if bound >= self.config.vocab_size or bound <= self.config.eos_token_id:
+            return None
+        return bound
+
 
 def _weight_files(folder: str) -> tuple[dict[str, str], str]:
     """Map tensor name -> file that holds it, and the file that lists them (index or single file)."""

@@ -529,3 +529,46 @@ def test_absorb_cuda_equals_cpu(dtype):
         for k in ("canvas", "state", "map_ids", "map_probs"):
             assert torch.equal(gpu[k].cpu(), cpu[k]), f"seed {seed}: {k}"
         assert torch.allclose(gpu["eos_prob"].cpu(), cpu["eos_prob"], rtol=1e-12, atol=0)
+
+
+def _dream_models(dtype=torch.float32):
+    """A random Dream model (GQA 4:2 heads, q/k/v biases) on the CPU and the GPU."""
+    from blockbatch.dream_checkpoint import random_dream_config, random_dream_weights
+
+    config = random_dream_config(d_model=128, n_heads=4, n_kv_heads=2, mlp_hidden_size=256, vocab_size=64)
+    weights = random_dream_weights(config, seed=4, logit_scale=5.0)
+    return NativeModel(config, weights), NativeModel(config, weights, dtype=dtype, device="cuda")
+
+
+def _dream_options(policy):
+    if policy == "vanilla":
+        return DecodeOptions(policy="vanilla", gen_length=64, steps=32)
+    if policy == "blockbatch":
+        return DecodeOptions(policy="blockbatch", gen_length=64, block_sizes=(4, 8, 16, 32), threshold=0.95)
+    return DecodeOptions(policy=policy, gen_length=64, block_length=16)
+
+
+@pytest.mark.parametrize("policy", ["vanilla", "prefix", "dual", "blockbatch"])
+def test_dream_decode_on_gpu_float32_equals_cpu(policy):
+    cpu, gpu = _dream_models()
+    prompt = torch.tensor([3, 1, 4, 1, 5, 9, 2])
+    a = run_decode(cpu.obj, prompt, _dream_options(policy))
+    b = run_decode(gpu.obj, prompt.cuda(), _dream_options(policy))
+    agree = (a.tokens == b.tokens).float().mean().item()
+    assert agree == 1.0, f"Dream {policy}: float32 GPU/CPU token agreement {agree:.3f}"
+    assert a.stats["nfe"] == b.stats["nfe"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("policy", ["prefix", "dual", "blockbatch"])
+def test_dream_cuda_graph_replay_equals_eager(policy, dtype):
+    """Dream decodes with recorded CUDA graphs (repeated window shapes) equal eager decodes."""
+    _, gpu = _dream_models(dtype)
+    prompt = torch.tensor([3, 1, 4, 1, 5, 9, 2], device="cuda")
+    options = _dream_options(policy)
+    eager = run_decode(gpu.obj, prompt, options.replace(cuda_graphs=False))
+    graph = run_decode(gpu.obj, prompt, options.replace(cuda_graphs=True))
+    assert torch.equal(eager.tokens, graph.tokens)
+    skip = {"wall_ms", "graph_captures", "graph_replays"}
+    assert {k: v for k, v in eager.stats.items() if k not in skip} == {k: v for k, v in graph.stats.items() if k not in skip}
+    assert graph.stats["graph_replays"] >= 1
