@@ -2,7 +2,7 @@
 # GPU check: build from source on the GPU machine, run the GPU tests, then the GPU benchmarks,
 # writing results into the folder given as $1 (within 8 minutes on one H200):
 #   env.txt (GPU, toolkit, versions, kernel resource usage), gpu_check.log, gpu_tests.xml,
-#   bench_gpu_step.json, gpu_decode_check.json, ops_tests.xml; then the opt-in kernels
+#   bench_gpu_step.json, gpu_decode_check.json, bench_gpu_dream.json (+ .png), ops_tests.xml; then the opt-in kernels
 #   ("candidates", python/blockbatch/settings.py): candidate_tests_*.xml, bench_gpu_candidates.json,
 #   gpu_decode_candidates.json; a short table ends the log.
 #   bash benchmarks/gpu_check.sh "$OUT"
@@ -52,6 +52,8 @@ export PYTHONUNBUFFERED=1
   timeout 180 "$PY" benchmarks/bench_gpu_step.py --out "$OUT"
   echo "== GPU decode check ($(date +%T))"
   timeout 100 "$PY" benchmarks/gpu_decode_check.py --out "$OUT" --n 50
+  echo "== Dream-7B vs LLaDA-8B shape: steps and Dream decodes, bf16 ($(date +%T))"
+  timeout 150 "$PY" benchmarks/bench_gpu_dream.py --out "$OUT"
   echo "== op checks with the CUDA build ($(date +%T))"
   timeout 90 "$PY" -m pytest -q --tb=short -p no:logging tests/ops/test_ops.py --junitxml="$OUT/ops_tests.xml"
   # One process per candidate: a kernel that faults ends its process's CUDA context, and would

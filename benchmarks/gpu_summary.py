@@ -135,6 +135,21 @@ def decode(path: str) -> list[str]:
     return lines
 
 
+def dream(path: str) -> list[str]:
+    if not os.path.exists(path):
+        return [f"{os.path.basename(path)}: missing"]
+    data = json.load(open(path))
+    lines = [f"{os.path.basename(path)} ({data['shape']}, {data['dtype']}, L {data['L']})"]
+    for fam, r in data["models"].items():
+        lines.append(f"{fam}: BlockBatch step ({r['bb_step_query_tokens']} tokens) {r['bb_step_ms']:.2f} ms, "
+                     f"dual 32-token step {r['dual_step_ms']:.2f} ms, full forward {r['full_forward_ms']:.2f} ms")
+        for name, d in r.get("decode", {}).items():
+            lines.append(f"  decode {name}: {d['median_ms']:.1f} ms, NFE {d['nfe']}, {d['ms_per_forward']:.2f} ms/forward")
+    if "dream_over_llada" in data:
+        lines.append("dream / llada: " + ", ".join(f"{k} {v:.3f}" for k, v in data["dream_over_llada"].items()))
+    return lines
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or not os.path.isdir(argv[0]):
@@ -143,6 +158,7 @@ def main(argv=None) -> int:
     d = argv[0]
     out = tests(os.path.join(d, "gpu_tests.xml")) + tests(os.path.join(d, "ops_tests.xml"))
     out += steps(os.path.join(d, "bench_gpu_step.json")) + decode(os.path.join(d, "gpu_decode_check.json"))
+    out += dream(os.path.join(d, "bench_gpu_dream.json"))
     out += ["== opt-in kernels (candidates)"]
     for path in candidate_test_files(d) or [os.path.join(d, "candidate_tests_*.xml")]:
         out += tests(path)
