@@ -47,3 +47,20 @@ def test_summary_lists_each_candidate_file(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "candidate_tests_gemm.xml: " in out and "candidate_tests_pdl.xml: 1 passed, 0 failed" in out
     assert "FAILED test_stream_linear_error_within_2x_cublas[1-64-32-dtype0-staged]" in out
+
+
+def test_dream_benchmark_smoke_run_and_summary(tmp_path):
+    """bench_gpu_dream.py at its tiny shape on the CPU writes the JSON and PNG gpu_summary reads."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu_dream.py"), "--out", str(tmp_path),
+                          "--shape", "tiny", "--device", "cpu", "--repeats", "1", "--gen-length", "64",
+                          "--decodes", "1"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    data = json.loads((tmp_path / "bench_gpu_dream.json").read_text())
+    assert data["models"]["dream"]["bb_step_query_tokens"] == 124 and data["models"]["llada"]["bb_step_query_tokens"] == 252
+    assert {"dual", "blockbatch"} <= data["models"]["dream"]["decode"].keys()
+    assert (tmp_path / "bench_gpu_dream.png").stat().st_size > 0
+    lines = gpu_summary.dream(str(tmp_path / "bench_gpu_dream.json"))
+    assert lines[1].startswith("dream: BlockBatch step (124 tokens)") and lines[-1].startswith("dream / llada:")
