@@ -15,7 +15,14 @@ DecodeResult decode(const Network& model, const std::vector<int64_t>& prompt, co
                     const int64_t* cancel) {
   const ModelConfig& c = model.config();
   // The policies see every option set: the table's per-policy / per-family defaults filled in.
-  const DecodeOptions o = options.resolved(family_name(c.family));
+  DecodeOptions o = options.resolved(family_name(c.family));
+  if (!options.block_sizes) {  // the family's default branches: the sizes that divide gen_length
+    std::vector<int64_t> fit;
+    for (int64_t b : *o.block_sizes) {
+      if (o.gen_length % b == 0) fit.push_back(b);
+    }
+    if (!fit.empty()) o.block_sizes = fit;  // else validate() names the first that does not divide
+  }
   o.validate(c, static_cast<int64_t>(prompt.size()));
   for (size_t i = 0; i < prompt.size(); ++i) {
     TORCH_CHECK_VALUE(prompt[i] >= 0 && prompt[i] < c.vocab_size, "prompt_ids[", i, "] = ", prompt[i],

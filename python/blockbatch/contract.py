@@ -142,7 +142,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("top_k", "int", None, "Dream vanilla / prefix / dual: propose only from the top_k most probable "
            "tokens", policies=SINGLE_BRANCH, optional=True, none_doc="off", lo=1, group="dream"),
     Option("block_sizes", "int[]", (4, 8, 16, 32, 64, 128), "blockbatch: one branch per block size; each divides "
-           "gen_length, no repeats", policies=("blockbatch",), lo=1, max_items=MAX_BRANCHES,
+           "gen_length, no repeats (unset: the family's default sizes that divide gen_length)", policies=("blockbatch",), lo=1, max_items=MAX_BRANCHES,
            by_family=(("dream", (4, 8, 16, 32, 64)),), group="blockbatch"),
     Option("merge_gate", "float", 0.5, "merge a token into a branch when that branch's own probability of it "
            "exceeds this", policies=("blockbatch",), lo=0.0, lo_open=True, hi=1.0, group="blockbatch"),

@@ -113,7 +113,9 @@ class BlockBatchLM(LM):
         length = self.gen_length or max_gen_toks or 128
         kw = policy_kwargs(self.policy_spec, length)
         if self.gen_length is None:  # round the canvas up to a multiple of every block size in use
-            family_sizes = contract.BY_NAME["block_sizes"].default_for("blockbatch", self.engine.config.family)
+            engine = getattr(self, "engine", None)  # None while __init__ checks the options, before loading
+            family = engine.config.family if engine is not None else contract.FAMILIES[0]
+            family_sizes = contract.BY_NAME["block_sizes"].default_for("blockbatch", family)
             sizes = (kw.get("block_sizes") or family_sizes) if kw["policy"] == "blockbatch" else [kw["block_length"]]
             if all(isinstance(b, int) and b > 0 for b in sizes):
                 unit = math.lcm(*sizes)

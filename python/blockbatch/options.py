@@ -55,6 +55,9 @@ def _resolved(self, name: str, family: str = contract.FAMILIES[0]) -> Any:
     """Option `name` with a None that the table resolves replaced by its per-policy / per-family default."""
     value = getattr(self, name)
     o = contract.BY_NAME[name]
+    if value is None and name == "block_sizes":  # the family's default branches that divide gen_length
+        sizes = o.default_for(self.policy, family)
+        return tuple(b for b in sizes if self.gen_length % b == 0) or sizes
     return o.default_for(self.policy, family) if value is None and o.resolved_by_table else value
 
 

@@ -127,6 +127,12 @@ INVALID = {
     "cuda_graphs": st.one_of(st.integers(), st.floats()),
     "timeout_s": st.one_of(st.floats().filter(lambda v: not (0 <= v < float("inf"))), st.text(max_size=3)),
     "steps": st.one_of(st.integers(max_value=-1), st.integers(min_value=129), st.floats(), st.text(max_size=3)),
+    "alg": st.one_of(st.text(max_size=8).filter(lambda v: v not in ("confidence", "margin", "entropy", "origin")),
+                     st.integers()),
+    "alg_temp": st.one_of(st.floats().filter(lambda v: not (0 <= v < float("inf"))), st.text(max_size=3)),
+    "eps": st.one_of(st.floats().filter(lambda v: not 0 < v < 1), st.booleans()),
+    "top_p": st.one_of(st.floats().filter(lambda v: not 0 < v <= 1), st.text(max_size=3)),
+    "top_k": st.one_of(st.integers(max_value=0), st.floats(), st.booleans()),
 }
 
 

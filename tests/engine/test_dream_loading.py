@@ -140,17 +140,18 @@ def test_mask_id_outside_vocabulary(tmp_path):
         load_checkpoint(tmp_path)
 
 
-def test_native_decode_refuses_dream(tmp_path):
-    """The native forward runs Dream (tests/ops/test_dream_forward.py); its decode loop does not yet,
-    and says so instead of decoding with LLaDA's semantics."""
+def test_engine_decodes_with_the_checkpoints_family(tmp_path):
+    """The family comes from the checkpoint: the same options decode a Dream folder with Dream's
+    semantics (tests/decode/test_dream_native.py holds them to the authors' runs)."""
     from blockbatch import DecodeOptions
     from blockbatch.engine import Engine
 
     make_random_dream_checkpoint(tmp_path)
     engine = Engine.from_pretrained(tmp_path)
     assert engine.config.family == "dream"
-    with pytest.raises(ValueError, match="the native decode loop does not run the dream family yet"):
-        engine.generate([[3, 4, 5]], DecodeOptions(gen_length=8, block_length=8))
+    [gen] = engine.generate([[3, 4, 5]], DecodeOptions(policy="blockbatch", gen_length=16))
+    assert [b["block_size"] for b in gen.stats["branches"]] == [4, 8, 16]  # Dream's 4..64 that divide 16
+    assert gen.stats["nfe"] == gen.stats["nfe_init"] + gen.stats["nfe_block"] + gen.stats["nfe_refresh"]
 
 
 def test_reference_forward_is_a_qwen2_body(tmp_path):
