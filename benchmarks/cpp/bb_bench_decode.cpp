@@ -39,7 +39,8 @@ void print_usage() {
   std::cout <<
       "bb_bench_decode: decode prompts from a JSONL file with the native BlockBatch loop and time it.\n\n"
       "Usage: bb_bench_decode --model DIR --prompts FILE.jsonl [options]\n\n"
-      "  --model DIR          Hugging Face LLaDA checkpoint folder (read by the strict C++ reader)\n"
+      "  --model DIR          Hugging Face LLaDA or Dream checkpoint folder (read by the strict C++ reader;\n"
+      "                       the family is config.json's model_type)\n"
       "  --prompts FILE       JSONL, one object per line: {\"prompt_ids\": [...], \"expected_ids\": [...]}\n"
       "  --dtype T            float32 (default) or bfloat16\n"
       "  --repeats R          decode every prompt R times; the median time is reported (default 1)\n"
@@ -49,7 +50,7 @@ void print_usage() {
       "Decode options (the same as blockbatch generate's and the op's; the policy defaults to blockbatch\n"
       "here; booleans also as --NAME / --no-NAME; 'none' where a value may be None):\n"
    << blockbatch::options_help() <<
-      "\nOutput: one line\n"
+      "\nOutput: the config read (model family=... d_model=... ...), then one line\n"
       "  result policy=... prompts=N nfe_mean=... ms_per_sample=... tokens_per_s=...\n"
       "and with --verify: Disposition: Passed | Failed (k of N prompts differ)\n";
 }
@@ -179,6 +180,7 @@ int main(int argc, char** argv) {
   if (o.threads > 0) at::set_num_threads(o.threads);
   return blockbatch::bench::run_main([&]() -> int {
     blockbatch::Model model = blockbatch::bench::load_model(o.model, o.dtype);
+    blockbatch::bench::print_config(model.config());
     const auto samples = read_prompts(o.prompts, o.verify);
     double nfe_sum = 0, generated = 0;
     std::vector<double> ms;

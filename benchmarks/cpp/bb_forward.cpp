@@ -1,5 +1,5 @@
-// bb_forward: load a Hugging Face LLaDA checkpoint with the strict C++ reader and time the
-// native packed forward. One result line per configuration.
+// bb_forward: load a Hugging Face LLaDA or Dream checkpoint with the strict C++ reader and time
+// the native packed forward. One result line per configuration.
 //
 //   bb_forward --model DIR [--dtype float32|bfloat16] [--mode full|dual|prefix]
 //              [--lengths 4,8,16,32,64,128] [--canvas 512] [--iters 5] [--threads N]
@@ -35,9 +35,10 @@ struct Options {
 
 void print_usage() {
   std::cout <<
-      "bb_forward: time the native BlockBatch forward on a Hugging Face LLaDA checkpoint.\n\n"
+      "bb_forward: time the native BlockBatch forward on a Hugging Face LLaDA or Dream checkpoint.\n\n"
       "Usage: bb_forward --model DIR [options]\n\n"
-      "  --model DIR        checkpoint folder (config.json + model.safetensors or sharded index)\n"
+      "  --model DIR        checkpoint folder (config.json + model.safetensors or sharded index); the family\n"
+      "                     (LLaDA or Dream) is config.json's model_type\n"
       "  --dtype T          float32 (default) or bfloat16: weights are converted on load\n"
       "  --mode M           dual (default): each row's window attends to its own KV row of --canvas slots;\n"
       "                     prefix: window + nothing cached before it; full: whole canvas per row\n"
@@ -47,7 +48,9 @@ void print_usage() {
       "  --threads N        intra-op threads (default: torch's choice)\n"
       "  --help             this text\n\n"
       "Query tokens are (i * 7919) mod vocab for packed token i; positions end at the canvas end\n"
-      "(mode full: start at 0); the KV rows start zeroed. Prints the logits statistics and one line:\n"
+      "(mode full: start at 0); the KV rows start zeroed. The logits are the model's outputs, unshifted\n"
+      "(Dream reads position p from output p - 1; not applied here). Prints the config read\n"
+      "(model family=... d_model=... ...), the logits statistics and one line:\n"
       "  result mode=... rows=... tokens=... canvas=... ms_median=... tokens_per_s=...\n";
 }
 
@@ -106,6 +109,7 @@ int main(int argc, char** argv) {
   return blockbatch::bench::run_main([&]() -> int {
     blockbatch::Model model = blockbatch::bench::load_model(o.model, o.dtype);
     const auto& c = model.config();
+    blockbatch::bench::print_config(c);
     const int64_t L = std::min(o.canvas, c.max_sequence_length);
     blockbatch::ForwardBatch b;
     b.mode = blockbatch::parse_kv_mode(o.mode);

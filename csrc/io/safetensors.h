@@ -48,16 +48,21 @@ class SafetensorsFile : public std::enable_shared_from_this<SafetensorsFile> {
 // and the file size; throws c10::Error naming the file (missing, symbolic link loop, ...).
 int open_regular_file(const std::string& path, const char* what, uint64_t* size);
 
-// Parse config.json text into a validated ModelConfig (errors name `where` and the key).
-ModelConfig parse_model_config(const std::string& text, const std::string& where);
+// Parse config.json text into a validated ModelConfig (errors name `where` and the key the file
+// holds). The family follows model_type: "llada" (LLaDA keys) or "Dream" (Qwen2 keys: hidden_size,
+// num_hidden_layers, ...; q/k/v biases). For Dream, special ids config.json lacks (mask, eos, pad,
+// bos) are taken from generation_config_path when that file exists, as the Python loader does.
+ModelConfig parse_model_config(const std::string& text, const std::string& where,
+                               const std::string& generation_config_path = "");
 
 struct LoadedCheckpoint {
   ModelConfig config;
   std::unordered_map<std::string, at::Tensor> weights;  // HF names, CPU, mmapped
 };
 
-// Read a Hugging Face checkpoint folder: config.json plus model.safetensors or the shards of
-// model.safetensors.index.json. Tensor names and shapes are checked against the config.
+// Read a Hugging Face checkpoint folder (LLaDA or Dream): config.json (+ generation_config.json
+// for Dream) plus model.safetensors or the shards of model.safetensors.index.json. Tensor names
+// (the family's Hugging Face names) and shapes are checked against the config.
 LoadedCheckpoint load_checkpoint(const std::string& folder);
 
 }  // namespace blockbatch::io

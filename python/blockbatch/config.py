@@ -163,8 +163,9 @@ class ModelConfig:
         """Dream checks, worded with the Hugging Face keys of a Dream ``config.json``.
 
         The C++ validator (``torch.ops.blockbatch.check_config``) checks the same shapes under the
-        LLaDA key names and knows nothing of the family yet; until the native engine runs Dream,
-        these checks live here so that the message names the key the user actually wrote.
+        LLaDA key names; these checks live here so that the message names the key the user
+        actually wrote. The C++ checkpoint reader (``csrc/io/checkpoint.cpp``, the ``bb_*``
+        binaries) gives the same messages; keep the two in step.
         """
 
         def bad(key: str, msg: str) -> CheckpointError:
