@@ -262,7 +262,7 @@ std::string options_help() {
       "  --eps X\n      Dream vanilla: the schedule's last time step (t runs from 1 down to eps over steps); in (0, 1); default 0.001\n"
       "  --top-p X\n      Dream vanilla / prefix / dual: propose only from the most probable tokens holding this much probability; in (0, 1]; default none; 'none': off\n"
       "  --top-k N\n      Dream vanilla / prefix / dual: propose only from the top_k most probable tokens; >= 1; default none; 'none': off\n"
-      "  --block-sizes LIST\n      blockbatch: one branch per block size; each divides gen_length, no repeats; up to 16 entries, each >= 1; default 4,8,16,32,64,128; dream models: 4,8,16,32,64\n"
+      "  --block-sizes LIST\n      blockbatch: one branch per block size; each divides gen_length, no repeats (unset: the family's default sizes that divide gen_length); up to 16 entries, each >= 1; default 4,8,16,32,64,128; dream models: 4,8,16,32,64\n"
       "  --merge-gate X\n      merge a token into a branch when that branch's own probability of it exceeds this; in (0, 1]; default 0.5\n"
       "  --sync-gap N\n      copy the leader into a branch lagging by more than this many tokens; in [0, 2^30]; default 8\n"
       "  --refresh-tokens N\n      full-canvas KV refresh of a branch every this many decoded tokens (0: never); in [0, 2^30]; default 32\n"

@@ -57,7 +57,7 @@ struct DecodeOptions {
   std::optional<double> top_p = std::nullopt;
   // Dream vanilla / prefix / dual: propose only from the top_k most probable tokens; nullopt: off
   std::optional<int64_t> top_k = std::nullopt;
-  // blockbatch: one branch per block size; each divides gen_length, no repeats; nullopt: the per-policy / per-family default (resolved())
+  // blockbatch: one branch per block size; each divides gen_length, no repeats (unset: the family's default sizes that divide gen_length); nullopt: the per-policy / per-family default (resolved())
   std::optional<std::vector<int64_t>> block_sizes = std::nullopt;
   // merge a token into a branch when that branch's own probability of it exceeds this
   double merge_gate = 0.5;

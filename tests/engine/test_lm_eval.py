@@ -129,7 +129,7 @@ def test_bad_arguments_are_named(lm):
     with pytest.raises(ValueError, match="gen_length"):
         BlockBatchLM(gen_length=0)
     with pytest.raises(ValueError, match="block size 64 in block_sizes must be a positive divisor of gen_length = 96"):
-        BlockBatchLM(policy="blockbatch", gen_length=96)
+        BlockBatchLM(policy="blockbatch", gen_length=96, block_sizes="32/64")
     with pytest.raises(ValueError, match="top_p=0.9"):
         lm.generate_until([_request("1+1=__", top_p=0.9)], disable_tqdm=True)
     with pytest.raises(ValueError, match="'penalty_alpha'"):
