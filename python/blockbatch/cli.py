@@ -120,7 +120,9 @@ def summary_line(stats: dict) -> str:
                 f"paper NFE {stats['nfe_paper']}, winner block {stats['winner_block_size']}"
                 f"{' (EOS exit)' if stats['early_exit'] else ''}, merged {sum(b['merged'] for b in branches)}, "
                 f"synced {sum(b['copied'] for b in branches)} tokens, {stats['wall_ms']:.1f} ms")
-    return (f"[{stats['policy']} block {stats['branches'][0]['block_size']}] nfe={stats['nfe']} "
+    block = stats["branches"][0]["block_size"]
+    where = f"block {block}" if block else "whole canvas"  # Dream's vanilla sampler has no blocks
+    return (f"[{stats['policy']} {where}] nfe={stats['nfe']} "
             f"(full {stats['nfe_full']} + block {stats['nfe_block']}), {tpf:.2f} tokens/forward, "
             f"{stats['wall_ms']:.1f} ms")
 
