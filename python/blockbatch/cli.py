@@ -2,7 +2,8 @@
 
     blockbatch generate [--model DIR] [--policy P] PROMPT...   decode prompts (default: the shipped toy model)
     blockbatch forward --model DIR          load a checkpoint, run one native forward, print logits stats
-    blockbatch make-random DIR [--seed N]   write a random LLaDA checkpoint (for trying things out)
+    blockbatch make-random DIR [--family dream] [--preset dream-7b]
+                                            write a random LLaDA or Dream checkpoint (for trying things out)
 
 Run ``blockbatch COMMAND --help`` for every option.
 """
@@ -184,34 +185,87 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+# Shape flags of make-random -> ModelConfig field, and their defaults per family (Dream: GQA).
+_SHAPE_FLAGS = {"d_model": "d_model", "layers": "n_layers", "heads": "n_heads", "kv_heads": "n_kv_heads",
+                "mlp": "mlp_hidden_size", "vocab": "vocab_size"}
+_SHAPE_DEFAULTS = {"d_model": 128, "layers": 2, "heads": 4, "mlp": 256, "vocab": 256}
+PRESETS = {"dream-7b": "dream"}  # preset -> family
+_SHARD_BYTES = 5 * 10**9  # presets are written in shards of at most 5 GB, as save_pretrained does
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _make_random_shape(args: argparse.Namespace, family: str) -> dict:
+    """ModelConfig fields of the shape make-random writes (the preset's, or the flags' with defaults)."""
+    given = [name for name in _SHAPE_FLAGS if getattr(args, name) is not None]
+    if args.preset is not None:
+        if given:
+            raise UsageError(f"--preset {args.preset} fixes the shape; drop "
+                             f"{' / '.join(_flag(n) for n in given)} (or drop --preset to choose the shape)")
+        from .dream_checkpoint import DREAM_7B
+
+        return dict(DREAM_7B)
+    shape = {_SHAPE_FLAGS[n]: getattr(args, n) if getattr(args, n) is not None else _SHAPE_DEFAULTS[n]
+             for n in _SHAPE_FLAGS if n != "kv_heads"}
+    heads = shape["n_heads"]
+    if args.kv_heads is not None:
+        shape["n_kv_heads"] = args.kv_heads
+    else:  # LLaDA: no GQA by default; Dream: half as many KV heads (GQA, as Dream has)
+        shape["n_kv_heads"] = heads // 2 if family == "dream" and heads % 2 == 0 and heads > 1 else heads
+    return shape
+
+
 def _cmd_make_random(args: argparse.Namespace) -> int:
     from .config import ModelConfig
-    from .loading import CONFIG_NAME, INDEX_NAME, TOKENIZER_CONFIG_NAME, TOKENIZER_NAME, WEIGHTS_NAME
-    from .random_checkpoint import make_random_checkpoint, random_config
+    from .loading import (CONFIG_NAME, INDEX_NAME, TOKENIZER_CONFIG_NAME, TOKENIZER_NAME, WEIGHTS_NAME,
+                          expected_weight_shapes)
 
+    family = args.family
+    if args.preset is not None:
+        if family is not None and family != PRESETS[args.preset]:
+            raise UsageError(f"--preset {args.preset} is a {PRESETS[args.preset]} shape, but --family is {family}; "
+                             f"drop --family or pass --family {PRESETS[args.preset]}")
+        family = PRESETS[args.preset]
+    family = family or "llada"
     if os.path.lexists(args.out) and not os.path.isdir(args.out):
         raise UsageError(f"{args.out}: exists and is not a directory; make-random writes a checkpoint folder")
     present = [n for n in (CONFIG_NAME, WEIGHTS_NAME, INDEX_NAME, TOKENIZER_NAME, TOKENIZER_CONFIG_NAME)
                if os.path.lexists(os.path.join(args.out, n))]
     if present and not args.force:
         raise UsageError(f"{args.out}: already holds {', '.join(present)}; pass --force to overwrite that checkpoint")
-    config: ModelConfig = random_config(d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
-                                        n_kv_heads=args.kv_heads or args.heads, mlp_hidden_size=args.mlp,
-                                        vocab_size=args.vocab)  # CheckpointError naming a bad size
-    from .loading import expected_weight_shapes
+    shape = _make_random_shape(args, family)
+    if family == "dream":
+        from .dream_checkpoint import make_random_dream_checkpoint as make, random_dream_config as make_config
+    else:
+        from .random_checkpoint import make_random_checkpoint as make, random_config as make_config
+    config: ModelConfig = make_config(**shape)  # CheckpointError naming a bad size
 
-    nbytes = sum(math.prod(s) for s in expected_weight_shapes(config).values()) * DTYPES[args.dtype].itemsize
+    dtype = DTYPES[args.dtype]
+    params = sum(math.prod(s) for s in expected_weight_shapes(config).values())
+    nbytes = params * dtype.itemsize
     memory = _physical_memory()
     if memory and 2 * nbytes > memory:
-        raise UsageError(f"a checkpoint of this shape is {nbytes / 2**30:.1f} GiB, too large to build in this "
-                         f"machine's {memory / 2**30:.1f} GiB of memory; pass smaller --d-model / --layers / --mlp "
-                         "/ --vocab")
-    config = make_random_checkpoint(args.out, seed=args.seed, dtype=DTYPES[args.dtype], logit_scale=args.logit_scale,
-                                    d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
-                                    n_kv_heads=args.kv_heads or args.heads, mlp_hidden_size=args.mlp,
-                                    vocab_size=args.vocab)
-    print(f"wrote a random LLaDA checkpoint to {args.out} (d_model={config.d_model}, layers={config.n_layers}, "
-          f"vocab={config.vocab_size}, mask id {config.mask_token_id}, eos id {config.eos_token_id})")
+        what = (f"a {family} checkpoint of shape {args.preset} ({params / 1e9:.2f}B parameters) in {args.dtype}"
+                if args.preset else f"a {family} checkpoint of this shape in {args.dtype}")
+        if args.preset:
+            fix = (f"run it on a machine with at least {2 * nbytes / 2**30:.0f} GiB"
+                   + (", or pass --dtype bfloat16 to halve it" if dtype.itemsize > 2 else "")
+                   + f", or drop --preset {args.preset} and choose a small shape with --d-model / --layers / --mlp "
+                     "/ --vocab")
+        else:
+            fix = "pass smaller --d-model / --layers / --mlp / --vocab" + (
+                " or --dtype bfloat16" if dtype.itemsize > 2 else "")
+        raise UsageError(f"{what} is {nbytes / 2**30:.1f} GiB, too large to build in this machine's "
+                         f"{memory / 2**30:.1f} GiB of memory (writing it takes about twice its size): {fix}")
+    config = make(args.out, seed=args.seed, dtype=dtype, logit_scale=args.logit_scale,
+                  max_shard_bytes=_SHARD_BYTES if args.preset and nbytes > _SHARD_BYTES else None, **shape)
+    name = "Dream" if family == "dream" else "LLaDA"
+    print(f"wrote a random {name} checkpoint{f' (preset {args.preset})' if args.preset else ''} to {args.out}: "
+          f"d_model={config.d_model}, layers={config.n_layers}, heads={config.n_heads}/{config.n_kv_heads} (q/kv), "
+          f"mlp={config.mlp_hidden_size}, vocab={config.vocab_size}, {params / 1e6:.2f}M parameters in {args.dtype} "
+          f"({nbytes / 2**20:.1f} MiB); mask id {config.mask_token_id}, eos id {config.eos_token_id}")
     return 0
 
 
@@ -298,18 +352,42 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --text: encode characters outside the vocabulary as the unknown token")
     p.set_defaults(func=_cmd_forward)
 
-    p = sub.add_parser("make-random", help="write a random LLaDA checkpoint folder",
-                       description="Write a checkpoint with random weights in the exact HF LLaDA layout.")
+    p = sub.add_parser(
+        "make-random", help="write a random LLaDA or Dream checkpoint folder",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Write a checkpoint with random weights in the exact Hugging Face layout of its family: LLaDA\n"
+                    "(model.transformer.*, config.json) or Dream (Qwen2 names with q/k/v biases, config.json with\n"
+                    "model_type \"Dream\", generation_config.json). The weights are random: such a checkpoint\n"
+                    "exercises loading, the forward and the decoders at a given shape, never answers anything.\n"
+                    "The shipped trained toys are python/blockbatch/toy/checkpoint{,_dream}.",
+        epilog="examples:\n"
+               "  blockbatch make-random /tmp/llada                       (LLaDA, d_model 128, 2 layers, vocab 256)\n"
+               "  blockbatch make-random /tmp/dream --family dream        (Dream, same shape, 4 query / 2 KV heads)\n"
+               "  blockbatch make-random /tmp/dream --family dream --layers 4 --kv-heads 1\n"
+               "  blockbatch make-random /tmp/dream7b --preset dream-7b --dtype bfloat16\n"
+               "        (the real Dream-v0-7B shape: 7.6B parameters, about 15 GB in bfloat16, written in 5 GB\n"
+               "         shards; refused when the machine has less than about twice that in memory)\n"
+               "then e.g.: blockbatch forward --model /tmp/dream")
     p.add_argument("out", help="folder to create (or an empty / new one)")
+    p.add_argument("--family", choices=["llada", "dream"], default=None,
+                   help="model family and checkpoint layout (default llada; dream with --preset dream-7b)")
+    p.add_argument("--preset", choices=list(PRESETS), default=None,
+                   help="a published shape instead of the shape flags: dream-7b = Dream-v0-7B (d_model 3584, "
+                        "28 layers, 28/4 heads, mlp 18944, vocab 152064); use --dtype bfloat16")
     p.add_argument("--force", action="store_true", help="overwrite a checkpoint already in the folder")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", choices=list(DTYPES), default="float32")
-    p.add_argument("--d-model", type=int, default=128)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--kv-heads", type=int, default=None, help="default: --heads (no GQA)")
-    p.add_argument("--mlp", type=int, default=256)
-    p.add_argument("--vocab", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="weight dtype (default float32)")
+    shape = p.add_argument_group("shape (without --preset)")
+    shape.add_argument("--d-model", type=int, default=None, help=f"hidden size (default {_SHAPE_DEFAULTS['d_model']})")
+    shape.add_argument("--layers", type=int, default=None, help=f"default {_SHAPE_DEFAULTS['layers']}")
+    shape.add_argument("--heads", type=int, default=None, help=f"query heads (default {_SHAPE_DEFAULTS['heads']})")
+    shape.add_argument("--kv-heads", type=int, default=None,
+                       help="key/value heads, must divide --heads (default: --heads for llada, no GQA; half of "
+                            "--heads for dream)")
+    shape.add_argument("--mlp", type=int, default=None, help=f"MLP hidden size (default {_SHAPE_DEFAULTS['mlp']})")
+    shape.add_argument("--vocab", type=int, default=None,
+                       help=f"vocabulary size; the last id is the mask, the one before EOS (default "
+                            f"{_SHAPE_DEFAULTS['vocab']})")
     p.add_argument("--logit-scale", type=float, default=1.0, help="LM-head scale (sharper softmax when larger)")
     p.set_defaults(func=_cmd_make_random)
     return parser

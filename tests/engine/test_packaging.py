@@ -115,6 +115,8 @@ def test_sdist_holds_the_sources_and_no_build_outputs(tmp_path):
     for needed in ("CMakeLists.txt", "setup.py", "pyproject.toml", "MANIFEST.in", "csrc/model/model.cpp",
                    "csrc/kernels/branches.h", "csrc/kernels/cuda/attention.cu", "benchmarks/cpp/bb_forward.cpp",
                    "benchmarks/cpp/common.h", "python/blockbatch/toy/checkpoint/model.safetensors",
+                   "python/blockbatch/toy/checkpoint_dream/model.safetensors",
+                   "python/blockbatch/toy/checkpoint_dream/generation_config.json",
                    "python/blockbatch/_bin.py", "tests/ops/test_ops.py"):
         assert needed in names, needed
     assert not [n for n in names if n.endswith(".so") or n.startswith("python/blockbatch/bin/") or "__pycache__" in n]

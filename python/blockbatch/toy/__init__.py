@@ -1,24 +1,43 @@
-"""A small trained masked-diffusion LM shipped with the package, and the task it solves.
+"""Small trained masked-diffusion LMs shipped with the package, and the task they solve.
 
-``toy/checkpoint`` is a LLaDA-layout Hugging Face folder (``load_checkpoint`` reads it) trained
-by ``python -m blockbatch.toy.train`` on the chained-arithmetic task of ``toy.task``;
-``python -m blockbatch.toy.evaluate`` measures exact-match accuracy and NFE per decoder.
+Two checkpoints, trained by ``python -m blockbatch.toy.train`` on the chained-arithmetic task of
+``toy.task`` with the same character tokenizer, data and objective:
+
+* ``toy/checkpoint``: LLaDA layout (``--family llada``, the default);
+* ``toy/checkpoint_dream``: Hugging Face Dream layout (``--family dream``): q/k/v biases, GQA,
+  ``generation_config.json``, and Dream's shifted outputs (position ``p`` is read from the
+  output at ``p - 1``).
+
+``load_checkpoint`` reads either (the family comes from ``config.json``);
+``python -m blockbatch.toy.evaluate [--family dream]`` measures exact-match accuracy and NFE
+per decoder.
 """
 
 from __future__ import annotations
 
 import os
 
-CHECKPOINT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoint")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+CHECKPOINT_DIR = os.path.join(_HERE, "checkpoint")
+DREAM_CHECKPOINT_DIR = os.path.join(_HERE, "checkpoint_dream")
+CHECKPOINT_DIRS = {"llada": CHECKPOINT_DIR, "dream": DREAM_CHECKPOINT_DIR}
 
 
-def checkpoint_path() -> str:
-    """Folder of the shipped toy checkpoint."""
-    return CHECKPOINT_DIR
+def checkpoint_path(family: str = "llada") -> str:
+    """Folder of the shipped toy checkpoint of ``family`` (``"llada"`` or ``"dream"``)."""
+    try:
+        return CHECKPOINT_DIRS[family]
+    except KeyError:
+        raise ValueError(f"family must be one of {', '.join(CHECKPOINT_DIRS)}, got {family!r}") from None
 
 
-def load(dtype=None):
-    """The shipped toy checkpoint as a ``blockbatch.Checkpoint`` (config, weights, tokenizer)."""
+def dream_checkpoint_path() -> str:
+    """Folder of the shipped Dream-layout toy checkpoint (``checkpoint_path("dream")``)."""
+    return DREAM_CHECKPOINT_DIR
+
+
+def load(dtype=None, family: str = "llada"):
+    """A shipped toy checkpoint as a ``blockbatch.Checkpoint`` (config, weights, tokenizer)."""
     from ..loading import load_checkpoint
 
-    return load_checkpoint(CHECKPOINT_DIR, dtype)
+    return load_checkpoint(checkpoint_path(family), dtype)

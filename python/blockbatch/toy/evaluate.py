@@ -1,11 +1,19 @@
 """Exact-match accuracy and NFE of decoders on held-out toy problems.
 
-    python -m blockbatch.toy.evaluate [--checkpoint DIR] [--n 200] [--gen-length 64]
+    python -m blockbatch.toy.evaluate [--family llada|dream | --checkpoint DIR] [--n 200] [--gen-length 64]
         [--policies vanilla,prefix,dual] [--threshold 0.9] [--block-length 32] [--json FILE]
 
-``vanilla`` is one-token-per-step decoding (``steps = gen_length``, lowest-confidence
-remasking, no threshold); ``prefix`` and ``dual`` are the Fast-dLLM cached policies with the
-confidence-threshold commit rule. All run through ``blockbatch.reference.policies.generate``.
+LLaDA checkpoints: ``vanilla`` is one-token-per-step decoding (``steps = gen_length``,
+lowest-confidence remasking, no threshold); ``prefix`` and ``dual`` are the Fast-dLLM cached
+policies with the confidence-threshold commit rule. All run through
+``blockbatch.reference.policies.generate``.
+
+Dream checkpoints (``--family dream`` for the shipped Dream toy, or any ``--checkpoint`` whose
+``config.json`` says ``model_type: "Dream"``) run the float32 Dream decoders of
+``blockbatch.reference.dream`` (ALGORITHMS.md section 5): ``vanilla`` is Dream's own sampler
+(``steps = gen_length`` full forwards over the whole canvas, ``--dream-alg``, entropy by default);
+``prefix`` / ``dual`` are ``dream_cached`` with the threshold rule; ``blockbatch`` is
+``dream_blockbatch`` (block sizes ``--block-sizes``). The native engine does not decode Dream yet.
 
 Other decoders (the native engine, multi-branch decoding...) plug into ``evaluate``: a decoder is
 any callable ``decoder(prompt_ids) -> generated ids``, where ``prompt_ids`` is a 1-D int64 tensor
@@ -28,14 +36,22 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..loading import load_checkpoint
+from ..reference import dream as dream_ref
 from ..reference.model import ReferenceModel
 from ..reference.policies import POLICIES, generate
-from . import checkpoint_path
+from . import CHECKPOINT_DIRS, checkpoint_path
 from . import task as toy_task
 from . import tokenizer as toy_tok
 
 EVAL_SEED = 0  # default held-out problem set: make_problems(n, EVAL_SEED, "test")
 Decoder = Callable[[torch.Tensor], Any]
+DREAM_POLICIES = ("vanilla", "prefix", "dual", "blockbatch")
+DREAM_BLOCK_SIZES = (4, 8, 16, 32, 64)  # dream_blockbatch's default branches
+
+
+def policies_for(family: str) -> tuple[str, ...]:
+    """Policies ``reference_decoder`` runs for a model of ``family``."""
+    return DREAM_POLICIES if family == "dream" else POLICIES
 
 
 @dataclasses.dataclass
@@ -124,11 +140,15 @@ def evaluate_batched(decoder: Callable[[list[torch.Tensor]], Sequence[Any]],
 
 
 def reference_decoder(model: ReferenceModel, policy: str, gen_length: int = 64, block_length: int = 32,
-                      threshold: float | None = 0.9) -> Decoder:
-    """A decoder running ``reference.policies.generate``.
+                      threshold: float | None = 0.9, alg: str = "entropy",
+                      block_sizes: Sequence[int] = DREAM_BLOCK_SIZES, steps: int | None = None) -> Decoder:
+    """A decoder running the float32 reference of ``model``'s family.
 
-    ``policy="vanilla"`` with ``threshold=None`` is one token per step (``steps = gen_length``).
+    LLaDA: ``reference.policies.generate``; ``policy="vanilla"`` with ``threshold=None`` is one
+    token per step (``steps = gen_length``). Dream: ``reference.dream`` (``dream_decoder``).
     """
+    if getattr(model.config, "family", "llada") == "dream":
+        return dream_decoder(model, policy, gen_length, block_length, threshold, alg, block_sizes, steps)
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
     if gen_length % block_length:
@@ -142,18 +162,53 @@ def reference_decoder(model: ReferenceModel, policy: str, gen_length: int = 64, 
     return decode
 
 
+def dream_decoder(model: ReferenceModel, policy: str, gen_length: int = 64, block_length: int = 32,
+                  threshold: float | None = 0.9, alg: str = "entropy",
+                  block_sizes: Sequence[int] = DREAM_BLOCK_SIZES, steps: int | None = None) -> Decoder:
+    """A decoder running a float32 Dream decoder of ``reference.dream`` (returns ``DreamResult``).
+
+    ``vanilla``: ``dream_vanilla`` with ``steps`` (default ``gen_length``) and ``alg`` (no blocks,
+    no threshold: ``threshold`` is ignored); ``prefix`` / ``dual``: ``dream_cached``
+    (``block_length``, ``threshold``); ``blockbatch``: ``dream_blockbatch`` (``block_sizes``,
+    ``threshold``).
+    """
+    if policy not in DREAM_POLICIES:
+        raise ValueError(f"policy must be one of {DREAM_POLICIES} for a Dream model, got {policy!r}")
+    if policy in ("prefix", "dual") and gen_length % block_length:
+        raise ValueError(f"block_length {block_length} must divide gen_length {gen_length}")
+    if policy != "vanilla" and threshold is None:
+        raise ValueError(f"Dream policy {policy!r} needs a threshold")
+
+    def decode(prompt: torch.Tensor):
+        ids = prompt.tolist()
+        if policy == "vanilla":
+            return dream_ref.dream_vanilla(model, ids, gen_length, steps=steps or gen_length, alg=alg)
+        if policy == "blockbatch":
+            return dream_ref.dream_blockbatch(model, ids, gen_length, block_sizes=block_sizes, threshold=threshold)
+        return dream_ref.dream_cached(model, ids, gen_length, block_length, threshold, dual=policy == "dual")
+
+    return decode
+
+
 def policy_threshold(policy: str, threshold: float) -> float | None:
-    """The commit rule the CLI uses: vanilla one token per step, prefix/dual with the threshold."""
+    """The commit rule the CLI uses: vanilla one token per step (LLaDA) or Dream's own schedule,
+    the other policies with the threshold."""
     return None if policy == "vanilla" else threshold
 
 
-def evaluate_policies(model: ReferenceModel, policies: Sequence[str] = POLICIES, n: int = 200,
+def evaluate_policies(model: ReferenceModel, policies: Sequence[str] | None = None, n: int = 200,
                       gen_length: int = 64, block_length: int = 32, threshold: float = 0.9,
-                      seed: int = EVAL_SEED, tokenizer=None, progress: bool = False) -> dict[str, EvalResult]:
+                      seed: int = EVAL_SEED, tokenizer=None, progress: bool = False, alg: str = "entropy",
+                      block_sizes: Sequence[int] = DREAM_BLOCK_SIZES,
+                      steps: int | None = None) -> dict[str, EvalResult]:
+    """Every policy of ``policies`` (default: all of the model's family) on the same problems."""
     problems = toy_task.make_problems(n, seed, "test")
+    if policies is None:
+        policies = policies_for(getattr(model.config, "family", "llada"))
     out = {}
     for policy in policies:
-        dec = reference_decoder(model, policy, gen_length, block_length, policy_threshold(policy, threshold))
+        dec = reference_decoder(model, policy, gen_length, block_length, policy_threshold(policy, threshold),
+                                alg, block_sizes, steps)
         out[policy] = evaluate(dec, problems, tokenizer, name=policy, progress=progress)
     return out
 
@@ -174,6 +229,7 @@ def confidence_spread(model: ReferenceModel, problems: Sequence[toy_task.Problem
 
     Decodes with the threshold rule (full forward each step, like ``vanilla`` with a threshold);
     a position's first proposal is the first forward in which its block is the current one.
+    A Dream model's logits are shifted (position ``p`` read from output ``p - 1``).
     Returns, per kind, the count, the fraction with confidence < ``threshold`` and the mean
     confidence, plus the distribution of tokens committed per step.
     """
@@ -191,7 +247,10 @@ def confidence_spread(model: ReferenceModel, problems: Sequence[toy_task.Problem
             s, e = lp + b * block_length, lp + (b + 1) * block_length
             first = True
             while bool((x[s:e] == cfg.mask_token_id).any()):
-                logits = model.forward([x], [pos])[0][s:e].double()
+                logits = model.forward([x], [pos])[0]
+                if cfg.shifted_logits:
+                    logits = dream_ref.shift_rows(logits)
+                logits = logits[s:e].double()
                 conf, x0 = torch.softmax(logits, -1).max(-1)
                 if first:
                     for i in range(s, e):
@@ -223,13 +282,25 @@ def format_table(results: dict[str, EvalResult]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m blockbatch.toy.evaluate", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--checkpoint", default=checkpoint_path())
+    where = ap.add_mutually_exclusive_group()
+    where.add_argument("--family", choices=list(CHECKPOINT_DIRS), default=None,
+                       help="evaluate the shipped toy checkpoint of this family (default llada)")
+    where.add_argument("--checkpoint", default=None,
+                       help="checkpoint folder (LLaDA or Dream: the family comes from its config.json)")
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--seed", type=int, default=EVAL_SEED)
     ap.add_argument("--gen-length", type=int, default=64)
     ap.add_argument("--block-length", type=int, default=32)
-    ap.add_argument("--policies", default="vanilla,prefix,dual")
+    ap.add_argument("--policies", default=None,
+                    help="comma-separated (default: vanilla,prefix,dual for LLaDA, "
+                         "vanilla,prefix,dual,blockbatch for Dream)")
     ap.add_argument("--threshold", type=float, default=0.9)
+    ap.add_argument("--dream-alg", choices=dream_ref.ALGS, default="entropy",
+                    help="Dream vanilla: confidence of Dream's sampler (default entropy, the authors' harness)")
+    ap.add_argument("--dream-steps", type=int, default=None,
+                    help="Dream vanilla: forwards of Dream's sampler (default --gen-length)")
+    ap.add_argument("--block-sizes", default=",".join(map(str, DREAM_BLOCK_SIZES)),
+                    help="Dream blockbatch: branch block sizes (default %(default)s)")
     ap.add_argument("--confidence", action="store_true",
                     help="also report the confidence at first proposal by kind of token")
     ap.add_argument("--threads", type=int, default=None)
@@ -237,26 +308,50 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    for p in policies:
-        if p not in POLICIES:
-            ap.error(f"unknown policy {p!r}; choose from {', '.join(POLICIES)}")
     if args.gen_length % args.block_length:
         ap.error(f"--block-length {args.block_length} must divide --gen-length {args.gen_length}")
+    try:
+        block_sizes = tuple(int(b) for b in args.block_sizes.split(","))
+    except ValueError:
+        ap.error(f"--block-sizes {args.block_sizes!r}: expected comma-separated integers")
+    checkpoint = args.checkpoint or checkpoint_path(args.family or "llada")
+    ck = load_checkpoint(checkpoint)
+    family = ck.config.family
+    known = policies_for(family)
+    policies = known if args.policies is None else tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    for p in policies:
+        if p not in known:
+            ap.error(f"unknown policy {p!r} for a {family} checkpoint; choose from {', '.join(known)}")
+    if args.dream_steps is not None and args.dream_steps <= 0:
+        ap.error("--dream-steps must be positive")
+    if family == "dream" and "blockbatch" in policies:
+        for b in block_sizes:
+            if b <= 0 or args.gen_length % b:
+                ap.error(f"--block-sizes: {b} does not divide --gen-length {args.gen_length}")
 
-    ck = load_checkpoint(args.checkpoint)
     model = ReferenceModel.from_checkpoint(ck, dtype=torch.float32)
     tokenizer = ck.tokenizer or toy_tok.build_tokenizer()
     results = evaluate_policies(model, policies, args.n, args.gen_length, args.block_length, args.threshold,
-                                args.seed, tokenizer, progress=True)
-    print(f"checkpoint {args.checkpoint}: {args.n} held-out problems (seed {args.seed}), gen {args.gen_length}, "
-          f"block {args.block_length}; vanilla = 1 token/step, prefix/dual = threshold {args.threshold}")
+                                args.seed, tokenizer, progress=True, alg=args.dream_alg, block_sizes=block_sizes,
+                                steps=args.dream_steps)
+    if family == "dream":
+        rules = (f"Dream reference decoders (float32): vanilla = Dream's sampler, "
+                 f"{args.dream_steps or args.gen_length} steps, "
+                 f"alg {args.dream_alg}; prefix/dual = threshold {args.threshold}, blockbatch = block sizes "
+                 f"{','.join(map(str, block_sizes))}, threshold {args.threshold}")
+    else:
+        rules = f"vanilla = 1 token/step, prefix/dual = threshold {args.threshold}"
+    print(f"checkpoint {checkpoint} ({family}): {args.n} held-out problems (seed {args.seed}), gen {args.gen_length}, "
+          f"block {args.block_length}; {rules}")
     print(format_table(results))
     report: dict[str, Any] = {
-        "checkpoint": args.checkpoint, "n": args.n, "seed": args.seed, "gen_length": args.gen_length,
+        "checkpoint": checkpoint, "family": family, "n": args.n, "seed": args.seed, "gen_length": args.gen_length,
         "block_length": args.block_length, "threshold": args.threshold,
         "results": {k: dict(v.summary(), threshold=policy_threshold(k, args.threshold)) for k, v in results.items()},
     }
+    if family == "dream":
+        report.update({"dream_alg": args.dream_alg, "dream_steps": args.dream_steps or args.gen_length,
+                       "block_sizes": list(block_sizes)})
     if args.confidence:
         problems = toy_task.make_problems(args.n, args.seed, "test")
         spread = confidence_spread(model, problems, tokenizer, args.gen_length, args.block_length, args.threshold)

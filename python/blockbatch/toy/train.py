@@ -1,6 +1,6 @@
 """LLaDA-style SFT of the toy model on the reference forward (CPU, deterministic).
 
-    python -m blockbatch.toy.train [--out DIR] [--steps 3000] [--threads 1] [--quiet]
+    python -m blockbatch.toy.train [--family llada|dream] [--out DIR] [--steps 3000] [--threads 1] [--quiet]
 
 Each step draws a canvas length ``G`` (64 with probability 0.7, 128: 0.2, 256: 0.1) and a
 batch of training problems (about 4.7k tokens: 48 rows at G=64); a row is ``prompt + response``
@@ -11,11 +11,21 @@ stratified over the batch), and the loss is the cross-entropy on masked position
 then cosine decay. Every ``eval_every`` steps the held-out accuracy on 64 test problems is
 measured with batched vanilla (one token per step) and threshold-0.9 decoding.
 
+``--family dream`` trains the Dream-architecture twin (``toy/checkpoint_dream``): a Qwen2 body
+(q/k/v biases, 4 query heads over 2 KV heads, untied ``lm_head``, RoPE theta 1e6) written in the
+Hugging Face Dream layout, same tokenizer, data and objective, except for Dream's shift: the
+loss of a masked canvas position ``p`` is read from the model's output at ``p - 1`` (output ``i``
+predicts token ``i + 1``; the prompt is never empty, so ``p - 1`` always exists), and the
+held-out decoding reads its logits the same way. Its run is 2,500 steps (24.6 minutes on one core
+with the other one busy). The LLaDA path is unchanged by the option: the default run still
+reproduces the shipped LLaDA checkpoint bit for bit.
+
 Everything is seeded and the thread count is fixed (1 by default, so a busy second core does not
 slow it down), so a run reproduces the shipped checkpoint bit for bit on the same software
 stack; ``learning_curve.json`` records the sha256 of ``model.safetensors`` to compare. The
 default run takes about 22 minutes on one core of a 2-core Xeon. The checkpoint folder gets
-``config.json``, ``model.safetensors``, ``tokenizer.json`` and ``learning_curve.json``.
+``config.json``, ``model.safetensors``, ``tokenizer.json`` and ``learning_curve.json`` (Dream:
+``generation_config.json`` too).
 """
 
 from __future__ import annotations
@@ -34,17 +44,20 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig
-from ..loading import PREFIX, WEIGHTS_NAME, expected_weight_shapes, save_checkpoint
+from ..loading import DREAM_PREFIX, PREFIX, WEIGHTS_NAME, expected_weight_shapes, save_checkpoint
 from ..reference.model import ReferenceModel
+from . import CHECKPOINT_DIRS
 from . import task as toy_task
 from . import tokenizer as toy_tok
 
-DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoint")
+FAMILIES = ("llada", "dream")
+DEFAULT_OUT = CHECKPOINT_DIRS["llada"]
 CURVE_NAME = "learning_curve.json"
 
 
 @dataclasses.dataclass
 class TrainConfig:
+    family: str = "llada"  # "llada" or "dream": architecture, layout and whether the outputs are shifted
     # model
     d_model: int = 128
     n_layers: int = 4
@@ -74,7 +87,32 @@ class TrainConfig:
     eval_block_length: int = 32
 
 
+# What ``--family dream`` changes besides the family (anything can still be overridden): GQA,
+# Dream's published RoPE base, and fewer steps so that the run fits in 25 minutes on one core.
+FAMILY_DEFAULTS: dict[str, dict] = {"llada": {}, "dream": {"n_kv_heads": 2, "rope_theta": 1000000.0, "steps": 2500}}
+
+
+def train_config(family: str = "llada", **overrides) -> TrainConfig:
+    """``TrainConfig`` with the defaults of ``family`` (``FAMILY_DEFAULTS``), then ``overrides``."""
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+    return TrainConfig(family=family, **{**FAMILY_DEFAULTS[family], **overrides})
+
+
 def model_config(tc: TrainConfig) -> ModelConfig:
+    if tc.family == "dream":
+        # Dream's convention is bos == eos == pad (<|endoftext|>). The toy tokenizer has its own pad
+        # token, which stays the pad id (as for the LLaDA toy); <|endoftext|> doubles as BOS, as in
+        # Dream (the toy task never prepends one).
+        return ModelConfig(
+            d_model=tc.d_model, n_layers=tc.n_layers, n_heads=tc.n_heads, n_kv_heads=tc.n_kv_heads,
+            mlp_hidden_size=tc.mlp_hidden_size, vocab_size=toy_tok.VOCAB_SIZE, embedding_size=toy_tok.VOCAB_SIZE,
+            rope_theta=tc.rope_theta, rms_norm_eps=1e-6, weight_tying=False, mask_token_id=toy_tok.MASK_ID,
+            eos_token_id=toy_tok.EOS_ID, max_sequence_length=tc.max_sequence_length, model_type="Dream",
+            pad_token_id=toy_tok.PAD_ID, bos_token_id=toy_tok.EOS_ID, attention_bias=True,
+        ).validate()
+    if tc.family != "llada":
+        raise ValueError(f"family must be one of {FAMILIES}, got {tc.family!r}")
     return ModelConfig(
         d_model=tc.d_model, n_layers=tc.n_layers, n_heads=tc.n_heads, n_kv_heads=tc.n_kv_heads,
         mlp_hidden_size=tc.mlp_hidden_size, vocab_size=toy_tok.VOCAB_SIZE, embedding_size=toy_tok.VOCAB_SIZE,
@@ -84,10 +122,27 @@ def model_config(tc: TrainConfig) -> ModelConfig:
 
 
 def init_weights(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
-    """GPT-2 style init: N(0, 0.02) embeddings, 1/sqrt(fan_in) projections, residual outputs
-    scaled by 1/sqrt(2 * n_layers), unit norms. Returns leaf float32 tensors with requires_grad."""
+    """GPT-2 style init: N(0, 1) embeddings, 1/sqrt(fan_in) projections, residual outputs
+    scaled by 1/sqrt(2 * n_layers), LM head scaled by 0.1, unit norms (Dream: zero q/k/v biases).
+    Returns leaf float32 tensors with requires_grad."""
     g = torch.Generator().manual_seed(seed)
     out = {}
+    if config.family == "dream":
+        for name, shape in expected_weight_shapes(config).items():
+            if name.endswith(".bias"):
+                t = torch.zeros(shape)
+            elif len(shape) == 1:
+                t = torch.ones(shape)
+            elif name == DREAM_PREFIX + "embed_tokens.weight":
+                t = torch.randn(shape, generator=g)
+            else:
+                t = torch.randn(shape, generator=g) / math.sqrt(shape[1])
+                if name.endswith(".o_proj.weight") or name.endswith(".down_proj.weight"):
+                    t = t / math.sqrt(2 * config.n_layers)
+                elif name == "lm_head.weight":
+                    t = t * 0.1
+            out[name] = t.requires_grad_(True)
+        return out
     for name, shape in expected_weight_shapes(config).items():
         if len(shape) == 1:
             t = torch.ones(shape)
@@ -127,15 +182,27 @@ def make_batch(tokenizer, problems: list[toy_task.Problem], canvas: int) -> tupl
     return ids, resp
 
 
+def shift_batch(logits: torch.Tensor) -> torch.Tensor:
+    """Dream's shift over ``[B, T, V]`` logits: position ``i`` takes output ``i - 1`` (position 0 its
+    own, never read: it is a prompt position). Row by row the same as ``reference.dream.shift_rows``."""
+    return torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+
+
 def diffusion_loss(model: ReferenceModel, ids: torch.Tensor, resp: torch.Tensor, g: torch.Generator,
                    eps: float = 1e-3) -> torch.Tensor:
-    """LLaDA SFT loss: mask response tokens with prob t per row, CE on masked / t / response length."""
+    """LLaDA SFT loss: mask response tokens with prob t per row, CE on masked / t / response length.
+
+    For a Dream model (``config.shifted_logits``) the prediction of position ``p`` is the output
+    at ``p - 1``; the masking and the weighting are the same.
+    """
     B = ids.shape[0]
     u = torch.rand((), generator=g)
     t = ((u + torch.arange(B) / B) % 1.0) * (1 - eps) + eps  # stratified t ~ U(eps, 1)
     masked = (torch.rand(ids.shape, generator=g) < t[:, None]) & resp
     noisy = torch.where(masked, torch.full_like(ids, model.config.mask_token_id), ids)
     logits = model.forward_batch(noisy)
+    if model.config.shifted_logits:
+        logits = shift_batch(logits)
     ce = F.cross_entropy(logits.view(-1, logits.shape[-1]), ids.view(-1), reduction="none").view(ids.shape)
     per_row = (ce * masked).sum(1) / t / resp.sum(1)
     return per_row.mean()
@@ -152,7 +219,9 @@ def batched_decode(model: ReferenceModel, prompts: list[list[int]], gen_length: 
     Same rules as the reference policies with ``policy="vanilla"``: blocks left to right; in the
     current block commit the argmax at the most confident masked position, plus (``threshold``)
     every masked position with confidence >= threshold. Returns generated ids and mean NFE.
-    Used for the quick held-out accuracy of the learning curve.
+    Used for the quick held-out accuracy of the learning curve. A Dream model's logits are
+    shifted (position ``p`` reads output ``p - 1``, as in Dream's full forwards). The mask id is
+    never proposed (committing it would never finish the block).
     """
     cfg = model.config
     out: list[list[int] | None] = [None] * len(prompts)
@@ -178,8 +247,10 @@ def batched_decode(model: ReferenceModel, prompts: list[list[int]], gen_length: 
             if len(active) == 0:
                 break
             logits = model.forward_batch(x[active]).double()
+            if cfg.shifted_logits:
+                logits = shift_batch(logits)
             probs = torch.softmax(logits, -1)
-            conf, x0 = probs.max(-1)
+            conf, x0 = probs.index_fill(-1, torch.tensor([cfg.mask_token_id]), -1.0).max(-1)
             for j, r in enumerate(active.tolist()):
                 s = lp + int(block[r]) * block_length
                 e = s + block_length
@@ -268,7 +339,8 @@ def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
     curve: list[dict] = []
     progress = Progress(tc.steps, tc.log_every)
     if not quiet:
-        progress.note(f"toy model: {n_params / 1e6:.2f}M parameters, {tc.steps} steps, {tc.threads} threads")
+        progress.note(f"toy {tc.family} model: {n_params / 1e6:.2f}M parameters, {tc.steps} steps, "
+                      f"{tc.threads} threads")
     running, running_n = 0.0, 0
     t0 = time.perf_counter()
     for step in range(1, tc.steps + 1):
@@ -313,7 +385,9 @@ def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
         "n_parameters": n_params,
         "heldout_eval": {"n": tc.eval_n, "split": "test", "seed": 1000 + tc.seed,
                          "decoders": f"heldout_acc: vanilla (1 token/step); heldout_acc_threshold: threshold 0.9; "
-                                     f"gen {tc.eval_gen_length}, block {tc.eval_block_length}, batched full forwards"},
+                                     f"gen {tc.eval_gen_length}, block {tc.eval_block_length}, batched full forwards"
+                                     + ("; Dream shift (position p read from output p - 1)"
+                                        if config.shifted_logits else "")},
         "train_time_s": round(time.perf_counter() - t0, 1),
         "torch_version": torch.__version__,
         "curve": curve,
@@ -333,18 +407,27 @@ def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m blockbatch.toy.train", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=DEFAULT_OUT, help="checkpoint folder (default: the shipped toy/checkpoint)")
+    ap.add_argument("--family", choices=FAMILIES, default="llada",
+                    help="llada (default; the shipped toy/checkpoint) or dream (toy/checkpoint_dream: Dream layout, "
+                         f"shifted outputs; changes the defaults {FAMILY_DEFAULTS['dream']})")
+    ap.add_argument("--out", default=None,
+                    help="checkpoint folder (default: the shipped toy/checkpoint, or toy/checkpoint_dream with "
+                         "--family dream)")
     defaults = TrainConfig()
     for f in dataclasses.fields(TrainConfig):
         value = getattr(defaults, f.name)
-        if isinstance(value, tuple):
+        if isinstance(value, tuple) or f.name == "family":
             continue
-        ap.add_argument("--" + f.name.replace("_", "-"), type=type(value), default=value)
+        # None: not given, the family's default applies (train_config)
+        ap.add_argument("--" + f.name.replace("_", "-"), type=type(value), default=None,
+                        help=f"default {value}" + (f" ({FAMILY_DEFAULTS['dream'][f.name]} for dream)"
+                                                   if f.name in FAMILY_DEFAULTS["dream"] else ""))
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
-    tc = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
-                        if hasattr(args, f.name)})
-    train(tc, out=args.out, quiet=args.quiet)
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
+             if f.name != "family" and getattr(args, f.name, None) is not None}
+    tc = train_config(args.family, **given)
+    train(tc, out=args.out or CHECKPOINT_DIRS[args.family], quiet=args.quiet)
     return 0
 
 

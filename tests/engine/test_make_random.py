@@ -1,0 +1,116 @@
+"""``blockbatch make-random``: both families, the Dream-7B preset and its memory check.
+
+The preset is never written here (about 15 GB): its memory check runs in-process with the
+machine's memory replaced, and the "it fits" path with the writer replaced by a recorder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import blockbatch
+from blockbatch import cli as bb_cli
+from blockbatch import dream_checkpoint
+from blockbatch.dream_checkpoint import DREAM_7B
+from blockbatch.loading import load_checkpoint
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
+    [os.path.dirname(os.path.dirname(blockbatch.__file__)), os.environ.get("PYTHONPATH", "")])}
+GiB = 2**30
+
+
+def run_cli(*args, timeout: float = 300):
+    return subprocess.run([sys.executable, "-m", "blockbatch.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=ENV)
+
+
+def error_line(capsys, *args) -> str:
+    """Run the CLI in-process; it must fail with one ``error: ...`` line and status 2."""
+    assert bb_cli.main([str(a) for a in args]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+def test_make_random_dream_writes_a_loadable_small_checkpoint(tmp_path):
+    out = tmp_path / "dream"
+    res = run_cli("make-random", out, "--family", "dream", "--layers", 1, "--d-model", 64, "--vocab", 64,
+                  "--dtype", "bfloat16")
+    assert res.returncode == 0, res.stderr
+    assert "random Dream checkpoint" in res.stdout and "d_model=64" in res.stdout and "heads=4/2" in res.stdout
+    assert {"config.json", "generation_config.json", "model.safetensors"} <= set(os.listdir(out))
+    with open(out / "config.json") as f:
+        raw = json.load(f)
+    assert raw["model_type"] == "Dream" and raw["architectures"] == ["DreamModel"]
+    ck = load_checkpoint(out)
+    cfg = ck.config
+    assert cfg.family == "dream" and cfg.attention_bias and not cfg.weight_tying
+    assert (cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.vocab_size) == (64, 1, 4, 2, 64)
+    assert ck.dtype.is_floating_point and str(ck.dtype) == "torch.bfloat16"
+    assert "model.layers.0.self_attn.q_proj.bias" in ck.weights and "lm_head.weight" in ck.weights
+
+
+def test_make_random_llada_is_still_the_default(tmp_path, capsys):
+    out = tmp_path / "llada"
+    assert bb_cli.main(["make-random", str(out), "--layers", "1", "--d-model", "32", "--vocab", "32"]) == 0
+    assert "random LLaDA checkpoint" in capsys.readouterr().out
+    cfg = load_checkpoint(out).config
+    assert cfg.family == "llada" and cfg.n_kv_heads == cfg.n_heads == 4
+    assert not os.path.exists(out / "generation_config.json")
+
+
+@pytest.mark.parametrize("dtype,gib", [("bfloat16", 14.2), ("float32", 28.4)])
+def test_dream_7b_preset_too_large_names_the_flags(tmp_path, capsys, monkeypatch, dtype, gib):
+    monkeypatch.setattr(bb_cli, "_physical_memory", lambda: 24 * GiB)
+    line = error_line(capsys, "make-random", tmp_path / "d7", "--preset", "dream-7b", "--dtype", dtype)
+    assert f"dream-7b (7.62B parameters) in {dtype} is {gib} GiB" in line, line
+    assert "too large to build in this machine's 24.0 GiB of memory" in line and "drop --preset dream-7b" in line
+    assert "--d-model / --layers / --mlp / --vocab" in line
+    assert ("--dtype bfloat16" in line) == (dtype == "float32"), line
+    assert not os.path.exists(tmp_path / "d7")  # refused before anything is written
+
+
+def test_dream_7b_preset_builds_the_published_shape_when_it_fits(tmp_path, capsys, monkeypatch):
+    """With twice the checkpoint in memory the preset goes ahead: the writer gets Dream-7B's shape,
+    the dtype and 5 GB shards (recorded here instead of writing 15 GB)."""
+    calls = []
+
+    def record(path, **kwargs):
+        calls.append((path, kwargs))
+        return dream_checkpoint.random_dream_config(**{k: v for k, v in kwargs.items() if k in DREAM_7B})
+
+    monkeypatch.setattr(bb_cli, "_physical_memory", lambda: 64 * GiB)
+    monkeypatch.setattr(dream_checkpoint, "make_random_dream_checkpoint", record)
+    out = tmp_path / "d7"
+    assert bb_cli.main(["make-random", str(out), "--preset", "dream-7b", "--dtype", "bfloat16"]) == 0
+    [(path, kwargs)] = calls
+    assert path == str(out)
+    assert {k: kwargs[k] for k in DREAM_7B} == DREAM_7B
+    assert str(kwargs["dtype"]) == "torch.bfloat16" and kwargs["max_shard_bytes"] == 5 * 10**9
+    printed = capsys.readouterr().out
+    assert "random Dream checkpoint (preset dream-7b)" in printed and "d_model=3584" in printed
+    assert "heads=28/4" in printed and "vocab=152064" in printed
+
+
+def test_make_random_flag_conflicts_are_one_line(tmp_path, capsys):
+    line = error_line(capsys, "make-random", tmp_path / "x", "--preset", "dream-7b", "--layers", "3")
+    assert "--preset dream-7b fixes the shape; drop --layers" in line
+    line = error_line(capsys, "make-random", tmp_path / "x", "--preset", "dream-7b", "--family", "llada")
+    assert "--preset dream-7b is a dream shape, but --family is llada" in line
+    line = error_line(capsys, "make-random", tmp_path / "x", "--family", "dream", "--kv-heads", "3")
+    assert "num_key_value_heads" in line and "must divide" in line
+    assert not os.path.exists(tmp_path / "x")
+
+
+def test_make_random_help_teaches_the_families():
+    res = run_cli("make-random", "--help", timeout=120)
+    assert res.returncode == 0, res.stderr
+    for text in ("--family {llada,dream}", "--preset {dream-7b}", "--dtype bfloat16", "generation_config.json",
+                 "half of", "Dream-v0-7B"):
+        assert text in " ".join(res.stdout.split()) or text in res.stdout, text
