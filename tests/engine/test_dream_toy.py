@@ -203,3 +203,23 @@ def test_dream_loss_reads_the_previous_output():
         total[b] += F.cross_entropy(lg[b, p - 1][None], ids[b, p][None])
     expected = (total / t / resp.sum(1)).mean()
     assert torch.allclose(loss, expected, rtol=1e-5), (loss, expected)
+
+
+@pytest.mark.parametrize("policy", ["prefix", "dual", "blockbatch"])
+def test_native_engine_on_the_dream_toy(policy):
+    """Engine.generate (native) on held-out problems: the reference decoder's tokens and NFE, and
+    the answers right (dual / prefix measured 0.98, BlockBatch 0.925 on 200 problems)."""
+    from blockbatch import DecodeOptions, Engine
+    from blockbatch.bench import reference_decode
+
+    engine = Engine.from_pretrained(CKPT)
+    ref = ReferenceModel.from_checkpoint(engine.checkpoint)
+    options = DecodeOptions(policy=policy, gen_length=64, block_length=32)
+    right = 0
+    problems = task.make_problems(12, 0, "test")
+    for p in problems:
+        ids = torch.tensor(engine.codec.encode(p.prompt, chat=False))
+        [g] = engine.generate([ids], options)
+        assert reference_decode(ref, ids, options).tolist() == ids.tolist() + g.raw_ids
+        right += task.check_answer(p, g.text)
+    assert right >= 10, f"{policy}: {right}/12 right"
