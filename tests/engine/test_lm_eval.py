@@ -172,3 +172,24 @@ def test_apply_chat_template_renders_the_checkpoints_template(tmp_path):
     [direct] = engine.generate(engine.codec.encode(rendered, chat=False, add_special_tokens=False),
                                model.options_for({})[0])
     assert text == direct.text
+
+
+@pytest.mark.slow
+def test_dream_toy_through_lm_eval():
+    """The lm-eval model on the Dream toy (family from the checkpoint): BlockBatch with Dream's
+    default branches, canvas rounded to their lcm (64), the answers the engine gives directly."""
+    from lm_eval.tasks import TaskManager
+
+    from blockbatch import toy
+
+    dream = BlockBatchLM(pretrained=toy.dream_checkpoint_path(), policy="blockbatch", device="cpu")
+    assert dream.engine.config.family == "dream"
+    options, budget = dream.options_for({"until": ["\n"], "max_gen_toks": 40, "do_sample": False})
+    assert (options.gen_length, options.resolved("block_sizes", "dream"), budget) == (64, (4, 8, 16, 32, 64), 40)
+    out = lm_eval.simple_evaluate(model=dream, tasks=[TASK], task_manager=TaskManager(include_path=str(TASK_DIR)),
+                                  log_samples=True, limit=6)
+    rows = _rows()
+    for s in out["samples"][TASK]:
+        [gen] = dream.engine.generate(rows[s["doc_id"]]["prompt"], options)
+        assert s["resps"][0][0] == dream.engine.codec.decode(gen.ids[:budget])
+    assert out["results"][TASK]["exact_match,none"] >= 0.5
