@@ -14,13 +14,24 @@ _MAX_REPORTED = 8  # unknown characters listed in one error message
 def chat_environment():
     """The Jinja environment chat templates run in: sandboxed (a template comes from a file in a
     downloaded folder and must not reach Python internals) and immutable, as Hugging Face's."""
+    import datetime
+    import json
+
+    import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message):
         raise ValueError(f"the chat template refused the conversation: {message}")
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        # Hugging Face's tojson: plain json.dumps (jinja2's own escapes <, >, & and ' for HTML)
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    # {% break %} / {% continue %} and the helpers published templates (Qwen2.5 / Dream, Llama) use
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
     return env
 
 

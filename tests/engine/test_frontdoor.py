@@ -337,6 +337,20 @@ def test_chat_template_syntax_error_is_reported_at_load(ckpt):
         engine.encode("1+1=")
 
 
+def test_published_template_features_compile_and_render(ckpt):
+    """What Hugging Face's template environment offers and published templates (Qwen2.5 / Dream,
+    Llama) use: {% break %} / {% continue %}, tojson as plain json.dumps, strftime_now."""
+    template = ("{% for m in messages %}{% if loop.index > 2 %}{% break %}{% endif %}"
+                "{{ m['content'] | tojson }}|{% endfor %}{{ strftime_now('%Y') | length }}")
+    _write_text(ckpt, "tokenizer_config.json", json.dumps({"chat_template": template}))
+    from blockbatch.engine import Engine
+
+    codec = Engine.from_pretrained(ckpt).codec
+    rendered = codec.render_chat([{"role": "user", "content": "1<2"}, {"role": "user", "content": "b"},
+                                  {"role": "user", "content": "never"}])
+    assert rendered == '"1<2"|"b"|4'
+
+
 # --------------------------------------------------------------------------- item 9: silent nonsense
 
 
