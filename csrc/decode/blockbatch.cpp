@@ -175,7 +175,9 @@ class BlockBatchDecoder {
     const at::Tensor active = state_.select(1, br::kDone).eq(0);
     const at::Tensor w = active.to(at::kDouble);
     const at::Tensor n = w.sum();
-    const at::Tensor rows = kv_.reshape({B_, c_.n_layers * 2, -1});  // [branch, (layer, K/V), elements]
+    // A pooled KV row (batched decoding) is longer than the canvas: only the canvas' L positions count.
+    const at::Tensor own = kv_.size(4) == L_ ? kv_ : kv_.narrow(4, 0, L_).contiguous();
+    const at::Tensor rows = own.reshape({B_, c_.n_layers * 2, -1});  // [branch, (layer, K/V), elements]
     std::vector<at::Tensor> sq, spread;  // per layer: [B, 2] squared distances, [2] 1 - |mean|^2
     for (int64_t l = 0; l < c_.n_layers; ++l) {
       at::Tensor x = rows.narrow(1, 2 * l, 2).to(at::kDouble);

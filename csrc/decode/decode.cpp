@@ -11,10 +11,16 @@
 
 namespace blockbatch {
 
-DecodeResult decode(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& options,
-                    const int64_t* cancel) {
-  const ModelConfig& c = model.config();
-  // The policies see every option set: the table's per-policy / per-family defaults filled in.
+void check_prompt(const ModelConfig& c, const std::vector<int64_t>& prompt) {
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    TORCH_CHECK_VALUE(prompt[i] >= 0 && prompt[i] < c.vocab_size, "prompt_ids[", i, "] = ", prompt[i],
+                      " is outside the vocabulary [0, ", c.vocab_size, ")");
+    TORCH_CHECK_VALUE(prompt[i] != c.mask_token_id, "prompt_ids[", i, "] is the mask id ", c.mask_token_id,
+                      "; prompts must not contain masks");
+  }
+}
+
+DecodeOptions decode_options_for(const ModelConfig& c, const DecodeOptions& options) {
   DecodeOptions o = options.resolved(family_name(c.family));
   if (!options.block_sizes) {  // the family's default branches: the sizes that divide gen_length
     std::vector<int64_t> fit;
@@ -23,13 +29,16 @@ DecodeResult decode(const Network& model, const std::vector<int64_t>& prompt, co
     }
     if (!fit.empty()) o.block_sizes = fit;  // else validate() names the first that does not divide
   }
+  return o;
+}
+
+DecodeResult decode(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& options,
+                    const int64_t* cancel) {
+  const ModelConfig& c = model.config();
+  // The policies see every option set: the table's per-policy / per-family defaults filled in.
+  const DecodeOptions o = decode_options_for(c, options);
   o.validate(c, static_cast<int64_t>(prompt.size()));
-  for (size_t i = 0; i < prompt.size(); ++i) {
-    TORCH_CHECK_VALUE(prompt[i] >= 0 && prompt[i] < c.vocab_size, "prompt_ids[", i, "] = ", prompt[i],
-                      " is outside the vocabulary [0, ", c.vocab_size, ")");
-    TORCH_CHECK_VALUE(prompt[i] != c.mask_token_id, "prompt_ids[", i, "] is the mask id ", c.mask_token_id,
-                      "; prompts must not contain masks");
-  }
+  check_prompt(c, prompt);
   const Stop stop(o.timeout_s, cancel);
   if (c.family == Family::kDream) {
     switch (o.policy) {

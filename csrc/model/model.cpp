@@ -201,6 +201,11 @@ void Model::check(const ForwardBatch& b) const {
                 b.prefix_lens.size(0));
   }
   if (b.logit_index.defined()) index_vector(b.logit_index, "logit_index");
+  if (b.kv_lens.defined()) {
+    index_vector(b.kv_lens, "kv_lens");
+    TORCH_CHECK(b.kv.defined(), "kv_lens needs a kv buffer");
+    TORCH_CHECK(b.kv_lens.size(0) == R, "kv_lens must have ", R, " entries (one per row), got ", b.kv_lens.size(0));
+  }
   if (device().is_cpu()) {  // value checks need host data
     auto in_range = [](const at::Tensor& tensor, const char* name, int64_t lo, int64_t hi) {
       const at::Tensor t = tensor.contiguous();  // read what the view holds, whatever its strides
@@ -220,6 +225,7 @@ void Model::check(const ForwardBatch& b) const {
     if (b.kv_rows.defined()) in_range(b.kv_rows, "kv_rows", 0, b.kv.defined() ? b.kv.size(0) : 0);
     if (b.mode == KvMode::kPrefix) in_range(b.prefix_lens, "prefix_lens", 0, b.kv.size(4) + 1);
     if (b.logit_index.defined()) in_range(b.logit_index, "logit_index", 0, T);
+    if (b.kv_lens.defined()) in_range(b.kv_lens, "kv_lens", 1, b.kv.size(4) + 1);
   }
 }
 
@@ -227,7 +233,8 @@ at::Tensor Model::forward(const ForwardBatch& batch) const {
   // Index tensors are read through raw pointers (the value checks, the kernels): any strided view
   // (base[::2], an expand()) is made contiguous first. A no-op for the decode loop's own buffers.
   ForwardBatch b = batch;
-  for (at::Tensor* t : {&b.tokens, &b.positions, &b.cu_seqlens, &b.kv_rows, &b.prefix_lens, &b.logit_index}) {
+  for (at::Tensor* t : {&b.tokens, &b.positions, &b.cu_seqlens, &b.kv_rows, &b.prefix_lens, &b.logit_index,
+                        &b.kv_lens}) {
     if (t->defined() && !t->is_contiguous()) *t = t->contiguous();
   }
   check(b);
@@ -248,7 +255,7 @@ at::Tensor Model::forward(const ForwardBatch& batch) const {
   if (b.mode == KvMode::kDual) {
     attn_kv = b.kv;
     attn_rows = kv_rows;
-    cache_lens = at::full({R}, b.kv.size(4), index_opts);
+    cache_lens = b.kv_lens.defined() ? b.kv_lens : at::full({R}, b.kv.size(4), index_opts);
     attend_fresh = false;  // the fresh K/V are already in their slots
   } else if (b.mode == KvMode::kPrefix) {
     attn_kv = b.kv;

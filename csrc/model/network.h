@@ -33,6 +33,9 @@ struct ForwardBatch {
   at::Tensor prefix_lens;  // [R] int64, prefix mode: cached slots [0, s) attended
   at::Tensor logit_index;  // [n] int64 into [0, T): rows of the logits returned (default: all)
   int64_t max_positions = 0;  // > 0: every position is below this (saves a device read of positions)
+  // [R] int64, optional: the KV length of each row (dual: the keys it attends; default kv.size(4)).
+  // Rows of several requests in one KV pool have the pool's length but each its own canvas length.
+  at::Tensor kv_lens;
   KvMode mode = KvMode::kFull;
 };
 

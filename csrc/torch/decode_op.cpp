@@ -94,6 +94,60 @@ c10::Dict<std::string, int64_t> config_limits_op() {
 
 std::vector<std::string> decode_stat_names_op() { return decode_stat_names(); }
 
+// One request's options from "name=value" lines (set_option's text forms; "none" for None).
+DecodeOptions options_from_text(const std::string& text, int64_t request) {
+  DecodeOptions o;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(at, end - at);
+    at = end + 1;
+    if (line.empty()) continue;
+    const size_t eq = line.find('=');
+    TORCH_CHECK_VALUE(eq != std::string::npos, "options[", request, "]: expected name=value lines, got '", line, "'");
+    const std::string name = line.substr(0, eq);
+    TORCH_CHECK_VALUE(set_option(o, name, line.substr(eq + 1)), "options[", request, "]: unknown option '", name, "'");
+  }
+  return o;
+}
+
+std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>,
+           std::vector<int64_t>>
+decode_batch_op(const c10::intrusive_ptr<ModelHandle>& model, const std::vector<at::Tensor>& prompts,
+                const std::vector<std::string>& options, int64_t max_batch, int64_t kv_budget_bytes,
+                const std::optional<at::Tensor>& cancel) {
+  std::vector<std::vector<int64_t>> ids;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const at::Tensor& p = prompts[i];
+    TORCH_CHECK_TYPE(p.scalar_type() == at::kLong, "prompts[", i, "] must be int64, got ", p.scalar_type());
+    TORCH_CHECK_VALUE(p.dim() == 1, "prompts[", i, "] must be 1-D, got shape ", p.sizes());
+    const at::Tensor h = p.cpu().contiguous();
+    ids.emplace_back(h.const_data_ptr<int64_t>(), h.const_data_ptr<int64_t>() + h.numel());
+  }
+  std::vector<DecodeOptions> opts;
+  for (size_t i = 0; i < options.size(); ++i) opts.push_back(options_from_text(options[i], static_cast<int64_t>(i)));
+  const int64_t* cancel_flag = nullptr;
+  if (cancel) {
+    TORCH_CHECK_VALUE(cancel->scalar_type() == at::kLong && cancel->device().is_cpu() && cancel->numel() == 1 &&
+                          cancel->is_contiguous(), "cancel must be a one-element int64 CPU tensor");
+    cancel_flag = cancel->const_data_ptr<int64_t>();
+  }
+  BatchStats bs;
+  std::vector<DecodeResult> results = decode_batch(*model, ids, opts, max_batch, kv_budget_bytes, cancel_flag, &bs);
+  std::vector<at::Tensor> tokens, stats, logs, branches;
+  for (const DecodeResult& r : results) {
+    std::vector<int64_t> log, br;
+    for (const auto& s : r.stats.steps) log.insert(log.end(), s.begin(), s.end());
+    for (const auto& b : r.stats.branches) br.insert(br.end(), {b.block_size, b.committed, b.merged, b.copied, b.forwards});
+    tokens.push_back(at::tensor(r.tokens, at::kLong));
+    stats.push_back(at::tensor(decode_stat_values(r.stats), at::kDouble));
+    logs.push_back(at::tensor(log, at::kLong).view({-1, 2}));
+    branches.push_back(at::tensor(br, at::kLong).view({-1, 5}));
+  }
+  return {tokens, stats, logs, branches, {bs.steps, bs.forwards, bs.pool_rows, bs.row_bytes}};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(blockbatch, m) {
@@ -114,6 +168,16 @@ TORCH_LIBRARY_FRAGMENT(blockbatch, m) {
   m.def("config_limits() -> Dict(str, int)", &config_limits_op);
   // Names of decode's scalar counters, in order.
   m.def("decode_stat_names() -> str[]", &decode_stat_names_op);
+  // Many requests at once (csrc/decode/batching.h): prompts[i] decodes with options[i] ("name=value"
+  // lines, the same names and text forms as bb_bench_decode's flags; unset: the table's default);
+  // up to max_batch decode together, their forwards packed into one per step; each result equals
+  // decode() of that request alone. kv_budget_bytes: the shared KV pool (0: room for the max_batch
+  // largest requests). Returns per request what decode returns, and the batch's counters
+  // [packed forwards, request forwards, pool rows, bytes per row].
+  m.def("decode_batch(__torch__.torch.classes.blockbatch.Model model, Tensor[] prompts, str[] options, "
+        "int max_batch=8, int kv_budget_bytes=0, Tensor? cancel=None) -> (Tensor[] tokens, Tensor[] stats, "
+        "Tensor[] step_logs, Tensor[] branch_stats, int[] batch_stats)",
+        &decode_batch_op);
 }
 
 TORCH_LIBRARY_IMPL(blockbatch, CPU, m) { m.impl("decode", torch::CppFunction::makeFromBoxedFunction<&decode_boxed>()); }

@@ -252,6 +252,26 @@ def to_op_kwargs(values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def to_text(values: dict[str, Any]) -> str:
+    """Option values as ``name=value`` lines, the text forms C++'s set_option reads (the per-request
+    options of torch.ops.blockbatch.decode_batch): None as ``none``, lists comma-separated."""
+    lines = []
+    for name in NAMES:
+        v = values[name]
+        if v is None:
+            text = "none"
+        elif isinstance(v, bool):
+            text = "true" if v else "false"
+        elif isinstance(v, (tuple, list)):
+            text = ",".join(str(int(x)) for x in v)
+        elif isinstance(v, float):
+            text = repr(v)
+        else:
+            text = str(v)
+        lines.append(f"{name}={text}")
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------- command line
 
 def cli_help(o: Option) -> str:

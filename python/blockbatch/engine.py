@@ -12,7 +12,7 @@ import torch
 
 from .loading import load_checkpoint
 from .native import NativeModel
-from .options import DecodeOptions, run_decode
+from .options import DecodeOptions, run_decode, run_decode_batch
 from .tokenization import TextCodec
 
 
@@ -41,6 +41,7 @@ class Engine:
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' but no CUDA device is available")
         self.model = NativeModel.from_checkpoint(checkpoint, dtype=dtype, device=self.device)
+        self.last_batch_stats: dict | None = None  # the last batched generate's counters (packed forwards, ...)
         self.codec = TextCodec(checkpoint.tokenizer, self.config, checkpoint.chat_template) \
             if checkpoint.tokenizer is not None else None
 
@@ -89,17 +90,31 @@ class Engine:
         return ids
 
     def generate(self, prompts: str | Sequence[int] | torch.Tensor | Iterable[str | Sequence[int] | torch.Tensor],
-                 options: DecodeOptions | None = None, chat: bool | None = None,
-                 progress: bool = False, allow_unknown: bool = False) -> list[Generation]:
-        """Decode each prompt (text, a list of ids, or a 1-D/2-D int64 tensor) independently.
+                 options: DecodeOptions | Sequence[DecodeOptions] | None = None, chat: bool | None = None,
+                 progress: bool = False, allow_unknown: bool = False, max_batch: int = 1,
+                 kv_budget_bytes: int = 0) -> list[Generation]:
+        """Decode each prompt (text, a list of ids, or a 1-D/2-D int64 tensor); results in input order.
 
         ``prompts`` is one prompt or a list / tuple of prompts; anything else (a dict, a set, a
-        generator of characters, bytes) raises ``TypeError`` naming the argument. Each request is
-        decoded on its own, so its result never depends on the others.
+        generator of characters, bytes) raises ``TypeError`` naming the argument. ``options`` is
+        one DecodeOptions for every prompt or a list with one per prompt. ``max_batch`` > 1 (CPU)
+        decodes up to that many requests together, their forwards packed into one per step
+        (``torch.ops.blockbatch.decode_batch``; ``kv_budget_bytes`` caps their shared KV pool, 0:
+        room for ``max_batch`` requests). Either way a request's result never depends on the
+        others: batched, its tokens and counters are those of its decode alone.
         """
-        options = DecodeOptions() if options is None else options
-        if not isinstance(options, DecodeOptions):
-            raise TypeError(f"options must be a DecodeOptions, got {type(options).__name__}")
+        if isinstance(options, (list, tuple)):
+            per_prompt = list(options)
+            for i, o in enumerate(per_prompt):
+                if not isinstance(o, DecodeOptions):
+                    raise TypeError(f"options[{i}] must be a DecodeOptions, got {type(o).__name__}")
+        else:
+            options = DecodeOptions() if options is None else options
+            if not isinstance(options, DecodeOptions):
+                raise TypeError(f"options must be a DecodeOptions or a list of them, got {type(options).__name__}")
+            per_prompt = None
+        if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
+            raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         if isinstance(prompts, str) or (isinstance(prompts, torch.Tensor) and prompts.dim() == 1) or (
                 isinstance(prompts, (list, tuple)) and prompts and all(_is_token_id(t) for t in prompts)):
             prompts = [prompts]
@@ -116,10 +131,19 @@ class Engine:
             raise ValueError("prompts is empty: pass at least one prompt")
         encoded = [self.encode(p, chat, allow_unknown=allow_unknown, name=f"prompts[{i}]" if len(prompts) > 1
                                else "prompt") for i, p in enumerate(prompts)]
+        if per_prompt is not None and len(per_prompt) != len(encoded):
+            raise ValueError(f"options: {len(per_prompt)} DecodeOptions for {len(encoded)} prompts (give one, or one "
+                             f"per prompt)")
+        opts = per_prompt if per_prompt is not None else [options] * len(encoded)
+        if max_batch > 1 and len(encoded) > 1 and self.device.type == "cpu":
+            results, self.last_batch_stats = run_decode_batch(self.model.obj, encoded, opts, max_batch,
+                                                              kv_budget_bytes)
+        else:
+            results = None
         out = []
         bar = _Progress(len(prompts)) if progress and len(prompts) > 1 else None
-        for ids in encoded:
-            result = run_decode(self.model.obj, ids.to(self.device), options)
+        for i, ids in enumerate(encoded):
+            result = results[i] if results is not None else run_decode(self.model.obj, ids.to(self.device), opts[i])
             raw = result.tokens[ids.numel():].tolist()
             trimmed = self.codec.trim(raw) if self.codec else _trim_eos(raw, self.config.eos_token_id)
             text = self.codec.decode(trimmed) if self.codec else ""

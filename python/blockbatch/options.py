@@ -114,6 +114,27 @@ def run_decode(model_obj, prompt_ids: torch.Tensor, options: DecodeOptions) -> D
     o = options
     kwargs = o.op_kwargs()
     tokens, counters, step_log, branch_stats = _interruptible_decode(model_obj, prompt_ids, kwargs)
+    return _output(tokens, counters, step_log, branch_stats, o)
+
+
+def run_decode_batch(model_obj, prompts: list[torch.Tensor], options: list[DecodeOptions], max_batch: int,
+                     kv_budget_bytes: int = 0) -> tuple[list[DecodeOutput], dict]:
+    """Many requests through ``torch.ops.blockbatch.decode_batch``: up to ``max_batch`` decode
+    together, their forwards packed into one per step; each output equals ``run_decode`` of that
+    request alone (tokens and counters). Returns the outputs in input order and the batch's
+    counters (packed forwards, request forwards, KV pool rows, bytes per row)."""
+    if len(options) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(options)} options (give one, or one per prompt)")
+    texts = [contract.to_text({name: getattr(o, name) for name in contract.NAMES}) for o in options]
+    op = torch.ops.blockbatch.decode_batch
+    tokens, counters, logs, branches, batch = _interruptible(
+        lambda cancel: op(model_obj, prompts, texts, max_batch=max_batch, kv_budget_bytes=kv_budget_bytes,
+                          cancel=cancel), any(p.is_cuda for p in prompts))
+    outs = [_output(t, c, log, br, o) for t, c, log, br, o in zip(tokens, counters, logs, branches, options)]
+    return outs, dict(zip(("packed_forwards", "request_forwards", "kv_pool_rows", "kv_row_bytes"), batch))
+
+
+def _output(tokens, counters, step_log, branch_stats, o) -> DecodeOutput:
     names = torch.ops.blockbatch.decode_stat_names()
     stats: dict[str, Any] = {}
     for name, value in zip(names, counters.tolist()):
@@ -163,20 +184,26 @@ def _worker() -> concurrent.futures.ThreadPoolExecutor:
 
 def _interruptible_decode(model_obj, prompt_ids: torch.Tensor, kwargs: dict) -> tuple:
     """The decode op with a cancel flag; on the main thread, interruptible by Ctrl-C."""
-    cancel = torch.zeros(1, dtype=torch.long)
     op = torch.ops.blockbatch.decode
+    return _interruptible(lambda cancel: op(model_obj, prompt_ids, cancel=cancel, **kwargs), prompt_ids.is_cuda)
+
+
+def _interruptible(call, on_cuda: bool) -> tuple:
+    """``call(cancel)`` (an op taking a cancel flag); on the main thread it runs on the decode
+    thread and Ctrl-C sets the flag (the loops check it before every forward)."""
+    cancel = torch.zeros(1, dtype=torch.long)
     if threading.current_thread() is not threading.main_thread():
         try:  # signals only reach the main thread: nothing to wait for here
-            return op(model_obj, prompt_ids, cancel=cancel, **kwargs)
+            return call(cancel)
         except RuntimeError as e:
             _raise_translated(e)
-    stream = torch.cuda.current_stream() if prompt_ids.is_cuda else None
+    stream = torch.cuda.current_stream() if on_cuda else None
 
     def work() -> tuple:
         if stream is not None:
             with torch.cuda.stream(stream):  # the caller's stream, as without the thread
-                return op(model_obj, prompt_ids, cancel=cancel, **kwargs)
-        return op(model_obj, prompt_ids, cancel=cancel, **kwargs)
+                return call(cancel)
+        return call(cancel)
 
     # While the op runs, Ctrl-C only sets the cancel flag (the loop checks it before every
     # forward); once the worker has stopped, KeyboardInterrupt is raised here as Python would.

@@ -1,6 +1,7 @@
 // CPU implementations of the forward's kernel ops: validate, then call csrc/kernels/cpu.
 #include <ATen/Dispatch.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/mm.h>
 #include <c10/util/Exception.h>
 
@@ -55,9 +56,20 @@ at::Tensor silu_mul_cpu(const at::Tensor& gate_up) {
   return out;
 }
 
+// Batch invariance: a row's result must not depend on the rows it is packed with (a request's
+// logits are the same alone or batched with others). MKL / oneDNN sgemm computes each row of a
+// product with 16 or more rows the same way whatever the row count and the row's place in it,
+// but products of fewer rows take other kernels (other summation orders); so fewer rows are
+// padded to 16 with zeros (tests/ops/test_batch_invariance.py checks the property).
+constexpr int64_t kInvariantRows = 16;
+
 at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight) {
   check_linear(x, weight);
-  return at::mm(x, weight.t());
+  const int64_t m = x.size(0);
+  if (m == 0 || m >= kInvariantRows) return at::mm(x, weight.t());
+  at::Tensor padded = at::zeros({kInvariantRows, x.size(1)}, x.options());
+  padded.narrow(0, 0, m).copy_(x);
+  return at::mm(padded, weight.t()).narrow(0, 0, m).contiguous();
 }
 
 void rope_cpu(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin) {

@@ -1,0 +1,141 @@
+"""Many requests at once: throughput and latency vs max_batch, against one-by-one decoding.
+
+    python benchmarks/bench_batch.py [--model toy|50m|DIR] [--n 32] [--batches 1,2,4,8,16,32]
+        [--policies dual,blockbatch] [--gen-length 64] [--threads N] [--out results/bench_batch_toy.json]
+
+The same --n requests (held-out toy problems; on a random model, prompts of 8..40 random tokens)
+are decoded one by one (Engine.generate per prompt) and through torch.ops.blockbatch.decode_batch
+at each max_batch, for each policy, in one run. Per setting: requests/s, generated tokens/s,
+mean and p99 request latency (its decode's own wall time, from the moment it starts; the queue
+before it is not counted), packed forwards vs the requests' forwards, and the speedup against
+one-by-one. Every batched request's tokens are checked against its one-by-one result (float32
+CPU: they must be equal). Writes the JSON and a PNG (throughput vs max_batch) next to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+
+def _model(name: str):
+    from blockbatch.engine import Engine
+
+    if name == "toy":
+        return Engine.from_pretrained(None), "toy"
+    if name == "50m":
+        from blockbatch.random_checkpoint import make_random_checkpoint
+
+        folder = tempfile.mkdtemp(prefix="bb-50m-")
+        make_random_checkpoint(folder, seed=0, logit_scale=4.0, d_model=512, n_layers=8, n_heads=8,
+                               mlp_hidden_size=1536, vocab_size=32000)
+        return Engine.from_pretrained(folder), "random-50m"
+    return Engine.from_pretrained(name), os.path.basename(os.path.normpath(name))
+
+
+def _prompts(engine, n: int) -> list[list[int]]:
+    if engine.codec is not None and engine.config.vocab_size < 1000:
+        from blockbatch.toy import task
+
+        return [engine.codec.encode(p.prompt, chat=False) for p in task.make_problems(n, 0, "test")]
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for i in range(n):
+        ids = torch.randint(0, engine.config.vocab_size - 2, (8 + (i * 7) % 33,), generator=g)
+        out.append([t if t != engine.config.mask_token_id else 0 for t in ids.tolist()])
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="toy", help="toy (the shipped LLaDA toy), 50m (a random ~50M LLaDA) or a folder")
+    ap.add_argument("--n", type=int, default=32, help="requests (default 32)")
+    ap.add_argument("--batches", default="1,2,4,8,16,32", help="max_batch values (default 1,2,4,8,16,32)")
+    ap.add_argument("--policies", default="dual,blockbatch", help="comma-separated (default dual,blockbatch)")
+    ap.add_argument("--gen-length", type=int, default=64, help="generation length (default 64)")
+    ap.add_argument("--threads", type=int, default=None, help="intra-op threads (default: torch's choice)")
+    ap.add_argument("--out", default="results/bench_batch_toy.json")
+    args = ap.parse_args(argv)
+    try:
+        batches = [int(b) for b in args.batches.split(",") if b]
+        assert batches and all(b >= 1 for b in batches) and args.n >= 1
+    except (ValueError, AssertionError):
+        print("error: --batches must be positive integers separated by commas and --n >= 1", file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from blockbatch import DecodeOptions
+
+    engine, label = _model(args.model)
+    prompts = _prompts(engine, args.n)
+    report = {"model": label, "n": args.n, "gen_length": args.gen_length, "threads": torch.get_num_threads(),
+              "policies": {}}
+    for policy in [p for p in args.policies.split(",") if p]:
+        o = DecodeOptions(policy=policy, gen_length=args.gen_length, block_length=32)
+        t0 = time.perf_counter()
+        alone = [engine.generate([p], o)[0] for p in prompts]
+        one_s = time.perf_counter() - t0
+        tokens = sum(len(g.ids) for g in alone)
+        rows = {"one_by_one": {"seconds": one_s, "requests_per_s": args.n / one_s, "tokens_per_s": tokens / one_s,
+                               "mean_latency_ms": statistics.mean(g.stats["wall_ms"] for g in alone),
+                               "p99_latency_ms": _p99([g.stats["wall_ms"] for g in alone]),
+                               "forwards": sum(g.stats["nfe"] for g in alone)}}
+        for b in batches:
+            t0 = time.perf_counter()
+            got = engine.generate(prompts, o, max_batch=b)
+            s = time.perf_counter() - t0
+            equal = sum(g.raw_ids == a.raw_ids and g.stats["nfe"] == a.stats["nfe"] for g, a in zip(got, alone))
+            st = engine.last_batch_stats or {}
+            rows[f"batch_{b}"] = {"seconds": s, "requests_per_s": args.n / s, "tokens_per_s": tokens / s,
+                                  "speedup_vs_one_by_one": one_s / s,
+                                  "mean_latency_ms": statistics.mean(g.stats["wall_ms"] for g in got),
+                                  "p99_latency_ms": _p99([g.stats["wall_ms"] for g in got]),
+                                  "packed_forwards": st.get("packed_forwards"),
+                                  "request_forwards": st.get("request_forwards"),
+                                  "equal_to_one_by_one": f"{equal}/{args.n}"}
+            print(f"{label} {policy} max_batch {b}: {args.n / s:.1f} req/s, {one_s / s:.2f}x one-by-one, "
+                  f"p99 {rows[f'batch_{b}']['p99_latency_ms']:.0f} ms, equal {equal}/{args.n}", flush=True)
+        report["policies"][policy] = rows
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+    print(f"wrote {args.out}")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(5.5, 4))
+        for policy, rows in report["policies"].items():
+            ax.plot(batches, [rows[f"batch_{b}"]["tokens_per_s"] for b in batches], marker="o", label=f"{policy} batched")
+            ax.axhline(rows["one_by_one"]["tokens_per_s"], ls="--", lw=1, label=f"{policy} one by one",
+                       color=ax.lines[-1].get_color())
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("max_batch")
+        ax.set_ylabel("generated tokens / s")
+        ax.set_title(f"{label}, {args.n} requests, gen {args.gen_length}, {report['threads']} threads")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        png = os.path.splitext(args.out)[0] + ".png"
+        fig.savefig(png, dpi=120)
+        print(f"wrote {png}")
+    except ImportError:
+        print("note: matplotlib is not installed; no PNG", file=sys.stderr)
+    return 0
+
+
+def _p99(values: list[float]) -> float:
+    v = sorted(values)
+    return v[min(len(v) - 1, int(round(0.99 * (len(v) - 1))))]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+// Many requests at once: every request runs its own policy loop (decode(), on a worker thread of
+// its own), and their forwards meet in ONE packed forward per step.
+//
+// SharedForward is the Network the requests' loops see. Its forward() does not run the model: it
+// files the request's ForwardBatch and waits. When every request that is decoding has filed one
+// (or finished), the last to arrive packs the filed batches, grouped by KV mode, into one packed
+// forward per group (tokens, positions, rows and logit rows concatenated; KV rows offset into the
+// shared pool; each row attends its own canvas length), runs it, and hands each request its own
+// logits rows. Requests join (a worker takes the next prompt) and leave (a request finishes, its
+// KV rows are freed at once) between steps; nothing waits for a request that is not decoding.
+//
+// KV memory is one pool [rows, layers, 2, kv_heads, L_max, head_dim] sized from a byte budget:
+// new_kv hands out contiguous row ranges (zeroed); a request whose rows are not free waits outside
+// the step barrier (the others go on) until a finished request frees them; one that can never fit
+// is refused with an error naming the budget.
+//
+// Batch invariance: a request's logits rows are computed exactly as in its batch-1 run (every op
+// of the forward is per row; the CPU GEMM pads fewer than 16 rows so that a row's product does not
+// depend on its neighbours), so its tokens and counters do not depend on what else runs.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "model/network.h"
+
+namespace blockbatch {
+
+class SharedForward : public Network {
+ public:
+  // pool_rows: KV rows in the pool; max_length: the pool's row length (the longest canvas).
+  SharedForward(const Network& model, int64_t pool_rows, int64_t max_length);
+  ~SharedForward() override;
+
+  const ModelConfig& config() const override { return model_.config(); }
+  c10::ScalarType dtype() const override { return model_.dtype(); }
+  c10::Device device() const override { return model_.device(); }
+  void check(const ForwardBatch& batch) const override { model_.check(batch); }
+
+  // Files the batch and waits for the step that runs it (see above).
+  at::Tensor forward(const ForwardBatch& batch) const override;
+  // `rows` contiguous pool rows of `length` (<= max_length) usable positions, zeroed: a view
+  // [rows, layers, 2, kv_heads, max_length, head_dim]; waits (off the barrier) while they are taken.
+  at::Tensor new_kv(int64_t rows, int64_t length) const override;
+
+  // A request starts / ends decoding on this thread (the barrier counts the requests decoding).
+  // leave() frees the request's KV rows.
+  void join() const;
+  void leave() const;
+
+  int64_t steps() const { return steps_; }            // packed forwards run
+  int64_t forwards_filed() const { return filed_; }   // request forwards they carried
+
+ private:
+  struct Filed {
+    const ForwardBatch* batch;
+    at::Tensor logits;
+    std::exception_ptr error;
+    bool done = false;
+  };
+  struct Allocation {
+    int64_t first, rows, length;
+  };
+  void run_step_locked(std::unique_lock<std::mutex>& lock) const;  // called by the last to file
+  void maybe_step_locked(std::unique_lock<std::mutex>& lock) const;
+
+  const Network& model_;
+  const int64_t pool_rows_, max_length_;
+  at::Tensor pool_;
+  mutable std::mutex mutex_;
+  mutable std::condition_variable cv_;
+  mutable int64_t decoding_ = 0;  // requests inside decode() and not waiting for KV rows
+  mutable std::vector<Filed*> filed_batches_;
+  mutable bool stepping_ = false;
+  mutable std::map<const void*, Allocation> allocations_;  // by the view's data pointer
+  mutable std::map<std::thread::id, std::vector<const void*>> owned_;
+  mutable int64_t steps_ = 0, filed_ = 0;
+};
+
+}  // namespace blockbatch

@@ -1,0 +1,119 @@
+"""Many requests at once (torch.ops.blockbatch.decode_batch, Engine.generate(max_batch=N)): every
+request's tokens and counters equal its batch-1 decode, float32 on the CPU, exactly, whatever
+shares its forwards (mixed prompt lengths, policies, branch sets, gen_lengths, families; requests
+joining as others finish)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from blockbatch import DecodeOptions, Engine
+from blockbatch.dream_checkpoint import make_random_dream_checkpoint
+from blockbatch.options import run_decode_batch
+from blockbatch.random_checkpoint import make_random_checkpoint
+
+COUNTERS = ("nfe", "nfe_full", "nfe_block", "nfe_init", "nfe_refresh", "nfe_paper", "winner", "winner_block_size",
+            "early_exit", "committed_per_step", "query_tokens_per_step", "branches")
+
+
+def _mixed_requests(rng: random.Random, vocab: int, mask: int, n: int, family: str):
+    reqs = []
+    for i in range(n):
+        prompt = [t if t != mask else 1 for t in (rng.randrange(vocab - 2) for _ in range(rng.choice([1, 3, 7, 12, 20])))]
+        policy = ("vanilla", "prefix", "dual", "blockbatch")[i % 4]
+        G = rng.choice([16, 32, 64])
+        if policy == "vanilla":
+            o = DecodeOptions(policy="vanilla", gen_length=G, block_length=16, threshold=None, steps=G) \
+                if family == "llada" else DecodeOptions(policy="vanilla", gen_length=G, steps=G // 2)
+        elif policy == "blockbatch":
+            sizes = rng.choice([(4, 8, 16), (8, 16), (16,), None])
+            o = DecodeOptions(policy="blockbatch", gen_length=G, block_sizes=sizes, threshold=rng.choice([0.7, 0.9]))
+        else:
+            o = DecodeOptions(policy=policy, gen_length=G, block_length=rng.choice([8, 16]),
+                              threshold=rng.choice([0.6, 0.9]))
+        reqs.append((prompt, o))
+    return reqs
+
+
+def _same(a, b, what: str):
+    assert a.raw_ids == b.raw_ids, f"{what}: tokens differ"
+    for k in COUNTERS:
+        assert a.stats[k] == b.stats[k], f"{what}: {k} {a.stats[k]} != {b.stats[k]}"
+
+
+@pytest.fixture(scope="module", params=["llada", "dream"])
+def engine(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param)
+    if request.param == "llada":
+        make_random_checkpoint(folder, seed=3, logit_scale=5.0, d_model=64, n_layers=2, vocab_size=97)
+    else:
+        make_random_dream_checkpoint(folder, seed=3, logit_scale=5.0, vocab_size=64)
+    return Engine.from_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def requests_and_alone(engine):
+    rng = random.Random(5)
+    reqs = _mixed_requests(rng, engine.config.vocab_size, engine.config.mask_token_id, 16, engine.config.family)
+    alone = [engine.generate([p], o)[0] for p, o in reqs]
+    return reqs, alone
+
+
+@pytest.mark.parametrize("max_batch", [1, 2, 5, 16])
+def test_batched_results_equal_batch_one(engine, requests_and_alone, max_batch):
+    reqs, alone = requests_and_alone
+    if max_batch == 1:  # Engine.generate decodes one by one at max_batch 1; the batched op at 1 too
+        outs, stats = run_decode_batch(engine.model.obj, [torch.tensor(p) for p, _ in reqs], [o for _, o in reqs], 1)
+        for i, (out, a) in enumerate(zip(outs, alone)):
+            assert out.tokens[len(reqs[i][0]):].tolist() == a.raw_ids
+            assert all(out.stats[k] == a.stats[k] for k in COUNTERS if k != "policy")
+        assert stats["packed_forwards"] == stats["request_forwards"] == sum(a.stats["nfe"] for a in alone)
+        return
+    got = engine.generate([p for p, _ in reqs], [o for _, o in reqs], max_batch=max_batch)
+    for i, (g, a) in enumerate(zip(got, alone)):
+        _same(g, a, f"{engine.config.family} request {i} at max_batch {max_batch}")
+    stats = engine.last_batch_stats
+    assert stats["request_forwards"] == sum(a.stats["nfe"] for a in alone)
+    if max_batch > 1:  # forwards were packed: fewer packed forwards than request forwards
+        assert stats["packed_forwards"] < stats["request_forwards"]
+
+
+def test_subsets_and_orders_do_not_change_a_request(engine, requests_and_alone):
+    """The same request with other neighbours, in another order, under a KV budget that makes
+    requests wait for rows: the same result."""
+    reqs, alone = requests_and_alone
+    order = [7, 3, 12, 0, 9, 15, 4]
+    row_bytes = engine.last_batch_stats["kv_row_bytes"] if engine.last_batch_stats else None
+    got = engine.generate([reqs[i][0] for i in order], [reqs[i][1] for i in order], max_batch=4)
+    for j, i in enumerate(order):
+        _same(got[j], alone[i], f"request {i} among {order}")
+    # KV rows for the largest request only: the others wait for rows, off the step barrier
+    rows = [0 if reqs[i][1].policy == "vanilla" else len(alone[i].stats["branches"]) for i in order]
+    tight = engine.last_batch_stats["kv_row_bytes"] * max(rows)
+    got = engine.generate([reqs[i][0] for i in order], [reqs[i][1] for i in order], max_batch=4,
+                          kv_budget_bytes=tight)
+    for j, i in enumerate(order):
+        _same(got[j], alone[i], f"request {i} under a {max(rows)}-row KV budget")
+    assert engine.last_batch_stats["kv_pool_rows"] == max(rows)
+    assert row_bytes is None or row_bytes > 0
+
+
+def test_errors_name_the_request_and_the_budget(engine, requests_and_alone):
+    reqs, _ = requests_and_alone
+    bad = [reqs[0][0], [engine.config.vocab_size + 5], reqs[1][0]]
+    with pytest.raises(ValueError, match=r"prompt|vocabulary"):
+        engine.generate(bad, [reqs[0][1], reqs[0][1], reqs[1][1]], max_batch=3)
+    with pytest.raises(ValueError, match=r"request 1"):
+        torch.ops.blockbatch.decode_batch(engine.model.obj, [torch.tensor(p) for p in bad], ["gen_length=32"] * 3,
+                                          max_batch=3)
+    with pytest.raises(ValueError, match=r"kv_budget_bytes = 1 holds 0 KV rows"):
+        engine.generate([p for p, _ in reqs[:4]], [o for _, o in reqs[:4]], max_batch=2, kv_budget_bytes=1)
+    with pytest.raises(ValueError, match=r"options: 2 DecodeOptions for 3 prompts"):
+        engine.generate(bad, [reqs[0][1]] * 2, max_batch=2)
+    with pytest.raises(ValueError, match=r"max_batch must be an integer >= 1"):
+        engine.generate([reqs[0][0]], reqs[0][1], max_batch=0)
+    with pytest.raises(ValueError, match=r"options\[0\]: unknown option 'gen_lenght'"):
+        torch.ops.blockbatch.decode_batch(engine.model.obj, [torch.tensor(reqs[0][0])], ["gen_lenght=16"])
