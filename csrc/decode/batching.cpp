@@ -1,5 +1,6 @@
 #include "decode/batching.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
@@ -9,6 +10,10 @@
 #include <algorithm>
 #include <atomic>
 #include <thread>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "decode/decode.h"
 
@@ -85,9 +90,33 @@ at::Tensor SharedForward::forward(const ForwardBatch& batch) const {
 }
 
 void SharedForward::maybe_step_locked(std::unique_lock<std::mutex>& lock) const {
+  if (served_) {  // the serving thread runs it
+    cv_.notify_all();
+    return;
+  }
   while (!stepping_ && decoding_ > 0 && static_cast<int64_t>(filed_batches_.size()) >= decoding_) {
     run_step_locked(lock);
   }
+}
+
+void SharedForward::serve() const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  served_ = true;
+  auto ready = [&] { return decoding_ > 0 && static_cast<int64_t>(filed_batches_.size()) >= decoding_; };
+  for (;;) {
+    cv_.wait(lock, [&] { return closed_ || (!stepping_ && ready()); });
+    if (!stepping_ && ready()) {
+      run_step_locked(lock);
+    } else if (closed_) {
+      break;
+    }
+  }
+}
+
+void SharedForward::close() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  closed_ = true;
+  cv_.notify_all();
 }
 
 void SharedForward::run_step_locked(std::unique_lock<std::mutex>& lock) const {
@@ -213,8 +242,14 @@ std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<s
   SharedForward shared(model, pool_rows, max_length);
   std::vector<DecodeResult> results(n);
   std::vector<std::exception_ptr> errors(n);
-  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> next{0}, running{workers};
   auto work = [&] {
+#ifdef _OPENMP
+    // The requests' own ops are small: one intra-op thread each, so that W request threads do not
+    // each start a team on the same cores; the packed forwards run on the serving thread's team.
+    at::internal::lazy_init_num_threads();
+    omp_set_num_threads(1);
+#endif
     for (int64_t i = next++; i < n; i = next++) {
       shared.join();
       try {
@@ -224,10 +259,11 @@ std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<s
       }
       shared.leave();
     }
+    if (--running == 0) shared.close();
   };
   std::vector<std::thread> threads;
-  for (int64_t w = 1; w < workers; ++w) threads.emplace_back(work);
-  work();
+  for (int64_t w = 0; w < workers; ++w) threads.emplace_back(work);
+  shared.serve();  // this thread runs every packed forward
   for (std::thread& t : threads) t.join();
   if (stats) {
     stats->steps = shared.steps();

@@ -24,6 +24,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -55,6 +56,10 @@ class SharedForward : public Network {
   // leave() frees the request's KV rows.
   void join() const;
   void leave() const;
+  // Runs the steps on the calling thread (with its intra-op threads) until close(); the requests'
+  // threads then only file and wait. Without a serving thread the last request to file runs the step.
+  void serve() const;
+  void close() const;
 
   int64_t steps() const { return steps_; }            // packed forwards run
   int64_t forwards_filed() const { return filed_; }   // request forwards they carried
@@ -80,6 +85,7 @@ class SharedForward : public Network {
   mutable int64_t decoding_ = 0;  // requests inside decode() and not waiting for KV rows
   mutable std::vector<Filed*> filed_batches_;
   mutable bool stepping_ = false;
+  mutable bool served_ = false, closed_ = false;
   mutable std::map<const void*, Allocation> allocations_;  // by the view's data pointer
   mutable std::map<std::thread::id, std::vector<const void*>> owned_;
   mutable int64_t steps_ = 0, filed_ = 0;
