@@ -138,12 +138,19 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                          f"confidence and would ignore it: pass --threshold none with --steps {args.steps}"
                          + (" and drop --factor" if args.factor is not None else ""))
     options = DecodeOptions(**contract.values_from_args(args))  # ValueError naming the bad option
+    if args.input is not None:
+        if args.prompts:
+            raise UsageError("pass either PROMPTs or --input FILE, not both")
+        engine = Engine.from_pretrained(args.model, device=args.device, dtype=DTYPES[args.dtype])
+        return _generate_jsonl(engine, args, options)
+    if not args.prompts:
+        raise UsageError("no PROMPT given (or pass --input FILE with JSONL requests)")
     prompts = [p if not args.ids else _parse_ids(p, f"PROMPT {i + 1}") for i, p in enumerate(args.prompts)]
     engine = Engine.from_pretrained(args.model, device=args.device, dtype=DTYPES[args.dtype])
     chat = False if args.no_chat else None
     try:
         results = engine.generate(prompts, options, chat=chat, progress=not args.json and len(prompts) > 1,
-                                  allow_unknown=args.allow_unknown)
+                                  allow_unknown=args.allow_unknown, max_batch=args.max_batch)
     except ValueError as e:
         if "outside the tokenizer's vocabulary" in str(e):
             raise UsageError(f"{e}; pass --allow-unknown to decode it anyway") from None
@@ -155,6 +162,92 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             print(f"{prompt!r} -> {gen.text!r}" if len(args.prompts) > 1 else gen.text)
             print("  " + summary_line(gen.stats))
     return 0
+
+
+def _generate_jsonl(engine, args: argparse.Namespace, options) -> int:
+    """--input JSONL -> --output JSONL: batches of 4 x max_batch requests (new ones start as others
+    finish), each batch's lines written and flushed in input order when it finishes; a bad line or a
+    request that fails gives an error line and a note on stderr, and the others go on."""
+    import time
+
+    name = "stdin" if args.input == "-" else args.input
+    try:
+        src = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"--input {args.input}: {e.strerror}") from None
+    try:
+        out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"--output {args.output}: {e.strerror}") from None
+    chat = False if args.no_chat else None
+    chunk = 4 * args.max_batch
+    done = failed = tokens = 0
+    t0 = time.perf_counter()
+
+    def emit(record: dict) -> None:
+        out.write(json.dumps(record) + "\n")
+
+    def bad(line: int, rid, message: str) -> None:
+        nonlocal failed
+        failed += 1
+        sys.stderr.write(f"\rerror: {name}:{line}: {message}\n")
+        emit({"id": rid, "line": line, "error": message})
+
+    def run(batch: list) -> None:
+        nonlocal done, tokens
+        try:
+            gens = engine.generate([ids for _, _, ids in batch], options, max_batch=args.max_batch)
+        except (ValueError, RuntimeError, TimeoutError):
+            gens = None  # one request failed: decode them one by one so the others still finish
+        for k, (line, rid, ids) in enumerate(batch):
+            try:
+                g = gens[k] if gens is not None else engine.generate([ids], options)[0]
+            except (ValueError, RuntimeError, TimeoutError) as e:
+                bad(line, rid, str(e).splitlines()[0])
+                continue
+            done += 1
+            tokens += len(g.ids)
+            emit({"id": rid, "text": g.text, "ids": g.ids, "nfe": g.stats["nfe"], "wall_ms": g.stats["wall_ms"]})
+        out.flush()
+        rate = tokens / max(time.perf_counter() - t0, 1e-9)
+        sys.stderr.write(f"\r{done} done, {failed} failed, {rate:.1f} generated tokens/s")
+        sys.stderr.flush()
+
+    batch: list = []
+    try:
+        for line, raw in enumerate(src, 1):
+            if not raw.strip():
+                continue
+            rid = line
+            try:
+                req = json.loads(raw)
+                if not isinstance(req, dict):
+                    raise ValueError("expected a JSON object")
+                rid = req.get("id", line)
+                if ("prompt" in req) == ("ids" in req):
+                    raise ValueError('give exactly one of "prompt" (text) and "ids" (token ids)')
+                ids = engine.encode(req["prompt"] if "prompt" in req else req["ids"], chat,
+                                    allow_unknown=args.allow_unknown, name="prompt" if "prompt" in req else "ids")
+            except (ValueError, TypeError) as e:  # json.JSONDecodeError is a ValueError
+                bad(line, rid, str(e).splitlines()[0])
+                continue
+            batch.append((line, rid, ids))
+            if len(batch) >= chunk:
+                run(batch)
+                batch = []
+        if batch:
+            run(batch)
+    except KeyboardInterrupt:
+        out.flush()
+        sys.stderr.write(f"\ninterrupted: {done} results written, the request batch in progress was dropped\n")
+        return 130
+    finally:
+        if out is not sys.stdout:
+            out.close()
+        if src is not sys.stdin:
+            src.close()
+    sys.stderr.write("\n")
+    return 1 if failed else 0
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -298,7 +391,17 @@ def build_parser() -> argparse.ArgumentParser:
                "  blockbatch generate --policy vanilla --threshold none --steps 64 PROMPT   (LLaDA fixed schedule)\n"
                "  blockbatch generate --model /path/to/LLaDA-8B-Instruct --dtype bfloat16 --device cuda 'Hi'\n"
                "\n" + settings.help_text())
-    p.add_argument("prompts", nargs="+", metavar="PROMPT", help="prompt text (or ids with --ids)")
+    p.add_argument("prompts", nargs="*", metavar="PROMPT", help="prompt text (or ids with --ids)")
+    p.add_argument("--input", metavar="FILE", default=None,
+                   help="JSONL requests instead of PROMPTs ('-': stdin): one object per line with \"prompt\" (text) or "
+                        "\"ids\" (token ids) and optionally \"id\"; results go to --output as JSON lines")
+    p.add_argument("--output", metavar="FILE", default="-",
+                   help="with --input: where the result lines go (default '-': stdout); one line per request "
+                        "(id, text, ids, nfe, wall_ms; or id, line, error at once for a bad line), a batch's results in "
+                        "input order, flushed as the batch finishes (Ctrl-C keeps every line written)")
+    p.add_argument("--max-batch", type=_positive_int, default=1, metavar="N",
+                   help="decode up to N requests together, their forwards packed into one per step (CPU; each "
+                        "result equals its decode alone); default 1")
     p.add_argument("--model", default=None, help="checkpoint folder (default: the toy model shipped in the package)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32")

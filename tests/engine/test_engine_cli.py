@@ -209,3 +209,36 @@ def test_bench_rejects_bad_policy_spec():
         policy_options("blockbatch:gate=3", 64)
     assert policy_options("blockbatch:block_sizes=8/32,sync_gap=4", 64).block_sizes == (8, 32)
     assert policy_options("dual:cuda_graphs=false", 64).cuda_graphs is False
+
+
+def test_cli_generate_jsonl_batched(tmp_path):
+    """--input JSONL --output JSONL --max-batch: one line per request, bad lines named by line
+    number without stopping the others, each result the one its prompt gives alone."""
+    from blockbatch.engine import Engine
+    from blockbatch.options import DecodeOptions
+
+    src = tmp_path / "req.jsonl"
+    src.write_text('{"id": "a", "prompt": "72-2=__-3=__-3=__...............?"}\n'
+                   'not json\n\n'
+                   '{"ids": [3, 4, 5]}\n'
+                   '{"prompt": "x", "ids": [1]}\n'
+                   '{"prompt": "9-2=__-1=__...........?"}\n', encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    res = _cli("generate", "--input", src, "--output", out, "--max-batch", 2, "--gen-length", 64, "--policy", "dual",
+               "--no-chat")
+    assert res.returncode == 1, res.stderr  # two bad lines
+    assert f"{src}:2: Expecting value" in res.stderr and f"{src}:5: give exactly one of" in res.stderr
+    assert "3 done, 2 failed" in res.stderr
+    lines = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
+    errors = {r["line"]: r for r in lines if "error" in r}
+    assert set(errors) == {2, 5}
+    results = {r["id"]: r for r in lines if "error" not in r}
+    assert set(results) == {"a", 4, 6}
+    engine = Engine.from_pretrained()
+    options = DecodeOptions(policy="dual", gen_length=64)
+    for rid, prompt in (("a", "72-2=__-3=__-3=__...............?"), (4, [3, 4, 5]), (6, "9-2=__-1=__...........?")):
+        [g] = engine.generate([prompt], options, chat=False)
+        assert (results[rid]["ids"], results[rid]["text"], results[rid]["nfe"]) == (g.ids, g.text, g.stats["nfe"])
+    assert results["a"]["text"] == "72-2=70-3=67-3=64;64"
+    res = _cli("generate", "--input", src, "PROMPT")
+    assert res.returncode == 2 and "either PROMPTs or --input" in res.stderr
