@@ -1,6 +1,5 @@
 #include "decode/batching.h"
 
-#include <ATen/Parallel.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
@@ -8,14 +7,9 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <atomic>
-#include <thread>
+#include <chrono>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
-#include "decode/decode.h"
 
 namespace blockbatch {
 
@@ -41,7 +35,6 @@ void SharedForward::leave() const {
     owned_.erase(it);
   }
   cv_.notify_all();  // KV rows freed; the others may all have filed already
-  maybe_step_locked(lock);
 }
 
 at::Tensor SharedForward::new_kv(int64_t rows, int64_t length) const {
@@ -73,7 +66,7 @@ at::Tensor SharedForward::new_kv(int64_t rows, int64_t length) const {
     if (!stepped_out) {  // wait off the barrier: the requests decoding go on and free rows
       stepped_out = true;
       --decoding_;
-      maybe_step_locked(lock);
+      cv_.notify_all();
     }
     cv_.wait(lock);
   }
@@ -83,34 +76,49 @@ at::Tensor SharedForward::forward(const ForwardBatch& batch) const {
   std::unique_lock<std::mutex> lock(mutex_);
   Filed f{&batch, {}, nullptr, false};
   filed_batches_.push_back(&f);
-  maybe_step_locked(lock);
+  cv_.notify_all();
   cv_.wait(lock, [&] { return f.done; });
   if (f.error) std::rethrow_exception(f.error);
   return f.logits;
 }
 
-void SharedForward::maybe_step_locked(std::unique_lock<std::mutex>& lock) const {
-  if (served_) {  // the serving thread runs it
-    cv_.notify_all();
-    return;
-  }
-  while (!stepping_ && decoding_ > 0 && static_cast<int64_t>(filed_batches_.size()) >= decoding_) {
-    run_step_locked(lock);
-  }
+bool SharedForward::ready_locked() const {
+  return !stepping_ && decoding_ > 0 && static_cast<int64_t>(filed_batches_.size()) >= decoding_;
 }
 
 void SharedForward::serve() const {
   std::unique_lock<std::mutex> lock(mutex_);
-  served_ = true;
-  auto ready = [&] { return decoding_ > 0 && static_cast<int64_t>(filed_batches_.size()) >= decoding_; };
   for (;;) {
-    cv_.wait(lock, [&] { return closed_ || (!stepping_ && ready()); });
-    if (!stepping_ && ready()) {
+    cv_.wait(lock, [&] { return closed_ || ready_locked(); });
+    if (ready_locked()) {
       run_step_locked(lock);
     } else if (closed_) {
       break;
     }
   }
+}
+
+bool SharedForward::step(double timeout_s, const std::function<bool()>& done) const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                         std::chrono::duration<double>(std::max(timeout_s, 0.0)));
+  cv_.wait_until(lock, until, [&] { return closed_ || ready_locked() || (done && done()); });
+  if (!ready_locked()) return false;
+  run_step_locked(lock);
+  return true;
+}
+
+void SharedForward::wake() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  cv_.notify_all();
+}
+
+int64_t SharedForward::rows_in_use() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int64_t n = 0;
+  for (const auto& [p, a] : allocations_) n += a.rows;
+  return n;
 }
 
 void SharedForward::close() const {
@@ -195,92 +203,6 @@ void SharedForward::run_step_locked(std::unique_lock<std::mutex>& lock) const {
   for (Filed* f : step) f->done = true;
   stepping_ = false;
   cv_.notify_all();
-}
-
-std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<std::vector<int64_t>>& prompts,
-                                       const std::vector<DecodeOptions>& options, int64_t max_batch,
-                                       int64_t kv_budget_bytes, const int64_t* cancel, BatchStats* stats) {
-  const int64_t n = static_cast<int64_t>(prompts.size());
-  TORCH_CHECK_VALUE(static_cast<int64_t>(options.size()) == n, "decode_batch: ", n, " prompts but ", options.size(),
-                    " option sets (give one per prompt)");
-  TORCH_CHECK_VALUE(max_batch >= 1, "max_batch must be >= 1, got ", max_batch);
-  TORCH_CHECK_VALUE(kv_budget_bytes >= 0, "kv_budget_bytes must be >= 0 (0: room for max_batch requests), got ",
-                    kv_budget_bytes);
-  const ModelConfig& c = model.config();
-  TORCH_CHECK_VALUE(model.device().is_cpu(), "decode_batch runs CPU models for now (a CUDA model's requests each "
-                    "have their own stream and CUDA graphs); decode them one by one with "
-                    "torch.ops.blockbatch.decode (Engine.generate does so on CUDA)");
-  // Every request checked before any runs: an error names the request.
-  int64_t max_length = 1, max_rows = 0;
-  std::vector<int64_t> rows_of(n, 0);
-  for (int64_t i = 0; i < n; ++i) {
-    try {
-      const DecodeOptions o = decode_options_for(c, options[i]);
-      o.validate(c, static_cast<int64_t>(prompts[i].size()));
-      check_prompt(c, prompts[i]);
-      max_length = std::max(max_length, static_cast<int64_t>(prompts[i].size()) + o.gen_length);
-      rows_of[i] = o.policy == Policy::kBlockBatch ? static_cast<int64_t>(o.block_sizes->size())
-                                                   : o.policy == Policy::kVanilla ? 0 : 1;
-      max_rows = std::max(max_rows, rows_of[i]);
-    } catch (c10::Error& e) {
-      e.add_context("request " + std::to_string(i));
-      throw;
-    }
-  }
-  const int64_t workers = std::min(max_batch, std::max<int64_t>(n, 1));
-  const int64_t row_bytes = c.n_layers * 2 * c.n_kv_heads * max_length * c.head_dim() *
-                            static_cast<int64_t>(c10::elementSize(model.dtype()));
-  int64_t pool_rows = kv_budget_bytes > 0 ? kv_budget_bytes / row_bytes : 0;
-  if (kv_budget_bytes == 0) {  // room for the `workers` largest requests
-    std::vector<int64_t> sorted = rows_of;
-    std::sort(sorted.rbegin(), sorted.rend());
-    for (int64_t i = 0; i < workers && i < n; ++i) pool_rows += sorted[i];
-  }
-  TORCH_CHECK_VALUE(max_rows <= pool_rows || max_rows == 0, "kv_budget_bytes = ", kv_budget_bytes, " holds ",
-                    pool_rows, " KV rows of ", row_bytes, " bytes (", max_length, " positions) but a request needs ",
-                    max_rows, "; raise the budget to at least ", max_rows * row_bytes, " bytes");
-  SharedForward shared(model, pool_rows, max_length);
-  std::vector<DecodeResult> results(n);
-  std::vector<std::exception_ptr> errors(n);
-  std::atomic<int64_t> next{0}, running{workers};
-  auto work = [&] {
-#ifdef _OPENMP
-    // The requests' own ops are small: one intra-op thread each, so that W request threads do not
-    // each start a team on the same cores; the packed forwards run on the serving thread's team.
-    at::internal::lazy_init_num_threads();
-    omp_set_num_threads(1);
-#endif
-    for (int64_t i = next++; i < n; i = next++) {
-      shared.join();
-      try {
-        results[i] = decode(shared, prompts[i], options[i], cancel);
-      } catch (...) {
-        errors[i] = std::current_exception();
-      }
-      shared.leave();
-    }
-    if (--running == 0) shared.close();
-  };
-  std::vector<std::thread> threads;
-  for (int64_t w = 0; w < workers; ++w) threads.emplace_back(work);
-  shared.serve();  // this thread runs every packed forward
-  for (std::thread& t : threads) t.join();
-  if (stats) {
-    stats->steps = shared.steps();
-    stats->forwards = shared.forwards_filed();
-    stats->pool_rows = pool_rows;
-    stats->row_bytes = row_bytes;
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    if (!errors[i]) continue;
-    try {
-      std::rethrow_exception(errors[i]);
-    } catch (c10::Error& e) {
-      e.add_context("request " + std::to_string(i));
-      throw;
-    }
-  }
-  return results;
 }
 
 }  // namespace blockbatch

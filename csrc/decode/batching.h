@@ -3,8 +3,8 @@
 //
 // SharedForward is the Network the requests' loops see. Its forward() does not run the model: it
 // files the request's ForwardBatch and waits. When every request that is decoding has filed one
-// (or finished), the last to arrive packs the filed batches, grouped by KV mode, into one packed
-// forward per group (tokens, positions, rows and logit rows concatenated; KV rows offset into the
+// (or finished), the serving thread (serve() or step()) packs the filed batches, grouped by KV
+// mode, into one packed forward per group (tokens, positions, rows and logit rows concatenated; KV rows offset into the
 // shared pool; each row attends its own canvas length), runs it, and hands each request its own
 // logits rows. Requests join (a worker takes the next prompt) and leave (a request finishes, its
 // KV rows are freed at once) between steps; nothing waits for a request that is not decoding.
@@ -56,10 +56,17 @@ class SharedForward : public Network {
   // leave() frees the request's KV rows.
   void join() const;
   void leave() const;
-  // Runs the steps on the calling thread (with its intra-op threads) until close(); the requests'
-  // threads then only file and wait. Without a serving thread the last request to file runs the step.
+  // The serving thread runs the packed forwards (with its intra-op threads); the requests'
+  // threads only file and wait. serve(): every step until close(). step(): at most one, waiting
+  // up to timeout_s for the requests decoding to file, or until wake() and `done()` holds;
+  // returns whether it ran one.
   void serve() const;
+  bool step(double timeout_s, const std::function<bool()>& done = nullptr) const;
+  void wake() const;
   void close() const;
+  // KV rows handed out now (of pool_rows()).
+  int64_t rows_in_use() const;
+  int64_t pool_rows() const { return pool_rows_; }
 
   int64_t steps() const { return steps_; }            // packed forwards run
   int64_t forwards_filed() const { return filed_; }   // request forwards they carried
@@ -74,8 +81,8 @@ class SharedForward : public Network {
   struct Allocation {
     int64_t first, rows, length;
   };
-  void run_step_locked(std::unique_lock<std::mutex>& lock) const;  // called by the last to file
-  void maybe_step_locked(std::unique_lock<std::mutex>& lock) const;
+  void run_step_locked(std::unique_lock<std::mutex>& lock) const;
+  bool ready_locked() const;
 
   const Network& model_;
   const int64_t pool_rows_, max_length_;
@@ -85,7 +92,7 @@ class SharedForward : public Network {
   mutable int64_t decoding_ = 0;  // requests inside decode() and not waiting for KV rows
   mutable std::vector<Filed*> filed_batches_;
   mutable bool stepping_ = false;
-  mutable bool served_ = false, closed_ = false;
+  mutable bool closed_ = false;
   mutable std::map<const void*, Allocation> allocations_;  // by the view's data pointer
   mutable std::map<std::thread::id, std::vector<const void*>> owned_;
   mutable int64_t steps_ = 0, filed_ = 0;

@@ -221,7 +221,7 @@ class BlockBatchDecoder {
     const StepRunner::Key key{static_cast<int64_t>(mode), q.size(), q.rows(),
                               static_cast<int64_t>(q.logit_index.size()), sampling ? 1 : 0, kind};
     const int64_t before = committed_total();
-    stop_.check(stats_.nfe_init + stats_.nfe_block + stats_.nfe_refresh - 1);  // this forward is counted
+    stop_.check(stats_.nfe_init + stats_.nfe_block + stats_.nfe_refresh - 1, canvas_);  // this forward is counted
     StepRunner::Output out = runner_.run(buffer, key, [&](const at::Tensor& dev) {
       StepRunner::Body body;
       body.logits = model_.forward(q.batch(dev, kv_, mode, canvas_)).contiguous();

@@ -33,13 +33,13 @@ DecodeOptions decode_options_for(const ModelConfig& c, const DecodeOptions& opti
 }
 
 DecodeResult decode(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& options,
-                    const int64_t* cancel) {
+                    const int64_t* cancel, const Progress* progress) {
   const ModelConfig& c = model.config();
   // The policies see every option set: the table's per-policy / per-family defaults filled in.
   const DecodeOptions o = decode_options_for(c, options);
   o.validate(c, static_cast<int64_t>(prompt.size()));
   check_prompt(c, prompt);
-  const Stop stop(o.timeout_s, cancel);
+  const Stop stop(o.timeout_s, cancel, progress);
   if (c.family == Family::kDream) {
     switch (o.policy) {
       case Policy::kVanilla: return decode_dream_vanilla(model, prompt, o, stop);

@@ -17,9 +17,10 @@ struct DecodeResult {
 
 // Validates the options and the prompt (ids in the vocabulary, no mask id), then runs the policy.
 // cancel: a host int64 another thread may set to nonzero to stop the decode (checked once per
-// forward; the decode then throws "decode cancelled ..."), or nullptr.
+// forward; the decode then throws "decode cancelled ..."), or nullptr. progress: shown the
+// canvases before every forward (decode/stop.h), or nullptr.
 DecodeResult decode(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& options,
-                    const int64_t* cancel = nullptr);
+                    const int64_t* cancel = nullptr, const Progress* progress = nullptr);
 
 // Every prompt id in the vocabulary and none the mask id (throws c10::ValueError naming the index).
 void check_prompt(const ModelConfig& config, const std::vector<int64_t>& prompt);

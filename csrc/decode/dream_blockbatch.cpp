@@ -387,7 +387,7 @@ class DreamBlockBatch {
   }
 
   at::Tensor forward(const PackedQueries& q, KvMode mode, int64_t kind) {
-    stop_.check(stats_.nfe_init + stats_.nfe_block + stats_.nfe_refresh);
+    stop_.check(stats_.nfe_init + stats_.nfe_block + stats_.nfe_refresh, x_);
     return fw_.run(q, mode, kv_, x_, kind);
   }
   int64_t total_committed() const {

@@ -155,7 +155,7 @@ DecodeResult decode_dream_vanilla(const Network& model, const std::vector<int64_
   DecodeStats& st = res.stats;
   st.branches.push_back(BranchStats{0});
   for (int64_t i = 0; i < steps; ++i) {
-    stop.check(st.nfe_full);
+    stop.check(st.nfe_full, x);
     std::vector<int64_t> masked;  // canvas positions of the masks, ascending
     for (int64_t p = lp; p < L; ++p) {
       if (x[p] == mask) masked.push_back(p);
@@ -242,7 +242,7 @@ DecodeResult decode_dream_cached(const Network& model, const std::vector<int64_t
   enum Kind : int64_t { kBlockStart = 1, kWindow };
   for (int64_t block = 0; block < blocks; ++block) {
     const int64_t s = lp + block * b, e = s + b, end = dual ? e : L;
-    stop.check(st.nfe_full + st.nfe_block);
+    stop.check(st.nfe_full + st.nfe_block, x);
     {
       PackedQueries q;
       q.add_positions(0, L, 0);
@@ -256,7 +256,7 @@ DecodeResult decode_dream_cached(const Network& model, const std::vector<int64_t
       st.branches[0].committed += 1;
     }
     for (int64_t step = 0;; ++step) {
-      stop.check(st.nfe_full + st.nfe_block);
+      stop.check(st.nfe_full + st.nfe_block, x);
       std::vector<int64_t> rel, out_row;  // the block's masks (relative to s) and the output each reads
       for (int64_t j = 0; j < b; ++j) {
         if (x[s + j] == mask) rel.push_back(j), out_row.push_back(std::max<int64_t>(j - 1, 0));

@@ -52,7 +52,7 @@ DecodeResult decode_single_branch(const Network& model, const std::vector<int64_
     // steps; the fixed schedule has exactly steps_per_block entries summing to b.
     const int64_t max_steps = schedule.empty() ? b : static_cast<int64_t>(schedule.size());
     for (int64_t step = 0; masks_left > 0; ++step) {
-      stop.check(st.nfe_full + st.nfe_block);
+      stop.check(st.nfe_full + st.nfe_block, canvas);
       if (step >= max_steps) {
         Stop::no_progress(static_cast<int64_t>(st.steps.size()), "block " + std::to_string(block) + ", positions [" +
                           std::to_string(s) + ", " + std::to_string(e) + "): the fixed schedule's " +

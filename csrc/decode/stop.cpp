@@ -4,12 +4,25 @@
 
 namespace blockbatch {
 
-Stop::Stop(double timeout_s, const int64_t* cancel)
-    : start_(std::chrono::steady_clock::now()), timeout_s_(timeout_s), cancel_(cancel) {
+Stop::Stop(double timeout_s, const int64_t* cancel, const Progress* progress)
+    : start_(std::chrono::steady_clock::now()), timeout_s_(timeout_s), cancel_(cancel), progress_(progress) {
   if (timeout_s > 0) {
     deadline_ = start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                              std::chrono::duration<double>(timeout_s));
   }
+}
+
+void Stop::check(int64_t forwards, const at::Tensor& canvases) const {
+  if (progress_ != nullptr && *progress_) {
+    const at::Tensor host = canvases.cpu().contiguous();
+    (*progress_)(host.const_data_ptr<int64_t>(), host.numel());
+  }
+  check(forwards);
+}
+
+void Stop::check(int64_t forwards, const std::vector<int64_t>& canvases) const {
+  if (progress_ != nullptr && *progress_) (*progress_)(canvases.data(), static_cast<int64_t>(canvases.size()));
+  check(forwards);
 }
 
 void Stop::check(int64_t forwards) const {

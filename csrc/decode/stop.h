@@ -3,21 +3,33 @@
 // deadline, or a step that made no progress. Every decode loop checks it once per forward.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 namespace blockbatch {
+
+// What a decode shows of its progress: its canvases (each row [prompt | generation], rows
+// concatenated, host memory) before every forward. The scheduler's streaming reads from them the
+// prefix that can no longer change (decode/scheduler.h).
+using Progress = std::function<void(const int64_t* canvases, int64_t numel)>;
 
 class Stop {
  public:
   // timeout_s <= 0: no deadline. cancel: a host int64 the caller may set to nonzero from another
-  // thread while the decode runs (read atomically), or nullptr.
-  Stop(double timeout_s, const int64_t* cancel);
+  // thread while the decode runs (read atomically), or nullptr. progress: called by check() with
+  // the canvases, or nullptr (then check() reads nothing back).
+  Stop(double timeout_s, const int64_t* cancel, const Progress* progress = nullptr);
 
-  // Throws c10::Error when the flag is set ("decode cancelled ...") or the deadline has passed
-  // ("decode deadline exceeded ..."); `forwards` = forwards run so far (for the message).
-  void check(int64_t forwards) const;
+  // Before every forward: reports the canvases (a device tensor [rows, L] or [L], or the host
+  // rows) to `progress`, then throws c10::Error when the flag is set ("decode cancelled ...") or
+  // the deadline has passed ("decode deadline exceeded ..."); `forwards` = forwards run so far.
+  void check(int64_t forwards, const at::Tensor& canvases) const;
+  void check(int64_t forwards, const std::vector<int64_t>& canvases) const;
 
   // Throws: a step over `what` committed nothing although its commit rule commits at least one
   // token per step; names the step, the positions and the likely cause (non-finite logits).
@@ -25,8 +37,11 @@ class Stop {
 
  private:
   std::chrono::steady_clock::time_point start_, deadline_;
+  void check(int64_t forwards) const;
+
   double timeout_s_;
   const int64_t* cancel_;
+  const Progress* progress_;
 };
 
 }  // namespace blockbatch

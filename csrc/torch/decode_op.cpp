@@ -13,6 +13,7 @@
 #include "decode/decode.h"
 #include "torch/decode_args.h"
 #include "torch/model_handle.h"
+#include "torch/results.h"
 
 namespace blockbatch {
 
@@ -42,12 +43,7 @@ void decode_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::IValue* args = call_args(op, *stack);
   auto arg = [&](const char* name) -> const c10::IValue& { return call_arg(schema, args, name); };
   const auto model = arg("model").toCustomClass<ModelHandle>();
-  const at::Tensor prompt_ids = arg("prompt_ids").toTensor();
-  TORCH_CHECK_TYPE(prompt_ids.scalar_type() == at::kLong, "prompt_ids must be int64, got ", prompt_ids.scalar_type());
-  TORCH_CHECK_VALUE(prompt_ids.dim() == 1, "prompt_ids must be 1-D [prompt_length], got shape ", prompt_ids.sizes());
-  at::Tensor prompt_cpu = prompt_ids.cpu().contiguous();
-  std::vector<int64_t> prompt(prompt_cpu.const_data_ptr<int64_t>(),
-                              prompt_cpu.const_data_ptr<int64_t>() + prompt_cpu.numel());
+  const std::vector<int64_t> prompt = prompt_ids(arg("prompt_ids").toTensor(), "prompt_ids");
   DecodeOptions o = decode_options_from_args(schema, args);
   if (o.block_sizes) std::sort(o.block_sizes->begin(), o.block_sizes->end());  // branch order never depends on the caller's
   const int64_t* cancel_flag = nullptr;
@@ -61,16 +57,10 @@ void decode_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     cancel_flag = cancel.const_data_ptr<int64_t>();
   }
 
-  DecodeResult r = decode(*model, prompt, o, cancel_flag);
-  std::vector<int64_t> log;
-  for (const auto& s : r.stats.steps) log.insert(log.end(), s.begin(), s.end());
-  std::vector<int64_t> branches;
-  for (const auto& b : r.stats.branches) {
-    branches.insert(branches.end(), {b.block_size, b.committed, b.merged, b.copied, b.forwards});
-  }
+  const DecodeResult r = decode(*model, prompt, o, cancel_flag);
+  const std::vector<at::Tensor> out = result_tensors(r.tokens, r.stats);
   torch::jit::drop(*stack, schema.arguments().size());
-  torch::jit::push(*stack, at::tensor(r.tokens, at::kLong), at::tensor(decode_stat_values(r.stats), at::kDouble),
-                   at::tensor(log, at::kLong).view({-1, 2}), at::tensor(branches, at::kLong).view({-1, 5}));
+  torch::jit::push(*stack, out[0], out[1], out[2], out[3]);
 }
 
 void check_options_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -94,6 +84,53 @@ c10::Dict<std::string, int64_t> config_limits_op() {
 
 std::vector<std::string> decode_stat_names_op() { return decode_stat_names(); }
 
+std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>,
+           std::vector<int64_t>>
+decode_batch_op(const c10::intrusive_ptr<ModelHandle>& model, const std::vector<at::Tensor>& prompts,
+                const std::vector<std::string>& options, int64_t max_batch, int64_t kv_budget_bytes,
+                const std::optional<at::Tensor>& cancel) {
+  std::vector<std::vector<int64_t>> ids;
+  for (size_t i = 0; i < prompts.size(); ++i) ids.push_back(prompt_ids(prompts[i], "prompts[" + std::to_string(i) + "]"));
+  std::vector<DecodeOptions> opts;
+  for (size_t i = 0; i < options.size(); ++i) opts.push_back(options_from_text(options[i], static_cast<int64_t>(i)));
+  const int64_t* cancel_flag = nullptr;
+  if (cancel) {
+    TORCH_CHECK_VALUE(cancel->scalar_type() == at::kLong && cancel->device().is_cpu() && cancel->numel() == 1 &&
+                          cancel->is_contiguous(), "cancel must be a one-element int64 CPU tensor");
+    cancel_flag = cancel->const_data_ptr<int64_t>();
+  }
+  BatchStats bs;
+  std::vector<DecodeResult> results = decode_batch(*model, ids, opts, max_batch, kv_budget_bytes, cancel_flag, &bs);
+  std::vector<at::Tensor> tokens, stats, logs, branches;
+  for (const DecodeResult& r : results) {
+    const std::vector<at::Tensor> t = result_tensors(r.tokens, r.stats);
+    tokens.push_back(t[0]);
+    stats.push_back(t[1]);
+    logs.push_back(t[2]);
+    branches.push_back(t[3]);
+  }
+  return {tokens, stats, logs, branches, {bs.steps, bs.forwards, bs.pool_rows, bs.row_bytes}};
+}
+
+}  // namespace
+
+std::vector<at::Tensor> result_tensors(const std::vector<int64_t>& tokens, const DecodeStats& stats) {
+  std::vector<int64_t> log, branches;
+  for (const auto& s : stats.steps) log.insert(log.end(), s.begin(), s.end());
+  for (const auto& b : stats.branches) {
+    branches.insert(branches.end(), {b.block_size, b.committed, b.merged, b.copied, b.forwards});
+  }
+  return {at::tensor(tokens, at::kLong), at::tensor(decode_stat_values(stats), at::kDouble),
+          at::tensor(log, at::kLong).view({-1, 2}), at::tensor(branches, at::kLong).view({-1, 5})};
+}
+
+std::vector<int64_t> prompt_ids(const at::Tensor& prompt, const std::string& what) {
+  TORCH_CHECK_TYPE(prompt.scalar_type() == at::kLong, what, " must be int64, got ", prompt.scalar_type());
+  TORCH_CHECK_VALUE(prompt.dim() == 1, what, " must be 1-D [prompt_length], got shape ", prompt.sizes());
+  const at::Tensor h = prompt.cpu().contiguous();
+  return std::vector<int64_t>(h.const_data_ptr<int64_t>(), h.const_data_ptr<int64_t>() + h.numel());
+}
+
 // One request's options from "name=value" lines (set_option's text forms; "none" for None).
 DecodeOptions options_from_text(const std::string& text, int64_t request) {
   DecodeOptions o;
@@ -111,44 +148,6 @@ DecodeOptions options_from_text(const std::string& text, int64_t request) {
   }
   return o;
 }
-
-std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>,
-           std::vector<int64_t>>
-decode_batch_op(const c10::intrusive_ptr<ModelHandle>& model, const std::vector<at::Tensor>& prompts,
-                const std::vector<std::string>& options, int64_t max_batch, int64_t kv_budget_bytes,
-                const std::optional<at::Tensor>& cancel) {
-  std::vector<std::vector<int64_t>> ids;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    const at::Tensor& p = prompts[i];
-    TORCH_CHECK_TYPE(p.scalar_type() == at::kLong, "prompts[", i, "] must be int64, got ", p.scalar_type());
-    TORCH_CHECK_VALUE(p.dim() == 1, "prompts[", i, "] must be 1-D, got shape ", p.sizes());
-    const at::Tensor h = p.cpu().contiguous();
-    ids.emplace_back(h.const_data_ptr<int64_t>(), h.const_data_ptr<int64_t>() + h.numel());
-  }
-  std::vector<DecodeOptions> opts;
-  for (size_t i = 0; i < options.size(); ++i) opts.push_back(options_from_text(options[i], static_cast<int64_t>(i)));
-  const int64_t* cancel_flag = nullptr;
-  if (cancel) {
-    TORCH_CHECK_VALUE(cancel->scalar_type() == at::kLong && cancel->device().is_cpu() && cancel->numel() == 1 &&
-                          cancel->is_contiguous(), "cancel must be a one-element int64 CPU tensor");
-    cancel_flag = cancel->const_data_ptr<int64_t>();
-  }
-  BatchStats bs;
-  std::vector<DecodeResult> results = decode_batch(*model, ids, opts, max_batch, kv_budget_bytes, cancel_flag, &bs);
-  std::vector<at::Tensor> tokens, stats, logs, branches;
-  for (const DecodeResult& r : results) {
-    std::vector<int64_t> log, br;
-    for (const auto& s : r.stats.steps) log.insert(log.end(), s.begin(), s.end());
-    for (const auto& b : r.stats.branches) br.insert(br.end(), {b.block_size, b.committed, b.merged, b.copied, b.forwards});
-    tokens.push_back(at::tensor(r.tokens, at::kLong));
-    stats.push_back(at::tensor(decode_stat_values(r.stats), at::kDouble));
-    logs.push_back(at::tensor(log, at::kLong).view({-1, 2}));
-    branches.push_back(at::tensor(br, at::kLong).view({-1, 5}));
-  }
-  return {tokens, stats, logs, branches, {bs.steps, bs.forwards, bs.pool_rows, bs.row_bytes}};
-}
-
-}  // namespace
 
 TORCH_LIBRARY_FRAGMENT(blockbatch, m) {
   // Decode one request (docs/ALGORITHMS.md 1-4) entirely in C++; the options (keyword-only) are

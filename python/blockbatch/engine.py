@@ -6,7 +6,7 @@ import dataclasses
 import os
 import sys
 import time
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
@@ -103,6 +103,27 @@ class Engine:
         room for ``max_batch`` requests). Either way a request's result never depends on the
         others: batched, its tokens and counters are those of its decode alone.
         """
+        if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
+            raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+        encoded, opts = self._requests(prompts, options, chat, allow_unknown)
+        if max_batch > 1 and len(encoded) > 1 and self.device.type == "cpu":
+            results, self.last_batch_stats = run_decode_batch(self.model.obj, encoded, opts, max_batch,
+                                                              kv_budget_bytes)
+        else:
+            results = None
+        out = []
+        bar = _Progress(len(encoded)) if progress and len(encoded) > 1 else None
+        for i, ids in enumerate(encoded):
+            result = results[i] if results is not None else run_decode(self.model.obj, ids.to(self.device), opts[i])
+            out.append(self._generation(ids, result))
+            if bar:
+                bar.update(result.stats)
+        if bar:
+            bar.close()
+        return out
+
+    def _requests(self, prompts, options, chat, allow_unknown) -> tuple[list[torch.Tensor], list[DecodeOptions]]:
+        """generate / stream's arguments checked: the prompts encoded, one DecodeOptions each."""
         if isinstance(options, (list, tuple)):
             per_prompt = list(options)
             for i, o in enumerate(per_prompt):
@@ -113,8 +134,6 @@ class Engine:
             if not isinstance(options, DecodeOptions):
                 raise TypeError(f"options must be a DecodeOptions or a list of them, got {type(options).__name__}")
             per_prompt = None
-        if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
-            raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         if isinstance(prompts, str) or (isinstance(prompts, torch.Tensor) and prompts.dim() == 1) or (
                 isinstance(prompts, (list, tuple)) and prompts and all(_is_token_id(t) for t in prompts)):
             prompts = [prompts]
@@ -134,25 +153,96 @@ class Engine:
         if per_prompt is not None and len(per_prompt) != len(encoded):
             raise ValueError(f"options: {len(per_prompt)} DecodeOptions for {len(encoded)} prompts (give one, or one "
                              f"per prompt)")
-        opts = per_prompt if per_prompt is not None else [options] * len(encoded)
-        if max_batch > 1 and len(encoded) > 1 and self.device.type == "cpu":
-            results, self.last_batch_stats = run_decode_batch(self.model.obj, encoded, opts, max_batch,
-                                                              kv_budget_bytes)
-        else:
-            results = None
-        out = []
-        bar = _Progress(len(prompts)) if progress and len(prompts) > 1 else None
-        for i, ids in enumerate(encoded):
-            result = results[i] if results is not None else run_decode(self.model.obj, ids.to(self.device), opts[i])
-            raw = result.tokens[ids.numel():].tolist()
-            trimmed = self.codec.trim(raw) if self.codec else _trim_eos(raw, self.config.eos_token_id)
-            text = self.codec.decode(trimmed) if self.codec else ""
-            out.append(Generation(text, trimmed, raw, ids.tolist(), result.stats))
-            if bar:
-                bar.update(result.stats)
-        if bar:
-            bar.close()
-        return out
+        return encoded, per_prompt if per_prompt is not None else [options] * len(encoded)
+
+    def _generation(self, ids: torch.Tensor, result) -> Generation:
+        raw = result.tokens[ids.numel():].tolist()
+        trimmed = self._trim(raw)
+        return Generation(self.codec.decode(trimmed) if self.codec else "", trimmed, raw, ids.tolist(), result.stats)
+
+    def _trim(self, raw: list[int]) -> list[int]:
+        return self.codec.trim(raw) if self.codec else _trim_eos(raw, self.config.eos_token_id)
+
+    def scheduler(self, max_batch: int = 8, max_length: int | None = None, kv_budget_bytes: int = 0):
+        """A ``BatchScheduler`` on this model (CPU): submit requests at any time, each decoding with
+        the others in one packed forward per step (``blockbatch.scheduler``). ``max_length``: the
+        longest prompt + gen_length it accepts (default: the model's ``max_sequence_length``, at
+        most 4096)."""
+        if self.device.type != "cpu":
+            raise ValueError(f"the batching scheduler runs CPU models for now; this engine is on {self.device} "
+                             f"(decode one by one with Engine.generate)")
+        from .scheduler import BatchScheduler
+
+        if max_length is None:
+            max_length = min(self.config.max_sequence_length, 4096)
+        return BatchScheduler(self.model.obj, max_batch=max_batch, max_length=max_length,
+                              kv_budget_bytes=kv_budget_bytes)
+
+    def stream(self, prompts, options: DecodeOptions | Sequence[DecodeOptions] | None = None, chat: bool | None = None,
+               allow_unknown: bool = False, max_batch: int = 8, kv_budget_bytes: int = 0,
+               blocks: bool = False) -> Iterator["StreamItem"]:
+        """Decode the prompts together (as ``generate`` with ``max_batch``) and yield each result as
+        it finishes: ``StreamItem(index, generation=...)``, or ``StreamItem(index, error=...)`` for
+        a request that failed (the others go on). ``blocks=True`` also yields the generation's stable
+        prefix each time it grows (``generation`` None, ``new_ids`` the ids added, ``text`` the
+        prefix so far): a diffusion decode commits out of order, so only tokens that can no longer
+        change are shown. Closing the generator early cancels the requests still running. On CUDA
+        the requests decode one by one, in order."""
+        if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
+            raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+        encoded, opts = self._requests(prompts, options, chat, allow_unknown)
+        if self.device.type != "cpu":
+            for i, ids in enumerate(encoded):
+                try:
+                    result = run_decode(self.model.obj, ids.to(self.device), opts[i])
+                except (ValueError, RuntimeError, TimeoutError) as e:
+                    yield StreamItem(i, error=e)
+                    continue
+                yield StreamItem(i, generation=self._generation(ids, result))
+            return
+        import queue as queue_module
+
+        events: queue_module.SimpleQueue = queue_module.SimpleQueue()
+        max_length = max(ids.numel() + o.gen_length for ids, o in zip(encoded, opts))
+        with self.scheduler(min(max_batch, len(encoded)), max_length, kv_budget_bytes) as sched:
+            index = {}
+            for i, (ids, o) in enumerate(zip(encoded, opts)):
+                try:
+                    request = sched.submit(ids, o, stream=blocks, callback=events.put)
+                except ValueError as e:
+                    yield StreamItem(i, error=ValueError(f"prompts[{i}]: {e}"))
+                    continue
+                index[request.id] = (i, request)
+            left = len(index)
+            while left:
+                event = events.get()
+                i, request = index[event.request_id]
+                if event.kind == "tokens":
+                    trimmed = self._trim(request.stable_ids)
+                    yield StreamItem(i, new_ids=event.tokens,
+                                     text=self.codec.decode(trimmed) if self.codec else "")
+                    continue
+                left -= 1
+                if event.kind == "finished":
+                    yield StreamItem(i, generation=self._generation(encoded[i], event.output))
+                else:
+                    yield StreamItem(i, error=event.error)
+
+
+@dataclasses.dataclass
+class StreamItem:
+    """One item of ``Engine.stream``: a finished request (``generation``), a failed one
+    (``error``), or (``blocks=True``) a request's stable prefix grown by ``new_ids``."""
+
+    index: int                                   # the prompt's position in the call's prompts
+    generation: Generation | None = None
+    error: BaseException | None = None
+    new_ids: list[int] = dataclasses.field(default_factory=list)
+    text: str = ""                               # blocks: the stable prefix's text (trimmed at EOS)
+
+    @property
+    def done(self) -> bool:
+        return self.generation is not None or self.error is not None
 
 
 def _is_token_id(value: Any) -> bool:

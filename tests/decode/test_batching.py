@@ -14,35 +14,7 @@ from blockbatch import DecodeOptions, Engine
 from blockbatch.dream_checkpoint import make_random_dream_checkpoint
 from blockbatch.options import run_decode_batch
 from blockbatch.random_checkpoint import make_random_checkpoint
-
-COUNTERS = ("nfe", "nfe_full", "nfe_block", "nfe_init", "nfe_refresh", "nfe_paper", "winner", "winner_block_size",
-            "early_exit", "committed_per_step", "query_tokens_per_step", "branches")
-
-
-def _mixed_requests(rng: random.Random, vocab: int, mask: int, n: int, family: str):
-    reqs = []
-    for i in range(n):
-        prompt = [t if t != mask else 1 for t in (rng.randrange(vocab - 2) for _ in range(rng.choice([1, 3, 7, 12, 20])))]
-        policy = ("vanilla", "prefix", "dual", "blockbatch")[i % 4]
-        G = rng.choice([16, 32, 64])
-        if policy == "vanilla":
-            o = DecodeOptions(policy="vanilla", gen_length=G, block_length=16, threshold=None, steps=G) \
-                if family == "llada" else DecodeOptions(policy="vanilla", gen_length=G, steps=G // 2)
-        elif policy == "blockbatch":
-            sizes = rng.choice([(4, 8, 16), (8, 16), (16,), None])
-            o = DecodeOptions(policy="blockbatch", gen_length=G, block_sizes=sizes, threshold=rng.choice([0.7, 0.9]))
-        else:
-            o = DecodeOptions(policy=policy, gen_length=G, block_length=rng.choice([8, 16]),
-                              threshold=rng.choice([0.6, 0.9]))
-        reqs.append((prompt, o))
-    return reqs
-
-
-def _same(a, b, what: str):
-    assert a.raw_ids == b.raw_ids, f"{what}: tokens differ"
-    for k in COUNTERS:
-        assert a.stats[k] == b.stats[k], f"{what}: {k} {a.stats[k]} != {b.stats[k]}"
-
+from helpers.batching import COUNTERS, mixed_requests as _mixed_requests, same as _same
 
 @pytest.fixture(scope="module", params=["llada", "dream"])
 def engine(request, tmp_path_factory):

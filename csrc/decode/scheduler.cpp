@@ -1,0 +1,338 @@
+#include "decode/scheduler.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <chrono>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace blockbatch {
+
+int64_t kv_rows_needed(const DecodeOptions& o) {
+  if (o.policy == Policy::kVanilla) return 0;
+  return o.policy == Policy::kBlockBatch ? static_cast<int64_t>(o.block_sizes->size()) : 1;
+}
+
+int64_t kv_row_bytes(const ModelConfig& c, c10::ScalarType dtype, int64_t length) {
+  return c.n_layers * 2 * c.n_kv_heads * length * c.head_dim() * static_cast<int64_t>(c10::elementSize(dtype));
+}
+
+namespace {
+
+RequestEvent cancelled_event(int64_t id, const std::string& why) {
+  RequestEvent ev;
+  ev.id = id;
+  ev.kind = RequestEvent::kCancelled;
+  try {
+    TORCH_CHECK(false, "blockbatch: request ", id, " cancelled ", why);
+  } catch (const c10::Error& e) {
+    ev.error = e.what_without_backtrace();
+    ev.exception = std::current_exception();
+  }
+  return ev;
+}
+
+int64_t default_pool_rows(const ModelConfig& c, int64_t max_batch) {
+  DecodeOptions o;
+  o.policy = Policy::kBlockBatch;
+  return max_batch * kv_rows_needed(decode_options_for(c, o));
+}
+
+}  // namespace
+
+Scheduler::Scheduler(const Network& model, int64_t max_batch, int64_t max_length, int64_t kv_budget_bytes)
+    : model_(model), max_batch_(max_batch), max_length_(max_length),
+      row_bytes_(kv_row_bytes(model.config(), model.dtype(), std::max<int64_t>(max_length, 1))) {
+  TORCH_CHECK_VALUE(max_batch >= 1, "max_batch must be >= 1, got ", max_batch);
+  TORCH_CHECK_VALUE(max_length >= 2 && max_length <= kMaxSequenceLength, "max_length must be in [2, ",
+                    kMaxSequenceLength, "] (the longest prompt + gen_length accepted), got ", max_length);
+  TORCH_CHECK_VALUE(kv_budget_bytes >= 0, "kv_budget_bytes must be >= 0 (0: room for max_batch requests), got ",
+                    kv_budget_bytes);
+  TORCH_CHECK_VALUE(model.device().is_cpu(), "the batching scheduler runs CPU models for now (a CUDA model's "
+                    "requests each have their own stream and CUDA graphs); decode them one by one with "
+                    "torch.ops.blockbatch.decode");
+  const int64_t rows = kv_budget_bytes > 0 ? kv_budget_bytes / row_bytes_ : default_pool_rows(model.config(), max_batch);
+  TORCH_CHECK_VALUE(rows >= 1, "kv_budget_bytes = ", kv_budget_bytes, " holds no KV row of ", row_bytes_,
+                    " bytes (", max_length, " positions); raise it to at least ", row_bytes_);
+  shared_ = std::make_unique<SharedForward>(model, rows, max_length);
+  for (int64_t w = 0; w < max_batch; ++w) workers_.emplace_back([this] { work(); });
+}
+
+Scheduler::~Scheduler() {
+  try {
+    close();
+  } catch (...) {  // a destructor does not throw; close() only fails if a thread cannot be joined
+  }
+}
+
+int64_t Scheduler::add(const std::vector<int64_t>& prompt, const DecodeOptions& options, bool stream) {
+  const ModelConfig& c = model_.config();
+  const DecodeOptions o = decode_options_for(c, options);
+  const int64_t lp = static_cast<int64_t>(prompt.size());
+  o.validate(c, lp);
+  check_prompt(c, prompt);
+  const int64_t length = lp + o.gen_length, rows = kv_rows_needed(o);
+  TORCH_CHECK_VALUE(length <= max_length_, "the prompt (", lp, " tokens) plus gen_length (", o.gen_length,
+                    ") needs ", length, " positions but this scheduler's max_length is ", max_length_,
+                    " (shorten the prompt or gen_length, or raise max_length)");
+  TORCH_CHECK_VALUE(rows <= shared_->pool_rows(), "the request needs ", rows, " KV rows of ", row_bytes_,
+                    " bytes but the KV budget holds ", shared_->pool_rows(),
+                    " (raise kv_budget_bytes, or decode it with fewer block sizes)");
+  auto r = std::make_shared<Request>();
+  r->prompt = prompt;
+  r->options = options;
+  r->stream = stream;
+  r->length = length;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(!closed_, "the scheduler is closed: it takes no new requests");
+    r->id = next_id_++;
+    queue_.push_back(r);
+  }
+  queue_cv_.notify_one();
+  return r->id;
+}
+
+bool Scheduler::cancel(int64_t id) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto q = std::find_if(queue_.begin(), queue_.end(), [&](const auto& r) { return r->id == id; });
+  if (q != queue_.end()) {
+    queue_.erase(q);
+    lock.unlock();
+    push(cancelled_event(id, "before it started"));
+    return true;
+  }
+  auto it = running_.find(id);
+  if (it == running_.end()) return false;
+  __atomic_store_n(&it->second->cancel, 1, __ATOMIC_RELAXED);
+  return true;
+}
+
+int64_t Scheduler::step(double timeout_s) {
+  std::unique_lock<std::mutex> guard(stepping_, std::try_to_lock);
+  TORCH_CHECK(guard.owns_lock(), "Scheduler.step is already running on another thread (one driver thread steps)");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(std::max(timeout_s, 0.0));
+  int64_t ran = 0;
+  while (pending_.load() == 0) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (closed_ && running_.empty()) break;
+    }
+    const double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+    if (left <= 0) break;
+    if (shared_->step(left, [this] { return pending_.load() > 0; })) ++ran;
+  }
+  return ran;
+}
+
+std::vector<RequestEvent> Scheduler::events() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<RequestEvent> out;
+  out.swap(events_);
+  pending_ = 0;
+  return out;
+}
+
+void Scheduler::close() {
+  std::vector<std::shared_ptr<Request>> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (closed_) return;
+    closed_ = true;
+    dropped.assign(queue_.begin(), queue_.end());
+    queue_.clear();
+    for (auto& [id, r] : running_) __atomic_store_n(&r->cancel, 1, __ATOMIC_RELAXED);
+  }
+  queue_cv_.notify_all();
+  for (const auto& r : dropped) push(cancelled_event(r->id, "before it started: the scheduler closed"));
+  {
+    // The running requests stop at their next check; their pending forwards still need steps.
+    std::lock_guard<std::mutex> guard(stepping_);
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (running_.empty()) break;
+      }
+      shared_->step(0.01);
+    }
+  }
+  for (std::thread& t : workers_) t.join();
+  workers_.clear();
+  shared_->close();
+}
+
+Scheduler::Counters Scheduler::counters() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return Counters{static_cast<int64_t>(queue_.size()), static_cast<int64_t>(running_.size()), shared_->steps(),
+                  shared_->forwards_filed(), shared_->pool_rows(), shared_->rows_in_use(), row_bytes_, max_length_,
+                  max_batch_};
+}
+
+void Scheduler::push(RequestEvent ev) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    events_.push_back(std::move(ev));
+    pending_ += 1;
+  }
+  shared_->wake();  // a step() waiting for the requests to file returns to hand the event over
+}
+
+void Scheduler::report(Request& r, const int64_t* x, int64_t numel) {
+  const int64_t L = r.length, rows = numel / L, lp = static_cast<int64_t>(r.prompt.size());
+  const int64_t mask = model_.config().mask_token_id;
+  int64_t p = lp + r.stable;
+  for (; p < L; ++p) {
+    const int64_t t = x[p];
+    bool stable = t != mask;
+    for (int64_t row = 1; row < rows && stable; ++row) stable = x[row * L + p] == t;
+    if (!stable) break;
+  }
+  if (p - lp <= r.stable) return;
+  RequestEvent ev;
+  ev.id = r.id;
+  ev.kind = RequestEvent::kTokens;
+  ev.offset = r.stable;
+  ev.tokens.assign(x + lp + r.stable, x + p);
+  r.stable = p - lp;
+  push(std::move(ev));
+}
+
+void Scheduler::work() {
+#ifdef _OPENMP
+  // The requests' own ops are small: one intra-op thread each, so that the workers do not each
+  // start a team on the same cores; the packed forwards run on the stepping thread's team.
+  at::internal::lazy_init_num_threads();
+  omp_set_num_threads(1);
+#endif
+  for (;;) {
+    std::shared_ptr<Request> r;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      queue_cv_.wait(lock, [&] { return closed_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      r = queue_.front();
+      queue_.pop_front();
+      running_[r->id] = r;
+    }
+    RequestEvent ev;
+    ev.id = r->id;
+    const Progress progress = [this, &r](const int64_t* x, int64_t n) { report(*r, x, n); };
+    shared_->join();
+    try {
+      DecodeResult res = decode(*shared_, r->prompt, r->options, &r->cancel, r->stream ? &progress : nullptr);
+      ev.kind = RequestEvent::kFinished;
+      ev.tokens = std::move(res.tokens);
+      ev.stats = std::move(res.stats);
+    } catch (const c10::Error& e) {
+      ev.error = e.what_without_backtrace();
+      ev.exception = std::current_exception();
+    } catch (const std::exception& e) {
+      ev.error = e.what();
+      ev.exception = std::current_exception();
+    }
+    if (ev.exception) {
+      ev.kind = __atomic_load_n(&r->cancel, __ATOMIC_RELAXED) ? RequestEvent::kCancelled : RequestEvent::kFailed;
+    }
+    shared_->leave();  // its KV rows are free before anyone hears it finished
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      running_.erase(r->id);
+    }
+    push(std::move(ev));
+  }
+}
+
+}  // namespace blockbatch
+
+namespace blockbatch {
+
+std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<std::vector<int64_t>>& prompts,
+                                       const std::vector<DecodeOptions>& options, int64_t max_batch,
+                                       int64_t kv_budget_bytes, const int64_t* cancel, BatchStats* stats) {
+  const int64_t n = static_cast<int64_t>(prompts.size());
+  TORCH_CHECK_VALUE(static_cast<int64_t>(options.size()) == n, "decode_batch: ", n, " prompts but ", options.size(),
+                    " option sets (give one per prompt)");
+  TORCH_CHECK_VALUE(max_batch >= 1, "max_batch must be >= 1, got ", max_batch);
+  TORCH_CHECK_VALUE(kv_budget_bytes >= 0, "kv_budget_bytes must be >= 0 (0: room for max_batch requests), got ",
+                    kv_budget_bytes);
+  const ModelConfig& c = model.config();
+  TORCH_CHECK_VALUE(model.device().is_cpu(), "decode_batch runs CPU models for now (a CUDA model's requests each "
+                    "have their own stream and CUDA graphs); decode them one by one with "
+                    "torch.ops.blockbatch.decode (Engine.generate does so on CUDA)");
+  // Every request checked before any runs: an error names the request.
+  int64_t max_length = 2, max_rows = 0;
+  std::vector<int64_t> rows_of(n, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    try {
+      const DecodeOptions o = decode_options_for(c, options[i]);
+      o.validate(c, static_cast<int64_t>(prompts[i].size()));
+      check_prompt(c, prompts[i]);
+      max_length = std::max(max_length, static_cast<int64_t>(prompts[i].size()) + o.gen_length);
+      rows_of[i] = kv_rows_needed(o);
+      max_rows = std::max(max_rows, rows_of[i]);
+    } catch (c10::Error& e) {
+      e.add_context("request " + std::to_string(i));
+      throw;
+    }
+  }
+  const int64_t workers = std::min(max_batch, std::max<int64_t>(n, 1));
+  const int64_t row_bytes = kv_row_bytes(c, model.dtype(), max_length);
+  int64_t pool_rows = kv_budget_bytes / row_bytes;
+  if (kv_budget_bytes == 0) {  // room for the `workers` largest requests
+    std::vector<int64_t> sorted = rows_of;
+    std::sort(sorted.rbegin(), sorted.rend());
+    for (int64_t i = 0; i < workers && i < n; ++i) pool_rows += sorted[i];
+  }
+  TORCH_CHECK_VALUE(max_rows <= pool_rows || max_rows == 0, "kv_budget_bytes = ", kv_budget_bytes, " holds ",
+                    pool_rows, " KV rows of ", row_bytes, " bytes (", max_length, " positions) but a request needs ",
+                    max_rows, "; raise the budget to at least ", max_rows * row_bytes, " bytes");
+  std::vector<DecodeResult> results(n);
+  std::vector<std::exception_ptr> errors(n);
+  {
+    Scheduler scheduler(model, workers, max_length, std::max<int64_t>(pool_rows, 1) * row_bytes);
+    std::map<int64_t, int64_t> index;  // scheduler id -> request
+    for (int64_t i = 0; i < n; ++i) index[scheduler.add(prompts[i], options[i], false)] = i;
+    bool cancelled = false;
+    for (int64_t done = 0; done < n;) {
+      scheduler.step(0.05);
+      if (!cancelled && cancel != nullptr && __atomic_load_n(cancel, __ATOMIC_RELAXED) != 0) {
+        cancelled = true;
+        for (const auto& [id, i] : index) scheduler.cancel(id);
+      }
+      for (RequestEvent& ev : scheduler.events()) {
+        const int64_t i = index.at(ev.id);
+        if (ev.kind == RequestEvent::kTokens) continue;
+        ++done;
+        if (ev.kind == RequestEvent::kFinished) {
+          results[i].tokens = std::move(ev.tokens);
+          results[i].stats = std::move(ev.stats);
+        } else {
+          errors[i] = ev.exception;
+        }
+      }
+    }
+    if (stats) {
+      const Scheduler::Counters k = scheduler.counters();
+      stats->steps = k.steps;
+      stats->forwards = k.forwards;
+      stats->pool_rows = k.pool_rows;
+      stats->row_bytes = k.row_bytes;
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (!errors[i]) continue;
+    try {
+      std::rethrow_exception(errors[i]);
+    } catch (c10::Error& e) {
+      e.add_context("request " + std::to_string(i));
+      throw;
+    }
+  }
+  return results;
+}
+
+}  // namespace blockbatch

@@ -1,0 +1,26 @@
+// What the decode ops hand back to Python, shared by decode, decode_batch and the Scheduler class.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "decode/decode.h"
+
+namespace blockbatch {
+
+// A result as tensors: tokens [L] int64, the scalar counters (decode_stat_names) float64, the
+// per-forward log [forwards, 2] (committed, query tokens) and per-branch stats [branches, 5]
+// (block size, committed, merged, copied, forwards).
+std::vector<at::Tensor> result_tensors(const std::vector<int64_t>& tokens, const DecodeStats& stats);
+
+// One request's options from "name=value" lines (set_option's text forms; "none" for None);
+// errors name options[request].
+DecodeOptions options_from_text(const std::string& text, int64_t request);
+
+// A prompt tensor's ids (int64, 1-D; errors name `what`).
+std::vector<int64_t> prompt_ids(const at::Tensor& prompt, const std::string& what);
+
+}  // namespace blockbatch

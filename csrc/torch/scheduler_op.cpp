@@ -1,0 +1,112 @@
+// torch.classes.blockbatch.Scheduler: the step-wise scheduler (decode/scheduler.h) for Python's
+// blockbatch.scheduler driver. Every method is called from Python with the GIL released (TorchBind
+// methods run without it), so step() blocks only the driver thread.
+#include <ATen/ops/tensor.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "decode/scheduler.h"
+#include "torch/model_handle.h"
+#include "torch/results.h"
+
+namespace blockbatch {
+
+namespace {
+
+class SchedulerHandle : public torch::CustomClassHolder {
+ public:
+  SchedulerHandle(c10::intrusive_ptr<ModelHandle> model, int64_t max_batch, int64_t max_length,
+                  int64_t kv_budget_bytes)
+      : model_(std::move(model)),
+        scheduler_(std::make_unique<Scheduler>(model_->network(), max_batch, max_length, kv_budget_bytes)) {}
+
+  int64_t add(const at::Tensor& prompt, const std::string& options, bool stream) {
+    return scheduler_->add(prompt_ids(prompt, "prompt"), options_from_text(options, 0), stream);
+  }
+  bool cancel(int64_t id) { return scheduler_->cancel(id); }
+  int64_t step(double timeout_s) { return scheduler_->step(timeout_s); }
+
+  // Parallel lists, one entry per event: id, kind (0 tokens, 1 finished, 2 failed, 3 cancelled),
+  // offset (tokens: generation positions streamed before), tokens (tokens: the new stable ids;
+  // finished: [prompt | generation]), error message, then for finished events the counters,
+  // step log and branch stats of the decode op (empty tensors otherwise).
+  std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, std::vector<at::Tensor>,
+             std::vector<std::string>, std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>>
+  events() {
+    std::vector<int64_t> ids, kinds, offsets;
+    std::vector<at::Tensor> tokens, stats, logs, branches;
+    std::vector<std::string> errors;
+    for (const RequestEvent& ev : scheduler_->events()) {
+      ids.push_back(ev.id);
+      kinds.push_back(ev.kind);
+      offsets.push_back(ev.offset);
+      errors.push_back(ev.error);
+      if (ev.kind == RequestEvent::kFinished) {
+        const std::vector<at::Tensor> t = result_tensors(ev.tokens, ev.stats);
+        tokens.push_back(t[0]);
+        stats.push_back(t[1]);
+        logs.push_back(t[2]);
+        branches.push_back(t[3]);
+      } else {
+        tokens.push_back(at::tensor(ev.tokens, at::kLong));
+        stats.push_back(at::tensor(std::vector<double>{}, at::kDouble));
+        logs.push_back(at::tensor(std::vector<int64_t>{}, at::kLong));
+        branches.push_back(at::tensor(std::vector<int64_t>{}, at::kLong));
+      }
+    }
+    return {ids, kinds, offsets, tokens, errors, stats, logs, branches};
+  }
+
+  c10::Dict<std::string, int64_t> counters() const {
+    const Scheduler::Counters k = scheduler_->counters();
+    c10::Dict<std::string, int64_t> d;
+    d.insert("queued", k.queued);
+    d.insert("running", k.running);
+    d.insert("packed_forwards", k.steps);
+    d.insert("request_forwards", k.forwards);
+    d.insert("kv_pool_rows", k.pool_rows);
+    d.insert("kv_rows_in_use", k.rows_in_use);
+    d.insert("kv_row_bytes", k.row_bytes);
+    d.insert("max_length", k.max_length);
+    d.insert("max_batch", k.max_batch);
+    return d;
+  }
+  void close() { scheduler_->close(); }
+
+ private:
+  c10::intrusive_ptr<ModelHandle> model_;  // outlives the scheduler, which holds a reference to it
+  std::unique_ptr<Scheduler> scheduler_;
+};
+
+// KV rows a request holds and the bytes of one row: the memory report's arithmetic.
+std::tuple<int64_t, int64_t> kv_request_rows(const c10::intrusive_ptr<ModelHandle>& model, const std::string& options,
+                                             int64_t length) {
+  const Network& net = model->network();
+  const DecodeOptions o = decode_options_for(net.config(), options_from_text(options, 0));
+  return {kv_rows_needed(o), kv_row_bytes(net.config(), net.dtype(), length)};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(blockbatch, m) {
+  using Handle = c10::intrusive_ptr<SchedulerHandle>;
+  m.class_<SchedulerHandle>("Scheduler")
+      .def(torch::init<c10::intrusive_ptr<ModelHandle>, int64_t, int64_t, int64_t>())
+      .def("add", &SchedulerHandle::add)
+      .def("cancel", &SchedulerHandle::cancel)
+      .def("step", &SchedulerHandle::step)
+      .def("events", &SchedulerHandle::events)
+      .def("counters", &SchedulerHandle::counters)
+      .def("close", &SchedulerHandle::close)
+      .def("__len__", [](const Handle&) -> int64_t { TORCH_CHECK_TYPE(false, "object of type Scheduler has no len()"); });
+  // (KV rows one request with these options holds, bytes per row of `length` positions).
+  m.def("kv_request_rows(__torch__.torch.classes.blockbatch.Model model, str options, int length) -> (int, int)",
+        &kv_request_rows);
+}
+
+}  // namespace blockbatch

@@ -1,0 +1,232 @@
+"""Many requests at once, step by step: the Python driver of ``torch.classes.blockbatch.Scheduler``.
+
+The C++ scheduler (``csrc/decode/scheduler.h``) runs every request's policy loop on a worker thread
+of its own and packs their forwards into one per KV mode per step. ``BatchScheduler`` runs its
+``step()`` on a background thread (the call releases the GIL) and hands each request's events to
+it: ``submit()`` returns a ``Request`` whose ``result()`` waits for the output, whose ``events()``
+iterates the stable tokens as they grow (``stream=True``), and whose ``cancel()`` takes it out of
+the pack before its next forward. ``Engine.stream`` and the HTTP server are built on it.
+
+A request's tokens and counters never depend on what else runs (docs/ALGORITHMS.md section 9).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import signal
+import threading
+from typing import Any, Callable, Iterator
+
+import torch
+
+from . import contract
+from .options import DecodeOptions, DecodeOutput, _output
+
+_KINDS = ("tokens", "finished", "failed", "cancelled")
+
+
+class RequestCancelled(RuntimeError):
+    """The request was cancelled (``Request.cancel``, or the scheduler closed) before it finished."""
+
+
+@dataclasses.dataclass
+class Event:
+    """Something that happened to one request.
+
+    ``kind``: ``"tokens"`` (``tokens`` are newly stable generation ids, following ``offset``
+    earlier ones: a diffusion decode commits out of order, so only the prefix that can no longer
+    change is reported), ``"finished"`` (``output``), ``"failed"`` or ``"cancelled"`` (``error``).
+    """
+
+    request_id: int
+    kind: str
+    offset: int = 0
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    output: DecodeOutput | None = None
+    error: BaseException | None = None
+
+    @property
+    def final(self) -> bool:
+        return self.kind != "tokens"
+
+
+class Request:
+    """One submitted request: wait for it, iterate its events, or cancel it."""
+
+    def __init__(self, scheduler: "BatchScheduler", request_id: int, prompt_ids: torch.Tensor,
+                 options: DecodeOptions, callback: Callable[[Event], None] | None):
+        self.id = request_id
+        self.prompt_ids = prompt_ids
+        self.options = options
+        self.stable_ids: list[int] = []   # the generation ids reported stable so far
+        self._scheduler = scheduler
+        self._callback = callback
+        self._queue: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._done = threading.Event()
+        self._final: Event | None = None
+
+    def _deliver(self, event: Event) -> None:
+        if event.kind == "tokens":
+            self.stable_ids.extend(event.tokens)
+        else:
+            self._final = event
+        self._queue.put(event)
+        if event.final:
+            self._done.set()
+        if self._callback is not None:
+            self._callback(event)
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def cancel(self) -> bool:
+        """Stop the request (queued: at once; running: before its next forward). False when it
+        already finished."""
+        return not self.done and self._scheduler._cancel(self.id)
+
+    def result(self, timeout: float | None = None) -> DecodeOutput:
+        """The output; raises the request's error (``RequestCancelled``, ``TimeoutError`` for its
+        own ``timeout_s``, ``RuntimeError`` / ``ValueError`` otherwise). ``timeout``: seconds to
+        wait (``TimeoutError`` naming the request when they pass)."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.id} did not finish within {timeout} s")
+        if self._final.kind == "finished":
+            return self._final.output
+        raise self._final.error
+
+    def events(self, timeout: float | None = None) -> Iterator[Event]:
+        """Every event of this request in order, ending with its final one (``timeout``: seconds
+        to wait for each)."""
+        while True:
+            try:
+                event = self._queue.get(timeout=timeout)
+            except queue.Empty:
+                raise TimeoutError(f"request {self.id}: no event within {timeout} s") from None
+            yield event
+            if event.final:
+                return
+
+
+class BatchScheduler:
+    """Continuous batching on the CPU: requests join and leave between steps.
+
+    ``max_batch``: requests decoding at once; ``max_length``: the longest prompt + gen_length
+    accepted (the KV pool's row length; longer requests are refused with ``ValueError``);
+    ``kv_budget_bytes``: the KV pool (0: ``max_batch`` requests with the family's default
+    BlockBatch branches). A request that can never fit the pool is refused at ``submit``; one that
+    does not fit now waits in the queue. Use as a context manager, or call ``close()``.
+    """
+
+    def __init__(self, model_obj, max_batch: int = 8, max_length: int = 1024, kv_budget_bytes: int = 0,
+                 poll_s: float = 0.05):
+        for name, value, low in (("max_batch", max_batch, 1), ("max_length", max_length, 2),
+                                 ("kv_budget_bytes", kv_budget_bytes, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        self._requests: dict[int, Request] = {}
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._poll_s = poll_s
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+        self._obj = None
+
+        def start() -> None:
+            # The C++ workers inherit this thread's signal mask: SIGINT stays with the main thread.
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                self._obj = torch.classes.blockbatch.Scheduler(model_obj, max_batch, max_length, kv_budget_bytes)
+            except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
+                self._error = e
+                self._started.set()
+                return
+            self._started.set()
+            self._drive()
+
+        self._thread = threading.Thread(target=start, name="blockbatch-scheduler", daemon=True)
+        self._thread.start()
+        self._started.wait()
+        if self._error is not None:
+            raise self._error
+
+    # -- public -------------------------------------------------------------------------------
+    def submit(self, prompt_ids: torch.Tensor, options: DecodeOptions | None = None, stream: bool = False,
+               callback: Callable[[Event], None] | None = None) -> Request:
+        """Queue one request (a 1-D int64 tensor of prompt ids). Checked now: bad options or ids,
+        a prompt + gen_length over ``max_length``, or a request that can never fit the KV pool
+        raise ``ValueError``. ``stream``: report its stable tokens as they grow. ``callback``:
+        called with every event on the scheduler's thread (keep it short; e.g. hand it to an
+        asyncio loop with ``call_soon_threadsafe``)."""
+        options = DecodeOptions() if options is None else options
+        if not isinstance(options, DecodeOptions):
+            raise TypeError(f"options must be a DecodeOptions, got {type(options).__name__}")
+        if self._closed.is_set():
+            raise RuntimeError("the scheduler is closed: it takes no new requests")
+        text = contract.to_text({name: getattr(options, name) for name in contract.NAMES})
+        with self._lock:  # registered before its first event can arrive
+            try:
+                request_id = self._obj.add(prompt_ids, text, stream)
+            except RuntimeError as e:
+                raise _translate(e) from None
+            request = Request(self, request_id, prompt_ids, options, callback)
+            self._requests[request_id] = request
+        return request
+
+    def counters(self) -> dict[str, int]:
+        """queued, running, packed_forwards, request_forwards, kv_pool_rows, kv_rows_in_use,
+        kv_row_bytes, max_length, max_batch."""
+        return dict(self._obj.counters())
+
+    def close(self) -> None:
+        """Cancel every request still queued or running (each gets its ``cancelled`` event) and
+        stop the scheduler's threads. Idempotent."""
+        if self._obj is None or self._closed.is_set():
+            return
+        self._closed.set()
+        self._thread.join()
+        self._obj.close()
+        self._dispatch()
+
+    def __enter__(self) -> "BatchScheduler":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- driver -------------------------------------------------------------------------------
+    def _cancel(self, request_id: int) -> bool:
+        return bool(self._obj.cancel(request_id))
+
+    def _drive(self) -> None:
+        while not self._closed.is_set():
+            self._obj.step(self._poll_s)
+            self._dispatch()
+
+    def _dispatch(self) -> None:
+        ids, kinds, offsets, tokens, errors, stats, logs, branches = self._obj.events()
+        for i, request_id in enumerate(ids):
+            with self._lock:
+                request = self._requests.get(request_id)
+                if request is not None and kinds[i] != 0:
+                    del self._requests[request_id]
+            if request is None:
+                continue
+            kind = _KINDS[kinds[i]]
+            event = Event(request_id, kind, offsets[i])
+            if kind == "tokens":
+                event.tokens = tokens[i].tolist()
+            elif kind == "finished":
+                event.output = _output(tokens[i], stats[i], logs[i], branches[i], request.options)
+            elif kind == "cancelled":
+                event.error = RequestCancelled(errors[i])
+            else:
+                event.error = _translate(RuntimeError(errors[i]))
+            request._deliver(event)
+
+
+def _translate(error: RuntimeError) -> BaseException:
+    """A request's deadline (its ``timeout_s``) as TimeoutError, as ``run_decode`` raises it."""
+    text = str(error)
+    return TimeoutError(text) if "decode deadline exceeded" in text else error

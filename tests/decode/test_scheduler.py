@@ -1,0 +1,194 @@
+"""The step-wise scheduler (torch.classes.blockbatch.Scheduler, blockbatch.scheduler.BatchScheduler,
+Engine.stream): requests added at any time decode together; each one's tokens and counters equal
+its decode alone (float32, CPU, exact), its streamed tokens are a prefix of its result, cancel
+takes it out within one step, and nothing is refused late or allocated past the budget."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+import torch
+
+from blockbatch import DecodeOptions, Engine
+from blockbatch.dream_checkpoint import make_random_dream_checkpoint
+from blockbatch.random_checkpoint import make_random_checkpoint
+from blockbatch.scheduler import BatchScheduler, RequestCancelled
+
+from helpers.batching import mixed_requests as _mixed_requests, same as _same
+
+
+@pytest.fixture(scope="module", params=["llada", "dream"])
+def engine(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sched-" + request.param)
+    if request.param == "llada":
+        make_random_checkpoint(folder, seed=4, logit_scale=5.0, d_model=64, n_layers=2, vocab_size=97)
+    else:
+        make_random_dream_checkpoint(folder, seed=4, logit_scale=5.0, vocab_size=64)
+    return Engine.from_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def requests_and_alone(engine):
+    reqs = _mixed_requests(random.Random(11), engine.config.vocab_size, engine.config.mask_token_id, 12,
+                           engine.config.family)
+    return reqs, [engine.generate([p], o)[0] for p, o in reqs]
+
+
+def _check_stream(request, generation, what):
+    """Token events: consecutive offsets, together the stable prefix, a prefix of the result."""
+    events = list(request.events(timeout=5))
+    assert events[-1].kind == "finished", what
+    offset = 0
+    for ev in events[:-1]:
+        assert ev.kind == "tokens" and ev.offset == offset and ev.tokens, what
+        offset += len(ev.tokens)
+    assert request.stable_ids == generation.raw_ids[:len(request.stable_ids)], f"{what}: streamed a changed token"
+    return len(events) - 1
+
+
+def test_requests_joining_mid_run_equal_their_decode_alone(engine, requests_and_alone):
+    reqs, alone = requests_and_alone
+    with engine.scheduler(max_batch=4, max_length=128) as sched:
+        first = [sched.submit(torch.tensor(p), o, stream=True) for p, o in reqs[:5]]
+        first[0].result(timeout=60)  # the rest join while the others run
+        rest = [sched.submit(torch.tensor(p), o, stream=True) for p, o in reqs[5:]]
+        handles = first + rest
+        for i, (h, a) in enumerate(zip(handles, alone)):
+            out = h.result(timeout=60)
+            g = engine._generation(torch.tensor(reqs[i][0]), out)
+            _same(g, a, f"{engine.config.family} request {i}")
+        streamed = [_check_stream(h, a, f"request {i}") for i, (h, a) in enumerate(zip(handles, alone))]
+        counters = sched.counters()
+    assert sum(streamed) > len(handles), "the requests streamed no more than one chunk each"
+    assert counters["request_forwards"] == sum(a.stats["nfe"] for a in alone)
+    assert counters["packed_forwards"] < counters["request_forwards"]  # forwards were packed
+    assert counters["running"] == counters["queued"] == counters["kv_rows_in_use"] == 0
+
+
+def test_cancel_takes_a_request_out_within_one_step(engine, requests_and_alone):
+    reqs, alone = requests_and_alone
+    prompt = torch.tensor(reqs[0][0])
+    long = DecodeOptions(policy="vanilla", gen_length=64, block_length=64, threshold=None, steps=64) \
+        if engine.config.family == "llada" else DecodeOptions(policy="vanilla", gen_length=64, steps=64)
+    long_alone = engine.generate(prompt, long)[0].stats["nfe"]
+    with engine.scheduler(max_batch=2, max_length=128) as sched:
+        other = sched.submit(torch.tensor(reqs[1][0]), reqs[1][1])
+        victim = sched.submit(prompt, long, stream=True)
+        queued = sched.submit(prompt, long)  # max_batch 2: waits in the queue
+        assert queued.cancel()
+        with pytest.raises(RequestCancelled, match="before it started"):
+            queued.result(timeout=10)
+        next(victim.events(timeout=30))  # it has run some forwards
+        assert victim.cancel()
+        with pytest.raises(RequestCancelled, match="cancelled after"):
+            victim.result(timeout=30)
+        _same(engine._generation(torch.tensor(reqs[1][0]), other.result(timeout=60)), alone[1], "the neighbour")
+        forwards = sched.counters()["request_forwards"]
+        assert not victim.cancel()  # already over
+    assert forwards < long_alone + alone[1].stats["nfe"]
+
+
+def test_refusals_name_what_is_wrong(engine, requests_and_alone):
+    reqs, _ = requests_and_alone
+    prompt = torch.tensor(reqs[0][0])
+    with engine.scheduler(max_batch=2, max_length=40, kv_budget_bytes=0) as sched:
+        with pytest.raises(ValueError, match=r"needs \d+ positions but this scheduler's max_length is 40"):
+            sched.submit(prompt, DecodeOptions(policy="dual", gen_length=64, block_length=16))
+        with pytest.raises(ValueError, match="mask id"):
+            sched.submit(torch.tensor([engine.config.mask_token_id]), DecodeOptions(policy="dual", gen_length=16,
+                                                                                    block_length=16))
+        with pytest.raises(TypeError, match="options must be a DecodeOptions"):
+            sched.submit(prompt, {"policy": "dual"})
+        row = sched.counters()["kv_row_bytes"]
+    with engine.scheduler(max_batch=2, max_length=40, kv_budget_bytes=2 * row) as sched:
+        with pytest.raises(ValueError, match=r"needs 3 KV rows of \d+ bytes but the KV budget holds 2"):
+            sched.submit(prompt, DecodeOptions(policy="blockbatch", gen_length=16, block_sizes=(4, 8, 16)))
+        # two rows: two dual requests at once at most, a third waits for rows and still finishes
+        hs = [sched.submit(prompt, DecodeOptions(policy="dual", gen_length=16, block_length=8)) for _ in range(3)]
+        assert [h.result(timeout=60).tokens.tolist() for h in hs].count(hs[0].result().tokens.tolist()) == 3
+    with pytest.raises(ValueError, match="holds no KV row"):
+        engine.scheduler(max_batch=1, max_length=40, kv_budget_bytes=row - 1)
+    with pytest.raises(ValueError, match="max_batch must be an integer >= 1"):
+        engine.scheduler(max_batch=0)
+    sched.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        sched.submit(prompt, DecodeOptions(policy="dual", gen_length=16, block_length=8))
+
+
+def test_close_ends_every_request_and_deadlines_raise_timeout(engine, requests_and_alone):
+    reqs, _ = requests_and_alone
+    sched = engine.scheduler(max_batch=2, max_length=128)
+    slow = DecodeOptions(policy="vanilla", gen_length=64, steps=64, threshold=None, block_length=64) \
+        if engine.config.family == "llada" else DecodeOptions(policy="vanilla", gen_length=64, steps=64)
+    hs = [sched.submit(torch.tensor(p), slow) for p, _ in reqs[:6]]
+    late = sched.submit(torch.tensor(reqs[0][0]), slow.replace(timeout_s=1e-6))
+    t0 = time.perf_counter()
+    sched.close()
+    assert time.perf_counter() - t0 < 30
+    kinds = []
+    for h in hs + [late]:
+        assert h.done
+        try:
+            h.result(timeout=0)
+            kinds.append("finished")
+        except RequestCancelled:
+            kinds.append("cancelled")
+        except TimeoutError:
+            kinds.append("timeout")
+    assert "cancelled" in kinds, kinds
+    with engine.scheduler(max_batch=1, max_length=128) as sched:
+        with pytest.raises(TimeoutError, match="deadline exceeded"):
+            sched.submit(torch.tensor(reqs[0][0]), slow.replace(timeout_s=1e-6)).result(timeout=30)
+
+
+def test_engine_stream_yields_each_result_as_it_finishes(engine, requests_and_alone):
+    reqs, alone = requests_and_alone
+    prompts, opts = [p for p, _ in reqs], [o for _, o in reqs]
+    bad = [engine.config.vocab_size + 1]
+    seen, blocks = {}, 0
+    for item in engine.stream(prompts + [bad], opts + [opts[0]], max_batch=5, blocks=True):
+        if item.generation is not None:
+            seen[item.index] = item.generation
+        elif item.error is not None:
+            assert item.index == len(prompts) and "vocabulary" in str(item.error)
+            seen[item.index] = None
+        else:
+            blocks += 1
+            assert item.new_ids
+    assert sorted(seen) == list(range(len(prompts) + 1))
+    for i, a in enumerate(alone):
+        _same(seen[i], a, f"stream request {i}")
+    assert blocks > 0
+    # closing the generator early cancels the rest; the engine stays usable
+    gen = engine.stream(prompts, opts, max_batch=2)
+    first = next(gen)
+    gen.close()
+    assert first.done
+    _same(engine.generate([prompts[0]], opts[0])[0], alone[0], "after an early close")
+
+
+def test_step_runs_on_one_driver_thread_without_the_gil(engine, requests_and_alone):
+    """step() releases the GIL: Python threads run while the scheduler decodes."""
+    reqs, _ = requests_and_alone
+    ticks = []
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            ticks.append(1)
+            time.sleep(0.001)
+
+    t = threading.Thread(target=spin)
+    t.start()
+    with engine.scheduler(max_batch=4, max_length=128) as sched:
+        hs = [sched.submit(torch.tensor(p), o) for p, o in reqs]
+        t0 = time.perf_counter()
+        for h in hs:
+            h.result(timeout=120)
+        elapsed = time.perf_counter() - t0
+    stop.set()
+    t.join()
+    assert len(ticks) > 100 * elapsed, (len(ticks), elapsed)  # ~900 per second when the GIL is free
