@@ -165,9 +165,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _generate_jsonl(engine, args: argparse.Namespace, options) -> int:
-    """--input JSONL -> --output JSONL: batches of 4 x max_batch requests (new ones start as others
-    finish), each batch's lines written and flushed in input order when it finishes; a bad line or a
-    request that fails gives an error line and a note on stderr, and the others go on."""
+    """--input JSONL -> --output JSONL. On the CPU the requests go to one batching scheduler (up to
+    --max-batch decode together, new ones join as others finish, at most 4 x max-batch read ahead);
+    each result line is written and flushed the moment its request finishes. A bad line or a
+    request that fails gives an error line (with its line number) and a note on stderr, and the
+    others go on. On CUDA the requests decode one by one, in order."""
+    import queue
     import time
 
     name = "stdin" if args.input == "-" else args.input
@@ -180,41 +183,33 @@ def _generate_jsonl(engine, args: argparse.Namespace, options) -> int:
     except OSError as e:
         raise UsageError(f"--output {args.output}: {e.strerror}") from None
     chat = False if args.no_chat else None
-    chunk = 4 * args.max_batch
     done = failed = tokens = 0
     t0 = time.perf_counter()
 
     def emit(record: dict) -> None:
         out.write(json.dumps(record) + "\n")
+        out.flush()
+
+    def progress() -> None:
+        rate = tokens / max(time.perf_counter() - t0, 1e-9)
+        sys.stderr.write(f"\r{done} done, {failed} failed, {rate:.1f} generated tokens/s")
+        sys.stderr.flush()
 
     def bad(line: int, rid, message: str) -> None:
         nonlocal failed
         failed += 1
         sys.stderr.write(f"\rerror: {name}:{line}: {message}\n")
         emit({"id": rid, "line": line, "error": message})
+        progress()
 
-    def run(batch: list) -> None:
+    def good(rid, g) -> None:
         nonlocal done, tokens
-        try:
-            gens = engine.generate([ids for _, _, ids in batch], options, max_batch=args.max_batch)
-        except (ValueError, RuntimeError, TimeoutError):
-            gens = None  # one request failed: decode them one by one so the others still finish
-        for k, (line, rid, ids) in enumerate(batch):
-            try:
-                g = gens[k] if gens is not None else engine.generate([ids], options)[0]
-            except (ValueError, RuntimeError, TimeoutError) as e:
-                bad(line, rid, str(e).splitlines()[0])
-                continue
-            done += 1
-            tokens += len(g.ids)
-            emit({"id": rid, "text": g.text, "ids": g.ids, "nfe": g.stats["nfe"], "wall_ms": g.stats["wall_ms"]})
-        out.flush()
-        rate = tokens / max(time.perf_counter() - t0, 1e-9)
-        sys.stderr.write(f"\r{done} done, {failed} failed, {rate:.1f} generated tokens/s")
-        sys.stderr.flush()
+        done += 1
+        tokens += len(g.ids)
+        emit({"id": rid, "text": g.text, "ids": g.ids, "nfe": g.stats["nfe"], "wall_ms": g.stats["wall_ms"]})
+        progress()
 
-    batch: list = []
-    try:
+    def requests():
         for line, raw in enumerate(src, 1):
             if not raw.strip():
                 continue
@@ -229,19 +224,56 @@ def _generate_jsonl(engine, args: argparse.Namespace, options) -> int:
                 ids = engine.encode(req["prompt"] if "prompt" in req else req["ids"], chat,
                                     allow_unknown=args.allow_unknown, name="prompt" if "prompt" in req else "ids")
             except (ValueError, TypeError) as e:  # json.JSONDecodeError is a ValueError
-                bad(line, rid, str(e).splitlines()[0])
+                bad(line, rid, _one_line(e))
                 continue
-            batch.append((line, rid, ids))
-            if len(batch) >= chunk:
-                run(batch)
-                batch = []
-        if batch:
-            run(batch)
+            yield line, rid, ids
+
+    sched = None
+    try:
+        if engine.device.type != "cpu":
+            for line, rid, ids in requests():
+                try:
+                    good(rid, engine.generate([ids], options)[0])
+                except (ValueError, RuntimeError, TimeoutError) as e:
+                    bad(line, rid, _one_line(e))
+        else:
+            finished: queue.SimpleQueue = queue.SimpleQueue()
+            max_length = args.max_length or min(engine.config.max_sequence_length, options.gen_length + 1024)
+            sched = engine.scheduler(max_batch=args.max_batch, max_length=max_length)
+            pending: dict[int, tuple] = {}
+
+            def collect(block: bool) -> None:
+                while pending:
+                    try:
+                        event = finished.get(timeout=None if block else 0)
+                    except queue.Empty:
+                        return
+                    if not event.final:
+                        continue
+                    line, rid, ids = pending.pop(event.request_id)
+                    if event.kind == "finished":
+                        good(rid, engine._generation(ids, event.output))
+                    else:
+                        bad(line, rid, _one_line(event.error))
+                    block = False
+
+            for line, rid, ids in requests():
+                try:
+                    request = sched.submit(ids, options, callback=finished.put)
+                except ValueError as e:
+                    bad(line, rid, _one_line(e))
+                    continue
+                pending[request.id] = (line, rid, ids)
+                collect(block=len(pending) >= 4 * args.max_batch)  # read ahead at most 4 x max-batch
+            while pending:
+                collect(block=True)
     except KeyboardInterrupt:
         out.flush()
-        sys.stderr.write(f"\ninterrupted: {done} results written, the request batch in progress was dropped\n")
+        sys.stderr.write(f"\ninterrupted: {done} results written; the requests still running were dropped\n")
         return 130
     finally:
+        if sched is not None:
+            sched.close()
         if out is not sys.stdout:
             out.close()
         if src is not sys.stdin:
@@ -397,11 +429,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "\"ids\" (token ids) and optionally \"id\"; results go to --output as JSON lines")
     p.add_argument("--output", metavar="FILE", default="-",
                    help="with --input: where the result lines go (default '-': stdout); one line per request "
-                        "(id, text, ids, nfe, wall_ms; or id, line, error at once for a bad line), a batch's results in "
-                        "input order, flushed as the batch finishes (Ctrl-C keeps every line written)")
+                        "(id, text, ids, nfe, wall_ms; or id, line, error for a bad line), written and flushed as each "
+                        "request finishes, so in finishing order (Ctrl-C keeps every line written)")
     p.add_argument("--max-batch", type=_positive_int, default=1, metavar="N",
                    help="decode up to N requests together, their forwards packed into one per step (CPU; each "
                         "result equals its decode alone); default 1")
+    p.add_argument("--max-length", type=_positive_int, default=None, metavar="L",
+                   help="with --input on the CPU: the longest prompt + gen-length accepted (the shared KV pool's row "
+                        "length; longer requests get an error line); default gen-length + 1024, at most the model's "
+                        "max_sequence_length")
     p.add_argument("--model", default=None, help="checkpoint folder (default: the toy model shipped in the package)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32")

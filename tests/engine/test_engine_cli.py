@@ -222,16 +222,19 @@ def test_cli_generate_jsonl_batched(tmp_path):
                    'not json\n\n'
                    '{"ids": [3, 4, 5]}\n'
                    '{"prompt": "x", "ids": [1]}\n'
-                   '{"prompt": "9-2=__-1=__...........?"}\n', encoding="utf-8")
+                   '{"prompt": "9-2=__-1=__...........?"}\n'
+                   '{"ids": [' + ", ".join(["3"] * 60) + ']}\n', encoding="utf-8")
     out = tmp_path / "out.jsonl"
     res = _cli("generate", "--input", src, "--output", out, "--max-batch", 2, "--gen-length", 64, "--policy", "dual",
-               "--no-chat")
-    assert res.returncode == 1, res.stderr  # two bad lines
+               "--no-chat", "--max-length", 110)
+    assert res.returncode == 1, res.stderr  # three bad lines
     assert f"{src}:2: Expecting value" in res.stderr and f"{src}:5: give exactly one of" in res.stderr
-    assert "3 done, 2 failed" in res.stderr
+    assert f"{src}:7: the prompt (60 tokens) plus gen_length (64) needs 124 positions but this scheduler's " \
+           f"max_length is 110" in res.stderr
+    assert "3 done, 3 failed" in res.stderr
     lines = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
     errors = {r["line"]: r for r in lines if "error" in r}
-    assert set(errors) == {2, 5}
+    assert set(errors) == {2, 5, 7}
     results = {r["id"]: r for r in lines if "error" not in r}
     assert set(results) == {"a", 4, 6}
     engine = Engine.from_pretrained()
