@@ -29,20 +29,7 @@ void check_prompt(const ModelConfig& config, const std::vector<int64_t>& prompt)
 // defaults filled in, an unset block_sizes cut to the family's sizes that divide gen_length.
 DecodeOptions decode_options_for(const ModelConfig& config, const DecodeOptions& options);
 
-// Many requests at once (decode/batching.h): up to max_batch decode together, their forwards
-// packed into one per step; each request's result equals its decode() alone. kv_budget_bytes:
-// the shared KV pool's size (0: room for the max_batch largest requests). Throws the first failed
-// request's error, naming the request; every request is checked before any runs.
-struct BatchStats {
-  int64_t steps = 0;      // packed forwards run
-  int64_t forwards = 0;   // request forwards they carried
-  int64_t pool_rows = 0;  // KV rows in the pool, of row_bytes each
-  int64_t row_bytes = 0;
-};
-std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<std::vector<int64_t>>& prompts,
-                                       const std::vector<DecodeOptions>& options, int64_t max_batch,
-                                       int64_t kv_budget_bytes = 0, const int64_t* cancel = nullptr,
-                                       BatchStats* stats = nullptr);
+// Many requests at once: decode_batch and the step-wise Scheduler are in decode/scheduler.h.
 
 // Policies (called by decode after validation, with DecodeOptions::resolved options: every
 // std::optional the table resolves is set). Both check `stop` before every forward, and

@@ -24,6 +24,10 @@ enum class RefreshMode { kPeriodic, kDivergence };
 RefreshMode parse_refresh_mode(std::string_view name);  // throws c10::ValueError naming 'refresh_mode'
 const char* refresh_mode_name(RefreshMode value);
 
+enum class BranchBudget { kFull, kAuto };
+BranchBudget parse_branch_budget(std::string_view name);  // throws c10::ValueError naming 'branch_budget'
+const char* branch_budget_name(BranchBudget value);
+
 enum class CommitRule { kThreshold, kFixed, kFactor };
 
 struct ModelConfig;
@@ -73,6 +77,8 @@ struct DecodeOptions {
   bool merge = true;
   // leader synchronisation (ablation switch)
   bool sync = true;
+  // full: every branch of block_sizes; auto: under the batching scheduler, the branch set is cut to the query tokens a step can carry at the current load (measured step-time curve; the largest branches go first, down to the one nearest block_length), so results depend on load
+  BranchBudget branch_budget = BranchBudget::kFull;
   // CUDA: replay recorded decode steps (same tokens as eager); no effect on CPU
   bool cuda_graphs = true;
   // fail with a timeout once a decode runs longer than this many seconds (0: no deadline)

@@ -3,8 +3,11 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
+#include <ATen/ops/tensor.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -44,9 +47,86 @@ int64_t default_pool_rows(const ModelConfig& c, int64_t max_batch) {
 
 }  // namespace
 
-Scheduler::Scheduler(const Network& model, int64_t max_batch, int64_t max_length, int64_t kv_budget_bytes)
+double StepCurve::at(int64_t t) const {
+  TORCH_CHECK(!tokens.empty(), "StepCurve::at on an empty curve");
+  const size_t n = tokens.size();
+  if (n == 1 || t <= tokens[0]) return seconds[0];
+  size_t i = 1;
+  while (i + 1 < n && tokens[i] < t) ++i;
+  const double slope = (seconds[i] - seconds[i - 1]) / static_cast<double>(tokens[i] - tokens[i - 1]);
+  return seconds[i - 1] + slope * static_cast<double>(t - tokens[i - 1]);
+}
+
+StepCurve measure_step_curve(const Network& model, double limit_s) {
+  StepCurve curve;
+  const ModelConfig& c = model.config();
+  const auto idx = at::TensorOptions().dtype(at::kLong).device(model.device());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
+  for (int64_t T = 16; T <= 4096; T *= 2) {
+    const int64_t row = std::min<int64_t>({T, 128, c.max_sequence_length});
+    std::vector<int64_t> tok(T), pos(T), cu{0};
+    for (int64_t i = 0; i < T; ++i) {
+      tok[i] = (i * 7 + 1) % c.vocab_size == c.mask_token_id ? 0 : (i * 7 + 1) % c.vocab_size;
+      pos[i] = i % row;
+      if ((i + 1) % row == 0 || i + 1 == T) cu.push_back(i + 1);
+    }
+    ForwardBatch b;
+    b.tokens = at::tensor(tok, idx);
+    b.positions = at::tensor(pos, idx);
+    b.cu_seqlens = at::tensor(cu, idx);
+    b.max_positions = row;
+    std::vector<double> times;
+    for (int rep = 0; rep < 4; ++rep) {
+      const auto s = std::chrono::steady_clock::now();
+      model.forward(b).sum().item<double>();  // the read waits for the device
+      if (rep > 0) times.push_back(since(s));
+    }
+    std::sort(times.begin(), times.end());
+    const double t = std::max(times[1], curve.seconds.empty() ? 0.0 : curve.seconds.back());  // non-decreasing
+    curve.tokens.push_back(T);
+    curve.seconds.push_back(t);
+    if (t > limit_s / 8 || since(t0) > limit_s) break;
+  }
+  return curve;
+}
+
+std::vector<int64_t> budget_branches(const std::vector<int64_t>& sizes, int64_t block_length, int64_t load,
+                                     const StepCurve& curve, double slack) {
+  std::vector<int64_t> set = sizes;
+  std::sort(set.begin(), set.end());
+  if (curve.empty() || set.size() <= 1) return set;
+  int64_t anchor = set[0];
+  for (int64_t b : set) {
+    if (std::llabs(b - block_length) <= std::llabs(anchor - block_length)) anchor = b;
+  }
+  load = std::max<int64_t>(load, 1);
+  int64_t full = 0;
+  for (int64_t b : set) full += b;
+  const double limit = (1.0 + slack) * curve.at(load * anchor);
+  int64_t lo = load * anchor, hi = load * full;  // the largest total within the limit, by bisection
+  if (curve.at(hi) <= limit) lo = hi;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (curve.at(mid) <= limit ? lo : hi) = mid;
+  }
+  const int64_t per_request = std::max(anchor, lo / load);
+  int64_t total = full;
+  while (total > per_request && set.size() > 1) {
+    auto drop = set.back() > anchor ? set.end() - 1 : (set.front() == anchor ? set.begin() + 1 : set.begin());
+    total -= *drop;
+    set.erase(drop);
+  }
+  return set;
+}
+
+Scheduler::Scheduler(const Network& model, int64_t max_batch, int64_t max_length, int64_t kv_budget_bytes,
+                     StepCurve curve, double calibrate_s)
     : model_(model), max_batch_(max_batch), max_length_(max_length),
-      row_bytes_(kv_row_bytes(model.config(), model.dtype(), std::max<int64_t>(max_length, 1))) {
+      row_bytes_(kv_row_bytes(model.config(), model.dtype(), std::max<int64_t>(max_length, 1))),
+      curve_(std::move(curve)) {
   TORCH_CHECK_VALUE(max_batch >= 1, "max_batch must be >= 1, got ", max_batch);
   TORCH_CHECK_VALUE(max_length >= 2 && max_length <= kMaxSequenceLength, "max_length must be in [2, ",
                     kMaxSequenceLength, "] (the longest prompt + gen_length accepted), got ", max_length);
@@ -58,6 +138,15 @@ Scheduler::Scheduler(const Network& model, int64_t max_batch, int64_t max_length
   const int64_t rows = kv_budget_bytes > 0 ? kv_budget_bytes / row_bytes_ : default_pool_rows(model.config(), max_batch);
   TORCH_CHECK_VALUE(rows >= 1, "kv_budget_bytes = ", kv_budget_bytes, " holds no KV row of ", row_bytes_,
                     " bytes (", max_length, " positions); raise it to at least ", row_bytes_);
+  TORCH_CHECK_VALUE(curve_.tokens.size() == curve_.seconds.size(), "the step curve has ", curve_.tokens.size(),
+                    " token counts but ", curve_.seconds.size(), " times");
+  for (size_t i = 0; i < curve_.tokens.size(); ++i) {
+    TORCH_CHECK_VALUE(curve_.tokens[i] >= 1 && curve_.seconds[i] > 0 && (i == 0 || (curve_.tokens[i] > curve_.tokens[i - 1] &&
+                      curve_.seconds[i] >= curve_.seconds[i - 1])), "the step curve must have ascending token counts "
+                      "(>= 1) and non-decreasing positive times; point ", i, " is (", curve_.tokens[i], ", ",
+                      curve_.seconds[i], ")");
+  }
+  if (curve_.empty() && calibrate_s > 0) curve_ = measure_step_curve(model, calibrate_s);
   shared_ = std::make_unique<SharedForward>(model, rows, max_length);
   for (int64_t w = 0; w < max_batch; ++w) workers_.emplace_back([this] { work(); });
 }
@@ -217,6 +306,13 @@ void Scheduler::work() {
       r = queue_.front();
       queue_.pop_front();
       running_[r->id] = r;
+      if (r->options.policy == Policy::kBlockBatch && r->options.branch_budget == BranchBudget::kAuto) {
+        // The load it joins: the requests decoding and waiting, itself included, at most max_batch.
+        const int64_t load = std::min<int64_t>(max_batch_, static_cast<int64_t>(running_.size() + queue_.size()));
+        DecodeOptions o = decode_options_for(model_.config(), r->options);
+        o.block_sizes = budget_branches(*o.block_sizes, o.block_length, load, curve_);
+        r->options = o;
+      }
     }
     RequestEvent ev;
     ev.id = r->id;
@@ -252,7 +348,8 @@ namespace blockbatch {
 
 std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<std::vector<int64_t>>& prompts,
                                        const std::vector<DecodeOptions>& options, int64_t max_batch,
-                                       int64_t kv_budget_bytes, const int64_t* cancel, BatchStats* stats) {
+                                       int64_t kv_budget_bytes, const int64_t* cancel, BatchStats* stats,
+                                       const StepCurve& curve) {
   const int64_t n = static_cast<int64_t>(prompts.size());
   TORCH_CHECK_VALUE(static_cast<int64_t>(options.size()) == n, "decode_batch: ", n, " prompts but ", options.size(),
                     " option sets (give one per prompt)");
@@ -293,7 +390,12 @@ std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<s
   std::vector<DecodeResult> results(n);
   std::vector<std::exception_ptr> errors(n);
   {
-    Scheduler scheduler(model, workers, max_length, std::max<int64_t>(pool_rows, 1) * row_bytes);
+    // branch_budget = auto without a curve: measured now (at most a second).
+    const bool adaptive = std::any_of(options.begin(), options.end(), [](const DecodeOptions& o) {
+      return o.policy == Policy::kBlockBatch && o.branch_budget == BranchBudget::kAuto;
+    });
+    Scheduler scheduler(model, workers, max_length, std::max<int64_t>(pool_rows, 1) * row_bytes, curve,
+                        adaptive ? 1.0 : 0.0);
     std::map<int64_t, int64_t> index;  // scheduler id -> request
     for (int64_t i = 0; i < n; ++i) index[scheduler.add(prompts[i], options[i], false)] = i;
     bool cancelled = false;

@@ -44,12 +44,55 @@ int64_t kv_rows_needed(const DecodeOptions& resolved);
 // Bytes of one KV row of `length` positions on `config`'s model in `dtype`.
 int64_t kv_row_bytes(const ModelConfig& config, c10::ScalarType dtype, int64_t length);
 
+// Seconds of one packed forward by query tokens: the step-time curve the load-adaptive branch
+// budget reads (branch_budget = auto). Piecewise linear between the points; beyond the last, the
+// last segment's slope.
+struct StepCurve {
+  std::vector<int64_t> tokens;  // ascending
+  std::vector<double> seconds;  // non-decreasing
+  bool empty() const { return tokens.empty(); }
+  double at(int64_t tokens) const;
+};
+
+// Measures the curve on `model`: forwards of T = 16, 32, 64, ... query tokens (rows of up to 128
+// tokens, full mode, logits for every token as a block step has), the median of 3 after a
+// warm-up, doubling T until one forward takes more than limit_s / 8, T reaches 4096 or limit_s
+// is spent.
+StepCurve measure_step_curve(const Network& model, double limit_s);
+
+// The block sizes branch_budget = auto keeps for a request admitted while `load` requests decode
+// (itself included): the branch nearest block_length is the anchor (a dual cache's query); the
+// step may carry as many tokens as cost at most (1 + slack) times the step of `load` anchors, of
+// which this request gets 1 / load (at least the anchor); the largest branches are dropped first
+// and, once the anchor is the largest left, the smallest, down to the anchor alone.
+std::vector<int64_t> budget_branches(const std::vector<int64_t>& sizes, int64_t block_length, int64_t load,
+                                     const StepCurve& curve, double slack = 0.10);
+
+// Many requests at once (decode/batching.h): up to max_batch decode together, their forwards
+// packed into one per step; each request's result equals its decode() alone. kv_budget_bytes:
+// the shared KV pool's size (0: room for the max_batch largest requests). Throws the first failed
+// request's error, naming the request; every request is checked before any runs. curve: the
+// step-time curve for branch_budget = auto requests (empty: measured, in at most a second).
+struct BatchStats {
+  int64_t steps = 0;      // packed forwards run
+  int64_t forwards = 0;   // request forwards they carried
+  int64_t pool_rows = 0;  // KV rows in the pool, of row_bytes each
+  int64_t row_bytes = 0;
+};
+std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<std::vector<int64_t>>& prompts,
+                                       const std::vector<DecodeOptions>& options, int64_t max_batch,
+                                       int64_t kv_budget_bytes = 0, const int64_t* cancel = nullptr,
+                                       BatchStats* stats = nullptr, const StepCurve& curve = {});
+
 class Scheduler {
  public:
   // max_batch: requests decoding at once (worker threads); max_length: the longest prompt +
   // gen_length it accepts (the KV pool's row length); kv_budget_bytes: the pool (0: max_batch
-  // requests with the family's default BlockBatch branches). CPU models only.
-  Scheduler(const Network& model, int64_t max_batch, int64_t max_length, int64_t kv_budget_bytes);
+  // requests with the family's default BlockBatch branches). curve: the step-time curve for
+  // branch_budget = auto requests (empty: measured now when calibrate_s > 0, else such requests
+  // run their full branch set). CPU models only.
+  Scheduler(const Network& model, int64_t max_batch, int64_t max_length, int64_t kv_budget_bytes,
+            StepCurve curve = {}, double calibrate_s = 0.0);
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -73,6 +116,7 @@ class Scheduler {
     int64_t queued, running, steps, forwards, pool_rows, rows_in_use, row_bytes, max_length, max_batch;
   };
   Counters counters() const;
+  const StepCurve& step_curve() const { return curve_; }
 
  private:
   struct Request {
@@ -90,6 +134,7 @@ class Scheduler {
 
   const Network& model_;
   const int64_t max_batch_, max_length_, row_bytes_;
+  StepCurve curve_;
   std::unique_ptr<SharedForward> shared_;
   mutable std::mutex mutex_;
   std::condition_variable queue_cv_;

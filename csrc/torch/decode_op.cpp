@@ -11,6 +11,7 @@
 #include <string>
 
 #include "decode/decode.h"
+#include "decode/scheduler.h"
 #include "torch/decode_args.h"
 #include "torch/model_handle.h"
 #include "torch/results.h"
@@ -88,7 +89,8 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Ten
            std::vector<int64_t>>
 decode_batch_op(const c10::intrusive_ptr<ModelHandle>& model, const std::vector<at::Tensor>& prompts,
                 const std::vector<std::string>& options, int64_t max_batch, int64_t kv_budget_bytes,
-                const std::optional<at::Tensor>& cancel) {
+                const std::optional<at::Tensor>& cancel, std::vector<int64_t> curve_tokens,
+                std::vector<double> curve_seconds) {
   std::vector<std::vector<int64_t>> ids;
   for (size_t i = 0; i < prompts.size(); ++i) ids.push_back(prompt_ids(prompts[i], "prompts[" + std::to_string(i) + "]"));
   std::vector<DecodeOptions> opts;
@@ -100,7 +102,8 @@ decode_batch_op(const c10::intrusive_ptr<ModelHandle>& model, const std::vector<
     cancel_flag = cancel->const_data_ptr<int64_t>();
   }
   BatchStats bs;
-  std::vector<DecodeResult> results = decode_batch(*model, ids, opts, max_batch, kv_budget_bytes, cancel_flag, &bs);
+  std::vector<DecodeResult> results = decode_batch(*model, ids, opts, max_batch, kv_budget_bytes, cancel_flag, &bs,
+                                                     StepCurve{std::move(curve_tokens), std::move(curve_seconds)});
   std::vector<at::Tensor> tokens, stats, logs, branches;
   for (const DecodeResult& r : results) {
     const std::vector<at::Tensor> t = result_tensors(r.tokens, r.stats);
@@ -171,10 +174,12 @@ TORCH_LIBRARY_FRAGMENT(blockbatch, m) {
   // lines, the same names and text forms as bb_bench_decode's flags; unset: the table's default);
   // up to max_batch decode together, their forwards packed into one per step; each result equals
   // decode() of that request alone. kv_budget_bytes: the shared KV pool (0: room for the max_batch
-  // largest requests). Returns per request what decode returns, and the batch's counters
+  // largest requests). curve_*: the step-time curve for branch_budget = auto requests (points of
+  // measure_step_curve; empty: measured). Returns per request what decode returns, and the batch's counters
   // [packed forwards, request forwards, pool rows, bytes per row].
   m.def("decode_batch(__torch__.torch.classes.blockbatch.Model model, Tensor[] prompts, str[] options, "
-        "int max_batch=8, int kv_budget_bytes=0, Tensor? cancel=None) -> (Tensor[] tokens, Tensor[] stats, "
+        "int max_batch=8, int kv_budget_bytes=0, Tensor? cancel=None, int[] curve_tokens=[], "
+        "float[] curve_seconds=[]) -> (Tensor[] tokens, Tensor[] stats, "
         "Tensor[] step_logs, Tensor[] branch_stats, int[] batch_stats)",
         &decode_batch_op);
 }

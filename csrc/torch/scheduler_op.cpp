@@ -21,9 +21,12 @@ namespace {
 class SchedulerHandle : public torch::CustomClassHolder {
  public:
   SchedulerHandle(c10::intrusive_ptr<ModelHandle> model, int64_t max_batch, int64_t max_length,
-                  int64_t kv_budget_bytes)
+                  int64_t kv_budget_bytes, std::vector<int64_t> curve_tokens, std::vector<double> curve_seconds,
+                  double calibrate_s)
       : model_(std::move(model)),
-        scheduler_(std::make_unique<Scheduler>(model_->network(), max_batch, max_length, kv_budget_bytes)) {}
+        scheduler_(std::make_unique<Scheduler>(model_->network(), max_batch, max_length, kv_budget_bytes,
+                                               StepCurve{std::move(curve_tokens), std::move(curve_seconds)},
+                                               calibrate_s)) {}
 
   int64_t add(const at::Tensor& prompt, const std::string& options, bool stream) {
     return scheduler_->add(prompt_ids(prompt, "prompt"), options_from_text(options, 0), stream);
@@ -77,6 +80,9 @@ class SchedulerHandle : public torch::CustomClassHolder {
     return d;
   }
   void close() { scheduler_->close(); }
+  std::tuple<std::vector<int64_t>, std::vector<double>> step_curve() const {
+    return {scheduler_->step_curve().tokens, scheduler_->step_curve().seconds};
+  }
 
  private:
   c10::intrusive_ptr<ModelHandle> model_;  // outlives the scheduler, which holds a reference to it
@@ -91,22 +97,43 @@ std::tuple<int64_t, int64_t> kv_request_rows(const c10::intrusive_ptr<ModelHandl
   return {kv_rows_needed(o), kv_row_bytes(net.config(), net.dtype(), length)};
 }
 
+std::tuple<std::vector<int64_t>, std::vector<double>> measure_step_curve_op(
+    const c10::intrusive_ptr<ModelHandle>& model, double limit_s) {
+  TORCH_CHECK_VALUE(limit_s > 0, "limit_s must be > 0, got ", limit_s);
+  const StepCurve c = measure_step_curve(model->network(), limit_s);
+  return {c.tokens, c.seconds};
+}
+
+std::vector<int64_t> budget_branches_op(const std::vector<int64_t>& sizes, int64_t block_length, int64_t load,
+                                        std::vector<int64_t> curve_tokens, std::vector<double> curve_seconds) {
+  TORCH_CHECK_VALUE(curve_tokens.size() == curve_seconds.size(), "curve_tokens and curve_seconds differ in length");
+  return budget_branches(sizes, block_length, load, StepCurve{std::move(curve_tokens), std::move(curve_seconds)});
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(blockbatch, m) {
   using Handle = c10::intrusive_ptr<SchedulerHandle>;
   m.class_<SchedulerHandle>("Scheduler")
-      .def(torch::init<c10::intrusive_ptr<ModelHandle>, int64_t, int64_t, int64_t>())
+      .def(torch::init<c10::intrusive_ptr<ModelHandle>, int64_t, int64_t, int64_t, std::vector<int64_t>,
+                       std::vector<double>, double>())
       .def("add", &SchedulerHandle::add)
       .def("cancel", &SchedulerHandle::cancel)
       .def("step", &SchedulerHandle::step)
       .def("events", &SchedulerHandle::events)
       .def("counters", &SchedulerHandle::counters)
       .def("close", &SchedulerHandle::close)
+      .def("step_curve", &SchedulerHandle::step_curve)
       .def("__len__", [](const Handle&) -> int64_t { TORCH_CHECK_TYPE(false, "object of type Scheduler has no len()"); });
   // (KV rows one request with these options holds, bytes per row of `length` positions).
   m.def("kv_request_rows(__torch__.torch.classes.blockbatch.Model model, str options, int length) -> (int, int)",
         &kv_request_rows);
+  // The step-time curve (seconds of one packed forward by query tokens; decode/scheduler.h).
+  m.def("measure_step_curve(__torch__.torch.classes.blockbatch.Model model, float limit_s=1.0) -> (int[], float[])",
+        &measure_step_curve_op);
+  // The block sizes branch_budget = auto keeps at a load (decode/scheduler.h budget_branches).
+  m.def("budget_branches(int[] sizes, int block_length, int load, int[] curve_tokens, float[] curve_seconds) -> int[]",
+        &budget_branches_op);
 }
 
 }  // namespace blockbatch

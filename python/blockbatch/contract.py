@@ -160,6 +160,11 @@ OPTIONS: tuple[Option, ...] = (
            group="blockbatch"),
     Option("sync", "bool", True, "leader synchronisation (ablation switch)", policies=("blockbatch",),
            group="blockbatch"),
+    Option("branch_budget", "str", "full", "full: every branch of block_sizes; auto: under the batching scheduler, "
+           "the branch set is cut to the query tokens a step can carry at the current load (measured step-time "
+           "curve; the largest branches go first, down to the one nearest block_length), so results depend on load",
+           policies=("blockbatch",), choices=("full", "auto"), cpp_enum="BranchBudget",
+           cpp_values=("kFull", "kAuto"), group="blockbatch"),
     Option("cuda_graphs", "bool", True, "CUDA: replay recorded decode steps (same tokens as eager); no effect on "
            "CPU", group="runtime"),
     Option("timeout_s", "float", 0.0, "fail with a timeout once a decode runs longer than this many seconds "

@@ -42,6 +42,7 @@ class Engine:
             raise ValueError("device='cuda' but no CUDA device is available")
         self.model = NativeModel.from_checkpoint(checkpoint, dtype=dtype, device=self.device)
         self.last_batch_stats: dict | None = None  # the last batched generate's counters (packed forwards, ...)
+        self._step_curve: list[tuple[int, float]] | None = None
         self.codec = TextCodec(checkpoint.tokenizer, self.config, checkpoint.chat_template) \
             if checkpoint.tokenizer is not None else None
 
@@ -107,8 +108,9 @@ class Engine:
             raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         encoded, opts = self._requests(prompts, options, chat, allow_unknown)
         if max_batch > 1 and len(encoded) > 1 and self.device.type == "cpu":
-            results, self.last_batch_stats = run_decode_batch(self.model.obj, encoded, opts, max_batch,
-                                                              kv_budget_bytes)
+            results, self.last_batch_stats = run_decode_batch(
+                self.model.obj, encoded, opts, max_batch, kv_budget_bytes,
+                self.step_curve if any(_adaptive(o) for o in opts) else None)
         else:
             results = None
         out = []
@@ -163,11 +165,22 @@ class Engine:
     def _trim(self, raw: list[int]) -> list[int]:
         return self.codec.trim(raw) if self.codec else _trim_eos(raw, self.config.eos_token_id)
 
-    def scheduler(self, max_batch: int = 8, max_length: int | None = None, kv_budget_bytes: int = 0):
+    @property
+    def step_curve(self) -> list[tuple[int, float]]:
+        """Seconds of one packed forward by query tokens on this model (measured once, in at most a
+        second, then kept): what ``branch_budget="auto"`` requests read under load."""
+        if self._step_curve is None:
+            tokens, seconds = torch.ops.blockbatch.measure_step_curve(self.model.obj, 1.0)
+            self._step_curve = list(zip(tokens, seconds))
+        return self._step_curve
+
+    def scheduler(self, max_batch: int = 8, max_length: int | None = None, kv_budget_bytes: int = 0,
+                  adaptive: bool = True):
         """A ``BatchScheduler`` on this model (CPU): submit requests at any time, each decoding with
         the others in one packed forward per step (``blockbatch.scheduler``). ``max_length``: the
         longest prompt + gen_length it accepts (default: the model's ``max_sequence_length``, at
-        most 4096)."""
+        most 4096). ``adaptive``: give it the model's step-time curve (``step_curve``, measured on
+        first use) for ``branch_budget="auto"`` requests; False: they run their full branch set."""
         if self.device.type != "cpu":
             raise ValueError(f"the batching scheduler runs CPU models for now; this engine is on {self.device} "
                              f"(decode one by one with Engine.generate)")
@@ -176,7 +189,7 @@ class Engine:
         if max_length is None:
             max_length = min(self.config.max_sequence_length, 4096)
         return BatchScheduler(self.model.obj, max_batch=max_batch, max_length=max_length,
-                              kv_budget_bytes=kv_budget_bytes)
+                              kv_budget_bytes=kv_budget_bytes, step_curve=self.step_curve if adaptive else None)
 
     def stream(self, prompts, options: DecodeOptions | Sequence[DecodeOptions] | None = None, chat: bool | None = None,
                allow_unknown: bool = False, max_batch: int = 8, kv_budget_bytes: int = 0,
@@ -204,7 +217,8 @@ class Engine:
 
         events: queue_module.SimpleQueue = queue_module.SimpleQueue()
         max_length = max(ids.numel() + o.gen_length for ids, o in zip(encoded, opts))
-        with self.scheduler(min(max_batch, len(encoded)), max_length, kv_budget_bytes) as sched:
+        with self.scheduler(min(max_batch, len(encoded)), max_length, kv_budget_bytes,
+                            adaptive=any(_adaptive(o) for o in opts)) as sched:
             index = {}
             for i, (ids, o) in enumerate(zip(encoded, opts)):
                 try:
@@ -243,6 +257,10 @@ class StreamItem:
     @property
     def done(self) -> bool:
         return self.generation is not None or self.error is not None
+
+
+def _adaptive(o: DecodeOptions) -> bool:
+    return o.policy == "blockbatch" and o.branch_budget == "auto"
 
 
 def _is_token_id(value: Any) -> bool:

@@ -116,11 +116,16 @@ class BatchScheduler:
     accepted (the KV pool's row length; longer requests are refused with ``ValueError``);
     ``kv_budget_bytes``: the KV pool (0: ``max_batch`` requests with the family's default
     BlockBatch branches). A request that can never fit the pool is refused at ``submit``; one that
-    does not fit now waits in the queue. Use as a context manager, or call ``close()``.
+    does not fit now waits in the queue. ``step_curve``: seconds of a packed forward by query
+    tokens, for ``branch_budget="auto"`` requests: ``"measure"`` (default: measured now, in at most
+    ``calibrate_s`` seconds), a list of ``(tokens, seconds)`` points (e.g. from a GPU run's
+    ``benchmarks/bench_batch.py`` JSON), or None (auto requests run their full branch set). Use as
+    a context manager, or call ``close()``.
     """
 
     def __init__(self, model_obj, max_batch: int = 8, max_length: int = 1024, kv_budget_bytes: int = 0,
-                 poll_s: float = 0.05):
+                 poll_s: float = 0.05, step_curve: str | list[tuple[int, float]] | None = "measure",
+                 calibrate_s: float = 1.0):
         for name, value, low in (("max_batch", max_batch, 1), ("max_length", max_length, 2),
                                  ("kv_budget_bytes", kv_budget_bytes, 0)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
@@ -132,12 +137,28 @@ class BatchScheduler:
         self._started = threading.Event()
         self._error: BaseException | None = None
         self._obj = None
+        if step_curve == "measure":
+            points, calibrate = [], float(calibrate_s)
+        elif step_curve is None:
+            points, calibrate = [], 0.0
+        elif isinstance(step_curve, (list, tuple)):
+            try:
+                points = [(int(t), float(s)) for t, s in step_curve]
+            except (TypeError, ValueError):
+                raise ValueError(f"step_curve must be 'measure', None or a list of (tokens, seconds) pairs, got "
+                                 f"{step_curve!r}") from None
+            calibrate = 0.0
+        else:
+            raise ValueError(f"step_curve must be 'measure', None or a list of (tokens, seconds) pairs, got "
+                             f"{step_curve!r}")
 
         def start() -> None:
             # The C++ workers inherit this thread's signal mask: SIGINT stays with the main thread.
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             try:
-                self._obj = torch.classes.blockbatch.Scheduler(model_obj, max_batch, max_length, kv_budget_bytes)
+                self._obj = torch.classes.blockbatch.Scheduler(model_obj, max_batch, max_length, kv_budget_bytes,
+                                                               [t for t, _ in points], [s for _, s in points],
+                                                               calibrate)
             except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
                 self._error = e
                 self._started.set()
@@ -178,6 +199,12 @@ class BatchScheduler:
         """queued, running, packed_forwards, request_forwards, kv_pool_rows, kv_rows_in_use,
         kv_row_bytes, max_length, max_batch."""
         return dict(self._obj.counters())
+
+    @property
+    def step_curve(self) -> list[tuple[int, float]]:
+        """The step-time curve ``branch_budget="auto"`` reads: (query tokens, seconds) points."""
+        tokens, seconds = self._obj.step_curve()
+        return list(zip(tokens, seconds))
 
     def close(self) -> None:
         """Cancel every request still queued or running (each gets its ``cancelled`` event) and
