@@ -191,6 +191,14 @@ class Engine:
         return BatchScheduler(self.model.obj, max_batch=max_batch, max_length=max_length,
                               kv_budget_bytes=kv_budget_bytes, step_curve=self.step_curve if adaptive else None)
 
+    def kv_report(self, options: DecodeOptions, prompt_length: int, kv_budget_bytes: int) -> dict[str, int]:
+        """KV memory per request (rows, bytes per row, bytes per request) with ``options`` and a
+        ``prompt_length``-token prompt, and the largest batch ``kv_budget_bytes`` holds (-1: the
+        policy keeps no KV)."""
+        from .scheduler import kv_report
+
+        return kv_report(self.model.obj, options, prompt_length, kv_budget_bytes)
+
     def stream(self, prompts, options: DecodeOptions | Sequence[DecodeOptions] | None = None, chat: bool | None = None,
                allow_unknown: bool = False, max_batch: int = 8, kv_budget_bytes: int = 0,
                blocks: bool = False) -> Iterator["StreamItem"]:

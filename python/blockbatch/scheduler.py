@@ -253,6 +253,23 @@ class BatchScheduler:
             request._deliver(event)
 
 
+def kv_report(model_obj, options: DecodeOptions, prompt_length: int, kv_budget_bytes: int) -> dict[str, int]:
+    """KV memory of one request with ``options`` and a ``prompt_length``-token prompt: its rows
+    (one per branch; vanilla none), the bytes of a row (prompt + gen_length positions), the bytes
+    of the request, and the largest batch of such requests ``kv_budget_bytes`` holds."""
+    if not isinstance(prompt_length, int) or prompt_length < 1:
+        raise ValueError(f"prompt_length must be an integer >= 1, got {prompt_length!r}")
+    if not isinstance(kv_budget_bytes, int) or kv_budget_bytes < 0:
+        raise ValueError(f"kv_budget_bytes must be an integer >= 0, got {kv_budget_bytes!r}")
+    text = contract.to_text({name: getattr(options, name) for name in contract.NAMES})
+    length = prompt_length + options.gen_length
+    rows, row_bytes = torch.ops.blockbatch.kv_request_rows(model_obj, text, length)
+    per_request = rows * row_bytes
+    return {"positions": length, "rows": rows, "row_bytes": row_bytes, "bytes_per_request": per_request,
+            "kv_budget_bytes": kv_budget_bytes,
+            "largest_batch": kv_budget_bytes // per_request if per_request else -1}  # -1: no KV, no limit
+
+
 def _translate(error: RuntimeError) -> BaseException:
     """A request's deadline (its ``timeout_s``) as TimeoutError, as ``run_decode`` raises it."""
     text = str(error)

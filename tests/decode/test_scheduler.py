@@ -192,3 +192,22 @@ def test_step_runs_on_one_driver_thread_without_the_gil(engine, requests_and_alo
     stop.set()
     t.join()
     assert len(ticks) > 100 * elapsed, (len(ticks), elapsed)  # ~900 per second when the GIL is free
+
+
+def test_kv_report_matches_the_pool_the_scheduler_allocates(engine):
+    c = engine.config
+    dual = DecodeOptions(policy="dual", gen_length=32, block_length=16)
+    bb = DecodeOptions(policy="blockbatch", gen_length=32, block_sizes=(8, 16, 32))
+    r = engine.kv_report(dual, 32, 10 * 2**20)
+    row = c.n_layers * 2 * c.n_kv_heads * 64 * (c.d_model // c.n_heads) * 4  # float32
+    assert (r["positions"], r["rows"], r["row_bytes"]) == (64, 1, row)
+    assert r["largest_batch"] == 10 * 2**20 // row
+    rb = engine.kv_report(bb, 32, 10 * 2**20)
+    assert rb["rows"] == 3 and rb["bytes_per_request"] == 3 * row and rb["largest_batch"] == 10 * 2**20 // (3 * row)
+    assert engine.kv_report(DecodeOptions(policy="vanilla", gen_length=32, steps=32, threshold=None), 8, 1)[
+        "largest_batch"] == -1
+    # a scheduler with exactly that budget holds that many requests at once
+    with engine.scheduler(max_batch=8, max_length=64, kv_budget_bytes=2 * rb["bytes_per_request"]) as sched:
+        assert sched.counters()["kv_pool_rows"] == 6 and sched.counters()["kv_row_bytes"] == row
+    with pytest.raises(ValueError, match="prompt_length must be an integer >= 1"):
+        engine.kv_report(dual, 0, 1)
