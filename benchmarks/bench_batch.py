@@ -58,7 +58,9 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="toy", help="toy (the shipped LLaDA toy), 50m (a random ~50M LLaDA) or a folder")
     ap.add_argument("--n", type=int, default=32, help="requests (default 32)")
     ap.add_argument("--batches", default="1,2,4,8,16,32", help="max_batch values (default 1,2,4,8,16,32)")
-    ap.add_argument("--policies", default="dual,blockbatch", help="comma-separated (default dual,blockbatch)")
+    ap.add_argument("--policies", default="dual,blockbatch,blockbatch-auto",
+                    help="comma-separated (default dual,blockbatch,blockbatch-auto: blockbatch with "
+                         "branch_budget=auto, whose batched results differ from one by one by design)")
     ap.add_argument("--gen-length", type=int, default=64, help="generation length (default 64)")
     ap.add_argument("--threads", type=int, default=None, help="intra-op threads (default: torch's choice)")
     ap.add_argument("--out", default="results/bench_batch_toy.json")
@@ -76,9 +78,11 @@ def main(argv=None) -> int:
     engine, label = _model(args.model)
     prompts = _prompts(engine, args.n)
     report = {"model": label, "n": args.n, "gen_length": args.gen_length, "threads": torch.get_num_threads(),
-              "policies": {}}
+              "step_curve": engine.step_curve, "policies": {}}
+    budget = 1 << 30
     for policy in [p for p in args.policies.split(",") if p]:
-        o = DecodeOptions(policy=policy, gen_length=args.gen_length, block_length=32)
+        o = DecodeOptions(policy=policy.removesuffix("-auto"), gen_length=args.gen_length, block_length=32,
+                          branch_budget="auto" if policy.endswith("-auto") else "full")
         t0 = time.perf_counter()
         alone = [engine.generate([p], o)[0] for p in prompts]
         one_s = time.perf_counter() - t0
@@ -86,7 +90,8 @@ def main(argv=None) -> int:
         rows = {"one_by_one": {"seconds": one_s, "requests_per_s": args.n / one_s, "tokens_per_s": tokens / one_s,
                                "mean_latency_ms": statistics.mean(g.stats["wall_ms"] for g in alone),
                                "p99_latency_ms": _p99([g.stats["wall_ms"] for g in alone]),
-                               "forwards": sum(g.stats["nfe"] for g in alone)}}
+                               "forwards": sum(g.stats["nfe"] for g in alone)},
+                "kv_1GiB": engine.kv_report(o, max(len(p) for p in prompts), budget)}
         for b in batches:
             t0 = time.perf_counter()
             got = engine.generate(prompts, o, max_batch=b)
@@ -99,7 +104,10 @@ def main(argv=None) -> int:
                                   "p99_latency_ms": _p99([g.stats["wall_ms"] for g in got]),
                                   "packed_forwards": st.get("packed_forwards"),
                                   "request_forwards": st.get("request_forwards"),
-                                  "equal_to_one_by_one": f"{equal}/{args.n}"}
+                                  "equal_to_one_by_one": f"{equal}/{args.n}",
+                                  "mean_nfe": statistics.mean(g.stats["nfe"] for g in got),
+                                  "mean_query_tokens_per_step": statistics.mean(
+                                      statistics.mean(g.stats["query_tokens_per_step"]) for g in got)}
             print(f"{label} {policy} max_batch {b}: {args.n / s:.1f} req/s, {one_s / s:.2f}x one-by-one, "
                   f"p99 {rows[f'batch_{b}']['p99_latency_ms']:.0f} ms, equal {equal}/{args.n}", flush=True)
         report["policies"][policy] = rows
@@ -115,6 +123,8 @@ def main(argv=None) -> int:
 
         fig, ax = plt.subplots(figsize=(5.5, 4))
         for policy, rows in report["policies"].items():
+            if not isinstance(rows, dict) or "one_by_one" not in rows:
+                continue
             ax.plot(batches, [rows[f"batch_{b}"]["tokens_per_s"] for b in batches], marker="o", label=f"{policy} batched")
             ax.axhline(rows["one_by_one"]["tokens_per_s"], ls="--", lw=1, label=f"{policy} one by one",
                        color=ax.lines[-1].get_color())
