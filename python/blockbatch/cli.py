@@ -292,7 +292,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    api_key = args.api_key if args.api_key is not None else os.environ.get("BLOCKBATCH_API_KEY") or None
+    api_key = args.api_key or None
     engine = Engine.from_pretrained(args.model, dtype=DTYPES[args.dtype])
     if engine.codec is None:
         raise UsageError(f"{args.model}: the checkpoint has no tokenizer.json; the server needs one")
@@ -519,7 +519,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n"
                "  blockbatch serve                                   (the shipped toy model, as 'blockbatch-toy')\n"
                "  blockbatch serve --model /path/to/LLaDA-8B-Instruct --dtype bfloat16 --max-batch 16 --port 8000\n"
-               "  BLOCKBATCH_API_KEY=secret blockbatch serve --host 0.0.0.0\n"
+               "  blockbatch serve --host 0.0.0.0 --api-key secret   (clients send Authorization: Bearer secret)\n"
                "then: curl localhost:8000/v1/completions -H 'Content-Type: application/json' \\\n"
                "        -d '{\"model\": \"blockbatch-toy\", \"prompt\": \"72-2=__-3=__-3=__...............?\", \"max_tokens\": 20}'")
     p.add_argument("--model", default=None, help="checkpoint folder (default: the toy model shipped in the package)")
@@ -536,7 +536,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="longest prompt + gen_length accepted, longer get 413 (default: the model's "
                         "max_sequence_length, at most 4096)")
     p.add_argument("--api-key", default=None, metavar="K",
-                   help="require 'Authorization: Bearer K' on /v1 routes (default: $BLOCKBATCH_API_KEY, else none)")
+                   help="require 'Authorization: Bearer K' on the /v1 routes (default: no key; /health and /metrics "
+                        "never need one)")
     p.add_argument("--kv-budget-bytes", type=_non_negative_int, default=0, metavar="B",
                    help="bytes of the shared KV pool (default 0: room for --max-batch requests with the default "
                         "BlockBatch branches at --max-length)")
