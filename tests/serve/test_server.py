@@ -262,6 +262,8 @@ ERRORS = [  # (route, changes to a valid body, status, param)
     ("completions", {"prompt": "72a"}, 400, "prompt"),
     ("completions", {"prompt": [1, 2, 99]}, 400, "prompt"),
     ("completions", {"prompt": ["1", "2"]}, 400, "prompt"),
+    ("completions", {"prompt": [20, 3]}, 400, "prompt"),  # the mask id
+    ("completions", {"blockbatch": {"timeout_s": 0.001, **LONG}}, 504, "blockbatch.timeout_s"),
     ("completions", {"prompt": None}, 400, "prompt"),
     ("completions", {"model": None}, 400, "model"),
     ("completions", {"model": "gpt-4"}, 404, "model"),
