@@ -1,6 +1,7 @@
 """``blockbatch`` command line.
 
     blockbatch generate [--model DIR] [--policy P] PROMPT...   decode prompts (default: the shipped toy model)
+    blockbatch serve [--model DIR] [--port 8000]   an OpenAI-compatible HTTP server (completions, chat, streaming)
     blockbatch forward --model DIR          load a checkpoint, run one native forward, print logits stats
     blockbatch make-random DIR [--family dream] [--preset dream-7b]
                                             write a random LLaDA or Dream checkpoint (for trying things out)
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -310,6 +312,67 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import logging
+
+    missing = [m for m in ("fastapi", "uvicorn", "prometheus_client") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UsageError(f"blockbatch serve needs {', '.join(missing)}: pip install fastapi uvicorn prometheus-client "
+                         f"(or the package's serve extra)")
+    from .engine import Engine
+    from .server import default_model_name, serve
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    api_key = args.api_key or None
+    engine = Engine.from_pretrained(args.model, dtype=DTYPES[args.dtype])
+    if engine.codec is None:
+        raise UsageError(f"{args.model}: the checkpoint has no tokenizer.json; the server needs one")
+    limit = engine.config.max_sequence_length
+    max_length = args.max_length if args.max_length is not None else min(limit, 4096)
+    if max_length < 2 or max_length > limit:
+        raise UsageError(f"--max-length {max_length}: must be in [2, {limit}] (the model's max_sequence_length)")
+    name = args.served_model_name or default_model_name(engine)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
+    logging.getLogger("blockbatch.serve").info(
+        "serving %s as %r: max_batch %d, max_queue %d, max_length %d%s", args.model or "the toy model", name,
+        args.max_batch, args.max_queue, max_length, ", API key required" if api_key else "")
+    serve(engine, args.host, args.port, drain_timeout_s=args.drain_timeout, log_level=args.log_level,
+          served_model_name=name, max_batch=args.max_batch, max_queue=args.max_queue, max_length=max_length,
+          api_key=api_key, kv_budget_bytes=args.kv_budget_bytes)
+    return 0
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in [0, 65535], got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
 # Shape flags of make-random -> ModelConfig field, and their defaults per family (Dream: GQA).
 _SHAPE_FLAGS = {"d_model": "d_model", "layers": "n_layers", "heads": "n_heads", "kv_heads": "n_kv_heads",
                 "mlp": "mlp_hidden_size", "vocab": "vocab_size"}
@@ -477,6 +540,49 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="results/bench", help="output folder (default results/bench)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser(
+        "serve", help="an OpenAI-compatible HTTP server (completions, chat, streaming) on the batching scheduler",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Serve a checkpoint over HTTP with the OpenAI API: POST /v1/completions, POST /v1/chat/completions\n"
+                    "(stream or not), GET /v1/models, GET /health, GET /metrics (Prometheus). Requests decode\n"
+                    "together on the CPU scheduler: up to --max-batch at once, their forwards packed into one per\n"
+                    "step; --max-queue more wait (beyond that: 429). max_tokens becomes gen_length (rounded up to a\n"
+                    "length the policy decodes) and cuts the text; decode options go in the extra body field\n"
+                    "\"blockbatch\": {\"policy\": \"blockbatch\", ...}. Streaming sends the generation's stable prefix\n"
+                    "as it grows. SIGTERM / Ctrl-C drains: running requests finish, new ones get 503, then exit 0\n"
+                    "(a second signal stops at once).",
+        epilog="examples:\n"
+               "  blockbatch serve                                   (the shipped toy model, as 'blockbatch-toy')\n"
+               "  blockbatch serve --model /path/to/LLaDA-8B-Instruct --dtype bfloat16 --max-batch 16 --port 8000\n"
+               "  blockbatch serve --host 0.0.0.0 --api-key secret   (clients send Authorization: Bearer secret)\n"
+               "then: curl localhost:8000/v1/completions -H 'Content-Type: application/json' \\\n"
+               "        -d '{\"model\": \"blockbatch-toy\", \"prompt\": \"72-2=__-3=__-3=__...............?\", \"max_tokens\": 20}'")
+    p.add_argument("--model", default=None, help="checkpoint folder (default: the toy model shipped in the package)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0: all)")
+    p.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000)")
+    p.add_argument("--served-model-name", default=None, metavar="NAME",
+                   help="the model id clients send and /v1/models lists (default: the checkpoint folder's name; "
+                        "blockbatch-toy for the toy model); another id gets 404")
+    p.add_argument("--max-batch", type=_positive_int, default=8, metavar="N",
+                   help="requests decoding at once, packed into one forward per step (default 8)")
+    p.add_argument("--max-queue", type=_non_negative_int, default=64, metavar="M",
+                   help="requests waiting beyond the running ones; more get 429 (default 64)")
+    p.add_argument("--max-length", type=_positive_int, default=None, metavar="L",
+                   help="longest prompt + gen_length accepted, longer get 413 (default: the model's "
+                        "max_sequence_length, at most 4096)")
+    p.add_argument("--api-key", default=None, metavar="K",
+                   help="require 'Authorization: Bearer K' on the /v1 routes (default: no key; /health and /metrics "
+                        "never need one)")
+    p.add_argument("--kv-budget-bytes", type=_non_negative_int, default=0, metavar="B",
+                   help="bytes of the shared KV pool (default 0: room for --max-batch requests with the default "
+                        "BlockBatch branches at --max-length)")
+    p.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    p.add_argument("--threads", type=_positive_int, default=None, help="intra-op threads (default: torch's choice)")
+    p.add_argument("--drain-timeout", type=_positive_float, default=60.0, metavar="S",
+                   help="on SIGTERM, wait at most S seconds for running requests before cancelling them (default 60)")
+    p.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="info")
+    p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("forward", help="load a checkpoint and print logits statistics of one native forward",
                        description="Load a Hugging Face LLaDA checkpoint folder with blockbatch's strict loader, "

@@ -71,15 +71,29 @@ class TextCodec:
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         use_chat = self.chat_template is not None if chat is None else chat
         if use_chat:
-            rendered = self.render_chat([{"role": "user", "content": text}], add_generation_prompt=True)
-            encoding = self.tokenizer.encode(rendered, add_special_tokens=False)
-            if not allow_unknown and self.unk_id is not None and self.unk_id in encoding.ids:
-                self._check_known(text, add_special_tokens=False)  # name positions in the user's text
-                self._check_known(rendered, add_special_tokens=False, what="the chat template's output")
-            return encoding.ids
+            return self.encode_chat([{"role": "user", "content": text}], allow_unknown, names=["text"])
         encoding = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
         if not allow_unknown and self.unk_id is not None and self.unk_id in encoding.ids:
             self._report_unknown(text, encoding, "text")
+        return encoding.ids
+
+    def encode_chat(self, messages: Sequence[dict], allow_unknown: bool = False,
+                    names: Sequence[str] | None = None) -> list[int]:
+        """Token ids of a conversation (``[{"role": ..., "content": "..."}, ...]``) rendered by the
+        chat template with the generation prompt (the assistant's turn) appended.
+
+        Characters outside the vocabulary raise ``ValueError`` naming the message they are in
+        (``names[i]``, default ``messages[i].content``) and their positions, as ``encode`` does.
+        """
+        rendered = self.render_chat(messages, add_generation_prompt=True)
+        encoding = self.tokenizer.encode(rendered, add_special_tokens=False)
+        if not allow_unknown and self.unk_id is not None and self.unk_id in encoding.ids:
+            for i, message in enumerate(messages):  # name positions in the caller's text first
+                content = message.get("content")
+                if isinstance(content, str):
+                    self._check_known(content, add_special_tokens=False,
+                                      what=names[i] if names is not None else f"messages[{i}].content")
+            self._check_known(rendered, add_special_tokens=False, what="the chat template's output")
         return encoding.ids
 
     def _check_known(self, text: str, add_special_tokens: bool, what: str = "text") -> None:

@@ -1,0 +1,459 @@
+"""``blockbatch serve``: the real server in a subprocess on a loopback port, driven by the real
+``openai`` client (sync and async) and by httpx for the raw protocol. Texts and NFE are checked
+against the engine decoding the same request in this process (a request's result does not depend
+on what shares its forwards)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import math
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from openai import AsyncOpenAI, OpenAI
+from prometheus_client.parser import text_string_to_metric_families
+
+from blockbatch import DecodeOptions, Engine
+from blockbatch.toy import checkpoint_path
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPT = "72-2=__-3=__-3=__...............?"  # the toy task; greedy answer 72-2=70-3=67-3=64;64
+KEY = "test-key"
+# A decode long enough to watch (about 20 ms a forward on the toy): one token per step, 256 steps
+# in 8 blocks of 32, so the stable prefix first grows after 32 forwards.
+LONG = {"policy": "vanilla", "gen_length": 256, "block_length": 32, "threshold": None, "steps": 256}
+PASS_THROUGH_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+
+class Server:
+    """``python -m blockbatch.cli serve`` on a free loopback port, up once /health answers."""
+
+    def __init__(self, args: list[str], log_path: Path):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = open(log_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "blockbatch.cli", "serve", "--port", str(self.port), "--threads", "1", *args],
+            stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
+        deadline = time.monotonic() + 120
+        while True:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, f"the server did not come up:\n{self.log()}"
+            time.sleep(0.1)
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def metrics(self) -> dict[str, float]:
+        """Every sample of /metrics: name{labels} -> value."""
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        out = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+                out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
+        return out
+
+    def wait_idle(self, timeout: float = 30) -> float:
+        """Seconds until no request runs or waits."""
+        t0 = time.monotonic()
+        while True:
+            m = self.metrics()
+            if m["blockbatch_running"] == 0 and m["blockbatch_queued"] == 0:
+                return time.monotonic() - t0
+            assert time.monotonic() - t0 < timeout, "requests still running"
+            time.sleep(0.02)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine.from_pretrained()
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory) -> Path:
+    """The toy model with a chat template (the toy has none): the messages' contents, concatenated."""
+    folder = tmp_path_factory.mktemp("models") / "toy-chat"
+    folder.mkdir()
+    for f in Path(checkpoint_path()).iterdir():
+        (folder / f.name).symlink_to(f)
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": PASS_THROUGH_TEMPLATE}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(chat_model, tmp_path_factory):
+    """The toy with a chat template, served as "toy-chat" (its folder's name), with an API key."""
+    s = Server(["--model", str(chat_model), "--api-key", KEY, "--max-batch", "4"],
+               tmp_path_factory.mktemp("logs") / "server.log")
+    yield s
+    assert s.stop() == 0, s.log()
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """The shipped toy (no chat template, default name blockbatch-toy, no key); one request at a
+    time and one waiting."""
+    s = Server(["--max-batch", "1", "--max-queue", "1"], tmp_path_factory.mktemp("logs") / "small.log")
+    yield s
+    assert s.stop() == 0, s.log()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+def _expected(engine, blockbatch: dict, max_tokens=None, stop=(), **sampling):
+    """(text, completion tokens, finish reason, nfe, gen_length) the server must answer, from the
+    engine: gen_length is max_tokens rounded up to what the policy decodes."""
+    options = dict(blockbatch, **sampling)
+    if "gen_length" not in options and max_tokens is not None:
+        unit = 32
+        if options.get("policy") == "blockbatch" and options.get("block_sizes"):
+            unit = math.lcm(*options["block_sizes"])
+        elif options.get("policy", "dual") != "blockbatch":
+            unit = options.get("block_length", 32)
+        options["gen_length"] = -(-max_tokens // unit) * unit
+    [g] = engine.generate(PROMPT, DecodeOptions(**options), chat=False)
+    ids, reason = g.ids, "stop" if len(g.ids) < len(g.raw_ids) else "length"
+    if max_tokens is not None and len(ids) >= max_tokens:
+        ids, reason = ids[:max_tokens], "length"
+    text = engine.codec.decode(ids)
+    cuts = [text.find(s) for s in stop if s in text]
+    if cuts:
+        text, reason = text[: min(cuts)], "stop"
+        ids = ids[: len(text)]  # the toy's tokens are single characters
+    return text, len(ids), reason, g.stats["nfe"], len(g.raw_ids)
+
+
+CASES = {
+    "dual default": ({}, {}),
+    "blockbatch": ({"policy": "blockbatch"}, {}),
+    "vanilla blocks of 8": ({"policy": "vanilla", "block_length": 8}, {}),
+    "stop across chunks": ({"policy": "vanilla", "block_length": 8}, {"stop": ["0-3=6", "zz"]}),
+    "stop longer than the text so far": ({"policy": "vanilla", "block_length": 8}, {"stop": ["9" * 30]}),
+    "max_tokens rounds gen_length up": ({"policy": "blockbatch", "block_sizes": [4, 8]}, {"max_tokens": 10}),
+    "sampled": ({"policy": "dual"}, {"temperature": 0.8, "seed": 3}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_completion_stream_equals_non_stream_and_engine(server, client, engine, case):
+    blockbatch, kw = CASES[case]
+    model = "toy-chat"
+    done = client.completions.create(model=model, prompt=PROMPT, extra_body={"blockbatch": blockbatch}, **kw)
+    chunks = list(client.completions.create(model=model, prompt=PROMPT, extra_body={"blockbatch": blockbatch},
+                                            stream=True, **kw))
+    sampling = {k: kw[k] for k in ("temperature", "seed") if k in kw}
+    text, tokens, reason, nfe, gen_length = _expected(engine, blockbatch, kw.get("max_tokens"), kw.get("stop", ()),
+                                                      **sampling)
+    [choice] = done.choices
+    assert (choice.text, choice.finish_reason) == (text, reason)
+    assert done.object == "text_completion" and done.model == model
+    assert (done.usage.prompt_tokens, done.usage.completion_tokens, done.usage.total_tokens) == (33, tokens, 33 + tokens)
+    assert done.model_extra["nfe"] == nfe and done.model_extra["blockbatch"]["gen_length"] == gen_length
+
+    assert "".join(c.choices[0].text for c in chunks) == text
+    reasons = [c.choices[0].finish_reason for c in chunks]
+    assert reasons[-1] == reason and reasons.count(None) == len(reasons) - 1, reasons
+    assert chunks[-1].usage == done.usage and chunks[-1].model_extra["nfe"] == nfe
+    assert len({c.id for c in chunks}) == 1
+    if case == "vanilla blocks of 8":  # the stable prefix grows block by block: several text chunks
+        assert sum(bool(c.choices[0].text) for c in chunks) >= 2, [c.choices[0].text for c in chunks]
+    if case == "stop across chunks":
+        assert text == "72-2=7"
+
+
+def test_chat_uses_the_template_and_streams_the_same(server, client, engine):
+    text, tokens, reason, nfe, _ = _expected(engine, {}, max_tokens=32)
+    messages = [{"role": "user", "content": PROMPT}]
+    done = client.chat.completions.create(model="toy-chat", messages=messages, max_tokens=32, user="someone")
+    assert done.object == "chat.completion"
+    assert done.choices[0].message.role == "assistant" and done.choices[0].message.content == text
+    assert done.choices[0].finish_reason == reason and done.usage.completion_tokens == tokens
+    assert done.model_extra["nfe"] == nfe
+
+    chunks = list(client.chat.completions.create(model="toy-chat", messages=messages, max_tokens=32, stream=True))
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
+    reasons = [c.choices[0].finish_reason for c in chunks]
+    assert reasons[-1] == reason and reasons.count(None) == len(reasons) - 1
+    assert chunks[-1].usage == done.usage and chunks[-1].model_extra["nfe"] == nfe
+
+    # the template sees every message (here: concatenated), content parts included
+    two = client.chat.completions.create(
+        model="toy-chat", max_completion_tokens=32,
+        messages=[{"role": "system", "content": "1"}, {"role": "user", "content": [{"type": "text", "text": PROMPT}]}])
+    assert two.usage.prompt_tokens == 34
+
+
+def test_models_health_and_auth(server, client):
+    assert [m.id for m in client.models.list()] == ["toy-chat"]
+    assert httpx.get(server.url + "/health").json()["status"] == "ok"
+    body = {"model": "toy-chat", "prompt": PROMPT}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        for r in (httpx.post(server.url + "/v1/completions", json=body, headers=headers),
+                  httpx.get(server.url + "/v1/models", headers=headers)):
+            assert r.status_code == 401, r.text
+            assert r.json()["error"]["type"] == "authentication_error"
+    with pytest.raises(openai.AuthenticationError):
+        OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).completions.create(
+            model="toy-chat", prompt=PROMPT)
+    with pytest.raises(openai.NotFoundError) as e:
+        client.completions.create(model="gpt-4", prompt=PROMPT)
+    assert e.value.body["param"] == "model" and "toy-chat" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="toy-chat", prompt=PROMPT, extra_body={"blockbatch": {"policy": "greedy"}})
+    assert e.value.body["param"] == "blockbatch.policy" and "policy must be one of" in e.value.body["message"]
+    with pytest.raises(openai.APIStatusError) as e:
+        client.completions.create(model="toy-chat", prompt=PROMPT, max_tokens=500)
+    assert e.value.status_code == 413 and e.value.body["code"] == "context_length_exceeded"
+
+
+ERRORS = [  # (route, changes to a valid body, status, param)
+    ("completions", {"n": 2}, 400, "n"),
+    ("completions", {"temperature": -1}, 400, "temperature"),
+    ("completions", {"temperature": "hot"}, 400, "temperature"),
+    ("completions", {"seed": -5}, 400, "seed"),
+    ("completions", {"max_tokens": 0}, 400, "max_tokens"),
+    ("completions", {"max_tokens": 2.5}, 400, "max_tokens"),
+    ("completions", {"stream": "yes"}, 400, "stream"),
+    ("completions", {"stop": [1]}, 400, "stop"),
+    ("completions", {"logprobs": 3}, 400, "logprobs"),
+    ("completions", {"blockbatch": "dual"}, 400, "blockbatch"),
+    ("completions", {"blockbatch": {"bogus": 1}}, 400, "blockbatch.bogus"),
+    ("completions", {"blockbatch": {"threshold": "high"}}, 400, "blockbatch.threshold"),
+    ("completions", {"blockbatch": {"gen_length": 64, "block_length": 48}}, 400, "blockbatch.block_length"),
+    ("completions", {"temperature": 0.5, "blockbatch": {"temperature": 0.5}}, 400, "temperature"),
+    ("completions", {"prompt": "72a"}, 400, "prompt"),
+    ("completions", {"prompt": [1, 2, 99]}, 400, "prompt"),
+    ("completions", {"prompt": ["1", "2"]}, 400, "prompt"),
+    ("completions", {"prompt": [20, 3]}, 400, "prompt"),  # the mask id
+    ("completions", {"blockbatch": {"timeout_s": 0.001, **LONG}}, 504, "blockbatch.timeout_s"),
+    ("completions", {"prompt": None}, 400, "prompt"),
+    ("completions", {"model": None}, 400, "model"),
+    ("completions", {"model": "gpt-4"}, 404, "model"),
+    ("completions", {"max_tokens": 500}, 413, "prompt"),
+    ("completions", {"blockbatch": {"gen_length": 480}}, 413, "prompt"),
+    ("chat/completions", {"messages": None}, 400, "messages"),
+    ("chat/completions", {"messages": [{"role": "user"}]}, 400, "messages[0].content"),
+    ("chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
+     "messages[0].content[0]"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "1a"}]}, 400, "messages"),
+    ("chat/completions", {"max_tokens": 8, "max_completion_tokens": 8}, 400, "max_completion_tokens"),
+]
+
+
+@pytest.mark.parametrize("route,change,status,param", ERRORS,
+                         ids=[f"{r}-{json.dumps(c)[:40]}" for r, c, _, _ in ERRORS])
+def test_errors_have_openai_shape_and_name_the_field(server, route, change, status, param):
+    body = {"model": "toy-chat", "max_tokens": 16}
+    body.update({"prompt": PROMPT} if route == "completions" else {"messages": [{"role": "user", "content": PROMPT}]})
+    body.update(change)
+    body = {k: v for k, v in body.items() if v is not None}
+    r = httpx.post(f"{server.url}/v1/{route}", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == param
+    assert re.sub(r"\[\d+\]", "", param).split(".")[-1] in error["message"], error["message"]
+    assert error["type"] == ("invalid_request_error" if status in (400, 404, 413) else error["type"])
+
+
+@pytest.mark.parametrize("raw", [b"{", b"[1, 2]", b"\xff\xfe", b'{"model": "toy-chat", "prompt": NaN, }'])
+def test_malformed_bodies_are_400(server, raw):
+    r = httpx.post(server.url + "/v1/completions", content=raw,
+                   headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"], r.text
+
+
+def test_disconnect_cancels_within_a_step_and_the_loop_stays_free(server, client):
+    server.wait_idle()
+    before = server.metrics()
+    stream = client.completions.create(model="toy-chat", prompt=PROMPT, stream=True, extra_body={"blockbatch": LONG})
+    first = next(iter(stream))  # once its first positions are stable: some 20-30 of its 256 forwards
+    assert first.choices[0].text and first.choices[0].finish_reason is None
+    t0 = time.monotonic()
+    assert httpx.get(server.url + "/health", timeout=5).status_code == 200
+    assert time.monotonic() - t0 < 1.0, "the event loop waited on the decode"
+    stream.close()
+    assert server.wait_idle(timeout=10) < 2.0
+    after = server.metrics()
+    assert after['blockbatch_requests_total{status="cancelled"}'] - before.get(
+        'blockbatch_requests_total{status="cancelled"}', 0) == 1
+    forwards = after["blockbatch_request_forwards_total"] - before["blockbatch_request_forwards_total"]
+    assert 0 < forwards < 128, forwards  # cancelled well before its 256 forwards
+
+    # a non-streamed request whose client gives up is cancelled too
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=0.5,
+                   json={"model": "toy-chat", "prompt": PROMPT, "blockbatch": LONG})
+    assert server.wait_idle(timeout=10) < 2.0
+    final = server.metrics()
+    assert final['blockbatch_requests_total{status="cancelled"}'] == after['blockbatch_requests_total{status="cancelled"}'] + 1
+    assert final["blockbatch_request_forwards_total"] - after["blockbatch_request_forwards_total"] < 128
+
+
+def test_metrics_count_what_was_served(server, client):
+    server.wait_idle()
+    before = server.metrics()
+    a = client.completions.create(model="toy-chat", prompt=PROMPT, max_tokens=20)
+    b = client.completions.create(model="toy-chat", prompt=PROMPT, extra_body={"blockbatch": {"policy": "blockbatch"}})
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="toy-chat", prompt=PROMPT, n=3)
+    after = server.metrics()
+
+    def delta(name):
+        return after.get(name, 0) - before.get(name, 0)
+
+    assert delta('blockbatch_requests_total{status="200"}') == 2
+    assert delta('blockbatch_requests_total{status="400"}') == 1
+    assert delta("blockbatch_nfe_total") == a.model_extra["nfe"] + b.model_extra["nfe"]
+    assert delta("blockbatch_generated_tokens_total") == a.usage.completion_tokens + b.usage.completion_tokens
+    assert delta("blockbatch_prompt_tokens_total") == 66
+    for histogram in ("time_to_first_token_seconds", "e2e_request_seconds", "step_seconds"):
+        assert delta(f"blockbatch_{histogram}_count") == 2
+        assert delta(f"blockbatch_{histogram}_sum") > 0
+    assert delta("blockbatch_request_forwards_total") == a.model_extra["nfe"] + b.model_extra["nfe"]
+    assert after["blockbatch_running"] == after["blockbatch_queued"] == after["blockbatch_kv_rows_in_use"] == 0
+    assert after["blockbatch_kv_pool_rows"] > 0
+
+
+def test_full_queue_gets_429_and_no_request_is_lost(small, engine):
+    small.wait_idle()
+    before = small.metrics()
+    options = {"policy": "vanilla", "gen_length": 64, "block_length": 64, "threshold": None, "steps": 64}
+    expected = _expected(engine, options)[0]
+    n = 12
+
+    async def run():
+        client = AsyncOpenAI(base_url=small.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        async def one(stream: bool):
+            if not stream:
+                return (await client.completions.create(model="blockbatch-toy", prompt=PROMPT,
+                                                        extra_body={"blockbatch": options})).choices[0].text
+            chunks = [c async for c in await client.completions.create(
+                model="blockbatch-toy", prompt=PROMPT, stream=True, extra_body={"blockbatch": options})]
+            return "".join(c.choices[0].text for c in chunks)
+        try:
+            return await asyncio.gather(*(one(i % 2 == 0) for i in range(n)), return_exceptions=True)
+        finally:
+            await client.close()
+
+    results = asyncio.run(run())
+    texts = [r for r in results if isinstance(r, str)]
+    limited = [r for r in results if isinstance(r, openai.RateLimitError)]
+    assert len(texts) + len(limited) == n, [r for r in results if not isinstance(r, (str, openai.RateLimitError))]
+    assert len(texts) >= 2 and limited, (len(texts), len(limited))  # one running + one queued, the rest refused
+    assert all(t == expected for t in texts)
+    assert limited[0].body["code"] == "queue_full" and "max_queue 1" in limited[0].body["message"]
+    small.wait_idle()
+    after = small.metrics()
+    assert after['blockbatch_requests_total{status="429"}'] - before.get(
+        'blockbatch_requests_total{status="429"}', 0) == len(limited)
+    assert after['blockbatch_requests_total{status="200"}'] - before.get(
+        'blockbatch_requests_total{status="200"}', 0) == len(texts)
+
+
+def test_chat_without_a_template_is_400(small):
+    with pytest.raises(openai.BadRequestError) as e:
+        OpenAI(base_url=small.url + "/v1", api_key="unused", max_retries=0).chat.completions.create(
+            model="blockbatch-toy", messages=[{"role": "user", "content": PROMPT}])
+    assert e.value.body["code"] == "no_chat_template" and e.value.body["param"] == "messages"
+
+
+def test_readme_example_runs_as_is(small):
+    readme = (ROOT / "README.md").read_text()
+    marker = readme.index("<!-- serve example:")
+    block = readme[readme.index("```python\n", marker) + len("```python\n"):]
+    code = block[: block.index("```")]
+    assert "http://127.0.0.1:8000/v1" in code
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code.replace("http://127.0.0.1:8000/v1", small.url + "/v1"), "README.md", "exec"), {})
+    first, second = out.getvalue().splitlines()
+    assert first == "72-2=70-3=67-3=64;64 20 2"  # as the README's comment says
+    assert second == "72-2=70-3=67-3=64;64"
+
+
+def test_sigterm_drains_running_requests_then_exits_0(tmp_path, engine):
+    s = Server([], tmp_path / "drain.log")
+    try:
+        options = dict(LONG, gen_length=128, steps=128)
+        result = {}
+
+        def long_request():
+            r = httpx.post(s.url + "/v1/completions", timeout=60,
+                           json={"model": "blockbatch-toy", "prompt": PROMPT, "blockbatch": options})
+            result["status"], result["body"] = r.status_code, r.json()
+
+        worker = threading.Thread(target=long_request)
+        worker.start()
+        deadline = time.monotonic() + 30
+        while s.metrics()["blockbatch_running"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        s.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        try:  # while draining: refused with 503 (or, once it has stopped listening, no connection)
+            late = httpx.post(s.url + "/v1/completions", json={"model": "blockbatch-toy", "prompt": PROMPT}, timeout=10)
+            assert late.status_code == 503 and late.json()["error"]["code"] == "shutting_down", late.text
+            assert httpx.get(s.url + "/health", timeout=10).status_code == 503
+        except httpx.TransportError:
+            pass
+        worker.join(timeout=60)
+        assert result["status"] == 200, result
+        assert result["body"]["choices"][0]["text"] == _expected(engine, options)[0]
+        assert s.proc.wait(timeout=30) == 0, s.log()
+        assert "draining 1 request" in s.log()
+    finally:
+        s.stop()
+
+
+def test_cli_refuses_bad_flags(capsys):
+    from blockbatch.cli import main
+
+    for args, message in ((["--port", "70000"], "--port: must be in [0, 65535]"),
+                          (["--max-queue", "-1"], "--max-queue: must be >= 0"),
+                          (["--max-length", "100000"], "--max-length 100000: must be in [2, 512]")):
+        try:
+            status = main(["serve", *args])
+        except SystemExit as e:  # argparse
+            status = e.code
+        err = capsys.readouterr().err
+        assert status == 2 and message in err, (args, err)
+        assert len(err.strip().splitlines()) == 1, err
