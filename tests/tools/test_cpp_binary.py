@@ -13,6 +13,7 @@ import blockbatch
 from blockbatch.loading import PREFIX, save_checkpoint
 from blockbatch.native import NativeModel, pack_rows
 from blockbatch.random_checkpoint import random_config, random_weights
+from helpers.bb_forward import assert_forward_matches
 
 BIN = os.path.join(os.path.dirname(blockbatch.__file__), "bin", "bb_forward")
 
@@ -44,22 +45,7 @@ def test_forward_matches_python(tmp_path, shards, mode):
     res = run("--model", tmp_path, "--mode", mode, "--lengths", ",".join(map(str, lengths)), "--canvas", L,
               "--iters", 1)
     assert res.returncode == 0, res.stderr
-    stats = re.search(r"logits shape=\[(\d+), (\d+)\] mean=(\S+) std=(\S+) argmax\[0\]=(\d+)", res.stdout)
-    assert stats and re.search(r"^result mode=" + mode + r" .* ms_median=\S+ tokens_per_s=\S+$", res.stdout, re.M)
-
-    model = NativeModel(config, weights)
-    T = sum(lengths)
-    tokens = (torch.arange(T) * 7919) % config.vocab_size
-    ids = list(torch.split(tokens, lengths))
-    start = (lambda n: 0) if mode == "full" else (lambda n: L - n)
-    pos = [torch.arange(start(n), start(n) + n) for n in lengths]
-    kv = model.new_kv(len(lengths), L) if mode != "full" else None
-    prefix = [L - n for n in lengths] if mode == "prefix" else None
-    logits = torch.cat(model.forward(ids, pos, kv, mode, prefix_lens=prefix))
-    assert (int(stats[1]), int(stats[2])) == tuple(logits.shape)
-    assert abs(float(stats[3]) - logits.mean().item()) < 1e-5
-    assert abs(float(stats[4]) - logits.std().item()) < 1e-5
-    assert int(stats[5]) == int(logits[0].argmax())
+    assert_forward_matches(res.stdout, NativeModel(config, weights), config.vocab_size, mode, lengths, L)
 
 
 def _broken(tmp_path, mutate_weights=None, mutate_file=None, mutate_config=None):

@@ -20,6 +20,7 @@ from blockbatch.dream_checkpoint import make_random_dream_checkpoint, random_dre
 from blockbatch.errors import CheckpointError
 from blockbatch.loading import INDEX_NAME, WEIGHTS_NAME, save_checkpoint
 from blockbatch.native import NativeModel
+from helpers.bb_forward import assert_forward_matches
 
 BIN_DIR = os.path.join(os.path.dirname(blockbatch.__file__), "bin")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1",
@@ -106,23 +107,8 @@ def test_dream_forward_matches_python_loader(tmp_path, shards, mode):
     res = bb_forward(tmp_path, "--mode", mode, "--lengths", ",".join(map(str, lengths)), "--canvas", L)
     assert res.returncode == 0, res.stderr
     assert_config_read(read_config_line(res.stdout), config)
-    stats = re.search(r"logits shape=\[(\d+), (\d+)\] mean=(\S+) std=(\S+) argmax\[0\]=(\d+)", res.stdout)
-    assert stats and re.search(r"^result mode=" + mode + r" .* ms_median=\S+ tokens_per_s=\S+$", res.stdout, re.M)
-
     ckpt = blockbatch.load_checkpoint(tmp_path)  # the Python loader path
-    model = NativeModel(ckpt.config, ckpt.weights)
-    T = sum(lengths)
-    tokens = (torch.arange(T) * 7919) % config.vocab_size
-    ids = list(torch.split(tokens, lengths))
-    start = (lambda n: 0) if mode == "full" else (lambda n: L - n)
-    pos = [torch.arange(start(n), start(n) + n) for n in lengths]
-    kv = model.new_kv(len(lengths), L) if mode != "full" else None
-    prefix = [L - n for n in lengths] if mode == "prefix" else None
-    logits = torch.cat(model.forward(ids, pos, kv, mode, prefix_lens=prefix))
-    assert (int(stats[1]), int(stats[2])) == tuple(logits.shape)
-    assert abs(float(stats[3]) - logits.mean().item()) < 1e-5
-    assert abs(float(stats[4]) - logits.std().item()) < 1e-5
-    assert int(stats[5]) == int(logits[0].argmax())
+    assert_forward_matches(res.stdout, NativeModel(ckpt.config, ckpt.weights), config.vocab_size, mode, lengths, L)
 
 
 def test_bench_decode_loads_a_dream_checkpoint(tmp_path):
