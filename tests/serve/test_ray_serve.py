@@ -7,6 +7,7 @@ instance is left."""
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import os
 import re
@@ -216,6 +217,8 @@ def test_a_replica_killed_under_load_hangs_no_client(server):
         done, not_done = concurrent.futures.wait(futures, timeout=8 + 4 * CALL_TIMEOUT_S + 30)
         assert not not_done, "a client hung after the replica was killed"
     calls = [c for f in futures for c in f.result()]
+    print("calls after the kill:", collections.Counter(outcome for outcome, _ in calls),
+          f"longest {max(seconds for _, seconds in calls):.1f} s")  # shown with pytest -s
     assert not [c for c in calls if c[0].startswith("wrong")], calls
     assert all(seconds < 4 * CALL_TIMEOUT_S + 5 for _, seconds in calls), calls  # retries included
     assert sum(c[0] == "ok" for c in calls) >= 6, calls
