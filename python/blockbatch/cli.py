@@ -319,6 +319,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if missing:
         raise UsageError(f"blockbatch serve needs {', '.join(missing)}: pip install fastapi uvicorn prometheus-client "
                          f"(or the package's serve extra)")
+    if args.ray_address is not None and args.replicas is None:
+        raise UsageError("--ray-address needs --replicas N")
     from .engine import Engine
     from .server import default_model_name, serve
 
@@ -351,8 +353,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                        app_options=dict(served_model_name=name, max_batch=args.max_batch, max_queue=args.max_queue,
                                         max_length=max_length, api_key=api_key, kv_budget_bytes=args.kv_budget_bytes))
         return 0
-    if args.ray_address is not None:
-        raise UsageError("--ray-address needs --replicas N")
     logging.getLogger("blockbatch.serve").info(
         "serving %s as %r: max_batch %d, max_queue %d, max_length %d%s", args.model or "the toy model", name,
         args.max_batch, args.max_queue, max_length, ", API key required" if api_key else "")

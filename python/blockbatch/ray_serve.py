@@ -25,7 +25,6 @@ import os
 import signal
 import tempfile
 import threading
-import time
 
 log = logging.getLogger("blockbatch.serve")
 
@@ -145,4 +144,3 @@ def serve_replicas(replicas: int, *, model: str | None, dtype_name: str, threads
             serve.shutdown()
         finally:
             ray.shutdown()
-    time.sleep(0)  # nothing left to do; the caller returns 0
