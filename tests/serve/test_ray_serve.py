@@ -227,3 +227,12 @@ def test_a_replica_killed_under_load_hangs_no_client(server):
                                            max_retries=3), PROMPT)
     assert completion.choices[0].text.startswith("72-2=70-3=67-3=64")
     assert int(headers["x-blockbatch-pid"]) != victim
+
+
+def test_ray_is_imported_only_with_replicas():
+    code = ("import sys, blockbatch, blockbatch.cli, blockbatch.server\n"
+            "assert 'ray' not in sys.modules, 'import blockbatch loaded ray'\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
+    r = subprocess.run([sys.executable, "-m", "blockbatch.cli", "serve", "--ray-address", "auto"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--ray-address needs --replicas N" in r.stderr, (r.returncode, r.stderr)
