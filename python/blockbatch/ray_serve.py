@@ -11,9 +11,9 @@ One GPU per replica when this machine's torch sees CUDA (``num_gpus=1``; the dec
 runs on the CPU scheduler today, the GPU reservation places one replica per GPU); otherwise each
 replica asks for ``min(1, cluster CPUs / N)`` CPUs so that N replicas fit.
 
-``ray_address=None`` starts a local Ray instance (loopback, no dashboard, a small object store,
-its files in a fresh temporary folder) that lives as long as this process; ``"auto"`` or
-``HOST:PORT`` joins a running cluster (``ray start --head`` / ``ray start --address``).
+``ray_address=None`` starts a local Ray instance (no dashboard, a small object store, its
+files in a fresh temporary folder, removed on exit) that lives as long as this process; ``"auto"``
+or ``HOST:PORT`` joins a running cluster (``ray start --head`` / ``ray start --address``).
 
 Ray is imported here only: plain ``blockbatch serve`` and ``import blockbatch`` never load it.
 """
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import tempfile
 import threading
@@ -144,3 +145,5 @@ def serve_replicas(replicas: int, *, model: str | None, dtype_name: str, threads
             serve.shutdown()
         finally:
             ray.shutdown()
+            if temp_dir is not None:  # the local instance's sessions and logs: gone with it
+                shutil.rmtree(temp_dir, ignore_errors=True)

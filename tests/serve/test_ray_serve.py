@@ -120,6 +120,7 @@ def server(tmp_path_factory):
             except ProcessLookupError:
                 pass
         assert not left, f"Ray processes left after the server stopped: {left}"
+        assert not (s.ray_dir and os.path.exists(s.ray_dir)), f"the Ray folder {s.ray_dir} is left"
         assert code == 0, f"the server exited with {code}:\n{s.log()}"
 
 
