@@ -2,6 +2,7 @@
 
     python benchmarks/bench_serve.py [--model DIR] [--clients 32] [--duration 20] [--policy dual]
         [--gen-length 128] [--threads N] [--out benchmarks/results/serve]
+    python benchmarks/bench_serve.py --clients 16 --duration 15 --replicas 1,2   (Ray Serve, pip install "ray[serve]")
 
 Starts the server itself (``python -m blockbatch.cli serve`` on a free loopback port, ``--max-batch``
 = the number of clients), then for each client count runs that many asyncio clients for
@@ -19,6 +20,11 @@ Each level's load is split into ``--rounds`` windows, each followed by its offli
 the drift of a shared machine hits both sides alike.
 Writes ``serve.json`` (every level, the environment) and ``serve.png`` (throughput against the
 offline engine; latency distributions) under ``--out``.
+
+``--replicas 1,2``: instead of client levels, one level per replica count R under the first
+``--clients`` count, the server started as ``blockbatch serve --replicas R`` (Ray Serve on a local
+Ray instance, each replica its own engine with ``--threads`` threads and ``--max-batch`` = the
+number of clients); writes ``serve_replicas.json`` / ``serve_replicas.png``.
 """
 
 from __future__ import annotations
@@ -63,7 +69,8 @@ def _prompts(engine, n: int) -> list[str | list[int]]:
 
 
 class _Server:
-    def __init__(self, model: str | None, max_batch: int, threads: int | None, log_path: str):
+    def __init__(self, model: str | None, max_batch: int, threads: int | None, log_path: str,
+                 replicas: int | None = None):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -74,11 +81,13 @@ class _Server:
             cmd += ["--model", model]
         if threads:
             cmd += ["--threads", str(threads)]
+        if replicas:
+            cmd += ["--replicas", str(replicas)]  # Ray Serve: a local Ray instance, each replica its own engine
         self.log = open(log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         import httpx
 
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + (240 if replicas else 120)
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the server exited with {self.proc.returncode}; see {log_path}")
@@ -88,7 +97,7 @@ class _Server:
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the server did not come up in 120 s; see {log_path}")
+                raise RuntimeError(f"the server did not come up in time; see {log_path}")
             time.sleep(0.1)
 
     def stop(self) -> int:
@@ -237,7 +246,8 @@ def _plot(report: dict, path: str) -> str | None:
     for i, lv in enumerate(levels):
         a.annotate(f"{lv['server_vs_offline']:.0%}", (i - w / 2, lv["output_tokens_per_s"]), ha="center",
                    va="bottom", fontsize=9)
-    a.set_xticks(list(x), [f"{lv['clients']} clients" for lv in levels])
+    a.set_xticks(list(x), [f"{lv['clients']} clients" + (f", {lv['replicas']} replica(s)" if lv.get("replicas") else "")
+                           for lv in levels])
     a.set_ylabel("output tokens / s")
     a.set_ylim(0, 1.3 * max(max(lv["output_tokens_per_s"], lv["offline"]["output_tokens_per_s"]) for lv in levels))
     a.set_title(f"{report['model']}, {report['policy']}, gen_length {report['gen_length']}, "
@@ -251,7 +261,8 @@ def _plot(report: dict, path: str) -> str | None:
     b.set_xlim(left=0)
     b.set_xlabel("ms")
     b.set_ylabel("fraction of requests")
-    b.set_title(f"latency at {last['clients']} clients ({last['requests']} requests)")
+    b.set_title(f"latency at {last['clients']} clients" + (f", {last['replicas']} replica(s)" if last.get("replicas")
+                                                           else "") + f" ({last['requests']} requests)")
     b.grid(alpha=0.3)
     b.legend()
     fig.tight_layout()
@@ -273,19 +284,24 @@ def main(argv=None) -> int:
                     help="intra-op threads of the server and the offline engine (default: torch's choice)")
     ap.add_argument("--prompts", type=int, default=400, help="distinct prompts, cycled (default 400)")
     ap.add_argument("--out", default="benchmarks/results/serve", help="output folder (default benchmarks/results/serve)")
+    ap.add_argument("--replicas", default=None, metavar="R1,R2",
+                    help="instead of client levels: serve with `blockbatch serve --replicas R` (Ray Serve, pip install "
+                         "\"ray[serve]\") for each R, under the first --clients count; writes serve_replicas.json / .png")
     ap.add_argument("--replot", metavar="JSON", default=None, help="only redraw the PNG of a serve.json, next to it")
     args = ap.parse_args(argv)
     if args.replot:
         with open(args.replot, encoding="utf-8") as f:
-            png = _plot(json.load(f), os.path.join(os.path.dirname(os.path.abspath(args.replot)), "serve.png"))
+            png = _plot(json.load(f), os.path.splitext(os.path.abspath(args.replot))[0] + ".png")
         print(f"wrote {png}")
         return 0
     try:
         levels = [int(c) for c in args.clients.split(",") if c]
         assert levels and all(c >= 1 for c in levels) and args.duration > 0 and args.prompts >= 1 and args.rounds >= 1
+        replicas = [int(r) for r in args.replicas.split(",") if r] if args.replicas else [None]
+        assert replicas and all(r is None or r >= 1 for r in replicas)
     except (ValueError, AssertionError):
         print("error: --clients must be positive integers separated by commas, --duration > 0, --prompts >= 1, "
-              "--rounds >= 1", file=sys.stderr)
+              "--rounds >= 1, --replicas positive integers separated by commas", file=sys.stderr)
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -301,22 +317,26 @@ def main(argv=None) -> int:
     report = {"environment": environment(), "command": " ".join(["python", *sys.argv]),
               "model": args.model or "toy", "policy": args.policy, "gen_length": args.gen_length,
               "threads": torch.get_num_threads(), "duration_s": args.duration, "levels": []}
-    for clients in levels:
-        log_path = os.path.join(tempfile.gettempdir(), f"bench_serve_{os.getpid()}_{clients}.log")
-        server = _Server(args.model, clients, args.threads, log_path)
+    runs = [(c, None) for c in levels] if replicas == [None] else [(levels[0], r) for r in replicas]
+    for clients, reps in runs:
+        log_path = os.path.join(tempfile.gettempdir(), f"bench_serve_{os.getpid()}_{clients}_{reps}.log")
+        server = _Server(args.model, clients, args.threads, log_path, replicas=reps)
         try:
             level = _level(engine, server.url, prompts, options, clients, args.duration, args.rounds)
         finally:
             status = server.stop()
         level["server_exit_status"] = status
+        if reps:
+            level["replicas"] = reps
         report["levels"].append(level)
-        print(f"{clients:3d} clients: {level['requests_per_s']:.1f} req/s, {level['output_tokens_per_s']:.0f} output "
+        print(f"{clients:3d} clients{f', {reps} replica(s)' if reps else ''}: {level['requests_per_s']:.1f} req/s, {level['output_tokens_per_s']:.0f} output "
               f"tok/s (offline {level['offline']['output_tokens_per_s']:.0f}: {level['server_vs_offline']:.0%}), "
               f"TTFT p50/p99 {level['ttft_ms_p50']}/{level['ttft_ms_p99']} ms, TPOT p50/p99 {level['tpot_ms_p50']}/"
               f"{level['tpot_ms_p99']} ms, e2e p50/p99 {level['e2e_ms_p50']}/{level['e2e_ms_p99']} ms, "
               f"errors {level['errors']}, lost {level['lost']}, mismatches {level['mismatches']}")
-    write_json(os.path.join(args.out, "serve.json"), report)
-    png = _plot(report, os.path.join(args.out, "serve.png"))
+    stem = "serve" if replicas == [None] else "serve_replicas"
+    write_json(os.path.join(args.out, f"{stem}.json"), report)
+    png = _plot(report, os.path.join(args.out, f"{stem}.png"))
     if png:
         print(f"wrote {png}")
     bad = [lv["clients"] for lv in report["levels"] if lv["errors"] or lv["lost"] or lv["mismatches"]]

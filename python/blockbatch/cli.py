@@ -319,6 +319,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if missing:
         raise UsageError(f"blockbatch serve needs {', '.join(missing)}: pip install fastapi uvicorn prometheus-client "
                          f"(or the package's serve extra)")
+    if args.ray_address is not None and args.replicas is None:
+        raise UsageError("--ray-address needs --replicas N")
     from .engine import Engine
     from .server import default_model_name, serve
 
@@ -334,6 +336,23 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-length {max_length}: must be in [2, {limit}] (the model's max_sequence_length)")
     name = args.served_model_name or default_model_name(engine)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
+    if args.replicas is not None:
+        if importlib.util.find_spec("ray") is None:
+            raise UsageError("blockbatch serve --replicas needs Ray Serve: pip install \"ray[serve]\" (or the "
+                             "package's replicas extra)")
+        from .ray_serve import serve_replicas
+
+        logging.getLogger("blockbatch.serve").info(
+            "serving %s as %r on %d Ray Serve replica(s): max_batch %d, max_queue %d, max_length %d each%s",
+            args.model or "the toy model", name, args.replicas, args.max_batch, args.max_queue, max_length,
+            ", API key required" if api_key else "")
+        del engine  # each replica loads its own
+        serve_replicas(args.replicas, model=args.model, dtype_name=args.dtype, threads=args.threads, host=args.host,
+                       port=args.port, ray_address=args.ray_address, drain_timeout_s=args.drain_timeout,
+                       log_level=args.log_level,
+                       app_options=dict(served_model_name=name, max_batch=args.max_batch, max_queue=args.max_queue,
+                                        max_length=max_length, api_key=api_key, kv_budget_bytes=args.kv_budget_bytes))
+        return 0
     logging.getLogger("blockbatch.serve").info(
         "serving %s as %r: max_batch %d, max_queue %d, max_length %d%s", args.model or "the toy model", name,
         args.max_batch, args.max_queue, max_length, ", API key required" if api_key else "")
@@ -556,6 +575,8 @@ def build_parser() -> argparse.ArgumentParser:
                "  blockbatch serve                                   (the shipped toy model, as 'blockbatch-toy')\n"
                "  blockbatch serve --model /path/to/LLaDA-8B-Instruct --dtype bfloat16 --max-batch 16 --port 8000\n"
                "  blockbatch serve --host 0.0.0.0 --api-key secret   (clients send Authorization: Bearer secret)\n"
+               "  blockbatch serve --replicas 2                      (two engines on Ray Serve, one endpoint)\n"
+               "  blockbatch serve --replicas 8 --ray-address auto   (a cluster made with ray start --head / --address)\n"
                "then: curl localhost:8000/v1/completions -H 'Content-Type: application/json' \\\n"
                "        -d '{\"model\": \"blockbatch-toy\", \"prompt\": \"72-2=__-3=__-3=__...............?\", \"max_tokens\": 20}'")
     p.add_argument("--model", default=None, help="checkpoint folder (default: the toy model shipped in the package)")
@@ -582,6 +603,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drain-timeout", type=_positive_float, default=60.0, metavar="S",
                    help="on SIGTERM, wait at most S seconds for running requests before cancelling them (default 60)")
     p.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="info")
+    p.add_argument("--replicas", type=_positive_int, default=None, metavar="N",
+                   help="run N engine replicas behind one endpoint on Ray Serve (pip install \"ray[serve]\"): one "
+                        "GPU each when torch sees CUDA, else a share of the CPUs; every response names its replica "
+                        "in the x-blockbatch-replica header (default: one engine in this process, no Ray)")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="with --replicas: join a running Ray cluster ('auto', or HEAD:6379 after `ray start --head`) "
+                        "instead of starting a local Ray instance (default: local, stopped on exit)")
     p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("forward", help="load a checkpoint and print logits statistics of one native forward",

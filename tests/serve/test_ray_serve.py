@@ -1,0 +1,239 @@
+"""``blockbatch serve --replicas 2``: two toy-model replicas on Ray Serve behind one endpoint, in a
+subprocess that starts its own local Ray instance (loopback, no dashboard, a small object store,
+files in a fresh /tmp folder it logs), driven by the real ``openai`` client. Requests spread over
+both replicas, streams equal non-streamed results, errors keep OpenAI's shape, and a replica
+killed with SIGKILL under load leaves no client hanging. At the end no Ray process of the
+instance is left."""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from openai import OpenAI
+
+from blockbatch.toy import task
+
+pytest.importorskip("ray.serve", reason="blockbatch serve --replicas needs ray[serve]")
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPT = "72-2=__-3=__-3=__...............?"  # the toy task; greedy answer 72-2=70-3=67-3=64;64
+PROMPTS = [PROMPT] + [p.prompt for p in task.make_problems(2, 0, "test")]
+CALL_TIMEOUT_S = 60  # no client call may take longer, replica killed or not
+
+
+def _processes_mentioning(text: str) -> dict[int, str]:
+    """pid -> command line of every process whose command line contains ``text``."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmd:
+            out[int(entry)] = cmd
+    return out
+
+
+class RayServer:
+    """``python -m blockbatch.cli serve --replicas 2`` on a free loopback port, in its own process
+    group, up once /health answers through Ray Serve's proxy."""
+
+    def __init__(self, args: list[str], log_path: Path):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = open(log_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "blockbatch.cli", "serve", "--port", str(self.port), "--threads", "1", *args],
+            stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        self.ray_dir: str | None = None
+        self.seen: set[str] = set()  # replica ids that answered /health
+        deadline = time.monotonic() + 150
+        while True:
+            if self.ray_dir is None:
+                m = re.search(r"files under (/tmp/bb-ray-\S+)\)", self.log())
+                self.ray_dir = m.group(1) if m else None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                r = httpx.get(self.url + "/health", timeout=2)
+                if r.status_code == 200:
+                    self.seen.add(r.headers["x-blockbatch-replica"])
+                    if len(self.seen) == 2:  # Ray's proxy may route to the first replica before it knows the second
+                        break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, f"the server did not come up in 150 s (replicas {self.seen}):\n{self.log()}"
+            time.sleep(0.25)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = RayServer(["--replicas", "2", "--max-batch", "4", "--max-queue", "16"],
+                  tmp_path_factory.mktemp("logs") / "ray-server.log")
+    try:
+        assert s.ray_dir, f"the server did not log its Ray folder:\n{s.log()}"
+        yield s
+    finally:
+        code = s.stop()
+        # Ray's processes (gcs_server, raylet, workers) name the instance's folder on their command line.
+        deadline = time.monotonic() + 20
+        left = _processes_mentioning(s.ray_dir) if s.ray_dir else {}
+        while left and time.monotonic() < deadline:
+            time.sleep(0.5)
+            left = _processes_mentioning(s.ray_dir)
+        for pid in left:  # clean up before failing, so no test run leaves Ray behind
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        assert not left, f"Ray processes left after the server stopped: {left}"
+        assert not (s.ray_dir and os.path.exists(s.ray_dir)), f"the Ray folder {s.ray_dir} is left"
+        assert code == 0, f"the server exited with {code}:\n{s.log()}"
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return OpenAI(base_url=server.url + "/v1", api_key="none", timeout=CALL_TIMEOUT_S, max_retries=0)
+
+
+def _complete(client: OpenAI, prompt: str, **kw):
+    raw = client.completions.with_raw_response.create(model="blockbatch-toy", prompt=prompt, max_tokens=20,
+                                                      temperature=0, **kw)
+    return raw.parse(), raw.headers
+
+
+def test_requests_spread_over_both_replicas(client):
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(lambda i: _complete(client, PROMPTS[i % len(PROMPTS)]), range(20)))
+    replicas = {h["x-blockbatch-replica"] for _, h in results}
+    pids = {h["x-blockbatch-pid"] for _, h in results}
+    assert len(replicas) == 2 and len(pids) == 2, (replicas, pids)
+    for i, (completion, _) in enumerate(results):  # a result does not depend on its replica
+        if PROMPTS[i % len(PROMPTS)] == PROMPT:
+            assert completion.choices[0].text.startswith("72-2=70-3=67-3=64"), completion.choices[0].text
+    assert len({c.choices[0].text for i, (c, _) in enumerate(results) if i % len(PROMPTS) == 0}) == 1
+
+
+def test_stream_equals_non_stream(server, client):
+    for prompt in PROMPTS:
+        whole, _ = _complete(client, prompt)
+        t0 = time.monotonic()
+        chunks = list(client.completions.create(model="blockbatch-toy", prompt=prompt, max_tokens=20, temperature=0,
+                                                stream=True))
+        assert time.monotonic() - t0 < CALL_TIMEOUT_S
+        assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+        assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    # The raw protocol through Ray's proxy: server-sent events, ending with [DONE].
+    with httpx.stream("POST", server.url + "/v1/completions", timeout=CALL_TIMEOUT_S,
+                      json={"model": "blockbatch-toy", "prompt": PROMPT, "max_tokens": 20, "stream": True}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        assert "x-blockbatch-replica" in r.headers
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]" and all(line.startswith("data: ") for line in lines)
+
+
+def test_errors_keep_openai_shape(server, client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="blockbatch-toy", prompt=PROMPT, max_tokens=20, temperature=-1)
+    assert e.value.status_code == 400
+    assert e.value.body["param"] == "temperature" and e.value.body["type"] == "invalid_request_error"
+    with pytest.raises(openai.BadRequestError) as e:  # refused before the stream starts: a plain 400
+        client.completions.create(model="blockbatch-toy", prompt=PROMPT, n=2, stream=True)
+    assert e.value.body["param"] == "n"
+    with pytest.raises(openai.NotFoundError) as e:
+        client.completions.create(model="no-such-model", prompt=PROMPT, max_tokens=20)
+    assert e.value.body["code"] == "model_not_found"
+    r = httpx.post(server.url + "/v1/completions", content=b"{not json", timeout=10,
+                   headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["blockbatch-toy"]
+
+
+def test_a_replica_killed_under_load_hangs_no_client(server):
+    """SIGKILL one replica while 6 clients send requests (streamed and not): every call returns or
+    fails within CALL_TIMEOUT_S, and afterwards the endpoint answers again (the surviving replica,
+    then Ray Serve's replacement)."""
+    _, headers = _complete(OpenAI(base_url=server.url + "/v1", api_key="none", timeout=CALL_TIMEOUT_S), PROMPT)
+    victim = int(headers["x-blockbatch-pid"])
+    # The retrying client of a real user: failed calls (5xx, dropped connections) are retried.
+    client = OpenAI(base_url=server.url + "/v1", api_key="none", timeout=CALL_TIMEOUT_S, max_retries=3)
+    stop_at = time.monotonic() + 8
+
+    def worker(k: int) -> list[tuple[str, float]]:
+        out = []
+        while time.monotonic() < stop_at:
+            t0 = time.monotonic()
+            try:
+                if k % 2:
+                    chunks = list(client.completions.create(model="blockbatch-toy", prompt=PROMPT, max_tokens=20,
+                                                            temperature=0, stream=True))
+                    text = "".join(c.choices[0].text for c in chunks)
+                else:
+                    text = client.completions.create(model="blockbatch-toy", prompt=PROMPT, max_tokens=20,
+                                                     temperature=0).choices[0].text
+                out.append(("ok" if text.startswith("72-2=70-3=67-3=64") else f"wrong text {text!r}",
+                            time.monotonic() - t0))
+            except openai.APIError as e:  # a clean failure: an HTTP error or a dropped connection
+                out.append((f"error {type(e).__name__}", time.monotonic() - t0))
+        return out
+
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(worker, k) for k in range(6)]
+        time.sleep(2)
+        os.kill(victim, signal.SIGKILL)
+        done, not_done = concurrent.futures.wait(futures, timeout=8 + 4 * CALL_TIMEOUT_S + 30)
+        assert not not_done, "a client hung after the replica was killed"
+    calls = [c for f in futures for c in f.result()]
+    print("calls after the kill:", collections.Counter(outcome for outcome, _ in calls),
+          f"longest {max(seconds for _, seconds in calls):.1f} s")  # shown with pytest -s
+    assert not [c for c in calls if c[0].startswith("wrong")], calls
+    assert all(seconds < 4 * CALL_TIMEOUT_S + 5 for _, seconds in calls), calls  # retries included
+    assert sum(c[0] == "ok" for c in calls) >= 6, calls
+    # The endpoint still answers, from a live replica.
+    completion, headers = _complete(OpenAI(base_url=server.url + "/v1", api_key="none", timeout=CALL_TIMEOUT_S,
+                                           max_retries=3), PROMPT)
+    assert completion.choices[0].text.startswith("72-2=70-3=67-3=64")
+    assert int(headers["x-blockbatch-pid"]) != victim
+
+
+def test_ray_is_imported_only_with_replicas():
+    code = ("import sys, blockbatch, blockbatch.cli, blockbatch.server\n"
+            "assert 'ray' not in sys.modules, 'import blockbatch loaded ray'\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
+    r = subprocess.run([sys.executable, "-m", "blockbatch.cli", "serve", "--ray-address", "auto"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--ray-address needs --replicas N" in r.stderr, (r.returncode, r.stderr)
