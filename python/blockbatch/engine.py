@@ -116,13 +116,25 @@ class Engine:
         out = []
         bar = _Progress(len(encoded)) if progress and len(encoded) > 1 else None
         for i, ids in enumerate(encoded):
-            result = results[i] if results is not None else run_decode(self.model.obj, ids.to(self.device), opts[i])
+            result = results[i] if results is not None else run_decode(self.model.obj, ids.to(self.device),
+                                                                       self._alone(opts[i]))
             out.append(self._generation(ids, result))
             if bar:
                 bar.update(result.stats)
         if bar:
             bar.close()
         return out
+
+    def _alone(self, o: DecodeOptions) -> DecodeOptions:
+        """A request decoded by itself: ``branch_budget="auto"`` cut at load 1 on this model's step
+        curve (as the scheduler would admit it alone), so auto means the same with or without a batch."""
+        if not _adaptive(o):
+            return o
+        curve = self.step_curve
+        sizes = o.resolved("block_sizes", self.config.family)
+        kept = torch.ops.blockbatch.budget_branches(list(sizes), o.block_length, 1, [t for t, _ in curve],
+                                                    [s for _, s in curve])
+        return o.replace(block_sizes=tuple(kept), branch_budget="full")
 
     def _requests(self, prompts, options, chat, allow_unknown) -> tuple[list[torch.Tensor], list[DecodeOptions]]:
         """generate / stream's arguments checked: the prompts encoded, one DecodeOptions each."""
@@ -215,7 +227,7 @@ class Engine:
         if self.device.type != "cpu":
             for i, ids in enumerate(encoded):
                 try:
-                    result = run_decode(self.model.obj, ids.to(self.device), opts[i])
+                    result = run_decode(self.model.obj, ids.to(self.device), self._alone(opts[i]))
                 except (ValueError, RuntimeError, TimeoutError) as e:
                     yield StreamItem(i, error=e)
                     continue

@@ -48,8 +48,13 @@ def test_a_cut_request_equals_its_decode_alone_with_the_cut_sizes():
         assert tuple(b["block_size"] for b in out.stats["branches"]) == sizes
         alone = engine.generate(prompt, auto.replace(block_sizes=sizes, branch_budget="full"))[0]
         assert out.tokens[prompt.numel():].tolist() == alone.raw_ids and out.stats["nfe"] == alone.stats["nfe"]
-    # alone (no scheduler, no load): the full set
-    assert len(engine.generate(prompt, auto)[0].stats["branches"]) == 6
+    # the op alone has no curve: the full set; Engine.generate alone cuts at load 1 on the model's curve
+    from blockbatch.options import run_decode
+
+    assert len(run_decode(engine.model.obj, prompt, auto).stats["branches"]) == 6
+    curve = engine.step_curve
+    at_one = _cut(1, ([t for t, _ in curve], [s for _, s in curve]))
+    assert [b["block_size"] for b in engine.generate(prompt, auto)[0].stats["branches"]] == at_one
 
 
 def test_the_measured_curve_and_bad_curves():
