@@ -102,14 +102,24 @@ def _parse_ids(text: str, what: str) -> list[int]:
     return ids
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer (>= 1), got {value}")
-    return value
+def _int_in(low: int, high: int | None, expected: str):
+    """An argparse type: an integer in [low, high] (high None: unbounded), `expected` naming it."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        return value
+
+    return parse
+
+
+_positive_int = _int_in(1, None, "a positive integer")
+_non_negative_int = _int_in(0, None, "an integer >= 0")
+_port = _int_in(0, 65535, "a port number")
 
 
 def summary_line(stats: dict) -> str:
@@ -360,26 +370,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
           served_model_name=name, max_batch=args.max_batch, max_queue=args.max_queue, max_length=max_length,
           api_key=api_key, kv_budget_bytes=args.kv_budget_bytes)
     return 0
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be in [0, 65535], got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
 
 
 def _positive_float(text: str) -> float:

@@ -15,7 +15,7 @@ import torch
 from blockbatch import DecodeOptions, Engine
 from blockbatch.dream_checkpoint import make_random_dream_checkpoint
 from blockbatch.random_checkpoint import make_random_checkpoint
-from blockbatch.scheduler import BatchScheduler, RequestCancelled
+from blockbatch.scheduler import RequestCancelled
 
 from helpers.batching import mixed_requests as _mixed_requests, same as _same
 

@@ -12,7 +12,6 @@ import concurrent.futures
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,12 +23,12 @@ import pytest
 from openai import OpenAI
 
 from blockbatch.toy import task
+from helpers.serve import ROOT, ServeProcess
 
 pytest.importorskip("ray.serve", reason="blockbatch serve --replicas needs ray[serve]")
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "72-2=__-3=__-3=__...............?"  # the toy task; greedy answer 72-2=70-3=67-3=64;64
 PROMPTS = [PROMPT] + [p.prompt for p in task.make_problems(2, 0, "test")]
 CALL_TIMEOUT_S = 60  # no client call may take longer, replica killed or not
@@ -50,53 +49,24 @@ def _processes_mentioning(text: str) -> dict[int, str]:
     return out
 
 
-class RayServer:
+class RayServer(ServeProcess):
     """``python -m blockbatch.cli serve --replicas 2`` on a free loopback port, in its own process
-    group, up once /health answers through Ray Serve's proxy."""
+    group, up once /health has answered from both replicas through Ray Serve's proxy (it may route
+    to the first replica before it knows the second)."""
 
     def __init__(self, args: list[str], log_path: Path):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self._log = open(log_path, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "blockbatch.cli", "serve", "--port", str(self.port), "--threads", "1", *args],
-            stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
-        self.ray_dir: str | None = None
         self.seen: set[str] = set()  # replica ids that answered /health
-        deadline = time.monotonic() + 150
-        while True:
-            if self.ray_dir is None:
-                m = re.search(r"files under (/tmp/bb-ray-\S+)\)", self.log())
-                self.ray_dir = m.group(1) if m else None
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the server exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                r = httpx.get(self.url + "/health", timeout=2)
-                if r.status_code == 200:
-                    self.seen.add(r.headers["x-blockbatch-replica"])
-                    if len(self.seen) == 2:  # Ray's proxy may route to the first replica before it knows the second
-                        break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, f"the server did not come up in 150 s (replicas {self.seen}):\n{self.log()}"
-            time.sleep(0.25)
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        def both_replicas(r) -> bool:
+            self.seen.add(r.headers["x-blockbatch-replica"])
+            return len(self.seen) == 2
+
+        super().__init__(args, log_path, timeout=150, new_session=True, ready=both_replicas, poll_s=0.25)
+        m = re.search(r"files under (/tmp/bb-ray-\S+)\)", self.log())
+        self.ray_dir: str | None = m.group(1) if m else None
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
+        return super().stop(timeout=60)
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,6 @@ import json
 import math
 import re
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -27,8 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from blockbatch import DecodeOptions, Engine
 from blockbatch.toy import checkpoint_path
+from helpers.serve import ROOT, ServeProcess
 
-ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "72-2=__-3=__-3=__...............?"  # the toy task; greedy answer 72-2=70-3=67-3=64;64
 KEY = "test-key"
 # A decode long enough to watch (about 20 ms a forward on the toy): one token per step, 256 steps
@@ -37,33 +34,8 @@ LONG = {"policy": "vanilla", "gen_length": 256, "block_length": 32, "threshold":
 PASS_THROUGH_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 
 
-class Server:
+class Server(ServeProcess):
     """``python -m blockbatch.cli serve`` on a free loopback port, up once /health answers."""
-
-    def __init__(self, args: list[str], log_path: Path):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self._log = open(log_path, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "blockbatch.cli", "serve", "--port", str(self.port), "--threads", "1", *args],
-            stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
-        deadline = time.monotonic() + 120
-        while True:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the server exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, f"the server did not come up:\n{self.log()}"
-            time.sleep(0.1)
-
-    def log(self) -> str:
-        return self.log_path.read_text()
 
     def metrics(self) -> dict[str, float]:
         """Every sample of /metrics: name{labels} -> value."""
@@ -84,17 +56,6 @@ class Server:
                 return time.monotonic() - t0
             assert time.monotonic() - t0 < timeout, "requests still running"
             time.sleep(0.02)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,65 @@
+"""`blockbatch serve` started by a test: a subprocess on a free loopback port, up once /health answers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class ServeProcess:
+    """``python -m blockbatch.cli serve --port FREE --threads 1 ARGS``; waits until /health answers 200
+    (and `ready(response)` holds, when given) within `timeout` seconds. `new_session`: its own process
+    group (stop() kills the group if SIGTERM does not end it)."""
+
+    def __init__(self, args: list[str], log_path: Path, timeout: float = 120, new_session: bool = False,
+                 ready: Callable[[httpx.Response], bool] | None = None, poll_s: float = 0.1):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = open(log_path, "w")
+        self._group = new_session
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "blockbatch.cli", "serve", "--port", str(self.port), "--threads", "1", *args],
+            stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=new_session)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                r = httpx.get(self.url + "/health", timeout=2)
+                if r.status_code == 200 and (ready is None or ready(r)):
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, f"the server did not come up in {timeout} s:\n{self.log()}"
+            time.sleep(poll_s)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 30) -> int:
+        """SIGTERM (the server drains), then a kill after `timeout` s; returns the exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                if self._group:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                else:
+                    self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
