@@ -10,20 +10,12 @@ import random
 import pytest
 import torch
 
-from blockbatch import DecodeOptions, Engine
-from blockbatch.dream_checkpoint import make_random_dream_checkpoint
 from blockbatch.options import run_decode_batch
-from blockbatch.random_checkpoint import make_random_checkpoint
-from helpers.batching import COUNTERS, mixed_requests as _mixed_requests, same as _same
+from helpers.batching import small_engine, COUNTERS, mixed_requests as _mixed_requests, same as _same
 
 @pytest.fixture(scope="module", params=["llada", "dream"])
 def engine(request, tmp_path_factory):
-    folder = tmp_path_factory.mktemp(request.param)
-    if request.param == "llada":
-        make_random_checkpoint(folder, seed=3, logit_scale=5.0, d_model=64, n_layers=2, vocab_size=97)
-    else:
-        make_random_dream_checkpoint(folder, seed=3, logit_scale=5.0, vocab_size=64)
-    return Engine.from_pretrained(folder)
+    return small_engine(tmp_path_factory.mktemp(request.param), request.param, seed=3)
 
 
 @pytest.fixture(scope="module")

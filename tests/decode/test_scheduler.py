@@ -12,22 +12,15 @@ import time
 import pytest
 import torch
 
-from blockbatch import DecodeOptions, Engine
-from blockbatch.dream_checkpoint import make_random_dream_checkpoint
-from blockbatch.random_checkpoint import make_random_checkpoint
+from blockbatch import DecodeOptions
 from blockbatch.scheduler import RequestCancelled
 
-from helpers.batching import mixed_requests as _mixed_requests, same as _same
+from helpers.batching import small_engine, mixed_requests as _mixed_requests, same as _same
 
 
 @pytest.fixture(scope="module", params=["llada", "dream"])
 def engine(request, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("sched-" + request.param)
-    if request.param == "llada":
-        make_random_checkpoint(folder, seed=4, logit_scale=5.0, d_model=64, n_layers=2, vocab_size=97)
-    else:
-        make_random_dream_checkpoint(folder, seed=4, logit_scale=5.0, vocab_size=64)
-    return Engine.from_pretrained(folder)
+    return small_engine(tmp_path_factory.mktemp("sched-" + request.param), request.param, seed=4)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import random
 
-from blockbatch import DecodeOptions
+from blockbatch import DecodeOptions, Engine
+from blockbatch.dream_checkpoint import make_random_dream_checkpoint
+from blockbatch.random_checkpoint import make_random_checkpoint
 
 COUNTERS = ("nfe", "nfe_full", "nfe_block", "nfe_init", "nfe_refresh", "nfe_paper", "winner", "winner_block_size",
             "early_exit", "committed_per_step", "query_tokens_per_step", "branches")
@@ -34,3 +36,12 @@ def same(a, b, what: str):
     assert a.raw_ids == b.raw_ids, f"{what}: tokens differ"
     for k in COUNTERS:
         assert a.stats[k] == b.stats[k], f"{what}: {k} {a.stats[k]} != {b.stats[k]}"
+
+
+def small_engine(folder, family: str, seed: int) -> Engine:
+    """A small random checkpoint of `family` ("llada" or "dream") written to `folder`, loaded."""
+    if family == "llada":
+        make_random_checkpoint(folder, seed=seed, logit_scale=5.0, d_model=64, n_layers=2, vocab_size=97)
+    else:
+        make_random_dream_checkpoint(folder, seed=seed, logit_scale=5.0, vocab_size=64)
+    return Engine.from_pretrained(folder)
