@@ -102,24 +102,24 @@ def _parse_ids(text: str, what: str) -> list[int]:
     return ids
 
 
-def _int_in(low: int, high: int | None, expected: str):
-    """An argparse type: an integer in [low, high] (high None: unbounded), `expected` naming it."""
+def _int_in(low: int, high: int | None, expected: str, bound: str):
+    """An argparse type: an integer in [low, high] (high None: unbounded); `expected` names what a
+    non-integer should have been, `bound` the range an integer misses."""
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
         if value < low or (high is not None and value > high):
-            bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
             raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
         return value
 
     return parse
 
 
-_positive_int = _int_in(1, None, "a positive integer")
-_non_negative_int = _int_in(0, None, "an integer >= 0")
-_port = _int_in(0, 65535, "a port number")
+_positive_int = _int_in(1, None, "a positive integer", "a positive integer (>= 1)")
+_non_negative_int = _int_in(0, None, "an integer >= 0", ">= 0")
+_port = _int_in(0, 65535, "a port number", "in [0, 65535]")
 
 
 def summary_line(stats: dict) -> str:
