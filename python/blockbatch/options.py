@@ -127,7 +127,7 @@ def run_decode_batch(model_obj, prompts: list[torch.Tensor], options: list[Decod
     (query tokens, seconds) points for ``branch_budget="auto"`` requests (None: measured)."""
     if len(options) != len(prompts):
         raise ValueError(f"{len(prompts)} prompts but {len(options)} options (give one, or one per prompt)")
-    texts = [contract.to_text({name: getattr(o, name) for name in contract.NAMES}) for o in options]
+    texts = [_options_text(o) for o in options]
     op = torch.ops.blockbatch.decode_batch
     tokens, counters, logs, branches, batch = _interruptible(
         lambda cancel: op(model_obj, prompts, texts, max_batch=max_batch, kv_budget_bytes=kv_budget_bytes,
@@ -135,6 +135,11 @@ def run_decode_batch(model_obj, prompts: list[torch.Tensor], options: list[Decod
                           curve_seconds=[s for _, s in step_curve or ()]), any(p.is_cuda for p in prompts))
     outs = [_output(t, c, log, br, o) for t, c, log, br, o in zip(tokens, counters, logs, branches, options)]
     return outs, dict(zip(("packed_forwards", "request_forwards", "kv_pool_rows", "kv_row_bytes"), batch))
+
+
+def _options_text(o) -> str:
+    """The options as the batched ops take them: "name=value" lines (``contract.to_text``)."""
+    return contract.to_text({name: getattr(o, name) for name in contract.NAMES})
 
 
 def _output(tokens, counters, step_log, branch_stats, o) -> DecodeOutput:
@@ -151,10 +156,17 @@ def _output(tokens, counters, step_log, branch_stats, o) -> DecodeOutput:
     return DecodeOutput(tokens, stats)
 
 
+def _translated(error: RuntimeError) -> BaseException:
+    """A decode's error as Python raises it: its deadline (``timeout_s``) as TimeoutError."""
+    text = str(error)
+    return TimeoutError(text) if "decode deadline exceeded" in text else error
+
+
 def _raise_translated(error: RuntimeError) -> None:
-    if "decode deadline exceeded" in str(error):
-        raise TimeoutError(str(error)) from None
-    raise error
+    translated = _translated(error)
+    if translated is error:
+        raise error
+    raise translated from None
 
 
 _executor: concurrent.futures.ThreadPoolExecutor | None = None

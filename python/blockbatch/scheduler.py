@@ -20,8 +20,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from . import contract
-from .options import DecodeOptions, DecodeOutput, _output
+from .options import DecodeOptions, DecodeOutput, _options_text, _output, _translated
 
 _KINDS = ("tokens", "finished", "failed", "cancelled")
 
@@ -185,12 +184,12 @@ class BatchScheduler:
             raise TypeError(f"options must be a DecodeOptions, got {type(options).__name__}")
         if self._closed.is_set():
             raise RuntimeError("the scheduler is closed: it takes no new requests")
-        text = contract.to_text({name: getattr(options, name) for name in contract.NAMES})
+        text = _options_text(options)
         with self._lock:  # registered before its first event can arrive
             try:
                 request_id = self._obj.add(prompt_ids, text, stream)
             except RuntimeError as e:
-                raise _translate(e) from None
+                raise _translated(e) from None
             request = Request(self, request_id, prompt_ids, options, callback)
             self._requests[request_id] = request
         return request
@@ -249,7 +248,7 @@ class BatchScheduler:
             elif kind == "cancelled":
                 event.error = RequestCancelled(errors[i])
             else:
-                event.error = _translate(RuntimeError(errors[i]))
+                event.error = _translated(RuntimeError(errors[i]))
             request._deliver(event)
 
 
@@ -261,16 +260,10 @@ def kv_report(model_obj, options: DecodeOptions, prompt_length: int, kv_budget_b
         raise ValueError(f"prompt_length must be an integer >= 1, got {prompt_length!r}")
     if not isinstance(kv_budget_bytes, int) or kv_budget_bytes < 0:
         raise ValueError(f"kv_budget_bytes must be an integer >= 0, got {kv_budget_bytes!r}")
-    text = contract.to_text({name: getattr(options, name) for name in contract.NAMES})
+    text = _options_text(options)
     length = prompt_length + options.gen_length
     rows, row_bytes = torch.ops.blockbatch.kv_request_rows(model_obj, text, length)
     per_request = rows * row_bytes
     return {"positions": length, "rows": rows, "row_bytes": row_bytes, "bytes_per_request": per_request,
             "kv_budget_bytes": kv_budget_bytes,
             "largest_batch": kv_budget_bytes // per_request if per_request else -1}  # -1: no KV, no limit
-
-
-def _translate(error: RuntimeError) -> BaseException:
-    """A request's deadline (its ``timeout_s``) as TimeoutError, as ``run_decode`` raises it."""
-    text = str(error)
-    return TimeoutError(text) if "decode deadline exceeded" in text else error
