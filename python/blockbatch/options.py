@@ -70,6 +70,14 @@ def _op_kwargs(self) -> dict[str, Any]:
     return contract.to_op_kwargs({name: getattr(self, name) for name in contract.NAMES})
 
 
+def _from_preset(cls, preset, **overrides) -> "DecodeOptions":
+    """The options of a preset (a name of ``blockbatch.presets`` or a preset file's path) with
+    ``overrides`` on top; block sizes that do not divide gen_length are dropped."""
+    from . import presets
+
+    return cls(**presets.values(preset, overrides))
+
+
 _TYPE_HINTS = {"int": int, "float": float, "bool": bool, "str": str, "int[]": tuple[int, ...]}
 
 DecodeOptions = dataclasses.make_dataclass(
@@ -78,6 +86,7 @@ DecodeOptions = dataclasses.make_dataclass(
       dataclasses.field(default=contract.DEFAULTS[o.name])) for o in contract.OPTIONS],
     namespace={"__post_init__": _post_init, "eos_exit": property(_eos_exit), "commit": property(_commit),
                "resolved": _resolved, "replace": _replace, "op_kwargs": _op_kwargs,
+               "from_preset": classmethod(_from_preset),
                "__module__": __name__},
     frozen=True)
 DecodeOptions.__doc__ = """How to decode one request: one field per row of the options table
