@@ -34,44 +34,69 @@ DEFAULT_POLICIES = ("vanilla", "dual", "blockbatch")
 SPEC_OPTIONS = tuple(n for n in contract.NAMES if n not in ("policy", "gen_length"))
 
 
-def policy_kwargs(name: str, gen_length: int) -> dict:
-    """The DecodeOptions fields of a policy spec (see ``policy_options``), not yet validated."""
+POLICY_BASES = ("vanilla", "prefix", "dual", "blockbatch")
+
+
+def policy_kwargs(name: str, gen_length: int, fit: bool = True) -> dict:
+    """The DecodeOptions fields of a policy spec (see ``policy_options``), not yet validated.
+    A preset's block sizes are fitted to ``gen_length`` (``presets.values``) unless ``fit`` is
+    False (then they are the preset's: lm-eval rounds the canvas up to them first)."""
+    from . import presets
+
     base, _, spec = name.partition(":")
-    presets = {
+    bases = {
         "vanilla": dict(policy="vanilla", block_length=32, threshold=None, steps=gen_length),
         "prefix": dict(policy="prefix", block_length=32, threshold=0.9),
         "dual": dict(policy="dual", block_length=32, threshold=0.9),
         "blockbatch": dict(policy="blockbatch", threshold=0.9),
     }
-    if base not in presets:
-        raise ValueError(f"policy must be one of {', '.join(presets)} (optionally name:key=value,...), got {name!r}")
-    kw = dict(presets[base], gen_length=gen_length)
+    preset = None
+    if base not in bases:
+        if not (base in presets.BUILT_IN or os.path.exists(base) or base.endswith(".json") or os.sep in base):
+            raise ValueError(f"policy must be one of {', '.join(bases)}, a preset ({', '.join(presets.names())}) "
+                             f"or a preset file's path, optionally name:key=value,..., got {name!r}")
+        try:
+            preset = presets.get(base)
+        except ValueError as e:  # a preset file that cannot be read
+            raise ValueError(f"{name!r}: {e}") from None
+    overrides = {}
     for item in filter(None, spec.split(",")):
         key, _, value = item.partition("=")
         if key not in SPEC_OPTIONS:
             raise ValueError(f"{name!r}: unknown option {key!r}; known: {', '.join(sorted(SPEC_OPTIONS))}")
         try:
-            kw[key] = contract.parse_text(key, value, list_sep="/")  # lists: 8/32 (commas separate options)
+            overrides[key] = contract.parse_text(key, value, list_sep="/")  # lists: 8/32 (commas separate options)
         except ValueError:
             raise ValueError(f"{name!r}: option {key}={value!r} is not a valid value for {key}") from None
-    return kw
+    if preset is None:
+        return {**bases[base], "gen_length": gen_length, **overrides}
+    if not fit:
+        return {**{k: tuple(v) if isinstance(v, list) else v for k, v in preset.options.items()},
+                **overrides, "gen_length": gen_length}
+    try:
+        return presets.values(preset, overrides, gen_length)
+    except ValueError as e:  # none of the preset's block sizes divides gen_length
+        raise ValueError(f"{name!r}: {e}") from None
 
 
 def policy_options(name: str, gen_length: int) -> DecodeOptions:
-    """``vanilla`` | ``prefix`` | ``dual`` | ``blockbatch``, optionally ``name:key=value,...``
-    (e.g. ``blockbatch:block_sizes=8/32,sync_gap=4`` or ``dual:block_length=16,threshold=0.7``)."""
+    """``vanilla`` | ``prefix`` | ``dual`` | ``blockbatch`` | a preset (``blockbatch-paper``, ...:
+    ``blockbatch.presets``) | a preset file's path, optionally ``name:key=value,...`` (e.g.
+    ``blockbatch:block_sizes=8/32,sync_gap=4``, ``dual:block_length=16,threshold=0.7`` or
+    ``blockbatch-paper:threshold=0.8``: the pairs win over the preset's options)."""
     return DecodeOptions(**policy_kwargs(name, gen_length))
 
 
 @dataclasses.dataclass
 class Sample:
     prompt: str
-    check: Callable[[str], bool]
+    check: Callable[[str], bool] | None  # None: no answer (``load_tasks(answers_optional=True)``)
 
 
-def load_tasks(path: str | None, n: int) -> list[Sample]:
+def load_tasks(path: str | None, n: int, answers_optional: bool = False) -> list[Sample]:
     """The first ``n`` samples (n >= 1) of the toy task (``path`` None) or of a JSONL file whose
-    lines are ``{"prompt": str, "answer": str | number}``. Errors name the file and line."""
+    lines are ``{"prompt": str, "answer": str | number}``. Errors name the file and line.
+    ``answers_optional``: a line may leave out "answer" (its Sample's ``check`` is None)."""
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"n must be a positive integer, got {n!r}")
     if path is None:
@@ -96,11 +121,17 @@ def load_tasks(path: str | None, n: int) -> list[Sample]:
                 continue
             try:
                 row = json.loads(line)
-                prompt, answer = row["prompt"], row["answer"]
+                prompt = row["prompt"]
+                answer = row.get("answer") if answers_optional else row["answer"]
             except (json.JSONDecodeError, KeyError, TypeError, RecursionError, ValueError) as e:
                 raise ValueError(f"{path}:{lineno}: expected {{\"prompt\": ..., \"answer\": ...}} ({e})") from None
             if not isinstance(prompt, str) or not prompt:
                 raise ValueError(f"{path}:{lineno}: \"prompt\" must be a non-empty string, got {type(prompt).__name__}")
+            if answer is None and answers_optional:
+                out.append(Sample(prompt, None))
+                if len(out) >= n:
+                    break
+                continue
             if not isinstance(answer, (str, int, float)) or isinstance(answer, bool):
                 raise ValueError(f"{path}:{lineno}: \"answer\" must be a string or a number, got "
                                  f"{type(answer).__name__}")
@@ -214,7 +245,8 @@ def reference_decode(ref_model, ids: torch.Tensor, o: DecodeOptions, proposal_vo
 
 
 def format_table(result: dict) -> str:
-    cols = [("policy", "{:11s}"), ("acc", "{:6.3f}"), ("NFE", "{:7.2f}"), ("NFE med", "{:7.1f}"),
+    width = max([11, *map(len, result["summary"])])  # the policy specs as given (presets can be long)
+    cols = [("policy", f"{{:{width}s}}"), ("acc", "{:6.3f}"), ("NFE", "{:7.2f}"), ("NFE med", "{:7.1f}"),
             ("tok/fwd", "{:7.2f}"), ("ms med", "{:8.2f}"), ("gen tok/s", "{:9.1f}")]
     keys = ["accuracy", "mean_nfe", "median_nfe", "tokens_per_forward", "median_wall_ms", "generated_tokens_per_s"]
     any_s = next(iter(result["summary"].values()))
@@ -224,7 +256,7 @@ def format_table(result: dict) -> str:
     if "speedup_vs_reference" in any_s:
         cols += [("ref ms", "{:8.1f}"), ("x ref", "{:6.2f}"), ("ref==", "{:5.2f}")]
         keys += ["reference_median_wall_ms", "speedup_vs_reference", "reference_token_equal"]
-    head = " ".join(f"{name:>{len(fmt.format(0) if 'f' in fmt else name)}}" if i else f"{name:11s}"
+    head = " ".join(f"{name:>{len(fmt.format(0) if 'f' in fmt else name)}}" if i else f"{name:{width}s}"
                     for i, (name, fmt) in enumerate(cols))
     lines = [head]
     for policy, s in result["summary"].items():
