@@ -140,16 +140,50 @@ def summary_line(stats: dict) -> str:
             f"{stats['wall_ms']:.1f} ms")
 
 
+def _option_values(args: argparse.Namespace) -> dict:
+    """The decode options of ``generate``'s flags; with ``--preset``: the option flags given
+    explicitly on top of the preset, the preset on top of the defaults."""
+    values = contract.values_from_args(args)
+    if args.preset is None:
+        return values
+    from . import presets
+
+    explicit = {name: values[name] for name in contract.explicit_from_args(args)}
+    try:
+        return presets.values(args.preset, explicit)
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"--preset {args.preset}: {e}") from None
+
+
+def _preset_names() -> list[str]:
+    from . import presets
+
+    return presets.names()
+
+
+def _preset_help(what: str) -> str:
+    """--help of a --preset NAME|FILE flag: the built-in presets and what a preset file is."""
+    from . import presets
+
+    names = "; ".join(f"{p.name}: {p.description}" for p in presets.BUILT_IN.values())
+    return (f"named decode settings, {what}. NAME is one of: {names}. FILE is a preset file: JSON "
+            f"{{\"blockbatch_preset\": {presets.FORMAT}, \"name\": ..., \"options\": {{\"policy\": ..., ...}}}} "
+            "as `blockbatch tune --write-preset` writes it. A preset's block sizes that do not divide "
+            "gen_length are dropped").replace("%", "%%")
+
+
 def _cmd_generate(args: argparse.Namespace) -> int:
     from .engine import Engine
     from .options import DecodeOptions
 
-    if args.steps is not None and (args.threshold is not None or args.factor is not None):
-        rule = f"--factor {args.factor}" if args.factor is not None else f"--threshold {args.threshold}"
-        raise UsageError(f"--steps {args.steps} is used only by the fixed schedule, but {rule} commits by "
-                         f"confidence and would ignore it: pass --threshold none with --steps {args.steps}"
-                         + (" and drop --factor" if args.factor is not None else ""))
-    options = DecodeOptions(**contract.values_from_args(args))  # ValueError naming the bad option
+    values = _option_values(args)
+    steps, threshold, factor = values["steps"], values["threshold"], values["factor"]
+    if steps is not None and (threshold is not None or factor is not None):
+        rule = f"--factor {factor}" if factor is not None else f"--threshold {threshold}"
+        raise UsageError(f"--steps {steps} is used only by the fixed schedule, but {rule} commits by "
+                         f"confidence and would ignore it: pass --threshold none with --steps {steps}"
+                         + (" and drop --factor" if factor is not None else ""))
+    options = DecodeOptions(**values)  # ValueError naming the bad option
     if args.input is not None:
         if args.prompts:
             raise UsageError("pass either PROMPTs or --input FILE, not both")
@@ -332,8 +366,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.ray_address is not None and args.replicas is None:
         raise UsageError("--ray-address needs --replicas N")
     from .engine import Engine
-    from .server import default_model_name, serve
+    from .server import check_preset, default_model_name, serve
 
+    preset = None
+    if args.preset is not None:
+        try:  # read and checked here, once: replicas get the preset itself, not a path to read again
+            preset = check_preset(args.preset)
+        except (TypeError, ValueError) as e:
+            raise UsageError(f"--preset {args.preset}: {e}") from None
     if args.threads:
         torch.set_num_threads(args.threads)
     api_key = args.api_key or None
@@ -361,14 +401,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                        port=args.port, ray_address=args.ray_address, drain_timeout_s=args.drain_timeout,
                        log_level=args.log_level,
                        app_options=dict(served_model_name=name, max_batch=args.max_batch, max_queue=args.max_queue,
-                                        max_length=max_length, api_key=api_key, kv_budget_bytes=args.kv_budget_bytes))
+                                        max_length=max_length, api_key=api_key, kv_budget_bytes=args.kv_budget_bytes,
+                                        preset=preset))
         return 0
     logging.getLogger("blockbatch.serve").info(
         "serving %s as %r: max_batch %d, max_queue %d, max_length %d%s", args.model or "the toy model", name,
         args.max_batch, args.max_queue, max_length, ", API key required" if api_key else "")
     serve(engine, args.host, args.port, drain_timeout_s=args.drain_timeout, log_level=args.log_level,
           served_model_name=name, max_batch=args.max_batch, max_queue=args.max_queue, max_length=max_length,
-          api_key=api_key, kv_budget_bytes=args.kv_budget_bytes)
+          api_key=api_key, kv_budget_bytes=args.kv_budget_bytes, preset=preset)
     return 0
 
 
@@ -519,6 +560,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="encode characters outside the tokenizer's vocabulary as its unknown token instead of "
                         "refusing the prompt")
     p.add_argument("--json", action="store_true", help="one JSON object per prompt (text, ids, all stats)")
+    p.add_argument("--preset", metavar="NAME|FILE", default=None,
+                   help=_preset_help("applied under the decode option flags (a flag given explicitly wins over the "
+                                     "preset, the preset over the defaults)"))
     # One flag per decode option, from the options table (blockbatch.contract): defaults, types,
     # ranges and help text are the table's.
     contract.add_arguments(p, {"decoding": "decoding (every policy; docs/ALGORITHMS.md)",
@@ -532,14 +576,19 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run a task set under several policies on one checkpoint, interleaved per sample; print a "
                     "table, write JSON (every per-sample record + environment) and PNG plots to --out.",
-        epilog="policies: vanilla | prefix | dual | blockbatch, each optionally name:key=value,... e.g.\n"
+        epilog="policies: vanilla | prefix | dual | blockbatch, a preset (" + ", ".join(_preset_names()) + ")\n"
+               "or a preset file's path, each optionally name:key=value,... (the pairs win over the preset;\n"
+               "a preset's block sizes that do not divide --gen-length are dropped), e.g.\n"
                "  blockbatch bench --policies dual blockbatch blockbatch:block_sizes=8/32,sync_gap=4\n"
+               "  blockbatch bench --policies dual blockbatch-paper blockbatch-best:threshold=0.8 my-preset.json\n"
                "  blockbatch bench --tasks my.jsonl --model DIR   (lines: {\"prompt\": ..., \"answer\": ...})")
     p.add_argument("--model", default=None, help="checkpoint folder (default: the shipped toy model)")
     p.add_argument("--tasks", default=None, help="JSONL of prompts and answers (default: toy held-out problems)")
     p.add_argument("--n", type=_positive_int, default=200, help="samples (default 200)")
     p.add_argument("--policies", nargs="+", default=["vanilla", "dual", "blockbatch"],
-                   help="space-separated policies (default: vanilla dual blockbatch)")
+                   help="space-separated policy specs (default: vanilla dual blockbatch): a policy, a preset name "
+                        "or a preset file, each optionally with :key=value,... (see below); the table and the JSON "
+                        "name each as given")
     p.add_argument("--gen-length", type=int, default=128, help="generation length (default 128)")
     p.add_argument("--compare-reference", action="store_true",
                    help="also run each policy through the pure-PyTorch reference loop and report the speed ratio")
@@ -593,6 +642,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drain-timeout", type=_positive_float, default=60.0, metavar="S",
                    help="on SIGTERM, wait at most S seconds for running requests before cancelling them (default 60)")
     p.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="info")
+    p.add_argument("--preset", metavar="NAME|FILE", default=None,
+                   help=_preset_help("the default decode options of every request: the request's own fields win "
+                                     "(a request may name a built-in preset in \"blockbatch\": {\"preset\": NAME}); "
+                                     "default: none, the options table's defaults"))
     p.add_argument("--replicas", type=_positive_int, default=None, metavar="N",
                    help="run N engine replicas behind one endpoint on Ray Serve (pip install \"ray[serve]\"): one "
                         "GPU each when torch sees CUDA, else a share of the CPUs; every response names its replica "
@@ -601,6 +654,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --replicas: join a running Ray cluster ('auto', or HEAD:6379 after `ray start --head`) "
                         "instead of starting a local Ray instance (default: local, stopped on exit)")
     p.set_defaults(func=_cmd_serve)
+
+    from . import tune
+
+    tune.add_parser(sub, _positive_int, _positive_float)
 
     p = sub.add_parser("forward", help="load a checkpoint and print logits statistics of one native forward",
                        description="Load a Hugging Face LLaDA checkpoint folder with blockbatch's strict loader, "
