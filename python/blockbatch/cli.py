@@ -150,9 +150,9 @@ def _option_values(args: argparse.Namespace) -> dict:
 
     explicit = {name: values[name] for name in contract.explicit_from_args(args)}
     try:
-        return presets.values(args.preset, explicit)
-    except (TypeError, ValueError) as e:
-        raise UsageError(f"--preset {args.preset}: {e}") from None
+        return {**values, **presets.values(args.preset, explicit)}
+    except (TypeError, ValueError) as e:  # the message names the preset (or its file)
+        raise UsageError(f"--preset: {e}") from None
 
 
 def _preset_names() -> list[str]:
@@ -373,7 +373,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         try:  # read and checked here, once: replicas get the preset itself, not a path to read again
             preset = check_preset(args.preset)
         except (TypeError, ValueError) as e:
-            raise UsageError(f"--preset {args.preset}: {e}") from None
+            raise UsageError(f"--preset: {e}") from None
     if args.threads:
         torch.set_num_threads(args.threads)
     api_key = args.api_key or None
@@ -395,7 +395,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         logging.getLogger("blockbatch.serve").info(
             "serving %s as %r on %d Ray Serve replica(s): max_batch %d, max_queue %d, max_length %d each%s",
             args.model or "the toy model", name, args.replicas, args.max_batch, args.max_queue, max_length,
-            ", API key required" if api_key else "")
+            (", API key required" if api_key else "") + (f", preset {preset.name}" if preset else ""))
         del engine  # each replica loads its own
         serve_replicas(args.replicas, model=args.model, dtype_name=args.dtype, threads=args.threads, host=args.host,
                        port=args.port, ray_address=args.ray_address, drain_timeout_s=args.drain_timeout,
@@ -406,7 +406,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return 0
     logging.getLogger("blockbatch.serve").info(
         "serving %s as %r: max_batch %d, max_queue %d, max_length %d%s", args.model or "the toy model", name,
-        args.max_batch, args.max_queue, max_length, ", API key required" if api_key else "")
+        args.max_batch, args.max_queue, max_length,
+        (", API key required" if api_key else "") + (f", preset {preset.name}" if preset else ""))
     serve(engine, args.host, args.port, drain_timeout_s=args.drain_timeout, log_level=args.log_level,
           served_model_name=name, max_batch=args.max_batch, max_queue=args.max_queue, max_length=max_length,
           api_key=api_key, kv_budget_bytes=args.kv_budget_bytes, preset=preset)
@@ -607,7 +608,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "together on the CPU scheduler: up to --max-batch at once, their forwards packed into one per\n"
                     "step; --max-queue more wait (beyond that: 429). max_tokens becomes gen_length (rounded up to a\n"
                     "length the policy decodes) and cuts the text; decode options go in the extra body field\n"
-                    "\"blockbatch\": {\"policy\": \"blockbatch\", ...}. Streaming sends the generation's stable prefix\n"
+                    "\"blockbatch\": {\"policy\": \"blockbatch\", ...} (or {\"preset\": NAME, ...}; --preset sets\n"
+                    "every request's default options). Streaming sends the generation's stable prefix\n"
                     "as it grows. SIGTERM / Ctrl-C drains: running requests finish, new ones get 503, then exit 0\n"
                     "(a second signal stops at once).",
         epilog="examples:\n"
