@@ -10,7 +10,8 @@ stops at once).
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
 ``GET /health``, ``GET /metrics`` (Prometheus text format). Engine options travel in an extra
 body field ``"blockbatch": {"policy": "dual", ...}`` (any decode option; ``DecodeOptions``
-validates it). Streaming sends the generation's *stable prefix* as it grows: a diffusion decode
+validates it), on top of a preset: ``"blockbatch": {"preset": NAME}`` (a built-in one) or else
+the server's ``preset`` (``blockbatch serve --preset NAME|FILE``). Streaming sends the generation's *stable prefix* as it grows: a diffusion decode
 commits positions out of order, and only the prefix no later step can change is shown, so the
 streamed text always ends up equal to the non-streamed one.
 
@@ -43,7 +44,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import contract
+from . import contract, presets
 from .options import DecodeOptions
 from .scheduler import BatchScheduler, Event
 
@@ -143,6 +144,7 @@ class ServeSettings:
     max_length: int = 512
     api_key: str | None = None
     kv_budget_bytes: int = 0
+    preset: presets.Preset | None = None  # the default decode options of every request (request fields win)
 
 
 class ServerState:
@@ -176,8 +178,9 @@ class _Job:
     thread, and the text rules (EOS, max_tokens, stop strings) shared by both response kinds."""
 
     def __init__(self, state: ServerState, prompt_ids: torch.Tensor, options: DecodeOptions,
-                 max_tokens: int | None, stop: list[str], arrival: float):
+                 max_tokens: int | None, stop: list[str], arrival: float, preset: str | None = None):
         self.state = state
+        self.preset = preset  # the name of the preset the options came from, if any
         self.codec = state.engine.codec
         self.prompt_ids = prompt_ids
         self.options = options
@@ -299,6 +302,7 @@ class _Params:
     options: DecodeOptions
     sources: dict[str, str]   # decode option -> the request field it came from (for error messages)
     limit_name: str           # max_tokens or max_completion_tokens
+    preset: str | None = None  # the name of the preset under the request's options (its own or the server's)
 
 
 def _option_param(message: str, sources: dict[str, str]) -> str | None:
@@ -325,10 +329,12 @@ def _check_unsupported(body: dict) -> None:
         raise _bad("user", f"must be a string, got {_type_name(user)}")
 
 
-def _parse_params(body: dict, chat: bool) -> _Params:
-    """The sampling parameters of either route and the DecodeOptions they make: the ``blockbatch``
-    field's options, ``temperature`` / ``seed`` / ``top_p`` on top, and gen_length from max_tokens
-    unless given (``_gen_length``). Errors are 400s naming the field as the client sent it."""
+def _parse_params(body: dict, chat: bool, preset: presets.Preset | None = None) -> _Params:
+    """The sampling parameters of either route and the DecodeOptions they make: the preset's options
+    (``blockbatch.preset``, a built-in preset's name, else the server's ``preset``), the
+    ``blockbatch`` field's other options on top, then ``temperature`` / ``seed`` / ``top_p``, and
+    gen_length from max_tokens unless given (``_gen_length``, from the preset's block sizes too).
+    Errors are 400s naming the field as the client sent it."""
     _check_unsupported(body)
     stream = body.get("stream")
     stream = False if stream is None else stream
@@ -358,9 +364,14 @@ def _parse_params(body: dict, chat: bool) -> _Params:
     if not isinstance(extra, dict):
         raise _bad("blockbatch", f"must be an object of decode options (e.g. {{\"policy\": \"dual\"}}), got "
                                  f"{_type_name(extra)}")
+    extra = dict(extra)
+    asked = extra.pop("preset", None)
+    if asked is not None:
+        preset = _request_preset(asked, preset)
     for name in extra:
         if name not in contract.BY_NAME:
-            raise _bad(f"blockbatch.{name}", f"unknown decode option; the options are {', '.join(contract.NAMES)}")
+            raise _bad(f"blockbatch.{name}", f"unknown decode option; the options are preset, "
+                                             f"{', '.join(contract.NAMES)}")
     values = dict(extra)
     sources = {name: f"blockbatch.{name}" for name in values}
     for name in ("temperature", "seed", "top_p"):
@@ -374,14 +385,44 @@ def _parse_params(body: dict, chat: bool) -> _Params:
         values[name] = value
         sources[name] = name
     if "gen_length" not in values:
-        values["gen_length"] = _gen_length(values, max_tokens)
+        under = {k: tuple(v) if isinstance(v, list) else v for k, v in preset.options.items()} if preset else {}
+        values["gen_length"] = _gen_length({**under, **values}, max_tokens)
         if max_tokens is not None:
             sources["gen_length"] = limit_name
+    if preset is not None:
+        try:
+            values = presets.values(preset, values)  # its block sizes fitted to gen_length
+        except ValueError as e:  # none of them divides the request's gen_length
+            param = "blockbatch.preset" if asked is not None else sources.get("gen_length", "blockbatch.gen_length")
+            raise APIError(400, str(e), param=param) from None
     try:
         options = DecodeOptions(**values)
     except (TypeError, ValueError) as e:
         raise APIError(400, str(e), param=_option_param(str(e), sources)) from None
-    return _Params(max_tokens, stop, stream, options, sources, limit_name)
+    return _Params(max_tokens, stop, stream, options, sources, limit_name, preset.name if preset else None)
+
+
+def _request_preset(name: Any, default: presets.Preset | None) -> presets.Preset:
+    """The preset a request names in ``blockbatch.preset``: a built-in one, or the server's own
+    (``--preset``) by its name; a request never makes the server read a file."""
+    if default is not None and name == default.name:
+        return default
+    if isinstance(name, str) and name in presets.BUILT_IN:
+        return presets.BUILT_IN[name]
+    known = presets.names() + ([default.name] if default is not None and default.name not in presets.BUILT_IN else [])
+    shown = json.dumps(name)[:60] if not isinstance(name, str) else repr(name[:60])
+    raise _bad("blockbatch.preset", f"unknown preset {shown}: the presets are {', '.join(known)}")
+
+
+def check_preset(preset: str | presets.Preset) -> presets.Preset:
+    """A server's default preset (a name, a preset file's path or a Preset), checked the way a
+    request would use it; ValueError naming the preset."""
+    p = preset if isinstance(preset, presets.Preset) else presets.get(preset)
+    try:
+        DecodeOptions(**presets.values(p, {"gen_length": _gen_length(dict(p.options), 128)}))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"preset {p.name!r} ({p.source}): {e}") from None
+    return p
 
 
 def _gen_length(values: dict, max_tokens: int | None) -> int:
@@ -420,13 +461,16 @@ def _error_response(e: APIError):
 
 def create_app(engine, served_model_name: str | None = None, max_batch: int = DEFAULT_MAX_BATCH,
                max_queue: int = DEFAULT_MAX_QUEUE, max_length: int | None = None, api_key: str | None = None,
-               kv_budget_bytes: int = 0):
+               kv_budget_bytes: int = 0, preset: str | presets.Preset | None = None):
     """The FastAPI app serving ``engine`` (a CPU ``Engine`` with a tokenizer).
 
     ``max_batch``: requests decoding at once (packed into one forward per step); ``max_queue``:
     requests waiting beyond those (more get 429); ``max_length``: the longest prompt +
     gen_length accepted (longer get 413; default the model's ``max_sequence_length``, at most
-    4096); ``api_key``: when set, every ``/v1`` route needs ``Authorization: Bearer <api_key>``.
+    4096); ``api_key``: when set, every ``/v1`` route needs ``Authorization: Bearer <api_key>``;
+    ``preset``: a preset's name or file (``blockbatch.presets``) giving every request its default
+    decode options (the request's own win; a request may name a built-in preset instead in
+    ``"blockbatch": {"preset": NAME}``), checked here (ValueError naming it).
     The scheduler starts with the app (its lifespan) and is closed when the app stops.
     """
     if engine.codec is None:
@@ -438,8 +482,10 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
         max_length = min(engine.config.max_sequence_length, 4096)
     if served_model_name is None:
         served_model_name = default_model_name(engine)
+    if preset is not None:
+        preset = check_preset(preset)
     state = ServerState(engine, ServeSettings(served_model_name, max_batch, max_queue, max_length, api_key,
-                                              kv_budget_bytes))
+                                              kv_budget_bytes, preset))
     metrics = state.metrics
 
     @asynccontextmanager
@@ -520,7 +566,7 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
         if len(state.jobs) >= s.max_batch + s.max_queue:
             raise APIError(429, f"the server is full: {len(state.jobs)} requests are decoding or queued (max_batch "
                                 f"{s.max_batch} + max_queue {s.max_queue}); retry later", code="queue_full")
-        job = _Job(state, ids, params.options, params.max_tokens, params.stop, arrival)
+        job = _Job(state, ids, params.options, params.max_tokens, params.stop, arrival, params.preset)
         try:
             job.submit()
         except ValueError as e:
@@ -545,8 +591,11 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
                 "total_tokens": prompt + completion_tokens}
 
     def extras(job: _Job, stats: dict) -> dict:
-        return {"nfe": stats["nfe"], "blockbatch": {"policy": stats["policy"], "gen_length": job.options.gen_length,
-                                                    "nfe": stats["nfe"], "wall_ms": stats["wall_ms"]}}
+        used = {"policy": stats["policy"], "gen_length": job.options.gen_length, "nfe": stats["nfe"],
+                "wall_ms": stats["wall_ms"]}
+        if job.preset is not None:
+            used["preset"] = job.preset
+        return {"nfe": stats["nfe"], "blockbatch": used}
 
     def failure(event: Event) -> APIError:
         if isinstance(event.error, TimeoutError):
@@ -562,7 +611,7 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
         if state.draining:
             raise APIError(503, "the server is shutting down: it takes no new requests", code="shutting_down")
         body = await read_body(request)
-        params = _parse_params(body, chat)
+        params = _parse_params(body, chat, state.settings.preset)
         if chat:
             ids, prompt_param = _chat_ids(engine, body), "messages"
         else:

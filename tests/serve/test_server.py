@@ -22,7 +22,7 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
-from blockbatch import DecodeOptions, Engine
+from blockbatch import DecodeOptions, Engine, presets
 from blockbatch.toy import checkpoint_path
 from helpers.serve import ROOT, ServeProcess
 
@@ -182,6 +182,26 @@ def test_chat_uses_the_template_and_streams_the_same(server, client, engine):
     assert two.usage.prompt_tokens == 34
 
 
+def test_request_preset_sets_the_options_under_the_requests_own(server, client, engine):
+    """``"blockbatch": {"preset": NAME, ...}``: the preset's options, the request's others on top;
+    gen_length from max_tokens follows the preset's policy; the response names the preset."""
+    default = client.completions.create(model="toy-chat", prompt=PROMPT, max_tokens=20)
+    assert default.model_extra["blockbatch"]["policy"] == "dual" and "preset" not in default.model_extra["blockbatch"]
+    for request, gen_length in (({"preset": "blockbatch-paper"}, 32), ({"preset": "dual-fast-dllm"}, 32),
+                                ({"preset": "dual-fast-dllm", "block_length": 8, "threshold": 0.5}, 24),
+                                ({"preset": "blockbatch-paper", "block_sizes": [4, 8], "merge": False}, 24)):
+        done = client.completions.create(model="toy-chat", prompt=PROMPT, max_tokens=20,
+                                         extra_body={"blockbatch": request})
+        own = {k: v for k, v in request.items() if k != "preset"}
+        options = presets.values(request["preset"], {**own, "gen_length": gen_length})
+        text, tokens, reason, nfe, _ = _expected(engine, options, max_tokens=20)
+        used = done.model_extra["blockbatch"]
+        assert (used["policy"], used["gen_length"], used["preset"]) == (options["policy"], gen_length, request["preset"])
+        assert (done.choices[0].text, done.usage.completion_tokens, done.choices[0].finish_reason) == (
+            text, tokens, reason)
+        assert done.model_extra["nfe"] == nfe, request
+
+
 def test_models_health_and_auth(server, client):
     assert [m.id for m in client.models.list()] == ["toy-chat"]
     assert httpx.get(server.url + "/health").json()["status"] == "ok"
@@ -217,6 +237,9 @@ ERRORS = [  # (route, changes to a valid body, status, param)
     ("completions", {"logprobs": 3}, 400, "logprobs"),
     ("completions", {"blockbatch": "dual"}, 400, "blockbatch"),
     ("completions", {"blockbatch": {"bogus": 1}}, 400, "blockbatch.bogus"),
+    ("completions", {"blockbatch": {"preset": "nope"}}, 400, "blockbatch.preset"),
+    ("completions", {"blockbatch": {"preset": "/etc/hostname"}}, 400, "blockbatch.preset"),  # no files per request
+    ("completions", {"blockbatch": {"preset": ["dual-fast-dllm"]}}, 400, "blockbatch.preset"),
     ("completions", {"blockbatch": {"threshold": "high"}}, 400, "blockbatch.threshold"),
     ("completions", {"blockbatch": {"gen_length": 64, "block_length": 48}}, 400, "blockbatch.block_length"),
     ("completions", {"temperature": 0.5, "blockbatch": {"temperature": 0.5}}, 400, "temperature"),
@@ -405,10 +428,89 @@ def test_sigterm_drains_running_requests_then_exits_0(tmp_path, engine):
         s.stop()
 
 
+# A preset file for the server's --preset: every option differs from the defaults.
+SERVER_PRESET = {"policy": "blockbatch", "block_sizes": [8, 16, 48], "threshold": 0.7, "merge_gate": 0.8}
+
+
+@pytest.fixture(scope="module")
+def preset_server(tmp_path_factory):
+    """The shipped toy with ``--preset FILE`` (a preset named "house")."""
+    folder = tmp_path_factory.mktemp("preset")
+    presets.write(str(folder / "house.json"), "house", SERVER_PRESET, description="the server's default")
+    s = Server(["--preset", str(folder / "house.json")], folder / "server.log")
+    yield s
+    assert s.stop() == 0, s.log()
+
+
+def test_serve_preset_is_every_requests_default(preset_server, engine):
+    """``serve --preset FILE``: requests without options decode with the preset's, gen_length from
+    max_tokens rounded to its block sizes; a request's fields win; a request may name the server's
+    preset or a built-in one instead."""
+    client = OpenAI(base_url=preset_server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    assert "preset house" in preset_server.log()
+
+    def check(request: dict, max_tokens: int | None, expected: dict, gen_length: int, name: str, **sampling):
+        done = client.completions.create(model="blockbatch-toy", prompt=PROMPT, max_tokens=max_tokens,
+                                         extra_body={"blockbatch": request} if request else None, **sampling)
+        text, tokens, reason, nfe, _ = _expected(engine, {**expected, "gen_length": gen_length}, max_tokens,
+                                                 **sampling)
+        used = done.model_extra["blockbatch"]
+        assert (used["policy"], used["gen_length"], used["preset"]) == (expected["policy"], gen_length, name)
+        assert (done.choices[0].text, done.usage.completion_tokens, done.choices[0].finish_reason) == (
+            text, tokens, reason), request
+        assert done.model_extra["nfe"] == nfe, request
+
+    house = {k: tuple(v) if isinstance(v, list) else v for k, v in SERVER_PRESET.items()}
+    check({}, 20, house, 48, "house")  # 20 rounded up to lcm(8, 16, 48)
+    check({}, None, {**house, "block_sizes": (8, 16)}, 128, "house")  # the default 128: the sizes dividing it
+    check({"threshold": 0.9, "block_sizes": [8, 16]}, 20, {**house, "threshold": 0.9, "block_sizes": (8, 16)}, 32,
+          "house")
+    check({}, 20, house, 48, "house", temperature=0.5, seed=2)
+    check({"preset": "house", "merge_gate": 0.5}, 20, {**house, "merge_gate": 0.5}, 48, "house")
+    dual = presets.values("dual-fast-dllm", gen_length=32)
+    check({"preset": "dual-fast-dllm"}, 20, dual, 32, "dual-fast-dllm")  # replaces the server's preset
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="blockbatch-toy", prompt=PROMPT, extra_body={"blockbatch": {"preset": "x"}})
+    assert e.value.body["param"] == "blockbatch.preset"
+    assert "the presets are blockbatch-paper, blockbatch-best, dual-fast-dllm, house" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:  # none of the preset's sizes divides the request's gen_length
+        client.completions.create(model="blockbatch-toy", prompt=PROMPT, extra_body={"blockbatch": {"gen_length": 12}})
+    assert e.value.body["param"] == "blockbatch.gen_length" and "none of its block sizes" in e.value.body["message"]
+
+
+def test_create_app_checks_the_preset(engine, tmp_path):
+    from blockbatch.server import create_app
+
+    with pytest.raises(ValueError, match="unknown preset 'nope'"):
+        create_app(engine, preset="nope")
+    bad = tmp_path / "bad.json"
+    presets.write(str(bad), "bad", {"threshold": 1.5})  # the right type, out of range
+    with pytest.raises(ValueError, match=rf"preset 'bad' \({bad}\): threshold must be in \(0, 1\], got 1.5"):
+        create_app(engine, preset=str(bad))
+    app = create_app(engine, preset="dual-fast-dllm")
+    assert app.state.blockbatch.settings.preset is presets.BUILT_IN["dual-fast-dllm"]
+
+
+def test_cli_serve_passes_the_preset_to_replicas(monkeypatch):
+    """--replicas: every replica's create_app gets the preset read here (not a path to read again)."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("ray is not installed")
+    import blockbatch.ray_serve
+    from blockbatch.cli import main
+
+    seen = {}
+    monkeypatch.setattr(blockbatch.ray_serve, "serve_replicas", lambda replicas, **kw: seen.update(kw))
+    assert main(["serve", "--replicas", "2", "--preset", "dual-fast-dllm"]) == 0
+    assert seen["app_options"]["preset"] is presets.BUILT_IN["dual-fast-dllm"]
+
+
 def test_cli_refuses_bad_flags(capsys):
     from blockbatch.cli import main
 
     for args, message in ((["--port", "70000"], "--port: must be in [0, 65535]"),
+                          (["--preset", "nope"], "error: --preset: unknown preset 'nope': the presets are"),
                           (["--max-queue", "-1"], "--max-queue: must be >= 0"),
                           (["--max-length", "100000"], "--max-length 100000: must be in [2, 512]")):
         try:
