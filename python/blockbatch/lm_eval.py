@@ -15,6 +15,9 @@ In Python: ``import blockbatch.lm_eval`` registers the model, then
 - ``pretrained``: Hugging Face LLaDA folder (default: the toy model shipped in the package)
 - ``policy``: vanilla | prefix | dual | blockbatch (default blockbatch), with the same presets as
   ``blockbatch bench`` (dual / prefix: block 32, threshold 0.9; vanilla: one token per step)
+- ``preset``: instead of ``policy``, a named decode setting (``blockbatch-paper``,
+  ``blockbatch-best``, ``dual-fast-dllm``: ``blockbatch.presets``) or a preset file's path; the
+  other decode options given win over the preset's
 - ``device`` (cpu | cuda[:N]; default cuda when available, else cpu; lm-eval's ``--device``
   lands here too, and a CUDA device asked for on a machine without one falls back to the CPU
   with a warning), ``dtype`` (float32 | bfloat16 | float16; default: the checkpoint's)
@@ -41,7 +44,7 @@ import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
-from . import contract
+from . import contract, presets
 from .bench import SPEC_OPTIONS, policy_kwargs
 from .engine import Engine
 from .options import DecodeOptions
@@ -57,24 +60,31 @@ _NEUTRAL_GEN_KWARGS = {"top_p": (1.0, None), "top_k": (0, -1, None), "num_beams"
 class BlockBatchLM(LM):
     """A checkpoint in the native engine, decoding every request with one policy."""
 
-    def __init__(self, pretrained: str | None = None, policy: str = "blockbatch", device: str | None = None,
+    def __init__(self, pretrained: str | None = None, policy: str | None = None, device: str | None = None,
                  dtype: str | None = None, gen_length: int | None = None, batch_size: Any = 1,
-                 max_batch_size: Any = None, **options: Any):
+                 max_batch_size: Any = None, preset: str | None = None, **options: Any):
         super().__init__()
+        if policy is not None and preset is not None:
+            raise ValueError(f"give policy or preset, not both (got policy={policy!r}, preset={preset!r}): a preset "
+                             f"sets the policy")
+        if preset is not None and (not isinstance(preset, str) or not preset or ":" in preset):
+            raise ValueError(f"preset must be a preset name or a preset file's path, got {preset!r}")
+        if preset is not None:
+            presets.get(preset)  # ValueError naming an unknown preset or a bad file
         if dtype is not None and str(dtype) not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         unknown = sorted(k for k in options if k not in SPEC_OPTIONS)
         if unknown:
-            raise ValueError(f"unknown model_args {', '.join(map(repr, unknown))}; known: pretrained, policy, device, "
-                             f"dtype, gen_length, {', '.join(sorted(SPEC_OPTIONS))}")
+            raise ValueError(f"unknown model_args {', '.join(map(repr, unknown))}; known: pretrained, policy, preset, "
+                             f"device, dtype, gen_length, {', '.join(sorted(SPEC_OPTIONS))}")
         if gen_length is not None and (not isinstance(gen_length, int) or isinstance(gen_length, bool)
                                        or gen_length <= 0):
             raise ValueError(f"gen_length must be a positive integer, got {gen_length!r}")
         # lm-eval passes batch_size to every model; requests are decoded one by one here (each
         # request's result never depends on the others), so it only has to be valid.
         del batch_size, max_batch_size
-        self.policy_spec = policy + (":" + ",".join(f"{k}={_spec_value(v)}" for k, v in options.items())
-                                     if options else "")
+        self.policy_spec = (preset or policy or "blockbatch") + (
+            ":" + ",".join(f"{k}={_spec_value(v)}" for k, v in options.items()) if options else "")
         self.gen_length = gen_length
         self.options_for({})  # a bad policy or option value fails here, by name
         if device is None:
@@ -111,12 +121,15 @@ class BlockBatchLM(LM):
         if max_gen_toks is not None and (not isinstance(max_gen_toks, int) or max_gen_toks <= 0):
             raise ValueError(f"gen_kwargs max_gen_toks must be a positive integer, got {max_gen_toks!r}")
         length = self.gen_length or max_gen_toks or 128
-        kw = policy_kwargs(self.policy_spec, length)
+        # before rounding: a preset's block sizes whole (they are fitted to the rounded length)
+        kw = policy_kwargs(self.policy_spec, length, fit=self.gen_length is not None)
         if self.gen_length is None:  # round the canvas up to a multiple of every block size in use
             engine = getattr(self, "engine", None)  # None while __init__ checks the options, before loading
             family = engine.config.family if engine is not None else contract.FAMILIES[0]
             family_sizes = contract.BY_NAME["block_sizes"].default_for("blockbatch", family)
-            sizes = (kw.get("block_sizes") or family_sizes) if kw["policy"] == "blockbatch" else [kw["block_length"]]
+            policy = kw.get("policy", contract.DEFAULTS["policy"])  # a preset file may leave it to the default
+            sizes = ((kw.get("block_sizes") or family_sizes) if policy == "blockbatch"
+                     else [kw.get("block_length", contract.DEFAULTS["block_length"])])
             if all(isinstance(b, int) and b > 0 for b in sizes):
                 unit = math.lcm(*sizes)
                 # parsed again at the rounded length, so that length-derived presets (vanilla's
