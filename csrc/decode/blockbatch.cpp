@@ -200,6 +200,11 @@ class BlockBatchDecoder {
                         o_.merge_gate, o_.merge, o_.sync, o_.sync_gap, o_.refresh_tokens, periodic);
     ops::kv_copy_rows_(kv_, sync_src_);
     if (!periodic && o_.refresh_tokens > 0) flags_.narrow(0, br::kRefreshWanted, 1).copy_(diverged());
+    if (o_.sync_refresh) {  // a branch that received the leader's row (and is not done) refreshes: on the device
+      const at::Tensor synced = (sync_src_.ge(0) & state_.select(1, br::kDone).eq(0)).any().to(at::kLong).reshape({1});
+      at::Tensor wanted = flags_.narrow(0, br::kRefreshWanted, 1);
+      wanted.copy_(wanted.bitwise_or(synced));
+    }
   }
 
   void absorb(const at::Tensor& logits, const at::Tensor& spans, const at::Tensor& token, const at::Tensor& conf,

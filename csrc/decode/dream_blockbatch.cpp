@@ -99,6 +99,8 @@ class DreamBlockBatch {
         any_active = true;
         want = want || (o_.refresh_tokens > 0 && b.since_refresh >= o_.refresh_tokens);
       }
+      want = want || (o_.sync_refresh && synced_);  // variant: refresh after a sync (ALGORITHMS.md 10.3)
+      synced_ = false;
       if (any_active && want) {
         refresh();
         exit = finished();
@@ -486,7 +488,10 @@ class DreamBlockBatch {
     if (!o_.sync) return;
     for (Branch& b : br_) {
       if (b.row == l || b.done) continue;
-      if (br_[l].decoded - b.decoded > o_.sync_gap) sync(b, br_[l]);
+      if (br_[l].decoded - b.decoded > o_.sync_gap) {
+        sync(b, br_[l]);
+        synced_ = synced_ || !b.done;
+      }
     }
   }
 
@@ -534,6 +539,7 @@ class DreamBlockBatch {
   dream::Forwards fw_;  // before the device tensors: the request's device work runs on its stream
   std::vector<int64_t> x_;
   std::vector<Branch> br_;
+  bool synced_ = false;  // sync_refresh: the last coordination synced a branch that is not done
   at::Tensor kv_;
   DecodeStats stats_;
 };

@@ -216,6 +216,10 @@ bool set_option(DecodeOptions& o, std::string_view name, const std::string& text
     o.sync = parse_bool("sync", text);
     return true;
   }
+  if (name == "sync_refresh") {
+    o.sync_refresh = parse_bool("sync_refresh", text);
+    return true;
+  }
   if (name == "branch_budget") {
     o.branch_budget = parse_branch_budget(text);
     return true;
@@ -232,7 +236,7 @@ bool set_option(DecodeOptions& o, std::string_view name, const std::string& text
 }
 
 const std::vector<std::string>& option_names() {
-  static const std::vector<std::string> names = {"policy", "gen_length", "block_length", "steps", "threshold", "factor", "temperature", "seed", "stop_on_eos", "alg", "alg_temp", "eps", "top_p", "top_k", "block_sizes", "merge_gate", "sync_gap", "refresh_tokens", "refresh_mode", "prob_floor", "merge", "sync", "branch_budget", "cuda_graphs", "timeout_s"};
+  static const std::vector<std::string> names = {"policy", "gen_length", "block_length", "steps", "threshold", "factor", "temperature", "seed", "stop_on_eos", "alg", "alg_temp", "eps", "top_p", "top_k", "block_sizes", "merge_gate", "sync_gap", "refresh_tokens", "refresh_mode", "prob_floor", "merge", "sync", "sync_refresh", "branch_budget", "cuda_graphs", "timeout_s"};
   return names;
 }
 
@@ -259,6 +263,7 @@ const char* option_type(std::string_view name) {
   if (name == "prob_floor") return "float";
   if (name == "merge") return "bool";
   if (name == "sync") return "bool";
+  if (name == "sync_refresh") return "bool";
   if (name == "branch_budget") return "str";
   if (name == "cuda_graphs") return "bool";
   if (name == "timeout_s") return "float";
@@ -289,6 +294,7 @@ std::string options_help() {
       "  --prob-floor X\n      probabilities kept per position for merging (LLaDA: >= this; Dream: > this); in [0.01, 1); default 0.1; dream models: 0.2\n"
       "  --merge BOOL\n      confidence-gated merging (ablation switch); default on\n"
       "  --sync BOOL\n      leader synchronisation (ablation switch); default on\n"
+      "  --sync-refresh BOOL\n      variant (not the authors'): refresh once a leader sync has copied a lagging branch, whose copied KV row predates the leader's last commits (ALGORITHMS.md 10.3); default off\n"
       "  --branch-budget full|auto\n      full: every branch of block_sizes; auto: under the batching scheduler, the branch set is cut to the query tokens a step can carry at the current load (measured step-time curve; the largest branches go first, down to the one nearest block_length), so results depend on load; default full\n"
       "  --cuda-graphs BOOL\n      CUDA: replay recorded decode steps (same tokens as eager); no effect on CPU; default on\n"
       "  --timeout-s X\n      fail with a timeout once a decode runs longer than this many seconds (0: no deadline); >= 0 and finite; default 0.0\n";

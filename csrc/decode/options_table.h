@@ -77,6 +77,8 @@ struct DecodeOptions {
   bool merge = true;
   // leader synchronisation (ablation switch)
   bool sync = true;
+  // variant (not the authors'): refresh once a leader sync has copied a lagging branch, whose copied KV row predates the leader's last commits (ALGORITHMS.md 10.3)
+  bool sync_refresh = false;
   // full: every branch of block_sizes; auto: under the batching scheduler, the branch set is cut to the query tokens a step can carry at the current load (measured step-time curve; the largest branches go first, down to the one nearest block_length), so results depend on load
   BranchBudget branch_budget = BranchBudget::kFull;
   // CUDA: replay recorded decode steps (same tokens as eager); no effect on CPU

@@ -237,7 +237,8 @@ def reference_decode(ref_model, ids: torch.Tensor, o: DecodeOptions, proposal_vo
                                    threshold=o.threshold, merge_gate=o.merge_gate, sync_gap=o.sync_gap,
                                    refresh_tokens=o.refresh_tokens, refresh_mode=o.refresh_mode,
                                    prob_floor=o.resolved("prob_floor", family), stop_on_eos=o.eos_exit,
-                                   merge=o.merge, sync=o.sync, temperature=o.temperature, seed=o.seed).tokens
+                                   merge=o.merge, sync=o.sync, temperature=o.temperature, seed=o.seed,
+                                   sync_refresh=o.sync_refresh).tokens
     from .reference.policies import generate
 
     return generate(ref_model, ids, o.gen_length, o.block_length, o.policy, steps=o.steps, threshold=o.threshold,

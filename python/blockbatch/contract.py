@@ -160,6 +160,9 @@ OPTIONS: tuple[Option, ...] = (
            group="blockbatch"),
     Option("sync", "bool", True, "leader synchronisation (ablation switch)", policies=("blockbatch",),
            group="blockbatch"),
+    Option("sync_refresh", "bool", False, "variant (not the authors'): refresh once a leader sync has copied a lagging "
+           "branch, whose copied KV row predates the leader's last commits (ALGORITHMS.md 10.3)",
+           policies=("blockbatch",), group="blockbatch"),
     Option("branch_budget", "str", "full", "full: every branch of block_sizes; auto: under the batching scheduler, "
            "the branch set is cut to the query tokens a step can carry at the current load (measured step-time "
            "curve; the largest branches go first, down to the one nearest block_length), so results depend on load",

@@ -192,3 +192,42 @@ def test_cpp_rejects_bad_blockbatch_options(models, kwargs, pattern):
 def test_python_rejects_bad_blockbatch_options(kwargs, pattern):
     with pytest.raises(ValueError, match="^" + pattern):
         DecodeOptions(policy="blockbatch", gen_length=128, **kwargs)
+
+
+# The sync_refresh variant (ALGORITHMS.md 10.3; opt-in, not the authors' semantics): the engine
+# equals the reference with it on, in both refresh modes and with refreshes otherwise off; and it
+# does something (refreshes follow syncs) where the default run syncs.
+SYNC_REFRESH = [dict(block_sizes=sizes, gen_length=G, refresh_mode=mode, refresh_tokens=rt, sync_gap=gap,
+                     stop_on_eos=eos)
+                for (sizes, G), mode, rt, gap, eos in itertools.product(
+                    [((4, 8, 16, 32, 64, 128), 128), ((8, 32), 64), ((4, 64), 192)], ["periodic", "divergence"],
+                    [0, 32], [4], [True, False])
+                if not (mode == "divergence" and rt == 0)]
+
+
+@pytest.mark.parametrize("case", SYNC_REFRESH, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()).replace(" ", ""))
+def test_sync_refresh_variant_matches_reference(models, case):
+    config = models[0]
+    kw = dict(case)
+    gen_length = kw.pop("gen_length")
+    g = torch.Generator().manual_seed(gen_length + len(kw["block_sizes"]) + 11)
+    prompt = torch.randint(0, config.vocab_size - 2, (int(torch.randint(3, 12, (1,), generator=g)),), generator=g)
+    expected, out = run_both(models, prompt, gen_length, sync_refresh=True, **kw)
+    assert_same(expected, out)
+
+
+def test_sync_refresh_refreshes_after_syncs_and_only_then(models):
+    config, _, nat = models
+    more = 0
+    for seed in range(6):
+        prompt = torch.randint(0, config.vocab_size - 2, (6,), generator=torch.Generator().manual_seed(seed))
+        base = DecodeOptions(policy="blockbatch", gen_length=128, refresh_tokens=0, sync_gap=4, stop_on_eos=False)
+        a = run_decode(nat.obj, prompt, base)
+        b = run_decode(nat.obj, prompt, base.replace(sync_refresh=True))
+        assert a.stats["nfe_refresh"] == 0
+        if sum(x["copied"] for x in a.stats["branches"]) == 0:  # no sync, nothing to refresh: the same decode
+            assert torch.equal(a.tokens, b.tokens) and a.stats["nfe"] == b.stats["nfe"]
+        more += b.stats["nfe_refresh"] > 0
+        nosync = run_decode(nat.obj, prompt, base.replace(sync_refresh=True, sync=False))
+        assert nosync.stats["nfe_refresh"] == 0  # refreshes come from syncs only
+    assert more > 0

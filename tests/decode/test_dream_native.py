@@ -46,7 +46,8 @@ def options_for(case: dict) -> DecodeOptions:
     return DecodeOptions(policy="blockbatch", gen_length=case["gen_length"], block_sizes=tuple(case["block_sizes"]),
                          threshold=case["threshold"], refresh_tokens=case["refresh_tokens"],
                          sync_gap=case["sync_gap"], stop_on_eos=case["stop_on_eos"],
-                         merge=case.get("merge", True), sync=case.get("sync", True))
+                         merge=case.get("merge", True), sync=case.get("sync", True),
+                         sync_refresh=case.get("sync_refresh", False))
 
 
 def reference_for(model: ReferenceModel, case: dict):
@@ -61,7 +62,7 @@ def reference_for(model: ReferenceModel, case: dict):
     return dream_blockbatch(model, case["prompt"], case["gen_length"], case["block_sizes"], threshold=case["threshold"],
                             refresh_tokens=case["refresh_tokens"], sync_gap=case["sync_gap"],
                             stop_on_eos=case["stop_on_eos"], merge=case.get("merge", True),
-                            sync=case.get("sync", True))
+                            sync=case.get("sync", True), sync_refresh=case.get("sync_refresh", False))
 
 
 def assert_same_row(native_raw: list[int], prompt: list[int], want: list[int], eos: int, name: str) -> None:
@@ -131,6 +132,11 @@ def _more_cases() -> list[dict]:
     cases.append(dict(name="blockbatch-no-merge-no-sync-p9", policy="blockbatch", prompt=PROMPTS["p9"],
                       gen_length=64, block_sizes=[8, 32], threshold=0.9, refresh_tokens=0, sync_gap=8,
                       stop_on_eos=False, merge=False, sync=False))
+    for name in ("p1", "p9"):  # the sync_refresh variant (ALGORITHMS.md 10.3), with and without periodic refreshes
+        for rt in (0, 16):
+            cases.append(dict(name=f"blockbatch-sync_refresh-rt{rt}-{name}", policy="blockbatch", prompt=PROMPTS[name],
+                              gen_length=96, block_sizes=[4, 8, 16, 32], threshold=0.8, refresh_tokens=rt, sync_gap=4,
+                              stop_on_eos=False, sync_refresh=True))
     return cases
 
 
@@ -177,6 +183,10 @@ def test_blockbatch_cases_fire_merges_syncs_and_refreshes(more_results):
     assert sum(s["nfe_refresh"] for _, s in bb) > 0
     off = more_results["blockbatch-no-merge-no-sync-p9"][0].stats
     assert sum(b["merged"] + b["copied"] for b in off["branches"]) == 0 and off["nfe_refresh"] == 0
+    # sync_refresh without periodic refreshes: its refreshes follow syncs
+    sr = [more_results[f"blockbatch-sync_refresh-rt0-{n}"][0].stats for n in ("p1", "p9")]
+    assert sum(s["nfe_refresh"] for s in sr) > 0
+    assert all(s["nfe_refresh"] == 0 for s in sr if sum(b["copied"] for b in s["branches"]) == 0)
 
 
 def test_family_defaults_apply_when_unset(authors_engine, fixture):

@@ -79,7 +79,7 @@ def blockbatch_generate(model: ReferenceModel, prompt: torch.Tensor, gen_length:
                         refresh_tokens: int = _D["refresh_tokens"], refresh_mode: str = _D["refresh_mode"],
                         prob_floor: float = _D["prob_floor"], stop_on_eos: bool = _D["stop_on_eos"],
                         merge: bool = _D["merge"], sync: bool = _D["sync"], temperature: float = _D["temperature"],
-                        seed: int = _D["seed"]) -> BlockBatchResult:
+                        seed: int = _D["seed"], sync_refresh: bool = _D["sync_refresh"]) -> BlockBatchResult:
     t_start = time.perf_counter()
     cfg = model.config
     mask_id, eos_id = cfg.mask_token_id, cfg.eos_token_id
@@ -96,6 +96,7 @@ def blockbatch_generate(model: ReferenceModel, prompt: torch.Tensor, gen_length:
     log_committed: list[int] = []
     log_queries: list[int] = []
     counters = {"init": 0, "block": 0, "refresh": 0}
+    synced = [False]  # sync_refresh: this coordination's sync copied a branch that is not done
 
     def has_masks(br: Branch, a: int, b: int) -> bool:
         return bool((canvas[br.row, a:b] == mask_id).any())
@@ -234,6 +235,8 @@ def blockbatch_generate(model: ReferenceModel, prompt: torch.Tensor, gen_length:
             br.decoded = lead.decoded
             br.done = lead.done
             snap_window(br)  # own block size; its probability map and refresh counters stay
+            if sync_refresh and not br.done:  # variant (ALGORITHMS.md 10.3): its copied KV row is stale
+                synced[0] = True
 
     def diverged() -> bool:
         """KV drift of the active rows (ALGORITHMS.md 4, divergence-triggered refresh)."""
@@ -257,6 +260,7 @@ def blockbatch_generate(model: ReferenceModel, prompt: torch.Tensor, gen_length:
             wanted = refresh_tokens > 0 and diverged()
         else:
             wanted = any(br.needs_refresh for br in active)
+        wanted, synced[0] = wanted or synced[0], False
         if wanted:
             full_forward(active, init=False)
 

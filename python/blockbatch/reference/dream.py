@@ -269,8 +269,9 @@ class _Branch:
 
 class _DreamBlockBatch:
     def __init__(self, model, prompt, gen_length, block_sizes, threshold, merge_gate, sync_gap, refresh_tokens,
-                 prob_floor, stop_on_eos, merge=True, sync=True, vocab_limit=None):
+                 prob_floor, stop_on_eos, merge=True, sync=True, vocab_limit=None, sync_refresh=False):
         self.merge_on, self.sync_on, self.vocab_limit = merge, sync, vocab_limit
+        self.sync_refresh, self.synced = sync_refresh, False  # variant: refresh after a sync (ALGORITHMS.md 10.3)
         c = model.config
         self.model, self.mask, self.G = model, c.mask_token_id, gen_length
         self.eos = c.eos_token_id if stop_on_eos else -1
@@ -504,6 +505,7 @@ class _DreamBlockBatch:
                 continue
             if leader.decoded - b.decoded > self.gap:
                 self._sync(b, leader)
+                self.synced = self.synced or not b.done
 
     # -- exits ---------------------------------------------------------------------------------
     def _finished(self) -> DreamResult | None:
@@ -557,7 +559,9 @@ class _DreamBlockBatch:
             if result is not None:
                 break
             active = [b for b in self.branches if not b.done]
-            if active and self.refresh_tokens > 0 and any(b.since_refresh >= self.refresh_tokens for b in active):
+            synced, self.synced = self.synced and self.sync_refresh, False
+            if active and (synced or self.refresh_tokens > 0 and any(b.since_refresh >= self.refresh_tokens
+                                                                     for b in active)):
                 self._refresh()
                 result = self._finished()
         if result is None:
@@ -570,13 +574,14 @@ def dream_blockbatch(model: ReferenceModel, prompt: Sequence[int], gen_length: i
                      block_sizes: Sequence[int] = (4, 8, 16, 32, 64), threshold: float = 0.9,
                      merge_gate: float = MERGE_GATE, sync_gap: int = SYNC_GAP, refresh_tokens: int = REFRESH_TOKENS,
                      prob_floor: float = PROB_FLOOR, stop_on_eos: bool = False, merge: bool = True,
-                     sync: bool = True, vocab_limit: int | None = None) -> DreamResult:
+                     sync: bool = True, vocab_limit: int | None = None, sync_refresh: bool = False) -> DreamResult:
     """BlockBatch for Dream (ALGORITHMS.md section 5.4); NFE counts every forward executed.
 
     ``refresh_tokens=0`` never refreshes (the engine's meaning; the authors' default is 32);
-    ``merge`` / ``sync`` are the ablation switches."""
+    ``merge`` / ``sync`` are the ablation switches; ``sync_refresh`` the variant of section 10.3
+    (a refresh after any coordination whose sync copied a branch that is not done)."""
     return _DreamBlockBatch(model, prompt, gen_length, block_sizes, threshold, merge_gate, sync_gap,
-                            refresh_tokens, prob_floor, stop_on_eos, merge, sync, vocab_limit).run()
+                            refresh_tokens, prob_floor, stop_on_eos, merge, sync, vocab_limit, sync_refresh).run()
 
 
 ALG_NAMES = {"confidence": "maskgit_plus", "margin": "topk_margin", "entropy": "entropy", "origin": "origin"}
@@ -597,4 +602,4 @@ def decode_with_options(model: ReferenceModel, prompt: Sequence[int], options, v
     return dream_blockbatch(model, prompt, o.gen_length, opt("block_sizes"), threshold=o.threshold,
                             merge_gate=o.merge_gate, sync_gap=o.sync_gap, refresh_tokens=o.refresh_tokens,
                             prob_floor=opt("prob_floor"), stop_on_eos=opt("stop_on_eos"), merge=o.merge, sync=o.sync,
-                            vocab_limit=vocab_limit)
+                            vocab_limit=vocab_limit, sync_refresh=o.sync_refresh)
