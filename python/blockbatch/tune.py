@@ -48,13 +48,14 @@ class Grid:
                                                 (32, 64, 128))
     merge_gates: tuple[float, ...] = (0.5, 0.9)
     eos_exit: tuple[bool, ...] = (True,)
-    refresh: tuple[str, ...] = ("32", "block")  # refresh_tokens; "block": the smallest branch (every branch
-    #                                             refreshes at each of its own block boundaries)
+    refresh: tuple[str, ...] = ("32",)  # refresh_tokens; "block": the smallest branch (every branch refreshes
+    #                                     at each of its own block boundaries)
+    sync_refresh: tuple[bool, ...] = (False, True)  # the variant of ALGORITHMS.md 10.3
 
 
 GRIDS = {
     "small": Grid(thresholds=(0.9, 0.8, 0.7), branch_sets=((4, 8, 16, 32, 64, 128), (16, 32, 64, 128), (32, 64, 128)),
-                  refresh=("32",)),
+                  sync_refresh=(True,)),
     "default": Grid(),
     "full": Grid(policies=("prefix", "dual", "blockbatch"), thresholds=(0.95, 0.9, 0.85, 0.8, 0.7, 0.6),
                  merge_gates=(0.5, 0.7, 0.9), eos_exit=(True, False), refresh=("16", "32", "64", "block")),
@@ -92,13 +93,16 @@ def configs(grid: Grid, gen_length: int) -> list[str]:
                                 refresh = min(kept) if r == "block" else int(r)
                                 if r == "block" and refresh == 32 and "32" in grid.refresh:
                                     continue
-                                spec = (f"blockbatch:block_sizes={'/'.join(map(str, kept))},threshold={_fmt(t)},"
-                                        f"merge_gate={_fmt(g)},refresh_tokens={refresh}")
-                                if not eos:
-                                    spec += ",stop_on_eos=false"
-                                rank = abs(t - 0.9) + abs(g - 0.5) / 4 + (0 if eos else 0.05) + \
-                                    (0 if refresh == 32 else 0.02) + len(seen) * 0.01
-                                rows.append((rank, spec))
+                                for sr in grid.sync_refresh:
+                                    spec = (f"blockbatch:block_sizes={'/'.join(map(str, kept))},threshold={_fmt(t)},"
+                                            f"merge_gate={_fmt(g)},refresh_tokens={refresh}")
+                                    if not eos:
+                                        spec += ",stop_on_eos=false"
+                                    if sr:
+                                        spec += ",sync_refresh=true"
+                                    rank = abs(t - 0.9) + abs(g - 0.5) / 4 + (0 if eos else 0.05) + \
+                                        (0 if refresh == 32 else 0.02) + len(seen) * 0.01 + (0.005 if sr else 0)
+                                    rows.append((rank, spec))
         elif policy == "vanilla":
             rows.append((0.0, "vanilla"))
         else:
@@ -239,8 +243,9 @@ def run_tune(engine, samples: list, specs: Sequence[str], gen_length: int, out_p
                 bar.update(1, "reference (vanilla, 1 token/step)")
             data["reference"] = {"policy": "vanilla", "ids": ref}
             _write_json(out_path, data)
-        for spec in todo:
-            if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
+        for k, spec in enumerate(todo):
+            # at least one config per run, so that reruns always make progress
+            if k and time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
                 stopped = "time budget"
                 break
             o = options[spec]
@@ -268,9 +273,11 @@ def run_tune(engine, samples: list, specs: Sequence[str], gen_length: int, out_p
                 L = encoded[i].numel() + gen_length
                 q = g.stats["query_tokens_per_step"]
                 records.append({"correct": correct, "nfe": g.stats["nfe"], "query_tokens": sum(q), "wall_ms": wall,
-                                "model_ms": step_model.decode_seconds(q, L) * 1e3})
+                                "model_ms": step_model.decode_seconds(q, L) * 1e3, "steps": q, "length": L})
             data["configs"][spec] = {"policy": o.policy, "options": _options_dict(o), **summarize(records),
-                                     "correct": [r["correct"] for r in records], "nfe": [r["nfe"] for r in records]}
+                                     "correct": [r["correct"] for r in records], "nfe": [r["nfe"] for r in records],
+                                     "query_tokens_per_step": [r["steps"] for r in records],
+                                     "lengths": [r["length"] for r in records]}
             _write_json(out_path, data)
     except KeyboardInterrupt:
         stopped = "interrupted"
@@ -278,8 +285,18 @@ def run_tune(engine, samples: list, specs: Sequence[str], gen_length: int, out_p
         bar.close()
     data["stopped"] = stopped
     data["remaining"] = [s for s in specs if s not in data["configs"]]
+    remodel(data, step_model)
     _write_json(out_path, data)
     return data
+
+
+def remodel(data: dict, step_model) -> None:
+    """Every config's modelled time under ``step_model`` (from the step logs kept per sample), so a
+    sweep resumed or re-read with another ``--step-time`` is in one time throughout."""
+    data["step_time"] = step_model.to_dict()
+    for rec in data["configs"].values():
+        ms = [step_model.decode_seconds(q, L) * 1e3 for q, L in zip(rec["query_tokens_per_step"], rec["lengths"])]
+        rec["mean_model_ms"] = statistics.mean(ms)
 
 
 def _options_dict(o) -> dict:
@@ -435,7 +452,7 @@ def add_parser(sub, positive_int, positive_float) -> argparse.ArgumentParser:
     p.add_argument("--gen-length", type=positive_int, default=64, help="generation length (default 64)")
     g = p.add_argument_group("the grid (each flag replaces that axis of --grid)")
     g.add_argument("--grid", choices=list(GRIDS), default="default",
-                   help="small: ~24 configs; default: ~70; full: several hundred (default default)")
+                   help="small: ~25 configs; default: ~75; full: ~1000 (default default)")
     g.add_argument("--policies", type=lambda t: tuple(x for x in t.split(",") if x), default=None,
                    help="comma-separated: vanilla, prefix, dual, blockbatch")
     g.add_argument("--block-lengths", type=_ints, default=None, help="dual / prefix block lengths, e.g. 16,32,64")
@@ -446,11 +463,13 @@ def add_parser(sub, positive_int, positive_float) -> argparse.ArgumentParser:
     g.add_argument("--eos-exit", type=_on_off, default=None, help="blockbatch EOS exit: on, off or on,off")
     g.add_argument("--refresh", type=_refresh, default=None,
                    help="blockbatch refresh_tokens values; 'block': the smallest branch size (e.g. 32,block)")
-    p.add_argument("--out", default="results/tune", help="output folder: tune.json, tune.png, preset.json "
+    g.add_argument("--sync-refresh", type=_on_off, default=None,
+                   help="blockbatch sync_refresh variant: on, off or off,on")
+    p.add_argument("--out", default="results/tune", help="output folder: tune.json, tune.png (tune_<FILE>.png with --step-time FILE), preset.json "
                                                          "(default results/tune)")
     p.add_argument("--fresh", action="store_true", help="start over instead of resuming --out's tune.json")
     p.add_argument("--time-budget", type=positive_float, default=None, metavar="SECONDS",
-                   help="start no config after this many seconds (rerun to continue)")
+                   help="start no config after this many seconds (one at least; rerun to continue)")
     p.add_argument("--step-time", default="measure", metavar="FILE|measure",
                    help="step-time model: 'measure' (on this machine and model, ~3 s) or a JSON (a saved model, or "
                         "a GPU step benchmark JSON such as docs/bench/gpu/bench_gpu_step.json)")
@@ -487,7 +506,7 @@ def main_tune(args: argparse.Namespace) -> int:
     grid = dataclasses.replace(base, **{k: v for k, v in (
         ("policies", args.policies), ("block_lengths", args.block_lengths), ("thresholds", args.thresholds),
         ("branch_sets", args.branch_sets), ("merge_gates", args.merge_gates), ("eos_exit", args.eos_exit),
-        ("refresh", args.refresh)) if v is not None})
+        ("refresh", args.refresh), ("sync_refresh", args.sync_refresh)) if v is not None})
     specs = configs(grid, args.gen_length)
     if not specs:
         raise ValueError(f"the grid has no config for --gen-length {args.gen_length} (no block length or branch set "
@@ -515,7 +534,9 @@ def main_tune(args: argparse.Namespace) -> int:
     chosen = choose(data["configs"], key, args.max_drop, args.pick_policy)
     print(format_report(data, args.objective, chosen))
     print(f"wrote {out_json}")
-    png = save_plot(data, os.path.join(args.out, "tune.png"), chosen)
+    stem = "tune" if args.step_time == "measure" else \
+        "tune_" + os.path.splitext(os.path.basename(args.step_time))[0]  # one plot per time source
+    png = save_plot(data, os.path.join(args.out, stem + ".png"), chosen)
     if png:
         print(f"wrote {png}")
     if chosen is not None:
