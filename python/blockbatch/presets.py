@@ -40,18 +40,18 @@ class Preset:
 
 
 # The authors' settings (the options table's defaults for the blockbatch policy: the family's
-# branches (LLaDA 4..128), threshold 0.9, merge gate 0.5, sync gap 8, refresh every 32 tokens,
-# EOS exit on).
+# branches (LLaDA 4..128, Dream 4..64), threshold 0.9, merge gate 0.5, sync gap 8, refresh every
+# 32 tokens, the family's EOS exit (LLaDA on, Dream off)).
 _PAPER = {"policy": "blockbatch", "block_sizes": None, "threshold": 0.9, "merge_gate": 0.5,
-          "sync_gap": 8, "refresh_tokens": 32, "refresh_mode": "periodic", "stop_on_eos": True}
+          "sync_gap": 8, "refresh_tokens": 32, "refresh_mode": "periodic", "stop_on_eos": None}
 
 BUILT_IN: dict[str, Preset] = {p.name: p for p in (
     Preset("blockbatch-paper", "BlockBatch with the authors' settings (arXiv 2605.29233): the family's branches (LLaDA 4..128), "
                                "threshold 0.9, merge gate 0.5, refresh every 32 tokens", dict(_PAPER)),
-    Preset("blockbatch-best", "BlockBatch as tuned by `blockbatch tune` on both toy models: no 4- and 8-token "
-                              "branches, strict merges (gate 0.9), threshold 0.9; never below a tuned dual cache "
-                              "on the toys' accuracy-NFE frontier",
-           {**_PAPER, "block_sizes": [16, 32, 64, 128], "merge_gate": 0.9}),
+    Preset("blockbatch-best", "BlockBatch as tuned by `blockbatch tune` on both toy models: branches 32, 64, 128, "
+                              "strict merges (gate 0.9), threshold 0.9, a refresh after every leader sync "
+                              "(sync_refresh); on the tuned-dual frontier of both toys",
+           {**_PAPER, "block_sizes": [32, 64, 128], "merge_gate": 0.9, "sync_refresh": True}),
     Preset("dual-fast-dllm", "Fast-dLLM's dual cache at the paper's setting: block 32, threshold 0.9",
            {"policy": "dual", "block_length": 32, "threshold": 0.9}),
 )}
