@@ -155,7 +155,7 @@ def _setup_key(model: str, tasks: str, samples: list, n: int, gen_length: int) -
 def _write_json(path: str, data: dict) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
+        json.dump(data, f, separators=(",", ":"))  # compact: it holds every task's step log
         f.write("\n")
     os.replace(tmp, path)
 

@@ -155,6 +155,8 @@ def _flags(values: dict) -> list[str]:
         flag = contract.BY_NAME[key].flag
         if isinstance(value, bool):
             out.append(flag if value else "--no-" + flag[2:])
+        elif value is None and contract.BY_NAME[key].type == "bool":
+            continue  # None: the policy's / family's default, which an absent flag also gives
         elif value is None:
             out += [flag, "none"]
         elif isinstance(value, (list, tuple)):
