@@ -266,15 +266,24 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def save_plots(result: dict, out_dir: str) -> list[str]:
-    """accuracy vs NFE per policy, and speedup bars against dual cache (needs matplotlib)."""
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or None (with a note on stderr) when matplotlib is
+    not installed: plots are optional, the JSON is what a run must write."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("note: matplotlib is not installed; skipping the PNG plots (pip install matplotlib)", file=sys.stderr)
+        print("note: matplotlib is not installed; no PNG plots (pip install matplotlib)", file=sys.stderr)
+        return None
+    return plt
+
+
+def save_plots(result: dict, out_dir: str) -> list[str]:
+    """accuracy vs NFE per policy, and speedup bars against dual cache (needs matplotlib)."""
+    plt = pyplot()
+    if plt is None:
         return []
     summary = result["summary"]
     paths = []

@@ -76,13 +76,12 @@ def get(name: str) -> Preset:
 
 def read(path: str) -> Preset:
     """A preset file; errors name the file and the key at fault."""
+    from .errors import CheckpointError, read_json_file
+
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise ValueError(f"preset file {path}: no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"preset file {path}: not a readable JSON file ({e})") from None
+        data = read_json_file(path, "file", 1 << 20)
+    except CheckpointError as e:  # "PATH: file not found", "PATH: not valid JSON (...)", ...
+        raise ValueError(f"preset file {e}") from None
     if not isinstance(data, dict) or data.get("blockbatch_preset") != FORMAT:
         raise ValueError(f"preset file {path}: not a BlockBatch preset (expected an object with "
                          f"\"blockbatch_preset\": {FORMAT})")

@@ -127,13 +127,12 @@ def measure(model, tokens: Sequence[int] = (8, 32, 128, 512), lengths: Sequence[
 
 def load(path: str) -> StepTimeModel:
     """A saved model (``save``) or a GPU step benchmark JSON (``bench_gpu_step.py``); errors name the file."""
+    from .errors import CheckpointError, read_json_file
+
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise ValueError(f"step-time file {path}: no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"step-time file {path}: not a readable JSON file ({e})") from None
+        data = read_json_file(path, "file", 64 << 20)
+    except CheckpointError as e:  # "PATH: file not found", "PATH: not valid JSON (...)", ...
+        raise ValueError(f"step-time file {e}") from None
     if isinstance(data, dict) and data.get("step_time_model") == FORMAT:
         try:
             coef = tuple(float(data["coef"][n]) for n in NAMES)

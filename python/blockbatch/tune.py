@@ -333,13 +333,10 @@ def format_report(data: dict, objective: str, chosen: str | None, limit: int = 4
 
 def save_plot(data: dict, path: str, chosen: str | None) -> str | None:
     """Accuracy vs mean NFE and vs modelled time per sample, one colour per policy, frontiers drawn."""
-    try:
-        import matplotlib
+    from .bench import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("note: matplotlib is not installed; no PNG (pip install matplotlib)", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return None
     pts = data["configs"]
     colors = {"vanilla": "tab:gray", "prefix": "tab:green", "dual": "tab:blue", "blockbatch": "tab:red"}

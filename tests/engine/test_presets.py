@@ -123,7 +123,7 @@ def test_preset_file_round_trip(mine, tmp_path):
 
 
 @pytest.mark.parametrize("content,pattern", [
-    ("{not json", r"not a readable JSON file"),
+    ("{not json", r"not valid JSON"),
     (json.dumps({"blockbatch_preset": 2, "options": {"threshold": 0.8}}), r"not a BlockBatch preset \(expected an "
                                                                           r"object with \"blockbatch_preset\": 1\)"),
     (json.dumps({"options": {"threshold": 0.8}}), r"not a BlockBatch preset"),
@@ -142,7 +142,7 @@ def test_bad_preset_files_name_the_file_and_the_key(tmp_path, content, pattern):
         presets.get(str(path))
     with pytest.raises(ValueError, match="options.gen_length: a preset does not set gen_length"):
         presets.check_options({"gen_length": 64})
-    with pytest.raises(ValueError, match=rf"preset file {tmp_path / 'missing.json'}: no such file"):
+    with pytest.raises(ValueError, match=rf"preset file {tmp_path / 'missing.json'}: file not found"):
         presets.get(str(tmp_path / "missing.json"))
 
 
@@ -255,7 +255,7 @@ def test_bench_policy_specs_take_presets(mine):
         policy_options("greedy", 64)
     with pytest.raises(ValueError, match=r"'blockbatch-paper:gate=3': unknown option 'gate'"):
         policy_options("blockbatch-paper:gate=3", 64)
-    with pytest.raises(ValueError, match=r"'missing.json': preset file missing.json: no such file"):
+    with pytest.raises(ValueError, match=r"'missing.json': preset file missing.json: file not found"):
         policy_options("missing.json", 64)
     with pytest.raises(ValueError, match=rf"'{mine}': preset 'mine': none of its block sizes"):
         policy_options(mine, 12)

@@ -93,7 +93,7 @@ def test_step_time_loads_the_gpu_step_benchmark_and_round_trips(tmp_path):
     bad.write_text('{"results": 3}')
     with pytest.raises(ValueError, match="bad.json"):
         steptime.load(str(bad))
-    with pytest.raises(ValueError, match="no such file"):
+    with pytest.raises(ValueError, match="step-time file .*missing.json: file not found"):
         steptime.load(str(tmp_path / "missing.json"))
 
 
