@@ -93,6 +93,13 @@ StepCurve measure_step_curve(const Network& model, double limit_s) {
   return curve;
 }
 
+DecodeOptions single_branch_as_dual(DecodeOptions o) {
+  if (o.policy != Policy::kBlockBatch || !o.block_sizes || o.block_sizes->size() != 1) return o;
+  o.policy = Policy::kDual;  // one branch has nothing to merge or sync with: the dual cache's loop
+  o.block_length = o.block_sizes->front();
+  return o;  // threshold and stop_on_eos: blockbatch's, already resolved
+}
+
 std::vector<int64_t> budget_branches(const std::vector<int64_t>& sizes, int64_t block_length, int64_t load,
                                      const StepCurve& curve, double slack) {
   std::vector<int64_t> set = sizes;
@@ -311,7 +318,7 @@ void Scheduler::work() {
         const int64_t load = std::min<int64_t>(max_batch_, static_cast<int64_t>(running_.size() + queue_.size()));
         DecodeOptions o = decode_options_for(model_.config(), r->options);
         o.block_sizes = budget_branches(*o.block_sizes, o.block_length, load, curve_);
-        r->options = o;
+        r->options = single_branch_as_dual(o);
       }
     }
     RequestEvent ev;

@@ -68,6 +68,12 @@ StepCurve measure_step_curve(const Network& model, double limit_s);
 std::vector<int64_t> budget_branches(const std::vector<int64_t>& sizes, int64_t block_length, int64_t load,
                                      const StepCurve& curve, double slack = 0.10);
 
+// A blockbatch request left with one branch decodes as a dual cache of that block size (with
+// blockbatch's threshold and EOS exit): one branch has nothing to merge or sync with, and the
+// dual cache's loop does the same forwards without the branch bookkeeping (ALGORITHMS.md 9.4).
+// Other options are returned as they are.
+DecodeOptions single_branch_as_dual(DecodeOptions o);
+
 // Many requests at once (decode/batching.h): up to max_batch decode together, their forwards
 // packed into one per step; each request's result equals its decode() alone. kv_budget_bytes:
 // the shared KV pool's size (0: room for the max_batch largest requests). Throws the first failed

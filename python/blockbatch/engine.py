@@ -134,6 +134,9 @@ class Engine:
         sizes = o.resolved("block_sizes", self.config.family)
         kept = torch.ops.blockbatch.budget_branches(list(sizes), o.block_length, 1, [t for t, _ in curve],
                                                     [s for _, s in curve])
+        if len(kept) == 1:  # as the scheduler does (single_branch_as_dual): a dual cache of that block
+            return o.replace(policy="dual", block_length=kept[0], block_sizes=None, branch_budget="full",
+                             stop_on_eos=o.resolved("stop_on_eos", self.config.family))
         return o.replace(block_sizes=tuple(kept), branch_budget="full")
 
     def _requests(self, prompts, options, chat, allow_unknown) -> tuple[list[torch.Tensor], list[DecodeOptions]]:

@@ -45,8 +45,13 @@ def test_a_cut_request_equals_its_decode_alone_with_the_cut_sizes():
     for curve, sizes in ((list(zip(*LINEAR)), (32,)), (list(zip(*FLAT)), tuple(SIZES))):
         with BatchScheduler(engine.model.obj, max_batch=4, max_length=256, step_curve=curve) as sched:
             out = sched.submit(prompt, auto).result(timeout=60)
-        assert tuple(b["block_size"] for b in out.stats["branches"]) == sizes
-        alone = engine.generate(prompt, auto.replace(block_sizes=sizes, branch_budget="full"))[0]
+        if len(sizes) > 1:
+            assert tuple(b["block_size"] for b in out.stats["branches"]) == sizes
+            alone = engine.generate(prompt, auto.replace(block_sizes=sizes, branch_budget="full"))[0]
+        else:  # one branch left: a dual cache of that block, with blockbatch's threshold and EOS exit
+            assert out.stats["nfe_refresh"] == 0 and out.stats["nfe_init"] == 0
+            alone = engine.generate(prompt, DecodeOptions(policy="dual", gen_length=128, block_length=sizes[0],
+                                                          stop_on_eos=True))[0]
         assert out.tokens[prompt.numel():].tolist() == alone.raw_ids and out.stats["nfe"] == alone.stats["nfe"]
     # the op alone has no curve: the full set; Engine.generate alone cuts at load 1 on the model's curve
     from blockbatch.options import run_decode
@@ -54,7 +59,12 @@ def test_a_cut_request_equals_its_decode_alone_with_the_cut_sizes():
     assert len(run_decode(engine.model.obj, prompt, auto).stats["branches"]) == 6
     curve = engine.step_curve
     at_one = _cut(1, ([t for t, _ in curve], [s for _, s in curve]))
-    assert [b["block_size"] for b in engine.generate(prompt, auto)[0].stats["branches"]] == at_one
+    got = engine.generate(prompt, auto)[0].stats
+    if len(at_one) > 1:
+        assert [b["block_size"] for b in got["branches"]] == at_one
+    else:
+        assert got["nfe"] == engine.generate(prompt, DecodeOptions(policy="dual", gen_length=128, block_length=at_one[0],
+                                                                   stop_on_eos=True))[0].stats["nfe"]
 
 
 def test_the_measured_curve_and_bad_curves():

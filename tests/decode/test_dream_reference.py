@@ -105,4 +105,4 @@ def test_default_blockbatch_settings_are_the_authors_dream_defaults():
                 if v.default is not inspect.Parameter.empty}
     assert defaults == dict(block_sizes=(4, 8, 16, 32, 64), threshold=0.9, merge_gate=0.5, sync_gap=8,
                             refresh_tokens=32, prob_floor=0.2, stop_on_eos=False, merge=True, sync=True,
-                            vocab_limit=None)
+                            vocab_limit=None, sync_refresh=False)  # sync_refresh: our variant, off
