@@ -124,6 +124,7 @@ INVALID = {
     "prob_floor": st.one_of(st.floats().filter(lambda v: not MIN_PROB_FLOOR <= v < 1), st.booleans()),
     "merge": st.one_of(st.integers(), st.text(max_size=3)),
     "sync": st.one_of(st.integers(), st.none()),
+    "sync_refresh": st.one_of(st.integers(), st.none(), st.text(max_size=4)),
     "branch_budget": st.one_of(st.text(max_size=8).filter(lambda v: v not in ("full", "auto")), st.integers()),
     "cuda_graphs": st.one_of(st.integers(), st.floats()),
     "timeout_s": st.one_of(st.floats().filter(lambda v: not (0 <= v < float("inf"))), st.text(max_size=3)),
