@@ -122,6 +122,16 @@ def read_file_bytes(path: str, what: str, max_bytes: int) -> bytes:
     return data
 
 
+def write_json_file(path: str, data: Any, indent: int | None = 2) -> None:
+    """Write JSON atomically (a temporary file renamed over ``path``: a reader, or a run cut short,
+    never sees half of it); ``indent`` None writes it compact."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=indent, separators=None if indent is not None else (",", ":"))
+        f.write("\n")
+    os.replace(tmp, path)
+
+
 def read_json_file(path: str, what: str, max_bytes: int) -> Any:
     """Parse a JSON file of at most ``max_bytes`` bytes; every error names the file."""
     return parse_json_bytes(read_file_bytes(path, what, max_bytes), path)

@@ -22,7 +22,6 @@ and ``docs/bench/tune/``.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any
 
@@ -151,8 +150,6 @@ def write(path: str, name: str, options: dict[str, Any], description: str = "", 
     data = {"blockbatch_preset": FORMAT, "name": name, "description": description, "options": checked}
     if evidence:
         data["evidence"] = evidence
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+    from .errors import write_json_file
+
+    write_json_file(path, data)

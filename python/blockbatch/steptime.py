@@ -21,7 +21,6 @@ Where the coefficients come from:
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import statistics
 import time
@@ -52,9 +51,9 @@ class StepTimeModel:
                 "points": [{"query_tokens": q, "L": L, "seconds": s} for q, L, s in self.points]}
 
     def save(self, path: str) -> None:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, indent=2)
-            f.write("\n")
+        from .errors import write_json_file
+
+        write_json_file(path, self.to_dict())
 
 
 def fit(points: Iterable[tuple[int, int, float]], source: str) -> StepTimeModel:

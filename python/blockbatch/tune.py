@@ -31,7 +31,7 @@ import signal
 import statistics
 import sys
 import time
-from typing import Any, Sequence
+from typing import Sequence
 
 FORMAT = 1
 OBJECTIVES = ("nfe", "time")
@@ -153,11 +153,9 @@ def _setup_key(model: str, tasks: str, samples: list, n: int, gen_length: int) -
 
 
 def _write_json(path: str, data: dict) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, separators=(",", ":"))  # compact: it holds every task's step log
-        f.write("\n")
-    os.replace(tmp, path)
+    from .errors import write_json_file
+
+    write_json_file(path, data, indent=None)  # compact: it holds every task's step log
 
 
 def summarize(records: list[dict]) -> dict:
@@ -167,7 +165,6 @@ def summarize(records: list[dict]) -> dict:
         "mean_query_tokens": statistics.mean(r["query_tokens"] for r in records),
         "mean_wall_ms": statistics.mean(r["wall_ms"] for r in records),
         "median_wall_ms": statistics.median(r["wall_ms"] for r in records),
-        "mean_model_ms": statistics.mean(r["model_ms"] for r in records),
     }
 
 
@@ -273,11 +270,12 @@ def run_tune(engine, samples: list, specs: Sequence[str], gen_length: int, out_p
                 L = encoded[i].numel() + gen_length
                 q = g.stats["query_tokens_per_step"]
                 records.append({"correct": correct, "nfe": g.stats["nfe"], "query_tokens": sum(q), "wall_ms": wall,
-                                "model_ms": step_model.decode_seconds(q, L) * 1e3, "steps": q, "length": L})
+                                "steps": q, "length": L})
             data["configs"][spec] = {"policy": o.policy, "options": _options_dict(o), **summarize(records),
                                      "correct": [r["correct"] for r in records], "nfe": [r["nfe"] for r in records],
                                      "query_tokens_per_step": [r["steps"] for r in records],
                                      "lengths": [r["length"] for r in records]}
+            _model_config(data["configs"][spec], step_model)
             _write_json(out_path, data)
     except KeyboardInterrupt:
         stopped = "interrupted"
@@ -295,8 +293,13 @@ def remodel(data: dict, step_model) -> None:
     sweep resumed or re-read with another ``--step-time`` is in one time throughout."""
     data["step_time"] = step_model.to_dict()
     for rec in data["configs"].values():
-        ms = [step_model.decode_seconds(q, L) * 1e3 for q, L in zip(rec["query_tokens_per_step"], rec["lengths"])]
-        rec["mean_model_ms"] = statistics.mean(ms)
+        _model_config(rec, step_model)
+
+
+def _model_config(rec: dict, step_model) -> None:
+    """A config's mean modelled ms per task, from its tasks' step logs."""
+    ms = [step_model.decode_seconds(q, L) * 1e3 for q, L in zip(rec["query_tokens_per_step"], rec["lengths"])]
+    rec["mean_model_ms"] = statistics.mean(ms)
 
 
 def _options_dict(o) -> dict:
