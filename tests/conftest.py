@@ -8,6 +8,33 @@ import torch
 torch.set_num_threads(1)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--grid-stride", type=int, default=1, metavar="K",
+                     help="run every K-th case of each test marked `grid` (parity grids), in collection order; "
+                          ".ci/sanitize uses it: under ASan a sample of a grid finds what the whole would, in a "
+                          "fraction of the time (the README's test command runs every case)")
+
+
+def pytest_collection_modifyitems(config, items):
+    stride = config.getoption("--grid-stride")
+    if stride < 1:
+        raise pytest.UsageError(f"--grid-stride must be >= 1, got {stride}")
+    if stride == 1:
+        return
+    seen: dict[str, int] = {}
+    kept, dropped = [], []
+    for item in items:
+        if item.get_closest_marker("grid") is None:
+            kept.append(item)
+            continue
+        key = item.nodeid.split("[", 1)[0]
+        index = seen[key] = seen.get(key, -1) + 1
+        (kept if index % stride == 0 else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
 @pytest.fixture
 def make_ckpt(tmp_path):
     """Factory: write a random LLaDA checkpoint under tmp_path and return (path, config)."""

@@ -53,6 +53,7 @@ GRID = [
 ]
 
 
+@pytest.mark.grid
 @pytest.mark.parametrize("case", GRID, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()).replace(" ", ""))
 def test_grid_matches_reference(models, case):
     config = models[0]
@@ -205,6 +206,7 @@ SYNC_REFRESH = [dict(block_sizes=sizes, gen_length=G, refresh_mode=mode, refresh
                 if not (mode == "divergence" and rt == 0)]
 
 
+@pytest.mark.grid
 @pytest.mark.parametrize("case", SYNC_REFRESH, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()).replace(" ", ""))
 def test_sync_refresh_variant_matches_reference(models, case):
     config = models[0]

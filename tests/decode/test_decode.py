@@ -45,6 +45,7 @@ CASES = [
 ]
 
 
+@pytest.mark.grid
 @pytest.mark.parametrize("policy,gen_length,block_length,extra", CASES,
                          ids=[f"{p}-G{g}-B{b}-{'-'.join(f'{k}{v}' for k, v in e.items())}" for p, g, b, e in CASES])
 def test_decode_matches_reference(models, policy, gen_length, block_length, extra):

@@ -291,6 +291,7 @@ def _random_case(rng, V: int, mask: int):
     return prompt, o
 
 
+@pytest.mark.grid
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(3))
 def test_random_options_native_equals_reference(tmp_path, seed):
