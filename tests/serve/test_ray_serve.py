@@ -213,6 +213,52 @@ def test_errors_keep_openai_shape(server, client):
     assert [m.id for m in models.data] == ["blockbatch-toy"]
 
 
+def _replica_metrics(server) -> dict[str, dict[str, float]]:
+    """replica id -> every sample of its /metrics (name{labels} -> value); /metrics answers for the
+    replica a request reaches, so it is asked until both have answered."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, dict[str, float]] = {}
+    for _ in range(200):
+        r = httpx.get(server.url + "/metrics", timeout=10)
+        samples = {}
+        for family in text_string_to_metric_families(r.text):
+            for s in family.samples:
+                labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+                samples[s.name + (f"{{{labels}}}" if labels else "")] = s.value
+        out[r.headers["x-blockbatch-replica"]] = samples
+        if len(out) == 2:
+            return out
+    raise AssertionError(f"/metrics answered from {sorted(out)} only")
+
+
+def _total(metrics: dict[str, dict[str, float]], name: str) -> float:
+    return sum(m.get(name, 0.0) for m in metrics.values())
+
+
+def test_a_client_that_disconnects_cancels_its_decode_through_the_router(server, client):
+    """A streamed request closed after its first chunk: the router cancels the forwarded call, the
+    engine replica's app sees the disconnect and cancels the decode long before its 256 forwards."""
+    long = {"policy": "vanilla", "gen_length": 256, "block_length": 32, "threshold": None, "steps": 256}
+    before = _replica_metrics(server)
+    stream = client.completions.create(model="blockbatch-toy", prompt=PROMPT, stream=True,
+                                       extra_body={"blockbatch": long})
+    first = next(iter(stream))
+    assert first.choices[0].text and first.choices[0].finish_reason is None
+    stream.close()
+    deadline = time.monotonic() + 20
+    while True:
+        after = _replica_metrics(server)
+        if _total(after, "blockbatch_running") == 0 and _total(after, "blockbatch_queued") == 0:
+            break
+        assert time.monotonic() < deadline, "the request still runs after its client went away"
+        time.sleep(0.1)
+    cancelled = 'blockbatch_requests_total{status="cancelled"}'
+    assert _total(after, cancelled) - _total(before, cancelled) == 1
+    forwards = _total(after, "blockbatch_request_forwards_total") - _total(before, "blockbatch_request_forwards_total")
+    assert 0 < forwards < 128, forwards  # cancelled well before its 256 forwards
+
+
 def test_a_replica_killed_under_load_loses_no_answer(server):
     """SIGKILL one replica while 6 clients that never retry send requests (streamed and not): every
     call returns within CALL_TIMEOUT_S, with its answer (a request whose replica died before
