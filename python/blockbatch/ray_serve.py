@@ -174,7 +174,7 @@ class EngineReplica:
                 if message is None:  # the app returned (or raised) without finishing its response
                     if start is None:
                         yield {"status": 500, "headers": [(b"content-type", b"application/json")], "more": False,
-                               "body": _error_json(f"the engine replica did not answer: {task.exception()!r}",
+                               "body": _error_json(500, f"the engine replica did not answer: {task.exception()!r}",
                                                    "engine_failed")}
                     return
                 if message["type"] == "http.response.start":
@@ -204,8 +204,11 @@ class EngineReplica:
                     pass
 
 
-def _error_json(message: str, code: str, status_type: str = "server_error") -> bytes:
-    return json.dumps({"error": {"message": message, "type": status_type, "param": None, "code": code}}).encode()
+def _error_json(status: int, message: str, code: str) -> bytes:
+    """The body of an OpenAI-shaped error, as the app writes it (``server.APIError``)."""
+    from .server import APIError
+
+    return json.dumps(APIError(status, message, code=code).body()).encode()
 
 
 def _died(e: BaseException) -> bool:
@@ -248,7 +251,7 @@ class RouterReplica:
                 stream.cancel()
                 if not _died(e):
                     log.exception("forwarding %s %s failed", request.method, request.url.path)
-                    return Response(_error_json(f"internal error: {type(e).__name__}: {e}", "internal_error"), 500,
+                    return Response(_error_json(500, f"internal error: {type(e).__name__}: {e}", "internal_error"), 500,
                                     media_type="application/json")
                 error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 log.warning("%s %s: engine replica died before answering (try %d of %d): %s", request.method,
@@ -260,7 +263,7 @@ class RouterReplica:
                 return Response(first["body"], first["status"], headers=headers)
             event_stream = headers.get("content-type", "").startswith("text/event-stream")
             return StreamingResponse(_rest(stream, first["body"], event_stream), first["status"], headers=headers)
-        return Response(_error_json(f"no engine replica could answer after {ATTEMPTS} tries (the last: {error}); "
+        return Response(_error_json(503, f"no engine replica could answer after {ATTEMPTS} tries (the last: {error}); "
                                     "retry later", "replica_unavailable"), 503, media_type="application/json",
                         headers={"retry-after": "1"})
 
@@ -278,7 +281,7 @@ async def _rest(stream, first: bytes, event_stream: bool):
                 log.exception("a forwarded stream failed")
             if event_stream:
                 message = f"the engine replica serving this stream failed: {type(e).__name__}"
-                yield b"data: " + _error_json(message, "replica_died") + b"\n\n" + b"data: [DONE]\n\n"
+                yield b"data: " + _error_json(503, message, "replica_died") + b"\n\n" + b"data: [DONE]\n\n"
     finally:
         stream.cancel()  # the client went away (or the stream ended): nothing left to run
 

@@ -12,8 +12,19 @@ from pathlib import Path
 from typing import Callable
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Every sample of a /metrics answer: name{labels} -> value."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
+    return out
 
 
 class ServeProcess:

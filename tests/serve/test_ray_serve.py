@@ -10,8 +10,8 @@ is left."""
 from __future__ import annotations
 
 import collections
-import ipaddress
 import concurrent.futures
+import ipaddress
 import os
 import re
 import signal
@@ -26,7 +26,7 @@ import pytest
 from openai import OpenAI
 
 from blockbatch.toy import task
-from helpers.serve import ROOT, ServeProcess
+from helpers.serve import ROOT, ServeProcess, parse_metrics
 
 pytest.importorskip("ray.serve", reason="blockbatch serve --replicas needs ray[serve]")
 
@@ -128,7 +128,7 @@ def _listening(pids: list[int]) -> dict[str, int]:
         except OSError:
             continue
     out = {}
-    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         for line in Path(table).read_text().splitlines()[1:]:
             fields = line.split()
             local, state, inode = fields[1], fields[3], fields[9]
@@ -216,17 +216,10 @@ def test_errors_keep_openai_shape(server, client):
 def _replica_metrics(server) -> dict[str, dict[str, float]]:
     """replica id -> every sample of its /metrics (name{labels} -> value); /metrics answers for the
     replica a request reaches, so it is asked until both have answered."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     out: dict[str, dict[str, float]] = {}
     for _ in range(200):
         r = httpx.get(server.url + "/metrics", timeout=10)
-        samples = {}
-        for family in text_string_to_metric_families(r.text):
-            for s in family.samples:
-                labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
-                samples[s.name + (f"{{{labels}}}" if labels else "")] = s.value
-        out[r.headers["x-blockbatch-replica"]] = samples
+        out[r.headers["x-blockbatch-replica"]] = parse_metrics(r.text)
         if len(out) == 2:
             return out
     raise AssertionError(f"/metrics answered from {sorted(out)} only")

@@ -20,11 +20,10 @@ import httpx
 import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
-from prometheus_client.parser import text_string_to_metric_families
 
 from blockbatch import DecodeOptions, Engine, presets
 from blockbatch.toy import checkpoint_path
-from helpers.serve import ROOT, ServeProcess
+from helpers.serve import ROOT, ServeProcess, parse_metrics
 
 PROMPT = "72-2=__-3=__-3=__...............?"  # the toy task; greedy answer 72-2=70-3=67-3=64;64
 KEY = "test-key"
@@ -39,13 +38,7 @@ class Server(ServeProcess):
 
     def metrics(self) -> dict[str, float]:
         """Every sample of /metrics: name{labels} -> value."""
-        text = httpx.get(self.url + "/metrics", timeout=10).text
-        out = {}
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
-                out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
-        return out
+        return parse_metrics(httpx.get(self.url + "/metrics", timeout=10).text)
 
     def wait_idle(self, timeout: float = 30) -> float:
         """Seconds until no request runs or waits."""
