@@ -1,7 +1,8 @@
 """Many requests at once: throughput and latency vs max_batch, against one-by-one decoding.
 
-    python benchmarks/bench_batch.py [--model toy|50m|DIR] [--n 32] [--batches 1,2,4,8,16,32]
-        [--policies dual,blockbatch] [--gen-length 64] [--threads N] [--out results/bench_batch_toy.json]
+    python benchmarks/bench_batch.py [--model toy|50m|llada-8b|DIR] [--n 32] [--batches 1,2,4,8,16,32]
+        [--policies dual,blockbatch] [--gen-length 64] [--threads N] [--device cpu|cuda]
+        [--dtype float32|bfloat16] [--out results/bench_batch_toy.json]
 
 The same --n requests (held-out toy problems; on a random model, prompts of 8..40 random tokens)
 are decoded one by one (Engine.generate per prompt) and through torch.ops.blockbatch.decode_batch
@@ -9,7 +10,14 @@ at each max_batch, for each policy, in one run. Per setting: requests/s, generat
 mean and p99 request latency (its decode's own wall time, from the moment it starts; the queue
 before it is not counted), packed forwards vs the requests' forwards, and the speedup against
 one-by-one. Every batched request's tokens are checked against its one-by-one result (float32
-CPU: they must be equal). Writes the JSON and a PNG (throughput vs max_batch) next to it.
+CPU: they must be equal; on a GPU the JSON reports how many are, and the share of equal tokens).
+Writes the JSON and a PNG (throughput vs max_batch) next to it.
+
+On a GPU (--device cuda): the batched runs go through the scheduler on CUDA, which this script
+turns on (BLOCKBATCH_CUDA_BATCHING=1: eager packed steps); one by one runs with CUDA graphs, as
+Engine.generate does. --model llada-8b is LLaDA-8B's shape (4096 wide, 32 layers, vocab 126464)
+with random weights built on the device (--dtype bfloat16 for the issue's target): near-uniform
+logits, so a dual-cache step commits about one token and the NFE is near its worst case.
 """
 
 from __future__ import annotations
@@ -25,19 +33,26 @@ import time
 import torch
 
 
-def _model(name: str):
+def _model(name: str, device: str = "cpu", dtype: torch.dtype | None = None):
     from blockbatch.engine import Engine
 
     if name == "toy":
-        return Engine.from_pretrained(None), "toy"
+        return Engine.from_pretrained(None, device, dtype), "toy"
     if name == "50m":
         from blockbatch.random_checkpoint import make_random_checkpoint
 
         folder = tempfile.mkdtemp(prefix="bb-50m-")
         make_random_checkpoint(folder, seed=0, logit_scale=4.0, d_model=512, n_layers=8, n_heads=8,
                                mlp_hidden_size=1536, vocab_size=32000)
-        return Engine.from_pretrained(folder), "random-50m"
-    return Engine.from_pretrained(name), os.path.basename(os.path.normpath(name))
+        return Engine.from_pretrained(folder, device, dtype), "random-50m"
+    if name in ("llada-8b", "llada-tiny"):  # built on the device: 16 GB of bf16 weights never touch the disk
+        from bench_gpu_dream import SHAPES, build
+        from blockbatch.loading import Checkpoint
+
+        dtype = dtype or (torch.bfloat16 if name == "llada-8b" else torch.float32)
+        config, model = build("llada", SHAPES["7b" if name == "llada-8b" else "tiny"]["llada"], device, dtype)
+        return Engine(Checkpoint(f"random-{name}", config, {}), device, dtype, model=model), f"random-{name}"
+    return Engine.from_pretrained(name, device, dtype), os.path.basename(os.path.normpath(name))
 
 
 def _prompts(engine, n: int) -> list[list[int]]:
@@ -55,7 +70,9 @@ def _prompts(engine, n: int) -> list[list[int]]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="toy", help="toy (the shipped LLaDA toy), 50m (a random ~50M LLaDA) or a folder")
+    ap.add_argument("--model", default="toy", help="toy (the shipped LLaDA toy), 50m (a random ~50M LLaDA), llada-8b "
+                    "(LLaDA-8B's shape, random weights built on the device; llada-tiny: its small smoke-run "
+                    "twin) or a folder")
     ap.add_argument("--n", type=int, default=32, help="requests (default 32)")
     ap.add_argument("--batches", default="1,2,4,8,16,32", help="max_batch values (default 1,2,4,8,16,32)")
     ap.add_argument("--policies", default="dual,blockbatch,blockbatch-auto",
@@ -63,8 +80,16 @@ def main(argv=None) -> int:
                          "branch_budget=auto, whose batched results differ from one by one by design)")
     ap.add_argument("--gen-length", type=int, default=64, help="generation length (default 64)")
     ap.add_argument("--threads", type=int, default=None, help="intra-op threads (default: torch's choice)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                    help="weights and activations (default: the checkpoint's; llada-8b: bfloat16)")
     ap.add_argument("--out", default="results/bench_batch_toy.json")
     args = ap.parse_args(argv)
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            print("error: --device cuda but no CUDA device", file=sys.stderr)
+            return 2
+        os.environ["BLOCKBATCH_CUDA_BATCHING"] = "1"  # the scheduler on CUDA: what this measures
     try:
         batches = [int(b) for b in args.batches.split(",") if b]
         assert batches and all(b >= 1 for b in batches) and args.n >= 1
@@ -75,9 +100,10 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     from blockbatch import DecodeOptions
 
-    engine, label = _model(args.model)
+    engine, label = _model(args.model, args.device, getattr(torch, args.dtype) if args.dtype else None)
     prompts = _prompts(engine, args.n)
     report = {"model": label, "n": args.n, "gen_length": args.gen_length, "threads": torch.get_num_threads(),
+              "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "dtype": str(engine.model.dtype).removeprefix("torch."),
               "step_curve": engine.step_curve, "policies": {}}
     budget = 1 << 30
     for policy in [p for p in args.policies.split(",") if p]:
@@ -97,6 +123,7 @@ def main(argv=None) -> int:
             got = engine.generate(prompts, o, max_batch=b)
             s = time.perf_counter() - t0
             equal = sum(g.raw_ids == a.raw_ids and g.stats["nfe"] == a.stats["nfe"] for g, a in zip(got, alone))
+            same_tokens = sum(x == y for g, a in zip(got, alone) for x, y in zip(g.raw_ids, a.raw_ids))
             st = engine.last_batch_stats or {}
             rows[f"batch_{b}"] = {"seconds": s, "requests_per_s": args.n / s, "tokens_per_s": tokens / s,
                                   "speedup_vs_one_by_one": one_s / s,
@@ -105,6 +132,7 @@ def main(argv=None) -> int:
                                   "packed_forwards": st.get("packed_forwards"),
                                   "request_forwards": st.get("request_forwards"),
                                   "equal_to_one_by_one": f"{equal}/{args.n}",
+                                  "token_agreement": same_tokens / sum(len(a.raw_ids) for a in alone),
                                   "mean_nfe": statistics.mean(g.stats["nfe"] for g in got),
                                   "mean_query_tokens_per_step": statistics.mean(
                                       statistics.mean(g.stats["query_tokens_per_step"]) for g in got)}

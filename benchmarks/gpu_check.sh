@@ -4,13 +4,24 @@
 #   env.txt (GPU, toolkit, versions, kernel resource usage), gpu_check.log, gpu_tests.xml,
 #   bench_gpu_step.json, gpu_decode_check.json, bench_gpu_dream.json (+ .png), ops_tests.xml; then the opt-in kernels
 #   ("candidates", python/blockbatch/settings.py): candidate_tests_*.xml, bench_gpu_candidates.json,
-#   gpu_decode_candidates.json; a short table ends the log.
-#   bash benchmarks/gpu_check.sh "$OUT"
+#   gpu_decode_candidates.json; the batching scheduler on CUDA (candidate BLOCKBATCH_CUDA_BATCHING=1):
+#   cuda_batching_tests.xml, bench_batch_toy_fp32.json, bench_batch_toy_bf16.json, bench_batch_llada8b.json
+#   (+ .png); a short table ends the log.
+#   bash benchmarks/gpu_check.sh "$OUT" [PARTS]
+# PARTS: a comma-separated subset of tests,batching,bench,decode,dream,ops,candidates (default: all of
+# them, in that order; the build always runs), e.g. "tests,batching" when a session's time is short.
 # Every stage has its own time limit and writes as it goes, so a stage that fails or runs long
 # costs only itself. The candidates run last, each stage in its own process: a faulting kernel
 # poisons its process's CUDA context, and a hung one only uses up its stage's limit.
 set -uo pipefail
-OUT="${1:?usage: gpu_check.sh OUT_DIR}"
+OUT="${1:?usage: gpu_check.sh OUT_DIR [PARTS]}"
+PARTS=",${2:-tests,batching,bench,decode,dream,ops,candidates},"
+for part in ${2:+${2//,/ }}; do
+  case "$part" in tests|batching|bench|decode|dream|ops|candidates) ;;
+    *) echo "gpu_check.sh: unknown part '$part' (tests, batching, bench, decode, dream, ops, candidates)" >&2; exit 2;;
+  esac
+done
+want() { [[ "$PARTS" == *",$1,"* ]]; }
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -46,16 +57,47 @@ export PYTHONUNBUFFERED=1
       cuobjdump --dump-sass "$so" | grep -oE "\b(HMMA|HGMMA|LDL|STL)\b" | sort | uniq -c
       echo "== resource usage"; cuobjdump --dump-resource-usage "$so" | grep -E "Function|REG" | head -200; } >> "$OUT/env.txt" 2>&1
   fi
-  echo "== GPU tests ($(date +%T))"
-  timeout 150 "$PY" -m pytest -q --tb=short tests/cuda/test_cuda.py -m "not candidate" --junitxml="$OUT/gpu_tests.xml"
-  echo "== GPU benchmarks ($(date +%T))"
-  timeout 180 "$PY" benchmarks/bench_gpu_step.py --out "$OUT"
-  echo "== GPU decode check ($(date +%T))"
-  timeout 100 "$PY" benchmarks/gpu_decode_check.py --out "$OUT" --n 50
-  echo "== Dream-7B vs LLaDA-8B shape: steps and Dream decodes, bf16 ($(date +%T))"
-  timeout 150 "$PY" benchmarks/bench_gpu_dream.py --out "$OUT"
-  echo "== op checks with the CUDA build ($(date +%T))"
-  timeout 90 "$PY" -m pytest -q --tb=short -p no:logging tests/ops/test_ops.py --junitxml="$OUT/ops_tests.xml"
+  if want tests; then
+    echo "== GPU tests ($(date +%T))"
+    timeout 150 "$PY" -m pytest -q --tb=short tests/cuda/test_cuda.py -m "not candidate" --junitxml="$OUT/gpu_tests.xml"
+  fi
+  if want batching; then
+    # The scheduler on CUDA (an opt-in candidate): its tests, then throughput and agreement vs one by
+    # one (bench_batch.py sets BLOCKBATCH_CUDA_BATCHING=1 itself): the toy in float32 and bf16, and
+    # LLaDA-8B's shape in bf16 (the issue's GPU target: 6x one by one for dual at batch 16,
+    # BlockBatch-auto within 10% of dual).
+    echo "== the batching scheduler on CUDA: tests ($(date +%T))"
+    BLOCKBATCH_CUDA_BATCHING=1 timeout 120 "$PY" -m pytest -q -s --tb=short tests/cuda/test_cuda_batching.py \
+      --junitxml="$OUT/cuda_batching_tests.xml"
+    echo "== the batching scheduler on CUDA: toy, float32 and bf16 ($(date +%T))"
+    timeout 60 "$PY" benchmarks/bench_batch.py --device cuda --model toy --dtype float32 --n 32 --batches 1,16 \
+      --policies dual,blockbatch --out "$OUT/bench_batch_toy_fp32.json"
+    timeout 60 "$PY" benchmarks/bench_batch.py --device cuda --model toy --dtype bfloat16 --n 32 --batches 1,16 \
+      --policies dual,blockbatch --out "$OUT/bench_batch_toy_bf16.json"
+    echo "== the batching scheduler on CUDA: LLaDA-8B shape, bf16 ($(date +%T))"
+    timeout 200 "$PY" benchmarks/bench_batch.py --device cuda --model llada-8b --n 16 --batches 1,4,16 \
+      --policies dual,blockbatch,blockbatch-auto --gen-length 64 --out "$OUT/bench_batch_llada8b.json"
+  fi
+  if want bench; then
+    echo "== GPU benchmarks ($(date +%T))"
+    timeout 180 "$PY" benchmarks/bench_gpu_step.py --out "$OUT"
+  fi
+  if want decode; then
+    echo "== GPU decode check ($(date +%T))"
+    timeout 100 "$PY" benchmarks/gpu_decode_check.py --out "$OUT" --n 50
+  fi
+  if want dream; then
+    echo "== Dream-7B vs LLaDA-8B shape: steps and Dream decodes, bf16 ($(date +%T))"
+    timeout 150 "$PY" benchmarks/bench_gpu_dream.py --out "$OUT"
+  fi
+  if want ops; then
+    echo "== op checks with the CUDA build ($(date +%T))"
+    timeout 90 "$PY" -m pytest -q --tb=short -p no:logging tests/ops/test_ops.py --junitxml="$OUT/ops_tests.xml"
+  fi
+  if ! want candidates; then
+    echo "== done ($(date +%T))"
+    exit 0
+  fi
   # One process per candidate: a kernel that faults ends its process's CUDA context, and would
   # otherwise fail every candidate test after it.
   # The groups (name:pytest -k expression) come from the settings table (python/blockbatch/settings.py).

@@ -3,7 +3,7 @@
     python benchmarks/gpu_summary.py DIR
 
 DIR is the folder gpu_check.sh wrote (gpu_tests.xml, ops_tests.xml, bench_gpu_step.json,
-gpu_decode_check.json, and for the opt-in kernels candidate_tests*.xml (one per candidate), bench_gpu_candidates.json,
+gpu_decode_check.json, the CUDA scheduler's cuda_batching_tests.xml and bench_batch_*.json, and for the opt-in kernels candidate_tests*.xml (one per candidate), bench_gpu_candidates.json,
 gpu_decode_candidates.json); missing files are reported as missing, not skipped silently.
 """
 
@@ -150,6 +150,24 @@ def dream(path: str) -> list[str]:
     return lines
 
 
+def batching(path: str) -> list[str]:
+    """bench_batch.py's JSON: per policy and max_batch, throughput vs one by one and agreement with it."""
+    if not os.path.exists(path):
+        return [f"{os.path.basename(path)}: missing"]
+    data = json.load(open(path))
+    lines = [f"{os.path.basename(path)} ({data['model']}, {data.get('dtype')}, {data.get('device')}, "
+             f"{data['n']} requests, gen {data['gen_length']})"]
+    for policy, rows in data["policies"].items():
+        one = rows["one_by_one"]
+        lines.append(f"{policy}: one by one {one['tokens_per_s']:.0f} tok/s")
+        for key, r in rows.items():
+            if key.startswith("batch_"):
+                lines.append(f"  max_batch {key[6:]}: {r['tokens_per_s']:.0f} tok/s, "
+                             f"{r['speedup_vs_one_by_one']:.2f}x one by one, p99 {r['p99_latency_ms']:.0f} ms, "
+                             f"equal {r['equal_to_one_by_one']}, token agreement {r.get('token_agreement', 0):.4f}")
+    return lines
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or not os.path.isdir(argv[0]):
@@ -159,6 +177,10 @@ def main(argv=None) -> int:
     out = tests(os.path.join(d, "gpu_tests.xml")) + tests(os.path.join(d, "ops_tests.xml"))
     out += steps(os.path.join(d, "bench_gpu_step.json")) + decode(os.path.join(d, "gpu_decode_check.json"))
     out += dream(os.path.join(d, "bench_gpu_dream.json"))
+    out += ["== the scheduler on CUDA (candidate BLOCKBATCH_CUDA_BATCHING=1)"]
+    out += tests(os.path.join(d, "cuda_batching_tests.xml"))
+    for name in ("bench_batch_toy_fp32.json", "bench_batch_toy_bf16.json", "bench_batch_llada8b.json"):
+        out += batching(os.path.join(d, name))
     out += ["== opt-in kernels (candidates)"]
     for path in candidate_test_files(d) or [os.path.join(d, "candidate_tests_*.xml")]:
         out += tests(path)

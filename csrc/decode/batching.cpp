@@ -4,18 +4,23 @@
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/full.h>
+#include <c10/core/StreamGuard.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <chrono>
 
-
-
 namespace blockbatch {
+
+std::optional<c10::Stream> default_stream_of(c10::Device device) {
+  if (device.is_cpu()) return std::nullopt;
+  return c10::Stream(c10::Stream::DEFAULT, device);
+}
 
 SharedForward::SharedForward(const Network& model, int64_t pool_rows, int64_t max_length)
     : model_(model), pool_rows_(pool_rows), max_length_(max_length) {
   TORCH_CHECK_VALUE(pool_rows >= 0 && max_length > 0, "SharedForward: pool_rows >= 0 and max_length > 0");
+  const c10::OptionalStreamGuard on(default_stream_of(model.device()));  // the pool zeroed where it is used
   if (pool_rows > 0) pool_ = model.new_kv(pool_rows, max_length);
 }
 
@@ -133,6 +138,7 @@ void SharedForward::run_step_locked(std::unique_lock<std::mutex>& lock) const {
   step.swap(filed_batches_);
   std::map<const void*, Allocation> allocations = allocations_;
   lock.unlock();
+  const c10::OptionalStreamGuard on(default_stream_of(model_.device()));
   // Groups: one packed forward per (mode, KV buffer or none), in the order requests filed.
   std::vector<std::vector<Filed*>> groups;
   for (Filed* f : step) {

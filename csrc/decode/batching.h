@@ -14,12 +14,19 @@
 // the step barrier (the others go on) until a finished request frees them; one that can never fit
 // is refused with an error naming the budget.
 //
+// On CUDA every thread of a scheduler (the requests' workers, the stepping thread) queues its work
+// on the device's default stream (default_stream_of): the stream then runs the kernels in the order
+// of the threads' hand-offs under the mutex (a request's inputs before the packed forward that
+// reads them, that forward before the request reads its logits), with no event between streams.
+// A request's own CUDA graphs are off there: its step waits on the others inside the forward.
+//
 // Batch invariance: a request's logits rows are computed exactly as in its batch-1 run (every op
 // of the forward is per row; the CPU GEMM pads fewer than 16 rows so that a row's product does not
 // depend on its neighbours), so its tokens and counters do not depend on what else runs.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Stream.h>
 
 #include <condition_variable>
 #include <cstdint>
@@ -28,12 +35,17 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "model/network.h"
 
 namespace blockbatch {
+
+// The stream a scheduler's thread queues on for `device`: none on the CPU, else the device's default
+// stream (for a c10::OptionalStreamGuard, which also sets the thread's device).
+std::optional<c10::Stream> default_stream_of(c10::Device device);
 
 class SharedForward : public Network {
  public:

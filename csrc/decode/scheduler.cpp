@@ -1,6 +1,7 @@
 #include "decode/scheduler.h"
 
 #include <ATen/Parallel.h>
+#include <c10/core/StreamGuard.h>
 #include <c10/util/Exception.h>
 
 #include <ATen/ops/tensor.h>
@@ -11,6 +12,10 @@
 
 #ifdef _OPENMP
 #include <omp.h>
+#endif
+
+#ifdef BLOCKBATCH_WITH_CUDA
+#include "ops/cuda/settings.h"  // cuda_batching
 #endif
 
 namespace blockbatch {
@@ -37,6 +42,21 @@ RequestEvent cancelled_event(int64_t id, const std::string& why) {
     ev.exception = std::current_exception();
   }
   return ev;
+}
+
+// The scheduler takes CPU models, and CUDA models where BLOCKBATCH_CUDA_BATCHING=1 (opt-in; its
+// status: python/blockbatch/settings.py; its GPU tests: tests/cuda/test_cuda_batching.py).
+void check_batching_device(c10::Device device, const char* who) {
+  if (device.is_cpu()) return;
+#ifdef BLOCKBATCH_WITH_CUDA
+  if (device.is_cuda()) {
+    TORCH_CHECK_VALUE(cuda_ops::cuda_batching(), who, " on a CUDA model is opt-in: set BLOCKBATCH_CUDA_BATCHING=1 "
+                      "(an opt-in candidate: eager steps, no CUDA graphs), or decode the "
+                      "requests one by one with torch.ops.blockbatch.decode");
+    return;
+  }
+#endif
+  TORCH_CHECK_VALUE(false, who, " runs CPU models (and CUDA models in a CUDA build), not a model on ", device);
 }
 
 int64_t default_pool_rows(const ModelConfig& c, int64_t max_batch) {
@@ -139,9 +159,8 @@ Scheduler::Scheduler(const Network& model, int64_t max_batch, int64_t max_length
                     kMaxSequenceLength, "] (the longest prompt + gen_length accepted), got ", max_length);
   TORCH_CHECK_VALUE(kv_budget_bytes >= 0, "kv_budget_bytes must be >= 0 (0: room for max_batch requests), got ",
                     kv_budget_bytes);
-  TORCH_CHECK_VALUE(model.device().is_cpu(), "the batching scheduler runs CPU models for now (a CUDA model's "
-                    "requests each have their own stream and CUDA graphs); decode them one by one with "
-                    "torch.ops.blockbatch.decode");
+  check_batching_device(model.device(), "the batching scheduler");
+  const c10::OptionalStreamGuard on(default_stream_of(model.device()));  // the step curve, the pool
   const int64_t rows = kv_budget_bytes > 0 ? kv_budget_bytes / row_bytes_ : default_pool_rows(model.config(), max_batch);
   TORCH_CHECK_VALUE(rows >= 1, "kv_budget_bytes = ", kv_budget_bytes, " holds no KV row of ", row_bytes_,
                     " bytes (", max_length, " positions); raise it to at least ", row_bytes_);
@@ -304,6 +323,7 @@ void Scheduler::work() {
   at::internal::lazy_init_num_threads();
   omp_set_num_threads(1);
 #endif
+  const c10::OptionalStreamGuard on(default_stream_of(model_.device()));  // see batching.h
   for (;;) {
     std::shared_ptr<Request> r;
     {
@@ -313,6 +333,7 @@ void Scheduler::work() {
       r = queue_.front();
       queue_.pop_front();
       running_[r->id] = r;
+      r->options.cuda_graphs = false;  // a graph cannot hold a step whose forward waits on the others
       if (r->options.policy == Policy::kBlockBatch && r->options.branch_budget == BranchBudget::kAuto) {
         // The load it joins: the requests decoding and waiting, itself included, at most max_batch.
         const int64_t load = std::min<int64_t>(max_batch_, static_cast<int64_t>(running_.size() + queue_.size()));
@@ -364,9 +385,7 @@ std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<s
   TORCH_CHECK_VALUE(kv_budget_bytes >= 0, "kv_budget_bytes must be >= 0 (0: room for max_batch requests), got ",
                     kv_budget_bytes);
   const ModelConfig& c = model.config();
-  TORCH_CHECK_VALUE(model.device().is_cpu(), "decode_batch runs CPU models for now (a CUDA model's requests each "
-                    "have their own stream and CUDA graphs); decode them one by one with "
-                    "torch.ops.blockbatch.decode (Engine.generate does so on CUDA)");
+  check_batching_device(model.device(), "decode_batch");
   // Every request checked before any runs: an error names the request.
   int64_t max_length = 2, max_rows = 0;
   std::vector<int64_t> rows_of(n, 0);

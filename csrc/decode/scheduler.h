@@ -96,7 +96,8 @@ class Scheduler {
   // gen_length it accepts (the KV pool's row length); kv_budget_bytes: the pool (0: max_batch
   // requests with the family's default BlockBatch branches). curve: the step-time curve for
   // branch_budget = auto requests (empty: measured now when calibrate_s > 0, else such requests
-  // run their full branch set). CPU models only.
+  // run their full branch set). CPU models; CUDA models where BLOCKBATCH_CUDA_BATCHING=1
+  // (batching.h: one stream, eager steps).
   Scheduler(const Network& model, int64_t max_batch, int64_t max_length, int64_t kv_budget_bytes,
             StepCurve curve = {}, double calibrate_s = 0.0);
   ~Scheduler();

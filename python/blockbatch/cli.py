@@ -276,7 +276,7 @@ def _generate_jsonl(engine, args: argparse.Namespace, options) -> int:
 
     sched = None
     try:
-        if engine.device.type != "cpu":
+        if not engine.batches:
             for line, rid, ids in requests():
                 try:
                     good(rid, engine.generate([ids], options)[0])
@@ -377,7 +377,18 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     api_key = args.api_key or None
-    engine = Engine.from_pretrained(args.model, dtype=DTYPES[args.dtype])
+    from . import settings
+
+    try:
+        cuda_batching = settings.value("BLOCKBATCH_CUDA_BATCHING") == "1"
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if args.device == "cuda" and not cuda_batching:
+        raise UsageError("--device cuda: the server decodes on the batching scheduler, which on CUDA is opt-in: "
+                         "set BLOCKBATCH_CUDA_BATCHING=1 (an opt-in candidate: eager steps, no CUDA graphs)")
+    # With --replicas each replica loads its own engine on --device; this one only checks the checkpoint.
+    engine = Engine.from_pretrained(args.model, device="cpu" if args.replicas is not None else args.device,
+                                    dtype=DTYPES[args.dtype])
     if engine.codec is None:
         raise UsageError(f"{args.model}: the checkpoint has no tokenizer.json; the server needs one")
     limit = engine.config.max_sequence_length
@@ -399,7 +410,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         del engine  # each replica loads its own
         serve_replicas(args.replicas, model=args.model, dtype_name=args.dtype, threads=args.threads, host=args.host,
                        port=args.port, ray_address=args.ray_address, drain_timeout_s=args.drain_timeout,
-                       log_level=args.log_level,
+                       log_level=args.log_level, device=args.device,
                        app_options=dict(served_model_name=name, max_batch=args.max_batch, max_queue=args.max_queue,
                                         max_length=max_length, api_key=api_key, kv_budget_bytes=args.kv_budget_bytes,
                                         preset=preset))
@@ -605,7 +616,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Serve a checkpoint over HTTP with the OpenAI API: POST /v1/completions, POST /v1/chat/completions\n"
                     "(stream or not), GET /v1/models, GET /health, GET /metrics (Prometheus). Requests decode\n"
-                    "together on the CPU scheduler: up to --max-batch at once, their forwards packed into one per\n"
+                    "together on the batching scheduler: up to --max-batch at once, their forwards packed into one per\n"
                     "step; --max-queue more wait (beyond that: 429). max_tokens becomes gen_length (rounded up to a\n"
                     "length the policy decodes) and cuts the text; decode options go in the extra body field\n"
                     "\"blockbatch\": {\"policy\": \"blockbatch\", ...} (or {\"preset\": NAME, ...}; --preset sets\n"
@@ -621,6 +632,10 @@ def build_parser() -> argparse.ArgumentParser:
                "then: curl localhost:8000/v1/completions -H 'Content-Type: application/json' \\\n"
                "        -d '{\"model\": \"blockbatch-toy\", \"prompt\": \"72-2=__-3=__-3=__...............?\", \"max_tokens\": 20}'")
     p.add_argument("--model", default=None, help="checkpoint folder (default: the toy model shipped in the package)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the engine decodes (default cpu); cuda needs BLOCKBATCH_CUDA_BATCHING=1 (the scheduler "
+                        "on CUDA is an opt-in candidate); with --replicas each "
+                        "replica reserves one GPU")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0: all)")
     p.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000)")
     p.add_argument("--served-model-name", default=None, metavar="NAME",

@@ -34,13 +34,17 @@ class Engine:
     >>> engine.generate("72-2=__-3=__-3=__...............?", DecodeOptions(policy="blockbatch", gen_length=128))
     """
 
-    def __init__(self, checkpoint, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
+    def __init__(self, checkpoint, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+                 model: NativeModel | None = None):
+        """``model``: a NativeModel already built from ``checkpoint.config`` on ``device`` (e.g. random
+        weights made on the GPU for a benchmark); None builds it from ``checkpoint.weights``."""
         self.checkpoint = checkpoint
         self.config = checkpoint.config
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' but no CUDA device is available")
-        self.model = NativeModel.from_checkpoint(checkpoint, dtype=dtype, device=self.device)
+        self.model = model if model is not None else \
+            NativeModel.from_checkpoint(checkpoint, dtype=dtype, device=self.device)
         self.last_batch_stats: dict | None = None  # the last batched generate's counters (packed forwards, ...)
         self._step_curve: list[tuple[int, float]] | None = None
         self.codec = TextCodec(checkpoint.tokenizer, self.config, checkpoint.chat_template) \
@@ -98,8 +102,8 @@ class Engine:
 
         ``prompts`` is one prompt or a list / tuple of prompts; anything else (a dict, a set, a
         generator of characters, bytes) raises ``TypeError`` naming the argument. ``options`` is
-        one DecodeOptions for every prompt or a list with one per prompt. ``max_batch`` > 1 (CPU)
-        decodes up to that many requests together, their forwards packed into one per step
+        one DecodeOptions for every prompt or a list with one per prompt. ``max_batch`` > 1 (where
+        ``batches``) decodes up to that many requests together, their forwards packed into one per step
         (``torch.ops.blockbatch.decode_batch``; ``kv_budget_bytes`` caps their shared KV pool, 0:
         room for ``max_batch`` requests). Either way a request's result never depends on the
         others: batched, its tokens and counters are those of its decode alone.
@@ -107,7 +111,7 @@ class Engine:
         if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
             raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         encoded, opts = self._requests(prompts, options, chat, allow_unknown)
-        if max_batch > 1 and len(encoded) > 1 and self.device.type == "cpu":
+        if max_batch > 1 and len(encoded) > 1 and self.batches:
             results, self.last_batch_stats = run_decode_batch(
                 self.model.obj, encoded, opts, max_batch, kv_budget_bytes,
                 self.step_curve if any(_adaptive(o) for o in opts) else None)
@@ -189,16 +193,27 @@ class Engine:
             self._step_curve = list(zip(tokens, seconds))
         return self._step_curve
 
+    @property
+    def batches(self) -> bool:
+        """Whether requests decode together through the scheduler on this engine's device: always on
+        the CPU; on CUDA where ``BLOCKBATCH_CUDA_BATCHING=1`` (an opt-in
+        candidate), else one by one."""
+        if self.device.type == "cpu":
+            return True
+        from . import settings
+
+        return self.device.type == "cuda" and settings.value("BLOCKBATCH_CUDA_BATCHING") == "1"
+
     def scheduler(self, max_batch: int = 8, max_length: int | None = None, kv_budget_bytes: int = 0,
                   adaptive: bool = True):
-        """A ``BatchScheduler`` on this model (CPU): submit requests at any time, each decoding with
+        """A ``BatchScheduler`` on this model (CPU; CUDA where ``batches``): submit requests at any time, each decoding with
         the others in one packed forward per step (``blockbatch.scheduler``). ``max_length``: the
         longest prompt + gen_length it accepts (default: the model's ``max_sequence_length``, at
         most 4096). ``adaptive``: give it the model's step-time curve (``step_curve``, measured on
         first use) for ``branch_budget="auto"`` requests; False: they run their full branch set."""
-        if self.device.type != "cpu":
-            raise ValueError(f"the batching scheduler runs CPU models for now; this engine is on {self.device} "
-                             f"(decode one by one with Engine.generate)")
+        if not self.batches:
+            raise ValueError(f"the batching scheduler on {self.device} is opt-in: set BLOCKBATCH_CUDA_BATCHING=1 "
+                             f"(an opt-in candidate), or decode one by one with Engine.generate")
         from .scheduler import BatchScheduler
 
         if max_length is None:
@@ -222,12 +237,13 @@ class Engine:
         a request that failed (the others go on). ``blocks=True`` also yields the generation's stable
         prefix each time it grows (``generation`` None, ``new_ids`` the ids added, ``text`` the
         prefix so far): a diffusion decode commits out of order, so only tokens that can no longer
-        change are shown. Closing the generator early cancels the requests still running. On CUDA
-        the requests decode one by one, in order."""
+        change are shown. Closing the generator early cancels the requests still running. Where the
+        engine does not ``batches`` (CUDA without ``BLOCKBATCH_CUDA_BATCHING=1``) the requests
+        decode one by one, in order."""
         if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
             raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         encoded, opts = self._requests(prompts, options, chat, allow_unknown)
-        if self.device.type != "cpu":
+        if not self.batches:
             for i, ids in enumerate(encoded):
                 try:
                     result = run_decode(self.model.obj, ids.to(self.device), self._alone(opts[i]))

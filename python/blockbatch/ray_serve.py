@@ -15,9 +15,10 @@ connection. A client that disconnects cancels the forwarded call, which cancels 
 response carries ``x-blockbatch-replica`` (the engine replica's id) and ``x-blockbatch-pid`` (its
 process id).
 
-One GPU per replica when this machine's torch sees CUDA (``num_gpus=1``; the decode itself still
-runs on the CPU scheduler today, the GPU reservation places one replica per GPU); otherwise each
-replica asks for ``min(1, cluster CPUs / N)`` CPUs so that N replicas fit.
+With ``device="cuda"`` each replica reserves one GPU (``num_gpus=1``) and decodes on it (the
+scheduler on CUDA needs ``BLOCKBATCH_CUDA_BATCHING=1``; every ``BLOCKBATCH_*`` variable of the
+calling shell is passed to the replicas); otherwise each replica asks for
+``min(1, cluster CPUs / N)`` CPUs so that N replicas fit.
 
 ``ray_address=None`` starts a local Ray instance (no dashboard, a small object store, its
 files in a fresh temporary folder, removed on exit) that lives as long as this process and listens
@@ -80,8 +81,10 @@ def _replica_id() -> str:
         return f"pid-{os.getpid()}"
 
 
-def build_replica_app(model: str | None, dtype_name: str, threads: int | None, app_options: dict):
-    """In a replica: load the engine and build its app (``create_app``), with the replica headers."""
+def build_replica_app(model: str | None, dtype_name: str, threads: int | None, app_options: dict,
+                      device: str = "cpu"):
+    """In a replica: load the engine on ``device`` and build its app (``create_app``), with the replica
+    headers."""
     import torch
 
     from .cli import DTYPES
@@ -90,7 +93,7 @@ def build_replica_app(model: str | None, dtype_name: str, threads: int | None, a
 
     if threads:
         torch.set_num_threads(threads)
-    engine = Engine.from_pretrained(model, dtype=DTYPES[dtype_name])
+    engine = Engine.from_pretrained(model, device=device, dtype=DTYPES[dtype_name])
     app = create_app(engine, **app_options)
     app.add_middleware(_ReplicaHeaders, replica_id=_replica_id())
     return app
@@ -128,10 +131,10 @@ class EngineReplica:
     tears the replica down (after its graceful-shutdown wait for running requests)."""
 
     def __init__(self, model: str | None, dtype_name: str, threads: int | None, app_options: dict,
-                 local_instance: bool):
+                 local_instance: bool, device: str = "cpu"):
         if local_instance:
             _serve_grpc_on_loopback()
-        self.app = build_replica_app(model, dtype_name, threads, app_options)
+        self.app = build_replica_app(model, dtype_name, threads, app_options, device)
         self.state = self.app.state.blockbatch
         self.state.start()  # what the app's lifespan does under a server; here no server runs it
 
@@ -287,7 +290,8 @@ async def _rest(stream, first: bytes, event_stream: bool):
 
 
 def serve_replicas(replicas: int, *, model: str | None, dtype_name: str, threads: int | None, host: str, port: int,
-                   ray_address: str | None, drain_timeout_s: float, log_level: str, app_options: dict) -> None:
+                   ray_address: str | None, drain_timeout_s: float, log_level: str, app_options: dict,
+                   device: str = "cpu") -> None:
     """Run ``replicas`` replicas on Ray Serve until SIGTERM / Ctrl-C, then shut the deployment down
     (each replica gets ``drain_timeout_s`` to finish its requests) and, if this process started
     the local Ray instance, stop it."""
@@ -314,13 +318,16 @@ def serve_replicas(replicas: int, *, model: str | None, dtype_name: str, threads
     log.info("ray: %s (%s)", ray.get_runtime_context().gcs_address,
              f"local instance, files under {temp_dir}" if temp_dir else f"joined {ray_address}")
 
-    import torch
-
-    if torch.cuda.is_available():
+    if device == "cuda":
         actor_options = {"num_gpus": 1}
     else:
         cpus = ray.cluster_resources().get("CPU", 1.0)
         actor_options = {"num_cpus": min(1.0, cpus / replicas)}
+    # The BLOCKBATCH_* settings of this shell (kernel choices, BLOCKBATCH_CUDA_BATCHING) reach every
+    # replica, also those on other machines of a cluster.
+    settings_env = {k: v for k, v in os.environ.items() if k.startswith("BLOCKBATCH_")}
+    if settings_env:
+        actor_options["runtime_env"] = {"env_vars": settings_env}
 
     local = ray_address is None
     queue_per_replica = app_options.get("max_batch", 8) + app_options.get("max_queue", 64)
@@ -333,7 +340,7 @@ def serve_replicas(replicas: int, *, model: str | None, dtype_name: str, threads
     router = serve.deployment(RouterReplica, name="BlockBatchRouter", num_replicas=1,
                               ray_actor_options={"num_cpus": 0}, graceful_shutdown_timeout_s=drain_timeout_s,
                               max_ongoing_requests=replicas * queue_per_replica + 16)
-    application = router.bind(engine.bind(model, dtype_name, threads, app_options, local), local)
+    application = router.bind(engine.bind(model, dtype_name, threads, app_options, local, device), local)
 
     serve.start(http_options={"host": host, "port": port})
     stop = threading.Event()

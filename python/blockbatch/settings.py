@@ -81,6 +81,11 @@ SETTINGS: tuple[Setting, ...] = (
             default="scalar", status="candidate", choices=("scalar", "vec"), candidates=("vec",)),
     Setting("BLOCKBATCH_PDL", "bool", "programmatic dependent launch of the forward's kernels; same bits",
             default="0", status="candidate", choices=("0", "1"), candidates=("1",)),
+    Setting("BLOCKBATCH_CUDA_BATCHING", "bool",
+            "batch the requests of a CUDA model in the scheduler (Engine.generate with max_batch > 1, "
+            "Engine.stream, generate --input, serve): eager packed steps on one stream, no CUDA graphs; "
+            "0: one by one",
+            default="0", status="candidate", choices=("0", "1")),
     Setting("BLOCKBATCH_CUDA", "build",
             "setup.py: build the CUDA kernels (0/OFF/off: CPU only; unset: when torch has CUDA and "
             "CUDA_HOME holds the toolkit)", default=None, status="build", scope="build"),
@@ -94,6 +99,18 @@ BY_NAME = {s.name: s for s in SETTINGS}
 
 def get(name: str) -> Setting:
     return BY_NAME[name]
+
+
+def value(name: str) -> str:
+    """The value of runtime variable ``name`` now: the environment's, or the table's default when
+    unset or empty; a value outside its choices raises ValueError naming the variable (as _C does)."""
+    import os
+
+    s = BY_NAME[name]
+    v = os.environ.get(name, "") or (s.default or "")
+    if s.choices and v not in s.choices:
+        raise ValueError(f"{name} must be " + " or ".join(repr(c) for c in s.choices) + f", got {v!r}")
+    return v
 
 
 def runtime() -> list[Setting]:

@@ -64,3 +64,22 @@ def test_dream_benchmark_smoke_run_and_summary(tmp_path):
     assert (tmp_path / "bench_gpu_dream.png").stat().st_size > 0
     lines = gpu_summary.dream(str(tmp_path / "bench_gpu_dream.json"))
     assert lines[1].startswith("dream: BlockBatch step (124 tokens)") and lines[-1].startswith("dream / llada:")
+
+
+def test_batch_benchmark_smoke_run_and_summary(tmp_path):
+    """bench_batch.py on the CPU (LLaDA-8B's tiny twin built in memory, as llada-8b is on the GPU)
+    writes the JSON gpu_summary's batching section reads."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "bench_batch_llada8b.json"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_batch.py"), "--model", "llada-tiny",
+                          "--n", "3", "--batches", "1,3", "--policies", "dual", "--gen-length", "32", "--out", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    data = json.loads(out.read_text())
+    assert data["model"] == "random-llada-tiny" and data["dtype"] == "float32" and data["device"] == "cpu"
+    assert data["policies"]["dual"]["batch_3"]["token_agreement"] == 1.0  # float32 CPU: batch invariant
+    lines = gpu_summary.batching(str(out))
+    assert lines[0].startswith("bench_batch_llada8b.json (random-llada-tiny, float32, cpu, 3 requests, gen 32)")
+    assert lines[2].startswith("  max_batch 1: ") and "equal 3/3, token agreement 1.0000" in lines[3]

@@ -53,6 +53,7 @@ constexpr const char* kDefaultGemm = "cublas";           // BLOCKBATCH_GEMM
 constexpr int kDefaultGemmPad = 0;                       // BLOCKBATCH_GEMM_PAD
 constexpr const char* kDefaultRopeKernel = "scalar";     // BLOCKBATCH_ROPE_KERNEL
 constexpr const char* kDefaultPdl = "0";                 // BLOCKBATCH_PDL
+constexpr const char* kDefaultCudaBatching = "0";        // BLOCKBATCH_CUDA_BATCHING
 
 }  // namespace
 
@@ -100,5 +101,10 @@ bool rope_vectorized() { return env_choice("BLOCKBATCH_ROPE_KERNEL", {"scalar", 
 void apply_pdl_setting() {
   cuda::set_programmatic_launch(env_choice("BLOCKBATCH_PDL", {"0", "1"}, kDefaultPdl) == "1");
 }
+
+// The batching scheduler (decode/scheduler.cpp) on a CUDA model: BLOCKBATCH_CUDA_BATCHING = "1"
+// lets requests of a CUDA model share packed forwards; "0" or unset refuses (decode them one by
+// one). Read when a scheduler starts.
+bool cuda_batching() { return env_choice("BLOCKBATCH_CUDA_BATCHING", {"0", "1"}, kDefaultCudaBatching) == "1"; }
 
 }  // namespace blockbatch::cuda_ops

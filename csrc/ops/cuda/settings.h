@@ -24,5 +24,7 @@ bool rope_vectorized();
 // from it; called by every op right before it launches a kernel of the forward (one that starts
 // with dependent_launch_prologue()).
 void apply_pdl_setting();
+// BLOCKBATCH_CUDA_BATCHING: whether the batching scheduler takes a CUDA model (opt-in).
+bool cuda_batching();
 
 }  // namespace blockbatch::cuda_ops

@@ -1,0 +1,48 @@
+"""BLOCKBATCH_CUDA_BATCHING, the opt-in for the batching scheduler on a CUDA model, as seen without a
+GPU: its value (checked as _C checks it), the CPU engine batching regardless, and `blockbatch serve
+--device cuda` refusing, with the variable's name, until it is set. The GPU side is
+tests/cuda/test_cuda_batching.py."""
+
+import pytest
+import torch
+
+from blockbatch import Engine, settings
+from blockbatch.cli import main
+
+
+def test_the_value_is_read_and_checked(monkeypatch):
+    monkeypatch.delenv("BLOCKBATCH_CUDA_BATCHING", raising=False)
+    assert settings.value("BLOCKBATCH_CUDA_BATCHING") == "0"
+    monkeypatch.setenv("BLOCKBATCH_CUDA_BATCHING", "")
+    assert settings.value("BLOCKBATCH_CUDA_BATCHING") == "0"
+    monkeypatch.setenv("BLOCKBATCH_CUDA_BATCHING", "1")
+    assert settings.value("BLOCKBATCH_CUDA_BATCHING") == "1"
+    monkeypatch.setenv("BLOCKBATCH_CUDA_BATCHING", "on")
+    with pytest.raises(ValueError, match="BLOCKBATCH_CUDA_BATCHING must be '0' or '1', got 'on'"):
+        settings.value("BLOCKBATCH_CUDA_BATCHING")
+
+
+def test_a_cpu_engine_batches_whatever_the_variable(monkeypatch):
+    engine = Engine.from_pretrained()
+    for value in ("0", "1"):
+        monkeypatch.setenv("BLOCKBATCH_CUDA_BATCHING", value)
+        assert engine.batches
+        engine.generate(["1+1=?", "2+2=?"], max_batch=2)
+        assert engine.last_batch_stats["packed_forwards"] < engine.last_batch_stats["request_forwards"]
+
+
+def test_serve_on_cuda_needs_the_variable(monkeypatch, capsys):
+    monkeypatch.delenv("BLOCKBATCH_CUDA_BATCHING", raising=False)
+    assert main(["serve", "--device", "cuda"]) == 2
+    assert "--device cuda: the server decodes on the batching scheduler, which on CUDA is opt-in: set " \
+           "BLOCKBATCH_CUDA_BATCHING=1" in capsys.readouterr().err
+    monkeypatch.setenv("BLOCKBATCH_CUDA_BATCHING", "on")
+    assert main(["serve", "--device", "cuda"]) == 2
+    assert "BLOCKBATCH_CUDA_BATCHING must be '0' or '1', got 'on'" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("BLOCKBATCH_CUDA_BATCHING", "1")
+        assert main(["serve", "--device", "cuda"]) == 2
+        assert "device='cuda' but no CUDA device is available" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--device", "tpu"])
+    assert e.value.code == 2 and "argument --device: invalid choice: 'tpu'" in capsys.readouterr().err
