@@ -2,7 +2,7 @@
 
     python benchmarks/bench_batch.py [--model toy|50m|llada-8b|DIR] [--n 32] [--batches 1,2,4,8,16,32]
         [--policies dual,blockbatch] [--gen-length 64] [--threads N] [--device cpu|cuda]
-        [--dtype float32|bfloat16] [--out results/bench_batch_toy.json]
+        [--dtype float32|bfloat16] [--cuda-batching 1|graphs] [--out results/bench_batch_toy.json]
 
 The same --n requests (held-out toy problems; on a random model, prompts of 8..40 random tokens)
 are decoded one by one (Engine.generate per prompt) and through torch.ops.blockbatch.decode_batch
@@ -14,8 +14,9 @@ CPU: they must be equal; on a GPU the JSON reports how many are, and the share o
 Writes the JSON and a PNG (throughput vs max_batch) next to it.
 
 On a GPU (--device cuda): the batched runs go through the scheduler on CUDA, which this script
-turns on (BLOCKBATCH_CUDA_BATCHING=1: eager packed steps); one by one runs with CUDA graphs, as
-Engine.generate does. --model llada-8b is LLaDA-8B's shape (4096 wide, 32 layers, vocab 126464)
+turns on (BLOCKBATCH_CUDA_BATCHING=--cuda-batching: 1, eager packed steps, or graphs, padded packed
+steps replayed from CUDA graphs; the JSON gives the padded forwards, graph captures and replays
+and the replay hit rate); one by one runs with CUDA graphs, as Engine.generate does. --model llada-8b is LLaDA-8B's shape (4096 wide, 32 layers, vocab 126464)
 with random weights built on the device (--dtype bfloat16 for the issue's target): near-uniform
 logits, so a dual-cache step commits about one token and the NFE is near its worst case.
 """
@@ -83,13 +84,15 @@ def main(argv=None) -> int:
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
                     help="weights and activations (default: the checkpoint's; llada-8b: bfloat16)")
+    ap.add_argument("--cuda-batching", choices=("1", "graphs"), default="1",
+                    help="--device cuda: BLOCKBATCH_CUDA_BATCHING for the batched runs (default 1: eager steps)")
     ap.add_argument("--out", default="results/bench_batch_toy.json")
     args = ap.parse_args(argv)
     if args.device == "cuda":
         if not torch.cuda.is_available():
             print("error: --device cuda but no CUDA device", file=sys.stderr)
             return 2
-        os.environ["BLOCKBATCH_CUDA_BATCHING"] = "1"  # the scheduler on CUDA: what this measures
+        os.environ["BLOCKBATCH_CUDA_BATCHING"] = args.cuda_batching  # the scheduler on CUDA: what this measures
     try:
         batches = [int(b) for b in args.batches.split(",") if b]
         assert batches and all(b >= 1 for b in batches) and args.n >= 1
@@ -104,6 +107,7 @@ def main(argv=None) -> int:
     prompts = _prompts(engine, args.n)
     report = {"model": label, "n": args.n, "gen_length": args.gen_length, "threads": torch.get_num_threads(),
               "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "dtype": str(engine.model.dtype).removeprefix("torch."),
+              "cuda_batching": args.cuda_batching if args.device == "cuda" else None,
               "step_curve": engine.step_curve, "policies": {}}
     budget = 1 << 30
     for policy in [p for p in args.policies.split(",") if p]:
@@ -130,6 +134,11 @@ def main(argv=None) -> int:
                                   "mean_latency_ms": statistics.mean(g.stats["wall_ms"] for g in got),
                                   "p99_latency_ms": _p99([g.stats["wall_ms"] for g in got]),
                                   "packed_forwards": st.get("packed_forwards"),
+                                  "padded_forwards": st.get("padded_forwards"),
+                                  "graph_captures": st.get("graph_captures"),
+                                  "graph_replays": st.get("graph_replays"),
+                                  "replay_hit_rate": st["graph_replays"] / st["padded_forwards"]
+                                  if st.get("padded_forwards") else None,
                                   "request_forwards": st.get("request_forwards"),
                                   "equal_to_one_by_one": f"{equal}/{args.n}",
                                   "token_agreement": same_tokens / sum(len(a.raw_ids) for a in alone),

@@ -5,7 +5,7 @@
 #   bench_gpu_step.json, gpu_decode_check.json, bench_gpu_dream.json (+ .png), ops_tests.xml; then the opt-in kernels
 #   ("candidates", python/blockbatch/settings.py): candidate_tests_*.xml, bench_gpu_candidates.json,
 #   gpu_decode_candidates.json; the batching scheduler on CUDA (candidate BLOCKBATCH_CUDA_BATCHING=1):
-#   cuda_batching_tests.xml, bench_batch_toy_fp32.json, bench_batch_toy_bf16.json, bench_batch_llada8b.json
+#   cuda_batching_tests.xml, bench_batch_{toy_fp32,toy_bf16,toy_fp32_graphs,llada8b,llada8b_graphs}.json
 #   (+ .png); a short table ends the log.
 #   bash benchmarks/gpu_check.sh "$OUT" [PARTS]
 # PARTS: a comma-separated subset of tests,batching,bench,decode,dream,ops,candidates (default: all of
@@ -67,16 +67,20 @@ export PYTHONUNBUFFERED=1
     # LLaDA-8B's shape in bf16 (the GPU target: 6x one by one for dual at batch 16,
     # BlockBatch-auto within 10% of dual).
     echo "== the batching scheduler on CUDA: tests ($(date +%T))"
-    BLOCKBATCH_CUDA_BATCHING=1 timeout 120 "$PY" -m pytest -q -s --tb=short tests/cuda/test_cuda_batching.py \
+    timeout 120 "$PY" -m pytest -q -s --tb=short tests/cuda/test_cuda_batching.py \
       --junitxml="$OUT/cuda_batching_tests.xml"
     echo "== the batching scheduler on CUDA: toy, float32 and bf16 ($(date +%T))"
     timeout 60 "$PY" benchmarks/bench_batch.py --device cuda --model toy --dtype float32 --n 32 --batches 1,16 \
       --policies dual,blockbatch --out "$OUT/bench_batch_toy_fp32.json"
     timeout 60 "$PY" benchmarks/bench_batch.py --device cuda --model toy --dtype bfloat16 --n 32 --batches 1,16 \
       --policies dual,blockbatch --out "$OUT/bench_batch_toy_bf16.json"
+    timeout 60 "$PY" benchmarks/bench_batch.py --device cuda --model toy --dtype float32 --n 32 --batches 1,16 \
+      --policies dual,blockbatch --cuda-batching graphs --out "$OUT/bench_batch_toy_fp32_graphs.json"
     echo "== the batching scheduler on CUDA: LLaDA-8B shape, bf16 ($(date +%T))"
     timeout 200 "$PY" benchmarks/bench_batch.py --device cuda --model llada-8b --n 16 --batches 1,4,16 \
       --policies dual,blockbatch,blockbatch-auto --gen-length 64 --out "$OUT/bench_batch_llada8b.json"
+    timeout 150 "$PY" benchmarks/bench_batch.py --device cuda --model llada-8b --n 16 --batches 16 \
+      --policies dual,blockbatch-auto --gen-length 64 --cuda-batching graphs --out "$OUT/bench_batch_llada8b_graphs.json"
   fi
   if want bench; then
     echo "== GPU benchmarks ($(date +%T))"

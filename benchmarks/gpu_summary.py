@@ -156,7 +156,8 @@ def batching(path: str) -> list[str]:
         return [f"{os.path.basename(path)}: missing"]
     data = json.load(open(path))
     lines = [f"{os.path.basename(path)} ({data['model']}, {data.get('dtype')}, {data.get('device')}, "
-             f"{data['n']} requests, gen {data['gen_length']})"]
+             f"{data['n']} requests, gen {data['gen_length']}"
+             + (f", BLOCKBATCH_CUDA_BATCHING={data['cuda_batching']}" if data.get("cuda_batching") else "") + ")"]
     for policy, rows in data["policies"].items():
         one = rows["one_by_one"]
         lines.append(f"{policy}: one by one {one['tokens_per_s']:.0f} tok/s")
@@ -164,7 +165,9 @@ def batching(path: str) -> list[str]:
             if key.startswith("batch_"):
                 lines.append(f"  max_batch {key[6:]}: {r['tokens_per_s']:.0f} tok/s, "
                              f"{r['speedup_vs_one_by_one']:.2f}x one by one, p99 {r['p99_latency_ms']:.0f} ms, "
-                             f"equal {r['equal_to_one_by_one']}, token agreement {r.get('token_agreement', 0):.4f}")
+                             f"equal {r['equal_to_one_by_one']}, token agreement {r.get('token_agreement', 0):.4f}"
+                             + (f", graph replays {r['graph_replays']}/{r['padded_forwards']} padded"
+                                if r.get("padded_forwards") else ""))
     return lines
 
 
@@ -179,7 +182,8 @@ def main(argv=None) -> int:
     out += dream(os.path.join(d, "bench_gpu_dream.json"))
     out += ["== the scheduler on CUDA (candidate BLOCKBATCH_CUDA_BATCHING=1)"]
     out += tests(os.path.join(d, "cuda_batching_tests.xml"))
-    for name in ("bench_batch_toy_fp32.json", "bench_batch_toy_bf16.json", "bench_batch_llada8b.json"):
+    for name in ("bench_batch_toy_fp32.json", "bench_batch_toy_bf16.json", "bench_batch_toy_fp32_graphs.json",
+                 "bench_batch_llada8b.json", "bench_batch_llada8b_graphs.json"):
         out += batching(os.path.join(d, name))
     out += ["== opt-in kernels (candidates)"]
     for path in candidate_test_files(d) or [os.path.join(d, "candidate_tests_*.xml")]:

@@ -4,11 +4,21 @@
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/tensor.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <utility>
+
+#ifdef BLOCKBATCH_WITH_CUDA
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "decode/cuda_streams.h"
+#endif
 
 namespace blockbatch {
 
@@ -17,11 +27,49 @@ std::optional<c10::Stream> default_stream_of(c10::Device device) {
   return c10::Stream(c10::Stream::DEFAULT, device);
 }
 
-SharedForward::SharedForward(const Network& model, int64_t pool_rows, int64_t max_length)
-    : model_(model), pool_rows_(pool_rows), max_length_(max_length) {
+int64_t pack_bucket(int64_t n) {
+  for (int64_t p = 8;; p *= 2) {
+    if (n <= p) return p;
+    if (n <= p + p / 2) return p + p / 2;
+  }
+}
+
+#ifdef BLOCKBATCH_WITH_CUDA
+// The packed step's graphs, one per (mode, KV or none, token / row / logit-row buckets). They share
+// one memory pool and replay one after another; each keeps its static inputs and its logits, which
+// the requests read before the next step (the barrier) and so before the next replay.
+struct SharedForward::Graphs {
+  static constexpr size_t kMaxGraphs = 24;  // beyond: eager (each graph keeps its logits alive)
+  struct Entry {
+    int64_t seen = 0;
+    std::unique_ptr<at::cuda::CUDAGraph> graph;
+    ForwardBatch in;    // the static inputs the graph reads, filled before each replay
+    at::Tensor logits;  // its output
+  };
+  c10::cuda::CUDAStream side;  // captures cannot run on the default stream
+  decltype(at::cuda::graph_pool_handle()) pool;
+  std::map<std::array<int64_t, 5>, Entry> entries;
+  size_t captured = 0;
+
+  explicit Graphs(c10::Device device)
+      : side(c10::cuda::getStreamFromPool(false, device.index())), pool(at::cuda::graph_pool_handle()) {}
+  ~Graphs() {
+    side.synchronize();  // no replay may still run when the graphs and their pool are released
+    entries.clear();
+  }
+};
+#else
+struct SharedForward::Graphs {};
+#endif
+
+SharedForward::SharedForward(const Network& model, int64_t pool_rows, int64_t max_length, bool pad, bool graphs)
+    : model_(model), pool_rows_(pool_rows), max_length_(max_length), pad_(pad || graphs) {
   TORCH_CHECK_VALUE(pool_rows >= 0 && max_length > 0, "SharedForward: pool_rows >= 0 and max_length > 0");
   const c10::OptionalStreamGuard on(default_stream_of(model.device()));  // the pool zeroed where it is used
-  if (pool_rows > 0) pool_ = model.new_kv(pool_rows, max_length);
+  if (pool_rows > 0 || pad_) pool_ = model.new_kv(pool_rows + (pad_ ? 1 : 0), max_length);  // + the scratch row
+#ifdef BLOCKBATCH_WITH_CUDA
+  if (graphs && model.device().is_cuda()) graphs_ = std::make_unique<Graphs>(model.device());
+#endif
 }
 
 SharedForward::~SharedForward() = default;
@@ -193,7 +241,9 @@ void SharedForward::run_step_locked(std::unique_lock<std::mutex>& lock) const {
         packed.kv_lens = at::cat(lens);
       }
       if (packed.mode == KvMode::kPrefix) packed.prefix_lens = at::cat(prefix);
-      const at::Tensor logits = model_.forward(packed);
+      int64_t n_logits = 0;
+      for (int64_t c : counts) n_logits += c;
+      const at::Tensor logits = run_packed(packed, n_logits);
       int64_t off = 0;
       for (size_t i = 0; i < group.size(); ++i) {
         group[i]->logits = logits.narrow(0, off, counts[i]);
@@ -209,6 +259,101 @@ void SharedForward::run_step_locked(std::unique_lock<std::mutex>& lock) const {
   for (Filed* f : step) f->done = true;
   stepping_ = false;
   cv_.notify_all();
+}
+
+at::Tensor SharedForward::run_packed(ForwardBatch& b, int64_t n) const {
+  if (!pad_) return model_.forward(b);
+  // Buckets: the tokens' first (at least one pad token), then rows enough for the pad tokens in
+  // dummy rows of at most kDummyTokens, each with at least one token (else a larger token bucket).
+  const int64_t T = b.tokens.size(0), R = b.cu_seqlens.size(0) - 1;
+  int64_t Tb = pack_bucket(T + 1), Rb = 0;
+  for (;;) {
+    Rb = pack_bucket(R + (Tb - T + kDummyTokens - 1) / kDummyTokens);
+    if (Rb - R <= Tb - T) break;
+    Tb = pack_bucket(Tb + 1);
+  }
+  const int64_t P = Tb - T, D = Rb - R, Nb = pack_bucket(n);
+  const bool with_kv = b.kv.defined(), prefix = b.mode == KvMode::kPrefix;
+  // One host buffer, one copy: tokens | positions | cu_seqlens | kv_rows | kv_lens | prefix_lens | logit_index.
+  std::vector<int64_t> host(static_cast<size_t>(P), 0);  // pad token 0
+  std::vector<int64_t> lens(static_cast<size_t>(D));
+  for (int64_t j = 0; j < D; ++j) {
+    lens[j] = P / D + (j < P % D ? 1 : 0);  // in [1, kDummyTokens]
+    for (int64_t i = 0; i < lens[j]; ++i) host.push_back(i);
+  }
+  int64_t end = T;
+  for (int64_t j = 0; j < D; ++j) host.push_back(end += lens[j]);
+  if (with_kv) {
+    host.insert(host.end(), static_cast<size_t>(D), pool_rows_);  // the scratch row
+    host.insert(host.end(), lens.begin(), lens.end());              // dual: its own keys only
+  }
+  if (prefix) host.insert(host.end(), static_cast<size_t>(D), 0);
+  host.insert(host.end(), static_cast<size_t>(Nb - n), T);  // any real index: these rows are dropped
+  const at::Tensor pad = at::tensor(host, b.tokens.options());
+  int64_t used = 0;
+  auto next = [&](int64_t k) {
+    at::Tensor t = pad.narrow(0, used, k);
+    used += k;
+    return t;
+  };
+  b.tokens = at::cat({b.tokens, next(P)});
+  b.positions = at::cat({b.positions, next(P)});
+  b.cu_seqlens = at::cat({b.cu_seqlens, next(D)});
+  if (with_kv) {
+    b.kv_rows = at::cat({b.kv_rows, next(D)});
+    b.kv_lens = at::cat({b.kv_lens, next(D)});
+  }
+  if (prefix) b.prefix_lens = at::cat({b.prefix_lens, next(D)});
+  b.logit_index = at::cat({b.logit_index, next(Nb - n)});
+  b.max_positions = max_length_;  // every canvas fits the pool's rows
+  ++padded_;
+#ifdef BLOCKBATCH_WITH_CUDA
+  if (graphs_) {
+    Graphs& g = *graphs_;
+    const std::array<int64_t, 5> key{static_cast<int64_t>(b.mode), with_kv ? 1 : 0, Tb, Rb, Nb};
+    auto found = g.entries.find(key);
+    if (found == g.entries.end() && g.captured < Graphs::kMaxGraphs) found = g.entries.emplace(key, Graphs::Entry{}).first;
+    if (found != g.entries.end()) {
+      Graphs::Entry& e = found->second;
+      e.seen += 1;
+      const c10::cuda::CUDAStream main = c10::cuda::getCurrentCUDAStream(model_.device().index());
+      if (!e.graph && e.seen >= 2) {  // its first use ran eagerly (below): cuBLAS and the kernels are warm
+        e.in = b;
+        for (at::Tensor* t : {&e.in.tokens, &e.in.positions, &e.in.cu_seqlens, &e.in.kv_rows, &e.in.kv_lens,
+                              &e.in.prefix_lens, &e.in.logit_index}) {
+          if (t->defined()) *t = t->clone();
+        }
+        stream_wait(g.side, main);
+        const c10::cuda::CUDAStreamGuard on_side(g.side);
+        e.graph = std::make_unique<at::cuda::CUDAGraph>();
+        // Thread-local capture: the requests' threads may queue work on the default stream meanwhile.
+        e.graph->capture_begin(g.pool, cudaStreamCaptureModeThreadLocal);
+        e.logits = model_.forward(e.in);
+        e.graph->capture_end();
+        ++g.captured;
+        ++captures_;
+      }
+      if (e.graph) {
+        const std::pair<at::Tensor*, const at::Tensor*> inputs[] = {
+            {&e.in.tokens, &b.tokens}, {&e.in.positions, &b.positions}, {&e.in.cu_seqlens, &b.cu_seqlens},
+            {&e.in.kv_rows, &b.kv_rows}, {&e.in.kv_lens, &b.kv_lens}, {&e.in.prefix_lens, &b.prefix_lens},
+            {&e.in.logit_index, &b.logit_index}};
+        for (const auto& [dst, src] : inputs) {
+          if (dst->defined()) dst->copy_(*src);
+        }
+        stream_wait(g.side, main);
+        {
+          const c10::cuda::CUDAStreamGuard on_side(g.side);
+          e.graph->replay();
+        }
+        stream_wait(main, g.side);
+        ++replays_;
+        return e.logits.narrow(0, 0, n);
+      }
+    }
+  }
+#endif
+  return model_.forward(b).narrow(0, 0, n);
 }
 
 }  // namespace blockbatch

@@ -20,6 +20,16 @@
 // reads them, that forward before the request reads its logits), with no event between streams.
 // A request's own CUDA graphs are off there: its step waits on the others inside the forward.
 //
+// Padded packs and CUDA graphs of the packed step (BLOCKBATCH_CUDA_BATCHING=graphs): every packed
+// forward is padded to bucketed sizes (pack_bucket: tokens, rows and logit rows), the extra tokens
+// in dummy rows of at most kDummyTokens tokens each, at positions from 0, on a scratch KV row (the
+// pool's last, taken from the budget) that no request owns, with max_positions the pool's length.
+// So the launch shapes depend only on (mode, buckets), and each bucket's forward is captured in a
+// CUDA graph on its second use (on a side stream that waits for the default stream, and the
+// default stream for it) and replayed from then on. A real row never reads a dummy row's tokens or
+// the scratch row, so its logits are those of the unpadded pack (tested on the CPU, where
+// decode_batch's pad_packs pads without graphs).
+//
 // Batch invariance: a request's logits rows are computed exactly as in its batch-1 run (every op
 // of the forward is per row; the CPU GEMM pads fewer than 16 rows so that a row's product does not
 // depend on its neighbours), so its tokens and counters do not depend on what else runs.
@@ -47,10 +57,18 @@ namespace blockbatch {
 // stream (for a c10::OptionalStreamGuard, which also sets the thread's device).
 std::optional<c10::Stream> default_stream_of(c10::Device device);
 
+// The bucket a pack of n tokens / rows / logit rows is padded to: 8, 12, 16, 24, 32, 48, 64, ...
+// (the powers of two and the midpoints between them), the first >= n.
+int64_t pack_bucket(int64_t n);
+constexpr int64_t kDummyTokens = 16;  // a dummy row's most tokens (its attention stays small)
+
 class SharedForward : public Network {
  public:
-  // pool_rows: KV rows in the pool; max_length: the pool's row length (the longest canvas).
-  SharedForward(const Network& model, int64_t pool_rows, int64_t max_length);
+  // pool_rows: KV rows in the pool (one more when padding: the scratch row); max_length: the
+  // pool's row length (the longest canvas). pad: pad every packed forward (see above); graphs
+  // (CUDA, implies pad): capture and replay each bucket's forward.
+  SharedForward(const Network& model, int64_t pool_rows, int64_t max_length, bool pad = false,
+                bool graphs = false);
   ~SharedForward() override;
 
   const ModelConfig& config() const override { return model_.config(); }
@@ -82,6 +100,9 @@ class SharedForward : public Network {
 
   int64_t steps() const { return steps_; }            // packed forwards run
   int64_t forwards_filed() const { return filed_; }   // request forwards they carried
+  int64_t padded() const { return padded_; }          // packed forwards run padded
+  int64_t graph_captures() const { return captures_; }
+  int64_t graph_replays() const { return replays_; }  // of padded(): the replay hit rate
 
  private:
   struct Filed {
@@ -95,10 +116,16 @@ class SharedForward : public Network {
   };
   void run_step_locked(std::unique_lock<std::mutex>& lock) const;
   bool ready_locked() const;
+  // The packed forward of one group: padded (and replayed from a graph) where configured; the
+  // logits of the real logit rows.
+  at::Tensor run_packed(ForwardBatch& packed, int64_t n_logits) const;
+  struct Graphs;  // CUDA state (batching.cpp, CUDA builds)
 
   const Network& model_;
   const int64_t pool_rows_, max_length_;
-  at::Tensor pool_;
+  const bool pad_;
+  at::Tensor pool_;  // pool_rows_ rows, + the scratch row when padding
+  std::unique_ptr<Graphs> graphs_;
   mutable std::mutex mutex_;
   mutable std::condition_variable cv_;
   mutable int64_t decoding_ = 0;  // requests inside decode() and not waiting for KV rows
@@ -108,6 +135,7 @@ class SharedForward : public Network {
   mutable std::map<const void*, Allocation> allocations_;  // by the view's data pointer
   mutable std::map<std::thread::id, std::vector<const void*>> owned_;
   mutable int64_t steps_ = 0, filed_ = 0;
+  mutable int64_t padded_ = 0, captures_ = 0, replays_ = 0;  // only the stepping thread writes them
 };
 
 }  // namespace blockbatch

@@ -44,16 +44,18 @@ RequestEvent cancelled_event(int64_t id, const std::string& why) {
   return ev;
 }
 
-// The scheduler takes CPU models, and CUDA models where BLOCKBATCH_CUDA_BATCHING=1 (opt-in; its
-// status: python/blockbatch/settings.py; its GPU tests: tests/cuda/test_cuda_batching.py).
-void check_batching_device(c10::Device device, const char* who) {
-  if (device.is_cpu()) return;
+// The scheduler takes CPU models, and CUDA models where BLOCKBATCH_CUDA_BATCHING is 1 or graphs
+// (opt-in; its status: python/blockbatch/settings.py; its GPU tests: tests/cuda/test_cuda_batching.py).
+// Returns whether the packed steps replay CUDA graphs.
+bool check_batching_device(c10::Device device, const char* who) {
+  if (device.is_cpu()) return false;
 #ifdef BLOCKBATCH_WITH_CUDA
   if (device.is_cuda()) {
-    TORCH_CHECK_VALUE(cuda_ops::cuda_batching(), who, " on a CUDA model is opt-in: set BLOCKBATCH_CUDA_BATCHING=1 "
-                      "(an opt-in candidate: eager steps, no CUDA graphs), or decode the "
-                      "requests one by one with torch.ops.blockbatch.decode");
-    return;
+    const int mode = cuda_ops::cuda_batching();
+    TORCH_CHECK_VALUE(mode > 0, who, " on a CUDA model is opt-in: set BLOCKBATCH_CUDA_BATCHING=1 (eager packed "
+                      "steps) or =graphs (padded steps replayed from CUDA graphs), both opt-in candidates, or "
+                      "decode the requests one by one with torch.ops.blockbatch.decode");
+    return mode == 2;
   }
 #endif
   TORCH_CHECK_VALUE(false, who, " runs CPU models (and CUDA models in a CUDA build), not a model on ", device);
@@ -150,7 +152,7 @@ std::vector<int64_t> budget_branches(const std::vector<int64_t>& sizes, int64_t 
 }
 
 Scheduler::Scheduler(const Network& model, int64_t max_batch, int64_t max_length, int64_t kv_budget_bytes,
-                     StepCurve curve, double calibrate_s)
+                     StepCurve curve, double calibrate_s, bool pad_packs)
     : model_(model), max_batch_(max_batch), max_length_(max_length),
       row_bytes_(kv_row_bytes(model.config(), model.dtype(), std::max<int64_t>(max_length, 1))),
       curve_(std::move(curve)) {
@@ -159,11 +161,14 @@ Scheduler::Scheduler(const Network& model, int64_t max_batch, int64_t max_length
                     kMaxSequenceLength, "] (the longest prompt + gen_length accepted), got ", max_length);
   TORCH_CHECK_VALUE(kv_budget_bytes >= 0, "kv_budget_bytes must be >= 0 (0: room for max_batch requests), got ",
                     kv_budget_bytes);
-  check_batching_device(model.device(), "the batching scheduler");
+  const bool graphs = check_batching_device(model.device(), "the batching scheduler");
+  const bool pad = pad_packs || graphs;
   const c10::OptionalStreamGuard on(default_stream_of(model.device()));  // the step curve, the pool
-  const int64_t rows = kv_budget_bytes > 0 ? kv_budget_bytes / row_bytes_ : default_pool_rows(model.config(), max_batch);
+  int64_t rows = kv_budget_bytes > 0 ? kv_budget_bytes / row_bytes_ : default_pool_rows(model.config(), max_batch);
+  if (pad && kv_budget_bytes > 0) rows -= 1;  // the scratch row of padded packs comes out of the budget
   TORCH_CHECK_VALUE(rows >= 1, "kv_budget_bytes = ", kv_budget_bytes, " holds no KV row of ", row_bytes_,
-                    " bytes (", max_length, " positions); raise it to at least ", row_bytes_);
+                    " bytes (", max_length, " positions)", pad ? " besides the scratch row of padded packs" : "",
+                    "; raise it to at least ", row_bytes_ * (pad ? 2 : 1));
   TORCH_CHECK_VALUE(curve_.tokens.size() == curve_.seconds.size(), "the step curve has ", curve_.tokens.size(),
                     " token counts but ", curve_.seconds.size(), " times");
   for (size_t i = 0; i < curve_.tokens.size(); ++i) {
@@ -173,7 +178,7 @@ Scheduler::Scheduler(const Network& model, int64_t max_batch, int64_t max_length
                       curve_.seconds[i], ")");
   }
   if (curve_.empty() && calibrate_s > 0) curve_ = measure_step_curve(model, calibrate_s);
-  shared_ = std::make_unique<SharedForward>(model, rows, max_length);
+  shared_ = std::make_unique<SharedForward>(model, rows, max_length, pad_packs, graphs);
   for (int64_t w = 0; w < max_batch; ++w) workers_.emplace_back([this] { work(); });
 }
 
@@ -284,7 +289,7 @@ Scheduler::Counters Scheduler::counters() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return Counters{static_cast<int64_t>(queue_.size()), static_cast<int64_t>(running_.size()), shared_->steps(),
                   shared_->forwards_filed(), shared_->pool_rows(), shared_->rows_in_use(), row_bytes_, max_length_,
-                  max_batch_};
+                  max_batch_, shared_->padded(), shared_->graph_captures(), shared_->graph_replays()};
 }
 
 void Scheduler::push(RequestEvent ev) {
@@ -377,7 +382,7 @@ namespace blockbatch {
 std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<std::vector<int64_t>>& prompts,
                                        const std::vector<DecodeOptions>& options, int64_t max_batch,
                                        int64_t kv_budget_bytes, const int64_t* cancel, BatchStats* stats,
-                                       const StepCurve& curve) {
+                                       const StepCurve& curve, bool pad_packs) {
   const int64_t n = static_cast<int64_t>(prompts.size());
   TORCH_CHECK_VALUE(static_cast<int64_t>(options.size()) == n, "decode_batch: ", n, " prompts but ", options.size(),
                     " option sets (give one per prompt)");
@@ -385,7 +390,7 @@ std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<s
   TORCH_CHECK_VALUE(kv_budget_bytes >= 0, "kv_budget_bytes must be >= 0 (0: room for max_batch requests), got ",
                     kv_budget_bytes);
   const ModelConfig& c = model.config();
-  check_batching_device(model.device(), "decode_batch");
+  const bool pad = check_batching_device(model.device(), "decode_batch") || pad_packs;
   // Every request checked before any runs: an error names the request.
   int64_t max_length = 2, max_rows = 0;
   std::vector<int64_t> rows_of(n, 0);
@@ -405,6 +410,7 @@ std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<s
   const int64_t workers = std::min(max_batch, std::max<int64_t>(n, 1));
   const int64_t row_bytes = kv_row_bytes(c, model.dtype(), max_length);
   int64_t pool_rows = kv_budget_bytes / row_bytes;
+  if (pad && kv_budget_bytes > 0) pool_rows -= 1;  // the scratch row of padded packs comes out of the budget
   if (kv_budget_bytes == 0) {  // room for the `workers` largest requests
     std::vector<int64_t> sorted = rows_of;
     std::sort(sorted.rbegin(), sorted.rend());
@@ -412,7 +418,8 @@ std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<s
   }
   TORCH_CHECK_VALUE(max_rows <= pool_rows || max_rows == 0, "kv_budget_bytes = ", kv_budget_bytes, " holds ",
                     pool_rows, " KV rows of ", row_bytes, " bytes (", max_length, " positions) but a request needs ",
-                    max_rows, "; raise the budget to at least ", max_rows * row_bytes, " bytes");
+                    max_rows, pad ? " (besides the scratch row of padded packs)" : "", "; raise the budget to at least ",
+                    (max_rows + (pad ? 1 : 0)) * row_bytes, " bytes");
   std::vector<DecodeResult> results(n);
   std::vector<std::exception_ptr> errors(n);
   {
@@ -420,8 +427,8 @@ std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<s
     const bool adaptive = std::any_of(options.begin(), options.end(), [](const DecodeOptions& o) {
       return o.policy == Policy::kBlockBatch && o.branch_budget == BranchBudget::kAuto;
     });
-    Scheduler scheduler(model, workers, max_length, std::max<int64_t>(pool_rows, 1) * row_bytes, curve,
-                        adaptive ? 1.0 : 0.0);
+    Scheduler scheduler(model, workers, max_length, (std::max<int64_t>(pool_rows, 1) + (pad ? 1 : 0)) * row_bytes,
+                        curve, adaptive ? 1.0 : 0.0, pad_packs);
     std::map<int64_t, int64_t> index;  // scheduler id -> request
     for (int64_t i = 0; i < n; ++i) index[scheduler.add(prompts[i], options[i], false)] = i;
     bool cancelled = false;
@@ -449,6 +456,9 @@ std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<s
       stats->forwards = k.forwards;
       stats->pool_rows = k.pool_rows;
       stats->row_bytes = k.row_bytes;
+      stats->padded = k.padded;
+      stats->graph_captures = k.graph_captures;
+      stats->graph_replays = k.graph_replays;
     }
   }
   for (int64_t i = 0; i < n; ++i) {

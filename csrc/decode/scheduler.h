@@ -84,11 +84,13 @@ struct BatchStats {
   int64_t forwards = 0;   // request forwards they carried
   int64_t pool_rows = 0;  // KV rows in the pool, of row_bytes each
   int64_t row_bytes = 0;
+  int64_t padded = 0, graph_captures = 0, graph_replays = 0;  // padded packed forwards; of them replayed
 };
 std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<std::vector<int64_t>>& prompts,
                                        const std::vector<DecodeOptions>& options, int64_t max_batch,
                                        int64_t kv_budget_bytes = 0, const int64_t* cancel = nullptr,
-                                       BatchStats* stats = nullptr, const StepCurve& curve = {});
+                                       BatchStats* stats = nullptr, const StepCurve& curve = {},
+                                       bool pad_packs = false);
 
 class Scheduler {
  public:
@@ -97,9 +99,11 @@ class Scheduler {
   // requests with the family's default BlockBatch branches). curve: the step-time curve for
   // branch_budget = auto requests (empty: measured now when calibrate_s > 0, else such requests
   // run their full branch set). CPU models; CUDA models where BLOCKBATCH_CUDA_BATCHING=1
-  // (batching.h: one stream, eager steps).
+  // (batching.h: one stream; eager steps, or with =graphs padded steps replayed from CUDA graphs).
+  // pad_packs: pad every packed forward as the graphs do, also on the CPU (a check that padding
+  // changes no result). Padding takes one KV row of the budget (the scratch row).
   Scheduler(const Network& model, int64_t max_batch, int64_t max_length, int64_t kv_budget_bytes,
-            StepCurve curve = {}, double calibrate_s = 0.0);
+            StepCurve curve = {}, double calibrate_s = 0.0, bool pad_packs = false);
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -121,6 +125,7 @@ class Scheduler {
 
   struct Counters {
     int64_t queued, running, steps, forwards, pool_rows, rows_in_use, row_bytes, max_length, max_batch;
+    int64_t padded, graph_captures, graph_replays;
   };
   Counters counters() const;
   const StepCurve& step_curve() const { return curve_; }

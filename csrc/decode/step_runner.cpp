@@ -14,6 +14,8 @@
 #include <cuda_runtime_api.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+
+#include "decode/cuda_streams.h"
 #endif
 
 namespace blockbatch {
@@ -44,14 +46,9 @@ struct StepRunner::Graphs {
     stream.synchronize();  // no replay may still run when the graphs and their pool are released
     entries.clear();
   }
-  // `side` waits for the work queued so far on `caller` (raw events: ATen's CUDAEvent.h pulls
-  // cuBLAS / cuSPARSE headers that a bare toolkit may not ship).
+  // `side` waits for the work queued so far on `caller` (decode/cuda_streams.h).
   static c10::cuda::CUDAStream wait_then(c10::cuda::CUDAStream caller, c10::cuda::CUDAStream side) {
-    cudaEvent_t ready;
-    C10_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-    C10_CUDA_CHECK(cudaEventRecord(ready, caller.stream()));
-    C10_CUDA_CHECK(cudaStreamWaitEvent(side.stream(), ready, 0));
-    C10_CUDA_CHECK(cudaEventDestroy(ready));  // released once the wait is satisfied
+    stream_wait(side, caller);
     return side;
   }
 };

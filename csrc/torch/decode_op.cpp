@@ -90,7 +90,7 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Ten
 decode_batch_op(const c10::intrusive_ptr<ModelHandle>& model, const std::vector<at::Tensor>& prompts,
                 const std::vector<std::string>& options, int64_t max_batch, int64_t kv_budget_bytes,
                 const std::optional<at::Tensor>& cancel, std::vector<int64_t> curve_tokens,
-                std::vector<double> curve_seconds) {
+                std::vector<double> curve_seconds, bool pad_packs) {
   std::vector<std::vector<int64_t>> ids;
   for (size_t i = 0; i < prompts.size(); ++i) ids.push_back(prompt_ids(prompts[i], "prompts[" + std::to_string(i) + "]"));
   std::vector<DecodeOptions> opts;
@@ -103,7 +103,8 @@ decode_batch_op(const c10::intrusive_ptr<ModelHandle>& model, const std::vector<
   }
   BatchStats bs;
   std::vector<DecodeResult> results = decode_batch(*model, ids, opts, max_batch, kv_budget_bytes, cancel_flag, &bs,
-                                                     StepCurve{std::move(curve_tokens), std::move(curve_seconds)});
+                                                     StepCurve{std::move(curve_tokens), std::move(curve_seconds)},
+                                                     pad_packs);
   std::vector<at::Tensor> tokens, stats, logs, branches;
   for (const DecodeResult& r : results) {
     const std::vector<at::Tensor> t = result_tensors(r.tokens, r.stats);
@@ -112,7 +113,8 @@ decode_batch_op(const c10::intrusive_ptr<ModelHandle>& model, const std::vector<
     logs.push_back(t[2]);
     branches.push_back(t[3]);
   }
-  return {tokens, stats, logs, branches, {bs.steps, bs.forwards, bs.pool_rows, bs.row_bytes}};
+  return {tokens, stats, logs, branches,
+          {bs.steps, bs.forwards, bs.pool_rows, bs.row_bytes, bs.padded, bs.graph_captures, bs.graph_replays}};
 }
 
 }  // namespace
@@ -179,7 +181,7 @@ TORCH_LIBRARY_FRAGMENT(blockbatch, m) {
   // [packed forwards, request forwards, pool rows, bytes per row].
   m.def("decode_batch(__torch__.torch.classes.blockbatch.Model model, Tensor[] prompts, str[] options, "
         "int max_batch=8, int kv_budget_bytes=0, Tensor? cancel=None, int[] curve_tokens=[], "
-        "float[] curve_seconds=[]) -> (Tensor[] tokens, Tensor[] stats, "
+        "float[] curve_seconds=[], bool pad_packs=False) -> (Tensor[] tokens, Tensor[] stats, "
         "Tensor[] step_logs, Tensor[] branch_stats, int[] batch_stats)",
         &decode_batch_op);
 }

@@ -77,6 +77,9 @@ class SchedulerHandle : public torch::CustomClassHolder {
     d.insert("kv_row_bytes", k.row_bytes);
     d.insert("max_length", k.max_length);
     d.insert("max_batch", k.max_batch);
+    d.insert("padded_forwards", k.padded);
+    d.insert("graph_captures", k.graph_captures);
+    d.insert("graph_replays", k.graph_replays);
     return d;
   }
   void close() { scheduler_->close(); }

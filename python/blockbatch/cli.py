@@ -380,12 +380,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from . import settings
 
     try:
-        cuda_batching = settings.value("BLOCKBATCH_CUDA_BATCHING") == "1"
+        cuda_batching = settings.value("BLOCKBATCH_CUDA_BATCHING") != "0"
     except ValueError as e:
         raise UsageError(str(e)) from None
     if args.device == "cuda" and not cuda_batching:
         raise UsageError("--device cuda: the server decodes on the batching scheduler, which on CUDA is opt-in: "
-                         "set BLOCKBATCH_CUDA_BATCHING=1 (an opt-in candidate: eager steps, no CUDA graphs)")
+                         "set BLOCKBATCH_CUDA_BATCHING=1 (eager packed steps) or =graphs (CUDA graphs), opt-in candidates")
     # With --replicas each replica loads its own engine on --device; this one only checks the checkpoint.
     engine = Engine.from_pretrained(args.model, device="cpu" if args.replicas is not None else args.device,
                                     dtype=DTYPES[args.dtype])

@@ -196,13 +196,13 @@ class Engine:
     @property
     def batches(self) -> bool:
         """Whether requests decode together through the scheduler on this engine's device: always on
-        the CPU; on CUDA where ``BLOCKBATCH_CUDA_BATCHING=1`` (an opt-in
+        the CPU; on CUDA where ``BLOCKBATCH_CUDA_BATCHING`` is 1 or graphs (an opt-in
         candidate), else one by one."""
         if self.device.type == "cpu":
             return True
         from . import settings
 
-        return self.device.type == "cuda" and settings.value("BLOCKBATCH_CUDA_BATCHING") == "1"
+        return self.device.type == "cuda" and settings.value("BLOCKBATCH_CUDA_BATCHING") != "0"
 
     def scheduler(self, max_batch: int = 8, max_length: int | None = None, kv_budget_bytes: int = 0,
                   adaptive: bool = True):

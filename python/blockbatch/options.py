@@ -127,13 +127,16 @@ def run_decode(model_obj, prompt_ids: torch.Tensor, options: DecodeOptions) -> D
 
 
 def run_decode_batch(model_obj, prompts: list[torch.Tensor], options: list[DecodeOptions], max_batch: int,
-                     kv_budget_bytes: int = 0, step_curve: list[tuple[int, float]] | None = None
-                     ) -> tuple[list[DecodeOutput], dict]:
+                     kv_budget_bytes: int = 0, step_curve: list[tuple[int, float]] | None = None,
+                     pad_packs: bool = False) -> tuple[list[DecodeOutput], dict]:
     """Many requests through ``torch.ops.blockbatch.decode_batch``: up to ``max_batch`` decode
     together, their forwards packed into one per step; each output equals ``run_decode`` of that
     request alone (tokens and counters). Returns the outputs in input order and the batch's
     counters (packed forwards, request forwards, KV pool rows, bytes per row). ``step_curve``:
-    (query tokens, seconds) points for ``branch_budget="auto"`` requests (None: measured)."""
+    (query tokens, seconds) points for ``branch_budget="auto"`` requests (None: measured).
+    ``pad_packs``: pad every packed forward to bucketed sizes as the CUDA graphs of
+    ``BLOCKBATCH_CUDA_BATCHING=graphs`` do, also on the CPU (results unchanged; slower); the
+    counters then say how many were padded and, on CUDA, replayed from a graph."""
     if len(options) != len(prompts):
         raise ValueError(f"{len(prompts)} prompts but {len(options)} options (give one, or one per prompt)")
     texts = [_options_text(o) for o in options]
@@ -141,9 +144,11 @@ def run_decode_batch(model_obj, prompts: list[torch.Tensor], options: list[Decod
     tokens, counters, logs, branches, batch = _interruptible(
         lambda cancel: op(model_obj, prompts, texts, max_batch=max_batch, kv_budget_bytes=kv_budget_bytes,
                           cancel=cancel, curve_tokens=[t for t, _ in step_curve or ()],
-                          curve_seconds=[s for _, s in step_curve or ()]), any(p.is_cuda for p in prompts))
+                          curve_seconds=[s for _, s in step_curve or ()], pad_packs=pad_packs),
+        any(p.is_cuda for p in prompts))
     outs = [_output(t, c, log, br, o) for t, c, log, br, o in zip(tokens, counters, logs, branches, options)]
-    return outs, dict(zip(("packed_forwards", "request_forwards", "kv_pool_rows", "kv_row_bytes"), batch))
+    return outs, dict(zip(("packed_forwards", "request_forwards", "kv_pool_rows", "kv_row_bytes", "padded_forwards",
+                           "graph_captures", "graph_replays"), batch))
 
 
 def _options_text(o) -> str:

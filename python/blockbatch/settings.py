@@ -81,11 +81,11 @@ SETTINGS: tuple[Setting, ...] = (
             default="scalar", status="candidate", choices=("scalar", "vec"), candidates=("vec",)),
     Setting("BLOCKBATCH_PDL", "bool", "programmatic dependent launch of the forward's kernels; same bits",
             default="0", status="candidate", choices=("0", "1"), candidates=("1",)),
-    Setting("BLOCKBATCH_CUDA_BATCHING", "bool",
+    Setting("BLOCKBATCH_CUDA_BATCHING", "choice",
             "batch the requests of a CUDA model in the scheduler (Engine.generate with max_batch > 1, "
-            "Engine.stream, generate --input, serve): eager packed steps on one stream, no CUDA graphs; "
-            "0: one by one",
-            default="0", status="candidate", choices=("0", "1")),
+            "Engine.stream, generate --input, serve): 1: eager packed steps on one stream; graphs: each "
+            "packed step padded to bucketed sizes and replayed from a CUDA graph; 0: one by one",
+            default="0", status="candidate", choices=("0", "1", "graphs")),
     Setting("BLOCKBATCH_CUDA", "build",
             "setup.py: build the CUDA kernels (0/OFF/off: CPU only; unset: when torch has CUDA and "
             "CUDA_HOME holds the toolkit)", default=None, status="build", scope="build"),
@@ -109,7 +109,9 @@ def value(name: str) -> str:
     s = BY_NAME[name]
     v = os.environ.get(name, "") or (s.default or "")
     if s.choices and v not in s.choices:
-        raise ValueError(f"{name} must be " + " or ".join(repr(c) for c in s.choices) + f", got {v!r}")
+        quoted = [repr(c) for c in s.choices]
+        allowed = quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
+        raise ValueError(f"{name} must be {allowed}, got {v!r}")  # as _C's env_choice says it
     return v
 
 

@@ -2,8 +2,9 @@
 GPU run has passed these): requests of mixed policies, branch sets, gen_lengths and prompt lengths
 decode together in packed forwards on one stream; every request finishes, in input order, with the
 tokens of its decode alone (float32: GEMMs of other row counts may round differently, so a few
-requests may differ; the share is asserted and printed); streaming and cancellation work; without
-the variable the scheduler refuses a CUDA model by name. Skipped cleanly without a GPU."""
+requests may differ; the share is asserted and printed), with eager packed steps (=1) and with
+padded steps replayed from CUDA graphs (=graphs: graphs captured and replayed); streaming and
+cancellation work; without the variable the scheduler refuses a CUDA model by name. Skipped cleanly without a GPU."""
 
 from __future__ import annotations
 
@@ -33,9 +34,11 @@ def engine(request, tmp_path_factory):
     return Engine.from_pretrained(folder, device="cuda")
 
 
-@pytest.fixture
-def batching(monkeypatch):
-    monkeypatch.setenv("BLOCKBATCH_CUDA_BATCHING", "1")
+@pytest.fixture(params=["1", "graphs"])
+def batching(request, monkeypatch):
+    """Eager packed steps, and padded packed steps replayed from CUDA graphs."""
+    monkeypatch.setenv("BLOCKBATCH_CUDA_BATCHING", request.param)
+    return request.param
 
 
 def test_cuda_batching_is_opt_in(engine, monkeypatch):
@@ -51,7 +54,7 @@ def test_cuda_batching_is_opt_in(engine, monkeypatch):
     assert [g.raw_ids for g in got] == [engine.generate([p], DecodeOptions(gen_length=32))[0].raw_ids
                                         for p in ([3, 1, 4], [1, 5, 9, 2])]
     monkeypatch.setenv("BLOCKBATCH_CUDA_BATCHING", "yes")
-    with pytest.raises(ValueError, match="BLOCKBATCH_CUDA_BATCHING must be '0' or '1'"):
+    with pytest.raises(ValueError, match="BLOCKBATCH_CUDA_BATCHING must be '0', '1' or 'graphs'"):
         engine.batches
 
 
@@ -62,6 +65,13 @@ def test_cuda_batched_requests_agree_with_batch_one(engine, batching):
     got = engine.generate([p for p, _ in reqs], [o for _, o in reqs], max_batch=16)
     stats = engine.last_batch_stats
     assert stats["packed_forwards"] < stats["request_forwards"]  # the requests shared forwards
+    if batching == "graphs":  # every packed forward padded; repeated buckets replayed
+        assert stats["padded_forwards"] >= stats["packed_forwards"]
+        assert stats["graph_captures"] > 0 and stats["graph_replays"] > 0
+        print(f"graphs: {stats['graph_captures']} captured, {stats['graph_replays']} of {stats['padded_forwards']} "
+              f"padded forwards replayed")
+    else:
+        assert stats["padded_forwards"] == stats["graph_replays"] == 0
     equal = 0
     same_tokens = 0
     for i, (g, a) in enumerate(zip(got, alone)):
@@ -70,7 +80,7 @@ def test_cuda_batched_requests_agree_with_batch_one(engine, batching):
         same_tokens += sum(x == y for x, y in zip(g.raw_ids, a.raw_ids))
         equal += g.raw_ids == a.raw_ids and all(g.stats[k] == a.stats[k] for k in COUNTERS)
     total = sum(len(a.raw_ids) for a in alone)
-    print(f"{engine.config.family} float32 CUDA, 16 requests at max_batch 16: {equal}/16 equal to batch 1, "
+    print(f"{engine.config.family} float32 CUDA ({batching}), 16 requests at max_batch 16: {equal}/16 equal to batch 1, "
           f"token agreement {same_tokens / total:.4f}")
     assert equal >= 12 and same_tokens / total >= 0.95
 

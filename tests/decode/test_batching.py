@@ -10,6 +10,7 @@ import random
 import pytest
 import torch
 
+from blockbatch import DecodeOptions
 from blockbatch.options import run_decode_batch
 from helpers.batching import small_engine, COUNTERS, mixed_requests as _mixed_requests, same as _same
 
@@ -81,3 +82,40 @@ def test_errors_name_the_request_and_the_budget(engine, requests_and_alone):
         engine.generate([reqs[0][0]], reqs[0][1], max_batch=0)
     with pytest.raises(ValueError, match=r"options\[0\]: unknown option 'gen_lenght'"):
         torch.ops.blockbatch.decode_batch(engine.model.obj, [torch.tensor(reqs[0][0])], ["gen_lenght=16"])
+
+
+@pytest.mark.parametrize("max_batch", [3, 16])
+def test_padded_packs_change_no_result(engine, requests_and_alone, max_batch):
+    """pad_packs pads every packed forward as BLOCKBATCH_CUDA_BATCHING=graphs does on a GPU (bucketed
+    token / row / logit-row counts; the pad tokens in dummy rows of at most 16 tokens on a scratch KV
+    row): every request's tokens and counters stay those of its decode alone, in every KV mode
+    (the requests mix vanilla, prefix, dual and BlockBatch of both families)."""
+    reqs, alone = requests_and_alone
+    outs, stats = run_decode_batch(engine.model.obj, [torch.tensor(p) for p, _ in reqs], [o for _, o in reqs],
+                                   max_batch, pad_packs=True)
+    for i, (out, a) in enumerate(zip(outs, alone)):
+        assert out.tokens[len(reqs[i][0]):].tolist() == a.raw_ids, f"request {i} at max_batch {max_batch}, padded"
+        assert all(out.stats[k] == a.stats[k] for k in COUNTERS if k != "policy"), f"request {i}"
+    assert stats["padded_forwards"] >= stats["packed_forwards"] > 0  # every group of every step was padded
+    assert stats["graph_captures"] == stats["graph_replays"] == 0  # graphs are CUDA's
+    # The scratch row comes out of an explicit budget: a budget of exactly the largest request's rows
+    # is refused with padding and accepted without.
+    rows = max(len(a.stats["branches"]) if o.policy != "vanilla" else 0 for a, (_, o) in zip(alone, reqs))
+    tight = stats["kv_row_bytes"] * rows
+    with pytest.raises(ValueError, match=rf"needs {rows} \(besides the scratch row of padded packs\); raise the "
+                                         rf"budget to at least {tight + stats['kv_row_bytes']} bytes"):
+        run_decode_batch(engine.model.obj, [torch.tensor(p) for p, _ in reqs], [o for _, o in reqs], 4,
+                         kv_budget_bytes=tight, pad_packs=True)
+    run_decode_batch(engine.model.obj, [torch.tensor(p) for p, _ in reqs[:2]], [o for _, o in reqs[:2]], 2,
+                     kv_budget_bytes=tight, pad_packs=False)
+
+
+def test_padded_packs_of_many_sizes(engine):
+    """40 requests of prompt lengths 1..23 padded together: as they finish, the packs shrink through
+    many row and token counts (and so many buckets); every result stays that of the request alone."""
+    o = DecodeOptions(policy="dual", gen_length=16, block_length=16, threshold=0.6)
+    prompts = [torch.tensor([1 + (i % 5)] * (1 + i % 23)) for i in range(40)]
+    outs, stats = run_decode_batch(engine.model.obj, prompts, [o] * 40, 40, pad_packs=True)
+    alone = [engine.generate([p], o)[0] for p in prompts]
+    assert [out.tokens[len(p):].tolist() for out, p in zip(outs, prompts)] == [a.raw_ids for a in alone]
+    assert stats["padded_forwards"] >= stats["packed_forwards"]

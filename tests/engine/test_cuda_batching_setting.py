@@ -15,10 +15,11 @@ def test_the_value_is_read_and_checked(monkeypatch):
     assert settings.value("BLOCKBATCH_CUDA_BATCHING") == "0"
     monkeypatch.setenv("BLOCKBATCH_CUDA_BATCHING", "")
     assert settings.value("BLOCKBATCH_CUDA_BATCHING") == "0"
-    monkeypatch.setenv("BLOCKBATCH_CUDA_BATCHING", "1")
-    assert settings.value("BLOCKBATCH_CUDA_BATCHING") == "1"
+    for v in ("1", "graphs"):
+        monkeypatch.setenv("BLOCKBATCH_CUDA_BATCHING", v)
+        assert settings.value("BLOCKBATCH_CUDA_BATCHING") == v
     monkeypatch.setenv("BLOCKBATCH_CUDA_BATCHING", "on")
-    with pytest.raises(ValueError, match="BLOCKBATCH_CUDA_BATCHING must be '0' or '1', got 'on'"):
+    with pytest.raises(ValueError, match="BLOCKBATCH_CUDA_BATCHING must be '0', '1' or 'graphs', got 'on'"):
         settings.value("BLOCKBATCH_CUDA_BATCHING")
 
 
@@ -38,7 +39,7 @@ def test_serve_on_cuda_needs_the_variable(monkeypatch, capsys):
            "BLOCKBATCH_CUDA_BATCHING=1" in capsys.readouterr().err
     monkeypatch.setenv("BLOCKBATCH_CUDA_BATCHING", "on")
     assert main(["serve", "--device", "cuda"]) == 2
-    assert "BLOCKBATCH_CUDA_BATCHING must be '0' or '1', got 'on'" in capsys.readouterr().err
+    assert "BLOCKBATCH_CUDA_BATCHING must be '0', '1' or 'graphs', got 'on'" in capsys.readouterr().err
     if not torch.cuda.is_available():
         monkeypatch.setenv("BLOCKBATCH_CUDA_BATCHING", "1")
         assert main(["serve", "--device", "cuda"]) == 2

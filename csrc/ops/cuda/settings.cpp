@@ -103,8 +103,12 @@ void apply_pdl_setting() {
 }
 
 // The batching scheduler (decode/scheduler.cpp) on a CUDA model: BLOCKBATCH_CUDA_BATCHING = "1"
-// lets requests of a CUDA model share packed forwards; "0" or unset refuses (decode them one by
-// one). Read when a scheduler starts.
-bool cuda_batching() { return env_choice("BLOCKBATCH_CUDA_BATCHING", {"0", "1"}, kDefaultCudaBatching) == "1"; }
+// lets requests of a CUDA model share packed forwards (eager steps), "graphs" also pads each
+// packed step to bucketed sizes and replays it from a CUDA graph; "0" or unset refuses (decode
+// them one by one). Read when a scheduler starts.
+int cuda_batching() {
+  const std::string v = env_choice("BLOCKBATCH_CUDA_BATCHING", {"0", "1", "graphs"}, kDefaultCudaBatching);
+  return v == "0" ? 0 : v == "1" ? 1 : 2;
+}
 
 }  // namespace blockbatch::cuda_ops

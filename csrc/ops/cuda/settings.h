@@ -24,7 +24,8 @@ bool rope_vectorized();
 // from it; called by every op right before it launches a kernel of the forward (one that starts
 // with dependent_launch_prologue()).
 void apply_pdl_setting();
-// BLOCKBATCH_CUDA_BATCHING: whether the batching scheduler takes a CUDA model (opt-in).
-bool cuda_batching();
+// BLOCKBATCH_CUDA_BATCHING: whether the batching scheduler takes a CUDA model (opt-in): 0 no,
+// 1 eager packed steps, 2 ("graphs") padded packed steps replayed from CUDA graphs.
+int cuda_batching();
 
 }  // namespace blockbatch::cuda_ops
