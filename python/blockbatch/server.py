@@ -116,7 +116,9 @@ class _SchedulerCollector:
     GAUGES = {"running": "requests decoding now", "queued": "requests waiting for a decode slot",
               "kv_rows_in_use": "KV pool rows held by running requests", "kv_pool_rows": "KV pool rows in all"}
     COUNTERS = {"packed_forwards": "packed forwards the scheduler ran (one per step and KV mode)",
-                "request_forwards": "forwards of all requests (NFE, cancelled ones included)"}
+                "request_forwards": "forwards of all requests (NFE, cancelled ones included)",
+                "padded_forwards": "packed forwards padded to bucketed sizes (CUDA, BLOCKBATCH_CUDA_BATCHING=graphs)",
+                "graph_replays": "padded forwards replayed from a CUDA graph (over padded_forwards: the hit rate)"}
 
     def __init__(self, counters):
         self._counters = counters

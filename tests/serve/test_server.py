@@ -328,6 +328,9 @@ def test_metrics_count_what_was_served(server, client):
     assert delta("blockbatch_request_forwards_total") == a.model_extra["nfe"] + b.model_extra["nfe"]
     assert after["blockbatch_running"] == after["blockbatch_queued"] == after["blockbatch_kv_rows_in_use"] == 0
     assert after["blockbatch_kv_pool_rows"] > 0
+    assert delta("blockbatch_packed_forwards_total") > 0
+    # CPU: packs are not padded and no graph replays (the CUDA graphs' counters exist, at 0)
+    assert after["blockbatch_padded_forwards_total"] == after["blockbatch_graph_replays_total"] == 0
 
 
 def test_full_queue_gets_429_and_no_request_is_lost(small, engine):
