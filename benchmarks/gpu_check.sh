@@ -5,20 +5,20 @@
 #   bench_gpu_step.json, gpu_decode_check.json, bench_gpu_dream.json (+ .png), ops_tests.xml; then the opt-in kernels
 #   ("candidates", python/blockbatch/settings.py): candidate_tests_*.xml, bench_gpu_candidates.json,
 #   gpu_decode_candidates.json; the batching scheduler on CUDA (candidate BLOCKBATCH_CUDA_BATCHING=1):
-#   cuda_batching_tests.xml, bench_batch_{toy_fp32,toy_bf16,toy_fp32_graphs,llada8b,llada8b_graphs}.json
-#   (+ .png); a short table ends the log.
+#   cuda_batching_tests.xml, bench_batch_{toy_fp32,toy_bf16,toy_fp32_graphs,toy_bf16_invariant}.json, then
+#   (batching8b) bench_batch_{llada8b,llada8b_graphs,llada8b_invariant}.json (+ .png); a short table ends the log.
 #   bash benchmarks/gpu_check.sh "$OUT" [PARTS]
-# PARTS: a comma-separated subset of tests,batching,bench,decode,dream,ops,candidates (default: all of
+# PARTS: a comma-separated subset of tests,batching,batching8b,bench,decode,dream,ops,candidates (default: all of
 # them, in that order; the build always runs), e.g. "tests,batching" when a session's time is short.
 # Every stage has its own time limit and writes as it goes, so a stage that fails or runs long
 # costs only itself. The candidates run last, each stage in its own process: a faulting kernel
 # poisons its process's CUDA context, and a hung one only uses up its stage's limit.
 set -uo pipefail
 OUT="${1:?usage: gpu_check.sh OUT_DIR [PARTS]}"
-PARTS=",${2:-tests,batching,bench,decode,dream,ops,candidates},"
+PARTS=",${2:-tests,batching,batching8b,bench,decode,dream,ops,candidates},"
 for part in ${2:+${2//,/ }}; do
-  case "$part" in tests|batching|bench|decode|dream|ops|candidates) ;;
-    *) echo "gpu_check.sh: unknown part '$part' (tests, batching, bench, decode, dream, ops, candidates)" >&2; exit 2;;
+  case "$part" in tests|batching|batching8b|bench|decode|dream|ops|candidates) ;;
+    *) echo "gpu_check.sh: unknown part '$part' (tests, batching, batching8b, bench, decode, dream, ops, candidates)" >&2; exit 2;;
   esac
 done
 want() { [[ "$PARTS" == *",$1,"* ]]; }
@@ -76,11 +76,17 @@ export PYTHONUNBUFFERED=1
       --policies dual,blockbatch --out "$OUT/bench_batch_toy_bf16.json"
     timeout 60 "$PY" benchmarks/bench_batch.py --device cuda --model toy --dtype float32 --n 32 --batches 1,16 \
       --policies dual,blockbatch --cuda-batching graphs --out "$OUT/bench_batch_toy_fp32_graphs.json"
+    BLOCKBATCH_BATCH_INVARIANT=1 timeout 60 "$PY" benchmarks/bench_batch.py --device cuda --model toy --dtype bfloat16 \
+      --n 32 --batches 1,16 --policies dual,blockbatch --out "$OUT/bench_batch_toy_bf16_invariant.json"
+  fi
+  if want batching8b; then
     echo "== the batching scheduler on CUDA: LLaDA-8B shape, bf16 ($(date +%T))"
     timeout 200 "$PY" benchmarks/bench_batch.py --device cuda --model llada-8b --n 16 --batches 1,4,16 \
       --policies dual,blockbatch,blockbatch-auto --gen-length 64 --out "$OUT/bench_batch_llada8b.json"
     timeout 150 "$PY" benchmarks/bench_batch.py --device cuda --model llada-8b --n 16 --batches 16 \
       --policies dual,blockbatch-auto --gen-length 64 --cuda-batching graphs --out "$OUT/bench_batch_llada8b_graphs.json"
+    BLOCKBATCH_BATCH_INVARIANT=1 timeout 120 "$PY" benchmarks/bench_batch.py --device cuda --model llada-8b --n 16 \
+      --batches 16 --policies dual --gen-length 64 --out "$OUT/bench_batch_llada8b_invariant.json"
   fi
   if want bench; then
     echo "== GPU benchmarks ($(date +%T))"

@@ -157,7 +157,8 @@ def batching(path: str) -> list[str]:
     data = json.load(open(path))
     lines = [f"{os.path.basename(path)} ({data['model']}, {data.get('dtype')}, {data.get('device')}, "
              f"{data['n']} requests, gen {data['gen_length']}"
-             + (f", BLOCKBATCH_CUDA_BATCHING={data['cuda_batching']}" if data.get("cuda_batching") else "") + ")"]
+             + (f", BLOCKBATCH_CUDA_BATCHING={data['cuda_batching']}" if data.get("cuda_batching") else "")
+             + (", BLOCKBATCH_BATCH_INVARIANT=1" if data.get("batch_invariant") else "") + ")"]
     for policy, rows in data["policies"].items():
         one = rows["one_by_one"]
         lines.append(f"{policy}: one by one {one['tokens_per_s']:.0f} tok/s")
@@ -183,7 +184,8 @@ def main(argv=None) -> int:
     out += ["== the scheduler on CUDA (candidate BLOCKBATCH_CUDA_BATCHING=1)"]
     out += tests(os.path.join(d, "cuda_batching_tests.xml"))
     for name in ("bench_batch_toy_fp32.json", "bench_batch_toy_bf16.json", "bench_batch_toy_fp32_graphs.json",
-                 "bench_batch_llada8b.json", "bench_batch_llada8b_graphs.json"):
+                 "bench_batch_toy_bf16_invariant.json", "bench_batch_llada8b.json", "bench_batch_llada8b_graphs.json",
+                 "bench_batch_llada8b_invariant.json"):
         out += batching(os.path.join(d, name))
     out += ["== opt-in kernels (candidates)"]
     for path in candidate_test_files(d) or [os.path.join(d, "candidate_tests_*.xml")]:

@@ -86,6 +86,10 @@ SETTINGS: tuple[Setting, ...] = (
             "Engine.stream, generate --input, serve): 1: eager packed steps on one stream; graphs: each "
             "packed step padded to bucketed sizes and replayed from a CUDA graph; 0: one by one",
             default="0", status="candidate", choices=("0", "1", "graphs")),
+    Setting("BLOCKBATCH_BATCH_INVARIANT", "bool",
+            "batch-invariant forward: GEMMs in fixed 256-row chunks (zero-padded) and unsplit attention, so a "
+            "request's logits on the GPU do not depend on what shares its forwards (batch 1 included)",
+            default="0", status="candidate", choices=("0", "1")),
     Setting("BLOCKBATCH_CUDA", "build",
             "setup.py: build the CUDA kernels (0/OFF/off: CPU only; unset: when torch has CUDA and "
             "CUDA_HOME holds the toolkit)", default=None, status="build", scope="build"),

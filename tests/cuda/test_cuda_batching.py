@@ -4,7 +4,8 @@ decode together in packed forwards on one stream; every request finishes, in inp
 tokens of its decode alone (float32: GEMMs of other row counts may round differently, so a few
 requests may differ; the share is asserted and printed), with eager packed steps (=1) and with
 padded steps replayed from CUDA graphs (=graphs: graphs captured and replayed); streaming and
-cancellation work; without the variable the scheduler refuses a CUDA model by name. Skipped cleanly without a GPU."""
+cancellation work; without the variable the scheduler refuses a CUDA model by name; and with
+BLOCKBATCH_BATCH_INVARIANT=1, bf16 batched results equal batch 1 exactly. Skipped cleanly without a GPU."""
 
 from __future__ import annotations
 
@@ -107,3 +108,20 @@ def test_cuda_stream_and_cancel(engine, batching):
     again = engine.generate(prompts, o, max_batch=3)  # packs may differ by timing: agreement, not bits
     same = sum(x == y for i, g in enumerate(again) for x, y in zip(g.raw_ids, final[i].raw_ids))
     assert same >= 0.9 * sum(len(g.raw_ids) for g in again)
+
+
+def test_batch_invariant_mode_bf16_equals_batch_one(tmp_path, monkeypatch):
+    """BLOCKBATCH_BATCH_INVARIANT=1 (GEMMs in fixed 256-row chunks, unsplit attention): in bf16, every
+    request batched with 15 others has exactly the tokens and counters of its batch-1 run."""
+    from blockbatch.random_checkpoint import make_random_checkpoint
+
+    monkeypatch.setenv("BLOCKBATCH_CUDA_BATCHING", "1")
+    monkeypatch.setenv("BLOCKBATCH_BATCH_INVARIANT", "1")
+    make_random_checkpoint(tmp_path, seed=3, logit_scale=5.0, d_model=128, n_layers=2, vocab_size=97)
+    engine = Engine.from_pretrained(tmp_path, device="cuda", dtype=torch.bfloat16)
+    reqs = mixed_requests(random.Random(7), engine.config.vocab_size, engine.config.mask_token_id, 16, "llada")
+    alone = [engine.generate([p], o)[0] for p, o in reqs]
+    got = engine.generate([p for p, _ in reqs], [o for _, o in reqs], max_batch=16)
+    for i, (g, a) in enumerate(zip(got, alone)):
+        assert g.raw_ids == a.raw_ids, f"request {i}: bf16 tokens differ from batch 1 in the batch-invariant mode"
+        assert all(g.stats[k] == a.stats[k] for k in COUNTERS), f"request {i}: counters differ"

@@ -32,7 +32,8 @@ at::Tensor packed_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
     if constexpr (!std::is_same_v<T, float>) {
       if (cuda::flash_attention_supported(a, 1, sm_major)) {
-        const int splits = attention_splits(
+        // Batch-invariant mode: one split, whatever the pack (the heuristic reads its size).
+        const int splits = batch_invariant() ? 1 : attention_splits(
             cuda::flash_attention_splits(a, q.size(0), max_keys,
                                          device_attribute<cudaDevAttrMultiProcessorCount>(q.get_device())));
         at::Tensor part;  // split-key partial results (fp32), merged by the launch's second kernel

@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "kernels/cuda/kernels.cuh"
@@ -26,6 +27,24 @@ at::Tensor padded_mm(const at::Tensor& x, const at::Tensor& weight, int64_t mult
   xp.narrow(0, 0, M).copy_(x);
   xp.narrow(0, M, padded - M).zero_();
   return at::mm(xp, weight.t()).narrow(0, 0, M);  // a row prefix of a contiguous matrix: contiguous
+}
+
+// BLOCKBATCH_BATCH_INVARIANT=1: x @ weight.T as GEMMs of exactly kInvariantRows rows (the last
+// padded with zero rows), so cuBLAS picks one algorithm whatever M is and a row's result does not
+// depend on how many rows share the product or where it sits among them (a GEMM computes each
+// output element by the same k-order whatever its row). Every chunk is copied into a fresh buffer,
+// so the operands' alignment is the same too. Costs: padding up to kInvariantRows - 1 rows, a copy
+// of x, and one weight read per chunk.
+constexpr int64_t kInvariantRows = 256;
+at::Tensor invariant_mm(const at::Tensor& x, const at::Tensor& weight) {
+  const int64_t M = x.size(0);
+  if (M <= kInvariantRows) return padded_mm(x, weight, kInvariantRows);
+  at::Tensor out = at::empty({M, weight.size(0)}, x.options());
+  for (int64_t first = 0; first < M; first += kInvariantRows) {
+    const int64_t rows = std::min(kInvariantRows, M - first);
+    out.narrow(0, first, rows).copy_(padded_mm(x.narrow(0, first, rows), weight, kInvariantRows));
+  }
+  return out;
 }
 
 }  // namespace
@@ -77,6 +96,7 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight) {
   check_linear(x, weight);
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t M = x.size(0), N = weight.size(0), K = x.size(1);
+  if (batch_invariant()) return invariant_mm(x, weight);
   const Gemm kind = gemm_kind();
   if (const int multiple = gemm_row_multiple();
       multiple > 1 && x.scalar_type() != at::kFloat && M > cuda::kLinearSmallMaxRows && M % multiple != 0) {

@@ -54,6 +54,7 @@ constexpr int kDefaultGemmPad = 0;                       // BLOCKBATCH_GEMM_PAD
 constexpr const char* kDefaultRopeKernel = "scalar";     // BLOCKBATCH_ROPE_KERNEL
 constexpr const char* kDefaultPdl = "0";                 // BLOCKBATCH_PDL
 constexpr const char* kDefaultCudaBatching = "0";        // BLOCKBATCH_CUDA_BATCHING
+constexpr const char* kDefaultBatchInvariant = "0";      // BLOCKBATCH_BATCH_INVARIANT
 
 }  // namespace
 
@@ -110,5 +111,10 @@ int cuda_batching() {
   const std::string v = env_choice("BLOCKBATCH_CUDA_BATCHING", {"0", "1", "graphs"}, kDefaultCudaBatching);
   return v == "0" ? 0 : v == "1" ? 1 : 2;
 }
+
+// BLOCKBATCH_BATCH_INVARIANT = "1": the forward's reductions do not depend on the pack (GEMMs in
+// fixed-size row chunks, attention unsplit), so a request's bits on the GPU are those of its batch-1
+// run; "0" or unset: the fastest algorithms for each shape. Read per op.
+bool batch_invariant() { return env_choice("BLOCKBATCH_BATCH_INVARIANT", {"0", "1"}, kDefaultBatchInvariant) == "1"; }
 
 }  // namespace blockbatch::cuda_ops

@@ -27,5 +27,8 @@ void apply_pdl_setting();
 // BLOCKBATCH_CUDA_BATCHING: whether the batching scheduler takes a CUDA model (opt-in): 0 no,
 // 1 eager packed steps, 2 ("graphs") padded packed steps replayed from CUDA graphs.
 int cuda_batching();
+// BLOCKBATCH_BATCH_INVARIANT: GEMMs in fixed-size row chunks and unsplit attention, so a row's
+// logits do not depend on what shares its forward.
+bool batch_invariant();
 
 }  // namespace blockbatch::cuda_ops
