@@ -17,8 +17,9 @@ On a GPU (--device cuda): the batched runs go through the scheduler on CUDA, whi
 turns on (BLOCKBATCH_CUDA_BATCHING=--cuda-batching: 1, eager packed steps, or graphs, padded packed
 steps replayed from CUDA graphs; the JSON gives the padded forwards, graph captures and replays
 and the replay hit rate); one by one runs with CUDA graphs, as Engine.generate does. With
-BLOCKBATCH_BATCH_INVARIANT=1 in the environment both run the batch-invariant forward. --model llada-8b is LLaDA-8B's shape (4096 wide, 32 layers, vocab 126464)
-with random weights built on the device (--dtype bfloat16 for the issue's target): near-uniform
+BLOCKBATCH_BATCH_INVARIANT=1 in the environment both run the batch-invariant forward.
+--model llada-8b is LLaDA-8B's shape (4096 wide, 32 layers, vocab 126464) with random weights
+built on the device (--dtype bfloat16 for the issue's target): near-uniform
 logits, so a dual-cache step commits about one token and the NFE is near its worst case.
 """
 
@@ -107,7 +108,8 @@ def main(argv=None) -> int:
     engine, label = _model(args.model, args.device, getattr(torch, args.dtype) if args.dtype else None)
     prompts = _prompts(engine, args.n)
     report = {"model": label, "n": args.n, "gen_length": args.gen_length, "threads": torch.get_num_threads(),
-              "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "dtype": str(engine.model.dtype).removeprefix("torch."),
+              "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+              "dtype": str(engine.model.dtype).removeprefix("torch."),
               "cuda_batching": args.cuda_batching if args.device == "cuda" else None,
               "batch_invariant": args.device == "cuda" and settings.value("BLOCKBATCH_BATCH_INVARIANT") == "1",
               "step_curve": engine.step_curve, "policies": {}}

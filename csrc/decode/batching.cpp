@@ -39,7 +39,7 @@ int64_t pack_bucket(int64_t n) {
 // one memory pool and replay one after another; each keeps its static inputs and its logits, which
 // the requests read before the next step (the barrier) and so before the next replay.
 struct SharedForward::Graphs {
-  static constexpr size_t kMaxGraphs = 24;  // beyond: eager (each graph keeps its logits alive)
+  static constexpr int64_t kMaxGraphs = 24;  // beyond: eager (each graph keeps its logits alive)
   struct Entry {
     int64_t seen = 0;
     std::unique_ptr<at::cuda::CUDAGraph> graph;
@@ -49,7 +49,6 @@ struct SharedForward::Graphs {
   c10::cuda::CUDAStream side;  // captures cannot run on the default stream
   decltype(at::cuda::graph_pool_handle()) pool;
   std::map<std::array<int64_t, 5>, Entry> entries;
-  size_t captured = 0;
 
   explicit Graphs(c10::Device device)
       : side(c10::cuda::getStreamFromPool(false, device.index())), pool(at::cuda::graph_pool_handle()) {}
@@ -312,7 +311,7 @@ at::Tensor SharedForward::run_packed(ForwardBatch& b, int64_t n) const {
     Graphs& g = *graphs_;
     const std::array<int64_t, 5> key{static_cast<int64_t>(b.mode), with_kv ? 1 : 0, Tb, Rb, Nb};
     auto found = g.entries.find(key);
-    if (found == g.entries.end() && g.captured < Graphs::kMaxGraphs) found = g.entries.emplace(key, Graphs::Entry{}).first;
+    if (found == g.entries.end() && captures_ < Graphs::kMaxGraphs) found = g.entries.emplace(key, Graphs::Entry{}).first;
     if (found != g.entries.end()) {
       Graphs::Entry& e = found->second;
       e.seen += 1;
@@ -330,7 +329,6 @@ at::Tensor SharedForward::run_packed(ForwardBatch& b, int64_t n) const {
         e.graph->capture_begin(g.pool, cudaStreamCaptureModeThreadLocal);
         e.logits = model_.forward(e.in);
         e.graph->capture_end();
-        ++g.captured;
         ++captures_;
       }
       if (e.graph) {

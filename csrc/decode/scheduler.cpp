@@ -61,6 +61,9 @@ bool check_batching_device(c10::Device device, const char* who) {
   TORCH_CHECK_VALUE(false, who, " runs CPU models (and CUDA models in a CUDA build), not a model on ", device);
 }
 
+// The KV rows a budget of `bytes` gives the requests: padded packs keep one (the scratch row).
+int64_t budget_rows(int64_t bytes, int64_t row_bytes, bool pad) { return bytes / row_bytes - (pad ? 1 : 0); }
+
 int64_t default_pool_rows(const ModelConfig& c, int64_t max_batch) {
   DecodeOptions o;
   o.policy = Policy::kBlockBatch;
@@ -164,8 +167,8 @@ Scheduler::Scheduler(const Network& model, int64_t max_batch, int64_t max_length
   const bool graphs = check_batching_device(model.device(), "the batching scheduler");
   const bool pad = pad_packs || graphs;
   const c10::OptionalStreamGuard on(default_stream_of(model.device()));  // the step curve, the pool
-  int64_t rows = kv_budget_bytes > 0 ? kv_budget_bytes / row_bytes_ : default_pool_rows(model.config(), max_batch);
-  if (pad && kv_budget_bytes > 0) rows -= 1;  // the scratch row of padded packs comes out of the budget
+  const int64_t rows = kv_budget_bytes > 0 ? budget_rows(kv_budget_bytes, row_bytes_, pad)
+                                           : default_pool_rows(model.config(), max_batch);
   TORCH_CHECK_VALUE(rows >= 1, "kv_budget_bytes = ", kv_budget_bytes, " holds no KV row of ", row_bytes_,
                     " bytes (", max_length, " positions)", pad ? " besides the scratch row of padded packs" : "",
                     "; raise it to at least ", row_bytes_ * (pad ? 2 : 1));
@@ -409,8 +412,7 @@ std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<s
   }
   const int64_t workers = std::min(max_batch, std::max<int64_t>(n, 1));
   const int64_t row_bytes = kv_row_bytes(c, model.dtype(), max_length);
-  int64_t pool_rows = kv_budget_bytes / row_bytes;
-  if (pad && kv_budget_bytes > 0) pool_rows -= 1;  // the scratch row of padded packs comes out of the budget
+  int64_t pool_rows = kv_budget_bytes > 0 ? budget_rows(kv_budget_bytes, row_bytes, pad) : 0;
   if (kv_budget_bytes == 0) {  // room for the `workers` largest requests
     std::vector<int64_t> sorted = rows_of;
     std::sort(sorted.rbegin(), sorted.rend());

@@ -365,7 +365,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                          f"(or the package's serve extra)")
     if args.ray_address is not None and args.replicas is None:
         raise UsageError("--ray-address needs --replicas N")
-    from .engine import Engine
+    from .engine import Engine, batches_on
     from .server import check_preset, default_model_name, serve
 
     preset = None
@@ -377,13 +377,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     api_key = args.api_key or None
-    from . import settings
-
     try:
-        cuda_batching = settings.value("BLOCKBATCH_CUDA_BATCHING") != "0"
+        settings.value("BLOCKBATCH_CUDA_BATCHING")  # a bad value is an error on any --device
+        batches = batches_on(args.device)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    if args.device == "cuda" and not cuda_batching:
+    if not batches:
         raise UsageError("--device cuda: the server decodes on the batching scheduler, which on CUDA is opt-in: "
                          "set BLOCKBATCH_CUDA_BATCHING=1 (eager packed steps) or =graphs (CUDA graphs), opt-in candidates")
     # With --replicas each replica loads its own engine on --device; this one only checks the checkpoint.
@@ -633,9 +632,8 @@ def build_parser() -> argparse.ArgumentParser:
                "        -d '{\"model\": \"blockbatch-toy\", \"prompt\": \"72-2=__-3=__-3=__...............?\", \"max_tokens\": 20}'")
     p.add_argument("--model", default=None, help="checkpoint folder (default: the toy model shipped in the package)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                   help="where the engine decodes (default cpu); cuda needs BLOCKBATCH_CUDA_BATCHING=1 (the scheduler "
-                        "on CUDA is an opt-in candidate); with --replicas each "
-                        "replica reserves one GPU")
+                   help="where the engine decodes (default cpu); cuda needs BLOCKBATCH_CUDA_BATCHING=1 or graphs "
+                        "(the scheduler on CUDA is an opt-in candidate); with --replicas each replica reserves one GPU")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0: all)")
     p.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000)")
     p.add_argument("--served-model-name", default=None, metavar="NAME",

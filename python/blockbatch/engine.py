@@ -16,6 +16,17 @@ from .options import DecodeOptions, run_decode, run_decode_batch
 from .tokenization import TextCodec
 
 
+def batches_on(device_type: str) -> bool:
+    """Whether the batching scheduler runs on a ``device_type`` model: always on the CPU; on CUDA
+    where ``BLOCKBATCH_CUDA_BATCHING`` is 1 or graphs (an opt-in candidate; a bad value raises
+    ValueError naming the variable)."""
+    if device_type == "cpu":
+        return True
+    from . import settings
+
+    return device_type == "cuda" and settings.value("BLOCKBATCH_CUDA_BATCHING") != "0"
+
+
 @dataclasses.dataclass
 class Generation:
     """One decoded request."""
@@ -195,19 +206,14 @@ class Engine:
 
     @property
     def batches(self) -> bool:
-        """Whether requests decode together through the scheduler on this engine's device: always on
-        the CPU; on CUDA where ``BLOCKBATCH_CUDA_BATCHING`` is 1 or graphs (an opt-in
-        candidate), else one by one."""
-        if self.device.type == "cpu":
-            return True
-        from . import settings
-
-        return self.device.type == "cuda" and settings.value("BLOCKBATCH_CUDA_BATCHING") != "0"
+        """Whether requests decode together through the scheduler on this engine's device
+        (``batches_on``), else one by one."""
+        return batches_on(self.device.type)
 
     def scheduler(self, max_batch: int = 8, max_length: int | None = None, kv_budget_bytes: int = 0,
                   adaptive: bool = True):
-        """A ``BatchScheduler`` on this model (CPU; CUDA where ``batches``): submit requests at any time, each decoding with
-        the others in one packed forward per step (``blockbatch.scheduler``). ``max_length``: the
+        """A ``BatchScheduler`` on this model (CPU; CUDA where ``batches``): submit requests at any
+        time, each decoding with the others in one packed forward per step (``blockbatch.scheduler``). ``max_length``: the
         longest prompt + gen_length it accepts (default: the model's ``max_sequence_length``, at
         most 4096). ``adaptive``: give it the model's step-time curve (``step_curve``, measured on
         first use) for ``branch_budget="auto"`` requests; False: they run their full branch set."""
