@@ -1,16 +1,21 @@
 """Many requests at once: throughput and latency vs max_batch, against one-by-one decoding.
 
     python benchmarks/bench_batch.py [--model toy|50m|llada-8b|DIR] [--n 32] [--batches 1,2,4,8,16,32]
-        [--policies dual,blockbatch] [--gen-length 64] [--threads N] [--device cpu|cuda]
+        [--policies dual,blockbatch] [--gen-length 64] [--repeats 3] [--threads N] [--device cpu|cuda]
         [--dtype float32|bfloat16] [--cuda-batching 1|graphs] [--out results/bench_batch_toy.json]
 
 The same --n requests (held-out toy problems; on a random model, prompts of 8..40 random tokens)
 are decoded one by one (Engine.generate per prompt) and through torch.ops.blockbatch.decode_batch
-at each max_batch, for each policy, in one run. Per setting: requests/s, generated tokens/s,
+(the scheduler, max_batch 1 included) at each max_batch, for each policy, in one run: --repeats rounds of
+one by one then each max_batch, the times their medians. Per setting: requests/s, generated tokens/s,
 mean and p99 request latency (its decode's own wall time, from the moment it starts; the queue
 before it is not counted), packed forwards vs the requests' forwards, and the speedup against
 one-by-one. Every batched request's tokens are checked against its one-by-one result (float32
 CPU: they must be equal; on a GPU the JSON reports how many are, and the share of equal tokens).
+Per policy the JSON also gives the compute floor: the query tokens all the requests' forwards
+carry, at the seconds per token of one large packed forward (2048 tokens in rows of 128, one
+logit row each: the cheapest a token gets on this model and machine), and the speedup over one
+by one that this floor allows: an estimate of the most any packing can give here.
 Writes the JSON and a PNG (throughput vs max_batch) next to it.
 
 On a GPU (--device cuda): the batched runs go through the scheduler on CUDA, which this script
@@ -82,6 +87,8 @@ def main(argv=None) -> int:
                     help="comma-separated (default dual,blockbatch,blockbatch-auto: blockbatch with "
                          "branch_budget=auto, whose batched results differ from one by one by design)")
     ap.add_argument("--gen-length", type=int, default=64, help="generation length (default 64)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="rounds of one by one then each max_batch, interleaved; times are medians (default 3)")
     ap.add_argument("--threads", type=int, default=None, help="intra-op threads (default: torch's choice)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
@@ -97,46 +104,67 @@ def main(argv=None) -> int:
         os.environ["BLOCKBATCH_CUDA_BATCHING"] = args.cuda_batching  # the scheduler on CUDA: what this measures
     try:
         batches = [int(b) for b in args.batches.split(",") if b]
-        assert batches and all(b >= 1 for b in batches) and args.n >= 1
+        assert batches and all(b >= 1 for b in batches) and args.n >= 1 and args.repeats >= 1
     except (ValueError, AssertionError):
-        print("error: --batches must be positive integers separated by commas and --n >= 1", file=sys.stderr)
+        print("error: --batches must be positive integers separated by commas, --n >= 1 and --repeats >= 1",
+              file=sys.stderr)
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     from blockbatch import DecodeOptions, settings
+    from blockbatch.bench import environment
+    from blockbatch.options import run_decode_batch
 
     engine, label = _model(args.model, args.device, getattr(torch, args.dtype) if args.dtype else None)
     prompts = _prompts(engine, args.n)
-    report = {"model": label, "n": args.n, "gen_length": args.gen_length, "threads": torch.get_num_threads(),
+    report = {"environment": environment(), "command": " ".join(["python", *sys.argv]), "model": label, "n": args.n, "gen_length": args.gen_length, "threads": torch.get_num_threads(),
               "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
               "dtype": str(engine.model.dtype).removeprefix("torch."),
               "cuda_batching": args.cuda_batching if args.device == "cuda" else None,
               "batch_invariant": args.device == "cuda" and settings.value("BLOCKBATCH_BATCH_INVARIANT") == "1",
               "step_curve": engine.step_curve, "policies": {}}
     budget = 1 << 30
+    per_token_s = _seconds_per_token(engine)
+    encoded = [torch.tensor(p, dtype=torch.long) for p in prompts]
     for policy in [p for p in args.policies.split(",") if p]:
         o = DecodeOptions(policy=policy.removesuffix("-auto"), gen_length=args.gen_length, block_length=32,
                           branch_budget="auto" if policy.endswith("-auto") else "full")
-        t0 = time.perf_counter()
-        alone = [engine.generate([p], o)[0] for p in prompts]
-        one_s = time.perf_counter() - t0
+        curve = engine.step_curve if policy.endswith("-auto") else None
+        one_runs, batch_runs = [], {b: [] for b in batches}
+        for _ in range(args.repeats):  # round robin: one by one, then each max_batch; medians below
+            t0 = time.perf_counter()
+            alone = [engine.generate([p], o)[0] for p in prompts]
+            one_runs.append(time.perf_counter() - t0)
+            for b in batches:
+                t0 = time.perf_counter()
+                outs, st = run_decode_batch(engine.model.obj, encoded, [o] * len(encoded), b, 0, curve)
+                batch_runs[b].append((time.perf_counter() - t0, outs, st))
+        one_s = statistics.median(one_runs)
         tokens = sum(len(g.ids) for g in alone)
-        rows = {"one_by_one": {"seconds": one_s, "requests_per_s": args.n / one_s, "tokens_per_s": tokens / one_s,
+        query_tokens = sum(sum(g.stats["query_tokens_per_step"]) for g in alone)
+        floor_s = query_tokens * per_token_s
+        rows = {"one_by_one": {"seconds": one_s, "runs_s": one_runs, "requests_per_s": args.n / one_s,
+                               "tokens_per_s": tokens / one_s,
                                "mean_latency_ms": statistics.mean(g.stats["wall_ms"] for g in alone),
                                "p99_latency_ms": _p99([g.stats["wall_ms"] for g in alone]),
                                "forwards": sum(g.stats["nfe"] for g in alone)},
+                "compute_floor": {"query_tokens": query_tokens, "seconds_per_token": per_token_s,
+                                  "seconds": floor_s, "speedup_bound": one_s / floor_s},
                 "kv_1GiB": engine.kv_report(o, max(len(p) for p in prompts), budget)}
         for b in batches:
-            t0 = time.perf_counter()
-            got = engine.generate(prompts, o, max_batch=b)
-            s = time.perf_counter() - t0
-            equal = sum(g.raw_ids == a.raw_ids and g.stats["nfe"] == a.stats["nfe"] for g, a in zip(got, alone))
-            same_tokens = sum(x == y for g, a in zip(got, alone) for x, y in zip(g.raw_ids, a.raw_ids))
-            st = engine.last_batch_stats or {}
-            rows[f"batch_{b}"] = {"seconds": s, "requests_per_s": args.n / s, "tokens_per_s": tokens / s,
+            s = statistics.median(t for t, _, _ in batch_runs[b])
+            # every round's results are checked; the counters and latencies are the median round's
+            equal = min(sum(out.tokens[len(p):].tolist() == a.raw_ids and out.stats["nfe"] == a.stats["nfe"]
+                            for out, p, a in zip(outs, prompts, alone)) for _, outs, _ in batch_runs[b])
+            _, outs, st = sorted(batch_runs[b], key=lambda r: r[0])[len(batch_runs[b]) // 2]
+            got = [(out.tokens[len(p):].tolist(), out.stats) for out, p in zip(outs, prompts)]
+            same_tokens = sum(x == y for (raw, _), a in zip(got, alone) for x, y in zip(raw, a.raw_ids))
+            rows[f"batch_{b}"] = {"seconds": s, "runs_s": [t for t, _, _ in batch_runs[b]],
+                                  "requests_per_s": args.n / s, "tokens_per_s": tokens / s,
                                   "speedup_vs_one_by_one": one_s / s,
-                                  "mean_latency_ms": statistics.mean(g.stats["wall_ms"] for g in got),
-                                  "p99_latency_ms": _p99([g.stats["wall_ms"] for g in got]),
+                                  "of_compute_floor": floor_s / s,
+                                  "mean_latency_ms": statistics.mean(stats["wall_ms"] for _, stats in got),
+                                  "p99_latency_ms": _p99([stats["wall_ms"] for _, stats in got]),
                                   "packed_forwards": st.get("packed_forwards"),
                                   "padded_forwards": st.get("padded_forwards"),
                                   "graph_captures": st.get("graph_captures"),
@@ -146,11 +174,12 @@ def main(argv=None) -> int:
                                   "request_forwards": st.get("request_forwards"),
                                   "equal_to_one_by_one": f"{equal}/{args.n}",
                                   "token_agreement": same_tokens / sum(len(a.raw_ids) for a in alone),
-                                  "mean_nfe": statistics.mean(g.stats["nfe"] for g in got),
+                                  "mean_nfe": statistics.mean(stats["nfe"] for _, stats in got),
                                   "mean_query_tokens_per_step": statistics.mean(
-                                      statistics.mean(g.stats["query_tokens_per_step"]) for g in got)}
-            print(f"{label} {policy} max_batch {b}: {args.n / s:.1f} req/s, {one_s / s:.2f}x one-by-one, "
-                  f"p99 {rows[f'batch_{b}']['p99_latency_ms']:.0f} ms, equal {equal}/{args.n}", flush=True)
+                                      statistics.mean(stats["query_tokens_per_step"]) for _, stats in got)}
+            print(f"{label} {policy} max_batch {b}: {args.n / s:.1f} req/s, {one_s / s:.2f}x one-by-one "
+                  f"(compute floor: {one_s / floor_s:.2f}x), p99 {rows[f'batch_{b}']['p99_latency_ms']:.0f} ms, "
+                  f"equal {equal}/{args.n}", flush=True)
         report["policies"][policy] = rows
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
@@ -181,6 +210,26 @@ def main(argv=None) -> int:
     except ImportError:
         print("note: matplotlib is not installed; no PNG", file=sys.stderr)
     return 0
+
+
+def _seconds_per_token(engine, tokens: int = 2048, repeats: int = 3) -> float:
+    """Least seconds per query token of one large packed forward on this model: ``tokens`` tokens in
+    rows of at most 128, full attention within each row, the logits of one token per row."""
+    from blockbatch.native import pack_rows
+
+    c = engine.config
+    row = min(128, c.max_sequence_length)
+    g = torch.Generator().manual_seed(0)
+    ids = [torch.randint(0, c.vocab_size, (row,), generator=g) for _ in range(max(1, tokens // row))]
+    ids = [torch.where(t == c.mask_token_id, 0, t) for t in ids]
+    packed = pack_rows(ids, [torch.arange(row)] * len(ids), engine.device)
+    logit_index = packed[2][1:] - 1  # each row's last token
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first run warms up
+        t0 = time.perf_counter()
+        engine.model.forward_packed(*packed, logit_index=logit_index).sum().item()  # the read waits for the device
+        best = min(best, time.perf_counter() - t0)
+    return best / (row * len(ids))
 
 
 def _p99(values: list[float]) -> float:

@@ -70,22 +70,22 @@ export PYTHONUNBUFFERED=1
     timeout 120 "$PY" -m pytest -q -s --tb=short tests/cuda/test_cuda_batching.py \
       --junitxml="$OUT/cuda_batching_tests.xml"
     echo "== the batching scheduler on CUDA: toy, float32 and bf16 ($(date +%T))"
-    timeout 60 "$PY" benchmarks/bench_batch.py --device cuda --model toy --dtype float32 --n 32 --batches 1,16 \
+    timeout 60 "$PY" benchmarks/bench_batch.py --device cuda --repeats 1 --model toy --dtype float32 --n 32 --batches 1,16 \
       --policies dual,blockbatch --out "$OUT/bench_batch_toy_fp32.json"
-    timeout 60 "$PY" benchmarks/bench_batch.py --device cuda --model toy --dtype bfloat16 --n 32 --batches 1,16 \
+    timeout 60 "$PY" benchmarks/bench_batch.py --device cuda --repeats 1 --model toy --dtype bfloat16 --n 32 --batches 1,16 \
       --policies dual,blockbatch --out "$OUT/bench_batch_toy_bf16.json"
-    timeout 60 "$PY" benchmarks/bench_batch.py --device cuda --model toy --dtype float32 --n 32 --batches 1,16 \
+    timeout 60 "$PY" benchmarks/bench_batch.py --device cuda --repeats 1 --model toy --dtype float32 --n 32 --batches 1,16 \
       --policies dual,blockbatch --cuda-batching graphs --out "$OUT/bench_batch_toy_fp32_graphs.json"
-    BLOCKBATCH_BATCH_INVARIANT=1 timeout 60 "$PY" benchmarks/bench_batch.py --device cuda --model toy --dtype bfloat16 \
+    BLOCKBATCH_BATCH_INVARIANT=1 timeout 60 "$PY" benchmarks/bench_batch.py --device cuda --repeats 1 --model toy --dtype bfloat16 \
       --n 32 --batches 1,16 --policies dual,blockbatch --out "$OUT/bench_batch_toy_bf16_invariant.json"
   fi
   if want batching8b; then
     echo "== the batching scheduler on CUDA: LLaDA-8B shape, bf16 ($(date +%T))"
-    timeout 200 "$PY" benchmarks/bench_batch.py --device cuda --model llada-8b --n 16 --batches 1,4,16 \
+    timeout 200 "$PY" benchmarks/bench_batch.py --device cuda --repeats 1 --model llada-8b --n 16 --batches 1,4,16 \
       --policies dual,blockbatch,blockbatch-auto --gen-length 64 --out "$OUT/bench_batch_llada8b.json"
-    timeout 150 "$PY" benchmarks/bench_batch.py --device cuda --model llada-8b --n 16 --batches 16 \
+    timeout 150 "$PY" benchmarks/bench_batch.py --device cuda --repeats 1 --model llada-8b --n 16 --batches 16 \
       --policies dual,blockbatch-auto --gen-length 64 --cuda-batching graphs --out "$OUT/bench_batch_llada8b_graphs.json"
-    BLOCKBATCH_BATCH_INVARIANT=1 timeout 120 "$PY" benchmarks/bench_batch.py --device cuda --model llada-8b --n 16 \
+    BLOCKBATCH_BATCH_INVARIANT=1 timeout 120 "$PY" benchmarks/bench_batch.py --device cuda --repeats 1 --model llada-8b --n 16 \
       --batches 16 --policies dual --gen-length 64 --out "$OUT/bench_batch_llada8b_invariant.json"
   fi
   if want bench; then

@@ -161,7 +161,9 @@ def batching(path: str) -> list[str]:
              + (", BLOCKBATCH_BATCH_INVARIANT=1" if data.get("batch_invariant") else "") + ")"]
     for policy, rows in data["policies"].items():
         one = rows["one_by_one"]
-        lines.append(f"{policy}: one by one {one['tokens_per_s']:.0f} tok/s")
+        floor = rows.get("compute_floor")
+        lines.append(f"{policy}: one by one {one['tokens_per_s']:.0f} tok/s"
+                     + (f" (compute floor: at most {floor['speedup_bound']:.2f}x)" if floor else ""))
         for key, r in rows.items():
             if key.startswith("batch_"):
                 lines.append(f"  max_batch {key[6:]}: {r['tokens_per_s']:.0f} tok/s, "

@@ -56,7 +56,8 @@ class Engine:
             raise ValueError("device='cuda' but no CUDA device is available")
         self.model = model if model is not None else \
             NativeModel.from_checkpoint(checkpoint, dtype=dtype, device=self.device)
-        self.last_batch_stats: dict | None = None  # the last batched generate's counters (packed forwards, ...)
+        self.last_batch_stats: dict | None = None  # the last generate's batch counters (packed forwards, ...);
+        # None after a generate that decoded one by one
         self._step_curve: list[tuple[int, float]] | None = None
         self.codec = TextCodec(checkpoint.tokenizer, self.config, checkpoint.chat_template) \
             if checkpoint.tokenizer is not None else None
@@ -127,7 +128,7 @@ class Engine:
                 self.model.obj, encoded, opts, max_batch, kv_budget_bytes,
                 self.step_curve if any(_adaptive(o) for o in opts) else None)
         else:
-            results = None
+            results, self.last_batch_stats = None, None  # one by one: no batch, so no batch counters
         out = []
         bar = _Progress(len(encoded)) if progress and len(encoded) > 1 else None
         for i, ids in enumerate(encoded):

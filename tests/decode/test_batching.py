@@ -44,6 +44,8 @@ def test_batched_results_equal_batch_one(engine, requests_and_alone, max_batch):
     assert stats["request_forwards"] == sum(a.stats["nfe"] for a in alone)
     if max_batch > 1:  # forwards were packed: fewer packed forwards than request forwards
         assert stats["packed_forwards"] < stats["request_forwards"]
+    engine.generate([p for p, _ in reqs[:2]], [o for _, o in reqs[:2]], max_batch=1)
+    assert engine.last_batch_stats is None, "one by one left the previous batch's counters behind"
 
 
 def test_subsets_and_orders_do_not_change_a_request(engine, requests_and_alone):
@@ -51,8 +53,8 @@ def test_subsets_and_orders_do_not_change_a_request(engine, requests_and_alone):
     requests wait for rows: the same result."""
     reqs, alone = requests_and_alone
     order = [7, 3, 12, 0, 9, 15, 4]
-    row_bytes = engine.last_batch_stats["kv_row_bytes"] if engine.last_batch_stats else None
     got = engine.generate([reqs[i][0] for i in order], [reqs[i][1] for i in order], max_batch=4)
+    row_bytes = engine.last_batch_stats["kv_row_bytes"]
     for j, i in enumerate(order):
         _same(got[j], alone[i], f"request {i} among {order}")
     # KV rows for the largest request only: the others wait for rows, off the step barrier
@@ -63,7 +65,7 @@ def test_subsets_and_orders_do_not_change_a_request(engine, requests_and_alone):
     for j, i in enumerate(order):
         _same(got[j], alone[i], f"request {i} under a {max(rows)}-row KV budget")
     assert engine.last_batch_stats["kv_pool_rows"] == max(rows)
-    assert row_bytes is None or row_bytes > 0
+    assert row_bytes > 0 and engine.last_batch_stats["kv_row_bytes"] == row_bytes
 
 
 def test_errors_name_the_request_and_the_budget(engine, requests_and_alone):

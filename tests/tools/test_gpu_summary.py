@@ -4,6 +4,8 @@ import importlib.util
 import json
 import pathlib
 
+import torch
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("gpu_summary", ROOT / "benchmarks" / "gpu_summary.py")
 gpu_summary = importlib.util.module_from_spec(spec)
@@ -79,7 +81,15 @@ def test_batch_benchmark_smoke_run_and_summary(tmp_path):
     assert run.returncode == 0, run.stderr
     data = json.loads(out.read_text())
     assert data["model"] == "random-llada-tiny" and data["dtype"] == "float32" and data["device"] == "cpu"
-    assert data["policies"]["dual"]["batch_3"]["token_agreement"] == 1.0  # float32 CPU: batch invariant
+    dual = data["policies"]["dual"]
+    assert dual["batch_3"]["token_agreement"] == 1.0  # float32 CPU: batch invariant
+    # max_batch 1 runs through the scheduler too: its own counters, one packed forward per forward
+    assert dual["batch_1"]["packed_forwards"] == dual["batch_1"]["request_forwards"] == dual["one_by_one"]["forwards"]
+    assert dual["batch_3"]["packed_forwards"] < dual["batch_3"]["request_forwards"]
+    floor = dual["compute_floor"]
+    assert floor["query_tokens"] >= 3 * 32 and floor["seconds"] == floor["query_tokens"] * floor["seconds_per_token"]
+    assert floor["speedup_bound"] == dual["one_by_one"]["seconds"] / floor["seconds"]
+    assert data["environment"]["torch"] == torch.__version__ and "bench_batch.py" in data["command"]
     lines = gpu_summary.batching(str(out))
     assert lines[0].startswith("bench_batch_llada8b.json (random-llada-tiny, float32, cpu, 3 requests, gen 32)")
     assert lines[2].startswith("  max_batch 1: ") and "equal 3/3, token agreement 1.0000" in lines[3]
