@@ -6,11 +6,11 @@
 
 The same --n requests (held-out toy problems; on a random model, prompts of 8..40 random tokens)
 are decoded one by one (Engine.generate per prompt) and through torch.ops.blockbatch.decode_batch
-(the scheduler, max_batch 1 included) at each max_batch, for each policy, in one run: --repeats rounds of
-one by one then each max_batch, the times their medians. Per setting: requests/s, generated tokens/s,
-mean and p99 request latency (its decode's own wall time, from the moment it starts; the queue
-before it is not counted), packed forwards vs the requests' forwards, and the speedup against
-one-by-one. Every batched request's tokens are checked against its one-by-one result (float32
+(the scheduler, max_batch 1 included) at each max_batch, for each policy, in one run: --repeats
+rounds of every policy one by one then at each max_batch (round robin), the times their medians.
+Per setting: requests/s, generated tokens/s, mean and p99 request latency (its decode's own wall
+time, from the moment it starts; the queue before it is not counted), packed forwards vs the
+requests' forwards, and the speedup against one-by-one. Every batched request's tokens are checked against its one-by-one result (float32
 CPU: they must be equal; on a GPU the JSON reports how many are, and the share of equal tokens).
 Per policy the JSON also gives the compute floor: the query tokens all the requests' forwards
 carry, at the seconds per token of one large packed forward (2048 tokens in rows of 128, one
@@ -88,7 +88,8 @@ def main(argv=None) -> int:
                          "branch_budget=auto, whose batched results differ from one by one by design)")
     ap.add_argument("--gen-length", type=int, default=64, help="generation length (default 64)")
     ap.add_argument("--repeats", type=int, default=3,
-                    help="rounds of one by one then each max_batch, interleaved; times are medians (default 3)")
+                    help="rounds of every policy one by one then at each max_batch, round robin; the times "
+                         "are medians (default 3)")
     ap.add_argument("--threads", type=int, default=None, help="intra-op threads (default: torch's choice)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
@@ -126,19 +127,29 @@ def main(argv=None) -> int:
     budget = 1 << 30
     per_token_s = _seconds_per_token(engine)
     encoded = [torch.tensor(p, dtype=torch.long) for p in prompts]
-    for policy in [p for p in args.policies.split(",") if p]:
-        o = DecodeOptions(policy=policy.removesuffix("-auto"), gen_length=args.gen_length, block_length=32,
-                          branch_budget="auto" if policy.endswith("-auto") else "full")
-        curve = engine.step_curve if policy.endswith("-auto") else None
-        one_runs, batch_runs = [], {b: [] for b in batches}
-        for _ in range(args.repeats):  # round robin: one by one, then each max_batch; medians below
+    policies = [p for p in args.policies.split(",") if p]
+    options = {policy: DecodeOptions(policy=policy.removesuffix("-auto"), gen_length=args.gen_length, block_length=32,
+                                     branch_budget="auto" if policy.endswith("-auto") else "full")
+               for policy in policies}
+    runs = {policy: {"one": [], **{b: [] for b in batches}} for policy in policies}
+    alones = {}
+    # Round robin (each round: every policy one by one, then at each max_batch), so a drift of this
+    # shared machine hits every setting alike; the times below are medians over the rounds.
+    for round_ in range(args.repeats):
+        for policy, o in options.items():
+            curve = engine.step_curve if policy.endswith("-auto") else None
             t0 = time.perf_counter()
-            alone = [engine.generate([p], o)[0] for p in prompts]
-            one_runs.append(time.perf_counter() - t0)
+            alones[policy] = [engine.generate([p], o)[0] for p in prompts]
+            runs[policy]["one"].append(time.perf_counter() - t0)
             for b in batches:
                 t0 = time.perf_counter()
                 outs, st = run_decode_batch(engine.model.obj, encoded, [o] * len(encoded), b, 0, curve)
-                batch_runs[b].append((time.perf_counter() - t0, outs, st))
+                runs[policy][b].append((time.perf_counter() - t0, outs, st))
+            print(f"round {round_ + 1}/{args.repeats} {policy}: one by one {runs[policy]['one'][-1]:.2f} s, "
+                  + ", ".join(f"max_batch {b} {runs[policy][b][-1][0]:.2f} s" for b in batches),
+                  file=sys.stderr, flush=True)
+    for policy, o in options.items():
+        alone, one_runs, batch_runs = alones[policy], runs[policy]["one"], runs[policy]
         one_s = statistics.median(one_runs)
         tokens = sum(len(g.ids) for g in alone)
         query_tokens = sum(sum(g.stats["query_tokens_per_step"]) for g in alone)
