@@ -10,8 +10,9 @@ are decoded one by one (Engine.generate per prompt) and through torch.ops.blockb
 rounds of every policy one by one then at each max_batch (round robin), the times their medians.
 Per setting: requests/s, generated tokens/s, mean and p99 request latency (its decode's own wall
 time, from the moment it starts; the queue before it is not counted), packed forwards vs the
-requests' forwards, and the speedup against one-by-one. Every batched request's tokens are checked against its one-by-one result (float32
-CPU: they must be equal; on a GPU the JSON reports how many are, and the share of equal tokens).
+requests' forwards, and the speedup against one-by-one. Every batched request's tokens are
+checked against its one-by-one result (float32 CPU: they must be equal; on a GPU the JSON reports
+how many are, and the share of equal tokens).
 Per policy the JSON also gives the compute floor: the query tokens all the requests' forwards
 carry, at the seconds per token of one large packed forward (2048 tokens in rows of 128, one
 logit row each: the cheapest a token gets on this model and machine), and the speedup over one
@@ -39,6 +40,7 @@ import tempfile
 import time
 
 import torch
+from common import environment, interleaved_medians
 
 
 def _model(name: str, device: str = "cpu", dtype: torch.dtype | None = None):
@@ -113,12 +115,12 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     from blockbatch import DecodeOptions, settings
-    from blockbatch.bench import environment
     from blockbatch.options import run_decode_batch
 
     engine, label = _model(args.model, args.device, getattr(torch, args.dtype) if args.dtype else None)
     prompts = _prompts(engine, args.n)
-    report = {"environment": environment(), "command": " ".join(["python", *sys.argv]), "model": label, "n": args.n, "gen_length": args.gen_length, "threads": torch.get_num_threads(),
+    report = {"environment": environment(), "command": " ".join(["python", *sys.argv]), "model": label,
+              "n": args.n, "gen_length": args.gen_length, "threads": torch.get_num_threads(),
               "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
               "dtype": str(engine.model.dtype).removeprefix("torch."),
               "cuda_batching": args.cuda_batching if args.device == "cuda" else None,
@@ -131,7 +133,8 @@ def main(argv=None) -> int:
     options = {policy: DecodeOptions(policy=policy.removesuffix("-auto"), gen_length=args.gen_length, block_length=32,
                                      branch_budget="auto" if policy.endswith("-auto") else "full")
                for policy in policies}
-    runs = {policy: {"one": [], **{b: [] for b in batches}} for policy in policies}
+    one_runs = {policy: [] for policy in policies}  # seconds of each round's one-by-one pass
+    runs = {policy: {b: [] for b in batches} for policy in policies}  # (seconds, outputs, counters) per round
     alones = {}
     # Round robin (each round: every policy one by one, then at each max_batch), so a drift of this
     # shared machine hits every setting alike; the times below are medians over the rounds.
@@ -140,21 +143,21 @@ def main(argv=None) -> int:
             curve = engine.step_curve if policy.endswith("-auto") else None
             t0 = time.perf_counter()
             alones[policy] = [engine.generate([p], o)[0] for p in prompts]
-            runs[policy]["one"].append(time.perf_counter() - t0)
+            one_runs[policy].append(time.perf_counter() - t0)
             for b in batches:
                 t0 = time.perf_counter()
                 outs, st = run_decode_batch(engine.model.obj, encoded, [o] * len(encoded), b, 0, curve)
                 runs[policy][b].append((time.perf_counter() - t0, outs, st))
-            print(f"round {round_ + 1}/{args.repeats} {policy}: one by one {runs[policy]['one'][-1]:.2f} s, "
+            print(f"round {round_ + 1}/{args.repeats} {policy}: one by one {one_runs[policy][-1]:.2f} s, "
                   + ", ".join(f"max_batch {b} {runs[policy][b][-1][0]:.2f} s" for b in batches),
                   file=sys.stderr, flush=True)
     for policy, o in options.items():
-        alone, one_runs, batch_runs = alones[policy], runs[policy]["one"], runs[policy]
-        one_s = statistics.median(one_runs)
+        alone, batch_runs = alones[policy], runs[policy]
+        one_s = statistics.median(one_runs[policy])
         tokens = sum(len(g.ids) for g in alone)
         query_tokens = sum(sum(g.stats["query_tokens_per_step"]) for g in alone)
         floor_s = query_tokens * per_token_s
-        rows = {"one_by_one": {"seconds": one_s, "runs_s": one_runs, "requests_per_s": args.n / one_s,
+        rows = {"one_by_one": {"seconds": one_s, "runs_s": one_runs[policy], "requests_per_s": args.n / one_s,
                                "tokens_per_s": tokens / one_s,
                                "mean_latency_ms": statistics.mean(g.stats["wall_ms"] for g in alone),
                                "p99_latency_ms": _p99([g.stats["wall_ms"] for g in alone]),
@@ -235,12 +238,10 @@ def _seconds_per_token(engine, tokens: int = 2048, repeats: int = 3) -> float:
     ids = [torch.where(t == c.mask_token_id, 0, t) for t in ids]
     packed = pack_rows(ids, [torch.arange(row)] * len(ids), engine.device)
     logit_index = packed[2][1:] - 1  # each row's last token
-    best = float("inf")
-    for _ in range(repeats + 1):  # the first run warms up
-        t0 = time.perf_counter()
-        engine.model.forward_packed(*packed, logit_index=logit_index).sum().item()  # the read waits for the device
-        best = min(best, time.perf_counter() - t0)
-    return best / (row * len(ids))
+    # the read (.item()) waits for the device
+    timing = interleaved_medians({"forward": lambda: engine.model.forward_packed(
+        *packed, logit_index=logit_index).sum().item()}, repeats)["forward"]
+    return timing["min_s"] / (row * len(ids))
 
 
 def _p99(values: list[float]) -> float:
