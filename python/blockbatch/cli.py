@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from . import contract, settings
+from . import contract, guard, settings
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -376,7 +376,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             raise UsageError(f"--preset: {e}") from None
     if args.threads:
         torch.set_num_threads(args.threads)
-    api_key = args.api_key or None
+    api_key = _api_key(args)
+    try:
+        allowed_hosts = guard.parse_allowed_hosts(args.allowed_hosts)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     try:
         settings.value("BLOCKBATCH_CUDA_BATCHING")  # a bad value is an error on any --device
         batches = batches_on(args.device)
@@ -395,6 +399,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if max_length < 2 or max_length > limit:
         raise UsageError(f"--max-length {max_length}: must be in [2, {limit}] (the model's max_sequence_length)")
     name = args.served_model_name or default_model_name(engine)
+    max_body = args.max_body_bytes if args.max_body_bytes is not None else guard.default_max_body_bytes(max_length)
+    if max_body < 1024:
+        raise UsageError(f"--max-body-bytes {max_body}: must be at least 1024")
+    if not _loopback(args.host) and api_key is None:
+        print(f"warning: serving on {args.host} without an API key: anyone who can reach this address can use "
+              "the model (--api-key-file FILE or BLOCKBATCH_API_KEY)", file=sys.stderr)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
     if args.replicas is not None:
         if importlib.util.find_spec("ray") is None:
@@ -412,16 +422,61 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                        log_level=args.log_level, device=args.device,
                        app_options=dict(served_model_name=name, max_batch=args.max_batch, max_queue=args.max_queue,
                                         max_length=max_length, api_key=api_key, kv_budget_bytes=args.kv_budget_bytes,
-                                        preset=preset))
+                                        preset=preset, max_body_bytes=max_body, allowed_hosts=allowed_hosts,
+                                        body_timeout_s=args.body_timeout))
         return 0
     logging.getLogger("blockbatch.serve").info(
         "serving %s as %r: max_batch %d, max_queue %d, max_length %d%s", args.model or "the toy model", name,
         args.max_batch, args.max_queue, max_length,
         (", API key required" if api_key else "") + (f", preset {preset.name}" if preset else ""))
     serve(engine, args.host, args.port, drain_timeout_s=args.drain_timeout, log_level=args.log_level,
-          served_model_name=name, max_batch=args.max_batch, max_queue=args.max_queue, max_length=max_length,
-          api_key=api_key, kv_budget_bytes=args.kv_budget_bytes, preset=preset)
+          header_timeout_s=args.header_timeout, served_model_name=name, max_batch=args.max_batch,
+          max_queue=args.max_queue, max_length=max_length, api_key=api_key, kv_budget_bytes=args.kv_budget_bytes,
+          preset=preset, max_body_bytes=max_body, allowed_hosts=allowed_hosts, body_timeout_s=args.body_timeout)
     return 0
+
+
+def _api_key(args: argparse.Namespace) -> str | None:
+    """The server's API key: --api-key, --api-key-file (its first line) or BLOCKBATCH_API_KEY, at
+    most one of them; None: no key. A key an HTTP header cannot carry is refused."""
+    given = [n for n, v in (("--api-key", args.api_key), ("--api-key-file", args.api_key_file)) if v is not None]
+    if len(given) > 1:
+        raise UsageError("give --api-key or --api-key-file, not both")
+    if args.api_key_file is not None:
+        from .errors import open_checked
+
+        try:
+            f, size = open_checked(args.api_key_file, "API key file")
+        except ValueError as e:
+            raise UsageError(f"--api-key-file: {e}") from None
+        with f:
+            raw = f.read(4096)
+        try:
+            lines = raw.decode("utf-8").splitlines()
+        except UnicodeDecodeError:
+            raise UsageError(f"--api-key-file {args.api_key_file}: not UTF-8 text") from None
+        key, what = (lines[0] if lines else ""), f"--api-key-file {args.api_key_file}"
+    elif args.api_key is not None:
+        key, what = args.api_key, "--api-key"
+    else:
+        key, what = os.environ.get("BLOCKBATCH_API_KEY") or None, "BLOCKBATCH_API_KEY"
+        if key is None:
+            return None
+    try:
+        return guard.check_api_key(key, what)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _positive_float(text: str) -> float:
@@ -625,7 +680,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n"
                "  blockbatch serve                                   (the shipped toy model, as 'blockbatch-toy')\n"
                "  blockbatch serve --model /path/to/LLaDA-8B-Instruct --dtype bfloat16 --max-batch 16 --port 8000\n"
-               "  blockbatch serve --host 0.0.0.0 --api-key secret   (clients send Authorization: Bearer secret)\n"
+               "  blockbatch serve --host 0.0.0.0 --api-key-file key.txt --allowed-hosts llm.example.com\n"
+               "                                  (clients send Authorization: Bearer <the file's first line>)\n"
                "  blockbatch serve --replicas 2                      (two engines on Ray Serve, one endpoint)\n"
                "  blockbatch serve --replicas 8 --ray-address auto   (a cluster made with ray start --head / --address)\n"
                "then: curl localhost:8000/v1/completions -H 'Content-Type: application/json' \\\n"
@@ -648,7 +704,22 @@ def build_parser() -> argparse.ArgumentParser:
                         "max_sequence_length, at most 4096)")
     p.add_argument("--api-key", default=None, metavar="K",
                    help="require 'Authorization: Bearer K' on the /v1 routes (default: no key; /health and /metrics "
-                        "never need one)")
+                        "never need one). A key on the command line is visible to other users (ps, /proc): prefer "
+                        "--api-key-file or the environment variable BLOCKBATCH_API_KEY")
+    p.add_argument("--api-key-file", default=None, metavar="FILE",
+                   help="read the API key from the first line of FILE instead of --api-key")
+    p.add_argument("--allowed-hosts", default=None, metavar="H[,H...]",
+                   help="host names the server answers to (the Host header) besides IP addresses, localhost and this "
+                        "machine's names, which it always does; other names get 403, so a web page cannot drive a "
+                        "local server through DNS rebinding. '.example.com': a domain and its subdomains; '*': any")
+    p.add_argument("--max-body-bytes", type=_positive_int, default=None, metavar="B",
+                   help="largest request body; larger get 413 before they are read (default: 1 MiB + 256 bytes "
+                        "per position of --max-length)")
+    p.add_argument("--header-timeout", type=_positive_float, default=10.0, metavar="S",
+                   help="a connection must send a whole request head within S seconds of opening (or of its last "
+                        "response), else 408 and closed (default 10)")
+    p.add_argument("--body-timeout", type=_positive_float, default=30.0, metavar="S",
+                   help="a request body must arrive within S seconds, else 408 (default 30)")
     p.add_argument("--kv-budget-bytes", type=_non_negative_int, default=0, metavar="B",
                    help="bytes of the shared KV pool (default 0: room for --max-batch requests with the default "
                         "BlockBatch branches at --max-length)")

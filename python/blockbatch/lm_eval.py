@@ -153,7 +153,8 @@ class BlockBatchLM(LM):
         for request in tqdm(requests, desc="blockbatch generate_until", disable=disable_tqdm):
             context, gen_kwargs = request.args
             options, budget = self.options_for(gen_kwargs or {})
-            ids = torch.tensor(self.engine.codec.encode(context, chat=False, add_special_tokens=not self.chat_applied),
+            ids = torch.tensor(self.engine.codec.encode(context, chat=False, add_special_tokens=not self.chat_applied,
+                                                         special_tokens=True),  # lm-eval renders the template
                                dtype=torch.long)
             t0 = time.perf_counter()
             [gen] = self.engine.generate([ids], options)

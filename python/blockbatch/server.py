@@ -44,7 +44,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import contract, presets
+from . import contract, guard, presets
+from .guard import APIError  # noqa: F401 - re-exported: the error shape of the app and of ray_serve
 from .options import DecodeOptions
 from .scheduler import BatchScheduler, Event
 
@@ -63,22 +64,6 @@ _UNSUPPORTED = {"logprobs": (None, False), "top_logprobs": (None, 0), "echo": (N
                 "logit_bias": (None,), "tools": (None,), "tool_choice": (None, "none"), "functions": (None,),
                 "function_call": (None, "none"), "response_format": (None,), "prediction": (None,),
                 "audio": (None,), "modalities": (None,)}
-
-
-class APIError(Exception):
-    """An error answered in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``."""
-
-    TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-             413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "service_unavailable",
-             504: "timeout_error"}
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "invalid_request_error"),
-                          "param": self.param, "code": self.code}}
 
 
 # ------------------------------------------------------------------------------------ metrics
@@ -147,6 +132,7 @@ class ServeSettings:
     api_key: str | None = None
     kv_budget_bytes: int = 0
     preset: presets.Preset | None = None  # the default decode options of every request (request fields win)
+    limits: guard.Limits | None = None  # body, header and Host limits (guard.py); None: the defaults for max_length
 
 
 class ServerState:
@@ -317,6 +303,68 @@ def _option_param(message: str, sources: dict[str, str]) -> str | None:
     return sources.get(name, f"blockbatch.{name}")
 
 
+# The request fields each route knows. Any other top-level field is refused (400 naming it, with
+# the nearest known name): a typo such as "max_token" must not silently decode the whole canvas.
+# The OpenAI fields below that change nothing here are accepted and ignored.
+_COMMON_FIELDS = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop", "seed",
+                  "user", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "blockbatch",
+                  "metadata", "store", "service_tier"}
+_FIELDS = {False: _COMMON_FIELDS | {"prompt", "echo", "suffix", "best_of"},
+           True: _COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+                                   "functions", "function_call", "response_format", "prediction", "audio", "modalities",
+                                   "parallel_tool_calls"}}
+MAX_TOKENS_LIMIT = 1 << 31  # max_tokens above this is refused before any arithmetic on it
+MAX_JSON_DEPTH = 32  # nesting levels of a request body (the deepest valid request has 5)
+
+
+def _check_fields(body: dict, chat: bool) -> None:
+    import difflib
+
+    known = _FIELDS[chat]
+    for name in body:
+        if name not in known:
+            near = difflib.get_close_matches(str(name), sorted(known), n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            shown = name if len(name) <= 60 else name[:60] + "..."
+            raise _bad(shown, f"unknown field {shown!r} for {'/v1/chat/completions' if chat else '/v1/completions'}"
+                              f"{hint} (decode options go in the \"blockbatch\" object)")
+
+
+def _json_depth(value: Any) -> int:
+    """Nesting depth of a parsed JSON value (iterative: a deep value cannot overflow the stack)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, d)
+            if d > MAX_JSON_DEPTH:
+                return d
+            todo.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+def parse_json_body(raw: bytes) -> dict:
+    """A request body as a JSON object, or a 400 whose message says what is wrong without echoing
+    internals: not UTF-8, not JSON, too deep, an integer too long, not an object."""
+    try:
+        body = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise APIError(400, f"the request body is not valid JSON: {e}") from None
+    except UnicodeDecodeError as e:
+        raise APIError(400, f"the request body is not valid JSON: not UTF-8 text (byte {e.start})") from None
+    except RecursionError:
+        raise APIError(400, f"the request body is not valid JSON for this server: nested deeper than "
+                            f"{MAX_JSON_DEPTH} levels") from None
+    except ValueError as e:  # an integer of more digits than Python converts (sys.int_info)
+        raise APIError(400, f"the request body is not valid JSON for this server: a number is too long "
+                            f"({str(e).split('(')[0].strip()})") from None
+    if not isinstance(body, dict):
+        raise APIError(400, f"the request body must be a JSON object, got {_type_name(body)}")
+    if _json_depth(body) > MAX_JSON_DEPTH:
+        raise APIError(400, f"the request body is nested deeper than {MAX_JSON_DEPTH} levels")
+    return body
+
+
 def _check_unsupported(body: dict) -> None:
     if body.get("n") not in (None, 1) or isinstance(body.get("n"), bool):
         raise _bad("n", f"only n = 1 is supported (one choice per request), got {json.dumps(body['n'])[:60]}")
@@ -337,6 +385,7 @@ def _parse_params(body: dict, chat: bool, preset: presets.Preset | None = None) 
     ``blockbatch`` field's other options on top, then ``temperature`` / ``seed`` / ``top_p``, and
     gen_length from max_tokens unless given (``_gen_length``, from the preset's block sizes too).
     Errors are 400s naming the field as the client sent it."""
+    _check_fields(body, chat)
     _check_unsupported(body)
     stream = body.get("stream")
     stream = False if stream is None else stream
@@ -353,6 +402,11 @@ def _parse_params(body: dict, chat: bool, preset: presets.Preset | None = None) 
         limit_name, max_tokens = "max_completion_tokens", body["max_completion_tokens"]
     if max_tokens is not None and not (_is_int(max_tokens) and max_tokens >= 1):
         raise _bad(limit_name, f"must be an integer >= 1, got {json.dumps(max_tokens)[:60]}")
+    if max_tokens is not None and max_tokens > MAX_TOKENS_LIMIT:  # no canvas is that long; keep the numbers small
+        shown = str(max_tokens) if max_tokens < 10**30 else f"{str(max_tokens)[:12]}... ({len(str(max_tokens))} digits)"
+        raise APIError(413, f"{limit_name} {shown} is more than the longest generation this server decodes "
+                            f"({MAX_TOKENS_LIMIT} tokens at most, and its max length less the prompt)",
+                       param=limit_name, code="context_length_exceeded")
 
     stop = body.get("stop")
     stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
@@ -463,7 +517,9 @@ def _error_response(e: APIError):
 
 def create_app(engine, served_model_name: str | None = None, max_batch: int = DEFAULT_MAX_BATCH,
                max_queue: int = DEFAULT_MAX_QUEUE, max_length: int | None = None, api_key: str | None = None,
-               kv_budget_bytes: int = 0, preset: str | presets.Preset | None = None):
+               kv_budget_bytes: int = 0, preset: str | presets.Preset | None = None,
+               max_body_bytes: int | None = None, allowed_hosts: tuple[str, ...] | None = None,
+               body_timeout_s: float = guard.DEFAULT_BODY_TIMEOUT_S):
     """The FastAPI app serving ``engine`` (a CPU ``Engine`` with a tokenizer).
 
     ``max_batch``: requests decoding at once (packed into one forward per step); ``max_queue``:
@@ -472,8 +528,12 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
     4096); ``api_key``: when set, every ``/v1`` route needs ``Authorization: Bearer <api_key>``;
     ``preset``: a preset's name or file (``blockbatch.presets``) giving every request its default
     decode options (the request's own win; a request may name a built-in preset instead in
-    ``"blockbatch": {"preset": NAME}``), checked here (ValueError naming it).
-    The scheduler starts with the app (its lifespan) and is closed when the app stops.
+    ``"blockbatch": {"preset": NAME}``), checked here (ValueError naming it);
+    ``max_body_bytes``: the largest request body (413 beyond; default
+    ``guard.default_max_body_bytes(max_length)``); ``allowed_hosts``: ``Host`` names served besides
+    addresses, localhost and this machine's names (``("*",)``: any); ``body_timeout_s``:
+    a body must arrive within this (408). The scheduler starts with the app (its lifespan) and is
+    closed when the app stops.
     """
     if engine.codec is None:
         raise ValueError("the checkpoint has no tokenizer.json: the server needs one to turn text into tokens")
@@ -486,8 +546,17 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
         served_model_name = default_model_name(engine)
     if preset is not None:
         preset = check_preset(preset)
+    api_key = guard.check_api_key(api_key)
+    if max_body_bytes is None:
+        max_body_bytes = guard.default_max_body_bytes(max_length)
+    if not _is_int(max_body_bytes) or max_body_bytes < 1024:
+        raise ValueError(f"max_body_bytes must be an integer >= 1024, got {max_body_bytes!r}")
+    if not (_is_number(body_timeout_s) and body_timeout_s > 0):
+        raise ValueError(f"body_timeout_s must be a number of seconds > 0, got {body_timeout_s!r}")
+    limits = guard.Limits(max_body_bytes, tuple(allowed_hosts) if allowed_hosts is not None else None,
+                          body_timeout_s=float(body_timeout_s))
     state = ServerState(engine, ServeSettings(served_model_name, max_batch, max_queue, max_length, api_key,
-                                              kv_budget_bytes, preset))
+                                              kv_budget_bytes, preset, limits))
     metrics = state.metrics
 
     @asynccontextmanager
@@ -500,6 +569,8 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
 
     app = FastAPI(title="blockbatch", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.blockbatch = state
+    # Inside the app (not the server), so Ray Serve replicas running it in process have it too.
+    app.add_middleware(guard.Guard, limits=limits, count=lambda label: metrics.requests.labels(label).inc())
 
     @app.exception_handler(APIError)
     async def on_api_error(request: Request, e: APIError):
@@ -514,12 +585,9 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
                 405: f"method {request.method} not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
         return JSONResponse(APIError(e.status_code, text).body(), status_code=e.status_code)
 
-    @app.exception_handler(Exception)
-    async def on_unexpected(request: Request, e: Exception):
-        log.exception("%s %s failed", request.method, request.url.path)
-        if request.url.path.startswith("/v1/") and request.method == "POST":
-            metrics.requests.labels("500").inc()
-        return _error_response(APIError(500, f"internal error: {type(e).__name__}: {e}"))
+    # Exceptions the routes let through are answered by guard.Guard (a 500 with an error id, logged
+    # once): a handler for Exception here would run in Starlette's outermost middleware, which
+    # re-raises it for uvicorn to log a second traceback.
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, e: RequestValidationError):
@@ -531,18 +599,13 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
             return
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode("latin-1", "replace"),
+                                                                 key.encode("latin-1")):
             raise APIError(401, ("wrong API key" if header else "missing API key") + ": send Authorization: Bearer "
                                 "<key> with the server's key (blockbatch serve --api-key)", code="invalid_api_key")
 
     async def read_body(request: Request) -> dict:
-        raw = await request.body()
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise APIError(400, f"the request body is not valid JSON: {e}") from None
-        if not isinstance(body, dict):
-            raise APIError(400, f"the request body must be a JSON object, got {_type_name(body)}")
+        body = parse_json_body(await request.body())  # guard.Guard has read it, within its limits
         model = body.get("model")
         if not isinstance(model, str):
             raise _bad("model", f"required: a string (this server serves {state.settings.served_model_name!r})")
@@ -614,10 +677,11 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
             raise APIError(503, "the server is shutting down: it takes no new requests", code="shutting_down")
         body = await read_body(request)
         params = _parse_params(body, chat, state.settings.preset)
-        if chat:
-            ids, prompt_param = _chat_ids(engine, body), "messages"
-        else:
-            ids, prompt_param = _prompt_ids(engine, body), "prompt"
+        prompt_param = "messages" if chat else "prompt"
+        _precheck_length(engine, body, chat, state.settings.max_length)
+        # Tokenizing (and rendering the chat template) runs off the event loop: a long prompt must
+        # not hold up the other streams and /health.
+        ids = await asyncio.to_thread(_chat_ids if chat else _prompt_ids, engine, body)
         job = admit(ids, params, prompt_param, arrival)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
@@ -722,6 +786,39 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
     return app
 
 
+def _precheck_length(engine, body: dict, chat: bool, max_length: int) -> None:
+    """413 before any tokenizing for a prompt that cannot fit ``max_length`` positions: more ids,
+    or more characters than ``max_length`` tokens of the longest vocabulary entry can hold."""
+    limit = max_length * engine.codec.max_token_chars
+    if chat:
+        messages = body.get("messages")
+        chars = sum(_text_chars(m.get("content")) for m in messages if isinstance(m, dict)) \
+            if isinstance(messages, list) else 0
+        what, param = f"the messages hold {chars} characters", "messages"
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if isinstance(prompt, list) and len(prompt) > max_length:
+            raise APIError(413, f"the prompt has {len(prompt)} token ids, more than this server's max length "
+                                f"{max_length}: shorten the prompt", param="prompt", code="context_length_exceeded")
+        chars = len(prompt) if isinstance(prompt, str) else 0
+        what, param = f"the prompt has {chars} characters", "prompt"
+    if chars > limit:
+        raise APIError(413, f"{what}: more than {max_length} tokens of this tokenizer (at most "
+                            f"{engine.codec.max_token_chars} characters each) can hold, so it cannot fit this "
+                            f"server's max length {max_length}: shorten it", param=param,
+                       code="context_length_exceeded")
+
+
+def _text_chars(content: Any) -> int:
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(len(p.get("text", "")) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return 0
+
+
 def _prompt_ids(engine, body: dict) -> torch.Tensor:
     prompt = body.get("prompt")
     if prompt is None:
@@ -782,15 +879,19 @@ def _chat_ids(engine, body: dict) -> torch.Tensor:
 # ------------------------------------------------------------------------------------ running it
 
 def serve(engine, host: str = "127.0.0.1", port: int = 8000, drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
-          log_level: str = "info", **app_options) -> None:
+          log_level: str = "info", header_timeout_s: float = guard.DEFAULT_HEADER_TIMEOUT_S, **app_options) -> None:
     """Serve ``create_app(engine, **app_options)`` on uvicorn until SIGTERM / Ctrl-C, then drain:
     new requests get 503 while the admitted ones finish (at most ``drain_timeout_s``, then they
-    are cancelled), and return."""
+    are cancelled), and return. The HTTP protocol is always h11 with ``guard.protocol_class``'s
+    limits (``header_timeout_s``: a request head must arrive within this), whatever else is
+    installed."""
     import uvicorn
 
     app = create_app(engine, **app_options)
+    limits = dataclasses.replace(app.state.blockbatch.settings.limits, header_timeout_s=float(header_timeout_s))
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
-                            timeout_graceful_shutdown=10, timeout_keep_alive=5)
+                            timeout_graceful_shutdown=10, timeout_keep_alive=5, http=guard.protocol_class(limits),
+                            h11_max_incomplete_event_size=limits.max_header_bytes)
     server = _draining_server_class()(config, app.state.blockbatch, drain_timeout_s)
     server.run()
 

@@ -34,14 +34,14 @@ NOTES = "docs/bench/gpu/NOTES.md"
 @dataclasses.dataclass(frozen=True)
 class Setting:
     name: str
-    kind: str                          # "choice" | "int" | "bool" (a "0"/"1" choice) | "build"
+    kind: str                          # "choice" | "int" | "bool" (a "0"/"1" choice) | "build" | "text"
     doc: str                           # one line (wrapped by the renderers)
     default: Optional[str]             # None: automatic (a heuristic's choice) / unset
     status: str                        # "promoted" | "candidate" | "build"
     choices: tuple[str, ...] = ()      # kind choice / bool: the accepted values, in C++'s order
     range: Optional[tuple[int, int]] = None  # kind int: [lo, hi]
     candidates: tuple[str, ...] = ()   # the opt-in values no GPU run has checked and timed yet
-    scope: str = "runtime"             # "runtime" (read per launch by _C) | "build" (read by setup.py)
+    scope: str = "runtime"             # "runtime" (read per launch by _C) | "build" (read by setup.py) | "serve"
 
     @property
     def syntax(self) -> str:
@@ -90,6 +90,10 @@ SETTINGS: tuple[Setting, ...] = (
             "batch-invariant forward: GEMMs in fixed 256-row chunks (zero-padded) and unsplit attention, so a "
             "request's logits on the GPU do not depend on what shares its forwards (batch 1 included)",
             default="0", status="candidate", choices=("0", "1")),
+    Setting("BLOCKBATCH_API_KEY", "text",
+            "blockbatch serve: the API key clients must send (Authorization: Bearer KEY), when neither --api-key "
+            "nor --api-key-file is given; not on the command line, where other users can read it", default=None,
+            status="promoted", scope="serve"),
     Setting("BLOCKBATCH_CUDA", "build",
             "setup.py: build the CUDA kernels (0/OFF/off: CPU only; unset: when torch has CUDA and "
             "CUDA_HOME holds the toolkit)", default=None, status="build", scope="build"),
@@ -259,6 +263,8 @@ def readme_table() -> str:
             values = f"{s.range[0]}..{s.range[1]}"
         elif s.kind in ("choice", "bool"):
             values = ", ".join(f"`{c}`" for c in s.choices)
+        elif s.kind == "text":
+            values = "text"
         else:
             values = "(build option)"
         status = s.status + (" (" + ", ".join(f"`{c}`" for c in s.candidates) + ")" if s.candidates else "")

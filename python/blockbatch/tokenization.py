@@ -35,6 +35,16 @@ def chat_environment():
     return env
 
 
+def check_text(text: str, what: str) -> None:
+    """ValueError naming ``what`` and the position when ``text`` is not valid Unicode text (a lone
+    surrogate such as JSON's ``"\\ud800"``, which no tokenizer can encode)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} holds a lone surrogate ({text[e.start]!r}) at character {e.start}: not valid "
+                         "Unicode text") from None
+
+
 def unknown_token_id(tokenizer) -> int | None:
     """The id the tokenizer's model emits for text outside its vocabulary (None when it has none,
     as byte-level BPE)."""
@@ -55,13 +65,26 @@ class TextCodec:
             token_id = tokenizer.token_to_id(token)
             if token_id is not None:
                 self.stop_ids.add(token_id)
+        # The texts of the special tokens (EOS, mask, turn markers, ...): typed in a prompt they are
+        # plain text, never the token (see encode).
+        self.special_texts = tuple(sorted({t.content for t in tokenizer.get_added_tokens_decoder().values()
+                                           if t.special and t.content}, key=len, reverse=True))
+        self._plain: object | None = None  # the tokenizer with special-token matching off, made on first use
+        # Every token covers at least one character of the text it encodes, so a text of more than
+        # max_length * max_token_chars characters cannot fit max_length tokens (a cheap precheck).
+        self.max_token_chars = max((len(t) for t in tokenizer.get_vocab()), default=1) or 1
 
     def encode(self, text: str, chat: bool | None = None, add_special_tokens: bool = True,
-               allow_unknown: bool = False) -> list[int]:
+               allow_unknown: bool = False, special_tokens: bool = False) -> list[int]:
         """Token ids of ``text``; wrapped in the chat template when ``chat`` (default: if one exists).
 
         ``add_special_tokens=False`` encodes text that is already rendered (e.g. by lm-eval's
         --apply_chat_template) without the tokenizer's BOS / post-processor tokens.
+
+        The text is plain text: a special token's text typed in it (``<|endoftext|>``, a turn
+        marker) is encoded as the characters it is made of, never as that token, so a prompt cannot
+        end the generation or forge a chat turn. ``special_tokens=True`` matches them (for text a
+        trusted template rendered, as lm-eval's --apply_chat_template does).
 
         Raises ``ValueError`` naming the characters and their positions when the text holds
         characters outside the vocabulary (the tokenizer would turn them into its unknown token
@@ -69,13 +92,29 @@ class TextCodec:
         """
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
+        check_text(text, "the text")
         use_chat = self.chat_template is not None if chat is None else chat
         if use_chat:
             return self.encode_chat([{"role": "user", "content": text}], allow_unknown, names=["text"])
-        encoding = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        tokenizer = self.tokenizer if special_tokens or not self._holds_special(text) else self.plain_tokenizer
+        encoding = tokenizer.encode(text, add_special_tokens=add_special_tokens)
         if not allow_unknown and self.unk_id is not None and self.unk_id in encoding.ids:
             self._report_unknown(text, encoding, "text")
         return encoding.ids
+
+    def _holds_special(self, text: str) -> bool:
+        return any(s in text for s in self.special_texts)
+
+    @property
+    def plain_tokenizer(self):
+        """A copy of the tokenizer that encodes special tokens' texts as plain text."""
+        if self._plain is None:
+            from tokenizers import Tokenizer
+
+            plain = Tokenizer.from_str(self.tokenizer.to_str())
+            plain.encode_special_tokens = True
+            self._plain = plain
+        return self._plain
 
     def encode_chat(self, messages: Sequence[dict], allow_unknown: bool = False,
                     names: Sequence[str] | None = None) -> list[int]:
@@ -84,20 +123,73 @@ class TextCodec:
 
         Characters outside the vocabulary raise ``ValueError`` naming the message they are in
         (``names[i]``, default ``messages[i].content``) and their positions, as ``encode`` does.
+
+        The contents are plain text (see ``encode``): the template's own special tokens are
+        tokens, a special token's text inside a message is its characters. When no content holds
+        such a text the rendered conversation is tokenized whole; otherwise the template is
+        rendered with a placeholder per content, and the template's pieces and the contents are
+        tokenized separately (``_encode_pieces``).
         """
-        rendered = self.render_chat(messages, add_generation_prompt=True)
-        encoding = self.tokenizer.encode(rendered, add_special_tokens=False)
-        if not allow_unknown and self.unk_id is not None and self.unk_id in encoding.ids:
+        what = [names[i] if names is not None else f"messages[{i}].content" for i in range(len(messages))]
+        for i, message in enumerate(messages):
+            if isinstance(message.get("content"), str):
+                check_text(message["content"], what[i])
+        if any(isinstance(m.get("content"), str) and self._holds_special(m["content"]) for m in messages):
+            ids = self._encode_pieces(messages, what)
+        else:
+            ids = self.tokenizer.encode(self.render_chat(messages, add_generation_prompt=True),
+                                        add_special_tokens=False).ids
+        if not allow_unknown and self.unk_id is not None and self.unk_id in ids:
             for i, message in enumerate(messages):  # name positions in the caller's text first
                 content = message.get("content")
                 if isinstance(content, str):
-                    self._check_known(content, add_special_tokens=False,
-                                      what=names[i] if names is not None else f"messages[{i}].content")
-            self._check_known(rendered, add_special_tokens=False, what="the chat template's output")
-        return encoding.ids
+                    self._check_known(content, add_special_tokens=False, what=what[i])
+            self._check_known(self.render_chat(messages, add_generation_prompt=True), add_special_tokens=False,
+                              what="the chat template's output")
+        return ids
+
+    def _encode_pieces(self, messages: Sequence[dict], what: Sequence[str]) -> list[int]:
+        """The conversation's ids with every content encoded as plain text: the template rendered
+        with a unique placeholder for each content, split at the placeholders, its pieces encoded
+        with special tokens and the contents without. A template that does not keep a
+        placeholder as it is (it rewrites the content) refuses the conversation (ValueError)."""
+        import re
+        import uuid
+
+        tag = uuid.uuid4().hex
+        marks = {}
+        placed = []
+        for i, m in enumerate(messages):
+            if isinstance(m.get("content"), str):
+                mark = f"\ue000{tag}{i}\ue001"
+                marks[mark] = i
+                placed.append({**m, "content": mark})
+            else:
+                placed.append(m)
+        rendered = self.render_chat(placed, add_generation_prompt=True)
+        pieces = re.split("(" + "|".join(re.escape(k) for k in marks) + ")", rendered)
+        seen = [marks[p] for p in pieces if p in marks]
+        if sorted(seen) != sorted(marks.values()):
+            missing = next(i for i in marks.values() if seen.count(i) != 1)
+            raise ValueError(f"{what[missing]} holds a special token's text ({self._first_special(messages)!r}), "
+                             "which this chat template cannot keep as plain text (it rewrites message contents): "
+                             "remove it from the message")
+        ids: list[int] = []
+        for piece in pieces:
+            if piece in marks:
+                ids += self.plain_tokenizer.encode(messages[marks[piece]]["content"], add_special_tokens=False).ids
+            elif piece:
+                ids += self.tokenizer.encode(piece, add_special_tokens=False).ids
+        return ids
+
+    def _first_special(self, messages: Sequence[dict]) -> str:
+        return next(s for m in messages if isinstance(m.get("content"), str) for s in self.special_texts
+                    if s in m["content"])
 
     def _check_known(self, text: str, add_special_tokens: bool, what: str = "text") -> None:
-        encoding = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        tokenizer = self.plain_tokenizer if self._holds_special(text) and what != "the chat template's output" \
+            else self.tokenizer
+        encoding = tokenizer.encode(text, add_special_tokens=add_special_tokens)
         if self.unk_id is not None and self.unk_id in encoding.ids:
             self._report_unknown(text, encoding, what)
 

@@ -58,8 +58,9 @@ def test_the_table_is_consistent():
     assert len(names) == len(set(names))
     for s in settings.SETTINGS:
         assert s.name.startswith("BLOCKBATCH_") and s.doc and "\n" not in s.doc
-        assert s.status in ("promoted", "candidate", "build") and s.kind in ("choice", "int", "bool", "build")
+        assert s.status in ("promoted", "candidate", "build") and s.kind in ("choice", "int", "bool", "build", "text")
         assert (s.status == "build") == (s.kind == "build") == (s.scope == "build")
+        assert (s.kind == "text") == (s.scope == "serve")  # read by blockbatch serve, never by _C
         if s.kind in ("choice", "bool"):
             assert s.default in s.choices and set(s.candidates) <= set(s.choices) - {s.default}
         if s.kind == "bool":
