@@ -4,12 +4,19 @@
 
 namespace blockbatch {
 
+std::optional<std::chrono::steady_clock::time_point> deadline_after(std::chrono::steady_clock::time_point from,
+                                                                    double seconds) {
+  using clock = std::chrono::steady_clock;
+  // The room left before the clock's largest time_point, less a second: the double -> ticks
+  // conversion near 2^63 ns rounds by up to a microsecond, and that must not carry it over.
+  const double room = std::chrono::duration<double>(clock::time_point::max() - from).count() - 1.0;
+  if (!(seconds >= 0) || !(seconds < room)) return std::nullopt;  // also NaN and inf
+  return from + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(seconds));
+}
+
 Stop::Stop(double timeout_s, const int64_t* cancel, const Progress* progress)
     : start_(std::chrono::steady_clock::now()), timeout_s_(timeout_s), cancel_(cancel), progress_(progress) {
-  if (timeout_s > 0) {
-    deadline_ = start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                             std::chrono::duration<double>(timeout_s));
-  }
+  if (timeout_s > 0) deadline_ = deadline_after(start_, timeout_s);
 }
 
 void Stop::check(int64_t forwards, const at::Tensor& canvases) const {
@@ -28,9 +35,9 @@ void Stop::check(int64_t forwards, const std::vector<int64_t>& canvases) const {
 void Stop::check(int64_t forwards) const {
   TORCH_CHECK(cancel_ == nullptr || __atomic_load_n(cancel_, __ATOMIC_RELAXED) == 0,
               "blockbatch: decode cancelled after ", forwards, " forwards");
-  if (timeout_s_ > 0) {
+  if (deadline_) {
     const auto now = std::chrono::steady_clock::now();
-    TORCH_CHECK(now < deadline_, "blockbatch: decode deadline exceeded: timeout_s = ", timeout_s_, " passed after ",
+    TORCH_CHECK(now < *deadline_, "blockbatch: decode deadline exceeded: timeout_s = ", timeout_s_, " passed after ",
                 forwards, " forwards (",
                 std::chrono::duration<double>(now - start_).count(), " s); raise timeout_s or lower gen_length");
   }

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,9 +19,15 @@ namespace blockbatch {
 // prefix that can no longer change (decode/scheduler.h).
 using Progress = std::function<void(const int64_t* canvases, int64_t numel)>;
 
+// `seconds` (>= 0) after `from`, or nullopt when that instant does not fit a steady_clock
+// time_point (int64 nanoseconds: about 292 years of uptime): converting such a duration overflows
+// (undefined behaviour; in practice a deadline in the past). A deadline that far out is none.
+std::optional<std::chrono::steady_clock::time_point> deadline_after(std::chrono::steady_clock::time_point from,
+                                                                    double seconds);
+
 class Stop {
  public:
-  // timeout_s <= 0: no deadline. cancel: a host int64 the caller may set to nonzero from another
+  // timeout_s <= 0, or so large that the deadline does not fit (deadline_after): no deadline. cancel: a host int64 the caller may set to nonzero from another
   // thread while the decode runs (read atomically), or nullptr. progress: called by check() with
   // the canvases, or nullptr (then check() reads nothing back).
   Stop(double timeout_s, const int64_t* cancel, const Progress* progress = nullptr);
@@ -36,7 +43,8 @@ class Stop {
   [[noreturn]] static void no_progress(int64_t step, const std::string& what);
 
  private:
-  std::chrono::steady_clock::time_point start_, deadline_;
+  std::chrono::steady_clock::time_point start_;
+  std::optional<std::chrono::steady_clock::time_point> deadline_;
   void check(int64_t forwards) const;
 
   double timeout_s_;
