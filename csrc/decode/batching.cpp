@@ -3,6 +3,7 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/tensor.h>
 #include <c10/core/StreamGuard.h>
@@ -12,8 +13,14 @@
 #include <array>
 #include <chrono>
 #include <utility>
+#include <vector>
+
+#include <unistd.h>
+
+#include "decode/stop.h"
 
 #ifdef BLOCKBATCH_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -61,11 +68,41 @@ struct SharedForward::Graphs {
 struct SharedForward::Graphs {};
 #endif
 
+int64_t device_memory_bytes(c10::Device device) {
+#ifdef BLOCKBATCH_WITH_CUDA
+  if (device.is_cuda()) {
+    return static_cast<int64_t>(at::cuda::getDeviceProperties(device.index() < 0 ? c10::cuda::current_device()
+                                                                                 : device.index())->totalGlobalMem);
+  }
+#endif
+  if (!device.is_cpu()) return 0;
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+}
+
 SharedForward::SharedForward(const Network& model, int64_t pool_rows, int64_t max_length, bool pad, bool graphs)
     : model_(model), pool_rows_(pool_rows), max_length_(max_length), pad_(pad || graphs) {
   TORCH_CHECK_VALUE(pool_rows >= 0 && max_length > 0, "SharedForward: pool_rows >= 0 and max_length > 0");
-  const c10::OptionalStreamGuard on(default_stream_of(model.device()));  // the pool zeroed where it is used
-  if (pool_rows > 0 || pad_) pool_ = model.new_kv(pool_rows + (pad_ ? 1 : 0), max_length);  // + the scratch row
+  const c10::OptionalStreamGuard on(default_stream_of(model.device()));  // the pool where it is used
+  const int64_t rows = pool_rows + (pad_ ? 1 : 0);  // + the scratch row
+  if (rows > 0) {
+    // Uninitialised: new_kv zeroes each row range as it hands it out, so the pages of rows never
+    // used are never touched (an mmap'd CPU allocation then takes no memory for them).
+    const at::Tensor like = model.new_kv(0, max_length);  // the layout (and max_length's check)
+    std::vector<int64_t> shape = like.sizes().vec();
+    shape[0] = rows;
+    double bytes = static_cast<double>(c10::elementSize(like.scalar_type()));
+    for (int64_t d : shape) bytes *= static_cast<double>(d);
+    try {
+      pool_ = at::empty(shape, like.options());
+    } catch (const c10::Error& e) {  // OutOfMemoryError (CUDA), the CPU allocator's enforce
+      TORCH_CHECK_VALUE(false, "the KV pool of ", rows, " rows of ", max_length, " positions (",
+                        bytes / static_cast<double>(int64_t{1} << 30), " GiB) cannot be allocated on ",
+                        model.device(), ": lower kv_budget_bytes, max_batch or max_length (",
+                        e.what_without_backtrace(), ")");
+    }
+    if (pad_) pool_.narrow(0, pool_rows, 1).zero_();  // the scratch row: every padded pack writes it
+  }
 #ifdef BLOCKBATCH_WITH_CUDA
   if (graphs && model.device().is_cuda()) graphs_ = std::make_unique<Graphs>(model.device());
 #endif
@@ -152,10 +189,13 @@ void SharedForward::serve() const {
 
 bool SharedForward::step(double timeout_s, const std::function<bool()>& done) const {
   std::unique_lock<std::mutex> lock(mutex_);
-  const auto until = std::chrono::steady_clock::now() +
-                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                         std::chrono::duration<double>(std::max(timeout_s, 0.0)));
-  cv_.wait_until(lock, until, [&] { return closed_ || ready_locked() || (done && done()); });
+  const auto wakes = [&] { return closed_ || ready_locked() || (done && done()); };
+  const auto until = deadline_after(std::chrono::steady_clock::now(), std::max(timeout_s, 0.0));
+  if (until) {
+    cv_.wait_until(lock, *until, wakes);
+  } else {  // a timeout beyond the clock's range: no timeout
+    cv_.wait(lock, wakes);
+  }
   if (!ready_locked()) return false;
   run_step_locked(lock);
   return true;

@@ -12,7 +12,10 @@
 // KV memory is one pool [rows, layers, 2, kv_heads, L_max, head_dim] sized from a byte budget:
 // new_kv hands out contiguous row ranges (zeroed); a request whose rows are not free waits outside
 // the step barrier (the others go on) until a finished request frees them; one that can never fit
-// is refused with an error naming the budget.
+// is refused with an error naming the budget. The pool is allocated uninitialised and each row
+// range is zeroed when it is handed out (the scratch row at once), so no forward reads a row that
+// was not zeroed, and the memory the pool holds (the pages touched) grows with the rows used,
+// not with the budget: a server sized for 500 requests does not hold their KV at start.
 //
 // On CUDA every thread of a scheduler (the requests' workers, the stepping thread) queues its work
 // on the device's default stream (default_stream_of): the stream then runs the kernels in the order
@@ -60,12 +63,17 @@ std::optional<c10::Stream> default_stream_of(c10::Device device);
 // The bucket a pack of n tokens / rows / logit rows is padded to: 8, 12, 16, 24, 32, 48, 64, ...
 // (the powers of two and the midpoints between them), the first >= n.
 int64_t pack_bucket(int64_t n);
+
+// The memory a KV pool on `device` may at most take: the host's physical memory on the CPU, the
+// GPU's total memory on CUDA (0: unknown, no limit).
+int64_t device_memory_bytes(c10::Device device);
 constexpr int64_t kDummyTokens = 16;  // a dummy row's most tokens (its attention stays small)
 
 class SharedForward : public Network {
  public:
   // pool_rows: KV rows in the pool (one more when padding: the scratch row); max_length: the
-  // pool's row length (the longest canvas). pad: pad every packed forward (see above); graphs
+  // pool's row length (the longest canvas; at most the model's max_sequence_length). A pool that
+  // cannot be allocated throws c10::ValueError naming its size. pad: pad every packed forward (see above); graphs
   // (CUDA, implies pad): capture and replay each bucket's forward.
   SharedForward(const Network& model, int64_t pool_rows, int64_t max_length, bool pad = false,
                 bool graphs = false);

@@ -9,10 +9,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <sstream>
 
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+
+#include "decode/stop.h"
 
 #ifdef BLOCKBATCH_WITH_CUDA
 #include "ops/cuda/settings.h"  // cuda_batching
@@ -64,13 +67,58 @@ bool check_batching_device(c10::Device device, const char* who) {
 // The KV rows a budget of `bytes` gives the requests: padded packs keep one (the scratch row).
 int64_t budget_rows(int64_t bytes, int64_t row_bytes, bool pad) { return bytes / row_bytes - (pad ? 1 : 0); }
 
-int64_t default_pool_rows(const ModelConfig& c, int64_t max_batch) {
+// KV rows of one request with the family's default BlockBatch branches: the pool's rows per
+// request when no budget is given.
+int64_t default_request_rows(const ModelConfig& c) {
   DecodeOptions o;
   o.policy = Policy::kBlockBatch;
-  return max_batch * kv_rows_needed(decode_options_for(c, o));
+  return kv_rows_needed(decode_options_for(c, o));
 }
 
+double gib(double bytes) { return bytes / static_cast<double>(int64_t{1} << 30); }
+
 }  // namespace
+
+int64_t scheduler_pool_rows(const Network& model, int64_t max_batch, int64_t max_length, int64_t kv_budget_bytes,
+                            bool pad_packs) {
+  const bool pad = check_batching_device(model.device(), "the batching scheduler") || pad_packs;
+  const ModelConfig& c = model.config();
+  TORCH_CHECK_VALUE(max_batch >= 1, "max_batch must be >= 1, got ", max_batch);
+  TORCH_CHECK_VALUE(max_length >= 2 && max_length <= c.max_sequence_length, "max_length must be in [2, ",
+                    c.max_sequence_length, "] (the longest prompt + gen_length accepted, at most the model's "
+                    "max_sequence_length), got ", max_length);
+  TORCH_CHECK_VALUE(kv_budget_bytes >= 0, "kv_budget_bytes must be >= 0 (0: room for max_batch requests), got ",
+                    kv_budget_bytes);
+  const int64_t row_bytes = kv_row_bytes(c, model.dtype(), max_length);
+  // In double: max_batch x rows per request may not fit an int64; the pool's size is checked first.
+  const double rows = kv_budget_bytes > 0
+                          ? static_cast<double>(budget_rows(kv_budget_bytes, row_bytes, pad))
+                          : static_cast<double>(max_batch) * static_cast<double>(default_request_rows(c));
+  TORCH_CHECK_VALUE(rows >= 1, "kv_budget_bytes = ", kv_budget_bytes, " holds no KV row of ", row_bytes,
+                    " bytes (", max_length, " positions)", pad ? " besides the scratch row of padded packs" : "",
+                    "; raise it to at least ", row_bytes * (pad ? 2 : 1));
+  const double bytes = (rows + (pad ? 1 : 0)) * static_cast<double>(row_bytes);
+  const int64_t memory = device_memory_bytes(model.device());
+  if (memory > 0 && bytes > static_cast<double>(memory)) {
+    std::ostringstream why;
+    why << std::fixed;
+    why.precision(0);
+    why << "the KV pool would take " << rows << " rows of " << row_bytes << " bytes (max_length = " << max_length
+        << " positions)";
+    why.precision(2);
+    why << ", " << gib(bytes) << " GiB, but " << model.device() << " has " << gib(static_cast<double>(memory))
+        << " GiB: ";
+    if (kv_budget_bytes > 0) {
+      why << "kv_budget_bytes = " << kv_budget_bytes << " (" << gib(static_cast<double>(kv_budget_bytes))
+          << " GiB) asks for it; lower kv_budget_bytes or max_length";
+    } else {
+      why << "kv_budget_bytes = 0 sizes it for max_batch = " << max_batch << " requests of "
+          << default_request_rows(c) << " KV rows each; lower max_batch or max_length, or give a kv_budget_bytes";
+    }
+    TORCH_CHECK_VALUE(false, why.str());
+  }
+  return static_cast<int64_t>(rows);
+}
 
 double StepCurve::at(int64_t t) const {
   TORCH_CHECK(!tokens.empty(), "StepCurve::at on an empty curve");
@@ -157,21 +205,13 @@ std::vector<int64_t> budget_branches(const std::vector<int64_t>& sizes, int64_t 
 Scheduler::Scheduler(const Network& model, int64_t max_batch, int64_t max_length, int64_t kv_budget_bytes,
                      StepCurve curve, double calibrate_s, bool pad_packs)
     : model_(model), max_batch_(max_batch), max_length_(max_length),
-      row_bytes_(kv_row_bytes(model.config(), model.dtype(), std::max<int64_t>(max_length, 1))),
+      row_bytes_(kv_row_bytes(model.config(), model.dtype(),
+                              std::clamp<int64_t>(max_length, 1, model.config().max_sequence_length))),
       curve_(std::move(curve)) {
-  TORCH_CHECK_VALUE(max_batch >= 1, "max_batch must be >= 1, got ", max_batch);
-  TORCH_CHECK_VALUE(max_length >= 2 && max_length <= kMaxSequenceLength, "max_length must be in [2, ",
-                    kMaxSequenceLength, "] (the longest prompt + gen_length accepted), got ", max_length);
-  TORCH_CHECK_VALUE(kv_budget_bytes >= 0, "kv_budget_bytes must be >= 0 (0: room for max_batch requests), got ",
-                    kv_budget_bytes);
   const bool graphs = check_batching_device(model.device(), "the batching scheduler");
   const bool pad = pad_packs || graphs;
+  const int64_t rows = scheduler_pool_rows(model, max_batch, max_length, kv_budget_bytes, pad_packs);  // before any thread
   const c10::OptionalStreamGuard on(default_stream_of(model.device()));  // the step curve, the pool
-  const int64_t rows = kv_budget_bytes > 0 ? budget_rows(kv_budget_bytes, row_bytes_, pad)
-                                           : default_pool_rows(model.config(), max_batch);
-  TORCH_CHECK_VALUE(rows >= 1, "kv_budget_bytes = ", kv_budget_bytes, " holds no KV row of ", row_bytes_,
-                    " bytes (", max_length, " positions)", pad ? " besides the scratch row of padded packs" : "",
-                    "; raise it to at least ", row_bytes_ * (pad ? 2 : 1));
   TORCH_CHECK_VALUE(curve_.tokens.size() == curve_.seconds.size(), "the step curve has ", curve_.tokens.size(),
                     " token counts but ", curve_.seconds.size(), " times");
   for (size_t i = 0; i < curve_.tokens.size(); ++i) {
@@ -238,14 +278,16 @@ bool Scheduler::cancel(int64_t id) {
 int64_t Scheduler::step(double timeout_s) {
   std::unique_lock<std::mutex> guard(stepping_, std::try_to_lock);
   TORCH_CHECK(guard.owns_lock(), "Scheduler.step is already running on another thread (one driver thread steps)");
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(std::max(timeout_s, 0.0));
+  // nullopt: a timeout beyond the clock's range, none (deadline_after)
+  const auto deadline = deadline_after(std::chrono::steady_clock::now(), std::max(timeout_s, 0.0));
   int64_t ran = 0;
   while (pending_.load() == 0) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (closed_ && running_.empty()) break;
     }
-    const double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+    const double left = deadline ? std::chrono::duration<double>(*deadline - std::chrono::steady_clock::now()).count()
+                                 : timeout_s;
     if (left <= 0) break;
     if (shared_->step(left, [this] { return pending_.load() > 0; })) ++ran;
   }
@@ -422,6 +464,9 @@ std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<s
                     pool_rows, " KV rows of ", row_bytes, " bytes (", max_length, " positions) but a request needs ",
                     max_rows, pad ? " (besides the scratch row of padded packs)" : "", "; raise the budget to at least ",
                     (max_rows + (pad ? 1 : 0)) * row_bytes, " bytes");
+  // The budget's pool against the device's memory, in the caller's terms (the scheduler below is
+  // given the budget its rows take, not the one asked for).
+  if (kv_budget_bytes > 0) scheduler_pool_rows(model, workers, max_length, kv_budget_bytes, pad_packs);
   std::vector<DecodeResult> results(n);
   std::vector<std::exception_ptr> errors(n);
   {

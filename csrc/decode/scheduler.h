@@ -92,6 +92,15 @@ std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<s
                                        BatchStats* stats = nullptr, const StepCurve& curve = {},
                                        bool pad_packs = false);
 
+// The KV rows a Scheduler(model, max_batch, max_length, kv_budget_bytes, ..., pad_packs) gives its
+// requests (padded packs, and CUDA graphs, take one more: the scratch row), checked without allocating anything:
+// c10::ValueError for an argument out of range (max_length above the model's max_sequence_length),
+// a budget that holds no row, or a pool larger than the device's memory (device_memory_bytes),
+// naming kv_budget_bytes, max_batch, max_length and the sizes in GiB. A server calls it before
+// it starts (torch.ops.blockbatch.check_kv_pool).
+int64_t scheduler_pool_rows(const Network& model, int64_t max_batch, int64_t max_length, int64_t kv_budget_bytes,
+                            bool pad_packs = false);
+
 class Scheduler {
  public:
   // max_batch: requests decoding at once (worker threads); max_length: the longest prompt +

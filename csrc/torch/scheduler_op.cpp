@@ -100,6 +100,15 @@ std::tuple<int64_t, int64_t> kv_request_rows(const c10::intrusive_ptr<ModelHandl
   return {kv_rows_needed(o), kv_row_bytes(net.config(), net.dtype(), length)};
 }
 
+// The pool a Scheduler with these arguments would take, checked without allocating it
+// (decode/scheduler.h scheduler_pool_rows): (KV rows, bytes per row).
+std::tuple<int64_t, int64_t> check_kv_pool(const c10::intrusive_ptr<ModelHandle>& model, int64_t max_batch,
+                                           int64_t max_length, int64_t kv_budget_bytes) {
+  const Network& net = model->network();
+  const int64_t rows = scheduler_pool_rows(net, max_batch, max_length, kv_budget_bytes);
+  return {rows, kv_row_bytes(net.config(), net.dtype(), max_length)};
+}
+
 std::tuple<std::vector<int64_t>, std::vector<double>> measure_step_curve_op(
     const c10::intrusive_ptr<ModelHandle>& model, double limit_s) {
   TORCH_CHECK_VALUE(limit_s > 0, "limit_s must be > 0, got ", limit_s);
@@ -131,6 +140,11 @@ TORCH_LIBRARY_FRAGMENT(blockbatch, m) {
   // (KV rows one request with these options holds, bytes per row of `length` positions).
   m.def("kv_request_rows(__torch__.torch.classes.blockbatch.Model model, str options, int length) -> (int, int)",
         &kv_request_rows);
+  // (KV rows, bytes per row) of the pool a Scheduler(model, max_batch, max_length, kv_budget_bytes)
+  // takes; ValueError when it cannot (an argument out of range, more than the device's memory).
+  m.def("check_kv_pool(__torch__.torch.classes.blockbatch.Model model, int max_batch, int max_length, "
+        "int kv_budget_bytes) -> (int, int)",
+        &check_kv_pool);
   // The step-time curve (seconds of one packed forward by query tokens; decode/scheduler.h).
   m.def("measure_step_curve(__torch__.torch.classes.blockbatch.Model model, float limit_s=1.0) -> (int[], float[])",
         &measure_step_curve_op);
