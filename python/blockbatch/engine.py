@@ -10,6 +10,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
+from .errors import checked_int
 from .loading import load_checkpoint
 from .native import NativeModel
 from .options import DecodeOptions, run_decode, run_decode_batch
@@ -76,6 +77,7 @@ class Engine:
                allow_unknown: bool = False, name: str = "prompt") -> torch.Tensor:
         """Token ids of one prompt: text (through the chat template by default when the checkpoint
         has one), a sequence of ints, or a 1-D int64 tensor. ``name`` is used in error messages.
+        Token ids outside [0, vocab_size) raise ``ValueError`` naming the entry (``prompt[3]``).
 
         Text with characters outside the tokenizer's vocabulary raises ``ValueError`` naming them
         and their positions; ``allow_unknown=True`` encodes them as the unknown token instead.
@@ -93,11 +95,17 @@ class Engine:
             if prompt.dim() != 1:
                 raise ValueError(f"{name}: a prompt tensor must be 1-D, got shape {tuple(prompt.shape)}")
             ids = prompt.cpu()
+            outside = ((ids < 0) | (ids >= self.config.vocab_size)).nonzero()
+            if outside.numel():
+                i = int(outside[0])
+                self._outside(name, i, int(ids[i]))
         elif isinstance(prompt, (list, tuple)):
             for i, token in enumerate(prompt):
                 if not _is_token_id(token):
                     raise TypeError(f"{name}[{i}] must be an integer token id, got {type(token).__name__} "
                                     f"{_short(token)}")
+                if not 0 <= int(token) < self.config.vocab_size:  # also before an int past int64 overflows
+                    self._outside(name, i, int(token))
             ids = torch.tensor([int(i) for i in prompt], dtype=torch.long)
         else:
             raise TypeError(f"{name} must be a str, a list of token ids or a 1-D int64 tensor, got "
@@ -105,6 +113,18 @@ class Engine:
         if ids.numel() == 0:
             raise ValueError(f"{name}: prompt is empty")
         return ids
+
+    def _outside(self, name: str, i: int, token: int) -> None:
+        raise ValueError(f"{name}[{i}] = {_short(token)} is outside the vocabulary [0, {self.config.vocab_size})")
+
+    def _too_long(self, i: int, ids: torch.Tensor, o: DecodeOptions) -> ValueError | None:
+        """prompts[i] with ``o`` needs more positions than the model has: the error, else None."""
+        limit, length = self.config.max_sequence_length, ids.numel() + o.gen_length
+        if length <= limit:
+            return None
+        return ValueError(f"prompts[{i}]: its prompt ({ids.numel()} tokens) plus gen_length ({o.gen_length}) needs "
+                          f"{length} positions but the model's max_sequence_length is {limit} (shorten the prompt "
+                          f"or gen_length)")
 
     def generate(self, prompts: str | Sequence[int] | torch.Tensor | Iterable[str | Sequence[int] | torch.Tensor],
                  options: DecodeOptions | Sequence[DecodeOptions] | None = None, chat: bool | None = None,
@@ -120,9 +140,13 @@ class Engine:
         room for ``max_batch`` requests). Either way a request's result never depends on the
         others: batched, its tokens and counters are those of its decode alone.
         """
-        if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
-            raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+        max_batch = checked_int("max_batch", max_batch, 1)
+        kv_budget_bytes = checked_int("kv_budget_bytes", kv_budget_bytes, 0)
         encoded, opts = self._requests(prompts, options, chat, allow_unknown)
+        for i, (ids, o) in enumerate(zip(encoded, opts)):  # before any decodes
+            too_long = self._too_long(i, ids, o)
+            if too_long is not None:
+                raise too_long
         if max_batch > 1 and len(encoded) > 1 and self.batches:
             results, self.last_batch_stats = run_decode_batch(
                 self.model.obj, encoded, opts, max_batch, kv_budget_bytes,
@@ -155,8 +179,11 @@ class Engine:
                              stop_on_eos=o.resolved("stop_on_eos", self.config.family))
         return o.replace(block_sizes=tuple(kept), branch_budget="full")
 
-    def _requests(self, prompts, options, chat, allow_unknown) -> tuple[list[torch.Tensor], list[DecodeOptions]]:
-        """generate / stream's arguments checked: the prompts encoded, one DecodeOptions each."""
+    def _requests(self, prompts, options, chat, allow_unknown, keep_errors: bool = False
+                  ) -> tuple[list[torch.Tensor | ValueError], list[DecodeOptions]]:
+        """generate / stream's arguments checked: the prompts encoded, one DecodeOptions each.
+        ``keep_errors``: a prompt that fails to encode with ValueError (bad ids, unknown
+        characters) is that error in the list instead of raised (stream makes it its item)."""
         if isinstance(options, (list, tuple)):
             per_prompt = list(options)
             for i, o in enumerate(per_prompt):
@@ -181,11 +208,18 @@ class Engine:
                             f"{type(prompts).__name__}")
         if not prompts:
             raise ValueError("prompts is empty: pass at least one prompt")
-        encoded = [self.encode(p, chat, allow_unknown=allow_unknown, name=f"prompts[{i}]" if len(prompts) > 1
-                               else "prompt") for i, p in enumerate(prompts)]
-        if per_prompt is not None and len(per_prompt) != len(encoded):
-            raise ValueError(f"options: {len(per_prompt)} DecodeOptions for {len(encoded)} prompts (give one, or one "
+        if per_prompt is not None and len(per_prompt) != len(prompts):
+            raise ValueError(f"options: {len(per_prompt)} DecodeOptions for {len(prompts)} prompts (give one, or one "
                              f"per prompt)")
+        encoded: list[torch.Tensor | ValueError] = []
+        for i, p in enumerate(prompts):
+            try:
+                encoded.append(self.encode(p, chat, allow_unknown=allow_unknown,
+                                           name=f"prompts[{i}]" if len(prompts) > 1 else "prompt"))
+            except ValueError as e:
+                if not keep_errors:
+                    raise
+                encoded.append(e)
         return encoded, per_prompt if per_prompt is not None else [options] * len(encoded)
 
     def _generation(self, ids: torch.Tensor, result) -> Generation:
@@ -223,8 +257,11 @@ class Engine:
                              f"(an opt-in candidate), or decode one by one with Engine.generate")
         from .scheduler import BatchScheduler
 
+        max_batch = checked_int("max_batch", max_batch, 1)
+        kv_budget_bytes = checked_int("kv_budget_bytes", kv_budget_bytes, 0)
         if max_length is None:
             max_length = min(self.config.max_sequence_length, 4096)
+        max_length = checked_int("max_length", max_length, 2, self.config.max_sequence_length)
         return BatchScheduler(self.model.obj, max_batch=max_batch, max_length=max_length,
                               kv_budget_bytes=kv_budget_bytes, step_curve=self.step_curve if adaptive else None)
 
@@ -234,6 +271,8 @@ class Engine:
         policy keeps no KV)."""
         from .scheduler import kv_report
 
+        prompt_length = checked_int("prompt_length", prompt_length, 1)
+        kv_budget_bytes = checked_int("kv_budget_bytes", kv_budget_bytes, 0)
         return kv_report(self.model.obj, options, prompt_length, kv_budget_bytes)
 
     def stream(self, prompts, options: DecodeOptions | Sequence[DecodeOptions] | None = None, chat: bool | None = None,
@@ -246,12 +285,21 @@ class Engine:
         prefix so far): a diffusion decode commits out of order, so only tokens that can no longer
         change are shown. Closing the generator early cancels the requests still running. Where the
         engine does not ``batches`` (CUDA without ``BLOCKBATCH_CUDA_BATCHING=1``) the requests
-        decode one by one, in order."""
-        if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
-            raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
-        encoded, opts = self._requests(prompts, options, chat, allow_unknown)
+        decode one by one, in order. A prompt that cannot be decoded (bad ids, more positions
+        than the model's max_sequence_length) is an error item; the others go on."""
+        max_batch = checked_int("max_batch", max_batch, 1)
+        kv_budget_bytes = checked_int("kv_budget_bytes", kv_budget_bytes, 0)
+        encoded, opts = self._requests(prompts, options, chat, allow_unknown, keep_errors=True)
+        refused = {}  # index -> its error, yielded first
+        for i, (ids, o) in enumerate(zip(encoded, opts)):
+            error = ids if isinstance(ids, ValueError) else self._too_long(i, ids, o)
+            if error is not None:
+                refused[i] = error
         if not self.batches:
             for i, ids in enumerate(encoded):
+                if i in refused:
+                    yield StreamItem(i, error=refused[i])
+                    continue
                 try:
                     result = run_decode(self.model.obj, ids.to(self.device), self._alone(opts[i]))
                 except (ValueError, RuntimeError, TimeoutError) as e:
@@ -261,12 +309,19 @@ class Engine:
             return
         import queue as queue_module
 
+        for i, error in refused.items():
+            yield StreamItem(i, error=error)
+        todo = [i for i in range(len(encoded)) if i not in refused]
+        if not todo:
+            return
         events: queue_module.SimpleQueue = queue_module.SimpleQueue()
-        max_length = max(ids.numel() + o.gen_length for ids, o in zip(encoded, opts))
-        with self.scheduler(min(max_batch, len(encoded)), max_length, kv_budget_bytes,
-                            adaptive=any(_adaptive(o) for o in opts)) as sched:
+        # Every request left fits the model (_too_long), so the pool's rows do too.
+        max_length = max(2, max(encoded[i].numel() + opts[i].gen_length for i in todo))
+        with self.scheduler(min(max_batch, len(todo)), max_length, kv_budget_bytes,
+                            adaptive=any(_adaptive(opts[i]) for i in todo)) as sched:
             index = {}
-            for i, (ids, o) in enumerate(zip(encoded, opts)):
+            for i in todo:
+                ids, o = encoded[i], opts[i]
                 try:
                     request = sched.submit(ids, o, stream=blocks, callback=events.put)
                 except ValueError as e:

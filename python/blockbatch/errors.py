@@ -11,9 +11,37 @@ from __future__ import annotations
 
 import errno
 import json
+import numbers
 import os
 import stat
 from typing import Any, BinaryIO
+
+
+INT64_MAX = 2**63 - 1
+
+
+def checked_int(name: str, value: Any, low: int, high: int = INT64_MAX) -> int:
+    """``value`` as the integer argument ``name`` in [low, high], checked in Python before any C++
+    call takes it: there a bool passes as 0 / 1, a float or an int past int64 fails with the op's
+    schema dump. An int (numpy integers too; a bool is not) or TypeError naming the argument; in
+    the range or ValueError naming the argument and the range. ``high`` defaults to int64's
+    largest (below 2**63), the most an int64 argument holds."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer {_int_range(low, high)}, got {type(value).__name__} "
+                        f"{_short_repr(value)}")
+    value = int(value)
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be an integer {_int_range(low, high)}, got {_short_repr(value)}")
+    return value
+
+
+def _int_range(low: int, high: int) -> str:
+    return f">= {low} (and below 2**63)" if high == INT64_MAX else f"in [{low}, {high}]"
+
+
+def _short_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 class CheckpointError(ValueError):

@@ -16,12 +16,19 @@ from typing import Any
 import torch
 
 from . import contract
+from .errors import checked_int
 
 POLICIES = contract.POLICIES
 DEFAULT_BLOCK_SIZES = contract.BY_NAME["block_sizes"].default
 
 
 _INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _shown(value) -> str:
+    """An option value for a message: a number of hundreds of digits is shown by its size."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:24]}... ({len(text)} characters)"
 
 
 def _post_init(self) -> None:
@@ -31,7 +38,8 @@ def _post_init(self) -> None:
         o = contract.BY_NAME[name]
         ints = (value or []) if o.type == "int[]" else [value] if o.type == "int" and value is not None else []
         if any(not _INT64[0] <= v <= _INT64[1] for v in ints):  # would not reach C++ as an int64
-            raise ValueError(f"{name} must be {o.range_text()}, got {value!r}")
+            bound = "" if o.hi is not None else f"{' and' if o.range_text() else ''} at most 2^63 - 1 (an int64)"
+            raise ValueError(f"{name} must be {o.range_text()}{bound}, got {_shown(value)}")
     if isinstance(self.block_sizes, list):  # frozen: keep it hashable and immutable
         object.__setattr__(self, "block_sizes", tuple(self.block_sizes))
     from ._C_loader import load_extension
@@ -139,6 +147,8 @@ def run_decode_batch(model_obj, prompts: list[torch.Tensor], options: list[Decod
     counters then say how many were padded and, on CUDA, replayed from a graph."""
     if len(options) != len(prompts):
         raise ValueError(f"{len(prompts)} prompts but {len(options)} options (give one, or one per prompt)")
+    max_batch = checked_int("max_batch", max_batch, 1)
+    kv_budget_bytes = checked_int("kv_budget_bytes", kv_budget_bytes, 0)
     texts = [_options_text(o) for o in options]
     op = torch.ops.blockbatch.decode_batch
     tokens, counters, logs, branches, batch = _interruptible(

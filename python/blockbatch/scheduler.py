@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from .errors import checked_int
 from .options import DecodeOptions, DecodeOutput, _options_text, _output, _translated
 
 _KINDS = ("tokens", "finished", "failed", "cancelled")
@@ -125,10 +126,7 @@ class BatchScheduler:
     def __init__(self, model_obj, max_batch: int = 8, max_length: int = 1024, kv_budget_bytes: int = 0,
                  poll_s: float = 0.05, step_curve: str | list[tuple[int, float]] | None = "measure",
                  calibrate_s: float = 1.0):
-        for name, value, low in (("max_batch", max_batch, 1), ("max_length", max_length, 2),
-                                 ("kv_budget_bytes", kv_budget_bytes, 0)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        max_batch, max_length, kv_budget_bytes = _pool_arguments(max_batch, max_length, kv_budget_bytes)
         self._requests: dict[int, Request] = {}
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -256,14 +254,40 @@ def kv_report(model_obj, options: DecodeOptions, prompt_length: int, kv_budget_b
     """KV memory of one request with ``options`` and a ``prompt_length``-token prompt: its rows
     (one per branch; vanilla none), the bytes of a row (prompt + gen_length positions), the bytes
     of the request, and the largest batch of such requests ``kv_budget_bytes`` holds."""
-    if not isinstance(prompt_length, int) or prompt_length < 1:
-        raise ValueError(f"prompt_length must be an integer >= 1, got {prompt_length!r}")
-    if not isinstance(kv_budget_bytes, int) or kv_budget_bytes < 0:
-        raise ValueError(f"kv_budget_bytes must be an integer >= 0, got {kv_budget_bytes!r}")
+    # A row's bytes must fit an int64: positions up to the longest sequence any model may have.
+    longest = int(torch.ops.blockbatch.config_limits()["max_sequence_length"])
+    prompt_length = checked_int("prompt_length", prompt_length, 1, longest)
+    kv_budget_bytes = checked_int("kv_budget_bytes", kv_budget_bytes, 0)
+    if not isinstance(options, DecodeOptions):
+        raise TypeError(f"options must be a DecodeOptions, got {type(options).__name__}")
     text = _options_text(options)
     length = prompt_length + options.gen_length
+    if length > longest:
+        raise ValueError(f"prompt_length ({prompt_length}) plus gen_length ({options.gen_length}) is {length} "
+                         f"positions, more than any model holds ({longest})")
     rows, row_bytes = torch.ops.blockbatch.kv_request_rows(model_obj, text, length)
     per_request = rows * row_bytes
     return {"positions": length, "rows": rows, "row_bytes": row_bytes, "bytes_per_request": per_request,
             "kv_budget_bytes": kv_budget_bytes,
             "largest_batch": kv_budget_bytes // per_request if per_request else -1}  # -1: no KV, no limit
+
+
+def check_pool(model_obj, max_batch: int, max_length: int, kv_budget_bytes: int = 0) -> dict[str, int]:
+    """The KV pool a ``BatchScheduler(model_obj, max_batch, max_length, kv_budget_bytes)`` would
+    take, checked without allocating it or starting anything: TypeError / ValueError naming the
+    argument when one is not an integer in its range (max_length at most the model's
+    max_sequence_length), ValueError naming kv_budget_bytes, max_batch, max_length and the sizes
+    in GiB when the budget holds no row or the pool is larger than the device's memory (the
+    host's physical memory; a GPU's total memory). A server calls it before it starts, so that a
+    pool it can never hold is one clear error rather than a failure inside its startup. Returns
+    ``kv_pool_rows``, ``kv_row_bytes`` and ``kv_pool_bytes`` (the requests' rows; padded packs
+    take one more, the scratch row)."""
+    max_batch, max_length, kv_budget_bytes = _pool_arguments(max_batch, max_length, kv_budget_bytes)
+    rows, row_bytes = torch.ops.blockbatch.check_kv_pool(model_obj, max_batch, max_length, kv_budget_bytes)
+    return {"kv_pool_rows": rows, "kv_row_bytes": row_bytes, "kv_pool_bytes": rows * row_bytes}
+
+
+def _pool_arguments(max_batch, max_length, kv_budget_bytes) -> tuple[int, int, int]:
+    """The scheduler's int arguments, checked before the C++ constructor takes them (int64)."""
+    return (checked_int("max_batch", max_batch, 1), checked_int("max_length", max_length, 2),
+            checked_int("kv_budget_bytes", kv_budget_bytes, 0))
