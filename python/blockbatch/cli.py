@@ -17,7 +17,9 @@ import importlib.util
 import json
 import math
 import os
+import stat
 import sys
+import tempfile
 import time
 
 import torch
@@ -210,31 +212,138 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)  # also through a symbolic or hard link
+    except OSError:  # one does not exist (yet)
+        return False
+
+
+class _JsonlOutput:
+    """Where --output's lines go. A regular file (or a new one) is written through a temporary
+    file in its folder, renamed over it at the end, also after Ctrl-C or an error: the lines
+    written are kept, and an existing file is replaced only by a run's results (never truncated
+    first, never left half written). Standard output, FIFOs and devices are written directly."""
+
+    def __init__(self, path: str):
+        self.path, self.tmp, self.lines = path, None, 0
+        if path == "-":
+            self.file = sys.stdout
+            return
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            st = None
+        except OSError as e:
+            raise UsageError(f"--output {path}: {e.strerror}") from None
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            raise UsageError(f"--output {path}: is a directory")
+        try:
+            if st is not None and not stat.S_ISREG(st.st_mode):
+                self.file = open(path, "w", encoding="utf-8")  # a FIFO or device: nothing to replace
+                return
+            self.target = os.path.realpath(path)  # a symbolic link: replace the file it names
+            folder = os.path.dirname(self.target)
+            fd, self.tmp = tempfile.mkstemp(prefix=f".{os.path.basename(self.target)}.", suffix=".tmp", dir=folder)
+        except OSError as e:
+            raise UsageError(f"--output {path}: {e.strerror}") from None
+        # The mode the file has, or open() would have given a new one (mkstemp's is 0600).
+        if st is not None:
+            mode = stat.S_IMODE(st.st_mode)
+        else:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.fchmod(fd, mode)
+        self.file = os.fdopen(fd, "w", encoding="utf-8")
+
+    def write(self, line: str) -> None:
+        self.file.write(line)
+        self.file.flush()
+        self.lines += 1
+
+    def close(self, keep: bool) -> None:
+        """Close; a temporary file is renamed over --output when ``keep`` or a line was written,
+        else removed (a run that failed before any result leaves an existing output as it was)."""
+        if self.file is sys.stdout:
+            self.file.flush()
+            return
+        try:
+            self.file.close()
+        finally:
+            if self.tmp is not None:
+                if keep or self.lines:
+                    os.replace(self.tmp, self.target)
+                else:
+                    os.unlink(self.tmp)
+
+
+def _decoded_line(raw: bytes, line: int) -> str:
+    """A JSONL line's text: UTF-8 (a BOM at the start of the file dropped), else ValueError
+    naming the byte and its offset in the line."""
+    if line == 1 and raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not UTF-8 text (byte 0x{raw[e.start]:02x} at byte offset {e.start} of the line)") from None
+
+
+def _line_request(text: str, line: int):
+    """(id, prompt or ids, which) of one JSONL line; ValueError / TypeError saying what is wrong."""
+    try:
+        req = json.loads(text)
+    except RecursionError:
+        raise ValueError("not valid JSON (nested too deeply)") from None
+    if not isinstance(req, dict):
+        raise ValueError("expected a JSON object")
+    rid = req.get("id", line)
+    if ("prompt" in req) == ("ids" in req):
+        raise _LineError(rid, 'give exactly one of "prompt" (text) and "ids" (token ids)')
+    return rid, (req["prompt"], "prompt") if "prompt" in req else (req["ids"], "ids")
+
+
+class _LineError(ValueError):
+    """A line's error once its id is known."""
+
+    def __init__(self, rid, message: str):
+        super().__init__(message)
+        self.rid = rid
+
+
 def _generate_jsonl(engine, args: argparse.Namespace, options) -> int:
     """--input JSONL -> --output JSONL. On the CPU the requests go to one batching scheduler (up to
     --max-batch decode together, new ones join as others finish, at most 4 x max-batch read ahead);
-    each result line is written and flushed the moment its request finishes. A bad line or a
-    request that fails gives an error line (with its line number) and a note on stderr, and the
-    others go on. On CUDA the requests decode one by one, in order."""
+    each result line is written and flushed the moment its request finishes. A bad line (not
+    UTF-8, not JSON, bad ids) or a request that fails gives an error line (with its line number)
+    and a note on stderr, and the others go on. On CUDA the requests decode one by one, in order.
+    --input and --output may not be the same file; a regular --output is replaced at the end
+    (_JsonlOutput)."""
     import queue
     import time
 
     name = "stdin" if args.input == "-" else args.input
+    if args.output != "-":
+        same = _same_file(args.input, args.output) if args.input != "-" else _stdin_is(args.output)
+        if same:
+            raise UsageError(f"--input {args.input} and --output {args.output} are the same file: the results "
+                             f"would replace the requests; write them to another file")
     try:
-        src = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")
+        src = sys.stdin.buffer if args.input == "-" else open(args.input, "rb")  # bytes: each line decoded here
     except OSError as e:
         raise UsageError(f"--input {args.input}: {e.strerror}") from None
     try:
-        out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")
-    except OSError as e:
-        raise UsageError(f"--output {args.output}: {e.strerror}") from None
+        out = _JsonlOutput(args.output)
+    except BaseException:
+        if src is not sys.stdin.buffer:
+            src.close()
+        raise
     chat = False if args.no_chat else None
     done = failed = tokens = 0
     t0 = time.perf_counter()
 
     def emit(record: dict) -> None:
         out.write(json.dumps(record) + "\n")
-        out.flush()
 
     def progress() -> None:
         rate = tokens / max(time.perf_counter() - t0, 1e-9)
@@ -257,30 +366,29 @@ def _generate_jsonl(engine, args: argparse.Namespace, options) -> int:
 
     def requests():
         for line, raw in enumerate(src, 1):
-            if not raw.strip():
-                continue
             rid = line
             try:
-                req = json.loads(raw)
-                if not isinstance(req, dict):
-                    raise ValueError("expected a JSON object")
-                rid = req.get("id", line)
-                if ("prompt" in req) == ("ids" in req):
-                    raise ValueError('give exactly one of "prompt" (text) and "ids" (token ids)')
-                ids = engine.encode(req["prompt"] if "prompt" in req else req["ids"], chat,
-                                    allow_unknown=args.allow_unknown, name="prompt" if "prompt" in req else "ids")
-            except (ValueError, TypeError) as e:  # json.JSONDecodeError is a ValueError
+                text = _decoded_line(raw, line)
+                if not text.strip():
+                    continue
+                rid, (prompt, which) = _line_request(text, line)
+                ids = engine.encode(prompt, chat, allow_unknown=args.allow_unknown, name=which)
+            except _LineError as e:
+                bad(line, e.rid, _one_line(e))
+                continue
+            except Exception as e:  # noqa: BLE001 - any bad line is its error line, the others go on
                 bad(line, rid, _one_line(e))
                 continue
             yield line, rid, ids
 
     sched = None
+    finished_normally = False
     try:
         if not engine.batches:
             for line, rid, ids in requests():
                 try:
                     good(rid, engine.generate([ids], options)[0])
-                except (ValueError, RuntimeError, TimeoutError) as e:
+                except Exception as e:  # noqa: BLE001 - a request that fails is its error line
                     bad(line, rid, _one_line(e))
         else:
             finished: queue.SimpleQueue = queue.SimpleQueue()
@@ -306,26 +414,35 @@ def _generate_jsonl(engine, args: argparse.Namespace, options) -> int:
             for line, rid, ids in requests():
                 try:
                     request = sched.submit(ids, options, callback=finished.put)
-                except ValueError as e:
+                except Exception as e:  # noqa: BLE001 - a request the scheduler refuses is its error line
                     bad(line, rid, _one_line(e))
                     continue
                 pending[request.id] = (line, rid, ids)
                 collect(block=len(pending) >= 4 * args.max_batch)  # read ahead at most 4 x max-batch
             while pending:
                 collect(block=True)
+        finished_normally = True
     except KeyboardInterrupt:
-        out.flush()
         sys.stderr.write(f"\ninterrupted: {done} results written; the requests still running were dropped\n")
         return 130
     finally:
-        if sched is not None:
-            sched.close()
-        if out is not sys.stdout:
-            out.close()
-        if src is not sys.stdin:
-            src.close()
+        try:
+            if sched is not None:
+                sched.close()
+        finally:
+            out.close(keep=finished_normally)
+            if src is not sys.stdin.buffer:
+                src.close()
     sys.stderr.write("\n")
     return 1 if failed else 0
+
+
+def _stdin_is(path: str) -> bool:
+    """Whether standard input reads the file ``path`` names (``--input - < F --output F``)."""
+    try:
+        return os.path.samestat(os.fstat(sys.stdin.fileno()), os.stat(path))
+    except (OSError, ValueError, AttributeError):  # no such file, stdin closed or not a real file
+        return False
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -398,6 +515,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     max_length = args.max_length if args.max_length is not None else min(limit, 4096)
     if max_length < 2 or max_length > limit:
         raise UsageError(f"--max-length {max_length}: must be in [2, {limit}] (the model's max_sequence_length)")
+    if args.replicas is None or args.device == "cpu":  # the pool each replica (or this server) allocates
+        from .scheduler import check_pool
+
+        try:
+            check_pool(engine.model.obj, args.max_batch, max_length, args.kv_budget_bytes)
+        except (TypeError, ValueError) as e:
+            raise UsageError(f"--max-batch {args.max_batch} / --max-length {max_length} / --kv-budget-bytes "
+                             f"{args.kv_budget_bytes}: {e}") from None
     name = args.served_model_name or default_model_name(engine)
     max_body = args.max_body_bytes if args.max_body_bytes is not None else guard.default_max_body_bytes(max_length)
     if max_body < 1024:

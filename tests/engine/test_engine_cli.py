@@ -245,3 +245,101 @@ def test_cli_generate_jsonl_batched(tmp_path):
     assert results["a"]["text"] == "72-2=70-3=67-3=64;64"
     res = _cli("generate", "--input", src, "PROMPT")
     assert res.returncode == 2 and "either PROMPTs or --input" in res.stderr
+
+
+def _cli_bytes(*args, stdin: bytes = b"", env: dict | None = None):
+    """The CLI with ``stdin`` as bytes; stdout and stderr decoded as UTF-8."""
+    res = subprocess.run([sys.executable, "-m", "blockbatch.cli", *map(str, args)], input=stdin, capture_output=True,
+                         timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    return subprocess.CompletedProcess(res.args, res.returncode, res.stdout.decode("utf-8"),
+                                       res.stderr.decode("utf-8", "replace"))
+
+
+def test_cli_generate_jsonl_refuses_its_input_as_output(tmp_path):
+    """--output naming --input's file (by name, through a symbolic or hard link, or the file
+    stdin reads) would replace the requests: one error line naming both, status 2, input intact."""
+    src = tmp_path / "req.jsonl"
+    text = '{"prompt": "72-2=__-3=__-3=__...............?"}\n'
+    src.write_text(text, encoding="utf-8")
+    (tmp_path / "link.jsonl").symlink_to(src)
+    os.link(src, tmp_path / "hard.jsonl")
+    for inp, out in ((src, src), (src, tmp_path / "link.jsonl"), (tmp_path / "hard.jsonl", src)):
+        res = _cli("generate", "--input", inp, "--output", out, "--gen-length", 32)
+        assert res.returncode == 2, res.stderr
+        assert res.stderr.strip() == f"error: --input {inp} and --output {out} are the same file: the results " \
+                                     f"would replace the requests; write them to another file", res.stderr
+    with open(src, "rb") as f:
+        res = subprocess.run([sys.executable, "-m", "blockbatch.cli", "generate", "--input", "-", "--output", src],
+                             stdin=f, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "--input - and --output" in res.stderr, res.stderr
+    assert src.read_text(encoding="utf-8") == text and "Traceback" not in res.stderr
+
+
+def test_cli_generate_jsonl_output_is_replaced_only_by_results(tmp_path):
+    """A regular --output is written through a temporary file renamed over it at the end: an
+    existing file keeps its mode and is replaced by the run's lines (through a symbolic link: the
+    file it names), a run that fails before any result leaves it as it was, nothing is left
+    behind; a FIFO is written directly."""
+    import stat
+    import threading
+
+    src = tmp_path / "req.jsonl"
+    src.write_text('{"id": "a", "prompt": "9-2=__-1=__...........?"}\n{"id": "b", "ids": [3, 4, 5]}\n',
+                   encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    out.write_text("old\n", encoding="utf-8")
+    os.chmod(out, 0o640)
+    res = _cli("generate", "--input", src, "--output", out, "--max-length", 9999, "--gen-length", 32)
+    assert res.returncode == 2 and "max_length" in res.stderr, res.stderr
+    assert out.read_text(encoding="utf-8") == "old\n"  # failed before any result: untouched
+    res = _cli("generate", "--input", src, "--output", out, "--gen-length", 32, "--no-chat")
+    assert res.returncode == 0, res.stderr
+    assert sorted(json.loads(x)["id"] for x in out.read_text(encoding="utf-8").splitlines()) == ["a", "b"]
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o640
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(out)
+    res = _cli("generate", "--input", src, "--output", link, "--gen-length", 32, "--no-chat")
+    assert res.returncode == 0 and link.is_symlink() and len(out.read_text(encoding="utf-8").splitlines()) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.jsonl", "out.jsonl", "req.jsonl"]  # no temporaries
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text(encoding="utf-8")))
+    reader.start()
+    res = _cli("generate", "--input", src, "--output", fifo, "--gen-length", 32, "--no-chat")
+    reader.join(timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert len(got[0].splitlines()) == 2 and stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def test_cli_generate_jsonl_each_bad_line_is_an_error_line():
+    """The README's promise, for lines that once aborted the run: not UTF-8, a UTF-8 BOM (through
+    stdin under a C locale), 100000 nested brackets, ids that are no int64 token id; each is one
+    error line naming its line, the others decode."""
+    good = '{"id": "g", "prompt": "72-2=__-3=__-3=__...............?"}\n'
+    res = _cli_bytes("generate", "--input", "-", "--gen-length", 32, stdin=b'{"prompt":"1+1"}\n\xff\n',
+                     env={"LC_ALL": "C", "LANG": "C"})
+    assert res.returncode == 1, res.stderr
+    rows = [json.loads(x) for x in res.stdout.splitlines()]
+    assert len(rows) == 2 and [r["line"] for r in rows if "error" in r] == [2], rows
+    assert "error: stdin:2: not UTF-8 text (byte 0xff at byte offset 0 of the line)" in res.stderr
+    lines = [good, b"caf\xc3\xa9 \xe9\n".decode("latin-1"), "[" * 100000 + "\n", '{"ids": [1e400]}\n',
+             '{"ids": [1000000000000000000000000000000]}\n', '{"ids": [true]}\n', '{"ids": [3, -1]}\n',
+             '{"id": 7, "ids": [3, 4], "prompt": "x"}\n', good]
+    data = b"\xef\xbb\xbf" + "".join(lines).encode("latin-1")
+    res = _cli_bytes("generate", "--input", "-", "--gen-length", 32, "--no-chat", stdin=data,
+                     env={"LC_ALL": "C", "LANG": "C", "PYTHONIOENCODING": ""})
+    assert res.returncode == 1, res.stderr
+    assert "Traceback" not in res.stderr
+    rows = [json.loads(x) for x in res.stdout.splitlines()]
+    errors = {r["line"]: r["error"] for r in rows if "error" in r}
+    assert [r["id"] for r in rows if "error" not in r] == ["g", "g"]  # line 1 (after its BOM) and line 9
+    assert errors == {
+        2: "not UTF-8 text (byte 0xe9 at byte offset 6 of the line)",
+        3: "not valid JSON (nested too deeply)",
+        4: "ids[0] must be an integer token id, got float inf",
+        5: "ids[0] = 1000000000000000000000000000000 is outside the vocabulary [0, 21)",
+        6: "ids[0] must be an integer token id, got bool True",
+        7: "ids[1] = -1 is outside the vocabulary [0, 21)",
+        8: 'give exactly one of "prompt" (text) and "ids" (token ids)'}, errors
+    assert [r["id"] for r in rows if r.get("line") == 8] == [7]
