@@ -5,6 +5,7 @@ under ASan/UBSan, which also catches out-of-bounds writes that happen not to cra
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -169,6 +170,53 @@ def test_cli_generate_ctrl_c_exits_130_within_a_step(slow_checkpoint):
     assert proc.returncode == 130, err
     assert "Traceback" not in err and err.strip().splitlines()[-1] == "interrupted", err
     assert elapsed < 10, elapsed
+
+
+def test_cli_generate_jsonl_ctrl_c_keeps_the_lines_written(slow_checkpoint, tmp_path):
+    """Ctrl-C during `generate --input F --output O`: status 130, and O (an older file there
+    before) holds exactly the result lines written before the signal, no temporary left."""
+    src, out = tmp_path / "req.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(f'{{"id": {i}, "ids": [1, 2, {3 + i}]}}\n' for i in range(200)), encoding="utf-8")
+    out.write_text("old\n", encoding="utf-8")
+    proc = subprocess.Popen([sys.executable, "-u", "-m", "blockbatch.cli", "generate", "--model", slow_checkpoint,
+                             "--input", src, "--output", out, "--max-batch", "1", "--policy", "vanilla",
+                             "--gen-length", "64", "--block-length", "64", "--threshold", "none", "--steps", "64"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = ""
+        deadline = time.monotonic() + 240
+        while "2 done" not in seen and time.monotonic() < deadline and proc.poll() is None:
+            seen += proc.stderr.read(1)
+        assert "2 done" in seen, seen
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, seen + err
+    assert "Traceback" not in err and "interrupted:" in err, err
+    written = int(err.split("interrupted: ")[1].split()[0])
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert 2 <= len(rows) == written < 200 and all("ids" in r for r in rows), (written, rows[:3])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl", "req.jsonl"]
+
+
+@pytest.mark.parametrize("timeout_s", [1e10, 1e300, sys.float_info.max])
+def test_a_timeout_past_the_clock_is_no_deadline(timeout_s):
+    """timeout_s so large that its deadline does not fit the clock (int64 nanoseconds) once
+    overflowed into a deadline already passed; now it is none: every path decodes as without."""
+    e = Engine.from_pretrained()
+    opts = [DecodeOptions(policy="dual", gen_length=32, block_length=8),
+            DecodeOptions(policy="blockbatch", gen_length=32, block_sizes=(8, 16))]
+    alone = [e.generate(PROMPT, o)[0] for o in opts]
+    long = [o.replace(timeout_s=timeout_s) for o in opts]
+    for o, a in zip(long, alone):
+        [g] = e.generate(PROMPT, o)
+        assert g.raw_ids == a.raw_ids and g.stats["nfe"] == a.stats["nfe"]
+    batched = e.generate([PROMPT, PROMPT], long, max_batch=2)
+    assert [g.raw_ids for g in batched] == [a.raw_ids for a in alone]
+    items = sorted(e.stream([PROMPT, PROMPT], long, max_batch=2), key=lambda item: item.index)
+    assert [item.generation.raw_ids for item in items] == [a.raw_ids for a in alone]
 
 
 def test_timeout_ends_a_decode_with_timeout_error(slow_checkpoint):

@@ -6,6 +6,7 @@ takes it out within one step, and nothing is refused late or allocated past the 
 from __future__ import annotations
 
 import random
+import re
 import threading
 import time
 
@@ -204,3 +205,160 @@ def test_kv_report_matches_the_pool_the_scheduler_allocates(engine):
         assert sched.counters()["kv_pool_rows"] == 6 and sched.counters()["kv_row_bytes"] == row
     with pytest.raises(ValueError, match="prompt_length must be an integer >= 1"):
         engine.kv_report(dual, 0, 1)
+
+
+@pytest.fixture(scope="module")
+def toy():
+    from blockbatch import Engine
+
+    return Engine.from_pretrained()
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def test_kv_pool_memory_grows_with_the_rows_used(toy):
+    """The pool is allocated uninitialised and each row range zeroed when handed out: a scheduler
+    sized for 500 requests (5.9 GiB of KV on the toy) takes next to nothing until requests come,
+    and its requests decode as alone (zeroed rows, nothing of an earlier request read)."""
+    before = _rss()
+    with toy.scheduler(max_batch=500, adaptive=False) as sched:
+        grown = _rss() - before
+        k = sched.counters()
+        pool = k["kv_pool_rows"] * k["kv_row_bytes"]
+        assert pool > 5 * 2**30
+        assert grown < pool // 8, (grown, pool)  # measured: ~5 MiB of 5.9 GiB
+        opts = [DecodeOptions(policy="dual", gen_length=64, block_length=16),
+                DecodeOptions(policy="blockbatch", gen_length=64, block_sizes=(8, 16, 32))]
+        prompts = ["72-2=__-3=__-3=__...............?", "9-2=__-1=__...........?"]
+        for round_ in range(2):  # the second round reuses rows the first wrote
+            hs = [sched.submit(toy.encode(p), o) for p in prompts for o in opts]
+            outs = [h.result(timeout=120) for h in hs]
+            alone = [toy.generate(p, o)[0] for p in prompts for o in opts]
+            for out, a, (ids, what) in zip(outs, alone, [(toy.encode(p), f"{p} {o.policy}") for p in prompts
+                                                         for o in opts]):
+                _same(toy._generation(ids, out), a, f"round {round_}: {what}")
+
+
+@pytest.mark.parametrize("make", ["engine.scheduler", "BatchScheduler", "check_pool", "generate"])
+def test_a_pool_larger_than_memory_is_refused_up_front(toy, make):
+    """A KV pool the machine cannot hold is one ValueError naming what sized it and the GiB,
+    before any allocation or worker thread (was: an allocator error, or a million threads)."""
+    from blockbatch.scheduler import BatchScheduler, check_pool
+
+    def build(max_batch, kv_budget_bytes):
+        if make == "engine.scheduler":
+            return toy.scheduler(max_batch=max_batch, kv_budget_bytes=kv_budget_bytes, adaptive=False)
+        if make == "BatchScheduler":
+            return BatchScheduler(toy.model.obj, max_batch, 512, kv_budget_bytes, step_curve=None)
+        if make == "check_pool":
+            return check_pool(toy.model.obj, max_batch, 512, kv_budget_bytes)
+        return toy.generate(["1+1", "2+2"], max_batch=min(max_batch, 2), kv_budget_bytes=kv_budget_bytes)
+
+    with pytest.raises(ValueError, match=r"the KV pool would take \d+ rows of \d+ bytes \(max_length = \d+ "
+                                         r"positions\), 1024\.\d\d GiB, but cpu has [\d.]+ GiB: kv_budget_bytes = "
+                                         r"1099511\d+ \(1024\.00 GiB\) asks for it; lower kv_budget_bytes"):
+        build(8, 2**40)
+    if make != "generate":  # generate sizes its pool by its requests, not by max_batch
+        t0 = time.perf_counter()
+        with pytest.raises(ValueError, match=r"11718\.75 GiB, .*kv_budget_bytes = 0 sizes it for max_batch = "
+                                             r"1000000 requests of 6 KV rows each; lower max_batch or max_length"):
+            build(1_000_000, 0)
+        assert time.perf_counter() - t0 < 5
+
+
+def test_check_pool_is_the_pool_the_scheduler_takes(toy):
+    from blockbatch.scheduler import check_pool
+
+    for max_batch, max_length, budget in ((500, 512, 0), (4, 128, 0), (8, 256, 10 * 2**20)):
+        report = check_pool(toy.model.obj, max_batch, max_length, budget)
+        with toy.scheduler(max_batch=max_batch, max_length=max_length, kv_budget_bytes=budget, adaptive=False) as s:
+            k = s.counters()
+        assert (report["kv_pool_rows"], report["kv_row_bytes"]) == (k["kv_pool_rows"], k["kv_row_bytes"])
+        assert report["kv_pool_bytes"] == k["kv_pool_rows"] * k["kv_row_bytes"]
+    with pytest.raises(ValueError, match=r"max_length must be in \[2, 512\] .*max_sequence_length\), got 513"):
+        check_pool(toy.model.obj, 8, 513, 0)
+    with pytest.raises(ValueError, match=r"kv_budget_bytes = 100 holds no KV row"):
+        check_pool(toy.model.obj, 8, 512, 100)
+
+
+def test_stream_a_request_longer_than_the_model_is_its_own_error_item(toy):
+    """A request needing more positions than the model has is an error item naming it, its
+    prompt length, gen_length and max_sequence_length; the others decode (was: the whole call
+    failed with the KV pool's 'length = 515 must be in [1, 512]')."""
+    D = DecodeOptions
+    items = list(toy.stream(["1+1"] * 3, [D(), D(gen_length=512), D()]))
+    errors = {i.index: i.error for i in items if i.error is not None}
+    assert set(errors) == {1} and isinstance(errors[1], ValueError)
+    n = toy.encode("1+1").numel()
+    assert str(errors[1]) == (f"prompts[1]: its prompt ({n} tokens) plus gen_length (512) needs {n + 512} positions "
+                              f"but the model's max_sequence_length is 512 (shorten the prompt or gen_length)")
+    alone = toy.generate("1+1", D())[0]
+    assert sorted(i.index for i in items if i.generation is not None) == [0, 2]
+    for i in items:
+        if i.generation is not None:
+            _same(i.generation, alone, f"stream item {i.index}")
+    assert [i.error is not None for i in toy.stream(["1+1"], D(gen_length=512))] == [True]
+    # a bad prompt is its item too; generate raises for the whole call, naming the request
+    items = list(toy.stream([[3, 4], [3, 10**30], "1+1"], D(gen_length=32)))
+    assert {i.index: str(i.error) for i in items if i.error} == {
+        1: "prompts[1][1] = 1000000000000000000000000000000 is outside the vocabulary [0, 21)"}
+    for max_batch in (1, 2):
+        with pytest.raises(ValueError, match=r"^prompts\[1\]: its prompt \(\d+ tokens\) plus gen_length \(512\)"):
+            toy.generate(["1+1"] * 3, [D(), D(gen_length=512), D()], max_batch=max_batch)
+
+
+_BAD_INTS = [
+    (True, TypeError, "got bool True"),
+    (1.5, TypeError, "got float 1.5"),
+    (10**30, ValueError, "got 1000000000000000000000000000000"),
+    (-1, ValueError, "got -1"),
+]
+
+
+@pytest.mark.parametrize("value,error,got", _BAD_INTS + [(2**63, ValueError, "got 9223372036854775808")])
+@pytest.mark.parametrize("argument", ["kv_budget_bytes", "max_batch"])
+@pytest.mark.parametrize("call", ["generate", "stream", "scheduler", "kv_report", "BatchScheduler", "check_pool"])
+def test_int_arguments_are_checked_before_the_cpp_call(toy, call, argument, value, error, got):
+    """Every int argument: an int (not a bool) in its range below 2**63, or an error naming it
+    and the range (was: a bool taken as 0 / 1, a torch schema dump, an int64 overflow)."""
+    from blockbatch.scheduler import BatchScheduler, check_pool
+
+    if call == "kv_report" and argument == "max_batch":
+        argument = "prompt_length"
+    if argument == "max_batch" and value == -1:
+        value, got = 0, "got 0"
+    kw = {argument: value}
+    calls = {
+        "generate": lambda: toy.generate(["1+1", "2+2"], **kw),
+        "stream": lambda: list(toy.stream(["1+1", "2+2"], **kw)),
+        "scheduler": lambda: toy.scheduler(adaptive=False, **kw),
+        "kv_report": lambda: toy.kv_report(DecodeOptions(), **{"prompt_length": 3, "kv_budget_bytes": 0, **kw}),
+        "BatchScheduler": lambda: BatchScheduler(toy.model.obj, max_length=128, step_curve=None, **kw),
+        "check_pool": lambda: check_pool(toy.model.obj, **{"max_batch": 8, "max_length": 128, **kw}),
+    }
+    low = {"kv_budget_bytes": 0, "max_batch": 1, "prompt_length": 1}[argument]
+    with pytest.raises(error, match=rf"^{argument} must be an integer >= {low}\b.*{re.escape(got)}$"):
+        calls[call]()
+
+
+def test_max_length_and_token_ids_are_checked_by_name(toy):
+    from blockbatch.scheduler import BatchScheduler
+
+    with pytest.raises(ValueError, match=r"^max_length must be an integer in \[2, 512\], got 513$"):
+        toy.scheduler(max_length=513)
+    with pytest.raises(TypeError, match=r"^max_length must be an integer >= 2 .*got bool True$"):
+        BatchScheduler(toy.model.obj, max_length=True, step_curve=None)
+    with pytest.raises(ValueError, match=r"^max_length must be an integer >= 2 .*got 9223372036854775808$"):
+        BatchScheduler(toy.model.obj, max_length=2**63, step_curve=None)
+    with pytest.raises(ValueError, match=r"^prompt\[3\] = 1000000000000000000000000000000 is outside the vocabulary "
+                                         r"\[0, 21\)$"):
+        toy.encode([1, 2, 3, 10**30])
+    with pytest.raises(ValueError, match=r"^prompts\[1\]\[3\] = 21 is outside the vocabulary \[0, 21\)$"):
+        toy.generate([[1, 2], [1, 2, 3, 21]])
+    with pytest.raises(ValueError, match=r"^prompt\[0\] = -4 is outside the vocabulary"):
+        toy.encode(torch.tensor([-4, 1]))
+    with pytest.raises(TypeError, match=r"^prompt must be a str, a list of token ids or a 1-D int64 tensor, got dict"):
+        toy.encode({"ids": [1, 2]})
