@@ -1,4 +1,5 @@
-"""Exceptions raised by blockbatch's Python layer, and the checked way to open checkpoint files.
+"""Exceptions raised by blockbatch's Python layer, the check of int arguments before they reach
+C++ (``checked_int``), and the checked way to open checkpoint files.
 
 Every file a checkpoint folder names is opened through ``open_checked``: a missing file, a
 dangling or looping symbolic link, a directory, a FIFO or a device is refused with a
