@@ -508,7 +508,13 @@ def test_cli_refuses_bad_flags(capsys):
     for args, message in ((["--port", "70000"], "--port: must be in [0, 65535]"),
                           (["--preset", "nope"], "error: --preset: unknown preset 'nope': the presets are"),
                           (["--max-queue", "-1"], "--max-queue: must be >= 0"),
-                          (["--max-length", "100000"], "--max-length 100000: must be in [2, 512]")):
+                          (["--max-length", "100000"], "--max-length 100000: must be in [2, 512]"),
+                          # a KV pool no machine holds: one error line before anything starts (was a traceback)
+                          (["--max-batch", "1000000"], "error: --max-batch 1000000 / --max-length 512"),
+                          (["--kv-budget-bytes", "10"], "holds no KV row"),
+                          (["--max-body-bytes", "10"], "--max-body-bytes 10: must be at least 1024"),
+                          (["--allowed-hosts", "http://x/"], "--allowed-hosts: 'http://x/' is not a host name"),
+                          (["--api-key", "ключ"], "which an HTTP header cannot carry")):
         try:
             status = main(["serve", *args])
         except SystemExit as e:  # argparse
