@@ -1,6 +1,7 @@
 // decode(): the entry point declared in decode/decode.h. Validates the options and the prompt,
-// then hands the request to its policy: LLaDA's single_branch.cpp / blockbatch.cpp, Dream's
-// dream_single.cpp / dream_blockbatch.cpp (the family is the checkpoint's).
+// then hands the request to its policy: the device-side decoders single_branch.cpp / blockbatch.cpp,
+// or the host-canvas ones dream_single.cpp / dream_blockbatch.cpp, as the family's rules say
+// (decode/family.h: its readout).
 #include <c10/util/Exception.h>
 
 #include <cstdint>
@@ -8,6 +9,7 @@
 
 #include "decode/decode.h"
 #include "decode/dream.h"
+#include "decode/family.h"
 
 namespace blockbatch {
 
@@ -40,7 +42,7 @@ DecodeResult decode(const Network& model, const std::vector<int64_t>& prompt, co
   o.validate(c, static_cast<int64_t>(prompt.size()));
   check_prompt(c, prompt);
   const Stop stop(o.timeout_s, cancel, progress);
-  if (c.family == Family::kDream) {
+  if (rules_for(c.family).readout == Readout::kHostTopk) {
     switch (o.policy) {
       case Policy::kVanilla: return decode_dream_vanilla(model, prompt, o, stop);
       case Policy::kBlockBatch: return decode_dream_blockbatch(model, prompt, o, stop);

@@ -6,10 +6,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
-#include <set>
 #include <sstream>
 #include <string>
 
+#include "decode/family.h"
 #include "decode/options_parse.h"
 #include "kernels/branches.h"
 
@@ -39,80 +39,9 @@ CommitRule DecodeOptions::commit() const {
   return threshold ? CommitRule::kThreshold : CommitRule::kFixed;
 }
 
-namespace {
-
-// The rules that relate options to each other (after the table's ranges have passed). `family`:
-// the model family the options will decode, or nullptr while it is not known (DecodeOptions::check,
-// before a model is chosen): then only the rules every family shares, on the options as given (a
-// nullopt the table resolves is checked once resolved, by validate()).
-void check_relations(const DecodeOptions& o, const char* family) {
-  const std::string fam = family ? family : "";
-  const bool dream = fam == "dream", llada = fam == "llada";
-  if (o.steps) {
-    TORCH_CHECK_VALUE(*o.steps <= o.gen_length, "steps must be None or an integer in [0, gen_length = ",
-                      o.gen_length, "] (a step commits at least one token), got ", *o.steps);
-  }
-  if (llada) {  // Dream's samplers: LLaDA's vanilla ranks by confidence and proposes the argmax
-    TORCH_CHECK_VALUE(!o.alg || *o.alg == Alg::kConfidence, "alg = '", alg_name(o.alg.value_or(Alg::kConfidence)),
-                      "' is a Dream-family sampler; LLaDA checkpoints rank by confidence (alg='confidence')");
-    TORCH_CHECK_VALUE(o.alg_temp == 0, "alg_temp applies to Dream checkpoints only; leave it 0 for LLaDA");
-    TORCH_CHECK_VALUE(!o.top_p && !o.top_k, "top_p / top_k apply to Dream checkpoints only; leave them None for "
-                      "LLaDA");
-  }
-  if (dream && o.policy != Policy::kVanilla) {
-    TORCH_CHECK_VALUE(o.temperature == 0, "temperature > 0 samples only in Dream's vanilla decoder; policy '",
-                      policy_name(o.policy), "' decodes Dream checkpoints greedily (as the authors' decoders do)");
-  }
-  if (o.policy == Policy::kVanilla && !llada) {
-    // Dream's vanilla sampler has no blocks (block_length unused) and its own schedule over `steps`;
-    // LLaDA's block and schedule rules are checked once the family is known to be LLaDA.
-    if (dream) {
-      TORCH_CHECK_VALUE(o.steps.value_or(o.gen_length) >= 1, "steps must be >= 1 for Dream's vanilla sampler "
-                        "(None: gen_length steps), got ", o.steps.value_or(0));
-    }
-    return;
-  }
-  if (o.policy != Policy::kBlockBatch) {
-    TORCH_CHECK_VALUE(o.block_length <= o.gen_length, "block_length must be an integer in [1, gen_length = ",
-                      o.gen_length, "], got ", o.block_length);
-    TORCH_CHECK_VALUE(o.gen_length % o.block_length == 0, "block_length = ", o.block_length,
-                      " must divide gen_length = ", o.gen_length);
-    if (dream) {
-      TORCH_CHECK_VALUE(o.commit() == CommitRule::kThreshold, "policy '", policy_name(o.policy), "' commits by "
-                        "threshold on Dream checkpoints (Fast-dLLM's Dream decoder): set threshold and leave "
-                        "factor None");
-    }
-    if (o.commit() == CommitRule::kFixed) {
-      const int64_t blocks = o.gen_length / o.block_length;
-      TORCH_CHECK_VALUE(o.steps.value_or(0) > 0 && *o.steps % blocks == 0, "steps must be a positive multiple of the "
-                        "number of blocks (", blocks, " = gen_length / block_length) for the fixed schedule, got ",
-                        o.steps ? std::to_string(*o.steps) : std::string("None"));
-    }
-    return;
-  }
-  TORCH_CHECK_VALUE(o.commit() == CommitRule::kThreshold,
-                    "policy 'blockbatch' commits by threshold: set threshold and leave factor None");
-  if (dream) {
-    TORCH_CHECK_VALUE(o.refresh_mode == RefreshMode::kPeriodic, "refresh_mode 'divergence' is LLaDA-only; Dream's "
-                      "BlockBatch refreshes every refresh_tokens tokens (refresh_mode='periodic')");
-    TORCH_CHECK_VALUE(!o.top_p && !o.top_k, "top_p / top_k apply to Dream's single-branch decoders; BlockBatch "
-                      "proposes the argmax");
-  }
-  if (!o.block_sizes) return;  // the family's default, checked once resolved
-  TORCH_CHECK_VALUE(!o.block_sizes->empty(), "block_sizes must be a non-empty list of block sizes");
-  std::set<int64_t> seen;
-  for (int64_t b : *o.block_sizes) {
-    TORCH_CHECK_VALUE(o.gen_length % b == 0, "block size ", b, " in block_sizes must be a positive divisor of "
-                      "gen_length = ", o.gen_length);
-    TORCH_CHECK_VALUE(seen.insert(b).second, "block_sizes must not repeat a size, got ", b, " twice");
-  }
-}
-
-}  // namespace
-
 void DecodeOptions::check() const {
   check_option_ranges(*this);
-  check_relations(*this, nullptr);
+  check_supported(nullptr, *this);  // the family is not known yet: the rules every family shares
 }
 
 void DecodeOptions::validate(const ModelConfig& c, int64_t prompt_length) const {
@@ -126,7 +55,7 @@ void DecodeOptions::validate(const ModelConfig& c, int64_t prompt_length) const 
                       fits ? " = " + std::to_string(prompt_length + gen_length) : std::string(),
                       " exceeds max_sequence_length = ", c.max_sequence_length);
   }
-  check_relations(*this, family_name(c.family));
+  check_supported(&rules_for(c.family), *this);
 }
 
 // ---------------------------------------------------------------- helpers of the generated code
