@@ -11,9 +11,14 @@ dies: a request whose replica died before answering is sent again to another rep
 reached the client), up to ``ATTEMPTS`` times; a stream whose replica dies after its first chunk
 ends with an OpenAI-shaped error event and ``data: [DONE]``; and whatever cannot be answered is an
 OpenAI-shaped JSON error (503, ``replica_unavailable``), never the proxy's plain-text 500 or a cut
-connection. A client that disconnects cancels the forwarded call, which cancels its decode. Every
-response carries ``x-blockbatch-replica`` (the engine replica's id) and ``x-blockbatch-pid`` (its
-process id).
+connection. A client that disconnects cancels the forwarded call, which cancels its decode. The
+router reads each body itself, at most ``max_body_bytes`` (``app_options["max_body_bytes"]``,
+``--max-body-bytes``; by default 1 MiB plus 256 bytes per token of ``max_length``): a larger
+Content-Length is refused at once with an OpenAI-shaped 413 (``body_too_large``), a chunked body as
+soon as it passes the cap; a client gone in the middle of its body is no error. An unexpected
+failure of the router is a 500 naming an error id that its log line also names, never the
+exception's text. Every response carries ``x-blockbatch-replica`` (the engine replica's id) and
+``x-blockbatch-pid`` (its process id).
 
 With ``device="cuda"`` each replica reserves one GPU (``num_gpus=1``) and decodes on it (the
 scheduler on CUDA needs ``BLOCKBATCH_CUDA_BATCHING=1``; every ``BLOCKBATCH_*`` variable of the
@@ -25,6 +30,24 @@ files in a fresh temporary folder, removed on exit) that lives as long as this p
 on loopback only; ``"auto"`` or ``HOST:PORT`` joins a running cluster (``ray start --head`` /
 ``ray start --address``).
 
+Shutdown. The first SIGTERM / SIGINT drains: the router stops admitting (new requests get an
+OpenAI-shaped 503, ``shutting_down``; ``/health`` answers 503 ``draining``) while the requests it
+had admitted, streamed or not, finish and are delivered whole, for at most ``drain_timeout_s``
+(``--drain-timeout``); then the ones still running are cancelled (a stream ends with an error event,
+``shutting_down``, and ``data: [DONE]``; a request not answered yet gets the 503). Ray Serve's HTTP
+proxy keeps serving all along: only then are the deployments shut down (``serve.shutdown``) and the
+local instance stopped, its folder removed, and the process returns normally (``blockbatch serve``
+exits 0). A second signal stops at once: no drain wait, the local instance is stopped without Ray
+Serve's graceful shutdown (a joined cluster's deployments still get ``serve.shutdown``, bounded by
+``SHUTDOWN_GRACE_S``), its processes and folder are cleaned up the same way, and
+``KeyboardInterrupt`` is raised (``blockbatch serve`` prints ``interrupted`` and exits 130).
+
+A local instance comes with a watchdog process (``_ray_watchdog``, in its own session) holding a
+pipe from this process: when this process exits, by any route, also SIGKILL, the pipe closes and
+the watchdog stops what is left of THAT instance (the processes naming its folder on their command
+line or carrying it in ``BB_RAY_INSTANCE``; never another Ray instance) and removes its folder.
+Ray's agents would otherwise outlive a killed server for about a minute, and its folder forever.
+
 Ray is imported here only: plain ``blockbatch serve`` and ``import blockbatch`` never load it.
 """
 
@@ -34,10 +57,19 @@ import asyncio
 import json
 import logging
 import os
-import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
+import time
+import uuid
+
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response, StreamingResponse
+
+from . import _ray_watchdog
+from .guard import default_max_body_bytes
 
 log = logging.getLogger("blockbatch.serve")
 
@@ -47,6 +79,10 @@ PID_HEADER = b"x-blockbatch-pid"
 LOCAL_OBJECT_STORE_BYTES = 150 * 1024 * 1024  # the local instance's object store: requests are small JSON
 ATTEMPTS = 3  # engine replicas tried for one request whose replica died before answering
 RETRY_PAUSE_S = 0.25  # between those tries: the handle learns of the death meanwhile
+SHUTDOWN_GRACE_S = 5.0  # serve.shutdown's wait for a replica's requests: the drain has run before it
+DELIVERY_GRACE_S = 0.5  # after the last response left the router, for its bytes to pass the proxy
+CONTROL_TIMEOUT_S = 10.0  # the driver's calls to the router (drain, in_flight, cancel_all)
+WATCHDOG_WAIT_S = 30.0  # for the watchdog's cleanup at exit
 # Response headers not passed on by the router: the router's own server sets them.
 _HOP_HEADERS = {b"content-length", b"transfer-encoding", b"connection", b"date", b"server"}
 
@@ -176,9 +212,13 @@ class EngineReplica:
                 message = await messages.get()
                 if message is None:  # the app returned (or raised) without finishing its response
                     if start is None:
+                        error_id = _new_error_id()
+                        failure = None if task.cancelled() else task.exception()
+                        log.error("%s %s: the app ended without answering [error %s]", request["method"],
+                                  request["path"], error_id, exc_info=failure)
                         yield {"status": 500, "headers": [(b"content-type", b"application/json")], "more": False,
-                               "body": _error_json(500, f"the engine replica did not answer: {task.exception()!r}",
-                                                   "engine_failed")}
+                               "body": _error_json(500, f"the engine replica did not answer (error {error_id} in "
+                                                   "the server's log)", "engine_failed")}
                     return
                 if message["type"] == "http.response.start":
                     start = message
@@ -228,34 +268,96 @@ def _died(e: BaseException) -> bool:
 class RouterReplica:
     """The body of the ``BlockBatchRouter`` ingress: forwards each HTTP request to an engine replica
     (``engine``: the handle of ``BlockBatchEngine``), sending it again to another one if its
-    replica died before answering, and turns a death it cannot hide into an OpenAI-shaped error."""
+    replica died before answering, and turns a death it cannot hide into an OpenAI-shaped error.
 
-    def __init__(self, engine, local_instance: bool):
+    It reads a request's body itself, at most ``max_body_bytes`` (413 beyond: at once when the
+    Content-Length says so, else as soon as the chunks pass it), and counts the requests it has
+    admitted until their responses are sent whole, for the drain: ``drain`` stops admitting,
+    ``in_flight`` tells how many are left, ``cancel_all`` cancels them (the drain ran out)."""
+
+    def __init__(self, engine, local_instance: bool, max_body_bytes: int = default_max_body_bytes(4096)):
         if local_instance:
             _serve_grpc_on_loopback()
         self.engine = engine.options(stream=True)
+        self.max_body_bytes = max_body_bytes
+        self.draining = False  # drain() was called: new requests get 503
+        self.stopping = False  # cancel_all() was called: what is cancelled answers shutting_down
+        self.requests = 0  # admitted and not yet answered whole
+        self.calls: set = set()  # the forwarded calls running now (cancel_all cancels them)
+
+    # The driver's calls (serve_replicas). Coroutines, so that they run on the event loop of the
+    # requests, not on a thread beside it.
+    async def drain(self) -> int:
+        self.draining = True
+        return self.requests
+
+    async def in_flight(self) -> int:
+        return self.requests
+
+    async def cancel_all(self) -> int:
+        self.stopping = True
+        for call in list(self.calls):
+            call.cancel()
+        return self.requests
+
+    def _done(self) -> None:
+        self.requests -= 1
 
     async def __call__(self, request):
-        from starlette.responses import Response, StreamingResponse
+        if self.draining:
+            if request.url.path == "/health":
+                return Response(json.dumps({"status": "draining", "requests": self.requests}).encode(), 503,
+                                media_type="application/json")
+            return _error_response(503, "the server is shutting down: it takes no new requests", "shutting_down")
+        self.requests += 1
+        done = _Once(self._done)
+        try:
+            response = await self._forward(request)
+        except ClientDisconnect:  # the client went away while sending its body: nobody to answer
+            log.info("%s %s: the client disconnected before its body was sent", request.method, request.url.path)
+            response = Response(b"", 400)
+        except Exception:
+            response = _internal_error(f"{request.method} {request.url.path}")
+        except BaseException:  # cancelled (the client went away): nothing will be sent
+            done()
+            raise
+        response.__class__ = _COUNTED[type(response)]
+        response.bb_done = done
+        return response
 
+    async def _forward(self, request):
+        body = await _read_body(request, self.max_body_bytes)
+        if not isinstance(body, bytes):
+            return body  # the 413
         forwarded = {"method": request.method, "path": request.url.path, "query": request.url.query,
-                     "headers": list(request.headers.raw), "body": await request.body()}
+                     "headers": list(request.headers.raw), "body": body}
         error = None
         for attempt in range(ATTEMPTS):
             if attempt:
                 await asyncio.sleep(RETRY_PAUSE_S * attempt)
-            stream = self.engine.http.remote(forwarded)
+            if self.stopping:
+                return _drain_ran_out()
+            call = self.engine.http.remote(forwarded)
+            self.calls.add(call)
             try:
-                first = await stream.__anext__()
+                first = await call.__anext__()
             except StopAsyncIteration:
+                self.calls.discard(call)
                 error = "the engine replica ended the response without answering"
                 break
+            except asyncio.CancelledError:
+                self.calls.discard(call)
+                call.cancel()
+                if self.stopping and not asyncio.current_task().cancelling():
+                    return _drain_ran_out()  # cancel_all cancelled the call before it reached a replica
+                raise
             except Exception as e:
-                stream.cancel()
+                self.calls.discard(call)
+                call.cancel()
+                if self.stopping:
+                    return _drain_ran_out()
                 if not _died(e):
-                    log.exception("forwarding %s %s failed", request.method, request.url.path)
-                    return Response(_error_json(500, f"internal error: {type(e).__name__}: {e}", "internal_error"), 500,
-                                    media_type="application/json")
+                    return _internal_error(f"forwarding {request.method} {request.url.path}")
                 error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 log.warning("%s %s: engine replica died before answering (try %d of %d): %s", request.method,
                             request.url.path, attempt + 1, ATTEMPTS, error)
@@ -263,38 +365,135 @@ class RouterReplica:
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in first["headers"]
                        if k.lower() not in _HOP_HEADERS}
             if not first["more"]:
+                self.calls.discard(call)
                 return Response(first["body"], first["status"], headers=headers)
             event_stream = headers.get("content-type", "").startswith("text/event-stream")
-            return StreamingResponse(_rest(stream, first["body"], event_stream), first["status"], headers=headers)
-        return Response(_error_json(503, f"no engine replica could answer after {ATTEMPTS} tries (the last: {error}); "
-                                    "retry later", "replica_unavailable"), 503, media_type="application/json",
-                        headers={"retry-after": "1"})
+            return StreamingResponse(self._rest(call, first["body"], event_stream), first["status"], headers=headers)
+        return _error_response(503, f"no engine replica could answer after {ATTEMPTS} tries (the last: {error}); "
+                               "retry later", "replica_unavailable", headers={"retry-after": "1"})
 
-
-async def _rest(stream, first: bytes, event_stream: bool):
-    """The body after the first chunk; a replica that dies mid-stream ends an event stream with an
-    OpenAI-shaped error event and ``[DONE]`` (the ``openai`` client raises it as an ``APIError``)."""
-    try:
-        yield first
+    async def _rest(self, call, first: bytes, event_stream: bool):
+        """The body after the first chunk; a replica that dies mid-stream ends an event stream with
+        an OpenAI-shaped error event and ``[DONE]`` (the ``openai`` client raises it as an
+        ``APIError``), as does a stream cancelled at the end of the drain."""
         try:
-            async for chunk in stream:
-                yield chunk
-        except Exception as e:
-            if not _died(e):
-                log.exception("a forwarded stream failed")
-            if event_stream:
-                message = f"the engine replica serving this stream failed: {type(e).__name__}"
-                yield b"data: " + _error_json(503, message, "replica_died") + b"\n\n" + b"data: [DONE]\n\n"
-    finally:
-        stream.cancel()  # the client went away (or the stream ended): nothing left to run
+            yield first
+            try:
+                async for chunk in call:
+                    yield chunk
+            except (Exception, asyncio.CancelledError) as e:
+                cancelled = isinstance(e, asyncio.CancelledError)
+                if cancelled and (not self.stopping or asyncio.current_task().cancelling()):
+                    raise  # the client went away: nothing more to send
+                if self.stopping:
+                    error = _error_json(503, _DRAIN_RAN_OUT, "shutting_down")
+                elif _died(e):
+                    error = _error_json(503, f"the engine replica serving this stream died ({type(e).__name__})",
+                                        "replica_died")
+                else:
+                    error_id = _new_error_id()
+                    log.exception("a forwarded stream failed [error %s]", error_id)
+                    error = _error_json(503, f"the engine replica serving this stream failed (error {error_id} in "
+                                        "the server's log)", "replica_died")
+                if event_stream:
+                    yield b"data: " + error + b"\n\n" + b"data: [DONE]\n\n"
+        finally:
+            self.calls.discard(call)
+            call.cancel()  # the client went away (or the stream ended): nothing left to run
+
+
+class _Once:
+    """``fn``, called at most once however often this is called."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self) -> None:
+        fn, self.fn = self.fn, None
+        if fn is not None:
+            fn()
+
+
+def _counted(cls):
+    """``cls`` (a starlette response class) calling its ``bb_done`` once it has been sent (or its
+    client went away): the router counts a request in flight until then, not only until its
+    handler returned, so that the drain waits for the last bytes of a stream."""
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await cls.__call__(self, scope, receive, send)
+        finally:
+            self.bb_done()
+
+    return type(f"Counted{cls.__name__}", (cls,), {"__call__": __call__})
+
+
+_COUNTED = {cls: _counted(cls) for cls in (Response, StreamingResponse)}
+_DRAIN_RAN_OUT = "the server is shutting down and its drain timeout (--drain-timeout) ran out: request cancelled"
+
+
+def _error_response(status: int, message: str, code: str, headers: dict | None = None):
+    return Response(_error_json(status, message, code), status, media_type="application/json", headers=headers)
+
+
+def _drain_ran_out():
+    return _error_response(503, _DRAIN_RAN_OUT, "shutting_down")
+
+
+def _new_error_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def _internal_error(what: str):
+    """A 500 for an unexpected failure, logged with its traceback (call it in an ``except``): the
+    body names an error id, also in the log line, and nothing of the exception (no internals reach
+    the client)."""
+    error_id = _new_error_id()
+    log.exception("%s failed [error %s]", what, error_id)
+    return _error_response(500, f"internal error {error_id} (details in the server's log)", "internal_error")
+
+
+def max_body_bytes(app_options: dict) -> int:
+    """The router's body cap: ``app_options["max_body_bytes"]`` (``--max-body-bytes``), by default
+    the server's (``guard.default_max_body_bytes`` of ``max_length``, 4096 when not given: 1 MiB
+    plus 256 bytes per position)."""
+    limit = app_options.get("max_body_bytes")
+    if limit is None:
+        limit = default_max_body_bytes(app_options.get("max_length") or 4096)
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise ValueError(f"--max-body-bytes must be a positive integer, got {limit!r}")
+    return limit
+
+
+async def _read_body(request, limit: int):
+    """The request's body as bytes, or a 413 response once it is known to be over ``limit``: at once
+    from its Content-Length (nothing read), else while reading its chunks (a chunked body)."""
+    declared = request.headers.get("content-length", "").strip()
+    if declared.isdigit() and int(declared) > limit:
+        return _too_large(limit, f"{int(declared)} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return _too_large(limit, f"more than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(limit: int, size: str):
+    return _error_response(413, f"the request body ({size}) is over the limit of {limit} bytes (--max-body-bytes)",
+                           "body_too_large")
 
 
 def serve_replicas(replicas: int, *, model: str | None, dtype_name: str, threads: int | None, host: str, port: int,
                    ray_address: str | None, drain_timeout_s: float, log_level: str, app_options: dict,
                    device: str = "cpu") -> None:
-    """Run ``replicas`` replicas on Ray Serve until SIGTERM / Ctrl-C, then shut the deployment down
-    (each replica gets ``drain_timeout_s`` to finish its requests) and, if this process started
-    the local Ray instance, stop it."""
+    """Run ``replicas`` replicas on Ray Serve until SIGTERM / Ctrl-C, then drain (the requests in
+    flight get ``drain_timeout_s`` to finish, new ones get 503), shut the deployments down and, if
+    this process started the local Ray instance, stop it and remove its folder. Returns after that
+    drain; raises ``KeyboardInterrupt`` after a second signal, which skips the drain (see the
+    module's docstring)."""
+    router_body_cap = max_body_bytes(app_options)  # a bad setting fails before Ray starts
     if ray_address is None:
         # A local instance on loopback: without this, Ray turns the node address 127.0.0.1 into the
         # machine's outward address and its GCS, raylet and workers listen on all interfaces. Read
@@ -307,61 +506,150 @@ def serve_replicas(replicas: int, *, model: str | None, dtype_name: str, threads
     # check, after which the controller kills the proxy and serve.start fails: allow 30 s (the
     # local instance's processes inherit this environment).
     os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "30")
-    temp_dir = None
-    if ray_address is None:
-        temp_dir = tempfile.mkdtemp(prefix="bb-ray-", dir="/tmp")  # short: Ray's socket paths live under it
-        ray.init(include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE_BYTES, _temp_dir=temp_dir,
-                 _node_ip_address="127.0.0.1", log_to_driver=log_level == "debug",
-                 logging_level=logging.WARNING)
-    else:
-        ray.init(address=ray_address, log_to_driver=log_level == "debug", logging_level=logging.WARNING)
-    log.info("ray: %s (%s)", ray.get_runtime_context().gcs_address,
-             f"local instance, files under {temp_dir}" if temp_dir else f"joined {ray_address}")
-
-    if device == "cuda":
-        actor_options = {"num_gpus": 1}
-    else:
-        cpus = ray.cluster_resources().get("CPU", 1.0)
-        actor_options = {"num_cpus": min(1.0, cpus / replicas)}
-    # The BLOCKBATCH_* settings of this shell (kernel choices, BLOCKBATCH_CUDA_BATCHING) reach every
-    # replica, also those on other machines of a cluster.
-    settings_env = {k: v for k, v in os.environ.items() if k.startswith("BLOCKBATCH_")}
-    if settings_env:
-        actor_options["runtime_env"] = {"env_vars": settings_env}
-
     local = ray_address is None
-    queue_per_replica = app_options.get("max_batch", 8) + app_options.get("max_queue", 64)
-    # Each engine replica loads its own engine in its constructor (nothing large is pickled) and owns
-    # its scheduler; the router holds no engine and reserves no CPU.
-    engine = serve.deployment(EngineReplica, name="BlockBatchEngine", num_replicas=replicas,
-                              ray_actor_options=actor_options, graceful_shutdown_timeout_s=drain_timeout_s,
-                              max_ongoing_requests=queue_per_replica, health_check_period_s=2,
-                              health_check_timeout_s=30)
-    router = serve.deployment(RouterReplica, name="BlockBatchRouter", num_replicas=1,
-                              ray_actor_options={"num_cpus": 0}, graceful_shutdown_timeout_s=drain_timeout_s,
-                              max_ongoing_requests=replicas * queue_per_replica + 16)
-    application = router.bind(engine.bind(model, dtype_name, threads, app_options, local, device), local)
+    temp_dir, watchdog = None, None
+    if local:
+        temp_dir = tempfile.mkdtemp(prefix="bb-ray-", dir="/tmp")  # short: Ray's socket paths live under it
+        # Every process of the instance inherits this, also the workers whose command line Ray
+        # replaces with a title: the watchdog finds them by it.
+        os.environ[_ray_watchdog.INSTANCE_VARIABLE] = temp_dir
+        watchdog = _start_watchdog(temp_dir)  # before ray.init: a server killed from here on leaves nothing
 
-    serve.start(http_options={"host": host, "port": port})
-    stop = threading.Event()
+    stop, now = threading.Event(), threading.Event()  # a first signal (drain), a second (stop now)
+    in_serve_shutdown = False
 
     def on_signal(sig, frame):
-        if stop.is_set():
-            os._exit(1)  # a second signal: stop at once
-        log.info("%s: shutting the replicas down", signal.Signals(sig).name)
-        stop.set()
+        name = signal.Signals(sig).name
+        if not stop.is_set():
+            log.info("%s: draining, then shutting the replicas down (again to stop now)", name)
+            stop.set()
+            return
+        if not now.is_set():
+            log.warning("%s again: stopping now%s", name, " (the local Ray instance at once)" if local else "")
+            now.set()
+            if in_serve_shutdown and local:
+                raise KeyboardInterrupt  # out of serve.shutdown's graceful wait: ray.shutdown stops all
+        # A third signal: the shutdown under way is as quick as it gets.
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
+        if local:
+            ray.init(include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE_BYTES, _temp_dir=temp_dir,
+                     _node_ip_address="127.0.0.1", log_to_driver=log_level == "debug",
+                     logging_level=logging.WARNING)
+        else:
+            ray.init(address=ray_address, log_to_driver=log_level == "debug", logging_level=logging.WARNING)
+        log.info("ray: %s (%s)", ray.get_runtime_context().gcs_address,
+                 f"local instance, files under {temp_dir}" if temp_dir else f"joined {ray_address}")
+
+        if device == "cuda":
+            actor_options = {"num_gpus": 1}
+        else:
+            cpus = ray.cluster_resources().get("CPU", 1.0)
+            actor_options = {"num_cpus": min(1.0, cpus / replicas)}
+        # The BLOCKBATCH_* settings of this shell (kernel choices, BLOCKBATCH_CUDA_BATCHING) reach
+        # every replica, also those on other machines of a cluster.
+        settings_env = {k: v for k, v in os.environ.items() if k.startswith("BLOCKBATCH_")}
+        if settings_env:
+            actor_options["runtime_env"] = {"env_vars": settings_env}
+
+        queue_per_replica = app_options.get("max_batch", 8) + app_options.get("max_queue", 64)
+        # Each engine replica loads its own engine in its constructor (nothing large is pickled) and
+        # owns its scheduler; the router holds no engine and reserves no CPU. The router drains the
+        # requests itself before serve.shutdown, so Ray Serve's own graceful wait is short: it only
+        # bounds a shutdown that skipped or outran the drain. The router's slots beyond the engines'
+        # queues leave room for /health and the driver's drain calls when every queue is full.
+        engine = serve.deployment(EngineReplica, name="BlockBatchEngine", num_replicas=replicas,
+                                  ray_actor_options=actor_options, graceful_shutdown_timeout_s=SHUTDOWN_GRACE_S,
+                                  graceful_shutdown_wait_loop_s=0.25, max_ongoing_requests=queue_per_replica,
+                                  health_check_period_s=2, health_check_timeout_s=30)
+        router = serve.deployment(RouterReplica, name="BlockBatchRouter", num_replicas=1,
+                                  ray_actor_options={"num_cpus": 0}, graceful_shutdown_timeout_s=SHUTDOWN_GRACE_S,
+                                  graceful_shutdown_wait_loop_s=0.25,
+                                  max_ongoing_requests=replicas * queue_per_replica + 64)
+        application = router.bind(engine.bind(model, dtype_name, threads, app_options, local, device), local,
+                                  router_body_cap)
+
+        serve.start(http_options={"host": host, "port": port})
+        for sig in handlers:
+            signal.signal(sig, on_signal)
         serve.run(application, name=APP_NAME, route_prefix="/", blocking=False)
         log.info("serving %d replica(s) on http://%s:%d (%s each)", replicas, host, port, actor_options)
         while not stop.wait(0.5):
             pass
+        if not now.is_set():
+            _drain(serve, drain_timeout_s, now)
     finally:
         try:
-            serve.shutdown()
+            if ray.is_initialized() and not (now.is_set() and local):
+                in_serve_shutdown = True
+                try:
+                    serve.shutdown()
+                except (Exception, KeyboardInterrupt) as e:  # KeyboardInterrupt: a second signal meanwhile
+                    if not isinstance(e, KeyboardInterrupt):
+                        log.warning("serve.shutdown failed (%s: %s): stopping Ray", type(e).__name__, e)
+                finally:
+                    in_serve_shutdown = False
         finally:
-            ray.shutdown()
-            if temp_dir is not None:  # the local instance's sessions and logs: gone with it
-                shutil.rmtree(temp_dir, ignore_errors=True)
+            try:
+                ray.shutdown()
+            finally:
+                if temp_dir is not None:
+                    _stop_instance(temp_dir, watchdog)
+                for sig, handler in handlers.items():
+                    signal.signal(sig, handler)
+    if now.is_set():
+        raise KeyboardInterrupt  # the second signal: blockbatch serve says "interrupted" (status 130)
+
+
+def _drain(serve, timeout_s: float, now: threading.Event) -> None:
+    """Stop the router admitting, wait (at most ``timeout_s``, or until ``now`` is set) for the
+    requests it had admitted to be answered whole, cancel those left, and give the last bytes
+    ``DELIVERY_GRACE_S`` to pass the proxy, which keeps serving meanwhile."""
+    try:
+        router = serve.get_deployment_handle("BlockBatchRouter", app_name=APP_NAME)
+
+        def call(method: str) -> int:
+            return getattr(router, method).remote().result(timeout_s=CONTROL_TIMEOUT_S)
+
+        left = call("drain")
+        log.info("draining %d request(s), for at most %g s (--drain-timeout); new requests get 503", left, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while left and not now.is_set() and time.monotonic() < deadline:
+            now.wait(0.2)
+            left = call("in_flight")
+        if left and not now.is_set():
+            log.warning("drain timeout (--drain-timeout %g s): cancelling %d request(s)", timeout_s, left)
+            call("cancel_all")
+            deadline = time.monotonic() + SHUTDOWN_GRACE_S  # for their clients to get the shutting_down error
+            while left and not now.is_set() and time.monotonic() < deadline:
+                now.wait(0.2)
+                left = call("in_flight")
+        if not now.is_set():
+            log.info("drained: shutting the replicas down")
+            now.wait(DELIVERY_GRACE_S)
+    except Exception as e:  # a router that died or does not answer: nothing to wait for
+        log.warning("the drain failed (%s: %s): shutting the replicas down", type(e).__name__, e)
+
+
+def _start_watchdog(temp_dir: str) -> subprocess.Popen:
+    """The local instance's watchdog (``_ray_watchdog``): a small process of its own session reading a
+    pipe from this one, which cleans the instance up when this process exits (also SIGKILL). Run by
+    file name with ``-I``: it loads neither blockbatch nor torch nor Ray."""
+    env = dict(os.environ, **{_ray_watchdog.INSTANCE_VARIABLE: temp_dir})
+    return subprocess.Popen([sys.executable, "-I", _ray_watchdog.__file__], stdin=subprocess.PIPE, env=env,
+                            start_new_session=True, close_fds=True)
+
+
+def _stop_instance(temp_dir: str, watchdog: subprocess.Popen | None) -> None:
+    """After ``ray.shutdown``: what is left of the local instance (Ray's agents outlive it for a
+    while) stopped and its folder removed, by the watchdog (its pipe closed) or, should it not
+    finish, here."""
+    if watchdog is not None:
+        try:
+            watchdog.stdin.close()
+            watchdog.wait(WATCHDOG_WAIT_S)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            log.warning("the Ray watchdog did not finish (%s): cleaning up here", type(e).__name__)
+    if os.path.exists(temp_dir) or _ray_watchdog.instance_processes(temp_dir):
+        _ray_watchdog.clean(temp_dir)
