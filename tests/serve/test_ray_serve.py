@@ -457,9 +457,10 @@ def _wait_draining(server, timeout: float = 20) -> dict:
 
 def test_sigterm_drains_in_flight_requests_then_exits_0(server, client):
     """The last test on the module's server: it stops it. SIGTERM with 6 long requests in flight (3
-    not streamed, then 3 streamed that have their first chunk): /health answers 503, a new request gets OpenAI's 503 ``shutting_down``, every
-    request in flight is answered whole (equal to an undisturbed one), and only then does the
-    server shut down: exit status 0, no Ray process, no folder left."""
+    not streamed, then 3 streamed that have their first chunk): /health answers 503, a new request
+    gets OpenAI's 503 ``shutting_down``, every request in flight is answered whole (equal to an
+    undisturbed one), and only then does the server shut down: exit status 0, no Ray process, no
+    folder left."""
     assert server.proc.poll() is None, "the module's server is gone: this test must run last on it"
     reference = client.completions.create(model="blockbatch-toy", prompt=PROMPT, extra_body={"blockbatch": LONG})
     expected = (reference.choices[0].text, reference.choices[0].finish_reason)
