@@ -549,7 +549,9 @@ def serve_replicas(replicas: int, *, model: str | None, dtype_name: str, threads
             actor_options = {"num_cpus": min(1.0, cpus / replicas)}
         # The BLOCKBATCH_* settings of this shell (kernel choices, BLOCKBATCH_CUDA_BATCHING) reach
         # every replica, also those on other machines of a cluster.
-        settings_env = {k: v for k, v in os.environ.items() if k.startswith("BLOCKBATCH_")}
+        # The API key travels in app_options, never in a runtime environment (Ray shows those).
+        settings_env = {k: v for k, v in os.environ.items()
+                        if k.startswith("BLOCKBATCH_") and k != "BLOCKBATCH_API_KEY"}
         if settings_env:
             actor_options["runtime_env"] = {"env_vars": settings_env}
 
