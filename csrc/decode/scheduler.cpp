@@ -209,9 +209,6 @@ Scheduler::Scheduler(const Network& model, int64_t max_batch, int64_t max_length
                               std::clamp<int64_t>(max_length, 1, model.config().max_sequence_length))),
       curve_(std::move(curve)) {
   const bool graphs = check_batching_device(model.device(), "the batching scheduler");
-  const bool pad = pad_packs || graphs;
-  const int64_t rows = scheduler_pool_rows(model, max_batch, max_length, kv_budget_bytes, pad_packs);  // before any thread
-  const c10::OptionalStreamGuard on(default_stream_of(model.device()));  // the step curve, the pool
   TORCH_CHECK_VALUE(curve_.tokens.size() == curve_.seconds.size(), "the step curve has ", curve_.tokens.size(),
                     " token counts but ", curve_.seconds.size(), " times");
   for (size_t i = 0; i < curve_.tokens.size(); ++i) {
@@ -220,6 +217,9 @@ Scheduler::Scheduler(const Network& model, int64_t max_batch, int64_t max_length
                       "(>= 1) and non-decreasing positive times; point ", i, " is (", curve_.tokens[i], ", ",
                       curve_.seconds[i], ")");
   }
+  // The pool checked before the curve is measured (up to calibrate_s) and any worker starts.
+  const int64_t rows = scheduler_pool_rows(model, max_batch, max_length, kv_budget_bytes, pad_packs);
+  const c10::OptionalStreamGuard on(default_stream_of(model.device()));  // the step curve, the pool
   if (curve_.empty() && calibrate_s > 0) curve_ = measure_step_curve(model, calibrate_s);
   shared_ = std::make_unique<SharedForward>(model, rows, max_length, pad_packs, graphs);
   for (int64_t w = 0; w < max_batch; ++w) workers_.emplace_back([this] { work(); });
