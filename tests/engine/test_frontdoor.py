@@ -366,7 +366,11 @@ def test_characters_outside_the_vocabulary_are_refused(ckpt):
         engine.generate(["1+1=", "x"])
     ids = engine.encode("12 +3=", allow_unknown=True)
     assert toy_tok.VOCAB.index("<|unk|>") in ids.tolist()
-    assert engine.encode("<|unk|>").tolist() == [toy_tok.VOCAB.index("<|unk|>")]  # the token itself is fine
+    # A special token's text is plain text (never the token: no prompt can forge EOS or a turn): on
+    # the toy its characters are outside the vocabulary; a trusted rendered text may still match it.
+    with pytest.raises(ValueError, match=r"'<' at position 0"):
+        engine.encode("<|unk|>")
+    assert engine.codec.encode("<|unk|>", chat=False, special_tokens=True) == [toy_tok.VOCAB.index("<|unk|>")]
 
 
 @pytest.mark.parametrize("prompts,error,pattern", [
