@@ -219,6 +219,16 @@ def test_errors_keep_openai_shape(server, client):
     r = httpx.post(server.url + "/v1/completions", content=b"{not json", timeout=10,
                    headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+    # Hostile JSON through the router: 400s that say what is wrong, no internals (was: 500 RecursionError)
+    for raw in (b"[" * 100_000 + b"]" * 100_000,
+                b'{"model": "blockbatch-toy", "prompt": "1+1", "max_tokens": 1' + b"0" * 5000 + b"}"):
+        r = httpx.post(server.url + "/v1/completions", content=raw, timeout=30,
+                       headers={"Content-Type": "application/json"})
+        assert r.status_code == 400, r.text
+        assert "Error" not in r.json()["error"]["message"] and "JSON" in r.json()["error"]["message"]
+    r = httpx.post(server.url + "/v1/completions", content=b'{"model": "blockbatch-toy", "prompt": "1+1"}',
+                   timeout=10, headers={"Content-Type": "text/plain", "Host": "evil.example"})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "host_not_allowed"  # the replicas' guard
     models = client.models.list()
     assert [m.id for m in models.data] == ["blockbatch-toy"]
 
