@@ -20,6 +20,7 @@ import blockbatch.native  # noqa: F401  (registers the ops)
 from blockbatch.engine import Engine
 from blockbatch.options import DecodeOptions
 from blockbatch.random_branch_state import FIELD, coordinate_args, random_branch_state
+from helpers.processes import interrupt_once_printed
 
 ops = torch.ops.blockbatch
 PROMPT = "72-2=__-3=__-3=__...............?"
@@ -182,17 +183,7 @@ def test_cli_generate_jsonl_ctrl_c_keeps_the_lines_written(slow_checkpoint, tmp_
                              "--input", src, "--output", out, "--max-batch", "1", "--policy", "vanilla",
                              "--gen-length", "64", "--block-length", "64", "--threshold", "none", "--steps", "64"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        seen = ""
-        deadline = time.monotonic() + 240
-        while "2 done" not in seen and time.monotonic() < deadline and proc.poll() is None:
-            seen += proc.stderr.read(1)
-        assert "2 done" in seen, seen
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    seen, err = interrupt_once_printed(proc, "2 done")
     assert proc.returncode == 130, seen + err
     assert "Traceback" not in err and "interrupted:" in err, err
     written = int(err.split("interrupted: ")[1].split()[0])
@@ -328,6 +319,7 @@ def test_coordinate_rejects_windows_outside_the_canvas(field, value, pattern):
         import torch
         import blockbatch.native
         from blockbatch.random_branch_state import FIELD, coordinate_args, random_branch_state
+from helpers.processes import interrupt_once_printed
         s = random_branch_state(2)
         b = int((s["state"][:, FIELD["done"]] == 0).nonzero()[0])
         s["state"][b, FIELD[{field!r}]] = {value}

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import struct
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from blockbatch.errors import CheckpointError
 from blockbatch.loading import load_checkpoint, read_safetensors_header, save_checkpoint
 from blockbatch.random_checkpoint import random_config, random_weights
 from blockbatch.toy import tokenizer as toy_tok
+from helpers.processes import interrupt_once_printed
 
 PY = sys.executable
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
@@ -505,17 +505,7 @@ def test_cli_ctrl_c_is_one_line_and_status_130(tmp_path):
     proc = subprocess.Popen([PY, "-m", "blockbatch.cli", "bench", "--n", "200", "--policies", "vanilla",
                              "--out", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV,
                             text=True)
-    try:
-        seen = ""
-        deadline = time.time() + 120
-        while "[1/200]" not in seen and time.time() < deadline:  # the progress line: decoding has begun
-            seen += proc.stderr.read(1)
-        assert "[1/200]" in seen, seen
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    _, err = interrupt_once_printed(proc, "[1/200]", wait_s=120)  # the progress line: decoding has begun
     assert proc.returncode == 130, err
     assert "Traceback" not in err and err.strip().splitlines()[-1].endswith("interrupted")
 
