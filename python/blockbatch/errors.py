@@ -29,10 +29,10 @@ def checked_int(name: str, value: Any, low: int, high: int = INT64_MAX) -> int:
     largest (below 2**63), the most an int64 argument holds."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an integer {_int_range(low, high)}, got {type(value).__name__} "
-                        f"{_short_repr(value)}")
+                        f"{short_repr(value)}")
     value = int(value)
     if not low <= value <= high:
-        raise ValueError(f"{name} must be an integer {_int_range(low, high)}, got {_short_repr(value)}")
+        raise ValueError(f"{name} must be an integer {_int_range(low, high)}, got {short_repr(value)}")
     return value
 
 
@@ -40,9 +40,11 @@ def _int_range(low: int, high: int) -> str:
     return f">= {low} (and below 2**63)" if high == INT64_MAX else f"in [{low}, {high}]"
 
 
-def _short_repr(value: Any) -> str:
+def short_repr(value: Any, limit: int = 40) -> str:
+    """``repr(value)`` for an error message: a long one cut, with its length (an int of thousands
+    of digits, a huge list)."""
     text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+    return text if len(text) <= limit else f"{text[:limit - 3]}... ({len(text)} characters)"
 
 
 class CheckpointError(ValueError):

@@ -16,19 +16,13 @@ from typing import Any
 import torch
 
 from . import contract
-from .errors import checked_int
+from .errors import checked_int, short_repr
 
 POLICIES = contract.POLICIES
 DEFAULT_BLOCK_SIZES = contract.BY_NAME["block_sizes"].default
 
 
 _INT64 = (-(1 << 63), (1 << 63) - 1)
-
-
-def _shown(value) -> str:
-    """An option value for a message: a number of hundreds of digits is shown by its size."""
-    text = repr(value)
-    return text if len(text) <= 60 else f"{text[:24]}... ({len(text)} characters)"
 
 
 def _post_init(self) -> None:
@@ -39,7 +33,7 @@ def _post_init(self) -> None:
         ints = (value or []) if o.type == "int[]" else [value] if o.type == "int" and value is not None else []
         if any(not _INT64[0] <= v <= _INT64[1] for v in ints):  # would not reach C++ as an int64
             bound = "" if o.hi is not None else f"{' and' if o.range_text() else ''} at most 2^63 - 1 (an int64)"
-            raise ValueError(f"{name} must be {o.range_text()}{bound}, got {_shown(value)}")
+            raise ValueError(f"{name} must be {o.range_text()}{bound}, got {short_repr(value, 60)}")
     if isinstance(self.block_sizes, list):  # frozen: keep it hashable and immutable
         object.__setattr__(self, "block_sizes", tuple(self.block_sizes))
     from ._C_loader import load_extension
