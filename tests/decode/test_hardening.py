@@ -319,7 +319,6 @@ def test_coordinate_rejects_windows_outside_the_canvas(field, value, pattern):
         import torch
         import blockbatch.native
         from blockbatch.random_branch_state import FIELD, coordinate_args, random_branch_state
-from helpers.processes import interrupt_once_printed
         s = random_branch_state(2)
         b = int((s["state"][:, FIELD["done"]] == 0).nonzero()[0])
         s["state"][b, FIELD[{field!r}]] = {value}
