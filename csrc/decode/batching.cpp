@@ -20,8 +20,8 @@
 #include "decode/stop.h"
 
 #ifdef BLOCKBATCH_WITH_CUDA
-#include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <cuda_runtime_api.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include "decode/cuda_streams.h"
@@ -71,8 +71,10 @@ struct SharedForward::Graphs {};
 int64_t device_memory_bytes(c10::Device device) {
 #ifdef BLOCKBATCH_WITH_CUDA
   if (device.is_cuda()) {
-    return static_cast<int64_t>(at::cuda::getDeviceProperties(device.index() < 0 ? c10::cuda::current_device()
-                                                                                 : device.index())->totalGlobalMem);
+    // The runtime's own query: ATen/cuda/CUDAContext.h would pull in the cuBLAS / cuSPARSE headers.
+    cudaDeviceProp prop{};
+    const int index = device.index() < 0 ? c10::cuda::current_device() : device.index();
+    return cudaGetDeviceProperties(&prop, index) == cudaSuccess ? static_cast<int64_t>(prop.totalGlobalMem) : 0;
   }
 #endif
   if (!device.is_cpu()) return 0;
