@@ -19,7 +19,7 @@ enum class SeedRule {
   kFirstMaskArgmax,  // Dream: a full forward writes exactly one token, the window's first mask (5.3, 5.4)
 };
 enum class MapRule {
-  kReplace,              // LLaDA: a block step's map replaces the window's entries (probabilities >= floor)
+  kReplace,              // LLaDA: a block step's map replaces the window's entries (probabilities > floor)
   kAccumulateSinceSeed,  // Dream: entries accumulate (> floor) until the next seed clears them (5.4)
 };
 enum class ExitRule {
