@@ -1,15 +1,15 @@
 // decode(): the entry point declared in decode/decode.h. Validates the options and the prompt,
-// then hands the request to its policy: the device-side decoders single_branch.cpp / blockbatch.cpp,
-// or the host-canvas ones dream_single.cpp / dream_blockbatch.cpp, as the family's rules say
-// (decode/family.h: its readout).
+// then drives the request's decoder (decode/decoder.h) to the end: the device-side decoders
+// policies/single_branch.cpp / blockbatch.cpp, or the host-canvas ones policies/dream_*.cpp, as the
+// family's rules say (decode/family.h: its readout).
 #include <c10/util/Exception.h>
 
 #include <cstdint>
 #include <vector>
 
 #include "decode/decode.h"
-#include "decode/dream.h"
-#include "decode/family.h"
+#include "decode/decoder.h"
+#include "decode/step_runner.h"
 
 namespace blockbatch {
 
@@ -42,15 +42,9 @@ DecodeResult decode(const Network& model, const std::vector<int64_t>& prompt, co
   o.validate(c, static_cast<int64_t>(prompt.size()));
   check_prompt(c, prompt);
   const Stop stop(o.timeout_s, cancel, progress);
-  if (rules_for(c.family).readout == Readout::kHostTopk) {
-    switch (o.policy) {
-      case Policy::kVanilla: return decode_dream_vanilla(model, prompt, o, stop);
-      case Policy::kBlockBatch: return decode_dream_blockbatch(model, prompt, o, stop);
-      default: return decode_dream_cached(model, prompt, o, stop);
-    }
-  }
-  return o.policy == Policy::kBlockBatch ? decode_blockbatch(model, prompt, o, stop)
-                                         : decode_single_branch(model, prompt, o, stop);
+  StepRunner runner(model, o.cuda_graphs);  // before any device tensor: the request's work runs on its stream
+  const std::unique_ptr<Decoder> d = make_decoder(model, prompt, o, stop);
+  return drive(model, *d, runner);
 }
 
 }  // namespace blockbatch

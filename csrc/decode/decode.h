@@ -31,12 +31,6 @@ DecodeOptions decode_options_for(const ModelConfig& config, const DecodeOptions&
 
 // Many requests at once: decode_batch and the step-wise Scheduler are in decode/scheduler.h.
 
-// Policies (called by decode after validation, with DecodeOptions::resolved options: every
-// std::optional the table resolves is set). Both check `stop` before every forward, and
-// every loop has a bound: a step that commits nothing fails (Stop::no_progress).
-DecodeResult decode_single_branch(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
-                                  const Stop& stop);
-DecodeResult decode_blockbatch(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
-                               const Stop& stop);
+// The policies are step machines (decode/decoder.h), each request one; decode() drives one alone.
 
 }  // namespace blockbatch

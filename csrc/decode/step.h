@@ -6,11 +6,28 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
 #include "model/network.h"
 
 namespace blockbatch {
+
+// What a step is, across policies: part of its shape key (steps of equal shapes but different
+// device programs never share a graph).
+enum class StepKind : int64_t { kStep, kBlockStart, kWindow, kInit, kBlock, kRefresh, kCoordinate };
+
+// A step's shape: equal keys mean equal launch shapes (a CUDA graph per key).
+struct StepKey {
+  StepKind kind = StepKind::kStep;
+  KvMode mode = KvMode::kFull;
+  int64_t tokens = 0, rows = 0, logit_rows = 0;
+  int64_t buffer = 0;     // index-buffer entries (the graph's static input)
+  bool sampling = false;  // host-drawn proposals: the readout is the logits
+  bool with_kv = false;
+  auto tie() const { return std::make_tuple(kind, mode, tokens, rows, logit_rows, buffer, sampling, with_kv); }
+  bool operator<(const StepKey& o) const { return tie() < o.tie(); }
+};
 
 // Host-side description of one packed forward over canvas rows that live on the model's device:
 // host_buffer() packs its indices for one host-to-device copy, batch() turns that copy into the

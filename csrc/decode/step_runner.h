@@ -12,13 +12,12 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <array>
-
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <vector>
 
+#include "decode/step.h"
 #include "model/network.h"
 
 namespace blockbatch {
@@ -33,7 +32,7 @@ class StepRunner {
     std::vector<at::Tensor> readout;
   };
   using Step = std::function<Body(const at::Tensor& buffer)>;
-  using Key = std::array<int64_t, 6>;  // the step's shape: equal keys must mean equal launch shapes
+  using Key = StepKey;  // the step's shape: equal keys must mean equal launch shapes
 
   // use_graphs: capture / replay CUDA graphs (ignored on CPU and in builds without CUDA).
   StepRunner(const Network& model, bool use_graphs);

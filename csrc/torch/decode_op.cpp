@@ -11,7 +11,7 @@
 #include <string>
 
 #include "decode/decode.h"
-#include "decode/scheduler.h"
+#include "decode/batch/scheduler.h"
 #include "torch/decode_args.h"
 #include "torch/model_handle.h"
 #include "torch/results.h"

@@ -10,7 +10,7 @@
 #include <tuple>
 #include <vector>
 
-#include "decode/scheduler.h"
+#include "decode/batch/scheduler.h"
 #include "torch/model_handle.h"
 #include "torch/results.h"
 

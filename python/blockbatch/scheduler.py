@@ -1,7 +1,8 @@
 """Many requests at once, step by step: the Python driver of ``torch.classes.blockbatch.Scheduler``.
 
-The C++ scheduler (``csrc/decode/scheduler.h``) runs every request's policy loop on a worker thread
-of its own and packs their forwards into one per KV mode per step. ``BatchScheduler`` runs its
+The C++ scheduler (``csrc/decode/batch/scheduler.h``) holds every request as a step machine (its
+decoder) and, each step, packs the forwards their plans ask for into one per KV mode, all on the
+thread that steps it. ``BatchScheduler`` runs its
 ``step()`` on a background thread (the call releases the GIL) and hands each request's events to
 it: ``submit()`` returns a ``Request`` whose ``result()`` waits for the output, whose ``events()``
 iterates the stable tokens as they grow (``stream=True``), and whose ``cancel()`` takes it out of

@@ -1,8 +1,11 @@
 // The step-wise scheduler: many requests, each added at any time with its own options, decoding
-// together (decode/batching.h: one packed forward per KV mode per step over one KV pool) until
-// each finishes or is cancelled. The HTTP server and Engine.stream drive it from one background
-// thread: add() and cancel() from anywhere, step() on the driver thread, events() to collect what
-// happened (a request's newly stable tokens, its result, its error).
+// together until each finishes or is cancelled. Every live request is a decoder (decode/decoder.h);
+// a step asks each for its plan, packs the plans' forwards into one per KV mode
+// (decode/batch/pack.h) over one KV pool (decode/batch/kv_pool.h), and hands each decoder its
+// logits rows; all on the thread that calls step(), no thread per request. The HTTP server and
+// Engine.stream drive it from one background thread: add() and cancel() from anywhere, step() on
+// the driver thread, events() to collect what happened (a request's newly stable tokens, its
+// result, its error). Requests are admitted in order, as KV rows free up, up to max_batch at once.
 //
 // Stable tokens: a diffusion decode commits positions out of order, so a request streams only the
 // generation prefix that can no longer change: every position up to the first that is still a
@@ -12,6 +15,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -20,10 +24,10 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "decode/batching.h"
+#include "decode/batch/kv_pool.h"
+#include "decode/batch/pack.h"
 #include "decode/decode.h"
 
 namespace blockbatch {
@@ -74,7 +78,7 @@ std::vector<int64_t> budget_branches(const std::vector<int64_t>& sizes, int64_t 
 // Other options are returned as they are.
 DecodeOptions single_branch_as_dual(DecodeOptions o);
 
-// Many requests at once (decode/batching.h): up to max_batch decode together, their forwards
+// Many requests at once (the Scheduler below): up to max_batch decode together, their forwards
 // packed into one per step; each request's result equals its decode() alone. kv_budget_bytes:
 // the shared KV pool's size (0: room for the max_batch largest requests). Throws the first failed
 // request's error, naming the request; every request is checked before any runs. curve: the
@@ -103,7 +107,7 @@ int64_t scheduler_pool_rows(const Network& model, int64_t max_batch, int64_t max
 
 class Scheduler {
  public:
-  // max_batch: requests decoding at once (worker threads); max_length: the longest prompt +
+  // max_batch: requests decoding at once; max_length: the longest prompt +
   // gen_length it accepts (the KV pool's row length); kv_budget_bytes: the pool (0: max_batch
   // requests with the family's default BlockBatch branches). curve: the step-time curve for
   // branch_budget = auto requests (empty: measured now when calibrate_s > 0, else such requests
@@ -129,7 +133,7 @@ class Scheduler {
   int64_t step(double timeout_s);
   // The events since the last call, in the order they happened.
   std::vector<RequestEvent> events();
-  // Cancels every request, runs the steps that let them stop, joins the workers. Idempotent.
+  // Cancels every request and runs the steps that let them stop. Idempotent.
   void close();
 
   struct Counters {
@@ -149,24 +153,28 @@ class Scheduler {
     int64_t cancel = 0;       // Stop's flag
     int64_t stable = 0;       // generation tokens reported so far
   };
-  void work();
+  struct Live;  // a request decoding: its decoder, stop, KV lease (scheduler.cpp)
+  bool admit();          // the driver: queued requests into live_ while they fit
+  void run_step();       // the driver: one step of every live decoder
+  void retire(Live& l, RequestEvent ev);
   void report(Request& r, const int64_t* canvases, int64_t numel);
   void push(RequestEvent ev);
 
   const Network& model_;
   const int64_t max_batch_, max_length_, row_bytes_;
   StepCurve curve_;
-  std::unique_ptr<SharedForward> shared_;
+  std::unique_ptr<KvPool> pool_;
+  std::unique_ptr<PackedForward> packed_;
+  std::vector<std::unique_ptr<Live>> live_;  // the driver's; running_ mirrors it for cancel()
   mutable std::mutex mutex_;
   std::condition_variable queue_cv_;
   std::deque<std::shared_ptr<Request>> queue_;
   std::map<int64_t, std::shared_ptr<Request>> running_;
   std::vector<RequestEvent> events_;
-  std::atomic<int64_t> pending_{0};
+  std::atomic<int64_t> pending_{0}, steps_{0}, forwards_{0};
   std::mutex stepping_;
   int64_t next_id_ = 0;
   bool closed_ = false;
-  std::vector<std::thread> workers_;
 };
 
 }  // namespace blockbatch

@@ -1,9 +1,8 @@
-#include "decode/batching.h"
+#include "decode/batch/pack.h"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
-#include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/tensor.h>
 #include <c10/core/StreamGuard.h>
@@ -11,13 +10,11 @@
 
 #include <algorithm>
 #include <array>
-#include <chrono>
+#include <map>
 #include <utility>
 #include <vector>
 
 #include <unistd.h>
-
-#include "decode/stop.h"
 
 #ifdef BLOCKBATCH_WITH_CUDA
 #include <ATen/cuda/CUDAGraph.h>
@@ -44,8 +41,8 @@ int64_t pack_bucket(int64_t n) {
 #ifdef BLOCKBATCH_WITH_CUDA
 // The packed step's graphs, one per (mode, KV or none, token / row / logit-row buckets). They share
 // one memory pool and replay one after another; each keeps its static inputs and its logits, which
-// the requests read before the next step (the barrier) and so before the next replay.
-struct SharedForward::Graphs {
+// the requests read within the step and so before the next replay.
+struct PackedForward::Graphs {
   static constexpr int64_t kMaxGraphs = 24;  // beyond: eager (each graph keeps its logits alive)
   struct Entry {
     int64_t seen = 0;
@@ -65,7 +62,7 @@ struct SharedForward::Graphs {
   }
 };
 #else
-struct SharedForward::Graphs {};
+struct PackedForward::Graphs {};
 #endif
 
 int64_t device_memory_bytes(c10::Device device) {
@@ -82,161 +79,27 @@ int64_t device_memory_bytes(c10::Device device) {
   return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
 }
 
-SharedForward::SharedForward(const Network& model, int64_t pool_rows, int64_t max_length, bool pad, bool graphs)
-    : model_(model), pool_rows_(pool_rows), max_length_(max_length), pad_(pad || graphs) {
-  TORCH_CHECK_VALUE(pool_rows >= 0 && max_length > 0, "SharedForward: pool_rows >= 0 and max_length > 0");
-  const c10::OptionalStreamGuard on(default_stream_of(model.device()));  // the pool where it is used
-  const int64_t rows = pool_rows + (pad_ ? 1 : 0);  // + the scratch row
-  if (rows > 0) {
-    // Uninitialised: new_kv zeroes each row range as it hands it out, so the pages of rows never
-    // used are never touched (an mmap'd CPU allocation then takes no memory for them).
-    const at::Tensor like = model.new_kv(0, max_length);  // the layout (and max_length's check)
-    std::vector<int64_t> shape = like.sizes().vec();
-    shape[0] = rows;
-    double bytes = static_cast<double>(c10::elementSize(like.scalar_type()));
-    for (int64_t d : shape) bytes *= static_cast<double>(d);
-    try {
-      pool_ = at::empty(shape, like.options());
-    } catch (const c10::Error& e) {  // OutOfMemoryError (CUDA), the CPU allocator's enforce
-      TORCH_CHECK_VALUE(false, "the KV pool of ", rows, " rows of ", max_length, " positions (",
-                        bytes / static_cast<double>(int64_t{1} << 30), " GiB) cannot be allocated on ",
-                        model.device(), ": lower kv_budget_bytes, max_batch or max_length (",
-                        e.what_without_backtrace(), ")");
-    }
-    if (pad_) pool_.narrow(0, pool_rows, 1).zero_();  // the scratch row: every padded pack writes it
-  }
+PackedForward::PackedForward(const Network& model, KvPool& pool, bool pad, bool graphs)
+    : model_(model), pool_(pool), pad_(pad || graphs) {
 #ifdef BLOCKBATCH_WITH_CUDA
   if (graphs && model.device().is_cuda()) graphs_ = std::make_unique<Graphs>(model.device());
+#else
+  (void)graphs;
 #endif
 }
 
-SharedForward::~SharedForward() = default;
+PackedForward::~PackedForward() = default;
 
-void SharedForward::join() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  ++decoding_;
-}
-
-void SharedForward::leave() const {
-  std::unique_lock<std::mutex> lock(mutex_);
-  --decoding_;
-  auto it = owned_.find(std::this_thread::get_id());
-  if (it != owned_.end()) {
-    for (const void* p : it->second) allocations_.erase(p);
-    owned_.erase(it);
-  }
-  cv_.notify_all();  // KV rows freed; the others may all have filed already
-}
-
-at::Tensor SharedForward::new_kv(int64_t rows, int64_t length) const {
-  TORCH_CHECK_VALUE(rows >= 1 && length >= 1 && length <= max_length_, "new_kv: rows >= 1 and length in [1, ",
-                    max_length_, "], got ", rows, " rows of ", length);
-  TORCH_CHECK_VALUE(rows <= pool_rows_, "a request needs ", rows, " KV rows of ", max_length_,
-                    " positions but the KV budget holds ", pool_rows_,
-                    " (raise kv_budget_bytes, or decode it with fewer block sizes)");
-  std::unique_lock<std::mutex> lock(mutex_);
-  bool stepped_out = false;
-  for (;;) {
-    // First fit over the pool's rows, allocations in row order.
-    std::vector<std::pair<int64_t, int64_t>> used;
-    for (const auto& [p, a] : allocations_) used.emplace_back(a.first, a.first + a.rows);
-    std::sort(used.begin(), used.end());
-    int64_t at = 0;
-    for (const auto& [lo, hi] : used) {
-      if (lo - at >= rows) break;
-      at = std::max(at, hi);
-    }
-    if (at + rows <= pool_rows_) {
-      at::Tensor view = pool_.narrow(0, at, rows);
-      view.zero_();  // as a fresh buffer: nothing of an earlier request is ever read
-      allocations_[view.const_data_ptr()] = Allocation{at, rows, length};
-      owned_[std::this_thread::get_id()].push_back(view.const_data_ptr());
-      if (stepped_out) ++decoding_;
-      return view;
-    }
-    if (!stepped_out) {  // wait off the barrier: the requests decoding go on and free rows
-      stepped_out = true;
-      --decoding_;
-      cv_.notify_all();
-    }
-    cv_.wait(lock);
-  }
-}
-
-at::Tensor SharedForward::forward(const ForwardBatch& batch) const {
-  std::unique_lock<std::mutex> lock(mutex_);
-  Filed f{&batch, {}, nullptr, false};
-  filed_batches_.push_back(&f);
-  cv_.notify_all();
-  cv_.wait(lock, [&] { return f.done; });
-  if (f.error) std::rethrow_exception(f.error);
-  return f.logits;
-}
-
-bool SharedForward::ready_locked() const {
-  return !stepping_ && decoding_ > 0 && static_cast<int64_t>(filed_batches_.size()) >= decoding_;
-}
-
-void SharedForward::serve() const {
-  std::unique_lock<std::mutex> lock(mutex_);
-  for (;;) {
-    cv_.wait(lock, [&] { return closed_ || ready_locked(); });
-    if (ready_locked()) {
-      run_step_locked(lock);
-    } else if (closed_) {
-      break;
-    }
-  }
-}
-
-bool SharedForward::step(double timeout_s, const std::function<bool()>& done) const {
-  std::unique_lock<std::mutex> lock(mutex_);
-  const auto wakes = [&] { return closed_ || ready_locked() || (done && done()); };
-  const auto until = deadline_after(std::chrono::steady_clock::now(), std::max(timeout_s, 0.0));
-  if (until) {
-    cv_.wait_until(lock, *until, wakes);
-  } else {  // a timeout beyond the clock's range: no timeout
-    cv_.wait(lock, wakes);
-  }
-  if (!ready_locked()) return false;
-  run_step_locked(lock);
-  return true;
-}
-
-void SharedForward::wake() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  cv_.notify_all();
-}
-
-int64_t SharedForward::rows_in_use() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  int64_t n = 0;
-  for (const auto& [p, a] : allocations_) n += a.rows;
-  return n;
-}
-
-void SharedForward::close() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  closed_ = true;
-  cv_.notify_all();
-}
-
-void SharedForward::run_step_locked(std::unique_lock<std::mutex>& lock) const {
-  stepping_ = true;
-  std::vector<Filed*> step;
-  step.swap(filed_batches_);
-  std::map<const void*, Allocation> allocations = allocations_;
-  lock.unlock();
-  const c10::OptionalStreamGuard on(default_stream_of(model_.device()));
-  // Groups: one packed forward per (mode, KV buffer or none), in the order requests filed.
-  std::vector<std::vector<Filed*>> groups;
-  for (Filed* f : step) {
-    auto same = [&](const std::vector<Filed*>& g) {
-      return g.front()->batch->mode == f->batch->mode && g.front()->batch->kv.defined() == f->batch->kv.defined();
+void PackedForward::run(std::vector<Entry>& entries) {
+  // Groups: one packed forward per (mode, KV buffer or none), in the order of the entries.
+  std::vector<std::vector<Entry*>> groups;
+  for (Entry& e : entries) {
+    auto same = [&](const std::vector<Entry*>& g) {
+      return g.front()->batch->mode == e.batch->mode && g.front()->batch->kv.defined() == e.batch->kv.defined();
     };
     auto it = std::find_if(groups.begin(), groups.end(), same);
-    if (it == groups.end()) groups.push_back({f});
-    else it->push_back(f);
+    if (it == groups.end()) groups.push_back({&e});
+    else it->push_back(&e);
   }
   for (const auto& group : groups) {
     try {
@@ -248,8 +111,8 @@ void SharedForward::run_step_locked(std::unique_lock<std::mutex>& lock) const {
       std::vector<int64_t> counts;
       int64_t tok_off = 0;
       bool bounded = true;
-      for (Filed* f : group) {
-        const ForwardBatch& b = *f->batch;
+      for (const Entry* e : group) {
+        const ForwardBatch& b = *e->batch;
         const int64_t T = b.tokens.size(0), R = b.cu_seqlens.size(0) - 1;
         const auto idx = b.tokens.options();
         tokens.push_back(b.tokens);
@@ -257,11 +120,9 @@ void SharedForward::run_step_locked(std::unique_lock<std::mutex>& lock) const {
         cu.push_back(b.cu_seqlens.narrow(0, 1, R) + tok_off);
         int64_t bound = b.max_positions;
         if (with_kv) {
-          auto a = allocations.find(b.kv.const_data_ptr());
-          TORCH_CHECK(a != allocations.end(), "SharedForward: a forward's KV buffer is not one new_kv handed out");
-          rows.push_back((b.kv_rows.defined() ? b.kv_rows : at::arange(R, idx)) + a->second.first);
-          lens.push_back(b.kv_lens.defined() ? b.kv_lens : at::full({R}, a->second.length, idx));
-          if (bound <= 0) bound = a->second.length;
+          rows.push_back((b.kv_rows.defined() ? b.kv_rows : at::arange(R, idx)) + e->kv_first);
+          lens.push_back(b.kv_lens.defined() ? b.kv_lens : at::full({R}, e->length, idx));
+          if (bound <= 0) bound = e->length;
         }
         if (b.mode == KvMode::kPrefix) prefix.push_back(b.prefix_lens);
         const at::Tensor li = b.logit_index.defined() ? b.logit_index : at::arange(T, idx);
@@ -277,7 +138,7 @@ void SharedForward::run_step_locked(std::unique_lock<std::mutex>& lock) const {
       packed.cu_seqlens = at::cat(cu);
       packed.logit_index = at::cat(logit);
       if (with_kv) {
-        packed.kv = pool_;
+        packed.kv = pool_.tensor();
         packed.kv_rows = at::cat(rows);
         packed.kv_lens = at::cat(lens);
       }
@@ -291,18 +152,12 @@ void SharedForward::run_step_locked(std::unique_lock<std::mutex>& lock) const {
         off += counts[i];
       }
     } catch (...) {
-      for (Filed* f : group) f->error = std::current_exception();
+      for (Entry* e : group) e->error = std::current_exception();
     }
   }
-  lock.lock();
-  steps_ += 1;
-  filed_ += static_cast<int64_t>(step.size());
-  for (Filed* f : step) f->done = true;
-  stepping_ = false;
-  cv_.notify_all();
 }
 
-at::Tensor SharedForward::run_packed(ForwardBatch& b, int64_t n) const {
+at::Tensor PackedForward::run_packed(ForwardBatch& b, int64_t n) {
   if (!pad_) return model_.forward(b);
   // Buckets: the tokens' first (at least one pad token), then rows enough for the pad tokens in
   // dummy rows of at most kDummyTokens, each with at least one token (else a larger token bucket).
@@ -325,7 +180,7 @@ at::Tensor SharedForward::run_packed(ForwardBatch& b, int64_t n) const {
   int64_t end = T;
   for (int64_t j = 0; j < D; ++j) host.push_back(end += lens[j]);
   if (with_kv) {
-    host.insert(host.end(), static_cast<size_t>(D), pool_rows_);  // the scratch row
+    host.insert(host.end(), static_cast<size_t>(D), pool_.scratch_row());
     host.insert(host.end(), lens.begin(), lens.end());              // dual: its own keys only
   }
   if (prefix) host.insert(host.end(), static_cast<size_t>(D), 0);
@@ -346,7 +201,7 @@ at::Tensor SharedForward::run_packed(ForwardBatch& b, int64_t n) const {
   }
   if (prefix) b.prefix_lens = at::cat({b.prefix_lens, next(D)});
   b.logit_index = at::cat({b.logit_index, next(Nb - n)});
-  b.max_positions = max_length_;  // every canvas fits the pool's rows
+  b.max_positions = pool_.max_length();  // every canvas fits the pool's rows
   ++padded_;
 #ifdef BLOCKBATCH_WITH_CUDA
   if (graphs_) {

@@ -1,20 +1,17 @@
-#include "decode/scheduler.h"
+#include "decode/batch/scheduler.h"
 
-#include <ATen/Parallel.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/tensor.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/util/Exception.h>
-
-#include <ATen/ops/tensor.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <sstream>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
+#include "decode/decoder.h"
+#include "decode/step.h"
 #include "decode/stop.h"
 
 #ifdef BLOCKBATCH_WITH_CUDA
@@ -44,6 +41,24 @@ RequestEvent cancelled_event(int64_t id, const std::string& why) {
     ev.error = e.what_without_backtrace();
     ev.exception = std::current_exception();
   }
+  return ev;
+}
+
+// The event of a request whose decode threw `error`: kCancelled when its cancel flag was set.
+RequestEvent failed_event(int64_t id, std::exception_ptr error, const int64_t& cancel) {
+  RequestEvent ev;
+  ev.id = id;
+  ev.exception = error;
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error& e) {
+    ev.error = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    ev.error = e.what();
+  } catch (...) {
+    ev.error = "unknown error";
+  }
+  ev.kind = __atomic_load_n(&cancel, __ATOMIC_RELAXED) ? RequestEvent::kCancelled : RequestEvent::kFailed;
   return ev;
 }
 
@@ -202,6 +217,21 @@ std::vector<int64_t> budget_branches(const std::vector<int64_t>& sizes, int64_t 
   return set;
 }
 
+struct Scheduler::Live {
+  std::shared_ptr<Request> r;
+  Progress progress;
+  std::unique_ptr<Stop> stop;
+  std::optional<KvPool::Lease> kv;
+  std::unique_ptr<Decoder> d;
+  std::chrono::steady_clock::time_point t0;
+  // This step's: the plan, its buffer on the device, its forward's inputs and results.
+  StepPlan plan;
+  at::Tensor buffer;
+  ForwardBatch batch;
+  at::Tensor logits;
+  std::vector<at::Tensor> readout;
+};
+
 Scheduler::Scheduler(const Network& model, int64_t max_batch, int64_t max_length, int64_t kv_budget_bytes,
                      StepCurve curve, double calibrate_s, bool pad_packs)
     : model_(model), max_batch_(max_batch), max_length_(max_length),
@@ -217,18 +247,19 @@ Scheduler::Scheduler(const Network& model, int64_t max_batch, int64_t max_length
                       "(>= 1) and non-decreasing positive times; point ", i, " is (", curve_.tokens[i], ", ",
                       curve_.seconds[i], ")");
   }
-  // The pool checked before the curve is measured (up to calibrate_s) and any worker starts.
+  // The pool checked before the curve is measured (up to calibrate_s).
   const int64_t rows = scheduler_pool_rows(model, max_batch, max_length, kv_budget_bytes, pad_packs);
   const c10::OptionalStreamGuard on(default_stream_of(model.device()));  // the step curve, the pool
   if (curve_.empty() && calibrate_s > 0) curve_ = measure_step_curve(model, calibrate_s);
-  shared_ = std::make_unique<SharedForward>(model, rows, max_length, pad_packs, graphs);
-  for (int64_t w = 0; w < max_batch; ++w) workers_.emplace_back([this] { work(); });
+  const bool pad = pad_packs || graphs;
+  pool_ = std::make_unique<KvPool>(model, rows, max_length, pad);
+  packed_ = std::make_unique<PackedForward>(model, *pool_, pad, graphs);
 }
 
 Scheduler::~Scheduler() {
   try {
     close();
-  } catch (...) {  // a destructor does not throw; close() only fails if a thread cannot be joined
+  } catch (...) {  // a destructor does not throw
   }
 }
 
@@ -242,8 +273,8 @@ int64_t Scheduler::add(const std::vector<int64_t>& prompt, const DecodeOptions& 
   TORCH_CHECK_VALUE(length <= max_length_, "the prompt (", lp, " tokens) plus gen_length (", o.gen_length,
                     ") needs ", length, " positions but this scheduler's max_length is ", max_length_,
                     " (shorten the prompt or gen_length, or raise max_length)");
-  TORCH_CHECK_VALUE(rows <= shared_->pool_rows(), "the request needs ", rows, " KV rows of ", row_bytes_,
-                    " bytes but the KV budget holds ", shared_->pool_rows(),
+  TORCH_CHECK_VALUE(rows <= pool_->rows(), "the request needs ", rows, " KV rows of ", row_bytes_,
+                    " bytes but the KV budget holds ", pool_->rows(),
                     " (raise kv_budget_bytes, or decode it with fewer block sizes)");
   auto r = std::make_shared<Request>();
   r->prompt = prompt;
@@ -256,7 +287,7 @@ int64_t Scheduler::add(const std::vector<int64_t>& prompt, const DecodeOptions& 
     r->id = next_id_++;
     queue_.push_back(r);
   }
-  queue_cv_.notify_one();
+  queue_cv_.notify_all();
   return r->id;
 }
 
@@ -272,7 +303,156 @@ bool Scheduler::cancel(int64_t id) {
   auto it = running_.find(id);
   if (it == running_.end()) return false;
   __atomic_store_n(&it->second->cancel, 1, __ATOMIC_RELAXED);
+  queue_cv_.notify_all();
   return true;
+}
+
+bool Scheduler::admit() {
+  bool any = false;
+  for (;;) {
+    std::shared_ptr<Request> r;
+    int64_t load = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (queue_.empty() || static_cast<int64_t>(live_.size()) >= max_batch_) return any;
+      r = queue_.front();
+      // The load it joins: the requests decoding and waiting, itself included, at most max_batch.
+      load = std::min<int64_t>(max_batch_, static_cast<int64_t>(live_.size() + queue_.size()));
+    }
+    DecodeOptions o = decode_options_for(model_.config(), r->options);
+    o.cuda_graphs = false;  // the packed forward replays its own graphs (pack.h)
+    if (o.policy == Policy::kBlockBatch && o.branch_budget == BranchBudget::kAuto) {
+      o.block_sizes = budget_branches(*o.block_sizes, o.block_length, load, curve_);
+      o = single_branch_as_dual(o);
+    }
+    auto l = std::make_unique<Live>();
+    const int64_t rows = kv_rows_needed(o);
+    if (rows > 0) {
+      l->kv = pool_->take(rows);
+      if (!l->kv) return any;  // in order: it waits for rows (the requests decoding free them)
+    }
+    l->r = r;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.pop_front();
+      running_[r->id] = r;
+    }
+    r->options = o;
+    l->t0 = std::chrono::steady_clock::now();
+    l->progress = [this, req = r.get()](const int64_t* x, int64_t n) { report(*req, x, n); };
+    try {
+      l->stop = std::make_unique<Stop>(o.timeout_s, &r->cancel, r->stream ? &l->progress : nullptr);
+      l->d = make_decoder(model_, r->prompt, o, *l->stop, l->kv ? l->kv->view : at::Tensor());
+    } catch (...) {
+      retire(*l, failed_event(r->id, std::current_exception(), r->cancel));
+      continue;
+    }
+    live_.push_back(std::move(l));
+    any = true;
+  }
+}
+
+void Scheduler::run_step() {
+  // 1. Every live decoder's next step (a finished or failed one leaves, freeing its KV rows).
+  std::vector<Live*> stepping;
+  for (auto& up : live_) {
+    Live& l = *up;
+    try {
+      if (l.d->done()) {
+        RequestEvent ev;
+        ev.id = l.r->id;
+        ev.kind = RequestEvent::kFinished;
+        DecodeResult res = l.d->finish();
+        res.stats.wall_ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - l.t0).count();
+        ev.tokens = std::move(res.tokens);
+        ev.stats = std::move(res.stats);
+        retire(l, std::move(ev));
+        continue;
+      }
+      l.plan = l.d->plan();
+      stepping.push_back(&l);
+    } catch (...) {
+      retire(l, failed_event(l.r->id, std::current_exception(), l.r->cancel));
+    }
+  }
+  // 2. Their index buffers in one host-to-device copy; each forward's inputs from its own part.
+  std::vector<int64_t> host;
+  std::vector<std::pair<int64_t, int64_t>> parts;
+  for (Live* l : stepping) {
+    const std::vector<int64_t> b = l->plan.buffer();
+    parts.emplace_back(static_cast<int64_t>(host.size()), static_cast<int64_t>(b.size()));
+    host.insert(host.end(), b.begin(), b.end());
+  }
+  const at::Tensor dev = at::from_blob(host.data(), {static_cast<int64_t>(host.size())}, at::kLong)
+                             .to(model_.device(), false, /*copy=*/true);
+  std::vector<PackedForward::Entry> entries;
+  std::vector<Live*> forwarding;
+  for (size_t i = 0; i < stepping.size(); ++i) {
+    Live& l = *stepping[i];
+    l.buffer = dev.narrow(0, parts[i].first, parts[i].second);
+    l.logits = at::Tensor();
+    if (!l.plan.forward) continue;
+    try {
+      l.batch = l.plan.q.batch(l.buffer, l.d->kv(), l.plan.mode, l.d->tokens_from(l.plan, l.buffer));
+      entries.push_back({&l.batch, l.kv ? l.kv->first : 0, l.r->length});
+      forwarding.push_back(&l);
+    } catch (...) {
+      retire(l, failed_event(l.r->id, std::current_exception(), l.r->cancel));
+    }
+  }
+  // 3. One packed forward per KV mode.
+  if (!entries.empty()) {
+    packed_->run(entries);
+    steps_ += 1;
+    forwards_ += static_cast<int64_t>(entries.size());
+  }
+  for (size_t i = 0; i < forwarding.size(); ++i) {
+    if (entries[i].error) {
+      retire(*forwarding[i], failed_event(forwarding[i]->r->id, entries[i].error, forwarding[i]->r->cancel));
+    } else {
+      forwarding[i]->logits = entries[i].logits;
+    }
+  }
+  // 4. Each decoder's device work on its rows, every readout back in one copy, then its host work.
+  std::vector<Live*> reading;
+  std::vector<at::Tensor> all;
+  for (Live* l : stepping) {
+    if (!l->d || (l->plan.forward && !l->logits.defined())) continue;  // retired above
+    try {
+      l->readout = l->d->after_forward(l->plan, l->buffer, l->logits);
+      all.insert(all.end(), l->readout.begin(), l->readout.end());
+      reading.push_back(l);
+    } catch (...) {
+      retire(*l, failed_event(l->r->id, std::current_exception(), l->r->cancel));
+    }
+  }
+  const std::vector<at::Tensor> back = read_back(all);
+  size_t at = 0;
+  for (Live* l : reading) {
+    const std::vector<at::Tensor> mine(back.begin() + static_cast<int64_t>(at),
+                                       back.begin() + static_cast<int64_t>(at + l->readout.size()));
+    at += l->readout.size();
+    try {
+      l->d->absorb(l->plan, l->logits, mine);
+    } catch (...) {
+      retire(*l, failed_event(l->r->id, std::current_exception(), l->r->cancel));
+    }
+    l->logits = at::Tensor();
+    l->readout.clear();
+  }
+  live_.erase(std::remove_if(live_.begin(), live_.end(), [](const auto& l) { return !l->d; }), live_.end());
+}
+
+void Scheduler::retire(Live& l, RequestEvent ev) {
+  l.d.reset();  // its device state first; then its KV rows are free before anyone hears it finished
+  if (l.kv) pool_->give_back(*l.kv);
+  l.kv.reset();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    running_.erase(l.r->id);
+  }
+  push(std::move(ev));
 }
 
 int64_t Scheduler::step(double timeout_s) {
@@ -280,16 +460,25 @@ int64_t Scheduler::step(double timeout_s) {
   TORCH_CHECK(guard.owns_lock(), "Scheduler.step is already running on another thread (one driver thread steps)");
   // nullopt: a timeout beyond the clock's range, none (deadline_after)
   const auto deadline = deadline_after(std::chrono::steady_clock::now(), std::max(timeout_s, 0.0));
+  const c10::OptionalStreamGuard on(default_stream_of(model_.device()));
   int64_t ran = 0;
   while (pending_.load() == 0) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (closed_ && running_.empty()) break;
+    admit();
+    if (live_.empty()) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (closed_ && queue_.empty()) break;
+      const auto wakes = [&] { return closed_ || !queue_.empty() || pending_.load() > 0; };
+      if (deadline) {
+        if (!queue_cv_.wait_until(lock, *deadline, wakes)) break;
+      } else {
+        queue_cv_.wait(lock, wakes);
+      }
+      continue;
     }
-    const double left = deadline ? std::chrono::duration<double>(*deadline - std::chrono::steady_clock::now()).count()
-                                 : timeout_s;
-    if (left <= 0) break;
-    if (shared_->step(left, [this] { return pending_.load() > 0; })) ++ran;
+    const int64_t before = steps_.load();
+    run_step();
+    ran += steps_.load() - before;
+    if (deadline && std::chrono::steady_clock::now() >= *deadline) break;
   }
   return ran;
 }
@@ -314,27 +503,17 @@ void Scheduler::close() {
   }
   queue_cv_.notify_all();
   for (const auto& r : dropped) push(cancelled_event(r->id, "before it started: the scheduler closed"));
-  {
-    // The running requests stop at their next check; their pending forwards still need steps.
-    std::lock_guard<std::mutex> guard(stepping_);
-    for (;;) {
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (running_.empty()) break;
-      }
-      shared_->step(0.01);
-    }
-  }
-  for (std::thread& t : workers_) t.join();
-  workers_.clear();
-  shared_->close();
+  // The live requests stop at their next check (a stop check precedes every forward).
+  std::lock_guard<std::mutex> guard(stepping_);
+  const c10::OptionalStreamGuard on(default_stream_of(model_.device()));
+  while (!live_.empty()) run_step();
 }
 
 Scheduler::Counters Scheduler::counters() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return Counters{static_cast<int64_t>(queue_.size()), static_cast<int64_t>(running_.size()), shared_->steps(),
-                  shared_->forwards_filed(), shared_->pool_rows(), shared_->rows_in_use(), row_bytes_, max_length_,
-                  max_batch_, shared_->padded(), shared_->graph_captures(), shared_->graph_replays()};
+  return Counters{static_cast<int64_t>(queue_.size()), static_cast<int64_t>(running_.size()), steps_.load(),
+                  forwards_.load(), pool_->rows(), pool_->in_use(), row_bytes_, max_length_,
+                  max_batch_, packed_->padded(), packed_->graph_captures(), packed_->graph_replays()};
 }
 
 void Scheduler::push(RequestEvent ev) {
@@ -343,7 +522,7 @@ void Scheduler::push(RequestEvent ev) {
     events_.push_back(std::move(ev));
     pending_ += 1;
   }
-  shared_->wake();  // a step() waiting for the requests to file returns to hand the event over
+  queue_cv_.notify_all();  // a step() waiting for work returns to hand the event over
 }
 
 void Scheduler::report(Request& r, const int64_t* x, int64_t numel) {
@@ -364,60 +543,6 @@ void Scheduler::report(Request& r, const int64_t* x, int64_t numel) {
   ev.tokens.assign(x + lp + r.stable, x + p);
   r.stable = p - lp;
   push(std::move(ev));
-}
-
-void Scheduler::work() {
-#ifdef _OPENMP
-  // The requests' own ops are small: one intra-op thread each, so that the workers do not each
-  // start a team on the same cores; the packed forwards run on the stepping thread's team.
-  at::internal::lazy_init_num_threads();
-  omp_set_num_threads(1);
-#endif
-  const c10::OptionalStreamGuard on(default_stream_of(model_.device()));  // see batching.h
-  for (;;) {
-    std::shared_ptr<Request> r;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      queue_cv_.wait(lock, [&] { return closed_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      r = queue_.front();
-      queue_.pop_front();
-      running_[r->id] = r;
-      r->options.cuda_graphs = false;  // a graph cannot hold a step whose forward waits on the others
-      if (r->options.policy == Policy::kBlockBatch && r->options.branch_budget == BranchBudget::kAuto) {
-        // The load it joins: the requests decoding and waiting, itself included, at most max_batch.
-        const int64_t load = std::min<int64_t>(max_batch_, static_cast<int64_t>(running_.size() + queue_.size()));
-        DecodeOptions o = decode_options_for(model_.config(), r->options);
-        o.block_sizes = budget_branches(*o.block_sizes, o.block_length, load, curve_);
-        r->options = single_branch_as_dual(o);
-      }
-    }
-    RequestEvent ev;
-    ev.id = r->id;
-    const Progress progress = [this, &r](const int64_t* x, int64_t n) { report(*r, x, n); };
-    shared_->join();
-    try {
-      DecodeResult res = decode(*shared_, r->prompt, r->options, &r->cancel, r->stream ? &progress : nullptr);
-      ev.kind = RequestEvent::kFinished;
-      ev.tokens = std::move(res.tokens);
-      ev.stats = std::move(res.stats);
-    } catch (const c10::Error& e) {
-      ev.error = e.what_without_backtrace();
-      ev.exception = std::current_exception();
-    } catch (const std::exception& e) {
-      ev.error = e.what();
-      ev.exception = std::current_exception();
-    }
-    if (ev.exception) {
-      ev.kind = __atomic_load_n(&r->cancel, __ATOMIC_RELAXED) ? RequestEvent::kCancelled : RequestEvent::kFailed;
-    }
-    shared_->leave();  // its KV rows are free before anyone hears it finished
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      running_.erase(r->id);
-    }
-    push(std::move(ev));
-  }
 }
 
 }  // namespace blockbatch

@@ -14,9 +14,9 @@
 #include <optional>
 #include <vector>
 
-#include "decode/decode.h"
-#include "decode/step.h"
-#include "decode/step_runner.h"
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "decode/decoder.h"
 
 namespace blockbatch::dream {
 
@@ -35,37 +35,37 @@ Proposal propose(at::Tensor logits, Alg alg, double temperature, at::Generator& 
 // (a CPU generator: rows on another device are drawn on the host and moved back).
 at::Tensor multinomial(const at::Tensor& probs, int64_t samples, at::Generator& generator);
 
-// One packed forward whose tokens are gathered from a host canvas (uploaded after the index
-// buffer in the same host-to-device copy). The logits live on the device until the next run.
-class Forwards {
+// A Dream decoder: the canvas on the host, uploaded with each forward's index buffer (the plan's
+// extra entries), from which the forward gathers its tokens.
+class HostCanvasDecoder : public Decoder {
  public:
-  Forwards(const Network& model, bool use_graphs) : model_(model), runner_(model, use_graphs) {}
-  // kind: a caller's tag that keeps steps of equal shapes but different meaning apart.
-  at::Tensor run(const PackedQueries& q, KvMode mode, const at::Tensor& kv, const std::vector<int64_t>& canvas,
-                 int64_t kind);
-  const StepRunner& runner() const { return runner_; }
+  HostCanvasDecoder(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
+                    const Stop& stop)
+      : model_(model), o_(o), stop_(stop), mask_(model.config().mask_token_id),
+        limit_(model.config().proposal_limit()), lp_(static_cast<int64_t>(prompt.size())), L_(lp_ + o.gen_length),
+        generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))) {
+    x_ = prompt;
+    x_.resize(L_, mask_);
+  }
+  at::Tensor tokens_from(const StepPlan& p, const at::Tensor& buffer) const override;
 
- private:
+ protected:
+  // A forward over `q` whose tokens are this canvas (x_, as it is now).
+  StepPlan canvas_plan(PackedQueries q, KvMode mode, StepKind kind) const;
+
   const Network& model_;
-  StepRunner runner_;
+  const DecodeOptions o_;
+  const Stop& stop_;
+  const int64_t mask_, limit_, lp_, L_;
+  at::Generator generator_;
+  std::vector<int64_t> x_;  // the canvas (BlockBatch: its B rows of L, concatenated)
+  DecodeStats st_;
 };
 
 // Host copies of device tensors (any dtypes convertible to int64 / float64), in one copy.
 std::vector<at::Tensor> to_host(const std::vector<at::Tensor>& tensors);
 
-// Finishes the stats every policy fills the same way (nfe, wall time, graph counters).
-void finish_stats(DecodeStats& st, const StepRunner& runner, double wall_ms);
+// Finishes the counters every Dream policy fills the same way (nfe: every forward).
+void finish_stats(DecodeStats& st);
 
 }  // namespace blockbatch::dream
-
-namespace blockbatch {
-
-// The Dream policies (called by decode() with resolved options; decode.h has the LLaDA ones).
-DecodeResult decode_dream_vanilla(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
-                                  const Stop& stop);
-DecodeResult decode_dream_cached(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
-                                 const Stop& stop);
-DecodeResult decode_dream_blockbatch(const Network& model, const std::vector<int64_t>& prompt,
-                                     const DecodeOptions& o, const Stop& stop);
-
-}  // namespace blockbatch

@@ -1,4 +1,5 @@
-// BlockBatch for the Dream family (docs/ALGORITHMS.md 5.4). The python twin is
+// BlockBatch for the Dream family (docs/ALGORITHMS.md 5.4), as a step machine (decode/decoder.h):
+// the host bookkeeping between two forwards runs in settle(). The python twin is
 // python/blockbatch/reference/dream.py (_DreamBlockBatch); both are written from the semantics of
 // the authors' Dream decoder and must agree on tokens, NFE, winner and every counter.
 //
@@ -20,14 +21,13 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <limits>
 #include <optional>
 #include <string>
 #include <utility>
 
-#include "decode/dream.h"
+#include "decode/policies/dream.h"
 
 namespace blockbatch {
 
@@ -47,18 +47,15 @@ struct Branch {
   BranchStats stats;
 };
 
-enum StepKind : int64_t { kInit = 1, kBlock, kRefresh };
 enum class Exit { kNone, kEosReady, kBranchComplete, kAllDone };
 
-class DreamBlockBatch {
+class DreamBlockBatch final : public dream::HostCanvasDecoder {
  public:
-  DreamBlockBatch(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o, const Stop& stop)
-      : model_(model), o_(o), stop_(stop), mask_(model.config().mask_token_id),
-        limit_(model.config().proposal_limit()),
-        eos_(*o.stop_on_eos ? model.config().eos_token_id : -1), lp_(static_cast<int64_t>(prompt.size())),
-        G_(o.gen_length), L_(lp_ + G_), threshold_(static_cast<float>(*o.threshold)),
-        floor_(static_cast<float>(*o.prob_floor)), K_(static_cast<int64_t>(std::floor(1.0 / *o.prob_floor)) + 1),
-        fw_(model, o.cuda_graphs) {
+  DreamBlockBatch(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o, const Stop& stop,
+                  at::Tensor kv)
+      : HostCanvasDecoder(model, prompt, o, stop), eos_(*o.stop_on_eos ? model.config().eos_token_id : -1),
+        G_(o.gen_length), threshold_(static_cast<float>(*o.threshold)), floor_(static_cast<float>(*o.prob_floor)),
+        K_(static_cast<int64_t>(std::floor(1.0 / *o.prob_floor)) + 1) {
     std::vector<int64_t> sizes = *o.block_sizes;
     std::sort(sizes.begin(), sizes.end());
     B_ = static_cast<int64_t>(sizes.size());
@@ -73,61 +70,63 @@ class DreamBlockBatch {
       b.stats.block_size = sizes[r];
       br_.push_back(std::move(b));
     }
-    kv_ = model.new_kv(B_, L_);
+    kv_ = kv.defined() ? std::move(kv) : model.new_kv(B_, L_);
   }
 
-  DecodeResult run() {
-    const auto t0 = std::chrono::steady_clock::now();
-    init();
-    Exit exit = finished();
-    // Bound: every block step with a forward commits at least one token in some branch (each
-    // branch in it has a mask in its window and commits one), merges and syncs only fill masks,
-    // so the canvas rows fill within B * G block steps; a sync can undo a lagging row's progress
-    // at most once per leader token. 4 B G + 8 iterations cover it with room to spare.
-    const int64_t max_iterations = 4 * B_ * G_ + 8;
-    for (int64_t it = 0; exit == Exit::kNone && !all_done(); ++it) {
-      TORCH_CHECK(it < max_iterations, "dream blockbatch: internal error: the decode did not finish within ",
-                  max_iterations, " iterations; please report it with the options");
-      if ((exit = finished()) != Exit::kNone) break;
-      if (!all_done()) block_step();
-      if ((exit = finished()) != Exit::kNone) break;
-      coordinate();
-      if ((exit = finished()) != Exit::kNone) break;
-      bool want = false, any_active = false;
-      for (const Branch& b : br_) {
-        if (b.done) continue;
-        any_active = true;
-        want = want || (o_.refresh_tokens > 0 && b.since_refresh >= o_.refresh_tokens);
+  // Forwards: init, then block steps and refreshes, as settle() finds them between exits.
+  bool done() const override { return finished_; }
+
+  StepPlan plan() override {
+    stop_.check(st_.nfe_init + st_.nfe_block + st_.nfe_refresh, x_);
+    if (next_ == Next::kInit) return init_plan();
+    return next_ == Next::kBlock ? block_plan() : refresh_plan();
+  }
+
+  void absorb(const StepPlan& p, const at::Tensor& logits, const std::vector<at::Tensor>&) override {
+    const int64_t before = total_committed();
+    if (next_ == Next::kBlock) {
+      absorb_block(logits);
+    } else {
+      if (next_ == Next::kInit) {
+        st_.nfe_init += 1;
+        if (B_ > 1) kv_.narrow(0, 1, B_ - 1).copy_(kv_.narrow(0, 0, 1).expand_as(kv_.narrow(0, 1, B_ - 1)));
+      } else {
+        st_.nfe_refresh += 1;
       }
-      want = want || (o_.sync_refresh && synced_);  // variant: refresh after a sync (ALGORITHMS.md 10.3)
-      synced_ = false;
-      if (any_active && want) {
-        refresh();
-        exit = finished();
-      }
+      seed(seeding_, seed_pos_, logits);
     }
-    if (exit == Exit::kNone) {  // every branch done: the most progress, then the larger block
+    st_.steps.push_back({total_committed() - before, p.q.size()});
+    if (next_ == Next::kInit) {
+      exit_ = finished();
+      stage_ = Stage::kTop;
+    } else {
+      stage_ = next_ == Next::kBlock ? Stage::kAfterBlock : Stage::kAfterRefresh;
+    }
+    settle();
+  }
+
+  DecodeResult finish() override {
+    if (exit_ == Exit::kNone) {  // every branch done: the most progress, then the larger block
       winner_ = 0;
       for (int64_t r = 1; r < B_; ++r) {
         if (std::make_pair(br_[r].progress, br_[r].block) > std::make_pair(br_[winner_].progress, br_[winner_].block))
           winner_ = r;
       }
-      exit = Exit::kAllDone;
+      exit_ = Exit::kAllDone;
     }
     DecodeResult res;
     res.tokens.assign(x_.begin() + winner_ * L_, x_.begin() + (winner_ + 1) * L_);
-    if (exit == Exit::kEosReady) {  // the text ends at the winner's first EOS
+    if (exit_ == Exit::kEosReady) {  // the text ends at the winner's first EOS
       const int64_t cut = lp_ + *first_eos(winner_) + 1;
       std::fill(res.tokens.begin() + cut, res.tokens.end(), eos_);
     }
     DecodeStats& st = res.stats;
-    st = std::move(stats_);
-    st.early_exit = exit == Exit::kEosReady;
+    st = std::move(st_);
+    st.early_exit = exit_ == Exit::kEosReady;
     st.winner = winner_;
     st.winner_block_size = br_[winner_].block;
     for (const Branch& b : br_) st.branches.push_back(b.stats);
-    dream::finish_stats(st, fw_.runner(), std::chrono::duration<double, std::milli>(
-                                              std::chrono::steady_clock::now() - t0).count());
+    dream::finish_stats(st);
     return res;
   }
 
@@ -258,63 +257,105 @@ class DreamBlockBatch {
     q.logit_index = rows.empty() ? std::vector<int64_t>{0} : std::move(rows);
   }
 
+  // The host loop between two forwards (the authors' order of exits, block step, coordination and
+  // refresh): runs until the next forward is known (next_) or the decode is finished.
+  void settle() {
+    // Bound: every block step with a forward commits at least one token in some branch (each
+    // branch in it has a mask in its window and commits one), merges and syncs only fill masks,
+    // so the canvas rows fill within B * G block steps; a sync can undo a lagging row's progress
+    // at most once per leader token. 4 B G + 8 iterations cover it with room to spare.
+    const int64_t max_iterations = 4 * B_ * G_ + 8;
+    for (;;) {
+      if (stage_ == Stage::kTop) {
+        if (exit_ != Exit::kNone || all_done()) break;
+        TORCH_CHECK(iterations_ < max_iterations, "dream blockbatch: internal error: the decode did not finish within ",
+                    max_iterations, " iterations; please report it with the options");
+        if ((exit_ = finished()) != Exit::kNone) break;
+        if (!all_done()) {
+          todo_.clear();
+          for (Branch& b : br_) {
+            if (b.done) continue;
+            to_active_window(b);
+            if (!b.done && has_mask(b.row, b.start, b.end)) todo_.push_back(&b);
+          }
+          if (!todo_.empty()) {
+            next_ = Next::kBlock;
+            return;
+          }
+        }
+        stage_ = Stage::kAfterBlock;
+      } else if (stage_ == Stage::kAfterBlock) {
+        if ((exit_ = finished()) != Exit::kNone) break;
+        coordinate();
+        if ((exit_ = finished()) != Exit::kNone) break;
+        bool want = false, any_active = false;
+        for (const Branch& b : br_) {
+          if (b.done) continue;
+          any_active = true;
+          want = want || (o_.refresh_tokens > 0 && b.since_refresh >= o_.refresh_tokens);
+        }
+        want = want || (o_.sync_refresh && synced_);  // variant: refresh after a sync (ALGORITHMS.md 10.3)
+        synced_ = false;
+        if (any_active && want) {
+          seeding_.clear();
+          for (Branch& b : br_) {
+            if (!b.done) seeding_.push_back(&b);
+          }
+          seed_pos_ = seed_positions(seeding_);
+          next_ = Next::kRefresh;
+          return;
+        }
+        stage_ = Stage::kTop;
+        ++iterations_;
+      } else {  // after a refresh
+        exit_ = finished();
+        stage_ = Stage::kTop;
+        ++iterations_;
+      }
+    }
+    finished_ = true;
+  }
+
   // Init (1 NFE): the prompt row's full forward fills KV row 0, copied to every row; every branch
   // writes its first mask.
-  void init() {
-    std::vector<Branch*> all;
-    for (Branch& b : br_) all.push_back(&b);
-    const std::vector<int64_t> pos = seed_positions(all);
+  StepPlan init_plan() {
+    seeding_.clear();
+    for (Branch& b : br_) seeding_.push_back(&b);
+    seed_pos_ = seed_positions(seeding_);
     PackedQueries q;
     q.add_positions(0, L_, 0, 0);
-    set_logit_rows(q, seed_rows(pos, false));
-    const at::Tensor logits = forward(q, KvMode::kFull, kInit);
-    stats_.nfe_init += 1;
-    if (B_ > 1) kv_.narrow(0, 1, B_ - 1).copy_(kv_.narrow(0, 0, 1).expand_as(kv_.narrow(0, 1, B_ - 1)));
+    set_logit_rows(q, seed_rows(seed_pos_, false));
     for (Branch& b : br_) b.stats.forwards += 1;
-    const int64_t before = total_committed();
-    seed(all, pos, logits);
-    stats_.steps.push_back({total_committed() - before, q.size()});
+    return canvas_plan(std::move(q), KvMode::kFull, StepKind::kInit);
   }
 
   // Refresh (1 NFE): one full forward over every active row (each writes its own KV row).
-  void refresh() {
-    std::vector<Branch*> active;
-    for (Branch& b : br_) {
-      if (!b.done) active.push_back(&b);
-    }
-    const std::vector<int64_t> pos = seed_positions(active);
+  StepPlan refresh_plan() {
     PackedQueries q;
-    for (Branch* b : active) {
+    for (Branch* b : seeding_) {
       q.add_positions(0, L_, b->row, b->row * L_);
       b->stats.forwards += 1;
     }
-    set_logit_rows(q, seed_rows(pos, true));
-    const at::Tensor logits = forward(q, KvMode::kFull, kRefresh);
-    stats_.nfe_refresh += 1;
-    const int64_t before = total_committed();
-    seed(active, pos, logits);
-    stats_.steps.push_back({total_committed() - before, q.size()});
+    set_logit_rows(q, seed_rows(seed_pos_, true));
+    return canvas_plan(std::move(q), KvMode::kFull, StepKind::kRefresh);
   }
 
   // Block step (1 NFE): every active branch whose window holds a mask feeds its predecessor
   // window [start - 1, end - 1) against its own KV row (dual cache); output j predicts start + j.
-  void block_step() {
-    std::vector<Branch*> todo;
-    for (Branch& b : br_) {
-      if (b.done) continue;
-      to_active_window(b);
-      if (!b.done && has_mask(b.row, b.start, b.end)) todo.push_back(&b);
-    }
-    if (todo.empty()) return;
+  StepPlan block_plan() {
     PackedQueries q;
-    std::vector<int64_t> first;  // each branch's first row in the packed logits
-    for (Branch* b : todo) {
-      first.push_back(q.size());
+    first_.clear();  // each branch's first row in the packed logits
+    for (Branch* b : todo_) {
+      first_.push_back(q.size());
       q.add_positions(b->start - 1, b->end - 1, b->row, b->row * L_);
       b->stats.forwards += 1;
     }
-    const at::Tensor logits = forward(q, KvMode::kDual, kBlock).to(at::kFloat);
-    stats_.nfe_block += 1;
+    return canvas_plan(std::move(q), KvMode::kDual, StepKind::kBlock);
+  }
+
+  void absorb_block(const at::Tensor& out) {
+    const at::Tensor logits = out.to(at::kFloat);
+    st_.nfe_block += 1;
     // Readout of every row: top-1 after the mask penalty and its probability; the raw softmax's
     // K largest probabilities (every one above the floor is among them: K > 1 / floor).
     at::Tensor lg = logits.clone();
@@ -323,9 +364,7 @@ class DreamBlockBatch {
     const at::Tensor conf = at::gather(at::softmax(lg, -1), -1, pred).squeeze(-1);
     auto [pv, pid] = at::topk(at::softmax(logits, -1), std::min(K_, logits.size(-1)));
     const std::vector<at::Tensor> h = dream::to_host({pred.squeeze(-1), conf, pid, pv});
-    const int64_t before = total_committed();
-    for (size_t i = 0; i < todo.size(); ++i) absorb(*todo[i], first[i], h);
-    stats_.steps.push_back({total_committed() - before, q.size()});
+    for (size_t i = 0; i < todo_.size(); ++i) absorb(*todo_[i], first_[i], h);
   }
 
   void absorb(Branch& b, int64_t first, const std::vector<at::Tensor>& h) {
@@ -388,10 +427,6 @@ class DreamBlockBatch {
     return r;
   }
 
-  at::Tensor forward(const PackedQueries& q, KvMode mode, int64_t kind) {
-    stop_.check(stats_.nfe_init + stats_.nfe_block + stats_.nfe_refresh, x_);
-    return fw_.run(q, mode, kv_, x_, kind);
-  }
   int64_t total_committed() const {
     int64_t n = 0;
     for (const Branch& b : br_) n += b.stats.committed;
@@ -529,26 +564,29 @@ class DreamBlockBatch {
     return Exit::kNone;
   }
 
-  const Network& model_;
-  const DecodeOptions& o_;
-  const Stop& stop_;
-  const int64_t mask_, limit_, eos_, lp_, G_, L_;
+  const int64_t eos_, G_;
   const float threshold_, floor_;  // compared with float32 probabilities
   const int64_t K_;
   int64_t B_ = 0, winner_ = 0;
-  dream::Forwards fw_;  // before the device tensors: the request's device work runs on its stream
-  std::vector<int64_t> x_;
   std::vector<Branch> br_;
   bool synced_ = false;  // sync_refresh: the last coordination synced a branch that is not done
-  at::Tensor kv_;
-  DecodeStats stats_;
+  // The step machine: where settle() stands, the next forward, its branches and seeds.
+  enum class Stage { kTop, kAfterBlock, kAfterRefresh };
+  enum class Next { kInit, kBlock, kRefresh };
+  Stage stage_ = Stage::kTop;
+  Next next_ = Next::kInit;
+  Exit exit_ = Exit::kNone;
+  bool finished_ = false;
+  int64_t iterations_ = 0;
+  std::vector<Branch*> todo_, seeding_;
+  std::vector<int64_t> first_, seed_pos_;
 };
 
 }  // namespace
 
-DecodeResult decode_dream_blockbatch(const Network& model, const std::vector<int64_t>& prompt,
-                                     const DecodeOptions& o, const Stop& stop) {
-  return DreamBlockBatch(model, prompt, o, stop).run();
+std::unique_ptr<Decoder> dream_blockbatch_decoder(const Network& model, const std::vector<int64_t>& prompt,
+                                                  const DecodeOptions& o, const Stop& stop, at::Tensor kv) {
+  return std::make_unique<DreamBlockBatch>(model, prompt, o, stop, std::move(kv));
 }
 
 }  // namespace blockbatch

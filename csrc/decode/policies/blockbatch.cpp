@@ -1,4 +1,5 @@
-// BlockBatch multi-branch consensus decoding (ALGORITHMS.md section 4). The python twin is
+// BlockBatch multi-branch consensus decoding (ALGORITHMS.md section 4), as a step machine
+// (decode/decoder.h): init, then block steps with a refresh where the coordination asks. The python twin is
 // python/blockbatch/reference/blockbatch.py; both are written from the spec and must agree on
 // tokens, winner and every counter.
 //
@@ -21,14 +22,11 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <string>
 
-#include "decode/decode.h"
-#include "decode/step.h"
-#include "decode/step_runner.h"
+#include "decode/decoder.h"
 #include "kernels/branches.h"
 #include "ops/ops.h"
 
@@ -44,18 +42,15 @@ namespace br = branches;
 // equal values and max() keeps the first branch.
 constexpr double kEosTie = 1.0 / (1 << 23);
 
-// Step kinds in the StepRunner shape key.
-enum StepKind : int64_t { kInitStep = 10, kBlockStep, kRefreshStep, kCoordinateStep };
-
-class BlockBatchDecoder {
+class BlockBatchDecoder final : public Decoder {
  public:
   BlockBatchDecoder(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
-                    const Stop& stop)
+                    const Stop& stop, at::Tensor kv)
       : model_(model), o_(o), stop_(stop), c_(model.config()), lp_(static_cast<int64_t>(prompt.size())), G_(o.gen_length),
         L_(lp_ + G_), B_(static_cast<int64_t>(o.block_sizes->size())),
-        K_(static_cast<int64_t>(std::floor(1.0 / *o.prob_floor)) + 1),
+        K_(static_cast<int64_t>(std::floor(1.0 / *o.prob_floor)) + 1), sampling_(o.temperature > 0),
         generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))),
-        runner_(model, o.cuda_graphs), st_(static_cast<size_t>(B_ * br::kFields), 0), eos_(B_, 0.0),
+        st_(static_cast<size_t>(B_ * br::kFields), 0), eos_(B_, 0.0),
         forwards_(B_, 0) {
     std::vector<int64_t> sizes = *o.block_sizes;
     std::sort(sizes.begin(), sizes.end());
@@ -81,50 +76,112 @@ class BlockBatchDecoder {
     // Until the first coordination overwrites it: every row copies row 0 (the init forward's KV).
     sync_src_ = at::zeros({B_}, dev.dtype(at::kLong));
     sync_src_.narrow(0, 0, 1).fill_(-1);
-    kv_ = model.new_kv(B_, L_);
+    kv_ = kv.defined() ? std::move(kv) : model.new_kv(B_, L_);
   }
 
-  DecodeResult run() {
-    const auto t0 = std::chrono::steady_clock::now();
-    init_step();
-    maybe_refresh();
-    int64_t winner = -1;
+  // Steps: init, then (a refresh when the last coordination asked for one and a branch is active)
+  // block steps until every branch is done or one exits early on EOS.
+  bool done() const override { return winner_ >= 0 || all_done(); }
+
+  StepPlan plan() override {
+    if (phase_ == Phase::kInit) return init_step();
+    if (phase_ == Phase::kAfterStep && flags_h_[br::kRefreshWanted] && !all_done()) return refresh_step();
     // Bound: each branch's `decoded` never exceeds G (commits and merges fill masks; a sync
     // copies a row whose leader decoded no more than G minus its masks), every block step with a
     // forward adds at least one to some branch's count (or fails: Stop::no_progress), and a step
-    // with no forward leaves every active branch with masks. So at most 2 B G + 2 iterations.
+    // with no forward leaves every active branch with masks. So at most 2 B G + 2 block steps.
     const int64_t max_iterations = 2 * B_ * G_ + 2;
-    for (int64_t iteration = 0; !all_done(); ++iteration) {
-      TORCH_CHECK(iteration < max_iterations, "blockbatch: internal error: the decode did not finish within ",
-                  max_iterations, " block steps (2 * branches * gen_length + 2); please report it with the options");
-      block_step();
-      // Early exit: the first EOS-ready branch (smallest block size) within kEosTie of the highest
-      // EOS probability (the same rule as the reference's EOS_TIE; docs/ALGORITHMS.md 4.6).
-      double best = -1.0;
-      for (int64_t b = 0; b < B_; ++b) {
-        if (st(b)[br::kEosReady]) best = std::max(best, eos_[b]);
-      }
-      for (int64_t b = 0; b < B_ && winner < 0; ++b) {
-        if (st(b)[br::kEosReady] && eos_[b] >= best - kEosTie) winner = b;
-      }
-      if (winner >= 0) {
-        stats_.early_exit = true;
-        break;
-      }
-      maybe_refresh();
+    TORCH_CHECK(block_steps_ < max_iterations, "blockbatch: internal error: the decode did not finish within ",
+                max_iterations, " block steps (2 * branches * gen_length + 2); please report it with the options");
+    return block_step();
+  }
+
+  at::Tensor tokens_from(const StepPlan&, const at::Tensor&) const override { return canvas_; }
+
+  std::vector<at::Tensor> after_forward(const StepPlan& p, const at::Tensor& buffer, const at::Tensor& logits) override {
+    if (!p.forward) {  // a block step without a forward: only the coordination
+      coordinate();
+      return status();
     }
-    if (winner < 0) {  // natural exit: most progress, the smallest block size on ties
+    const at::Tensor lg = logits.contiguous();
+    if (p.kind == StepKind::kInit) ops::kv_copy_rows_(kv_, sync_src_);  // the batch-1 forward filled row 0
+    if (sampling_) return {lg.to(at::kDouble)};
+    auto [token, conf] = ops::confidence(lg, c_.mask_token_id);
+    auto [ids, probs] = ops::sparse_probs(lg, *o_.prob_floor, K_);
+    const int64_t S = static_cast<int64_t>(p.extra.size()) / br::kSpanFields;
+    absorb_spans(lg, buffer.narrow(0, p.base, S * br::kSpanFields).view({S, br::kSpanFields}), token, conf, ids, probs);
+    if (p.kind != StepKind::kRefresh) coordinate();
+    return status();
+  }
+
+  void absorb(const StepPlan& p, const at::Tensor& logits, const std::vector<at::Tensor>& host) override {
+    if (!p.forward) {
+      take_status(host);
+      after_block_step();
+      return;
+    }
+    const std::vector<int64_t>& spans = p.extra;
+    const int64_t S = static_cast<int64_t>(spans.size()) / br::kSpanFields;
+    if (sampling_) {  // the host draws each span's proposals in span order; the spans are absorbed one by one
+      const at::Tensor lg = logits.contiguous();
+      const at::Tensor& logits64 = host[0];
+      const int64_t n = logits64.size(0);
+      auto [ids, probs] = ops::sparse_probs(lg, *o_.prob_floor, K_);
+      for (int64_t i = 0; i < S; ++i) {
+        const int64_t* sp = &spans[i * br::kSpanFields];
+        const int64_t b = sp[br::kSpanRow], s = st(b)[br::kStart], w = st(b)[br::kEnd] - s;
+        const int64_t wrow = sp[br::kSpanLogitRow] + s - sp[br::kSpanFirstPos];
+        const Proposals prop =
+            sample_proposals(logits64.narrow(0, wrow, w), c_.mask_token_id, o_.temperature, generator_);
+        // One buffer per span: its span row, then token and conf (float64 bits) per logits row.
+        std::vector<int64_t> h(sp, sp + br::kSpanFields);
+        h.resize(br::kSpanFields + 2 * n, 0);
+        std::copy(prop.token.begin(), prop.token.end(), h.begin() + br::kSpanFields + wrow);
+        std::memcpy(h.data() + br::kSpanFields + n + wrow, prop.conf.data(), sizeof(double) * prop.conf.size());
+        const at::Tensor dev = at::from_blob(h.data(), {static_cast<int64_t>(h.size())}, at::kLong)
+                                   .to(model_.device(), false, /*copy=*/true);
+        absorb_spans(lg, dev.narrow(0, 0, br::kSpanFields).view({1, br::kSpanFields}), dev.narrow(0, br::kSpanFields, n),
+                     dev.narrow(0, br::kSpanFields + n, n).view(at::kDouble), ids, probs);
+      }
+      if (p.kind != StepKind::kRefresh) coordinate();
+      take_status(read_back(status()));
+    } else {
+      take_status(host);
+    }
+    const int64_t committed = committed_total() - before_;
+    stats_.steps.push_back({committed, p.q.size()});
+    if (committed == 0 && p.kind != StepKind::kRefresh) {  // every branch in it commits >= 1 in its window
+      const bool init = p.kind == StepKind::kInit;
+      std::string what = init ? "init forward" : "block step over branch windows";
+      for (int64_t i = 0; i < S; ++i) {
+        const int64_t* sp = &spans[i * br::kSpanFields];
+        what += " [" + std::to_string(sp[br::kSpanFirstPos]) + ", " +
+                std::to_string(sp[br::kSpanFirstPos] + (init ? st(sp[br::kSpanRow])[br::kBlock] : sp[br::kSpanRows])) +
+                ")";
+        if (init) break;
+      }
+      Stop::no_progress(static_cast<int64_t>(stats_.steps.size()) - 1, what);
+    }
+    if (p.kind == StepKind::kBlock) {
+      after_block_step();
+    } else {
+      phase_ = p.kind == StepKind::kInit ? Phase::kAfterStep : Phase::kAfterRefresh;
+    }
+  }
+
+  DecodeResult finish() override {
+    if (winner_ < 0) {  // natural exit: most progress, the smallest block size on ties
       for (int64_t b = 0; b < B_; ++b) {
-        if (winner < 0 || progress(b) > progress(winner)) winner = b;
+        if (winner_ < 0 || progress(b) > progress(winner_)) winner_ = b;
       }
     }
     DecodeResult res;
-    const at::Tensor tokens = canvas_.select(0, winner).cpu();
+    const at::Tensor tokens = canvas_.select(0, winner_).cpu();
     res.tokens.assign(tokens.const_data_ptr<int64_t>(), tokens.const_data_ptr<int64_t>() + L_);
     stats_.nfe = stats_.nfe_init + stats_.nfe_block + stats_.nfe_refresh;
-    stats_.nfe_paper = forwards_[winner];
-    stats_.winner = winner;
-    stats_.winner_block_size = st(winner)[br::kBlock];
+    stats_.nfe_paper = forwards_[winner_];
+    stats_.winner = winner_;
+    stats_.winner_block_size = st(winner_)[br::kBlock];
     for (int64_t b = 0; b < B_; ++b) {
       BranchStats s;
       s.block_size = st(b)[br::kBlock];
@@ -134,9 +191,6 @@ class BlockBatchDecoder {
       s.forwards = forwards_[b];
       stats_.branches.push_back(s);
     }
-    stats_.graph_captures = runner_.captures();
-    stats_.graph_replays = runner_.replays();
-    stats_.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     res.stats = std::move(stats_);
     return res;
   }
@@ -207,85 +261,28 @@ class BlockBatchDecoder {
     }
   }
 
-  void absorb(const at::Tensor& logits, const at::Tensor& spans, const at::Tensor& token, const at::Tensor& conf,
-              const at::Tensor& ids, const at::Tensor& probs) {
+  void absorb_spans(const at::Tensor& logits, const at::Tensor& spans, const at::Tensor& token, const at::Tensor& conf,
+                    const at::Tensor& ids, const at::Tensor& probs) {
     ops::bb_absorb_(canvas_, state_, eos_prob_, map_ids_, map_probs_, spans, token, conf, ids, probs, logits, lp_,
                     c_.mask_token_id, c_.eos_token_id, *o_.threshold, *o_.stop_on_eos);
   }
 
-  // One forward over `q` and what follows it on the device: absorb every span (rows of `spans`:
-  // branch, logits row, first position, rows, full) and, unless it is a refresh, coordinate.
-  // Greedy: one device program and one readback. Sampling: the float64 logits come back, the
-  // host draws each span's proposals in span order, and the spans are absorbed one by one.
-  void forward_step(const PackedQueries& q, KvMode mode, StepKind kind, const std::vector<int64_t>& spans) {
-    const int64_t S = static_cast<int64_t>(spans.size()) / br::kSpanFields;
-    std::vector<int64_t> buffer = q.host_buffer(mode);
-    const int64_t base = static_cast<int64_t>(buffer.size());
-    buffer.insert(buffer.end(), spans.begin(), spans.end());
-    const bool sampling = o_.temperature > 0, coord = kind != kRefreshStep;
-    const StepRunner::Key key{static_cast<int64_t>(mode), q.size(), q.rows(),
-                              static_cast<int64_t>(q.logit_index.size()), sampling ? 1 : 0, kind};
-    const int64_t before = committed_total();
+  // A forward step's plan over `q` (spans: rows of branch, logits row, first position, rows, full).
+  StepPlan forward_plan(PackedQueries q, StepKind kind, std::vector<int64_t> spans) {
     stop_.check(stats_.nfe_init + stats_.nfe_block + stats_.nfe_refresh - 1, canvas_);  // this forward is counted
-    StepRunner::Output out = runner_.run(buffer, key, [&](const at::Tensor& dev) {
-      StepRunner::Body body;
-      body.logits = model_.forward(q.batch(dev, kv_, mode, canvas_)).contiguous();
-      if (kind == kInitStep) ops::kv_copy_rows_(kv_, sync_src_);  // the batch-1 forward filled row 0
-      if (sampling) {
-        body.readout = {body.logits.to(at::kDouble)};
-        return body;
-      }
-      auto [token, conf] = ops::confidence(body.logits, c_.mask_token_id);
-      auto [ids, probs] = ops::sparse_probs(body.logits, *o_.prob_floor, K_);
-      absorb(body.logits, dev.narrow(0, base, S * br::kSpanFields).view({S, br::kSpanFields}), token, conf, ids,
-             probs);
-      if (coord) coordinate();
-      body.readout = status();
-      return body;
-    });
-    if (sampling) {
-      const at::Tensor& logits64 = out.host[0];
-      const int64_t n = logits64.size(0);
-      auto [ids, probs] = ops::sparse_probs(out.logits, *o_.prob_floor, K_);
-      for (int64_t i = 0; i < S; ++i) {
-        const int64_t* sp = &spans[i * br::kSpanFields];
-        const int64_t b = sp[br::kSpanRow], s = st(b)[br::kStart], w = st(b)[br::kEnd] - s;
-        const int64_t wrow = sp[br::kSpanLogitRow] + s - sp[br::kSpanFirstPos];
-        const Proposals p = sample_proposals(logits64.narrow(0, wrow, w), c_.mask_token_id, o_.temperature, generator_);
-        // One buffer per span: its span row, then token and conf (float64 bits) per logits row.
-        std::vector<int64_t> host(sp, sp + br::kSpanFields);
-        host.resize(br::kSpanFields + 2 * n, 0);
-        std::copy(p.token.begin(), p.token.end(), host.begin() + br::kSpanFields + wrow);
-        std::memcpy(host.data() + br::kSpanFields + n + wrow, p.conf.data(), sizeof(double) * p.conf.size());
-        const at::Tensor dev = at::from_blob(host.data(), {static_cast<int64_t>(host.size())}, at::kLong)
-                                   .to(model_.device(), false, /*copy=*/true);
-        absorb(out.logits, dev.narrow(0, 0, br::kSpanFields).view({1, br::kSpanFields}),
-               dev.narrow(0, br::kSpanFields, n), dev.narrow(0, br::kSpanFields + n, n).view(at::kDouble), ids,
-               probs);
-      }
-      if (coord) coordinate();
-      take_status(read_back(status()));
-    } else {
-      take_status(out.host);
-    }
-    const int64_t committed = committed_total() - before;
-    stats_.steps.push_back({committed, q.size()});
-    if (committed == 0 && kind != kRefreshStep) {  // every branch in it commits >= 1 in its window
-      std::string what = kind == kInitStep ? "init forward" : "block step over branch windows";
-      for (int64_t i = 0; i < S; ++i) {
-        const int64_t* sp = &spans[i * br::kSpanFields];
-        what += " [" + std::to_string(sp[br::kSpanFirstPos]) + ", " +
-                std::to_string(sp[br::kSpanFirstPos] + (kind == kInitStep ? st(sp[br::kSpanRow])[br::kBlock]
-                                                                            : sp[br::kSpanRows])) + ")";
-        if (kind == kInitStep) break;
-      }
-      Stop::no_progress(static_cast<int64_t>(stats_.steps.size()) - 1, what);
-    }
+    before_ = committed_total();
+    StepPlan p;
+    p.kind = kind;
+    p.q = std::move(q);
+    p.mode = kind == StepKind::kBlock ? KvMode::kDual : KvMode::kFull;
+    p.extra = std::move(spans);
+    p.sampling = sampling_;
+    return p;
   }
 
   // Init (1 NFE): batch-1 full forward over [prompt | masks]; every branch records every
   // position and commits in its first window; then advance / merge / sync / refresh decision.
-  void init_step() {
+  StepPlan init_step() {
     PackedQueries q;
     q.add_positions(0, L_, 0, 0);
     for (int64_t p = lp_; p < L_; ++p) q.logit_index.push_back(p);
@@ -293,12 +290,13 @@ class BlockBatchDecoder {
     for (int64_t b = 0; b < B_; ++b) spans.insert(spans.end(), {b, 0, lp_, G_, 1});
     stats_.nfe_init += 1;
     for (int64_t b = 0; b < B_; ++b) forwards_[b] += 1;
-    forward_step(q, KvMode::kFull, kInitStep, spans);
+    return forward_plan(std::move(q), StepKind::kInit, std::move(spans));
   }
 
   // Batched block denoise (1 NFE): every active branch whose window has masks, dual-cache
   // semantics; then coordinate. With no such branch there is no forward, only the coordination.
-  void block_step() {
+  StepPlan block_step() {
+    ++block_steps_;
     PackedQueries q;
     std::vector<int64_t> spans;
     for (int64_t b = 0; b < B_; ++b) {
@@ -309,23 +307,32 @@ class BlockBatchDecoder {
     }
     if (q.rows() > 0) {
       stats_.nfe_block += 1;
-      forward_step(q, KvMode::kDual, kBlockStep, spans);
-      return;
+      return forward_plan(std::move(q), StepKind::kBlock, std::move(spans));
     }
-    const std::vector<int64_t> buffer{0};  // nothing to send; StepRunner wants a buffer
-    const StepRunner::Key key{0, 0, 0, 0, 0, kCoordinateStep};
-    take_status(runner_.run(buffer, key, [&](const at::Tensor&) {
-                       StepRunner::Body body;
-                       coordinate();
-                       body.readout = status();
-                       return body;
-                     }).host);
+    StepPlan p;
+    p.kind = StepKind::kCoordinate;
+    p.forward = false;
+    return p;
+  }
+
+  // After a block step: the early exit, the first EOS-ready branch (smallest block size) within
+  // kEosTie of the highest EOS probability (the same rule as the reference's EOS_TIE;
+  // docs/ALGORITHMS.md 4.6); else a refresh may follow.
+  void after_block_step() {
+    double best = -1.0;
+    for (int64_t b = 0; b < B_; ++b) {
+      if (st(b)[br::kEosReady]) best = std::max(best, eos_[b]);
+    }
+    for (int64_t b = 0; b < B_ && winner_ < 0; ++b) {
+      if (st(b)[br::kEosReady] && eos_[b] >= best - kEosTie) winner_ = b;
+    }
+    if (winner_ >= 0) stats_.early_exit = true;
+    phase_ = Phase::kAfterStep;
   }
 
   // Refresh (1 NFE) when the last coordination asked for it: one full forward over every active
   // row; each row's KV written back to its own row, maps updated, commits in each window.
-  void maybe_refresh() {
-    if (!flags_h_[br::kRefreshWanted] || all_done()) return;
+  StepPlan refresh_step() {
     PackedQueries q;
     std::vector<int64_t> spans;
     for (int64_t b = 0; b < B_; ++b) {
@@ -336,18 +343,24 @@ class BlockBatchDecoder {
       forwards_[b] += 1;
     }
     stats_.nfe_refresh += 1;
-    forward_step(q, KvMode::kFull, kRefreshStep, spans);
+    return forward_plan(std::move(q), StepKind::kRefresh, std::move(spans));
   }
 
+  // kInit: the init forward comes next; kAfterStep: after init or a block step (a refresh may
+  // come next); kAfterRefresh: a block step comes next.
+  enum class Phase { kInit, kAfterStep, kAfterRefresh };
+  Phase phase_ = Phase::kInit;
+  int64_t winner_ = -1, block_steps_ = 0, before_ = 0;
+
   const Network& model_;
-  const DecodeOptions& o_;
+  const DecodeOptions o_;
   const Stop& stop_;
   const ModelConfig& c_;
   const int64_t lp_, G_, L_, B_, K_;
+  const bool sampling_;
   at::Generator generator_;
-  StepRunner runner_;  // before the device tensors: the request's device work runs on its stream
-  // Device state (rows = branches by ascending block size; see kernels/branches.h).
-  at::Tensor canvas_, state_, eos_prob_, map_ids_, map_probs_, flags_, sync_src_, kv_;
+  // Device state (rows = branches by ascending block size; see kernels/branches.h); kv_ (Decoder).
+  at::Tensor canvas_, state_, eos_prob_, map_ids_, map_probs_, flags_, sync_src_;
   // Host mirror of the last readback, and the forwards each branch took part in (init, block and
   // refresh: the paper's per-branch NFE).
   std::vector<int64_t> st_;
@@ -359,9 +372,9 @@ class BlockBatchDecoder {
 
 }  // namespace
 
-DecodeResult decode_blockbatch(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
-                               const Stop& stop) {
-  return BlockBatchDecoder(model, prompt, o, stop).run();
+std::unique_ptr<Decoder> blockbatch_decoder(const Network& model, const std::vector<int64_t>& prompt,
+                                            const DecodeOptions& o, const Stop& stop, at::Tensor kv) {
+  return std::make_unique<BlockBatchDecoder>(model, prompt, o, stop, std::move(kv));
 }
 
 }  // namespace blockbatch
