@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import statistics
+import sys
 import time
 from typing import Callable
 
@@ -60,3 +61,22 @@ def write_json(path: str, payload: dict) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(payload, f, indent=2)
     print(f"wrote {path}")
+
+
+def write_png(json_path: str, draw, size: tuple[float, float] = (5.5, 4)) -> None:
+    """The PNG beside ``json_path`` (same name, .png): ``draw(ax)`` on one figure. Without
+    matplotlib a note says there is none."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("note: matplotlib is not installed; no PNG", file=sys.stderr)
+        return
+    fig, ax = plt.subplots(figsize=size)
+    draw(ax)
+    fig.tight_layout()
+    png = os.path.splitext(json_path)[0] + ".png"
+    fig.savefig(png, dpi=120)
+    print(f"wrote {png}")

@@ -35,13 +35,14 @@ DecodeOptions decode_options_for(const ModelConfig& c, const DecodeOptions& opti
 }
 
 DecodeResult decode(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& options,
-                    const int64_t* cancel, const Progress* progress) {
+                    const int64_t* cancel, const Progress* progress, int64_t* reason, const StepCurve* curve) {
   const ModelConfig& c = model.config();
   // The policies see every option set: the table's per-policy / per-family defaults filled in.
-  const DecodeOptions o = decode_options_for(c, options);
+  DecodeOptions o = decode_options_for(c, options);
   o.validate(c, static_cast<int64_t>(prompt.size()));
   check_prompt(c, prompt);
-  const Stop stop(o.timeout_s, cancel, progress);
+  if (curve != nullptr) o = budgeted(o, 1, *curve);
+  const Stop stop(o.timeout_s, cancel, progress, reason);
   StepRunner runner(model, o.cuda_graphs);  // before any device tensor: the request's work runs on its stream
   const std::unique_ptr<Decoder> d = make_decoder(model, prompt, o, stop);
   return drive(model, *d, runner);

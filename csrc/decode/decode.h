@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "decode/budget.h"
 #include "decode/options.h"
 #include "decode/stop.h"
 #include "model/network.h"
@@ -18,9 +19,12 @@ struct DecodeResult {
 // Validates the options and the prompt (ids in the vocabulary, no mask id), then runs the policy.
 // cancel: a host int64 another thread may set to nonzero to stop the decode (checked once per
 // forward; the decode then throws "decode cancelled ..."), or nullptr. progress: shown the
-// canvases before every forward (decode/stop.h), or nullptr.
+// canvases before every forward (decode/stop.h), or nullptr. reason: where the StopReason of an
+// early stop is written before the decode throws, or nullptr. curve: a step-time curve for
+// branch_budget = auto (the request's branches at load 1, decode/budget.h), or nullptr (all of them).
 DecodeResult decode(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& options,
-                    const int64_t* cancel = nullptr, const Progress* progress = nullptr);
+                    const int64_t* cancel = nullptr, const Progress* progress = nullptr, int64_t* reason = nullptr,
+                    const StepCurve* curve = nullptr);
 
 // Every prompt id in the vocabulary and none the mask id (throws c10::ValueError naming the index).
 void check_prompt(const ModelConfig& config, const std::vector<int64_t>& prompt);

@@ -25,12 +25,17 @@ using Progress = std::function<void(const int64_t* canvases, int64_t numel)>;
 std::optional<std::chrono::steady_clock::time_point> deadline_after(std::chrono::steady_clock::time_point from,
                                                                     double seconds);
 
+// Why a decode stopped early, for a caller to map to its own error kinds (Python: TimeoutError
+// for kDeadline) without reading the message.
+enum StopReason : int64_t { kNotStopped = 0, kCancelled = 1, kDeadline = 2, kNoProgress = 3 };
+
 class Stop {
  public:
   // timeout_s <= 0, or so large that the deadline does not fit (deadline_after): no deadline. cancel: a host int64 the caller may set to nonzero from another
   // thread while the decode runs (read atomically), or nullptr. progress: called by check() with
   // the canvases, or nullptr (then check() reads nothing back).
-  Stop(double timeout_s, const int64_t* cancel, const Progress* progress = nullptr);
+  // reason: where check() / no_progress() write the StopReason before they throw, or nullptr.
+  Stop(double timeout_s, const int64_t* cancel, const Progress* progress = nullptr, int64_t* reason = nullptr);
 
   // Before every forward: reports the canvases (a device tensor [rows, L] or [L], or the host
   // rows) to `progress`, then throws c10::Error when the flag is set ("decode cancelled ...") or
@@ -40,7 +45,7 @@ class Stop {
 
   // Throws: a step over `what` committed nothing although its commit rule commits at least one
   // token per step; names the step, the positions and the likely cause (non-finite logits).
-  [[noreturn]] static void no_progress(int64_t step, const std::string& what);
+  [[noreturn]] void no_progress(int64_t step, const std::string& what) const;
 
  private:
   std::chrono::steady_clock::time_point start_;
@@ -50,6 +55,7 @@ class Stop {
   double timeout_s_;
   const int64_t* cancel_;
   const Progress* progress_;
+  int64_t* reason_;
 };
 
 }  // namespace blockbatch

@@ -10,6 +10,7 @@
 #include "model/network.h"
 #include "ops/impl.h"
 #include "torch/model_handle.h"
+#include "torch/options_handle.h"
 
 // m.impl(name, CUDA, fn) in a CUDA build (BLOCKBATCH_WITH_CUDA); nothing otherwise.
 #ifdef BLOCKBATCH_WITH_CUDA
@@ -63,6 +64,9 @@ at::Tensor model_forward_meta(const c10::intrusive_ptr<ModelHandle>& model, cons
 }  // namespace
 
 TORCH_LIBRARY(blockbatch, m) {
+  // torch.classes.blockbatch.Options (torch/options_handle.h): made by torch.ops.blockbatch.options.
+  m.class_<OptionsHandle>("Options")
+      .def("__len__", [](const OptionsPtr&) -> int64_t { TORCH_CHECK_TYPE(false, "object of type Options has no len()"); });
   // torch.classes.blockbatch.Model: a model built from its config and HF-named weights
   // (python/blockbatch/native.py), passed to forward and decode.
   using Handle = c10::intrusive_ptr<ModelHandle>;

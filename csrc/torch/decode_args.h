@@ -12,7 +12,7 @@
 
 namespace blockbatch {
 
-// Keyword-only options of torch.ops.blockbatch.decode and check_options (after their `*`).
+// Keyword-only options of torch.ops.blockbatch.decode and options (after their `*`).
 inline constexpr const char kDecodeOptionsSchema[] =
     "str policy=\"dual\", int gen_length=128, int block_length=32, int? steps=None, float? threshold=0.9, float? factor=None, float temperature=0.0, int seed=0, bool? stop_on_eos=None, str? alg=None, float alg_temp=0.0, float eps=0.001, float? top_p=None, int? top_k=None, int[]? block_sizes=None, float merge_gate=0.5, int sync_gap=8, int refresh_tokens=32, str refresh_mode=\"periodic\", float? prob_floor=None, bool merge=True, bool sync=True, bool sync_refresh=False, str branch_budget=\"full\", bool cuda_graphs=True, float timeout_s=0.0";
 
@@ -23,7 +23,7 @@ inline const c10::IValue& call_arg(const c10::FunctionSchema& schema, const c10:
   return args[*schema.argumentIndexWithName(name)];
 }
 
-// The options of a boxed call (decode, check_options), each read by name.
+// The options of a boxed call (decode, options), each read by name.
 inline DecodeOptions decode_options_from_args(const c10::FunctionSchema& schema, const c10::IValue* args) {
   auto arg = [&](const char* name) -> const c10::IValue& { return call_arg(schema, args, name); };
   DecodeOptions o;

@@ -16,10 +16,6 @@ namespace blockbatch {
 // (block size, committed, merged, copied, forwards).
 std::vector<at::Tensor> result_tensors(const std::vector<int64_t>& tokens, const DecodeStats& stats);
 
-// One request's options from "name=value" lines (set_option's text forms; "none" for None);
-// errors name options[request].
-DecodeOptions options_from_text(const std::string& text, int64_t request);
-
 // A prompt tensor's ids (int64, 1-D; errors name `what`).
 std::vector<int64_t> prompt_ids(const at::Tensor& prompt, const std::string& what);
 

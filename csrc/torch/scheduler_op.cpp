@@ -12,6 +12,7 @@
 
 #include "decode/batch/scheduler.h"
 #include "torch/model_handle.h"
+#include "torch/options_handle.h"
 #include "torch/results.h"
 
 namespace blockbatch {
@@ -28,8 +29,8 @@ class SchedulerHandle : public torch::CustomClassHolder {
                                                StepCurve{std::move(curve_tokens), std::move(curve_seconds)},
                                                calibrate_s)) {}
 
-  int64_t add(const at::Tensor& prompt, const std::string& options, bool stream) {
-    return scheduler_->add(prompt_ids(prompt, "prompt"), options_from_text(options, 0), stream);
+  int64_t add(const at::Tensor& prompt, const OptionsPtr& options, bool stream) {
+    return scheduler_->add(prompt_ids(prompt, "prompt"), options->options, stream);
   }
   bool cancel(int64_t id) { return scheduler_->cancel(id); }
   int64_t step(double timeout_s) { return scheduler_->step(timeout_s); }
@@ -37,11 +38,13 @@ class SchedulerHandle : public torch::CustomClassHolder {
   // Parallel lists, one entry per event: id, kind (0 tokens, 1 finished, 2 failed, 3 cancelled),
   // offset (tokens: generation positions streamed before), tokens (tokens: the new stable ids;
   // finished: [prompt | generation]), error message, then for finished events the counters,
-  // step log and branch stats of the decode op (empty tensors otherwise).
+  // step log and branch stats of the decode op (empty tensors otherwise), then the stop reason of
+  // failed / cancelled ones (decode/stop.h StopReason: 2 = its deadline; 0 for other errors).
   std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, std::vector<at::Tensor>,
-             std::vector<std::string>, std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>>
+             std::vector<std::string>, std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>,
+             std::vector<int64_t>>
   events() {
-    std::vector<int64_t> ids, kinds, offsets;
+    std::vector<int64_t> ids, kinds, offsets, reasons;
     std::vector<at::Tensor> tokens, stats, logs, branches;
     std::vector<std::string> errors;
     for (const RequestEvent& ev : scheduler_->events()) {
@@ -49,6 +52,7 @@ class SchedulerHandle : public torch::CustomClassHolder {
       kinds.push_back(ev.kind);
       offsets.push_back(ev.offset);
       errors.push_back(ev.error);
+      reasons.push_back(ev.reason);
       if (ev.kind == RequestEvent::kFinished) {
         const std::vector<at::Tensor> t = result_tensors(ev.tokens, ev.stats);
         tokens.push_back(t[0]);
@@ -62,7 +66,7 @@ class SchedulerHandle : public torch::CustomClassHolder {
         branches.push_back(at::tensor(std::vector<int64_t>{}, at::kLong));
       }
     }
-    return {ids, kinds, offsets, tokens, errors, stats, logs, branches};
+    return {ids, kinds, offsets, tokens, errors, stats, logs, branches, reasons};
   }
 
   c10::Dict<std::string, int64_t> counters() const {
@@ -93,10 +97,10 @@ class SchedulerHandle : public torch::CustomClassHolder {
 };
 
 // KV rows a request holds and the bytes of one row: the memory report's arithmetic.
-std::tuple<int64_t, int64_t> kv_request_rows(const c10::intrusive_ptr<ModelHandle>& model, const std::string& options,
+std::tuple<int64_t, int64_t> kv_request_rows(const c10::intrusive_ptr<ModelHandle>& model, const OptionsPtr& options,
                                              int64_t length) {
   const Network& net = model->network();
-  const DecodeOptions o = decode_options_for(net.config(), options_from_text(options, 0));
+  const DecodeOptions o = decode_options_for(net.config(), options->options);
   return {kv_rows_needed(o), kv_row_bytes(net.config(), net.dtype(), length)};
 }
 
@@ -138,7 +142,8 @@ TORCH_LIBRARY_FRAGMENT(blockbatch, m) {
       .def("step_curve", &SchedulerHandle::step_curve)
       .def("__len__", [](const Handle&) -> int64_t { TORCH_CHECK_TYPE(false, "object of type Scheduler has no len()"); });
   // (KV rows one request with these options holds, bytes per row of `length` positions).
-  m.def("kv_request_rows(__torch__.torch.classes.blockbatch.Model model, str options, int length) -> (int, int)",
+  m.def("kv_request_rows(__torch__.torch.classes.blockbatch.Model model, "
+        "__torch__.torch.classes.blockbatch.Options options, int length) -> (int, int)",
         &kv_request_rows);
   // (KV rows, bytes per row) of the pool a Scheduler(model, max_batch, max_length, kv_budget_bytes)
   // takes; ValueError when it cannot (an argument out of range, more than the device's memory).

@@ -25,6 +25,7 @@ import time
 import torch
 
 from . import contract, guard, settings
+from .errors import UnknownCharactersError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -199,10 +200,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     try:
         results = engine.generate(prompts, options, chat=chat, progress=not args.json and len(prompts) > 1,
                                   allow_unknown=args.allow_unknown, max_batch=args.max_batch)
-    except ValueError as e:
-        if "outside the tokenizer's vocabulary" in str(e):
-            raise UsageError(f"{e}; pass --allow-unknown to decode it anyway") from None
-        raise
+    except UnknownCharactersError as e:
+        raise UsageError(f"{e}; pass --allow-unknown to decode it anyway") from None
     for prompt, gen in zip(args.prompts, results):
         if args.json:
             print(json.dumps({"prompt": prompt, "text": gen.text, "ids": gen.ids, "stats": gen.stats}))

@@ -20,7 +20,7 @@ fails when a generated file is out of date.
 
 Value checks live in C++ only (``DecodeOptions::validate``: the generated range checks plus the
 rules that relate options to each other); ``DecodeOptions`` in Python checks the types and calls
-that validator through ``torch.ops.blockbatch.check_options``, so both languages give the same
+that validator through ``torch.ops.blockbatch.options``, so both languages give the same
 message. This module imports nothing but the standard library.
 """
 
@@ -247,7 +247,7 @@ def parse_text(name: str, text: str, list_sep: str = ",") -> Any:
 
 
 def to_op_kwargs(values: dict[str, Any]) -> dict[str, Any]:
-    """Keyword arguments of torch.ops.blockbatch.decode / check_options for option values."""
+    """Keyword arguments of torch.ops.blockbatch.decode / options for option values."""
     out = {}
     for name in NAMES:
         v = values[name]
@@ -258,26 +258,6 @@ def to_op_kwargs(values: dict[str, Any]) -> dict[str, Any]:
             v = [int(b) for b in v]
         out[name] = v
     return out
-
-
-def to_text(values: dict[str, Any]) -> str:
-    """Option values as ``name=value`` lines, the text forms C++'s set_option reads (the per-request
-    options of torch.ops.blockbatch.decode_batch): None as ``none``, lists comma-separated."""
-    lines = []
-    for name in NAMES:
-        v = values[name]
-        if v is None:
-            text = "none"
-        elif isinstance(v, bool):
-            text = "true" if v else "false"
-        elif isinstance(v, (tuple, list)):
-            text = ",".join(str(int(x)) for x in v)
-        elif isinstance(v, float):
-            text = repr(v)
-        else:
-            text = str(v)
-        lines.append(f"{name}={text}")
-    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- command line

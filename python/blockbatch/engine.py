@@ -87,8 +87,8 @@ class Engine:
                 raise ValueError(f"{name}: this checkpoint has no tokenizer.json: pass token ids instead of text")
             try:
                 ids = torch.tensor(self.codec.encode(prompt, chat, allow_unknown=allow_unknown), dtype=torch.long)
-            except ValueError as e:
-                raise ValueError(f"{name}: {e}") from None
+            except ValueError as e:  # the same kind of error, naming the prompt
+                raise type(e)(f"{name}: {e}") from None
         elif isinstance(prompt, torch.Tensor):
             if prompt.dtype != torch.long:
                 raise TypeError(f"{name}: prompt token ids must be int64, got {prompt.dtype}")
@@ -156,8 +156,7 @@ class Engine:
         out = []
         bar = _Progress(len(encoded)) if progress and len(encoded) > 1 else None
         for i, ids in enumerate(encoded):
-            result = results[i] if results is not None else run_decode(self.model.obj, ids.to(self.device),
-                                                                       self._alone(opts[i]))
+            result = results[i] if results is not None else self._decode_alone(ids, opts[i])
             out.append(self._generation(ids, result))
             if bar:
                 bar.update(result.stats)
@@ -165,19 +164,11 @@ class Engine:
             bar.close()
         return out
 
-    def _alone(self, o: DecodeOptions) -> DecodeOptions:
-        """A request decoded by itself: ``branch_budget="auto"`` cut at load 1 on this model's step
-        curve (as the scheduler would admit it alone), so auto means the same with or without a batch."""
-        if not _adaptive(o):
-            return o
-        curve = self.step_curve
-        sizes = o.resolved("block_sizes", self.config.family)
-        kept = torch.ops.blockbatch.budget_branches(list(sizes), o.block_length, 1, [t for t, _ in curve],
-                                                    [s for _, s in curve])
-        if len(kept) == 1:  # as the scheduler does (single_branch_as_dual): a dual cache of that block
-            return o.replace(policy="dual", block_length=kept[0], block_sizes=None, branch_budget="full",
-                             stop_on_eos=o.resolved("stop_on_eos", self.config.family))
-        return o.replace(block_sizes=tuple(kept), branch_budget="full")
+    def _decode_alone(self, ids: torch.Tensor, o: DecodeOptions):
+        """One request by itself. ``branch_budget="auto"`` keeps the branches the scheduler would
+        give it admitted alone (load 1, on this model's step curve; the rule lives in C++,
+        csrc/decode/budget.h), so auto means the same with or without a batch."""
+        return run_decode(self.model.obj, ids.to(self.device), o, self.step_curve if _adaptive(o) else None)
 
     def _requests(self, prompts, options, chat, allow_unknown, keep_errors: bool = False
                   ) -> tuple[list[torch.Tensor | ValueError], list[DecodeOptions]]:
@@ -301,7 +292,7 @@ class Engine:
                     yield StreamItem(i, error=refused[i])
                     continue
                 try:
-                    result = run_decode(self.model.obj, ids.to(self.device), self._alone(opts[i]))
+                    result = self._decode_alone(ids, opts[i])
                 except (ValueError, RuntimeError, TimeoutError) as e:
                     yield StreamItem(i, error=e)
                     continue

@@ -47,6 +47,11 @@ def short_repr(value: Any, limit: int = 40) -> str:
     return text if len(text) <= limit else f"{text[:limit - 3]}... ({len(text)} characters)"
 
 
+class UnknownCharactersError(ValueError):
+    """Text holds characters the tokenizer cannot encode (the message names them and where).
+    ``allow_unknown=True`` (``--allow-unknown``) encodes them as the unknown token instead."""
+
+
 class CheckpointError(ValueError):
     """A checkpoint folder or file is missing, malformed or inconsistent.
 

@@ -244,7 +244,7 @@ def render_torch_args() -> str:
          "#pragma once", "", "#include <ATen/core/function_schema.h>", "#include <ATen/core/ivalue.h>",
          "#include <ATen/core/stack.h>", "", '#include "decode/options_table.h"', "",
          "namespace blockbatch {", "",
-         "// Keyword-only options of torch.ops.blockbatch.decode and check_options (after their `*`).",
+         "// Keyword-only options of torch.ops.blockbatch.decode and options (after their `*`).",
          f"inline constexpr const char kDecodeOptionsSchema[] =\n    \"{schema_options()}\";", "",
          "// Argument `name` of a boxed call, looked up in `schema`, so the order of the schema's",
          "// arguments never matters. `args` points at the call's first argument.",
@@ -252,7 +252,7 @@ def render_torch_args() -> str:
          "                                   const char* name) {",
          "  return args[*schema.argumentIndexWithName(name)];",
          "}", "",
-         "// The options of a boxed call (decode, check_options), each read by name.",
+         "// The options of a boxed call (decode, options), each read by name.",
          "inline DecodeOptions decode_options_from_args(const c10::FunctionSchema& schema, const c10::IValue* args) {",
          "  auto arg = [&](const char* name) -> const c10::IValue& { return call_arg(schema, args, name); };",
          "  DecodeOptions o;"]

@@ -1,7 +1,9 @@
 """Decoding options (docs/ALGORITHMS.md sections 2-4) and the typed call of ``torch.ops.blockbatch.decode``.
 
 ``DecodeOptions``' fields, defaults and types are the table of ``blockbatch.contract``; its values
-are checked by the C++ validator (``torch.ops.blockbatch.check_options``), the same one the op runs.
+are checked once, on construction, by the C++ validator: ``torch.ops.blockbatch.options`` builds the
+typed options object (``torch.classes.blockbatch.Options``, ``DecodeOptions.native``) that every
+native entry point takes as it is (decode, decode_batch, the scheduler).
 """
 
 from __future__ import annotations
@@ -39,7 +41,22 @@ def _post_init(self) -> None:
     from ._C_loader import load_extension
 
     load_extension()
-    torch.ops.blockbatch.check_options(**self.op_kwargs())  # ValueError naming the option
+    # Checked once (ValueError naming the option) into the object every entry point takes.
+    object.__setattr__(self, "_native", torch.ops.blockbatch.options(**self.op_kwargs()))
+
+
+def _native(self):
+    """The options as the native ops take them (``torch.classes.blockbatch.Options``), built once."""
+    return self.__dict__["_native"]
+
+
+def _reduce(self):
+    # pickle / copy rebuild from the fields (the native object is rebuilt, not pickled)
+    return (_rebuild, ({name: getattr(self, name) for name in contract.NAMES},))
+
+
+def _rebuild(fields: dict) -> "DecodeOptions":
+    return DecodeOptions(**fields)
 
 
 def _eos_exit(self) -> bool:
@@ -88,6 +105,7 @@ DecodeOptions = dataclasses.make_dataclass(
       dataclasses.field(default=contract.DEFAULTS[o.name])) for o in contract.OPTIONS],
     namespace={"__post_init__": _post_init, "eos_exit": property(_eos_exit), "commit": property(_commit),
                "resolved": _resolved, "replace": _replace, "op_kwargs": _op_kwargs,
+               "native": property(_native), "__reduce__": _reduce,
                "from_preset": classmethod(_from_preset),
                "__module__": __name__},
     frozen=True)
@@ -115,17 +133,21 @@ class DecodeOutput:
     stats: dict[str, Any]
 
 
-def run_decode(model_obj, prompt_ids: torch.Tensor, options: DecodeOptions) -> DecodeOutput:
+def run_decode(model_obj, prompt_ids: torch.Tensor, options: DecodeOptions,
+               step_curve: list[tuple[int, float]] | None = None) -> DecodeOutput:
     """Call ``torch.ops.blockbatch.decode`` and turn its outputs into a stats dict.
 
     On the main thread the op runs on a worker thread while this thread waits, so Ctrl-C
     (SIGINT) stops the decode within one forward and raises KeyboardInterrupt here; the model
-    stays usable. A decode past ``options.timeout_s`` raises TimeoutError.
+    stays usable. A decode past ``options.timeout_s`` raises TimeoutError. ``step_curve``:
+    (query tokens, seconds) points; a ``branch_budget="auto"`` request then keeps the branches the
+    scheduler would give it alone (load 1), else all of them.
     """
-    o = options
-    kwargs = o.op_kwargs()
-    tokens, counters, step_log, branch_stats = _interruptible_decode(model_obj, prompt_ids, kwargs)
-    return _output(tokens, counters, step_log, branch_stats, o)
+    op = torch.ops.blockbatch.decode.typed
+    tokens, counters, step_log, branch_stats = _interruptible(
+        lambda cancel: op(model_obj, prompt_ids, options.native, cancel, [t for t, _ in step_curve or ()],
+                          [s for _, s in step_curve or ()]), prompt_ids.is_cuda)
+    return _output(tokens, counters, step_log, branch_stats, options)
 
 
 def run_decode_batch(model_obj, prompts: list[torch.Tensor], options: list[DecodeOptions], max_batch: int,
@@ -143,21 +165,16 @@ def run_decode_batch(model_obj, prompts: list[torch.Tensor], options: list[Decod
         raise ValueError(f"{len(prompts)} prompts but {len(options)} options (give one, or one per prompt)")
     max_batch = checked_int("max_batch", max_batch, 1)
     kv_budget_bytes = checked_int("kv_budget_bytes", kv_budget_bytes, 0)
-    texts = [_options_text(o) for o in options]
+    natives = [o.native for o in options]
     op = torch.ops.blockbatch.decode_batch
     tokens, counters, logs, branches, batch = _interruptible(
-        lambda cancel: op(model_obj, prompts, texts, max_batch=max_batch, kv_budget_bytes=kv_budget_bytes,
+        lambda cancel: op(model_obj, prompts, natives, max_batch=max_batch, kv_budget_bytes=kv_budget_bytes,
                           cancel=cancel, curve_tokens=[t for t, _ in step_curve or ()],
                           curve_seconds=[s for _, s in step_curve or ()], pad_packs=pad_packs),
         any(p.is_cuda for p in prompts))
     outs = [_output(t, c, log, br, o) for t, c, log, br, o in zip(tokens, counters, logs, branches, options)]
     return outs, dict(zip(("packed_forwards", "request_forwards", "kv_pool_rows", "kv_row_bytes", "padded_forwards",
                            "graph_captures", "graph_replays"), batch))
-
-
-def _options_text(o) -> str:
-    """The options as the batched ops take them: "name=value" lines (``contract.to_text``)."""
-    return contract.to_text({name: getattr(o, name) for name in contract.NAMES})
 
 
 def _output(tokens, counters, step_log, branch_stats, o) -> DecodeOutput:
@@ -174,14 +191,17 @@ def _output(tokens, counters, step_log, branch_stats, o) -> DecodeOutput:
     return DecodeOutput(tokens, stats)
 
 
-def _translated(error: RuntimeError) -> BaseException:
-    """A decode's error as Python raises it: its deadline (``timeout_s``) as TimeoutError."""
-    text = str(error)
-    return TimeoutError(text) if "decode deadline exceeded" in text else error
+STOP_DEADLINE = 2  # csrc/decode/stop.h StopReason: the request's timeout_s passed
 
 
-def _raise_translated(error: RuntimeError) -> None:
-    translated = _translated(error)
+def _translated(error: RuntimeError, reason: int) -> BaseException:
+    """A decode's error as Python raises it, by the stop reason the op wrote (never by its
+    message): its deadline (``timeout_s``) as TimeoutError."""
+    return TimeoutError(str(error)) if reason == STOP_DEADLINE else error
+
+
+def _raise_translated(error: RuntimeError, reason: int) -> None:
+    translated = _translated(error, reason)
     if translated is error:
         raise error
     raise translated from None
@@ -215,21 +235,16 @@ def _worker() -> concurrent.futures.ThreadPoolExecutor:
     return _executor
 
 
-def _interruptible_decode(model_obj, prompt_ids: torch.Tensor, kwargs: dict) -> tuple:
-    """The decode op with a cancel flag; on the main thread, interruptible by Ctrl-C."""
-    op = torch.ops.blockbatch.decode
-    return _interruptible(lambda cancel: op(model_obj, prompt_ids, cancel=cancel, **kwargs), prompt_ids.is_cuda)
-
-
 def _interruptible(call, on_cuda: bool) -> tuple:
     """``call(cancel)`` (an op taking a cancel flag); on the main thread it runs on the decode
-    thread and Ctrl-C sets the flag (the loops check it before every forward)."""
-    cancel = torch.zeros(1, dtype=torch.long)
+    thread and Ctrl-C sets the flag (the loops check it before every forward). The flag's second
+    element is where the op writes why it stopped early (the error's kind)."""
+    cancel = torch.zeros(2, dtype=torch.long)
     if threading.current_thread() is not threading.main_thread():
         try:  # signals only reach the main thread: nothing to wait for here
             return call(cancel)
         except RuntimeError as e:
-            _raise_translated(e)
+            _raise_translated(e, int(cancel[1]))
     stream = torch.cuda.current_stream() if on_cuda else None
 
     def work() -> tuple:
@@ -267,4 +282,4 @@ def _interruptible(call, on_cuda: bool) -> tuple:
     try:
         return future.result()
     except RuntimeError as e:
-        _raise_translated(e)
+        _raise_translated(e, int(cancel[1]))

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from .errors import checked_int
-from .options import DecodeOptions, DecodeOutput, _options_text, _output, _translated
+from .options import DecodeOptions, DecodeOutput, _output, _translated
 
 _KINDS = ("tokens", "finished", "failed", "cancelled")
 
@@ -183,12 +183,8 @@ class BatchScheduler:
             raise TypeError(f"options must be a DecodeOptions, got {type(options).__name__}")
         if self._closed.is_set():
             raise RuntimeError("the scheduler is closed: it takes no new requests")
-        text = _options_text(options)
         with self._lock:  # registered before its first event can arrive
-            try:
-                request_id = self._obj.add(prompt_ids, text, stream)
-            except RuntimeError as e:
-                raise _translated(e) from None
+            request_id = self._obj.add(prompt_ids, options.native, stream)
             request = Request(self, request_id, prompt_ids, options, callback)
             self._requests[request_id] = request
         return request
@@ -230,7 +226,7 @@ class BatchScheduler:
             self._dispatch()
 
     def _dispatch(self) -> None:
-        ids, kinds, offsets, tokens, errors, stats, logs, branches = self._obj.events()
+        ids, kinds, offsets, tokens, errors, stats, logs, branches, reasons = self._obj.events()
         for i, request_id in enumerate(ids):
             with self._lock:
                 request = self._requests.get(request_id)
@@ -247,7 +243,7 @@ class BatchScheduler:
             elif kind == "cancelled":
                 event.error = RequestCancelled(errors[i])
             else:
-                event.error = _translated(RuntimeError(errors[i]))
+                event.error = _translated(RuntimeError(errors[i]), reasons[i])
             request._deliver(event)
 
 
@@ -261,12 +257,11 @@ def kv_report(model_obj, options: DecodeOptions, prompt_length: int, kv_budget_b
     kv_budget_bytes = checked_int("kv_budget_bytes", kv_budget_bytes, 0)
     if not isinstance(options, DecodeOptions):
         raise TypeError(f"options must be a DecodeOptions, got {type(options).__name__}")
-    text = _options_text(options)
     length = prompt_length + options.gen_length
     if length > longest:
         raise ValueError(f"prompt_length ({prompt_length}) plus gen_length ({options.gen_length}) is {length} "
                          f"positions, more than any model holds ({longest})")
-    rows, row_bytes = torch.ops.blockbatch.kv_request_rows(model_obj, text, length)
+    rows, row_bytes = torch.ops.blockbatch.kv_request_rows(model_obj, options.native, length)
     per_request = rows * row_bytes
     return {"positions": length, "rows": rows, "row_bytes": row_bytes, "bytes_per_request": per_request,
             "kv_budget_bytes": kv_budget_bytes,

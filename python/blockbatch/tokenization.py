@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from .config import ModelConfig
+from .errors import UnknownCharactersError
 
 # End-of-turn markers of common chat formats; any present in the vocabulary also ends a reply.
 END_OF_TURN_TOKENS = ("<|eot_id|>", "<|im_end|>", "<|end_of_turn|>")
@@ -202,7 +203,7 @@ class TextCodec:
             return
         shown = ", ".join(f"{text[a:b]!r} at position {a}" for a, b in spans[:_MAX_REPORTED])
         more = f" and {len(spans) - _MAX_REPORTED} more" if len(spans) > _MAX_REPORTED else ""
-        raise ValueError(
+        raise UnknownCharactersError(
             f"{what} holds characters outside the tokenizer's vocabulary: {shown}{more} (the tokenizer would turn "
             f"them into {unk_text or 'its unknown token'}, which the model cannot decode from)")
 

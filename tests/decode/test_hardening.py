@@ -229,8 +229,18 @@ def test_decode_op_cancel_flag():
     flag = torch.ones(1, dtype=torch.long)
     with pytest.raises(RuntimeError, match="decode cancelled after 0 forwards"):
         ops.decode(e.model.obj, ids, policy="blockbatch", cancel=flag)
-    with pytest.raises(ValueError, match="cancel must be a one-element int64 CPU tensor"):
-        ops.decode(e.model.obj, ids, cancel=torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match="cancel must be a one- or two-element int64 CPU tensor"):
+        ops.decode(e.model.obj, ids, cancel=torch.zeros(3, dtype=torch.long))
+    # a second element receives the stop reason (1: cancelled; 2 would be the deadline)
+    flag = torch.tensor([1, 0])
+    with pytest.raises(RuntimeError, match="decode cancelled"):
+        ops.decode(e.model.obj, ids, cancel=flag)
+    assert flag[1] == 1
+    slow = DecodeOptions(policy="blockbatch", gen_length=64, timeout_s=1e-9)
+    flag = torch.zeros(2, dtype=torch.long)
+    with pytest.raises(RuntimeError, match="deadline exceeded"):
+        ops.decode.typed(e.model.obj, ids, slow.native, flag)
+    assert flag[1] == 2
     with pytest.raises(TypeError, match="cancel must be int64"):
         ops.decode(e.model.obj, ids, cancel=torch.zeros(1))
     tokens, *_ = ops.decode(e.model.obj, ids, policy="blockbatch", cancel=torch.zeros(1, dtype=torch.long))

@@ -73,7 +73,7 @@ def test_op_schema_is_the_table():
         if isinstance(expected, tuple):
             got = tuple(got)
         assert got == expected, (a.name, got, expected)
-    check = {a.name: a for a in torch.ops.blockbatch.check_options.default._schema.arguments}
+    check = {a.name: a for a in torch.ops.blockbatch.options.default._schema.arguments}
     assert list(check) == list(contract.NAMES)
 
 

@@ -45,10 +45,11 @@ RequestEvent cancelled_event(int64_t id, const std::string& why) {
 }
 
 // The event of a request whose decode threw `error`: kCancelled when its cancel flag was set.
-RequestEvent failed_event(int64_t id, std::exception_ptr error, const int64_t& cancel) {
+RequestEvent failed_event(int64_t id, std::exception_ptr error, const int64_t& cancel, int64_t reason) {
   RequestEvent ev;
   ev.id = id;
   ev.exception = error;
+  ev.reason = reason;
   try {
     std::rethrow_exception(error);
   } catch (const c10::Error& e) {
@@ -135,16 +136,6 @@ int64_t scheduler_pool_rows(const Network& model, int64_t max_batch, int64_t max
   return static_cast<int64_t>(rows);
 }
 
-double StepCurve::at(int64_t t) const {
-  TORCH_CHECK(!tokens.empty(), "StepCurve::at on an empty curve");
-  const size_t n = tokens.size();
-  if (n == 1 || t <= tokens[0]) return seconds[0];
-  size_t i = 1;
-  while (i + 1 < n && tokens[i] < t) ++i;
-  const double slope = (seconds[i] - seconds[i - 1]) / static_cast<double>(tokens[i] - tokens[i - 1]);
-  return seconds[i - 1] + slope * static_cast<double>(t - tokens[i - 1]);
-}
-
 StepCurve measure_step_curve(const Network& model, double limit_s) {
   StepCurve curve;
   const ModelConfig& c = model.config();
@@ -179,42 +170,6 @@ StepCurve measure_step_curve(const Network& model, double limit_s) {
     if (t > limit_s / 8 || since(t0) > limit_s) break;
   }
   return curve;
-}
-
-DecodeOptions single_branch_as_dual(DecodeOptions o) {
-  if (o.policy != Policy::kBlockBatch || !o.block_sizes || o.block_sizes->size() != 1) return o;
-  o.policy = Policy::kDual;  // one branch has nothing to merge or sync with: the dual cache's loop
-  o.block_length = o.block_sizes->front();
-  return o;  // threshold and stop_on_eos: blockbatch's, already resolved
-}
-
-std::vector<int64_t> budget_branches(const std::vector<int64_t>& sizes, int64_t block_length, int64_t load,
-                                     const StepCurve& curve, double slack) {
-  std::vector<int64_t> set = sizes;
-  std::sort(set.begin(), set.end());
-  if (curve.empty() || set.size() <= 1) return set;
-  int64_t anchor = set[0];
-  for (int64_t b : set) {
-    if (std::llabs(b - block_length) <= std::llabs(anchor - block_length)) anchor = b;
-  }
-  load = std::max<int64_t>(load, 1);
-  int64_t full = 0;
-  for (int64_t b : set) full += b;
-  const double limit = (1.0 + slack) * curve.at(load * anchor);
-  int64_t lo = load * anchor, hi = load * full;  // the largest total within the limit, by bisection
-  if (curve.at(hi) <= limit) lo = hi;
-  while (hi - lo > 1) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    (curve.at(mid) <= limit ? lo : hi) = mid;
-  }
-  const int64_t per_request = std::max(anchor, lo / load);
-  int64_t total = full;
-  while (total > per_request && set.size() > 1) {
-    auto drop = set.back() > anchor ? set.end() - 1 : (set.front() == anchor ? set.begin() + 1 : set.begin());
-    total -= *drop;
-    set.erase(drop);
-  }
-  return set;
 }
 
 struct Scheduler::Live {
@@ -319,12 +274,8 @@ bool Scheduler::admit() {
       // The load it joins: the requests decoding and waiting, itself included, at most max_batch.
       load = std::min<int64_t>(max_batch_, static_cast<int64_t>(live_.size() + queue_.size()));
     }
-    DecodeOptions o = decode_options_for(model_.config(), r->options);
+    DecodeOptions o = budgeted(decode_options_for(model_.config(), r->options), load, curve_);
     o.cuda_graphs = false;  // the packed forward replays its own graphs (pack.h)
-    if (o.policy == Policy::kBlockBatch && o.branch_budget == BranchBudget::kAuto) {
-      o.block_sizes = budget_branches(*o.block_sizes, o.block_length, load, curve_);
-      o = single_branch_as_dual(o);
-    }
     auto l = std::make_unique<Live>();
     const int64_t rows = kv_rows_needed(o);
     if (rows > 0) {
@@ -334,6 +285,10 @@ bool Scheduler::admit() {
     l->r = r;
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      if (queue_.empty() || queue_.front() != r) {  // cancelled meanwhile (its event is out)
+        if (l->kv) pool_->give_back(*l->kv);
+        continue;
+      }
       queue_.pop_front();
       running_[r->id] = r;
     }
@@ -341,10 +296,10 @@ bool Scheduler::admit() {
     l->t0 = std::chrono::steady_clock::now();
     l->progress = [this, req = r.get()](const int64_t* x, int64_t n) { report(*req, x, n); };
     try {
-      l->stop = std::make_unique<Stop>(o.timeout_s, &r->cancel, r->stream ? &l->progress : nullptr);
+      l->stop = std::make_unique<Stop>(o.timeout_s, &r->cancel, r->stream ? &l->progress : nullptr, &r->reason);
       l->d = make_decoder(model_, r->prompt, o, *l->stop, l->kv ? l->kv->view : at::Tensor());
     } catch (...) {
-      retire(*l, failed_event(r->id, std::current_exception(), r->cancel));
+      retire(*l, failed_event(r->id, std::current_exception(), r->cancel, r->reason));
       continue;
     }
     live_.push_back(std::move(l));
@@ -357,23 +312,12 @@ void Scheduler::run_step() {
   std::vector<Live*> stepping;
   for (auto& up : live_) {
     Live& l = *up;
+    if (finish_if_done(l)) continue;
     try {
-      if (l.d->done()) {
-        RequestEvent ev;
-        ev.id = l.r->id;
-        ev.kind = RequestEvent::kFinished;
-        DecodeResult res = l.d->finish();
-        res.stats.wall_ms =
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - l.t0).count();
-        ev.tokens = std::move(res.tokens);
-        ev.stats = std::move(res.stats);
-        retire(l, std::move(ev));
-        continue;
-      }
       l.plan = l.d->plan();
       stepping.push_back(&l);
     } catch (...) {
-      retire(l, failed_event(l.r->id, std::current_exception(), l.r->cancel));
+      retire(l, failed_event(l.r->id, std::current_exception(), l.r->cancel, l.r->reason));
     }
   }
   // 2. Their index buffers in one host-to-device copy; each forward's inputs from its own part.
@@ -398,7 +342,7 @@ void Scheduler::run_step() {
       entries.push_back({&l.batch, l.kv ? l.kv->first : 0, l.r->length});
       forwarding.push_back(&l);
     } catch (...) {
-      retire(l, failed_event(l.r->id, std::current_exception(), l.r->cancel));
+      retire(l, failed_event(l.r->id, std::current_exception(), l.r->cancel, l.r->reason));
     }
   }
   // 3. One packed forward per KV mode.
@@ -409,7 +353,7 @@ void Scheduler::run_step() {
   }
   for (size_t i = 0; i < forwarding.size(); ++i) {
     if (entries[i].error) {
-      retire(*forwarding[i], failed_event(forwarding[i]->r->id, entries[i].error, forwarding[i]->r->cancel));
+      retire(*forwarding[i], failed_event(forwarding[i]->r->id, entries[i].error, forwarding[i]->r->cancel, forwarding[i]->r->reason));
     } else {
       forwarding[i]->logits = entries[i].logits;
     }
@@ -424,7 +368,7 @@ void Scheduler::run_step() {
       all.insert(all.end(), l->readout.begin(), l->readout.end());
       reading.push_back(l);
     } catch (...) {
-      retire(*l, failed_event(l->r->id, std::current_exception(), l->r->cancel));
+      retire(*l, failed_event(l->r->id, std::current_exception(), l->r->cancel, l->r->reason));
     }
   }
   const std::vector<at::Tensor> back = read_back(all);
@@ -436,12 +380,30 @@ void Scheduler::run_step() {
     try {
       l->d->absorb(l->plan, l->logits, mine);
     } catch (...) {
-      retire(*l, failed_event(l->r->id, std::current_exception(), l->r->cancel));
+      retire(*l, failed_event(l->r->id, std::current_exception(), l->r->cancel, l->r->reason));
     }
     l->logits = at::Tensor();
     l->readout.clear();
+    if (l->d) finish_if_done(*l);  // its KV rows free for the next step's admissions
   }
   live_.erase(std::remove_if(live_.begin(), live_.end(), [](const auto& l) { return !l->d; }), live_.end());
+}
+
+bool Scheduler::finish_if_done(Live& l) {
+  try {
+    if (!l.d->done()) return false;
+    RequestEvent ev;
+    ev.id = l.r->id;
+    ev.kind = RequestEvent::kFinished;
+    DecodeResult res = l.d->finish();
+    res.stats.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - l.t0).count();
+    ev.tokens = std::move(res.tokens);
+    ev.stats = std::move(res.stats);
+    retire(l, std::move(ev));
+  } catch (...) {
+    retire(l, failed_event(l.r->id, std::current_exception(), l.r->cancel, l.r->reason));
+  }
+  return true;
 }
 
 void Scheduler::retire(Live& l, RequestEvent ev) {
@@ -551,7 +513,8 @@ namespace blockbatch {
 
 std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<std::vector<int64_t>>& prompts,
                                        const std::vector<DecodeOptions>& options, int64_t max_batch,
-                                       int64_t kv_budget_bytes, const int64_t* cancel, BatchStats* stats,
+                                       int64_t kv_budget_bytes, const int64_t* cancel, int64_t* reason,
+                                       BatchStats* stats,
                                        const StepCurve& curve, bool pad_packs) {
   const int64_t n = static_cast<int64_t>(prompts.size());
   TORCH_CHECK_VALUE(static_cast<int64_t>(options.size()) == n, "decode_batch: ", n, " prompts but ", options.size(),
@@ -594,6 +557,7 @@ std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<s
   if (kv_budget_bytes > 0) scheduler_pool_rows(model, workers, max_length, kv_budget_bytes, pad_packs);
   std::vector<DecodeResult> results(n);
   std::vector<std::exception_ptr> errors(n);
+  std::vector<int64_t> reasons(n, 0);
   {
     // branch_budget = auto without a curve: measured now (at most a second).
     const bool adaptive = std::any_of(options.begin(), options.end(), [](const DecodeOptions& o) {
@@ -619,6 +583,7 @@ std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<s
           results[i].stats = std::move(ev.stats);
         } else {
           errors[i] = ev.exception;
+          reasons[i] = ev.reason;
         }
       }
     }
@@ -635,6 +600,7 @@ std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<s
   }
   for (int64_t i = 0; i < n; ++i) {
     if (!errors[i]) continue;
+    if (reason != nullptr) *reason = reasons[i];
     try {
       std::rethrow_exception(errors[i]);
     } catch (c10::Error& e) {

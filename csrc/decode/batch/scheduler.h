@@ -28,6 +28,7 @@
 
 #include "decode/batch/kv_pool.h"
 #include "decode/batch/pack.h"
+#include "decode/budget.h"
 #include "decode/decode.h"
 
 namespace blockbatch {
@@ -40,6 +41,7 @@ struct RequestEvent {
   std::vector<int64_t> tokens;  // kTokens: the newly stable generation tokens; kFinished: [prompt | generation]
   DecodeStats stats;            // kFinished
   std::string error;            // kFailed / kCancelled: the message
+  int64_t reason = 0;           // kFailed / kCancelled: the StopReason (decode/stop.h), 0 for other errors
   std::exception_ptr exception;  // kFailed / kCancelled: the error itself
 };
 
@@ -48,35 +50,11 @@ int64_t kv_rows_needed(const DecodeOptions& resolved);
 // Bytes of one KV row of `length` positions on `config`'s model in `dtype`.
 int64_t kv_row_bytes(const ModelConfig& config, c10::ScalarType dtype, int64_t length);
 
-// Seconds of one packed forward by query tokens: the step-time curve the load-adaptive branch
-// budget reads (branch_budget = auto). Piecewise linear between the points; beyond the last, the
-// last segment's slope.
-struct StepCurve {
-  std::vector<int64_t> tokens;  // ascending
-  std::vector<double> seconds;  // non-decreasing
-  bool empty() const { return tokens.empty(); }
-  double at(int64_t tokens) const;
-};
-
 // Measures the curve on `model`: forwards of T = 16, 32, 64, ... query tokens (rows of up to 128
 // tokens, full mode, logits for every token as a block step has), the median of 3 after a
 // warm-up, doubling T until one forward takes more than limit_s / 8, T reaches 4096 or limit_s
 // is spent.
 StepCurve measure_step_curve(const Network& model, double limit_s);
-
-// The block sizes branch_budget = auto keeps for a request admitted while `load` requests decode
-// (itself included): the branch nearest block_length is the anchor (a dual cache's query); the
-// step may carry as many tokens as cost at most (1 + slack) times the step of `load` anchors, of
-// which this request gets 1 / load (at least the anchor); the largest branches are dropped first
-// and, once the anchor is the largest left, the smallest, down to the anchor alone.
-std::vector<int64_t> budget_branches(const std::vector<int64_t>& sizes, int64_t block_length, int64_t load,
-                                     const StepCurve& curve, double slack = 0.10);
-
-// A blockbatch request left with one branch decodes as a dual cache of that block size (with
-// blockbatch's threshold and EOS exit): one branch has nothing to merge or sync with, and the
-// dual cache's loop does the same forwards without the branch bookkeeping (ALGORITHMS.md 9.4).
-// Other options are returned as they are.
-DecodeOptions single_branch_as_dual(DecodeOptions o);
 
 // Many requests at once (the Scheduler below): up to max_batch decode together, their forwards
 // packed into one per step; each request's result equals its decode() alone. kv_budget_bytes:
@@ -93,6 +71,7 @@ struct BatchStats {
 std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<std::vector<int64_t>>& prompts,
                                        const std::vector<DecodeOptions>& options, int64_t max_batch,
                                        int64_t kv_budget_bytes = 0, const int64_t* cancel = nullptr,
+                                       int64_t* reason = nullptr,
                                        BatchStats* stats = nullptr, const StepCurve& curve = {},
                                        bool pad_packs = false);
 
@@ -151,11 +130,13 @@ class Scheduler {
     bool stream;
     int64_t length;           // prompt + gen_length
     int64_t cancel = 0;       // Stop's flag
+    int64_t reason = 0;       // Stop's StopReason
     int64_t stable = 0;       // generation tokens reported so far
   };
   struct Live;  // a request decoding: its decoder, stop, KV lease (scheduler.cpp)
   bool admit();          // the driver: queued requests into live_ while they fit
   void run_step();       // the driver: one step of every live decoder
+  bool finish_if_done(Live& l);  // finished: its event out, its rows free; true when it left
   void retire(Live& l, RequestEvent ev);
   void report(Request& r, const int64_t* canvases, int64_t numel);
   void push(RequestEvent ev);

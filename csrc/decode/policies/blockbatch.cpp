@@ -160,7 +160,7 @@ class BlockBatchDecoder final : public Decoder {
                 ")";
         if (init) break;
       }
-      Stop::no_progress(static_cast<int64_t>(stats_.steps.size()) - 1, what);
+      stop_.no_progress(static_cast<int64_t>(stats_.steps.size()) - 1, what);
     }
     if (p.kind == StepKind::kBlock) {
       after_block_step();

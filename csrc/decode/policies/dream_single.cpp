@@ -286,7 +286,7 @@ class DreamCached final : public dream::HostCanvasDecoder {
       ++block_;
       start_ = true;
     } else if (left == n) {  // the authors' loop would never end: the model proposes the mask id itself
-      Stop::no_progress(static_cast<int64_t>(st_.steps.size()) - 1,
+      stop_.no_progress(static_cast<int64_t>(st_.steps.size()) - 1,
                         "block " + std::to_string(block_) + ", positions [" + std::to_string(s) + ", " +
                             std::to_string(e) + "): the model proposes the mask id for every mask left");
     }

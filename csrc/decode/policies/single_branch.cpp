@@ -44,7 +44,7 @@ class SingleBranch final : public Decoder {
     // b steps; the fixed schedule has exactly steps_per_block entries summing to b.
     const int64_t max_steps = schedule_.empty() ? b_ : static_cast<int64_t>(schedule_.size());
     if (step_ >= max_steps) {
-      Stop::no_progress(static_cast<int64_t>(st_.steps.size()), where() + ": the fixed schedule's " +
+      stop_.no_progress(static_cast<int64_t>(st_.steps.size()), where() + ": the fixed schedule's " +
                         std::to_string(max_steps) + " steps left " + std::to_string(masks_left_) + " masks");
     }
     StepPlan p;
@@ -98,7 +98,7 @@ class SingleBranch final : public Decoder {
     const int64_t eos_in_block = counts.const_data_ptr<int64_t>()[2];
     st_.steps.push_back({committed, p.q.size()});
     st_.branches[0].committed += committed;
-    if (committed == 0 && masks_left_ > 0) Stop::no_progress(static_cast<int64_t>(st_.steps.size()) - 1, where());
+    if (committed == 0 && masks_left_ > 0) stop_.no_progress(static_cast<int64_t>(st_.steps.size()) - 1, where());
     ++step_;
     if (masks_left_ > 0) return;
     // Earlier blocks held no EOS (the decode would have stopped), so an EOS in [lp, e) is in this block.
