@@ -22,15 +22,11 @@ StepKey StepPlan::key(bool with_kv, int64_t buffer_size) const {
 
 std::unique_ptr<Decoder> make_decoder(const Network& model, const std::vector<int64_t>& prompt,
                                       const DecodeOptions& o, const Stop& stop, at::Tensor kv) {
+  if (o.policy != Policy::kBlockBatch) return single_branch_decoder(model, prompt, o, stop, std::move(kv));
   if (rules_for(model.config().family).readout == Readout::kHostTopk) {
-    switch (o.policy) {
-      case Policy::kVanilla: return dream_vanilla_decoder(model, prompt, o, stop);
-      case Policy::kBlockBatch: return dream_blockbatch_decoder(model, prompt, o, stop, std::move(kv));
-      default: return dream_cached_decoder(model, prompt, o, stop, std::move(kv));
-    }
+    return dream_blockbatch_decoder(model, prompt, o, stop, std::move(kv));
   }
-  return o.policy == Policy::kBlockBatch ? blockbatch_decoder(model, prompt, o, stop, std::move(kv))
-                                         : single_branch_decoder(model, prompt, o, stop, std::move(kv));
+  return blockbatch_decoder(model, prompt, o, stop, std::move(kv));
 }
 
 DecodeResult drive(const Network& model, Decoder& d, StepRunner& runner) {

@@ -27,7 +27,7 @@
 #include <string>
 #include <utility>
 
-#include "decode/policies/dream.h"
+#include "decode/policies/host_canvas.h"
 
 namespace blockbatch {
 
@@ -49,7 +49,7 @@ struct Branch {
 
 enum class Exit { kNone, kEosReady, kBranchComplete, kAllDone };
 
-class DreamBlockBatch final : public dream::HostCanvasDecoder {
+class DreamBlockBatch final : public host::HostCanvasDecoder {
  public:
   DreamBlockBatch(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o, const Stop& stop,
                   at::Tensor kv)
@@ -126,7 +126,7 @@ class DreamBlockBatch final : public dream::HostCanvasDecoder {
     st.winner = winner_;
     st.winner_block_size = br_[winner_].block;
     for (const Branch& b : br_) st.branches.push_back(b.stats);
-    dream::finish_stats(st);
+    host::finish_stats(st);
     return res;
   }
 
@@ -232,7 +232,7 @@ class DreamBlockBatch final : public dream::HostCanvasDecoder {
     if (std::any_of(pos.begin(), pos.end(), [](int64_t p) { return p >= 0; })) {
       at::Tensor lg = logits.to(at::kFloat).clone();
       lg.select(1, mask_).fill_(kMaskPenalty);
-      const at::Tensor pred = dream::to_host({std::get<1>(at::topk(proposable(lg), 1))})[0];
+      const at::Tensor pred = host::to_host({std::get<1>(at::topk(proposable(lg), 1))})[0];
       token.assign(pred.const_data_ptr<int64_t>(), pred.const_data_ptr<int64_t>() + pred.numel());
     }
     size_t k = 0;
@@ -363,7 +363,7 @@ class DreamBlockBatch final : public dream::HostCanvasDecoder {
     const at::Tensor pred = std::get<1>(at::topk(proposable(lg), 1));
     const at::Tensor conf = at::gather(at::softmax(lg, -1), -1, pred).squeeze(-1);
     auto [pv, pid] = at::topk(at::softmax(logits, -1), std::min(K_, logits.size(-1)));
-    const std::vector<at::Tensor> h = dream::to_host({pred.squeeze(-1), conf, pid, pv});
+    const std::vector<at::Tensor> h = host::to_host({pred.squeeze(-1), conf, pid, pv});
     for (size_t i = 0; i < todo_.size(); ++i) absorb(*todo_[i], first_[i], h);
   }
 

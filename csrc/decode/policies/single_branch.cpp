@@ -1,17 +1,38 @@
-// Single-branch policies (ALGORITHMS.md section 3): vanilla, prefix cache, dual cache, as a step
-// machine (decode/decoder.h). Blocks are aligned at the prompt end and decoded left to right; every
-// block loops until it holds no mask (checked before each step). The python twin is
-// reference/policies.py. The canvas lives on the model's device; a step = one H2D copy of its index
-// buffer, forward, confidence, commit_ on the device, one D2H copy of the counts (on CUDA, alone, the
-// step replays a recorded graph once its shape has been seen).
+// Single-branch policies for every family (ALGORITHMS.md 3, 5.2, 5.3): vanilla, prefix cache, dual
+// cache, as a step machine (decode/decoder.h). The python twins are reference/policies.py (the
+// device-readout rules) and reference/dream.py (dream_vanilla, dream_cached).
+//
+// The skeleton, the same for every family: blocks [s, e) left to right; a vanilla step and a cached
+// block's first step run the whole canvas (at a cached block start its K/V fill the cache), the
+// other steps the window (dual: the block against the whole cached canvas; prefix: block and
+// suffix against the frozen prefix [0, s)). The family's rules (decode/family.h) fill in:
+//   VanillaSchedule  kBlockFixed: blocks of block_length; kTimestep: one block over the generation
+//                    and `steps` forwards, step i committing int(masks * (1 - t[i+1] / t[i]))
+//   SeedRule         what a cached block's full forward commits: by the commit rule like any step,
+//                    or exactly the block's first mask (its argmax), a window step following always
+//   logit_shift      canvas position p reads output p - shift (inside a window: at least output 0)
+//   Readout          where the canvas lives and how a step's logits become commits: on the device
+//                    (confidence + commit_, one readback of three counts), or on the host (the
+//                    proposal and at::topk ranking in the reference's order; host_canvas.h)
+// A block ends when it holds no mask, or (kTimestep) after its schedule's last step.
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/div.h>
 #include <ATen/ops/from_blob.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/linspace.h>
+#include <ATen/ops/rand.h>
+#include <ATen/ops/softmax.h>
 #include <ATen/ops/tensor.h>
+#include <ATen/ops/topk.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <limits>
 #include <string>
 
-#include "decode/decoder.h"
+#include "decode/family.h"
+#include "decode/policies/host_canvas.h"
 #include "kernels/cpu/commit_rules.h"
 #include "ops/ops.h"
 
@@ -19,72 +40,81 @@ namespace blockbatch {
 
 namespace {
 
-class SingleBranch final : public Decoder {
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// One step as the skeleton plans it.
+struct Step {
+  int64_t s = 0, e = 0;  // the block
+  int64_t out0 = 0;      // the canvas position of the forward's first output
+  int64_t outputs = 0;   // the forward's outputs
+  bool seed = false;     // a cached block start under SeedRule::kFirstMaskArgmax
+  int64_t count = 0;     // the fixed schedule's count for this step (0: another rule)
+  bool timestep = false; // a kTimestep step:
+  float ratio = 0;       //   1 - t[i+1] / t[i] (float32, as the reference's tensors)
+  bool last = false;     //   the schedule's last step (every mask is committed)
+};
+
+struct Commits {
+  int64_t committed = 0, masks_left = 0;
+  bool eos = false;  // the block holds an EOS (stop_on_eos)
+};
+
+// The family's readout (FamilyRules::readout): the canvas, and a step's logits turned into commits.
+class Canvas {
  public:
-  SingleBranch(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o, const Stop& stop,
-               at::Tensor kv)
-      : model_(model), c_(model.config()), o_(o), stop_(stop), lp_(static_cast<int64_t>(prompt.size())),
-        L_(lp_ + o.gen_length), b_(o.block_length), blocks_(o.gen_length / b_),
-        steps_per_block_(o.commit() == CommitRule::kFixed ? *o.steps / blocks_ : 0), sampling_(o.temperature > 0),
+  virtual ~Canvas() = default;
+  virtual void check(const Stop& stop, int64_t forwards) const = 0;
+  // The outputs the step reads (p.q.logit_index) and the readout's entries (p.extra).
+  virtual void reads(StepPlan& p, const Step& s) = 0;
+  virtual at::Tensor tokens_from(const StepPlan& p, const at::Tensor& buffer) const = 0;
+  virtual std::vector<at::Tensor> after_forward(const StepPlan& p, const at::Tensor& buffer,
+                                                const at::Tensor& logits) = 0;
+  virtual Commits absorb(const StepPlan& p, const Step& s, const at::Tensor& logits,
+                         const std::vector<at::Tensor>& host) = 0;
+  virtual void fill_eos(int64_t from) = 0;
+  virtual std::vector<int64_t> tokens() = 0;
+};
+
+// Output row of canvas position `pos` in a forward whose first output is position `out0`.
+int64_t output_of(int64_t pos, int64_t shift, int64_t out0) { return std::max<int64_t>(pos - shift - out0, 0); }
+
+// The device readout (Readout::kDevice): canvas [L] on the model's device; a step = confidence and
+// commit_ on the device (or, sampling, host proposals from the seeded generator, the reference's
+// draws), one readback of (committed, masks left, EOS in the block).
+class DeviceReadout final : public Canvas {
+ public:
+  DeviceReadout(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o, int64_t b)
+      : model_(model), c_(model.config()), o_(o), L_(static_cast<int64_t>(prompt.size()) + o.gen_length), b_(b),
+        sampling_(o.temperature > 0),
         generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))) {
-    st_.branches.push_back(BranchStats{b_});
-    if (o.policy != Policy::kVanilla) kv_ = kv.defined() ? std::move(kv) : model.new_kv(1, L_);
     std::vector<int64_t> init(L_, c_.mask_token_id);
     std::copy(prompt.begin(), prompt.end(), init.begin());
     canvas_ = at::from_blob(init.data(), {L_}, at::kLong).to(model.device(), false, /*copy=*/true);
-    start_block();
   }
 
-  bool done() const override { return block_ >= blocks_; }
+  void check(const Stop& stop, int64_t forwards) const override { stop.check(forwards, canvas_); }
 
-  StepPlan plan() override {
-    const int64_t s = lp_ + block_ * b_, e = s + b_;
-    stop_.check(st_.nfe_full + st_.nfe_block, canvas_);
-    // Bound: every step commits at least one token (or fails in absorb), so a block takes at most
-    // b steps; the fixed schedule has exactly steps_per_block entries summing to b.
-    const int64_t max_steps = schedule_.empty() ? b_ : static_cast<int64_t>(schedule_.size());
-    if (step_ >= max_steps) {
-      stop_.no_progress(static_cast<int64_t>(st_.steps.size()), where() + ": the fixed schedule's " +
-                        std::to_string(max_steps) + " steps left " + std::to_string(masks_left_) + " masks");
+  void reads(StepPlan& p, const Step& s) override {
+    const int64_t shift = rules_for(c_.family).logit_shift;
+    if (!(s.out0 == s.s && s.outputs == b_ && shift == 0)) {  // else the forward's outputs are the block
+      for (int64_t q = s.s; q < s.e; ++q) p.q.logit_index.push_back(output_of(q, shift, s.out0));
     }
-    StepPlan p;
     p.sampling = sampling_;
-    if (o_.policy == Policy::kVanilla || step_ == 0) {  // whole canvas; at a cached block start its K/V fill the buffer
-      p.q.add_positions(0, L_, 0);
-      for (int64_t q = s; q < e; ++q) p.q.logit_index.push_back(q);
-      p.mode = KvMode::kFull;
-      p.kind = StepKind::kBlockStart;
-      st_.nfe_full += 1;
-    } else if (o_.policy == Policy::kDual) {  // the block against the whole cached canvas
-      p.q.add_positions(s, e, 0);
-      p.mode = KvMode::kDual;
-      p.kind = StepKind::kWindow;
-      st_.nfe_block += 1;
-    } else {  // prefix: block + whole suffix against the frozen prefix [0, s)
-      p.q.add_positions(s, L_, 0);
-      p.q.prefix_lens.push_back(s);
-      for (int64_t i = 0; i < b_; ++i) p.q.logit_index.push_back(i);
-      p.mode = KvMode::kPrefix;
-      p.kind = StepKind::kWindow;
-      st_.nfe_block += 1;
-    }
-    if (o_.policy == Policy::kVanilla) p.kind = StepKind::kStep;
-    // The policy's entries: the commit window, then the fixed rule's count for this step.
-    for (int64_t q = s; q < e; ++q) p.extra.push_back(q);
-    p.extra.push_back(schedule_.empty() ? 0 : schedule_.at(step_));
-    return p;
+    // The commit window, then the fixed rule's count for this step.
+    for (int64_t q = s.s; q < s.e; ++q) p.extra.push_back(q);
+    p.extra.push_back(s.count);
   }
 
   at::Tensor tokens_from(const StepPlan&, const at::Tensor&) const override { return canvas_; }
 
   std::vector<at::Tensor> after_forward(const StepPlan& p, const at::Tensor& buffer, const at::Tensor& logits) override {
-    if (sampling_) return {logits.to(at::kDouble)};  // proposals from the seeded host generator (the reference's draws)
+    if (sampling_) return {logits.to(at::kDouble)};  // proposals from the seeded host generator
     auto [token, conf] = ops::confidence(logits.contiguous(), c_.mask_token_id);
     return {commit(buffer.narrow(0, p.base, b_ + 1), token, conf)};
   }
 
-  void absorb(const StepPlan& p, const at::Tensor&, const std::vector<at::Tensor>& host) override {
-    at::Tensor counts = sampling_ ? at::Tensor() : host[0];
+  Commits absorb(const StepPlan& p, const Step&, const at::Tensor&, const std::vector<at::Tensor>& host) override {
+    at::Tensor counts = host[0];
     if (sampling_) {  // commit the host proposals: window and count uploaded again
       const Proposals prop = sample_proposals(host[0], c_.mask_token_id, o_.temperature, generator_);
       std::vector<int64_t> extra = p.extra;
@@ -93,47 +123,18 @@ class SingleBranch final : public Decoder {
                       at::tensor(prop.conf, at::kDouble).to(model_.device()))
                    .cpu();
     }
-    const int64_t committed = counts.const_data_ptr<int64_t>()[0];
-    masks_left_ = counts.const_data_ptr<int64_t>()[1];
-    const int64_t eos_in_block = counts.const_data_ptr<int64_t>()[2];
-    st_.steps.push_back({committed, p.q.size()});
-    st_.branches[0].committed += committed;
-    if (committed == 0 && masks_left_ > 0) stop_.no_progress(static_cast<int64_t>(st_.steps.size()) - 1, where());
-    ++step_;
-    if (masks_left_ > 0) return;
-    // Earlier blocks held no EOS (the decode would have stopped), so an EOS in [lp, e) is in this block.
-    const int64_t e = lp_ + (block_ + 1) * b_;
-    if (*o_.stop_on_eos && eos_in_block) {
-      canvas_.narrow(0, e, L_ - e).fill_(c_.eos_token_id);
-      block_ = blocks_;
-      return;
-    }
-    ++block_;
-    if (!done()) start_block();
+    const int64_t* n = counts.const_data_ptr<int64_t>();
+    return Commits{n[0], n[1], n[2] != 0};
   }
 
-  DecodeResult finish() override {
-    DecodeResult res;
-    const at::Tensor tokens = canvas_.cpu();
-    res.tokens.assign(tokens.const_data_ptr<int64_t>(), tokens.const_data_ptr<int64_t>() + L_);
-    st_.nfe = st_.nfe_full + st_.nfe_block;
-    st_.nfe_paper = st_.nfe;
-    st_.branches[0].forwards = st_.nfe;
-    st_.winner_block_size = b_;
-    res.stats = std::move(st_);
-    return res;
+  void fill_eos(int64_t from) override { canvas_.narrow(0, from, L_ - from).fill_(c_.eos_token_id); }
+
+  std::vector<int64_t> tokens() override {
+    const at::Tensor t = canvas_.cpu();
+    return std::vector<int64_t>(t.const_data_ptr<int64_t>(), t.const_data_ptr<int64_t>() + L_);
   }
 
  private:
-  void start_block() {
-    step_ = 0;
-    masks_left_ = b_;  // a block starts all masks
-    schedule_ = o_.commit() == CommitRule::kFixed ? fixed_schedule(b_, steps_per_block_) : std::vector<int64_t>();
-  }
-  std::string where() const {
-    const int64_t s = lp_ + block_ * b_;
-    return "block " + std::to_string(block_) + ", positions [" + std::to_string(s) + ", " + std::to_string(s + b_) + ")";
-  }
   // commit_ on the device: window = extra[0, b), the fixed rule's count = extra[b].
   at::Tensor commit(const at::Tensor& extra, const at::Tensor& token, const at::Tensor& conf) const {
     return ops::commit_(canvas_, extra.narrow(0, 0, b_), token, conf, extra.narrow(0, b_, 1), c_.mask_token_id,
@@ -144,13 +145,284 @@ class SingleBranch final : public Decoder {
   const Network& model_;
   const ModelConfig& c_;
   const DecodeOptions o_;
-  const Stop& stop_;
-  const int64_t lp_, L_, b_, blocks_, steps_per_block_;
+  const int64_t L_, b_;
   const bool sampling_;
   at::Generator generator_;
   at::Tensor canvas_;
+};
+
+at::Tensor long_tensor(const std::vector<int64_t>& v, c10::Device device) {
+  return at::tensor(v, at::kLong).to(device);
+}
+
+// The host readout (Readout::kHostTopk): the canvas on the host, uploaded with each forward; the
+// step reads the outputs of the block's masks only and ranks with at::topk over a -inf-padded row,
+// as the reference does. Rules: a seed commits the first mask's argmax; a timestep step commits
+// int(masks * ratio) masks by alg (origin: each mask with probability ratio; alg_temp: drawn); a
+// window step commits the most confident mask and every other one with confidence >= threshold.
+// The mask id is not excluded from the proposals (as in Dream): a position may stay masked.
+class HostReadout final : public Canvas {
+ public:
+  HostReadout(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o)
+      : model_(model), o_(o), mask_(model.config().mask_token_id), limit_(model.config().proposal_limit()),
+        shift_(rules_for(model.config().family).logit_shift), L_(static_cast<int64_t>(prompt.size()) + o.gen_length),
+        threshold_(static_cast<float>(o.threshold.value_or(1.0))),
+        generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))) {
+    x_ = prompt;
+    x_.resize(L_, mask_);
+  }
+
+  void check(const Stop& stop, int64_t forwards) const override { stop.check(forwards, x_); }
+
+  void reads(StepPlan& p, const Step& s) override {
+    masked_.clear();  // the canvas positions the step reads, ascending
+    if (s.seed) {
+      masked_.push_back(s.s);
+    } else {
+      for (int64_t q = s.s; q < s.e; ++q) {
+        if (x_[q] == mask_) masked_.push_back(q);
+      }
+    }
+    for (int64_t q : masked_) p.q.logit_index.push_back(output_of(q, shift_, s.out0));
+    if (masked_.empty()) p.q.logit_index.push_back(0);  // nothing to read; the step still runs
+    p.extra = x_;
+  }
+
+  at::Tensor tokens_from(const StepPlan& p, const at::Tensor& buffer) const override {
+    return buffer.narrow(0, p.base, static_cast<int64_t>(p.extra.size()));
+  }
+
+  std::vector<at::Tensor> after_forward(const StepPlan&, const at::Tensor&, const at::Tensor&) override { return {}; }
+
+  Commits absorb(const StepPlan&, const Step& s, const at::Tensor& out, const std::vector<at::Tensor>&) override {
+    const at::Tensor logits = out.to(at::kFloat);
+    Commits c;
+    if (s.seed) {
+      const host::Proposal p = host::propose(logits, Alg::kConfidence, 0.0, generator_, o_.top_p, o_.top_k, limit_);
+      x_[s.s] = host::to_host({p.x0})[0].const_data_ptr<int64_t>()[0];
+      c.committed = 1;
+    } else if (s.timestep) {
+      c.committed = timestep(logits, s);
+    } else {
+      c.committed = by_threshold(logits, s);
+    }
+    c.masks_left = std::count(x_.begin() + s.s, x_.begin() + s.e, mask_);
+    return c;
+  }
+
+  void fill_eos(int64_t) override {}  // the host-readout families' single-branch decoders have no EOS stop
+
+  std::vector<int64_t> tokens() override { return std::move(x_); }
+
+ private:
+  // Commits the step's masks by the timestep rule; returns how many it wrote.
+  int64_t timestep(const at::Tensor& logits, const Step& s) {
+    const c10::Device dev = model_.device();
+    const int64_t n = static_cast<int64_t>(masked_.size());
+    const Alg alg = *o_.alg;
+    if (alg == Alg::kOrigin) {
+      // Each mask is unmasked with probability `ratio` (1 at the last step): uniform draws first,
+      // then the proposals of the chosen rows (both from the seeded generator, in that order).
+      const at::Tensor u = at::rand({n}, generator_, at::kFloat);
+      const float* up = u.const_data_ptr<float>();
+      std::vector<int64_t> rows, pos;
+      for (int64_t j = 0; j < n; ++j) {
+        if (s.last ? up[j] < 1.0f : up[j] < s.ratio) rows.push_back(j), pos.push_back(masked_[j]);
+      }
+      if (rows.empty()) return 0;
+      const host::Proposal p = host::propose(logits.index_select(0, long_tensor(rows, dev)), alg, o_.temperature,
+                                             generator_, o_.top_p, o_.top_k, limit_);
+      const at::Tensor x0 = host::to_host({p.x0})[0];
+      for (size_t j = 0; j < pos.size(); ++j) x_[pos[j]] = x0.const_data_ptr<int64_t>()[j];
+      return static_cast<int64_t>(rows.size());
+    }
+    if (n == 0) return 0;
+    const host::Proposal p = host::propose(logits, alg, o_.temperature, generator_, o_.top_p, o_.top_k, limit_);
+    const int64_t k = s.last ? n : static_cast<int64_t>(static_cast<float>(n) * s.ratio);
+    if (k == 0) return 0;
+    at::Tensor full = at::full({1, L_}, -kInf, logits.options());
+    full.select(0, 0).index_put_({long_tensor(masked_, dev)}, p.conf);
+    const at::Tensor picked = o_.alg_temp > 0
+                                  ? host::multinomial(at::softmax(at::div(full, o_.alg_temp), -1), k, generator_)
+                                  : std::get<1>(at::topk(full, k));
+    const std::vector<at::Tensor> host = host::to_host({picked, p.x0});
+    std::vector<int64_t> slot(L_, -1);  // canvas position -> its row among the masks
+    for (int64_t j = 0; j < n; ++j) slot[masked_[j]] = j;
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t at_ = host[0].const_data_ptr<int64_t>()[j];
+      TORCH_CHECK(at_ >= 0 && at_ < L_ && slot[at_] >= 0, "vanilla (timestep schedule): internal error: picked "
+                  "position ", at_, ", which holds no mask");
+      x_[at_] = host[1].const_data_ptr<int64_t>()[slot[at_]];
+    }
+    return k;
+  }
+
+  // Commits the most confident mask of the window and every other one rated >= threshold (ranked
+  // over the forward's outputs, as the authors' row of end - s confidences); returns how many
+  // positions it unmasked.
+  int64_t by_threshold(const at::Tensor& logits, const Step& s) {
+    const int64_t n = static_cast<int64_t>(masked_.size());
+    if (n == 0) return 0;
+    const host::Proposal p = host::propose(logits, Alg::kConfidence, 0.0, generator_, o_.top_p, o_.top_k, limit_);
+    std::vector<int64_t> rel;
+    for (int64_t q : masked_) rel.push_back(q - s.s);
+    at::Tensor full = at::full({1, s.outputs}, -kInf, logits.options());
+    full.select(0, 0).index_put_({long_tensor(rel, model_.device())}, p.conf);
+    auto [top_conf, top_idx] = at::topk(full, n);
+    const std::vector<at::Tensor> host = host::to_host({top_conf.to(at::kFloat), top_idx, p.x0});
+    const int64_t b = s.e - s.s;
+    std::vector<int64_t> slot(b, -1);
+    for (int64_t j = 0; j < n; ++j) slot[rel[j]] = j;
+    int64_t committed = 0;
+    for (int64_t r = 0; r < n; ++r) {
+      if (r > 0 && static_cast<float>(host[0].const_data_ptr<double>()[r]) < threshold_) continue;
+      const int64_t j = host[1].const_data_ptr<int64_t>()[r];
+      TORCH_CHECK(j >= 0 && j < b && slot[j] >= 0, "cached decode: internal error: ranked position ", s.s + j,
+                  ", which holds no mask");
+      x_[s.s + j] = host[2].const_data_ptr<int64_t>()[slot[j]];
+      committed += x_[s.s + j] != mask_;
+    }
+    return committed;
+  }
+
+  const Network& model_;
+  const DecodeOptions o_;
+  const int64_t mask_, limit_, shift_, L_;
+  const float threshold_;  // compared with float32 confidences
+  at::Generator generator_;
+  std::vector<int64_t> x_, masked_;
+};
+
+class SingleBranch final : public Decoder {
+ public:
+  SingleBranch(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o, const Stop& stop,
+               at::Tensor kv)
+      : rules_(rules_for(model.config().family)), o_(o), stop_(stop), lp_(static_cast<int64_t>(prompt.size())),
+        L_(lp_ + o.gen_length), timestep_(o.policy == Policy::kVanilla && rules_.vanilla == VanillaSchedule::kTimestep),
+        seeded_(o.policy != Policy::kVanilla && rules_.full_forward == SeedRule::kFirstMaskArgmax),
+        b_(timestep_ ? o.gen_length : o.block_length), blocks_(o.gen_length / b_),
+        steps_per_block_(timestep_ ? o.steps.value_or(o.gen_length)
+                         : o.commit() == CommitRule::kFixed ? *o.steps / blocks_ : 0) {
+    if (rules_.readout == Readout::kHostTopk) {
+      readout_ = std::make_unique<HostReadout>(model, prompt, o);
+    } else {
+      readout_ = std::make_unique<DeviceReadout>(model, prompt, o, b_);
+    }
+    if (timestep_) timesteps_ = at::linspace(1, o.eps, steps_per_block_ + 1, at::kFloat);
+    st_.branches.push_back(BranchStats{timestep_ ? 0 : b_});
+    if (o.policy != Policy::kVanilla) kv_ = kv.defined() ? std::move(kv) : model.new_kv(1, L_);
+    start_block();
+  }
+
+  bool done() const override { return block_ >= blocks_; }
+
+  StepPlan plan() override {
+    readout_->check(stop_, st_.nfe_full + st_.nfe_block);
+    // Bound: every step commits at least one token (or fails in absorb), so a block takes at most
+    // b steps (and its seed); a schedule has exactly its steps.
+    const int64_t max_steps = !schedule_.empty() ? static_cast<int64_t>(schedule_.size())
+                              : timestep_        ? steps_per_block_
+                                                 : b_ + seeded_;
+    if (step_ >= max_steps) {
+      stop_.no_progress(static_cast<int64_t>(st_.steps.size()), where() + ": the schedule's " +
+                        std::to_string(max_steps) + " steps left " + std::to_string(masks_left_) + " masks");
+    }
+    s_ = Step{};
+    s_.s = lp_ + block_ * b_;
+    s_.e = s_.s + b_;
+    StepPlan p;
+    if (o_.policy == Policy::kVanilla || step_ == 0) {  // whole canvas; at a cached block start its K/V fill the cache
+      p.q.add_positions(0, L_, 0);
+      p.mode = KvMode::kFull;
+      p.kind = o_.policy == Policy::kVanilla ? StepKind::kStep : StepKind::kBlockStart;
+      s_.seed = seeded_;
+      st_.nfe_full += 1;
+    } else {  // dual: the block against the whole cached canvas; prefix: block + suffix against [0, s)
+      const bool dual = o_.policy == Policy::kDual;
+      p.q.add_positions(s_.s, dual ? s_.e : L_, 0);
+      if (!dual) p.q.prefix_lens.push_back(s_.s);
+      p.mode = dual ? KvMode::kDual : KvMode::kPrefix;
+      p.kind = StepKind::kWindow;
+      s_.out0 = s_.s;
+      st_.nfe_block += 1;
+    }
+    s_.outputs = p.q.size();
+    if (!schedule_.empty()) s_.count = schedule_.at(step_);
+    if (timestep_) {
+      const float* ts = timesteps_.const_data_ptr<float>();
+      s_.timestep = true;
+      s_.ratio = 1.0f - ts[step_ + 1] / ts[step_];
+      s_.last = step_ == steps_per_block_ - 1;
+    }
+    readout_->reads(p, s_);
+    return p;
+  }
+
+  at::Tensor tokens_from(const StepPlan& p, const at::Tensor& buffer) const override {
+    return readout_->tokens_from(p, buffer);
+  }
+
+  std::vector<at::Tensor> after_forward(const StepPlan& p, const at::Tensor& buffer, const at::Tensor& logits) override {
+    return readout_->after_forward(p, buffer, logits);
+  }
+
+  void absorb(const StepPlan& p, const at::Tensor& logits, const std::vector<at::Tensor>& host) override {
+    const Commits c = readout_->absorb(p, s_, logits, host);
+    masks_left_ = c.masks_left;
+    st_.steps.push_back({c.committed, p.q.size()});
+    st_.branches[0].committed += c.committed;
+    if (!timestep_ && c.committed == 0 && masks_left_ > 0) {
+      stop_.no_progress(static_cast<int64_t>(st_.steps.size()) - 1,
+                        where() + (rules_.readout == Readout::kHostTopk
+                                       ? ": the model proposes the mask id for every mask left"
+                                       : ""));
+    }
+    ++step_;
+    if (timestep_ ? step_ < steps_per_block_ : masks_left_ > 0 || s_.seed) return;
+    // Earlier blocks held no EOS (the decode would have stopped), so an EOS in [lp, e) is in this block.
+    if (*o_.stop_on_eos && c.eos) {
+      readout_->fill_eos(s_.e);
+      block_ = blocks_;
+      return;
+    }
+    ++block_;
+    if (!done()) start_block();
+  }
+
+  DecodeResult finish() override {
+    DecodeResult res;
+    res.tokens = readout_->tokens();
+    st_.nfe = st_.nfe_full + st_.nfe_block;
+    st_.nfe_paper = st_.nfe;
+    st_.branches[0].forwards = st_.nfe;
+    if (!timestep_) st_.winner_block_size = b_;
+    res.stats = std::move(st_);
+    return res;
+  }
+
+ private:
+  void start_block() {
+    step_ = 0;
+    masks_left_ = b_;  // a block starts all masks
+    schedule_ = !timestep_ && o_.commit() == CommitRule::kFixed ? fixed_schedule(b_, steps_per_block_)
+                                                                : std::vector<int64_t>();
+  }
+  std::string where() const {
+    const int64_t s = lp_ + block_ * b_;
+    return "block " + std::to_string(block_) + ", positions [" + std::to_string(s) + ", " + std::to_string(s + b_) + ")";
+  }
+
+  const FamilyRules& rules_;
+  const DecodeOptions o_;
+  const Stop& stop_;
+  const int64_t lp_, L_;
+  const bool timestep_, seeded_;
+  const int64_t b_, blocks_, steps_per_block_;
+  std::unique_ptr<Canvas> readout_;
+  at::Tensor timesteps_;
   int64_t block_ = 0, step_ = 0, masks_left_ = 0;
   std::vector<int64_t> schedule_;
+  Step s_;
   DecodeStats st_;
 };
 

@@ -1,10 +1,10 @@
-// Dream-family decoding (docs/ALGORITHMS.md section 5): the pieces the Dream policies share.
+// The host-canvas readout (FamilyRules::readout == Readout::kHostTopk; docs/ALGORITHMS.md 5.2-5.5):
+// what the policies share when a family ranks by at::topk's own order for equal values (Dream).
 //
-// Dream reads canvas position p from the model output at p - 1 (the "shift"). The Dream policies
-// keep the canvas on the host (it is uploaded with each forward's index buffer, a few KB) and run
-// the forward and the proposal maths on the model's device with the same ATen calls, on tensors of
-// the same shapes, as the float32 reference (python/blockbatch/reference/dream.py), so that on the
-// CPU ties fall the same way. Each step reads back only what the host bookkeeping needs.
+// The canvas stays on the host (uploaded with each forward's index buffer, a few KB); the forward
+// and the proposal maths run on the model's device with the same ATen calls, on tensors of the
+// same shapes, as the float32 reference (python/blockbatch/reference/dream.py), so that on the CPU
+// ties fall the same way. Each step reads back only what the host bookkeeping needs.
 #pragma once
 
 #include <ATen/core/Generator.h>
@@ -18,9 +18,9 @@
 
 #include "decode/decoder.h"
 
-namespace blockbatch::dream {
+namespace blockbatch::host {
 
-// Dream's proposal over the rows of `logits` ([n, V], float32): temperature scaling, top-p, top-k,
+// The proposal of the host-canvas families (Dream's sample_tokens) over the rows of `logits` ([n, V], float32): temperature scaling, top-p, top-k,
 // softmax; token = the most probable (first on ties) or a draw from `generator` when
 // temperature > 0, among the ids below `limit` (the softmax covers every id); confidence by `alg`
 // (probability, top-1 minus top-2, or minus the entropy).
@@ -35,7 +35,7 @@ Proposal propose(at::Tensor logits, Alg alg, double temperature, at::Generator& 
 // (a CPU generator: rows on another device are drawn on the host and moved back).
 at::Tensor multinomial(const at::Tensor& probs, int64_t samples, at::Generator& generator);
 
-// A Dream decoder: the canvas on the host, uploaded with each forward's index buffer (the plan's
+// A decoder whose canvas lives on the host, uploaded with each forward's index buffer (the plan's
 // extra entries), from which the forward gathers its tokens.
 class HostCanvasDecoder : public Decoder {
  public:
@@ -65,7 +65,7 @@ class HostCanvasDecoder : public Decoder {
 // Host copies of device tensors (any dtypes convertible to int64 / float64), in one copy.
 std::vector<at::Tensor> to_host(const std::vector<at::Tensor>& tensors);
 
-// Finishes the counters every Dream policy fills the same way (nfe: every forward).
+// Finishes the counters of a family that counts every forward (NfeCount::kEveryForward).
 void finish_stats(DecodeStats& st);
 
-}  // namespace blockbatch::dream
+}  // namespace blockbatch::host
