@@ -32,16 +32,17 @@ std::optional<c10::Stream> default_stream_of(c10::Device device) {
 }
 
 int64_t pack_bucket(int64_t n) {
-  for (int64_t p = 8;; p *= 2) {
-    if (n <= p) return p;
-    if (n <= p + p / 2) return p + p / 2;
-  }
+  if (n <= 8) return 8;
+  int64_t p = 8;
+  while (2 * p < n) p *= 2;  // p < n <= 2p
+  const int64_t step = p >= 64 ? p / 4 : p / 2;  // at most a quarter of padding past 64, half below
+  return p + (n - p + step - 1) / step * step;
 }
 
 #ifdef BLOCKBATCH_WITH_CUDA
 // The packed step's graphs, one per (mode, KV or none, token / row / logit-row buckets). They share
-// one memory pool and replay one after another; each keeps its static inputs and its logits, which
-// the requests read within the step and so before the next replay.
+// one memory pool and replay one after another, in any order; each keeps its static inputs and its
+// logits, which are copied out after each replay (below).
 struct PackedForward::Graphs {
   static constexpr int64_t kMaxGraphs = 24;  // beyond: eager (each graph keeps its logits alive)
   struct Entry {
@@ -159,10 +160,11 @@ void PackedForward::run(std::vector<Entry>& entries) {
 
 at::Tensor PackedForward::run_packed(ForwardBatch& b, int64_t n) {
   if (!pad_) return model_.forward(b);
-  // Buckets: the tokens' first (at least one pad token), then rows enough for the pad tokens in
-  // dummy rows of at most kDummyTokens, each with at least one token (else a larger token bucket).
+  // Buckets: the tokens' first, then rows enough for the pad tokens in dummy rows of at most
+  // kDummyTokens, each with at least one token (else a larger token bucket). A pack that already
+  // fills its buckets runs as it is (16 requests of 32 queries: 512 tokens, not 768).
   const int64_t T = b.tokens.size(0), R = b.cu_seqlens.size(0) - 1;
-  int64_t Tb = pack_bucket(T + 1), Rb = 0;
+  int64_t Tb = pack_bucket(T), Rb = 0;
   for (;;) {
     Rb = pack_bucket(R + (Tb - T + kDummyTokens - 1) / kDummyTokens);
     if (Rb - R <= Tb - T) break;
@@ -184,7 +186,7 @@ at::Tensor PackedForward::run_packed(ForwardBatch& b, int64_t n) {
     host.insert(host.end(), lens.begin(), lens.end());              // dual: its own keys only
   }
   if (prefix) host.insert(host.end(), static_cast<size_t>(D), 0);
-  host.insert(host.end(), static_cast<size_t>(Nb - n), T);  // any real index: these rows are dropped
+  host.insert(host.end(), static_cast<size_t>(Nb - n), 0);  // any real token: these rows are dropped
   const at::Tensor pad = at::tensor(host, b.tokens.options());
   int64_t used = 0;
   auto next = [&](int64_t k) {
@@ -213,7 +215,7 @@ at::Tensor PackedForward::run_packed(ForwardBatch& b, int64_t n) {
       Graphs::Entry& e = found->second;
       e.seen += 1;
       const c10::cuda::CUDAStream main = c10::cuda::getCurrentCUDAStream(model_.device().index());
-      if (!e.graph && e.seen >= 2) {  // its first use ran eagerly (below): cuBLAS and the kernels are warm
+      if (!e.graph && e.seen >= 2 && captures_ < Graphs::kMaxGraphs) {  // its first use ran eagerly (below): cuBLAS and the kernels are warm
         e.in = b;
         for (at::Tensor* t : {&e.in.tokens, &e.in.positions, &e.in.cu_seqlens, &e.in.kv_rows, &e.in.kv_lens,
                               &e.in.prefix_lens, &e.in.logit_index}) {
@@ -243,7 +245,11 @@ at::Tensor PackedForward::run_packed(ForwardBatch& b, int64_t n) {
         }
         stream_wait(main, g.side);
         ++replays_;
-        return e.logits.narrow(0, 0, n);
+        // A copy, made on the default stream before the next replay can start: the graphs share one
+        // memory pool and replay in any order, so a graph captured before this one may have been
+        // given this graph's logits' memory for its own intermediates, and a later replay in the
+        // same step (another KV mode's group) would overwrite them before the requests read them.
+        return e.logits.narrow(0, 0, n).clone();
       }
     }
   }

@@ -36,8 +36,9 @@ namespace blockbatch {
 // stream (for a c10::OptionalStreamGuard, which also sets the thread's device).
 std::optional<c10::Stream> default_stream_of(c10::Device device);
 
-// The bucket a pack of n tokens / rows / logit rows is padded to: 8, 12, 16, 24, 32, 48, 64, ...
-// (the powers of two and the midpoints between them), the first >= n.
+// The bucket a pack of n tokens / rows / logit rows is padded to, the first >= n of: 8, 12, 16,
+// 24, 32, 48, 64 (powers of two and their midpoints), then quarter steps (80, 96, 112, 128, 160,
+// ...), so a pack past 64 pads by at most a quarter.
 int64_t pack_bucket(int64_t n);
 
 // The memory a KV pool on `device` may at most take: the host's physical memory on the CPU, the
