@@ -4,7 +4,7 @@
 #   env.txt (GPU, toolkit, versions, kernel resource usage), gpu_check.log, gpu_tests.xml,
 #   bench_gpu_step.json, gpu_decode_check.json, bench_gpu_dream.json (+ .png), ops_tests.xml; then the opt-in kernels
 #   ("candidates", python/blockbatch/settings.py): candidate_tests_*.xml, bench_gpu_candidates.json,
-#   gpu_decode_candidates.json; the batching scheduler on CUDA (candidate BLOCKBATCH_CUDA_BATCHING=1):
+#   gpu_decode_candidates.json; the batching scheduler on CUDA (BLOCKBATCH_CUDA_BATCHING=1 / graphs):
 #   cuda_batching_tests.xml, bench_batch_{toy_fp32,toy_bf16,toy_fp32_graphs,toy_bf16_invariant}.json, then
 #   (batching8b) bench_batch_{llada8b,llada8b_graphs,llada8b_invariant}.json (+ .png); a short table ends the log.
 #   bash benchmarks/gpu_check.sh "$OUT" [PARTS]
@@ -62,7 +62,7 @@ export PYTHONUNBUFFERED=1
     timeout 150 "$PY" -m pytest -q --tb=short tests/cuda/test_cuda.py -m "not candidate" --junitxml="$OUT/gpu_tests.xml"
   fi
   if want batching; then
-    # The scheduler on CUDA (an opt-in candidate): its tests, then throughput and agreement vs one by
+    # The scheduler on CUDA (=1 the default, =graphs a candidate): its tests, then throughput and agreement vs one by
     # one (bench_batch.py sets BLOCKBATCH_CUDA_BATCHING=1 itself): the toy in float32 and bf16, and
     # LLaDA-8B's shape in bf16 (the GPU target: 6x one by one for dual at batch 16,
     # BlockBatch-auto within 10% of dual).

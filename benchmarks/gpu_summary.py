@@ -91,10 +91,14 @@ def candidate_test_files(d: str) -> list[str]:
     return sorted(glob.glob(os.path.join(d, "candidate_tests*.xml")))
 
 
-def verdicts(d: str) -> list[str]:
-    """Per candidate: did its GPU tests pass, and its graph replay against the default's, step by
-    step (ratios from the one process that timed both)? Worth making the default when its tests
-    pass, no step is more than 1% slower and one is at least 1% faster."""
+def verdicts(d: str, candidate_tests: dict | None = None) -> list[str]:
+    """Per candidate (``candidate_tests``: {name: test-name substrings}, default the table's): did its
+    GPU tests pass, and its graph replay against the default's, step by step (ratios from the one
+    process that timed both)? Worth making the default when its tests pass, no step is more than 1%
+    slower and one is at least 1% faster."""
+    candidate_tests = CANDIDATE_TESTS if candidate_tests is None else candidate_tests
+    if not candidate_tests:
+        return ["verdicts: no kernel candidates left in the settings table (python/blockbatch/settings.py)"]
     tests_xml, bench = candidate_test_files(d), os.path.join(d, "bench_gpu_candidates.json")
     if not (tests_xml and os.path.exists(bench)):
         return ["verdicts: candidate_tests*.xml or bench_gpu_candidates.json missing"]
@@ -102,9 +106,9 @@ def verdicts(d: str) -> list[str]:
               if case.find("failure") is not None or case.find("error") is not None]
     results = json.load(open(bench))["results"]
     lines = ["verdicts (candidate replay / default replay per step; < 1 is faster):"]
-    for name, needles in CANDIDATE_TESTS.items():
-        def concerns(test: str) -> bool:  # a parametrized id naming another GEMM kind is not this one's
-            kinds = {"stream", "staged"} & set(re.split(r"[\[\]-]", test))
+    for name, needles in candidate_tests.items():
+        def concerns(test: str) -> bool:  # a parametrized id naming another candidate is not this one's
+            kinds = set(candidate_tests) & set(re.split(r"[\[\]-]", test))
             return any(n in test for n in needles) and (not kinds or name in kinds)
         bad = [f for f in failed if concerns(f)]
         ratios = {f"{r['step']} L{r['L']}": r[name + "_replay_ms"] / r["default_replay_ms"]
@@ -183,7 +187,7 @@ def main(argv=None) -> int:
     out = tests(os.path.join(d, "gpu_tests.xml")) + tests(os.path.join(d, "ops_tests.xml"))
     out += steps(os.path.join(d, "bench_gpu_step.json")) + decode(os.path.join(d, "gpu_decode_check.json"))
     out += dream(os.path.join(d, "bench_gpu_dream.json"))
-    out += ["== the scheduler on CUDA (candidate BLOCKBATCH_CUDA_BATCHING=1)"]
+    out += ["== the scheduler on CUDA (BLOCKBATCH_CUDA_BATCHING=1, the default; =graphs a candidate)"]
     out += tests(os.path.join(d, "cuda_batching_tests.xml"))
     for name in ("bench_batch_toy_fp32.json", "bench_batch_toy_bf16.json", "bench_batch_toy_fp32_graphs.json",
                  "bench_batch_toy_bf16_invariant.json", "bench_batch_llada8b.json", "bench_batch_llada8b_graphs.json",

@@ -503,8 +503,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     if not batches:
-        raise UsageError("--device cuda: the server decodes on the batching scheduler, which on CUDA is opt-in: "
-                         "set BLOCKBATCH_CUDA_BATCHING=1 (eager packed steps) or =graphs (CUDA graphs), opt-in candidates")
+        raise UsageError("--device cuda: the server decodes on the batching scheduler, which BLOCKBATCH_CUDA_BATCHING=0 "
+                         "turns off on CUDA: unset it or set BLOCKBATCH_CUDA_BATCHING=1 (eager packed steps, the "
+                         "default) or =graphs (CUDA graphs, a candidate)")
     # With --replicas each replica loads its own engine on --device; this one only checks the checkpoint.
     engine = Engine.from_pretrained(args.model, device="cpu" if args.replicas is not None else args.device,
                                     dtype=DTYPES[args.dtype])
@@ -812,8 +813,8 @@ def build_parser() -> argparse.ArgumentParser:
                "        -d '{\"model\": \"blockbatch-toy\", \"prompt\": \"72-2=__-3=__-3=__...............?\", \"max_tokens\": 20}'")
     p.add_argument("--model", default=None, help="checkpoint folder (default: the toy model shipped in the package)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                   help="where the engine decodes (default cpu); cuda needs BLOCKBATCH_CUDA_BATCHING=1 or graphs "
-                        "(the scheduler on CUDA is an opt-in candidate); with --replicas each replica reserves one GPU")
+                   help="where the engine decodes (default cpu); cuda needs BLOCKBATCH_CUDA_BATCHING 1 (the default) or "
+                        "graphs (a candidate), not 0; with --replicas each replica reserves one GPU")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0: all)")
     p.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000)")
     p.add_argument("--served-model-name", default=None, metavar="NAME",

@@ -19,8 +19,8 @@ from .tokenization import TextCodec
 
 def batches_on(device_type: str) -> bool:
     """Whether the batching scheduler runs on a ``device_type`` model: always on the CPU; on CUDA
-    where ``BLOCKBATCH_CUDA_BATCHING`` is 1 or graphs (an opt-in candidate; a bad value raises
-    ValueError naming the variable)."""
+    unless ``BLOCKBATCH_CUDA_BATCHING`` is 0 (the default is 1: eager packed steps; graphs is a
+    candidate; a bad value raises ValueError naming the variable)."""
     if device_type == "cpu":
         return True
     from . import settings
@@ -244,8 +244,8 @@ class Engine:
         most 4096). ``adaptive``: give it the model's step-time curve (``step_curve``, measured on
         first use) for ``branch_budget="auto"`` requests; False: they run their full branch set."""
         if not self.batches:
-            raise ValueError(f"the batching scheduler on {self.device} is opt-in: set BLOCKBATCH_CUDA_BATCHING=1 "
-                             f"(an opt-in candidate), or decode one by one with Engine.generate")
+            raise ValueError(f"the batching scheduler on {self.device} is off (BLOCKBATCH_CUDA_BATCHING=0): set "
+                             f"BLOCKBATCH_CUDA_BATCHING=1 or unset it, or decode one by one with Engine.generate")
         from .scheduler import BatchScheduler
 
         max_batch = checked_int("max_batch", max_batch, 1)
@@ -275,7 +275,7 @@ class Engine:
         prefix each time it grows (``generation`` None, ``new_ids`` the ids added, ``text`` the
         prefix so far): a diffusion decode commits out of order, so only tokens that can no longer
         change are shown. Closing the generator early cancels the requests still running. Where the
-        engine does not ``batches`` (CUDA without ``BLOCKBATCH_CUDA_BATCHING=1``) the requests
+        engine does not ``batches`` (CUDA with ``BLOCKBATCH_CUDA_BATCHING=0``) the requests
         decode one by one, in order. A prompt that cannot be decoded (bad ids, more positions
         than the model's max_sequence_length) is an error item; the others go on."""
         max_batch = checked_int("max_batch", max_batch, 1)

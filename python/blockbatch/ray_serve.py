@@ -21,7 +21,7 @@ exception's text. Every response carries ``x-blockbatch-replica`` (the engine re
 ``x-blockbatch-pid`` (its process id).
 
 With ``device="cuda"`` each replica reserves one GPU (``num_gpus=1``) and decodes on it (the
-scheduler on CUDA needs ``BLOCKBATCH_CUDA_BATCHING=1``; every ``BLOCKBATCH_*`` variable of the
+scheduler on CUDA runs unless ``BLOCKBATCH_CUDA_BATCHING=0``; every ``BLOCKBATCH_*`` variable of the
 calling shell is passed to the replicas); otherwise each replica asks for
 ``min(1, cluster CPUs / N)`` CPUs so that N replicas fit.
 

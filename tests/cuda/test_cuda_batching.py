@@ -1,10 +1,11 @@
-"""The batching scheduler on a CUDA model (BLOCKBATCH_CUDA_BATCHING=1, an opt-in candidate until a
-GPU run has passed these): requests of mixed policies, branch sets, gen_lengths and prompt lengths
+"""The batching scheduler on a CUDA model (BLOCKBATCH_CUDA_BATCHING=1, the default since the
+2026-12-04 GPU run passed these; =graphs is still a candidate, and marks the module): requests of mixed policies, branch sets, gen_lengths and prompt lengths
 decode together in packed forwards on one stream; every request finishes, in input order, with the
 tokens of its decode alone (float32: GEMMs of other row counts may round differently, so a few
 requests may differ; the share is asserted and printed), with eager packed steps (=1) and with
 padded steps replayed from CUDA graphs (=graphs: graphs captured and replayed); streaming and
-cancellation work; without the variable the scheduler refuses a CUDA model by name; and with
+cancellation work; with it unset the scheduler takes a CUDA model, with "0" it refuses one by name
+(Engine.generate then decodes one by one); and with
 BLOCKBATCH_BATCH_INVARIANT=1, bf16 batched results equal batch 1 exactly. Skipped cleanly without a GPU."""
 
 from __future__ import annotations
@@ -42,8 +43,12 @@ def batching(request, monkeypatch):
     return request.param
 
 
-def test_cuda_batching_is_opt_in(engine, monkeypatch):
+def test_cuda_batching_is_the_default_and_0_opts_out(engine, monkeypatch):
     monkeypatch.delenv("BLOCKBATCH_CUDA_BATCHING", raising=False)
+    assert engine.batches
+    engine.generate([[3, 1, 4], [1, 5, 9, 2]], DecodeOptions(gen_length=32), max_batch=2)
+    assert engine.last_batch_stats["packed_forwards"] < engine.last_batch_stats["request_forwards"]
+    monkeypatch.setenv("BLOCKBATCH_CUDA_BATCHING", "0")
     assert not engine.batches
     prompt = torch.tensor([3, 1, 4, 1, 5], device="cuda")
     with pytest.raises(ValueError, match="BLOCKBATCH_CUDA_BATCHING=1"):
@@ -52,6 +57,7 @@ def test_cuda_batching_is_opt_in(engine, monkeypatch):
         engine.scheduler(2)
     # Engine.generate falls back to one by one: the same results as each request alone
     got = engine.generate([[3, 1, 4], [1, 5, 9, 2]], DecodeOptions(gen_length=32), max_batch=2)
+    assert engine.last_batch_stats is None  # no batch
     assert [g.raw_ids for g in got] == [engine.generate([p], DecodeOptions(gen_length=32))[0].raw_ids
                                         for p in ([3, 1, 4], [1, 5, 9, 2])]
     monkeypatch.setenv("BLOCKBATCH_CUDA_BATCHING", "yes")

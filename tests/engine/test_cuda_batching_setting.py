@@ -1,6 +1,6 @@
-"""BLOCKBATCH_CUDA_BATCHING, the opt-in for the batching scheduler on a CUDA model, as seen without a
-GPU: its value (checked as _C checks it), the CPU engine batching regardless, and `blockbatch serve
---device cuda` refusing, with the variable's name, until it is set. The GPU side is
+"""BLOCKBATCH_CUDA_BATCHING, the batching scheduler on a CUDA model (on by default, "0" opts out), as
+seen without a GPU: its value (checked as _C checks it), the CPU engine batching regardless, and
+`blockbatch serve --device cuda` refusing, with the variable's name, when it is 0. The GPU side is
 tests/cuda/test_cuda_batching.py."""
 
 import pytest
@@ -12,10 +12,10 @@ from blockbatch.cli import main
 
 def test_the_value_is_read_and_checked(monkeypatch):
     monkeypatch.delenv("BLOCKBATCH_CUDA_BATCHING", raising=False)
-    assert settings.value("BLOCKBATCH_CUDA_BATCHING") == "0"
+    assert settings.value("BLOCKBATCH_CUDA_BATCHING") == "1"
     monkeypatch.setenv("BLOCKBATCH_CUDA_BATCHING", "")
-    assert settings.value("BLOCKBATCH_CUDA_BATCHING") == "0"
-    for v in ("1", "graphs"):
+    assert settings.value("BLOCKBATCH_CUDA_BATCHING") == "1"
+    for v in ("0", "1", "graphs"):
         monkeypatch.setenv("BLOCKBATCH_CUDA_BATCHING", v)
         assert settings.value("BLOCKBATCH_CUDA_BATCHING") == v
     monkeypatch.setenv("BLOCKBATCH_CUDA_BATCHING", "on")
@@ -32,18 +32,22 @@ def test_a_cpu_engine_batches_whatever_the_variable(monkeypatch):
         assert engine.last_batch_stats["packed_forwards"] < engine.last_batch_stats["request_forwards"]
 
 
-def test_serve_on_cuda_needs_the_variable(monkeypatch, capsys):
-    monkeypatch.delenv("BLOCKBATCH_CUDA_BATCHING", raising=False)
+def test_serve_on_cuda_refuses_batching_off(monkeypatch, capsys):
+    monkeypatch.setenv("BLOCKBATCH_CUDA_BATCHING", "0")
     assert main(["serve", "--device", "cuda"]) == 2
-    assert "--device cuda: the server decodes on the batching scheduler, which on CUDA is opt-in: set " \
-           "BLOCKBATCH_CUDA_BATCHING=1" in capsys.readouterr().err
+    assert "--device cuda: the server decodes on the batching scheduler, which BLOCKBATCH_CUDA_BATCHING=0 " \
+           "turns off on CUDA" in capsys.readouterr().err
     monkeypatch.setenv("BLOCKBATCH_CUDA_BATCHING", "on")
     assert main(["serve", "--device", "cuda"]) == 2
     assert "BLOCKBATCH_CUDA_BATCHING must be '0', '1' or 'graphs', got 'on'" in capsys.readouterr().err
     if not torch.cuda.is_available():
-        monkeypatch.setenv("BLOCKBATCH_CUDA_BATCHING", "1")
-        assert main(["serve", "--device", "cuda"]) == 2
-        assert "device='cuda' but no CUDA device is available" in capsys.readouterr().err
+        for value in ("1", None):  # set, and the default
+            if value is None:
+                monkeypatch.delenv("BLOCKBATCH_CUDA_BATCHING")
+            else:
+                monkeypatch.setenv("BLOCKBATCH_CUDA_BATCHING", value)
+            assert main(["serve", "--device", "cuda"]) == 2
+            assert "device='cuda' but no CUDA device is available" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         main(["serve", "--device", "tpu"])
     assert e.value.code == 2 and "argument --device: invalid choice: 'tpu'" in capsys.readouterr().err

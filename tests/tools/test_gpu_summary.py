@@ -30,7 +30,9 @@ def test_verdicts(tmp_path):
     big = {"step": "blockbatch-6", "L": 512, "default_replay_ms": 8.0, "rope_vec_replay_ms": 7.9,
            "pdl_replay_ms": 7.0}
     (tmp_path / "bench_gpu_candidates.json").write_text(json.dumps({"results": [step, big]}))
-    lines = {line.split(":")[0].strip(): line for line in gpu_summary.verdicts(str(tmp_path))[1:]}
+    tests = {"stream": ("stream_linear",), "staged": ("stream_linear",), "rope_vec": ("rope_kv_write_cuda",),
+             "pdl": ("pdl_variable",)}  # a table of four candidates (the verdicts read any)
+    lines = {line.split(":")[0].strip(): line for line in gpu_summary.verdicts(str(tmp_path), tests)[1:]}
     assert "make the default" in lines["stream"] and "single-32 L512: 0.900" in lines["stream"]
     assert "tests FAIL" in lines["staged"] and "dtype0-staged" in lines["staged"]  # the stream id is not its failure
     assert "make the default" in lines["rope_vec"]  # 1.004 is within 1%, 0.988 a gain
@@ -38,8 +40,14 @@ def test_verdicts(tmp_path):
 
 
 def test_verdicts_without_files(tmp_path):
-    assert gpu_summary.verdicts(str(tmp_path)) == [
+    assert gpu_summary.verdicts(str(tmp_path), {"pdl": ("pdl_variable",)}) == [
         "verdicts: candidate_tests*.xml or bench_gpu_candidates.json missing"]
+
+
+def test_verdicts_without_candidates(tmp_path):
+    """A table with no kernel candidates left: the summary says so (and the run does not crash)."""
+    assert gpu_summary.verdicts(str(tmp_path), {}) == [
+        "verdicts: no kernel candidates left in the settings table (python/blockbatch/settings.py)"]
 
 
 def test_summary_lists_each_candidate_file(tmp_path, capsys):

@@ -48,12 +48,12 @@ int env_int(const char* name, int lo, int hi, int fallback) {
 // its values, default and status (promoted / opt-in candidate) is one row of the settings table,
 // python/blockbatch/settings.py; tests/tools/test_settings.py checks that this block and the env_choice /
 // env_int calls below agree with it. Promoting a candidate: its row there and its line here.
-constexpr const char* kDefaultAttnKernel = "pipelined";  // BLOCKBATCH_ATTN_KERNEL; 2.4x "sync" at 6 rows x L 2048
+constexpr const char* kDefaultAttnKernel = "pipelined3";  // BLOCKBATCH_ATTN_KERNEL; step 0.96-0.99x "pipelined"
 constexpr const char* kDefaultGemm = "cublas";           // BLOCKBATCH_GEMM
 constexpr int kDefaultGemmPad = 0;                       // BLOCKBATCH_GEMM_PAD
-constexpr const char* kDefaultRopeKernel = "scalar";     // BLOCKBATCH_ROPE_KERNEL
+constexpr const char* kDefaultRopeKernel = "vec";        // BLOCKBATCH_ROPE_KERNEL; step 0.97-1.00x "scalar"
 constexpr const char* kDefaultPdl = "0";                 // BLOCKBATCH_PDL
-constexpr const char* kDefaultCudaBatching = "0";        // BLOCKBATCH_CUDA_BATCHING
+constexpr const char* kDefaultCudaBatching = "1";        // BLOCKBATCH_CUDA_BATCHING; batch 16 dual 5.2x one by one
 constexpr const char* kDefaultBatchInvariant = "0";      // BLOCKBATCH_BATCH_INVARIANT
 
 }  // namespace
@@ -63,8 +63,8 @@ constexpr const char* kDefaultBatchInvariant = "0";      // BLOCKBATCH_BATCH_INV
 int attention_splits(int heuristic) { return env_int("BLOCKBATCH_ATTN_SPLITS", 1, 16, heuristic); }
 
 // Which tensor-core attention kernel (flash_attention's variant): BLOCKBATCH_ATTN_KERNEL =
-// "pipelined" (the default: cp.async double buffering + ldmatrix), "pipelined3" (three cp.async
-// stages: two tiles in flight; idle warps skip the arithmetic), "splitwarps" (pipelined3, and the
+// "pipelined3" (the default: three cp.async stages, two tiles in flight; idle warps skip the
+// arithmetic), "pipelined" (cp.async double buffering + ldmatrix), "splitwarps" (pipelined3, and the
 // keys of q-tiles of at most 32 queries split over the warps that would idle) or "sync" (K/V tiles
 // staged through registers, the first version, the bit-for-bit reference of the pipelined ones).
 // Read per call, like the split override, so one process can time all of them.
@@ -93,8 +93,8 @@ int gemm_splits(int heuristic) { return env_int("BLOCKBATCH_GEMM_SPLITS", 1, 8, 
 // (bench_gpu_step.py's "pad" candidate and its GEMM sweep time it).
 int gemm_row_multiple() { return env_int("BLOCKBATCH_GEMM_PAD", 0, 256, kDefaultGemmPad); }
 
-// rope_kv_write_'s kernel: BLOCKBATCH_ROPE_KERNEL = "scalar" (the default: element pairs) or "vec"
-// (16 bytes per access, same bits). Read per call.
+// rope_kv_write_'s kernel: BLOCKBATCH_ROPE_KERNEL = "vec" (the default: 16 bytes per access) or
+// "scalar" (element pairs, the reference it is tested against; same bits). Read per call.
 bool rope_vectorized() { return env_choice("BLOCKBATCH_ROPE_KERNEL", {"scalar", "vec"}, kDefaultRopeKernel) == "vec"; }
 
 // Programmatic dependent launch for the forward's kernels (csrc/kernels/cuda/launch.cuh):
@@ -104,8 +104,8 @@ void apply_pdl_setting() {
 }
 
 // The batching scheduler (decode/scheduler.cpp) on a CUDA model: BLOCKBATCH_CUDA_BATCHING = "1"
-// lets requests of a CUDA model share packed forwards (eager steps), "graphs" also pads each
-// packed step to bucketed sizes and replays it from a CUDA graph; "0" or unset refuses (decode
+// (the default) lets requests of a CUDA model share packed forwards (eager steps), "graphs" also
+// pads each packed step to bucketed sizes and replays it from a CUDA graph; "0" refuses (decode
 // them one by one). Read when a scheduler starts.
 int cuda_batching() {
   const std::string v = env_choice("BLOCKBATCH_CUDA_BATCHING", {"0", "1", "graphs"}, kDefaultCudaBatching);

@@ -24,7 +24,7 @@ bool rope_vectorized();
 // from it; called by every op right before it launches a kernel of the forward (one that starts
 // with dependent_launch_prologue()).
 void apply_pdl_setting();
-// BLOCKBATCH_CUDA_BATCHING: whether the batching scheduler takes a CUDA model (opt-in): 0 no,
+// BLOCKBATCH_CUDA_BATCHING: whether the batching scheduler takes a CUDA model (default 1): 0 no,
 // 1 eager packed steps, 2 ("graphs") padded packed steps replayed from CUDA graphs.
 int cuda_batching();
 // BLOCKBATCH_BATCH_INVARIANT: GEMMs in fixed-size row chunks and unsplit attention, so a row's
