@@ -15,7 +15,7 @@ random mid-decode state of the 6 branches: sparse probabilities + bb_absorb_ + b
 ("bookkeeping_ms", graph-replayed, restoring the state first), and the leader sync's KV row
 copies, which move whole KV rows ("sync_kv_copy_ms" per copied row).
 Attention alone (one layer's packed_attention at the step's shape, dual cache): its time for
-each tensor-core kernel (BLOCKBATCH_ATTN_KERNEL sync / pipelined) with the automatic key-split
+each tensor-core kernel (BLOCKBATCH_ATTN_KERNEL sync / pipelined / pipelined3) with the automatic key-split
 count and with 1, 2, 4, 8 splits forced (BLOCKBATCH_ATTN_SPLITS), and the K/V bandwidth it
 reaches (each row's K and V read once / time; the H200 peak is 4.8 TB/s). "top_kernels": the
 step's kernels by device time (the profiler's names, cut short).
@@ -25,10 +25,7 @@ environment variables and under all together ("<name>_eager_ms", "_replay_ms",
 "_busy_ms", "_replay_over_busy", "_replay_over_roofline"): the weight-streaming GEMM of
 csrc/kernels/cuda/linear.cu, loading into registers ("stream") or through a cp.async ring
 ("staged"; steps of at most 64 query tokens), the 16-byte
-rope_kv_write ("rope_vec"), programmatic dependent launch ("pdl"), attention with three cp.async
-K/V stages ("attn3", BLOCKBATCH_ATTN_KERNEL=pipelined3) and with the keys of small q-tiles split
-over warps ("attn_split", =splitwarps; with the attention-alone timings of the default pipelined
-kernel beside both), cuBLAS on rows padded to a multiple of 64 ("pad",
+rope_kv_write ("rope_vec"), programmatic dependent launch ("pdl"), cuBLAS on rows padded to a multiple of 64 ("pad",
 BLOCKBATCH_GEMM_PAD=64: the 6-branch step's 252 rows as 256). And "gemm" in the JSON: each of the step's weight shapes (fused QKV, attention out, fused gate|up,
 MLP out, LM head) at 8, 32 and 64 rows, cuBLAS against each streaming kernel with its automatic
 cluster split count and with 1, 2, 4, 8 splits forced (BLOCKBATCH_GEMM_SPLITS), and at 252 and
@@ -163,7 +160,7 @@ class PlainStep:
         return x @ w[P + "ff_out.weight"].T
 
 
-def attention_sweep(config, kv, lengths, L: int, repeats: int, kernels=("sync", "pipelined")) -> dict:
+def attention_sweep(config, kv, lengths, L: int, repeats: int, kernels=("sync", "pipelined", "pipelined3")) -> dict:
     """One layer's dual-cache attention at this step's shape, per kernel and key-split setting."""
     hd, heads, kv_heads = config.d_model // config.n_heads, config.n_heads, config.n_kv_heads
     T, R = sum(lengths), len(lengths)
@@ -376,11 +373,6 @@ def main(argv=None) -> int:
                     row.update(candidate_latency(name, step, row, args.repeats))
             print(json.dumps({"candidate": name, **{f"{r['step']} L{r['L']}": r.get(f"{name}_replay_ms")
                                                      for r, *_ in steps}}), flush=True)
-            save()
-        for row, lengths, L, kv, step in steps:
-            with section(row, "attention"):
-                row.update(attention_sweep(config, kv, lengths, L, args.repeats,
-                                           ("pipelined", "pipelined3", "splitwarps")))
             save()
         del steps
     for L, label, lengths in shapes if not candidates else ():

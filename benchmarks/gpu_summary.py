@@ -52,12 +52,11 @@ def steps(path: str) -> list[str]:
     data = json.load(open(path))
     cols = ("native_eager_ms", "graph_replay_ms", "gpu_busy_ms", "plain_pytorch_ms", "roofline_ms",
             "replay_over_roofline", "replay_over_roofline_with_kv", "replay_over_busy", "plain_over_native",
-            "attn_sync_ms_splits_auto", "attn_pipelined_ms_splits_auto", "bookkeeping_ms")
+            "attn_sync_ms_splits_auto", "attn_pipelined_ms_splits_auto", "attn_pipelined3_ms_splits_auto",
+            "bookkeeping_ms")
     if os.path.basename(path) == "bench_gpu_candidates.json":  # default vs each opt-in kernel, one process
-        names = ("default", "stream", "staged", "rope_vec", "pdl", "attn3", "attn_split", "pad", "all")
+        names = ("default", *settings.candidates())
         cols = tuple(f"{n}_{c}" for n in names for c in ("replay_ms", "busy_ms", "replay_over_busy"))
-        cols += ("pdl_replay_over_default_busy",)
-        cols += tuple(f"attn_{k}_ms_splits_{s}" for k in ("pipelined", "pipelined3", "splitwarps") for s in ("auto", "1"))
     lines = [f"bench_gpu_step ({data.get('device')}, torch {data.get('torch')}, {data.get('layers')} layers)",
              "step L " + " ".join(cols)]
     for r in data["results"]:

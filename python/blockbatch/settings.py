@@ -60,11 +60,9 @@ class Setting:
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("BLOCKBATCH_ATTN_KERNEL", "choice",
-            "tensor-core attention kernel: 2 (pipelined) or 3 (pipelined3) cp.async K/V stages, 3 stages with "
-            "small q-tiles' keys split over warps (splitwarps), or K/V staged through registers (sync); same "
-            "bits except splitwarps",
-            default="pipelined3", status="candidate", choices=("sync", "pipelined", "pipelined3", "splitwarps"),
-            candidates=("splitwarps",)),
+            "tensor-core attention kernel: 3 (pipelined3) or 2 (pipelined) cp.async K/V stages, or K/V staged "
+            "through registers (sync); same bits",
+            default="pipelined3", status="promoted", choices=("sync", "pipelined", "pipelined3")),
     Setting("BLOCKBATCH_ATTN_SPLITS", "int", "force attention's key-split count",
             default=None, status="promoted", range=(1, 16)),
     Setting("BLOCKBATCH_GEMM", "choice",
@@ -147,8 +145,6 @@ CANDIDATES: tuple[Candidate, ...] = (
               ("pdl_and_vector_rope", "pdl_variable"), "pdl"),
     Candidate("pad", {"BLOCKBATCH_GEMM_PAD": "64"}, "cuBLAS GEMMs of > 64 rows on rows padded to 64 (252 -> 256)",
               ("padded_gemm",), "pad"),
-    Candidate("attn_split", {"BLOCKBATCH_ATTN_KERNEL": "splitwarps"}, "+ small q-tiles' keys split over warps",
-              ("splitwarps",), "attn_split"),
     Candidate("stream", {"BLOCKBATCH_GEMM": "stream"}, "weight-streaming GEMM for <= 64 rows (linear.cu)",
               ("stream_linear",), "gemm"),
     Candidate("staged", {"BLOCKBATCH_GEMM": "staged"}, "the same through a cp.async shared-memory ring",
@@ -160,7 +156,6 @@ CANDIDATES: tuple[Candidate, ...] = (
 TEST_GROUPS: tuple[tuple[str, str], ...] = (
     ("pdl", "pdl_and_vector_rope or pdl_variable"),
     ("pad", "padded_gemm"),
-    ("attn_split", "splitwarps"),
     ("gemm", "stream_linear"),
 )
 

@@ -17,8 +17,7 @@ ops = torch.ops.blockbatch
 DTYPES = [torch.float32, torch.bfloat16]
 
 
-@pytest.fixture(params=[settings.param("BLOCKBATCH_ATTN_KERNEL", k) for k in ("sync", "pipelined", "pipelined3",
-                                                                             "splitwarps")])
+@pytest.fixture(params=[settings.param("BLOCKBATCH_ATTN_KERNEL", k) for k in ("sync", "pipelined", "pipelined3")])
 def attn_kernel(request, monkeypatch):
     """Run the test with each tensor-core attention kernel (BLOCKBATCH_ATTN_KERNEL)."""
     monkeypatch.setenv("BLOCKBATCH_ATTN_KERNEL", request.param)
@@ -265,7 +264,7 @@ def test_attention_kernel_variable_is_checked(monkeypatch):
     q = torch.randn(4, 2, 64, device="cuda", dtype=torch.bfloat16)
     cu = torch.tensor([0, 4], device="cuda")
     with pytest.raises(ValueError,
-                       match="BLOCKBATCH_ATTN_KERNEL must be 'sync', 'pipelined', 'pipelined3' or 'splitwarps', got 'fast'"):
+                       match="BLOCKBATCH_ATTN_KERNEL must be 'sync', 'pipelined' or 'pipelined3', got 'fast'"):
         ops.packed_attention(q, q, q, cu, None, None, None, 0, True)
     monkeypatch.delenv("BLOCKBATCH_ATTN_KERNEL")
     monkeypatch.setenv("BLOCKBATCH_ATTN_SPLITS", "0")

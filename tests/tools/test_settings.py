@@ -97,8 +97,8 @@ def test_benchmarks_use_the_table(monkeypatch):
     common = pytest.importorskip("common")
     assert common.CANDIDATES == settings.candidates()
     assert common.CANDIDATES["all"] == {"BLOCKBATCH_GEMM": "stream", "BLOCKBATCH_GEMM_PAD": "64",
-                                        "BLOCKBATCH_PDL": "1", "BLOCKBATCH_ATTN_KERNEL": "splitwarps"}
-    assert list(common.CANDIDATES) == ["pdl", "pad", "attn_split", "stream", "staged", "all"]
+                                        "BLOCKBATCH_PDL": "1"}
+    assert list(common.CANDIDATES) == ["pdl", "pad", "stream", "staged", "all"]
     spec = importlib.util.spec_from_file_location("gpu_summary", ROOT / "benchmarks" / "gpu_summary.py")
     gpu_summary = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_summary)

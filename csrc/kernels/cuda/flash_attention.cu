@@ -1,6 +1,6 @@
 // Tensor-core attention (flash_common.cuh has the algorithm): the entry points of kernels.cuh,
 // the key-split count, and combine_kernel, which merges the key splits' partial results. The
-// kernels are in flash_tiles.cu (variants 1-3) and flash_warp_split.cu (variant 4).
+// kernels are in flash_tiles.cu (variants 1-3).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -11,8 +11,8 @@ namespace blockbatch::cuda {
 namespace flash {
 namespace {
 
-// One block per (token, head), HD threads: merge the splits' partial results (SoftmaxState::combine's
-// arithmetic for one output dimension of one query).
+// One block per (token, head), HD threads: merge the splits' partial results (flash_common.cuh's
+// M / L / O formulas, for one output dimension of one query).
 template <typename T, int HD>
 __global__ void __launch_bounds__(HD) combine_kernel(const float* part, int splits, int64_t tokens, int64_t heads,
                                                      T* out) {
@@ -72,9 +72,9 @@ int flash_attention_splits(const cpu::AttentionArgs& a, int64_t tokens, int64_t 
 template <typename T>
 cudaError_t flash_attention(const cpu::AttentionArgs& a, int64_t tokens, int splits, float* part, int variant,
                             cudaStream_t stream) {
-  using flash::launch_tiles, flash::launch_warp_split;
+  using flash::launch_tiles;
   if (tokens == 0) return cudaSuccess;
-  if (splits < 1 || (splits > 1 && part == nullptr) || variant < 1 || variant > 4) return cudaErrorInvalidValue;
+  if (splits < 1 || (splits > 1 && part == nullptr) || variant < 1 || variant > 3) return cudaErrorInvalidValue;
   const bool hd64 = a.head_dim == 64;
   switch (variant) {
     case 1:
@@ -83,12 +83,9 @@ cudaError_t flash_attention(const cpu::AttentionArgs& a, int64_t tokens, int spl
     case 2:
       return hd64 ? launch_tiles<T, 64, 2>(a, tokens, splits, part, stream)
                   : launch_tiles<T, 128, 2>(a, tokens, splits, part, stream);
-    case 3:
+    default:
       return hd64 ? launch_tiles<T, 64, 3>(a, tokens, splits, part, stream)
                   : launch_tiles<T, 128, 3>(a, tokens, splits, part, stream);
-    default:
-      return hd64 ? launch_warp_split<T, 64>(a, tokens, splits, part, stream)
-                  : launch_warp_split<T, 128>(a, tokens, splits, part, stream);
   }
 }
 

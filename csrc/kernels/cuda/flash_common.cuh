@@ -1,5 +1,5 @@
 // Building blocks of the tensor-core attention kernels (flash_attention.cu: entry points and the
-// split-key combine; flash_tiles.cu: variants 1-3; flash_warp_split.cu: variant 4). Packed
+// split-key combine; flash_tiles.cu: variants 1-3). Packed
 // variable-length bidirectional attention over per-row KV (bf16 / fp16, head_dim 64 or 128, GQA;
 // sm_80 and newer), FlashAttention-2 style.
 //
@@ -18,11 +18,10 @@
 // Split keys (flash-decoding): when the q-tiles x heads are too few to fill the GPU and the rows
 // are long, grid.z splits each row's keys into `splits` ranges (multiples of 64 keys). Each block
 // then writes its unnormalised O and its (max, sum) per query to an fp32 workspace, and
-// combine_kernel merges the splits: M = max m_s, L = sum l_s 2^(m_s - M), O = sum O_s 2^(m_s - M) / L
-// (SoftmaxState::combine below, the one form of that merge).
+// combine_kernel merges the splits: M = max m_s, L = sum l_s 2^(m_s - M), O = sum O_s 2^(m_s - M) / L.
 //
-// Every variant runs the same per-tile arithmetic (attend_tile) in the same order; they differ in
-// how the K/V tiles reach shared memory and in how the softmax states of a row are merged.
+// Every variant runs the same per-tile arithmetic (attend_tile) in the same order; they differ only
+// in how the K/V tiles reach shared memory.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -39,7 +38,6 @@ namespace blockbatch::cuda::flash {
 
 constexpr int kBlockQ = 64, kBlockK = 64, kWarps = 4, kThreads = kWarps * 32;
 constexpr int kPad = 8;  // shared rows padded by 16 bytes: fragment loads spread over the banks
-constexpr int kMaxClusterSplits = 8;  // the warp-split kernel merges up to this many splits in a cluster
 
 // ---------------------------------------------------------------------------------------------
 // Fragments
@@ -89,7 +87,7 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The online-softmax state and its merges
+// The online-softmax state
 
 // The weight of a softmax state with max m in a merge whose largest max is M: 2^(m - M); 0 when
 // no merged state has seen a key (M = -inf; 2^(-inf - M) is 0 for a state without keys otherwise).
@@ -100,7 +98,6 @@ __device__ __forceinline__ float merge_weight(float m, float M) { return M == -I
 // and sum l. l holds this lane's columns only until quad_sum().
 template <int HD>
 struct SoftmaxState {
-  static constexpr int kFloats = HD / 2 + 4;  // o (HD / 8 x 4), m0, m1, l0, l1
   float o[HD / 8][4];
   float m0, m1, l0, l1;  // rows g and g + 8 of this warp
 
@@ -116,69 +113,6 @@ struct SoftmaxState {
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  }
-
-  // Into shared memory at `p` (this lane's first slot), lane-minor: element i at p[32 i] (o, then
-  // m0, m1, l0, l1). merge() and combine() read it back at the same offsets.
-  __device__ __forceinline__ void store(float* p) const {
-#pragma unroll
-    for (int n = 0; n < HD / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) p[(n * 4 + e) * 32] = o[n][e];
-    p[(HD / 2) * 32] = m0;
-    p[(HD / 2 + 1) * 32] = m1;
-    p[(HD / 2 + 2) * 32] = l0;
-    p[(HD / 2 + 3) * 32] = l1;
-  }
-
-  // this = this merged with the stored state at `other` (the same rows over other keys):
-  // M = max(m, m'), O = O 2^(m - M) + O' 2^(m' - M), l likewise (both 0 while neither has a key).
-  __device__ __forceinline__ void merge(const float* other) {
-    const float om0 = other[(HD / 2) * 32], om1 = other[(HD / 2 + 1) * 32];
-    const float M0 = fmaxf(m0, om0), M1 = fmaxf(m1, om1);
-    const bool none0 = M0 == -INFINITY, none1 = M1 == -INFINITY;  // no key in either yet: l, O stay 0
-    const float a0 = none0 ? 0.0f : exp2f(m0 - M0), b0 = none0 ? 0.0f : exp2f(om0 - M0);
-    const float a1 = none1 ? 0.0f : exp2f(m1 - M1), b1 = none1 ? 0.0f : exp2f(om1 - M1);
-#pragma unroll
-    for (int n = 0; n < HD / 8; ++n) {
-      o[n][0] = o[n][0] * a0 + other[(n * 4) * 32] * b0;
-      o[n][1] = o[n][1] * a0 + other[(n * 4 + 1) * 32] * b0;
-      o[n][2] = o[n][2] * a1 + other[(n * 4 + 2) * 32] * b1;
-      o[n][3] = o[n][3] * a1 + other[(n * 4 + 3) * 32] * b1;
-    }
-    l0 = l0 * a0 + other[(HD / 2 + 2) * 32] * b0;
-    l1 = l1 * a1 + other[(HD / 2 + 3) * 32] * b1;
-    m0 = M0;
-    m1 = M1;
-  }
-
-  // this = the flash-decoding merge of the n stored states at state(0) .. state(n - 1) (the key
-  // splits, in split order): M = max m_s, L = sum l_s w_s, O = sum O_s w_s with w_s =
-  // merge_weight(m_s, M); the output is O / L. Sets m to M and l to L.
-  template <typename StateOf>
-  __device__ __forceinline__ void combine(unsigned n, StateOf state) {
-    float M0 = -INFINITY, M1 = -INFINITY;
-    for (unsigned s = 0; s < n; ++s) {
-      M0 = fmaxf(M0, state(s)[(HD / 2) * 32]);
-      M1 = fmaxf(M1, state(s)[(HD / 2 + 1) * 32]);
-    }
-    float L0 = 0.0f, L1 = 0.0f;
-#pragma unroll
-    for (int n8 = 0; n8 < HD / 8; ++n8) o[n8][0] = o[n8][1] = o[n8][2] = o[n8][3] = 0.0f;
-    for (unsigned s = 0; s < n; ++s) {
-      const float* p = state(s);
-      const float w0 = merge_weight(p[(HD / 2) * 32], M0), w1 = merge_weight(p[(HD / 2 + 1) * 32], M1);
-      L0 += p[(HD / 2 + 2) * 32] * w0;
-      L1 += p[(HD / 2 + 3) * 32] * w1;
-#pragma unroll
-      for (int n8 = 0; n8 < HD / 8; ++n8) {
-        o[n8][0] += p[(n8 * 4) * 32] * w0;
-        o[n8][1] += p[(n8 * 4 + 1) * 32] * w0;
-        o[n8][2] += p[(n8 * 4 + 2) * 32] * w1;
-        o[n8][3] += p[(n8 * 4 + 3) * 32] * w1;
-      }
-    }
-    m0 = M0, m1 = M1, l0 = L0, l1 = L1;
   }
 };
 
@@ -210,7 +144,7 @@ constexpr size_t shared_elems() {
 
 // Shared memory of a kStages kernel: per stage K [kBlockK][LD], then V [kBlockK][LD]; the Q tile
 // [kBlockQ][LD] before them, or (3 stages) in the last stage's buffer, which the loop first fills
-// after the Q fragments are read (the warp split uses the 3-stage layout).
+// after the Q fragments are read.
 template <typename T, int HD, int kStages>
 struct Ring {
   static constexpr int LD = HD + kPad, kTile = kBlockK * LD;
@@ -306,7 +240,7 @@ __device__ __forceinline__ void load_kv_registers(const Work<T, HD>& w, int64_t 
 }
 
 // The Q tile -> qs (rows past the row's queries are zero), a barrier, then the A fragments of
-// query group gq (queries 16 gq .. 16 gq + 15 of the tile) -> qa.
+// query group gq (queries 16 gq .. 16 gq + 15 of the tile: the warp's) -> qa.
 template <typename T, int HD>
 __device__ __forceinline__ void load_q(const Work<T, HD>& w, int64_t q_stride, T* qs, int gq, int tid, int g, int t4,
                                        uint32_t (&qa)[HD / 16][4]) {
@@ -332,28 +266,18 @@ __device__ __forceinline__ void load_q(const Work<T, HD>& w, int64_t q_stride, T
 // ---------------------------------------------------------------------------------------------
 // One key tile of one warp: S = Q K^T, mask, online softmax update, O += P V
 
-// The warp's share of each key tile: key part kp of wpg (its 8-key column tiles n with
-// n / kw8 == kp, kw8 = 8 / wpg); the whole tile (kp = 0, wpg = 1) except in the warp split.
-struct KeyPart {
-  int kp, kw8;
-};
-
 // Key tile [k0, k0 + 64) in shared memory (ks, vs) into `st`. kLdmatrix: K and V fragments by
-// ldmatrix (x4; .trans for V), else 32-bit / 16-bit shared loads (same values). kParts: the warp
-// takes only its key part `part` of the tile; then a part can hold no valid key yet (max still
-// -inf), and the rescale factor and the exponent base guard against the NaN of -inf - -inf.
-template <typename T, int HD, bool kLdmatrix, bool kParts>
+// ldmatrix (x4; .trans for V), else 32-bit / 16-bit shared loads (same values).
+template <typename T, int HD, bool kLdmatrix>
 __device__ __forceinline__ void attend_tile(SoftmaxState<HD>& st, const uint32_t (&qa)[HD / 16][4], const T* ks,
-                                            const T* vs, int64_t k0, int64_t ke, float scale, KeyPart part, int lane) {
+                                            const T* vs, int64_t k0, int64_t ke, float scale, int lane) {
   constexpr int LD = HD + kPad;
   const int g = lane >> 2, t4 = lane & 3;
-  const int kp = part.kp, kw8 = part.kw8;
   // S = Q K^T for this warp's 16 queries x 64 keys: 8 tiles of 16 x 8.
   float s[kBlockK / 8][4];
 #pragma unroll
   for (int n = 0; n < kBlockK / 8; ++n) {
     s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-    if (kParts && n / kw8 != kp) continue;  // another warp's keys (masked below)
     if constexpr (kLdmatrix) {
       // Matrix i of k-step pair kk2: keys n*8 .. n*8+7, dims kk2*32 + 8i .. +7; {b0, b1} of
       // k-step 2 kk2 are matrices 0 and 1, of k-step 2 kk2 + 1 matrices 2 and 3.
@@ -376,14 +300,14 @@ __device__ __forceinline__ void attend_tile(SoftmaxState<HD>& st, const uint32_t
       }
     }
   }
-  // Scale, mask keys past the block's last (and other parts' keys), online softmax update.
+  // Scale, mask keys past the block's last, online softmax update.
   float mx0 = st.m0, mx1 = st.m1;
 #pragma unroll
   for (int n = 0; n < kBlockK / 8; ++n) {
     const int64_t j = k0 + n * 8 + 2 * t4;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const bool valid = j + (e & 1) < ke && (!kParts || n / kw8 == kp);
+      const bool valid = j + (e & 1) < ke;
       s[n][e] = valid ? s[n][e] * scale : -INFINITY;
     }
     mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
@@ -393,16 +317,10 @@ __device__ __forceinline__ void attend_tile(SoftmaxState<HD>& st, const uint32_t
   mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-  float alpha0 = exp2f(st.m0 - mx0), alpha1 = exp2f(st.m1 - mx1);  // 0 on the first tile
-  if constexpr (kParts) {  // a key part can hold no valid key yet (max still -inf): no NaN
-    alpha0 = mx0 == -INFINITY ? 1.0f : alpha0;
-    alpha1 = mx1 == -INFINITY ? 1.0f : alpha1;
-  }
+  const float alpha0 = exp2f(st.m0 - mx0), alpha1 = exp2f(st.m1 - mx1);  // 0 on the first tile
   st.m0 = mx0;
   st.m1 = mx1;
-  // The exponent base: the running max; 0 while it is -inf (every score is then -inf: exp2f = 0).
-  const float base0 = kParts && st.m0 == -INFINITY ? 0.0f : st.m0;
-  const float base1 = kParts && st.m1 == -INFINITY ? 0.0f : st.m1;
+  const float base0 = st.m0, base1 = st.m1;  // the exponent base: the running max
   st.l0 *= alpha0;
   st.l1 *= alpha1;
 #pragma unroll
@@ -424,7 +342,6 @@ __device__ __forceinline__ void attend_tile(SoftmaxState<HD>& st, const uint32_t
   // O += P V: k-steps of 16 keys; P's A fragment is two adjacent S tiles.
 #pragma unroll
   for (int kk = 0; kk < kBlockK / 16; ++kk) {
-    if (kParts && 2 * kk / kw8 != kp) continue;  // another warp's keys
     uint32_t pa[4];
     pa[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
     pa[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
@@ -463,7 +380,7 @@ __device__ __forceinline__ float score_scale() {
 
 // ---------------------------------------------------------------------------------------------
 // Outputs of a warp's 16 query rows (local rows i0 = 16 gq + g and i1 = i0 + 8 of the q-tile;
-// row0 / row1: whether each is a query of the row, and this warp holds its state)
+// row0 / row1: whether each is a query of the row)
 
 // out [tokens, heads, HD] at query q0 + i: norm(o, row) per element, rounded to T.
 template <typename T, int HD, typename Norm>
@@ -521,10 +438,6 @@ __device__ __forceinline__ void write_partial(float* part, int64_t tokens, int64
 // flash_tiles.cu: variants 1-3 (kStages 1: K/V staged through registers; 2, 3: cp.async stages).
 template <typename T, int HD, int kStages>
 cudaError_t launch_tiles(const cpu::AttentionArgs& a, int64_t tokens, int splits, float* part, cudaStream_t stream);
-// flash_warp_split.cu: variant 4.
-template <typename T, int HD>
-cudaError_t launch_warp_split(const cpu::AttentionArgs& a, int64_t tokens, int splits, float* part,
-                              cudaStream_t stream);
 // flash_attention.cu: combine_kernel over the splits' partial results in `part`.
 template <typename T, int HD>
 cudaError_t launch_combine(const cpu::AttentionArgs& a, int64_t tokens, int splits, const float* part,

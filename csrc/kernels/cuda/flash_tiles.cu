@@ -1,5 +1,7 @@
 // Tensor-core attention, variants 1-3 (flash_common.cuh has the algorithm and the building
-// blocks): each of the 4 warps owns 16 queries of the 64-query tile and every key.
+// blocks): each of the 4 warps owns 16 queries of the 64-query tile and every key. Variant 3 is
+// the default (BLOCKBATCH_ATTN_KERNEL=pipelined3; step replay 0.96-0.99x variant 2's on an H200,
+// docs/bench/gpu/NOTES.md); variant 1 is the bit-for-bit reference of the other two.
 //
 // - kStages = 1 (variant 1): each K/V tile is loaded through registers into shared memory, and the
 //   K and V fragments are read by 32-bit / 16-bit shared loads.
@@ -33,7 +35,6 @@ __global__ void __launch_bounds__(kThreads) flash_tiles_kernel(cpu::AttentionArg
   Work<T, HD> w;
   if (!w.locate(a, splits)) return;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const KeyPart all{0, kBlockK / 8};  // every warp takes every key of a tile
 
   if constexpr (kPipe) {
 #pragma unroll
@@ -76,7 +77,7 @@ __global__ void __launch_bounds__(kThreads) flash_tiles_kernel(cpu::AttentionArg
     if constexpr (kStages >= 3) {
       if (warp * 16 >= w.nq) continue;
     }
-    attend_tile<T, HD, kPipe, false>(st, qa, ring.k(stage), ring.v(stage), k0, w.ke, scale, all, lane);
+    attend_tile<T, HD, kPipe>(st, qa, ring.k(stage), ring.v(stage), k0, w.ke, scale, lane);
     if constexpr (kStages == 2) __syncthreads();  // this stage is refilled by the next iteration's prefetch
   }
   st.quad_sum();

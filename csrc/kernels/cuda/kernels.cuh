@@ -51,9 +51,7 @@ bool flash_attention_supported(const cpu::AttentionArgs& a, int dtype_code, int 
 int flash_attention_splits(const cpu::AttentionArgs& a, int64_t tokens, int64_t max_keys, int sm_count);
 // splits > 1 needs `part`: fp32 workspace of splits * tokens * heads * (head_dim + 2) floats.
 // variant: 1 the kernel staging K/V tiles through registers; 2 or 3 the kernels whose K/V tiles go
-// through 2 or 3 cp.async stages (same results, bit for bit); 4 the 3-stage kernel whose q-tiles of
-// at most 32 queries split each key tile over 2 or 4 warps, and whose 2-8 key splits merge in a
-// thread-block cluster (sm_90; same math, another summation order; `part` unused then).
+// through 2 or 3 cp.async stages (same results, bit for bit).
 template <typename T>
 cudaError_t flash_attention(const cpu::AttentionArgs& a, int64_t tokens, int splits, float* part, int variant,
                             cudaStream_t stream);

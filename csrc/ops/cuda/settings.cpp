@@ -64,14 +64,13 @@ int attention_splits(int heuristic) { return env_int("BLOCKBATCH_ATTN_SPLITS", 1
 
 // Which tensor-core attention kernel (flash_attention's variant): BLOCKBATCH_ATTN_KERNEL =
 // "pipelined3" (the default: three cp.async stages, two tiles in flight; idle warps skip the
-// arithmetic), "pipelined" (cp.async double buffering + ldmatrix), "splitwarps" (pipelined3, and the
-// keys of q-tiles of at most 32 queries split over the warps that would idle) or "sync" (K/V tiles
-// staged through registers, the first version, the bit-for-bit reference of the pipelined ones).
+// arithmetic), "pipelined" (cp.async double buffering + ldmatrix) or "sync" (K/V tiles staged
+// through registers, the first version, the bit-for-bit reference of the pipelined ones).
 // Read per call, like the split override, so one process can time all of them.
 int attention_variant() {
   const std::string v =
-      env_choice("BLOCKBATCH_ATTN_KERNEL", {"sync", "pipelined", "pipelined3", "splitwarps"}, kDefaultAttnKernel);
-  return v == "sync" ? 1 : v == "pipelined" ? 2 : v == "pipelined3" ? 3 : 4;
+      env_choice("BLOCKBATCH_ATTN_KERNEL", {"sync", "pipelined", "pipelined3"}, kDefaultAttnKernel);
+  return v == "sync" ? 1 : v == "pipelined" ? 2 : 3;
 }
 
 // Which GEMM runs x @ weight.T for at most 64 rows: BLOCKBATCH_GEMM = "cublas" (the default: ATen's

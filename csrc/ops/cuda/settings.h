@@ -8,8 +8,7 @@ namespace blockbatch::cuda_ops {
 
 // Key splits of a tensor-core attention launch: `heuristic`, or BLOCKBATCH_ATTN_SPLITS when set.
 int attention_splits(int heuristic);
-// The tensor-core attention variant (BLOCKBATCH_ATTN_KERNEL): 1 sync, 2 pipelined, 3 pipelined3,
-// 4 splitwarps.
+// The tensor-core attention variant (BLOCKBATCH_ATTN_KERNEL): 1 sync, 2 pipelined, 3 pipelined3.
 int attention_variant();
 // The GEMM of x @ weight.T for at most 64 rows (BLOCKBATCH_GEMM) and its cluster split count
 // (BLOCKBATCH_GEMM_SPLITS, else `heuristic`).

@@ -58,9 +58,9 @@ int bbemu_rope_kv_write(int dtype, void* q, int64_t q_stride, int64_t heads, voi
 }
 
 // packed_attention's arguments; `kernel`: 0 the reference kernel (attention.cu; max_keys bounds
-// the rows' key counts), 1-4 flash_attention's variants (1 staged, 2 and 3 pipelined with 2 and 3
-// cp.async stages, 4 the warp split; splits > 1 needs `part`: splits * tokens * heads *
-// (head_dim + 2) floats; splits 0: flash_attention_splits).
+// the rows' key counts), 1-3 flash_attention's variants (1 staged, 2 and 3 pipelined with 2 and 3
+// cp.async stages; splits > 1 needs `part`: splits * tokens * heads * (head_dim + 2) floats;
+// splits 0: flash_attention_splits).
 int bbemu_attention(int dtype, int kernel, const void* q, const void* k, const void* v, void* out, int64_t q_stride,
                     int64_t kv_stride, const int64_t* cu_seqlens, int64_t rows, const void* cache, int64_t layers,
                     int64_t kv_heads, int64_t length, int64_t head_dim, int64_t kv_buffers, int64_t layer,
