@@ -19,18 +19,14 @@ each tensor-core kernel (BLOCKBATCH_ATTN_KERNEL sync / pipelined / pipelined3) w
 count and with 1, 2, 4, 8 splits forced (BLOCKBATCH_ATTN_SPLITS), and the K/V bandwidth it
 reaches (each row's K and V read once / time; the H200 peak is 4.8 TB/s). "top_kernels": the
 step's kernels by device time (the profiler's names, cut short).
-Candidates (--part candidates, a run of its own; CANDIDATES in common.py: opt-in kernels not yet the
-default): the whole step with the default kernels ("default_*") and again under each candidate's
-environment variables and under all together ("<name>_eager_ms", "_replay_ms",
-"_busy_ms", "_replay_over_busy", "_replay_over_roofline"): the weight-streaming GEMM of
-csrc/kernels/cuda/linear.cu, loading into registers ("stream") or through a cp.async ring
-("staged"; steps of at most 64 query tokens), the 16-byte
-rope_kv_write ("rope_vec"), programmatic dependent launch ("pdl"), cuBLAS on rows padded to a multiple of 64 ("pad",
-BLOCKBATCH_GEMM_PAD=64: the 6-branch step's 252 rows as 256). And "gemm" in the JSON: each of the step's weight shapes (fused QKV, attention out, fused gate|up,
-MLP out, LM head) at 8, 32 and 64 rows, cuBLAS against each streaming kernel with its automatic
-cluster split count and with 1, 2, 4, 8 splits forced (BLOCKBATCH_GEMM_SPLITS), and at 252 and
-256 rows cuBLAS alone: microseconds per GEMM, the weight bandwidth and the TFLOP/s it reaches (weights rotated over copies larger than the L2 cache
-together, so every call streams its weights from DRAM).
+Candidates (--part candidates, a run of its own; CANDIDATES in common.py: the opt-in kernels of
+the settings table): the whole step with the default kernels ("default_*") and again under each
+candidate's environment variables and under all together ("<name>_eager_ms", "_replay_ms",
+"_busy_ms", "_replay_over_busy", "_replay_over_roofline"; with no candidate left it says so and
+times none). Then "gemm" in the JSON: cuBLAS at each of the step's weight shapes (fused QKV,
+attention out, fused gate|up, MLP out, LM head) at 8, 32, 64, 252 and 256 rows: microseconds per
+GEMM, the weight bandwidth and the TFLOP/s it reaches (weights rotated over copies larger than the
+L2 cache together, so every call streams its weights from DRAM).
 """
 
 from __future__ import annotations
@@ -182,7 +178,7 @@ def attention_sweep(config, kv, lengths, L: int, repeats: int, kernels=("sync", 
 
 
 def gemm_sweep(config, rows: int, repeats: int) -> dict:
-    """x @ W.T at the step's weight shapes for `rows` tokens: cuBLAS vs the streaming kernel."""
+    """x @ W.T at the step's weight shapes for `rows` tokens on cuBLAS."""
     d, m = config.d_model, config.mlp_hidden_size
     hd = d // config.n_heads
     shapes = {"qkv": ((config.n_heads + 2 * config.n_kv_heads) * hd, d), "attn_out": (d, config.n_heads * hd),
@@ -198,15 +194,10 @@ def gemm_sweep(config, rows: int, repeats: int) -> dict:
             for w in ws:
                 torch.ops.blockbatch.linear(x, w)
 
-        variants = (("cublas", None),) + tuple((kind, s) for kind in ("stream", "staged")
-                                                for s in (None, "1", "2", "4", "8"))
-        for gemm, splits in variants if rows <= 64 else variants[:1]:  # the streaming kernel takes <= 64 rows
-            with environ(BLOCKBATCH_GEMM=gemm, BLOCKBATCH_GEMM_SPLITS=splits):
-                us = cuda_ms(run, repeats) / copies * 1e3
-            key = f"{name}_{gemm}" + ("" if gemm == "cublas" else f"_splits_{splits or 'auto'}")
-            out[f"{key}_us"] = us
-            out[f"{key}_tb_per_s"] = nbytes / (us * 1e-6) / 1e12
-            out[f"{key}_tflop_per_s"] = 2 * rows * N * K / (us * 1e-6) / 1e12
+        us = cuda_ms(run, repeats) / copies * 1e3
+        out[f"{name}_cublas_us"] = us
+        out[f"{name}_cublas_tb_per_s"] = nbytes / (us * 1e-6) / 1e12
+        out[f"{name}_cublas_tflop_per_s"] = 2 * rows * N * K / (us * 1e-6) / 1e12
         del ws
     return out
 
@@ -355,7 +346,10 @@ def main(argv=None) -> int:
 
     shapes = [(L, label, lengths) for L in (512, 2048)
               for label, lengths in (("blockbatch-6", [4, 8, 16, 32, 64, 128]), ("single-32", [32]))]
-    if candidates:  # the default step beside each opt-in kernel, in this one process, candidate by candidate
+    if candidates and not CANDIDATES:
+        print("no kernel candidates left in the settings table (python/blockbatch/settings.py): no step timings; "
+              "the cuBLAS GEMM sweep only", flush=True)
+    elif candidates:  # the default step beside each opt-in kernel, in this one process, candidate by candidate
         steps = []
         for L, label, lengths in shapes:
             kv, _, step = make_step(lengths, L)
@@ -365,8 +359,6 @@ def main(argv=None) -> int:
             steps.append((row, lengths, L, kv, step))
         for name, env in {"default": {}, **CANDIDATES}.items():
             for row, lengths, L, kv, step in steps:
-                if name in ("stream", "staged") and sum(lengths) > 64:
-                    continue  # the streaming GEMM takes at most 64 rows
                 if name == "pad" and sum(lengths) <= 64:
                     continue  # padding applies to more than 64 rows
                 with section(row, name), environ(**env):
@@ -394,8 +386,8 @@ def main(argv=None) -> int:
         save()
     del model, plain, weights  # the sweep's weight copies need the room
     torch.cuda.empty_cache()
-    # 252 and 256: the 6-branch step's row count and the next multiple of 64 (does padding the
-    # packed step help cuBLAS's tiling?), cuBLAS only.
+    # 252 and 256: the 6-branch step's row count and the next multiple of 64 (cuBLAS timed both
+    # alike on the H200: padding the packed step buys nothing, docs/bench/gpu/NOTES.md).
     for rows in (8, 32, 64, 252, 256) if candidates else ():
         row = gemm[f"rows_{rows}"] = {"step": f"gemm-{rows}", "L": "-"}
         with section(row, "gemm"):

@@ -63,21 +63,12 @@ def steps(path: str) -> list[str]:
         lines.append(f"{r['step']} {r['L']} " + " ".join(fmt(r.get(c)) for c in cols))
         lines += [f"  {k}: {v}" for k, v in r.items() if k.endswith("_error")]
         lines += [f"    {ms:8.3f} ms {n:4d}x {name[:70]}" for name, ms, n in r.get("top_kernels", [])[:6]]
-    for key, r in data.get("gemm", {}).items():  # per weight shape: cuBLAS vs the streaming kernel
+    for key, r in data.get("gemm", {}).items():  # per weight shape and row count: cuBLAS
         lines += [f"  {k}: {v}" for k, v in r.items() if k.endswith("_error")]
         for name in ("qkv", "attn_out", "gate_up", "ff_out", "lm_head"):
-            if f"{name}_cublas_us" not in r:
-                continue
-            if f"{name}_stream_splits_auto_us" not in r:  # rows the streaming kernels do not take
+            if f"{name}_cublas_us" in r:
                 lines.append(f"gemm {key} {name}: cuBLAS {r[f'{name}_cublas_us']:.1f} us "
-                             f"({r[f'{name}_cublas_tflop_per_s']:.0f} TFLOP/s)")
-                continue
-            line = f"gemm {key} {name}: cuBLAS {r[f'{name}_cublas_us']:.1f} us ({r[f'{name}_cublas_tb_per_s']:.2f} TB/s)"
-            for kind in ("stream", "staged"):
-                us = {s: r.get(f"{name}_{kind}_splits_{s}_us") for s in ("auto", "1", "2", "4", "8")}
-                line += (f"; {kind} " + " ".join(f"{s}:{fmt(v)}" for s, v in us.items())
-                         + f" us (auto {fmt(r.get(f'{name}_{kind}_splits_auto_tb_per_s'))} TB/s)")
-            lines.append(line)
+                             f"({r[f'{name}_cublas_tb_per_s']:.2f} TB/s, {r[f'{name}_cublas_tflop_per_s']:.0f} TFLOP/s)")
     return lines
 
 
@@ -193,9 +184,13 @@ def main(argv=None) -> int:
                  "bench_batch_llada8b_invariant.json"):
         out += batching(os.path.join(d, name))
     out += ["== opt-in kernels (candidates)"]
-    for path in candidate_test_files(d) or [os.path.join(d, "candidate_tests_*.xml")]:
-        out += tests(path)
-    out += steps(os.path.join(d, "bench_gpu_candidates.json")) + decode(os.path.join(d, "gpu_decode_candidates.json"))
+    if CANDIDATE_TESTS:
+        for path in candidate_test_files(d) or [os.path.join(d, "candidate_tests_*.xml")]:
+            out += tests(path)
+        out += steps(os.path.join(d, "bench_gpu_candidates.json"))
+        out += decode(os.path.join(d, "gpu_decode_candidates.json"))
+    elif os.path.exists(os.path.join(d, "bench_gpu_candidates.json")):  # the cuBLAS GEMM sweep alone
+        out += steps(os.path.join(d, "bench_gpu_candidates.json"))
     out += verdicts(d)
     print("\n".join(out))
     return 0

@@ -120,8 +120,7 @@ TORCH_LIBRARY(blockbatch, m) {
   m.impl("silu_mul", c10::DispatchKey::Meta, &silu_mul_meta);
   BLOCKBATCH_IMPL_CUDA(m, "silu_mul", &silu_mul_cuda);
 
-  // x @ weight.T (x [rows, in], weight [out, in], one dtype): ATen's GEMM, or on CUDA for at most 64
-  // rows the weight-streaming kernel when BLOCKBATCH_GEMM=stream (csrc/kernels/cuda/linear.cu).
+  // x @ weight.T (x [rows, in], weight [out, in], one dtype): ATen's GEMM (on CUDA: cuBLAS).
   m.def("linear(Tensor x, Tensor weight) -> Tensor");
   m.impl("linear", c10::DispatchKey::CPU, &linear_cpu);
   m.impl("linear", c10::DispatchKey::Meta, &linear_meta);

@@ -65,13 +65,6 @@ SETTINGS: tuple[Setting, ...] = (
             default="pipelined3", status="promoted", choices=("sync", "pipelined", "pipelined3")),
     Setting("BLOCKBATCH_ATTN_SPLITS", "int", "force attention's key-split count",
             default=None, status="promoted", range=(1, 16)),
-    Setting("BLOCKBATCH_GEMM", "choice",
-            "GEMMs of <= 64 rows on a weight-streaming kernel (loads into registers: stream; through a "
-            "cp.async ring: staged) instead of cuBLAS",
-            default="cublas", status="candidate", choices=("cublas", "stream", "staged"),
-            candidates=("stream", "staged")),
-    Setting("BLOCKBATCH_GEMM_SPLITS", "int", "the streaming GEMM's cluster split count",
-            default=None, status="candidate", range=(1, 8)),
     Setting("BLOCKBATCH_GEMM_PAD", "int",
             "pad the rows of 16-bit cuBLAS GEMMs of > 64 rows to a multiple of this; 0 or 1: off",
             default="0", status="candidate", range=(0, 256), candidates=("64",)),
@@ -145,10 +138,6 @@ CANDIDATES: tuple[Candidate, ...] = (
               ("pdl_and_vector_rope", "pdl_variable"), "pdl"),
     Candidate("pad", {"BLOCKBATCH_GEMM_PAD": "64"}, "cuBLAS GEMMs of > 64 rows on rows padded to 64 (252 -> 256)",
               ("padded_gemm",), "pad"),
-    Candidate("stream", {"BLOCKBATCH_GEMM": "stream"}, "weight-streaming GEMM for <= 64 rows (linear.cu)",
-              ("stream_linear",), "gemm"),
-    Candidate("staged", {"BLOCKBATCH_GEMM": "staged"}, "the same through a cp.async shared-memory ring",
-              ("stream_linear",), "gemm", in_all=False),
 )
 
 # gpu_check.sh's candidate-test processes (pytest -k expressions), one per group. A test of a
@@ -156,16 +145,18 @@ CANDIDATES: tuple[Candidate, ...] = (
 TEST_GROUPS: tuple[tuple[str, str], ...] = (
     ("pdl", "pdl_and_vector_rope or pdl_variable"),
     ("pad", "padded_gemm"),
-    ("gemm", "stream_linear"),
 )
 
 
 def candidates() -> dict[str, dict]:
     """{candidate name: its environment}, in timing order, then "all": every in_all one together.
 
-    Only the values the table still lists as candidates: a promoted one drops out.
+    Only the values the table still lists as candidates: a promoted one drops out. Empty (no
+    "all" either) when no kernel candidate is left.
     """
     out = {c.name: dict(c.env) for c in CANDIDATES if _still_candidate(c)}
+    if not out:
+        return {}
     every: dict = {}
     for c in CANDIDATES:
         if c.in_all and _still_candidate(c):

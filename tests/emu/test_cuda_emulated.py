@@ -34,7 +34,6 @@ CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _KINDS = {"i": ctypes.c_int, "u": ctypes.c_uint, "l": ctypes.c_int64, "z": ctypes.c_size_t, "f": ctypes.c_float,
           "d": ctypes.c_double, "p": ctypes.c_void_p}
 _SIGNATURES = {
-    "bbemu_linear_small": "ipl pl pl lll ii",
     "bbemu_rope_kv_write": "i plp ppl ppl p lllll l ppll i",
     "bbemu_attention": "ii pppp ll pl p lllll l pp i lll ip",
     "bbemu_attention_splits": "llllll",
@@ -146,78 +145,6 @@ def test_emulator_checks_launch_limits(emu):
     emu.ok("bbemu_selftest_launch", 8, 8, 0, 0)
     assert emu("bbemu_selftest_launch", 4, 3, 0, 0) != 0 and "cluster (3, 1, 1) for grid (4, 1, 1)" in emu.error()
     assert emu("bbemu_selftest_launch", 16, 16, 0, 0) != 0 and "cluster (16, 1, 1)" in emu.error()
-
-
-# ---------------------------------------------------------------------------------------------
-# The weight-streaming GEMM (linear.cu; BLOCKBATCH_GEMM=stream / staged on a GPU)
-
-# (rows, out, in): one 8-row tile, row / column tails, each X tile count (1, 2, 4, 8), K not a
-# multiple of 128 (staged falls back to stream), more K chunks than warps x splits.
-GEMM_SHAPES = [(1, 64, 32), (7, 200, 96), (8, 256, 512), (16, 96, 256), (32, 130, 256), (33, 72, 384),
-               (64, 72, 384), (20, 48, 1024)]
-
-
-def _gemm_case(M, N, K, dtype, pad):
-    """x [M, K] and w [N, K] as views into NaN-filled buffers one row longer and `pad` columns
-    wider (leading dimensions K + pad): a read outside either matrix turns an output into NaN."""
-    g = torch.Generator().manual_seed(M * 1000 + N + K)
-    x = torch.full((M + 1, K + pad), float("nan"), dtype=dtype)
-    w = torch.full((N + 1, K + pad), float("nan"), dtype=dtype)
-    x[:M, :K] = torch.randn(M, K, generator=g).to(dtype)
-    w[:N, :K] = (torch.randn(N, K, generator=g) / K ** 0.5).to(dtype)
-    return x[:M, :K], w[:N, :K]
-
-
-def _gemm(emu, x, w, splits, staged, sentinel=7.0):
-    """Y through the emulated kernel, in a buffer with a guard row and guard columns that must
-    keep `sentinel`; Y itself starts as NaN (every element must be written)."""
-    M, K = x.shape
-    N = w.shape[0]
-    buf = torch.full((M + 1, N + 8), sentinel, dtype=x.dtype)
-    buf[:M, :N] = float("nan")
-    emu.ok("bbemu_linear_small", CODE[x.dtype], x, x.stride(0), w, w.stride(0), buf, buf.stride(0), M, N, K, splits,
-           int(staged))
-    assert (buf[M] == sentinel).all() and (buf[:, N:] == sentinel).all(), "a write outside Y"
-    return buf[:M, :N]
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("staged", [False, True], ids=["stream", "staged"])
-@pytest.mark.parametrize("M,N,K", GEMM_SHAPES)
-def test_linear_small_emulated(emu, M, N, K, staged, dtype):
-    """x @ w.T for every split count the kernels take (3: uneven K ranges; 8: some ranks without
-    K): within 2x PyTorch's own error at this dtype of the exact product of the rounded inputs,
-    every element written, nothing written outside Y, nothing read outside x and w (NaN there)."""
-    x, w = _gemm_case(M, N, K, dtype, pad=8 if K % 64 == 0 else 0)
-    exact = x.double() @ w.double().t()
-    torch_err = _rel_err(x @ w.t(), exact)
-    assert torch_err > 0
-    for splits in (1, 2, 3, 8):
-        y = _gemm(emu, x, w, splits, staged)
-        assert not y.isnan().any(), f"splits {splits}: NaN outputs (unwritten, or read outside x / w)"
-        err = _rel_err(y, exact)
-        assert err <= 2 * torch_err, f"splits {splits}: {err:.3g} vs PyTorch {torch_err:.3g}"
-
-
-def test_linear_small_is_deterministic_and_the_variants_agree(emu):
-    """The reduction order is fixed (warp order, then cluster rank order): the same bits under
-    every schedule; with one split the staged kernel visits the same K chunks in the same order
-    per warp as the register one, so their results are equal bit for bit."""
-    x, w = _gemm_case(24, 100, 512, torch.bfloat16, pad=0)
-    for staged in (False, True):
-        runs = []
-        for seed in (1, 2, 3):
-            emu.seed(seed)
-            runs.append(_gemm(emu, x, w, 4, staged))
-        assert all(torch.equal(runs[0], r) for r in runs[1:])
-    assert torch.equal(_gemm(emu, x, w, 1, False), _gemm(emu, x, w, 1, True))
-
-
-def test_linear_small_rejects_what_it_cannot_run(emu):
-    x, w = _gemm_case(8, 64, 64, torch.bfloat16, pad=0)
-    y = torch.empty(8, 64, dtype=torch.bfloat16)
-    for dtype, M, K, splits in ((0, 8, 64, 1), (1, 65, 64, 1), (1, 8, 48, 1), (1, 8, 64, 9), (1, 8, 64, 0)):
-        assert emu("bbemu_linear_small", dtype, x, 64, w, 64, y, 64, M, 64, K, splits, 0) != 0
 
 
 # ---------------------------------------------------------------------------------------------

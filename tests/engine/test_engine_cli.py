@@ -142,7 +142,7 @@ def test_cli_help_lists_every_cuda_environment_variable():
     src = pathlib.Path(__file__).resolve().parents[2] / "csrc"
     pattern = r'(?:getenv|env_choice|env_int)\("(BLOCKBATCH_\w+)"'  # ops/cuda/settings.cpp reads them through helpers
     read = {m for f in src.rglob("*.c*") for m in re.findall(pattern, f.read_text())}
-    assert {"BLOCKBATCH_ATTN_KERNEL", "BLOCKBATCH_GEMM", "BLOCKBATCH_PDL"} <= read  # the scan finds them
+    assert {"BLOCKBATCH_ATTN_KERNEL", "BLOCKBATCH_ROPE_KERNEL", "BLOCKBATCH_CUDA_BATCHING"} <= read  # the scan finds them
     res = _cli("generate", "--help")
     assert res.returncode == 0
     missing = sorted(v for v in read if f"{v}=" not in res.stdout)
@@ -155,7 +155,7 @@ def test_cli_help_lists_every_cuda_environment_variable():
                           r'constexpr int kDefault\w+ = (\d+);\s+// (BLOCKBATCH_\w+)',
                           (src / "ops" / "cuda" / "settings.cpp").read_text())
     pairs = [(a or c, b or d) for a, b, c, d in defaults]
-    assert {v for _, v in pairs} >= {"BLOCKBATCH_ATTN_KERNEL", "BLOCKBATCH_GEMM", "BLOCKBATCH_PDL"}
+    assert {v for _, v in pairs} >= {"BLOCKBATCH_ATTN_KERNEL", "BLOCKBATCH_ROPE_KERNEL", "BLOCKBATCH_CUDA_BATCHING"}
     for value, var in pairs:
         text = res.stdout[res.stdout.index(f"{var}="):]
         text = text[:text.index("BLOCKBATCH_", len(var))] if "BLOCKBATCH_" in text[len(var):] else text

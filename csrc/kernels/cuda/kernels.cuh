@@ -55,18 +55,6 @@ int flash_attention_splits(const cpu::AttentionArgs& a, int64_t tokens, int64_t 
 template <typename T>
 cudaError_t flash_attention(const cpu::AttentionArgs& a, int64_t tokens, int splits, float* part, int variant,
                             cudaStream_t stream);
-// Y[M, N] = X[M, K] W[N, K]^T for M <= kLinearSmallMaxRows rows (linear.cu: weights streamed once
-// into tensor-core fragments, K split over a thread-block cluster of `splits` <= 8 blocks; sm_90+,
-// bf16 / fp16). `supported` says whether it applies (dtype, rows, K a multiple of 32, 16-byte
-// aligned pointers and leading dimensions); `splits` is the launch's default split count.
-// staged: the cp.async shared-memory ring variant (where K % 128 == 0; else the register one).
-constexpr int64_t kLinearSmallMaxRows = 64;
-bool linear_small_supported(const void* x, int64_t ldx, const void* w, int64_t ldw, const void* y, int64_t M,
-                            int64_t N, int64_t K, int dtype_code, int sm_major);  // dtype_code 0 = fp32
-int linear_small_splits(int64_t M, int64_t N, int64_t K, int sm_count, bool staged);
-template <typename T>
-cudaError_t linear_small(const T* x, int64_t ldx, const T* w, int64_t ldw, T* y, int64_t ldy, int64_t M, int64_t N,
-                         int64_t K, int splits, bool staged, cudaStream_t stream);
 template <typename T>
 cudaError_t confidence(const T* logits, int64_t rows, int64_t vocab, int64_t exclude, int64_t* argmax, double* conf,
                        cudaStream_t stream);

@@ -1,4 +1,4 @@
-// Tensor-core and cp.async building blocks shared by the CUDA kernels (flash_common.cuh, linear.cu).
+// Tensor-core and cp.async building blocks of the CUDA kernels (flash_common.cuh, flash_tiles.cu).
 // Under BLOCKBATCH_CUDA_EMULATION (tests/emu/cuda_emu/) each one calls the CPU emulator instead.
 #pragma once
 

@@ -1,5 +1,5 @@
 // CUDA implementations of the dense ops of a layer: rms_norm, add_rms_norm_, silu_mul and linear
-// (ATen's GEMM, or for at most 64 rows the weight-streaming kernel of kernels/cuda/linear.cu).
+// (ATen's GEMM, cuBLAS).
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -95,35 +95,12 @@ at::Tensor silu_mul_cuda(const at::Tensor& gate_up) {
 at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight) {
   check_linear(x, weight);
   const c10::cuda::CUDAGuard guard(x.device());
-  const int64_t M = x.size(0), N = weight.size(0), K = x.size(1);
   if (batch_invariant()) return invariant_mm(x, weight);
-  const Gemm kind = gemm_kind();
   if (const int multiple = gemm_row_multiple();
-      multiple > 1 && x.scalar_type() != at::kFloat && M > cuda::kLinearSmallMaxRows && M % multiple != 0) {
+      multiple > 1 && x.scalar_type() != at::kFloat && x.size(0) > 64 && x.size(0) % multiple != 0) {
     return padded_mm(x, weight, multiple);
   }
-  if (x.scalar_type() == at::kFloat || M > cuda::kLinearSmallMaxRows || kind == Gemm::kCublas || x.stride(1) != 1 ||
-      weight.stride(1) != 1) {
-    return at::mm(x, weight.t());
-  }
-  at::Tensor out = at::empty({M, N}, x.options());
-  const int device = x.get_device();
-  if (!cuda::linear_small_supported(x.const_data_ptr(), x.stride(0), weight.const_data_ptr(), weight.stride(0),
-                                    out.const_data_ptr(), M, N, K, 1,
-                                    device_attribute<cudaDevAttrComputeCapabilityMajor>(device))) {
-    return at::mm(x, weight.t());
-  }
-  const bool staged = kind == Gemm::kStaged;
-  const int splits = gemm_splits(
-      cuda::linear_small_splits(M, N, K, device_attribute<cudaDevAttrMultiProcessorCount>(device), staged));
-  dispatch_cuda_type(x.scalar_type(), "linear", [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    apply_pdl_setting();  // launches a kernel of the forward (launch_kernel)
-    check_launch(cuda::linear_small<T>(ptr<T>(x), x.stride(0), ptr<T>(weight), weight.stride(0), ptr<T>(out), N, M,
-                                       N, K, splits, staged, c10::cuda::getCurrentCUDAStream()),
-                 "linear (weight streaming)");
-  });
-  return out;
+  return at::mm(x, weight.t());
 }
 
 }  // namespace blockbatch

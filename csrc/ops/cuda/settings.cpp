@@ -49,7 +49,6 @@ int env_int(const char* name, int lo, int hi, int fallback) {
 // python/blockbatch/settings.py; tests/tools/test_settings.py checks that this block and the env_choice /
 // env_int calls below agree with it. Promoting a candidate: its row there and its line here.
 constexpr const char* kDefaultAttnKernel = "pipelined3";  // BLOCKBATCH_ATTN_KERNEL; step 0.96-0.99x "pipelined"
-constexpr const char* kDefaultGemm = "cublas";           // BLOCKBATCH_GEMM
 constexpr int kDefaultGemmPad = 0;                       // BLOCKBATCH_GEMM_PAD
 constexpr const char* kDefaultRopeKernel = "vec";        // BLOCKBATCH_ROPE_KERNEL; step 0.97-1.00x "scalar"
 constexpr const char* kDefaultPdl = "0";                 // BLOCKBATCH_PDL
@@ -72,18 +71,6 @@ int attention_variant() {
       env_choice("BLOCKBATCH_ATTN_KERNEL", {"sync", "pipelined", "pipelined3"}, kDefaultAttnKernel);
   return v == "sync" ? 1 : v == "pipelined" ? 2 : 3;
 }
-
-// Which GEMM runs x @ weight.T for at most 64 rows: BLOCKBATCH_GEMM = "cublas" (the default: ATen's
-// at::mm), "stream" or "staged" (linear.cu's weight-streaming kernels: loads into registers, or
-// through a cp.async shared-memory ring; where they apply). BLOCKBATCH_GEMM_SPLITS (1..8)
-// overrides their cluster split count. Both read per call, so a benchmark can time every choice
-// in one process.
-Gemm gemm_kind() {
-  const std::string v = env_choice("BLOCKBATCH_GEMM", {"cublas", "stream", "staged"}, kDefaultGemm);
-  return v == "cublas" ? Gemm::kCublas : v == "stream" ? Gemm::kStream : Gemm::kStaged;
-}
-
-int gemm_splits(int heuristic) { return env_int("BLOCKBATCH_GEMM_SPLITS", 1, 8, heuristic); }
 
 // BLOCKBATCH_GEMM_PAD = P (2..256; unset, 0 or 1: off): a 16-bit cuBLAS GEMM of more than 64 rows
 // runs on its rows padded with zero rows to a multiple of P, and returns the first M rows. The

@@ -32,18 +32,6 @@ cudaStream_t kStream = nullptr;
 
 extern "C" {
 
-int bbemu_linear_small(int dtype, const void* x, int64_t ldx, const void* w, int64_t ldw, void* y, int64_t ldy,
-                       int64_t M, int64_t N, int64_t K, int splits, int staged) {
-  return by_dtype(dtype, [&](auto t) {
-    using T = decltype(t);
-    return bc::linear_small<T>(as<T>(x), ldx, as<T>(w), ldw, as<T>(y), ldy, M, N, K, splits, staged != 0, kStream);
-  });
-}
-
-int bbemu_linear_small_splits(int64_t M, int64_t N, int64_t K, int sm_count, int staged) {
-  return bc::linear_small_splits(M, N, K, sm_count, staged != 0);
-}
-
 int bbemu_rope_kv_write(int dtype, void* q, int64_t q_stride, int64_t heads, void* k, const void* v,
                         int64_t kv_stride, const int64_t* positions, const float* cos_sin, int64_t max_positions,
                         void* kv, int64_t layers, int64_t kv_heads, int64_t length, int64_t head_dim,

@@ -125,12 +125,6 @@ template <typename T>
 inline cudaError_t cudaFuncSetAttribute(T* kernel, cudaFuncAttribute attr, int value) {
   return ::cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), attr, value);
 }
-template <typename T>
-inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, T* kernel, int block_size,
-                                                                 size_t shared) {
-  return ::cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, reinterpret_cast<const void*>(kernel), block_size,
-                                                         shared);
-}
 
 inline void __syncthreads() { ::bbemu::sync_block(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { ::bbemu::sync_warp(); }
@@ -144,8 +138,6 @@ inline float __fadd_rn(float a, float b) { return a + b; }  // built with -ffp-c
 inline float __fmul_rn(float a, float b) { return a * b; }
 template <typename T>
 inline T __ldg(const T* p) { return *p; }
-template <typename T>
-inline T __ldcs(const T* p) { return *p; }
 inline size_t __cvta_generic_to_shared(const void* p) { return reinterpret_cast<size_t>(p); }
 // Fibers never run at the same time, so plain read-modify-writes are atomic.
 template <typename T>

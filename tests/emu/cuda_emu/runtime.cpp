@@ -459,15 +459,6 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
   bbemu::g_shared_limit[func] = static_cast<size_t>(value);
   return cudaSuccess;
 }
-// An H200-like SM (2048 threads, 228 KB of shared memory, at most 32 blocks); registers are not
-// modelled, so this can overstate what a register-heavy kernel gets (it only steers heuristics).
-cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, const void*, int block_size, size_t shared) {
-  if (block_size <= 0) return cudaErrorInvalidValue;
-  int n = std::min(32, 2048 / block_size);
-  if (shared > 0) n = std::min(n, static_cast<int>((228 * 1024) / (shared + 1024)));
-  *blocks = n;
-  return cudaSuccess;
-}
 
 // For the tests (ctypes): the emulator's seed (scheduling order) and the last launch's error.
 void bbemu_set_seed(uint64_t seed) { bbemu::g_seed = seed; }
