@@ -359,8 +359,6 @@ def main(argv=None) -> int:
             steps.append((row, lengths, L, kv, step))
         for name, env in {"default": {}, **CANDIDATES}.items():
             for row, lengths, L, kv, step in steps:
-                if name == "pad" and sum(lengths) <= 64:
-                    continue  # padding applies to more than 64 rows
                 with section(row, name), environ(**env):
                     row.update(candidate_latency(name, step, row, args.repeats))
             print(json.dumps({"candidate": name, **{f"{r['step']} L{r['L']}": r.get(f"{name}_replay_ms")

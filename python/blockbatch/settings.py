@@ -65,9 +65,6 @@ SETTINGS: tuple[Setting, ...] = (
             default="pipelined3", status="promoted", choices=("sync", "pipelined", "pipelined3")),
     Setting("BLOCKBATCH_ATTN_SPLITS", "int", "force attention's key-split count",
             default=None, status="promoted", range=(1, 16)),
-    Setting("BLOCKBATCH_GEMM_PAD", "int",
-            "pad the rows of 16-bit cuBLAS GEMMs of > 64 rows to a multiple of this; 0 or 1: off",
-            default="0", status="candidate", range=(0, 256), candidates=("64",)),
     Setting("BLOCKBATCH_ROPE_KERNEL", "choice", "16-byte RoPE + KV-slot write (vec); same bits",
             default="vec", status="promoted", choices=("scalar", "vec")),
     Setting("BLOCKBATCH_PDL", "bool", "programmatic dependent launch of the forward's kernels; same bits",
@@ -136,15 +133,12 @@ class Candidate:
 CANDIDATES: tuple[Candidate, ...] = (
     Candidate("pdl", {"BLOCKBATCH_PDL": "1"}, "programmatic dependent launch (launch.cuh)",
               ("pdl_and_vector_rope", "pdl_variable"), "pdl"),
-    Candidate("pad", {"BLOCKBATCH_GEMM_PAD": "64"}, "cuBLAS GEMMs of > 64 rows on rows padded to 64 (252 -> 256)",
-              ("padded_gemm",), "pad"),
 )
 
 # gpu_check.sh's candidate-test processes (pytest -k expressions), one per group. A test of a
 # group's own (not a verdict's borrowed one) belongs here; its order is the run order.
 TEST_GROUPS: tuple[tuple[str, str], ...] = (
     ("pdl", "pdl_and_vector_rope or pdl_variable"),
-    ("pad", "padded_gemm"),
 )
 
 

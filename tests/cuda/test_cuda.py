@@ -272,31 +272,6 @@ def test_attention_kernel_variable_is_checked(monkeypatch):
         ops.packed_attention(q, q, q, cu, None, None, None, 0, True)
 
 
-@settings.candidate_mark("BLOCKBATCH_GEMM_PAD")
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_padded_gemm(dtype, monkeypatch):
-    """BLOCKBATCH_GEMM_PAD=64: a 16-bit GEMM of more than 64 rows runs on zero-padded rows (252 ->
-    256) and returns the first M rows, contiguous, within 2x cuBLAS's error on the unpadded rows;
-    multiples of 64, <= 64 rows and float32 are untouched (same bits); bad values name the variable."""
-    torch.manual_seed(5)
-    x = torch.randn(252, 4096, device="cuda").to(dtype)
-    w = (torch.randn(1000, 4096, device="cuda") / 64).to(dtype)
-    exact = x.float() @ w.float().t()
-    cublas_err = ((x @ w.t()).float() - exact).abs().max().item()
-    monkeypatch.setenv("BLOCKBATCH_GEMM_PAD", "64")
-    ours = ops.linear(x, w)
-    assert ours.shape == (252, 1000) and ours.is_contiguous() and not ours.isnan().any()
-    assert (ours.float() - exact).abs().max().item() <= 2 * cublas_err
-    strided = torch.randn(100, 4104, device="cuda").to(dtype)[:, :4096]
-    torch.testing.assert_close(ops.linear(strided, w).float(), strided.float() @ w.float().t(), atol=4 * cublas_err,
-                               rtol=0)
-    for a, b in ((x[:64], w), (x[:192], w), (x.float(), w.float())):
-        assert torch.equal(ops.linear(a, b), a @ b.t())
-    monkeypatch.setenv("BLOCKBATCH_GEMM_PAD", "512")
-    with pytest.raises(ValueError, match=r"BLOCKBATCH_GEMM_PAD must be an integer in \[0, 256\], got '512'"):
-        ops.linear(x, w)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("policy", ["vanilla", "prefix", "dual", "blockbatch"])
 def test_cuda_graph_replay_equals_eager(policy, dtype):

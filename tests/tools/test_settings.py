@@ -32,7 +32,7 @@ def cpp_reads() -> dict[str, dict]:
 
 def test_cpp_reads_agree_with_the_table():
     reads = cpp_reads()
-    assert {"BLOCKBATCH_ATTN_KERNEL", "BLOCKBATCH_GEMM_PAD", "BLOCKBATCH_PDL"} <= set(reads)  # the scan finds them
+    assert {"BLOCKBATCH_ATTN_KERNEL", "BLOCKBATCH_ATTN_SPLITS", "BLOCKBATCH_PDL"} <= set(reads)  # the scan finds them
     text = OPS_CUDA.read_text()
     calls = len(re.findall(r"\benv_(?:choice|int)\(\s*\"", text))
     assert calls == len(reads), "an env_choice / env_int call the scan does not parse"
@@ -96,8 +96,8 @@ def test_benchmarks_use_the_table(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     common = pytest.importorskip("common")
     assert common.CANDIDATES == settings.candidates()
-    assert common.CANDIDATES["all"] == {"BLOCKBATCH_GEMM_PAD": "64", "BLOCKBATCH_PDL": "1"}
-    assert list(common.CANDIDATES) == ["pdl", "pad", "all"]
+    assert common.CANDIDATES["all"] == {"BLOCKBATCH_PDL": "1"}
+    assert list(common.CANDIDATES) == ["pdl", "all"]
     spec = importlib.util.spec_from_file_location("gpu_summary", ROOT / "benchmarks" / "gpu_summary.py")
     gpu_summary = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_summary)
@@ -115,7 +115,7 @@ def test_promoting_a_candidate_drops_it_everywhere(monkeypatch):
     assert "pdl" not in settings.candidate_tests()
     assert "pdl" not in dict(settings.candidate_test_groups())
     assert not settings.param("BLOCKBATCH_PDL", "1").marks
-    assert settings.param("BLOCKBATCH_GEMM_PAD", "64").marks
+    assert not settings.param("BLOCKBATCH_ROPE_KERNEL", "vec").marks
 
 
 def test_readme_table_is_rendered_from_the_table():

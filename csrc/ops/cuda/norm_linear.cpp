@@ -20,7 +20,7 @@ using namespace cuda_ops;
 
 namespace {
 
-// x @ weight.T on x padded with zero rows to a multiple of `multiple` rows (BLOCKBATCH_GEMM_PAD).
+// x @ weight.T on x padded with zero rows to a multiple of `multiple` rows.
 at::Tensor padded_mm(const at::Tensor& x, const at::Tensor& weight, int64_t multiple) {
   const int64_t M = x.size(0), padded = (M + multiple - 1) / multiple * multiple;
   at::Tensor xp = at::empty({padded, x.size(1)}, x.options());
@@ -96,10 +96,6 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight) {
   check_linear(x, weight);
   const c10::cuda::CUDAGuard guard(x.device());
   if (batch_invariant()) return invariant_mm(x, weight);
-  if (const int multiple = gemm_row_multiple();
-      multiple > 1 && x.scalar_type() != at::kFloat && x.size(0) > 64 && x.size(0) % multiple != 0) {
-    return padded_mm(x, weight, multiple);
-  }
   return at::mm(x, weight.t());
 }
 

@@ -49,7 +49,6 @@ int env_int(const char* name, int lo, int hi, int fallback) {
 // python/blockbatch/settings.py; tests/tools/test_settings.py checks that this block and the env_choice /
 // env_int calls below agree with it. Promoting a candidate: its row there and its line here.
 constexpr const char* kDefaultAttnKernel = "pipelined3";  // BLOCKBATCH_ATTN_KERNEL; step 0.96-0.99x "pipelined"
-constexpr int kDefaultGemmPad = 0;                       // BLOCKBATCH_GEMM_PAD
 constexpr const char* kDefaultRopeKernel = "vec";        // BLOCKBATCH_ROPE_KERNEL; step 0.97-1.00x "scalar"
 constexpr const char* kDefaultPdl = "0";                 // BLOCKBATCH_PDL
 constexpr const char* kDefaultCudaBatching = "1";        // BLOCKBATCH_CUDA_BATCHING; batch 16 dual 5.2x one by one
@@ -71,13 +70,6 @@ int attention_variant() {
       env_choice("BLOCKBATCH_ATTN_KERNEL", {"sync", "pipelined", "pipelined3"}, kDefaultAttnKernel);
   return v == "sync" ? 1 : v == "pipelined" ? 2 : 3;
 }
-
-// BLOCKBATCH_GEMM_PAD = P (2..256; unset, 0 or 1: off): a 16-bit cuBLAS GEMM of more than 64 rows
-// runs on its rows padded with zero rows to a multiple of P, and returns the first M rows. The
-// 6-branch step has 252 rows; if cuBLAS tiles 256 rows better than 252 (it ran 192-row tiles at
-// 252, about 66% of them useful), the copy of x (2 MB) costs far less than it saves
-// (bench_gpu_step.py's "pad" candidate and its GEMM sweep time it).
-int gemm_row_multiple() { return env_int("BLOCKBATCH_GEMM_PAD", 0, 256, kDefaultGemmPad); }
 
 // rope_kv_write_'s kernel: BLOCKBATCH_ROPE_KERNEL = "vec" (the default: 16 bytes per access) or
 // "scalar" (element pairs, the reference it is tested against; same bits). Read per call.

@@ -10,8 +10,6 @@ namespace blockbatch::cuda_ops {
 int attention_splits(int heuristic);
 // The tensor-core attention variant (BLOCKBATCH_ATTN_KERNEL): 1 sync, 2 pipelined, 3 pipelined3.
 int attention_variant();
-// BLOCKBATCH_GEMM_PAD: pad a 16-bit cuBLAS GEMM of more than 64 rows to a multiple of this (<= 1: off).
-int gemm_row_multiple();
 // rope_kv_write_'s 16-byte kernel (BLOCKBATCH_ROPE_KERNEL = vec).
 bool rope_vectorized();
 // Reads BLOCKBATCH_PDL and sets the kernels' programmatic-launch flag (kernels/cuda/launch.cuh)
