@@ -285,10 +285,8 @@ def replay_latency(step, row: dict, repeats: int) -> dict:
 
 
 def candidate_latency(name: str, step, row: dict, repeats: int) -> dict:
-    """The step under one candidate's variables: eager, replay, GPU-busy, and the replay's ratios.
-    Under PDL a kernel's profiled time includes its wait for the kernel before it (it starts
-    early), so its own busy time overstates the work; "_replay_over_default_busy" divides by the
-    default kernels' busy time instead (the same work, timed without overlap)."""
+    """The step under one candidate's variables: eager, replay, GPU-busy, and the replay's ratios
+    ("_replay_over_default_busy": against the default kernels' busy time)."""
     out = {f"{name}_eager_ms": cuda_ms(step, repeats), f"{name}_replay_ms": graph_ms(step, repeats)}
     out[f"{name}_busy_ms"], out[f"{name}_top_kernels"] = busy_ms(step)
     out[f"{name}_replay_over_busy"] = out[f"{name}_replay_ms"] / out[f"{name}_busy_ms"]

@@ -67,8 +67,6 @@ SETTINGS: tuple[Setting, ...] = (
             default=None, status="promoted", range=(1, 16)),
     Setting("BLOCKBATCH_ROPE_KERNEL", "choice", "16-byte RoPE + KV-slot write (vec); same bits",
             default="vec", status="promoted", choices=("scalar", "vec")),
-    Setting("BLOCKBATCH_PDL", "bool", "programmatic dependent launch of the forward's kernels; same bits",
-            default="0", status="candidate", choices=("0", "1"), candidates=("1",)),
     Setting("BLOCKBATCH_CUDA_BATCHING", "choice",
             "batch the requests of a CUDA model in the scheduler (Engine.generate with max_batch > 1, "
             "Engine.stream, generate --input, serve): 1: eager packed steps on one stream; graphs: each "
@@ -130,16 +128,15 @@ class Candidate:
 
 # In the order they are timed: least risky first, since a kernel that faults ends its process's CUDA
 # context and with it the timings of every candidate after it.
-CANDIDATES: tuple[Candidate, ...] = (
-    Candidate("pdl", {"BLOCKBATCH_PDL": "1"}, "programmatic dependent launch (launch.cuh)",
-              ("pdl_and_vector_rope", "pdl_variable"), "pdl"),
-)
+# None is left after the 2026-12-04 GPU run (docs/bench/gpu/NOTES.md): its winners were promoted and
+# the others deleted. A new opt-in kernel adds its row here, e.g.
+#   Candidate("rope_vec", {"BLOCKBATCH_ROPE_KERNEL": "vec"}, "16-byte rope_kv_write",
+#             ("rope_kv_write_cuda",), "rope_vec"),
+CANDIDATES: tuple[Candidate, ...] = ()
 
 # gpu_check.sh's candidate-test processes (pytest -k expressions), one per group. A test of a
 # group's own (not a verdict's borrowed one) belongs here; its order is the run order.
-TEST_GROUPS: tuple[tuple[str, str], ...] = (
-    ("pdl", "pdl_and_vector_rope or pdl_variable"),
-)
+TEST_GROUPS: tuple[tuple[str, str], ...] = ()
 
 
 def candidates() -> dict[str, dict]:

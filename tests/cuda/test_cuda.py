@@ -293,13 +293,11 @@ def test_cuda_graph_replay_equals_eager(policy, dtype):
     assert eager.stats["graph_replays"] == 0 and graph.stats["graph_captures"] >= 1 and graph.stats["graph_replays"] >= 1
 
 
-@settings.candidate_mark("BLOCKBATCH_PDL", "BLOCKBATCH_ROPE_KERNEL")
 @pytest.mark.parametrize("policy", ["vanilla", "prefix", "dual", "blockbatch"])
-def test_pdl_and_vector_rope_change_no_bits(policy, monkeypatch):
-    """Programmatic dependent launch (BLOCKBATCH_PDL=1) only overlaps launches and the 16-byte
-    rope_kv_write (BLOCKBATCH_ROPE_KERNEL=vec) does the same arithmetic: decoding with either or
-    both gives the default run's tokens and counters exactly, eager and graph-replayed, in float32
-    and bf16 (a kernel that read its inputs before the previous one finished would show here)."""
+def test_vector_rope_changes_no_bits(policy, monkeypatch):
+    """The 16-byte rope_kv_write (BLOCKBATCH_ROPE_KERNEL=vec, the default) does the pair kernel's
+    (scalar) arithmetic: decoding with either gives the same tokens and counters exactly, eager
+    and graph-replayed, in float32 and bf16."""
     config = random_config(d_model=128, n_heads=4, n_kv_heads=2, mlp_hidden_size=256, vocab_size=64)
     weights = random_weights(config, seed=4, logit_scale=6.0)
     prompt = torch.tensor([3, 1, 4, 1, 5, 9, 2], device="cuda")
@@ -311,25 +309,14 @@ def test_pdl_and_vector_rope_change_no_bits(policy, monkeypatch):
         gpu = NativeModel(config, weights, dtype=dtype, device="cuda")
         for graphs in (False, True):
             opts = options.replace(cuda_graphs=graphs)
-            monkeypatch.delenv("BLOCKBATCH_PDL", raising=False)
-            monkeypatch.delenv("BLOCKBATCH_ROPE_KERNEL", raising=False)
+            monkeypatch.setenv("BLOCKBATCH_ROPE_KERNEL", "scalar")
             base = run_decode(gpu.obj, prompt, opts)
-            for pdl, rope in (("1", "scalar"), ("0", "vec"), ("1", "vec")):
-                monkeypatch.setenv("BLOCKBATCH_PDL", pdl)
-                monkeypatch.setenv("BLOCKBATCH_ROPE_KERNEL", rope)
-                out = run_decode(gpu.obj, prompt, opts)
-                label = f"{dtype} graphs={graphs} pdl={pdl} rope={rope}"
-                assert torch.equal(out.tokens, base.tokens), label
-                assert {k: v for k, v in out.stats.items() if k not in skip} == \
-                    {k: v for k, v in base.stats.items() if k not in skip}, label
-
-
-@settings.candidate_mark("BLOCKBATCH_PDL")
-def test_pdl_variable_is_checked(monkeypatch):
-    monkeypatch.setenv("BLOCKBATCH_PDL", "yes")
-    x = torch.randn(4, 64, device="cuda")
-    with pytest.raises(ValueError, match="BLOCKBATCH_PDL must be '0' or '1', got 'yes'"):
-        ops.rms_norm(x, torch.ones(64, device="cuda"), 1e-5)
+            monkeypatch.delenv("BLOCKBATCH_ROPE_KERNEL")
+            out = run_decode(gpu.obj, prompt, opts)
+            label = f"{dtype} graphs={graphs}"
+            assert torch.equal(out.tokens, base.tokens), label
+            assert {k: v for k, v in out.stats.items() if k not in skip} == \
+                {k: v for k, v in base.stats.items() if k not in skip}, label
 
 
 def test_decode_reads_back_once_per_step_on_gpu():

@@ -44,13 +44,17 @@ def test_verdicts_without_files(tmp_path):
         "verdicts: candidate_tests*.xml or bench_gpu_candidates.json missing"]
 
 
-def test_verdicts_without_candidates(tmp_path):
-    """A table with no kernel candidates left: the summary says so (and the run does not crash)."""
+def test_verdicts_without_candidates(tmp_path, capsys, monkeypatch):
+    """A table with no kernel candidates left (today's): the summary says so and does not crash."""
     assert gpu_summary.verdicts(str(tmp_path), {}) == [
         "verdicts: no kernel candidates left in the settings table (python/blockbatch/settings.py)"]
+    monkeypatch.setattr(gpu_summary, "CANDIDATE_TESTS", {})
+    assert gpu_summary.main([str(tmp_path)]) == 0
+    assert "verdicts: no kernel candidates left" in capsys.readouterr().out
 
 
-def test_summary_lists_each_candidate_file(tmp_path, capsys):
+def test_summary_lists_each_candidate_file(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(gpu_summary, "CANDIDATE_TESTS", {"stream": ("stream_linear",), "pdl": ("pdl_variable",)})
     (tmp_path / "candidate_tests_gemm.xml").write_text(GEMM_XML)
     (tmp_path / "candidate_tests_pdl.xml").write_text(PDL_XML)
     assert gpu_summary.main([str(tmp_path)]) == 0

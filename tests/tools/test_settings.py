@@ -32,7 +32,7 @@ def cpp_reads() -> dict[str, dict]:
 
 def test_cpp_reads_agree_with_the_table():
     reads = cpp_reads()
-    assert {"BLOCKBATCH_ATTN_KERNEL", "BLOCKBATCH_ATTN_SPLITS", "BLOCKBATCH_PDL"} <= set(reads)  # the scan finds them
+    assert {"BLOCKBATCH_ATTN_KERNEL", "BLOCKBATCH_ATTN_SPLITS", "BLOCKBATCH_CUDA_BATCHING"} <= set(reads)  # the scan finds them
     text = OPS_CUDA.read_text()
     calls = len(re.findall(r"\benv_(?:choice|int)\(\s*\"", text))
     assert calls == len(reads), "an env_choice / env_int call the scan does not parse"
@@ -83,21 +83,21 @@ def test_benchmark_candidates_derive_from_the_table():
     for s in settings.SETTINGS:
         for value in s.candidates:
             assert (s.name, value) in timed, f"{s.name}={value} is a candidate no benchmark times"
-    assert list(cands)[-1] == "all"
+    assert not cands or list(cands)[-1] == "all"
     groups = {g for g, _ in settings.candidate_test_groups()}
     assert {c.group for c in settings.CANDIDATES} <= groups
     assert set(settings.candidate_tests()) == set(cands) - {"all"}
 
 
 def test_benchmarks_use_the_table(monkeypatch):
-    """benchmarks/common.py CANDIDATES and gpu_summary's verdict tests are the table's (today's set)."""
+    """benchmarks/common.py CANDIDATES and gpu_summary's verdict tests are the table's (today's set:
+    none, since the 2026-12-04 GPU run promoted or deleted every opt-in kernel)."""
     import importlib.util
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     common = pytest.importorskip("common")
     assert common.CANDIDATES == settings.candidates()
-    assert common.CANDIDATES["all"] == {"BLOCKBATCH_PDL": "1"}
-    assert list(common.CANDIDATES) == ["pdl", "all"]
+    assert common.CANDIDATES == {}
     spec = importlib.util.spec_from_file_location("gpu_summary", ROOT / "benchmarks" / "gpu_summary.py")
     gpu_summary = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_summary)
@@ -105,17 +105,28 @@ def test_benchmarks_use_the_table(monkeypatch):
 
 
 def test_promoting_a_candidate_drops_it_everywhere(monkeypatch):
-    """A promoted value leaves CANDIDATES, the verdict tests, the test groups and the pytest mark."""
+    """A candidate value is in CANDIDATES (with "all"), the verdict tests, the test groups and the
+    pytest mark; promoted, it leaves all of them. On a made-up trial of the scalar RoPE kernel
+    (today's table has no candidate left)."""
     import dataclasses
 
-    pdl = settings.get("BLOCKBATCH_PDL")
-    promoted = dataclasses.replace(pdl, default="1", status="promoted", candidates=())
-    monkeypatch.setitem(settings.BY_NAME, "BLOCKBATCH_PDL", promoted)
-    assert "pdl" not in settings.candidates() and "BLOCKBATCH_PDL" not in settings.candidates()["all"]
-    assert "pdl" not in settings.candidate_tests()
-    assert "pdl" not in dict(settings.candidate_test_groups())
-    assert not settings.param("BLOCKBATCH_PDL", "1").marks
+    rope = settings.get("BLOCKBATCH_ROPE_KERNEL")
+    trial = dataclasses.replace(rope, status="candidate", candidates=("scalar",))
+    monkeypatch.setitem(settings.BY_NAME, "BLOCKBATCH_ROPE_KERNEL", trial)
+    monkeypatch.setattr(settings, "CANDIDATES", (settings.Candidate(
+        "rope_scalar", {"BLOCKBATCH_ROPE_KERNEL": "scalar"}, "pair RoPE", ("rope_kv_write_cuda",), "rope"),))
+    monkeypatch.setattr(settings, "TEST_GROUPS", (("rope", "rope_kv_write_cuda"),))
+    assert settings.candidates() == {"rope_scalar": {"BLOCKBATCH_ROPE_KERNEL": "scalar"},
+                                     "all": {"BLOCKBATCH_ROPE_KERNEL": "scalar"}}
+    assert settings.candidate_tests() == {"rope_scalar": ("rope_kv_write_cuda",)}
+    assert settings.candidate_test_groups() == [("rope", "rope_kv_write_cuda")]
+    assert settings.param("BLOCKBATCH_ROPE_KERNEL", "scalar").marks
     assert not settings.param("BLOCKBATCH_ROPE_KERNEL", "vec").marks
+    monkeypatch.setitem(settings.BY_NAME, "BLOCKBATCH_ROPE_KERNEL", dataclasses.replace(trial, default="scalar",
+                                                                                        status="promoted", candidates=()))
+    assert settings.candidates() == {} and settings.candidate_tests() == {}
+    assert settings.candidate_test_groups() == []
+    assert not settings.param("BLOCKBATCH_ROPE_KERNEL", "scalar").marks
 
 
 def test_readme_table_is_rendered_from_the_table():
@@ -163,7 +174,7 @@ def test_no_source_reads_a_variable_the_table_lacks():
     found = _reads_in_scripts()
     for name, where in _reads_in_cxx().items():
         found.setdefault(name, set()).update(where)
-    assert {"BLOCKBATCH_PDL", "BLOCKBATCH_SANITIZE", "BLOCKBATCH_CUDA"} <= set(found)  # the scans find them
+    assert {"BLOCKBATCH_ATTN_KERNEL", "BLOCKBATCH_SANITIZE", "BLOCKBATCH_CUDA"} <= set(found)  # the scans find them
     unknown = {name: sorted(where) for name, where in found.items() if name not in settings.BY_NAME}
     assert not unknown, f"BLOCKBATCH_* variables not in python/blockbatch/settings.py: {unknown}"
 

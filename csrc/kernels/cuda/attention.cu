@@ -81,7 +81,7 @@ cudaError_t packed_attention(const cpu::AttentionArgs& a, int64_t tokens, int64_
     }
   }
   dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(a.heads));
-  return launch_plain(attention_kernel<T>, grid, kThreads, shared, stream, a);
+  return launch_kernel(attention_kernel<T>, grid, kThreads, shared, stream, a);
 }
 
 #define INSTANTIATE(T) \

@@ -101,13 +101,13 @@ cudaError_t bb_absorb(const br::View& v, const int64_t* spans, int64_t n_spans, 
                       const double* conf, const int64_t* ids, const double* probs, const T* logits, int64_t vocab,
                       const br::AbsorbParams& p, cudaStream_t stream) {
   if (n_spans == 0) return cudaSuccess;
-  return launch_plain(absorb_kernel<T>, static_cast<unsigned>(n_spans), kThreads, 0, stream, v, spans, token, conf,
+  return launch_kernel(absorb_kernel<T>, static_cast<unsigned>(n_spans), kThreads, 0, stream, v, spans, token, conf,
                      ids, probs, RowLogit<T>{logits, vocab}, p);
 }
 
 cudaError_t bb_coordinate(const br::View& v, int64_t* flags, int64_t* sync_src, const br::CoordinateParams& p,
                           cudaStream_t stream) {
-  return launch_plain(coordinate_kernel, 1, kThreads, 0, stream, v, flags, sync_src, p);
+  return launch_kernel(coordinate_kernel, 1, kThreads, 0, stream, v, flags, sync_src, p);
 }
 
 cudaError_t kv_copy_rows(void* kv, const int64_t* src, int64_t rows, int64_t row_bytes, cudaStream_t stream) {
@@ -118,10 +118,10 @@ cudaError_t kv_copy_rows(void* kv, const int64_t* src, int64_t rows, int64_t row
     return dim3(static_cast<unsigned>(blocks < 1024 ? blocks : 1024), static_cast<unsigned>(rows));
   };
   if (row_bytes % 16 == 0 && aligned16(kv)) {
-    return launch_plain(kv_copy_rows_kernel<int4>, grid(row_bytes / 16), kCopyThreads, 0, stream,
+    return launch_kernel(kv_copy_rows_kernel<int4>, grid(row_bytes / 16), kCopyThreads, 0, stream,
                         static_cast<int4*>(kv), src, row_bytes / 16);
   }
-  return launch_plain(kv_copy_rows_kernel<unsigned char>, grid(row_bytes), kCopyThreads, 0, stream,
+  return launch_kernel(kv_copy_rows_kernel<unsigned char>, grid(row_bytes), kCopyThreads, 0, stream,
                       static_cast<unsigned char*>(kv), src, row_bytes);
 }
 

@@ -75,7 +75,7 @@ __global__ void commit_kernel(int64_t* canvas, int64_t length, const int64_t* wi
 cudaError_t commit(int64_t* canvas, int64_t length, const int64_t* window, const int64_t* token, const double* conf,
                    const int64_t* k, int64_t n, int64_t mask_id, int64_t eos_id, int rule, double tau, double factor,
                    int64_t* counts, cudaStream_t stream) {
-  return launch_plain(commit_kernel, 1, kThreads, static_cast<size_t>(n) * sizeof(double), stream, canvas, length, window,
+  return launch_kernel(commit_kernel, 1, kThreads, static_cast<size_t>(n) * sizeof(double), stream, canvas, length, window,
                      token, conf, k, n, mask_id, eos_id, rule, tau, factor, counts);
 }
 

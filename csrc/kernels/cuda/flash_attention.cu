@@ -16,7 +16,6 @@ namespace {
 template <typename T, int HD>
 __global__ void __launch_bounds__(HD) combine_kernel(const float* part, int splits, int64_t tokens, int64_t heads,
                                                      T* out) {
-  dependent_launch_prologue();
   constexpr int W = HD + 2;
   const int64_t tok = blockIdx.x, h = blockIdx.y;
   const int d = threadIdx.x;
@@ -40,7 +39,7 @@ template <typename T, int HD>
 cudaError_t launch_combine(const cpu::AttentionArgs& a, int64_t tokens, int splits, const float* part,
                            cudaStream_t stream) {
   return launch_kernel(combine_kernel<T, HD>, dim3(static_cast<unsigned>(tokens), static_cast<unsigned>(a.heads)), HD,
-                       0, stream, nullptr, part, splits, tokens, a.heads, static_cast<T*>(a.out));
+                       0, stream, part, splits, tokens, a.heads, static_cast<T*>(a.out));
 }
 
 #define INSTANTIATE(T, HD) \

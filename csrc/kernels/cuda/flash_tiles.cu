@@ -27,7 +27,6 @@ namespace {
 template <typename T, int HD, int kStages>
 __global__ void __launch_bounds__(kThreads) flash_tiles_kernel(cpu::AttentionArgs a, int splits, float* part,
                                                                int64_t tokens) {
-  dependent_launch_prologue();
   constexpr bool kPipe = kStages >= 2;
   BLOCKBATCH_DYNAMIC_SHARED(unsigned char, smem_raw);
   const Ring<T, HD, kStages> ring(smem_raw);
@@ -101,7 +100,7 @@ cudaError_t launch_tiles(const cpu::AttentionArgs& a, int64_t tokens, int splits
     if (e != cudaSuccess) return e;
   }
   const cudaError_t e = launch_kernel(flash_tiles_kernel<T, HD, kStages>, tile_grid(a, tokens, splits), kThreads,
-                                      shared, stream, nullptr, a, splits, part, tokens);
+                                      shared, stream, a, splits, part, tokens);
   if (splits == 1 || e != cudaSuccess) return e;
   return launch_combine<T, HD>(a, tokens, splits, part, stream);
 }

@@ -15,7 +15,6 @@ namespace {
 template <typename T, bool kAdd>
 __global__ void rms_norm_kernel(T* x, int64_t x_stride, const T* delta, const T* w, T* out, int64_t dim,
                                 float eps) {
-  dependent_launch_prologue();
   __shared__ float scratch[32];
   T* xr = x + blockIdx.x * x_stride;
   float ss = 0;
@@ -41,7 +40,6 @@ __global__ void rms_norm_kernel(T* x, int64_t x_stride, const T* delta, const T*
 template <typename T, int kChunks, bool kAdd>
 __global__ void rms_norm_vec_kernel(T* x, int64_t x_stride, const T* delta, const T* w, T* out, int64_t dim,
                                     float eps) {
-  dependent_launch_prologue();
   constexpr int P = 16 / sizeof(T);
   __shared__ float scratch[32];
   uint4* xr = reinterpret_cast<uint4*>(x + blockIdx.x * x_stride);
@@ -99,7 +97,6 @@ __global__ void rms_norm_vec_kernel(T* x, int64_t x_stride, const T* delta, cons
 // The vectorised SwiGLU: grid.y walks the rows, x the 16-byte chunks of a row's m outputs.
 template <typename T>
 __global__ void silu_mul_vec_kernel(const T* gate_up, T* out, int64_t rows, int64_t m) {
-  dependent_launch_prologue();
   constexpr int P = 16 / sizeof(T);
   const int64_t chunks = m / P;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
@@ -136,16 +133,15 @@ cudaError_t launch_rms_norm(T* x, int64_t x_stride, const T* delta, const T* w, 
     const auto kernel = chunks <= kThreadsVec       ? rms_norm_vec_kernel<T, 1, kAdd>
                         : chunks <= 2 * kThreadsVec ? rms_norm_vec_kernel<T, 2, kAdd>
                                                     : rms_norm_vec_kernel<T, 4, kAdd>;
-    return launch_kernel(kernel, static_cast<unsigned>(rows), kThreadsVec, 0, stream, nullptr, x, x_stride, delta, w,
+    return launch_kernel(kernel, static_cast<unsigned>(rows), kThreadsVec, 0, stream, x, x_stride, delta, w,
                          out, dim, eps);
   }
-  return launch_kernel(rms_norm_kernel<T, kAdd>, static_cast<unsigned>(rows), 256, 0, stream, nullptr, x, x_stride,
+  return launch_kernel(rms_norm_kernel<T, kAdd>, static_cast<unsigned>(rows), 256, 0, stream, x, x_stride,
                        delta, w, out, dim, eps);
 }
 
 template <typename T>
 __global__ void silu_mul_kernel(const T* gate_up, T* out, int64_t rows, int64_t m) {
-  dependent_launch_prologue();
   const int64_t n = rows * m;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < n;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -178,10 +174,10 @@ cudaError_t silu_mul(const T* gate_up, T* out, int64_t rows, int64_t m, cudaStre
     const int64_t per_row = (m / P + 255) / 256;
     const dim3 grid(static_cast<unsigned>(per_row < 65535 ? per_row : 65535),
                     static_cast<unsigned>(rows < 65535 ? rows : 65535));
-    return launch_kernel(silu_mul_vec_kernel<T>, grid, 256, 0, stream, nullptr, gate_up, out, rows, m);
+    return launch_kernel(silu_mul_vec_kernel<T>, grid, 256, 0, stream, gate_up, out, rows, m);
   }
   const int64_t blocks = (n + 255) / 256 < 65535 ? (n + 255) / 256 : 65535;
-  return launch_kernel(silu_mul_kernel<T>, static_cast<unsigned>(blocks), 256, 0, stream, nullptr, gate_up, out, rows,
+  return launch_kernel(silu_mul_kernel<T>, static_cast<unsigned>(blocks), 256, 0, stream, gate_up, out, rows,
                        m);
 }
 

@@ -73,7 +73,6 @@ __global__ void rope_kv_write_kernel(T* q, int64_t q_stride, int64_t heads, T* k
                                      int64_t head_dim, const int64_t* positions, const float* cos_sin,
                                      int64_t max_positions, T* kv, cpu::KvGeometry g, int64_t layer, const int64_t* cu, const int64_t* kv_rows,
                                      int64_t rows, int64_t tokens) {
-  dependent_launch_prologue();
   using Vec = Pack<T, V>;
   const int half = static_cast<int>(head_dim / 2), per_slot = half / V;
   const int slots = static_cast<int>(heads + 2 * g.kv_heads);
@@ -127,7 +126,7 @@ cudaError_t rope_inplace(T* x, int64_t tokens, int64_t row_stride, int64_t heads
                          const int64_t* positions, const float* cos_sin, int64_t max_positions,
                          cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  return launch_plain(rope_kernel<T>, blocks_for(tokens * heads * head_dim / 2), 256, 0, stream, x, tokens,
+  return launch_kernel(rope_kernel<T>, blocks_for(tokens * heads * head_dim / 2), 256, 0, stream, x, tokens,
                      row_stride, heads, head_dim, positions, cos_sin, max_positions);
 }
 
@@ -136,7 +135,7 @@ cudaError_t kv_write(T* kv, const cpu::KvGeometry& g, int64_t layer, const T* k,
                      const int64_t* positions, const int64_t* cu_seqlens, const int64_t* kv_rows, int64_t rows,
                      int64_t tokens, cudaStream_t stream) {
   if (tokens == 0 || rows == 0) return cudaSuccess;
-  return launch_plain(kv_write_kernel<T>, blocks_for(tokens * g.kv_heads * g.head_dim), 256, 0, stream, kv, g,
+  return launch_kernel(kv_write_kernel<T>, blocks_for(tokens * g.kv_heads * g.head_dim), 256, 0, stream, kv, g,
                      layer, k, v, src_stride, positions, cu_seqlens, kv_rows, rows, tokens);
 }
 
@@ -153,7 +152,7 @@ cudaError_t rope_kv_write(T* q, int64_t q_stride, int64_t heads, T* k, const T* 
                aligned16(k) && aligned16(v) && aligned16(kv) && aligned16(cos_sin);
   const int64_t per_token = (heads + 2 * g.kv_heads) * (g.head_dim / 2) / (vectorized ? V : 1);
   const dim3 grid(static_cast<unsigned>((per_token + 255) / 256), static_cast<unsigned>(tokens < 65535 ? tokens : 65535));
-  return launch_kernel(vectorized ? rope_kv_write_kernel<T, V> : rope_kv_write_kernel<T, 1>, grid, 256, 0, stream, nullptr,
+  return launch_kernel(vectorized ? rope_kv_write_kernel<T, V> : rope_kv_write_kernel<T, 1>, grid, 256, 0, stream,
                        q, q_stride, heads, k, v, kv_stride, g.head_dim, positions, cos_sin, max_positions, kv, g, layer,
                        cu_seqlens, kv_rows, rows, tokens);
 }

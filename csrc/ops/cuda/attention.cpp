@@ -39,7 +39,6 @@ at::Tensor packed_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
         at::Tensor part;  // split-key partial results (fp32), merged by the launch's second kernel
         if (splits > 1) part = at::empty({splits, q.size(0), q.size(1), q.size(2) + 2}, q.options().dtype(at::kFloat));
         const int variant = attention_variant();
-        apply_pdl_setting();  // launches kernels of the forward (launch_kernel)
         check_launch(cuda::flash_attention<T>(a, q.size(0), splits, splits > 1 ? part.data_ptr<float>() : nullptr,
                                               variant, stream),
                      "packed_attention (tensor cores)");

@@ -55,7 +55,6 @@ at::Tensor rms_norm_cuda(const at::Tensor& x, const at::Tensor& weight, double e
   at::Tensor out = at::empty({x.size(0), x.size(1)}, x.options());
   dispatch_cuda_type(x.scalar_type(), "rms_norm", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    apply_pdl_setting();  // launches a kernel of the forward (launch_kernel)
     check_launch(cuda::rms_norm<T>(ptr<T>(x), x.stride(0), ptr<T>(weight), ptr<T>(out), x.size(0), x.size(1),
                                    static_cast<float>(eps), c10::cuda::getCurrentCUDAStream()),
                  "rms_norm");
@@ -69,7 +68,6 @@ at::Tensor add_rms_norm_cuda(const at::Tensor& x, const at::Tensor& delta, const
   at::Tensor out = at::empty({x.size(0), x.size(1)}, x.options());
   dispatch_cuda_type(x.scalar_type(), "add_rms_norm_", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    apply_pdl_setting();  // launches a kernel of the forward (launch_kernel)
     check_launch(cuda::add_rms_norm<T>(ptr<T>(x), ptr<T>(delta), ptr<T>(weight), ptr<T>(out), x.size(0), x.size(1),
                                        static_cast<float>(eps), c10::cuda::getCurrentCUDAStream()),
                  "add_rms_norm_");
@@ -84,7 +82,6 @@ at::Tensor silu_mul_cuda(const at::Tensor& gate_up) {
   at::Tensor out = at::empty({gate_up.size(0), m}, gate_up.options());
   dispatch_cuda_type(gate_up.scalar_type(), "silu_mul", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    apply_pdl_setting();  // launches a kernel of the forward (launch_kernel)
     check_launch(cuda::silu_mul<T>(ptr<T>(gate_up), ptr<T>(out), gate_up.size(0), m,
                                    c10::cuda::getCurrentCUDAStream()),
                  "silu_mul");

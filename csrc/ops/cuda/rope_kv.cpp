@@ -63,7 +63,6 @@ void rope_kv_write_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tens
   dispatch_cuda_type(kv.scalar_type(), "rope_kv_write_", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const bool vectorized = rope_vectorized();
-    apply_pdl_setting();  // launches a kernel of the forward (launch_kernel)
     check_launch(cuda::rope_kv_write<T>(ptr<T>(q), q.stride(0), q.size(1), ptr<T>(k), ptr<T>(v), k.stride(0),
                                         positions.const_data_ptr<int64_t>(), cos_sin.const_data_ptr<float>(),
                                         cos_sin.size(0), ptr<T>(kv), g, layer, cu_seqlens.const_data_ptr<int64_t>(),

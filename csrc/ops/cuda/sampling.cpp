@@ -24,7 +24,6 @@ std::tuple<at::Tensor, at::Tensor> confidence_cuda(const at::Tensor& logits, int
   at::Tensor conf = at::empty({logits.size(0)}, logits.options().dtype(at::kDouble));
   dispatch_cuda_type(logits.scalar_type(), "confidence", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    apply_pdl_setting();  // launches a kernel of the forward (launch_kernel)
     check_launch(cuda::confidence<T>(ptr<T>(logits), logits.size(0), logits.size(1), exclude, argmax.data_ptr<int64_t>(),
                                      conf.data_ptr<double>(), c10::cuda::getCurrentCUDAStream()),
                  "confidence");
@@ -40,7 +39,6 @@ std::tuple<at::Tensor, at::Tensor> sparse_probs_cuda(const at::Tensor& logits, d
   at::Tensor probs = at::empty({logits.size(0), max_k}, logits.options().dtype(at::kDouble));
   dispatch_cuda_type(logits.scalar_type(), "sparse_probs", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    apply_pdl_setting();  // launches a kernel of the forward (launch_kernel)
     check_launch(cuda::sparse_probs<T>(ptr<T>(logits), logits.size(0), logits.size(1), floor, max_k,
                                        ids.data_ptr<int64_t>(), probs.data_ptr<double>(),
                                        c10::cuda::getCurrentCUDAStream()),

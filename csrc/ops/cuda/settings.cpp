@@ -8,8 +8,6 @@
 #include <initializer_list>
 #include <string>
 
-#include "kernels/cuda/launch.cuh"
-
 namespace blockbatch::cuda_ops {
 
 namespace {
@@ -50,7 +48,6 @@ int env_int(const char* name, int lo, int hi, int fallback) {
 // env_int calls below agree with it. Promoting a candidate: its row there and its line here.
 constexpr const char* kDefaultAttnKernel = "pipelined3";  // BLOCKBATCH_ATTN_KERNEL; step 0.96-0.99x "pipelined"
 constexpr const char* kDefaultRopeKernel = "vec";        // BLOCKBATCH_ROPE_KERNEL; step 0.97-1.00x "scalar"
-constexpr const char* kDefaultPdl = "0";                 // BLOCKBATCH_PDL
 constexpr const char* kDefaultCudaBatching = "1";        // BLOCKBATCH_CUDA_BATCHING; batch 16 dual 5.2x one by one
 constexpr const char* kDefaultBatchInvariant = "0";      // BLOCKBATCH_BATCH_INVARIANT
 
@@ -74,12 +71,6 @@ int attention_variant() {
 // rope_kv_write_'s kernel: BLOCKBATCH_ROPE_KERNEL = "vec" (the default: 16 bytes per access) or
 // "scalar" (element pairs, the reference it is tested against; same bits). Read per call.
 bool rope_vectorized() { return env_choice("BLOCKBATCH_ROPE_KERNEL", {"scalar", "vec"}, kDefaultRopeKernel) == "vec"; }
-
-// Programmatic dependent launch for the forward's kernels (csrc/kernels/cuda/launch.cuh):
-// BLOCKBATCH_PDL = "1" on, "0" or unset off. Read per op, so one process can time both.
-void apply_pdl_setting() {
-  cuda::set_programmatic_launch(env_choice("BLOCKBATCH_PDL", {"0", "1"}, kDefaultPdl) == "1");
-}
 
 // The batching scheduler (decode/scheduler.cpp) on a CUDA model: BLOCKBATCH_CUDA_BATCHING = "1"
 // (the default) lets requests of a CUDA model share packed forwards (eager steps), "graphs" also

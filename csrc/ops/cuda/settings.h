@@ -1,5 +1,5 @@
-// The BLOCKBATCH_* settings of the CUDA ops: which kernel variant, split count or launch mode an
-// op uses. Each is read from its environment variable when the op runs (so one process can time
+// The BLOCKBATCH_* settings of the CUDA ops: which kernel variant, split count or mode an op
+// uses. Each is read from its environment variable when the op runs (so one process can time
 // every choice), with the defaults of settings.cpp; python/blockbatch/settings.py is the table of
 // every variable, and tests/tools/test_settings.py checks settings.cpp against it.
 #pragma once
@@ -12,10 +12,6 @@ int attention_splits(int heuristic);
 int attention_variant();
 // rope_kv_write_'s 16-byte kernel (BLOCKBATCH_ROPE_KERNEL = vec).
 bool rope_vectorized();
-// Reads BLOCKBATCH_PDL and sets the kernels' programmatic-launch flag (kernels/cuda/launch.cuh)
-// from it; called by every op right before it launches a kernel of the forward (one that starts
-// with dependent_launch_prologue()).
-void apply_pdl_setting();
 // BLOCKBATCH_CUDA_BATCHING: whether the batching scheduler takes a CUDA model (default 1): 0 no,
 // 1 eager packed steps, 2 ("graphs") padded packed steps replayed from CUDA graphs.
 int cuda_batching();

@@ -27,7 +27,7 @@
 //   hold at most 8 blocks.
 //
 // Not modelled: timing, the memory model beyond barrier order (all threads see one memory),
-// precision of approximate intrinsics (__expf is expf), programmatic dependent launch (a no-op).
+// precision of approximate intrinsics (__expf is expf).
 #pragma once
 
 #include <cuda_bf16.h>

@@ -48,12 +48,12 @@ __global__ void empty_kernel(int) {}
 
 extern "C" {
 int bbemu_selftest_neighbour(float* out, int threads, int sync) {
-  return bc::launch_plain(neighbour_kernel, 1, threads, threads * sizeof(float), nullptr, out, sync != 0);
+  return bc::launch_kernel(neighbour_kernel, 1, threads, threads * sizeof(float), nullptr, out, sync != 0);
 }
 int bbemu_selftest_copy(const float* in, float* out, int threads, int wait) {
-  return bc::launch_plain(copy_kernel, 1, threads, threads * 16, nullptr, in, out, wait != 0);
+  return bc::launch_kernel(copy_kernel, 1, threads, threads * 16, nullptr, in, out, wait != 0);
 }
-int bbemu_selftest_warp(float* out, int mode) { return bc::launch_plain(warp_kernel, 1, 32, 0, nullptr, out, mode); }
+int bbemu_selftest_warp(float* out, int mode) { return bc::launch_kernel(warp_kernel, 1, 32, 0, nullptr, out, mode); }
 // A launch of `shared` bytes of dynamic shared memory (the limit is 48 KB unless raised: `opt_in`
 // bytes when > 0) in clusters of cluster_x blocks over grid_x blocks.
 int bbemu_selftest_launch(unsigned grid_x, unsigned cluster_x, size_t shared, int opt_in) {
@@ -65,6 +65,6 @@ int bbemu_selftest_launch(unsigned grid_x, unsigned cluster_x, size_t shared, in
   cluster.val.clusterDim.x = cluster_x;
   cluster.val.clusterDim.y = 1;
   cluster.val.clusterDim.z = 1;
-  return bc::launch_kernel(empty_kernel, grid_x, 32, shared, nullptr, &cluster, 0);
+  return ::bbemu::launch(empty_kernel, grid_x, 32, shared, &cluster, 0);  // the emulator's own launch: clusters
 }
 }  // extern "C"
