@@ -63,17 +63,18 @@ RequestEvent failed_event(int64_t id, std::exception_ptr error, const int64_t& c
   return ev;
 }
 
-// The scheduler takes CPU models, and CUDA models where BLOCKBATCH_CUDA_BATCHING is 1 or graphs
-// (opt-in; its status: python/blockbatch/settings.py; its GPU tests: tests/cuda/test_cuda_batching.py).
+// The scheduler takes CPU models, and CUDA models unless BLOCKBATCH_CUDA_BATCHING is 0 (default 1:
+// eager packed steps; graphs: padded steps replayed from CUDA graphs, still a candidate; the table:
+// python/blockbatch/settings.py; the GPU tests: tests/cuda/test_cuda_batching.py).
 // Returns whether the packed steps replay CUDA graphs.
 bool check_batching_device(c10::Device device, const char* who) {
   if (device.is_cpu()) return false;
 #ifdef BLOCKBATCH_WITH_CUDA
   if (device.is_cuda()) {
     const int mode = cuda_ops::cuda_batching();
-    TORCH_CHECK_VALUE(mode > 0, who, " on a CUDA model is opt-in: set BLOCKBATCH_CUDA_BATCHING=1 (eager packed "
-                      "steps) or =graphs (padded steps replayed from CUDA graphs), both opt-in candidates, or "
-                      "decode the requests one by one with torch.ops.blockbatch.decode");
+    TORCH_CHECK_VALUE(mode > 0, who, " on a CUDA model is off (BLOCKBATCH_CUDA_BATCHING=0): unset it or set "
+                      "BLOCKBATCH_CUDA_BATCHING=1 (eager packed steps) or =graphs (padded steps replayed from CUDA "
+                      "graphs), or decode the requests one by one with torch.ops.blockbatch.decode");
     return mode == 2;
   }
 #endif
