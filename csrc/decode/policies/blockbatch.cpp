@@ -508,10 +508,6 @@ class HostBranches final : public Branches {
     }
     return std::nullopt;
   }
-  int64_t counted_end(int64_t r) const {
-    const auto fe = first_eos(r);
-    return fe ? *fe + 1 : G_;
-  }
 
   // Window = own-size block of the first mask before the first EOS; recount `decoded`.
   void snap(Branch& b) {
@@ -686,7 +682,8 @@ class HostBranches final : public Branches {
     const int64_t* gd = row(dst.row) + lp_;
     for (Branch* src : sources) {
       const int64_t* gs = row(src->row) + lp_;
-      const int64_t n = std::min(counted_end(dst.row), counted_end(src->row));
+      const auto dfe = first_eos(dst.row), sfe = first_eos(src->row);  // compared up to both EOS cuts
+      const int64_t n = std::min(dfe ? *dfe + 1 : G_, sfe ? *sfe + 1 : G_);
       bool ok = true;
       for (int64_t j = 0; j < n && ok; ++j) {
         if (gd[j] != mask_ && gs[j] != mask_ && gd[j] != gs[j]) ok = false;
@@ -800,18 +797,16 @@ class BlockBatch final : public Decoder {
       }
       p.mode = KvMode::kDual;
       stats_.nfe_block += 1;
-    } else {  // a full forward: the prompt row (init) or every row not done (refresh)
+    } else {  // a full forward: the prompt row, read by every branch (init), or every row not done (refresh)
+      const bool init = next_ == StepKind::kInit;
+      if (init) p.q.add_positions(0, L_, 0, 0);
       spans_.clear();
       for (int64_t b = 0; b < B_; ++b) {
-        if (next_ == StepKind::kInit || !book_->done(b)) spans_.push_back({b, p.q.rows(), 0, lp_, L_});
-        if (next_ == StepKind::kRefresh && !book_->done(b)) p.q.add_positions(0, L_, b, b * L_);
+        if (!init && book_->done(b)) continue;
+        spans_.push_back({b, init ? 0 : p.q.rows(), 0, lp_, L_});
+        if (!init) p.q.add_positions(0, L_, b, b * L_);
       }
-      if (next_ == StepKind::kInit) {
-        p.q.add_positions(0, L_, 0, 0);
-        stats_.nfe_init += 1;
-      } else {
-        stats_.nfe_refresh += 1;
-      }
+      (init ? stats_.nfe_init : stats_.nfe_refresh) += 1;
       p.mode = KvMode::kFull;
     }
     for (const Span& s : spans_) forwards_[s.b] += 1;
