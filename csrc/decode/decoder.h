@@ -81,7 +81,5 @@ std::unique_ptr<Decoder> single_branch_decoder(const Network& model, const std::
                                                const DecodeOptions& o, const Stop& stop, at::Tensor kv);
 std::unique_ptr<Decoder> blockbatch_decoder(const Network& model, const std::vector<int64_t>& prompt,
                                             const DecodeOptions& o, const Stop& stop, at::Tensor kv);
-std::unique_ptr<Decoder> dream_blockbatch_decoder(const Network& model, const std::vector<int64_t>& prompt,
-                                                  const DecodeOptions& o, const Stop& stop, at::Tensor kv);
 
 }  // namespace blockbatch

@@ -3,7 +3,6 @@
 #include <chrono>
 
 #include "decode/decoder.h"
-#include "decode/family.h"
 #include "decode/step_runner.h"
 
 namespace blockbatch {
@@ -23,9 +22,6 @@ StepKey StepPlan::key(bool with_kv, int64_t buffer_size) const {
 std::unique_ptr<Decoder> make_decoder(const Network& model, const std::vector<int64_t>& prompt,
                                       const DecodeOptions& o, const Stop& stop, at::Tensor kv) {
   if (o.policy != Policy::kBlockBatch) return single_branch_decoder(model, prompt, o, stop, std::move(kv));
-  if (rules_for(model.config().family).readout == Readout::kHostTopk) {
-    return dream_blockbatch_decoder(model, prompt, o, stop, std::move(kv));
-  }
   return blockbatch_decoder(model, prompt, o, stop, std::move(kv));
 }
 

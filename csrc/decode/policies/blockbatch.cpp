@@ -1,32 +1,48 @@
-// BlockBatch multi-branch consensus decoding (ALGORITHMS.md section 4), as a step machine
-// (decode/decoder.h): init, then block steps with a refresh where the coordination asks. The python twin is
-// python/blockbatch/reference/blockbatch.py; both are written from the spec and must agree on
-// tokens, winner and every counter.
+// BlockBatch multi-branch consensus decoding for every family (ALGORITHMS.md 4 and 5.4), as a step
+// machine (decode/decoder.h). The python twins are reference/blockbatch.py (LLaDA's rules) and
+// reference/dream.py (_DreamBlockBatch); all are written from the spec and must agree on tokens,
+// NFE, winner and every counter.
 //
-// Everything a branch owns lives on the model's device: canvases [B, L], KV rows, the sparse
-// probability maps and the state table (windows, counters, flags). A step is one device program
-// (StepRunner: one host->device copy of its index buffer; on CUDA a graph replayed per
-// active-branch set): forward, confidence, sparse probabilities, bb_absorb_ (map update, threshold
-// commit, EOS readiness) and, after init and block steps, bb_coordinate_ (advance, merge, sync),
-// kv_copy_rows_ and the divergence test; then ONE device->host copy of the state table (12
-// numbers per branch), from which the host decides the next step's shape. The bookkeeping is
-// csrc/kernels/branches.h: the same source runs as CPU loops and as one CUDA thread block.
-// Sampling (temperature > 0) draws its Gumbel noise from the seeded host generator (the
-// reference's draws), so those steps read the float64 logits back and absorb eagerly.
+// The skeleton, the same for every family (BlockBatch below): an init forward over the prompt row
+// (its K/V copied to every branch's row); then, until an exit or every branch is done: a block step
+// (every branch with a mask in its window feeds the window [start - shift, end - shift) against its
+// own KV row, dual mode: one packed forward, or none when no branch has one), the exit check, the
+// coordination (advance, merge, sync), the refresh decision and a refresh (one full forward over the
+// rows of the branches not done). The family's rules (decode/family.h) fill in:
+//   logit_shift   canvas position p reads output p - shift (a block step feeds the windows shifted)
+//   full_forward  kCommitByRule: a full forward commits by the threshold rule and records every
+//                 position's map, and the init is followed by a coordination; kFirstMaskArgmax: it
+//                 seeds each branch's first window mask, and the init goes straight to the loop
+//   exit          kEosProbabilityTie is checked after block steps; kDecodedProgressBlock after
+//                 every phase (the init, the loop's top, before and after the coordination, a refresh)
+//   nfe           the winner's forwards, or every forward
+//   readout       which executor keeps the branches (Branches): kDevice, the device state of
+//                 kernels/branches.h (LLaDA's map, gate, EOS exit and block refresh clock; the
+//                 coordination runs on the device inside the step); kHostTopk, the host canvas
+//                 ranked in at::topk's tie order (Dream's accumulated map, >= gate, decoded /
+//                 progress / block exit and frontier-token clock; the coordination on the host).
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/gather.h>
+#include <ATen/ops/softmax.h>
+#include <ATen/ops/topk.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 
-#include "decode/decoder.h"
+#include "decode/family.h"
+#include "decode/policies/host_canvas.h"
 #include "kernels/branches.h"
 #include "ops/ops.h"
 
@@ -36,24 +52,62 @@ namespace {
 
 namespace br = branches;
 
+// Branch b's part of a step: its window [start, end) (a block step) or its whole row (a full
+// forward), fed as query row `row` of the packed forward, whose first output is `first`.
+struct Span {
+  int64_t b = 0, row = 0, first = 0, start = 0, end = 0;
+};
+
+// The branches' canvases, windows, maps and counters, and the family's rules over them: the
+// executor the skeleton runs a step's readout and the coordination with (FamilyRules::readout).
+class Branches {
+ public:
+  virtual ~Branches() = default;
+  virtual void check(const Stop& stop, int64_t forwards) const = 0;
+  virtual bool done(int64_t b) const = 0;  // as of the last absorb
+  virtual int64_t committed() const = 0;   // every branch's commits so far
+  // The next block step's windows: every branch not done with a mask in its window, in order.
+  virtual std::vector<Span> work() = 0;
+  // The outputs a forward over `spans` reads (p.q.logit_index) and the executor's entries (p.extra).
+  virtual void reads(StepPlan& p, const std::vector<Span>& spans) = 0;
+  virtual at::Tensor tokens_from(const StepPlan& p, const at::Tensor& buffer) const = 0;
+  virtual std::vector<at::Tensor> after_forward(const StepPlan& p, const at::Tensor& buffer,
+                                                const at::Tensor& logits) = 0;
+  virtual void absorb(const StepPlan& p, const at::Tensor& logits, const std::vector<at::Tensor>& host) = 0;
+  virtual void coordinate() = 0;      // advance, merge, sync (kDevice: ran in the step's after_forward)
+  virtual bool refresh_wanted() = 0;  // asked once per coordination
+  // The exit rule: the winner, or -1; eos: the winner ended on EOS (an early exit).
+  virtual int64_t exit(bool& eos) = 0;
+  virtual int64_t natural_winner() const = 0;  // every branch done without an exit
+  virtual std::vector<int64_t> tokens(int64_t winner, bool eos) = 0;
+  virtual BranchStats stats(int64_t b) const = 0;  // all but forwards (the skeleton's)
+};
+
 // EOS-ready branches whose EOS probabilities differ by less than float32's machine epsilon tie at
 // the early exit; the smallest block size among them wins. The authors rank them by a low-precision
 // softmax (bfloat16; float32 in the parity runs) in which near-certain probabilities collapse onto
 // equal values and max() keeps the first branch.
 constexpr double kEosTie = 1.0 / (1 << 23);
 
-class BlockBatchDecoder final : public Decoder {
+// Readout::kDevice. Everything a branch owns lives on the model's device: canvases [B, L], KV rows,
+// the sparse probability maps and the state table (windows, counters, flags). A step is one device
+// program (StepRunner: one host->device copy of its index buffer; on CUDA a graph replayed per
+// active-branch set): forward, confidence, sparse probabilities, bb_absorb_ (map update, threshold
+// commit, EOS readiness) and, after init and block steps, bb_coordinate_ (advance, merge, sync),
+// kv_copy_rows_ and the divergence test; then ONE device->host copy of the state table (12 numbers
+// per branch), from which the host decides the next step's shape. The bookkeeping is
+// csrc/kernels/branches.h: the same source runs as CPU loops and as one CUDA thread block.
+// Sampling (temperature > 0) draws its Gumbel noise from the seeded host generator (the
+// reference's draws), so those steps read the float64 logits back and absorb eagerly.
+class DeviceBranches final : public Branches {
  public:
-  BlockBatchDecoder(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
-                    const Stop& stop, at::Tensor kv)
-      : model_(model), o_(o), stop_(stop), c_(model.config()), lp_(static_cast<int64_t>(prompt.size())), G_(o.gen_length),
-        L_(lp_ + G_), B_(static_cast<int64_t>(o.block_sizes->size())),
+  DeviceBranches(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
+                 const std::vector<int64_t>& sizes, at::Tensor kv)
+      : model_(model), o_(o), c_(model.config()), lp_(static_cast<int64_t>(prompt.size())), G_(o.gen_length),
+        L_(lp_ + G_), B_(static_cast<int64_t>(sizes.size())),
         K_(static_cast<int64_t>(std::floor(1.0 / *o.prob_floor)) + 1), sampling_(o.temperature > 0),
         generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))),
-        st_(static_cast<size_t>(B_ * br::kFields), 0), eos_(B_, 0.0),
-        forwards_(B_, 0) {
-    std::vector<int64_t> sizes = *o.block_sizes;
-    std::sort(sizes.begin(), sizes.end());
+        st_(static_cast<size_t>(B_ * br::kFields), 0), eos_(B_, 0.0), kv_(std::move(kv)) {
     std::vector<int64_t> canvas(static_cast<size_t>(B_ * L_), c_.mask_token_id);
     for (int64_t b = 0; b < B_; ++b) {
       std::copy(prompt.begin(), prompt.end(), canvas.begin() + b * L_);
@@ -76,31 +130,45 @@ class BlockBatchDecoder final : public Decoder {
     // Until the first coordination overwrites it: every row copies row 0 (the init forward's KV).
     sync_src_ = at::zeros({B_}, dev.dtype(at::kLong));
     sync_src_.narrow(0, 0, 1).fill_(-1);
-    kv_ = kv.defined() ? std::move(kv) : model.new_kv(B_, L_);
   }
 
-  // Steps: init, then (a refresh when the last coordination asked for one and a branch is active)
-  // block steps until every branch is done or one exits early on EOS.
-  bool done() const override { return winner_ >= 0 || all_done(); }
+  void check(const Stop& stop, int64_t forwards) const override { stop.check(forwards, canvas_); }
+  bool done(int64_t b) const override { return st(b)[br::kDone] != 0; }
+  int64_t committed() const override {
+    int64_t n = 0;
+    for (int64_t b = 0; b < B_; ++b) n += st(b)[br::kCommitted];
+    return n;
+  }
 
-  StepPlan plan() override {
-    if (phase_ == Phase::kInit) return init_step();
-    if (phase_ == Phase::kAfterStep && flags_h_[br::kRefreshWanted] && !all_done()) return refresh_step();
-    // Bound: each branch's `decoded` never exceeds G (commits and merges fill masks; a sync
-    // copies a row whose leader decoded no more than G minus its masks), every block step with a
-    // forward adds at least one to some branch's count (or fails: Stop::no_progress), and a step
-    // with no forward leaves every active branch with masks. So at most 2 B G + 2 block steps.
-    const int64_t max_iterations = 2 * B_ * G_ + 2;
-    TORCH_CHECK(block_steps_ < max_iterations, "blockbatch: internal error: the decode did not finish within ",
-                max_iterations, " block steps (2 * branches * gen_length + 2); please report it with the options");
-    return block_step();
+  std::vector<Span> work() override {
+    std::vector<Span> w;
+    for (int64_t b = 0; b < B_; ++b) {
+      if (!st(b)[br::kDone] && st(b)[br::kMasks] > 0) w.push_back({b, 0, 0, st(b)[br::kStart], st(b)[br::kEnd]});
+    }
+    return w;
+  }
+
+  // Spans (rows of branch, logits row, first position, rows, full): a full forward reads and
+  // records every generated position of each of its rows.
+  void reads(StepPlan& p, const std::vector<Span>& spans) override {
+    const bool full = p.kind != StepKind::kBlock;
+    if (full) {
+      for (int64_t r = 0; r < p.q.rows(); ++r) {
+        for (int64_t q = lp_; q < L_; ++q) p.q.logit_index.push_back(r * L_ + q);
+      }
+    }
+    for (const Span& s : spans) {
+      if (full) p.extra.insert(p.extra.end(), {s.b, s.row * G_, lp_, G_, 1});
+      else p.extra.insert(p.extra.end(), {s.b, s.first, s.start, s.end - s.start, 0});
+    }
+    p.sampling = sampling_;
   }
 
   at::Tensor tokens_from(const StepPlan&, const at::Tensor&) const override { return canvas_; }
 
   std::vector<at::Tensor> after_forward(const StepPlan& p, const at::Tensor& buffer, const at::Tensor& logits) override {
     if (!p.forward) {  // a block step without a forward: only the coordination
-      coordinate();
+      coordinate_on_device();
       return status();
     }
     const at::Tensor lg = logits.contiguous();
@@ -110,106 +178,81 @@ class BlockBatchDecoder final : public Decoder {
     auto [ids, probs] = ops::sparse_probs(lg, *o_.prob_floor, K_);
     const int64_t S = static_cast<int64_t>(p.extra.size()) / br::kSpanFields;
     absorb_spans(lg, buffer.narrow(0, p.base, S * br::kSpanFields).view({S, br::kSpanFields}), token, conf, ids, probs);
-    if (p.kind != StepKind::kRefresh) coordinate();
+    if (p.kind != StepKind::kRefresh) coordinate_on_device();
     return status();
   }
 
   void absorb(const StepPlan& p, const at::Tensor& logits, const std::vector<at::Tensor>& host) override {
-    if (!p.forward) {
-      take_status(host);
-      after_block_step();
-      return;
-    }
+    if (!p.forward || !sampling_) return take_status(host);
+    // Sampling: the host draws each span's proposals in span order; the spans are absorbed one by one.
     const std::vector<int64_t>& spans = p.extra;
     const int64_t S = static_cast<int64_t>(spans.size()) / br::kSpanFields;
-    if (sampling_) {  // the host draws each span's proposals in span order; the spans are absorbed one by one
-      const at::Tensor lg = logits.contiguous();
-      const at::Tensor& logits64 = host[0];
-      const int64_t n = logits64.size(0);
-      auto [ids, probs] = ops::sparse_probs(lg, *o_.prob_floor, K_);
-      for (int64_t i = 0; i < S; ++i) {
-        const int64_t* sp = &spans[i * br::kSpanFields];
-        const int64_t b = sp[br::kSpanRow], s = st(b)[br::kStart], w = st(b)[br::kEnd] - s;
-        const int64_t wrow = sp[br::kSpanLogitRow] + s - sp[br::kSpanFirstPos];
-        const Proposals prop =
-            sample_proposals(logits64.narrow(0, wrow, w), c_.mask_token_id, o_.temperature, generator_);
-        // One buffer per span: its span row, then token and conf (float64 bits) per logits row.
-        std::vector<int64_t> h(sp, sp + br::kSpanFields);
-        h.resize(br::kSpanFields + 2 * n, 0);
-        std::copy(prop.token.begin(), prop.token.end(), h.begin() + br::kSpanFields + wrow);
-        std::memcpy(h.data() + br::kSpanFields + n + wrow, prop.conf.data(), sizeof(double) * prop.conf.size());
-        const at::Tensor dev = at::from_blob(h.data(), {static_cast<int64_t>(h.size())}, at::kLong)
-                                   .to(model_.device(), false, /*copy=*/true);
-        absorb_spans(lg, dev.narrow(0, 0, br::kSpanFields).view({1, br::kSpanFields}), dev.narrow(0, br::kSpanFields, n),
-                     dev.narrow(0, br::kSpanFields + n, n).view(at::kDouble), ids, probs);
-      }
-      if (p.kind != StepKind::kRefresh) coordinate();
-      take_status(read_back(status()));
-    } else {
-      take_status(host);
+    const at::Tensor lg = logits.contiguous();
+    const at::Tensor& logits64 = host[0];
+    const int64_t n = logits64.size(0);
+    auto [ids, probs] = ops::sparse_probs(lg, *o_.prob_floor, K_);
+    for (int64_t i = 0; i < S; ++i) {
+      const int64_t* sp = &spans[i * br::kSpanFields];
+      const int64_t b = sp[br::kSpanRow], s = st(b)[br::kStart], w = st(b)[br::kEnd] - s;
+      const int64_t wrow = sp[br::kSpanLogitRow] + s - sp[br::kSpanFirstPos];
+      const Proposals prop =
+          sample_proposals(logits64.narrow(0, wrow, w), c_.mask_token_id, o_.temperature, generator_);
+      // One buffer per span: its span row, then token and conf (float64 bits) per logits row.
+      std::vector<int64_t> h(sp, sp + br::kSpanFields);
+      h.resize(br::kSpanFields + 2 * n, 0);
+      std::copy(prop.token.begin(), prop.token.end(), h.begin() + br::kSpanFields + wrow);
+      std::memcpy(h.data() + br::kSpanFields + n + wrow, prop.conf.data(), sizeof(double) * prop.conf.size());
+      const at::Tensor dev = at::from_blob(h.data(), {static_cast<int64_t>(h.size())}, at::kLong)
+                                 .to(model_.device(), false, /*copy=*/true);
+      absorb_spans(lg, dev.narrow(0, 0, br::kSpanFields).view({1, br::kSpanFields}), dev.narrow(0, br::kSpanFields, n),
+                   dev.narrow(0, br::kSpanFields + n, n).view(at::kDouble), ids, probs);
     }
-    const int64_t committed = committed_total() - before_;
-    stats_.steps.push_back({committed, p.q.size()});
-    if (committed == 0 && p.kind != StepKind::kRefresh) {  // every branch in it commits >= 1 in its window
-      const bool init = p.kind == StepKind::kInit;
-      std::string what = init ? "init forward" : "block step over branch windows";
-      for (int64_t i = 0; i < S; ++i) {
-        const int64_t* sp = &spans[i * br::kSpanFields];
-        what += " [" + std::to_string(sp[br::kSpanFirstPos]) + ", " +
-                std::to_string(sp[br::kSpanFirstPos] + (init ? st(sp[br::kSpanRow])[br::kBlock] : sp[br::kSpanRows])) +
-                ")";
-        if (init) break;
-      }
-      stop_.no_progress(static_cast<int64_t>(stats_.steps.size()) - 1, what);
-    }
-    if (p.kind == StepKind::kBlock) {
-      after_block_step();
-    } else {
-      phase_ = p.kind == StepKind::kInit ? Phase::kAfterStep : Phase::kAfterRefresh;
-    }
+    if (p.kind != StepKind::kRefresh) coordinate_on_device();
+    take_status(read_back(status()));
   }
 
-  DecodeResult finish() override {
-    if (winner_ < 0) {  // natural exit: most progress, the smallest block size on ties
-      for (int64_t b = 0; b < B_; ++b) {
-        if (winner_ < 0 || progress(b) > progress(winner_)) winner_ = b;
-      }
-    }
-    DecodeResult res;
-    const at::Tensor tokens = canvas_.select(0, winner_).cpu();
-    res.tokens.assign(tokens.const_data_ptr<int64_t>(), tokens.const_data_ptr<int64_t>() + L_);
-    stats_.nfe = stats_.nfe_init + stats_.nfe_block + stats_.nfe_refresh;
-    stats_.nfe_paper = forwards_[winner_];
-    stats_.winner = winner_;
-    stats_.winner_block_size = st(winner_)[br::kBlock];
+  void coordinate() override {}  // on the device, in the step (coordinate_on_device)
+  bool refresh_wanted() override { return flags_h_[br::kRefreshWanted] != 0; }
+
+  // The early exit: the first EOS-ready branch (smallest block size) within kEosTie of the highest
+  // EOS probability (the same rule as the reference's EOS_TIE; docs/ALGORITHMS.md 4.6).
+  int64_t exit(bool& eos) override {
+    double best = -1.0;
     for (int64_t b = 0; b < B_; ++b) {
-      BranchStats s;
-      s.block_size = st(b)[br::kBlock];
-      s.committed = st(b)[br::kCommitted];
-      s.merged = st(b)[br::kMerged];
-      s.copied = st(b)[br::kCopied];
-      s.forwards = forwards_[b];
-      stats_.branches.push_back(s);
+      if (st(b)[br::kEosReady]) best = std::max(best, eos_[b]);
     }
-    res.stats = std::move(stats_);
-    return res;
+    for (int64_t b = 0; b < B_; ++b) {
+      if (st(b)[br::kEosReady] && eos_[b] >= best - kEosTie) return eos = true, b;
+    }
+    return -1;
+  }
+
+  int64_t natural_winner() const override {  // most progress, the smallest block size on ties
+    int64_t w = 0;
+    for (int64_t b = 1; b < B_; ++b) {
+      if (progress(b) > progress(w)) w = b;
+    }
+    return w;
+  }
+
+  std::vector<int64_t> tokens(int64_t winner, bool) override {
+    const at::Tensor t = canvas_.select(0, winner).cpu();
+    return std::vector<int64_t>(t.const_data_ptr<int64_t>(), t.const_data_ptr<int64_t>() + L_);
+  }
+
+  BranchStats stats(int64_t b) const override {
+    BranchStats s;
+    s.block_size = st(b)[br::kBlock];
+    s.committed = st(b)[br::kCommitted];
+    s.merged = st(b)[br::kMerged];
+    s.copied = st(b)[br::kCopied];
+    return s;
   }
 
  private:
   // Host copy of branch b's state row (as of the last readback).
   const int64_t* st(int64_t b) const { return &st_[b * br::kFields]; }
   int64_t progress(int64_t b) const { return (st(b)[br::kDone] ? L_ : st(b)[br::kStart]) - lp_; }
-  bool all_done() const {
-    for (int64_t b = 0; b < B_; ++b) {
-      if (!st(b)[br::kDone]) return false;
-    }
-    return true;
-  }
-  int64_t committed_total() const {
-    int64_t n = 0;
-    for (int64_t b = 0; b < B_; ++b) n += st(b)[br::kCommitted];
-    return n;
-  }
 
   // The tensors a step reads back (in one copy) and the host mirror they refresh.
   std::vector<at::Tensor> status() const { return {state_, eos_prob_, flags_}; }
@@ -248,7 +291,7 @@ class BlockBatchDecoder final : public Decoder {
   }
 
   // Steps 3-5 (advance, merge, sync and its KV copies) and the refresh decision, on the device.
-  void coordinate() {
+  void coordinate_on_device() {
     const bool periodic = o_.refresh_mode == RefreshMode::kPeriodic;
     ops::bb_coordinate_(canvas_, state_, eos_prob_, flags_, sync_src_, map_ids_, map_probs_, lp_, c_.mask_token_id,
                         o_.merge_gate, o_.merge, o_.sync, o_.sync_gap, o_.refresh_tokens, periodic);
@@ -267,106 +310,624 @@ class BlockBatchDecoder final : public Decoder {
                     c_.mask_token_id, c_.eos_token_id, *o_.threshold, *o_.stop_on_eos);
   }
 
-  // A forward step's plan over `q` (spans: rows of branch, logits row, first position, rows, full).
-  StepPlan forward_plan(PackedQueries q, StepKind kind, std::vector<int64_t> spans) {
-    stop_.check(stats_.nfe_init + stats_.nfe_block + stats_.nfe_refresh - 1, canvas_);  // this forward is counted
-    before_ = committed_total();
-    StepPlan p;
-    p.kind = kind;
-    p.q = std::move(q);
-    p.mode = kind == StepKind::kBlock ? KvMode::kDual : KvMode::kFull;
-    p.extra = std::move(spans);
-    p.sampling = sampling_;
-    return p;
-  }
-
-  // Init (1 NFE): batch-1 full forward over [prompt | masks]; every branch records every
-  // position and commits in its first window; then advance / merge / sync / refresh decision.
-  StepPlan init_step() {
-    PackedQueries q;
-    q.add_positions(0, L_, 0, 0);
-    for (int64_t p = lp_; p < L_; ++p) q.logit_index.push_back(p);
-    std::vector<int64_t> spans;
-    for (int64_t b = 0; b < B_; ++b) spans.insert(spans.end(), {b, 0, lp_, G_, 1});
-    stats_.nfe_init += 1;
-    for (int64_t b = 0; b < B_; ++b) forwards_[b] += 1;
-    return forward_plan(std::move(q), StepKind::kInit, std::move(spans));
-  }
-
-  // Batched block denoise (1 NFE): every active branch whose window has masks, dual-cache
-  // semantics; then coordinate. With no such branch there is no forward, only the coordination.
-  StepPlan block_step() {
-    ++block_steps_;
-    PackedQueries q;
-    std::vector<int64_t> spans;
-    for (int64_t b = 0; b < B_; ++b) {
-      if (st(b)[br::kDone] || st(b)[br::kMasks] == 0) continue;
-      spans.insert(spans.end(), {b, q.size(), st(b)[br::kStart], st(b)[br::kEnd] - st(b)[br::kStart], 0});
-      q.add_positions(st(b)[br::kStart], st(b)[br::kEnd], b, b * L_);
-      forwards_[b] += 1;
-    }
-    if (q.rows() > 0) {
-      stats_.nfe_block += 1;
-      return forward_plan(std::move(q), StepKind::kBlock, std::move(spans));
-    }
-    StepPlan p;
-    p.kind = StepKind::kCoordinate;
-    p.forward = false;
-    return p;
-  }
-
-  // After a block step: the early exit, the first EOS-ready branch (smallest block size) within
-  // kEosTie of the highest EOS probability (the same rule as the reference's EOS_TIE;
-  // docs/ALGORITHMS.md 4.6); else a refresh may follow.
-  void after_block_step() {
-    double best = -1.0;
-    for (int64_t b = 0; b < B_; ++b) {
-      if (st(b)[br::kEosReady]) best = std::max(best, eos_[b]);
-    }
-    for (int64_t b = 0; b < B_ && winner_ < 0; ++b) {
-      if (st(b)[br::kEosReady] && eos_[b] >= best - kEosTie) winner_ = b;
-    }
-    if (winner_ >= 0) stats_.early_exit = true;
-    phase_ = Phase::kAfterStep;
-  }
-
-  // Refresh (1 NFE) when the last coordination asked for it: one full forward over every active
-  // row; each row's KV written back to its own row, maps updated, commits in each window.
-  StepPlan refresh_step() {
-    PackedQueries q;
-    std::vector<int64_t> spans;
-    for (int64_t b = 0; b < B_; ++b) {
-      if (st(b)[br::kDone]) continue;
-      spans.insert(spans.end(), {b, q.rows() * G_, lp_, G_, 1});
-      for (int64_t p = lp_; p < L_; ++p) q.logit_index.push_back(q.rows() * L_ + p);
-      q.add_positions(0, L_, b, b * L_);
-      forwards_[b] += 1;
-    }
-    stats_.nfe_refresh += 1;
-    return forward_plan(std::move(q), StepKind::kRefresh, std::move(spans));
-  }
-
-  // kInit: the init forward comes next; kAfterStep: after init or a block step (a refresh may
-  // come next); kAfterRefresh: a block step comes next.
-  enum class Phase { kInit, kAfterStep, kAfterRefresh };
-  Phase phase_ = Phase::kInit;
-  int64_t winner_ = -1, block_steps_ = 0, before_ = 0;
-
   const Network& model_;
   const DecodeOptions o_;
-  const Stop& stop_;
   const ModelConfig& c_;
   const int64_t lp_, G_, L_, B_, K_;
   const bool sampling_;
   at::Generator generator_;
-  // Device state (rows = branches by ascending block size; see kernels/branches.h); kv_ (Decoder).
-  at::Tensor canvas_, state_, eos_prob_, map_ids_, map_probs_, flags_, sync_src_;
-  // Host mirror of the last readback, and the forwards each branch took part in (init, block and
-  // refresh: the paper's per-branch NFE).
+  // Host mirror of the last readback.
   std::vector<int64_t> st_;
   std::vector<double> eos_;
   int64_t flags_h_[br::kFlags] = {0, 0};
-  std::vector<int64_t> forwards_;
+  // Device state (rows = branches by ascending block size; see kernels/branches.h).
+  at::Tensor kv_, canvas_, state_, eos_prob_, map_ids_, map_probs_, flags_, sync_src_;
+};
+
+constexpr double kMaskPenalty = -1e4;  // written into the mask id's logit before ranking
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Readout::kHostTopk (docs/ALGORITHMS.md 5.4). The bookkeeping runs on the host over a host canvas
+// (B rows of length L, uploaded with each forward's index buffer); the device runs the forward and
+// the readout (top-1 token and its probability after the mask penalty, and the few probabilities
+// above the floor per row), of which one copy comes back per step. Without stop_on_eos EOS is an
+// ordinary token; with it a row's generation ends, for every purpose, at its first EOS.
+class HostBranches final : public Branches {
+  struct Branch {
+    int64_t row = 0, block = 0, start = 0, end = 0;
+    int64_t progress = 0;       // first masked generated position (relative), or G / first EOS + 1 when done
+    int64_t decoded = 0;        // non-mask generated tokens up to the first EOS
+    int64_t since_refresh = 0;  // frontier progress (tokens) since the last full forward
+    bool done = false;
+    bool has_probs = false;     // probs holds a map (reset by a full forward's seed)
+    std::vector<std::vector<std::pair<int64_t, double>>> probs;  // per canvas position: (token, probability)
+    BranchStats stats;
+  };
+
+ public:
+  HostBranches(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
+               const FamilyRules& rules, const std::vector<int64_t>& sizes, at::Tensor kv)
+      : o_(o), rules_(rules), mask_(model.config().mask_token_id), limit_(model.config().proposal_limit()),
+        eos_(*o.stop_on_eos ? model.config().eos_token_id : -1), lp_(static_cast<int64_t>(prompt.size())),
+        G_(o.gen_length), L_(lp_ + G_), B_(static_cast<int64_t>(sizes.size())),
+        threshold_(static_cast<float>(*o.threshold)), floor_(static_cast<float>(*o.prob_floor)),
+        K_(static_cast<int64_t>(std::floor(1.0 / *o.prob_floor)) + 1), kv_(std::move(kv)) {
+    x_.resize(B_ * L_, mask_);
+    for (int64_t r = 0; r < B_; ++r) {
+      std::copy(prompt.begin(), prompt.end(), x_.begin() + r * L_);
+      Branch b;
+      b.row = r;
+      b.block = sizes[r];
+      b.start = lp_;
+      b.end = std::min(lp_ + sizes[r], L_);
+      b.stats.block_size = sizes[r];
+      br_.push_back(std::move(b));
+    }
+  }
+
+  void check(const Stop& stop, int64_t forwards) const override { stop.check(forwards, x_); }
+  bool done(int64_t b) const override { return br_[b].done; }
+  int64_t committed() const override {
+    int64_t n = 0;
+    for (const Branch& b : br_) n += b.stats.committed;
+    return n;
+  }
+
+  std::vector<Span> work() override {
+    std::vector<Span> w;
+    for (Branch& b : br_) {
+      if (b.done) continue;
+      to_active_window(b);
+      if (!b.done && has_mask(b.row, b.start, b.end)) w.push_back({b.row, 0, 0, b.start, b.end});
+    }
+    return w;
+  }
+
+  // A full forward reads the output before each seed (the window's first mask), or one placeholder
+  // row when there is no seed (the forward still runs and counts); a block step every output.
+  void reads(StepPlan& p, const std::vector<Span>& spans) override {
+    spans_ = spans;
+    if (p.kind != StepKind::kBlock) {
+      seeds_ = seed_positions(spans);
+      for (size_t i = 0; i < spans.size(); ++i) {
+        if (seeds_[i] >= 0) p.q.logit_index.push_back(spans[i].row * L_ + seeds_[i] - rules_.logit_shift);
+      }
+      if (p.q.logit_index.empty()) p.q.logit_index.push_back(0);
+    }
+    p.extra = x_;
+  }
+
+  at::Tensor tokens_from(const StepPlan& p, const at::Tensor& buffer) const override {
+    return buffer.narrow(0, p.base, static_cast<int64_t>(p.extra.size()));
+  }
+
+  std::vector<at::Tensor> after_forward(const StepPlan&, const at::Tensor&, const at::Tensor&) override { return {}; }
+
+  void absorb(const StepPlan& p, const at::Tensor& out, const std::vector<at::Tensor>&) override {
+    if (p.kind == StepKind::kBlock) return absorb_block(out);
+    if (p.kind == StepKind::kInit && B_ > 1) {  // the batch-1 forward filled row 0
+      kv_.narrow(0, 1, B_ - 1).copy_(kv_.narrow(0, 0, 1).expand_as(kv_.narrow(0, 1, B_ - 1)));
+    }
+    seed(out);
+  }
+
+  void coordinate() override {
+    for (Branch& b : br_) snap(b);
+    if (br_[leader()].decoded == 0) return;
+    std::vector<Branch*> order;
+    for (Branch& b : br_) {
+      if (!b.done) order.push_back(&b);
+    }
+    std::stable_sort(order.begin(), order.end(), [](const Branch* a, const Branch* b) { return a->end > b->end; });
+    const bool past_prompt = std::any_of(order.begin(), order.end(), [&](const Branch* b) { return b->end > lp_; });
+    if (o_.merge && past_prompt) {
+      for (size_t i = 0; i < order.size(); ++i) {
+        const std::vector<Branch*> sources =
+            compatible(*order[i], std::vector<Branch*>(order.begin() + static_cast<int64_t>(i) + 1, order.end()));
+        if (!sources.empty()) merge(*order[i], sources);
+      }
+    }
+    for (Branch& b : br_) snap(b);
+    const int64_t l = leader();
+    if (!o_.sync) return;
+    for (Branch& b : br_) {
+      if (b.row == l || b.done) continue;
+      if (br_[l].decoded - b.decoded > o_.sync_gap) {
+        sync(b, br_[l]);
+        synced_ = synced_ || !b.done;
+      }
+    }
+  }
+
+  // Some branch not done advanced refresh_tokens tokens since its last seed, or (sync_refresh) the
+  // last coordination synced a branch that is not done.
+  bool refresh_wanted() override {
+    bool want = false;
+    for (const Branch& b : br_) {
+      want = want || (!b.done && o_.refresh_tokens > 0 && b.since_refresh >= o_.refresh_tokens);
+    }
+    want = want || (o_.sync_refresh && synced_);
+    synced_ = false;
+    return want;
+  }
+
+  // EOS-ready (a first EOS with no mask before it): the most decoded, then progress, then block;
+  // else a complete row (no mask at all): the most decoded, then block.
+  int64_t exit(bool& eos) override {
+    for (Branch& b : br_) snap(b);
+    int64_t w = -1;
+    if (eos_ >= 0) {
+      for (Branch& b : br_) {
+        const auto fe = first_eos(b.row);
+        if (!fe || has_mask(b.row, lp_, lp_ + *fe)) continue;
+        b.done = true;
+        if (w < 0 || std::make_tuple(b.decoded, b.progress, b.block) >
+                         std::make_tuple(br_[w].decoded, br_[w].progress, br_[w].block))
+          w = b.row;
+      }
+      if (w >= 0) return eos = true, w;
+    }
+    for (Branch& b : br_) {
+      if (has_mask(b.row, lp_, L_)) continue;
+      b.done = true, b.progress = G_, b.decoded = G_;
+      if (w < 0 || std::make_pair(b.decoded, b.block) > std::make_pair(br_[w].decoded, br_[w].block)) w = b.row;
+    }
+    return w;
+  }
+
+  int64_t natural_winner() const override {  // the most progress, then the larger block
+    int64_t w = 0;
+    for (int64_t r = 1; r < B_; ++r) {
+      if (std::make_pair(br_[r].progress, br_[r].block) > std::make_pair(br_[w].progress, br_[w].block)) w = r;
+    }
+    return w;
+  }
+
+  std::vector<int64_t> tokens(int64_t winner, bool eos) override {
+    std::vector<int64_t> t(x_.begin() + winner * L_, x_.begin() + (winner + 1) * L_);
+    if (eos) std::fill(t.begin() + lp_ + *first_eos(winner) + 1, t.end(), eos_);  // cut after the first EOS
+    return t;
+  }
+
+  BranchStats stats(int64_t b) const override { return br_[b].stats; }
+
+ private:
+  int64_t* row(int64_t r) { return &x_[r * L_]; }
+  const int64_t* row(int64_t r) const { return &x_[r * L_]; }
+  bool has_mask(int64_t r, int64_t lo, int64_t hi) const {
+    for (int64_t p = lo; p < hi; ++p) {
+      if (row(r)[p] == mask_) return true;
+    }
+    return false;
+  }
+  // First EOS of row r's generation (relative), when EOS is honoured.
+  std::optional<int64_t> first_eos(int64_t r) const {
+    if (eos_ < 0) return std::nullopt;
+    for (int64_t j = 0; j < G_; ++j) {
+      if (row(r)[lp_ + j] == eos_) return j;
+    }
+    return std::nullopt;
+  }
+
+  // Window = own-size block of the first mask before the first EOS; recount `decoded`.
+  void snap(Branch& b) {
+    const auto fe = first_eos(b.row);
+    const int64_t counted = fe ? *fe + 1 : G_, decode_end = fe ? *fe : G_;
+    const int64_t* g = row(b.row) + lp_;
+    b.decoded = 0;
+    for (int64_t j = 0; j < counted; ++j) b.decoded += g[j] != mask_;
+    int64_t first = -1;
+    for (int64_t j = 0; j < decode_end && first < 0; ++j) {
+      if (g[j] == mask_) first = j;
+    }
+    if (first < 0) {
+      b.done = true;
+      b.progress = fe ? *fe + 1 : G_;
+      b.start = b.end = lp_ + b.progress;
+      return;
+    }
+    b.done = false;
+    b.start = lp_ + first / b.block * b.block;
+    b.end = std::min(b.start + b.block, lp_ + decode_end);
+    b.progress = first;
+  }
+  void advance(Branch& b) {  // RefreshClock::kFrontierTokens: since_refresh counts frontier progress
+    const int64_t old = b.progress;
+    snap(b);
+    b.since_refresh += std::max<int64_t>(b.progress - old, 0);
+  }
+  void to_active_window(Branch& b) {
+    while (!b.done && !has_mask(b.row, b.start, b.end)) {
+      const int64_t prev = b.progress;
+      advance(b);
+      if (b.done || b.progress <= prev) break;
+    }
+  }
+  int64_t window_hi(const Branch& b) const {
+    const auto fe = first_eos(b.row);
+    return fe ? std::min(b.end, lp_ + *fe) : b.end;
+  }
+
+  // --- forwards ------------------------------------------------------------------------------
+
+  // A full forward's seeds: after moving each branch to its active window, the window's first
+  // mask; kNoSeed when the window has none, kWasDone for a branch done before the forward. The
+  // forward changes no host state, so this runs before it.
+  static constexpr int64_t kNoSeed = -1, kWasDone = -2;
+  std::vector<int64_t> seed_positions(const std::vector<Span>& spans) {
+    std::vector<int64_t> pos;
+    for (const Span& s : spans) {
+      Branch& b = br_[s.b];
+      int64_t p = kWasDone;
+      if (!b.done) {
+        p = kNoSeed;
+        to_active_window(b);
+        const int64_t hi = window_hi(b);
+        for (int64_t q = b.start; q < hi && p < 0 && !b.done; ++q) {
+          if (row(b.row)[q] == mask_) p = q;
+        }
+      }
+      pos.push_back(p);
+    }
+    return pos;
+  }
+  // Writes the seeds; `logits` holds one row per seed, in order.
+  void seed(const at::Tensor& logits) {
+    std::vector<int64_t> token;
+    if (std::any_of(seeds_.begin(), seeds_.end(), [](int64_t p) { return p >= 0; })) {
+      at::Tensor lg = logits.to(at::kFloat).clone();
+      lg.select(1, mask_).fill_(kMaskPenalty);
+      const at::Tensor pred = host::to_host({std::get<1>(at::topk(proposable(lg), 1))})[0];
+      token.assign(pred.const_data_ptr<int64_t>(), pred.const_data_ptr<int64_t>() + pred.numel());
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < spans_.size(); ++i) {
+      Branch& b = br_[spans_[i].b];
+      if (seeds_[i] == kWasDone) continue;
+      if (seeds_[i] != kNoSeed) {
+        row(b.row)[seeds_[i]] = token[k++];
+        b.stats.committed += 1;
+        b.has_probs = false;
+        advance(b);
+      }
+      b.since_refresh = 0;
+    }
+  }
+
+  void absorb_block(const at::Tensor& out) {
+    const at::Tensor logits = out.to(at::kFloat);
+    // Readout of every row: top-1 after the mask penalty and its probability; the raw softmax's
+    // K largest probabilities (every one above the floor is among them: K > 1 / floor).
+    at::Tensor lg = logits.clone();
+    lg.select(1, mask_).fill_(kMaskPenalty);
+    const at::Tensor pred = std::get<1>(at::topk(proposable(lg), 1));
+    const at::Tensor conf = at::gather(at::softmax(lg, -1), -1, pred).squeeze(-1);
+    auto [pv, pid] = at::topk(at::softmax(logits, -1), std::min(K_, logits.size(-1)));
+    const std::vector<at::Tensor> h = host::to_host({pred.squeeze(-1), conf, pid, pv});
+    for (const Span& s : spans_) absorb(br_[s.b], s.first, h);
+  }
+
+  void absorb(Branch& b, int64_t first, const std::vector<at::Tensor>& h) {
+    const int64_t lo = b.start, hi = std::min(window_hi(b), L_), n = hi - lo;
+    if (n <= 0 || !has_mask(b.row, lo, hi)) {
+      advance(b);
+      return;
+    }
+    const int64_t* pred = h[0].const_data_ptr<int64_t>() + first;
+    const double* conf = h[1].const_data_ptr<double>() + first;
+    const int64_t K = h[2].size(1);
+    const int64_t* pid = h[2].const_data_ptr<int64_t>() + first * K;
+    const double* pv = h[3].const_data_ptr<double>() + first * K;
+    int64_t* x = row(b.row);
+    std::vector<bool> take(n, false);
+    bool any = false;
+    float best_no_eos = kNegInf, best_masked = kNegInf;
+    int64_t at_no_eos = -1, at_masked = -1;
+    for (int64_t j = 0; j < n; ++j) {
+      const bool target = x[lo + j] == mask_;
+      const float c = static_cast<float>(conf[j]);  // a float32 probability, exactly
+      take[j] = target && c >= threshold_;
+      any = any || take[j];
+      if (!target) continue;
+      if (c > best_masked) best_masked = c, at_masked = j;  // first maximum, as argmax
+      if (pred[j] != eos_ && c > best_no_eos) best_no_eos = c, at_no_eos = j;
+    }
+    if (!any) take[at_no_eos >= 0 ? at_no_eos : at_masked] = true;
+    for (int64_t j = 0; j < n; ++j) {
+      if (!take[j]) continue;
+      x[lo + j] = pred[j];
+      b.stats.committed += 1;
+    }
+    // MapRule::kAccumulateSinceSeed: every probability above the floor of the raw softmax,
+    // overwriting older entries of the same token.
+    if (!b.has_probs) {
+      b.probs.assign(L_, {});
+      b.has_probs = true;
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      auto& slot = b.probs[lo + j];
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = pv[j * K + k];
+        if (!(static_cast<float>(p) > floor_)) continue;
+        const int64_t t = pid[j * K + k];
+        auto it = std::find_if(slot.begin(), slot.end(), [t](const auto& e) { return e.first == t; });
+        if (it == slot.end()) slot.emplace_back(t, p);
+        else it->second = p;
+      }
+    }
+    advance(b);
+  }
+
+  // Logits for ranking proposals: ids the tokenizer cannot produce never win (the probabilities
+  // still come from the whole row).
+  at::Tensor proposable(const at::Tensor& lg) const {
+    const int64_t V = lg.size(-1);
+    if (limit_ >= V) return lg;
+    at::Tensor r = lg.clone();
+    r.narrow(-1, limit_, V - limit_).fill_(-std::numeric_limits<double>::infinity());
+    return r;
+  }
+
+  // --- coordination --------------------------------------------------------------------------
+
+  int64_t leader() const {  // most decoded; the first (smallest block) of equal counts
+    int64_t l = 0;
+    for (int64_t r = 1; r < B_; ++r) {
+      if (br_[r].decoded > br_[l].decoded) l = r;
+    }
+    return l;
+  }
+  std::vector<Branch*> compatible(const Branch& dst, const std::vector<Branch*>& sources) const {
+    std::vector<Branch*> out;
+    const int64_t* gd = row(dst.row) + lp_;
+    for (Branch* src : sources) {
+      const int64_t* gs = row(src->row) + lp_;
+      const auto dfe = first_eos(dst.row), sfe = first_eos(src->row);  // compared up to both EOS cuts
+      const int64_t n = std::min(dfe ? *dfe + 1 : G_, sfe ? *sfe + 1 : G_);
+      bool ok = true;
+      for (int64_t j = 0; j < n && ok; ++j) {
+        if (gd[j] != mask_ && gs[j] != mask_ && gd[j] != gs[j]) ok = false;
+      }
+      if (ok) out.push_back(src);
+    }
+    return out;
+  }
+  void merge(Branch& dst, const std::vector<Branch*>& sources) {
+    if (!dst.has_probs) return;
+    const auto fe = first_eos(dst.row);
+    const int64_t lo = std::max(dst.start, lp_);
+    int64_t hi = std::min(dst.end, L_);
+    if (fe) hi = std::min(hi, lp_ + *fe);
+    int64_t filled = 0;
+    for (int64_t pos = lo; pos < hi; ++pos) {
+      if (row(dst.row)[pos] != mask_ || dst.probs[pos].empty()) continue;
+      int64_t best_tok = mask_;
+      double best_p = 0.0;
+      for (const Branch* src : sources) {
+        if (src->done) continue;
+        const auto sfe = first_eos(src->row);
+        if (sfe && pos > lp_ + *sfe) continue;
+        const int64_t tok = row(src->row)[pos];
+        if (tok == mask_) continue;
+        double p = 0.0;
+        for (const auto& e : dst.probs[pos]) {
+          if (e.first == tok) p = e.second;
+        }
+        if (p > best_p) best_tok = tok, best_p = p;
+      }
+      const bool pass = rules_.gate_inclusive ? best_p >= o_.merge_gate : best_p > o_.merge_gate;
+      if (pass && best_tok != mask_) {
+        row(dst.row)[pos] = best_tok;
+        filled += 1;
+      }
+    }
+    if (filled) {
+      dst.stats.merged += filled;
+      advance(dst);
+    }
+  }
+  void sync(Branch& dst, const Branch& lead) {
+    int64_t* d = row(dst.row);
+    const int64_t* s = row(lead.row);
+    for (int64_t p = 0; p < L_; ++p) {
+      if (d[p] != s[p] && s[p] != mask_) dst.stats.copied += 1;
+      d[p] = s[p];
+    }
+    dst.since_refresh = lead.since_refresh;
+    dst.has_probs = lead.has_probs;
+    dst.probs = lead.probs;
+    kv_.select(0, dst.row).copy_(kv_.select(0, lead.row));
+    snap(dst);
+  }
+
+  const DecodeOptions o_;
+  const FamilyRules& rules_;
+  const int64_t mask_, limit_, eos_, lp_, G_, L_, B_;
+  const float threshold_, floor_;  // compared with float32 probabilities
+  const int64_t K_;
+  at::Tensor kv_;
+  std::vector<int64_t> x_;  // the canvases: B rows of L, concatenated
+  std::vector<Branch> br_;
+  bool synced_ = false;  // sync_refresh: the last coordination synced a branch that is not done
+  std::vector<Span> spans_;     // the step in flight
+  std::vector<int64_t> seeds_;  // its seed positions (full forwards)
+};
+
+// The skeleton: the order of forwards, exit checks, coordinations and refreshes, the stop checks,
+// the no-progress guard and the counters, the same for every family.
+class BlockBatch final : public Decoder {
+ public:
+  BlockBatch(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o, const Stop& stop,
+             at::Tensor kv)
+      : rules_(rules_for(model.config().family)), stop_(stop), lp_(static_cast<int64_t>(prompt.size())),
+        G_(o.gen_length), L_(lp_ + G_), B_(static_cast<int64_t>(o.block_sizes->size())), sizes_(*o.block_sizes),
+        every_phase_(rules_.exit == ExitRule::kDecodedProgressBlock),
+        seeding_(rules_.full_forward == SeedRule::kFirstMaskArgmax), forwards_(B_, 0) {
+    std::sort(sizes_.begin(), sizes_.end());
+    kv_ = kv.defined() ? std::move(kv) : model.new_kv(B_, L_);
+    // Each executor implements one combination of the map, exit, refresh-clock and seed rules.
+    const bool host = rules_.readout == Readout::kHostTopk;
+    TORCH_CHECK(host ? rules_.map == MapRule::kAccumulateSinceSeed && rules_.exit == ExitRule::kDecodedProgressBlock &&
+                           rules_.refresh_clock == RefreshClock::kFrontierTokens && seeding_
+                     : rules_.map == MapRule::kReplace && rules_.exit == ExitRule::kEosProbabilityTie &&
+                           rules_.refresh_clock == RefreshClock::kBlocks && !seeding_ && !rules_.gate_inclusive,
+                "blockbatch: no branch executor implements the rules of family '", rules_.name, "'");
+    if (host) {
+      book_ = std::make_unique<HostBranches>(model, prompt, o, rules_, sizes_, kv_);
+    } else {
+      book_ = std::make_unique<DeviceBranches>(model, prompt, o, sizes_, kv_);
+    }
+  }
+
+  bool done() const override { return finished_; }
+
+  StepPlan plan() override {
+    StepPlan p;
+    p.kind = next_;
+    if (next_ == StepKind::kCoordinate) {  // no branch has a mask in its window: the device coordination only
+      p.forward = false;
+      return p;
+    }
+    book_->check(stop_, nfe());
+    if (next_ == StepKind::kBlock) {  // every window with a mask, against its own KV row (dual)
+      spans_ = std::move(windows_);
+      for (Span& s : spans_) {
+        s.first = p.q.size();
+        p.q.add_positions(s.start - rules_.logit_shift, s.end - rules_.logit_shift, s.b, s.b * L_);
+      }
+      p.mode = KvMode::kDual;
+      stats_.nfe_block += 1;
+    } else {  // a full forward: the prompt row, read by every branch (init), or every row not done (refresh)
+      const bool init = next_ == StepKind::kInit;
+      if (init) p.q.add_positions(0, L_, 0, 0);
+      spans_.clear();
+      for (int64_t b = 0; b < B_; ++b) {
+        if (!init && book_->done(b)) continue;
+        spans_.push_back({b, init ? 0 : p.q.rows(), 0, lp_, L_});
+        if (!init) p.q.add_positions(0, L_, b, b * L_);
+      }
+      (init ? stats_.nfe_init : stats_.nfe_refresh) += 1;
+      p.mode = KvMode::kFull;
+    }
+    for (const Span& s : spans_) forwards_[s.b] += 1;
+    before_ = book_->committed();
+    book_->reads(p, spans_);
+    return p;
+  }
+
+  at::Tensor tokens_from(const StepPlan& p, const at::Tensor& buffer) const override {
+    return book_->tokens_from(p, buffer);
+  }
+
+  std::vector<at::Tensor> after_forward(const StepPlan& p, const at::Tensor& buffer, const at::Tensor& logits) override {
+    return book_->after_forward(p, buffer, logits);
+  }
+
+  void absorb(const StepPlan& p, const at::Tensor& logits, const std::vector<at::Tensor>& host) override {
+    book_->absorb(p, logits, host);
+    if (p.forward) {
+      const int64_t committed = book_->committed() - before_;
+      stats_.steps.push_back({committed, p.q.size()});
+      // Every branch in an init or block step commits at least one token in its window.
+      if (committed == 0 && p.kind != StepKind::kRefresh) no_progress(p.kind == StepKind::kInit);
+    }
+    settle(p.kind);
+  }
+
+  DecodeResult finish() override {
+    if (winner_ < 0) winner_ = book_->natural_winner();
+    DecodeResult res;
+    res.tokens = book_->tokens(winner_, early_exit_);
+    stats_.nfe = nfe();
+    stats_.nfe_paper = rules_.nfe == NfeCount::kWinnerParticipation ? forwards_[winner_] : stats_.nfe;
+    stats_.winner = winner_;
+    stats_.winner_block_size = sizes_[winner_];
+    stats_.early_exit = early_exit_;
+    for (int64_t b = 0; b < B_; ++b) {
+      BranchStats s = book_->stats(b);
+      s.forwards = forwards_[b];
+      stats_.branches.push_back(s);
+    }
+    res.stats = std::move(stats_);
+    return res;
+  }
+
+ private:
+  int64_t nfe() const { return stats_.nfe_init + stats_.nfe_block + stats_.nfe_refresh; }
+  bool all_done() const {
+    for (int64_t b = 0; b < B_; ++b) {
+      if (!book_->done(b)) return false;
+    }
+    return true;
+  }
+  bool exited() {
+    bool eos = false;
+    const int64_t w = book_->exit(eos);
+    if (w < 0) return false;
+    winner_ = w;
+    early_exit_ = eos;
+    finished_ = true;
+    return true;
+  }
+
+  // The host phases after a step of `kind`, until the next step is known (next_) or the decode
+  // ends: after a block step (or a step without one) the exit check, the coordination and the
+  // refresh decision; then the loop's top.
+  void settle(StepKind kind) {
+    // Bound: every block step with a forward commits at least one token in some branch, merges
+    // and syncs only fill masks, so the rows fill within B G block steps (ALGORITHMS.md 4.5); a
+    // Dream sync can undo a lagging row's progress at most once per leader token. 4 B G + 8
+    // passes cover both with room to spare.
+    const int64_t max_passes = 4 * B_ * G_ + 8;
+    for (;;) {
+      if (kind == StepKind::kBlock || kind == StepKind::kCoordinate || (kind == StepKind::kInit && !seeding_)) {
+        if (kind != StepKind::kInit && exited()) return;
+        book_->coordinate();
+        if (every_phase_ && exited()) return;
+        const bool want = book_->refresh_wanted();
+        if (want && !all_done()) {
+          next_ = StepKind::kRefresh;
+          return;
+        }
+      } else if (every_phase_ && exited()) {  // after a seeding init or a refresh
+        return;
+      }
+      if (all_done()) {  // the natural exit
+        finished_ = true;
+        return;
+      }
+      TORCH_CHECK(++passes_ <= max_passes, "blockbatch: internal error: the decode did not finish within ", max_passes,
+                  " block steps (4 * branches * gen_length + 8); please report it with the options");
+      if (every_phase_ && exited()) return;
+      windows_ = book_->work();
+      if (!windows_.empty() || rules_.readout == Readout::kDevice) {
+        next_ = windows_.empty() ? StepKind::kCoordinate : StepKind::kBlock;
+        return;
+      }
+      kind = StepKind::kCoordinate;  // the host coordination follows at once
+    }
+  }
+
+  [[noreturn]] void no_progress(bool init) const {
+    std::string what = init ? "init forward" : "block step over branch windows";
+    for (const Span& s : spans_) {
+      what += " [" + std::to_string(s.start) + ", " + std::to_string(init ? s.start + sizes_[s.b] : s.end) + ")";
+      if (init) break;
+    }
+    stop_.no_progress(static_cast<int64_t>(stats_.steps.size()) - 1, what);
+  }
+
+  const FamilyRules& rules_;
+  const Stop& stop_;
+  const int64_t lp_, G_, L_, B_;
+  std::vector<int64_t> sizes_;  // the branches' block sizes, ascending
+  const bool every_phase_, seeding_;
+  std::unique_ptr<Branches> book_;
+  StepKind next_ = StepKind::kInit;  // kInit, kBlock, kCoordinate or kRefresh
+  bool finished_ = false, early_exit_ = false;
+  int64_t winner_ = -1, passes_ = 0, before_ = 0;
+  std::vector<Span> windows_, spans_;  // the next block step's windows; the step in flight
+  std::vector<int64_t> forwards_;      // the forwards each branch took part in
   DecodeStats stats_;
 };
 
@@ -374,7 +935,7 @@ class BlockBatchDecoder final : public Decoder {
 
 std::unique_ptr<Decoder> blockbatch_decoder(const Network& model, const std::vector<int64_t>& prompt,
                                             const DecodeOptions& o, const Stop& stop, at::Tensor kv) {
-  return std::make_unique<BlockBatchDecoder>(model, prompt, o, stop, std::move(kv));
+  return std::make_unique<BlockBatch>(model, prompt, o, stop, std::move(kv));
 }
 
 }  // namespace blockbatch

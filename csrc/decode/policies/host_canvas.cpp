@@ -69,28 +69,10 @@ Proposal propose(at::Tensor logits, Alg alg, double temperature, at::Generator& 
   return p;
 }
 
-StepPlan HostCanvasDecoder::canvas_plan(PackedQueries q, KvMode mode, StepKind kind) const {
-  StepPlan p;
-  p.kind = kind;
-  p.q = std::move(q);
-  p.mode = mode;
-  p.extra = x_;
-  return p;
-}
-
-at::Tensor HostCanvasDecoder::tokens_from(const StepPlan& p, const at::Tensor& buffer) const {
-  return buffer.narrow(0, p.base, static_cast<int64_t>(p.extra.size()));
-}
-
 std::vector<at::Tensor> to_host(const std::vector<at::Tensor>& tensors) {
   std::vector<at::Tensor> wide;
   for (const at::Tensor& t : tensors) wide.push_back(t.to(at::isFloatingType(t.scalar_type()) ? at::kDouble : at::kLong));
   return read_back(wide);
-}
-
-void finish_stats(DecodeStats& st) {
-  st.nfe = st.nfe_full + st.nfe_block + st.nfe_init + st.nfe_refresh;
-  st.nfe_paper = st.nfe;  // the authors count every forward
 }
 
 }  // namespace blockbatch::host

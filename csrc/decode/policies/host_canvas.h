@@ -14,8 +14,6 @@
 #include <optional>
 #include <vector>
 
-#include <ATen/CPUGeneratorImpl.h>
-
 #include "decode/decoder.h"
 
 namespace blockbatch::host {
@@ -35,37 +33,7 @@ Proposal propose(at::Tensor logits, Alg alg, double temperature, at::Generator& 
 // (a CPU generator: rows on another device are drawn on the host and moved back).
 at::Tensor multinomial(const at::Tensor& probs, int64_t samples, at::Generator& generator);
 
-// A decoder whose canvas lives on the host, uploaded with each forward's index buffer (the plan's
-// extra entries), from which the forward gathers its tokens.
-class HostCanvasDecoder : public Decoder {
- public:
-  HostCanvasDecoder(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
-                    const Stop& stop)
-      : model_(model), o_(o), stop_(stop), mask_(model.config().mask_token_id),
-        limit_(model.config().proposal_limit()), lp_(static_cast<int64_t>(prompt.size())), L_(lp_ + o.gen_length),
-        generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))) {
-    x_ = prompt;
-    x_.resize(L_, mask_);
-  }
-  at::Tensor tokens_from(const StepPlan& p, const at::Tensor& buffer) const override;
-
- protected:
-  // A forward over `q` whose tokens are this canvas (x_, as it is now).
-  StepPlan canvas_plan(PackedQueries q, KvMode mode, StepKind kind) const;
-
-  const Network& model_;
-  const DecodeOptions o_;
-  const Stop& stop_;
-  const int64_t mask_, limit_, lp_, L_;
-  at::Generator generator_;
-  std::vector<int64_t> x_;  // the canvas (BlockBatch: its B rows of L, concatenated)
-  DecodeStats st_;
-};
-
 // Host copies of device tensors (any dtypes convertible to int64 / float64), in one copy.
 std::vector<at::Tensor> to_host(const std::vector<at::Tensor>& tensors);
-
-// Finishes the counters of a family that counts every forward (NfeCount::kEveryForward).
-void finish_stats(DecodeStats& st);
 
 }  // namespace blockbatch::host
