@@ -96,8 +96,9 @@ def main(argv=None) -> int:
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
                     help="weights and activations (default: the checkpoint's; llada-8b: bfloat16)")
-    ap.add_argument("--cuda-batching", choices=("1", "graphs"), default="1",
-                    help="--device cuda: BLOCKBATCH_CUDA_BATCHING for the batched runs (default 1: eager steps)")
+    ap.add_argument("--cuda-batching", choices=("1", "graphs"), default="graphs",
+                    help="--device cuda: BLOCKBATCH_CUDA_BATCHING for the batched runs (default graphs, the "
+                         "library's default; 1: eager steps)")
     ap.add_argument("--out", default="results/bench_batch_toy.json")
     args = ap.parse_args(argv)
     if args.device == "cuda":

@@ -4,9 +4,9 @@
 #   env.txt (GPU, toolkit, versions, kernel resource usage), gpu_check.log, gpu_tests.xml,
 #   bench_gpu_step.json, gpu_decode_check.json, bench_gpu_dream.json (+ .png), ops_tests.xml; then the opt-in kernels
 #   ("candidates", python/blockbatch/settings.py): candidate_tests_*.xml, bench_gpu_candidates.json,
-#   gpu_decode_candidates.json; the batching scheduler on CUDA (BLOCKBATCH_CUDA_BATCHING=1 / graphs):
-#   cuda_batching_tests.xml, bench_batch_{toy_fp32,toy_bf16,toy_fp32_graphs,toy_bf16_invariant}.json, then
-#   (batching8b) bench_batch_{llada8b,llada8b_graphs,llada8b_invariant}.json (+ .png); a short table ends the log.
+#   gpu_decode_candidates.json; the batching scheduler on CUDA (BLOCKBATCH_CUDA_BATCHING=graphs, the default / 1):
+#   cuda_batching_tests.xml, bench_batch_{toy_fp32,toy_bf16,toy_fp32_eager,toy_bf16_invariant}.json, then
+#   (batching8b) bench_batch_{llada8b,llada8b_eager,llada8b_invariant}.json (+ .png); a short table ends the log.
 #   bash benchmarks/gpu_check.sh "$OUT" [PARTS]
 # PARTS: a comma-separated subset of tests,batching,batching8b,bench,decode,dream,ops,candidates (default: all of
 # them, in that order; the build always runs), e.g. "tests,batching" when a session's time is short.
@@ -62,8 +62,8 @@ export PYTHONUNBUFFERED=1
     timeout 150 "$PY" -m pytest -q --tb=short tests/cuda/test_cuda.py -m "not candidate" --junitxml="$OUT/gpu_tests.xml"
   fi
   if want batching; then
-    # The scheduler on CUDA (=1 the default, =graphs a candidate): its tests, then throughput and agreement vs one by
-    # one (bench_batch.py sets BLOCKBATCH_CUDA_BATCHING=1 itself): the toy in float32 and bf16, and
+    # The scheduler on CUDA (=graphs the default, =1 eager steps): its tests, then throughput and agreement vs one
+    # by one (bench_batch.py sets BLOCKBATCH_CUDA_BATCHING from --cuda-batching): the toy in float32 and bf16, and
     # LLaDA-8B's shape in bf16 (the GPU target: 6x one by one for dual at batch 16,
     # BlockBatch-auto within 10% of dual).
     echo "== the batching scheduler on CUDA: tests ($(date +%T))"
@@ -75,7 +75,7 @@ export PYTHONUNBUFFERED=1
     timeout 60 "$PY" benchmarks/bench_batch.py --device cuda --repeats 1 --model toy --dtype bfloat16 --n 32 --batches 1,16 \
       --policies dual,blockbatch --out "$OUT/bench_batch_toy_bf16.json"
     timeout 60 "$PY" benchmarks/bench_batch.py --device cuda --repeats 1 --model toy --dtype float32 --n 32 --batches 1,16 \
-      --policies dual,blockbatch --cuda-batching graphs --out "$OUT/bench_batch_toy_fp32_graphs.json"
+      --policies dual,blockbatch --cuda-batching 1 --out "$OUT/bench_batch_toy_fp32_eager.json"
     BLOCKBATCH_BATCH_INVARIANT=1 timeout 60 "$PY" benchmarks/bench_batch.py --device cuda --repeats 1 --model toy --dtype bfloat16 \
       --n 32 --batches 1,16 --policies dual,blockbatch --out "$OUT/bench_batch_toy_bf16_invariant.json"
   fi
@@ -83,8 +83,8 @@ export PYTHONUNBUFFERED=1
     echo "== the batching scheduler on CUDA: LLaDA-8B shape, bf16 ($(date +%T))"
     timeout 200 "$PY" benchmarks/bench_batch.py --device cuda --repeats 1 --model llada-8b --n 16 --batches 1,4,16 \
       --policies dual,blockbatch,blockbatch-auto --gen-length 64 --out "$OUT/bench_batch_llada8b.json"
-    timeout 150 "$PY" benchmarks/bench_batch.py --device cuda --repeats 1 --model llada-8b --n 16 --batches 16 \
-      --policies dual,blockbatch-auto --gen-length 64 --cuda-batching graphs --out "$OUT/bench_batch_llada8b_graphs.json"
+    timeout 150 "$PY" benchmarks/bench_batch.py --device cuda --repeats 1 --model llada-8b --n 16 --batches 1,16 \
+      --policies dual,blockbatch-auto --gen-length 64 --cuda-batching 1 --out "$OUT/bench_batch_llada8b_eager.json"
     BLOCKBATCH_BATCH_INVARIANT=1 timeout 120 "$PY" benchmarks/bench_batch.py --device cuda --repeats 1 --model llada-8b --n 16 \
       --batches 16 --policies dual --gen-length 64 --out "$OUT/bench_batch_llada8b_invariant.json"
   fi

@@ -177,10 +177,10 @@ def main(argv=None) -> int:
     out = tests(os.path.join(d, "gpu_tests.xml")) + tests(os.path.join(d, "ops_tests.xml"))
     out += steps(os.path.join(d, "bench_gpu_step.json")) + decode(os.path.join(d, "gpu_decode_check.json"))
     out += dream(os.path.join(d, "bench_gpu_dream.json"))
-    out += ["== the scheduler on CUDA (BLOCKBATCH_CUDA_BATCHING=1, the default; =graphs a candidate)"]
+    out += ["== the scheduler on CUDA (BLOCKBATCH_CUDA_BATCHING=graphs, the default; =1 eager steps)"]
     out += tests(os.path.join(d, "cuda_batching_tests.xml"))
-    for name in ("bench_batch_toy_fp32.json", "bench_batch_toy_bf16.json", "bench_batch_toy_fp32_graphs.json",
-                 "bench_batch_toy_bf16_invariant.json", "bench_batch_llada8b.json", "bench_batch_llada8b_graphs.json",
+    for name in ("bench_batch_toy_fp32.json", "bench_batch_toy_bf16.json", "bench_batch_toy_fp32_eager.json",
+                 "bench_batch_toy_bf16_invariant.json", "bench_batch_llada8b.json", "bench_batch_llada8b_eager.json",
                  "bench_batch_llada8b_invariant.json"):
         out += batching(os.path.join(d, name))
     out += ["== opt-in kernels (candidates)"]

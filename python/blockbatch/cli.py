@@ -504,8 +504,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     if not batches:
         raise UsageError("--device cuda: the server decodes on the batching scheduler, which BLOCKBATCH_CUDA_BATCHING=0 "
-                         "turns off on CUDA: unset it or set BLOCKBATCH_CUDA_BATCHING=1 (eager packed steps, the "
-                         "default) or =graphs (CUDA graphs, a candidate)")
+                         "turns off on CUDA: unset it (packed steps replayed from CUDA graphs, the default) or set "
+                         "BLOCKBATCH_CUDA_BATCHING=1 (eager packed steps)")
     # With --replicas each replica loads its own engine on --device; this one only checks the checkpoint.
     engine = Engine.from_pretrained(args.model, device="cpu" if args.replicas is not None else args.device,
                                     dtype=DTYPES[args.dtype])
@@ -813,8 +813,8 @@ def build_parser() -> argparse.ArgumentParser:
                "        -d '{\"model\": \"blockbatch-toy\", \"prompt\": \"72-2=__-3=__-3=__...............?\", \"max_tokens\": 20}'")
     p.add_argument("--model", default=None, help="checkpoint folder (default: the toy model shipped in the package)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                   help="where the engine decodes (default cpu); cuda needs BLOCKBATCH_CUDA_BATCHING 1 (the default) or "
-                        "graphs (a candidate), not 0; with --replicas each replica reserves one GPU")
+                   help="where the engine decodes (default cpu); cuda needs BLOCKBATCH_CUDA_BATCHING graphs (the default) "
+                        "or 1 (eager steps), not 0; with --replicas each replica reserves one GPU")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0: all)")
     p.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000)")
     p.add_argument("--served-model-name", default=None, metavar="NAME",

@@ -19,8 +19,8 @@ from .tokenization import TextCodec
 
 def batches_on(device_type: str) -> bool:
     """Whether the batching scheduler runs on a ``device_type`` model: always on the CPU; on CUDA
-    unless ``BLOCKBATCH_CUDA_BATCHING`` is 0 (the default is 1: eager packed steps; graphs is a
-    candidate; a bad value raises ValueError naming the variable)."""
+    unless ``BLOCKBATCH_CUDA_BATCHING`` is 0 (the default, graphs: packed steps replayed from CUDA
+    graphs; 1: eager packed steps; a bad value raises ValueError naming the variable)."""
     if device_type == "cpu":
         return True
     from . import settings

@@ -69,9 +69,9 @@ SETTINGS: tuple[Setting, ...] = (
             default="vec", status="promoted", choices=("scalar", "vec")),
     Setting("BLOCKBATCH_CUDA_BATCHING", "choice",
             "batch the requests of a CUDA model in the scheduler (Engine.generate with max_batch > 1, "
-            "Engine.stream, generate --input, serve): 1: eager packed steps on one stream; graphs: each "
-            "packed step padded to bucketed sizes and replayed from a CUDA graph (a candidate); 0: one by one",
-            default="1", status="candidate", choices=("0", "1", "graphs")),
+            "Engine.stream, generate --input, serve): graphs: each packed step padded to bucketed sizes and "
+            "replayed from a CUDA graph; 1: eager packed steps on one stream; 0: one by one",
+            default="graphs", status="promoted", choices=("0", "1", "graphs")),
     Setting("BLOCKBATCH_BATCH_INVARIANT", "bool",
             "batch-invariant forward: GEMMs in fixed 256-row chunks (zero-padded) and unsplit attention, so a "
             "request's logits on the GPU do not depend on what shares its forwards (batch 1 included); costs "

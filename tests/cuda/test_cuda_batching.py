@@ -1,5 +1,5 @@
-"""The batching scheduler on a CUDA model (BLOCKBATCH_CUDA_BATCHING=1, the default since the
-2026-12-04 GPU run passed these; =graphs is still a candidate, and marks the module): requests of mixed policies, branch sets, gen_lengths and prompt lengths
+"""The batching scheduler on a CUDA model (BLOCKBATCH_CUDA_BATCHING=graphs, the default since the
+2026-12-04 GPU runs passed these; =1 eager steps): requests of mixed policies, branch sets, gen_lengths and prompt lengths
 decode together in packed forwards on one stream; every request finishes, in input order, with the
 tokens of its decode alone (float32: GEMMs of other row counts may round differently, so a few
 requests may differ; the share is asserted and printed), with eager packed steps (=1) and with

@@ -12,9 +12,9 @@ from blockbatch.cli import main
 
 def test_the_value_is_read_and_checked(monkeypatch):
     monkeypatch.delenv("BLOCKBATCH_CUDA_BATCHING", raising=False)
-    assert settings.value("BLOCKBATCH_CUDA_BATCHING") == "1"
+    assert settings.value("BLOCKBATCH_CUDA_BATCHING") == "graphs"
     monkeypatch.setenv("BLOCKBATCH_CUDA_BATCHING", "")
-    assert settings.value("BLOCKBATCH_CUDA_BATCHING") == "1"
+    assert settings.value("BLOCKBATCH_CUDA_BATCHING") == "graphs"
     for v in ("0", "1", "graphs"):
         monkeypatch.setenv("BLOCKBATCH_CUDA_BATCHING", v)
         assert settings.value("BLOCKBATCH_CUDA_BATCHING") == v
