@@ -11,6 +11,9 @@ Written from the semantics of the authors' Dream decoders (Laurence-Wu/BlockBatc
 * ``dream_blockbatch``: BlockBatch for Dream (probability floor 0.2, gate 0.5 with ``>=``, sync 8,
   refresh after 32 tokens of frontier progress, ``stop_on_eos=False`` by default).
 
+The two single-branch ones are ``policies.generate`` under Dream's rules (``policies.RULES``);
+the proposal (Dream's ``sample_tokens``) is in ``proposals.py``.
+
 Shift. The model (``ReferenceModel``) is unshifted; Dream reads canvas position ``p`` from the
 output at ``p - 1``. Where each policy takes that output from differs (see the docs): the full
 forwards and the Fast-dLLM windows shift their own output rows by one (the first row keeps its
@@ -30,13 +33,12 @@ from typing import Sequence
 import torch
 
 from .model import ReferenceModel
+from .policies import generate, shift_rows
 
-ALGS = ("maskgit_plus", "topk_margin", "entropy", "origin")
 PROB_FLOOR = 0.2       # BlockBatch-Dream probability map floor (strictly above)
 MERGE_GATE = 0.5       # a merged token needs map probability >= gate (Dream uses >=, LLaDA >)
 SYNC_GAP = 8
 REFRESH_TOKENS = 32
-ENTROPY_EPS = 1e-10
 MASK_PENALTY = -1e4    # BlockBatch-Dream writes this into the mask id's logit before ranking
 
 
@@ -49,11 +51,6 @@ class DreamResult:
     @property
     def generated(self) -> list[int]:
         return self.tokens[self.stats.get("prompt_len", 0):]
-
-
-def shift_rows(logits: torch.Tensor) -> torch.Tensor:
-    """Dream's shift over the rows of one forward: row ``i`` takes output ``i - 1``, row 0 its own."""
-    return torch.cat([logits[:1], logits[:-1]], dim=0)
 
 
 def _canvas(prompt: Sequence[int], gen_length: int, mask_id: int) -> torch.Tensor:
@@ -70,182 +67,40 @@ def _full_logits(model: ReferenceModel, x: torch.Tensor, kv: torch.Tensor | None
     return shift_rows(out)
 
 
-def _filter_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Nucleus filter as Dream applies it: keep the smallest prefix of the sorted vocabulary whose
-    probability mass reaches ``top_p`` (the token that crosses it is kept); the rest get the
-    dtype's lowest finite value."""
-    ordered, order = torch.sort(logits, descending=True)
-    mass = torch.cumsum(torch.softmax(ordered, dim=-1), dim=-1)
-    drop = mass > top_p
-    drop[..., 1:] = drop[..., :-1].clone()
-    drop[..., 0] = False
-    drop = torch.zeros_like(logits, dtype=torch.bool).scatter_(-1, order, drop)
-    return logits.masked_fill(drop, torch.finfo(logits.dtype).min)
+# ------------------------------------------------------------------ single-branch policies
 
 
-def _filter_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
-    kth = torch.topk(logits, min(top_k, logits.size(-1)))[0][..., -1, None]
-    return logits.masked_fill(logits < kth, torch.finfo(logits.dtype).min)
-
-
-def _propose(logits: torch.Tensor, alg: str, temperature: float = 0.0, g: torch.Generator | None = None,
-             top_p: float | None = None, top_k: int | None = None, vocab_limit: int | None = None):
-    """Dream's proposal over the last dimension: (confidence, token).
-
-    Order as in Dream: temperature scaling, top-p, top-k, softmax (float32 for float32 logits);
-    token = argmax (``Tensor.max``, the mask id included) or a draw when ``temperature > 0``;
-    confidence = its probability (``maskgit_plus``), top-1 minus top-2 probability
-    (``topk_margin``) or ``sum(p * log(p + 1e-10))`` (``entropy``: minus the entropy).
-
-    ``vocab_limit``: only ids below it are proposed (the ids the tokenizer can produce); the
-    softmax and the confidences still cover the whole vocabulary, so wherever the authors' argmax
-    is such an id the result is theirs.
-    """
-    if temperature > 0:
-        logits = logits / temperature
-    if top_p is not None and top_p < 1:
-        logits = _filter_top_p(logits, top_p)
-    if top_k is not None:
-        logits = _filter_top_k(logits, top_k)
-    probs = torch.softmax(logits, dim=-1)
-    pick = probs
-    if vocab_limit is not None and vocab_limit < probs.shape[-1]:
-        pick = probs.clone()
-        pick[..., vocab_limit:] = 0.0 if temperature > 0 else -1.0
-    if temperature > 0:
-        flat = pick.reshape(-1, probs.shape[-1])
-        x0 = torch.multinomial(flat, 1, generator=g).reshape(probs.shape[:-1])
-        conf = torch.gather(probs, -1, x0[..., None]).squeeze(-1)
-    else:
-        conf, x0 = pick.max(dim=-1)
-    if alg == "topk_margin":
-        top2 = torch.topk(probs, 2, dim=-1).values
-        conf = top2[..., 0] - top2[..., 1]
-    elif alg == "entropy":
-        conf = torch.sum(probs * torch.log(probs + ENTROPY_EPS), dim=-1)
-    return conf, x0
-
-
-# ----------------------------------------------------------------------------------- vanilla
+def _single(model: ReferenceModel, prompt: Sequence[int], gen_length: int, **kw) -> DreamResult:
+    if len(prompt) == 0:
+        raise ValueError("Dream decoding needs a non-empty prompt")
+    r = generate(model, torch.as_tensor(list(prompt), dtype=torch.long), gen_length, family="dream", **kw)
+    return DreamResult(r.tokens.tolist(), r.nfe, {"prompt_len": len(prompt), "nfe_full": r.nfe_full,
+                                                  "nfe_block": r.nfe_block})
 
 
 def dream_vanilla(model: ReferenceModel, prompt: Sequence[int], gen_length: int, steps: int,
                   alg: str = "entropy", alg_temp: float = 0.0, eps: float = 1e-3, temperature: float = 0.0,
                   top_p: float | None = None, top_k: int | None = None, seed: int = 0,
-                  vocab_limit: int | None = None) -> DreamResult:
-    """Dream's sampler: ``steps`` full forwards over the whole canvas (no blocks).
-
-    Schedule: ``t_i = linspace(1, eps, steps + 1)`` (float32); at step ``i < steps - 1`` with ``m``
-    masks left, ``int(m * (1 - t_{i+1} / t_i))`` tokens are committed (float32 product, truncated;
-    possibly 0), the top ones by confidence (``torch.topk`` over the canvas, ``-inf`` off the masks);
-    the last step commits every mask left. With ``alg_temp > 0`` the positions are drawn without
-    replacement from ``softmax(conf / alg_temp)`` instead. ``origin`` unmasks each mask with
-    probability ``1 - t_{i+1} / t_i`` (1 at the last step). Random draws come from a generator
-    seeded with ``seed`` (the authors draw from torch's global one: seeding it with the same seed
-    gives the same stream for ``origin``). The mask id is not excluded (as in Dream). NFE = steps.
-    """
-    if alg not in ALGS:
-        raise ValueError(f"alg must be one of {ALGS}, got {alg!r}")
-    if steps <= 0:
-        raise ValueError("steps must be positive")
-    c = model.config
-    mask_id = c.mask_token_id
-    x = _canvas(prompt, gen_length, mask_id)[None]
-    g = torch.Generator().manual_seed(seed)
-    timesteps = torch.linspace(1, eps, steps + 1)
-    for i in range(steps):
-        mask_index = x == mask_id
-        logits = _full_logits(model, x[0])[None]
-        mask_logits = logits[mask_index]
-        t, s = timesteps[i], timesteps[i + 1]
-        if alg == "origin":
-            p_transfer = 1 - s / t if i < steps - 1 else 1
-            x0 = torch.full_like(x[mask_index], mask_id)
-            chosen = torch.rand(*x0.shape, generator=g) < p_transfer
-            _, x0[chosen] = _propose(mask_logits[chosen], alg, temperature, g, top_p, top_k, vocab_limit)
-            x[mask_index] = x0.clone()
-            continue
-        conf, x0 = _propose(mask_logits, alg, temperature, g, top_p, top_k, vocab_limit)
-        masks = mask_index.sum() / mask_index.shape[0]
-        k = int(masks * (1 - s / t)) if i < steps - 1 else int(masks)
-        full = torch.full_like(x, -torch.inf, dtype=logits.dtype)
-        full[mask_index] = conf
-        if k > 0:
-            if alg_temp:
-                weights = torch.softmax(full / alg_temp, dim=-1)
-                picked = torch.multinomial(weights, num_samples=k, generator=g)
-            else:
-                _, picked = torch.topk(full, k)
-            proposal = torch.full_like(x, mask_id)
-            proposal[mask_index] = x0.clone()
-            x[0, picked[0]] = proposal[0, picked[0]]
-    return DreamResult(x[0].tolist(), steps, {"prompt_len": len(prompt), "nfe_full": steps, "nfe_block": 0})
-
-
-# ------------------------------------------------------------------------- Fast-dLLM caches
+                  vocab_limit: int | None = None, stop_on_eos: bool = False) -> DreamResult:
+    """Dream's sampler: ``steps`` full forwards over the whole canvas (no blocks); the rules are
+    ``policies.generate``'s timestep schedule. Random draws come from a generator seeded with
+    ``seed`` (the authors draw from torch's global one: seeding it with the same seed gives the
+    same stream for ``origin``). NFE = steps."""
+    return _single(model, prompt, gen_length, block_length=gen_length, policy="vanilla", steps=steps, alg=alg,
+                   alg_temp=alg_temp, eps=eps, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                   vocab_limit=vocab_limit, threshold=None, stop_on_eos=stop_on_eos)
 
 
 def dream_cached(model: ReferenceModel, prompt: Sequence[int], gen_length: int, block_length: int = 32,
                  threshold: float = 0.9, dual: bool = True, top_p: float | None = None,
-                 top_k: int | None = None, vocab_limit: int | None = None) -> DreamResult:
-    """Fast-dLLM prefix (``dual=False``) or dual cache for Dream, threshold rule.
-
-    Per block ``[s, e)``: one full forward (fills the cache) whose shifted logits write the token
-    at ``s`` unconditionally (argmax over the whole vocabulary, mask id included). Then, at least
-    once and until the block has no mask: dual feeds ``[s, e)`` (its fresh K/V overwrite their
-    slots, attention over all ``L``), prefix feeds ``[s, L)`` against the frozen ``[0, s)``; the
-    window's outputs are shifted by one inside the window (canvas ``s + j`` reads output
-    ``j - 1``). Among the block's masks (``-inf`` elsewhere, suffix included) the ``torch.topk``
-    first is committed, plus every other one with confidence ``>= threshold``.
-    NFE = blocks + block steps.
-    """
-    c = model.config
-    mask_id = c.mask_token_id
-    Lp = len(prompt)
-    if gen_length % block_length:
-        raise ValueError(f"gen_length {gen_length} is not a multiple of block_length {block_length}")
-    x = _canvas(prompt, gen_length, mask_id)
-    L = x.numel()
-    nfe_full = nfe_block = 0
-    for k in range(gen_length // block_length):
-        s = Lp + k * block_length
-        e = s + block_length
-        kv = model.new_kv(1, L)
-        logits = _full_logits(model, x, kv)
-        nfe_full += 1
-        _, x0 = _propose(logits[None], "maskgit_plus", top_p=top_p, top_k=top_k, vocab_limit=vocab_limit)
-        x[s] = x0[0, s]
-        while True:
-            end = e if dual else L
-            if dual:
-                out = model.forward([x[s:e]], [torch.arange(s, e)], kv, "dual")[0]
-            else:
-                out = model.forward([x[s:]], [torch.arange(s, L)], kv, "prefix", prefix_lens=[s])[0]
-            nfe_block += 1
-            logits = shift_rows(out)
-            mask_index = (x[s:end] == mask_id)[None]
-            conf, x0 = _propose(logits[None][mask_index], "maskgit_plus", top_p=top_p, top_k=top_k,
-                                vocab_limit=vocab_limit)
-            proposal = torch.full((1, end - s), mask_id, dtype=torch.long)
-            proposal[mask_index] = x0.clone()
-            full = torch.full((1, end - s), -torch.inf, dtype=logits.dtype)
-            full[mask_index] = conf
-            full[:, block_length:] = -torch.inf
-            n = int((x[s:e] == mask_id).sum())
-            top_conf, top_idx = torch.topk(full, n)
-            take = torch.zeros((1, end - s), dtype=torch.bool)
-            take[0, top_idx[0]] = True
-            for r in range(1, n):
-                if top_conf[0, r] < threshold:
-                    take[0, top_idx[0, r]] = False
-            x[s:end][take[0]] = proposal[0][take[0]]
-            left = int((x[s:e] == mask_id).sum())
-            if left == 0:
-                break
-            if left == n:  # the model proposed the mask id itself: the authors' loop would never end
-                raise RuntimeError(f"no progress in block [{s}, {e}): the model proposes the mask id")
-    return DreamResult(x.tolist(), nfe_full + nfe_block,
-                       {"prompt_len": Lp, "nfe_full": nfe_full, "nfe_block": nfe_block})
+                 top_k: int | None = None, vocab_limit: int | None = None, stop_on_eos: bool = False) -> DreamResult:
+    """Fast-dLLM prefix (``dual=False``) or dual cache for Dream, threshold rule (``policies.generate``
+    with Dream's rules: the block start's full forward writes the block's first position, then at
+    least one window step; the window's outputs are shifted by one inside the window).
+    NFE = blocks + block steps. ``stop_on_eos`` (not in the authors' decoder): a block that holds
+    EOS ends the decode, the rest of the canvas EOS."""
+    return _single(model, prompt, gen_length, block_length=block_length, policy="dual" if dual else "prefix",
+                   threshold=threshold, top_p=top_p, top_k=top_k, vocab_limit=vocab_limit, stop_on_eos=stop_on_eos)
 
 
 # ---------------------------------------------------------------------------------- BlockBatch
@@ -595,10 +450,11 @@ def decode_with_options(model: ReferenceModel, prompt: Sequence[int], options, v
     if o.policy == "vanilla":
         return dream_vanilla(model, prompt, o.gen_length, o.steps if o.steps is not None else o.gen_length,
                              alg=ALG_NAMES[opt("alg")], alg_temp=o.alg_temp, eps=o.eps, temperature=o.temperature,
-                             top_p=o.top_p, top_k=o.top_k, seed=o.seed, vocab_limit=vocab_limit)
+                             top_p=o.top_p, top_k=o.top_k, seed=o.seed, vocab_limit=vocab_limit,
+                             stop_on_eos=opt("stop_on_eos"))
     if o.policy in ("prefix", "dual"):
         return dream_cached(model, prompt, o.gen_length, o.block_length, o.threshold, dual=o.policy == "dual",
-                            top_p=o.top_p, top_k=o.top_k, vocab_limit=vocab_limit)
+                            top_p=o.top_p, top_k=o.top_k, vocab_limit=vocab_limit, stop_on_eos=opt("stop_on_eos"))
     return dream_blockbatch(model, prompt, o.gen_length, opt("block_sizes"), threshold=o.threshold,
                             merge_gate=o.merge_gate, sync_gap=o.sync_gap, refresh_tokens=o.refresh_tokens,
                             prob_floor=opt("prob_floor"), stop_on_eos=opt("stop_on_eos"), merge=o.merge, sync=o.sync,
