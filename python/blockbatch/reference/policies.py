@@ -26,17 +26,30 @@ POLICIES = ("vanilla", "prefix", "dual")
 
 @dataclasses.dataclass(frozen=True)
 class Rules:
-    """Where two families' single-branch decoders differ (ALGORITHMS.md 3 and 5)."""
+    """Where two families' decoders differ (ALGORITHMS.md 3, 4 and 5), one row per family. The same
+    rules as the native table (csrc/decode/family.h) in meaning, written again here from the spec."""
 
-    logit_shift: int  # canvas position p reads model output p - logit_shift (a window's first row: its own)
-    timestep: bool    # vanilla: no blocks, ``steps`` forwards on Dream's timestep schedule
-    seed: bool        # a cached block start writes the block's first position (argmax); a window step follows
-    sampler: str      # "propose" (argmax without the mask id, select_* rules) | "sample_tokens" (Dream; topk)
+    logit_shift: int     # canvas position p reads model output p - logit_shift (a window's first row: its own)
+    timestep: bool       # vanilla: no blocks, ``steps`` forwards on Dream's timestep schedule
+    seed: bool           # a full forward writes one token, the window's first mask (else: commits by the rule)
+    readout: str         # "argmax": ``propose`` and the select_* rules | "topk": Dream's, in torch.topk's tie order
+    # BlockBatch (section 4; Dream's differences in 5.4)
+    map_accumulate: bool  # map entries accumulate until a seed clears them (else: a step replaces its window's)
+    gate_inclusive: bool  # a merge writes a token rated >= merge_gate (else >)
+    exit: str            # "eos_probability": after block steps (4.6) | "decoded_progress_block": after every phase
+    refresh_clock: str   # "blocks": completed blocks since the last full forward | "tokens": frontier progress
+    nfe_winner: bool     # the paper's NFE counts the winner's forwards (else every forward)
+    eos_cut: bool        # with stop_on_eos a row's generation ends at its first EOS (windows, counts, merges)
+    count_from_row: bool  # ``decoded`` is recounted from the row (merged tokens count; else commits and syncs)
 
 
 RULES = {
-    "llada": Rules(logit_shift=0, timestep=False, seed=False, sampler="propose"),
-    "dream": Rules(logit_shift=1, timestep=True, seed=True, sampler="sample_tokens"),
+    "llada": Rules(logit_shift=0, timestep=False, seed=False, readout="argmax", map_accumulate=False,
+                   gate_inclusive=False, exit="eos_probability", refresh_clock="blocks", nfe_winner=True,
+                   eos_cut=False, count_from_row=False),
+    "dream": Rules(logit_shift=1, timestep=True, seed=True, readout="topk", map_accumulate=True,
+                   gate_inclusive=True, exit="decoded_progress_block", refresh_clock="tokens", nfe_winner=False,
+                   eos_cut=True, count_from_row=True),
 }
 
 
@@ -252,7 +265,7 @@ def generate(model: ReferenceModel, prompt: torch.Tensor, gen_length: int, block
                 commit_timestep(out, step)
             elif seeded and step == 0:
                 commit_seed(out, s)
-            elif rules.sampler == "sample_tokens":
+            elif rules.readout == "topk":
                 commit_window(out, s, e)
             else:
                 commit(out[s - out0:e - out0], s, e, step, schedule)

@@ -7,6 +7,8 @@ dtype; argmax with the mask id included, or a draw; confidence by ``alg``).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 ALGS = ("maskgit_plus", "topk_margin", "entropy", "origin")
@@ -88,3 +90,21 @@ def sample_tokens(logits: torch.Tensor, alg: str, temperature: float = 0.0, g: t
     elif alg == "entropy":
         conf = torch.sum(probs * torch.log(probs + ENTROPY_EPS), dim=-1)
     return conf, x0
+
+
+MASK_PENALTY = -1e4  # BlockBatch-Dream writes this into the mask id's logit before ranking
+
+
+def topk_propose(logits: torch.Tensor, mask_id: int, vocab_limit: int | None = None):
+    """BlockBatch-Dream's proposal (ALGORITHMS.md 5.4): logits ``[n, V]`` -> (token ``[n]``, confidence
+    ``[n]``). The mask id's logit becomes ``MASK_PENALTY``; token = ``torch.topk(k=1)`` (ids at or above
+    ``vocab_limit`` never win); confidence = its float32 softmax probability over the whole vocabulary."""
+    lg = logits.float().clone()
+    lg[:, mask_id] = MASK_PENALTY
+    ranked = lg
+    if vocab_limit is not None and vocab_limit < lg.shape[-1]:
+        ranked = lg.clone()
+        ranked[:, vocab_limit:] = -math.inf
+    _, pred = torch.topk(ranked, k=1, dim=-1)
+    conf = torch.gather(torch.softmax(lg, dim=-1), -1, pred).squeeze(-1)
+    return pred.squeeze(-1), conf
