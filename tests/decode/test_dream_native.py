@@ -274,12 +274,12 @@ def _random_case(rng, V: int, mask: int):
                           alg=rng.choice(["confidence", "margin", "entropy", "origin"]),
                           alg_temp=rng.choice([0.0, 0.0, 0.5]), seed=rng.randrange(100),
                           top_p=rng.choice([None, 0.8]), top_k=rng.choice([None, 3]),
-                          temperature=rng.choice([0.0, 0.0, 0.7]))
+                          temperature=rng.choice([0.0, 0.0, 0.7]), stop_on_eos=rng.choice([None, True, False]))
     elif pol in ("prefix", "dual"):
         b = rng.choice([1, 4, 8, 16])
         o = DecodeOptions(policy=pol, gen_length=b * rng.choice([1, 2, 3]), block_length=b,
                           threshold=rng.choice([0.5, 0.9, 0.99]), top_p=rng.choice([None, 0.9]),
-                          top_k=rng.choice([None, 2]))
+                          top_k=rng.choice([None, 2]), stop_on_eos=rng.choice([None, True, False]))
     else:
         G = rng.choice([16, 32, 64])
         sizes = tuple(sorted(rng.sample([s for s in (1, 2, 4, 8, 16, 32, 64) if G % s == 0], rng.choice([1, 2, 3, 5]))))
@@ -325,3 +325,36 @@ def test_random_options_native_equals_reference(tmp_path, seed):
             except (ValueError, RuntimeError) as e:
                 want, want_error = None, type(e).__name__
             assert (got, got_error is None) == (want, want_error is None), (prompt, o, got_error, want_error)
+
+
+@pytest.mark.parametrize("policy", ["vanilla", "prefix", "dual"])
+def test_stop_on_eos_in_single_branch_policies(tmp_path, policy):
+    """stop_on_eos on Dream's single-branch policies (not in the authors' decoders, off by default):
+    the block that holds the first EOS ends the decode and the rest of the canvas is EOS, natively
+    as in the reference, with fewer forwards than without it wherever that block is not the last."""
+    make_random_dream_checkpoint(tmp_path, seed=5, logit_scale=3.0, vocab_size=16, eos_token_id=3)
+    engine = Engine.from_pretrained(tmp_path)
+    ref = ReferenceModel.from_checkpoint(load_checkpoint(tmp_path))
+    eos = engine.config.eos_token_id
+    kw = dict(steps=16) if policy == "vanilla" else dict(block_length=4, threshold=0.9)
+    stopped_early = 0
+    for p in range(12):
+        prompt = [(7 * p + k) % 15 for k in range(1 + p % 4)]
+        prompt = [t if t != engine.config.mask_token_id else 0 for t in prompt]
+        on, off = (DecodeOptions(policy=policy, gen_length=16, stop_on_eos=stop, **kw) for stop in (True, False))
+        g_on, g_off = engine.generate([prompt], on)[0], engine.generate([prompt], off)[0]
+        if policy == "vanilla":
+            r = dream_vanilla(ref, prompt, 16, 16, stop_on_eos=True)
+        else:
+            r = dream_cached(ref, prompt, 16, 4, 0.9, dual=policy == "dual", stop_on_eos=True)
+        assert prompt + g_on.raw_ids == r.tokens and g_on.stats["nfe"] == r.nfe, (policy, p)
+        if eos in g_on.raw_ids:
+            first = g_on.raw_ids.index(eos)
+            end = (first // 4 + 1) * 4 if policy != "vanilla" else 16
+            assert all(t == eos for t in g_on.raw_ids[end:])
+            if end < 16:
+                stopped_early += 1
+                assert g_on.stats["nfe"] < g_off.stats["nfe"]
+                assert g_on.raw_ids[:end] == g_off.raw_ids[:end]
+    if policy != "vanilla":
+        assert stopped_early > 0, "no prompt of this checkpoint decoded an EOS before its last block"

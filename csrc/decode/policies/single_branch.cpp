@@ -164,7 +164,7 @@ at::Tensor long_tensor(const std::vector<int64_t>& v, c10::Device device) {
 class HostReadout final : public Canvas {
  public:
   HostReadout(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o)
-      : model_(model), o_(o), mask_(model.config().mask_token_id), limit_(model.config().proposal_limit()),
+      : model_(model), o_(o), mask_(model.config().mask_token_id), eos_(model.config().eos_token_id), limit_(model.config().proposal_limit()),
         shift_(rules_for(model.config().family).logit_shift), L_(static_cast<int64_t>(prompt.size()) + o.gen_length),
         threshold_(static_cast<float>(o.threshold.value_or(1.0))),
         generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))) {
@@ -207,10 +207,11 @@ class HostReadout final : public Canvas {
       c.committed = by_threshold(logits, s);
     }
     c.masks_left = std::count(x_.begin() + s.s, x_.begin() + s.e, mask_);
+    c.eos = std::find(x_.begin() + s.s, x_.begin() + s.e, eos_) != x_.begin() + s.e;
     return c;
   }
 
-  void fill_eos(int64_t) override {}  // the host-readout families' single-branch decoders have no EOS stop
+  void fill_eos(int64_t from) override { std::fill(x_.begin() + from, x_.end(), eos_); }
 
   std::vector<int64_t> tokens() override { return std::move(x_); }
 
@@ -287,7 +288,7 @@ class HostReadout final : public Canvas {
 
   const Network& model_;
   const DecodeOptions o_;
-  const int64_t mask_, limit_, shift_, L_;
+  const int64_t mask_, eos_, limit_, shift_, L_;
   const float threshold_;  // compared with float32 confidences
   at::Generator generator_;
   std::vector<int64_t> x_, masked_;

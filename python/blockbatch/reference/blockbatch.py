@@ -1,9 +1,11 @@
-"""BlockBatch multi-branch consensus decoding, written plainly from ALGORITHMS.md section 4.
+"""BlockBatch multi-branch consensus decoding in plain Python (ALGORITHMS.md 4; Dream's rules 5.4).
 
 One request is decoded by several block-size branches at once. Each branch owns a canvas row
-and a KV row. Every iteration: one batched block forward over the windows of all branches that
-still have masks (dual-cache semantics), EOS early exit, window advance, confidence-gated
-merging, leader sync, and (periodically) one batched full-sequence refresh.
+and a KV row. A full forward of row 0 (its K/V copied to every row) starts every branch; then every
+iteration: one batched block forward over the windows of all branches that still have masks
+(dual-cache semantics), the exit check, window advance, confidence-gated merging, leader sync, and
+(when the refresh clock says so) one batched full forward over the active rows. One policy for
+every family: where two families differ, their row of ``policies.RULES`` says how.
 
 This is the oracle for ``torch.ops.blockbatch.decode(policy="blockbatch")``: tokens, winner and
 every NFE counter must match.
@@ -18,7 +20,8 @@ import torch
 
 from .. import contract
 from .model import ReferenceModel
-from .policies import propose, select_threshold
+from .policies import RULES, propose, select_threshold, shift_rows
+from .proposals import topk_propose
 
 DIVERGENCE_EPS = 1e-9  # squared distances below this are rounding noise, not drift
 # EOS-ready branches whose EOS probabilities differ by less than float32's machine epsilon are
@@ -34,10 +37,10 @@ class Branch:
     row: int                       # canvas row / KV row index (position in sorted block sizes)
     start: int = 0                 # current window [start, end)
     end: int = 0
-    decoded: int = 0               # tokens committed by its forwards or received by sync
+    decoded: int = 0               # tokens committed by its forwards or received by sync (or counted on the row)
+    progress: int = 0              # first masked generated position (relative), G / first EOS + 1 when done
     done: bool = False
-    blocks_since_refresh: int = 0
-    needs_refresh: bool = False
+    since_refresh: int = 0         # the refresh clock: blocks or frontier tokens since the last full forward
     eos_ready: bool = False
     eos_prob: float = 0.0
     prob_map: dict[int, dict[int, float]] = dataclasses.field(default_factory=dict)
@@ -68,6 +71,354 @@ class BlockBatchResult:
     committed_per_step: list[int]
     query_tokens_per_step: list[int]
     wall_s: float
+    exit_reason: str = ""          # "eos_ready" | "branch_complete" | "all_branches_done"
+
+
+class _BlockBatch:
+    def __init__(self, model: ReferenceModel, prompt: torch.Tensor, gen_length: int, block_sizes, family: str,
+                 o: dict):
+        self.t_start = time.perf_counter()
+        self.rules, self.o, self.model = RULES[family], o, model
+        cfg = model.config
+        self.mask = cfg.mask_token_id
+        self.eos = cfg.eos_token_id if o["stop_on_eos"] else -1
+        self.lp, self.G = prompt.numel(), gen_length
+        self.L = self.lp + gen_length
+        if self.rules.logit_shift and self.lp == 0:
+            raise ValueError(f"{family} decoding needs a non-empty prompt")
+        sizes = sorted(block_sizes)
+        for b in sizes:
+            if gen_length % b:
+                raise ValueError(f"gen_length {gen_length} is not a multiple of block size {b}")
+        self.generator = torch.Generator().manual_seed(o["seed"]) if o["temperature"] > 0 else None
+        self.canvas = torch.full((len(sizes), self.L), self.mask, dtype=torch.long)
+        self.canvas[:, :self.lp] = prompt
+        self.kv = model.new_kv(len(sizes), self.L)
+        self.branches = [Branch(block_size=b, row=i, start=self.lp, end=self.lp + b) for i, b in enumerate(sizes)]
+        self.log_committed: list[int] = []
+        self.log_queries: list[int] = []
+        self.counters = {"init": 0, "block": 0, "refresh": 0}
+        self.synced = False  # sync_refresh: this coordination's sync copied a branch that is not done
+
+    # -- a row's state ---------------------------------------------------------------------------
+    def has_masks(self, br: Branch, a: int, b: int) -> bool:
+        return bool((self.canvas[br.row, a:b] == self.mask).any())
+
+    def first_eos(self, row: int) -> int | None:
+        """Offset of the row's first EOS where the rules cut a generation there (else None)."""
+        if self.eos < 0 or not self.rules.eos_cut:
+            return None
+        hits = (self.canvas[row, self.lp:] == self.eos).nonzero()
+        return int(hits[0, 0]) if len(hits) else None
+
+    def snap(self, br: Branch) -> None:
+        """Window = the own-size block of the first mask (before the first EOS, its end clipped there)."""
+        gen = self.canvas[br.row, self.lp:]
+        fe = self.first_eos(br.row)
+        decode_end = self.G if fe is None else fe
+        if self.rules.count_from_row:
+            br.decoded = int((gen[:self.G if fe is None else fe + 1] != self.mask).sum())
+        masks = (gen[:decode_end] == self.mask).nonzero()
+        if len(masks) == 0:
+            br.done = True
+            br.progress = self.G if fe is None else fe + 1
+            br.start = br.end = self.lp + br.progress
+            return
+        first = int(masks[0, 0])
+        br.done, br.progress = False, first
+        br.start = self.lp + first // br.block_size * br.block_size
+        br.end = min(br.start + br.block_size, self.lp + decode_end)
+
+    def advance(self, br: Branch) -> None:
+        old = br.progress
+        self.snap(br)
+        if self.rules.refresh_clock == "tokens":
+            br.since_refresh += max(br.progress - old, 0)
+        elif not br.done:
+            br.since_refresh += 1
+
+    def window_hi(self, br: Branch) -> int:
+        fe = self.first_eos(br.row)
+        return br.end if fe is None else min(br.end, self.lp + fe)
+
+    # -- forwards ----------------------------------------------------------------------------------
+    def record(self, br: Branch, logits: torch.Tensor, first_pos: int) -> None:
+        """Sparse map: for each covered position, the tokens with probability > prob_floor."""
+        probs = torch.softmax(logits.double() if self.rules.readout == "argmax" else logits.float(), dim=-1)
+        for i in range(logits.shape[0]):
+            keep = (probs[i] > self.o["prob_floor"]).nonzero()[:, 0]
+            entry = {int(t): float(probs[i, t]) for t in keep}
+            if self.rules.map_accumulate:
+                br.prob_map.setdefault(first_pos + i, {}).update(entry)
+            else:
+                br.prob_map[first_pos + i] = entry
+
+    def commit(self, br: Branch, logits: torch.Tensor, lo: int, hi: int) -> int:
+        """Threshold rule over [lo, hi); logits rows = those positions."""
+        window = self.canvas[br.row, lo:hi]
+        target = window == self.mask
+        if self.rules.readout == "argmax":
+            x0, conf = propose(logits, self.mask, self.o["temperature"], self.generator)
+            conf = torch.where(target, conf, torch.full_like(conf, float("-inf")))
+            if not torch.isfinite(conf).any():
+                return 0
+            chosen = select_threshold(conf, self.o["threshold"])
+        else:  # topk: the most confident masked position whose proposal is not EOS stands in if none passes
+            if hi <= lo or not target.any():
+                return 0
+            x0, conf = topk_propose(logits, self.mask, self.o["vocab_limit"])
+            masked_conf = conf.masked_fill(~target, float("-inf"))
+            no_eos = masked_conf.clone()
+            no_eos[x0 == self.eos] = float("-inf")
+            chosen = target & (conf >= self.o["threshold"])
+            if not chosen.any():
+                pick = no_eos if float(no_eos.max()) > float("-inf") else masked_conf
+                chosen[int(pick.argmax())] = True
+        window[chosen] = x0[chosen]
+        k = int(chosen.sum())
+        if not self.rules.count_from_row:
+            br.decoded += k
+        br.committed += k
+        return k
+
+    def seed(self, br: Branch, logits: torch.Tensor) -> int:
+        """Dream's full-forward rule: the window's first mask from the (shifted) full-forward logits."""
+        window = self.canvas[br.row, br.start:self.window_hi(br)] == self.mask
+        if br.done or not window.any():
+            return 0
+        pos = br.start + int(window.nonzero()[0, 0])
+        self.canvas[br.row, pos] = topk_propose(logits[pos:pos + 1], self.mask, self.o["vocab_limit"])[0][0]
+        br.committed += 1
+        br.prob_map = {}
+        self.advance(br)
+        return 1
+
+    def full_forward(self, rows: list[Branch], init: bool) -> None:
+        """Init (batch-1 forward, KV copied to every row) or refresh (one forward, all given rows)."""
+        L = self.L
+        if init:
+            out = self.model.forward([self.canvas[0]], [torch.arange(L)], self.kv, "full", kv_rows=[0])
+            self.kv[1:] = self.kv[0]
+            per_row = out * len(rows)
+            self.counters["init"] += 1
+            self.log_queries.append(L)
+        else:
+            per_row = self.model.forward([self.canvas[br.row] for br in rows], [torch.arange(L)] * len(rows),
+                                         self.kv, "full", kv_rows=[br.row for br in rows])
+            self.counters["refresh"] += 1
+            self.log_queries.append(L * len(rows))
+        total = 0
+        for br, logits in zip(rows, per_row):
+            if init:
+                br.nfe_init += 1
+            else:
+                br.nfe_refresh += 1
+            if self.rules.logit_shift:
+                logits = shift_rows(logits)
+            if self.rules.seed:
+                total += self.seed(br, logits)
+            else:
+                self.record(br, logits[self.lp:], self.lp)
+                total += self.commit(br, logits[br.start:br.end], br.start, br.end)
+            br.since_refresh = 0
+        self.log_committed.append(total)
+
+    def block_step(self) -> None:
+        """Batched block denoise over every active branch whose window has masks; with a logit shift
+        each window feeds its predecessor window, so output j maps onto window position j."""
+        rows = [br for br in self.branches if not br.done and self.has_masks(br, br.start, br.end)]
+        if not rows:
+            return
+        sh = self.rules.logit_shift
+        per_row = self.model.forward([self.canvas[br.row, br.start - sh:br.end - sh].clone() for br in rows],
+                                     [torch.arange(br.start - sh, br.end - sh) for br in rows], self.kv, "dual",
+                                     kv_rows=[br.row for br in rows])
+        self.counters["block"] += 1
+        self.log_queries.append(sum(br.end - br.start for br in rows))
+        total = 0
+        for br, logits in zip(rows, per_row):
+            br.nfe_block += 1
+            lo, hi = br.start, min(self.window_hi(br), self.L)
+            logits, live = logits[:max(hi - lo, 0)], hi > lo and self.has_masks(br, lo, hi)
+            total += self.commit(br, logits, lo, hi)
+            if live:
+                self.record(br, logits, lo)
+            window = self.canvas[br.row, br.start:br.end]
+            if self.rules.exit == "eos_probability":
+                if self.eos >= 0 and not bool((window == self.mask).any()) and bool((window == self.eos).any()):
+                    first = int((window == self.eos).nonzero()[0])
+                    br.eos_ready = True
+                    br.eos_prob = float(torch.softmax(logits[first].double(), -1)[self.eos])
+            else:
+                self.advance(br)
+        self.log_committed.append(total)
+
+    # -- coordination --------------------------------------------------------------------------------
+    def leader(self) -> Branch:
+        """Most decoded tokens, done branches included; the smallest block size wins ties."""
+        return max(self.branches, key=lambda br: br.decoded)  # max keeps the first of equals
+
+    def counted_end(self, row: int) -> int:
+        fe = self.first_eos(row)
+        return self.G if fe is None else fe + 1
+
+    def compatible(self, dst: Branch, src: Branch) -> bool:
+        n = min(self.counted_end(dst.row), self.counted_end(src.row))
+        a, b = self.canvas[dst.row, self.lp:self.lp + n], self.canvas[src.row, self.lp:self.lp + n]
+        both = (a != self.mask) & (b != self.mask)
+        return bool((a[both] == b[both]).all())
+
+    def merge_positions(self, dst: Branch, sources: list[Branch]):
+        """LLaDA: the sources' windows, each position once; eos_cut (Dream): the destination's own window."""
+        if not self.rules.eos_cut:
+            return list(dict.fromkeys(p for s in sources for p in range(s.start, s.end)))
+        fe = self.first_eos(dst.row)
+        hi = min(dst.end, self.L) if fe is None else min(dst.end, self.L, self.lp + fe)
+        return range(max(dst.start, self.lp), hi)
+
+    def merge_step(self) -> None:
+        gate, mask = self.o["merge_gate"], self.mask
+        order = sorted([br for br in self.branches if not br.done], key=lambda br: br.end, reverse=True)  # stable
+        for i, dst in enumerate(order):
+            sources = [s for s in order[i + 1:] if self.compatible(dst, s)]
+            filled = 0
+            for pos in self.merge_positions(dst, sources):
+                if self.canvas[dst.row, pos] != mask or not dst.prob_map.get(pos):
+                    continue
+                best_tok, best_p = mask, 0.0
+                for s in sources:
+                    sfe = self.first_eos(s.row)
+                    tok = int(self.canvas[s.row, pos])
+                    if tok == mask or (sfe is not None and pos > self.lp + sfe):
+                        continue
+                    p = dst.prob_map[pos].get(tok, 0.0)
+                    if p > best_p:
+                        best_tok, best_p = tok, p
+                if (best_p >= gate if self.rules.gate_inclusive else best_p > gate) and best_tok != mask:
+                    self.canvas[dst.row, pos] = best_tok
+                    filled += 1
+            dst.merged += filled
+            if filled and not dst.done and (self.rules.count_from_row or not self.has_masks(dst, dst.start, dst.end)):
+                self.advance(dst)
+
+    def sync_step(self) -> None:
+        lead = self.leader()
+        for br in self.branches:
+            if br is lead or br.done or lead.decoded - br.decoded <= self.o["sync_gap"]:
+                continue
+            before = self.canvas[br.row].clone()
+            self.canvas[br.row] = self.canvas[lead.row]
+            self.kv[br.row] = self.kv[lead.row]
+            if self.rules.count_from_row:
+                br.copied += int(((before != self.canvas[br.row]) & (self.canvas[br.row] != self.mask)).sum())
+            else:
+                br.copied += max(lead.decoded - br.decoded, 0)
+                br.decoded = lead.decoded
+            if self.rules.map_accumulate:  # the map and the token clock describe the row: they travel with it
+                br.prob_map = {p: dict(e) for p, e in lead.prob_map.items()}
+            if self.rules.refresh_clock == "tokens":
+                br.since_refresh = lead.since_refresh
+            self.snap(br)  # own block size
+            if self.o["sync_refresh"] and not br.done:  # variant (ALGORITHMS.md 10.3): its copied KV row is stale
+                self.synced = True
+
+    def diverged(self) -> bool:
+        """KV drift of the active rows (ALGORITHMS.md 4, divergence-triggered refresh)."""
+        rows = [br.row for br in self.branches if not br.done]
+        if len(rows) < 2:
+            return False
+        x = self.kv[rows].reshape(len(rows), self.model.config.n_layers * 2, -1).double()
+        x = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+        mu = x.mean(0)
+        dist = ((x - mu) ** 2).sum(-1).mean(-1)           # per branch, averaged over tensors
+        rho2 = (1 - (mu ** 2).sum(-1)).mean()
+        # Identical rows (right after a sync) give dist = 0 and rho2 = +-1e-16 of rounding:
+        # never refresh on rounding noise.
+        return bool((dist > 2 * rho2.clamp_min(0)).any() and dist.max() > DIVERGENCE_EPS)
+
+    def refresh_step(self) -> None:
+        active = [br for br in self.branches if not br.done]
+        if not active:
+            return
+        rt = self.o["refresh_tokens"]
+        if self.o["refresh_mode"] == "divergence":
+            wanted = rt > 0 and self.diverged()
+        else:
+            scale = (lambda br: br.block_size) if self.rules.refresh_clock == "blocks" else (lambda br: 1)
+            wanted = rt > 0 and any(br.since_refresh * scale(br) >= rt for br in active)
+        wanted, self.synced = wanted or self.synced, False
+        if wanted:
+            self.full_forward(active, init=False)
+
+    def coordinate(self) -> BlockBatchResult | None:
+        """Advance, merge, sync, refresh (the exit rule may end the decode between them)."""
+        for br in self.branches:
+            if self.rules.count_from_row:
+                self.snap(br)
+            elif not br.done and not self.has_masks(br, br.start, br.end):
+                self.advance(br)
+        if self.leader().decoded > 0:
+            if self.o["merge"]:
+                self.merge_step()
+            if self.rules.count_from_row:
+                for br in self.branches:
+                    self.snap(br)
+            if self.o["sync"]:
+                self.sync_step()
+        result = self.exit_check("coordinate")
+        if result is None:
+            self.refresh_step()
+            result = self.exit_check("refresh")
+        return result
+
+    # -- exits ---------------------------------------------------------------------------------------
+    def exit_check(self, phase: str) -> BlockBatchResult | None:
+        if self.rules.exit == "eos_probability":
+            ready = [br for br in self.branches if br.eos_ready] if phase == "block" else []
+            if not ready:
+                return None
+            best = max(br.eos_prob for br in ready)  # the first (smallest block) within EOS_TIE of the best
+            return self.finish(next(br for br in ready if br.eos_prob >= best - EOS_TIE), "eos_ready")
+        for br in self.branches:
+            self.snap(br)
+        ready = []
+        for br in self.branches:
+            fe = self.first_eos(br.row)
+            if fe is not None and not self.has_masks(br, self.lp, self.lp + fe):
+                br.done = True
+                ready.append(br)
+        if ready:
+            return self.finish(max(ready, key=lambda br: (br.decoded, br.progress, br.block_size)), "eos_ready")
+        complete = [br for br in self.branches if not self.has_masks(br, self.lp, self.L)]
+        for br in complete:
+            br.done, br.progress, br.decoded = True, self.G, self.G
+        if complete:
+            return self.finish(max(complete, key=lambda br: (br.decoded, br.block_size)), "branch_complete")
+        return None
+
+    def finish(self, winner: Branch, reason: str) -> BlockBatchResult:
+        c = self.counters
+        nfe = c["init"] + c["block"] + c["refresh"]
+        return BlockBatchResult(
+            tokens=self.canvas[winner.row].clone(), nfe=nfe, nfe_init=c["init"], nfe_block=c["block"],
+            nfe_refresh=c["refresh"], nfe_paper=winner.forwards if self.rules.nfe_winner else nfe,
+            winner=winner.row, winner_block_size=winner.block_size, early_exit=reason == "eos_ready",
+            branches=self.branches, committed_per_step=self.log_committed, query_tokens_per_step=self.log_queries,
+            wall_s=time.perf_counter() - self.t_start, exit_reason=reason)
+
+    def run(self) -> BlockBatchResult:
+        self.full_forward(self.branches, init=True)
+        result = self.exit_check("init") or self.coordinate()
+        while result is None and not all(br.done for br in self.branches):
+            self.block_step()
+            result = self.exit_check("block") or self.coordinate()
+        if result is None:  # every branch done without an exit
+            if self.rules.exit == "eos_probability":
+                progress = lambda br: (self.L if br.done else br.start) - self.lp  # noqa: E731
+            else:
+                progress = lambda br: (br.progress, br.block_size)  # noqa: E731
+            result = self.finish(max(self.branches, key=progress), "all_branches_done")
+        return result
 
 
 _D = contract.defaults_for("blockbatch")  # the table's defaults
@@ -79,220 +430,11 @@ def blockbatch_generate(model: ReferenceModel, prompt: torch.Tensor, gen_length:
                         refresh_tokens: int = _D["refresh_tokens"], refresh_mode: str = _D["refresh_mode"],
                         prob_floor: float = _D["prob_floor"], stop_on_eos: bool = _D["stop_on_eos"],
                         merge: bool = _D["merge"], sync: bool = _D["sync"], temperature: float = _D["temperature"],
-                        seed: int = _D["seed"], sync_refresh: bool = _D["sync_refresh"]) -> BlockBatchResult:
-    t_start = time.perf_counter()
-    cfg = model.config
-    mask_id, eos_id = cfg.mask_token_id, cfg.eos_token_id
-    sizes = sorted(block_sizes)
-    n = len(sizes)
-    lp = prompt.numel()
-    L = lp + gen_length
-    generator = torch.Generator().manual_seed(seed) if temperature > 0 else None
-
-    canvas = torch.full((n, L), mask_id, dtype=torch.long)
-    canvas[:, :lp] = prompt
-    kv = model.new_kv(n, L)
-    branches = [Branch(block_size=b, row=i, start=lp, end=lp + b) for i, b in enumerate(sizes)]
-    log_committed: list[int] = []
-    log_queries: list[int] = []
-    counters = {"init": 0, "block": 0, "refresh": 0}
-    synced = [False]  # sync_refresh: this coordination's sync copied a branch that is not done
-
-    def has_masks(br: Branch, a: int, b: int) -> bool:
-        return bool((canvas[br.row, a:b] == mask_id).any())
-
-    def snap_window(br: Branch) -> None:
-        """Window = the block of its own size holding its first masked generated position."""
-        masked = (canvas[br.row, lp:] == mask_id).nonzero()
-        if len(masked) == 0:
-            br.done = True
-            br.start = br.end = L
-        else:
-            k = int(masked[0]) // br.block_size
-            br.start, br.end = lp + k * br.block_size, lp + (k + 1) * br.block_size
-
-    def advance(br: Branch) -> None:
-        snap_window(br)
-        if not br.done:
-            br.blocks_since_refresh += 1
-            if refresh_tokens and refresh_mode == "periodic" and br.blocks_since_refresh * br.block_size >= refresh_tokens:
-                br.needs_refresh = True
-
-    def record_probs(br: Branch, logits: torch.Tensor, first_pos: int) -> None:
-        """Sparse map: for each covered position, the tokens with probability > prob_floor."""
-        probs = torch.softmax(logits.double(), dim=-1)
-        for i in range(logits.shape[0]):
-            keep = (probs[i] > prob_floor).nonzero()[:, 0]
-            br.prob_map[first_pos + i] = {int(t): float(probs[i, t]) for t in keep}
-
-    def commit_window(br: Branch, logits_window: torch.Tensor) -> int:
-        """Threshold rule inside the branch's window; logits_window rows = window positions."""
-        x0, conf = propose(logits_window, mask_id, temperature, generator)
-        window = canvas[br.row, br.start:br.end]
-        conf = torch.where(window == mask_id, conf, torch.full_like(conf, float("-inf")))
-        if not torch.isfinite(conf).any():
-            return 0
-        chosen = select_threshold(conf, threshold)
-        window[chosen] = x0[chosen]
-        k = int(chosen.sum())
-        br.decoded += k
-        br.committed += k
-        return k
-
-    def full_forward(rows: list[Branch], init: bool) -> None:
-        """Init (batch-1 forward, KV copied to every row) or refresh (one forward, all given rows)."""
-        if init:
-            logits = model.forward([canvas[0]], [torch.arange(L)], kv, "full", kv_rows=[0])
-            kv[1:] = kv[0]
-            per_row = [logits[0]] * len(rows)
-            counters["init"] += 1
-            log_queries.append(L)
-        else:
-            per_row = model.forward([canvas[br.row] for br in rows], [torch.arange(L)] * len(rows), kv, "full",
-                                    kv_rows=[br.row for br in rows])
-            counters["refresh"] += 1
-            log_queries.append(L * len(rows))
-        total = 0
-        for br, logits in zip(rows, per_row):
-            if init:
-                br.nfe_init += 1
-            else:
-                br.nfe_refresh += 1
-            br.blocks_since_refresh = 0
-            br.needs_refresh = False
-            record_probs(br, logits[lp:], lp)
-            total += commit_window(br, logits[br.start:br.end])
-        log_committed.append(total)
-
-    def block_step() -> bool:
-        """Batched block denoise over every active branch whose window has masks."""
-        rows = [br for br in branches if not br.done and has_masks(br, br.start, br.end)]
-        if not rows:
-            return False
-        per_row = model.forward([canvas[br.row, br.start:br.end].clone() for br in rows],
-                                [torch.arange(br.start, br.end) for br in rows], kv, "dual",
-                                kv_rows=[br.row for br in rows])
-        counters["block"] += 1
-        log_queries.append(sum(br.end - br.start for br in rows))
-        total = 0
-        for br, logits in zip(rows, per_row):
-            br.nfe_block += 1
-            record_probs(br, logits, br.start)
-            total += commit_window(br, logits)
-            window = canvas[br.row, br.start:br.end]
-            if stop_on_eos and not bool((window == mask_id).any()) and bool((window == eos_id).any()):
-                first = int((window == eos_id).nonzero()[0])
-                br.eos_ready = True
-                br.eos_prob = float(torch.softmax(logits[first].double(), -1)[eos_id])
-        log_committed.append(total)
-        return True
-
-    def leader() -> Branch:
-        """Most decoded tokens, done branches included; the smallest block size wins ties."""
-        return max(branches, key=lambda br: br.decoded)  # max keeps the first of equals
-
-    def compatible(dst: Branch, src: Branch) -> bool:
-        a, b = canvas[dst.row, lp:], canvas[src.row, lp:]
-        both = (a != mask_id) & (b != mask_id)
-        return bool((a[both] == b[both]).all())
-
-    def merge_step() -> None:
-        order = sorted([br for br in branches if not br.done], key=lambda br: br.end, reverse=True)  # stable
-        for i, dst in enumerate(order):
-            sources = [s for s in order[i + 1:] if compatible(dst, s)]
-            seen: set[int] = set()
-            filled = 0
-            for src in sources:
-                for pos in range(src.start, src.end):
-                    if pos in seen:
-                        continue
-                    seen.add(pos)
-                    if canvas[dst.row, pos] != mask_id or not dst.prob_map.get(pos):
-                        continue
-                    best_tok, best_p = mask_id, 0.0
-                    for s in sources:
-                        tok = int(canvas[s.row, pos])
-                        if tok == mask_id:
-                            continue
-                        p = dst.prob_map[pos].get(tok, 0.0)
-                        if p > best_p:
-                            best_tok, best_p = tok, p
-                    if best_p > merge_gate and best_tok != mask_id:
-                        canvas[dst.row, pos] = best_tok
-                        filled += 1
-            dst.merged += filled
-            if filled and not dst.done and not has_masks(dst, dst.start, dst.end):
-                advance(dst)
-
-    def sync_step() -> None:
-        lead = leader()
-        for br in branches:
-            if br is lead or br.done or lead.decoded - br.decoded <= sync_gap:
-                continue
-            canvas[br.row] = canvas[lead.row]
-            kv[br.row] = kv[lead.row]
-            br.copied += max(lead.decoded - br.decoded, 0)
-            br.decoded = lead.decoded
-            br.done = lead.done
-            snap_window(br)  # own block size; its probability map and refresh counters stay
-            if sync_refresh and not br.done:  # variant (ALGORITHMS.md 10.3): its copied KV row is stale
-                synced[0] = True
-
-    def diverged() -> bool:
-        """KV drift of the active rows (ALGORITHMS.md 4, divergence-triggered refresh)."""
-        rows = [br.row for br in branches if not br.done]
-        if len(rows) < 2:
-            return False
-        x = kv[rows].reshape(len(rows), cfg.n_layers * 2, -1).double()
-        x = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-30)
-        mu = x.mean(0)
-        dist = ((x - mu) ** 2).sum(-1).mean(-1)           # per branch, averaged over tensors
-        rho2 = (1 - (mu ** 2).sum(-1)).mean()
-        # Identical rows (right after a sync) give dist = 0 and rho2 = +-1e-16 of rounding:
-        # never refresh on rounding noise.
-        return bool((dist > 2 * rho2.clamp_min(0)).any() and dist.max() > DIVERGENCE_EPS)
-
-    def refresh_step() -> None:
-        active = [br for br in branches if not br.done]
-        if not active:
-            return
-        if refresh_mode == "divergence":
-            wanted = refresh_tokens > 0 and diverged()
-        else:
-            wanted = any(br.needs_refresh for br in active)
-        wanted, synced[0] = wanted or synced[0], False
-        if wanted:
-            full_forward(active, init=False)
-
-    def coordinate() -> None:
-        """Steps 3-6: advance, merge, sync, refresh."""
-        for br in branches:
-            if not br.done and not has_masks(br, br.start, br.end):
-                advance(br)
-        if leader().decoded > 0:
-            if merge:
-                merge_step()
-            if sync:
-                sync_step()
-        refresh_step()
-
-    def finish(winner: Branch, early: bool) -> BlockBatchResult:
-        nfe = counters["init"] + counters["block"] + counters["refresh"]
-        return BlockBatchResult(
-            tokens=canvas[winner.row].clone(), nfe=nfe, nfe_init=counters["init"], nfe_block=counters["block"],
-            nfe_refresh=counters["refresh"], nfe_paper=winner.forwards, winner=winner.row,
-            winner_block_size=winner.block_size, early_exit=early, branches=branches,
-            committed_per_step=log_committed, query_tokens_per_step=log_queries,
-            wall_s=time.perf_counter() - t_start)
-
-    full_forward(branches, init=True)
-    coordinate()
-    while not all(br.done for br in branches):
-        block_step()
-        ready = [br for br in branches if br.eos_ready]
-        if ready:  # the first (smallest block size) within EOS_TIE of the highest EOS probability
-            best = max(br.eos_prob for br in ready)
-            return finish(next(br for br in ready if br.eos_prob >= best - EOS_TIE), early=True)
-        coordinate()
-    progress = lambda br: (L if br.done else br.start) - lp  # noqa: E731
-    return finish(max(branches, key=progress), early=False)
+                        seed: int = _D["seed"], sync_refresh: bool = _D["sync_refresh"], family: str = "llada",
+                        vocab_limit: int | None = None) -> BlockBatchResult:
+    """BlockBatch over one prompt (``[Lp]`` int64) under the rules of ``family``; ``vocab_limit``
+    (the topk readout): only ids below it are proposed."""
+    o = dict(threshold=threshold, merge_gate=merge_gate, sync_gap=sync_gap, refresh_tokens=refresh_tokens,
+             refresh_mode=refresh_mode, prob_floor=prob_floor, stop_on_eos=stop_on_eos, merge=merge, sync=sync,
+             temperature=temperature, seed=seed, sync_refresh=sync_refresh, vocab_limit=vocab_limit)
+    return _BlockBatch(model, prompt, gen_length, block_sizes, family, o).run()

@@ -37,6 +37,7 @@ import torch
 
 from ..loading import load_checkpoint
 from ..reference import dream as dream_ref
+from ..reference.proposals import ALGS
 from ..reference.model import ReferenceModel
 from ..reference.policies import POLICIES, generate
 from . import CHECKPOINT_DIRS, checkpoint_path
@@ -295,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated (default: vanilla,prefix,dual for LLaDA, "
                          "vanilla,prefix,dual,blockbatch for Dream)")
     ap.add_argument("--threshold", type=float, default=0.9)
-    ap.add_argument("--dream-alg", choices=dream_ref.ALGS, default="entropy",
+    ap.add_argument("--dream-alg", choices=ALGS, default="entropy",
                     help="Dream vanilla: confidence of Dream's sampler (default entropy, the authors' harness)")
     ap.add_argument("--dream-steps", type=int, default=None,
                     help="Dream vanilla: forwards of Dream's sampler (default --gen-length)")
