@@ -13,7 +13,8 @@ Dream checkpoints (``--family dream`` for the shipped Dream toy, or any ``--chec
 ``blockbatch.reference.dream`` (ALGORITHMS.md section 5): ``vanilla`` is Dream's own sampler
 (``steps = gen_length`` full forwards over the whole canvas, ``--dream-alg``, entropy by default);
 ``prefix`` / ``dual`` are ``dream_cached`` with the threshold rule; ``blockbatch`` is
-``dream_blockbatch`` (block sizes ``--block-sizes``). The native engine does not decode Dream yet.
+``dream_blockbatch`` (block sizes ``--block-sizes``): the oracle's decoders, which the native engine
+equals token for token (tests/decode/test_dream_native.py).
 
 Other decoders (the native engine, multi-branch decoding...) plug into ``evaluate``: a decoder is
 any callable ``decoder(prompt_ids) -> generated ids``, where ``prompt_ids`` is a 1-D int64 tensor
