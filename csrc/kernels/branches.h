@@ -65,6 +65,14 @@ struct View {
   BLOCKBATCH_HOST_DEVICE int64_t entry(int64_t b, int64_t pos) const { return (b * (L - lp) + pos - lp) * K; }
 };
 
+// The family rules the bookkeeping reads (decode/ maps FamilyRules::map and gate_inclusive onto
+// them). The device ops (bb_absorb_, bb_coordinate_) run the defaults, LLaDA's; Dream's map and
+// gate run on the serial executor on the host (decode/policies/blockbatch.cpp, HostBranches).
+enum class MapMode : int64_t {
+  kReplace,     // a span's rows replace the entries of their positions
+  kAccumulate,  // each id is written over its token's slot or into a free one, until the entry is cleared
+};
+
 struct AbsorbParams {
   double threshold;
   bool stop_on_eos;
@@ -76,7 +84,12 @@ struct CoordinateParams {
   bool merge, sync;
   int64_t sync_gap, refresh_tokens;
   bool periodic_refresh;
+  bool gate_inclusive = false;  // a merge writes a token its map rates >= merge_gate (else >)
 };
+
+BLOCKBATCH_HOST_DEVICE inline bool passes_gate(double p, const CoordinateParams& c) {
+  return c.gate_inclusive ? p >= c.merge_gate : p > c.merge_gate;
+}
 
 struct Min {
   template <typename V>
@@ -210,6 +223,38 @@ BLOCKBATCH_HOST_DEVICE void update_masks(const Ex& ex, const View& v, int64_t b)
 
 // ------------------------------------------------------------------------------------- absorb
 
+// Records `n` rows of `Ks` ids (-1: none) and probabilities as the map entries of branch b's
+// positions pos0 ... kReplace (Ks = v.K): each row replaces its entry. kAccumulate: each id goes
+// over its token's slot or into a free one; returns whether some entry was full (the host grows
+// the map and records again, which rewrites what the first pass wrote).
+template <typename Ex>
+BLOCKBATCH_HOST_DEVICE bool record_map(const Ex& ex, const View& v, int64_t b, int64_t pos0, int64_t n,
+                                       const int64_t* ids, const double* probs, int64_t Ks, MapMode mode) {
+  const int64_t K = v.K;
+  if (mode == MapMode::kReplace) {
+    ex.for_each(n * K, [&](int64_t i) {
+      v.map_ids[v.entry(b, pos0 + i / K) + i % K] = ids[i];
+      v.map_probs[v.entry(b, pos0 + i / K) + i % K] = probs[i];
+    });
+    return false;
+  }
+  return ex.count(n, [&](int64_t i) {
+    const int64_t e = v.entry(b, pos0 + i);
+    bool full = false;
+    for (int64_t k = 0; k < Ks; ++k) {
+      const int64_t id = ids[i * Ks + k];
+      if (id < 0) continue;
+      int64_t at = 0;  // occupied slots are a prefix of the entry
+      while (at < K && v.map_ids[e + at] != id && v.map_ids[e + at] >= 0) ++at;
+      full = full || at == K;
+      if (at == K) continue;
+      v.map_ids[e + at] = id;
+      v.map_probs[e + at] = probs[i * Ks + k];
+    }
+    return full;
+  }) != 0;
+}
+
 // Softmax probability (float64) of `token` in logits row `row`; logit(row, j) reads one logit
 // as double (the backend converts its storage type).
 template <typename Ex, typename Logit>
@@ -227,12 +272,8 @@ BLOCKBATCH_HOST_DEVICE void absorb_span(const Ex& ex, const View& v, const int64
                                         const double* conf, const int64_t* ids, const double* probs,
                                         const Logit& logit, int64_t vocab, const AbsorbParams& p) {
   if (!span_ok(v, sp, p.rows)) return;  // every thread reads the same state: all return together
-  const int64_t b = sp[kSpanRow], lrow = sp[kSpanLogitRow], pos0 = sp[kSpanFirstPos], K = v.K;
-  ex.for_each(sp[kSpanRows] * K, [&](int64_t i) {
-    const int64_t dst = v.entry(b, pos0 + i / K) + i % K, src = (lrow + i / K) * K + i % K;
-    v.map_ids[dst] = ids[src];
-    v.map_probs[dst] = probs[src];
-  });
+  const int64_t b = sp[kSpanRow], lrow = sp[kSpanLogitRow], pos0 = sp[kSpanFirstPos];
+  record_map(ex, v, b, pos0, sp[kSpanRows], ids + lrow * v.K, probs + lrow * v.K, v.K, MapMode::kReplace);
   const int64_t s = v.st(b)[kStart], n = v.st(b)[kEnd] - s, wrow = lrow + s - pos0;
   int64_t* x = v.row(b) + s;
   const Best best = ex.reduce(
@@ -292,6 +333,16 @@ BLOCKBATCH_HOST_DEVICE inline bool map_empty(const View& v, int64_t dst, int64_t
   return true;
 }
 
+// Whether rows a and c hold different tokens at one of the first n generated positions where both
+// hold one (merge compatibility; n < G: compared up to EOS cuts).
+template <typename Ex>
+BLOCKBATCH_HOST_DEVICE bool clash(const Ex& ex, const View& v, int64_t a, int64_t c, int64_t n) {
+  const int64_t *x = v.row(a) + v.lp, *y = v.row(c) + v.lp;
+  return ex.reduce(n, int64_t(0), [&](int64_t q) {
+    return int64_t(x[q] != v.mask_id && y[q] != v.mask_id && x[q] != y[q]);
+  }, Max{}) != 0;
+}
+
 // Confidence-gated merging (ALGORITHMS.md 4, step 4).
 template <typename Ex>
 BLOCKBATCH_HOST_DEVICE void merge_step(const Ex& ex, const View& v, const CoordinateParams& p) {
@@ -305,16 +356,10 @@ BLOCKBATCH_HOST_DEVICE void merge_step(const Ex& ex, const View& v, const Coordi
   }
   for (int64_t i = 0; i < n; ++i) {
     const int64_t dst = order[i];
-    const int64_t* a = v.row(dst);
     int64_t src[kMaxBranches];
     int64_t ns = 0;
     for (int64_t j = i + 1; j < n; ++j) {
-      const int64_t* s = v.row(order[j]);
-      const int64_t clash = ex.reduce(v.L - v.lp, int64_t(0), [&](int64_t q) {
-        const int64_t t = v.lp + q;
-        return int64_t(a[t] != v.mask_id && s[t] != v.mask_id && a[t] != s[t]);
-      }, Max{});
-      if (!clash) src[ns++] = order[j];
+      if (!clash(ex, v, dst, order[j], v.L - v.lp)) src[ns++] = order[j];
     }
     if (ns == 0) continue;
     int64_t* x = v.row(dst);
@@ -334,7 +379,7 @@ BLOCKBATCH_HOST_DEVICE void merge_step(const Ex& ex, const View& v, const Coordi
           best_p = pr;
         }
       }
-      if (!(best_p > p.merge_gate) || best_tok == v.mask_id) return false;
+      if (!passes_gate(best_p, p) || best_tok == v.mask_id) return false;
       x[pos] = best_tok;
       return true;
     });

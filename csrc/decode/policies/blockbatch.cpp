@@ -339,8 +339,6 @@ class HostBranches final : public Branches {
     int64_t decoded = 0;        // non-mask generated tokens up to the first EOS
     int64_t since_refresh = 0;  // frontier progress (tokens) since the last full forward
     bool done = false;
-    bool has_probs = false;     // probs holds a map (reset by a full forward's seed)
-    std::vector<std::vector<std::pair<int64_t, double>>> probs;  // per canvas position: (token, probability)
     BranchStats stats;
   };
 
@@ -350,9 +348,11 @@ class HostBranches final : public Branches {
       : o_(o), rules_(rules), mask_(model.config().mask_token_id), limit_(model.config().proposal_limit()),
         eos_(*o.stop_on_eos ? model.config().eos_token_id : -1), lp_(static_cast<int64_t>(prompt.size())),
         G_(o.gen_length), L_(lp_ + G_), B_(static_cast<int64_t>(sizes.size())),
-        threshold_(static_cast<float>(*o.threshold)), floor_(static_cast<float>(*o.prob_floor)),
-        K_(static_cast<int64_t>(std::floor(1.0 / *o.prob_floor)) + 1), kv_(std::move(kv)) {
+        threshold_(static_cast<float>(*o.threshold)),
+        K_(static_cast<int64_t>(std::floor(1.0 / *o.prob_floor)) + 1), kv_(std::move(kv)),
+        gate_{o.merge_gate, o.merge, o.sync, o.sync_gap, o.refresh_tokens, true, rules.gate_inclusive} {
     x_.resize(B_ * L_, mask_);
+    grow(K_);
     for (int64_t r = 0; r < B_; ++r) {
       std::copy(prompt.begin(), prompt.end(), x_.begin() + r * L_);
       Branch b;
@@ -494,6 +494,19 @@ class HostBranches final : public Branches {
  private:
   int64_t* row(int64_t r) { return &x_[r * L_]; }
   const int64_t* row(int64_t r) const { return &x_[r * L_]; }
+  // The maps in branches.h's layout ([B, G, map_k_]: ids, -1 free, and probabilities), on the host.
+  br::View map() {
+    return {x_.data(), nullptr, nullptr, map_ids_.data(), map_probs_.data(), B_, L_, lp_, map_k_, mask_, eos_};
+  }
+  void grow(int64_t k) {  // entries of k slots, keeping what they hold
+    std::vector<int64_t> ids(B_ * G_ * k, -1);
+    std::vector<double> probs(B_ * G_ * k, 0.0);
+    for (int64_t e = 0; e < B_ * G_; ++e) {
+      std::copy_n(map_ids_.data() + e * map_k_, map_k_, ids.data() + e * k);
+      std::copy_n(map_probs_.data() + e * map_k_, map_k_, probs.data() + e * k);
+    }
+    map_ids_.swap(ids), map_probs_.swap(probs), map_k_ = k;
+  }
   bool has_mask(int64_t r, int64_t lo, int64_t hi) const {
     for (int64_t p = lo; p < hi; ++p) {
       if (row(r)[p] == mask_) return true;
@@ -587,7 +600,7 @@ class HostBranches final : public Branches {
       if (seeds_[i] != kNoSeed) {
         row(b.row)[seeds_[i]] = token[k++];
         b.stats.committed += 1;
-        b.has_probs = false;
+        std::fill_n(&map_ids_[map().entry(b.row, lp_)], G_ * map_k_, -1);  // the seed clears the map
         advance(b);
       }
       b.since_refresh = 0;
@@ -597,13 +610,15 @@ class HostBranches final : public Branches {
   void absorb_block(const at::Tensor& out) {
     const at::Tensor logits = out.to(at::kFloat);
     // Readout of every row: top-1 after the mask penalty and its probability; the raw softmax's
-    // K largest probabilities (every one above the floor is among them: K > 1 / floor).
+    // K largest probabilities (every one above the floor is among them: K > 1 / floor), the ids of
+    // those not above it -1 (compared in float32, as the reference does).
     at::Tensor lg = logits.clone();
     lg.select(1, mask_).fill_(kMaskPenalty);
     const at::Tensor pred = std::get<1>(at::topk(proposable(lg), 1));
     const at::Tensor conf = at::gather(at::softmax(lg, -1), -1, pred).squeeze(-1);
     auto [pv, pid] = at::topk(at::softmax(logits, -1), std::min(K_, logits.size(-1)));
-    const std::vector<at::Tensor> h = host::to_host({pred.squeeze(-1), conf, pid, pv});
+    const std::vector<at::Tensor> h =
+        host::to_host({pred.squeeze(-1), conf, pid.masked_fill(pv.gt(*o_.prob_floor).logical_not(), -1), pv});
     for (const Span& s : spans_) absorb(br_[s.b], s.first, h);
   }
 
@@ -638,22 +653,9 @@ class HostBranches final : public Branches {
       x[lo + j] = pred[j];
       b.stats.committed += 1;
     }
-    // MapRule::kAccumulateSinceSeed: every probability above the floor of the raw softmax,
-    // overwriting older entries of the same token.
-    if (!b.has_probs) {
-      b.probs.assign(L_, {});
-      b.has_probs = true;
-    }
-    for (int64_t j = 0; j < n; ++j) {
-      auto& slot = b.probs[lo + j];
-      for (int64_t k = 0; k < K; ++k) {
-        const double p = pv[j * K + k];
-        if (!(static_cast<float>(p) > floor_)) continue;
-        const int64_t t = pid[j * K + k];
-        auto it = std::find_if(slot.begin(), slot.end(), [t](const auto& e) { return e.first == t; });
-        if (it == slot.end()) slot.emplace_back(t, p);
-        else it->second = p;
-      }
+    // MapRule::kAccumulateSinceSeed: every probability above the floor, over older entries of its token.
+    while (br::record_map(br::SerialExec{}, map(), b.row, lo, n, pid, pv, K, br::MapMode::kAccumulate)) {
+      grow(2 * map_k_);
     }
     advance(b);
   }
@@ -677,30 +679,23 @@ class HostBranches final : public Branches {
     }
     return l;
   }
-  std::vector<Branch*> compatible(const Branch& dst, const std::vector<Branch*>& sources) const {
+  std::vector<Branch*> compatible(const Branch& dst, const std::vector<Branch*>& sources) {
     std::vector<Branch*> out;
-    const int64_t* gd = row(dst.row) + lp_;
     for (Branch* src : sources) {
-      const int64_t* gs = row(src->row) + lp_;
       const auto dfe = first_eos(dst.row), sfe = first_eos(src->row);  // compared up to both EOS cuts
       const int64_t n = std::min(dfe ? *dfe + 1 : G_, sfe ? *sfe + 1 : G_);
-      bool ok = true;
-      for (int64_t j = 0; j < n && ok; ++j) {
-        if (gd[j] != mask_ && gs[j] != mask_ && gd[j] != gs[j]) ok = false;
-      }
-      if (ok) out.push_back(src);
+      if (!br::clash(br::SerialExec{}, map(), dst.row, src->row, n)) out.push_back(src);
     }
     return out;
   }
   void merge(Branch& dst, const std::vector<Branch*>& sources) {
-    if (!dst.has_probs) return;
     const auto fe = first_eos(dst.row);
     const int64_t lo = std::max(dst.start, lp_);
     int64_t hi = std::min(dst.end, L_);
     if (fe) hi = std::min(hi, lp_ + *fe);
     int64_t filled = 0;
     for (int64_t pos = lo; pos < hi; ++pos) {
-      if (row(dst.row)[pos] != mask_ || dst.probs[pos].empty()) continue;
+      if (row(dst.row)[pos] != mask_ || br::map_empty(map(), dst.row, pos)) continue;
       int64_t best_tok = mask_;
       double best_p = 0.0;
       for (const Branch* src : sources) {
@@ -709,14 +704,10 @@ class HostBranches final : public Branches {
         if (sfe && pos > lp_ + *sfe) continue;
         const int64_t tok = row(src->row)[pos];
         if (tok == mask_) continue;
-        double p = 0.0;
-        for (const auto& e : dst.probs[pos]) {
-          if (e.first == tok) p = e.second;
-        }
+        const double p = br::map_prob(map(), dst.row, pos, tok);
         if (p > best_p) best_tok = tok, best_p = p;
       }
-      const bool pass = rules_.gate_inclusive ? best_p >= o_.merge_gate : best_p > o_.merge_gate;
-      if (pass && best_tok != mask_) {
+      if (br::passes_gate(best_p, gate_) && best_tok != mask_) {
         row(dst.row)[pos] = best_tok;
         filled += 1;
       }
@@ -734,8 +725,9 @@ class HostBranches final : public Branches {
       d[p] = s[p];
     }
     dst.since_refresh = lead.since_refresh;
-    dst.has_probs = lead.has_probs;
-    dst.probs = lead.probs;
+    const int64_t from = map().entry(lead.row, lp_), to = map().entry(dst.row, lp_);  // the map, a copy
+    std::copy_n(map_ids_.begin() + from, G_ * map_k_, map_ids_.begin() + to);
+    std::copy_n(map_probs_.begin() + from, G_ * map_k_, map_probs_.begin() + to);
     kv_.select(0, dst.row).copy_(kv_.select(0, lead.row));
     snap(dst);
   }
@@ -743,10 +735,14 @@ class HostBranches final : public Branches {
   const DecodeOptions o_;
   const FamilyRules& rules_;
   const int64_t mask_, limit_, eos_, lp_, G_, L_, B_;
-  const float threshold_, floor_;  // compared with float32 probabilities
+  const float threshold_;  // compared with float32 probabilities
   const int64_t K_;
   at::Tensor kv_;
+  const br::CoordinateParams gate_;  // the merge gate (FamilyRules::gate_inclusive)
   std::vector<int64_t> x_;  // the canvases: B rows of L, concatenated
+  int64_t map_k_ = 0;       // slots per map entry (grown when an entry accumulates more)
+  std::vector<int64_t> map_ids_;
+  std::vector<double> map_probs_;
   std::vector<Branch> br_;
   bool synced_ = false;  // sync_refresh: the last coordination synced a branch that is not done
   std::vector<Span> spans_;     // the step in flight
