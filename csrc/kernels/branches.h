@@ -30,13 +30,14 @@ enum Field : int64_t {
   kEnd,
   kDecoded,       // tokens committed by its forwards or received by sync
   kDone,
-  kSinceRefresh,  // blocks advanced since its last full forward
+  kSinceRefresh,  // blocks advanced since its last full forward (frontier_clock: frontier tokens)
   kNeedsRefresh,
   kEosReady,      // its window is complete and holds EOS (eos_prob[b] = the probability it gave it)
   kMasks,         // masks left in its window (0 when done)
   kCommitted,     // stats: tokens committed, merged in, copied by sync
   kMerged,
   kCopied,
+  kFrontier,      // first masked generated position - lp (G, or first EOS + 1 with eos_cut, when done)
   kFields
 };
 // int64 [kFlags] written by coordinate.
@@ -85,6 +86,10 @@ struct CoordinateParams {
   int64_t sync_gap, refresh_tokens;
   bool periodic_refresh;
   bool gate_inclusive = false;  // a merge writes a token its map rates >= merge_gate (else >)
+  // Dream's window and clock rules (decode/policies/blockbatch.cpp, HostBranches); the defaults are LLaDA's.
+  bool eos_cut = false;         // a row's generation ends at its first eos_id (windows, done, decoded)
+  bool recount = false;         // decoded = the row's non-mask generated tokens up to the cut (merged ones count)
+  bool frontier_clock = false;  // since_refresh grows by the frontier's movement (tokens), not 1 per block
 };
 
 BLOCKBATCH_HOST_DEVICE inline bool passes_gate(double p, const CoordinateParams& c) {
@@ -184,30 +189,41 @@ BLOCKBATCH_HOST_DEVICE int64_t masks_in(const Ex& ex, const View& v, int64_t b, 
   return ex.reduce(e - s, int64_t(0), [&](int64_t i) { return int64_t(x[s + i] == v.mask_id); }, Sum{});
 }
 
-// Window = the block of the branch's own size holding its first masked generated position.
+// Window = the block of the branch's own size holding its first masked generated position (with
+// eos_cut: the first before the row's first EOS, the window's end clipped there). No such mask: done.
 template <typename Ex>
-BLOCKBATCH_HOST_DEVICE void snap_window(const Ex& ex, const View& v, int64_t b) {
+BLOCKBATCH_HOST_DEVICE void snap_window(const Ex& ex, const View& v, int64_t b, const CoordinateParams& p) {
   const int64_t* x = v.row(b);
+  const int64_t cut = p.eos_cut ? ex.reduce(v.L - v.lp, v.L, [&](int64_t i) {
+    return x[v.lp + i] == v.eos_id ? v.lp + i : v.L;
+  }, Min{}) : v.L;
   const int64_t first =
-      ex.reduce(v.L - v.lp, v.L, [&](int64_t i) { return x[v.lp + i] == v.mask_id ? v.lp + i : v.L; }, Min{});
+      ex.reduce(cut - v.lp, v.L, [&](int64_t i) { return x[v.lp + i] == v.mask_id ? v.lp + i : v.L; }, Min{});
+  const int64_t upto = cut < v.L ? cut + 1 : v.L;  // the generation, its EOS included
+  const int64_t decoded = p.recount ? ex.count(upto - v.lp, [&](int64_t i) { return x[v.lp + i] != v.mask_id; }) : 0;
   ex.once([&] {
     int64_t* st = v.st(b);
+    if (p.recount) st[kDecoded] = decoded;
+    st[kFrontier] = (first == v.L ? upto : first) - v.lp;
     if (first == v.L) {
       st[kDone] = 1;
       st[kStart] = st[kEnd] = v.L;
     } else {
       st[kStart] = v.lp + (first - v.lp) / st[kBlock] * st[kBlock];
-      st[kEnd] = st[kStart] + st[kBlock];
+      st[kEnd] = st[kStart] + st[kBlock] < cut ? st[kStart] + st[kBlock] : cut;
     }
   });
 }
 
+// Re-snaps after the branch's own commit, seed or merge, and moves its refresh clock.
 template <typename Ex>
 BLOCKBATCH_HOST_DEVICE void advance(const Ex& ex, const View& v, int64_t b, const CoordinateParams& p) {
-  snap_window(ex, v, b);
+  const int64_t from = v.st(b)[kFrontier];
+  snap_window(ex, v, b, p);
   ex.once([&] {
     int64_t* st = v.st(b);
-    if (st[kDone]) return;
+    if (p.frontier_clock) st[kSinceRefresh] += st[kFrontier] > from ? st[kFrontier] - from : 0;
+    if (st[kDone] || p.frontier_clock) return;
     st[kSinceRefresh] += 1;
     if (p.refresh_tokens > 0 && p.periodic_refresh && st[kSinceRefresh] * st[kBlock] >= p.refresh_tokens) {
       st[kNeedsRefresh] = 1;
@@ -405,7 +421,7 @@ BLOCKBATCH_HOST_DEVICE void sync_step(const Ex& ex, const View& v, int64_t* sync
       st[kDone] = ld[kDone];
       sync_src[b] = lead;
     });
-    snap_window(ex, v, b);
+    snap_window(ex, v, b, p);
   }
 }
 
