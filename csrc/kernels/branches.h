@@ -90,6 +90,8 @@ struct CoordinateParams {
   bool eos_cut = false;         // a row's generation ends at its first eos_id (windows, done, decoded)
   bool recount = false;         // decoded = the row's non-mask generated tokens up to the cut (merged ones count)
   bool frontier_clock = false;  // since_refresh grows by the frontier's movement (tokens), not 1 per block
+  bool merge_own_window = false;  // a merge scans the destination's window (else its sources'), and a
+                                  // destination that received tokens advances (else: once its window is complete)
 };
 
 BLOCKBATCH_HOST_DEVICE inline bool passes_gate(double p, const CoordinateParams& c) {
@@ -191,12 +193,19 @@ BLOCKBATCH_HOST_DEVICE int64_t masks_in(const Ex& ex, const View& v, int64_t b, 
 
 // Window = the block of the branch's own size holding its first masked generated position (with
 // eos_cut: the first before the row's first EOS, the window's end clipped there). No such mask: done.
+// Where row b's generation ends: its first EOS with eos_cut, else L.
+template <typename Ex>
+BLOCKBATCH_HOST_DEVICE int64_t eos_cut(const Ex& ex, const View& v, int64_t b, const CoordinateParams& p) {
+  const int64_t* x = v.row(b);
+  return p.eos_cut ? ex.reduce(v.L - v.lp, v.L, [&](int64_t i) { return x[v.lp + i] == v.eos_id ? v.lp + i : v.L; },
+                               Min{})
+                   : v.L;
+}
+
 template <typename Ex>
 BLOCKBATCH_HOST_DEVICE void snap_window(const Ex& ex, const View& v, int64_t b, const CoordinateParams& p) {
   const int64_t* x = v.row(b);
-  const int64_t cut = p.eos_cut ? ex.reduce(v.L - v.lp, v.L, [&](int64_t i) {
-    return x[v.lp + i] == v.eos_id ? v.lp + i : v.L;
-  }, Min{}) : v.L;
+  const int64_t cut = eos_cut(ex, v, b, p);
   const int64_t first =
       ex.reduce(cut - v.lp, v.L, [&](int64_t i) { return x[v.lp + i] == v.mask_id ? v.lp + i : v.L; }, Min{});
   const int64_t upto = cut < v.L ? cut + 1 : v.L;  // the generation, its EOS included
@@ -371,22 +380,27 @@ BLOCKBATCH_HOST_DEVICE void merge_step(const Ex& ex, const View& v, const Coordi
     order[j] = b;
   }
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t dst = order[i];
-    int64_t src[kMaxBranches];
+    const int64_t dst = order[i], dcut = eos_cut(ex, v, dst, p);
+    int64_t src[kMaxBranches], scut[kMaxBranches];  // kept sources and their EOS cuts
     int64_t ns = 0;
-    for (int64_t j = i + 1; j < n; ++j) {
-      if (!clash(ex, v, dst, order[j], v.L - v.lp)) src[ns++] = order[j];
+    for (int64_t j = i + 1; j < n; ++j) {  // compared up to both EOS cuts, EOS included
+      const int64_t c = eos_cut(ex, v, order[j], p), m = dcut < c ? dcut : c;
+      if (!clash(ex, v, dst, order[j], (m < v.L ? m + 1 : v.L) - v.lp)) src[ns] = order[j], scut[ns++] = c;
     }
     if (ns == 0) continue;
     int64_t* x = v.row(dst);
+    const int64_t ds = v.st(dst)[kStart], de = v.st(dst)[kEnd] < dcut ? v.st(dst)[kEnd] : dcut;
     const int64_t filled = ex.count(v.L - v.lp, [&](int64_t q) {
       const int64_t pos = v.lp + q;
-      bool covered = false;
-      for (int64_t j = 0; j < ns; ++j) covered = covered || (v.st(src[j])[kStart] <= pos && pos < v.st(src[j])[kEnd]);
+      bool covered = p.merge_own_window && ds <= pos && pos < de;
+      for (int64_t j = 0; j < ns && !p.merge_own_window; ++j) {
+        covered = covered || (v.st(src[j])[kStart] <= pos && pos < v.st(src[j])[kEnd]);
+      }
       if (!covered || x[pos] != v.mask_id || map_empty(v, dst, pos)) return false;
       int64_t best_tok = v.mask_id;
       double best_p = 0.0;
       for (int64_t j = 0; j < ns; ++j) {
+        if (pos > scut[j]) continue;  // past the source's EOS
         const int64_t tok = v.row(src[j])[pos];
         if (tok == v.mask_id) continue;
         const double pr = map_prob(v, dst, pos, tok);
@@ -400,7 +414,9 @@ BLOCKBATCH_HOST_DEVICE void merge_step(const Ex& ex, const View& v, const Coordi
       return true;
     });
     ex.once([&] { v.st(dst)[kMerged] += filled; });
-    if (filled && masks_in(ex, v, dst, v.st(dst)[kStart], v.st(dst)[kEnd]) == 0) advance(ex, v, dst, p);
+    if (filled && (p.merge_own_window || masks_in(ex, v, dst, v.st(dst)[kStart], v.st(dst)[kEnd]) == 0)) {
+      advance(ex, v, dst, p);
+    }
   }
 }
 

@@ -344,7 +344,8 @@ class HostBranches final : public Branches {
         threshold_(static_cast<float>(*o.threshold)),
         K_(static_cast<int64_t>(std::floor(1.0 / *o.prob_floor)) + 1), kv_(std::move(kv)),
         p_{o.merge_gate, o.merge, o.sync, o.sync_gap, o.refresh_tokens, true, rules.gate_inclusive,
-           /*eos_cut=*/true, /*recount=*/true, rules.refresh_clock == RefreshClock::kFrontierTokens} {
+           /*eos_cut=*/true, /*recount=*/true, rules.refresh_clock == RefreshClock::kFrontierTokens,
+           /*merge_own_window=*/true} {
     x_.resize(B_ * L_, mask_);
     grow(K_);
     for (int64_t r = 0; r < B_; ++r) {
@@ -399,17 +400,7 @@ class HostBranches final : public Branches {
   void coordinate() override {
     snap_all();
     if (st(br::leader(view()))[br::kDecoded] == 0) return;
-    std::vector<int64_t> order;  // not done (each window ends after the prompt), by window end descending
-    for (int64_t b = 0; b < B_; ++b) {
-      if (!done(b)) order.push_back(b);
-    }
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int64_t a, int64_t c) { return st(a)[br::kEnd] > st(c)[br::kEnd]; });
-    for (size_t i = 0; o_.merge && i < order.size(); ++i) {
-      const std::vector<int64_t> sources =
-          compatible(order[i], order.begin() + static_cast<int64_t>(i) + 1, order.end());
-      if (!sources.empty()) merge(order[i], sources);
-    }
+    if (o_.merge) br::merge_step(br::SerialExec{}, view(), p_);
     snap_all();
     const int64_t l = br::leader(view());
     for (int64_t b = 0; o_.sync && b < B_; ++b) {
@@ -624,45 +615,6 @@ class HostBranches final : public Branches {
 
   // --- coordination --------------------------------------------------------------------------
 
-  template <typename It>
-  std::vector<int64_t> compatible(int64_t dst, It from, It to) {
-    std::vector<int64_t> out;
-    for (It src = from; src != to; ++src) {
-      const auto dfe = first_eos(dst), sfe = first_eos(*src);  // compared up to both EOS cuts
-      const int64_t n = std::min(dfe ? *dfe + 1 : G_, sfe ? *sfe + 1 : G_);
-      if (!br::clash(br::SerialExec{}, view(), dst, *src, n)) out.push_back(*src);
-    }
-    return out;
-  }
-  void merge(int64_t dst, const std::vector<int64_t>& sources) {
-    const auto fe = first_eos(dst);
-    const int64_t lo = std::max(st(dst)[br::kStart], lp_);
-    int64_t hi = std::min(st(dst)[br::kEnd], L_);
-    if (fe) hi = std::min(hi, lp_ + *fe);
-    int64_t filled = 0;
-    for (int64_t pos = lo; pos < hi; ++pos) {
-      if (row(dst)[pos] != mask_ || br::map_empty(view(), dst, pos)) continue;
-      int64_t best_tok = mask_;
-      double best_p = 0.0;
-      for (const int64_t src : sources) {
-        if (done(src)) continue;
-        const auto sfe = first_eos(src);
-        if (sfe && pos > lp_ + *sfe) continue;
-        const int64_t tok = row(src)[pos];
-        if (tok == mask_) continue;
-        const double p = br::map_prob(view(), dst, pos, tok);
-        if (p > best_p) best_tok = tok, best_p = p;
-      }
-      if (br::passes_gate(best_p, p_) && best_tok != mask_) {
-        row(dst)[pos] = best_tok;
-        filled += 1;
-      }
-    }
-    if (filled) {
-      st(dst)[br::kMerged] += filled;
-      advance(dst);
-    }
-  }
   void sync(int64_t dst, int64_t lead) {
     int64_t* d = row(dst);
     const int64_t* s = row(lead);
