@@ -92,6 +92,8 @@ struct CoordinateParams {
   bool frontier_clock = false;  // since_refresh grows by the frontier's movement (tokens), not 1 per block
   bool merge_own_window = false;  // a merge scans the destination's window (else its sources'), and a
                                   // destination that received tokens advances (else: once its window is complete)
+  bool sync_copies_map = false;   // a sync also copies since_refresh and the map, and counts the tokens it
+                                  // changed (else: the leader's lead in decoded)
 };
 
 BLOCKBATCH_HOST_DEVICE inline bool passes_gate(double p, const CoordinateParams& c) {
@@ -429,10 +431,18 @@ BLOCKBATCH_HOST_DEVICE void sync_step(const Ex& ex, const View& v, int64_t* sync
     if (b == lead || v.st(b)[kDone] || v.st(lead)[kDecoded] - v.st(b)[kDecoded] <= p.sync_gap) continue;
     const int64_t *from = v.row(lead);
     int64_t* to = v.row(b);
+    const int64_t changed =
+        p.sync_copies_map ? ex.count(v.L, [&](int64_t t) { return to[t] != from[t] && from[t] != v.mask_id; }) : 0;
     ex.for_each(v.L, [&](int64_t t) { to[t] = from[t]; });
+    const int64_t ms = v.entry(lead, v.lp), md = v.entry(b, v.lp);
+    ex.for_each(p.sync_copies_map ? (v.L - v.lp) * v.K : 0, [&](int64_t i) {
+      v.map_ids[md + i] = v.map_ids[ms + i];
+      v.map_probs[md + i] = v.map_probs[ms + i];
+    });
     ex.once([&] {
       int64_t *st = v.st(b), *ld = v.st(lead);
-      st[kCopied] += ld[kDecoded] > st[kDecoded] ? ld[kDecoded] - st[kDecoded] : 0;
+      st[kCopied] += p.sync_copies_map ? changed : ld[kDecoded] > st[kDecoded] ? ld[kDecoded] - st[kDecoded] : 0;
+      if (p.sync_copies_map) st[kSinceRefresh] = ld[kSinceRefresh];
       st[kDecoded] = ld[kDecoded];
       st[kDone] = ld[kDone];
       sync_src[b] = lead;

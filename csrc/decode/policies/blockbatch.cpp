@@ -345,7 +345,7 @@ class HostBranches final : public Branches {
         K_(static_cast<int64_t>(std::floor(1.0 / *o.prob_floor)) + 1), kv_(std::move(kv)),
         p_{o.merge_gate, o.merge, o.sync, o.sync_gap, o.refresh_tokens, true, rules.gate_inclusive,
            /*eos_cut=*/true, /*recount=*/true, rules.refresh_clock == RefreshClock::kFrontierTokens,
-           /*merge_own_window=*/true} {
+           /*merge_own_window=*/true, /*sync_copies_map=*/true} {
     x_.resize(B_ * L_, mask_);
     grow(K_);
     for (int64_t r = 0; r < B_; ++r) {
@@ -402,10 +402,12 @@ class HostBranches final : public Branches {
     if (st(br::leader(view()))[br::kDecoded] == 0) return;
     if (o_.merge) br::merge_step(br::SerialExec{}, view(), p_);
     snap_all();
-    const int64_t l = br::leader(view());
-    for (int64_t b = 0; o_.sync && b < B_; ++b) {
-      if (b == l || done(b) || st(l)[br::kDecoded] - st(b)[br::kDecoded] <= o_.sync_gap) continue;
-      sync(b, l);
+    if (!o_.sync) return;
+    std::vector<int64_t> src(B_, -1);  // the rows each synced branch copied: its KV row follows
+    br::sync_step(br::SerialExec{}, view(), src.data(), p_);
+    for (int64_t b = 0; b < B_; ++b) {
+      if (src[b] < 0) continue;
+      kv_.select(0, b).copy_(kv_.select(0, src[b]));
       synced_ = synced_ || !done(b);
     }
   }
@@ -611,23 +613,6 @@ class HostBranches final : public Branches {
     at::Tensor r = lg.clone();
     r.narrow(-1, limit_, V - limit_).fill_(-std::numeric_limits<double>::infinity());
     return r;
-  }
-
-  // --- coordination --------------------------------------------------------------------------
-
-  void sync(int64_t dst, int64_t lead) {
-    int64_t* d = row(dst);
-    const int64_t* s = row(lead);
-    for (int64_t p = 0; p < L_; ++p) {
-      if (d[p] != s[p] && s[p] != mask_) st(dst)[br::kCopied] += 1;
-      d[p] = s[p];
-    }
-    st(dst)[br::kSinceRefresh] = st(lead)[br::kSinceRefresh];
-    const int64_t from = view().entry(lead, lp_), to = view().entry(dst, lp_);  // the map, a copy
-    std::copy_n(map_ids_.begin() + from, G_ * map_k_, map_ids_.begin() + to);
-    std::copy_n(map_probs_.begin() + from, G_ * map_k_, map_probs_.begin() + to);
-    kv_.select(0, dst).copy_(kv_.select(0, lead));
-    snap(dst);
   }
 
   const DecodeOptions o_;
