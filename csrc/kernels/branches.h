@@ -30,13 +30,14 @@ enum Field : int64_t {
   kEnd,
   kDecoded,       // tokens committed by its forwards or received by sync
   kDone,
-  kSinceRefresh,  // blocks advanced since its last full forward
+  kSinceRefresh,  // blocks advanced since its last full forward (frontier_clock: frontier tokens)
   kNeedsRefresh,
   kEosReady,      // its window is complete and holds EOS (eos_prob[b] = the probability it gave it)
   kMasks,         // masks left in its window (0 when done)
   kCommitted,     // stats: tokens committed, merged in, copied by sync
   kMerged,
   kCopied,
+  kFrontier,      // first masked generated position - lp (G, or first EOS + 1 with eos_cut, when done)
   kFields
 };
 // int64 [kFlags] written by coordinate.
@@ -85,6 +86,14 @@ struct CoordinateParams {
   int64_t sync_gap, refresh_tokens;
   bool periodic_refresh;
   bool gate_inclusive = false;  // a merge writes a token its map rates >= merge_gate (else >)
+  // Dream's window and clock rules (decode/policies/blockbatch.cpp, HostBranches); the defaults are LLaDA's.
+  bool eos_cut = false;         // a row's generation ends at its first eos_id (windows, done, decoded)
+  bool recount = false;         // decoded = the row's non-mask generated tokens up to the cut (merged ones count)
+  bool frontier_clock = false;  // since_refresh grows by the frontier's movement (tokens), not 1 per block
+  bool merge_own_window = false;  // a merge scans the destination's window (else its sources'), and a
+                                  // destination that received tokens advances (else: once its window is complete)
+  bool sync_copies_map = false;   // a sync also copies since_refresh and the map, and counts the tokens it
+                                  // changed (else: the leader's lead in decoded)
 };
 
 BLOCKBATCH_HOST_DEVICE inline bool passes_gate(double p, const CoordinateParams& c) {
@@ -184,30 +193,48 @@ BLOCKBATCH_HOST_DEVICE int64_t masks_in(const Ex& ex, const View& v, int64_t b, 
   return ex.reduce(e - s, int64_t(0), [&](int64_t i) { return int64_t(x[s + i] == v.mask_id); }, Sum{});
 }
 
-// Window = the block of the branch's own size holding its first masked generated position.
+// Window = the block of the branch's own size holding its first masked generated position (with
+// eos_cut: the first before the row's first EOS, the window's end clipped there). No such mask: done.
+// Where row b's generation ends: its first EOS with eos_cut, else L.
 template <typename Ex>
-BLOCKBATCH_HOST_DEVICE void snap_window(const Ex& ex, const View& v, int64_t b) {
+BLOCKBATCH_HOST_DEVICE int64_t eos_cut(const Ex& ex, const View& v, int64_t b, const CoordinateParams& p) {
   const int64_t* x = v.row(b);
+  return p.eos_cut ? ex.reduce(v.L - v.lp, v.L, [&](int64_t i) { return x[v.lp + i] == v.eos_id ? v.lp + i : v.L; },
+                               Min{})
+                   : v.L;
+}
+
+template <typename Ex>
+BLOCKBATCH_HOST_DEVICE void snap_window(const Ex& ex, const View& v, int64_t b, const CoordinateParams& p) {
+  const int64_t* x = v.row(b);
+  const int64_t cut = eos_cut(ex, v, b, p);
   const int64_t first =
-      ex.reduce(v.L - v.lp, v.L, [&](int64_t i) { return x[v.lp + i] == v.mask_id ? v.lp + i : v.L; }, Min{});
+      ex.reduce(cut - v.lp, v.L, [&](int64_t i) { return x[v.lp + i] == v.mask_id ? v.lp + i : v.L; }, Min{});
+  const int64_t upto = cut < v.L ? cut + 1 : v.L;  // the generation, its EOS included
+  const int64_t decoded = p.recount ? ex.count(upto - v.lp, [&](int64_t i) { return x[v.lp + i] != v.mask_id; }) : 0;
   ex.once([&] {
     int64_t* st = v.st(b);
+    if (p.recount) st[kDecoded] = decoded;
+    st[kFrontier] = (first == v.L ? upto : first) - v.lp;
     if (first == v.L) {
       st[kDone] = 1;
       st[kStart] = st[kEnd] = v.L;
     } else {
       st[kStart] = v.lp + (first - v.lp) / st[kBlock] * st[kBlock];
-      st[kEnd] = st[kStart] + st[kBlock];
+      st[kEnd] = st[kStart] + st[kBlock] < cut ? st[kStart] + st[kBlock] : cut;
     }
   });
 }
 
+// Re-snaps after the branch's own commit, seed or merge, and moves its refresh clock.
 template <typename Ex>
 BLOCKBATCH_HOST_DEVICE void advance(const Ex& ex, const View& v, int64_t b, const CoordinateParams& p) {
-  snap_window(ex, v, b);
+  const int64_t from = v.st(b)[kFrontier];
+  snap_window(ex, v, b, p);
   ex.once([&] {
     int64_t* st = v.st(b);
-    if (st[kDone]) return;
+    if (p.frontier_clock) st[kSinceRefresh] += st[kFrontier] > from ? st[kFrontier] - from : 0;
+    if (st[kDone] || p.frontier_clock) return;
     st[kSinceRefresh] += 1;
     if (p.refresh_tokens > 0 && p.periodic_refresh && st[kSinceRefresh] * st[kBlock] >= p.refresh_tokens) {
       st[kNeedsRefresh] = 1;
@@ -355,22 +382,27 @@ BLOCKBATCH_HOST_DEVICE void merge_step(const Ex& ex, const View& v, const Coordi
     order[j] = b;
   }
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t dst = order[i];
-    int64_t src[kMaxBranches];
+    const int64_t dst = order[i], dcut = eos_cut(ex, v, dst, p);
+    int64_t src[kMaxBranches], scut[kMaxBranches];  // kept sources and their EOS cuts
     int64_t ns = 0;
-    for (int64_t j = i + 1; j < n; ++j) {
-      if (!clash(ex, v, dst, order[j], v.L - v.lp)) src[ns++] = order[j];
+    for (int64_t j = i + 1; j < n; ++j) {  // compared up to both EOS cuts, EOS included
+      const int64_t c = eos_cut(ex, v, order[j], p), m = dcut < c ? dcut : c;
+      if (!clash(ex, v, dst, order[j], (m < v.L ? m + 1 : v.L) - v.lp)) src[ns] = order[j], scut[ns++] = c;
     }
     if (ns == 0) continue;
     int64_t* x = v.row(dst);
+    const int64_t ds = v.st(dst)[kStart], de = v.st(dst)[kEnd] < dcut ? v.st(dst)[kEnd] : dcut;
     const int64_t filled = ex.count(v.L - v.lp, [&](int64_t q) {
       const int64_t pos = v.lp + q;
-      bool covered = false;
-      for (int64_t j = 0; j < ns; ++j) covered = covered || (v.st(src[j])[kStart] <= pos && pos < v.st(src[j])[kEnd]);
+      bool covered = p.merge_own_window && ds <= pos && pos < de;
+      for (int64_t j = 0; j < ns && !p.merge_own_window; ++j) {
+        covered = covered || (v.st(src[j])[kStart] <= pos && pos < v.st(src[j])[kEnd]);
+      }
       if (!covered || x[pos] != v.mask_id || map_empty(v, dst, pos)) return false;
       int64_t best_tok = v.mask_id;
       double best_p = 0.0;
       for (int64_t j = 0; j < ns; ++j) {
+        if (pos > scut[j]) continue;  // past the source's EOS
         const int64_t tok = v.row(src[j])[pos];
         if (tok == v.mask_id) continue;
         const double pr = map_prob(v, dst, pos, tok);
@@ -384,7 +416,9 @@ BLOCKBATCH_HOST_DEVICE void merge_step(const Ex& ex, const View& v, const Coordi
       return true;
     });
     ex.once([&] { v.st(dst)[kMerged] += filled; });
-    if (filled && masks_in(ex, v, dst, v.st(dst)[kStart], v.st(dst)[kEnd]) == 0) advance(ex, v, dst, p);
+    if (filled && (p.merge_own_window || masks_in(ex, v, dst, v.st(dst)[kStart], v.st(dst)[kEnd]) == 0)) {
+      advance(ex, v, dst, p);
+    }
   }
 }
 
@@ -397,15 +431,23 @@ BLOCKBATCH_HOST_DEVICE void sync_step(const Ex& ex, const View& v, int64_t* sync
     if (b == lead || v.st(b)[kDone] || v.st(lead)[kDecoded] - v.st(b)[kDecoded] <= p.sync_gap) continue;
     const int64_t *from = v.row(lead);
     int64_t* to = v.row(b);
+    const int64_t changed =
+        p.sync_copies_map ? ex.count(v.L, [&](int64_t t) { return to[t] != from[t] && from[t] != v.mask_id; }) : 0;
     ex.for_each(v.L, [&](int64_t t) { to[t] = from[t]; });
+    const int64_t ms = v.entry(lead, v.lp), md = v.entry(b, v.lp);
+    ex.for_each(p.sync_copies_map ? (v.L - v.lp) * v.K : 0, [&](int64_t i) {
+      v.map_ids[md + i] = v.map_ids[ms + i];
+      v.map_probs[md + i] = v.map_probs[ms + i];
+    });
     ex.once([&] {
       int64_t *st = v.st(b), *ld = v.st(lead);
-      st[kCopied] += ld[kDecoded] > st[kDecoded] ? ld[kDecoded] - st[kDecoded] : 0;
+      st[kCopied] += p.sync_copies_map ? changed : ld[kDecoded] > st[kDecoded] ? ld[kDecoded] - st[kDecoded] : 0;
+      if (p.sync_copies_map) st[kSinceRefresh] = ld[kSinceRefresh];
       st[kDecoded] = ld[kDecoded];
       st[kDone] = ld[kDone];
       sync_src[b] = lead;
     });
-    snap_window(ex, v, b);
+    snap_window(ex, v, b, p);
   }
 }
 

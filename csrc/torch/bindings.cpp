@@ -180,8 +180,8 @@ TORCH_LIBRARY(blockbatch, m) {
   BLOCKBATCH_IMPL_CUDA(m, "commit_", &commit_cuda);
 
   // BlockBatch bookkeeping on the canvas' device (ALGORITHMS.md 4; csrc/kernels/branches.h).
-  // canvas int64 [B, L]; state int64 [B, 12] (block, start, end, decoded, done, since_refresh,
-  // needs_refresh, eos_ready, masks, committed, merged, copied); eos_prob float64 [B];
+  // canvas int64 [B, L]; state int64 [B, 13] (block, start, end, decoded, done, since_refresh,
+  // needs_refresh, eos_ready, masks, committed, merged, copied, frontier); eos_prob float64 [B];
   // map_ids int64 / map_probs float64 [B, L - prompt_len, K]: the sparse probability maps.
   // bb_absorb_: for each span (row, logits_row, first_pos, rows, full) of a forward, record the
   // rows' sparse probabilities (ids / probs [N, K]) into the branch's map, commit by threshold

@@ -7,7 +7,7 @@ import torch
 
 # Columns of the BlockBatch state table (csrc/kernels/branches.h, enum Field).
 BRANCH_FIELDS = ("block", "start", "end", "decoded", "done", "since_refresh", "needs_refresh", "eos_ready", "masks",
-                 "committed", "merged", "copied")
+                 "committed", "merged", "copied", "frontier")
 FIELD = {name: i for i, name in enumerate(BRANCH_FIELDS)}
 
 

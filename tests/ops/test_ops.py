@@ -495,7 +495,7 @@ def test_kv_copy_rows():
 def test_bookkeeping_bad_input_names_argument():
     s = random_branch_state(0)
     args = list(coordinate_args(s))
-    with pytest.raises(ValueError, match=r"state must have size 12 in dimension 1"):
+    with pytest.raises(ValueError, match=r"state must have size 13 in dimension 1"):
         ops.bb_coordinate_(*(args[:1] + [s["state"][:, :5].contiguous()] + args[2:]))
     with pytest.raises(TypeError, match="map_probs must be Double"):
         ops.bb_coordinate_(*(args[:6] + [s["map_probs"].float()] + args[7:]))

@@ -62,10 +62,15 @@ struct Span {
 // executor the skeleton runs a step's readout and the coordination with (FamilyRules::readout).
 class Branches {
  public:
+  explicit Branches(int64_t B) : st_(static_cast<size_t>(B * br::kFields), 0) {}
   virtual ~Branches() = default;
   virtual void check(const Stop& stop, int64_t forwards) const = 0;
-  virtual bool done(int64_t b) const = 0;  // as of the last absorb
-  virtual int64_t committed() const = 0;   // every branch's commits so far
+  bool done(int64_t b) const { return st(b)[br::kDone] != 0; }  // as of the last absorb
+  int64_t committed() const {  // every branch's commits so far
+    int64_t n = 0;
+    for (size_t b = 0; b < st_.size() / br::kFields; ++b) n += st(static_cast<int64_t>(b))[br::kCommitted];
+    return n;
+  }
   // The next block step's windows: every branch not done with a mask in its window, in order.
   virtual std::vector<Span> work() = 0;
   // The outputs a forward over `spans` reads (p.q.logit_index) and the executor's entries (p.extra).
@@ -80,7 +85,19 @@ class Branches {
   virtual int64_t exit(bool& eos) = 0;
   virtual int64_t natural_winner() const = 0;  // every branch done without an exit
   virtual std::vector<int64_t> tokens(int64_t winner, bool eos) = 0;
-  virtual BranchStats stats(int64_t b) const = 0;  // all but forwards (the skeleton's)
+  BranchStats stats(int64_t b) const {  // all but forwards (the skeleton's)
+    BranchStats s;
+    s.block_size = st(b)[br::kBlock];
+    s.committed = st(b)[br::kCommitted];
+    s.merged = st(b)[br::kMerged];
+    s.copied = st(b)[br::kCopied];
+    return s;
+  }
+
+ protected:
+  int64_t* st(int64_t b) { return &st_[b * br::kFields]; }
+  const int64_t* st(int64_t b) const { return &st_[b * br::kFields]; }
+  std::vector<int64_t> st_;  // the state table [B, kFields] of kernels/branches.h (kDevice: the last readback)
 };
 
 // EOS-ready branches whose EOS probabilities differ by less than float32's machine epsilon tie at
@@ -94,7 +111,7 @@ constexpr double kEosTie = 1.0 / (1 << 23);
 // program (StepRunner: one host->device copy of its index buffer; on CUDA a graph replayed per
 // active-branch set): forward, confidence, sparse probabilities, bb_absorb_ (map update, threshold
 // commit, EOS readiness) and, after init and block steps, bb_coordinate_ (advance, merge, sync),
-// kv_copy_rows_ and the divergence test; then ONE device->host copy of the state table (12 numbers
+// kv_copy_rows_ and the divergence test; then ONE device->host copy of the state table (13 numbers
 // per branch), from which the host decides the next step's shape. The bookkeeping is
 // csrc/kernels/branches.h: the same source runs as CPU loops and as one CUDA thread block.
 // Sampling (temperature > 0) draws its Gumbel noise from the seeded host generator (the
@@ -103,19 +120,18 @@ class DeviceBranches final : public Branches {
  public:
   DeviceBranches(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
                  const std::vector<int64_t>& sizes, at::Tensor kv)
-      : model_(model), o_(o), c_(model.config()), lp_(static_cast<int64_t>(prompt.size())), G_(o.gen_length),
-        L_(lp_ + G_), B_(static_cast<int64_t>(sizes.size())),
+      : Branches(static_cast<int64_t>(sizes.size())), model_(model), o_(o), c_(model.config()),
+        lp_(static_cast<int64_t>(prompt.size())), G_(o.gen_length), L_(lp_ + G_), B_(static_cast<int64_t>(sizes.size())),
         K_(static_cast<int64_t>(std::floor(1.0 / *o.prob_floor)) + 1), sampling_(o.temperature > 0),
-        generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))),
-        st_(static_cast<size_t>(B_ * br::kFields), 0), eos_(B_, 0.0), kv_(std::move(kv)) {
+        generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))), eos_(B_, 0.0),
+        kv_(std::move(kv)) {
     std::vector<int64_t> canvas(static_cast<size_t>(B_ * L_), c_.mask_token_id);
     for (int64_t b = 0; b < B_; ++b) {
       std::copy(prompt.begin(), prompt.end(), canvas.begin() + b * L_);
-      int64_t* st = &st_[b * br::kFields];
-      st[br::kBlock] = sizes[b];
-      st[br::kStart] = lp_;
-      st[br::kEnd] = lp_ + sizes[b];
-      st[br::kMasks] = sizes[b];
+      st(b)[br::kBlock] = sizes[b];
+      st(b)[br::kStart] = lp_;
+      st(b)[br::kEnd] = lp_ + sizes[b];
+      st(b)[br::kMasks] = sizes[b];
     }
     const at::TensorOptions dev = at::TensorOptions().device(model.device());
     auto to_dev = [&](std::vector<int64_t>& v, at::IntArrayRef shape) {
@@ -133,12 +149,6 @@ class DeviceBranches final : public Branches {
   }
 
   void check(const Stop& stop, int64_t forwards) const override { stop.check(forwards, canvas_); }
-  bool done(int64_t b) const override { return st(b)[br::kDone] != 0; }
-  int64_t committed() const override {
-    int64_t n = 0;
-    for (int64_t b = 0; b < B_; ++b) n += st(b)[br::kCommitted];
-    return n;
-  }
 
   std::vector<Span> work() override {
     std::vector<Span> w;
@@ -240,18 +250,8 @@ class DeviceBranches final : public Branches {
     return std::vector<int64_t>(t.const_data_ptr<int64_t>(), t.const_data_ptr<int64_t>() + L_);
   }
 
-  BranchStats stats(int64_t b) const override {
-    BranchStats s;
-    s.block_size = st(b)[br::kBlock];
-    s.committed = st(b)[br::kCommitted];
-    s.merged = st(b)[br::kMerged];
-    s.copied = st(b)[br::kCopied];
-    return s;
-  }
 
  private:
-  // Host copy of branch b's state row (as of the last readback).
-  const int64_t* st(int64_t b) const { return &st_[b * br::kFields]; }
   int64_t progress(int64_t b) const { return (st(b)[br::kDone] ? L_ : st(b)[br::kStart]) - lp_; }
 
   // The tensors a step reads back (in one copy) and the host mirror they refresh.
@@ -316,8 +316,7 @@ class DeviceBranches final : public Branches {
   const int64_t lp_, G_, L_, B_, K_;
   const bool sampling_;
   at::Generator generator_;
-  // Host mirror of the last readback.
-  std::vector<int64_t> st_;
+  // Host mirror of the last readback (and st_).
   std::vector<double> eos_;
   int64_t flags_h_[br::kFlags] = {0, 0};
   // Device state (rows = branches by ascending block size; see kernels/branches.h).
@@ -332,53 +331,40 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // the readout (top-1 token and its probability after the mask penalty, and the few probabilities
 // above the floor per row), of which one copy comes back per step. Without stop_on_eos EOS is an
 // ordinary token; with it a row's generation ends, for every purpose, at its first EOS.
+// Its windows, done flags, decoded counts and refresh clock are branches.h's (snap_window and advance
+// with eos_cut, recount and frontier_clock; kFrontier is the first mask before the EOS cut).
 class HostBranches final : public Branches {
-  struct Branch {
-    int64_t row = 0, block = 0, start = 0, end = 0;
-    int64_t progress = 0;       // first masked generated position (relative), or G / first EOS + 1 when done
-    int64_t decoded = 0;        // non-mask generated tokens up to the first EOS
-    int64_t since_refresh = 0;  // frontier progress (tokens) since the last full forward
-    bool done = false;
-    BranchStats stats;
-  };
-
  public:
   HostBranches(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
                const FamilyRules& rules, const std::vector<int64_t>& sizes, at::Tensor kv)
-      : o_(o), rules_(rules), mask_(model.config().mask_token_id), limit_(model.config().proposal_limit()),
+      : Branches(static_cast<int64_t>(sizes.size())), o_(o), rules_(rules), mask_(model.config().mask_token_id),
+        limit_(model.config().proposal_limit()),
         eos_(*o.stop_on_eos ? model.config().eos_token_id : -1), lp_(static_cast<int64_t>(prompt.size())),
         G_(o.gen_length), L_(lp_ + G_), B_(static_cast<int64_t>(sizes.size())),
         threshold_(static_cast<float>(*o.threshold)),
         K_(static_cast<int64_t>(std::floor(1.0 / *o.prob_floor)) + 1), kv_(std::move(kv)),
-        gate_{o.merge_gate, o.merge, o.sync, o.sync_gap, o.refresh_tokens, true, rules.gate_inclusive} {
+        p_{o.merge_gate, o.merge, o.sync, o.sync_gap, o.refresh_tokens, true, rules.gate_inclusive,
+           /*eos_cut=*/true, /*recount=*/true, rules.refresh_clock == RefreshClock::kFrontierTokens,
+           /*merge_own_window=*/true, /*sync_copies_map=*/true} {
     x_.resize(B_ * L_, mask_);
     grow(K_);
     for (int64_t r = 0; r < B_; ++r) {
       std::copy(prompt.begin(), prompt.end(), x_.begin() + r * L_);
-      Branch b;
-      b.row = r;
-      b.block = sizes[r];
-      b.start = lp_;
-      b.end = std::min(lp_ + sizes[r], L_);
-      b.stats.block_size = sizes[r];
-      br_.push_back(std::move(b));
+      st(r)[br::kBlock] = sizes[r];
+      st(r)[br::kStart] = lp_;
+      st(r)[br::kEnd] = lp_ + sizes[r];
     }
   }
 
   void check(const Stop& stop, int64_t forwards) const override { stop.check(forwards, x_); }
-  bool done(int64_t b) const override { return br_[b].done; }
-  int64_t committed() const override {
-    int64_t n = 0;
-    for (const Branch& b : br_) n += b.stats.committed;
-    return n;
-  }
 
   std::vector<Span> work() override {
     std::vector<Span> w;
-    for (Branch& b : br_) {
-      if (b.done) continue;
+    for (int64_t b = 0; b < B_; ++b) {
+      if (done(b)) continue;
       to_active_window(b);
-      if (!b.done && has_mask(b.row, b.start, b.end)) w.push_back({b.row, 0, 0, b.start, b.end});
+      const int64_t s = st(b)[br::kStart], e = st(b)[br::kEnd];
+      if (!done(b) && has_mask(b, s, e)) w.push_back({b, 0, 0, s, e});
     }
     return w;
   }
@@ -412,30 +398,17 @@ class HostBranches final : public Branches {
   }
 
   void coordinate() override {
-    for (Branch& b : br_) snap(b);
-    if (br_[leader()].decoded == 0) return;
-    std::vector<Branch*> order;
-    for (Branch& b : br_) {
-      if (!b.done) order.push_back(&b);
-    }
-    std::stable_sort(order.begin(), order.end(), [](const Branch* a, const Branch* b) { return a->end > b->end; });
-    const bool past_prompt = std::any_of(order.begin(), order.end(), [&](const Branch* b) { return b->end > lp_; });
-    if (o_.merge && past_prompt) {
-      for (size_t i = 0; i < order.size(); ++i) {
-        const std::vector<Branch*> sources =
-            compatible(*order[i], std::vector<Branch*>(order.begin() + static_cast<int64_t>(i) + 1, order.end()));
-        if (!sources.empty()) merge(*order[i], sources);
-      }
-    }
-    for (Branch& b : br_) snap(b);
-    const int64_t l = leader();
+    snap_all();
+    if (st(br::leader(view()))[br::kDecoded] == 0) return;
+    if (o_.merge) br::merge_step(br::SerialExec{}, view(), p_);
+    snap_all();
     if (!o_.sync) return;
-    for (Branch& b : br_) {
-      if (b.row == l || b.done) continue;
-      if (br_[l].decoded - b.decoded > o_.sync_gap) {
-        sync(b, br_[l]);
-        synced_ = synced_ || !b.done;
-      }
+    std::vector<int64_t> src(B_, -1);  // the rows each synced branch copied: its KV row follows
+    br::sync_step(br::SerialExec{}, view(), src.data(), p_);
+    for (int64_t b = 0; b < B_; ++b) {
+      if (src[b] < 0) continue;
+      kv_.select(0, b).copy_(kv_.select(0, src[b]));
+      synced_ = synced_ || !done(b);
     }
   }
 
@@ -443,34 +416,27 @@ class HostBranches final : public Branches {
   // last coordination synced a branch that is not done.
   bool refresh_wanted() override {
     bool want = false;
-    for (const Branch& b : br_) {
-      want = want || (!b.done && o_.refresh_tokens > 0 && b.since_refresh >= o_.refresh_tokens);
+    for (int64_t b = 0; b < B_; ++b) {
+      want = want || (!done(b) && o_.refresh_tokens > 0 && st(b)[br::kSinceRefresh] >= o_.refresh_tokens);
     }
     want = want || (o_.sync_refresh && synced_);
     synced_ = false;
     return want;
   }
 
-  // EOS-ready (a first EOS with no mask before it): the most decoded, then progress, then block;
-  // else a complete row (no mask at all): the most decoded, then block.
+  // EOS-ready (a first EOS with no mask before it; the snap marks it done): the most decoded, then
+  // progress, then block; else a complete row (no mask at all, so G decoded): the larger block.
   int64_t exit(bool& eos) override {
-    for (Branch& b : br_) snap(b);
+    snap_all();
     int64_t w = -1;
-    if (eos_ >= 0) {
-      for (Branch& b : br_) {
-        const auto fe = first_eos(b.row);
-        if (!fe || has_mask(b.row, lp_, lp_ + *fe)) continue;
-        b.done = true;
-        if (w < 0 || std::make_tuple(b.decoded, b.progress, b.block) >
-                         std::make_tuple(br_[w].decoded, br_[w].progress, br_[w].block))
-          w = b.row;
-      }
-      if (w >= 0) return eos = true, w;
+    auto key = [&](int64_t b) { return std::make_tuple(st(b)[br::kDecoded], st(b)[br::kFrontier], st(b)[br::kBlock]); };
+    for (int64_t b = 0; eos_ >= 0 && b < B_; ++b) {
+      const auto fe = first_eos(b);
+      if (fe && !has_mask(b, lp_, lp_ + *fe) && (w < 0 || key(b) > key(w))) w = b;
     }
-    for (Branch& b : br_) {
-      if (has_mask(b.row, lp_, L_)) continue;
-      b.done = true, b.progress = G_, b.decoded = G_;
-      if (w < 0 || std::make_pair(b.decoded, b.block) > std::make_pair(br_[w].decoded, br_[w].block)) w = b.row;
+    if (w >= 0) return eos = true, w;
+    for (int64_t b = 0; b < B_; ++b) {
+      if (!has_mask(b, lp_, L_) && (w < 0 || st(b)[br::kBlock] > st(w)[br::kBlock])) w = b;
     }
     return w;
   }
@@ -478,7 +444,9 @@ class HostBranches final : public Branches {
   int64_t natural_winner() const override {  // the most progress, then the larger block
     int64_t w = 0;
     for (int64_t r = 1; r < B_; ++r) {
-      if (std::make_pair(br_[r].progress, br_[r].block) > std::make_pair(br_[w].progress, br_[w].block)) w = r;
+      if (std::make_pair(st(r)[br::kFrontier], st(r)[br::kBlock]) >
+          std::make_pair(st(w)[br::kFrontier], st(w)[br::kBlock]))
+        w = r;
     }
     return w;
   }
@@ -489,14 +457,13 @@ class HostBranches final : public Branches {
     return t;
   }
 
-  BranchStats stats(int64_t b) const override { return br_[b].stats; }
-
  private:
   int64_t* row(int64_t r) { return &x_[r * L_]; }
   const int64_t* row(int64_t r) const { return &x_[r * L_]; }
-  // The maps in branches.h's layout ([B, G, map_k_]: ids, -1 free, and probabilities), on the host.
-  br::View map() {
-    return {x_.data(), nullptr, nullptr, map_ids_.data(), map_probs_.data(), B_, L_, lp_, map_k_, mask_, eos_};
+  // The canvases, state table and maps in branches.h's layout (maps [B, G, map_k_]: ids, -1 free, and
+  // probabilities), on the host.
+  br::View view() {
+    return {x_.data(), st_.data(), nullptr, map_ids_.data(), map_probs_.data(), B_, L_, lp_, map_k_, mask_, eos_};
   }
   void grow(int64_t k) {  // entries of k slots, keeping what they hold
     std::vector<int64_t> ids(B_ * G_ * k, -1);
@@ -522,43 +489,21 @@ class HostBranches final : public Branches {
     return std::nullopt;
   }
 
-  // Window = own-size block of the first mask before the first EOS; recount `decoded`.
-  void snap(Branch& b) {
-    const auto fe = first_eos(b.row);
-    const int64_t counted = fe ? *fe + 1 : G_, decode_end = fe ? *fe : G_;
-    const int64_t* g = row(b.row) + lp_;
-    b.decoded = 0;
-    for (int64_t j = 0; j < counted; ++j) b.decoded += g[j] != mask_;
-    int64_t first = -1;
-    for (int64_t j = 0; j < decode_end && first < 0; ++j) {
-      if (g[j] == mask_) first = j;
-    }
-    if (first < 0) {
-      b.done = true;
-      b.progress = fe ? *fe + 1 : G_;
-      b.start = b.end = lp_ + b.progress;
-      return;
-    }
-    b.done = false;
-    b.start = lp_ + first / b.block * b.block;
-    b.end = std::min(b.start + b.block, lp_ + decode_end);
-    b.progress = first;
+  void snap(int64_t b) { br::snap_window(br::SerialExec{}, view(), b, p_); }
+  void snap_all() {
+    for (int64_t b = 0; b < B_; ++b) snap(b);
   }
-  void advance(Branch& b) {  // RefreshClock::kFrontierTokens: since_refresh counts frontier progress
-    const int64_t old = b.progress;
-    snap(b);
-    b.since_refresh += std::max<int64_t>(b.progress - old, 0);
-  }
-  void to_active_window(Branch& b) {
-    while (!b.done && !has_mask(b.row, b.start, b.end)) {
-      const int64_t prev = b.progress;
+  void advance(int64_t b) { br::advance(br::SerialExec{}, view(), b, p_); }
+  void to_active_window(int64_t b) {
+    while (!done(b) && !has_mask(b, st(b)[br::kStart], st(b)[br::kEnd])) {
+      const int64_t prev = st(b)[br::kFrontier];
       advance(b);
-      if (b.done || b.progress <= prev) break;
+      if (done(b) || st(b)[br::kFrontier] <= prev) break;
     }
   }
-  int64_t window_hi(const Branch& b) const {
-    const auto fe = first_eos(b.row);
-    return fe ? std::min(b.end, lp_ + *fe) : b.end;
+  int64_t window_hi(int64_t b) const {
+    const auto fe = first_eos(b);
+    return fe ? std::min(st(b)[br::kEnd], lp_ + *fe) : st(b)[br::kEnd];
   }
 
   // --- forwards ------------------------------------------------------------------------------
@@ -570,14 +515,14 @@ class HostBranches final : public Branches {
   std::vector<int64_t> seed_positions(const std::vector<Span>& spans) {
     std::vector<int64_t> pos;
     for (const Span& s : spans) {
-      Branch& b = br_[s.b];
+      const int64_t b = s.b;
       int64_t p = kWasDone;
-      if (!b.done) {
+      if (!done(b)) {
         p = kNoSeed;
         to_active_window(b);
         const int64_t hi = window_hi(b);
-        for (int64_t q = b.start; q < hi && p < 0 && !b.done; ++q) {
-          if (row(b.row)[q] == mask_) p = q;
+        for (int64_t q = st(b)[br::kStart]; q < hi && p < 0 && !done(b); ++q) {
+          if (row(b)[q] == mask_) p = q;
         }
       }
       pos.push_back(p);
@@ -595,15 +540,15 @@ class HostBranches final : public Branches {
     }
     size_t k = 0;
     for (size_t i = 0; i < spans_.size(); ++i) {
-      Branch& b = br_[spans_[i].b];
+      const int64_t b = spans_[i].b;
       if (seeds_[i] == kWasDone) continue;
       if (seeds_[i] != kNoSeed) {
-        row(b.row)[seeds_[i]] = token[k++];
-        b.stats.committed += 1;
-        std::fill_n(&map_ids_[map().entry(b.row, lp_)], G_ * map_k_, -1);  // the seed clears the map
+        row(b)[seeds_[i]] = token[k++];
+        st(b)[br::kCommitted] += 1;
+        std::fill_n(&map_ids_[view().entry(b, lp_)], G_ * map_k_, -1);  // the seed clears the map
         advance(b);
       }
-      b.since_refresh = 0;
+      st(b)[br::kSinceRefresh] = 0;
     }
   }
 
@@ -619,12 +564,12 @@ class HostBranches final : public Branches {
     auto [pv, pid] = at::topk(at::softmax(logits, -1), std::min(K_, logits.size(-1)));
     const std::vector<at::Tensor> h =
         host::to_host({pred.squeeze(-1), conf, pid.masked_fill(pv.gt(*o_.prob_floor).logical_not(), -1), pv});
-    for (const Span& s : spans_) absorb(br_[s.b], s.first, h);
+    for (const Span& s : spans_) absorb(s.b, s.first, h);
   }
 
-  void absorb(Branch& b, int64_t first, const std::vector<at::Tensor>& h) {
-    const int64_t lo = b.start, hi = std::min(window_hi(b), L_), n = hi - lo;
-    if (n <= 0 || !has_mask(b.row, lo, hi)) {
+  void absorb(int64_t b, int64_t first, const std::vector<at::Tensor>& h) {
+    const int64_t lo = st(b)[br::kStart], hi = std::min(window_hi(b), L_), n = hi - lo;
+    if (n <= 0 || !has_mask(b, lo, hi)) {
       advance(b);
       return;
     }
@@ -633,7 +578,7 @@ class HostBranches final : public Branches {
     const int64_t K = h[2].size(1);
     const int64_t* pid = h[2].const_data_ptr<int64_t>() + first * K;
     const double* pv = h[3].const_data_ptr<double>() + first * K;
-    int64_t* x = row(b.row);
+    int64_t* x = row(b);
     std::vector<bool> take(n, false);
     bool any = false;
     float best_no_eos = kNegInf, best_masked = kNegInf;
@@ -651,10 +596,10 @@ class HostBranches final : public Branches {
     for (int64_t j = 0; j < n; ++j) {
       if (!take[j]) continue;
       x[lo + j] = pred[j];
-      b.stats.committed += 1;
+      st(b)[br::kCommitted] += 1;
     }
     // MapRule::kAccumulateSinceSeed: every probability above the floor, over older entries of its token.
-    while (br::record_map(br::SerialExec{}, map(), b.row, lo, n, pid, pv, K, br::MapMode::kAccumulate)) {
+    while (br::record_map(br::SerialExec{}, view(), b, lo, n, pid, pv, K, br::MapMode::kAccumulate)) {
       grow(2 * map_k_);
     }
     advance(b);
@@ -670,80 +615,17 @@ class HostBranches final : public Branches {
     return r;
   }
 
-  // --- coordination --------------------------------------------------------------------------
-
-  int64_t leader() const {  // most decoded; the first (smallest block) of equal counts
-    int64_t l = 0;
-    for (int64_t r = 1; r < B_; ++r) {
-      if (br_[r].decoded > br_[l].decoded) l = r;
-    }
-    return l;
-  }
-  std::vector<Branch*> compatible(const Branch& dst, const std::vector<Branch*>& sources) {
-    std::vector<Branch*> out;
-    for (Branch* src : sources) {
-      const auto dfe = first_eos(dst.row), sfe = first_eos(src->row);  // compared up to both EOS cuts
-      const int64_t n = std::min(dfe ? *dfe + 1 : G_, sfe ? *sfe + 1 : G_);
-      if (!br::clash(br::SerialExec{}, map(), dst.row, src->row, n)) out.push_back(src);
-    }
-    return out;
-  }
-  void merge(Branch& dst, const std::vector<Branch*>& sources) {
-    const auto fe = first_eos(dst.row);
-    const int64_t lo = std::max(dst.start, lp_);
-    int64_t hi = std::min(dst.end, L_);
-    if (fe) hi = std::min(hi, lp_ + *fe);
-    int64_t filled = 0;
-    for (int64_t pos = lo; pos < hi; ++pos) {
-      if (row(dst.row)[pos] != mask_ || br::map_empty(map(), dst.row, pos)) continue;
-      int64_t best_tok = mask_;
-      double best_p = 0.0;
-      for (const Branch* src : sources) {
-        if (src->done) continue;
-        const auto sfe = first_eos(src->row);
-        if (sfe && pos > lp_ + *sfe) continue;
-        const int64_t tok = row(src->row)[pos];
-        if (tok == mask_) continue;
-        const double p = br::map_prob(map(), dst.row, pos, tok);
-        if (p > best_p) best_tok = tok, best_p = p;
-      }
-      if (br::passes_gate(best_p, gate_) && best_tok != mask_) {
-        row(dst.row)[pos] = best_tok;
-        filled += 1;
-      }
-    }
-    if (filled) {
-      dst.stats.merged += filled;
-      advance(dst);
-    }
-  }
-  void sync(Branch& dst, const Branch& lead) {
-    int64_t* d = row(dst.row);
-    const int64_t* s = row(lead.row);
-    for (int64_t p = 0; p < L_; ++p) {
-      if (d[p] != s[p] && s[p] != mask_) dst.stats.copied += 1;
-      d[p] = s[p];
-    }
-    dst.since_refresh = lead.since_refresh;
-    const int64_t from = map().entry(lead.row, lp_), to = map().entry(dst.row, lp_);  // the map, a copy
-    std::copy_n(map_ids_.begin() + from, G_ * map_k_, map_ids_.begin() + to);
-    std::copy_n(map_probs_.begin() + from, G_ * map_k_, map_probs_.begin() + to);
-    kv_.select(0, dst.row).copy_(kv_.select(0, lead.row));
-    snap(dst);
-  }
-
   const DecodeOptions o_;
   const FamilyRules& rules_;
   const int64_t mask_, limit_, eos_, lp_, G_, L_, B_;
   const float threshold_;  // compared with float32 probabilities
   const int64_t K_;
   at::Tensor kv_;
-  const br::CoordinateParams gate_;  // the merge gate (FamilyRules::gate_inclusive)
+  const br::CoordinateParams p_;  // the merge gate and the window and clock rules of FamilyRules
   std::vector<int64_t> x_;  // the canvases: B rows of L, concatenated
   int64_t map_k_ = 0;       // slots per map entry (grown when an entry accumulates more)
   std::vector<int64_t> map_ids_;
   std::vector<double> map_probs_;
-  std::vector<Branch> br_;
   bool synced_ = false;  // sync_refresh: the last coordination synced a branch that is not done
   std::vector<Span> spans_;     // the step in flight
   std::vector<int64_t> seeds_;  // its seed positions (full forwards)
