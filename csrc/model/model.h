@@ -1,5 +1,5 @@
 // The native LLaDA / Dream transformer (the same body; Dream adds q/k/v biases): owns its weights, runs packed variable-length forwards over
-// per-row KV buffers: the LLaDA implementation of Network (model/network.h);
+// per-row KV buffers: the one native implementation of Network (model/network.h) for every family;
 // python/blockbatch/reference/model.py is its readable twin.
 #pragma once
 

@@ -871,7 +871,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_parser(sub, _positive_int, _positive_float)
 
     p = sub.add_parser("forward", help="load a checkpoint and print logits statistics of one native forward",
-                       description="Load a Hugging Face LLaDA checkpoint folder with blockbatch's strict loader, "
+                       description="Load a Hugging Face checkpoint folder (LLaDA or Dream) with blockbatch's strict loader, "
                                    "run one full-canvas native forward and print logits statistics.")
     p.add_argument("--model", required=True, help="checkpoint folder (config.json, *.safetensors, tokenizer.json)")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="weight/compute dtype (default float32)")

@@ -66,7 +66,8 @@ class Engine:
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike | None = None, device: str | torch.device = "cpu",
                         dtype: torch.dtype | None = None) -> "Engine":
-        """Load a Hugging Face LLaDA folder; ``None`` loads the toy model shipped in the package."""
+        """Load a Hugging Face checkpoint folder of a supported family (LLaDA, Dream); ``None`` loads the toy
+        model shipped in the package."""
         if path is None:
             from .toy import checkpoint_path
 

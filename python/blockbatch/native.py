@@ -34,7 +34,7 @@ def pack_rows(ids: Sequence[torch.Tensor], positions: Sequence[torch.Tensor],
 
 
 class NativeModel:
-    """A LLaDA model held by the C++ engine.
+    """A model of any supported family (LLaDA, Dream) held by the C++ engine.
 
     >>> model = NativeModel.from_pretrained("path/to/checkpoint", dtype=torch.bfloat16)
     >>> logits = model.forward([ids], [positions])[0]          # [len(ids), vocab]
