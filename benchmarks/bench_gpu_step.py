@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import statistics
 import sys
@@ -191,7 +190,7 @@ def gemm_sweep(config, rows: int, repeats: int) -> dict:
         x = torch.randn(rows, K, device="cuda", dtype=torch.bfloat16)
 
         def run():
-            for w in ws:
+            for w in ws:  # noqa: F821 (the closure runs before the `del ws` below)
                 torch.ops.blockbatch.linear(x, w)
 
         us = cuda_ms(run, repeats) / copies * 1e3
@@ -331,13 +330,13 @@ def main(argv=None) -> int:
                        "layers": args.layers, "results": results, "gemm": gemm}, f, indent=2)
 
     def make_step(lengths, L):
-        kv = model.new_kv(len(lengths), L)
+        kv = model.new_kv(len(lengths), L)  # noqa: F821 (runs before the `del model` below)
         ids = [torch.randint(0, config.vocab_size, (n,)) for n in lengths]
         pos = [torch.arange(L // 2 // n * n, L // 2 // n * n + n) for n in lengths]
         packed = pack_rows(ids, pos, "cuda")
 
         def step():
-            logits = model.forward_packed(*packed, kv, "dual")
+            logits = model.forward_packed(*packed, kv, "dual")  # noqa: F821 (before the `del model` below)
             return torch.ops.blockbatch.confidence(logits, config.mask_token_id)
 
         return kv, packed, step

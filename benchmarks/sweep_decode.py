@@ -13,7 +13,6 @@ Writes JSON and one PNG per sweep (when matplotlib is installed).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess

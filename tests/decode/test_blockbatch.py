@@ -85,7 +85,6 @@ def test_every_mechanism_fired_in_the_grid(models):
 
 
 def test_temperature_sampling_matches_reference(models):
-    config = models[0]
     prompt = torch.tensor([3, 1, 4, 1, 5])
     expected, out = run_both(models, prompt, 64, block_sizes=(4, 16, 64), temperature=0.9, seed=7)
     assert_same(expected, out)

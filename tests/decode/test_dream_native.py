@@ -18,7 +18,6 @@ import json
 import os
 
 import pytest
-import torch
 
 from blockbatch import DecodeOptions, Engine
 from blockbatch.dream_checkpoint import make_random_dream_checkpoint

@@ -19,7 +19,7 @@ import torch
 import blockbatch.native  # noqa: F401  (registers the ops)
 from blockbatch.engine import Engine
 from blockbatch.options import DecodeOptions
-from blockbatch.random_branch_state import FIELD, coordinate_args, random_branch_state
+from blockbatch.random_branch_state import coordinate_args, random_branch_state
 from helpers.processes import interrupt_once_printed
 
 ops = torch.ops.blockbatch

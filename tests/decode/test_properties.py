@@ -12,7 +12,6 @@ import sys
 import textwrap
 
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import blockbatch
-from blockbatch.config import MAX_LAYERS, MAX_SEQUENCE_LENGTH, ModelConfig
+from blockbatch.config import MAX_LAYERS, MAX_SEQUENCE_LENGTH
 from blockbatch.errors import CheckpointError
 from blockbatch.loading import load_checkpoint, read_safetensors_header, save_checkpoint
 from blockbatch.random_checkpoint import random_config, random_weights

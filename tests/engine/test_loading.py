@@ -201,7 +201,7 @@ def test_header_offsets_that_lie(make_ckpt):
         header[name]["data_offsets"] = [b + 4, e + 4]
 
     _patch_header(f, shift)
-    with pytest.raises(CheckpointError, match=rf"model.safetensors: tensor '.*'"):
+    with pytest.raises(CheckpointError, match=r"model.safetensors: tensor '.*'"):
         load_checkpoint(path)
 
     path, _ = make_ckpt()

@@ -1,6 +1,5 @@
 """Each kernel op against its pure-PyTorch twin, opcheck on every op, fake kernels, compile."""
 
-import math
 
 import pytest
 import torch
@@ -275,7 +274,7 @@ def test_fake_forward_shapes():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     config, model = _model()
-    with FakeTensorMode() as mode:
+    with FakeTensorMode():
         tokens = torch.zeros(12, dtype=torch.long)
         pos = torch.zeros(12, dtype=torch.long)
         cu = torch.tensor([0, 5, 12])

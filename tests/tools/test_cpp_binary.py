@@ -11,7 +11,7 @@ import torch
 
 import blockbatch
 from blockbatch.loading import PREFIX, save_checkpoint
-from blockbatch.native import NativeModel, pack_rows
+from blockbatch.native import NativeModel
 from blockbatch.random_checkpoint import random_config, random_weights
 from helpers.bb_forward import assert_forward_matches
 

@@ -123,7 +123,10 @@ def decode_with_options(model: ReferenceModel, prompt: Sequence[int], options, v
     """One request under ``blockbatch.DecodeOptions`` (unset options: Dream's defaults from the
     options table), through the decoder of its policy: what the native engine must return."""
     o = options
-    opt = (lambda name: o.resolved(name, "dream"))
+
+    def opt(name):
+        return o.resolved(name, "dream")
+
     if o.policy == "vanilla":
         return dream_vanilla(model, prompt, o.gen_length, o.steps if o.steps is not None else o.gen_length,
                              alg=ALG_NAMES[opt("alg")], alg_temp=o.alg_temp, eps=o.eps, temperature=o.temperature,

@@ -358,7 +358,7 @@ def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
         value = loss.item()
         running += value
         running_n += 1
-        ema = value if step == 1 else 0.95 * ema + 0.05 * value
+        ema = value if step == 1 else 0.95 * ema + 0.05 * value  # noqa: F821 (set at step 1)
         if step % tc.log_every == 0 or step == tc.steps:
             rec = {"step": step, "loss": round(running / running_n, 5),
                    "elapsed_s": round(time.perf_counter() - t0, 1)}
