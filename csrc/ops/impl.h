@@ -18,7 +18,7 @@
 
 namespace blockbatch {
 
-// CPU (ops/cpu/kernels.cpp, commit.cpp, branches.cpp): also check the values the kernels index by.
+// CPU (ops/cpu/forward_ops.cpp, commit.cpp, branches.cpp): also check the values the kernels index by.
 at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor add_rms_norm_cpu(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps);
 at::Tensor silu_mul_cpu(const at::Tensor& gate_up);

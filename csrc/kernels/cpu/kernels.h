@@ -2,7 +2,7 @@
 //
 // Every kernel is templated on the storage type T (float, c10::BFloat16, c10::Half) and
 // computes in float32 (double where noted). They are the oracle for the CUDA kernels and are
-// bound to tensor ops in csrc/ops/cpu/kernels.cpp.
+// bound to tensor ops in csrc/ops/cpu/forward_ops.cpp.
 #pragma once
 
 #include <cstdint>
