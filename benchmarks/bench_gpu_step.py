@@ -203,7 +203,8 @@ def gemm_sweep(config, rows: int, repeats: int) -> dict:
 
 def bookkeeping(config, model, kv, L: int, repeats: int) -> dict:
     """Device time of one BlockBatch step's bookkeeping at this shape (see the module docstring)."""
-    from blockbatch.random_branch_state import coordinate_args, random_branch_state, window_spans
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))  # tests/helpers
+    from helpers.random_branch_state import coordinate_args, random_branch_state, window_spans
 
     ops = torch.ops.blockbatch
     lp = 128

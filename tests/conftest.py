@@ -1,6 +1,14 @@
 
+import os
+import pathlib
+
 import pytest
 import torch
+
+# Subprocesses the tests start (`python -c ...`) see what pytest's `pythonpath` gives this process:
+# the test helpers (tests/helpers) and the build-time tools (tools/), which the wheel does not ship.
+_EXTRA = [str(pathlib.Path(__file__).resolve().parent), str(pathlib.Path(__file__).resolve().parents[1] / "tools")]
+os.environ["PYTHONPATH"] = os.pathsep.join(_EXTRA + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
 # One intra-op thread: results do not depend on it (test_threads_do_not_change_results checks 2),
 # and OpenMP spin-waits make multi-threaded runs crawl on a busy 2-core machine.

@@ -9,7 +9,7 @@ from blockbatch.native import NativeModel
 from blockbatch.options import DecodeOptions, run_decode
 from blockbatch.reference import model as ref
 from blockbatch.random_checkpoint import random_config, random_weights
-from blockbatch.random_branch_state import coordinate_args, random_branch_state
+from helpers.random_branch_state import coordinate_args, random_branch_state
 from helpers.op_cases import absorb_case, commit_case, rope_kv_case, rope_table
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")

@@ -19,7 +19,7 @@ import torch
 import blockbatch.native  # noqa: F401  (registers the ops)
 from blockbatch.engine import Engine
 from blockbatch.options import DecodeOptions
-from blockbatch.random_branch_state import coordinate_args, random_branch_state
+from helpers.random_branch_state import coordinate_args, random_branch_state
 from helpers.processes import interrupt_once_printed
 
 ops = torch.ops.blockbatch
@@ -268,7 +268,7 @@ def test_absorb_rejects_window_past_canvas_and_writes_nothing():
     proc = run_isolated("""
         import torch
         import blockbatch.native
-        from blockbatch.random_branch_state import FIELD, random_branch_state
+        from helpers.random_branch_state import FIELD, random_branch_state
         ops = torch.ops.blockbatch
         s = random_branch_state(3)
         b = int((s["state"][:, FIELD["done"]] == 0).nonzero()[0])
@@ -296,7 +296,7 @@ def test_absorb_rejects_eos_id_outside_the_vocabulary():
     proc = run_isolated("""
         import torch
         import blockbatch.native
-        from blockbatch.random_branch_state import FIELD, random_branch_state, window_spans
+        from helpers.random_branch_state import FIELD, random_branch_state, window_spans
         ops = torch.ops.blockbatch
         s = random_branch_state(5)
         spans, rows = window_spans(s["state"])
@@ -328,7 +328,7 @@ def test_coordinate_rejects_windows_outside_the_canvas(field, value, pattern):
     proc = run_isolated(f"""
         import torch
         import blockbatch.native
-        from blockbatch.random_branch_state import FIELD, coordinate_args, random_branch_state
+        from helpers.random_branch_state import FIELD, coordinate_args, random_branch_state
         s = random_branch_state(2)
         b = int((s["state"][:, FIELD["done"]] == 0).nonzero()[0])
         s["state"][b, FIELD[{field!r}]] = {value}

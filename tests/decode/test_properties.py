@@ -167,7 +167,7 @@ def test_bookkeeping_ops_never_crash_on_random_state_tables():
         import torch
         from hypothesis import given, settings, strategies as st
         import blockbatch.native
-        from blockbatch.random_branch_state import BRANCH_FIELDS, FIELD, coordinate_args, random_branch_state
+        from helpers.random_branch_state import BRANCH_FIELDS, FIELD, coordinate_args, random_branch_state
         ops = torch.ops.blockbatch
         big = st.one_of(st.integers(-5, 80), st.integers(-2**62, 2**62))
         counts = {"ok": 0, "rejected": 0}

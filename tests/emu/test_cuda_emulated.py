@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import blockbatch.native  # noqa: F401
-from blockbatch.random_branch_state import FIELD, coordinate_args, random_branch_state
+from helpers.random_branch_state import FIELD, coordinate_args, random_branch_state
 from helpers.op_cases import absorb_case, commit_case, rope_kv_case, rope_table
 from emu.cuda_emu.build import build
 

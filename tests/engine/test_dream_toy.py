@@ -16,7 +16,7 @@ from blockbatch.reference.model import ReferenceModel
 from blockbatch.toy import evaluate as toy_eval
 from blockbatch.toy import task
 from blockbatch.toy import tokenizer as toy_tok
-from blockbatch.toy import train as toy_train
+import train_toy as toy_train
 
 CKPT = toy.dream_checkpoint_path()
 

@@ -14,7 +14,7 @@ from blockbatch.toy import checkpoint_path
 from blockbatch.toy import evaluate as toy_eval
 from blockbatch.toy import task
 from blockbatch.toy import tokenizer as toy_tok
-from blockbatch.toy import train as toy_train
+import train_toy as toy_train
 
 CKPT = checkpoint_path()
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 import blockbatch  # noqa: F401  (registers torch.ops.blockbatch)
-from blockbatch.random_branch_state import random_branch_state, window_spans
+from helpers.random_branch_state import random_branch_state, window_spans
 
 
 def commit_case(g: torch.Generator, n: int) -> tuple:

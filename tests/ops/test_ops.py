@@ -9,7 +9,7 @@ import blockbatch.native  # noqa: F401  (loads the extension)
 from blockbatch.native import NativeModel, pack_rows
 from blockbatch.reference import model as ref
 from blockbatch.random_checkpoint import random_config, random_weights
-from blockbatch.random_branch_state import FIELD, coordinate_args, random_branch_state, window_spans
+from helpers.random_branch_state import FIELD, coordinate_args, random_branch_state, window_spans
 from helpers.op_cases import rope_kv_case, rope_table
 
 ops = torch.ops.blockbatch

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import blockbatch
-from blockbatch import DecodeOptions, contract, gen_contract
+import gen_contract
+from blockbatch import DecodeOptions, contract
 from blockbatch.bench import SPEC_OPTIONS, policy_kwargs
 from blockbatch.cli import build_parser
 from blockbatch.config import ModelConfig
@@ -25,7 +26,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 def test_generated_files_are_up_to_date():
     stale = gen_contract.stale_files(ROOT)
-    assert not stale, f"out of date with the table, run `python -m blockbatch.gen_contract --write`: {stale}"
+    assert not stale, f"out of date with the table, run `python tools/gen_contract.py --write`: {stale}"
 
 
 def test_the_check_fails_on_a_stale_file(tmp_path):

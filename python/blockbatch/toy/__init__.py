@@ -1,6 +1,6 @@
 """Small trained masked-diffusion LMs shipped with the package, and the task they solve.
 
-Two checkpoints, trained by ``python -m blockbatch.toy.train`` on the chained-arithmetic task of
+Two checkpoints, trained by ``python tools/train_toy.py`` on the chained-arithmetic task of
 ``toy.task`` with the same character tokenizer, data and objective:
 
 * ``toy/checkpoint``: LLaDA layout (``--family llada``, the default);

@@ -1,6 +1,6 @@
 """LLaDA-style SFT of the toy model on the reference forward (CPU, deterministic).
 
-    python -m blockbatch.toy.train [--family llada|dream] [--out DIR] [--steps 3000] [--threads 1] [--quiet]
+    python tools/train_toy.py [--family llada|dream] [--out DIR] [--steps 3000] [--threads 1] [--quiet]
 
 Each step draws a canvas length ``G`` (64 with probability 0.7, 128: 0.2, 256: 0.1) and a
 batch of training problems (about 4.7k tokens: 48 rows at G=64); a row is ``prompt + response``
@@ -43,12 +43,12 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ..config import ModelConfig
-from ..loading import DREAM_PREFIX, PREFIX, WEIGHTS_NAME, expected_weight_shapes, save_checkpoint
-from ..reference.model import ReferenceModel
-from . import CHECKPOINT_DIRS
-from . import task as toy_task
-from . import tokenizer as toy_tok
+from blockbatch.config import ModelConfig
+from blockbatch.loading import DREAM_PREFIX, PREFIX, WEIGHTS_NAME, expected_weight_shapes, save_checkpoint
+from blockbatch.reference.model import ReferenceModel
+from blockbatch.toy import CHECKPOINT_DIRS
+from blockbatch.toy import task as toy_task
+from blockbatch.toy import tokenizer as toy_tok
 
 FAMILIES = ("llada", "dream")
 DEFAULT_OUT = CHECKPOINT_DIRS["llada"]
@@ -406,7 +406,7 @@ def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m blockbatch.toy.train", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python tools/train_toy.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--family", choices=FAMILIES, default="llada",
                     help="llada (default; the shipped toy/checkpoint) or dream (toy/checkpoint_dream: Dream layout, "
                          f"shifted outputs; changes the defaults {FAMILY_DEFAULTS['dream']})")
