@@ -116,7 +116,7 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     from blockbatch import DecodeOptions, settings
-    from blockbatch.options import run_decode_batch
+    from blockbatch.decoding import run_decode_batch
 
     engine, label = _model(args.model, args.device, getattr(torch, args.dtype) if args.dtype else None)
     prompts = _prompts(engine, args.n)

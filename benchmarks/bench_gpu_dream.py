@@ -43,13 +43,13 @@ L = 512
 
 
 def build(family: str, shape: dict, device: str, dtype: torch.dtype):
-    from blockbatch.dream_checkpoint import random_dream_config
-    from blockbatch.loading import dream_weight_shapes, expected_weight_shapes
-    from blockbatch.native import NativeModel
     from blockbatch.random_checkpoint import random_config
+    from blockbatch.families.dream import weight_shapes as dream_weight_shapes
+    from blockbatch.loading import expected_weight_shapes
+    from blockbatch.native import NativeModel
 
     if family == "dream":
-        config = random_dream_config(**shape, max_sequence_length=4096)
+        config = random_config("dream", **shape, max_sequence_length=4096)
         shapes = dream_weight_shapes(config)
     else:
         config = random_config(**shape, max_sequence_length=4096)
@@ -105,7 +105,8 @@ def step_times(config, model, windows, device: str, repeats: int) -> dict:
 
 
 def decode_times(config, model, device: str, gen_length: int, decodes: int) -> dict:
-    from blockbatch.options import DecodeOptions, run_decode
+    from blockbatch.decoding import run_decode
+    from blockbatch.options import DecodeOptions
 
     prompt = torch.randint(0, config.vocab_size - 2, (64,), generator=torch.Generator().manual_seed(2)).to(device)
     out = {}

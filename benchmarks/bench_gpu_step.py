@@ -114,7 +114,7 @@ class PlainStep:
     """The same dual-cache step in plain PyTorch: cuBLAS GEMMs, SDPA per row."""
 
     def __init__(self, config, weights):
-        from blockbatch.loading import PREFIX
+        from blockbatch.families.llada import PREFIX
         from blockbatch.reference.model import rope_cos_sin
 
         self.c = config

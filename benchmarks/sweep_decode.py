@@ -42,7 +42,8 @@ def make_model(checkpoint: str | None, workdir: str) -> str:
 
 def gen_length_sweep(path: str, prompts: int) -> list[dict]:
     from blockbatch.native import NativeModel
-    from blockbatch.options import DecodeOptions, run_decode
+    from blockbatch.decoding import run_decode
+    from blockbatch.options import DecodeOptions
 
     model = NativeModel.from_pretrained(path)
     vocab = model.config.vocab_size
@@ -70,7 +71,8 @@ def gen_length_sweep(path: str, prompts: int) -> list[dict]:
 _MEMORY_CHILD = """
 import sys, torch
 from blockbatch.native import NativeModel
-from blockbatch.options import DecodeOptions, run_decode
+from blockbatch.decoding import run_decode
+from blockbatch.options import DecodeOptions
 def hwm_mb():
     for line in open("/proc/self/status"):
         if line.startswith("VmHWM:"):

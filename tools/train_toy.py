@@ -44,7 +44,9 @@ import torch
 import torch.nn.functional as F
 
 from blockbatch.config import ModelConfig
-from blockbatch.loading import DREAM_PREFIX, PREFIX, WEIGHTS_NAME, expected_weight_shapes, save_checkpoint
+from blockbatch.families.dream import PREFIX as DREAM_PREFIX
+from blockbatch.families.llada import PREFIX
+from blockbatch.loading import WEIGHTS_NAME, expected_weight_shapes, save_checkpoint
 from blockbatch.reference.model import ReferenceModel
 from blockbatch.toy import CHECKPOINT_DIRS
 from blockbatch.toy import task as toy_task

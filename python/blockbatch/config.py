@@ -42,7 +42,7 @@ _INT_KEYS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden_size", 
 _FLOAT_KEYS = ("rope_theta", "rms_norm_eps")
 
 
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
     """repr of a config value, cut short (a fuzzed file can hold megabyte strings)."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -122,21 +122,21 @@ class ModelConfig:
             return CheckpointError(f"{where}: key '{key}' {msg}")
 
         if self.model_type not in SUPPORTED_MODEL_TYPES:
-            raise bad("model_type", f"is {_show(self.model_type)}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+            raise bad("model_type", f"is {show_value(self.model_type)}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
         for key in (*_INT_KEYS, "mask_token_id", "eos_token_id"):
             value = getattr(self, key)
             if not _is_int(value):
-                raise bad(key, f"must be an integer, got {_show(value)}")
+                raise bad(key, f"must be an integer, got {show_value(value)}")
             if not -_INT64_MAX <= value <= _INT64_MAX:
-                raise bad(key, f"= {_show(value)} does not fit in 64 bits")
+                raise bad(key, f"= {show_value(value)} does not fit in 64 bits")
         for key in _FLOAT_KEYS:
             value = getattr(self, key)
             if _as_finite(value) is None:
-                raise bad(key, f"must be a positive finite number, got {_show(value)}")
+                raise bad(key, f"must be a positive finite number, got {show_value(value)}")
         if not isinstance(self.weight_tying, bool):
-            raise bad("weight_tying", f"must be true or false, got {_show(self.weight_tying)}")
+            raise bad("weight_tying", f"must be true or false, got {show_value(self.weight_tying)}")
         if not isinstance(self.attention_bias, bool):
-            raise bad("attention_bias", f"must be true or false, got {_show(self.attention_bias)}")
+            raise bad("attention_bias", f"must be true or false, got {show_value(self.attention_bias)}")
         if self.family == "dream":
             self._validate_dream(where)
         elif self.attention_bias:
@@ -153,10 +153,10 @@ class ModelConfig:
                                   else f"{where}: {message}") from None
         if self.pad_token_id is not None and (not _is_int(self.pad_token_id)
                                               or not 0 <= self.pad_token_id < self.vocab_size):
-            raise bad("pad_token_id", f"= {_show(self.pad_token_id)} is outside the vocabulary [0, {self.vocab_size})")
+            raise bad("pad_token_id", f"= {show_value(self.pad_token_id)} is outside the vocabulary [0, {self.vocab_size})")
         if self.bos_token_id is not None and (not _is_int(self.bos_token_id)
                                               or not 0 <= self.bos_token_id < self.vocab_size):
-            raise bad("bos_token_id", f"= {_show(self.bos_token_id)} is outside the vocabulary [0, {self.vocab_size})")
+            raise bad("bos_token_id", f"= {show_value(self.bos_token_id)} is outside the vocabulary [0, {self.vocab_size})")
         return self
 
     def _validate_dream(self, where: str) -> None:
@@ -212,21 +212,21 @@ class ModelConfig:
         def integer(key: str) -> int:
             value = need(key)
             if not _is_int(value):
-                raise bad(key, f"must be an integer, got {_show(value)}")
+                raise bad(key, f"must be an integer, got {show_value(value)}")
             return value
 
         def number(key: str) -> float:
             value = need(key)
             if not _is_number(value):
-                raise bad(key, f"must be a number, got {_show(value)}")
+                raise bad(key, f"must be a number, got {show_value(value)}")
             finite = _as_finite(value)
             if finite is None:
-                raise bad(key, f"must be a finite number, got {_show(value)}")
+                raise bad(key, f"must be a finite number, got {show_value(value)}")
             return finite
 
         model_type = need("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
-            raise bad("model_type", f"is {_show(model_type)}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+            raise bad("model_type", f"is {show_value(model_type)}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
         if FAMILIES[model_type] == "dream":
             return cls._dream_from_dict(raw, where, need, integer, number, present, bad)
         d_model = integer("d_model")
@@ -237,23 +237,23 @@ class ModelConfig:
         elif present("mlp_ratio"):  # LLaDA/OLMo fall back to mlp_ratio * d_model
             ratio = raw["mlp_ratio"]
             if _as_finite(ratio) is None or not ratio > 0:
-                raise bad("mlp_ratio", f"must be a positive finite number, got {_show(ratio)}")
+                raise bad("mlp_ratio", f"must be a positive finite number, got {show_value(ratio)}")
             try:
                 mlp = int(ratio * d_model)  # a huge product fails validate() by name (mlp_hidden_size)
             except OverflowError:
-                raise bad("mlp_ratio", f"* d_model = {_show(ratio)} * {d_model} overflows") from None
+                raise bad("mlp_ratio", f"* d_model = {show_value(ratio)} * {d_model} overflows") from None
         else:
             raise CheckpointError(f"{where}: required key 'mlp_hidden_size' is missing")
         eos = need("eos_token_id")
         if isinstance(eos, list):
             if not eos or not all(_is_int(e) for e in eos):
-                raise bad("eos_token_id", f"must be an integer or a non-empty list of integers, got {_show(eos)}")
+                raise bad("eos_token_id", f"must be an integer or a non-empty list of integers, got {show_value(eos)}")
             eos = eos[0]
         else:
             eos = integer("eos_token_id")
         weight_tying = need("weight_tying")
         if not isinstance(weight_tying, bool):
-            raise bad("weight_tying", f"must be true or false (a JSON boolean), got {_show(weight_tying)}")
+            raise bad("weight_tying", f"must be true or false (a JSON boolean), got {show_value(weight_tying)}")
         pad = raw.get("pad_token_id")
         if pad is not None:
             pad = integer("pad_token_id")
@@ -283,13 +283,13 @@ class ModelConfig:
             value = raw.get(key)
             if isinstance(value, list):  # HF allows a list of EOS ids; the first one is the EOS id
                 if not value or not all(_is_int(e) for e in value):
-                    raise bad(key, f"must be an integer or a non-empty list of integers, got {_show(value)}")
+                    raise bad(key, f"must be an integer or a non-empty list of integers, got {show_value(value)}")
                 return value[0]
             return None if value is None else integer(key)
 
         tie = raw.get("tie_word_embeddings", False)
         if not isinstance(tie, bool):
-            raise bad("tie_word_embeddings", f"must be true or false (a JSON boolean), got {_show(tie)}")
+            raise bad("tie_word_embeddings", f"must be true or false (a JSON boolean), got {show_value(tie)}")
         n_heads = integer("num_attention_heads")
         vocab = integer("vocab_size")
         if not present("mask_token_id"):

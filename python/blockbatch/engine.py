@@ -13,8 +13,12 @@ import torch
 from .errors import checked_int
 from .loading import load_checkpoint
 from .native import NativeModel
-from .options import DecodeOptions, run_decode, run_decode_batch
+from .decoding import run_decode, run_decode_batch
+from .options import DecodeOptions
 from .tokenization import TextCodec
+
+# The dtypes a checkpoint loads in, by the names the CLI and the server's replicas take.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def batches_on(device_type: str) -> bool:

@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from .config import GENERATION_CONFIG_NAME, ModelConfig, _show
+from . import families
+from .config import GENERATION_CONFIG_NAME, ModelConfig, show_value
 from .errors import CheckpointError, checked_exists, open_checked, parse_json_bytes, read_file_bytes, read_json_file
 
 WEIGHTS_NAME = "model.safetensors"
@@ -28,7 +29,6 @@ INDEX_NAME = "model.safetensors.index.json"
 CONFIG_NAME = "config.json"
 TOKENIZER_NAME = "tokenizer.json"
 TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
-PREFIX = "model.transformer."
 
 # safetensors dtype tag -> (torch dtype, bytes per element)
 _ST_DTYPES: dict[str, tuple[torch.dtype | None, int]] = {
@@ -44,54 +44,9 @@ _MAX_TOKENIZER_BYTES = 1 << 30
 _MAX_TOKENIZER_CONFIG_BYTES = 256 * 1024 * 1024
 
 
-DREAM_PREFIX = "model."
-
-
-def dream_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor a Dream checkpoint must hold, with its shape (HF names).
-
-    Qwen2 body: q/k/v projections with biases, ``o_proj`` without, SwiGLU MLP, RMSNorms, and an
-    untied ``lm_head`` (unless ``tie_word_embeddings``).
-    """
-    d, hd, m = config.d_model, config.head_dim, config.mlp_hidden_size
-    q, kv = config.n_heads * hd, config.n_kv_heads * hd
-    shapes: dict[str, tuple[int, ...]] = {DREAM_PREFIX + "embed_tokens.weight": (config.embedding_size, d)}
-    per_layer = {
-        "input_layernorm.weight": (d,),
-        "self_attn.q_proj.weight": (q, d), "self_attn.q_proj.bias": (q,),
-        "self_attn.k_proj.weight": (kv, d), "self_attn.k_proj.bias": (kv,),
-        "self_attn.v_proj.weight": (kv, d), "self_attn.v_proj.bias": (kv,),
-        "self_attn.o_proj.weight": (d, q),
-        "post_attention_layernorm.weight": (d,),
-        "mlp.gate_proj.weight": (m, d), "mlp.up_proj.weight": (m, d), "mlp.down_proj.weight": (d, m),
-    }
-    for i in range(config.n_layers):
-        for name, shape in per_layer.items():
-            shapes[f"{DREAM_PREFIX}layers.{i}.{name}"] = shape
-    shapes[DREAM_PREFIX + "norm.weight"] = (d,)
-    if not config.weight_tying:
-        shapes["lm_head.weight"] = (config.embedding_size, d)
-    return shapes
-
-
 def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor a checkpoint of ``config``'s family must hold, with its shape (HF names)."""
-    if config.family == "dream":
-        return dream_weight_shapes(config)
-    d, hd, m = config.d_model, config.head_dim, config.mlp_hidden_size
-    shapes: dict[str, tuple[int, ...]] = {PREFIX + "wte.weight": (config.embedding_size, d)}
-    per_layer = {
-        "attn_norm": (d,), "q_proj": (config.n_heads * hd, d), "k_proj": (config.n_kv_heads * hd, d),
-        "v_proj": (config.n_kv_heads * hd, d), "attn_out": (d, config.n_heads * hd), "ff_norm": (d,),
-        "ff_proj": (m, d), "up_proj": (m, d), "ff_out": (d, m),
-    }
-    for i in range(config.n_layers):
-        for name, shape in per_layer.items():
-            shapes[f"{PREFIX}blocks.{i}.{name}.weight"] = shape
-    shapes[PREFIX + "ln_f.weight"] = (d,)
-    if not config.weight_tying:
-        shapes[PREFIX + "ff_out.weight"] = (config.embedding_size, d)
-    return shapes
+    return families.weight_shapes(config)
 
 
 # --------------------------------------------------------------------------- headers
@@ -142,14 +97,14 @@ def read_safetensors_header(path: str) -> dict[str, TensorInfo]:
             raise CheckpointError(f"{path}: tensor '{name}': entry must have exactly dtype, shape, data_offsets")
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
         if dtype not in _ST_DTYPES:
-            raise CheckpointError(f"{path}: tensor '{name}': unknown dtype {_show(dtype)}")
+            raise CheckpointError(f"{path}: tensor '{name}': unknown dtype {show_value(dtype)}")
         if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
                                                   for s in shape):
-            raise CheckpointError(f"{path}: tensor '{name}': shape {_show(shape)} is not a list of non-negative integers")
+            raise CheckpointError(f"{path}: tensor '{name}': shape {show_value(shape)} is not a list of non-negative integers")
         if (not isinstance(offsets, list) or len(offsets) != 2
                 or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
                 or not 0 <= offsets[0] <= offsets[1]):
-            raise CheckpointError(f"{path}: tensor '{name}': data_offsets {_show(offsets)} are not [begin <= end]")
+            raise CheckpointError(f"{path}: tensor '{name}': data_offsets {show_value(offsets)} are not [begin <= end]")
         numel = 1
         for s in shape:
             numel *= s
@@ -197,7 +152,7 @@ class Checkpoint:
         """Dream family: one past the largest id the tokenizer can produce, when the embedding table
         is larger (Dream-7B: 152064 rows); the decoders never propose the ids above it. None: every
         id (no tokenizer, a tokenizer covering the table, or the LLaDA family)."""
-        if self.tokenizer is None or self.config.family != "dream":
+        if self.tokenizer is None or not families.of(self.config).PROPOSALS_WITHIN_TOKENIZER:
             return None
         ids = self.tokenizer.get_vocab(with_added_tokens=True).values()
         bound = max(ids, default=-1) + 1
@@ -221,7 +176,7 @@ def _weight_files(folder: str) -> tuple[dict[str, str], str]:
             if (not isinstance(shard, str) or shard in ("", ".", "..") or os.path.basename(shard) != shard
                     or "\\" in shard or "\0" in shard):
                 raise CheckpointError(
-                    f"{index_path}: tensor '{name}' maps to {_show(shard)}, not a file name in the folder")
+                    f"{index_path}: tensor '{name}' maps to {show_value(shard)}, not a file name in the folder")
             shard_path = os.path.join(folder, shard)
             if shard not in checked:
                 if not checked_exists(shard_path):
@@ -236,8 +191,7 @@ def _weight_files(folder: str) -> tuple[dict[str, str], str]:
 
 def tensor_count(config: ModelConfig) -> int:
     """How many tensors a checkpoint with this config holds (without listing them)."""
-    per_layer = 12 if config.family == "dream" else 9
-    return per_layer * config.n_layers + 2 + (0 if config.weight_tying else 1)
+    return families.of(config).TENSORS_PER_LAYER * config.n_layers + 2 + (0 if config.weight_tying else 1)
 
 
 def load_weights(folder: str, config: ModelConfig, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
@@ -266,8 +220,7 @@ def load_weights(folder: str, config: ModelConfig, dtype: torch.dtype | None = N
                 raise CheckpointError(f"{path}: unexpected tensor '{name}' (not listed for this file)")
     for name, shape in expected.items():
         if name not in files:
-            hint = (" (Dream's q/k/v projections carry biases)"
-                    if config.family == "dream" and name.endswith("_proj.bias") else "")
+            hint = families.of(config).missing_tensor_hint(name)
             raise CheckpointError(f"{folder}: tensor '{name}' is missing{hint}")
         info = headers[files[name]][name]
         if info.shape != shape:
@@ -293,7 +246,7 @@ def load_weights(folder: str, config: ModelConfig, dtype: torch.dtype | None = N
 
 
 def _family_name(config: ModelConfig) -> str:
-    return "Dream" if config.family == "dream" else "LLaDA"
+    return families.of(config).DISPLAY_NAME
 
 
 def load_tokenizer(folder: str):
@@ -339,7 +292,7 @@ def _pick_chat_template(template: Any, cfg_path: str) -> str | None:
                     and isinstance(item.get("template"), str)):
                 raise CheckpointError(
                     f"{cfg_path}: key 'chat_template' must be a string or a list of {{\"name\", \"template\"}} "
-                    f"objects, got an entry {_show(item)}")
+                    f"objects, got an entry {show_value(item)}")
         named = {item["name"]: item["template"] for item in template}
         return named.get("default")
     raise CheckpointError(f"{cfg_path}: key 'chat_template' must be a string, got {type(template).__name__}")
@@ -428,10 +381,8 @@ def save_checkpoint(path: str | os.PathLike, config: ModelConfig, weights: dict[
     if chat_template is not None:
         with open(os.path.join(folder, TOKENIZER_CONFIG_NAME), "w", encoding="utf-8") as f:
             json.dump({"chat_template": chat_template}, f, indent=2)
-    if config.family == "dream":  # Dream checkpoints carry their special ids here as well
-        gen = {"mask_token_id": config.mask_token_id, "eos_token_id": config.eos_token_id,
-               "pad_token_id": config.pad_token_id, "bos_token_id": config.bos_token_id,
-               "alg": "entropy", "alg_temp": 0.0, "steps": 512, "temperature": 0.0}
+    gen = families.of(config).generation_config(config)
+    if gen is not None:  # Dream checkpoints carry their special ids there as well
         with open(os.path.join(folder, GENERATION_CONFIG_NAME), "w", encoding="utf-8") as f:
             json.dump(gen, f, indent=2)
 

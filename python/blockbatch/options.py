@@ -1,285 +1,111 @@
-"""Decoding options (docs/ALGORITHMS.md sections 2-4) and the typed call of ``torch.ops.blockbatch.decode``.
+"""Decoding options (docs/ALGORITHMS.md sections 2-4): ``DecodeOptions``, one typed field per row of
+the options table (``blockbatch.contract``; the fields are generated into ``options_fields.py``).
 
-``DecodeOptions``' fields, defaults and types are the table of ``blockbatch.contract``; its values
-are checked once, on construction, by the C++ validator: ``torch.ops.blockbatch.options`` builds the
-typed options object (``torch.classes.blockbatch.Options``, ``DecodeOptions.native``) that every
-native entry point takes as it is (decode, decode_batch, the scheduler).
+Its values are checked once, on construction, by the C++ validator: ``torch.ops.blockbatch.options``
+builds the typed options object (``torch.classes.blockbatch.Options``, ``DecodeOptions.native``)
+that every native entry point takes as it is (decode, decode_batch, the scheduler).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
-import os
-import signal
-import threading
 from typing import Any
 
 import torch
 
 from . import contract
-from .errors import checked_int, short_repr
+from .errors import short_repr
+from .options_fields import DecodeOptionFields
 
 POLICIES = contract.POLICIES
 DEFAULT_BLOCK_SIZES = contract.BY_NAME["block_sizes"].default
 
-
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
-def _post_init(self) -> None:
-    for name in contract.NAMES:
-        value = getattr(self, name)
-        contract.check_type(name, value)
-        o = contract.BY_NAME[name]
-        ints = (value or []) if o.type == "int[]" else [value] if o.type == "int" and value is not None else []
-        if any(not _INT64[0] <= v <= _INT64[1] for v in ints):  # would not reach C++ as an int64
-            bound = "" if o.hi is not None else f"{' and' if o.range_text() else ''} at most 2^63 - 1 (an int64)"
-            raise ValueError(f"{name} must be {o.range_text()}{bound}, got {short_repr(value, 60)}")
-    if isinstance(self.block_sizes, list):  # frozen: keep it hashable and immutable
-        object.__setattr__(self, "block_sizes", tuple(self.block_sizes))
-    from ._C_loader import load_extension
+@dataclasses.dataclass(frozen=True)
+class DecodeOptions(DecodeOptionFields):
+    """How to decode one request: one field per row of the options table
+    (``blockbatch.contract.OPTIONS``; the manual's "Decoding options" page lists them with their
+    ranges).
 
-    load_extension()
-    # Checked once (ValueError naming the option) into the object every entry point takes.
-    object.__setattr__(self, "_native", torch.ops.blockbatch.options(**self.op_kwargs()))
+    Commit rule: ``factor`` when ``factor`` is set, else ``threshold`` when ``threshold`` is set,
+    else LLaDA's fixed schedule with ``steps`` total steps (``threshold=None, steps=gen_length`` is
+    vanilla one-token-per-step decoding). Single-branch policies (vanilla / prefix / dual) use
+    ``block_length``; ``blockbatch`` runs one branch per entry of ``block_sizes``.
 
+    ``stop_on_eos`` None means the policy's own default: off for the single-branch policies (as in
+    Fast-dLLM: the whole canvas is decoded, the text is cut at the first EOS afterwards) and on for
+    ``blockbatch``, whose EOS early exit is part of the algorithm. ``timeout_s`` > 0 ends a decode
+    that runs longer with ``TimeoutError``.
 
-def _native(self):
-    """The options as the native ops take them (``torch.classes.blockbatch.Options``), built once."""
-    return self.__dict__["_native"]
-
-
-def _reduce(self):
-    # pickle / copy rebuild from the fields (the native object is rebuilt, not pickled)
-    return (_rebuild, ({name: getattr(self, name) for name in contract.NAMES},))
-
-
-def _rebuild(fields: dict) -> "DecodeOptions":
-    return DecodeOptions(**fields)
-
-
-def _eos_exit(self) -> bool:
-    """``stop_on_eos`` resolved against the policy's default (the table's per-policy column)."""
-    return self.resolved("stop_on_eos")
-
-
-def _commit(self) -> str:
-    if self.factor is not None:
-        return "factor"
-    return "threshold" if self.threshold is not None else "fixed"
-
-
-def _resolved(self, name: str, family: str = contract.FAMILIES[0]) -> Any:
-    """Option `name` with a None that the table resolves replaced by its per-policy / per-family default."""
-    value = getattr(self, name)
-    o = contract.BY_NAME[name]
-    if value is None and name == "block_sizes":  # the family's default branches that divide gen_length
-        sizes = o.default_for(self.policy, family)
-        return tuple(b for b in sizes if self.gen_length % b == 0) or sizes
-    return o.default_for(self.policy, family) if value is None and o.resolved_by_table else value
-
-
-def _replace(self, **changes) -> "DecodeOptions":
-    return dataclasses.replace(self, **changes)
-
-
-def _op_kwargs(self) -> dict[str, Any]:
-    """The keyword arguments of torch.ops.blockbatch.decode for these options."""
-    return contract.to_op_kwargs({name: getattr(self, name) for name in contract.NAMES})
-
-
-def _from_preset(cls, preset, **overrides) -> "DecodeOptions":
-    """The options of a preset (a name of ``blockbatch.presets`` or a preset file's path) with
-    ``overrides`` on top; block sizes that do not divide gen_length are dropped."""
-    from . import presets
-
-    return cls(**presets.values(preset, overrides))
-
-
-_TYPE_HINTS = {"int": int, "float": float, "bool": bool, "str": str, "int[]": tuple[int, ...]}
-
-DecodeOptions = dataclasses.make_dataclass(
-    "DecodeOptions",
-    [(o.name, _TYPE_HINTS[o.type] | None if o.optional or o.resolved_by_table else _TYPE_HINTS[o.type],
-      dataclasses.field(default=contract.DEFAULTS[o.name])) for o in contract.OPTIONS],
-    namespace={"__post_init__": _post_init, "eos_exit": property(_eos_exit), "commit": property(_commit),
-               "resolved": _resolved, "replace": _replace, "op_kwargs": _op_kwargs,
-               "native": property(_native), "__reduce__": _reduce,
-               "from_preset": classmethod(_from_preset),
-               "__module__": __name__},
-    frozen=True)
-DecodeOptions.__doc__ = """How to decode one request: one field per row of the options table
-(``blockbatch.contract.OPTIONS``; the README's "Decode options" lists them with their ranges).
-
-Commit rule: ``factor`` when ``factor`` is set, else ``threshold`` when ``threshold`` is set,
-else LLaDA's fixed schedule with ``steps`` total steps (``threshold=None, steps=gen_length`` is
-vanilla one-token-per-step decoding). Single-branch policies (vanilla / prefix / dual) use
-``block_length``; ``blockbatch`` runs one branch per entry of ``block_sizes``.
-
-``stop_on_eos`` None means the policy's own default: off for the single-branch policies (as in
-Fast-dLLM: the whole canvas is decoded, the text is cut at the first EOS afterwards) and on for
-``blockbatch``, whose EOS early exit is part of the algorithm. ``timeout_s`` > 0 ends a decode
-that runs longer with ``TimeoutError``.
-
-Every field is checked on construction: a wrong type raises TypeError, a value out of range
-ValueError, each naming the field (the values by the C++ validator the op runs too).
-"""
-
-
-@dataclasses.dataclass
-class DecodeOutput:
-    tokens: torch.Tensor            # [L] int64: prompt + generation
-    stats: dict[str, Any]
-
-
-def run_decode(model_obj, prompt_ids: torch.Tensor, options: DecodeOptions,
-               step_curve: list[tuple[int, float]] | None = None) -> DecodeOutput:
-    """Call ``torch.ops.blockbatch.decode`` and turn its outputs into a stats dict.
-
-    On the main thread the op runs on a worker thread while this thread waits, so Ctrl-C
-    (SIGINT) stops the decode within one forward and raises KeyboardInterrupt here; the model
-    stays usable. A decode past ``options.timeout_s`` raises TimeoutError. ``step_curve``:
-    (query tokens, seconds) points; a ``branch_budget="auto"`` request then keeps the branches the
-    scheduler would give it alone (load 1), else all of them.
+    Every field is checked on construction: a wrong type raises TypeError, a value out of range
+    ValueError, each naming the field (the values by the C++ validator the op runs too).
     """
-    op = torch.ops.blockbatch.decode.typed
-    tokens, counters, step_log, branch_stats = _interruptible(
-        lambda cancel: op(model_obj, prompt_ids, options.native, cancel, [t for t, _ in step_curve or ()],
-                          [s for _, s in step_curve or ()]), prompt_ids.is_cuda)
-    return _output(tokens, counters, step_log, branch_stats, options)
+
+    def __post_init__(self) -> None:
+        for name in contract.NAMES:
+            value = getattr(self, name)
+            contract.check_type(name, value)
+            o = contract.BY_NAME[name]
+            ints = (value or []) if o.type == "int[]" else [value] if o.type == "int" and value is not None else []
+            if any(not _INT64[0] <= v <= _INT64[1] for v in ints):  # would not reach C++ as an int64
+                bound = "" if o.hi is not None else f"{' and' if o.range_text() else ''} at most 2^63 - 1 (an int64)"
+                raise ValueError(f"{name} must be {o.range_text()}{bound}, got {short_repr(value, 60)}")
+        if isinstance(self.block_sizes, list):  # frozen: keep it hashable and immutable
+            object.__setattr__(self, "block_sizes", tuple(self.block_sizes))
+        from ._C_loader import load_extension
+
+        load_extension()
+        # Checked once (ValueError naming the option) into the object every entry point takes.
+        object.__setattr__(self, "_native", torch.ops.blockbatch.options(**self.op_kwargs()))
+
+    @property
+    def native(self) -> Any:
+        """The options as the native ops take them (``torch.classes.blockbatch.Options``), built once."""
+        return self.__dict__["_native"]
+
+    def __reduce__(self):
+        # pickle / copy rebuild from the fields (the native object is rebuilt, not pickled)
+        return (_rebuild, ({name: getattr(self, name) for name in contract.NAMES},))
+
+    @property
+    def eos_exit(self) -> bool:
+        """``stop_on_eos`` resolved against the policy's default (the table's per-policy column)."""
+        return bool(self.resolved("stop_on_eos"))
+
+    @property
+    def commit(self) -> str:
+        """The commit rule: factor, threshold or fixed (LLaDA's schedule)."""
+        if self.factor is not None:
+            return "factor"
+        return "threshold" if self.threshold is not None else "fixed"
+
+    def resolved(self, name: str, family: str = contract.FAMILIES[0]) -> Any:
+        """Option `name` with a None that the table resolves replaced by its per-policy / per-family default."""
+        value = getattr(self, name)
+        o = contract.BY_NAME[name]
+        if value is None and name == "block_sizes":  # the family's default branches that divide gen_length
+            sizes = o.default_for(self.policy, family)
+            return tuple(b for b in sizes if self.gen_length % b == 0) or sizes
+        return o.default_for(self.policy, family) if value is None and o.resolved_by_table else value
+
+    def replace(self, **changes: Any) -> DecodeOptions:
+        """A copy with ``changes`` (checked again)."""
+        return dataclasses.replace(self, **changes)
+
+    def op_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of torch.ops.blockbatch.decode for these options."""
+        return contract.to_op_kwargs({name: getattr(self, name) for name in contract.NAMES})
+
+    @classmethod
+    def from_preset(cls, preset: Any, **overrides: Any) -> DecodeOptions:
+        """The options of a preset (a name of ``blockbatch.presets``, a preset file's path or a
+        ``Preset``) with ``overrides`` on top; block sizes that do not divide gen_length are dropped."""
+        from . import presets
+
+        return cls(**presets.values(preset, overrides))
 
 
-def run_decode_batch(model_obj, prompts: list[torch.Tensor], options: list[DecodeOptions], max_batch: int,
-                     kv_budget_bytes: int = 0, step_curve: list[tuple[int, float]] | None = None,
-                     pad_packs: bool = False) -> tuple[list[DecodeOutput], dict]:
-    """Many requests through ``torch.ops.blockbatch.decode_batch``: up to ``max_batch`` decode
-    together, their forwards packed into one per step; each output equals ``run_decode`` of that
-    request alone (tokens and counters). Returns the outputs in input order and the batch's
-    counters (packed forwards, request forwards, KV pool rows, bytes per row). ``step_curve``:
-    (query tokens, seconds) points for ``branch_budget="auto"`` requests (None: measured).
-    ``pad_packs``: pad every packed forward to bucketed sizes as the CUDA graphs of
-    ``BLOCKBATCH_CUDA_BATCHING=graphs`` do, also on the CPU (results unchanged; slower); the
-    counters then say how many were padded and, on CUDA, replayed from a graph."""
-    if len(options) != len(prompts):
-        raise ValueError(f"{len(prompts)} prompts but {len(options)} options (give one, or one per prompt)")
-    max_batch = checked_int("max_batch", max_batch, 1)
-    kv_budget_bytes = checked_int("kv_budget_bytes", kv_budget_bytes, 0)
-    natives = [o.native for o in options]
-    op = torch.ops.blockbatch.decode_batch
-    tokens, counters, logs, branches, batch = _interruptible(
-        lambda cancel: op(model_obj, prompts, natives, max_batch=max_batch, kv_budget_bytes=kv_budget_bytes,
-                          cancel=cancel, curve_tokens=[t for t, _ in step_curve or ()],
-                          curve_seconds=[s for _, s in step_curve or ()], pad_packs=pad_packs),
-        any(p.is_cuda for p in prompts))
-    outs = [_output(t, c, log, br, o) for t, c, log, br, o in zip(tokens, counters, logs, branches, options)]
-    return outs, dict(zip(("packed_forwards", "request_forwards", "kv_pool_rows", "kv_row_bytes", "padded_forwards",
-                           "graph_captures", "graph_replays"), batch))
-
-
-def _output(tokens, counters, step_log, branch_stats, o) -> DecodeOutput:
-    names = torch.ops.blockbatch.decode_stat_names()
-    stats: dict[str, Any] = {}
-    for name, value in zip(names, counters.tolist()):
-        stats[name] = value if name == "wall_ms" else int(value)
-    stats["early_exit"] = bool(stats["early_exit"])
-    stats["committed_per_step"] = step_log[:, 0].tolist()
-    stats["query_tokens_per_step"] = step_log[:, 1].tolist()
-    stats["branches"] = [dict(zip(("block_size", "committed", "merged", "copied", "forwards"), row))
-                         for row in branch_stats.tolist()]
-    stats["policy"] = o.policy
-    return DecodeOutput(tokens, stats)
-
-
-STOP_DEADLINE = 2  # csrc/decode/stop.h StopReason: the request's timeout_s passed
-
-
-def _translated(error: RuntimeError, reason: int) -> BaseException:
-    """A decode's error as Python raises it, by the stop reason the op wrote (never by its
-    message): its deadline (``timeout_s``) as TimeoutError."""
-    return TimeoutError(str(error)) if reason == STOP_DEADLINE else error
-
-
-def _raise_translated(error: RuntimeError, reason: int) -> None:
-    translated = _translated(error, reason)
-    if translated is error:
-        raise error
-    raise translated from None
-
-
-_executor: concurrent.futures.ThreadPoolExecutor | None = None
-
-
-def _forget_executor() -> None:
-    global _executor
-    _executor = None  # a forked child has no worker thread: it starts its own on first use
-
-
-os.register_at_fork(after_in_child=_forget_executor)
-
-
-def _block_sigint() -> None:
-    # SIGINT must reach the main thread (whose handler sets the cancel flag): block it in the
-    # worker, and so in the threads the op starts from it (they inherit the mask).
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-
-
-def _worker() -> concurrent.futures.ThreadPoolExecutor:
-    """One long-lived decode thread for the main thread's decodes. A new thread per decode grew
-    the resident memory by about 10 kB a decode (allocator arenas of short-lived threads; the
-    soak benchmark measured +4% over 1,000 decodes), one thread reused keeps it flat."""
-    global _executor
-    if _executor is None:
-        _executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="blockbatch-decode",
-                                                          initializer=_block_sigint)
-    return _executor
-
-
-def _interruptible(call, on_cuda: bool) -> tuple:
-    """``call(cancel)`` (an op taking a cancel flag); on the main thread it runs on the decode
-    thread and Ctrl-C sets the flag (the loops check it before every forward). The flag's second
-    element is where the op writes why it stopped early (the error's kind)."""
-    cancel = torch.zeros(2, dtype=torch.long)
-    if threading.current_thread() is not threading.main_thread():
-        try:  # signals only reach the main thread: nothing to wait for here
-            return call(cancel)
-        except RuntimeError as e:
-            _raise_translated(e, int(cancel[1]))
-    stream = torch.cuda.current_stream() if on_cuda else None
-
-    def work() -> tuple:
-        if stream is not None:
-            with torch.cuda.stream(stream):  # the caller's stream, as without the thread
-                return call(cancel)
-        return call(cancel)
-
-    # While the op runs, Ctrl-C only sets the cancel flag (the loop checks it before every
-    # forward); once the worker has stopped, KeyboardInterrupt is raised here as Python would.
-    interrupted = []
-
-    def on_sigint(signum, frame) -> None:
-        interrupted.append(signum)
-        cancel[0] = 1
-
-    previous = signal.getsignal(signal.SIGINT)
-    ours = previous is signal.default_int_handler
-    if ours:
-        signal.signal(signal.SIGINT, on_sigint)
-    try:
-        future = _worker().submit(work)
-        try:
-            while not future.done():
-                concurrent.futures.wait([future], timeout=0.05)
-        except BaseException:  # a custom SIGINT handler raised: stop the decode all the same
-            cancel[0] = 1
-            concurrent.futures.wait([future])
-            raise
-    finally:
-        if ours:
-            signal.signal(signal.SIGINT, previous)
-    if interrupted:
-        raise KeyboardInterrupt
-    try:
-        return future.result()
-    except RuntimeError as e:
-        _raise_translated(e, int(cancel[1]))
+def _rebuild(fields: dict) -> DecodeOptions:
+    return DecodeOptions(**fields)

@@ -137,13 +137,6 @@ def values(preset: str | Preset, overrides: dict[str, Any] | None = None, gen_le
     return out
 
 
-def options(preset: str | Preset, **overrides):
-    """``DecodeOptions`` of a preset (name or file) with ``overrides`` on top."""
-    from .options import DecodeOptions
-
-    return DecodeOptions(**values(preset, overrides))
-
-
 def write(path: str, name: str, options: dict[str, Any], description: str = "", evidence: dict | None = None) -> None:
     """Write a preset file (atomically: a reader never sees half of it)."""
     checked = check_options({k: v for k, v in options.items() if k != "gen_length"})

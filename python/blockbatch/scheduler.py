@@ -22,7 +22,8 @@ from typing import Any, Callable, Iterator
 import torch
 
 from .errors import checked_int
-from .options import DecodeOptions, DecodeOutput, _output, _translated
+from .decoding import DecodeOutput, to_output, translated_error
+from .options import DecodeOptions
 
 _KINDS = ("tokens", "finished", "failed", "cancelled")
 
@@ -239,11 +240,11 @@ class BatchScheduler:
             if kind == "tokens":
                 event.tokens = tokens[i].tolist()
             elif kind == "finished":
-                event.output = _output(tokens[i], stats[i], logs[i], branches[i], request.options)
+                event.output = to_output(tokens[i], stats[i], logs[i], branches[i], request.options)
             elif kind == "cancelled":
                 event.error = RequestCancelled(errors[i])
             else:
-                event.error = _translated(RuntimeError(errors[i]), reasons[i])
+                event.error = translated_error(RuntimeError(errors[i]), reasons[i])
             request._deliver(event)
 
 

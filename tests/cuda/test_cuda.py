@@ -6,7 +6,8 @@ import torch
 import blockbatch.native  # noqa: F401
 from blockbatch import settings
 from blockbatch.native import NativeModel
-from blockbatch.options import DecodeOptions, run_decode
+from blockbatch.decoding import run_decode
+from blockbatch.options import DecodeOptions
 from blockbatch.reference import model as ref
 from blockbatch.random_checkpoint import random_config, random_weights
 from helpers.random_branch_state import coordinate_args, random_branch_state
@@ -397,10 +398,10 @@ def test_absorb_cuda_equals_cpu(dtype):
 
 def _dream_models(dtype=torch.float32):
     """A random Dream model (GQA 4:2 heads, q/k/v biases) on the CPU and the GPU."""
-    from blockbatch.dream_checkpoint import random_dream_config, random_dream_weights
+    from blockbatch.random_checkpoint import random_config, random_weights
 
-    config = random_dream_config(d_model=128, n_heads=4, n_kv_heads=2, mlp_hidden_size=256, vocab_size=64)
-    weights = random_dream_weights(config, seed=4, logit_scale=5.0)
+    config = random_config("dream", d_model=128, n_heads=4, n_kv_heads=2, mlp_hidden_size=256, vocab_size=64)
+    weights = random_weights(config, seed=4, logit_scale=5.0)
     return NativeModel(config, weights), NativeModel(config, weights, dtype=dtype, device="cuda")
 
 

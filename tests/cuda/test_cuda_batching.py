@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from blockbatch import DecodeOptions, Engine, settings
-from blockbatch.options import run_decode_batch
+from blockbatch.decoding import run_decode_batch
 from helpers.batching import COUNTERS, mixed_requests
 
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine"),
@@ -25,14 +25,13 @@ pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA 
 
 @pytest.fixture(scope="module", params=["llada", "dream"])
 def engine(request, tmp_path_factory):
-    from blockbatch.dream_checkpoint import make_random_dream_checkpoint
     from blockbatch.random_checkpoint import make_random_checkpoint
 
     folder = tmp_path_factory.mktemp(request.param)
     if request.param == "llada":
         make_random_checkpoint(folder, seed=3, logit_scale=5.0, d_model=64, n_layers=2, vocab_size=97)
     else:
-        make_random_dream_checkpoint(folder, seed=3, logit_scale=5.0, vocab_size=64)
+        make_random_checkpoint(folder, seed=3, logit_scale=5.0, vocab_size=64, family="dream")
     return Engine.from_pretrained(folder, device="cuda")
 
 

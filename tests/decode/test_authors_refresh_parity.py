@@ -23,7 +23,8 @@ import pytest
 import torch
 
 from blockbatch.engine import Engine
-from blockbatch.options import DecodeOptions, run_decode
+from blockbatch.decoding import run_decode
+from blockbatch.options import DecodeOptions
 from blockbatch.reference.blockbatch import blockbatch_generate
 from blockbatch.reference.model import ReferenceModel
 

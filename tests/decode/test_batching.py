@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from blockbatch import DecodeOptions
-from blockbatch.options import run_decode_batch
+from blockbatch.decoding import run_decode_batch
 from helpers.batching import small_engine, COUNTERS, mixed_requests as _mixed_requests, same as _same
 
 @pytest.fixture(scope="module", params=["llada", "dream"])

@@ -54,7 +54,7 @@ def test_a_cut_request_equals_its_decode_alone_with_the_cut_sizes():
                                                           stop_on_eos=True))[0]
         assert out.tokens[prompt.numel():].tolist() == alone.raw_ids and out.stats["nfe"] == alone.stats["nfe"]
     # the op alone has no curve: the full set; Engine.generate alone cuts at load 1 on the model's curve
-    from blockbatch.options import run_decode
+    from blockbatch.decoding import run_decode
 
     assert len(run_decode(engine.model.obj, prompt, auto).stats["branches"]) == 6
     curve = engine.step_curve

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from blockbatch.native import NativeModel
-from blockbatch.options import DecodeOptions, run_decode
+from blockbatch.decoding import run_decode
+from blockbatch.options import DecodeOptions
 from blockbatch.reference.model import ReferenceModel
 from blockbatch.reference.policies import generate
 from blockbatch.random_checkpoint import random_config, random_weights

@@ -20,7 +20,7 @@ import os
 import pytest
 
 from blockbatch import DecodeOptions, Engine
-from blockbatch.dream_checkpoint import make_random_dream_checkpoint
+from blockbatch.random_checkpoint import make_random_checkpoint
 from blockbatch.loading import load_checkpoint
 from blockbatch.reference.dream import dream_blockbatch, dream_cached, dream_vanilla
 from blockbatch.reference.model import ReferenceModel
@@ -81,7 +81,7 @@ def fixture():
 @pytest.fixture(scope="module")
 def authors_engine(tmp_path_factory):
     folder = tmp_path_factory.mktemp("dream-authors")
-    make_random_dream_checkpoint(folder, **CHECKPOINT)
+    make_random_checkpoint(folder, **CHECKPOINT, family="dream")
     return Engine.from_pretrained(folder)
 
 
@@ -145,7 +145,7 @@ MORE = _more_cases()
 @pytest.fixture(scope="module")
 def gqa(tmp_path_factory):
     folder = tmp_path_factory.mktemp("dream-gqa")
-    make_random_dream_checkpoint(folder, **GQA)
+    make_random_checkpoint(folder, **GQA, family="dream")
     return Engine.from_pretrained(folder), ReferenceModel.from_checkpoint(load_checkpoint(folder))
 
 
@@ -231,8 +231,8 @@ def test_ids_the_tokenizer_cannot_produce_are_never_proposed(tmp_path):
     from tokenizers import Tokenizer, models
 
     tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(30)}, unk_token="t0"))
-    make_random_dream_checkpoint(tmp_path, seed=3, logit_scale=4.0, vocab_size=48, eos_token_id=20,
-                                 mask_token_id=21, tokenizer=tok)
+    make_random_checkpoint(tmp_path, seed=3, logit_scale=4.0, vocab_size=48, eos_token_id=20,
+                                 mask_token_id=21, tokenizer=tok, family="dream")
     engine = Engine.from_pretrained(tmp_path)
     assert engine.checkpoint.proposal_vocab == 30
     ref = ReferenceModel.from_checkpoint(load_checkpoint(tmp_path))
@@ -305,9 +305,9 @@ def test_random_options_native_equals_reference(tmp_path, seed):
     for ck in range(2):
         folder = tmp_path / f"ck{ck}"
         V = rng.choice([16, 24, 40, 64])
-        make_random_dream_checkpoint(folder, seed=10 * seed + ck, logit_scale=rng.choice([2.0, 4.0, 6.0, 9.0]),
+        make_random_checkpoint(folder, seed=10 * seed + ck, logit_scale=rng.choice([2.0, 4.0, 6.0, 9.0]),
                                      vocab_size=V, d_model=rng.choice([32, 64]), n_heads=4,
-                                     n_kv_heads=rng.choice([1, 2, 4]))
+                                     n_kv_heads=rng.choice([1, 2, 4]), family="dream")
         engine = Engine.from_pretrained(folder)
         ref = ReferenceModel.from_checkpoint(load_checkpoint(folder))
         eos = engine.config.eos_token_id
@@ -331,7 +331,7 @@ def test_stop_on_eos_in_single_branch_policies(tmp_path, policy):
     """stop_on_eos on Dream's single-branch policies (not in the authors' decoders, off by default):
     the block that holds the first EOS ends the decode and the rest of the canvas is EOS, natively
     as in the reference, with fewer forwards than without it wherever that block is not the last."""
-    make_random_dream_checkpoint(tmp_path, seed=5, logit_scale=3.0, vocab_size=16, eos_token_id=3)
+    make_random_checkpoint(tmp_path, seed=5, logit_scale=3.0, vocab_size=16, eos_token_id=3, family="dream")
     engine = Engine.from_pretrained(tmp_path)
     ref = ReferenceModel.from_checkpoint(load_checkpoint(tmp_path))
     eos = engine.config.eos_token_id

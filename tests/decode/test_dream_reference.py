@@ -17,7 +17,7 @@ import os
 import pytest
 import torch
 
-from blockbatch.dream_checkpoint import make_random_dream_checkpoint
+from blockbatch.random_checkpoint import make_random_checkpoint
 from blockbatch.loading import load_checkpoint
 from blockbatch.reference.dream import dream_blockbatch, dream_cached, dream_vanilla, shift_rows
 from blockbatch.reference.model import ReferenceModel
@@ -39,7 +39,7 @@ def model(tmp_path_factory, fixture):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as recorded: the same matmul blocking on both sides
     folder = tmp_path_factory.mktemp("dream")
-    make_random_dream_checkpoint(folder, **CHECKPOINT)
+    make_random_checkpoint(folder, **CHECKPOINT, family="dream")
     ck = load_checkpoint(folder)
     assert fixture["checkpoint"] == CHECKPOINT
     assert weights_digest(ck.weights) == fixture["weights_sha256"], "the random Dream checkpoint changed"

@@ -11,9 +11,11 @@ import torch
 import torch.nn.functional as F
 
 from blockbatch.config import ModelConfig
-from blockbatch.dream_checkpoint import DREAM_7B, make_random_dream_checkpoint, random_dream_config
+from blockbatch.families.dream import DREAM_7B
+from blockbatch.random_checkpoint import make_random_checkpoint, random_config
 from blockbatch.errors import CheckpointError
-from blockbatch.loading import dream_weight_shapes, load_checkpoint, tensor_count
+from blockbatch.families.dream import weight_shapes as dream_weight_shapes
+from blockbatch.loading import load_checkpoint, tensor_count
 from blockbatch.reference.model import ReferenceModel
 
 # config.json of Dream-v0-Instruct-7B as published (keys the loader reads, and some it ignores).
@@ -48,14 +50,12 @@ def test_published_config_is_read_as_dream():
 def test_family_comes_from_model_type_only():
     with pytest.raises(CheckpointError, match="model_type"):
         ModelConfig.from_dict({**PUBLISHED, "model_type": "dream"})  # HF spells it "Dream"
-    assert random_dream_config().family == "dream"
-    from blockbatch.random_checkpoint import random_config
-
+    assert random_config("dream").family == "dream"
     assert random_config().family == "llada" and not random_config().attention_bias
 
 
 def test_random_checkpoint_round_trip(tmp_path):
-    cfg = make_random_dream_checkpoint(tmp_path, seed=3, max_shard_bytes=30_000)
+    cfg = make_random_checkpoint(tmp_path, seed=3, max_shard_bytes=30_000, family="dream")
     files = os.listdir(tmp_path)
     assert "model.safetensors.index.json" in files and "generation_config.json" in files
     assert sum(f.endswith(".safetensors") for f in files) > 1
@@ -80,7 +80,7 @@ def _rewrite_config(folder, **changes):
 
 
 def test_special_ids_fall_back_to_generation_config(tmp_path):
-    make_random_dream_checkpoint(tmp_path)
+    make_random_checkpoint(tmp_path, family="dream")
     _rewrite_config(tmp_path, mask_token_id=None, pad_token_id=None)
     c = load_checkpoint(tmp_path).config
     assert c.mask_token_id == 96 and c.pad_token_id == 95
@@ -92,7 +92,7 @@ def test_special_ids_fall_back_to_generation_config(tmp_path):
 def test_missing_bias_is_named(tmp_path):
     from safetensors.torch import load_file, save_file
 
-    make_random_dream_checkpoint(tmp_path)
+    make_random_checkpoint(tmp_path, family="dream")
     path = tmp_path / "model.safetensors"
     tensors = load_file(path)
     del tensors["model.layers.1.self_attn.v_proj.bias"]
@@ -104,7 +104,7 @@ def test_missing_bias_is_named(tmp_path):
 def test_wrong_bias_shape_names_file_and_key(tmp_path):
     from safetensors.torch import load_file, save_file
 
-    make_random_dream_checkpoint(tmp_path)
+    make_random_checkpoint(tmp_path, family="dream")
     path = tmp_path / "model.safetensors"
     tensors = load_file(path)
     tensors["model.layers.0.self_attn.q_proj.bias"] = torch.zeros(7)
@@ -117,7 +117,7 @@ def test_wrong_bias_shape_names_file_and_key(tmp_path):
 def test_llada_names_in_a_dream_checkpoint_are_refused(tmp_path):
     from safetensors.torch import load_file, save_file
 
-    make_random_dream_checkpoint(tmp_path)
+    make_random_checkpoint(tmp_path, family="dream")
     path = tmp_path / "model.safetensors"
     tensors = load_file(path)
     tensors["model.transformer.wte.weight"] = tensors.pop("model.embed_tokens.weight")
@@ -127,14 +127,14 @@ def test_llada_names_in_a_dream_checkpoint_are_refused(tmp_path):
 
 
 def test_heads_not_divisible_by_kv_heads(tmp_path):
-    make_random_dream_checkpoint(tmp_path)
+    make_random_checkpoint(tmp_path, family="dream")
     _rewrite_config(tmp_path, num_key_value_heads=3)
     with pytest.raises(CheckpointError, match="'num_key_value_heads' = 3 must divide num_attention_heads = 4"):
         load_checkpoint(tmp_path)
 
 
 def test_mask_id_outside_vocabulary(tmp_path):
-    make_random_dream_checkpoint(tmp_path)
+    make_random_checkpoint(tmp_path, family="dream")
     _rewrite_config(tmp_path, mask_token_id=97)
     with pytest.raises(CheckpointError, match=r"'mask_token_id' = 97 is outside the vocabulary \[0, 97\)"):
         load_checkpoint(tmp_path)
@@ -146,7 +146,7 @@ def test_engine_decodes_with_the_checkpoints_family(tmp_path):
     from blockbatch import DecodeOptions
     from blockbatch.engine import Engine
 
-    make_random_dream_checkpoint(tmp_path)
+    make_random_checkpoint(tmp_path, family="dream")
     engine = Engine.from_pretrained(tmp_path)
     assert engine.config.family == "dream"
     [gen] = engine.generate([[3, 4, 5]], DecodeOptions(policy="blockbatch", gen_length=16))
@@ -156,7 +156,7 @@ def test_engine_decodes_with_the_checkpoints_family(tmp_path):
 
 def test_reference_forward_is_a_qwen2_body(tmp_path):
     """The reference model on Dream weights equals a direct Qwen2 forward (biases, GQA, RoPE theta)."""
-    make_random_dream_checkpoint(tmp_path, seed=4)
+    make_random_checkpoint(tmp_path, seed=4, family="dream")
     ck = load_checkpoint(tmp_path)
     c, w = ck.config, ck.weights
     ids = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])

@@ -11,7 +11,8 @@ import torch
 
 from blockbatch.engine import Engine, Generation
 from blockbatch.loading import save_checkpoint
-from blockbatch.options import DecodeOptions, run_decode
+from blockbatch.decoding import run_decode
+from blockbatch.options import DecodeOptions
 from blockbatch.random_checkpoint import random_config, random_weights
 from blockbatch.toy import tokenizer as toy_tok
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from blockbatch import CheckpointError, load_checkpoint
-from blockbatch.loading import PREFIX, expected_weight_shapes, read_safetensors_header, save_checkpoint
+from blockbatch.families.llada import PREFIX
+from blockbatch.loading import expected_weight_shapes, read_safetensors_header, save_checkpoint
 from blockbatch.random_checkpoint import random_config, random_weights
 
 

@@ -15,8 +15,8 @@ import pytest
 
 import blockbatch
 from blockbatch import cli as bb_cli
-from blockbatch import dream_checkpoint
-from blockbatch.dream_checkpoint import DREAM_7B
+from blockbatch import random_checkpoint
+from blockbatch.families.dream import DREAM_7B
 from blockbatch.loading import load_checkpoint
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
@@ -67,7 +67,7 @@ def test_make_random_llada_is_still_the_default(tmp_path, capsys):
 
 @pytest.mark.parametrize("dtype,gib", [("bfloat16", 14.2), ("float32", 28.4)])
 def test_dream_7b_preset_too_large_names_the_flags(tmp_path, capsys, monkeypatch, dtype, gib):
-    monkeypatch.setattr(bb_cli, "_physical_memory", lambda: 24 * GiB)
+    monkeypatch.setattr(bb_cli.make_random, "_physical_memory", lambda: 24 * GiB)
     line = error_line(capsys, "make-random", tmp_path / "d7", "--preset", "dream-7b", "--dtype", dtype)
     assert f"dream-7b (7.62B parameters) in {dtype} is {gib} GiB" in line, line
     assert "too large to build in this machine's 24.0 GiB of memory" in line and "drop --preset dream-7b" in line
@@ -83,10 +83,11 @@ def test_dream_7b_preset_builds_the_published_shape_when_it_fits(tmp_path, capsy
 
     def record(path, **kwargs):
         calls.append((path, kwargs))
-        return dream_checkpoint.random_dream_config(**{k: v for k, v in kwargs.items() if k in DREAM_7B})
+        assert kwargs["family"] == "dream"
+        return random_checkpoint.random_config("dream", **{k: v for k, v in kwargs.items() if k in DREAM_7B})
 
-    monkeypatch.setattr(bb_cli, "_physical_memory", lambda: 64 * GiB)
-    monkeypatch.setattr(dream_checkpoint, "make_random_dream_checkpoint", record)
+    monkeypatch.setattr(bb_cli.make_random, "_physical_memory", lambda: 64 * GiB)
+    monkeypatch.setattr(random_checkpoint, "make_random_checkpoint", record)
     out = tmp_path / "d7"
     assert bb_cli.main(["make-random", str(out), "--preset", "dream-7b", "--dtype", "bfloat16"]) == 0
     [(path, kwargs)] = calls

@@ -52,7 +52,7 @@ def test_built_in_presets_decode_on_both_toy_families(engines, name, family):
     assert preset.source == "built-in" and preset.description and "gen_length" not in preset.options
     G = _gen_length_for(preset)
     options = DecodeOptions.from_preset(name, gen_length=G)
-    assert options == presets.options(name, gen_length=G)
+    assert options == DecodeOptions(**presets.values(name, {"gen_length": G}))
     assert options.policy == preset.options.get("policy", contract.DEFAULTS["policy"]) and options.gen_length == G
     for key, value in preset.options.items():  # every option the preset sets (sizes: those dividing G)
         if key == "block_sizes" and value:
@@ -175,7 +175,7 @@ def _generate(capsys, *args) -> dict:
 
 
 def _option_values(*args) -> dict:
-    return bb_cli._option_values(bb_cli.build_parser().parse_args(["generate", *map(str, args), "x"]))
+    return bb_cli.common.option_values(bb_cli.build_parser().parse_args(["generate", *map(str, args), "x"]))
 
 
 @pytest.mark.parametrize("preset", ["blockbatch-paper", "dual-fast-dllm", "file"])

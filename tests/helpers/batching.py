@@ -6,7 +6,6 @@ from __future__ import annotations
 import random
 
 from blockbatch import DecodeOptions, Engine
-from blockbatch.dream_checkpoint import make_random_dream_checkpoint
 from blockbatch.random_checkpoint import make_random_checkpoint
 
 COUNTERS = ("nfe", "nfe_full", "nfe_block", "nfe_init", "nfe_refresh", "nfe_paper", "winner", "winner_block_size",
@@ -43,5 +42,5 @@ def small_engine(folder, family: str, seed: int) -> Engine:
     if family == "llada":
         make_random_checkpoint(folder, seed=seed, logit_scale=5.0, d_model=64, n_layers=2, vocab_size=97)
     else:
-        make_random_dream_checkpoint(folder, seed=seed, logit_scale=5.0, vocab_size=64)
+        make_random_checkpoint(folder, seed=seed, logit_scale=5.0, vocab_size=64, family="dream")
     return Engine.from_pretrained(folder)

@@ -1,7 +1,7 @@
 """The checkpoint and the cases recorded in tests/fixtures/authors_dream_random.json.
 
 Shared by the recorder (tests/tools/record_authors_dream.py) and tests/decode/test_dream_reference.py.
-The checkpoint is random (``blockbatch.dream_checkpoint.make_random_dream_checkpoint``) and rebuilt
+The checkpoint is random (``blockbatch.random_checkpoint.make_random_checkpoint(..., family="dream")``) and rebuilt
 by the test from these settings; its weights' digest is recorded so that a change of the
 generator (or of torch's ``randn``) is reported as such, not as a decoding difference. With a
 32-token vocabulary (EOS 30, mask 31) and the LM head scaled by 5 the model is confident enough

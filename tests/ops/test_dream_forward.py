@@ -7,7 +7,7 @@ native decode loop does not run Dream yet and says so.
 import pytest
 import torch
 
-from blockbatch.dream_checkpoint import random_dream_config, random_dream_weights
+from blockbatch.random_checkpoint import random_config, random_weights
 from blockbatch.native import NativeModel
 from blockbatch.reference.model import ReferenceModel
 
@@ -21,8 +21,8 @@ SHAPES = {
 
 
 def _models(shape, seed=0):
-    config = random_dream_config(vocab_size=113, max_sequence_length=512, **SHAPES[shape])
-    weights = random_dream_weights(config, seed=seed, logit_scale=3.0, bias_scale=0.5)
+    config = random_config("dream", vocab_size=113, max_sequence_length=512, **SHAPES[shape])
+    weights = random_weights(config, seed=seed, logit_scale=3.0, bias_scale=0.5)
     return config, weights, ReferenceModel(config, weights), NativeModel(config, weights)
 
 

@@ -349,12 +349,12 @@ def test_host_rules_and_key_checks():
 def test_the_cli_reads_the_key_from_a_file_and_refuses_keys_a_header_cannot_carry(tmp_path):
     import argparse
 
-    from blockbatch import cli
+    from blockbatch.cli import common as cli_common, serve as cli_serve
 
     key_file = tmp_path / "key"
     key_file.write_text("from-a-file\nignored second line\n")
     args = argparse.Namespace(api_key=None, api_key_file=str(key_file))
-    assert cli._api_key(args) == "from-a-file"
+    assert cli_serve.read_api_key(args) == "from-a-file"
     for args, env, message in (
             (argparse.Namespace(api_key="a", api_key_file=str(key_file)), None, "not both"),
             (argparse.Namespace(api_key=None, api_key_file=str(tmp_path / "missing")), None, "--api-key-file"),
@@ -364,8 +364,8 @@ def test_the_cli_reads_the_key_from_a_file_and_refuses_keys_a_header_cannot_carr
         if env is not None:
             os.environ["BLOCKBATCH_API_KEY"] = env
         try:
-            with pytest.raises(cli.UsageError, match=message):
-                cli._api_key(args)
+            with pytest.raises(cli_common.UsageError, match=message):
+                cli_serve.read_api_key(args)
         finally:
             os.environ.pop("BLOCKBATCH_API_KEY", None)
 

@@ -546,7 +546,7 @@ def test_sigkill_of_the_server_leaves_nothing_behind(tmp_path):
 
 
 def test_ray_is_imported_only_with_replicas():
-    code = ("import sys, blockbatch, blockbatch.cli, blockbatch.server\n"
+    code = ("import sys, blockbatch, blockbatch.cli, blockbatch.serve\n"
             "assert 'ray' not in sys.modules, 'import blockbatch loaded ray'\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
     r = subprocess.run([sys.executable, "-m", "blockbatch.cli", "serve", "--ray-address", "auto"], cwd=ROOT,
@@ -660,13 +660,13 @@ async def _send_response(response) -> tuple[int, bytes]:
 
 
 def _router(make_call, max_body_bytes: int = 100):
-    from blockbatch.ray_serve import RouterReplica
+    from blockbatch.serve.router import RouterReplica
 
     return RouterReplica(_FakeEngine(make_call), local_instance=False, max_body_bytes=max_body_bytes)
 
 
 def test_router_body_cap_in_process():
-    from blockbatch.ray_serve import max_body_bytes
+    from blockbatch.serve.router import max_body_bytes
 
     assert max_body_bytes({"max_length": TOY_MAX_LENGTH}) == BODY_CAP
     assert max_body_bytes({}) == 2**20 + 256 * 4096 and max_body_bytes({"max_body_bytes": 5000}) == 5000

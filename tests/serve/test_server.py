@@ -475,7 +475,7 @@ def test_serve_preset_is_every_requests_default(preset_server, engine):
 
 
 def test_create_app_checks_the_preset(engine, tmp_path):
-    from blockbatch.server import create_app
+    from blockbatch.serve import create_app
 
     with pytest.raises(ValueError, match="unknown preset 'nope'"):
         create_app(engine, preset="nope")
@@ -493,11 +493,11 @@ def test_cli_serve_passes_the_preset_to_replicas(monkeypatch):
 
     if importlib.util.find_spec("ray") is None:
         pytest.skip("ray is not installed")
-    import blockbatch.ray_serve
+    import blockbatch.serve.replicas
     from blockbatch.cli import main
 
     seen = {}
-    monkeypatch.setattr(blockbatch.ray_serve, "serve_replicas", lambda replicas, **kw: seen.update(kw))
+    monkeypatch.setattr(blockbatch.serve.replicas, "serve_replicas", lambda replicas, **kw: seen.update(kw))
     assert main(["serve", "--replicas", "2", "--preset", "dual-fast-dllm"]) == 0
     assert seen["app_options"]["preset"] is presets.BUILT_IN["dual-fast-dllm"]
 

@@ -61,7 +61,7 @@ import types
 
 import torch
 
-from blockbatch.dream_checkpoint import make_random_dream_checkpoint
+from blockbatch.random_checkpoint import make_random_checkpoint
 from blockbatch.loading import load_checkpoint
 from blockbatch.reference.model import ReferenceModel
 
@@ -221,7 +221,7 @@ def main() -> None:
     commit = commit.stdout.strip() or "unknown"
 
     with tempfile.TemporaryDirectory() as folder:
-        make_random_dream_checkpoint(folder, **CHECKPOINT)
+        make_random_checkpoint(folder, **CHECKPOINT, family="dream")
         ck = load_checkpoint(folder)
     ref = ReferenceModel.from_checkpoint(ck)
     cfg = ref.config

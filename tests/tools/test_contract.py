@@ -31,7 +31,7 @@ def test_generated_files_are_up_to_date():
 
 def test_the_check_fails_on_a_stale_file(tmp_path):
     """The CI check can fail: an edited generated file (or a table edit not rendered) is reported."""
-    for rel in ("csrc/decode", "csrc/torch"):
+    for rel in ("csrc/decode", "csrc/torch", "python/blockbatch"):
         (tmp_path / rel).mkdir(parents=True)
     shutil.copy(ROOT / "README.md", tmp_path / "README.md")
     for path, text in gen_contract.generated_files(tmp_path).items():
@@ -56,6 +56,23 @@ def test_a_table_default_reaches_every_generated_artefact(monkeypatch):
     assert "int64_t sync_gap = 5;" in gen_contract.render_header()
     assert "int sync_gap=5," in gen_contract.schema_options()
     assert "| `sync_gap` | int | `5` |" in contract.markdown_table()
+    assert "    sync_gap: int = 5\n" in gen_contract.render_python_fields()
+
+
+def test_decode_options_is_an_explicit_dataclass():
+    """DecodeOptions is an explicit dataclass (its fields generated into options_fields.py): one
+    field per row, in the table's order, with the table's defaults and a type an editor sees."""
+    import typing
+
+    from blockbatch import options_fields
+
+    fields = dataclasses.fields(DecodeOptions)
+    assert [f.name for f in fields] == list(contract.NAMES)
+    assert {f.name: f.default for f in fields} == contract.DEFAULTS
+    hints = typing.get_type_hints(options_fields.DecodeOptionFields)
+    assert hints["gen_length"] is int and hints["threshold"] == typing.Optional[float]
+    assert hints["block_sizes"] == typing.Optional[tuple[int, ...]]
+    assert "make_dataclass" not in (ROOT / "python/blockbatch/options.py").read_text()
 
 
 def _schema_args():

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import blockbatch
-from blockbatch.loading import PREFIX, save_checkpoint
+from blockbatch.families.llada import PREFIX
+from blockbatch.loading import save_checkpoint
 from blockbatch.native import NativeModel
 from blockbatch.random_checkpoint import random_config, random_weights
 from helpers.bb_forward import assert_forward_matches
@@ -111,7 +112,8 @@ BENCH = os.path.join(os.path.dirname(blockbatch.__file__), "bin", "bb_bench_deco
 @pytest.mark.parametrize("policy,extra", [("blockbatch", ["--block-sizes", "4,16,64"]), ("dual", ["--block-length", "16"]),
                                           ("vanilla", ["--block-length", "16", "--threshold", "none", "--steps", "64"])])
 def test_bench_decode_verifies_against_python(tmp_path, policy, extra):
-    from blockbatch.options import DecodeOptions, run_decode
+    from blockbatch.decoding import run_decode
+    from blockbatch.options import DecodeOptions
 
     config = random_config(vocab_size=50)
     weights = random_weights(config, seed=9, logit_scale=6.0)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import blockbatch
-from blockbatch.dream_checkpoint import make_random_dream_checkpoint, random_dream_config, random_dream_weights
+from blockbatch.random_checkpoint import make_random_checkpoint, random_config, random_weights
 from blockbatch.errors import CheckpointError
 from blockbatch.loading import INDEX_NAME, WEIGHTS_NAME, save_checkpoint
 from blockbatch.native import NativeModel
@@ -69,7 +69,7 @@ def edit_json(path, **changes):
 @pytest.mark.parametrize("overrides", [dict(), dict(weight_tying=True, n_kv_heads=1, n_layers=3)],
                          ids=["gqa", "tied-mqa"])
 def test_reads_a_dream_checkpoint(tmp_path, overrides):
-    config = make_random_dream_checkpoint(tmp_path, seed=1, **overrides)
+    config = make_random_checkpoint(tmp_path, seed=1, **overrides, family="dream")
     with open(tmp_path / "config.json") as f:
         raw = json.load(f)
     assert raw["model_type"] == "Dream" and raw["architectures"] == ["DreamModel"]  # the published layout
@@ -81,7 +81,7 @@ def test_reads_a_dream_checkpoint(tmp_path, overrides):
 
 def test_special_ids_from_generation_config(tmp_path):
     """Ids missing from config.json come from generation_config.json (config.json wins); eos may be a list."""
-    config = make_random_dream_checkpoint(tmp_path, seed=2)
+    config = make_random_checkpoint(tmp_path, seed=2, family="dream")
     edit_json(tmp_path / "config.json", mask_token_id=None, eos_token_id=None, pad_token_id=None, bos_token_id=None)
     edit_json(tmp_path / "generation_config.json", eos_token_id=[config.eos_token_id, 3])
     res = bb_forward(tmp_path, "--lengths", "2", "--canvas", 8)
@@ -98,7 +98,7 @@ def test_special_ids_from_generation_config(tmp_path):
 @pytest.mark.parametrize("shards", [None, 30_000], ids=["single", "sharded"])
 @pytest.mark.parametrize("mode", ["dual", "prefix", "full"])
 def test_dream_forward_matches_python_loader(tmp_path, shards, mode):
-    config = make_random_dream_checkpoint(tmp_path, seed=5, logit_scale=2.0, max_shard_bytes=shards)
+    config = make_random_checkpoint(tmp_path, seed=5, logit_scale=2.0, max_shard_bytes=shards, family="dream")
     if shards:
         with open(tmp_path / INDEX_NAME) as f:
             assert len(set(json.load(f)["weight_map"].values())) > 3
@@ -113,7 +113,7 @@ def test_dream_forward_matches_python_loader(tmp_path, shards, mode):
 
 def test_bench_decode_loads_a_dream_checkpoint(tmp_path):
     """bb_bench_decode reads the folder; whether it then decodes is the native decode loop's business."""
-    make_random_dream_checkpoint(tmp_path / "ckpt", seed=3)
+    make_random_checkpoint(tmp_path / "ckpt", seed=3, family="dream")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt_ids": [1, 2, 3]}\n')
     res = subprocess.run([os.path.join(BIN_DIR, "bb_bench_decode"), "--model", str(tmp_path / "ckpt"), "--prompts",
@@ -159,7 +159,7 @@ def _cpp_error(path):
     (dict(num_attention_heads=None), "required key 'num_attention_heads' is missing"),
 ])
 def test_bad_dream_config_same_message_as_python(tmp_path, changes, message):
-    make_random_dream_checkpoint(tmp_path)
+    make_random_checkpoint(tmp_path, family="dream")
     edit_json(tmp_path / "config.json", **changes)
     where = os.path.join(str(tmp_path), "config.json")
     cpp = _cpp_error(tmp_path)
@@ -181,7 +181,7 @@ def test_llada_pad_id_checked_as_python_does(tmp_path):
 
 
 def test_missing_mask_id_names_both_files(tmp_path):
-    make_random_dream_checkpoint(tmp_path)
+    make_random_checkpoint(tmp_path, family="dream")
     edit_json(tmp_path / "config.json", mask_token_id=None)
     edit_json(tmp_path / "generation_config.json", mask_token_id=None)
     message = (os.path.join(str(tmp_path), "config.json") + ": required key 'mask_token_id' is missing "
@@ -203,15 +203,15 @@ def test_missing_mask_id_names_both_files(tmp_path):
     (dict(model_type="dream"), r"config.json: key 'model_type' must be \"llada\" or \"Dream\""),
 ])
 def test_bad_dream_config_names_the_qwen2_key(tmp_path, changes, pattern):
-    make_random_dream_checkpoint(tmp_path)
+    make_random_checkpoint(tmp_path, family="dream")
     edit_json(tmp_path / "config.json", **changes)
     assert re.search(pattern, _cpp_error(tmp_path))
 
 
 @pytest.mark.parametrize("shards", [None, 30_000], ids=["single", "sharded"])
 def test_missing_bias_names_the_tensor_and_file(tmp_path, shards):
-    config = random_dream_config()
-    weights = random_dream_weights(config)
+    config = random_config("dream")
+    weights = random_weights(config)
     del weights["model.layers.1.self_attn.k_proj.bias"]
     save_checkpoint(tmp_path, config, weights, max_shard_bytes=shards)
     listing = os.path.join(str(tmp_path), INDEX_NAME if shards else WEIGHTS_NAME)
@@ -221,20 +221,18 @@ def test_missing_bias_names_the_tensor_and_file(tmp_path, shards):
 
 
 def test_bad_dream_tensors(tmp_path):
-    config = random_dream_config()
-    weights = random_dream_weights(config)
+    config = random_config("dream")
+    weights = random_weights(config)
     weights["model.layers.0.self_attn.o_proj.bias"] = torch.zeros(config.d_model)  # Qwen2's o_proj has none
     save_checkpoint(tmp_path / "extra", config, weights)
     assert re.search(r"model.safetensors: unexpected tensor 'model.layers.0.self_attn.o_proj.bias' \(not part of a "
                      r"Dream model with this config\)", _cpp_error(tmp_path / "extra"))
-    weights = random_dream_weights(config)
+    weights = random_weights(config)
     weights["model.layers.0.self_attn.q_proj.bias"] = torch.zeros(config.d_model + 1)
     save_checkpoint(tmp_path / "shape", config, weights)
     assert re.search(r"model.safetensors: tensor 'model.layers.0.self_attn.q_proj.bias' has shape \[65\], "
                      r"expected \[64\]", _cpp_error(tmp_path / "shape"))
     # LLaDA names in a Dream folder: the Dream names are what is asked for.
-    from blockbatch.random_checkpoint import random_config, random_weights
-
     llada = random_config()
     save_checkpoint(tmp_path / "mixed", config, random_weights(llada))
     assert "tensor 'model.embed_tokens.weight' is missing" in _cpp_error(tmp_path / "mixed")

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig
-from ..loading import PREFIX
+from ..families.llada import PREFIX
 
 MODES = ("full", "dual", "prefix")
 

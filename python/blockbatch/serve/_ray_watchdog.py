@@ -1,6 +1,6 @@
 """The cleanup of a local Ray instance that ``blockbatch serve --replicas N`` started: its leftover
 processes stopped, its temporary folder removed. Standard library only, so that it runs as a small
-process of its own (``python -I _ray_watchdog.py``, started by ``ray_serve.serve_replicas`` next to
+process of its own (``python -I _ray_watchdog.py``, started by ``serve.replicas.serve_replicas`` next to
 the instance) without loading blockbatch, torch or Ray.
 
 The watchdog blocks reading its stdin, a pipe whose only writer is the serving process: when that

@@ -1,0 +1,332 @@
+"""``blockbatch generate``: decode prompts (or a JSONL file of requests, ``--input``) with a policy
+and print each text with a one-line stats summary (or JSON)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import stat
+import sys
+import tempfile
+
+from .. import contract, settings
+from ..engine import DTYPES
+from ..errors import UnknownCharactersError
+from .common import UsageError, one_line, option_values, parse_ids, positive_int, preset_help, summary_line
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..engine import Engine
+    from ..options import DecodeOptions
+
+    values = option_values(args)
+    steps, threshold, factor = values["steps"], values["threshold"], values["factor"]
+    if steps is not None and (threshold is not None or factor is not None):
+        rule = f"--factor {factor}" if factor is not None else f"--threshold {threshold}"
+        raise UsageError(f"--steps {steps} is used only by the fixed schedule, but {rule} commits by "
+                         f"confidence and would ignore it: pass --threshold none with --steps {steps}"
+                         + (" and drop --factor" if factor is not None else ""))
+    options = DecodeOptions(**values)  # ValueError naming the bad option
+    if args.input is not None:
+        if args.prompts:
+            raise UsageError("pass either PROMPTs or --input FILE, not both")
+        engine = Engine.from_pretrained(args.model, device=args.device, dtype=DTYPES[args.dtype])
+        return _generate_jsonl(engine, args, options)
+    if not args.prompts:
+        raise UsageError("no PROMPT given (or pass --input FILE with JSONL requests)")
+    prompts = [p if not args.ids else parse_ids(p, f"PROMPT {i + 1}") for i, p in enumerate(args.prompts)]
+    engine = Engine.from_pretrained(args.model, device=args.device, dtype=DTYPES[args.dtype])
+    chat = False if args.no_chat else None
+    try:
+        results = engine.generate(prompts, options, chat=chat, progress=not args.json and len(prompts) > 1,
+                                  allow_unknown=args.allow_unknown, max_batch=args.max_batch)
+    except UnknownCharactersError as e:
+        raise UsageError(f"{e}; pass --allow-unknown to decode it anyway") from None
+    for prompt, gen in zip(args.prompts, results):
+        if args.json:
+            print(json.dumps({"prompt": prompt, "text": gen.text, "ids": gen.ids, "stats": gen.stats}))
+        else:
+            print(f"{prompt!r} -> {gen.text!r}" if len(args.prompts) > 1 else gen.text)
+            print("  " + summary_line(gen.stats))
+    return 0
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)  # also through a symbolic or hard link
+    except OSError:  # one does not exist (yet)
+        return False
+
+
+class _JsonlOutput:
+    """Where --output's lines go. A regular file (or a new one) is written through a temporary
+    file in its folder, renamed over it at the end, also after Ctrl-C or an error: the lines
+    written are kept, and an existing file is replaced only by a run's results (never truncated
+    first, never left half written). Standard output, FIFOs and devices are written directly."""
+
+    def __init__(self, path: str):
+        self.path, self.tmp, self.lines = path, None, 0
+        if path == "-":
+            self.file = sys.stdout
+            return
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            st = None
+        except OSError as e:
+            raise UsageError(f"--output {path}: {e.strerror}") from None
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            raise UsageError(f"--output {path}: is a directory")
+        try:
+            if st is not None and not stat.S_ISREG(st.st_mode):
+                self.file = open(path, "w", encoding="utf-8")  # a FIFO or device: nothing to replace
+                return
+            self.target = os.path.realpath(path)  # a symbolic link: replace the file it names
+            folder = os.path.dirname(self.target)
+            fd, self.tmp = tempfile.mkstemp(prefix=f".{os.path.basename(self.target)}.", suffix=".tmp", dir=folder)
+        except OSError as e:
+            raise UsageError(f"--output {path}: {e.strerror}") from None
+        # The mode the file has, or open() would have given a new one (mkstemp's is 0600).
+        if st is not None:
+            mode = stat.S_IMODE(st.st_mode)
+        else:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.fchmod(fd, mode)
+        self.file = os.fdopen(fd, "w", encoding="utf-8")
+
+    def write(self, line: str) -> None:
+        self.file.write(line)
+        self.file.flush()
+        self.lines += 1
+
+    def close(self, keep: bool) -> None:
+        """Close; a temporary file is renamed over --output when ``keep`` or a line was written,
+        else removed (a run that failed before any result leaves an existing output as it was)."""
+        if self.file is sys.stdout:
+            self.file.flush()
+            return
+        try:
+            self.file.close()
+        finally:
+            if self.tmp is not None:
+                if keep or self.lines:
+                    os.replace(self.tmp, self.target)
+                else:
+                    os.unlink(self.tmp)
+
+
+def _decoded_line(raw: bytes, line: int) -> str:
+    """A JSONL line's text: UTF-8 (a BOM at the start of the file dropped), else ValueError
+    naming the byte and its offset in the line."""
+    if line == 1 and raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not UTF-8 text (byte 0x{raw[e.start]:02x} at byte offset {e.start} of the line)") from None
+
+
+def _line_request(text: str, line: int):
+    """(id, prompt or ids, which) of one JSONL line; ValueError / TypeError saying what is wrong."""
+    try:
+        req = json.loads(text)
+    except RecursionError:
+        raise ValueError("not valid JSON (nested too deeply)") from None
+    if not isinstance(req, dict):
+        raise ValueError("expected a JSON object")
+    rid = req.get("id", line)
+    if ("prompt" in req) == ("ids" in req):
+        raise _LineError(rid, 'give exactly one of "prompt" (text) and "ids" (token ids)')
+    return rid, (req["prompt"], "prompt") if "prompt" in req else (req["ids"], "ids")
+
+
+class _LineError(ValueError):
+    """A line's error once its id is known."""
+
+    def __init__(self, rid, message: str):
+        super().__init__(message)
+        self.rid = rid
+
+
+def _generate_jsonl(engine, args: argparse.Namespace, options) -> int:
+    """--input JSONL -> --output JSONL. On the CPU the requests go to one batching scheduler (up to
+    --max-batch decode together, new ones join as others finish, at most 4 x max-batch read ahead);
+    each result line is written and flushed the moment its request finishes. A bad line (not
+    UTF-8, not JSON, bad ids) or a request that fails gives an error line (with its line number)
+    and a note on stderr, and the others go on. On CUDA the requests decode one by one, in order.
+    --input and --output may not be the same file; a regular --output is replaced at the end
+    (_JsonlOutput)."""
+    import queue
+    import time
+
+    name = "stdin" if args.input == "-" else args.input
+    if args.output != "-":
+        same = _same_file(args.input, args.output) if args.input != "-" else _stdin_is(args.output)
+        if same:
+            raise UsageError(f"--input {args.input} and --output {args.output} are the same file: the results "
+                             f"would replace the requests; write them to another file")
+    try:
+        src = sys.stdin.buffer if args.input == "-" else open(args.input, "rb")  # bytes: each line decoded here
+    except OSError as e:
+        raise UsageError(f"--input {args.input}: {e.strerror}") from None
+    try:
+        out = _JsonlOutput(args.output)
+    except BaseException:
+        if src is not sys.stdin.buffer:
+            src.close()
+        raise
+    chat = False if args.no_chat else None
+    done = failed = tokens = 0
+    t0 = time.perf_counter()
+
+    def emit(record: dict) -> None:
+        out.write(json.dumps(record) + "\n")
+
+    def progress() -> None:
+        rate = tokens / max(time.perf_counter() - t0, 1e-9)
+        sys.stderr.write(f"\r{done} done, {failed} failed, {rate:.1f} generated tokens/s")
+        sys.stderr.flush()
+
+    def bad(line: int, rid, message: str) -> None:
+        nonlocal failed
+        failed += 1
+        sys.stderr.write(f"\rerror: {name}:{line}: {message}\n")
+        emit({"id": rid, "line": line, "error": message})
+        progress()
+
+    def good(rid, g) -> None:
+        nonlocal done, tokens
+        done += 1
+        tokens += len(g.ids)
+        emit({"id": rid, "text": g.text, "ids": g.ids, "nfe": g.stats["nfe"], "wall_ms": g.stats["wall_ms"]})
+        progress()
+
+    def requests():
+        for line, raw in enumerate(src, 1):
+            rid = line
+            try:
+                text = _decoded_line(raw, line)
+                if not text.strip():
+                    continue
+                rid, (prompt, which) = _line_request(text, line)
+                ids = engine.encode(prompt, chat, allow_unknown=args.allow_unknown, name=which)
+            except _LineError as e:
+                bad(line, e.rid, one_line(e))
+                continue
+            except Exception as e:  # noqa: BLE001 - any bad line is its error line, the others go on
+                bad(line, rid, one_line(e))
+                continue
+            yield line, rid, ids
+
+    sched = None
+    finished_normally = False
+    try:
+        if not engine.batches:
+            for line, rid, ids in requests():
+                try:
+                    good(rid, engine.generate([ids], options)[0])
+                except Exception as e:  # noqa: BLE001 - a request that fails is its error line
+                    bad(line, rid, one_line(e))
+        else:
+            finished: queue.SimpleQueue = queue.SimpleQueue()
+            max_length = args.max_length or min(engine.config.max_sequence_length, options.gen_length + 1024)
+            sched = engine.scheduler(max_batch=args.max_batch, max_length=max_length)
+            pending: dict[int, tuple] = {}
+
+            def collect(block: bool) -> None:
+                while pending:
+                    try:
+                        event = finished.get(timeout=None if block else 0)
+                    except queue.Empty:
+                        return
+                    if not event.final:
+                        continue
+                    line, rid, ids = pending.pop(event.request_id)
+                    if event.kind == "finished":
+                        good(rid, engine._generation(ids, event.output))
+                    else:
+                        bad(line, rid, one_line(event.error))
+                    block = False
+
+            for line, rid, ids in requests():
+                try:
+                    request = sched.submit(ids, options, callback=finished.put)
+                except Exception as e:  # noqa: BLE001 - a request the scheduler refuses is its error line
+                    bad(line, rid, one_line(e))
+                    continue
+                pending[request.id] = (line, rid, ids)
+                collect(block=len(pending) >= 4 * args.max_batch)  # read ahead at most 4 x max-batch
+            while pending:
+                collect(block=True)
+        finished_normally = True
+    except KeyboardInterrupt:
+        sys.stderr.write(f"\ninterrupted: {done} results written; the requests still running were dropped\n")
+        return 130
+    finally:
+        try:
+            if sched is not None:
+                sched.close()
+        finally:
+            out.close(keep=finished_normally)
+            if src is not sys.stdin.buffer:
+                src.close()
+    sys.stderr.write("\n")
+    return 1 if failed else 0
+
+
+def _stdin_is(path: str) -> bool:
+    """Whether standard input reads the file ``path`` names (``--input - < F --output F``)."""
+    try:
+        return os.path.samestat(os.fstat(sys.stdin.fileno()), os.stat(path))
+    except (OSError, ValueError, AttributeError):  # no such file, stdin closed or not a real file
+        return False
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "generate", help="decode prompts with a policy (default model: the shipped toy model)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Decode each PROMPT with the native engine and print the text plus a one-line stats summary.",
+        epilog="examples:\n"
+               "  blockbatch generate '72-2=__-3=__-3=__...............?'   (the shipped toy model)\n"
+               "  blockbatch generate --policy blockbatch --gen-length 128 PROMPT\n"
+               "  blockbatch generate --policy vanilla --threshold none --steps 64 PROMPT   (LLaDA fixed schedule)\n"
+               "  blockbatch generate --model /path/to/LLaDA-8B-Instruct --dtype bfloat16 --device cuda 'Hi'\n"
+               "\n" + settings.help_text())
+    p.add_argument("prompts", nargs="*", metavar="PROMPT", help="prompt text (or ids with --ids)")
+    p.add_argument("--input", metavar="FILE", default=None,
+                   help="JSONL requests instead of PROMPTs ('-': stdin): one object per line with \"prompt\" (text) or "
+                        "\"ids\" (token ids) and optionally \"id\"; results go to --output as JSON lines")
+    p.add_argument("--output", metavar="FILE", default="-",
+                   help="with --input: where the result lines go (default '-': stdout); one line per request "
+                        "(id, text, ids, nfe, wall_ms; or id, line, error for a bad line), written and flushed as each "
+                        "request finishes, so in finishing order (Ctrl-C keeps every line written)")
+    p.add_argument("--max-batch", type=positive_int, default=1, metavar="N",
+                   help="decode up to N requests together, their forwards packed into one per step (CPU; each "
+                        "result equals its decode alone); default 1")
+    p.add_argument("--max-length", type=positive_int, default=None, metavar="L",
+                   help="with --input on the CPU: the longest prompt + gen-length accepted (the shared KV pool's row "
+                        "length; longer requests get an error line); default gen-length + 1024, at most the model's "
+                        "max_sequence_length")
+    p.add_argument("--model", default=None, help="checkpoint folder (default: the toy model shipped in the package)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    p.add_argument("--ids", action="store_true", help="prompts are comma-separated token ids")
+    p.add_argument("--no-chat", action="store_true", help="do not apply the checkpoint's chat template")
+    p.add_argument("--allow-unknown", action="store_true",
+                   help="encode characters outside the tokenizer's vocabulary as its unknown token instead of "
+                        "refusing the prompt")
+    p.add_argument("--json", action="store_true", help="one JSON object per prompt (text, ids, all stats)")
+    p.add_argument("--preset", metavar="NAME|FILE", default=None,
+                   help=preset_help("applied under the decode option flags (a flag given explicitly wins over the "
+                                     "preset, the preset over the defaults)"))
+    # One flag per decode option, from the options table (blockbatch.contract): defaults, types,
+    # ranges and help text are the table's.
+    contract.add_arguments(p, {"decoding": "decoding (every policy; docs/ALGORITHMS.md)",
+                               "dream": "Dream-family samplers (alg: vanilla, both families; the others: Dream only)",
+                               "blockbatch": "blockbatch (policy blockbatch only)",
+                               "runtime": "runtime"})
+    p.set_defaults(func=run)

@@ -1,0 +1,39 @@
+"""Model families on the Python side: one module per family (``llada``, ``dream``) holding what
+differs between two families here (weight names and shapes, the random configs and weights of
+``blockbatch make-random`` and the tests, published shapes), and this registry, which every other
+module asks instead of testing a family's name. How the C++ decoders differ per family is
+``csrc/decode/family.{h,cpp}`` (``FamilyRules``); how ``config.json`` keys map is ``config.py``.
+Adding a family: ``docs/adding-a-family.md``."""
+
+from __future__ import annotations
+
+import types
+
+from ..config import ModelConfig
+from . import dream, llada
+
+# family name (ModelConfig.family) -> its module
+REGISTRY: dict[str, types.ModuleType] = {m.NAME: m for m in (llada, dream)}
+
+
+def get(name: str) -> types.ModuleType:
+    """The module of family ``name``; ValueError naming the known families."""
+    try:
+        return REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown model family {name!r}; the families are {', '.join(REGISTRY)}") from None
+
+
+def of(config: ModelConfig) -> types.ModuleType:
+    """The module of ``config``'s family (decided by its ``model_type``)."""
+    return get(config.family)
+
+
+def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor a checkpoint of ``config``'s family must hold, with its shape (HF names)."""
+    return of(config).weight_shapes(config)
+
+
+def published_shapes() -> dict[str, tuple[str, dict]]:
+    """``make-random --preset`` shapes of every family: preset name -> (family, config fields)."""
+    return {preset: (name, shape) for name, m in REGISTRY.items() for preset, shape in m.PUBLISHED_SHAPES.items()}

@@ -1,0 +1,119 @@
+"""The Dream family on the Python side: its weight names and shapes (the Qwen2 layout of the
+Hugging Face Dream checkpoints: ``model.layers.{i}.self_attn.q_proj.bias``, ...), the published
+Dream-v0-7B shape and its random checkpoints (``config.json`` with ``model_type: "Dream"``, a
+``generation_config.json``, q/k/v biases)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import ModelConfig
+
+NAME = "dream"
+DISPLAY_NAME = "Dream"
+PREFIX = "model."
+# The shape of Dream-v0-Base-7B / Dream-v0-Instruct-7B (config.json as published).
+DREAM_7B = dict(d_model=3584, n_layers=28, n_heads=28, n_kv_heads=4, mlp_hidden_size=18944, vocab_size=152064,
+                rope_theta=1000000.0, rms_norm_eps=1e-6, mask_token_id=151666, eos_token_id=151643,
+                pad_token_id=151643, bos_token_id=151643, max_sequence_length=131072)
+PUBLISHED_SHAPES = {"dream-7b": DREAM_7B}  # make-random --preset
+
+TENSORS_PER_LAYER = 12  # LLaDA's nine plus the q/k/v biases
+# Dream-7B's embedding table (152064 rows) is larger than its tokenizer: the decoders never propose
+# the ids above the tokenizer's (Checkpoint.proposal_vocab).
+PROPOSALS_WITHIN_TOKENIZER = True
+
+
+def missing_tensor_hint(name: str) -> str:
+    """Text added to the error of a missing tensor ``name``."""
+    return " (Dream's q/k/v projections carry biases)" if name.endswith("_proj.bias") else ""
+
+
+def generation_config(config: ModelConfig) -> dict | None:
+    """The generation_config.json of a Dream checkpoint: its special ids again, and the authors'
+    sampler defaults."""
+    return {"mask_token_id": config.mask_token_id, "eos_token_id": config.eos_token_id,
+            "pad_token_id": config.pad_token_id, "bos_token_id": config.bos_token_id,
+            "alg": "entropy", "alg_temp": 0.0, "steps": 512, "temperature": 0.0}
+
+
+def default_kv_heads(heads: int) -> int:
+    """make-random's KV heads for ``heads`` query heads when none are given: half as many (GQA, as
+    Dream has), when that divides."""
+    return heads // 2 if heads % 2 == 0 and heads > 1 else heads
+
+
+def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor a Dream checkpoint must hold, with its shape (HF names).
+
+    Qwen2 body: q/k/v projections with biases, ``o_proj`` without, SwiGLU MLP, RMSNorms, and an
+    untied ``lm_head`` (unless ``tie_word_embeddings``).
+    """
+    d, hd, m = config.d_model, config.head_dim, config.mlp_hidden_size
+    q, kv = config.n_heads * hd, config.n_kv_heads * hd
+    shapes: dict[str, tuple[int, ...]] = {PREFIX + "embed_tokens.weight": (config.embedding_size, d)}
+    per_layer = {
+        "input_layernorm.weight": (d,),
+        "self_attn.q_proj.weight": (q, d), "self_attn.q_proj.bias": (q,),
+        "self_attn.k_proj.weight": (kv, d), "self_attn.k_proj.bias": (kv,),
+        "self_attn.v_proj.weight": (kv, d), "self_attn.v_proj.bias": (kv,),
+        "self_attn.o_proj.weight": (d, q),
+        "post_attention_layernorm.weight": (d,),
+        "mlp.gate_proj.weight": (m, d), "mlp.up_proj.weight": (m, d), "mlp.down_proj.weight": (d, m),
+    }
+    for i in range(config.n_layers):
+        for name, shape in per_layer.items():
+            shapes[f"{PREFIX}layers.{i}.{name}"] = shape
+    shapes[PREFIX + "norm.weight"] = (d,)
+    if not config.weight_tying:
+        shapes["lm_head.weight"] = (config.embedding_size, d)
+    return shapes
+
+
+
+
+def random_config(**overrides) -> ModelConfig:
+    """A small valid Dream config (GQA: 4 query heads over 2 KV heads); any field can be overridden."""
+    fields = dict(
+        d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden_size=128, vocab_size=97,
+        rope_theta=1000000.0, rms_norm_eps=1e-6, weight_tying=False,
+        mask_token_id=None, eos_token_id=None, max_sequence_length=131072,
+    )
+    fields.update(overrides)
+    fields.setdefault("embedding_size", fields["vocab_size"])
+    if fields["mask_token_id"] is None:
+        fields["mask_token_id"] = fields["vocab_size"] - 1
+    if fields["eos_token_id"] is None:
+        fields["eos_token_id"] = fields["vocab_size"] - 2
+    fields.setdefault("pad_token_id", fields["eos_token_id"])
+    fields.setdefault("bos_token_id", fields["eos_token_id"])
+    return ModelConfig(model_type="Dream", attention_bias=True, **fields).validate()
+
+
+def random_weights(config: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32,
+                         logit_scale: float = 1.0, bias_scale: float = 0.1) -> dict[str, torch.Tensor]:
+    """Gaussian weights scaled by 1/sqrt(fan_in), norms near 1, small q/k/v biases.
+
+    ``logit_scale`` multiplies ``lm_head`` (larger: more peaked softmaxes, so threshold rules
+    commit several tokens a step).
+    """
+    g = torch.Generator().manual_seed(seed)
+    weights = {}
+    for name, shape in weight_shapes(config).items():
+        if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
+            t = 1.0 + 0.1 * torch.randn(shape, generator=g)
+        elif name.endswith(".bias"):
+            t = bias_scale * torch.randn(shape, generator=g)
+        elif name.endswith("embed_tokens.weight"):
+            t = torch.randn(shape, generator=g)
+        else:
+            t = torch.randn(shape, generator=g) / shape[1] ** 0.5
+            if name == "lm_head.weight":
+                t = t * logit_scale
+                # The mask id's row is zero: its logit stays 0 while the largest of the others is
+                # well above, so a random model never proposes the mask id (a trained Dream does not
+                # either; the authors' vanilla and Fast-dLLM decoders would write it back, and their
+                # cached block loop would never end).
+                t[config.mask_token_id] = 0.0
+        weights[name] = t.to(dtype)
+    return weights

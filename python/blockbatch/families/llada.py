@@ -1,0 +1,89 @@
+"""The LLaDA family on the Python side: its weight names and shapes (``model.transformer.*``, the
+OLMo-style layout of LLaDA's Hugging Face checkpoints) and its random checkpoints."""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import ModelConfig
+
+NAME = "llada"
+DISPLAY_NAME = "LLaDA"
+PREFIX = "model.transformer."
+PUBLISHED_SHAPES: dict[str, dict] = {}  # make-random --preset: none published for LLaDA yet
+
+TENSORS_PER_LAYER = 9  # norms, q, k, v, out, ff_proj, up, ff_out: tensor_count() without listing them
+PROPOSALS_WITHIN_TOKENIZER = False  # every embedding row is a token the decoders may propose
+
+
+def missing_tensor_hint(name: str) -> str:
+    """Text added to the error of a missing tensor ``name`` (none for LLaDA)."""
+    return ""
+
+
+def generation_config(config: ModelConfig) -> dict | None:
+    """The generation_config.json a checkpoint of this family carries (LLaDA: none)."""
+    return None
+
+
+def default_kv_heads(heads: int) -> int:
+    """make-random's KV heads for ``heads`` query heads when none are given: no GQA."""
+    return heads
+
+
+def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor a LLaDA checkpoint must hold, with its shape (HF names)."""
+    d, hd, m = config.d_model, config.head_dim, config.mlp_hidden_size
+    shapes: dict[str, tuple[int, ...]] = {PREFIX + "wte.weight": (config.embedding_size, d)}
+    per_layer = {
+        "attn_norm": (d,), "q_proj": (config.n_heads * hd, d), "k_proj": (config.n_kv_heads * hd, d),
+        "v_proj": (config.n_kv_heads * hd, d), "attn_out": (d, config.n_heads * hd), "ff_norm": (d,),
+        "ff_proj": (m, d), "up_proj": (m, d), "ff_out": (d, m),
+    }
+    for i in range(config.n_layers):
+        for name, shape in per_layer.items():
+            shapes[f"{PREFIX}blocks.{i}.{name}.weight"] = shape
+    shapes[PREFIX + "ln_f.weight"] = (d,)
+    if not config.weight_tying:
+        shapes[PREFIX + "ff_out.weight"] = (config.embedding_size, d)
+    return shapes
+
+
+def random_config(**overrides) -> ModelConfig:
+    """A small valid LLaDA config; any field can be overridden."""
+    fields = dict(
+        d_model=64, n_layers=2, n_heads=2, n_kv_heads=2, mlp_hidden_size=128, vocab_size=97,
+        embedding_size=None, rope_theta=10000.0, rms_norm_eps=1e-5, weight_tying=False,
+        mask_token_id=None, eos_token_id=None, max_sequence_length=1024,
+    )
+    fields.update(overrides)
+    if fields["embedding_size"] is None:
+        fields["embedding_size"] = fields["vocab_size"]
+    if fields["mask_token_id"] is None:
+        fields["mask_token_id"] = fields["vocab_size"] - 1
+    if fields["eos_token_id"] is None:
+        fields["eos_token_id"] = fields["vocab_size"] - 2
+    fields.setdefault("pad_token_id", fields["eos_token_id"])
+    return ModelConfig(**fields).validate()
+
+
+def random_weights(config: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32,
+                   logit_scale: float = 1.0) -> dict[str, torch.Tensor]:
+    """Gaussian weights scaled by 1/sqrt(fan_in); norms near 1.
+
+    ``logit_scale`` multiplies the LM head so that tests can make the model more or less
+    confident (a larger scale gives peaked softmaxes, so threshold rules commit several tokens).
+    """
+    g = torch.Generator().manual_seed(seed)
+    weights = {}
+    for name, shape in weight_shapes(config).items():
+        if len(shape) == 1:  # norm weights
+            t = 1.0 + 0.1 * torch.randn(shape, generator=g)
+        elif name.endswith("wte.weight"):
+            t = torch.randn(shape, generator=g)
+        else:
+            t = torch.randn(shape, generator=g) / shape[1] ** 0.5
+            if name.endswith("transformer.ff_out.weight"):
+                t = t * logit_scale
+        weights[name] = t.to(dtype)
+    return weights
