@@ -110,7 +110,7 @@ DecodeOptions = dataclasses.make_dataclass(
                "__module__": __name__},
     frozen=True)
 DecodeOptions.__doc__ = """How to decode one request: one field per row of the options table
-(``blockbatch.contract.OPTIONS``; the README's "Decode options" lists them with their ranges).
+(``blockbatch.contract.OPTIONS``; ``docs/options.md`` lists them with their ranges).
 
 Commit rule: ``factor`` when ``factor`` is set, else ``threshold`` when ``threshold`` is set,
 else LLaDA's fixed schedule with ``steps`` total steps (``threshold=None, steps=gen_length`` is
