@@ -6,7 +6,7 @@ CUDA kernels build when the installed torch has CUDA and CUDA_HOME points at the
 (the folder holding include/cuda_runtime.h); set BLOCKBATCH_CUDA=0 to force a CPU-only build.
 
 BLOCKBATCH_SANITIZE=address,undefined builds the C++ core with those sanitizers (-fsanitize=...,
--O1 -g) in its own build folder (build/cmake-*-san-address-undefined); see README.md, "Building
+-O1 -g) in its own build folder (build/cmake-*-san-address-undefined); see docs/install.md, "Building
 with sanitizers", for running the tests under it.
 
 The built package requires exactly the torch it was compiled against (torch==X.Y.Z): _C and the

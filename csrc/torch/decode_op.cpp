@@ -24,7 +24,7 @@ namespace blockbatch {
 namespace {
 
 const std::string& decode_schema() {
-  // Defaults and types of every option come from the table; see README "Decode options".
+  // Defaults and types of every option come from the table; see docs/options.md.
   static const std::string s =
       std::string("decode(__torch__.torch.classes.blockbatch.Model model, Tensor prompt_ids, *, ") +
       kDecodeOptionsSchema +

@@ -23,8 +23,8 @@ In Python: ``import blockbatch.lm_eval`` registers the model, then
   with a warning), ``dtype`` (float32 | bfloat16 | float16; default: the checkpoint's)
 - ``gen_length``: the diffusion canvas. Default: the request's ``max_gen_toks`` rounded up to a
   multiple of every block size in use (the generation is then cut to ``max_gen_toks`` tokens)
-- any other decode option of the options table (``blockbatch.contract``; the README's "Decode
-  options"), as in a ``blockbatch bench`` policy spec: lists as ``block_sizes=4/8/16``, ``none``
+- any other decode option of the options table (``blockbatch.contract``; ``docs/options.md``
+  lists them), as in a ``blockbatch bench`` policy spec: lists as ``block_sizes=4/8/16``, ``none``
   for None; ``--help`` prints them with their defaults
 
 Per request, ``gen_kwargs`` may set ``until`` (the text is cut at the first stop string),

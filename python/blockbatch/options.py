@@ -26,7 +26,7 @@ _INT64 = (-(1 << 63), (1 << 63) - 1)
 @dataclasses.dataclass(frozen=True)
 class DecodeOptions(DecodeOptionFields):
     """How to decode one request: one field per row of the options table
-    (``blockbatch.contract.OPTIONS``; the manual's "Decoding options" page lists them with their
+    (``blockbatch.contract.OPTIONS``; ``docs/options.md`` lists them with their
     ranges).
 
     Commit rule: ``factor`` when ``factor`` is set, else ``threshold`` when ``threshold`` is set,

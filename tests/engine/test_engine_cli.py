@@ -314,7 +314,7 @@ def test_cli_generate_jsonl_output_is_replaced_only_by_results(tmp_path):
 
 
 def test_cli_generate_jsonl_each_bad_line_is_an_error_line():
-    """The README's promise, for lines that once aborted the run: not UTF-8, a UTF-8 BOM (through
+    """docs/cli.md's promise, for lines that once aborted the run: not UTF-8, a UTF-8 BOM (through
     stdin under a C locale), 100000 nested brackets, ids that are no int64 token id; each is one
     error line naming its line, the others decode."""
     good = '{"id": "g", "prompt": "72-2=__-3=__-3=__...............?"}\n'

@@ -117,7 +117,8 @@ def test_sdist_holds_the_sources_and_no_build_outputs(tmp_path):
                    "benchmarks/cpp/common.h", "python/blockbatch/toy/checkpoint/model.safetensors",
                    "python/blockbatch/toy/checkpoint_dream/model.safetensors",
                    "python/blockbatch/toy/checkpoint_dream/generation_config.json",
-                   "python/blockbatch/_bin.py", "tests/ops/test_ops.py"):
+                   "python/blockbatch/_bin.py", "tests/ops/test_ops.py", "mkdocs.yml", "docs/index.md",
+                   "docs/options.md", "docs/bench/bench.json", "tools/gen_docs_bench.py"):
         assert needed in names, needed
     assert not [n for n in names if n.endswith(".so") or n.startswith("python/blockbatch/bin/") or "__pycache__" in n]
 

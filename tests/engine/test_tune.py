@@ -220,7 +220,7 @@ def test_ctrl_c_keeps_finished_configs_and_a_rerun_continues(tmp_path):
 
 
 def test_blockbatch_best_is_the_config_the_shipped_sweeps_measured():
-    """The README's frontier table quotes blockbatch-best from docs/bench/tune: the preset at
+    """docs/tuning.md's frontier table quotes blockbatch-best from docs/bench/tune: the preset at
     gen_length 64 must be that very config, and that config must be on both toys' NFE frontier."""
     spec = "blockbatch:block_sizes=32/64,threshold=0.9,merge_gate=0.9,refresh_tokens=32,sync_refresh=true"
     assert DecodeOptions.from_preset("blockbatch-best", gen_length=64) == bench.policy_options(spec, 64)

@@ -376,17 +376,24 @@ def test_chat_without_a_template_is_400(small):
     assert e.value.body["code"] == "no_chat_template" and e.value.body["param"] == "messages"
 
 
+def _serve_example(page: str) -> str:
+    """The Python block after the "serve example" marker of `page` (a path from the repository root)."""
+    text = (ROOT / page).read_text(encoding="utf-8")
+    marker = text.index("<!-- serve example:")
+    block = text[text.index("```python\n", marker) + len("```python\n"):]
+    return block[: block.index("```")]
+
+
 def test_readme_example_runs_as_is(small):
-    readme = (ROOT / "README.md").read_text()
-    marker = readme.index("<!-- serve example:")
-    block = readme[readme.index("```python\n", marker) + len("```python\n"):]
-    code = block[: block.index("```")]
+    """The HTTP example of README.md and of docs/serving.md (the same block) runs as is."""
+    code = _serve_example("README.md")
+    assert _serve_example("docs/serving.md") == code, "README.md's and docs/serving.md's serve examples differ"
     assert "http://127.0.0.1:8000/v1" in code
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         exec(compile(code.replace("http://127.0.0.1:8000/v1", small.url + "/v1"), "README.md", "exec"), {})
     first, second = out.getvalue().splitlines()
-    assert first == "72-2=70-3=67-3=64;64 20 2"  # as the README's comment says
+    assert first == "72-2=70-3=67-3=64;64 20 2"  # as the example's comment says
     assert second == "72-2=70-3=67-3=64;64"
 
 

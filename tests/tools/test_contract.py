@@ -1,5 +1,5 @@
 """The options contract: one table (blockbatch.contract) from which the op schema, the C++ struct
-and checks, DecodeOptions, the CLI, the bench / lm-eval parsers and the README are derived."""
+and checks, DecodeOptions, the CLI, the bench / lm-eval parsers and docs/options.md's table are derived."""
 
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ def test_generated_files_are_up_to_date():
 
 def test_the_check_fails_on_a_stale_file(tmp_path):
     """The CI check can fail: an edited generated file (or a table edit not rendered) is reported."""
-    for rel in ("csrc/decode", "csrc/torch", "python/blockbatch"):
+    for rel in ("csrc/decode", "csrc/torch", "python/blockbatch", "docs"):
         (tmp_path / rel).mkdir(parents=True)
-    shutil.copy(ROOT / "README.md", tmp_path / "README.md")
+    shutil.copy(ROOT / "docs/options.md", tmp_path / "docs/options.md")
     for path, text in gen_contract.generated_files(tmp_path).items():
         path.write_text(text, encoding="utf-8")
     assert gen_contract.main(["--check", "--root", str(tmp_path)]) == 0
@@ -46,7 +46,7 @@ def test_the_check_fails_on_a_stale_file(tmp_path):
 
 
 def test_a_table_default_reaches_every_generated_artefact(monkeypatch):
-    """Changing one row changes the C++ default, the schema default and the README row."""
+    """Changing one row changes the C++ default, the schema default and the docs' table row."""
     row = contract.BY_NAME["sync_gap"]
     changed = dataclasses.replace(row, default=5)
     table = tuple(changed if o.name == "sync_gap" else o for o in contract.OPTIONS)

@@ -1,5 +1,5 @@
 """The settings table (python/blockbatch/settings.py) is the one description of every BLOCKBATCH_*
-variable: the C++ reads agree with it, no source reads a variable it lacks, and the README table,
+variable: the C++ reads agree with it, no source reads a variable it lacks, and the docs table (docs/install.md),
 `generate --help` and the benchmarks' candidates are rendered from it. No build or GPU needed."""
 
 import pathlib
@@ -129,10 +129,10 @@ def test_promoting_a_candidate_drops_it_everywhere(monkeypatch):
     assert not settings.param("BLOCKBATCH_ROPE_KERNEL", "scalar").marks
 
 
-def test_readme_table_is_rendered_from_the_table():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert settings.replace_readme_table(readme) == readme, \
-        "README.md's settings table is out of date: run `python -m blockbatch.settings readme`"
+def test_docs_table_is_rendered_from_the_table():
+    page = (ROOT / "docs" / "install.md").read_text(encoding="utf-8")
+    assert settings.replace_docs_table(page) == page, \
+        "docs/install.md's settings table is out of date: run `python -m blockbatch.settings docs`"
 
 
 def test_help_block_lists_every_runtime_variable_with_its_default():
