@@ -47,8 +47,9 @@ from .. import guard, presets
 from ..guard import APIError
 from ..scheduler import Event
 from .jobs import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, Job, ServerState, ServeSettings
-from .protocol import (Params, bad, chat_ids, check_preset, is_int, is_number, option_param, parse_json_body,
-                       parse_params, precheck_length, prompt_ids)
+from . import protocol
+from .protocol import (DecodeReport, ModelCard, ModelList, Outcome, Params, Usage, bad, chat_ids, check_preset, is_int,
+                       is_number, option_param, parse_json_body, parse_params, precheck_length, prompt_ids)
 
 log = logging.getLogger("blockbatch.serve")
 
@@ -209,17 +210,14 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
                 job.cancel()
                 return
 
-    def usage(job: Job, completion_tokens: int) -> dict:
+    def outcome(job: Job, completion_tokens: int, stats: dict) -> Outcome:
         prompt = job.prompt_ids.numel()
-        return {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
-                "total_tokens": prompt + completion_tokens}
-
-    def extras(job: Job, stats: dict) -> dict:
-        used = {"policy": stats["policy"], "gen_length": job.options.gen_length, "nfe": stats["nfe"],
-                "wall_ms": stats["wall_ms"]}
+        report = DecodeReport(policy=stats["policy"], gen_length=job.options.gen_length, nfe=stats["nfe"],
+                              wall_ms=stats["wall_ms"])
         if job.preset is not None:
-            used["preset"] = job.preset
-        return {"nfe": stats["nfe"], "blockbatch": used}
+            report.preset = job.preset
+        return Outcome(Usage(prompt_tokens=prompt, completion_tokens=completion_tokens,
+                             total_tokens=prompt + completion_tokens), report)
 
     def failure(event: Event) -> APIError:
         if isinstance(event.error, TimeoutError):
@@ -263,28 +261,15 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
         raw = event.output.tokens[ids.numel():].tolist()
         text, completion_tokens, reason = job.visible(raw, final=True)
         metrics.generated_tokens.inc(completion_tokens)
-        if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": reason}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
-            obj = "text_completion"
-        return JSONResponse({"id": rid, "object": obj, "created": created, "model": name, "choices": [choice],
-                             "usage": usage(job, completion_tokens), **extras(job, event.output.stats)})
+        done = outcome(job, completion_tokens, event.output.stats)
+        return JSONResponse(protocol.response(chat, rid, created, name, text, reason, done).body())
 
     async def _stream(request: Request, job: Job, chat: bool, rid: str, created: int,
                       name: str) -> AsyncIterator[str]:
-        obj = "chat.completion.chunk" if chat else "text_completion"
-
-        def chunk(text: str | None = None, reason: str | None = None, role: bool = False, **more) -> str:
-            if chat:
-                delta = {"role": "assistant", "content": ""} if role else {} if text is None else {"content": text}
-                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
-            else:
-                choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
-            payload = {"id": rid, "object": obj, "created": created, "model": name, "choices": [choice], **more}
-            return f"data: {json.dumps(payload)}\n\n"
+        def chunk(text: str | None = None, reason: str | None = None, role: bool = False,
+                  outcome: Outcome | None = None) -> str:
+            body = protocol.chunk(chat, rid, created, name, text, reason, role, outcome).body()
+            return f"data: {json.dumps(body)}\n\n"
 
         watcher = asyncio.create_task(watch_disconnect(request, job))
         sent = ""
@@ -307,8 +292,8 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
                     elif len(text) > len(sent):
                         yield chunk(text[len(sent):])
                     metrics.generated_tokens.inc(completion_tokens)
-                    yield chunk("" if not chat else None, reason=reason, usage=usage(job, completion_tokens),
-                                **extras(job, event.output.stats))
+                    yield chunk("" if not chat else None, reason=reason,
+                                outcome=outcome(job, completion_tokens, event.output.stats))
                 else:
                     yield f"data: {json.dumps(failure(event).body())}\n\n"
                 yield "data: [DONE]\n\n"
@@ -328,9 +313,9 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
     @app.get("/v1/models")
     async def models(request: Request):
         authorize(request)
-        return {"object": "list", "data": [{"id": state.settings.served_model_name, "object": "model",
-                                            "created": state.created, "owned_by": "blockbatch",
-                                            "max_model_len": state.settings.max_length}]}
+        card = ModelCard(id=state.settings.served_model_name, object="model", created=state.created,
+                         owned_by="blockbatch", max_model_len=state.settings.max_length)
+        return ModelList(object="list", data=[card]).model_dump()
 
     @app.get("/health")
     async def health():
