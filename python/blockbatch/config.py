@@ -1,7 +1,10 @@
-"""Model configuration read from a Hugging Face ``config.json`` (LLaDA and Dream families).
+"""Model configuration read from a Hugging Face ``config.json``.
 
 Every id and shape used by the engine comes from here, never from constants in code. The model
-family is a property of the checkpoint (``model_type``: ``"llada"`` or ``"Dream"``), never a flag.
+family is a property of the checkpoint (its ``model_type``), never a flag. What a family's
+``config.json`` looks like (its keys, its own checks) is the family's ``ConfigCodec``, which the
+family's module (``blockbatch.families``) registers here when the package is imported; this module
+knows no family by name.
 """
 
 from __future__ import annotations
@@ -9,13 +12,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any
+from typing import Any, Callable
 
 from .errors import CheckpointError, read_json_file
 
-SUPPORTED_MODEL_TYPES = ("llada", "Dream")
-# model_type (as written in config.json) -> family
-FAMILIES = {"llada": "llada", "Dream": "dream"}
 
 # Sane upper bounds of the config values live in C++ (csrc/model/config.h, checked by
 # ModelConfig::validate, which ModelConfig.validate below calls): MAX_SEQUENCE_LENGTH, MAX_LAYERS,
@@ -48,7 +48,7 @@ def show_value(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -56,7 +56,7 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _as_finite(value: Any) -> float | None:
+def as_finite(value: Any) -> float | None:
     """``value`` as a finite float, or None (not a number, NaN, infinite, or an int beyond float range)."""
     if not _is_number(value):
         return None
@@ -65,6 +65,76 @@ def _as_finite(value: Any) -> float | None:
     except OverflowError:
         return None
     return f if math.isfinite(f) else None
+
+
+class KeyReader:
+    """A ``config.json`` dict read key by key: each error names the file (``where``) and the key."""
+
+    def __init__(self, raw: dict[str, Any], where: str):
+        self.raw, self.where = raw, where
+
+    def bad(self, key: str, msg: str) -> CheckpointError:
+        return CheckpointError(f"{self.where}: key '{key}' {msg}")
+
+    def present(self, key: str) -> bool:
+        return self.raw.get(key) is not None
+
+    def need(self, key: str) -> Any:
+        if not self.present(key):
+            raise CheckpointError(f"{self.where}: required key '{key}' is missing")
+        return self.raw[key]
+
+    def integer(self, key: str) -> int:
+        value = self.need(key)
+        if not is_int(value):
+            raise self.bad(key, f"must be an integer, got {show_value(value)}")
+        return value
+
+    def number(self, key: str) -> float:
+        value = self.need(key)
+        if not _is_number(value):
+            raise self.bad(key, f"must be a number, got {show_value(value)}")
+        finite = as_finite(value)
+        if finite is None:
+            raise self.bad(key, f"must be a finite number, got {show_value(value)}")
+        return finite
+
+    def token_id(self, key: str) -> int | None:
+        """A special id: an integer, or a non-empty list of them (HF allows several EOS ids; the
+        first one is the id), or None when the key is absent."""
+        value = self.raw.get(key)
+        if isinstance(value, list):
+            if not value or not all(is_int(e) for e in value):
+                raise self.bad(key, f"must be an integer or a non-empty list of integers, got {show_value(value)}")
+            return value[0]
+        return None if value is None else self.integer(key)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigCodec:
+    """How one family's ``config.json`` maps onto ``ModelConfig`` (registered by its module in
+    ``blockbatch.families``)."""
+
+    model_type: str  # as written in config.json
+    family: str  # ModelConfig.family
+    read: Callable[[KeyReader], ModelConfig]  # the fields, from the family's keys (checked after)
+    write: Callable[[ModelConfig], dict[str, Any]]  # the config.json dict its checkpoints carry
+    check: Callable[[ModelConfig, Callable[[str, str], CheckpointError]], None]  # checks worded with its keys
+    cpp_id: int  # the family's number on the C++ side (csrc/model/config.h)
+    shifted_logits: bool = False  # position i is read from the output at i - 1 (ALGORITHMS.md section 5)
+    generation_config_keys: tuple[str, ...] = ()  # read from generation_config.json when config.json lacks them
+
+
+_CODECS: dict[str, ConfigCodec] = {}
+
+
+def register_family(codec: ConfigCodec) -> None:
+    """Make ``codec.model_type`` a model_type ``ModelConfig`` reads and writes."""
+    _CODECS[codec.model_type] = codec
+
+
+def supported_model_types() -> tuple[str, ...]:
+    return tuple(_CODECS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,14 +166,23 @@ class ModelConfig:
     attention_bias: bool = False
 
     @property
+    def codec(self) -> ConfigCodec:
+        codec = _CODECS.get(self.model_type)
+        if codec is None:
+            raise CheckpointError(f"config: key 'model_type' is {show_value(self.model_type)}; supported: "
+                                  f"{', '.join(supported_model_types())}")
+        return codec
+
+    @property
     def family(self) -> str:
-        """``"llada"`` or ``"dream"``: decided by ``model_type`` alone."""
-        return FAMILIES.get(self.model_type, self.model_type)
+        """The family's name (``"llada"``, ``"dream"``): decided by ``model_type`` alone."""
+        codec = _CODECS.get(self.model_type)
+        return codec.family if codec is not None else self.model_type
 
     @property
     def shifted_logits(self) -> bool:
-        """Dream reads position ``i`` from the output at ``i - 1`` (ALGORITHMS.md section 5)."""
-        return self.family == "dream"
+        """Whether position ``i`` is read from the output at ``i - 1`` (Dream; ALGORITHMS.md section 5)."""
+        return self.codec.shifted_logits
 
     @property
     def head_dim(self) -> int:
@@ -121,26 +200,24 @@ class ModelConfig:
         def bad(key: str, msg: str) -> CheckpointError:
             return CheckpointError(f"{where}: key '{key}' {msg}")
 
-        if self.model_type not in SUPPORTED_MODEL_TYPES:
-            raise bad("model_type", f"is {show_value(self.model_type)}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+        if self.model_type not in _CODECS:
+            raise bad("model_type", f"is {show_value(self.model_type)}; supported: "
+                                    f"{', '.join(supported_model_types())}")
         for key in (*_INT_KEYS, "mask_token_id", "eos_token_id"):
             value = getattr(self, key)
-            if not _is_int(value):
+            if not is_int(value):
                 raise bad(key, f"must be an integer, got {show_value(value)}")
             if not -_INT64_MAX <= value <= _INT64_MAX:
                 raise bad(key, f"= {show_value(value)} does not fit in 64 bits")
         for key in _FLOAT_KEYS:
             value = getattr(self, key)
-            if _as_finite(value) is None:
+            if as_finite(value) is None:
                 raise bad(key, f"must be a positive finite number, got {show_value(value)}")
         if not isinstance(self.weight_tying, bool):
             raise bad("weight_tying", f"must be true or false, got {show_value(self.weight_tying)}")
         if not isinstance(self.attention_bias, bool):
             raise bad("attention_bias", f"must be true or false, got {show_value(self.attention_bias)}")
-        if self.family == "dream":
-            self._validate_dream(where)
-        elif self.attention_bias:
-            raise bad("attention_bias", "is only supported for the Dream family")
+        self.codec.check(self, bad)
         from ._C_loader import load_extension
         import torch
 
@@ -151,45 +228,19 @@ class ModelConfig:
             message = str(e).split("\n")[0]
             raise CheckpointError(where + message[len("config"):] if message.startswith("config:")
                                   else f"{where}: {message}") from None
-        if self.pad_token_id is not None and (not _is_int(self.pad_token_id)
+        if self.pad_token_id is not None and (not is_int(self.pad_token_id)
                                               or not 0 <= self.pad_token_id < self.vocab_size):
             raise bad("pad_token_id", f"= {show_value(self.pad_token_id)} is outside the vocabulary [0, {self.vocab_size})")
-        if self.bos_token_id is not None and (not _is_int(self.bos_token_id)
+        if self.bos_token_id is not None and (not is_int(self.bos_token_id)
                                               or not 0 <= self.bos_token_id < self.vocab_size):
             raise bad("bos_token_id", f"= {show_value(self.bos_token_id)} is outside the vocabulary [0, {self.vocab_size})")
         return self
 
-    def _validate_dream(self, where: str) -> None:
-        """Dream checks, worded with the Hugging Face keys of a Dream ``config.json``.
-
-        The C++ validator (``torch.ops.blockbatch.check_config``) checks the same shapes under the
-        LLaDA key names; these checks live here so that the message names the key the user
-        actually wrote. The C++ checkpoint reader (``csrc/io/checkpoint.cpp``, the ``bb_*``
-        binaries) gives the same messages; keep the two in step.
-        """
-
-        def bad(key: str, msg: str) -> CheckpointError:
-            return CheckpointError(f"{where}: key '{key}' {msg}")
-
-        heads, kv_heads = self.n_heads, self.n_kv_heads
-        if _is_int(heads) and _is_int(kv_heads):
-            if heads <= 0:
-                raise bad("num_attention_heads", f"= {heads} must be positive")
-            if kv_heads <= 0 or heads % kv_heads:
-                raise bad("num_key_value_heads",
-                          f"= {kv_heads} must divide num_attention_heads = {heads} (grouped-query attention)")
-            if _is_int(self.d_model) and self.d_model % heads:
-                raise bad("hidden_size", f"= {self.d_model} is not a multiple of num_attention_heads = {heads}")
-        if _is_int(self.vocab_size) and _is_int(self.mask_token_id) and not 0 <= self.mask_token_id < self.vocab_size:
-            raise bad("mask_token_id", f"= {self.mask_token_id} is outside the vocabulary [0, {self.vocab_size})")
-        if not self.attention_bias:
-            raise bad("attention_bias", "is false, but Dream's q/k/v projections always carry biases")
-
     # ------------------------------------------------------------------ json
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any], where: str = "config") -> "ModelConfig":
-        """Build from a ``config.json`` dict (LLaDA keys).
+    def from_dict(cls, raw: dict[str, Any], where: str = "config") -> ModelConfig:
+        """Build from a ``config.json`` dict, in the keys of the family its ``model_type`` names.
 
         Raises ``CheckpointError`` naming ``where`` and the key for a missing key, a value of the
         wrong JSON type (``"false"`` is not a bool, ``2.0`` not an int, NaN / Infinity not a
@@ -197,178 +248,33 @@ class ModelConfig:
         """
         if not isinstance(raw, dict):
             raise CheckpointError(f"{where}: expected a JSON object at top level, got {type(raw).__name__}")
-
-        def bad(key: str, msg: str) -> CheckpointError:
-            return CheckpointError(f"{where}: key '{key}' {msg}")
-
-        def present(key: str) -> bool:
-            return raw.get(key) is not None
-
-        def need(key: str) -> Any:
-            if not present(key):
-                raise CheckpointError(f"{where}: required key '{key}' is missing")
-            return raw[key]
-
-        def integer(key: str) -> int:
-            value = need(key)
-            if not _is_int(value):
-                raise bad(key, f"must be an integer, got {show_value(value)}")
-            return value
-
-        def number(key: str) -> float:
-            value = need(key)
-            if not _is_number(value):
-                raise bad(key, f"must be a number, got {show_value(value)}")
-            finite = _as_finite(value)
-            if finite is None:
-                raise bad(key, f"must be a finite number, got {show_value(value)}")
-            return finite
-
-        model_type = need("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise bad("model_type", f"is {show_value(model_type)}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
-        if FAMILIES[model_type] == "dream":
-            return cls._dream_from_dict(raw, where, need, integer, number, present, bad)
-        d_model = integer("d_model")
-        n_heads = integer("n_heads")
-        vocab_size = integer("vocab_size")
-        if present("mlp_hidden_size"):
-            mlp = integer("mlp_hidden_size")
-        elif present("mlp_ratio"):  # LLaDA/OLMo fall back to mlp_ratio * d_model
-            ratio = raw["mlp_ratio"]
-            if _as_finite(ratio) is None or not ratio > 0:
-                raise bad("mlp_ratio", f"must be a positive finite number, got {show_value(ratio)}")
-            try:
-                mlp = int(ratio * d_model)  # a huge product fails validate() by name (mlp_hidden_size)
-            except OverflowError:
-                raise bad("mlp_ratio", f"* d_model = {show_value(ratio)} * {d_model} overflows") from None
-        else:
-            raise CheckpointError(f"{where}: required key 'mlp_hidden_size' is missing")
-        eos = need("eos_token_id")
-        if isinstance(eos, list):
-            if not eos or not all(_is_int(e) for e in eos):
-                raise bad("eos_token_id", f"must be an integer or a non-empty list of integers, got {show_value(eos)}")
-            eos = eos[0]
-        else:
-            eos = integer("eos_token_id")
-        weight_tying = need("weight_tying")
-        if not isinstance(weight_tying, bool):
-            raise bad("weight_tying", f"must be true or false (a JSON boolean), got {show_value(weight_tying)}")
-        pad = raw.get("pad_token_id")
-        if pad is not None:
-            pad = integer("pad_token_id")
-        return cls(
-            d_model=d_model,
-            n_layers=integer("n_layers"),
-            n_heads=n_heads,
-            n_kv_heads=integer("n_kv_heads") if present("n_kv_heads") else n_heads,
-            mlp_hidden_size=mlp,
-            vocab_size=vocab_size,
-            embedding_size=integer("embedding_size") if present("embedding_size") else vocab_size,
-            rope_theta=number("rope_theta"),
-            rms_norm_eps=number("rms_norm_eps"),
-            weight_tying=weight_tying,
-            mask_token_id=integer("mask_token_id"),
-            eos_token_id=eos,
-            max_sequence_length=integer("max_sequence_length"),
-            model_type=model_type,
-            pad_token_id=pad,
-        ).validate(where)
-
-    @classmethod
-    def _dream_from_dict(cls, raw, where, need, integer, number, present, bad) -> "ModelConfig":
-        """A Dream ``config.json`` (``model_type: "Dream"``, Qwen2 key names)."""
-
-        def special(key: str) -> int | None:
-            value = raw.get(key)
-            if isinstance(value, list):  # HF allows a list of EOS ids; the first one is the EOS id
-                if not value or not all(_is_int(e) for e in value):
-                    raise bad(key, f"must be an integer or a non-empty list of integers, got {show_value(value)}")
-                return value[0]
-            return None if value is None else integer(key)
-
-        tie = raw.get("tie_word_embeddings", False)
-        if not isinstance(tie, bool):
-            raise bad("tie_word_embeddings", f"must be true or false (a JSON boolean), got {show_value(tie)}")
-        n_heads = integer("num_attention_heads")
-        vocab = integer("vocab_size")
-        if not present("mask_token_id"):
-            raise CheckpointError(f"{where}: required key 'mask_token_id' is missing (from config.json and "
-                                  "generation_config.json)")
-        eos = special("eos_token_id")
-        if eos is None:
-            raise CheckpointError(f"{where}: required key 'eos_token_id' is missing (from config.json and "
-                                  "generation_config.json)")
-        return cls(
-            d_model=integer("hidden_size"),
-            n_layers=integer("num_hidden_layers"),
-            n_heads=n_heads,
-            n_kv_heads=integer("num_key_value_heads") if present("num_key_value_heads") else n_heads,
-            mlp_hidden_size=integer("intermediate_size"),
-            vocab_size=vocab,
-            embedding_size=vocab,
-            rope_theta=number("rope_theta"),
-            rms_norm_eps=number("rms_norm_eps"),
-            weight_tying=tie,
-            mask_token_id=integer("mask_token_id"),
-            eos_token_id=eos,
-            max_sequence_length=integer("max_position_embeddings"),
-            model_type="Dream",
-            pad_token_id=special("pad_token_id"),
-            bos_token_id=special("bos_token_id"),
-            attention_bias=True,
-        ).validate(where)
+        keys = KeyReader(raw, where)
+        model_type = keys.need("model_type")
+        codec = _CODECS.get(model_type) if isinstance(model_type, str) else None
+        if codec is None:
+            raise keys.bad("model_type", f"is {show_value(model_type)}; supported: {', '.join(supported_model_types())}")
+        return codec.read(keys).validate(where)
 
     @classmethod
     def from_json_file(cls, path: str | os.PathLike) -> "ModelConfig":
         path = os.fspath(path)
         raw = read_json_file(path, "config.json", MAX_CONFIG_BYTES)
-        if isinstance(raw, dict) and raw.get("model_type") == "Dream":
-            # Dream keeps its special ids in generation_config.json too; config.json wins.
+        codec = _CODECS.get(raw.get("model_type")) if isinstance(raw, dict) else None
+        if codec is not None and codec.generation_config_keys:
+            # Some families (Dream) keep their special ids in generation_config.json too; config.json wins.
             gen_path = os.path.join(os.path.dirname(path), GENERATION_CONFIG_NAME)
             if os.path.isfile(gen_path):
                 gen = read_json_file(gen_path, GENERATION_CONFIG_NAME, MAX_CONFIG_BYTES)
                 if isinstance(gen, dict):
                     raw = dict(raw)
-                    for key in ("mask_token_id", "eos_token_id", "pad_token_id", "bos_token_id"):
+                    for key in codec.generation_config_keys:
                         if raw.get(key) is None and gen.get(key) is not None:
                             raw[key] = gen[key]
         return cls.from_dict(raw, where=path)
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``config.json`` dict the checkpoints of this family carry (LLaDA or Dream layout)."""
-        if self.family == "dream":
-            return {
-                "architectures": ["DreamModel"],
-                "model_type": "Dream",
-                "hidden_size": self.d_model,
-                "num_hidden_layers": self.n_layers,
-                "num_attention_heads": self.n_heads,
-                "num_key_value_heads": self.n_kv_heads,
-                "intermediate_size": self.mlp_hidden_size,
-                "vocab_size": self.vocab_size,
-                "rope_theta": self.rope_theta,
-                "rms_norm_eps": self.rms_norm_eps,
-                "tie_word_embeddings": self.weight_tying,
-                "mask_token_id": self.mask_token_id,
-                "eos_token_id": self.eos_token_id,
-                "pad_token_id": self.pad_token_id,
-                "bos_token_id": self.bos_token_id,
-                "max_position_embeddings": self.max_sequence_length,
-                "hidden_act": "silu",
-                "torch_dtype": "float32",
-            }
-        d = dataclasses.asdict(self)
-        del d["bos_token_id"], d["attention_bias"]  # not LLaDA keys
-        d.update({
-            "architectures": ["LLaDAModelLM"],
-            "activation_type": "silu",
-            "block_type": "llama",
-            "layer_norm_type": "rms",
-            "rope": True,
-            "include_bias": False,
-        })
-        return d
+        """The ``config.json`` dict the checkpoints of this family carry."""
+        return self.codec.write(self)
 
     # ---------------------------------------------------------- for C++
 
@@ -377,7 +283,7 @@ class ModelConfig:
             "d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden_size", "vocab_size",
             "embedding_size", "mask_token_id", "eos_token_id", "max_sequence_length")} | {
             "weight_tying": int(self.weight_tying), "attention_bias": int(bool(self.attention_bias)),
-            "family": {"llada": 0, "dream": 1}.get(self.family, -1)}
+            "family": self.codec.cpp_id}
 
     def float_fields(self) -> dict[str, float]:
         return {"rope_theta": float(self.rope_theta), "rms_norm_eps": float(self.rms_norm_eps)}

@@ -1,9 +1,9 @@
-"""Model families on the Python side: one module per family (``llada``, ``dream``) holding what
-differs between two families here (weight names and shapes, the random configs and weights of
-``blockbatch make-random`` and the tests, published shapes), and this registry, which every other
-module asks instead of testing a family's name. How the C++ decoders differ per family is
-``csrc/decode/family.{h,cpp}`` (``FamilyRules``); how ``config.json`` keys map is ``config.py``.
-Adding a family: ``docs/adding-a-family.md``."""
+"""Model families on the Python side: one module per family (``llada``, ``dream``) holding all that
+differs between two families here: its ``config.json`` keys and checks (a ``ConfigCodec`` it
+registers with ``blockbatch.config`` on import), its weight names and shapes, its random configs
+and weights (``blockbatch make-random``, the tests), published shapes; and this registry, which
+every other module asks instead of testing a family's name. How the C++ decoders differ per family
+is ``csrc/decode/family.{h,cpp}`` (``FamilyRules``). Adding a family: ``docs/adding-a-family.md``."""
 
 from __future__ import annotations
 

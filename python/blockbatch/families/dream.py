@@ -1,15 +1,20 @@
-"""The Dream family on the Python side: its weight names and shapes (the Qwen2 layout of the
+"""The Dream family on the Python side: its ``config.json`` (Qwen2 keys, ``model_type: "Dream"``,
+special ids also in ``generation_config.json``), its weight names and shapes (the Qwen2 layout of the
 Hugging Face Dream checkpoints: ``model.layers.{i}.self_attn.q_proj.bias``, ...), the published
 Dream-v0-7B shape and its random checkpoints (``config.json`` with ``model_type: "Dream"``, a
 ``generation_config.json``, q/k/v biases)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from ..config import ModelConfig
+from ..config import ConfigCodec, KeyReader, ModelConfig, is_int, register_family, show_value
+from ..errors import CheckpointError
 
 NAME = "dream"
+MODEL_TYPE = "Dream"  # config.json's model_type
 DISPLAY_NAME = "Dream"
 PREFIX = "model."
 # The shape of Dream-v0-Base-7B / Dream-v0-Instruct-7B (config.json as published).
@@ -117,3 +122,93 @@ def random_weights(config: ModelConfig, seed: int = 0, dtype: torch.dtype = torc
                 t[config.mask_token_id] = 0.0
         weights[name] = t.to(dtype)
     return weights
+
+
+# --------------------------------------------------------------------------- config.json
+
+
+def read_config(keys: KeyReader) -> ModelConfig:
+    """A Dream ``config.json`` (``model_type: "Dream"``, Qwen2 key names)."""
+    tie = keys.raw.get("tie_word_embeddings", False)
+    if not isinstance(tie, bool):
+        raise keys.bad("tie_word_embeddings", f"must be true or false (a JSON boolean), got {show_value(tie)}")
+    n_heads = keys.integer("num_attention_heads")
+    vocab = keys.integer("vocab_size")
+    if not keys.present("mask_token_id"):
+        raise CheckpointError(f"{keys.where}: required key 'mask_token_id' is missing (from config.json and "
+                              "generation_config.json)")
+    eos = keys.token_id("eos_token_id")
+    if eos is None:
+        raise CheckpointError(f"{keys.where}: required key 'eos_token_id' is missing (from config.json and "
+                              "generation_config.json)")
+    return ModelConfig(
+        d_model=keys.integer("hidden_size"),
+        n_layers=keys.integer("num_hidden_layers"),
+        n_heads=n_heads,
+        n_kv_heads=keys.integer("num_key_value_heads") if keys.present("num_key_value_heads") else n_heads,
+        mlp_hidden_size=keys.integer("intermediate_size"),
+        vocab_size=vocab,
+        embedding_size=vocab,
+        rope_theta=keys.number("rope_theta"),
+        rms_norm_eps=keys.number("rms_norm_eps"),
+        weight_tying=tie,
+        mask_token_id=keys.integer("mask_token_id"),
+        eos_token_id=eos,
+        max_sequence_length=keys.integer("max_position_embeddings"),
+        model_type=MODEL_TYPE,
+        pad_token_id=keys.token_id("pad_token_id"),
+        bos_token_id=keys.token_id("bos_token_id"),
+        attention_bias=True,
+    )
+
+
+def write_config(config: ModelConfig) -> dict[str, Any]:
+    """The ``config.json`` of a Dream checkpoint (Qwen2 key names)."""
+    return {
+        "architectures": ["DreamModel"],
+        "model_type": MODEL_TYPE,
+        "hidden_size": config.d_model,
+        "num_hidden_layers": config.n_layers,
+        "num_attention_heads": config.n_heads,
+        "num_key_value_heads": config.n_kv_heads,
+        "intermediate_size": config.mlp_hidden_size,
+        "vocab_size": config.vocab_size,
+        "rope_theta": config.rope_theta,
+        "rms_norm_eps": config.rms_norm_eps,
+        "tie_word_embeddings": config.weight_tying,
+        "mask_token_id": config.mask_token_id,
+        "eos_token_id": config.eos_token_id,
+        "pad_token_id": config.pad_token_id,
+        "bos_token_id": config.bos_token_id,
+        "max_position_embeddings": config.max_sequence_length,
+        "hidden_act": "silu",
+        "torch_dtype": "float32",
+    }
+
+
+def check_config(config: ModelConfig, bad) -> None:
+    """Dream checks, worded with the Hugging Face keys of a Dream ``config.json``.
+
+    The C++ validator (``torch.ops.blockbatch.check_config``) checks the same shapes under the
+    LLaDA key names; these checks live here so that the message names the key the user
+    actually wrote. The C++ checkpoint reader (``csrc/io/checkpoint.cpp``, the ``bb_*``
+    binaries) gives the same messages; keep the two in step.
+    """
+    heads, kv_heads = config.n_heads, config.n_kv_heads
+    if is_int(heads) and is_int(kv_heads):
+        if heads <= 0:
+            raise bad("num_attention_heads", f"= {heads} must be positive")
+        if kv_heads <= 0 or heads % kv_heads:
+            raise bad("num_key_value_heads",
+                      f"= {kv_heads} must divide num_attention_heads = {heads} (grouped-query attention)")
+        if is_int(config.d_model) and config.d_model % heads:
+            raise bad("hidden_size", f"= {config.d_model} is not a multiple of num_attention_heads = {heads}")
+    if is_int(config.vocab_size) and is_int(config.mask_token_id) and \
+            not 0 <= config.mask_token_id < config.vocab_size:
+        raise bad("mask_token_id", f"= {config.mask_token_id} is outside the vocabulary [0, {config.vocab_size})")
+    if not config.attention_bias:
+        raise bad("attention_bias", "is false, but Dream's q/k/v projections always carry biases")
+
+
+register_family(ConfigCodec(MODEL_TYPE, NAME, read_config, write_config, check_config, cpp_id=1, shifted_logits=True,
+                            generation_config_keys=("mask_token_id", "eos_token_id", "pad_token_id", "bos_token_id")))

@@ -1,13 +1,19 @@
-"""The LLaDA family on the Python side: its weight names and shapes (``model.transformer.*``, the
-OLMo-style layout of LLaDA's Hugging Face checkpoints) and its random checkpoints."""
+"""The LLaDA family on the Python side: its ``config.json`` (OLMo-style keys, ``model_type: "llada"``),
+its weight names and shapes (``model.transformer.*``, the layout of LLaDA's Hugging Face
+checkpoints) and its random checkpoints."""
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import torch
 
-from ..config import ModelConfig
+from ..config import ConfigCodec, KeyReader, ModelConfig, as_finite, register_family, show_value
+from ..errors import CheckpointError
 
 NAME = "llada"
+MODEL_TYPE = "llada"  # config.json's model_type
 DISPLAY_NAME = "LLaDA"
 PREFIX = "model.transformer."
 PUBLISHED_SHAPES: dict[str, dict] = {}  # make-random --preset: none published for LLaDA yet
@@ -87,3 +93,75 @@ def random_weights(config: ModelConfig, seed: int = 0, dtype: torch.dtype = torc
                 t = t * logit_scale
         weights[name] = t.to(dtype)
     return weights
+
+
+# --------------------------------------------------------------------------- config.json
+
+
+def read_config(keys: KeyReader) -> ModelConfig:
+    """A LLaDA ``config.json`` (OLMo-style keys: ``d_model``, ``n_layers``, ``mlp_hidden_size`` or
+    ``mlp_ratio``, ``weight_tying``, ...)."""
+    d_model = keys.integer("d_model")
+    n_heads = keys.integer("n_heads")
+    vocab_size = keys.integer("vocab_size")
+    if keys.present("mlp_hidden_size"):
+        mlp = keys.integer("mlp_hidden_size")
+    elif keys.present("mlp_ratio"):  # LLaDA/OLMo fall back to mlp_ratio * d_model
+        ratio = keys.raw["mlp_ratio"]
+        if as_finite(ratio) is None or not ratio > 0:
+            raise keys.bad("mlp_ratio", f"must be a positive finite number, got {show_value(ratio)}")
+        try:
+            mlp = int(ratio * d_model)  # a huge product fails validate() by name (mlp_hidden_size)
+        except OverflowError:
+            raise keys.bad("mlp_ratio", f"* d_model = {show_value(ratio)} * {d_model} overflows") from None
+    else:
+        raise CheckpointError(f"{keys.where}: required key 'mlp_hidden_size' is missing")
+    keys.need("eos_token_id")
+    eos = keys.token_id("eos_token_id")
+    weight_tying = keys.need("weight_tying")
+    if not isinstance(weight_tying, bool):
+        raise keys.bad("weight_tying", f"must be true or false (a JSON boolean), got {show_value(weight_tying)}")
+    pad = keys.raw.get("pad_token_id")
+    if pad is not None:
+        pad = keys.integer("pad_token_id")
+    return ModelConfig(
+        d_model=d_model,
+        n_layers=keys.integer("n_layers"),
+        n_heads=n_heads,
+        n_kv_heads=keys.integer("n_kv_heads") if keys.present("n_kv_heads") else n_heads,
+        mlp_hidden_size=mlp,
+        vocab_size=vocab_size,
+        embedding_size=keys.integer("embedding_size") if keys.present("embedding_size") else vocab_size,
+        rope_theta=keys.number("rope_theta"),
+        rms_norm_eps=keys.number("rms_norm_eps"),
+        weight_tying=weight_tying,
+        mask_token_id=keys.integer("mask_token_id"),
+        eos_token_id=eos,
+        max_sequence_length=keys.integer("max_sequence_length"),
+        model_type=MODEL_TYPE,
+        pad_token_id=pad,
+    )
+
+
+def write_config(config: ModelConfig) -> dict[str, Any]:
+    """The ``config.json`` of a LLaDA checkpoint."""
+    d = dataclasses.asdict(config)
+    del d["bos_token_id"], d["attention_bias"]  # not LLaDA keys
+    d.update({
+        "architectures": ["LLaDAModelLM"],
+        "activation_type": "silu",
+        "block_type": "llama",
+        "layer_norm_type": "rms",
+        "rope": True,
+        "include_bias": False,
+    })
+    return d
+
+
+def check_config(config: ModelConfig, bad) -> None:
+    """LLaDA's own check (the shapes are the C++ validator's, under these same key names)."""
+    if config.attention_bias:
+        raise bad("attention_bias", "is only supported for the Dream family")
+
+
+register_family(ConfigCodec(MODEL_TYPE, NAME, read_config, write_config, check_config, cpp_id=0))
