@@ -73,7 +73,8 @@ void decode_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto model = arg("model").toCustomClass<ModelHandle>();
   const std::vector<int64_t> prompt = prompt_ids(arg("prompt_ids").toTensor(), "prompt_ids");
   DecodeOptions o = decode_options_from_args(schema, args);
-  if (o.block_sizes) std::sort(o.block_sizes->begin(), o.block_sizes->end());  // branch order never depends on the caller's
+  // sorted: branch order never depends on the caller's
+  if (o.block_sizes) std::sort(o.block_sizes->begin(), o.block_sizes->end());
   const CancelArg cancel = cancel_arg(optional_tensor(arg("cancel")));
   const DecodeResult r = decode(*model, prompt, o, cancel.flag, nullptr, cancel.reason);
   const std::vector<at::Tensor> out = result_tensors(r.tokens, r.stats);
@@ -98,7 +99,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> decode_typed(
 void options_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   DecodeOptions o = decode_options_from_args(op.schema(), call_args(op, *stack));
   torch::jit::drop(*stack, op.schema().arguments().size());
-  if (o.block_sizes) std::sort(o.block_sizes->begin(), o.block_sizes->end());  // branch order never depends on the caller's
+  // sorted: branch order never depends on the caller's
+  if (o.block_sizes) std::sort(o.block_sizes->begin(), o.block_sizes->end());
   o.check();
   torch::jit::push(*stack, c10::IValue(c10::make_intrusive<OptionsHandle>(std::move(o))));
 }

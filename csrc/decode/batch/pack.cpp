@@ -215,7 +215,8 @@ at::Tensor PackedForward::run_packed(ForwardBatch& b, int64_t n) {
       Graphs::Entry& e = found->second;
       e.seen += 1;
       const c10::cuda::CUDAStream main = c10::cuda::getCurrentCUDAStream(model_.device().index());
-      if (!e.graph && e.seen >= 2 && captures_ < Graphs::kMaxGraphs) {  // its first use ran eagerly (below): cuBLAS and the kernels are warm
+      // e.seen >= 2: its first use ran eagerly (below): cuBLAS and the kernels are warm
+      if (!e.graph && e.seen >= 2 && captures_ < Graphs::kMaxGraphs) {
         e.in = b;
         for (at::Tensor* t : {&e.in.tokens, &e.in.positions, &e.in.cu_seqlens, &e.in.kv_rows, &e.in.kv_lens,
                               &e.in.prefix_lens, &e.in.logit_index}) {

@@ -66,7 +66,8 @@ class Branches {
   virtual ~Branches() = default;
   virtual void check(const Stop& stop, int64_t forwards) const = 0;
   bool done(int64_t b) const { return st(b)[br::kDone] != 0; }  // as of the last absorb
-  int64_t committed() const {  // every branch's commits so far
+  // every branch's commits so far
+  int64_t committed() const {
     int64_t n = 0;
     for (size_t b = 0; b < st_.size() / br::kFields; ++b) n += st(static_cast<int64_t>(b))[br::kCommitted];
     return n;

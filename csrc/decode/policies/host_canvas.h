@@ -18,10 +18,11 @@
 
 namespace blockbatch::host {
 
-// The proposal of the host-canvas families (Dream's sample_tokens) over the rows of `logits` ([n, V], float32): temperature scaling, top-p, top-k,
-// softmax; token = the most probable (first on ties) or a draw from `generator` when
-// temperature > 0, among the ids below `limit` (the softmax covers every id); confidence by `alg`
-// (probability, top-1 minus top-2, or minus the entropy).
+// The proposal of the host-canvas families (Dream's sample_tokens) over the rows of `logits`
+// ([n, V], float32): temperature scaling, top-p, top-k, softmax; token = the most probable (first
+// on ties) or a draw from `generator` when temperature > 0, among the ids below `limit` (the
+// softmax covers every id); confidence by `alg` (probability, top-1 minus top-2, or minus the
+// entropy).
 struct Proposal {
   at::Tensor conf;  // [n] float32
   at::Tensor x0;    // [n] int64

@@ -1,10 +1,11 @@
 // CPU kernels built once per CPU capability: packed variable-length bidirectional attention over
 // per-row KV, and the SwiGLU activation.
 //
-// Work item = (head, row). For each item the keys are first gathered into a transposed float buffer Kt[head_dim][n_keys] (from the KV row's cache slots
-// and/or the row's fresh keys), so that the score loop S[i][j] += q[i][d] * Kt[d][j] runs
-// along contiguous keys and vectorises; then a row softmax; then O[i] += p[i][j] * V[j] along
-// contiguous head_dim. Everything accumulates in float32.
+// Work item = (head, row). For each item the keys are first gathered into a transposed float
+// buffer Kt[head_dim][n_keys] (from the KV row's cache slots and/or the row's fresh keys), so
+// that the score loop S[i][j] += q[i][d] * Kt[d][j] runs along contiguous keys and vectorises;
+// then a row softmax; then O[i] += p[i][j] * V[j] along contiguous head_dim. Everything
+// accumulates in float32.
 // Included once per CPU capability (attention_{generic,avx2,avx512}.cpp, each compiled with its
 // own -m flags); attention.cpp picks the best one the running CPU supports.
 #pragma once

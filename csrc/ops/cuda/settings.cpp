@@ -48,7 +48,8 @@ int env_int(const char* name, int lo, int hi, int fallback) {
 // env_int calls below agree with it. Promoting a candidate: its row there and its line here.
 constexpr const char* kDefaultAttnKernel = "pipelined3";  // BLOCKBATCH_ATTN_KERNEL; step 0.96-0.99x "pipelined"
 constexpr const char* kDefaultRopeKernel = "vec";        // BLOCKBATCH_ROPE_KERNEL; step 0.97-1.00x "scalar"
-constexpr const char* kDefaultCudaBatching = "graphs";   // BLOCKBATCH_CUDA_BATCHING; toy batch 1 1.95x eager, 8B batch 16 0.98-1.01x
+constexpr const char* kDefaultCudaBatching = "graphs";   // BLOCKBATCH_CUDA_BATCHING; toy batch 1 1.95x eager,
+                                                         // 8B batch 16 0.98-1.01x
 constexpr const char* kDefaultBatchInvariant = "0";      // BLOCKBATCH_BATCH_INVARIANT
 
 }  // namespace
