@@ -27,8 +27,8 @@ struct Proposal {
   at::Tensor conf;  // [n] float32
   at::Tensor x0;    // [n] int64
 };
-Proposal propose(at::Tensor logits, Alg alg, double temperature, at::Generator& generator,
-                 std::optional<double> top_p, std::optional<int64_t> top_k, int64_t limit);
+Proposal propose(at::Tensor logits, Alg alg, double temperature, at::Generator& generator, std::optional<double> top_p,
+                 std::optional<int64_t> top_k, int64_t limit);
 
 // Draws `samples` indices per row of `probs` ([rows, V]) without replacement, from `generator`
 // (a CPU generator: rows on another device are drawn on the host and moved back).
