@@ -36,23 +36,22 @@ struct Options {
 };
 
 void print_usage() {
-  std::cout <<
-      "bb_bench_decode: decode prompts from a JSONL file with the native BlockBatch loop and time it.\n\n"
-      "Usage: bb_bench_decode --model DIR --prompts FILE.jsonl [options]\n\n"
-      "  --model DIR          Hugging Face LLaDA or Dream checkpoint folder (read by the strict C++ reader;\n"
-      "                       the family is config.json's model_type)\n"
-      "  --prompts FILE       JSONL, one object per line: {\"prompt_ids\": [...], \"expected_ids\": [...]}\n"
-      "  --dtype T            float32 (default) or bfloat16\n"
-      "  --repeats R          decode every prompt R times; the median time is reported (default 1)\n"
-      "  --verify             compare generated ids with \"expected_ids\"; exit 3 on any mismatch\n"
-      "  --threads N          intra-op threads (default: torch's choice)\n"
-      "  --help               this text\n\n"
-      "Decode options (the same as blockbatch generate's and the op's; the policy defaults to blockbatch\n"
-      "here; booleans also as --NAME / --no-NAME; 'none' where a value may be None):\n"
-   << blockbatch::options_help() <<
-      "\nOutput: the config read (model family=... d_model=... ...), then one line\n"
-      "  result policy=... prompts=N nfe_mean=... ms_per_sample=... tokens_per_s=...\n"
-      "and with --verify: Disposition: Passed | Failed (k of N prompts differ)\n";
+  std::cout << "bb_bench_decode: decode prompts from a JSONL file with the native BlockBatch loop and time it.\n\n"
+               "Usage: bb_bench_decode --model DIR --prompts FILE.jsonl [options]\n\n"
+               "  --model DIR          Hugging Face LLaDA or Dream checkpoint folder (read by the strict C++ reader;\n"
+               "                       the family is config.json's model_type)\n"
+               "  --prompts FILE       JSONL, one object per line: {\"prompt_ids\": [...], \"expected_ids\": [...]}\n"
+               "  --dtype T            float32 (default) or bfloat16\n"
+               "  --repeats R          decode every prompt R times; the median time is reported (default 1)\n"
+               "  --verify             compare generated ids with \"expected_ids\"; exit 3 on any mismatch\n"
+               "  --threads N          intra-op threads (default: torch's choice)\n"
+               "  --help               this text\n\n"
+               "Decode options (the same as blockbatch generate's and the op's; the policy defaults to blockbatch\n"
+               "here; booleans also as --NAME / --no-NAME; 'none' where a value may be None):\n"
+            << blockbatch::options_help()
+            << "\nOutput: the config read (model family=... d_model=... ...), then one line\n"
+               "  result policy=... prompts=N nfe_mean=... ms_per_sample=... tokens_per_s=...\n"
+               "and with --verify: Disposition: Passed | Failed (k of N prompts differ)\n";
 }
 
 Options parse(int argc, char** argv) {
@@ -207,8 +206,9 @@ int main(int argc, char** argv) {
     std::sort(ms.begin(), ms.end());
     std::printf("result policy=%s dtype=%s prompts=%zu gen_length=%lld nfe_mean=%.2f ms_per_sample_median=%.3f "
                 "tokens_per_s=%.1f threads=%d\n",
-                blockbatch::policy_name(o.decode.policy), o.dtype.c_str(), samples.size(), static_cast<long long>(o.decode.gen_length),
-                nfe_sum / samples.size(), ms[ms.size() / 2], 1000.0 * generated / total_ms, at::get_num_threads());
+                blockbatch::policy_name(o.decode.policy), o.dtype.c_str(), samples.size(),
+                static_cast<long long>(o.decode.gen_length), nfe_sum / samples.size(), ms[ms.size() / 2],
+                1000.0 * generated / total_ms, at::get_num_threads());
     if (o.verify) {
       if (mismatches == 0) {
         std::printf("Disposition: Passed\n");

@@ -34,24 +34,23 @@ struct Options {
 };
 
 void print_usage() {
-  std::cout <<
-      "bb_forward: time the native BlockBatch forward on a Hugging Face LLaDA or Dream checkpoint.\n\n"
-      "Usage: bb_forward --model DIR [options]\n\n"
-      "  --model DIR        checkpoint folder (config.json + model.safetensors or sharded index); the family\n"
-      "                     (LLaDA or Dream) is config.json's model_type\n"
-      "  --dtype T          float32 (default) or bfloat16: weights are converted on load\n"
-      "  --mode M           dual (default): each row's window attends to its own KV row of --canvas slots;\n"
-      "                     prefix: window + nothing cached before it; full: whole canvas per row\n"
-      "  --lengths a,b,...  query lengths of the packed rows (default 4,8,16,32,64,128 = 252 tokens)\n"
-      "  --canvas L         KV row length / canvas size (default 512)\n"
-      "  --iters N          timed repetitions after one warm-up (default 5); the median is printed\n"
-      "  --threads N        intra-op threads (default: torch's choice)\n"
-      "  --help             this text\n\n"
-      "Query tokens are (i * 7919) mod vocab for packed token i; positions end at the canvas end\n"
-      "(mode full: start at 0); the KV rows start zeroed. The logits are the model's outputs, unshifted\n"
-      "(Dream reads position p from output p - 1; not applied here). Prints the config read\n"
-      "(model family=... d_model=... ...), the logits statistics and one line:\n"
-      "  result mode=... rows=... tokens=... canvas=... ms_median=... tokens_per_s=...\n";
+  std::cout << "bb_forward: time the native BlockBatch forward on a Hugging Face LLaDA or Dream checkpoint.\n\n"
+               "Usage: bb_forward --model DIR [options]\n\n"
+               "  --model DIR        checkpoint folder (config.json + model.safetensors or sharded index); the family\n"
+               "                     (LLaDA or Dream) is config.json's model_type\n"
+               "  --dtype T          float32 (default) or bfloat16: weights are converted on load\n"
+               "  --mode M           dual (default): each row's window attends to its own KV row of --canvas slots;\n"
+               "                     prefix: window + nothing cached before it; full: whole canvas per row\n"
+               "  --lengths a,b,...  query lengths of the packed rows (default 4,8,16,32,64,128 = 252 tokens)\n"
+               "  --canvas L         KV row length / canvas size (default 512)\n"
+               "  --iters N          timed repetitions after one warm-up (default 5); the median is printed\n"
+               "  --threads N        intra-op threads (default: torch's choice)\n"
+               "  --help             this text\n\n"
+               "Query tokens are (i * 7919) mod vocab for packed token i; positions end at the canvas end\n"
+               "(mode full: start at 0); the KV rows start zeroed. The logits are the model's outputs, unshifted\n"
+               "(Dream reads position p from output p - 1; not applied here). Prints the config read\n"
+               "(model family=... d_model=... ...), the logits statistics and one line:\n"
+               "  result mode=... rows=... tokens=... canvas=... ms_median=... tokens_per_s=...\n";
 }
 
 Options parse(int argc, char** argv) {
@@ -142,13 +141,13 @@ int main(int argc, char** argv) {
     std::sort(ms.begin(), ms.end());
     const double median = ms[ms.size() / 2];
     at::Tensor all = logits.to(at::kFloat);
-    std::printf("logits shape=[%lld, %lld] mean=%.6f std=%.6f argmax[0]=%lld\n",
-                static_cast<long long>(logits.size(0)), static_cast<long long>(logits.size(1)),
-                all.mean().item<double>(), all.std().item<double>(),
+    std::printf("logits shape=[%lld, %lld] mean=%.6f std=%.6f argmax[0]=%lld\n", static_cast<long long>(logits.size(0)),
+                static_cast<long long>(logits.size(1)), all.mean().item<double>(), all.std().item<double>(),
                 static_cast<long long>(all[0].argmax().item<int64_t>()));
-    std::printf("result mode=%s dtype=%s rows=%lld tokens=%lld canvas=%lld threads=%d ms_median=%.3f tokens_per_s=%.1f\n",
-                o.mode.c_str(), o.dtype.c_str(), static_cast<long long>(rows), static_cast<long long>(cu.back()),
-                static_cast<long long>(L), at::get_num_threads(), median, 1000.0 * cu.back() / median);
+    std::printf(
+        "result mode=%s dtype=%s rows=%lld tokens=%lld canvas=%lld threads=%d ms_median=%.3f tokens_per_s=%.1f\n",
+        o.mode.c_str(), o.dtype.c_str(), static_cast<long long>(rows), static_cast<long long>(cu.back()),
+        static_cast<long long>(L), at::get_num_threads(), median, 1000.0 * cu.back() / median);
     return 0;
   });
 }

@@ -29,12 +29,12 @@ class StepRunner;
 
 struct StepPlan {
   StepKind kind = StepKind::kStep;
-  bool forward = true;          // false: device work without a forward (BlockBatch's coordination)
+  bool forward = true;  // false: device work without a forward (BlockBatch's coordination)
   PackedQueries q;
   KvMode mode = KvMode::kFull;
-  std::vector<int64_t> extra;   // the policy's entries after the queries' indices
+  std::vector<int64_t> extra;  // the policy's entries after the queries' indices
   bool sampling = false;
-  int64_t base = 0;             // set by buffer(): where `extra` starts in the buffer
+  int64_t base = 0;  // set by buffer(): where `extra` starts in the buffer
 
   // The index buffer: q.host_buffer(mode), then extra (sets base).
   std::vector<int64_t> buffer();
@@ -50,8 +50,7 @@ class Decoder {
   // put into its extra entries (then a view of `buffer`, the plan's buffer on the device).
   virtual at::Tensor tokens_from(const StepPlan& p, const at::Tensor& buffer) const = 0;
   // logits: undefined for a step without a forward.
-  virtual std::vector<at::Tensor> after_forward(const StepPlan& p, const at::Tensor& buffer,
-                                                const at::Tensor& logits) {
+  virtual std::vector<at::Tensor> after_forward(const StepPlan& p, const at::Tensor& buffer, const at::Tensor& logits) {
     (void)p, (void)buffer, (void)logits;
     return {};
   }
@@ -69,8 +68,8 @@ class Decoder {
 // The decoder of `o` (resolved and validated: decode_options_for, validate) for `prompt` on
 // `model`'s family (decode/family.h). kv: its KV rows (a scheduler's pool rows), or undefined to
 // allocate them with model.new_kv. `stop` is checked before every forward and must outlive it.
-std::unique_ptr<Decoder> make_decoder(const Network& model, const std::vector<int64_t>& prompt,
-                                      const DecodeOptions& o, const Stop& stop, at::Tensor kv = {});
+std::unique_ptr<Decoder> make_decoder(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
+                                      const Stop& stop, at::Tensor kv = {});
 
 // Runs `d` alone to the end, every step through `runner` (built before the decoder: on CUDA its
 // stream holds the request's work). Fills the wall time and the graph counters.

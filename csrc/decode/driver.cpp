@@ -15,12 +15,12 @@ std::vector<int64_t> StepPlan::buffer() {
 }
 
 StepKey StepPlan::key(bool with_kv, int64_t buffer_size) const {
-  return StepKey{kind, mode, q.size(), q.rows(), static_cast<int64_t>(q.logit_index.size()), buffer_size, sampling,
-                 with_kv};
+  return StepKey{kind,        mode,     q.size(), q.rows(), static_cast<int64_t>(q.logit_index.size()),
+                 buffer_size, sampling, with_kv};
 }
 
-std::unique_ptr<Decoder> make_decoder(const Network& model, const std::vector<int64_t>& prompt,
-                                      const DecodeOptions& o, const Stop& stop, at::Tensor kv) {
+std::unique_ptr<Decoder> make_decoder(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
+                                      const Stop& stop, at::Tensor kv) {
   if (o.policy != Policy::kBlockBatch) return single_branch_decoder(model, prompt, o, stop, std::move(kv));
   return blockbatch_decoder(model, prompt, o, stop, std::move(kv));
 }

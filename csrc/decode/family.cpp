@@ -11,19 +11,39 @@ namespace {
 
 // docs/ALGORITHMS.md sections 2-4 (LLaDA, the authors' BlockBatch and Fast-dLLM code) and 5 (Dream,
 // the authors' Dream decoders).
-constexpr FamilyRules kLLaDA{
-    "llada", /*logit_shift=*/0, VanillaSchedule::kBlockFixed, SeedRule::kCommitByRule, MapRule::kReplace,
-    /*gate_inclusive=*/false, ExitRule::kEosProbabilityTie, RefreshClock::kBlocks, NfeCount::kWinnerParticipation,
-    AttnPattern::kBidirectional, Readout::kDevice,
-    /*samplers=*/false, /*samples_outside_vanilla=*/true, /*cached_any_commit_rule=*/true,
-    /*blockbatch_divergence=*/true, /*blockbatch_filters=*/false};
+constexpr FamilyRules kLLaDA{"llada",
+                             /*logit_shift=*/0,
+                             VanillaSchedule::kBlockFixed,
+                             SeedRule::kCommitByRule,
+                             MapRule::kReplace,
+                             /*gate_inclusive=*/false,
+                             ExitRule::kEosProbabilityTie,
+                             RefreshClock::kBlocks,
+                             NfeCount::kWinnerParticipation,
+                             AttnPattern::kBidirectional,
+                             Readout::kDevice,
+                             /*samplers=*/false,
+                             /*samples_outside_vanilla=*/true,
+                             /*cached_any_commit_rule=*/true,
+                             /*blockbatch_divergence=*/true,
+                             /*blockbatch_filters=*/false};
 
-constexpr FamilyRules kDream{
-    "dream", /*logit_shift=*/1, VanillaSchedule::kTimestep, SeedRule::kFirstMaskArgmax,
-    MapRule::kAccumulateSinceSeed, /*gate_inclusive=*/true, ExitRule::kDecodedProgressBlock,
-    RefreshClock::kFrontierTokens, NfeCount::kEveryForward, AttnPattern::kBidirectional, Readout::kHostTopk,
-    /*samplers=*/true, /*samples_outside_vanilla=*/false, /*cached_any_commit_rule=*/false,
-    /*blockbatch_divergence=*/false, /*blockbatch_filters=*/false};
+constexpr FamilyRules kDream{"dream",
+                             /*logit_shift=*/1,
+                             VanillaSchedule::kTimestep,
+                             SeedRule::kFirstMaskArgmax,
+                             MapRule::kAccumulateSinceSeed,
+                             /*gate_inclusive=*/true,
+                             ExitRule::kDecodedProgressBlock,
+                             RefreshClock::kFrontierTokens,
+                             NfeCount::kEveryForward,
+                             AttnPattern::kBidirectional,
+                             Readout::kHostTopk,
+                             /*samplers=*/true,
+                             /*samples_outside_vanilla=*/false,
+                             /*cached_any_commit_rule=*/false,
+                             /*blockbatch_divergence=*/false,
+                             /*blockbatch_filters=*/false};
 
 }  // namespace
 
@@ -42,7 +62,8 @@ std::string refusal(const FamilyRules* rules, const DecodeOptions& o) {
   }
   if (rules != nullptr && !rules->samplers) {
     if (o.alg && *o.alg != Alg::kConfidence) {
-      return c10::str("alg = '", alg_name(*o.alg), "' is a Dream-family sampler; LLaDA checkpoints rank by "
+      return c10::str("alg = '", alg_name(*o.alg),
+                      "' is a Dream-family sampler; LLaDA checkpoints rank by "
                       "confidence (alg='confidence')");
     }
     if (o.alg_temp != 0) return "alg_temp applies to Dream checkpoints only; leave it 0 for LLaDA";
@@ -63,14 +84,14 @@ std::string refusal(const FamilyRules* rules, const DecodeOptions& o) {
   }
   if (o.policy != Policy::kBlockBatch) {
     if (o.block_length > o.gen_length) {
-      return c10::str("block_length must be an integer in [1, gen_length = ", o.gen_length, "], got ",
-                      o.block_length);
+      return c10::str("block_length must be an integer in [1, gen_length = ", o.gen_length, "], got ", o.block_length);
     }
     if (o.gen_length % o.block_length != 0) {
       return c10::str("block_length = ", o.block_length, " must divide gen_length = ", o.gen_length);
     }
     if (rules != nullptr && !rules->cached_any_commit_rule && o.commit() != CommitRule::kThreshold) {
-      return c10::str("policy '", policy_name(o.policy), "' commits by threshold on Dream checkpoints (Fast-dLLM's "
+      return c10::str("policy '", policy_name(o.policy),
+                      "' commits by threshold on Dream checkpoints (Fast-dLLM's "
                       "Dream decoder): set threshold and leave factor None");
     }
     if (o.commit() == CommitRule::kFixed) {

@@ -23,8 +23,8 @@ enum class MapRule {
   kAccumulateSinceSeed,  // Dream: entries accumulate (> floor) until the next seed clears them (5.4)
 };
 enum class ExitRule {
-  kEosProbabilityTie,    // LLaDA: the highest EOS probability within the tie tolerance, after block steps (4.6)
-  kDecodedProgressBlock, // Dream: the largest (decoded, progress, block), checked after every phase (5.4)
+  kEosProbabilityTie,     // LLaDA: the highest EOS probability within the tie tolerance, after block steps (4.6)
+  kDecodedProgressBlock,  // Dream: the largest (decoded, progress, block), checked after every phase (5.4)
 };
 enum class RefreshClock {
   kBlocks,          // LLaDA: completed blocks since the branch's last refresh
@@ -39,28 +39,28 @@ enum class AttnPattern {
   kBlockCausal,    // a position sees its own block and every earlier one (block-diffusion families)
 };
 enum class Readout {
-  kDevice,   // proposals and bookkeeping on the device, ties to the earliest position (section 2)
-  kHostTopk, // the canvas on the host, ranking by at::topk's own order for equal values (5.2, 5.5)
+  kDevice,    // proposals and bookkeeping on the device, ties to the earliest position (section 2)
+  kHostTopk,  // the canvas on the host, ranking by at::topk's own order for equal values (5.2, 5.5)
 };
 
 struct FamilyRules {
-  const char* name;               // "llada" | "dream": the options table's family column
-  int64_t logit_shift;            // canvas position p reads model output p - logit_shift
+  const char* name;     // "llada" | "dream": the options table's family column
+  int64_t logit_shift;  // canvas position p reads model output p - logit_shift
   VanillaSchedule vanilla;
   SeedRule full_forward;
   MapRule map;
-  bool gate_inclusive;            // a merge writes a token rated >= merge_threshold (else >)
+  bool gate_inclusive;  // a merge writes a token rated >= merge_threshold (else >)
   ExitRule exit;
   RefreshClock refresh_clock;
   NfeCount nfe;
   AttnPattern attention;
   Readout readout;
   // The options a family's decoders implement (supports() below).
-  bool samplers;                  // alg / alg_temp / top_p / top_k (Dream's sample_tokens)
-  bool samples_outside_vanilla;   // temperature > 0 in the cached and BlockBatch decoders too
-  bool cached_any_commit_rule;    // prefix / dual take the fixed schedule and factor, not only threshold
-  bool blockbatch_divergence;     // BlockBatch's refresh_mode 'divergence'
-  bool blockbatch_filters;        // top_p / top_k in BlockBatch (which proposes the argmax)
+  bool samplers;                 // alg / alg_temp / top_p / top_k (Dream's sample_tokens)
+  bool samples_outside_vanilla;  // temperature > 0 in the cached and BlockBatch decoders too
+  bool cached_any_commit_rule;   // prefix / dual take the fixed schedule and factor, not only threshold
+  bool blockbatch_divergence;    // BlockBatch's refresh_mode 'divergence'
+  bool blockbatch_filters;       // top_p / top_k in BlockBatch (which proposes the argmax)
 };
 
 // The row of `family` (every Family has one).

@@ -78,13 +78,11 @@ void check_range(const char* name, int64_t v, std::optional<int64_t> lo, bool lo
 
 void check_range(const char* name, double v, std::optional<double> lo, bool lo_open, std::optional<double> hi,
                  bool hi_open, const char* range) {
-  TORCH_CHECK_VALUE(std::isfinite(v) && in_range(v, lo, lo_open, hi, hi_open), name, " must be ", range, ", got ",
-                    v);
+  TORCH_CHECK_VALUE(std::isfinite(v) && in_range(v, lo, lo_open, hi, hi_open), name, " must be ", range, ", got ", v);
 }
 
 void check_count(const char* name, size_t n, int64_t max_items) {
-  TORCH_CHECK_VALUE(static_cast<int64_t>(n) <= max_items, name, " may hold at most ", max_items, " entries, got ",
-                    n);
+  TORCH_CHECK_VALUE(static_cast<int64_t>(n) <= max_items, name, " may hold at most ", max_items, " entries, got ", n);
 }
 
 void bad_choice(const char* name, std::string_view value, const char* range) {
@@ -131,19 +129,26 @@ std::vector<int64_t> parse_int_list(const char* name, const std::string& text) {
 // ---------------------------------------------------------------- statistics
 
 const std::vector<std::string>& decode_stat_names() {
-  static const std::vector<std::string> names = {
-      "nfe", "nfe_full", "nfe_block", "nfe_init", "nfe_refresh", "nfe_paper",
-      "winner", "winner_block_size", "early_exit", "wall_ms", "steps", "graph_captures", "graph_replays"};
+  static const std::vector<std::string> names = {"nfe",          "nfe_full",  "nfe_block", "nfe_init",
+                                                 "nfe_refresh",  "nfe_paper", "winner",    "winner_block_size",
+                                                 "early_exit",   "wall_ms",   "steps",     "graph_captures",
+                                                 "graph_replays"};
   return names;
 }
 
 std::vector<double> decode_stat_values(const DecodeStats& s) {
-  return {static_cast<double>(s.nfe),        static_cast<double>(s.nfe_full),
-          static_cast<double>(s.nfe_block),  static_cast<double>(s.nfe_init),
-          static_cast<double>(s.nfe_refresh), static_cast<double>(s.nfe_paper),
-          static_cast<double>(s.winner),     static_cast<double>(s.winner_block_size),
-          s.early_exit ? 1.0 : 0.0,          s.wall_ms,
-          static_cast<double>(s.steps.size()), static_cast<double>(s.graph_captures),
+  return {static_cast<double>(s.nfe),
+          static_cast<double>(s.nfe_full),
+          static_cast<double>(s.nfe_block),
+          static_cast<double>(s.nfe_init),
+          static_cast<double>(s.nfe_refresh),
+          static_cast<double>(s.nfe_paper),
+          static_cast<double>(s.winner),
+          static_cast<double>(s.winner_block_size),
+          s.early_exit ? 1.0 : 0.0,
+          s.wall_ms,
+          static_cast<double>(s.steps.size()),
+          static_cast<double>(s.graph_captures),
           static_cast<double>(s.graph_replays)};
 }
 

@@ -29,9 +29,9 @@ struct StepRunner::Graphs {
   struct Entry {
     int64_t seen = 0;
     std::unique_ptr<at::cuda::CUDAGraph> graph;
-    at::Tensor input;               // static device copy of the packed index buffer
-    at::Tensor logits, flat;        // graph outputs: the logits and the packed readout
-    std::vector<at::Tensor> like;   // dtypes / shapes of the readout tensors
+    at::Tensor input;              // static device copy of the packed index buffer
+    at::Tensor logits, flat;       // graph outputs: the logits and the packed readout
+    std::vector<at::Tensor> like;  // dtypes / shapes of the readout tensors
   };
   c10::cuda::CUDAStream stream;
   c10::cuda::CUDAStreamGuard guard;
@@ -40,8 +40,8 @@ struct StepRunner::Graphs {
 
   explicit Graphs(c10::Device device)
       : stream(c10::cuda::getStreamFromPool(false, device.index())),
-        guard(wait_then(c10::cuda::getCurrentCUDAStream(device.index()), stream)),
-        pool(at::cuda::graph_pool_handle()) {}
+        guard(wait_then(c10::cuda::getCurrentCUDAStream(device.index()), stream)), pool(at::cuda::graph_pool_handle()) {
+  }
   ~Graphs() {
     stream.synchronize();  // no replay may still run when the graphs and their pool are released
     entries.clear();

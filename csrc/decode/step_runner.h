@@ -41,8 +41,8 @@ class StepRunner {
   StepRunner& operator=(const StepRunner&) = delete;
 
   struct Output {
-    at::Tensor logits;              // on the device; valid until the next run
-    std::vector<at::Tensor> host;   // host copies of the readout
+    at::Tensor logits;             // on the device; valid until the next run
+    std::vector<at::Tensor> host;  // host copies of the readout
   };
   // One step: copy `buffer` to the device, run `step` (or replay its graph), read back.
   Output run(const std::vector<int64_t>& buffer, const Key& key, const Step& step);

@@ -41,8 +41,8 @@ void Stop::check(int64_t forwards) const {
     const auto now = std::chrono::steady_clock::now();
     if (now >= *deadline_ && reason_ != nullptr) *reason_ = kDeadline;
     TORCH_CHECK(now < *deadline_, "blockbatch: decode deadline exceeded: timeout_s = ", timeout_s_, " passed after ",
-                forwards, " forwards (",
-                std::chrono::duration<double>(now - start_).count(), " s); raise timeout_s or lower gen_length");
+                forwards, " forwards (", std::chrono::duration<double>(now - start_).count(),
+                " s); raise timeout_s or lower gen_length");
   }
 }
 

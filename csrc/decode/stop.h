@@ -31,9 +31,10 @@ enum StopReason : int64_t { kNotStopped = 0, kCancelled = 1, kDeadline = 2, kNoP
 
 class Stop {
  public:
-  // timeout_s <= 0, or so large that the deadline does not fit (deadline_after): no deadline. cancel: a host int64 the caller may set to nonzero from another
-  // thread while the decode runs (read atomically), or nullptr. progress: called by check() with
-  // the canvases, or nullptr (then check() reads nothing back).
+  // timeout_s <= 0, or so large that the deadline does not fit (deadline_after): no deadline.
+  // cancel: a host int64 the caller may set to nonzero from another thread while the decode runs
+  // (read atomically), or nullptr. progress: called by check() with the canvases, or nullptr (then
+  // check() reads nothing back).
   // reason: where check() / no_progress() write the StopReason before they throw, or nullptr.
   Stop(double timeout_s, const int64_t* cancel, const Progress* progress = nullptr, int64_t* reason = nullptr);
 

@@ -21,12 +21,12 @@ constexpr uint64_t kMaxJsonBytes = 100ull << 20;  // config.json, model.safetens
 // True when anything is at `path`, a dangling or looping symbolic link included (opening it then
 // says what is wrong instead of "missing").
 bool exists(const std::string& path) {
-  struct stat st {};
+  struct stat st{};
   return lstat(path.c_str(), &st) == 0;
 }
 // True for a regular file or a symbolic link to one (os.path.isfile).
 bool is_regular_file(const std::string& path) {
-  struct stat st {};
+  struct stat st{};
   return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 std::string read_file(const std::string& path, const char* what) {
@@ -107,8 +107,8 @@ ModelConfig parse_model_config(const std::string& text, const std::string& where
   TORCH_CHECK(j.is_object(), where, ": expected a JSON object at top level");
   TORCH_CHECK(j.contains("model_type"), where, ": key 'model_type' is missing");
   const Json& model_type = j.at("model_type");
-  TORCH_CHECK(model_type.is_string() && (model_type.as_string() == "llada" || model_type.as_string() == "Dream"),
-              where, ": key 'model_type' must be \"llada\" or \"Dream\"");
+  TORCH_CHECK(model_type.is_string() && (model_type.as_string() == "llada" || model_type.as_string() == "Dream"), where,
+              ": key 'model_type' must be \"llada\" or \"Dream\"");
   const Family family = model_type.as_string() == "Dream" ? Family::kDream : Family::kLLaDA;
   const bool dream = family == Family::kDream;
 
@@ -195,8 +195,9 @@ ModelConfig parse_model_config(const std::string& text, const std::string& where
 
   if (dream) {  // ModelConfig._validate_dream: its messages, naming the Qwen2 keys
     TORCH_CHECK_VALUE(c.n_heads > 0, where, ": key 'num_attention_heads' = ", c.n_heads, " must be positive");
-    TORCH_CHECK_VALUE(c.n_kv_heads > 0 && c.n_heads % c.n_kv_heads == 0, where, ": key 'num_key_value_heads' = ",
-                      c.n_kv_heads, " must divide num_attention_heads = ", c.n_heads, " (grouped-query attention)");
+    TORCH_CHECK_VALUE(c.n_kv_heads > 0 && c.n_heads % c.n_kv_heads == 0, where,
+                      ": key 'num_key_value_heads' = ", c.n_kv_heads, " must divide num_attention_heads = ", c.n_heads,
+                      " (grouped-query attention)");
     TORCH_CHECK_VALUE(c.d_model % c.n_heads == 0, where, ": key 'hidden_size' = ", c.d_model,
                       " is not a multiple of num_attention_heads = ", c.n_heads);
     outside("mask_token_id", c.mask_token_id, c.vocab_size);
@@ -217,8 +218,8 @@ LoadedCheckpoint load_checkpoint(const std::string& folder) {
   LoadedCheckpoint out;
   const std::string config_path = folder + "/config.json";
   TORCH_CHECK(exists(config_path), config_path, ": config.json not found");
-  out.config = parse_model_config(read_file(config_path, "config.json"), config_path,
-                                  folder + "/generation_config.json");
+  out.config =
+      parse_model_config(read_file(config_path, "config.json"), config_path, folder + "/generation_config.json");
   const bool dream = out.config.family == Family::kDream;
 
   std::unordered_map<std::string, std::string> file_of;  // tensor -> shard path
@@ -250,9 +251,8 @@ LoadedCheckpoint load_checkpoint(const std::string& folder) {
   // The config against the weight files before anything sized by it is built: a 500-byte
   // config.json must not make us list 10^9 tensor names.
   TORCH_CHECK_VALUE(out.config.n_layers <= static_cast<int64_t>(file_of.size()), config_path, ": key '",
-                    key_name(out.config.family, "n_layers"), "' = ",
-                    out.config.n_layers, " needs ", out.config.tensor_count(), " tensors but the weight files hold ",
-                    file_of.size());
+                    key_name(out.config.family, "n_layers"), "' = ", out.config.n_layers, " needs ",
+                    out.config.tensor_count(), " tensors but the weight files hold ", file_of.size());
   std::set<std::string> expected_names;
   for (const auto& [name, shape] : expected_weight_shapes(out.config)) {
     expected_names.insert(name);
@@ -268,9 +268,8 @@ LoadedCheckpoint load_checkpoint(const std::string& folder) {
   }
   for (const auto& [path, f] : files) {
     for (const auto& e : f->entries()) {
-      TORCH_CHECK(expected_names.count(e.name), path, ": unexpected tensor '", e.name,
-                  "' (not part of a ", dream ? "Dream" : "LLaDA",
-                  " model with this config)");
+      TORCH_CHECK(expected_names.count(e.name), path, ": unexpected tensor '", e.name, "' (not part of a ",
+                  dream ? "Dream" : "LLaDA", " model with this config)");
     }
   }
   return out;

@@ -25,11 +25,11 @@ struct DtypeInfo {
 };
 const std::map<std::string, DtypeInfo>& dtypes() {
   static const std::map<std::string, DtypeInfo> table = {
-      {"F64", {8, at::kDouble, false}}, {"F32", {4, at::kFloat, true}},     {"F16", {2, at::kHalf, true}},
-      {"BF16", {2, at::kBFloat16, true}}, {"I64", {8, at::kLong, false}},   {"I32", {4, at::kInt, false}},
-      {"I16", {2, at::kShort, false}},  {"I8", {1, at::kChar, false}},      {"U8", {1, at::kByte, false}},
-      {"BOOL", {1, at::kBool, false}},  {"F8_E4M3", {1, at::kByte, false}}, {"F8_E5M2", {1, at::kByte, false}},
-      {"U16", {2, at::kShort, false}},  {"U32", {4, at::kInt, false}},      {"U64", {8, at::kLong, false}},
+      {"F64", {8, at::kDouble, false}},   {"F32", {4, at::kFloat, true}},     {"F16", {2, at::kHalf, true}},
+      {"BF16", {2, at::kBFloat16, true}}, {"I64", {8, at::kLong, false}},     {"I32", {4, at::kInt, false}},
+      {"I16", {2, at::kShort, false}},    {"I8", {1, at::kChar, false}},      {"U8", {1, at::kByte, false}},
+      {"BOOL", {1, at::kBool, false}},    {"F8_E4M3", {1, at::kByte, false}}, {"F8_E5M2", {1, at::kByte, false}},
+      {"U16", {2, at::kShort, false}},    {"U32", {4, at::kInt, false}},      {"U64", {8, at::kLong, false}},
   };
   return table;
 }
@@ -55,7 +55,7 @@ int open_regular_file(const std::string& path, const char* what, uint64_t* size)
     TORCH_CHECK(err != ELOOP, path, ": ", what, " is a symbolic link loop (too many levels of symbolic links)");
     TORCH_CHECK(false, path, ": cannot open ", what, " (", std::strerror(err), ")");
   }
-  struct stat st {};
+  struct stat st{};
   if (fstat(fd, &st) != 0) {
     const int err = errno;
     ::close(fd);
@@ -123,8 +123,8 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
       TORCH_CHECK(d.is_integer() && d.as_int() >= 0, path, ": tensor '", name,
                   "': shape must hold non-negative integers");
       t.shape.push_back(d.as_int());
-      TORCH_CHECK(mul_fits(numel, static_cast<uint64_t>(d.as_int()), &numel), path, ": tensor '", name,
-                  "': shape ", c10::IntArrayRef(t.shape), " has more elements than any file can hold");
+      TORCH_CHECK(mul_fits(numel, static_cast<uint64_t>(d.as_int()), &numel), path, ": tensor '", name, "': shape ",
+                  c10::IntArrayRef(t.shape), " has more elements than any file can hold");
     }
     const auto& offs = entry.at("data_offsets");
     TORCH_CHECK(offs.is_array() && offs.as_array().size() == 2 && offs.as_array()[0].is_integer() &&
@@ -145,7 +145,8 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   }
   std::vector<const TensorEntry*> sorted;
   for (const auto& t : f->entries_) sorted.push_back(&t);
-  std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return std::tie(a->begin, a->end) < std::tie(b->begin, b->end); });
+  std::sort(sorted.begin(), sorted.end(),
+            [](auto* a, auto* b) { return std::tie(a->begin, a->end) < std::tie(b->begin, b->end); });
   uint64_t expected = 0;
   for (const auto* t : sorted) {
     TORCH_CHECK(t->begin == expected, path, ": tensor '", t->name, "': data_offsets begin ", t->begin,

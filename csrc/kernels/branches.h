@@ -18,26 +18,25 @@
 
 #include "kernels/cpu/kernels.h"  // BLOCKBATCH_HOST_DEVICE
 
-
 namespace blockbatch::branches {
 
 constexpr int64_t kMaxBranches = 16;  // DecodeOptions caps block_sizes at 16
 
 // Columns of the int64 [B, kFields] branch-state table (rows = branches by ascending block size).
 enum Field : int64_t {
-  kBlock,         // block size
-  kStart,         // current window [start, end); L when done
+  kBlock,  // block size
+  kStart,  // current window [start, end); L when done
   kEnd,
-  kDecoded,       // tokens committed by its forwards or received by sync
+  kDecoded,  // tokens committed by its forwards or received by sync
   kDone,
   kSinceRefresh,  // blocks advanced since its last full forward (frontier_clock: frontier tokens)
   kNeedsRefresh,
-  kEosReady,      // its window is complete and holds EOS (eos_prob[b] = the probability it gave it)
-  kMasks,         // masks left in its window (0 when done)
-  kCommitted,     // stats: tokens committed, merged in, copied by sync
+  kEosReady,   // its window is complete and holds EOS (eos_prob[b] = the probability it gave it)
+  kMasks,      // masks left in its window (0 when done)
+  kCommitted,  // stats: tokens committed, merged in, copied by sync
   kMerged,
   kCopied,
-  kFrontier,      // first masked generated position - lp (G, or first EOS + 1 with eos_cut, when done)
+  kFrontier,  // first masked generated position - lp (G, or first EOS + 1 with eos_cut, when done)
   kFields
 };
 // int64 [kFlags] written by coordinate.
@@ -54,11 +53,11 @@ enum SpanField : int64_t {
 
 // Device (or host) pointers of one request's bookkeeping tensors.
 struct View {
-  int64_t* canvas;     // [B, L]
-  int64_t* state;      // [B, kFields]
-  double* eos_prob;    // [B]
-  int64_t* map_ids;    // [B, L - lp, K]: tokens with probability > floor (-1: none)
-  double* map_probs;   // [B, L - lp, K]
+  int64_t* canvas;    // [B, L]
+  int64_t* state;     // [B, kFields]
+  double* eos_prob;   // [B]
+  int64_t* map_ids;   // [B, L - lp, K]: tokens with probability > floor (-1: none)
+  double* map_probs;  // [B, L - lp, K]
   int64_t B, L, lp, K, mask_id, eos_id;
 
   BLOCKBATCH_HOST_DEVICE int64_t* st(int64_t b) const { return state + b * kFields; }
@@ -87,9 +86,9 @@ struct CoordinateParams {
   bool periodic_refresh;
   bool gate_inclusive = false;  // a merge writes a token its map rates >= merge_gate (else >)
   // Dream's window and clock rules (decode/policies/blockbatch.cpp, HostBranches); the defaults are LLaDA's.
-  bool eos_cut = false;         // a row's generation ends at its first eos_id (windows, done, decoded)
-  bool recount = false;         // decoded = the row's non-mask generated tokens up to the cut (merged ones count)
-  bool frontier_clock = false;  // since_refresh grows by the frontier's movement (tokens), not 1 per block
+  bool eos_cut = false;           // a row's generation ends at its first eos_id (windows, done, decoded)
+  bool recount = false;           // decoded = the row's non-mask generated tokens up to the cut (merged ones count)
+  bool frontier_clock = false;    // since_refresh grows by the frontier's movement (tokens), not 1 per block
   bool merge_own_window = false;  // a merge scans the destination's window (else its sources'), and a
                                   // destination that received tokens advances (else: once its window is complete)
   bool sync_copies_map = false;   // a sync also copies since_refresh and the map, and counts the tokens it
@@ -102,15 +101,21 @@ BLOCKBATCH_HOST_DEVICE inline bool passes_gate(double p, const CoordinateParams&
 
 struct Min {
   template <typename V>
-  BLOCKBATCH_HOST_DEVICE V operator()(V a, V b) const { return b < a ? b : a; }
+  BLOCKBATCH_HOST_DEVICE V operator()(V a, V b) const {
+    return b < a ? b : a;
+  }
 };
 struct Max {
   template <typename V>
-  BLOCKBATCH_HOST_DEVICE V operator()(V a, V b) const { return a < b ? b : a; }
+  BLOCKBATCH_HOST_DEVICE V operator()(V a, V b) const {
+    return a < b ? b : a;
+  }
 };
 struct Sum {
   template <typename V>
-  BLOCKBATCH_HOST_DEVICE V operator()(V a, V b) const { return a + b; }
+  BLOCKBATCH_HOST_DEVICE V operator()(V a, V b) const {
+    return a + b;
+  }
 };
 // The most confident candidate; the lowest index on ties (associative and commutative).
 struct Best {
@@ -181,8 +186,8 @@ BLOCKBATCH_HOST_DEVICE inline bool span_ok(const View& v, const int64_t* sp, int
   const int64_t b = sp[kSpanRow], lrow = sp[kSpanLogitRow], pos0 = sp[kSpanFirstPos], n = sp[kSpanRows];
   if (b < 0 || b >= v.B || !window_ok(v, b) || v.st(b)[kDone]) return false;
   const int64_t s = v.st(b)[kStart], e = v.st(b)[kEnd];
-  return pos0 >= v.lp && n >= 0 && n <= v.L - pos0 && lrow >= 0 && lrow <= rows && n <= rows - lrow &&
-         s >= pos0 && e - pos0 <= rows - lrow;
+  return pos0 >= v.lp && n >= 0 && n <= v.L - pos0 && lrow >= 0 && lrow <= rows && n <= rows - lrow && s >= pos0 &&
+         e - pos0 <= rows - lrow;
 }
 
 // ------------------------------------------------------------------------------ window helpers
@@ -199,8 +204,8 @@ BLOCKBATCH_HOST_DEVICE int64_t masks_in(const Ex& ex, const View& v, int64_t b, 
 template <typename Ex>
 BLOCKBATCH_HOST_DEVICE int64_t eos_cut(const Ex& ex, const View& v, int64_t b, const CoordinateParams& p) {
   const int64_t* x = v.row(b);
-  return p.eos_cut ? ex.reduce(v.L - v.lp, v.L, [&](int64_t i) { return x[v.lp + i] == v.eos_id ? v.lp + i : v.L; },
-                               Min{})
+  return p.eos_cut ? ex.reduce(
+                         v.L - v.lp, v.L, [&](int64_t i) { return x[v.lp + i] == v.eos_id ? v.lp + i : v.L; }, Min{})
                    : v.L;
 }
 
@@ -296,8 +301,8 @@ BLOCKBATCH_HOST_DEVICE double softmax_at(const Ex& ex, const Logit& logit, int64
 // block step mark the branch EOS-ready when its window is complete and holds EOS.
 template <typename Ex, typename Logit>
 BLOCKBATCH_HOST_DEVICE void absorb_span(const Ex& ex, const View& v, const int64_t* sp, const int64_t* token,
-                                        const double* conf, const int64_t* ids, const double* probs,
-                                        const Logit& logit, int64_t vocab, const AbsorbParams& p) {
+                                        const double* conf, const int64_t* ids, const double* probs, const Logit& logit,
+                                        int64_t vocab, const AbsorbParams& p) {
   if (!span_ok(v, sp, p.rows)) return;  // every thread reads the same state: all return together
   const int64_t b = sp[kSpanRow], lrow = sp[kSpanLogitRow], pos0 = sp[kSpanFirstPos];
   record_map(ex, v, b, pos0, sp[kSpanRows], ids + lrow * v.K, probs + lrow * v.K, v.K, MapMode::kReplace);
@@ -365,9 +370,9 @@ BLOCKBATCH_HOST_DEVICE inline bool map_empty(const View& v, int64_t dst, int64_t
 template <typename Ex>
 BLOCKBATCH_HOST_DEVICE bool clash(const Ex& ex, const View& v, int64_t a, int64_t c, int64_t n) {
   const int64_t *x = v.row(a) + v.lp, *y = v.row(c) + v.lp;
-  return ex.reduce(n, int64_t(0), [&](int64_t q) {
-    return int64_t(x[q] != v.mask_id && y[q] != v.mask_id && x[q] != y[q]);
-  }, Max{}) != 0;
+  return ex.reduce(
+             n, int64_t(0), [&](int64_t q) { return int64_t(x[q] != v.mask_id && y[q] != v.mask_id && x[q] != y[q]); },
+             Max{}) != 0;
 }
 
 // Confidence-gated merging (ALGORITHMS.md 4, step 4).
@@ -429,7 +434,7 @@ BLOCKBATCH_HOST_DEVICE void sync_step(const Ex& ex, const View& v, int64_t* sync
   const int64_t lead = leader(v);
   for (int64_t b = 0; b < v.B; ++b) {
     if (b == lead || v.st(b)[kDone] || v.st(lead)[kDecoded] - v.st(b)[kDecoded] <= p.sync_gap) continue;
-    const int64_t *from = v.row(lead);
+    const int64_t* from = v.row(lead);
     int64_t* to = v.row(b);
     const int64_t changed =
         p.sync_copies_map ? ex.count(v.L, [&](int64_t t) { return to[t] != from[t] && from[t] != v.mask_id; }) : 0;

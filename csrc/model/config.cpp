@@ -15,8 +15,9 @@ const char* family_name(Family family) {
 }
 
 void ModelConfig::validate() const {
-  TORCH_CHECK_VALUE(family == Family::kLLaDA || family == Family::kDream, "config: key 'family' = ",
-                    static_cast<int64_t>(family), " is not a model family (0: llada, 1: dream)");
+  TORCH_CHECK_VALUE(family == Family::kLLaDA || family == Family::kDream,
+                    "config: key 'family' = ", static_cast<int64_t>(family),
+                    " is not a model family (0: llada, 1: dream)");
   TORCH_CHECK_VALUE(attention_bias == (family == Family::kDream), "config: key 'attention_bias' = ", attention_bias,
                     ": ", family_name(family), attention_bias ? " has no q/k/v biases" : " always has q/k/v biases");
   auto bounded = [](const char* key, int64_t v, int64_t limit) {
@@ -36,9 +37,9 @@ void ModelConfig::validate() const {
                     " must divide n_heads = ", n_heads);
   TORCH_CHECK_VALUE(head_dim() % 2 == 0, "config: key 'n_heads' gives an odd head_dim ", head_dim(),
                     "; RoPE needs an even head_dim");
-  TORCH_CHECK_VALUE(max_sequence_length * head_dim() <= kMaxRopeElements, "config: key 'max_sequence_length' = ",
-                    max_sequence_length, " times head_dim = ", head_dim(), " is more than the ", kMaxRopeElements,
-                    " entries the RoPE table may hold");
+  TORCH_CHECK_VALUE(max_sequence_length * head_dim() <= kMaxRopeElements,
+                    "config: key 'max_sequence_length' = ", max_sequence_length, " times head_dim = ", head_dim(),
+                    " is more than the ", kMaxRopeElements, " entries the RoPE table may hold");
   TORCH_CHECK_VALUE(embedding_size >= vocab_size, "config: key 'embedding_size' = ", embedding_size,
                     " is smaller than vocab_size = ", vocab_size);
   TORCH_CHECK_VALUE(std::isfinite(rope_theta) && rope_theta > 0,
@@ -50,8 +51,9 @@ void ModelConfig::validate() const {
   TORCH_CHECK_VALUE(eos_token_id >= 0 && eos_token_id < vocab_size, "config: key 'eos_token_id' = ", eos_token_id,
                     " is outside the vocabulary [0, ", vocab_size, ")");
   TORCH_CHECK_VALUE(proposal_vocab == 0 || (proposal_vocab > eos_token_id && proposal_vocab <= vocab_size),
-                    "config: key 'proposal_vocab' = ", proposal_vocab, " must be 0 (every id) or in (eos_token_id = ",
-                    eos_token_id, ", vocab_size = ", vocab_size, "]: EOS must stay proposable");
+                    "config: key 'proposal_vocab' = ", proposal_vocab,
+                    " must be 0 (every id) or in (eos_token_id = ", eos_token_id, ", vocab_size = ", vocab_size,
+                    "]: EOS must stay proposable");
   TORCH_CHECK_VALUE(mask_token_id != eos_token_id, "config: key 'eos_token_id' = ", eos_token_id,
                     " equals mask_token_id");
 }

@@ -11,7 +11,7 @@ namespace blockbatch {
 // the RoPE table [max_sequence_length, head_dim] and the n_layers-long tensor list.
 constexpr int64_t kMaxSequenceLength = int64_t{1} << 20;
 constexpr int64_t kMaxLayers = int64_t{1} << 16;
-constexpr int64_t kMaxDim = int64_t{1} << 24;  // d_model, mlp_hidden_size, vocab_size, embedding_size
+constexpr int64_t kMaxDim = int64_t{1} << 24;           // d_model, mlp_hidden_size, vocab_size, embedding_size
 constexpr int64_t kMaxRopeElements = int64_t{1} << 28;  // max_sequence_length * head_dim
 
 // The model family: a property of the checkpoint (config.json's model_type), never a flag.

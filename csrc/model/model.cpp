@@ -28,16 +28,37 @@ struct WeightNames {
 };
 
 const WeightNames& weight_names(Family family) {
-  static const WeightNames llada{"model.transformer.wte.weight", "model.transformer.ln_f.weight",
-                                 "model.transformer.ff_out.weight", "model.transformer.blocks.",
-                                 "attn_norm.weight", "q_proj.weight", "k_proj.weight", "v_proj.weight",
-                                 "attn_out.weight", "ff_norm.weight", "ff_proj.weight", "up_proj.weight",
-                                 "ff_out.weight", "", "", ""};
-  static const WeightNames dream{"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight", "model.layers.",
-                                 "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
-                                 "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-                                 "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-                                 "mlp.down_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.bias",
+  static const WeightNames llada{"model.transformer.wte.weight",
+                                 "model.transformer.ln_f.weight",
+                                 "model.transformer.ff_out.weight",
+                                 "model.transformer.blocks.",
+                                 "attn_norm.weight",
+                                 "q_proj.weight",
+                                 "k_proj.weight",
+                                 "v_proj.weight",
+                                 "attn_out.weight",
+                                 "ff_norm.weight",
+                                 "ff_proj.weight",
+                                 "up_proj.weight",
+                                 "ff_out.weight",
+                                 "",
+                                 "",
+                                 ""};
+  static const WeightNames dream{"model.embed_tokens.weight",
+                                 "model.norm.weight",
+                                 "lm_head.weight",
+                                 "model.layers.",
+                                 "input_layernorm.weight",
+                                 "self_attn.q_proj.weight",
+                                 "self_attn.k_proj.weight",
+                                 "self_attn.v_proj.weight",
+                                 "self_attn.o_proj.weight",
+                                 "post_attention_layernorm.weight",
+                                 "mlp.gate_proj.weight",
+                                 "mlp.up_proj.weight",
+                                 "mlp.down_proj.weight",
+                                 "self_attn.q_proj.bias",
+                                 "self_attn.k_proj.bias",
                                  "self_attn.v_proj.bias"};
   return family == Family::kDream ? dream : llada;
 }
@@ -86,8 +107,9 @@ void Model::build(const std::unordered_map<std::string, at::Tensor>& weights, c1
               "dtype must be float32, bfloat16 or float16, got ", dtype);
   // The config against the weights before anything sized by it is built (the expected-tensor
   // list is n_layers long; the RoPE table below is bounded by validate()).
-  TORCH_CHECK(config_.n_layers <= static_cast<int64_t>(weights.size()), "weights: config key 'n_layers' = ",
-              config_.n_layers, " needs ", config_.tensor_count(), " tensors but the dict holds ", weights.size());
+  TORCH_CHECK(config_.n_layers <= static_cast<int64_t>(weights.size()),
+              "weights: config key 'n_layers' = ", config_.n_layers, " needs ", config_.tensor_count(),
+              " tensors but the dict holds ", weights.size());
   const auto expected = expected_weight_shapes(config_);
   std::set<std::string> names;
   std::optional<c10::Device> device;
@@ -105,8 +127,8 @@ void Model::build(const std::unordered_map<std::string, at::Tensor>& weights, c1
                 *device);
   }
   for (const auto& [name, t] : weights) {
-    TORCH_CHECK(names.count(name), "weights: unexpected tensor '", name, "' (not part of a ", family_name(config_.family),
-                " model with this config)");
+    TORCH_CHECK(names.count(name), "weights: unexpected tensor '", name, "' (not part of a ",
+                family_name(config_.family), " model with this config)");
   }
   auto w = [&](const std::string& name) { return weights.at(name).to(dtype).contiguous(); };
   const WeightNames& n = weight_names(config_.family);
@@ -139,10 +161,9 @@ at::Tensor Model::rope_table(int64_t positions) const {
   // cos | sin of one angle per frequency, computed in float64 exactly as the reference does, then
   // rounded to float32: row p does not depend on the table's length. Doubling bounds the growths.
   const int64_t n = std::min(config_.max_sequence_length, std::max(positions, 2 * have));
-  TORCH_CHECK(positions <= n, "positions up to ", positions, " exceed max_sequence_length = ",
-              config_.max_sequence_length);
-  const at::Tensor angles =
-      at::arange(n, rope_->inv_freq.options()).unsqueeze(1).mul(rope_->inv_freq.unsqueeze(0));
+  TORCH_CHECK(positions <= n, "positions up to ", positions,
+              " exceed max_sequence_length = ", config_.max_sequence_length);
+  const at::Tensor angles = at::arange(n, rope_->inv_freq.options()).unsqueeze(1).mul(rope_->inv_freq.unsqueeze(0));
   if (rope_->table.defined()) rope_->retired.push_back(rope_->table);
   rope_->table = at::cat({angles.cos(), angles.sin()}, 1).to(at::kFloat).contiguous();
   return rope_->table;
@@ -152,8 +173,7 @@ at::Tensor Model::new_kv(int64_t rows, int64_t length) const {
   TORCH_CHECK(rows >= 0, "rows must be >= 0, got ", rows);
   TORCH_CHECK(length > 0 && length <= config_.max_sequence_length, "length = ", length, " must be in [1, ",
               config_.max_sequence_length, "] (max_sequence_length)");
-  return at::zeros({rows, config_.n_layers, 2, config_.n_kv_heads, length, config_.head_dim()},
-                   wte_.options());
+  return at::zeros({rows, config_.n_layers, 2, config_.n_kv_heads, length, config_.head_dim()}, wte_.options());
 }
 
 void Model::check(const ForwardBatch& b) const {
@@ -233,8 +253,8 @@ at::Tensor Model::forward(const ForwardBatch& batch) const {
   // Index tensors are read through raw pointers (the value checks, the kernels): any strided view
   // (base[::2], an expand()) is made contiguous first. A no-op for the decode loop's own buffers.
   ForwardBatch b = batch;
-  for (at::Tensor* t : {&b.tokens, &b.positions, &b.cu_seqlens, &b.kv_rows, &b.prefix_lens, &b.logit_index,
-                        &b.kv_lens}) {
+  for (at::Tensor* t :
+       {&b.tokens, &b.positions, &b.cu_seqlens, &b.kv_rows, &b.prefix_lens, &b.logit_index, &b.kv_lens}) {
     if (t->defined() && !t->is_contiguous()) *t = t->contiguous();
   }
   check(b);

@@ -1,5 +1,6 @@
-// The native LLaDA / Dream transformer (the same body; Dream adds q/k/v biases): owns its weights, runs packed variable-length forwards over
-// per-row KV buffers: the one native implementation of Network (model/network.h) for every family;
+// The native LLaDA / Dream transformer (the same body; Dream adds q/k/v biases): owns its
+// weights, runs packed variable-length forwards over per-row KV buffers: the one native
+// implementation of Network (model/network.h) for every family;
 // python/blockbatch/reference/model.py is its readable twin.
 #pragma once
 
@@ -24,8 +25,9 @@ struct LayerWeights {
 
 class Model : public Network {
  public:
-  // weights: HF names (LLaDA model.transformer.*, Dream model.layers.* / lm_head), all on one device, converted to dtype (float32,
-  // bfloat16 or float16). Validates the config and checks every tensor's name and shape.
+  // weights: HF names (LLaDA model.transformer.*, Dream model.layers.* / lm_head), all on one
+  // device, converted to dtype (float32, bfloat16 or float16). Validates the config and checks
+  // every tensor's name and shape.
   Model(ModelConfig config, const std::unordered_map<std::string, at::Tensor>& weights, c10::ScalarType dtype);
 
   const ModelConfig& config() const override { return config_; }

@@ -25,13 +25,13 @@ KvMode parse_kv_mode(const std::string& mode);
 
 // One packed forward: R rows, T tokens in total, row r = tokens [cu_seqlens[r], cu_seqlens[r+1]).
 struct ForwardBatch {
-  at::Tensor tokens;       // [T] int64
-  at::Tensor positions;    // [T] int64, absolute canvas positions
-  at::Tensor cu_seqlens;   // [R + 1] int64
-  at::Tensor kv;           // [rows, layers, 2, kv_heads, L, head_dim] or undefined (full mode only)
-  at::Tensor kv_rows;      // [R] int64: KV row of each query row (default: r)
-  at::Tensor prefix_lens;  // [R] int64, prefix mode: cached slots [0, s) attended
-  at::Tensor logit_index;  // [n] int64 into [0, T): rows of the logits returned (default: all)
+  at::Tensor tokens;          // [T] int64
+  at::Tensor positions;       // [T] int64, absolute canvas positions
+  at::Tensor cu_seqlens;      // [R + 1] int64
+  at::Tensor kv;              // [rows, layers, 2, kv_heads, L, head_dim] or undefined (full mode only)
+  at::Tensor kv_rows;         // [R] int64: KV row of each query row (default: r)
+  at::Tensor prefix_lens;     // [R] int64, prefix mode: cached slots [0, s) attended
+  at::Tensor logit_index;     // [n] int64 into [0, T): rows of the logits returned (default: all)
   int64_t max_positions = 0;  // > 0: every position is below this (saves a device read of positions)
   // [R] int64, optional: the KV length of each row (dual: the keys it attends; default kv.size(4)).
   // Rows of several requests in one KV pool have the pool's length but each its own canvas length.

@@ -9,8 +9,8 @@ namespace blockbatch {
 
 namespace {
 void check_floating(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf,
-              name, " must be float32, bfloat16 or float16, got ", t.scalar_type());
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf, name,
+              " must be float32, bfloat16 or float16, got ", t.scalar_type());
 }
 void check_index(const at::Tensor& t, const char* name, int64_t dim) {
   TORCH_CHECK(t.scalar_type() == at::kLong, name, " must be int64, got ", t.scalar_type());
@@ -45,9 +45,8 @@ void check_sparse_probs(const at::Tensor& logits, double floor, int64_t max_k) {
 
 cpu::AttentionArgs attention_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                   const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
-                                  const std::optional<at::Tensor>& kv_rows,
-                                  const std::optional<at::Tensor>& cache_lens, int64_t layer, bool attend_fresh,
-                                  const at::Tensor& out) {
+                                  const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
+                                  int64_t layer, bool attend_fresh, const at::Tensor& out) {
   cpu::AttentionArgs a{};
   a.q = q.const_data_ptr();
   a.k = k.const_data_ptr();
@@ -77,8 +76,8 @@ void check_rms_norm(const at::Tensor& x, const at::Tensor& weight) {
   TORCH_CHECK(x.stride(1) == 1, "x must have a contiguous last dimension");
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1), "weight must be [", x.size(1), "], got ",
               weight.sizes());
-  TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "weight dtype ", weight.scalar_type(),
-              " differs from x dtype ", x.scalar_type());
+  TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "weight dtype ", weight.scalar_type(), " differs from x dtype ",
+              x.scalar_type());
   TORCH_CHECK(weight.is_contiguous(), "weight must be contiguous");
   check_same_device(x, weight, "x", "weight");
 }
@@ -163,10 +162,9 @@ void check_rope_kv_write(const at::Tensor& q, const at::Tensor& k, const at::Ten
               k.scalar_type());
 }
 
-void check_packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
-                            const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
-                            int64_t layer) {
+void check_packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
+                            const std::optional<at::Tensor>& kv, const std::optional<at::Tensor>& kv_rows,
+                            const std::optional<at::Tensor>& cache_lens, int64_t layer) {
   check_floating(q, "q");
   check_heads_view(q, "q");
   check_heads_view(k, "k");
@@ -174,8 +172,8 @@ void check_packed_attention(const at::Tensor& q, const at::Tensor& k, const at::
   TORCH_CHECK(k.sizes() == v.sizes() && k.strides() == v.strides(), "k and v must have the same shape and strides");
   TORCH_CHECK(k.size(0) == q.size(0) && k.size(2) == q.size(2), "k must be [", q.size(0), ", kv_heads, ", q.size(2),
               "], got ", k.sizes());
-  TORCH_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, "kv_heads = ", k.size(1), " must divide heads = ",
-              q.size(1));
+  TORCH_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, "kv_heads = ", k.size(1),
+              " must divide heads = ", q.size(1));
   TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
               "q, k and v must share a dtype");
   check_same_device(q, k, "q", "k");

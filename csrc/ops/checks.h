@@ -21,9 +21,8 @@ void check_sparse_probs(const at::Tensor& logits, double floor, int64_t max_k);
 // `out` is the [T, heads * head_dim] output.
 cpu::AttentionArgs attention_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                   const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
-                                  const std::optional<at::Tensor>& kv_rows,
-                                  const std::optional<at::Tensor>& cache_lens, int64_t layer, bool attend_fresh,
-                                  const at::Tensor& out);
+                                  const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
+                                  int64_t layer, bool attend_fresh, const at::Tensor& out);
 void check_rms_norm(const at::Tensor& x, const at::Tensor& weight);
 void check_add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight);
 void check_silu_mul(const at::Tensor& gate_up);
@@ -34,10 +33,9 @@ void check_kv_write(const at::Tensor& kv, const at::Tensor& k, const at::Tensor&
 void check_rope_kv_write(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                          const at::Tensor& cos_sin, const at::Tensor& kv, const at::Tensor& cu_seqlens,
                          const at::Tensor& kv_rows, int64_t layer);
-void check_packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
-                            const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
-                            int64_t layer);
+void check_packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
+                            const std::optional<at::Tensor>& kv, const std::optional<at::Tensor>& kv_rows,
+                            const std::optional<at::Tensor>& cache_lens, int64_t layer);
 
 // ---- The decode loop's bookkeeping ops: commit_, bb_absorb_, bb_coordinate_, kv_copy_rows_
 // (ops/checks_bookkeeping.cpp) ----
@@ -61,7 +59,7 @@ void check_kv_copy_rows(const at::Tensor& kv, const at::Tensor& src);
 void check_eos_id(int64_t eos_id, int64_t vocab);
 void check_window(const branches::View& v, int64_t b);
 branches::View branch_view(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
-                           const at::Tensor& map_ids, const at::Tensor& map_probs, int64_t prompt_len,
-                           int64_t mask_id, int64_t eos_id);
+                           const at::Tensor& map_ids, const at::Tensor& map_probs, int64_t prompt_len, int64_t mask_id,
+                           int64_t eos_id);
 
 }  // namespace blockbatch

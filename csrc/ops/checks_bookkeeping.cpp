@@ -35,8 +35,8 @@ BranchTensors check_branches(const at::Tensor& canvas, const at::Tensor& state, 
                              const at::Tensor& map_ids, const at::Tensor& map_probs, int64_t prompt_len) {
   check_tensor(canvas, "canvas", at::kLong, {-1, -1}, canvas);
   const int64_t B = canvas.size(0), L = canvas.size(1);
-  TORCH_CHECK_VALUE(B >= 1 && B <= br::kMaxBranches, "canvas must hold 1 to ", br::kMaxBranches,
-                    " branch rows, got ", B);
+  TORCH_CHECK_VALUE(B >= 1 && B <= br::kMaxBranches, "canvas must hold 1 to ", br::kMaxBranches, " branch rows, got ",
+                    B);
   TORCH_CHECK_VALUE(prompt_len >= 0 && prompt_len < L, "prompt_len must be in [0, ", L, "), got ", prompt_len);
   check_tensor(state, "state", at::kLong, {B, br::kFields}, canvas);
   check_tensor(eos_prob, "eos_prob", at::kDouble, {B}, canvas);
@@ -81,19 +81,29 @@ void check_window(const branches::View& v, int64_t b) {
   TORCH_CHECK_VALUE(st[br::kBlock] > 0 && (v.L - v.lp) % st[br::kBlock] == 0, "state[", b,
                     "]: block size must be > 0 and divide the generation length ", v.L - v.lp, ", got ",
                     st[br::kBlock]);
-  TORCH_CHECK_VALUE(br::counts_ok(v, b), "state[", b, "]: the counts (decoded, since_refresh, committed, merged, "
-                    "copied) must be in [0, ", br::kMaxCount, "], got ", st[br::kDecoded], ", ", st[br::kSinceRefresh],
-                    ", ", st[br::kCommitted], ", ", st[br::kMerged], ", ", st[br::kCopied]);
+  TORCH_CHECK_VALUE(br::counts_ok(v, b), "state[", b,
+                    "]: the counts (decoded, since_refresh, committed, merged, "
+                    "copied) must be in [0, ",
+                    br::kMaxCount, "], got ", st[br::kDecoded], ", ", st[br::kSinceRefresh], ", ", st[br::kCommitted],
+                    ", ", st[br::kMerged], ", ", st[br::kCopied]);
   TORCH_CHECK_VALUE(br::window_ok(v, b), "state[", b, "]: window [", st[br::kStart], ", ", st[br::kEnd],
                     ") must lie inside the generation [prompt_len = ", v.lp, ", ", v.L, ") with start <= end");
 }
 
 branches::View branch_view(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
-                           const at::Tensor& map_ids, const at::Tensor& map_probs, int64_t prompt_len,
-                           int64_t mask_id, int64_t eos_id) {
-  return {canvas.data_ptr<int64_t>(), state.data_ptr<int64_t>(), eos_prob.data_ptr<double>(),
-          map_ids.data_ptr<int64_t>(), map_probs.data_ptr<double>(),
-          canvas.size(0), canvas.size(1), prompt_len, map_ids.size(2), mask_id, eos_id};
+                           const at::Tensor& map_ids, const at::Tensor& map_probs, int64_t prompt_len, int64_t mask_id,
+                           int64_t eos_id) {
+  return {canvas.data_ptr<int64_t>(),
+          state.data_ptr<int64_t>(),
+          eos_prob.data_ptr<double>(),
+          map_ids.data_ptr<int64_t>(),
+          map_probs.data_ptr<double>(),
+          canvas.size(0),
+          canvas.size(1),
+          prompt_len,
+          map_ids.size(2),
+          mask_id,
+          eos_id};
 }
 
 void check_commit(const at::Tensor& canvas, const at::Tensor& window, const at::Tensor& token, const at::Tensor& conf,
@@ -107,8 +117,8 @@ void check_commit(const at::Tensor& canvas, const at::Tensor& window, const at::
   vec(canvas, "canvas", at::kLong);
   const int64_t n = vec(window, "window", at::kLong);
   TORCH_CHECK_VALUE(vec(token, "token", at::kLong) == n && vec(conf, "conf", at::kDouble) == n,
-                    "window, token and conf must have one entry per window position (", n, "), got ",
-                    token.size(0), " and ", conf.size(0));
+                    "window, token and conf must have one entry per window position (", n, "), got ", token.size(0),
+                    " and ", conf.size(0));
   TORCH_CHECK_VALUE(vec(k, "k", at::kLong) == 1, "k must hold one count, got ", k.size(0));
   TORCH_CHECK_VALUE(n <= kMaxCommitWindow, "commit_: windows of at most ", kMaxCommitWindow, " positions, got ", n);
   for (const at::Tensor* t : {&window, &token, &conf, &k}) {

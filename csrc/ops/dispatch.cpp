@@ -19,8 +19,8 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 }
 
 at::Tensor add_rms_norm_(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps) {
-  static auto op = handle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double)>(
-      "blockbatch::add_rms_norm_");
+  static auto op =
+      handle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double)>("blockbatch::add_rms_norm_");
   return op.call(x, delta, weight, eps);
 }
 
@@ -47,35 +47,32 @@ void rope_kv_write_(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   op.call(q, k, v, positions, cos_sin, kv, cu_seqlens, kv_rows, layer);
 }
 
-at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
-                            const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
-                            int64_t layer, bool attend_fresh) {
-  static auto op =
-      handle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                        const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                        const std::optional<at::Tensor>&, int64_t, bool)>("blockbatch::packed_attention");
+at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
+                            const std::optional<at::Tensor>& kv, const std::optional<at::Tensor>& kv_rows,
+                            const std::optional<at::Tensor>& cache_lens, int64_t layer, bool attend_fresh) {
+  static auto op = handle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                     const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                                     const std::optional<at::Tensor>&, int64_t, bool)>("blockbatch::packed_attention");
   return op.call(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer, attend_fresh);
 }
 
 std::tuple<at::Tensor, at::Tensor> confidence(const at::Tensor& logits, int64_t exclude) {
-  static auto op =
-      handle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, int64_t)>("blockbatch::confidence");
+  static auto op = handle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, int64_t)>("blockbatch::confidence");
   return op.call(logits, exclude);
 }
 
 std::tuple<at::Tensor, at::Tensor> sparse_probs(const at::Tensor& logits, double floor, int64_t max_k) {
-  static auto op = handle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, double, int64_t)>(
-      "blockbatch::sparse_probs");
+  static auto op =
+      handle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, double, int64_t)>("blockbatch::sparse_probs");
   return op.call(logits, floor, max_k);
 }
 
 at::Tensor commit_(const at::Tensor& canvas, const at::Tensor& window, const at::Tensor& token, const at::Tensor& conf,
                    const at::Tensor& k, int64_t mask_id, int64_t eos_id, const std::string& rule, double threshold,
                    double factor) {
-  static auto op = handle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                     const at::Tensor&, int64_t, int64_t, const std::string&, double, double)>(
-      "blockbatch::commit_");
+  static auto op =
+      handle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                        int64_t, int64_t, const std::string&, double, double)>("blockbatch::commit_");
   return op.call(canvas, window, token, conf, k, mask_id, eos_id, rule, threshold, factor);
 }
 
@@ -85,8 +82,8 @@ void bb_absorb_(const at::Tensor& canvas, const at::Tensor& state, const at::Ten
                 const at::Tensor& logits, int64_t prompt_len, int64_t mask_id, int64_t eos_id, double threshold,
                 bool stop_on_eos) {
   using T = const at::Tensor&;
-  static auto op = handle<void(T, T, T, T, T, T, T, T, T, T, T, int64_t, int64_t, int64_t, double, bool)>(
-      "blockbatch::bb_absorb_");
+  static auto op =
+      handle<void(T, T, T, T, T, T, T, T, T, T, T, int64_t, int64_t, int64_t, double, bool)>("blockbatch::bb_absorb_");
   op.call(canvas, state, eos_prob, map_ids, map_probs, spans, token, conf, ids, probs, logits, prompt_len, mask_id,
           eos_id, threshold, stop_on_eos);
 }

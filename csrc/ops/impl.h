@@ -11,10 +11,10 @@
 
 // CPU dispatch over the float dtypes the ops accept: float32, bfloat16 and float16 (the checks
 // refuse every other dtype). Needs <ATen/Dispatch.h>.
-#define BLOCKBATCH_DISPATCH_FLOATING(TYPE, NAME, ...)                     \
-  AT_DISPATCH_SWITCH(TYPE, NAME, AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__) \
-                         AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__)     \
-                             AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__))
+#define BLOCKBATCH_DISPATCH_FLOATING(TYPE, NAME, ...)                                                       \
+  AT_DISPATCH_SWITCH(TYPE, NAME,                                                                            \
+                     AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__) AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__) \
+                         AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__))
 
 namespace blockbatch {
 
@@ -31,8 +31,8 @@ void rope_kv_write_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tenso
                        const at::Tensor& kv_rows, int64_t layer);
 at::Tensor packed_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
-                                const std::optional<at::Tensor>& kv_rows,
-                                const std::optional<at::Tensor>& cache_lens, int64_t layer, bool attend_fresh);
+                                const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
+                                int64_t layer, bool attend_fresh);
 std::tuple<at::Tensor, at::Tensor> confidence_cpu(const at::Tensor& logits, int64_t exclude);
 std::tuple<at::Tensor, at::Tensor> sparse_probs_cpu(const at::Tensor& logits, double floor, int64_t max_k);
 at::Tensor commit_cpu(const at::Tensor& canvas, const at::Tensor& window, const at::Tensor& token,
@@ -45,8 +45,8 @@ void bb_absorb_cpu(const at::Tensor& canvas, const at::Tensor& state, const at::
                    bool stop_on_eos);
 void bb_coordinate_cpu(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
                        const at::Tensor& flags, const at::Tensor& sync_src, const at::Tensor& map_ids,
-                       const at::Tensor& map_probs, int64_t prompt_len, int64_t mask_id, double merge_gate,
-                       bool merge, bool sync, int64_t sync_gap, int64_t refresh_tokens, bool periodic_refresh);
+                       const at::Tensor& map_probs, int64_t prompt_len, int64_t mask_id, double merge_gate, bool merge,
+                       bool sync, int64_t sync_gap, int64_t refresh_tokens, bool periodic_refresh);
 void kv_copy_rows_cpu(const at::Tensor& kv, const at::Tensor& src);
 
 // Meta (ops/meta.cpp): checks and output shapes only.
@@ -62,8 +62,8 @@ void rope_kv_write_meta(const at::Tensor& q, const at::Tensor& k, const at::Tens
                         const at::Tensor& kv_rows, int64_t layer);
 at::Tensor packed_attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
-                                 const std::optional<at::Tensor>& kv_rows,
-                                 const std::optional<at::Tensor>& cache_lens, int64_t layer, bool attend_fresh);
+                                 const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
+                                 int64_t layer, bool attend_fresh);
 std::tuple<at::Tensor, at::Tensor> confidence_meta(const at::Tensor& logits, int64_t exclude);
 std::tuple<at::Tensor, at::Tensor> sparse_probs_meta(const at::Tensor& logits, double floor, int64_t max_k);
 at::Tensor commit_meta(const at::Tensor& canvas, const at::Tensor& window, const at::Tensor& token,
@@ -76,8 +76,8 @@ void bb_absorb_meta(const at::Tensor& canvas, const at::Tensor& state, const at:
                     bool stop_on_eos);
 void bb_coordinate_meta(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
                         const at::Tensor& flags, const at::Tensor& sync_src, const at::Tensor& map_ids,
-                        const at::Tensor& map_probs, int64_t prompt_len, int64_t mask_id, double merge_gate,
-                        bool merge, bool sync, int64_t sync_gap, int64_t refresh_tokens, bool periodic_refresh);
+                        const at::Tensor& map_probs, int64_t prompt_len, int64_t mask_id, double merge_gate, bool merge,
+                        bool sync, int64_t sync_gap, int64_t refresh_tokens, bool periodic_refresh);
 void kv_copy_rows_meta(const at::Tensor& kv, const at::Tensor& src);
 
 #ifdef BLOCKBATCH_WITH_CUDA
@@ -95,8 +95,8 @@ void rope_kv_write_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tens
                         const at::Tensor& kv_rows, int64_t layer);
 at::Tensor packed_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
-                                 const std::optional<at::Tensor>& kv_rows,
-                                 const std::optional<at::Tensor>& cache_lens, int64_t layer, bool attend_fresh);
+                                 const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
+                                 int64_t layer, bool attend_fresh);
 std::tuple<at::Tensor, at::Tensor> confidence_cuda(const at::Tensor& logits, int64_t exclude);
 std::tuple<at::Tensor, at::Tensor> sparse_probs_cuda(const at::Tensor& logits, double floor, int64_t max_k);
 at::Tensor commit_cuda(const at::Tensor& canvas, const at::Tensor& window, const at::Tensor& token,
@@ -109,8 +109,8 @@ void bb_absorb_cuda(const at::Tensor& canvas, const at::Tensor& state, const at:
                     bool stop_on_eos);
 void bb_coordinate_cuda(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
                         const at::Tensor& flags, const at::Tensor& sync_src, const at::Tensor& map_ids,
-                        const at::Tensor& map_probs, int64_t prompt_len, int64_t mask_id, double merge_gate,
-                        bool merge, bool sync, int64_t sync_gap, int64_t refresh_tokens, bool periodic_refresh);
+                        const at::Tensor& map_probs, int64_t prompt_len, int64_t mask_id, double merge_gate, bool merge,
+                        bool sync, int64_t sync_gap, int64_t refresh_tokens, bool periodic_refresh);
 void kv_copy_rows_cuda(const at::Tensor& kv, const at::Tensor& src);
 #endif
 

@@ -44,8 +44,8 @@ void kv_write_meta(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& 
 
 at::Tensor packed_attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
-                                 const std::optional<at::Tensor>& kv_rows,
-                                 const std::optional<at::Tensor>& cache_lens, int64_t layer, bool) {
+                                 const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
+                                 int64_t layer, bool) {
   check_packed_attention(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer);
   return at::empty({q.size(0), q.size(1) * q.size(2)}, q.options());
 }
@@ -70,17 +70,17 @@ at::Tensor commit_meta(const at::Tensor& canvas, const at::Tensor& window, const
 }
 
 void bb_absorb_meta(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
-                 const at::Tensor& map_ids, const at::Tensor& map_probs, const at::Tensor& spans,
-                 const at::Tensor& token, const at::Tensor& conf, const at::Tensor& ids, const at::Tensor& probs,
-                 const at::Tensor& logits, int64_t prompt_len, int64_t, int64_t, double, bool) {
-  check_absorb(check_branches(canvas, state, eos_prob, map_ids, map_probs, prompt_len), canvas, spans, token, conf,
-               ids, probs, logits);
+                    const at::Tensor& map_ids, const at::Tensor& map_probs, const at::Tensor& spans,
+                    const at::Tensor& token, const at::Tensor& conf, const at::Tensor& ids, const at::Tensor& probs,
+                    const at::Tensor& logits, int64_t prompt_len, int64_t, int64_t, double, bool) {
+  check_absorb(check_branches(canvas, state, eos_prob, map_ids, map_probs, prompt_len), canvas, spans, token, conf, ids,
+               probs, logits);
 }
 
 void bb_coordinate_meta(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
-                     const at::Tensor& flags, const at::Tensor& sync_src, const at::Tensor& map_ids,
-                     const at::Tensor& map_probs, int64_t prompt_len, int64_t, double, bool, bool, int64_t, int64_t,
-                     bool) {
+                        const at::Tensor& flags, const at::Tensor& sync_src, const at::Tensor& map_ids,
+                        const at::Tensor& map_probs, int64_t prompt_len, int64_t, double, bool, bool, int64_t, int64_t,
+                        bool) {
   check_coordinate(check_branches(canvas, state, eos_prob, map_ids, map_probs, prompt_len), canvas, flags, sync_src);
 }
 

@@ -22,10 +22,9 @@ void rope_(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& c
 void rope_kv_write_(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                     const at::Tensor& cos_sin, const at::Tensor& kv, const at::Tensor& cu_seqlens,
                     const at::Tensor& kv_rows, int64_t layer);
-at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
-                            const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
-                            int64_t layer, bool attend_fresh);
+at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
+                            const std::optional<at::Tensor>& kv, const std::optional<at::Tensor>& kv_rows,
+                            const std::optional<at::Tensor>& cache_lens, int64_t layer, bool attend_fresh);
 std::tuple<at::Tensor, at::Tensor> confidence(const at::Tensor& logits, int64_t exclude);
 std::tuple<at::Tensor, at::Tensor> sparse_probs(const at::Tensor& logits, double floor, int64_t max_k);
 at::Tensor commit_(const at::Tensor& canvas, const at::Tensor& window, const at::Tensor& token, const at::Tensor& conf,

@@ -39,10 +39,9 @@ ForwardBatch make_batch(const at::Tensor& tokens, const at::Tensor& positions, c
 }
 
 at::Tensor model_forward(const c10::intrusive_ptr<ModelHandle>& model, const at::Tensor& tokens,
-                         const at::Tensor& positions, const at::Tensor& cu_seqlens,
-                         const std::optional<at::Tensor>& kv, const std::optional<at::Tensor>& kv_rows,
-                         const std::optional<at::Tensor>& prefix_lens, const std::string& mode,
-                         const std::optional<at::Tensor>& logit_index) {
+                         const at::Tensor& positions, const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
+                         const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& prefix_lens,
+                         const std::string& mode, const std::optional<at::Tensor>& logit_index) {
   return model->network().forward(
       make_batch(tokens, positions, cu_seqlens, kv, kv_rows, prefix_lens, mode, logit_index));
 }
@@ -57,16 +56,15 @@ at::Tensor model_forward_meta(const c10::intrusive_ptr<ModelHandle>& model, cons
   TORCH_CHECK(tokens.dim() == 1 && positions.sizes() == tokens.sizes(),
               "tokens and positions must be 1-D of equal length");
   const int64_t n = logit_index.has_value() ? logit_index->size(0) : tokens.size(0);
-  return at::empty({n, model->network().config().vocab_size},
-                   tokens.options().dtype(model->network().dtype()));
+  return at::empty({n, model->network().config().vocab_size}, tokens.options().dtype(model->network().dtype()));
 }
 
 }  // namespace
 
 TORCH_LIBRARY(blockbatch, m) {
   // torch.classes.blockbatch.Options (torch/options_handle.h): made by torch.ops.blockbatch.options.
-  m.class_<OptionsHandle>("Options")
-      .def("__len__", [](const OptionsPtr&) -> int64_t { TORCH_CHECK_TYPE(false, "object of type Options has no len()"); });
+  m.class_<OptionsHandle>("Options").def(
+      "__len__", [](const OptionsPtr&) -> int64_t { TORCH_CHECK_TYPE(false, "object of type Options has no len()"); });
   // torch.classes.blockbatch.Model: a model built from its config and HF-named weights
   // (python/blockbatch/native.py), passed to forward and decode.
   using Handle = c10::intrusive_ptr<ModelHandle>;

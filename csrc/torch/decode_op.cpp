@@ -56,7 +56,8 @@ CancelArg cancel_arg(const std::optional<at::Tensor>& cancel) {
   TORCH_CHECK_TYPE(c.keep.scalar_type() == at::kLong, "cancel must be int64, got ", c.keep.scalar_type());
   TORCH_CHECK_VALUE(c.keep.device().is_cpu() && (c.keep.numel() == 1 || c.keep.numel() == 2) && c.keep.is_contiguous(),
                     "cancel must be a one- or two-element int64 CPU tensor (the flag, then where the stop reason is "
-                    "written), got shape ", c.keep.sizes(), " on ", c.keep.device());
+                    "written), got shape ",
+                    c.keep.sizes(), " on ", c.keep.device());
   c.flag = c.keep.const_data_ptr<int64_t>();
   if (c.keep.numel() == 2) c.reason = c.keep.mutable_data_ptr<int64_t>() + 1;
   return c;
@@ -73,7 +74,8 @@ void decode_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto model = arg("model").toCustomClass<ModelHandle>();
   const std::vector<int64_t> prompt = prompt_ids(arg("prompt_ids").toTensor(), "prompt_ids");
   DecodeOptions o = decode_options_from_args(schema, args);
-  if (o.block_sizes) std::sort(o.block_sizes->begin(), o.block_sizes->end());  // branch order never depends on the caller's
+  // sorted: branch order never depends on the caller's
+  if (o.block_sizes) std::sort(o.block_sizes->begin(), o.block_sizes->end());
   const CancelArg cancel = cancel_arg(optional_tensor(arg("cancel")));
   const DecodeResult r = decode(*model, prompt, o, cancel.flag, nullptr, cancel.reason);
   const std::vector<at::Tensor> out = result_tensors(r.tokens, r.stats);
@@ -98,7 +100,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> decode_typed(
 void options_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   DecodeOptions o = decode_options_from_args(op.schema(), call_args(op, *stack));
   torch::jit::drop(*stack, op.schema().arguments().size());
-  if (o.block_sizes) std::sort(o.block_sizes->begin(), o.block_sizes->end());  // branch order never depends on the caller's
+  // sorted: branch order never depends on the caller's
+  if (o.block_sizes) std::sort(o.block_sizes->begin(), o.block_sizes->end());
   o.check();
   torch::jit::push(*stack, c10::IValue(c10::make_intrusive<OptionsHandle>(std::move(o))));
 }
@@ -125,14 +128,15 @@ decode_batch_op(const c10::intrusive_ptr<ModelHandle>& model, const std::vector<
                 const std::optional<at::Tensor>& cancel, std::vector<int64_t> curve_tokens,
                 std::vector<double> curve_seconds, bool pad_packs) {
   std::vector<std::vector<int64_t>> ids;
-  for (size_t i = 0; i < prompts.size(); ++i) ids.push_back(prompt_ids(prompts[i], "prompts[" + std::to_string(i) + "]"));
+  for (size_t i = 0; i < prompts.size(); ++i)
+    ids.push_back(prompt_ids(prompts[i], "prompts[" + std::to_string(i) + "]"));
   std::vector<DecodeOptions> opts;
   for (const OptionsPtr& o : options) opts.push_back(o->options);
   const CancelArg c = cancel_arg(cancel);
   BatchStats bs;
-  std::vector<DecodeResult> results = decode_batch(*model, ids, opts, max_batch, kv_budget_bytes, c.flag, c.reason, &bs,
-                                                     StepCurve{std::move(curve_tokens), std::move(curve_seconds)},
-                                                     pad_packs);
+  std::vector<DecodeResult> results =
+      decode_batch(*model, ids, opts, max_batch, kv_budget_bytes, c.flag, c.reason, &bs,
+                   StepCurve{std::move(curve_tokens), std::move(curve_seconds)}, pad_packs);
   std::vector<at::Tensor> tokens, stats, logs, branches;
   for (const DecodeResult& r : results) {
     const std::vector<at::Tensor> t = result_tensors(r.tokens, r.stats);
@@ -141,7 +145,10 @@ decode_batch_op(const c10::intrusive_ptr<ModelHandle>& model, const std::vector<
     logs.push_back(t[2]);
     branches.push_back(t[3]);
   }
-  return {tokens, stats, logs, branches,
+  return {tokens,
+          stats,
+          logs,
+          branches,
           {bs.steps, bs.forwards, bs.pool_rows, bs.row_bytes, bs.padded, bs.graph_captures, bs.graph_replays}};
 }
 
@@ -204,6 +211,8 @@ TORCH_LIBRARY_FRAGMENT(blockbatch, m) {
 }
 
 TORCH_LIBRARY_IMPL(blockbatch, CPU, m) { m.impl("decode", torch::CppFunction::makeFromBoxedFunction<&decode_boxed>()); }
-TORCH_LIBRARY_IMPL(blockbatch, CUDA, m) { m.impl("decode", torch::CppFunction::makeFromBoxedFunction<&decode_boxed>()); }
+TORCH_LIBRARY_IMPL(blockbatch, CUDA, m) {
+  m.impl("decode", torch::CppFunction::makeFromBoxedFunction<&decode_boxed>());
+}
 
 }  // namespace blockbatch

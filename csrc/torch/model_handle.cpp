@@ -16,7 +16,8 @@ c10::ScalarType parse_dtype(const std::string& dtype, c10::ScalarType fallback) 
 }
 }  // namespace
 
-ModelConfig config_from_dicts(const c10::Dict<std::string, int64_t>& ints, const c10::Dict<std::string, double>& floats) {
+ModelConfig config_from_dicts(const c10::Dict<std::string, int64_t>& ints,
+                              const c10::Dict<std::string, double>& floats) {
   auto get_int = [&](const char* key) {
     TORCH_CHECK(ints.contains(key), "config: required integer key '", key, "' is missing");
     return ints.at(key);
@@ -25,7 +26,9 @@ ModelConfig config_from_dicts(const c10::Dict<std::string, int64_t>& ints, const
     TORCH_CHECK(floats.contains(key), "config: required float key '", key, "' is missing");
     return floats.at(key);
   };
-  auto get_optional_int = [&](const char* key, int64_t fallback) { return ints.contains(key) ? ints.at(key) : fallback; };
+  auto get_optional_int = [&](const char* key, int64_t fallback) {
+    return ints.contains(key) ? ints.at(key) : fallback;
+  };
   ModelConfig c;
   // Optional keys (a LLaDA config may leave them out): the family and the attention biases.
   const int64_t family = get_optional_int("family", 0);
@@ -53,7 +56,6 @@ ModelConfig config_from_dicts(const c10::Dict<std::string, int64_t>& ints, const
   c.validate();
   return c;
 }
-
 
 ModelHandle::ModelHandle(const c10::Dict<std::string, int64_t>& ints, const c10::Dict<std::string, double>& floats,
                          const c10::Dict<std::string, at::Tensor>& weights, const std::string& dtype) {

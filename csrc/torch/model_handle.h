@@ -32,6 +32,7 @@ class ModelHandle : public torch::CustomClassHolder {
 
 // The config from TorchBind's dicts (python ModelConfig.int_fields / float_fields), validated
 // (ModelConfig::validate); throws c10::ValueError naming the key.
-ModelConfig config_from_dicts(const c10::Dict<std::string, int64_t>& ints, const c10::Dict<std::string, double>& floats);
+ModelConfig config_from_dicts(const c10::Dict<std::string, int64_t>& ints,
+                              const c10::Dict<std::string, double>& floats);
 
 }  // namespace blockbatch

@@ -21,13 +21,11 @@ namespace {
 
 class SchedulerHandle : public torch::CustomClassHolder {
  public:
-  SchedulerHandle(c10::intrusive_ptr<ModelHandle> model, int64_t max_batch, int64_t max_length,
-                  int64_t kv_budget_bytes, std::vector<int64_t> curve_tokens, std::vector<double> curve_seconds,
-                  double calibrate_s)
-      : model_(std::move(model)),
-        scheduler_(std::make_unique<Scheduler>(model_->network(), max_batch, max_length, kv_budget_bytes,
-                                               StepCurve{std::move(curve_tokens), std::move(curve_seconds)},
-                                               calibrate_s)) {}
+  SchedulerHandle(c10::intrusive_ptr<ModelHandle> model, int64_t max_batch, int64_t max_length, int64_t kv_budget_bytes,
+                  std::vector<int64_t> curve_tokens, std::vector<double> curve_seconds, double calibrate_s)
+      : model_(std::move(model)), scheduler_(std::make_unique<Scheduler>(
+                                      model_->network(), max_batch, max_length, kv_budget_bytes,
+                                      StepCurve{std::move(curve_tokens), std::move(curve_seconds)}, calibrate_s)) {}
 
   int64_t add(const at::Tensor& prompt, const OptionsPtr& options, bool stream) {
     return scheduler_->add(prompt_ids(prompt, "prompt"), options->options, stream);
@@ -140,7 +138,8 @@ TORCH_LIBRARY_FRAGMENT(blockbatch, m) {
       .def("counters", &SchedulerHandle::counters)
       .def("close", &SchedulerHandle::close)
       .def("step_curve", &SchedulerHandle::step_curve)
-      .def("__len__", [](const Handle&) -> int64_t { TORCH_CHECK_TYPE(false, "object of type Scheduler has no len()"); });
+      .def("__len__",
+           [](const Handle&) -> int64_t { TORCH_CHECK_TYPE(false, "object of type Scheduler has no len()"); });
   // (KV rows one request with these options holds, bytes per row of `length` positions).
   m.def("kv_request_rows(__torch__.torch.classes.blockbatch.Model model, "
         "__torch__.torch.classes.blockbatch.Options options, int length) -> (int, int)",

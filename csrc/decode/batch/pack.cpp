@@ -34,7 +34,7 @@ std::optional<c10::Stream> default_stream_of(c10::Device device) {
 int64_t pack_bucket(int64_t n) {
   if (n <= 8) return 8;
   int64_t p = 8;
-  while (2 * p < n) p *= 2;  // p < n <= 2p
+  while (2 * p < n) p *= 2;                      // p < n <= 2p
   const int64_t step = p >= 64 ? p / 4 : p / 2;  // at most a quarter of padding past 64, half below
   return p + (n - p + step - 1) / step * step;
 }
@@ -183,7 +183,7 @@ at::Tensor PackedForward::run_packed(ForwardBatch& b, int64_t n) {
   for (int64_t j = 0; j < D; ++j) host.push_back(end += lens[j]);
   if (with_kv) {
     host.insert(host.end(), static_cast<size_t>(D), pool_.scratch_row());
-    host.insert(host.end(), lens.begin(), lens.end());              // dual: its own keys only
+    host.insert(host.end(), lens.begin(), lens.end());  // dual: its own keys only
   }
   if (prefix) host.insert(host.end(), static_cast<size_t>(D), 0);
   host.insert(host.end(), static_cast<size_t>(Nb - n), 0);  // any real token: these rows are dropped
@@ -210,12 +210,14 @@ at::Tensor PackedForward::run_packed(ForwardBatch& b, int64_t n) {
     Graphs& g = *graphs_;
     const std::array<int64_t, 5> key{static_cast<int64_t>(b.mode), with_kv ? 1 : 0, Tb, Rb, Nb};
     auto found = g.entries.find(key);
-    if (found == g.entries.end() && captures_ < Graphs::kMaxGraphs) found = g.entries.emplace(key, Graphs::Entry{}).first;
+    if (found == g.entries.end() && captures_ < Graphs::kMaxGraphs)
+      found = g.entries.emplace(key, Graphs::Entry{}).first;
     if (found != g.entries.end()) {
       Graphs::Entry& e = found->second;
       e.seen += 1;
       const c10::cuda::CUDAStream main = c10::cuda::getCurrentCUDAStream(model_.device().index());
-      if (!e.graph && e.seen >= 2 && captures_ < Graphs::kMaxGraphs) {  // its first use ran eagerly (below): cuBLAS and the kernels are warm
+      // e.seen >= 2: its first use ran eagerly (below): cuBLAS and the kernels are warm
+      if (!e.graph && e.seen >= 2 && captures_ < Graphs::kMaxGraphs) {
         e.in = b;
         for (at::Tensor* t : {&e.in.tokens, &e.in.positions, &e.in.cu_seqlens, &e.in.kv_rows, &e.in.kv_lens,
                               &e.in.prefix_lens, &e.in.logit_index}) {
@@ -232,8 +234,8 @@ at::Tensor PackedForward::run_packed(ForwardBatch& b, int64_t n) {
       }
       if (e.graph) {
         const std::pair<at::Tensor*, const at::Tensor*> inputs[] = {
-            {&e.in.tokens, &b.tokens}, {&e.in.positions, &b.positions}, {&e.in.cu_seqlens, &b.cu_seqlens},
-            {&e.in.kv_rows, &b.kv_rows}, {&e.in.kv_lens, &b.kv_lens}, {&e.in.prefix_lens, &b.prefix_lens},
+            {&e.in.tokens, &b.tokens},          {&e.in.positions, &b.positions}, {&e.in.cu_seqlens, &b.cu_seqlens},
+            {&e.in.kv_rows, &b.kv_rows},        {&e.in.kv_lens, &b.kv_lens},     {&e.in.prefix_lens, &b.prefix_lens},
             {&e.in.logit_index, &b.logit_index}};
         for (const auto& [dst, src] : inputs) {
           if (dst->defined()) dst->copy_(*src);

@@ -72,7 +72,8 @@ bool check_batching_device(c10::Device device, const char* who) {
 #ifdef BLOCKBATCH_WITH_CUDA
   if (device.is_cuda()) {
     const int mode = cuda_ops::cuda_batching();
-    TORCH_CHECK_VALUE(mode > 0, who, " on a CUDA model is off (BLOCKBATCH_CUDA_BATCHING=0): unset it or set "
+    TORCH_CHECK_VALUE(mode > 0, who,
+                      " on a CUDA model is off (BLOCKBATCH_CUDA_BATCHING=0): unset it or set "
                       "BLOCKBATCH_CUDA_BATCHING=1 (eager packed steps) or =graphs (padded steps replayed from CUDA "
                       "graphs), or decode the requests one by one with torch.ops.blockbatch.decode");
     return mode == 2;
@@ -102,8 +103,10 @@ int64_t scheduler_pool_rows(const Network& model, int64_t max_batch, int64_t max
   const ModelConfig& c = model.config();
   TORCH_CHECK_VALUE(max_batch >= 1, "max_batch must be >= 1, got ", max_batch);
   TORCH_CHECK_VALUE(max_length >= 2 && max_length <= c.max_sequence_length, "max_length must be in [2, ",
-                    c.max_sequence_length, "] (the longest prompt + gen_length accepted, at most the model's "
-                    "max_sequence_length), got ", max_length);
+                    c.max_sequence_length,
+                    "] (the longest prompt + gen_length accepted, at most the model's "
+                    "max_sequence_length), got ",
+                    max_length);
   TORCH_CHECK_VALUE(kv_budget_bytes >= 0, "kv_budget_bytes must be >= 0 (0: room for max_batch requests), got ",
                     kv_budget_bytes);
   const int64_t row_bytes = kv_row_bytes(c, model.dtype(), max_length);
@@ -111,8 +114,8 @@ int64_t scheduler_pool_rows(const Network& model, int64_t max_batch, int64_t max
   const double rows = kv_budget_bytes > 0
                           ? static_cast<double>(budget_rows(kv_budget_bytes, row_bytes, pad))
                           : static_cast<double>(max_batch) * static_cast<double>(default_request_rows(c));
-  TORCH_CHECK_VALUE(rows >= 1, "kv_budget_bytes = ", kv_budget_bytes, " holds no KV row of ", row_bytes,
-                    " bytes (", max_length, " positions)", pad ? " besides the scratch row of padded packs" : "",
+  TORCH_CHECK_VALUE(rows >= 1, "kv_budget_bytes = ", kv_budget_bytes, " holds no KV row of ", row_bytes, " bytes (",
+                    max_length, " positions)", pad ? " besides the scratch row of padded packs" : "",
                     "; raise it to at least ", row_bytes * (pad ? 2 : 1));
   const double bytes = (rows + (pad ? 1 : 0)) * static_cast<double>(row_bytes);
   const int64_t memory = device_memory_bytes(model.device());
@@ -129,8 +132,8 @@ int64_t scheduler_pool_rows(const Network& model, int64_t max_batch, int64_t max
       why << "kv_budget_bytes = " << kv_budget_bytes << " (" << gib(static_cast<double>(kv_budget_bytes))
           << " GiB) asks for it; lower kv_budget_bytes or max_length";
     } else {
-      why << "kv_budget_bytes = 0 sizes it for max_batch = " << max_batch << " requests of "
-          << default_request_rows(c) << " KV rows each; lower max_batch or max_length, or give a kv_budget_bytes";
+      why << "kv_budget_bytes = 0 sizes it for max_batch = " << max_batch << " requests of " << default_request_rows(c)
+          << " KV rows each; lower max_batch or max_length, or give a kv_budget_bytes";
     }
     TORCH_CHECK_VALUE(false, why.str());
   }
@@ -198,10 +201,12 @@ Scheduler::Scheduler(const Network& model, int64_t max_batch, int64_t max_length
   TORCH_CHECK_VALUE(curve_.tokens.size() == curve_.seconds.size(), "the step curve has ", curve_.tokens.size(),
                     " token counts but ", curve_.seconds.size(), " times");
   for (size_t i = 0; i < curve_.tokens.size(); ++i) {
-    TORCH_CHECK_VALUE(curve_.tokens[i] >= 1 && curve_.seconds[i] > 0 && (i == 0 || (curve_.tokens[i] > curve_.tokens[i - 1] &&
-                      curve_.seconds[i] >= curve_.seconds[i - 1])), "the step curve must have ascending token counts "
-                      "(>= 1) and non-decreasing positive times; point ", i, " is (", curve_.tokens[i], ", ",
-                      curve_.seconds[i], ")");
+    TORCH_CHECK_VALUE(
+        curve_.tokens[i] >= 1 && curve_.seconds[i] > 0 &&
+            (i == 0 || (curve_.tokens[i] > curve_.tokens[i - 1] && curve_.seconds[i] >= curve_.seconds[i - 1])),
+        "the step curve must have ascending token counts "
+        "(>= 1) and non-decreasing positive times; point ",
+        i, " is (", curve_.tokens[i], ", ", curve_.seconds[i], ")");
   }
   // The pool checked before the curve is measured (up to calibrate_s).
   const int64_t rows = scheduler_pool_rows(model, max_batch, max_length, kv_budget_bytes, pad_packs);
@@ -226,8 +231,8 @@ int64_t Scheduler::add(const std::vector<int64_t>& prompt, const DecodeOptions& 
   o.validate(c, lp);
   check_prompt(c, prompt);
   const int64_t length = lp + o.gen_length, rows = kv_rows_needed(o);
-  TORCH_CHECK_VALUE(length <= max_length_, "the prompt (", lp, " tokens) plus gen_length (", o.gen_length,
-                    ") needs ", length, " positions but this scheduler's max_length is ", max_length_,
+  TORCH_CHECK_VALUE(length <= max_length_, "the prompt (", lp, " tokens) plus gen_length (", o.gen_length, ") needs ",
+                    length, " positions but this scheduler's max_length is ", max_length_,
                     " (shorten the prompt or gen_length, or raise max_length)");
   TORCH_CHECK_VALUE(rows <= pool_->rows(), "the request needs ", rows, " KV rows of ", row_bytes_,
                     " bytes but the KV budget holds ", pool_->rows(),
@@ -354,7 +359,8 @@ void Scheduler::run_step() {
   }
   for (size_t i = 0; i < forwarding.size(); ++i) {
     if (entries[i].error) {
-      retire(*forwarding[i], failed_event(forwarding[i]->r->id, entries[i].error, forwarding[i]->r->cancel, forwarding[i]->r->reason));
+      retire(*forwarding[i],
+             failed_event(forwarding[i]->r->id, entries[i].error, forwarding[i]->r->cancel, forwarding[i]->r->reason));
     } else {
       forwarding[i]->logits = entries[i].logits;
     }
@@ -474,9 +480,18 @@ void Scheduler::close() {
 
 Scheduler::Counters Scheduler::counters() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return Counters{static_cast<int64_t>(queue_.size()), static_cast<int64_t>(running_.size()), steps_.load(),
-                  forwards_.load(), pool_->rows(), pool_->in_use(), row_bytes_, max_length_,
-                  max_batch_, packed_->padded(), packed_->graph_captures(), packed_->graph_replays()};
+  return Counters{static_cast<int64_t>(queue_.size()),
+                  static_cast<int64_t>(running_.size()),
+                  steps_.load(),
+                  forwards_.load(),
+                  pool_->rows(),
+                  pool_->in_use(),
+                  row_bytes_,
+                  max_length_,
+                  max_batch_,
+                  packed_->padded(),
+                  packed_->graph_captures(),
+                  packed_->graph_replays()};
 }
 
 void Scheduler::push(RequestEvent ev) {
@@ -515,8 +530,7 @@ namespace blockbatch {
 std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<std::vector<int64_t>>& prompts,
                                        const std::vector<DecodeOptions>& options, int64_t max_batch,
                                        int64_t kv_budget_bytes, const int64_t* cancel, int64_t* reason,
-                                       BatchStats* stats,
-                                       const StepCurve& curve, bool pad_packs) {
+                                       BatchStats* stats, const StepCurve& curve, bool pad_packs) {
   const int64_t n = static_cast<int64_t>(prompts.size());
   TORCH_CHECK_VALUE(static_cast<int64_t>(options.size()) == n, "decode_batch: ", n, " prompts but ", options.size(),
                     " option sets (give one per prompt)");
@@ -549,9 +563,9 @@ std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<s
     std::sort(sorted.rbegin(), sorted.rend());
     for (int64_t i = 0; i < workers && i < n; ++i) pool_rows += sorted[i];
   }
-  TORCH_CHECK_VALUE(max_rows <= pool_rows || max_rows == 0, "kv_budget_bytes = ", kv_budget_bytes, " holds ",
-                    pool_rows, " KV rows of ", row_bytes, " bytes (", max_length, " positions) but a request needs ",
-                    max_rows, pad ? " (besides the scratch row of padded packs)" : "", "; raise the budget to at least ",
+  TORCH_CHECK_VALUE(max_rows <= pool_rows || max_rows == 0, "kv_budget_bytes = ", kv_budget_bytes, " holds ", pool_rows,
+                    " KV rows of ", row_bytes, " bytes (", max_length, " positions) but a request needs ", max_rows,
+                    pad ? " (besides the scratch row of padded packs)" : "", "; raise the budget to at least ",
                     (max_rows + (pad ? 1 : 0)) * row_bytes, " bytes");
   // The budget's pool against the device's memory, in the caller's terms (the scheduler below is
   // given the budget its rows take, not the one asked for).

@@ -37,11 +37,11 @@ struct RequestEvent {
   enum Kind : int64_t { kTokens = 0, kFinished = 1, kFailed = 2, kCancelled = 3 };
   int64_t id = 0;
   Kind kind = kTokens;
-  int64_t offset = 0;           // kTokens: generation positions streamed before these
-  std::vector<int64_t> tokens;  // kTokens: the newly stable generation tokens; kFinished: [prompt | generation]
-  DecodeStats stats;            // kFinished
-  std::string error;            // kFailed / kCancelled: the message
-  int64_t reason = 0;           // kFailed / kCancelled: the StopReason (decode/stop.h), 0 for other errors
+  int64_t offset = 0;            // kTokens: generation positions streamed before these
+  std::vector<int64_t> tokens;   // kTokens: the newly stable generation tokens; kFinished: [prompt | generation]
+  DecodeStats stats;             // kFinished
+  std::string error;             // kFailed / kCancelled: the message
+  int64_t reason = 0;            // kFailed / kCancelled: the StopReason (decode/stop.h), 0 for other errors
   std::exception_ptr exception;  // kFailed / kCancelled: the error itself
 };
 
@@ -71,9 +71,8 @@ struct BatchStats {
 std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<std::vector<int64_t>>& prompts,
                                        const std::vector<DecodeOptions>& options, int64_t max_batch,
                                        int64_t kv_budget_bytes = 0, const int64_t* cancel = nullptr,
-                                       int64_t* reason = nullptr,
-                                       BatchStats* stats = nullptr, const StepCurve& curve = {},
-                                       bool pad_packs = false);
+                                       int64_t* reason = nullptr, BatchStats* stats = nullptr,
+                                       const StepCurve& curve = {}, bool pad_packs = false);
 
 // The KV rows a Scheduler(model, max_batch, max_length, kv_budget_bytes, ..., pad_packs) gives its
 // requests (padded packs, and CUDA graphs, take one more: the scratch row), checked without allocating anything:
@@ -94,8 +93,8 @@ class Scheduler {
   // (batching.h: one stream; eager steps, or with =graphs padded steps replayed from CUDA graphs).
   // pad_packs: pad every packed forward as the graphs do, also on the CPU (a check that padding
   // changes no result). Padding takes one KV row of the budget (the scratch row).
-  Scheduler(const Network& model, int64_t max_batch, int64_t max_length, int64_t kv_budget_bytes,
-            StepCurve curve = {}, double calibrate_s = 0.0, bool pad_packs = false);
+  Scheduler(const Network& model, int64_t max_batch, int64_t max_length, int64_t kv_budget_bytes, StepCurve curve = {},
+            double calibrate_s = 0.0, bool pad_packs = false);
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -128,14 +127,14 @@ class Scheduler {
     std::vector<int64_t> prompt;
     DecodeOptions options;
     bool stream;
-    int64_t length;           // prompt + gen_length
-    int64_t cancel = 0;       // Stop's flag
-    int64_t reason = 0;       // Stop's StopReason
-    int64_t stable = 0;       // generation tokens reported so far
+    int64_t length;      // prompt + gen_length
+    int64_t cancel = 0;  // Stop's flag
+    int64_t reason = 0;  // Stop's StopReason
+    int64_t stable = 0;  // generation tokens reported so far
   };
-  struct Live;  // a request decoding: its decoder, stop, KV lease (scheduler.cpp)
-  bool admit();          // the driver: queued requests into live_ while they fit
-  void run_step();       // the driver: one step of every live decoder
+  struct Live;                   // a request decoding: its decoder, stop, KV lease (scheduler.cpp)
+  bool admit();                  // the driver: queued requests into live_ while they fit
+  void run_step();               // the driver: one step of every live decoder
   bool finish_if_done(Live& l);  // finished: its event out, its rows free; true when it left
   void retire(Live& l, RequestEvent ev);
   void report(Request& r, const int64_t* canvases, int64_t numel);

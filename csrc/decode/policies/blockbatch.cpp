@@ -66,7 +66,8 @@ class Branches {
   virtual ~Branches() = default;
   virtual void check(const Stop& stop, int64_t forwards) const = 0;
   bool done(int64_t b) const { return st(b)[br::kDone] != 0; }  // as of the last absorb
-  int64_t committed() const {  // every branch's commits so far
+  // every branch's commits so far
+  int64_t committed() const {
     int64_t n = 0;
     for (size_t b = 0; b < st_.size() / br::kFields; ++b) n += st(static_cast<int64_t>(b))[br::kCommitted];
     return n;
@@ -121,8 +122,9 @@ class DeviceBranches final : public Branches {
   DeviceBranches(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
                  const std::vector<int64_t>& sizes, at::Tensor kv)
       : Branches(static_cast<int64_t>(sizes.size())), model_(model), o_(o), c_(model.config()),
-        lp_(static_cast<int64_t>(prompt.size())), G_(o.gen_length), L_(lp_ + G_), B_(static_cast<int64_t>(sizes.size())),
-        K_(static_cast<int64_t>(std::floor(1.0 / *o.prob_floor)) + 1), sampling_(o.temperature > 0),
+        lp_(static_cast<int64_t>(prompt.size())), G_(o.gen_length), L_(lp_ + G_),
+        B_(static_cast<int64_t>(sizes.size())), K_(static_cast<int64_t>(std::floor(1.0 / *o.prob_floor)) + 1),
+        sampling_(o.temperature > 0),
         generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))), eos_(B_, 0.0),
         kv_(std::move(kv)) {
     std::vector<int64_t> canvas(static_cast<size_t>(B_ * L_), c_.mask_token_id);
@@ -176,7 +178,8 @@ class DeviceBranches final : public Branches {
 
   at::Tensor tokens_from(const StepPlan&, const at::Tensor&) const override { return canvas_; }
 
-  std::vector<at::Tensor> after_forward(const StepPlan& p, const at::Tensor& buffer, const at::Tensor& logits) override {
+  std::vector<at::Tensor> after_forward(const StepPlan& p, const at::Tensor& buffer,
+                                        const at::Tensor& logits) override {
     if (!p.forward) {  // a block step without a forward: only the coordination
       coordinate_on_device();
       return status();
@@ -249,7 +252,6 @@ class DeviceBranches final : public Branches {
     const at::Tensor t = canvas_.select(0, winner).cpu();
     return std::vector<int64_t>(t.const_data_ptr<int64_t>(), t.const_data_ptr<int64_t>() + L_);
   }
-
 
  private:
   int64_t progress(int64_t b) const { return (st(b)[br::kDone] ? L_ : st(b)[br::kStart]) - lp_; }
@@ -338,14 +340,22 @@ class HostBranches final : public Branches {
   HostBranches(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
                const FamilyRules& rules, const std::vector<int64_t>& sizes, at::Tensor kv)
       : Branches(static_cast<int64_t>(sizes.size())), o_(o), rules_(rules), mask_(model.config().mask_token_id),
-        limit_(model.config().proposal_limit()),
-        eos_(*o.stop_on_eos ? model.config().eos_token_id : -1), lp_(static_cast<int64_t>(prompt.size())),
-        G_(o.gen_length), L_(lp_ + G_), B_(static_cast<int64_t>(sizes.size())),
-        threshold_(static_cast<float>(*o.threshold)),
+        limit_(model.config().proposal_limit()), eos_(*o.stop_on_eos ? model.config().eos_token_id : -1),
+        lp_(static_cast<int64_t>(prompt.size())), G_(o.gen_length), L_(lp_ + G_),
+        B_(static_cast<int64_t>(sizes.size())), threshold_(static_cast<float>(*o.threshold)),
         K_(static_cast<int64_t>(std::floor(1.0 / *o.prob_floor)) + 1), kv_(std::move(kv)),
-        p_{o.merge_gate, o.merge, o.sync, o.sync_gap, o.refresh_tokens, true, rules.gate_inclusive,
-           /*eos_cut=*/true, /*recount=*/true, rules.refresh_clock == RefreshClock::kFrontierTokens,
-           /*merge_own_window=*/true, /*sync_copies_map=*/true} {
+        p_{o.merge_gate,
+           o.merge,
+           o.sync,
+           o.sync_gap,
+           o.refresh_tokens,
+           true,
+           rules.gate_inclusive,
+           /*eos_cut=*/true,
+           /*recount=*/true,
+           rules.refresh_clock == RefreshClock::kFrontierTokens,
+           /*merge_own_window=*/true,
+           /*sync_copies_map=*/true} {
     x_.resize(B_ * L_, mask_);
     grow(K_);
     for (int64_t r = 0; r < B_; ++r) {
@@ -622,11 +632,11 @@ class HostBranches final : public Branches {
   const int64_t K_;
   at::Tensor kv_;
   const br::CoordinateParams p_;  // the merge gate and the window and clock rules of FamilyRules
-  std::vector<int64_t> x_;  // the canvases: B rows of L, concatenated
-  int64_t map_k_ = 0;       // slots per map entry (grown when an entry accumulates more)
+  std::vector<int64_t> x_;        // the canvases: B rows of L, concatenated
+  int64_t map_k_ = 0;             // slots per map entry (grown when an entry accumulates more)
   std::vector<int64_t> map_ids_;
   std::vector<double> map_probs_;
-  bool synced_ = false;  // sync_refresh: the last coordination synced a branch that is not done
+  bool synced_ = false;         // sync_refresh: the last coordination synced a branch that is not done
   std::vector<Span> spans_;     // the step in flight
   std::vector<int64_t> seeds_;  // its seed positions (full forwards)
 };
@@ -697,7 +707,8 @@ class BlockBatch final : public Decoder {
     return book_->tokens_from(p, buffer);
   }
 
-  std::vector<at::Tensor> after_forward(const StepPlan& p, const at::Tensor& buffer, const at::Tensor& logits) override {
+  std::vector<at::Tensor> after_forward(const StepPlan& p, const at::Tensor& buffer,
+                                        const at::Tensor& logits) override {
     return book_->after_forward(p, buffer, logits);
   }
 

@@ -29,8 +29,8 @@ at::Tensor multinomial(const at::Tensor& probs, int64_t samples, at::Generator& 
   return at::multinomial(probs.cpu(), samples, false, generator).to(probs.device());
 }
 
-Proposal propose(at::Tensor logits, Alg alg, double temperature, at::Generator& generator,
-                 std::optional<double> top_p, std::optional<int64_t> top_k, int64_t limit) {
+Proposal propose(at::Tensor logits, Alg alg, double temperature, at::Generator& generator, std::optional<double> top_p,
+                 std::optional<int64_t> top_k, int64_t limit) {
   const double lowest = std::numeric_limits<float>::lowest();  // float32 logits (torch.finfo.min)
   if (temperature > 0) logits = at::div(logits, temperature);
   if (top_p && *top_p < 1) {  // keep the smallest prefix of the sorted vocabulary reaching top_p
@@ -71,7 +71,8 @@ Proposal propose(at::Tensor logits, Alg alg, double temperature, at::Generator& 
 
 std::vector<at::Tensor> to_host(const std::vector<at::Tensor>& tensors) {
   std::vector<at::Tensor> wide;
-  for (const at::Tensor& t : tensors) wide.push_back(t.to(at::isFloatingType(t.scalar_type()) ? at::kDouble : at::kLong));
+  for (const at::Tensor& t : tensors)
+    wide.push_back(t.to(at::isFloatingType(t.scalar_type()) ? at::kDouble : at::kLong));
   return read_back(wide);
 }
 

@@ -18,16 +18,17 @@
 
 namespace blockbatch::host {
 
-// The proposal of the host-canvas families (Dream's sample_tokens) over the rows of `logits` ([n, V], float32): temperature scaling, top-p, top-k,
-// softmax; token = the most probable (first on ties) or a draw from `generator` when
-// temperature > 0, among the ids below `limit` (the softmax covers every id); confidence by `alg`
-// (probability, top-1 minus top-2, or minus the entropy).
+// The proposal of the host-canvas families (Dream's sample_tokens) over the rows of `logits`
+// ([n, V], float32): temperature scaling, top-p, top-k, softmax; token = the most probable (first
+// on ties) or a draw from `generator` when temperature > 0, among the ids below `limit` (the
+// softmax covers every id); confidence by `alg` (probability, top-1 minus top-2, or minus the
+// entropy).
 struct Proposal {
   at::Tensor conf;  // [n] float32
   at::Tensor x0;    // [n] int64
 };
-Proposal propose(at::Tensor logits, Alg alg, double temperature, at::Generator& generator,
-                 std::optional<double> top_p, std::optional<int64_t> top_k, int64_t limit);
+Proposal propose(at::Tensor logits, Alg alg, double temperature, at::Generator& generator, std::optional<double> top_p,
+                 std::optional<int64_t> top_k, int64_t limit);
 
 // Draws `samples` indices per row of `probs` ([rows, V]) without replacement, from `generator`
 // (a CPU generator: rows on another device are drawn on the host and moved back).

@@ -44,14 +44,14 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // One step as the skeleton plans it.
 struct Step {
-  int64_t s = 0, e = 0;  // the block
-  int64_t out0 = 0;      // the canvas position of the forward's first output
-  int64_t outputs = 0;   // the forward's outputs
-  bool seed = false;     // a cached block start under SeedRule::kFirstMaskArgmax
-  int64_t count = 0;     // the fixed schedule's count for this step (0: another rule)
-  bool timestep = false; // a kTimestep step:
-  float ratio = 0;       //   1 - t[i+1] / t[i] (float32, as the reference's tensors)
-  bool last = false;     //   the schedule's last step (every mask is committed)
+  int64_t s = 0, e = 0;   // the block
+  int64_t out0 = 0;       // the canvas position of the forward's first output
+  int64_t outputs = 0;    // the forward's outputs
+  bool seed = false;      // a cached block start under SeedRule::kFirstMaskArgmax
+  int64_t count = 0;      // the fixed schedule's count for this step (0: another rule)
+  bool timestep = false;  // a kTimestep step:
+  float ratio = 0;        //   1 - t[i+1] / t[i] (float32, as the reference's tensors)
+  bool last = false;      //   the schedule's last step (every mask is committed)
 };
 
 struct Commits {
@@ -107,7 +107,8 @@ class DeviceReadout final : public Canvas {
 
   at::Tensor tokens_from(const StepPlan&, const at::Tensor&) const override { return canvas_; }
 
-  std::vector<at::Tensor> after_forward(const StepPlan& p, const at::Tensor& buffer, const at::Tensor& logits) override {
+  std::vector<at::Tensor> after_forward(const StepPlan& p, const at::Tensor& buffer,
+                                        const at::Tensor& logits) override {
     if (sampling_) return {logits.to(at::kDouble)};  // proposals from the seeded host generator
     auto [token, conf] = ops::confidence(logits.contiguous(), c_.mask_token_id);
     return {commit(buffer.narrow(0, p.base, b_ + 1), token, conf)};
@@ -164,8 +165,9 @@ at::Tensor long_tensor(const std::vector<int64_t>& v, c10::Device device) {
 class HostReadout final : public Canvas {
  public:
   HostReadout(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o)
-      : model_(model), o_(o), mask_(model.config().mask_token_id), eos_(model.config().eos_token_id), limit_(model.config().proposal_limit()),
-        shift_(rules_for(model.config().family).logit_shift), L_(static_cast<int64_t>(prompt.size()) + o.gen_length),
+      : model_(model), o_(o), mask_(model.config().mask_token_id), eos_(model.config().eos_token_id),
+        limit_(model.config().proposal_limit()), shift_(rules_for(model.config().family).logit_shift),
+        L_(static_cast<int64_t>(prompt.size()) + o.gen_length),
         threshold_(static_cast<float>(o.threshold.value_or(1.0))),
         generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))) {
     x_ = prompt;
@@ -251,8 +253,10 @@ class HostReadout final : public Canvas {
     for (int64_t j = 0; j < n; ++j) slot[masked_[j]] = j;
     for (int64_t j = 0; j < k; ++j) {
       const int64_t at_ = host[0].const_data_ptr<int64_t>()[j];
-      TORCH_CHECK(at_ >= 0 && at_ < L_ && slot[at_] >= 0, "vanilla (timestep schedule): internal error: picked "
-                  "position ", at_, ", which holds no mask");
+      TORCH_CHECK(at_ >= 0 && at_ < L_ && slot[at_] >= 0,
+                  "vanilla (timestep schedule): internal error: picked "
+                  "position ",
+                  at_, ", which holds no mask");
       x_[at_] = host[1].const_data_ptr<int64_t>()[slot[at_]];
     }
     return k;
@@ -302,8 +306,9 @@ class SingleBranch final : public Decoder {
         L_(lp_ + o.gen_length), timestep_(o.policy == Policy::kVanilla && rules_.vanilla == VanillaSchedule::kTimestep),
         seeded_(o.policy != Policy::kVanilla && rules_.full_forward == SeedRule::kFirstMaskArgmax),
         b_(timestep_ ? o.gen_length : o.block_length), blocks_(o.gen_length / b_),
-        steps_per_block_(timestep_ ? o.steps.value_or(o.gen_length)
-                         : o.commit() == CommitRule::kFixed ? *o.steps / blocks_ : 0) {
+        steps_per_block_(timestep_                          ? o.steps.value_or(o.gen_length)
+                         : o.commit() == CommitRule::kFixed ? *o.steps / blocks_
+                                                            : 0) {
     if (rules_.readout == Readout::kHostTopk) {
       readout_ = std::make_unique<HostReadout>(model, prompt, o);
     } else {
@@ -326,7 +331,8 @@ class SingleBranch final : public Decoder {
                                                  : b_ + seeded_;
     if (step_ >= max_steps) {
       stop_.no_progress(static_cast<int64_t>(st_.steps.size()), where() + ": the schedule's " +
-                        std::to_string(max_steps) + " steps left " + std::to_string(masks_left_) + " masks");
+                                                                    std::to_string(max_steps) + " steps left " +
+                                                                    std::to_string(masks_left_) + " masks");
     }
     s_ = Step{};
     s_.s = lp_ + block_ * b_;
@@ -363,7 +369,8 @@ class SingleBranch final : public Decoder {
     return readout_->tokens_from(p, buffer);
   }
 
-  std::vector<at::Tensor> after_forward(const StepPlan& p, const at::Tensor& buffer, const at::Tensor& logits) override {
+  std::vector<at::Tensor> after_forward(const StepPlan& p, const at::Tensor& buffer,
+                                        const at::Tensor& logits) override {
     return readout_->after_forward(p, buffer, logits);
   }
 
@@ -373,10 +380,10 @@ class SingleBranch final : public Decoder {
     st_.steps.push_back({c.committed, p.q.size()});
     st_.branches[0].committed += c.committed;
     if (!timestep_ && c.committed == 0 && masks_left_ > 0) {
-      stop_.no_progress(static_cast<int64_t>(st_.steps.size()) - 1,
-                        where() + (rules_.readout == Readout::kHostTopk
-                                       ? ": the model proposes the mask id for every mask left"
-                                       : ""));
+      stop_.no_progress(
+          static_cast<int64_t>(st_.steps.size()) - 1,
+          where() +
+              (rules_.readout == Readout::kHostTopk ? ": the model proposes the mask id for every mask left" : ""));
     }
     ++step_;
     if (timestep_ ? step_ < steps_per_block_ : masks_left_ > 0 || s_.seed) return;
@@ -405,12 +412,13 @@ class SingleBranch final : public Decoder {
   void start_block() {
     step_ = 0;
     masks_left_ = b_;  // a block starts all masks
-    schedule_ = !timestep_ && o_.commit() == CommitRule::kFixed ? fixed_schedule(b_, steps_per_block_)
-                                                                : std::vector<int64_t>();
+    schedule_ =
+        !timestep_ && o_.commit() == CommitRule::kFixed ? fixed_schedule(b_, steps_per_block_) : std::vector<int64_t>();
   }
   std::string where() const {
     const int64_t s = lp_ + block_ * b_;
-    return "block " + std::to_string(block_) + ", positions [" + std::to_string(s) + ", " + std::to_string(s + b_) + ")";
+    return "block " + std::to_string(block_) + ", positions [" + std::to_string(s) + ", " + std::to_string(s + b_) +
+           ")";
   }
 
   const FamilyRules& rules_;

@@ -6,9 +6,9 @@
 
 namespace blockbatch::cpu {
 
-#define DECLARE_CAPABILITY(CAP)                                   \
-  namespace CAP {                                                 \
-  void packed_attention(const AttentionArgs& a, int dtype_code);  \
+#define DECLARE_CAPABILITY(CAP)                                                           \
+  namespace CAP {                                                                         \
+  void packed_attention(const AttentionArgs& a, int dtype_code);                          \
   void silu_mul(const void* gate_up, void* out, int64_t rows, int64_t m, int dtype_code); \
   }
 DECLARE_CAPABILITY(generic)
@@ -18,12 +18,12 @@ DECLARE_CAPABILITY(avx512)
 
 CpuCapability cpu_capability() {
 #if defined(__x86_64__)
-  static const CpuCapability best =
-      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-              __builtin_cpu_supports("fma")
-          ? CpuCapability::kAvx512
-      : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? CpuCapability::kAvx2
-                                                                          : CpuCapability::kGeneric;
+  static const CpuCapability best = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                                            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma")
+                                        ? CpuCapability::kAvx512
+                                    : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
+                                        ? CpuCapability::kAvx2
+                                        : CpuCapability::kGeneric;
   return best;
 #else
   return CpuCapability::kGeneric;
@@ -55,8 +55,8 @@ void silu_mul(const T* gate_up, T* out, int64_t rows, int64_t m) {
   }
 }
 
-#define INSTANTIATE(T)                                           \
-  template void packed_attention<T>(const AttentionArgs&);      \
+#define INSTANTIATE(T)                                     \
+  template void packed_attention<T>(const AttentionArgs&); \
   template void silu_mul<T>(const T*, T*, int64_t, int64_t);
 BLOCKBATCH_INSTANTIATE_FLOATING(INSTANTIATE)
 #undef INSTANTIATE

@@ -1,10 +1,11 @@
 // CPU kernels built once per CPU capability: packed variable-length bidirectional attention over
 // per-row KV, and the SwiGLU activation.
 //
-// Work item = (head, row). For each item the keys are first gathered into a transposed float buffer Kt[head_dim][n_keys] (from the KV row's cache slots
-// and/or the row's fresh keys), so that the score loop S[i][j] += q[i][d] * Kt[d][j] runs
-// along contiguous keys and vectorises; then a row softmax; then O[i] += p[i][j] * V[j] along
-// contiguous head_dim. Everything accumulates in float32.
+// Work item = (head, row). For each item the keys are first gathered into a transposed float
+// buffer Kt[head_dim][n_keys] (from the KV row's cache slots and/or the row's fresh keys), so
+// that the score loop S[i][j] += q[i][d] * Kt[d][j] runs along contiguous keys and vectorises;
+// then a row softmax; then O[i] += p[i][j] * V[j] along contiguous head_dim. Everything
+// accumulates in float32.
 // Included once per CPU capability (attention_{generic,avx2,avx512}.cpp, each compiled with its
 // own -m flags); attention.cpp picks the best one the running CPU supports.
 #pragma once
@@ -47,7 +48,7 @@ typedef int32_t vint __attribute__((vector_size(kW * sizeof(int32_t))));
 inline void score_block(const float* __restrict q, int64_t hd, const float* __restrict kt, int64_t ld, int64_t j0,
                         float* __restrict s) {
   vfloat acc[kTile][2];
-  for (int64_t i = 0; i < kTile; ++i) acc[i][0] = acc[i][1] = vfloat{} ;
+  for (int64_t i = 0; i < kTile; ++i) acc[i][0] = acc[i][1] = vfloat{};
   for (int64_t d = 0; d < hd; ++d) {
     const vfloat k0 = vload(kt + d * ld + j0), k1 = vload(kt + d * ld + j0 + kW);
     for (int64_t i = 0; i < kTile; ++i) {
@@ -244,9 +245,7 @@ void silu_mul_impl(const T* gate_up, T* out, int64_t rows, int64_t m) {
 void silu_mul(const void* gate_up, void* out, int64_t rows, int64_t m, int dtype_code) {
   switch (dtype_code) {
     case 0: silu_mul_impl(static_cast<const float*>(gate_up), static_cast<float*>(out), rows, m); break;
-    case 1:
-      silu_mul_impl(static_cast<const c10::BFloat16*>(gate_up), static_cast<c10::BFloat16*>(out), rows, m);
-      break;
+    case 1: silu_mul_impl(static_cast<const c10::BFloat16*>(gate_up), static_cast<c10::BFloat16*>(out), rows, m); break;
     default: silu_mul_impl(static_cast<const c10::Half*>(gate_up), static_cast<c10::Half*>(out), rows, m); break;
   }
 }

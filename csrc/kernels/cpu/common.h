@@ -9,10 +9,14 @@
 namespace blockbatch::cpu {
 
 template <typename T>
-inline float to_float(T v) { return static_cast<float>(v); }
+inline float to_float(T v) {
+  return static_cast<float>(v);
+}
 
 template <typename T>
-inline T from_float(float v) { return static_cast<T>(v); }
+inline T from_float(float v) {
+  return static_cast<T>(v);
+}
 
 // Rows per at::parallel_for chunk so that each chunk carries about kMinChunkWork elements of
 // work: tiny decode steps then run on one thread (thread wake-ups cost more than they save, and

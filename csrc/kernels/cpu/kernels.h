@@ -28,8 +28,8 @@ void silu_mul(const T* gate_up, T* out, int64_t rows, int64_t m);
 // head_dim) at positions[t]. cos_sin is [max_pos, head_dim] float: cos in the first half,
 // sin in the second half (one value per frequency).
 template <typename T>
-void rope_inplace(T* x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim,
-                  const int64_t* positions, const float* cos_sin);
+void rope_inplace(T* x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim, const int64_t* positions,
+                  const float* cos_sin);
 
 // Geometry of a KV buffer [rows, layers, 2, kv_heads, L, head_dim] (contiguous); shared with
 // the CUDA kernels.
@@ -66,7 +66,7 @@ struct AttentionArgs {
   const void* q;  // [T, heads, head_dim], row stride q_stride
   const void* k;  // [T, kv_heads, head_dim], row stride kv_stride
   const void* v;
-  void* out;      // [T, heads * head_dim] contiguous
+  void* out;  // [T, heads * head_dim] contiguous
   int64_t q_stride, kv_stride;
   const int64_t* cu_seqlens;
   int64_t rows;

@@ -42,7 +42,7 @@ void confidence(const T* logits, int64_t rows, int64_t vocab, int64_t exclude, i
   at::parallel_for(0, rows, grain_for(2 * vocab), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* l = logits + r * vocab;
-      float mx = -std::numeric_limits<float>::infinity();   // max over all ids (softmax shift)
+      float mx = -std::numeric_limits<float>::infinity();    // max over all ids (softmax shift)
       float best = -std::numeric_limits<float>::infinity();  // max over proposable ids
       int64_t best_id = exclude == 0 ? 1 : 0;
       for (int64_t j = 0; j < vocab; ++j) {
@@ -94,9 +94,9 @@ void sparse_probs(const T* logits, int64_t rows, int64_t vocab, double floor, in
   });
 }
 
-#define INSTANTIATE(T)                                                                       \
-  template void rms_norm<T>(const T*, int64_t, const T*, T*, int64_t, int64_t, float);       \
-  template void confidence<T>(const T*, int64_t, int64_t, int64_t, int64_t*, double*);                 \
+#define INSTANTIATE(T)                                                                 \
+  template void rms_norm<T>(const T*, int64_t, const T*, T*, int64_t, int64_t, float); \
+  template void confidence<T>(const T*, int64_t, int64_t, int64_t, int64_t*, double*); \
   template void sparse_probs<T>(const T*, int64_t, int64_t, double, int64_t, int64_t*, double*);
 BLOCKBATCH_INSTANTIATE_FLOATING(INSTANTIATE)
 #undef INSTANTIATE

@@ -9,8 +9,8 @@
 namespace blockbatch::cpu {
 
 template <typename T>
-void rope_inplace(T* x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim,
-                  const int64_t* positions, const float* cos_sin) {
+void rope_inplace(T* x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim, const int64_t* positions,
+                  const float* cos_sin) {
   const int64_t half = head_dim / 2;
   at::parallel_for(0, tokens, grain_for(heads * head_dim), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
@@ -49,9 +49,9 @@ void kv_write(T* kv, const KvGeometry& g, int64_t layer, const T* k, const T* v,
   });
 }
 
-#define INSTANTIATE(T)                                                                                         \
-  template void rope_inplace<T>(T*, int64_t, int64_t, int64_t, int64_t, const int64_t*, const float*);         \
-  template void kv_write<T>(T*, const KvGeometry&, int64_t, const T*, const T*, int64_t, const int64_t*,       \
+#define INSTANTIATE(T)                                                                                   \
+  template void rope_inplace<T>(T*, int64_t, int64_t, int64_t, int64_t, const int64_t*, const float*);   \
+  template void kv_write<T>(T*, const KvGeometry&, int64_t, const T*, const T*, int64_t, const int64_t*, \
                             const int64_t*, const int64_t*, int64_t);
 BLOCKBATCH_INSTANTIATE_FLOATING(INSTANTIATE)
 #undef INSTANTIATE

@@ -14,8 +14,8 @@ namespace br = blockbatch::branches;
 
 namespace {
 
-constexpr int kThreads = 256;          // a power of two: the tree reductions halve it
-constexpr int kScratchBytes = 16;      // per thread: the largest reduced value (br::Best)
+constexpr int kThreads = 256;      // a power of two: the tree reductions halve it
+constexpr int kScratchBytes = 16;  // per thread: the largest reduced value (br::Best)
 
 // branches.h's executor for one thread block. Every member is called by all threads of the block
 // with the same arguments and ends with a barrier, so later phases see its writes.
@@ -66,16 +66,16 @@ struct RowLogit {
 };
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) absorb_kernel(br::View v, const int64_t* spans, const int64_t* token,
-                                                          const double* conf, const int64_t* ids, const double* probs,
-                                                          RowLogit<T> logit, br::AbsorbParams p) {
+__global__ void __launch_bounds__(kThreads)
+    absorb_kernel(br::View v, const int64_t* spans, const int64_t* token, const double* conf, const int64_t* ids,
+                  const double* probs, RowLogit<T> logit, br::AbsorbParams p) {
   __shared__ __align__(16) unsigned char scratch[kThreads * kScratchBytes];
   br::absorb_span(BlockExec{scratch}, v, spans + blockIdx.x * br::kSpanFields, token, conf, ids, probs, logit,
                   logit.vocab, p);
 }
 
-__global__ void __launch_bounds__(kThreads) coordinate_kernel(br::View v, int64_t* flags, int64_t* sync_src,
-                                                              br::CoordinateParams p) {
+__global__ void __launch_bounds__(kThreads)
+    coordinate_kernel(br::View v, int64_t* flags, int64_t* sync_src, br::CoordinateParams p) {
   __shared__ __align__(16) unsigned char scratch[kThreads * kScratchBytes];
   br::coordinate(BlockExec{scratch}, v, flags, sync_src, p);
 }
@@ -102,7 +102,7 @@ cudaError_t bb_absorb(const br::View& v, const int64_t* spans, int64_t n_spans, 
                       const br::AbsorbParams& p, cudaStream_t stream) {
   if (n_spans == 0) return cudaSuccess;
   return launch_kernel(absorb_kernel<T>, static_cast<unsigned>(n_spans), kThreads, 0, stream, v, spans, token, conf,
-                     ids, probs, RowLogit<T>{logits, vocab}, p);
+                       ids, probs, RowLogit<T>{logits, vocab}, p);
 }
 
 cudaError_t bb_coordinate(const br::View& v, int64_t* flags, int64_t* sync_src, const br::CoordinateParams& p,
@@ -119,13 +119,13 @@ cudaError_t kv_copy_rows(void* kv, const int64_t* src, int64_t rows, int64_t row
   };
   if (row_bytes % 16 == 0 && aligned16(kv)) {
     return launch_kernel(kv_copy_rows_kernel<int4>, grid(row_bytes / 16), kCopyThreads, 0, stream,
-                        static_cast<int4*>(kv), src, row_bytes / 16);
+                         static_cast<int4*>(kv), src, row_bytes / 16);
   }
   return launch_kernel(kv_copy_rows_kernel<unsigned char>, grid(row_bytes), kCopyThreads, 0, stream,
-                      static_cast<unsigned char*>(kv), src, row_bytes);
+                       static_cast<unsigned char*>(kv), src, row_bytes);
 }
 
-#define BLOCKBATCH_INSTANTIATE_ABSORB(T)                                                                         \
+#define BLOCKBATCH_INSTANTIATE_ABSORB(T)                                                                       \
   template cudaError_t bb_absorb<T>(const br::View&, const int64_t*, int64_t, const int64_t*, const double*,   \
                                     const int64_t*, const double*, const T*, int64_t, const br::AbsorbParams&, \
                                     cudaStream_t);

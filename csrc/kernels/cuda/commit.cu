@@ -22,9 +22,9 @@ __device__ __forceinline__ int rank_of(const double* c, int64_t n, int64_t i) {
   return r;
 }
 
-__global__ void commit_kernel(int64_t* canvas, int64_t length, const int64_t* window, const int64_t* token, const double* conf,
-                              const int64_t* k, int64_t n, int64_t mask_id, int64_t eos_id, int rule, double tau,
-                              double factor, int64_t* counts) {
+__global__ void commit_kernel(int64_t* canvas, int64_t length, const int64_t* window, const int64_t* token,
+                              const double* conf, const int64_t* k, int64_t n, int64_t mask_id, int64_t eos_id,
+                              int rule, double tau, double factor, int64_t* counts) {
   BLOCKBATCH_DYNAMIC_SHARED(double, c);  // candidate confidence, -inf for settled positions
   __shared__ int candidates, committed, first_fail, eos;
   if (threadIdx.x == 0) {
@@ -47,7 +47,7 @@ __global__ void commit_kernel(int64_t* canvas, int64_t length, const int64_t* wi
     __syncthreads();
   }
   const int m = candidates;
-  const int take = rule == 1 ? static_cast<int>(min(*k, static_cast<int64_t>(m)))
+  const int take = rule == 1                                  ? static_cast<int>(min(*k, static_cast<int64_t>(m)))
                    : first_fail == INT_MAX || first_fail == m ? m
                                                               : first_fail - 1;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
@@ -75,8 +75,8 @@ __global__ void commit_kernel(int64_t* canvas, int64_t length, const int64_t* wi
 cudaError_t commit(int64_t* canvas, int64_t length, const int64_t* window, const int64_t* token, const double* conf,
                    const int64_t* k, int64_t n, int64_t mask_id, int64_t eos_id, int rule, double tau, double factor,
                    int64_t* counts, cudaStream_t stream) {
-  return launch_kernel(commit_kernel, 1, kThreads, static_cast<size_t>(n) * sizeof(double), stream, canvas, length, window,
-                     token, conf, k, n, mask_id, eos_id, rule, tau, factor, counts);
+  return launch_kernel(commit_kernel, 1, kThreads, static_cast<size_t>(n) * sizeof(double), stream, canvas, length,
+                       window, token, conf, k, n, mask_id, eos_id, rule, tau, factor, counts);
 }
 
 }  // namespace blockbatch::cuda

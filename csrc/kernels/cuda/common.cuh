@@ -23,15 +23,23 @@ __device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
 template <typename T>
 __device__ __forceinline__ T from_f(float v);
 template <>
-__device__ __forceinline__ float from_f<float>(float v) { return v; }
+__device__ __forceinline__ float from_f<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) {
+  return __float2bfloat16(v);
+}
 template <>
-__device__ __forceinline__ __half from_f<__half>(float v) { return __float2half(v); }
+__device__ __forceinline__ __half from_f<__half>(float v) {
+  return __float2half(v);
+}
 
 struct SumOp {
   template <typename V>
-  __device__ __forceinline__ V operator()(V a, V b) const { return a + b; }
+  __device__ __forceinline__ V operator()(V a, V b) const {
+    return a + b;
+  }
 };
 struct MaxOp {
   __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
@@ -68,16 +76,15 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 }
 
 // Whether p is 16-byte aligned (the vectorized kernels' loads and stores need it).
-__host__ __device__ __forceinline__ bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
+__host__ __device__ __forceinline__ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Row r such that cu[r] <= t < cu[r + 1] (cu is non-decreasing, cu[0] = 0).
 __device__ __forceinline__ int64_t row_of(const int64_t* cu, int64_t rows, int64_t t) {
   int64_t lo = 0, hi = rows - 1;
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
-    if (cu[mid] <= t) lo = mid; else hi = mid - 1;
+    if (cu[mid] <= t) lo = mid;
+    else hi = mid - 1;
   }
   return lo;
 }

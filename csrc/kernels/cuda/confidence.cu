@@ -110,8 +110,8 @@ __device__ __forceinline__ void scan_row(const T* l, int64_t vocab, int64_t excl
 }
 
 template <typename T, bool kVec>
-__global__ void __launch_bounds__(kThreads) confidence_kernel(const T* logits, int64_t vocab, int64_t exclude,
-                                                              int64_t* argmax, double* conf) {
+__global__ void __launch_bounds__(kThreads)
+    confidence_kernel(const T* logits, int64_t vocab, int64_t exclude, int64_t* argmax, double* conf) {
   __shared__ float best_v[kThreads];
   __shared__ int64_t best_i[kThreads];
   __shared__ double ss[kThreads];
@@ -142,8 +142,8 @@ __global__ void __launch_bounds__(kThreads) confidence_kernel(const T* logits, i
 }
 
 template <typename T, bool kVec>
-__global__ void __launch_bounds__(kThreads) sparse_probs_kernel(const T* logits, int64_t vocab, double floor,
-                                                                int64_t max_k, int64_t* ids, double* probs) {
+__global__ void __launch_bounds__(kThreads)
+    sparse_probs_kernel(const T* logits, int64_t vocab, double floor, int64_t max_k, int64_t* ids, double* probs) {
   __shared__ float ms_scratch[kThreads];
   __shared__ double ss_scratch[kThreads];
   __shared__ unsigned long long count;
@@ -190,8 +190,7 @@ cudaError_t sparse_probs(const T* logits, int64_t rows, int64_t vocab, double fl
                          double* probs, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   return launch_kernel(vectorizable(logits, vocab) ? sparse_probs_kernel<T, true> : sparse_probs_kernel<T, false>,
-                       static_cast<unsigned>(rows), kThreads, 0, stream, logits, vocab, floor, max_k, ids,
-                       probs);
+                       static_cast<unsigned>(rows), kThreads, 0, stream, logits, vocab, floor, max_k, ids, probs);
 }
 
 template <typename T>
@@ -202,7 +201,7 @@ cudaError_t confidence(const T* logits, int64_t rows, int64_t vocab, int64_t exc
                        static_cast<unsigned>(rows), kThreads, 0, stream, logits, vocab, exclude, argmax, conf);
 }
 
-#define INSTANTIATE(T)                                                                                  \
+#define INSTANTIATE(T)                                                                                      \
   template cudaError_t confidence<T>(const T*, int64_t, int64_t, int64_t, int64_t*, double*, cudaStream_t); \
   template cudaError_t sparse_probs<T>(const T*, int64_t, int64_t, double, int64_t, int64_t*, double*, cudaStream_t);
 BLOCKBATCH_CUDA_INSTANTIATE(INSTANTIATE)

@@ -14,8 +14,8 @@ namespace {
 // One block per (token, head), HD threads: merge the splits' partial results (flash_common.cuh's
 // M / L / O formulas, for one output dimension of one query).
 template <typename T, int HD>
-__global__ void __launch_bounds__(HD) combine_kernel(const float* part, int splits, int64_t tokens, int64_t heads,
-                                                     T* out) {
+__global__ void __launch_bounds__(HD)
+    combine_kernel(const float* part, int splits, int64_t tokens, int64_t heads, T* out) {
   constexpr int W = HD + 2;
   const int64_t tok = blockIdx.x, h = blockIdx.y;
   const int d = threadIdx.x;
@@ -88,8 +88,7 @@ cudaError_t flash_attention(const cpu::AttentionArgs& a, int64_t tokens, int spl
   }
 }
 
-template cudaError_t flash_attention<__nv_bfloat16>(const cpu::AttentionArgs&, int64_t, int, float*, int,
-                                                    cudaStream_t);
+template cudaError_t flash_attention<__nv_bfloat16>(const cpu::AttentionArgs&, int64_t, int, float*, int, cudaStream_t);
 template cudaError_t flash_attention<__half>(const cpu::AttentionArgs&, int64_t, int, float*, int, cudaStream_t);
 
 }  // namespace blockbatch::cuda

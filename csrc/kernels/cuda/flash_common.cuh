@@ -384,9 +384,8 @@ __device__ __forceinline__ float score_scale() {
 
 // out [tokens, heads, HD] at query q0 + i: norm(o, row) per element, rounded to T.
 template <typename T, int HD, typename Norm>
-__device__ __forceinline__ void write_output(const cpu::AttentionArgs& a, int64_t h, int64_t q0, int64_t i0,
-                                             int64_t i1, bool row0, bool row1, int t4, const float (&o)[HD / 8][4],
-                                             Norm norm) {
+__device__ __forceinline__ void write_output(const cpu::AttentionArgs& a, int64_t h, int64_t q0, int64_t i0, int64_t i1,
+                                             bool row0, bool row1, int t4, const float (&o)[HD / 8][4], Norm norm) {
   T* out = static_cast<T*>(a.out) + h * HD;
   const int64_t out_stride = a.heads * HD;
 #pragma unroll

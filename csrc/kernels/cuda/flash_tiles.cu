@@ -25,8 +25,8 @@ namespace blockbatch::cuda::flash {
 namespace {
 
 template <typename T, int HD, int kStages>
-__global__ void __launch_bounds__(kThreads) flash_tiles_kernel(cpu::AttentionArgs a, int splits, float* part,
-                                                               int64_t tokens) {
+__global__ void __launch_bounds__(kThreads)
+    flash_tiles_kernel(cpu::AttentionArgs a, int splits, float* part, int64_t tokens) {
   constexpr bool kPipe = kStages >= 2;
   BLOCKBATCH_DYNAMIC_SHARED(unsigned char, smem_raw);
   const Ring<T, HD, kStages> ring(smem_raw);

@@ -69,8 +69,8 @@ cudaError_t sparse_probs(const T* logits, int64_t rows, int64_t vocab, double fl
 // window positions outside it are skipped); rule 0 threshold, 1 fixed (k[0] tokens, read on the
 // device), 2 factor. counts[3] = committed, masks left, eos seen.
 cudaError_t commit(int64_t* canvas, int64_t length, const int64_t* window, const int64_t* token, const double* conf,
-                   const int64_t* k, int64_t n, int64_t mask_id, int64_t eos_id, int rule, double tau, double factor, int64_t* counts,
-                   cudaStream_t stream);
+                   const int64_t* k, int64_t n, int64_t mask_id, int64_t eos_id, int rule, double tau, double factor,
+                   int64_t* counts, cudaStream_t stream);
 
 // BlockBatch bookkeeping (branches.cu; every pointer in `v` and the arguments is on the device):
 // absorb one block per span, coordinate in one block, and the sync's KV row copies.

@@ -11,10 +11,10 @@
 namespace blockbatch::cuda {
 
 // D = A B + D on one m16n8k16 tile: A, B 16-bit (T: bf16 or fp16), fp32 accumulators.
-#define BLOCKBATCH_MMA16816(TYPE)                                                                          \
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE                                     \
-               ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                             \
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                            \
+#define BLOCKBATCH_MMA16816(TYPE)                                             \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE         \
+               ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n" \
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])               \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
 template <typename T>
 __device__ __forceinline__ void mma16816(float* c, const uint32_t* a, const uint32_t* b) {
@@ -39,8 +39,7 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
 #if defined(BLOCKBATCH_CUDA_EMULATION)
   ::bbemu::cp_async16(dst, src, valid);
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-               "r"(valid ? 16 : 0)
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 16 : 0)
                : "memory");
 #endif
 }

@@ -13,8 +13,7 @@ namespace {
 // kAdd (add_rms_norm_): x += delta first (rounded to T, as PyTorch's add), written back to x, and
 // the updated x is normalised; x is then [rows, dim] contiguous (x_stride == dim).
 template <typename T, bool kAdd>
-__global__ void rms_norm_kernel(T* x, int64_t x_stride, const T* delta, const T* w, T* out, int64_t dim,
-                                float eps) {
+__global__ void rms_norm_kernel(T* x, int64_t x_stride, const T* delta, const T* w, T* out, int64_t dim, float eps) {
   __shared__ float scratch[32];
   T* xr = x + blockIdx.x * x_stride;
   float ss = 0;
@@ -133,11 +132,11 @@ cudaError_t launch_rms_norm(T* x, int64_t x_stride, const T* delta, const T* w, 
     const auto kernel = chunks <= kThreadsVec       ? rms_norm_vec_kernel<T, 1, kAdd>
                         : chunks <= 2 * kThreadsVec ? rms_norm_vec_kernel<T, 2, kAdd>
                                                     : rms_norm_vec_kernel<T, 4, kAdd>;
-    return launch_kernel(kernel, static_cast<unsigned>(rows), kThreadsVec, 0, stream, x, x_stride, delta, w,
-                         out, dim, eps);
+    return launch_kernel(kernel, static_cast<unsigned>(rows), kThreadsVec, 0, stream, x, x_stride, delta, w, out, dim,
+                         eps);
   }
-  return launch_kernel(rms_norm_kernel<T, kAdd>, static_cast<unsigned>(rows), 256, 0, stream, x, x_stride,
-                       delta, w, out, dim, eps);
+  return launch_kernel(rms_norm_kernel<T, kAdd>, static_cast<unsigned>(rows), 256, 0, stream, x, x_stride, delta, w,
+                       out, dim, eps);
 }
 
 template <typename T>
@@ -177,13 +176,12 @@ cudaError_t silu_mul(const T* gate_up, T* out, int64_t rows, int64_t m, cudaStre
     return launch_kernel(silu_mul_vec_kernel<T>, grid, 256, 0, stream, gate_up, out, rows, m);
   }
   const int64_t blocks = (n + 255) / 256 < 65535 ? (n + 255) / 256 : 65535;
-  return launch_kernel(silu_mul_kernel<T>, static_cast<unsigned>(blocks), 256, 0, stream, gate_up, out, rows,
-                       m);
+  return launch_kernel(silu_mul_kernel<T>, static_cast<unsigned>(blocks), 256, 0, stream, gate_up, out, rows, m);
 }
 
-#define INSTANTIATE(T)                                                                                     \
+#define INSTANTIATE(T)                                                                                      \
   template cudaError_t rms_norm<T>(const T*, int64_t, const T*, T*, int64_t, int64_t, float, cudaStream_t); \
-  template cudaError_t add_rms_norm<T>(T*, const T*, const T*, T*, int64_t, int64_t, float, cudaStream_t);   \
+  template cudaError_t add_rms_norm<T>(T*, const T*, const T*, T*, int64_t, int64_t, float, cudaStream_t);  \
   template cudaError_t silu_mul<T>(const T*, T*, int64_t, int64_t, cudaStream_t);
 BLOCKBATCH_CUDA_INSTANTIATE(INSTANTIATE)
 #undef INSTANTIATE

@@ -71,8 +71,8 @@ __device__ __forceinline__ void load_floats(float (&out)[V], const float* p) {
 template <typename T, int V>
 __global__ void rope_kv_write_kernel(T* q, int64_t q_stride, int64_t heads, T* k, const T* v, int64_t kv_stride,
                                      int64_t head_dim, const int64_t* positions, const float* cos_sin,
-                                     int64_t max_positions, T* kv, cpu::KvGeometry g, int64_t layer, const int64_t* cu, const int64_t* kv_rows,
-                                     int64_t rows, int64_t tokens) {
+                                     int64_t max_positions, T* kv, cpu::KvGeometry g, int64_t layer, const int64_t* cu,
+                                     const int64_t* kv_rows, int64_t rows, int64_t tokens) {
   using Vec = Pack<T, V>;
   const int half = static_cast<int>(head_dim / 2), per_slot = half / V;
   const int slots = static_cast<int>(heads + 2 * g.kv_heads);
@@ -82,7 +82,7 @@ __global__ void rope_kv_write_kernel(T* q, int64_t q_stride, int64_t heads, T* k
   for (int64_t t = blockIdx.y; t < tokens; t += gridDim.y) {
     const int64_t pos = positions[t], row = kv_rows[row_of(cu, rows, t)];
     const bool slot = g.slot_ok(row, pos);  // outside the buffer or the table: skipped
-    if (s >= heads + g.kv_heads) {  // v: copied as it is
+    if (s >= heads + g.kv_heads) {          // v: copied as it is
       if (!slot) continue;
       const int64_t h = s - heads - g.kv_heads;
       const T* vh = v + t * kv_stride + h * head_dim;
@@ -123,11 +123,10 @@ unsigned blocks_for(int64_t n) {
 
 template <typename T>
 cudaError_t rope_inplace(T* x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim,
-                         const int64_t* positions, const float* cos_sin, int64_t max_positions,
-                         cudaStream_t stream) {
+                         const int64_t* positions, const float* cos_sin, int64_t max_positions, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  return launch_kernel(rope_kernel<T>, blocks_for(tokens * heads * head_dim / 2), 256, 0, stream, x, tokens,
-                     row_stride, heads, head_dim, positions, cos_sin, max_positions);
+  return launch_kernel(rope_kernel<T>, blocks_for(tokens * heads * head_dim / 2), 256, 0, stream, x, tokens, row_stride,
+                       heads, head_dim, positions, cos_sin, max_positions);
 }
 
 template <typename T>
@@ -135,8 +134,8 @@ cudaError_t kv_write(T* kv, const cpu::KvGeometry& g, int64_t layer, const T* k,
                      const int64_t* positions, const int64_t* cu_seqlens, const int64_t* kv_rows, int64_t rows,
                      int64_t tokens, cudaStream_t stream) {
   if (tokens == 0 || rows == 0) return cudaSuccess;
-  return launch_kernel(kv_write_kernel<T>, blocks_for(tokens * g.kv_heads * g.head_dim), 256, 0, stream, kv, g,
-                     layer, k, v, src_stride, positions, cu_seqlens, kv_rows, rows, tokens);
+  return launch_kernel(kv_write_kernel<T>, blocks_for(tokens * g.kv_heads * g.head_dim), 256, 0, stream, kv, g, layer,
+                       k, v, src_stride, positions, cu_seqlens, kv_rows, rows, tokens);
 }
 
 template <typename T>
@@ -151,19 +150,20 @@ cudaError_t rope_kv_write(T* q, int64_t q_stride, int64_t heads, T* k, const T* 
   vectorized = vectorized && g.head_dim % (2 * V) == 0 && q_stride % V == 0 && kv_stride % V == 0 && aligned16(q) &&
                aligned16(k) && aligned16(v) && aligned16(kv) && aligned16(cos_sin);
   const int64_t per_token = (heads + 2 * g.kv_heads) * (g.head_dim / 2) / (vectorized ? V : 1);
-  const dim3 grid(static_cast<unsigned>((per_token + 255) / 256), static_cast<unsigned>(tokens < 65535 ? tokens : 65535));
-  return launch_kernel(vectorized ? rope_kv_write_kernel<T, V> : rope_kv_write_kernel<T, 1>, grid, 256, 0, stream,
-                       q, q_stride, heads, k, v, kv_stride, g.head_dim, positions, cos_sin, max_positions, kv, g, layer,
+  const dim3 grid(static_cast<unsigned>((per_token + 255) / 256),
+                  static_cast<unsigned>(tokens < 65535 ? tokens : 65535));
+  return launch_kernel(vectorized ? rope_kv_write_kernel<T, V> : rope_kv_write_kernel<T, 1>, grid, 256, 0, stream, q,
+                       q_stride, heads, k, v, kv_stride, g.head_dim, positions, cos_sin, max_positions, kv, g, layer,
                        cu_seqlens, kv_rows, rows, tokens);
 }
 
-#define INSTANTIATE(T)                                                                                          \
-  template cudaError_t rope_inplace<T>(T*, int64_t, int64_t, int64_t, int64_t, const int64_t*, const float*,     \
-                                       int64_t, cudaStream_t);                                                  \
-  template cudaError_t kv_write<T>(T*, const cpu::KvGeometry&, int64_t, const T*, const T*, int64_t,            \
-                                   const int64_t*, const int64_t*, const int64_t*, int64_t, int64_t, cudaStream_t); \
-  template cudaError_t rope_kv_write<T>(T*, int64_t, int64_t, T*, const T*, int64_t, const int64_t*, const float*,  \
-                                        int64_t, T*, const cpu::KvGeometry&, int64_t, const int64_t*, const int64_t*,      \
+#define INSTANTIATE(T)                                                                                                \
+  template cudaError_t rope_inplace<T>(T*, int64_t, int64_t, int64_t, int64_t, const int64_t*, const float*, int64_t, \
+                                       cudaStream_t);                                                                 \
+  template cudaError_t kv_write<T>(T*, const cpu::KvGeometry&, int64_t, const T*, const T*, int64_t, const int64_t*,  \
+                                   const int64_t*, const int64_t*, int64_t, int64_t, cudaStream_t);                   \
+  template cudaError_t rope_kv_write<T>(T*, int64_t, int64_t, T*, const T*, int64_t, const int64_t*, const float*,    \
+                                        int64_t, T*, const cpu::KvGeometry&, int64_t, const int64_t*, const int64_t*, \
                                         int64_t, int64_t, bool, cudaStream_t);
 BLOCKBATCH_CUDA_INSTANTIATE(INSTANTIATE)
 #undef INSTANTIATE

@@ -16,10 +16,10 @@ namespace blockbatch {
 namespace br = branches;
 
 void bb_absorb_cpu(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
-                const at::Tensor& map_ids, const at::Tensor& map_probs, const at::Tensor& spans,
-                const at::Tensor& token, const at::Tensor& conf, const at::Tensor& ids, const at::Tensor& probs,
-                const at::Tensor& logits, int64_t prompt_len, int64_t mask_id, int64_t eos_id, double threshold,
-                bool stop_on_eos) {
+                   const at::Tensor& map_ids, const at::Tensor& map_probs, const at::Tensor& spans,
+                   const at::Tensor& token, const at::Tensor& conf, const at::Tensor& ids, const at::Tensor& probs,
+                   const at::Tensor& logits, int64_t prompt_len, int64_t mask_id, int64_t eos_id, double threshold,
+                   bool stop_on_eos) {
   const BranchTensors d = check_branches(canvas, state, eos_prob, map_ids, map_probs, prompt_len);
   check_absorb(d, canvas, spans, token, conf, ids, probs, logits);
   const br::View v = branch_view(canvas, state, eos_prob, map_ids, map_probs, prompt_len, mask_id, eos_id);
@@ -35,8 +35,8 @@ void bb_absorb_cpu(const at::Tensor& canvas, const at::Tensor& state, const at::
     TORCH_CHECK_VALUE(!st[br::kDone], "spans[", i, "]: branch ", b, " is done (state[", b, ", done] = 1)");
     TORCH_CHECK_VALUE(br::span_ok(v, s, rows), "spans[", i, "] = (row ", b, ", logits row ", s[br::kSpanLogitRow],
                       ", position ", s[br::kSpanFirstPos], ", rows ", s[br::kSpanRows], ") does not cover branch ", b,
-                      "'s window [", st[br::kStart], ", ", st[br::kEnd], ") inside the canvas [", prompt_len, ", ",
-                      d.L, ") and the ", rows, " logits rows");
+                      "'s window [", st[br::kStart], ", ", st[br::kEnd], ") inside the canvas [", prompt_len, ", ", d.L,
+                      ") and the ", rows, " logits rows");
   }
   const br::AbsorbParams p{threshold, stop_on_eos, logits.size(0)};
   BLOCKBATCH_DISPATCH_FLOATING(logits.scalar_type(), "bb_absorb_", [&] {
@@ -52,9 +52,9 @@ void bb_absorb_cpu(const at::Tensor& canvas, const at::Tensor& state, const at::
 }
 
 void bb_coordinate_cpu(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
-                    const at::Tensor& flags, const at::Tensor& sync_src, const at::Tensor& map_ids,
-                    const at::Tensor& map_probs, int64_t prompt_len, int64_t mask_id, double merge_gate, bool merge,
-                    bool sync, int64_t sync_gap, int64_t refresh_tokens, bool periodic_refresh) {
+                       const at::Tensor& flags, const at::Tensor& sync_src, const at::Tensor& map_ids,
+                       const at::Tensor& map_probs, int64_t prompt_len, int64_t mask_id, double merge_gate, bool merge,
+                       bool sync, int64_t sync_gap, int64_t refresh_tokens, bool periodic_refresh) {
   const BranchTensors d = check_branches(canvas, state, eos_prob, map_ids, map_probs, prompt_len);
   check_coordinate(d, canvas, flags, sync_src);
   const br::View v = branch_view(canvas, state, eos_prob, map_ids, map_probs, prompt_len, mask_id, -1);
@@ -69,8 +69,8 @@ void kv_copy_rows_cpu(const at::Tensor& kv, const at::Tensor& src) {
   const int64_t* s = src.const_data_ptr<int64_t>();
   auto* base = static_cast<char*>(kv.data_ptr());
   for (int64_t r = 0; r < rows; ++r) {  // all before any copy: a bad table changes nothing
-    TORCH_CHECK_VALUE(s[r] >= -1 && s[r] < rows, "src[", r, "] = ", s[r], " must be -1 (keep) or a row in [0, ",
-                      rows, ")");
+    TORCH_CHECK_VALUE(s[r] >= -1 && s[r] < rows, "src[", r, "] = ", s[r], " must be -1 (keep) or a row in [0, ", rows,
+                      ")");
   }
   for (int64_t r = 0; r < rows; ++r) {
     if (s[r] >= 0 && s[r] != r) std::memcpy(base + r * bytes, base + s[r] * bytes, static_cast<size_t>(bytes));

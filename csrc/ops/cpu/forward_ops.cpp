@@ -133,8 +133,8 @@ std::tuple<at::Tensor, at::Tensor> confidence_cpu(const at::Tensor& logits, int6
   at::Tensor argmax = at::empty({logits.size(0)}, logits.options().dtype(at::kLong));
   at::Tensor conf = at::empty({logits.size(0)}, logits.options().dtype(at::kDouble));
   BLOCKBATCH_DISPATCH_FLOATING(logits.scalar_type(), "confidence", [&] {
-    cpu::confidence<scalar_t>(logits.const_data_ptr<scalar_t>(), logits.size(0), logits.size(1),
-                              exclude, argmax.data_ptr<int64_t>(), conf.data_ptr<double>());
+    cpu::confidence<scalar_t>(logits.const_data_ptr<scalar_t>(), logits.size(0), logits.size(1), exclude,
+                              argmax.data_ptr<int64_t>(), conf.data_ptr<double>());
   });
   return {argmax, conf};
 }

@@ -18,8 +18,8 @@ using namespace cuda_ops;
 
 at::Tensor packed_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
-                                 const std::optional<at::Tensor>& kv_rows,
-                                 const std::optional<at::Tensor>& cache_lens, int64_t layer, bool attend_fresh) {
+                                 const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
+                                 int64_t layer, bool attend_fresh) {
   check_packed_attention(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer);
   check_cuda(cu_seqlens, "cu_seqlens");
   const c10::cuda::CUDAGuard guard(q.device());
@@ -33,9 +33,11 @@ at::Tensor packed_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
     if constexpr (!std::is_same_v<T, float>) {
       if (cuda::flash_attention_supported(a, 1, sm_major)) {
         // Batch-invariant mode: one split, whatever the pack (the heuristic reads its size).
-        const int splits = batch_invariant() ? 1 : attention_splits(
-            cuda::flash_attention_splits(a, q.size(0), max_keys,
-                                         device_attribute<cudaDevAttrMultiProcessorCount>(q.get_device())));
+        const int splits =
+            batch_invariant()
+                ? 1
+                : attention_splits(cuda::flash_attention_splits(
+                      a, q.size(0), max_keys, device_attribute<cudaDevAttrMultiProcessorCount>(q.get_device())));
         at::Tensor part;  // split-key partial results (fp32), merged by the launch's second kernel
         if (splits > 1) part = at::empty({splits, q.size(0), q.size(1), q.size(2) + 2}, q.options().dtype(at::kFloat));
         const int variant = attention_variant();

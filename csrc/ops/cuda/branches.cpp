@@ -43,16 +43,16 @@ void bb_absorb_cuda(const at::Tensor& canvas, const at::Tensor& state, const at:
 
 void bb_coordinate_cuda(const at::Tensor& canvas, const at::Tensor& state, const at::Tensor& eos_prob,
                         const at::Tensor& flags, const at::Tensor& sync_src, const at::Tensor& map_ids,
-                        const at::Tensor& map_probs, int64_t prompt_len, int64_t mask_id, double merge_gate,
-                        bool merge, bool sync, int64_t sync_gap, int64_t refresh_tokens, bool periodic_refresh) {
+                        const at::Tensor& map_probs, int64_t prompt_len, int64_t mask_id, double merge_gate, bool merge,
+                        bool sync, int64_t sync_gap, int64_t refresh_tokens, bool periodic_refresh) {
   const BranchTensors d = check_branches(canvas, state, eos_prob, map_ids, map_probs, prompt_len);
   check_coordinate(d, canvas, flags, sync_src);
   const c10::cuda::CUDAGuard guard(canvas.device());
-  check_launch(cuda::bb_coordinate(branch_view(canvas, state, eos_prob, map_ids, map_probs, prompt_len, mask_id, -1),
-                                   flags.data_ptr<int64_t>(), sync_src.data_ptr<int64_t>(),
-                                   branches::CoordinateParams{merge_gate, merge, sync, sync_gap, refresh_tokens,
-                                                              periodic_refresh},
-                                   c10::cuda::getCurrentCUDAStream()),
+  check_launch(cuda::bb_coordinate(
+                   branch_view(canvas, state, eos_prob, map_ids, map_probs, prompt_len, mask_id, -1),
+                   flags.data_ptr<int64_t>(), sync_src.data_ptr<int64_t>(),
+                   branches::CoordinateParams{merge_gate, merge, sync, sync_gap, refresh_tokens, periodic_refresh},
+                   c10::cuda::getCurrentCUDAStream()),
                "bb_coordinate_");
 }
 

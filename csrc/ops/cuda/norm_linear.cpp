@@ -82,8 +82,7 @@ at::Tensor silu_mul_cuda(const at::Tensor& gate_up) {
   at::Tensor out = at::empty({gate_up.size(0), m}, gate_up.options());
   dispatch_cuda_type(gate_up.scalar_type(), "silu_mul", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    check_launch(cuda::silu_mul<T>(ptr<T>(gate_up), ptr<T>(out), gate_up.size(0), m,
-                                   c10::cuda::getCurrentCUDAStream()),
+    check_launch(cuda::silu_mul<T>(ptr<T>(gate_up), ptr<T>(out), gate_up.size(0), m, c10::cuda::getCurrentCUDAStream()),
                  "silu_mul");
   });
   return out;

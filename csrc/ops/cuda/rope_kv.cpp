@@ -46,11 +46,11 @@ void kv_write_cuda(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& 
   const cpu::KvGeometry g = kv_slots(kv, cu_seqlens, kv_rows);
   dispatch_cuda_type(kv.scalar_type(), "kv_write_", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    check_launch(cuda::kv_write<T>(ptr<T>(kv), g, layer, ptr<T>(k), ptr<T>(v), k.stride(0),
-                                   positions.const_data_ptr<int64_t>(), cu_seqlens.const_data_ptr<int64_t>(),
-                                   kv_rows.const_data_ptr<int64_t>(), cu_seqlens.size(0) - 1, k.size(0),
-                                   c10::cuda::getCurrentCUDAStream()),
-                 "kv_write_");
+    check_launch(
+        cuda::kv_write<T>(ptr<T>(kv), g, layer, ptr<T>(k), ptr<T>(v), k.stride(0), positions.const_data_ptr<int64_t>(),
+                          cu_seqlens.const_data_ptr<int64_t>(), kv_rows.const_data_ptr<int64_t>(),
+                          cu_seqlens.size(0) - 1, k.size(0), c10::cuda::getCurrentCUDAStream()),
+        "kv_write_");
   });
 }
 

@@ -24,9 +24,10 @@ std::tuple<at::Tensor, at::Tensor> confidence_cuda(const at::Tensor& logits, int
   at::Tensor conf = at::empty({logits.size(0)}, logits.options().dtype(at::kDouble));
   dispatch_cuda_type(logits.scalar_type(), "confidence", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    check_launch(cuda::confidence<T>(ptr<T>(logits), logits.size(0), logits.size(1), exclude, argmax.data_ptr<int64_t>(),
-                                     conf.data_ptr<double>(), c10::cuda::getCurrentCUDAStream()),
-                 "confidence");
+    check_launch(
+        cuda::confidence<T>(ptr<T>(logits), logits.size(0), logits.size(1), exclude, argmax.data_ptr<int64_t>(),
+                            conf.data_ptr<double>(), c10::cuda::getCurrentCUDAStream()),
+        "confidence");
   });
   return {argmax, conf};
 }
@@ -39,10 +40,10 @@ std::tuple<at::Tensor, at::Tensor> sparse_probs_cuda(const at::Tensor& logits, d
   at::Tensor probs = at::empty({logits.size(0), max_k}, logits.options().dtype(at::kDouble));
   dispatch_cuda_type(logits.scalar_type(), "sparse_probs", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    check_launch(cuda::sparse_probs<T>(ptr<T>(logits), logits.size(0), logits.size(1), floor, max_k,
-                                       ids.data_ptr<int64_t>(), probs.data_ptr<double>(),
-                                       c10::cuda::getCurrentCUDAStream()),
-                 "sparse_probs");
+    check_launch(
+        cuda::sparse_probs<T>(ptr<T>(logits), logits.size(0), logits.size(1), floor, max_k, ids.data_ptr<int64_t>(),
+                              probs.data_ptr<double>(), c10::cuda::getCurrentCUDAStream()),
+        "sparse_probs");
   });
   return {ids, probs};
 }
@@ -54,9 +55,10 @@ at::Tensor commit_cuda(const at::Tensor& canvas, const at::Tensor& window, const
   const c10::cuda::CUDAGuard guard(canvas.device());
   at::Tensor counts = at::empty({3}, canvas.options());
   const int code = rule == "threshold" ? 0 : rule == "fixed" ? 1 : 2;  // one of the three (check_commit)
-  check_launch(cuda::commit(canvas.data_ptr<int64_t>(), canvas.size(0), window.const_data_ptr<int64_t>(), token.const_data_ptr<int64_t>(),
-                            conf.const_data_ptr<double>(), k.const_data_ptr<int64_t>(), window.size(0), mask_id, eos_id,
-                            code, threshold, factor, counts.data_ptr<int64_t>(), c10::cuda::getCurrentCUDAStream()),
+  check_launch(cuda::commit(canvas.data_ptr<int64_t>(), canvas.size(0), window.const_data_ptr<int64_t>(),
+                            token.const_data_ptr<int64_t>(), conf.const_data_ptr<double>(), k.const_data_ptr<int64_t>(),
+                            window.size(0), mask_id, eos_id, code, threshold, factor, counts.data_ptr<int64_t>(),
+                            c10::cuda::getCurrentCUDAStream()),
                "commit_");
   return counts;
 }

@@ -37,8 +37,8 @@ int env_int(const char* name, int lo, int hi, int fallback) {
   if (env == nullptr || *env == '\0') return fallback;
   char* end = nullptr;
   const long v = std::strtol(env, &end, 10);
-  TORCH_CHECK_VALUE(*end == '\0' && v >= lo && v <= hi, name, " must be an integer in [", lo, ", ", hi, "], got '",
-                    env, "'");
+  TORCH_CHECK_VALUE(*end == '\0' && v >= lo && v <= hi, name, " must be an integer in [", lo, ", ", hi, "], got '", env,
+                    "'");
   return static_cast<int>(v);
 }
 
@@ -47,9 +47,10 @@ int env_int(const char* name, int lo, int hi, int fallback) {
 // python/blockbatch/settings.py; tests/tools/test_settings.py checks that this block and the env_choice /
 // env_int calls below agree with it. Promoting a candidate: its row there and its line here.
 constexpr const char* kDefaultAttnKernel = "pipelined3";  // BLOCKBATCH_ATTN_KERNEL; step 0.96-0.99x "pipelined"
-constexpr const char* kDefaultRopeKernel = "vec";        // BLOCKBATCH_ROPE_KERNEL; step 0.97-1.00x "scalar"
-constexpr const char* kDefaultCudaBatching = "graphs";   // BLOCKBATCH_CUDA_BATCHING; toy batch 1 1.95x eager, 8B batch 16 0.98-1.01x
-constexpr const char* kDefaultBatchInvariant = "0";      // BLOCKBATCH_BATCH_INVARIANT
+constexpr const char* kDefaultRopeKernel = "vec";         // BLOCKBATCH_ROPE_KERNEL; step 0.97-1.00x "scalar"
+constexpr const char* kDefaultCudaBatching = "graphs";    // BLOCKBATCH_CUDA_BATCHING; toy batch 1 1.95x eager,
+                                                          // 8B batch 16 0.98-1.01x
+constexpr const char* kDefaultBatchInvariant = "0";       // BLOCKBATCH_BATCH_INVARIANT
 
 }  // namespace
 
@@ -63,8 +64,7 @@ int attention_splits(int heuristic) { return env_int("BLOCKBATCH_ATTN_SPLITS", 1
 // through registers, the first version, the bit-for-bit reference of the pipelined ones).
 // Read per call, like the split override, so one process can time all of them.
 int attention_variant() {
-  const std::string v =
-      env_choice("BLOCKBATCH_ATTN_KERNEL", {"sync", "pipelined", "pipelined3"}, kDefaultAttnKernel);
+  const std::string v = env_choice("BLOCKBATCH_ATTN_KERNEL", {"sync", "pipelined", "pipelined3"}, kDefaultAttnKernel);
   return v == "sync" ? 1 : v == "pipelined" ? 2 : 3;
 }
 
