@@ -9,6 +9,10 @@ import torch
 # the test helpers (tests/helpers) and the build-time tools (tools/), which the wheel does not ship.
 _EXTRA = [str(pathlib.Path(__file__).resolve().parent), str(pathlib.Path(__file__).resolve().parents[1] / "tools")]
 os.environ["PYTHONPATH"] = os.pathsep.join(_EXTRA + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+# ... and one intra-op thread, as this process has (below): on a busy machine two OpenMP threads
+# spin-waiting on two cores make a subprocess's forwards crawl, so a Ctrl-C test's "stops within a
+# step" waited minutes for a step (three such tests timed out in a CI run beside other builds).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # One intra-op thread: results do not depend on it (test_threads_do_not_change_results checks 2),
 # and OpenMP spin-waits make multi-threaded runs crawl on a busy 2-core machine.
