@@ -29,19 +29,23 @@ ROOT = os.path.dirname(HERE)
 
 
 def _run(package_root: str, args: list[str], out: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.path.join(package_root, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(
+        os.environ, PYTHONPATH=os.path.join(package_root, "python") + os.pathsep + os.environ.get("PYTHONPATH", "")
+    )
     cmd = [sys.executable, os.path.join(HERE, "bench_batch.py"), *args, "--repeats", "1", "--out", out]
     done = subprocess.run(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
-        raise SystemExit(f"error: {' '.join(cmd)} (PYTHONPATH {package_root}/python) exited {done.returncode}:\n"
-                         f"{done.stdout[-4000:]}")
+        raise SystemExit(
+            f"error: {' '.join(cmd)} (PYTHONPATH {package_root}/python) exited {done.returncode}:\n"
+            f"{done.stdout[-4000:]}"
+        )
     with open(out) as f:
         return json.load(f)
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    own, bench = (argv[: argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    own, bench = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--baseline", required=True, help="the other checkout (A), its native module built in place")
     ap.add_argument("--rounds", type=int, default=3, help="A B rounds (default 3)")
@@ -73,9 +77,18 @@ def _report(args, argv, base: str, runs: dict[str, list[dict]]) -> None:
     done = min(len(runs["A"]), len(runs["B"]))
     runs = {side: rows[:done] for side, rows in runs.items()}
     first = runs["B"][0]
-    report = {"command": " ".join(["python", "benchmarks/bench_ab.py", *argv]), "baseline": base, "this": ROOT,
-              "rounds": done, "model": first["model"], "n": first["n"], "gen_length": first["gen_length"],
-              "threads": first["threads"], "environment": first["environment"], "policies": {}}
+    report = {
+        "command": " ".join(["python", "benchmarks/bench_ab.py", *argv]),
+        "baseline": base,
+        "this": ROOT,
+        "rounds": done,
+        "model": first["model"],
+        "n": first["n"],
+        "gen_length": first["gen_length"],
+        "threads": first["threads"],
+        "environment": first["environment"],
+        "policies": {},
+    }
     for policy, rows in first["policies"].items():
         out = {}
         for setting in rows:
@@ -84,13 +97,21 @@ def _report(args, argv, base: str, runs: dict[str, list[dict]]) -> None:
             a = [run["policies"][policy][setting]["seconds"] for run in runs["A"]]
             b = [run["policies"][policy][setting]["seconds"] for run in runs["B"]]
             ratios = [y / x for x, y in zip(a, b)]
-            out[setting] = {"A_median_s": statistics.median(a), "B_median_s": statistics.median(b),
-                            "B_over_A_per_round": ratios, "B_over_A_median": statistics.median(ratios)}
+            out[setting] = {
+                "A_median_s": statistics.median(a),
+                "B_median_s": statistics.median(b),
+                "B_over_A_per_round": ratios,
+                "B_over_A_median": statistics.median(ratios),
+            }
             if setting.startswith("batch_"):
-                out[setting]["B_equal_to_one_by_one"] = [run["policies"][policy][setting]["equal_to_one_by_one"]
-                                                         for run in runs["B"]]
-            print(f"{policy} {setting}: A {out[setting]['A_median_s']:.3f} s, B {out[setting]['B_median_s']:.3f} s, "
-                  f"B/A {out[setting]['B_over_A_median']:.3f} ({done} rounds)", flush=True)
+                out[setting]["B_equal_to_one_by_one"] = [
+                    run["policies"][policy][setting]["equal_to_one_by_one"] for run in runs["B"]
+                ]
+            print(
+                f"{policy} {setting}: A {out[setting]['A_median_s']:.3f} s, B {out[setting]['B_median_s']:.3f} s, "
+                f"B/A {out[setting]['B_over_A_median']:.3f} ({done} rounds)",
+                flush=True,
+            )
         report["policies"][policy] = out
     write_json(args.out, report)
 

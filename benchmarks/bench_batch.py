@@ -52,8 +52,9 @@ def _model(name: str, device: str = "cpu", dtype: torch.dtype | None = None):
         from blockbatch.random_checkpoint import make_random_checkpoint
 
         folder = tempfile.mkdtemp(prefix="bb-50m-")
-        make_random_checkpoint(folder, seed=0, logit_scale=4.0, d_model=512, n_layers=8, n_heads=8,
-                               mlp_hidden_size=1536, vocab_size=32000)
+        make_random_checkpoint(
+            folder, seed=0, logit_scale=4.0, d_model=512, n_layers=8, n_heads=8, mlp_hidden_size=1536, vocab_size=32000
+        )
         return Engine.from_pretrained(folder, device, dtype), "random-50m"
     if name in ("llada-8b", "llada-tiny"):  # built on the device: 16 GB of bf16 weights never touch the disk
         from bench_gpu_dream import SHAPES, build
@@ -80,25 +81,43 @@ def _prompts(engine, n: int) -> list[list[int]]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="toy", help="toy (the shipped LLaDA toy), 50m (a random ~50M LLaDA), llada-8b "
-                    "(LLaDA-8B's shape, random weights built on the device; llada-tiny: its small smoke-run "
-                    "twin) or a folder")
+    ap.add_argument(
+        "--model",
+        default="toy",
+        help="toy (the shipped LLaDA toy), 50m (a random ~50M LLaDA), llada-8b "
+        "(LLaDA-8B's shape, random weights built on the device; llada-tiny: its small smoke-run "
+        "twin) or a folder",
+    )
     ap.add_argument("--n", type=int, default=32, help="requests (default 32)")
     ap.add_argument("--batches", default="1,2,4,8,16,32", help="max_batch values (default 1,2,4,8,16,32)")
-    ap.add_argument("--policies", default="dual,blockbatch,blockbatch-auto",
-                    help="comma-separated (default dual,blockbatch,blockbatch-auto: blockbatch with "
-                         "branch_budget=auto, whose batched results differ from one by one by design)")
+    ap.add_argument(
+        "--policies",
+        default="dual,blockbatch,blockbatch-auto",
+        help="comma-separated (default dual,blockbatch,blockbatch-auto: blockbatch with "
+        "branch_budget=auto, whose batched results differ from one by one by design)",
+    )
     ap.add_argument("--gen-length", type=int, default=64, help="generation length (default 64)")
-    ap.add_argument("--repeats", type=int, default=3,
-                    help="rounds of every policy one by one then at each max_batch, round robin; the times "
-                         "are medians (default 3)")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="rounds of every policy one by one then at each max_batch, round robin; the times are medians (default 3)",
+    )
     ap.add_argument("--threads", type=int, default=None, help="intra-op threads (default: torch's choice)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
-                    help="weights and activations (default: the checkpoint's; llada-8b: bfloat16)")
-    ap.add_argument("--cuda-batching", choices=("1", "graphs"), default="graphs",
-                    help="--device cuda: BLOCKBATCH_CUDA_BATCHING for the batched runs (default graphs, the "
-                         "library's default; 1: eager steps)")
+    ap.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default=None,
+        help="weights and activations (default: the checkpoint's; llada-8b: bfloat16)",
+    )
+    ap.add_argument(
+        "--cuda-batching",
+        choices=("1", "graphs"),
+        default="graphs",
+        help="--device cuda: BLOCKBATCH_CUDA_BATCHING for the batched runs (default graphs, the "
+        "library's default; 1: eager steps)",
+    )
     ap.add_argument("--out", default="results/bench_batch_toy.json")
     args = ap.parse_args(argv)
     if args.device == "cuda":
@@ -110,8 +129,10 @@ def main(argv=None) -> int:
         batches = [int(b) for b in args.batches.split(",") if b]
         assert batches and all(b >= 1 for b in batches) and args.n >= 1 and args.repeats >= 1
     except (ValueError, AssertionError):
-        print("error: --batches must be positive integers separated by commas, --n >= 1 and --repeats >= 1",
-              file=sys.stderr)
+        print(
+            "error: --batches must be positive integers separated by commas, --n >= 1 and --repeats >= 1",
+            file=sys.stderr,
+        )
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -120,20 +141,33 @@ def main(argv=None) -> int:
 
     engine, label = _model(args.model, args.device, getattr(torch, args.dtype) if args.dtype else None)
     prompts = _prompts(engine, args.n)
-    report = {"environment": environment(), "command": " ".join(["python", *sys.argv]), "model": label,
-              "n": args.n, "gen_length": args.gen_length, "threads": torch.get_num_threads(),
-              "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-              "dtype": str(engine.model.dtype).removeprefix("torch."),
-              "cuda_batching": args.cuda_batching if args.device == "cuda" else None,
-              "batch_invariant": args.device == "cuda" and settings.value("BLOCKBATCH_BATCH_INVARIANT") == "1",
-              "step_curve": engine.step_curve, "policies": {}}
+    report = {
+        "environment": environment(),
+        "command": " ".join(["python", *sys.argv]),
+        "model": label,
+        "n": args.n,
+        "gen_length": args.gen_length,
+        "threads": torch.get_num_threads(),
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+        "dtype": str(engine.model.dtype).removeprefix("torch."),
+        "cuda_batching": args.cuda_batching if args.device == "cuda" else None,
+        "batch_invariant": args.device == "cuda" and settings.value("BLOCKBATCH_BATCH_INVARIANT") == "1",
+        "step_curve": engine.step_curve,
+        "policies": {},
+    }
     budget = 1 << 30
     per_token_s = _seconds_per_token(engine)
     encoded = [torch.tensor(p, dtype=torch.long) for p in prompts]
     policies = [p for p in args.policies.split(",") if p]
-    options = {policy: DecodeOptions(policy=policy.removesuffix("-auto"), gen_length=args.gen_length, block_length=32,
-                                     branch_budget="auto" if policy.endswith("-auto") else "full")
-               for policy in policies}
+    options = {
+        policy: DecodeOptions(
+            policy=policy.removesuffix("-auto"),
+            gen_length=args.gen_length,
+            block_length=32,
+            branch_budget="auto" if policy.endswith("-auto") else "full",
+        )
+        for policy in policies
+    }
     one_runs = {policy: [] for policy in policies}  # seconds of each round's one-by-one pass
     runs = {policy: {b: [] for b in batches} for policy in policies}  # (seconds, outputs, counters) per round
     alones = {}
@@ -149,52 +183,77 @@ def main(argv=None) -> int:
                 t0 = time.perf_counter()
                 outs, st = run_decode_batch(engine.model.obj, encoded, [o] * len(encoded), b, 0, curve)
                 runs[policy][b].append((time.perf_counter() - t0, outs, st))
-            print(f"round {round_ + 1}/{args.repeats} {policy}: one by one {one_runs[policy][-1]:.2f} s, "
-                  + ", ".join(f"max_batch {b} {runs[policy][b][-1][0]:.2f} s" for b in batches),
-                  file=sys.stderr, flush=True)
+            print(
+                f"round {round_ + 1}/{args.repeats} {policy}: one by one {one_runs[policy][-1]:.2f} s, "
+                + ", ".join(f"max_batch {b} {runs[policy][b][-1][0]:.2f} s" for b in batches),
+                file=sys.stderr,
+                flush=True,
+            )
     for policy, o in options.items():
         alone, batch_runs = alones[policy], runs[policy]
         one_s = statistics.median(one_runs[policy])
         tokens = sum(len(g.ids) for g in alone)
         query_tokens = sum(sum(g.stats["query_tokens_per_step"]) for g in alone)
         floor_s = query_tokens * per_token_s
-        rows = {"one_by_one": {"seconds": one_s, "runs_s": one_runs[policy], "requests_per_s": args.n / one_s,
-                               "tokens_per_s": tokens / one_s,
-                               "mean_latency_ms": statistics.mean(g.stats["wall_ms"] for g in alone),
-                               "p99_latency_ms": _p99([g.stats["wall_ms"] for g in alone]),
-                               "forwards": sum(g.stats["nfe"] for g in alone)},
-                "compute_floor": {"query_tokens": query_tokens, "seconds_per_token": per_token_s,
-                                  "seconds": floor_s, "speedup_bound": one_s / floor_s},
-                "kv_1GiB": engine.kv_report(o, max(len(p) for p in prompts), budget)}
+        rows = {
+            "one_by_one": {
+                "seconds": one_s,
+                "runs_s": one_runs[policy],
+                "requests_per_s": args.n / one_s,
+                "tokens_per_s": tokens / one_s,
+                "mean_latency_ms": statistics.mean(g.stats["wall_ms"] for g in alone),
+                "p99_latency_ms": _p99([g.stats["wall_ms"] for g in alone]),
+                "forwards": sum(g.stats["nfe"] for g in alone),
+            },
+            "compute_floor": {
+                "query_tokens": query_tokens,
+                "seconds_per_token": per_token_s,
+                "seconds": floor_s,
+                "speedup_bound": one_s / floor_s,
+            },
+            "kv_1GiB": engine.kv_report(o, max(len(p) for p in prompts), budget),
+        }
         for b in batches:
             s = statistics.median(t for t, _, _ in batch_runs[b])
             # every round's results are checked; the counters and latencies are the median round's
-            equal = min(sum(out.tokens[len(p):].tolist() == a.raw_ids and out.stats["nfe"] == a.stats["nfe"]
-                            for out, p, a in zip(outs, prompts, alone)) for _, outs, _ in batch_runs[b])
+            equal = min(
+                sum(
+                    out.tokens[len(p) :].tolist() == a.raw_ids and out.stats["nfe"] == a.stats["nfe"]
+                    for out, p, a in zip(outs, prompts, alone)
+                )
+                for _, outs, _ in batch_runs[b]
+            )
             _, outs, st = sorted(batch_runs[b], key=lambda r: r[0])[len(batch_runs[b]) // 2]
-            got = [(out.tokens[len(p):].tolist(), out.stats) for out, p in zip(outs, prompts)]
+            got = [(out.tokens[len(p) :].tolist(), out.stats) for out, p in zip(outs, prompts)]
             same_tokens = sum(x == y for (raw, _), a in zip(got, alone) for x, y in zip(raw, a.raw_ids))
-            rows[f"batch_{b}"] = {"seconds": s, "runs_s": [t for t, _, _ in batch_runs[b]],
-                                  "requests_per_s": args.n / s, "tokens_per_s": tokens / s,
-                                  "speedup_vs_one_by_one": one_s / s,
-                                  "of_compute_floor": floor_s / s,
-                                  "mean_latency_ms": statistics.mean(stats["wall_ms"] for _, stats in got),
-                                  "p99_latency_ms": _p99([stats["wall_ms"] for _, stats in got]),
-                                  "packed_forwards": st.get("packed_forwards"),
-                                  "padded_forwards": st.get("padded_forwards"),
-                                  "graph_captures": st.get("graph_captures"),
-                                  "graph_replays": st.get("graph_replays"),
-                                  "replay_hit_rate": st["graph_replays"] / st["padded_forwards"]
-                                  if st.get("padded_forwards") else None,
-                                  "request_forwards": st.get("request_forwards"),
-                                  "equal_to_one_by_one": f"{equal}/{args.n}",
-                                  "token_agreement": same_tokens / sum(len(a.raw_ids) for a in alone),
-                                  "mean_nfe": statistics.mean(stats["nfe"] for _, stats in got),
-                                  "mean_query_tokens_per_step": statistics.mean(
-                                      statistics.mean(stats["query_tokens_per_step"]) for _, stats in got)}
-            print(f"{label} {policy} max_batch {b}: {args.n / s:.1f} req/s, {one_s / s:.2f}x one-by-one "
-                  f"(compute floor: {one_s / floor_s:.2f}x), p99 {rows[f'batch_{b}']['p99_latency_ms']:.0f} ms, "
-                  f"equal {equal}/{args.n}", flush=True)
+            rows[f"batch_{b}"] = {
+                "seconds": s,
+                "runs_s": [t for t, _, _ in batch_runs[b]],
+                "requests_per_s": args.n / s,
+                "tokens_per_s": tokens / s,
+                "speedup_vs_one_by_one": one_s / s,
+                "of_compute_floor": floor_s / s,
+                "mean_latency_ms": statistics.mean(stats["wall_ms"] for _, stats in got),
+                "p99_latency_ms": _p99([stats["wall_ms"] for _, stats in got]),
+                "packed_forwards": st.get("packed_forwards"),
+                "padded_forwards": st.get("padded_forwards"),
+                "graph_captures": st.get("graph_captures"),
+                "graph_replays": st.get("graph_replays"),
+                "replay_hit_rate": st["graph_replays"] / st["padded_forwards"] if st.get("padded_forwards") else None,
+                "request_forwards": st.get("request_forwards"),
+                "equal_to_one_by_one": f"{equal}/{args.n}",
+                "token_agreement": same_tokens / sum(len(a.raw_ids) for a in alone),
+                "mean_nfe": statistics.mean(stats["nfe"] for _, stats in got),
+                "mean_query_tokens_per_step": statistics.mean(
+                    statistics.mean(stats["query_tokens_per_step"]) for _, stats in got
+                ),
+            }
+            print(
+                f"{label} {policy} max_batch {b}: {args.n / s:.1f} req/s, {one_s / s:.2f}x one-by-one "
+                f"(compute floor: {one_s / floor_s:.2f}x), p99 {rows[f'batch_{b}']['p99_latency_ms']:.0f} ms, "
+                f"equal {equal}/{args.n}",
+                flush=True,
+            )
         report["policies"][policy] = rows
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
@@ -210,9 +269,16 @@ def main(argv=None) -> int:
         for policy, rows in report["policies"].items():
             if not isinstance(rows, dict) or "one_by_one" not in rows:
                 continue
-            ax.plot(batches, [rows[f"batch_{b}"]["tokens_per_s"] for b in batches], marker="o", label=f"{policy} batched")
-            ax.axhline(rows["one_by_one"]["tokens_per_s"], ls="--", lw=1, label=f"{policy} one by one",
-                       color=ax.lines[-1].get_color())
+            ax.plot(
+                batches, [rows[f"batch_{b}"]["tokens_per_s"] for b in batches], marker="o", label=f"{policy} batched"
+            )
+            ax.axhline(
+                rows["one_by_one"]["tokens_per_s"],
+                ls="--",
+                lw=1,
+                label=f"{policy} one by one",
+                color=ax.lines[-1].get_color(),
+            )
         ax.set_xscale("log", base=2)
         ax.set_xlabel("max_batch")
         ax.set_ylabel("generated tokens / s")
@@ -240,8 +306,9 @@ def _seconds_per_token(engine, tokens: int = 2048, repeats: int = 3) -> float:
     packed = pack_rows(ids, [torch.arange(row)] * len(ids), engine.device)
     logit_index = packed[2][1:] - 1  # each row's last token
     # the read (.item()) waits for the device
-    timing = interleaved_medians({"forward": lambda: engine.model.forward_packed(
-        *packed, logit_index=logit_index).sum().item()}, repeats)["forward"]
+    timing = interleaved_medians(
+        {"forward": lambda: engine.model.forward_packed(*packed, logit_index=logit_index).sum().item()}, repeats
+    )["forward"]
     return timing["min_s"] / (row * len(ids))
 
 

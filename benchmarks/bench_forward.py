@@ -17,8 +17,9 @@ import torch
 
 from common import environment, interleaved_medians, write_json
 
-CONFIG_50M = dict(d_model=512, n_layers=8, n_heads=8, n_kv_heads=8, mlp_hidden_size=1536, vocab_size=24576,
-                  max_sequence_length=2048)
+CONFIG_50M = dict(
+    d_model=512, n_layers=8, n_heads=8, n_kv_heads=8, mlp_hidden_size=1536, vocab_size=24576, max_sequence_length=2048
+)
 
 
 def main(argv=None) -> int:
@@ -70,16 +71,28 @@ def main(argv=None) -> int:
     max_err = (torch.cat(run_reference()) - run_native().float()).abs().max().item()
     timings = interleaved_medians({"native": run_native, "reference": run_reference}, args.repeats)
     ratio = timings["reference"]["median_s"] / timings["native"]["median_s"]
-    print(f"model: {params / 1e6:.1f}M params ({args.dtype}); {rows} rows, {sum(lengths)} query tokens, L={L}, "
-          f"threads={torch.get_num_threads()}")
+    print(
+        f"model: {params / 1e6:.1f}M params ({args.dtype}); {rows} rows, {sum(lengths)} query tokens, L={L}, "
+        f"threads={torch.get_num_threads()}"
+    )
     for name, t in timings.items():
         print(f"  {name:9s} median {t['median_s'] * 1e3:8.2f} ms   min {t['min_s'] * 1e3:8.2f} ms")
     print(f"  native speedup over reference: {ratio:.2f}x   max |logit diff| = {max_err:.2e}")
-    write_json(args.out, {
-        "benchmark": "forward_packed_dual", "environment": environment(), "params": params,
-        "config": CONFIG_50M, "dtype": args.dtype, "lengths": lengths, "canvas": L,
-        "timings": timings, "speedup_native_over_reference": ratio, "max_abs_logit_diff": max_err,
-    })
+    write_json(
+        args.out,
+        {
+            "benchmark": "forward_packed_dual",
+            "environment": environment(),
+            "params": params,
+            "config": CONFIG_50M,
+            "dtype": args.dtype,
+            "lengths": lengths,
+            "canvas": L,
+            "timings": timings,
+            "speedup_native_over_reference": ratio,
+            "max_abs_logit_diff": max_err,
+        },
+    )
     return 0
 
 

@@ -96,8 +96,9 @@ def step_times(config, model, windows, device: str, repeats: int) -> dict:
     full_pos = [torch.arange(L, device=device)]
     model.forward(full_ids, full_pos, kv, "full", kv_rows=[0])  # fill a row
     return {
-        "bb_step_ms": timed(lambda: model.forward(ids, pos, kv, "dual", kv_rows=list(range(len(windows)))), repeats,
-                            device),
+        "bb_step_ms": timed(
+            lambda: model.forward(ids, pos, kv, "dual", kv_rows=list(range(len(windows)))), repeats, device
+        ),
         "bb_step_query_tokens": sum(windows),
         "dual_step_ms": timed(lambda: model.forward(one_ids, one_pos, kv, "dual", kv_rows=[0]), repeats, device),
         "full_forward_ms": timed(lambda: model.forward(full_ids, full_pos, kv, "full", kv_rows=[0]), repeats, device),
@@ -110,8 +111,10 @@ def decode_times(config, model, device: str, gen_length: int, decodes: int) -> d
 
     prompt = torch.randint(0, config.vocab_size - 2, (64,), generator=torch.Generator().manual_seed(2)).to(device)
     out = {}
-    for name, options in (("dual", DecodeOptions(policy="dual", gen_length=gen_length, block_length=32)),
-                          ("blockbatch", DecodeOptions(policy="blockbatch", gen_length=gen_length))):
+    for name, options in (
+        ("dual", DecodeOptions(policy="dual", gen_length=gen_length, block_length=32)),
+        ("blockbatch", DecodeOptions(policy="blockbatch", gen_length=gen_length)),
+    ):
         walls, nfe = [], None
         for _ in range(decodes + 1):  # the first run warms up (and records the graphs)
             if device == "cuda":
@@ -123,8 +126,12 @@ def decode_times(config, model, device: str, gen_length: int, decodes: int) -> d
             walls.append((time.perf_counter() - t0) * 1e3)
             nfe = r.stats["nfe"]
         wall = statistics.median(walls[1:])
-        out[name] = {"median_ms": wall, "nfe": nfe, "ms_per_forward": wall / nfe,
-                     "graph_replays": r.stats["graph_replays"]}
+        out[name] = {
+            "median_ms": wall,
+            "nfe": nfe,
+            "ms_per_forward": wall / nfe,
+            "graph_replays": r.stats["graph_replays"],
+        }
         print(f"  dream decode {name}: {wall:.1f} ms, NFE {nfe}, {wall / nfe:.2f} ms/forward", flush=True)
     return out
 
@@ -149,8 +156,13 @@ def main(argv=None) -> int:
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "bench_gpu_dream.json")
-    report = {"shape": args.shape, "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
-              "dtype": str(dtype), "L": L, "models": {}}
+    report = {
+        "shape": args.shape,
+        "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
+        "dtype": str(dtype),
+        "L": L,
+        "models": {},
+    }
     for family, windows in (("dream", [4, 8, 16, 32, 64]), ("llada", [4, 8, 16, 32, 64, 128])):
         print(f"== {family} ({args.shape})", flush=True)
         config, model = build(family, SHAPES[args.shape][family], args.device, dtype)
@@ -178,8 +190,7 @@ def main(argv=None) -> int:
         keys = ["bb_step_ms", "dual_step_ms", "full_forward_ms"]
         fig, ax = plt.subplots(figsize=(6, 4))
         for i, fam in enumerate(("dream", "llada")):
-            ax.bar([k + 0.38 * i for k in range(len(keys))], [report["models"][fam][k] for k in keys], 0.38,
-                   label=fam)
+            ax.bar([k + 0.38 * i for k in range(len(keys))], [report["models"][fam][k] for k in keys], 0.38, label=fam)
         ax.set_xticks([k + 0.19 for k in range(len(keys))], ["BlockBatch step", "dual 32-token step", "full L=512"])
         ax.set_ylabel(f"ms ({report['dtype']}, {report['device']})")
         ax.set_title(f"Dream-7B vs LLaDA-8B shape ({args.shape})")

@@ -42,8 +42,16 @@ import torch
 import torch.nn.functional as F
 from common import CANDIDATES, environ
 
-LLADA_8B = dict(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, mlp_hidden_size=12288, vocab_size=126464,
-                max_sequence_length=4096, rope_theta=500000.0)
+LLADA_8B = dict(
+    d_model=4096,
+    n_layers=32,
+    n_heads=32,
+    n_kv_heads=32,
+    mlp_hidden_size=12288,
+    vocab_size=126464,
+    max_sequence_length=4096,
+    rope_theta=500000.0,
+)
 HBM_BYTES_PER_S = 4.8e12
 BF16_FLOPS = 790e12
 
@@ -136,16 +144,17 @@ class PlainStep:
             k = (h @ w[b + "k_proj.weight"].T).view(-1, H, hd)
             v = (h @ w[b + "v_proj.weight"].T).view(-1, H, hd)
             cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]
-            rot = lambda t: torch.cat([-t[..., hd // 2:], t[..., : hd // 2]], -1)  # noqa: E731
+            rot = lambda t: torch.cat([-t[..., hd // 2 :], t[..., : hd // 2]], -1)  # noqa: E731
             q = (q.float() * cos + rot(q.float()) * sin).to(x.dtype)
             k = (k.float() * cos + rot(k.float()) * sin).to(x.dtype)
             outs, start = [], 0
             for r, n in zip(rows, lens):
-                p = pos[start:start + n]
-                kv[r, i, 0][:, p] = k[start:start + n].transpose(0, 1)
-                kv[r, i, 1][:, p] = v[start:start + n].transpose(0, 1)
-                o = F.scaled_dot_product_attention(q[start:start + n].transpose(0, 1)[None], kv[r, i, 0][None],
-                                                   kv[r, i, 1][None])
+                p = pos[start : start + n]
+                kv[r, i, 0][:, p] = k[start : start + n].transpose(0, 1)
+                kv[r, i, 1][:, p] = v[start : start + n].transpose(0, 1)
+                o = F.scaled_dot_product_attention(
+                    q[start : start + n].transpose(0, 1)[None], kv[r, i, 0][None], kv[r, i, 1][None]
+                )
                 outs.append(o[0].transpose(0, 1).reshape(n, -1))
                 start += n
             x = x + torch.cat(outs) @ w[b + "attn_out.weight"].T
@@ -169,8 +178,9 @@ def attention_sweep(config, kv, lengths, L: int, repeats: int, kernels=("sync", 
     for kernel in kernels:
         for splits in ("auto", "1", "2", "4", "8"):
             with environ(BLOCKBATCH_ATTN_KERNEL=kernel, BLOCKBATCH_ATTN_SPLITS=None if splits == "auto" else splits):
-                ms = cuda_ms(lambda: torch.ops.blockbatch.packed_attention(q, k, v, cu, kv, rows, cache, 0, False),
-                             repeats)
+                ms = cuda_ms(
+                    lambda: torch.ops.blockbatch.packed_attention(q, k, v, cu, kv, rows, cache, 0, False), repeats
+                )
             out[f"attn_{kernel}_ms_splits_{splits}"] = ms
             out[f"attn_{kernel}_kv_tb_per_s_splits_{splits}"] = kv_bytes / (ms * 1e-3) / 1e12
     return out
@@ -180,8 +190,13 @@ def gemm_sweep(config, rows: int, repeats: int) -> dict:
     """x @ W.T at the step's weight shapes for `rows` tokens on cuBLAS."""
     d, m = config.d_model, config.mlp_hidden_size
     hd = d // config.n_heads
-    shapes = {"qkv": ((config.n_heads + 2 * config.n_kv_heads) * hd, d), "attn_out": (d, config.n_heads * hd),
-              "gate_up": (2 * m, d), "ff_out": (d, m), "lm_head": (config.vocab_size, d)}
+    shapes = {
+        "qkv": ((config.n_heads + 2 * config.n_kv_heads) * hd, d),
+        "attn_out": (d, config.n_heads * hd),
+        "gate_up": (2 * m, d),
+        "ff_out": (d, m),
+        "lm_head": (config.vocab_size, d),
+    }
     out = {}
     for name, (N, K) in shapes.items():
         nbytes = N * K * 2
@@ -208,8 +223,15 @@ def bookkeeping(config, model, kv, L: int, repeats: int) -> dict:
 
     ops = torch.ops.blockbatch
     lp = 128
-    s0 = random_branch_state(0, prompt_len=lp, gen_length=L - lp, sizes=(4, 8, 16, 32, 64, 128),
-                             vocab=config.vocab_size, mask_id=config.mask_token_id, k=11)
+    s0 = random_branch_state(
+        0,
+        prompt_len=lp,
+        gen_length=L - lp,
+        sizes=(4, 8, 16, 32, 64, 128),
+        vocab=config.vocab_size,
+        mask_id=config.mask_token_id,
+        k=11,
+    )
     s0 = {k: (v.cuda() if torch.is_tensor(v) else v) for k, v in s0.items()}
     s = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in s0.items()}
     spans, rows = window_spans(s0["state"].cpu())
@@ -221,8 +243,24 @@ def bookkeeping(config, model, kv, L: int, repeats: int) -> dict:
             s[k].copy_(s0[k])
         token, conf = ops.confidence(logits, config.mask_token_id)
         ids, probs = ops.sparse_probs(logits, 0.1, 11)
-        ops.bb_absorb_(s["canvas"], s["state"], s["eos_prob"], s["map_ids"], s["map_probs"], spans, token, conf,
-                       ids, probs, logits, lp, config.mask_token_id, config.eos_token_id, 0.9, True)
+        ops.bb_absorb_(
+            s["canvas"],
+            s["state"],
+            s["eos_prob"],
+            s["map_ids"],
+            s["map_probs"],
+            spans,
+            token,
+            conf,
+            ids,
+            probs,
+            logits,
+            lp,
+            config.mask_token_id,
+            config.eos_token_id,
+            0.9,
+            True,
+        )
         ops.bb_coordinate_(*coordinate_args(s))
 
     out = {"bookkeeping_ms": graph_ms(step, repeats), "bookkeeping_rows": rows}
@@ -249,8 +287,11 @@ def step_roofline(config, params: int, lengths, L: int, kv) -> tuple[float, floa
     """max(weight bytes / 4.8 TB/s, FLOPs / 790 TFLOP/s) in ms, the same with the cached K/V read
     added to the bytes, and those K/V bytes."""
     T = sum(lengths)
-    flops = 2 * T * (params - 2 * config.vocab_size * config.d_model) + 2 * T * config.vocab_size * config.d_model \
+    flops = (
+        2 * T * (params - 2 * config.vocab_size * config.d_model)
+        + 2 * T * config.vocab_size * config.d_model
         + 4 * T * L * config.d_model * config.n_layers
+    )
     weight_bytes = 2 * params - 2 * config.vocab_size * config.d_model  # the embedding table is gathered, not streamed
     roofline_ms = max(weight_bytes / HBM_BYTES_PER_S, flops / BF16_FLOPS) * 1e3
     # The issue's roofline counts weights only; a dual-cache step must also read every row's
@@ -267,18 +308,28 @@ def step_latency(config, params: int, step, plain, packed, lengths, kv, L: int, 
     tokens, positions = packed[0], packed[1]
     plain_ms = cuda_ms(lambda: plain(tokens, positions, lengths, kv), repeats)
     roofline_ms, roofline_kv_ms, kv_read = step_roofline(config, params, lengths, L, kv)
-    return {"native_eager_ms": native_ms, "plain_pytorch_ms": plain_ms, "gpu_busy_ms": gpu_busy_ms,
-            "roofline_ms": roofline_ms, "native_over_roofline": native_ms / roofline_ms,
-            "busy_over_roofline": gpu_busy_ms / roofline_ms,
-            "kv_read_bytes": kv_read, "roofline_with_kv_ms": roofline_kv_ms, "plain_over_native": plain_ms / native_ms,
-            "top_kernels": top_kernels}
+    return {
+        "native_eager_ms": native_ms,
+        "plain_pytorch_ms": plain_ms,
+        "gpu_busy_ms": gpu_busy_ms,
+        "roofline_ms": roofline_ms,
+        "native_over_roofline": native_ms / roofline_ms,
+        "busy_over_roofline": gpu_busy_ms / roofline_ms,
+        "kv_read_bytes": kv_read,
+        "roofline_with_kv_ms": roofline_kv_ms,
+        "plain_over_native": plain_ms / native_ms,
+        "top_kernels": top_kernels,
+    }
 
 
 def replay_latency(step, row: dict, repeats: int) -> dict:
     """The step captured in a CUDA graph: replay time against the GPU-busy time and both rooflines."""
     replay_ms = graph_ms(step, repeats)
-    out = {"graph_replay_ms": replay_ms, "replay_over_roofline": replay_ms / row["roofline_ms"],
-           "replay_over_roofline_with_kv": replay_ms / row["roofline_with_kv_ms"]}
+    out = {
+        "graph_replay_ms": replay_ms,
+        "replay_over_roofline": replay_ms / row["roofline_ms"],
+        "replay_over_roofline_with_kv": replay_ms / row["roofline_with_kv_ms"],
+    }
     if row.get("gpu_busy_ms"):
         out["replay_over_busy"] = replay_ms / row["gpu_busy_ms"]
     return out
@@ -299,13 +350,18 @@ def candidate_latency(name: str, step, row: dict, repeats: int) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True,
-                    help="folder for bench_gpu_step.json (--part default) or bench_gpu_candidates.json")
-    ap.add_argument("--part", choices=("default", "candidates"), default="default",
-                    help="default: the steps as shipped (latency, replay, plain PyTorch, attention sweep, "
-                         "bookkeeping); candidates: each step's default replay beside every opt-in "
-                         "kernel's, then the GEMM sweep. Separate runs, so a faulting candidate (a CUDA "
-                         "error poisons its process) cannot take the default numbers with it")
+    ap.add_argument(
+        "--out", required=True, help="folder for bench_gpu_step.json (--part default) or bench_gpu_candidates.json"
+    )
+    ap.add_argument(
+        "--part",
+        choices=("default", "candidates"),
+        default="default",
+        help="default: the steps as shipped (latency, replay, plain PyTorch, attention sweep, "
+        "bookkeeping); candidates: each step's default replay beside every opt-in "
+        "kernel's, then the GEMM sweep. Separate runs, so a faulting candidate (a CUDA "
+        "error poisons its process) cannot take the default numbers with it",
+    )
     ap.add_argument("--layers", type=int, default=32, help="layers of the LLaDA-8B-shaped model (default 32)")
     ap.add_argument("--repeats", type=int, default=10)
     args = ap.parse_args(argv)
@@ -327,8 +383,18 @@ def main(argv=None) -> int:
 
     def save():  # after every step shape, so a run cut short by its time limit keeps what it measured
         with open(os.path.join(args.out, out_name), "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "params": params,
-                       "layers": args.layers, "results": results, "gemm": gemm}, f, indent=2)
+            json.dump(
+                {
+                    "device": torch.cuda.get_device_name(0),
+                    "torch": torch.__version__,
+                    "params": params,
+                    "layers": args.layers,
+                    "results": results,
+                    "gemm": gemm,
+                },
+                f,
+                indent=2,
+            )
 
     def make_step(lengths, L):
         kv = model.new_kv(len(lengths), L)  # noqa: F821 (runs before the `del model` below)
@@ -342,25 +408,39 @@ def main(argv=None) -> int:
 
         return kv, packed, step
 
-    shapes = [(L, label, lengths) for L in (512, 2048)
-              for label, lengths in (("blockbatch-6", [4, 8, 16, 32, 64, 128]), ("single-32", [32]))]
+    shapes = [
+        (L, label, lengths)
+        for L in (512, 2048)
+        for label, lengths in (("blockbatch-6", [4, 8, 16, 32, 64, 128]), ("single-32", [32]))
+    ]
     if candidates and not CANDIDATES:
-        print("no kernel candidates left in the settings table (python/blockbatch/settings.py): no step timings; "
-              "the cuBLAS GEMM sweep only", flush=True)
+        print(
+            "no kernel candidates left in the settings table (python/blockbatch/settings.py): no step timings; "
+            "the cuBLAS GEMM sweep only",
+            flush=True,
+        )
     elif candidates:  # the default step beside each opt-in kernel, in this one process, candidate by candidate
         steps = []
         for L, label, lengths in shapes:
             kv, _, step = make_step(lengths, L)
-            row = {"step": label, "L": L, "query_tokens": sum(lengths),
-                   "roofline_ms": step_roofline(config, params, lengths, L, kv)[0]}
+            row = {
+                "step": label,
+                "L": L,
+                "query_tokens": sum(lengths),
+                "roofline_ms": step_roofline(config, params, lengths, L, kv)[0],
+            }
             results.append(row)
             steps.append((row, lengths, L, kv, step))
         for name, env in {"default": {}, **CANDIDATES}.items():
             for row, lengths, L, kv, step in steps:
                 with section(row, name), environ(**env):
                     row.update(candidate_latency(name, step, row, args.repeats))
-            print(json.dumps({"candidate": name, **{f"{r['step']} L{r['L']}": r.get(f"{name}_replay_ms")
-                                                     for r, *_ in steps}}), flush=True)
+            print(
+                json.dumps(
+                    {"candidate": name, **{f"{r['step']} L{r['L']}": r.get(f"{name}_replay_ms") for r, *_ in steps}}
+                ),
+                flush=True,
+            )
             save()
         del steps
     for L, label, lengths in shapes if not candidates else ():
@@ -395,6 +475,7 @@ def main(argv=None) -> int:
     if failed:
         print("failed parts: " + "; ".join(failed), file=sys.stderr)
     return 1 if failed else 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -69,14 +69,29 @@ def _prompts(engine, n: int) -> list[str | list[int]]:
 
 
 class _Server:
-    def __init__(self, model: str | None, max_batch: int, threads: int | None, log_path: str,
-                 replicas: int | None = None):
+    def __init__(
+        self, model: str | None, max_batch: int, threads: int | None, log_path: str, replicas: int | None = None
+    ):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "blockbatch.cli", "serve", "--port", str(self.port), "--max-batch",
-               str(max_batch), "--max-queue", str(max_batch), "--served-model-name", "bench", "--log-level", "warning"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "blockbatch.cli",
+            "serve",
+            "--port",
+            str(self.port),
+            "--max-batch",
+            str(max_batch),
+            "--max-queue",
+            str(max_batch),
+            "--served-model-name",
+            "bench",
+            "--log-level",
+            "warning",
+        ]
         if model:
             cmd += ["--model", model]
         if threads:
@@ -122,9 +137,9 @@ async def _load(url: str, prompts: list, options: dict, clients: int, duration: 
     limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
 
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=httpx.Timeout(300.0)) as http:
+
         async def one(index: int) -> None:
-            body = {"model": "bench", "prompt": prompts[index % len(prompts)], "stream": True,
-                    "blockbatch": options}
+            body = {"model": "bench", "prompt": prompts[index % len(prompts)], "stream": True, "blockbatch": options}
             t0 = time.perf_counter()
             first = None
             text = []
@@ -154,9 +169,18 @@ async def _load(url: str, prompts: list, options: dict, clients: int, duration: 
                     raise RuntimeError("the stream ended without a final chunk and [DONE]")
             end = time.perf_counter()
             tokens = final["usage"]["completion_tokens"]
-            records.append({"index": index, "start": t0 - start, "ttft": (first or end) - t0, "e2e": end - t0,
-                            "tpot": (end - first) / (tokens - 1) if first is not None and tokens > 1 else None,
-                            "tokens": tokens, "nfe": final["nfe"], "text": "".join(text)})
+            records.append(
+                {
+                    "index": index,
+                    "start": t0 - start,
+                    "ttft": (first or end) - t0,
+                    "e2e": end - t0,
+                    "tpot": (end - first) / (tokens - 1) if first is not None and tokens > 1 else None,
+                    "tokens": tokens,
+                    "nfe": final["nfe"],
+                    "text": "".join(text),
+                }
+            )
 
         async def client() -> None:
             nonlocal sent, next_prompt
@@ -208,22 +232,38 @@ def _level(engine, url: str, prompts: list, options, clients: int, duration: flo
         return None if p is None else round(p * 1e3, 2)
 
     level = {
-        "clients": clients, "duration_s": duration, "rounds": rounds, "wall_s": round(wall, 3), "requests": done,
-        "errors": len(errors), "error_examples": errors[:5], "lost": lost, "mismatches": mismatches,
-        "requests_per_s": done / wall, "output_tokens_per_s": out_tokens / wall,
+        "clients": clients,
+        "duration_s": duration,
+        "rounds": rounds,
+        "wall_s": round(wall, 3),
+        "requests": done,
+        "errors": len(errors),
+        "error_examples": errors[:5],
+        "lost": lost,
+        "mismatches": mismatches,
+        "requests_per_s": done / wall,
+        "output_tokens_per_s": out_tokens / wall,
         "canvas_tokens_per_s": done * options.gen_length / wall,
         "mean_output_tokens": out_tokens / done if done else None,
         "mean_nfe": statistics.fmean(rec["nfe"] for rec in records) if records else None,
-        **{f"{name}_ms_p{q}": ms([rec[name] for rec in records], q) for name in ("ttft", "tpot", "e2e")
-           for q in (50, 99)},
-        "offline": {"requests": offline_requests, "wall_s": round(offline_s, 3),
-                    "requests_per_s": offline_requests / offline_s if offline_s else None,
-                    "output_tokens_per_s": offline_tokens / offline_s if offline_s else None},
+        **{
+            f"{name}_ms_p{q}": ms([rec[name] for rec in records], q)
+            for name in ("ttft", "tpot", "e2e")
+            for q in (50, 99)
+        },
+        "offline": {
+            "requests": offline_requests,
+            "wall_s": round(offline_s, 3),
+            "requests_per_s": offline_requests / offline_s if offline_s else None,
+            "output_tokens_per_s": offline_tokens / offline_s if offline_s else None,
+        },
     }
-    level["server_vs_offline"] = (level["output_tokens_per_s"] / level["offline"]["output_tokens_per_s"]
-                                  if offline_tokens else None)
-    level["latencies_s"] = {name: [round(rec[name], 5) for rec in records if rec[name] is not None]
-                            for name in ("ttft", "e2e")}
+    level["server_vs_offline"] = (
+        level["output_tokens_per_s"] / level["offline"]["output_tokens_per_s"] if offline_tokens else None
+    )
+    level["latencies_s"] = {
+        name: [round(rec[name], 5) for rec in records if rec[name] is not None] for name in ("ttft", "e2e")
+    }
     return level
 
 
@@ -241,17 +281,34 @@ def _plot(report: dict, path: str) -> str | None:
     x = range(len(levels))
     w = 0.38
     a.bar([i - w / 2 for i in x], [lv["output_tokens_per_s"] for lv in levels], w, label="server (streaming HTTP)")
-    a.bar([i + w / 2 for i in x], [lv["offline"]["output_tokens_per_s"] for lv in levels], w,
-          label="offline Engine.generate")
+    a.bar(
+        [i + w / 2 for i in x],
+        [lv["offline"]["output_tokens_per_s"] for lv in levels],
+        w,
+        label="offline Engine.generate",
+    )
     for i, lv in enumerate(levels):
-        a.annotate(f"{lv['server_vs_offline']:.0%}", (i - w / 2, lv["output_tokens_per_s"]), ha="center",
-                   va="bottom", fontsize=9)
-    a.set_xticks(list(x), [f"{lv['clients']} clients" + (f", {lv['replicas']} replica(s)" if lv.get("replicas") else "")
-                           for lv in levels])
+        a.annotate(
+            f"{lv['server_vs_offline']:.0%}",
+            (i - w / 2, lv["output_tokens_per_s"]),
+            ha="center",
+            va="bottom",
+            fontsize=9,
+        )
+    a.set_xticks(
+        list(x),
+        [
+            f"{lv['clients']} clients" + (f", {lv['replicas']} replica(s)" if lv.get("replicas") else "")
+            for lv in levels
+        ],
+    )
     a.set_ylabel("output tokens / s")
     a.set_ylim(0, 1.3 * max(max(lv["output_tokens_per_s"], lv["offline"]["output_tokens_per_s"]) for lv in levels))
-    a.set_title(f"{report['model']}, {report['policy']}, gen_length {report['gen_length']}, "
-                f"{report['threads']} thread(s): throughput", fontsize=10)
+    a.set_title(
+        f"{report['model']}, {report['policy']}, gen_length {report['gen_length']}, "
+        f"{report['threads']} thread(s): throughput",
+        fontsize=10,
+    )
     a.legend(loc="upper center", ncol=2, fontsize=9)
     last = levels[-1]
     for name, label in (("ttft", "time to first token"), ("e2e", "end to end")):
@@ -261,8 +318,11 @@ def _plot(report: dict, path: str) -> str | None:
     b.set_xlim(left=0)
     b.set_xlabel("ms")
     b.set_ylabel("fraction of requests")
-    b.set_title(f"latency at {last['clients']} clients" + (f", {last['replicas']} replica(s)" if last.get("replicas")
-                                                           else "") + f" ({last['requests']} requests)")
+    b.set_title(
+        f"latency at {last['clients']} clients"
+        + (f", {last['replicas']} replica(s)" if last.get("replicas") else "")
+        + f" ({last['requests']} requests)"
+    )
     b.grid(alpha=0.3)
     b.legend()
     fig.tight_layout()
@@ -275,18 +335,32 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=None, help="checkpoint folder (default: the shipped toy model)")
     ap.add_argument("--clients", default="32", help="concurrent clients, comma-separated levels (default 32)")
     ap.add_argument("--duration", type=float, default=20.0, help="seconds of load per level (default 20)")
-    ap.add_argument("--rounds", type=int, default=4,
-                    help="split each level's load into this many windows, each followed by the offline run on its "
-                         "prompts (default 4)")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=4,
+        help="split each level's load into this many windows, each followed by the offline run on its "
+        "prompts (default 4)",
+    )
     ap.add_argument("--policy", default="dual", help="decode policy (default dual)")
     ap.add_argument("--gen-length", type=int, default=128, help="gen_length of every request (default 128)")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="intra-op threads of the server and the offline engine (default: torch's choice)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="intra-op threads of the server and the offline engine (default: torch's choice)",
+    )
     ap.add_argument("--prompts", type=int, default=400, help="distinct prompts, cycled (default 400)")
-    ap.add_argument("--out", default="benchmarks/results/serve", help="output folder (default benchmarks/results/serve)")
-    ap.add_argument("--replicas", default=None, metavar="R1,R2",
-                    help="instead of client levels: serve with `blockbatch serve --replicas R` (Ray Serve, pip install "
-                         "\"ray[serve]\") for each R, under the first --clients count; writes serve_replicas.json / .png")
+    ap.add_argument(
+        "--out", default="benchmarks/results/serve", help="output folder (default benchmarks/results/serve)"
+    )
+    ap.add_argument(
+        "--replicas",
+        default=None,
+        metavar="R1,R2",
+        help="instead of client levels: serve with `blockbatch serve --replicas R` (Ray Serve, pip install "
+        '"ray[serve]") for each R, under the first --clients count; writes serve_replicas.json / .png',
+    )
     ap.add_argument("--replot", metavar="JSON", default=None, help="only redraw the PNG of a serve.json, next to it")
     args = ap.parse_args(argv)
     if args.replot:
@@ -300,8 +374,11 @@ def main(argv=None) -> int:
         replicas = [int(r) for r in args.replicas.split(",") if r] if args.replicas else [None]
         assert replicas and all(r is None or r >= 1 for r in replicas)
     except (ValueError, AssertionError):
-        print("error: --clients must be positive integers separated by commas, --duration > 0, --prompts >= 1, "
-              "--rounds >= 1, --replicas positive integers separated by commas", file=sys.stderr)
+        print(
+            "error: --clients must be positive integers separated by commas, --duration > 0, --prompts >= 1, "
+            "--rounds >= 1, --replicas positive integers separated by commas",
+            file=sys.stderr,
+        )
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -314,9 +391,16 @@ def main(argv=None) -> int:
     engine = Engine.from_pretrained(args.model)
     prompts = _prompts(engine, args.prompts)
     os.makedirs(args.out, exist_ok=True)
-    report = {"environment": environment(), "command": " ".join(["python", *sys.argv]),
-              "model": args.model or "toy", "policy": args.policy, "gen_length": args.gen_length,
-              "threads": torch.get_num_threads(), "duration_s": args.duration, "levels": []}
+    report = {
+        "environment": environment(),
+        "command": " ".join(["python", *sys.argv]),
+        "model": args.model or "toy",
+        "policy": args.policy,
+        "gen_length": args.gen_length,
+        "threads": torch.get_num_threads(),
+        "duration_s": args.duration,
+        "levels": [],
+    }
     runs = [(c, None) for c in levels] if replicas == [None] else [(levels[0], r) for r in replicas]
     for clients, reps in runs:
         log_path = os.path.join(tempfile.gettempdir(), f"bench_serve_{os.getpid()}_{clients}_{reps}.log")
@@ -329,11 +413,14 @@ def main(argv=None) -> int:
         if reps:
             level["replicas"] = reps
         report["levels"].append(level)
-        print(f"{clients:3d} clients{f', {reps} replica(s)' if reps else ''}: {level['requests_per_s']:.1f} req/s, {level['output_tokens_per_s']:.0f} output "
-              f"tok/s (offline {level['offline']['output_tokens_per_s']:.0f}: {level['server_vs_offline']:.0%}), "
-              f"TTFT p50/p99 {level['ttft_ms_p50']}/{level['ttft_ms_p99']} ms, TPOT p50/p99 {level['tpot_ms_p50']}/"
-              f"{level['tpot_ms_p99']} ms, e2e p50/p99 {level['e2e_ms_p50']}/{level['e2e_ms_p99']} ms, "
-              f"errors {level['errors']}, lost {level['lost']}, mismatches {level['mismatches']}")
+        print(
+            f"{clients:3d} clients{f', {reps} replica(s)' if reps else ''}: {level['requests_per_s']:.1f} req/s, "
+            f"{level['output_tokens_per_s']:.0f} output "
+            f"tok/s (offline {level['offline']['output_tokens_per_s']:.0f}: {level['server_vs_offline']:.0%}), "
+            f"TTFT p50/p99 {level['ttft_ms_p50']}/{level['ttft_ms_p99']} ms, TPOT p50/p99 {level['tpot_ms_p50']}/"
+            f"{level['tpot_ms_p99']} ms, e2e p50/p99 {level['e2e_ms_p50']}/{level['e2e_ms_p99']} ms, "
+            f"errors {level['errors']}, lost {level['lost']}, mismatches {level['mismatches']}"
+        )
     stem = "serve" if replicas == [None] else "serve_replicas"
     write_json(os.path.join(args.out, f"{stem}.json"), report)
     png = _plot(report, os.path.join(args.out, f"{stem}.png"))

@@ -42,10 +42,21 @@ def main(argv=None) -> int:
     step = packed_step_timing(engine, bench.load_tasks(None, 1)[0].prompt, args.gen_length)
     print(f"toy task, {args.n} held-out problems, gen_length {args.gen_length}, threads {torch.get_num_threads()}")
     print(bench.format_table(result))
-    print(f"packed 6-branch block step ({step['query_tokens']} query tokens): native {step['native_ms']:.3f} ms, "
-          f"reference {step['reference_ms']:.3f} ms ({step['reference_ms'] / step['native_ms']:.1f}x)")
-    write_json(args.out, {"benchmark": "toy_policies", "environment": environment(), "n": args.n,
-                          "gen_length": args.gen_length, "packed_step": step, **result})
+    print(
+        f"packed 6-branch block step ({step['query_tokens']} query tokens): native {step['native_ms']:.3f} ms, "
+        f"reference {step['reference_ms']:.3f} ms ({step['reference_ms'] / step['native_ms']:.1f}x)"
+    )
+    write_json(
+        args.out,
+        {
+            "benchmark": "toy_policies",
+            "environment": environment(),
+            "n": args.n,
+            "gen_length": args.gen_length,
+            "packed_step": step,
+            **result,
+        },
+    )
     return 0
 
 
@@ -64,15 +75,22 @@ def packed_step_timing(engine, prompt: str, gen_length: int) -> dict:
     for r in range(len(sizes)):
         engine.model.forward([canvas], [torch.arange(L)], kv_n, "full", kv_rows=[r])
         ref.forward([canvas], [torch.arange(L)], kv_r, "full", kv_rows=[r])
-    q_ids = [canvas[lp:lp + b] for b in sizes]
+    q_ids = [canvas[lp : lp + b] for b in sizes]
     q_pos = [torch.arange(lp, lp + b) for b in sizes]
     packed = pack_rows(q_ids, q_pos)
-    t = interleaved_medians({
-        "native": lambda: engine.model.forward_packed(*packed, kv_n, "dual"),
-        "reference": lambda: ref.forward(q_ids, q_pos, kv_r, "dual"),
-    }, repeats=21, warmup=2)
-    return {"query_tokens": sum(sizes), "native_ms": t["native"]["median_s"] * 1e3,
-            "reference_ms": t["reference"]["median_s"] * 1e3}
+    t = interleaved_medians(
+        {
+            "native": lambda: engine.model.forward_packed(*packed, kv_n, "dual"),
+            "reference": lambda: ref.forward(q_ids, q_pos, kv_r, "dual"),
+        },
+        repeats=21,
+        warmup=2,
+    )
+    return {
+        "query_tokens": sum(sizes),
+        "native_ms": t["native"]["median_s"] * 1e3,
+        "reference_ms": t["reference"]["median_s"] * 1e3,
+    }
 
 
 if __name__ == "__main__":

@@ -43,12 +43,20 @@ def main(argv=None) -> int:
     from blockbatch.toy import task
 
     problems = task.make_problems(args.n, 0, "test")
-    engines = {"cpu": Engine.from_pretrained(None, "cpu"), "fp32": Engine.from_pretrained(None, "cuda"),
-               "bf16": Engine.from_pretrained(None, "cuda", torch.bfloat16)}
+    engines = {
+        "cpu": Engine.from_pretrained(None, "cpu"),
+        "fp32": Engine.from_pretrained(None, "cuda"),
+        "bf16": Engine.from_pretrained(None, "cuda", torch.bfloat16),
+    }
     check = check_candidates if args.candidates else check_policy
     out_name = "gpu_decode_candidates.json" if args.candidates else "gpu_decode_check.json"
-    report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "n": args.n, "policies": {},
-              "errors": {}}
+    report = {
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "n": args.n,
+        "policies": {},
+        "errors": {},
+    }
     os.makedirs(args.out, exist_ok=True)
     for name, gen in (("vanilla", 64), ("dual", 128), ("blockbatch", 128)):
         try:
@@ -69,8 +77,13 @@ def check_policy(engines, problems, name: str, gen: int, n: int) -> dict:
 
     base = policy_options(name, gen)
     runs = {}
-    for label, engine, graphs in (("cpu", "cpu", True), ("fp32_eager", "fp32", False), ("fp32_graph", "fp32", True),
-                                  ("bf16_eager", "bf16", False), ("bf16_graph", "bf16", True)):
+    for label, engine, graphs in (
+        ("cpu", "cpu", True),
+        ("fp32_eager", "fp32", False),
+        ("fp32_graph", "fp32", True),
+        ("bf16_eager", "bf16", False),
+        ("bf16_graph", "bf16", True),
+    ):
         runs[label] = generate_all(engines[engine], problems, base.replace(cuda_graphs=graphs), engine != "cpu")
     same, agreement = comparisons(runs, n)
     return {
@@ -103,12 +116,15 @@ def generate_all(engine, problems, opts, gpu: bool, env: dict | None = None) -> 
 def comparisons(runs: dict, n: int):
     """same(a, b): the share of problems with identical generations; agreement(a, b): the mean share
     of equal generated tokens."""
+
     def same(a, b):
         return sum(x[0].raw_ids == y[0].raw_ids for x, y in zip(runs[a], runs[b])) / n
 
     def agreement(a, b):
-        eq = [sum(i == j for i, j in zip(x[0].raw_ids, y[0].raw_ids)) / len(x[0].raw_ids)
-              for x, y in zip(runs[a], runs[b])]
+        eq = [
+            sum(i == j for i, j in zip(x[0].raw_ids, y[0].raw_ids)) / len(x[0].raw_ids)
+            for x, y in zip(runs[a], runs[b])
+        ]
         return statistics.mean(eq)
 
     return same, agreement
@@ -116,8 +132,10 @@ def comparisons(runs: dict, n: int):
 
 def outcomes(runs: dict, n: int) -> dict:
     """Per run: the share of problems answered correctly and the median ms per problem."""
-    return {"accuracy": {k: sum(r[2] for r in v) / n for k, v in runs.items()},
-            "median_ms": {k: statistics.median(r[1] for r in v) for k, v in runs.items()}}
+    return {
+        "accuracy": {k: sum(r[2] for r in v) / n for k, v in runs.items()},
+        "median_ms": {k: statistics.median(r[1] for r in v) for k, v in runs.items()},
+    }
 
 
 def check_candidates(engines, problems, name: str, gen: int, n: int) -> dict:
@@ -125,8 +143,10 @@ def check_candidates(engines, problems, name: str, gen: int, n: int) -> dict:
     from blockbatch.bench import policy_options
 
     opts = policy_options(name, gen).replace(cuda_graphs=True)
-    runs = {"fp32": generate_all(engines["fp32"], problems, opts, True),
-            "bf16": generate_all(engines["bf16"], problems, opts, True)}
+    runs = {
+        "fp32": generate_all(engines["fp32"], problems, opts, True),
+        "bf16": generate_all(engines["bf16"], problems, opts, True),
+    }
     for cand, env in CANDIDATES.items():
         runs[f"bf16_{cand}"] = generate_all(engines["bf16"], problems, opts, True, env)
     _, agreement = comparisons(runs, n)

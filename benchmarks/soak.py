@@ -49,8 +49,10 @@ def mix(gen_length: int) -> list[tuple[str, dict]]:
         ("blockbatch", dict(policy="blockbatch", block_sizes=sizes)),
         ("prefix", dict(policy="prefix", block_length=block)),
         ("dual-factor", dict(policy="dual", block_length=block, threshold=None, factor=1.0)),
-        ("blockbatch-divergence", dict(policy="blockbatch", block_sizes=sizes, refresh_mode="divergence",
-                                       refresh_tokens=8)),
+        (
+            "blockbatch-divergence",
+            dict(policy="blockbatch", block_sizes=sizes, refresh_mode="divergence", refresh_tokens=8),
+        ),
         ("dual-fixed", dict(policy="dual", block_length=block, threshold=None, steps=gen_length // 2)),
         ("prefix-sampled", dict(policy="prefix", block_length=block, temperature=0.7)),
         ("vanilla", dict(policy="vanilla", block_length=gen_length, threshold=None, steps=gen_length)),
@@ -86,8 +88,10 @@ class Progress:
         elif self.done % 10 == 0 or self.done == self.total:
             elapsed = time.perf_counter() - self.start
             eta = elapsed / self.done * (self.total - self.done)
-            sys.stderr.write(f"\rsoak {self.done}/{self.total} decodes  RSS {rss / 2**20:.1f} MiB  "
-                             f"{elapsed:.0f}s elapsed, ETA {eta:.0f}s ")
+            sys.stderr.write(
+                f"\rsoak {self.done}/{self.total} decodes  RSS {rss / 2**20:.1f} MiB  "
+                f"{elapsed:.0f}s elapsed, ETA {eta:.0f}s "
+            )
             sys.stderr.flush()
 
     def close(self) -> None:
@@ -119,10 +123,20 @@ def plot(path: str, rss: list[int], warmup: int, window: int, verdict: dict) -> 
     fig, ax = plt.subplots(figsize=(8, 4))
     ax.plot(range(1, len(mib) + 1), mib, lw=1, color="tab:blue", label="RSS after each decode")
     ax.axvspan(0.5, warmup + 0.5, color="0.9", label=f"warm-up ({warmup} decodes)")
-    ax.axhline(verdict["baseline_rss_bytes"] / 2**20, color="tab:green", ls="--", lw=1,
-               label=f"baseline (median of decodes {warmup + 1}..{warmup + window})")
-    ax.axhline(verdict["baseline_rss_bytes"] / 2**20 * (1 + verdict["max_growth"]), color="tab:red", ls=":",
-               lw=1, label=f"+{verdict['max_growth']:.0%} limit")
+    ax.axhline(
+        verdict["baseline_rss_bytes"] / 2**20,
+        color="tab:green",
+        ls="--",
+        lw=1,
+        label=f"baseline (median of decodes {warmup + 1}..{warmup + window})",
+    )
+    ax.axhline(
+        verdict["baseline_rss_bytes"] / 2**20 * (1 + verdict["max_growth"]),
+        color="tab:red",
+        ls=":",
+        lw=1,
+        label=f"+{verdict['max_growth']:.0%} limit",
+    )
     ax.set_xlabel("decodes in this process")
     ax.set_ylabel("resident set size (MiB)")
     ax.set_title(f"soak: {len(rss)} decodes, RSS growth after warm-up {verdict['growth']:+.3%}")
@@ -138,20 +152,29 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.split("\n\n")[0] + " See the module docstring (python benchmarks/soak.py --help "
         "prints this; the file's top explains the verdict).",
         epilog="Exit status: 0 when RSS growth after warm-up stays under --max-growth, 1 when it does not, "
-               "2 on a usage error. Example: python benchmarks/soak.py --n 200 --out /tmp/soak.json",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        "2 on a usage error. Example: python benchmarks/soak.py --n 200 --out /tmp/soak.json",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     ap.add_argument("--n", type=int, default=1000, help="decodes in the one process (all variants, cycled)")
-    ap.add_argument("--warmup", type=int, default=100,
-                    help="decodes before the baseline RSS is taken (allocator pools, op caches)")
-    ap.add_argument("--window", type=int, default=50,
-                    help="samples in the medians that give the baseline (after warm-up) and the end RSS")
+    ap.add_argument(
+        "--warmup", type=int, default=100, help="decodes before the baseline RSS is taken (allocator pools, op caches)"
+    )
+    ap.add_argument(
+        "--window",
+        type=int,
+        default=50,
+        help="samples in the medians that give the baseline (after warm-up) and the end RSS",
+    )
     ap.add_argument("--gen-length", type=int, default=64, help="tokens generated per decode (short: a fast soak)")
     ap.add_argument("--max-growth", type=float, default=0.01, help="allowed RSS growth after warm-up (0.01 = 1%%)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--seed", type=int, default=0, help="seed of the toy-task prompts")
     ap.add_argument("--model", default=None, help="checkpoint folder (default: the toy model shipped in the package)")
-    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "bench", "soak.json"),
-                    help="JSON record; the PNG goes next to it with the same name")
+    ap.add_argument(
+        "--out",
+        default=os.path.join(ROOT, "docs", "bench", "soak.json"),
+        help="JSON record; the PNG goes next to it with the same name",
+    )
     ap.add_argument("--quiet", action="store_true", help="no progress indicator")
     args = ap.parse_args(argv)
     if args.n < 1:
@@ -170,8 +193,10 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     engine = Engine.from_pretrained(args.model)
-    variants = [(name, DecodeOptions(gen_length=args.gen_length, seed=i, **fields))
-                for i, (name, fields) in enumerate(mix(args.gen_length))]
+    variants = [
+        (name, DecodeOptions(gen_length=args.gen_length, seed=i, **fields))
+        for i, (name, fields) in enumerate(mix(args.gen_length))
+    ]
     prompts = [p.prompt for p in make_problems(args.n, seed=args.seed, split="test", unique=False)]
 
     rss: list[int] = []
@@ -192,26 +217,47 @@ def main(argv: list[str] | None = None) -> int:
     bar.close()
     wall = time.perf_counter() - t_start
 
-    after = rss[args.warmup:]
-    baseline = statistics.median(after[:args.window])
-    end = statistics.median(after[-args.window:])
+    after = rss[args.warmup :]
+    baseline = statistics.median(after[: args.window])
+    end = statistics.median(after[-args.window :])
     growth = end / baseline - 1
     verdict = {
-        "passed": growth < args.max_growth, "growth": growth, "max_growth": args.max_growth,
-        "baseline_rss_bytes": baseline, "end_rss_bytes": end, "max_rss_bytes_after_warmup": max(after),
+        "passed": growth < args.max_growth,
+        "growth": growth,
+        "max_growth": args.max_growth,
+        "baseline_rss_bytes": baseline,
+        "end_rss_bytes": end,
+        "max_rss_bytes_after_warmup": max(after),
         "rss_before_first_decode_bytes": rss_start,
         "slope_bytes_per_decode_after_warmup": slope(after),
     }
     record = {
-        "benchmark": "soak", "environment": environment(), "wall_s": wall,
+        "benchmark": "soak",
+        "environment": environment(),
+        "wall_s": wall,
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "quiet")},
-        "variants": {name: {"options": {k: getattr(o, k) for k in ("policy", "block_length", "threshold", "factor",
-                                                                  "steps", "temperature", "block_sizes",
-                                                                  "refresh_mode", "refresh_tokens")},
-                            "count": per_variant[name]["count"],
-                            "mean_nfe": statistics.fmean(per_variant[name]["nfe"]) if per_variant[name]["nfe"] else None,
-                            "median_ms": statistics.median(per_variant[name]["ms"]) if per_variant[name]["ms"] else None}
-                     for name, o in variants},
+        "variants": {
+            name: {
+                "options": {
+                    k: getattr(o, k)
+                    for k in (
+                        "policy",
+                        "block_length",
+                        "threshold",
+                        "factor",
+                        "steps",
+                        "temperature",
+                        "block_sizes",
+                        "refresh_mode",
+                        "refresh_tokens",
+                    )
+                },
+                "count": per_variant[name]["count"],
+                "mean_nfe": statistics.fmean(per_variant[name]["nfe"]) if per_variant[name]["nfe"] else None,
+                "median_ms": statistics.median(per_variant[name]["ms"]) if per_variant[name]["ms"] else None,
+            }
+            for name, o in variants
+        },
         "verdict": verdict,
         "rss_bytes": rss,
     }
@@ -221,13 +267,17 @@ def main(argv: list[str] | None = None) -> int:
         f.write("\n")
     png = plot(os.path.splitext(args.out)[0] + ".png", rss, args.warmup, args.window, verdict)
 
-    print(f"{args.n} decodes in {wall:.1f} s ({len(variants)} variants, gen_length {args.gen_length}, "
-          f"{args.threads} thread(s))")
+    print(
+        f"{args.n} decodes in {wall:.1f} s ({len(variants)} variants, gen_length {args.gen_length}, "
+        f"{args.threads} thread(s))"
+    )
     for name, v in record["variants"].items():
         print(f"  {name:22s} {v['count']:4d} decodes  mean NFE {v['mean_nfe']:6.2f}  median {v['median_ms']:7.2f} ms")
-    print(f"RSS after warm-up: baseline {baseline / 2**20:.2f} MiB -> end {end / 2**20:.2f} MiB "
-          f"({growth:+.3%}, limit {args.max_growth:.0%}); slope {verdict['slope_bytes_per_decode_after_warmup']:+.0f} "
-          f"bytes/decode; max {max(after) / 2**20:.2f} MiB")
+    print(
+        f"RSS after warm-up: baseline {baseline / 2**20:.2f} MiB -> end {end / 2**20:.2f} MiB "
+        f"({growth:+.3%}, limit {args.max_growth:.0%}); slope {verdict['slope_bytes_per_decode_after_warmup']:+.0f} "
+        f"bytes/decode; max {max(after) / 2**20:.2f} MiB"
+    )
     print(f"wrote {args.out}" + (f" and {png}" if png else ""))
     if not verdict["passed"]:
         print(f"FAIL: RSS grew {growth:+.3%} after warm-up (limit {args.max_growth:.0%})", file=sys.stderr)

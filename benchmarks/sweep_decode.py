@@ -35,8 +35,18 @@ def make_model(checkpoint: str | None, workdir: str) -> str:
     from blockbatch.random_checkpoint import make_random_checkpoint
 
     path = os.path.join(workdir, "random")
-    make_random_checkpoint(path, seed=0, logit_scale=6.0, d_model=256, n_layers=4, n_heads=4, n_kv_heads=4,
-                           mlp_hidden_size=512, vocab_size=512, max_sequence_length=2048)
+    make_random_checkpoint(
+        path,
+        seed=0,
+        logit_scale=6.0,
+        d_model=256,
+        n_layers=4,
+        n_heads=4,
+        n_kv_heads=4,
+        mlp_hidden_size=512,
+        vocab_size=512,
+        max_sequence_length=2048,
+    )
     return path
 
 
@@ -50,8 +60,10 @@ def gen_length_sweep(path: str, prompts: int) -> list[dict]:
     rows = []
     for G in GEN_LENGTHS:
         sizes = tuple(b for b in BRANCHES if G % b == 0)
-        for name, options in (("dual", DecodeOptions(policy="dual", gen_length=G, block_length=32)),
-                              ("blockbatch", DecodeOptions(policy="blockbatch", gen_length=G, block_sizes=sizes))):
+        for name, options in (
+            ("dual", DecodeOptions(policy="dual", gen_length=G, block_length=32)),
+            ("blockbatch", DecodeOptions(policy="blockbatch", gen_length=G, block_sizes=sizes)),
+        ):
             nfe, ms = [], []
             for p in range(prompts):
                 ids = torch.randint(0, vocab - 2, (12,), generator=torch.Generator().manual_seed(p))
@@ -59,8 +71,12 @@ def gen_length_sweep(path: str, prompts: int) -> list[dict]:
                 out = run_decode(model.obj, ids, options)
                 ms.append((time.perf_counter() - t0) * 1e3)
                 nfe.append(out.stats["nfe"])
-            row = {"policy": name, "gen_length": G, "median_nfe": statistics.median(nfe),
-                   "median_ms": statistics.median(ms)}
+            row = {
+                "policy": name,
+                "gen_length": G,
+                "median_nfe": statistics.median(nfe),
+                "median_ms": statistics.median(ms),
+            }
             rows.append(row)
             print(f"G={G:5d} {name:10s} NFE {row['median_nfe']:7.1f}  {row['median_ms']:9.1f} ms", flush=True)
     return rows
@@ -90,8 +106,13 @@ def memory_sweep(path: str) -> list[dict]:
     rows = []
     for n in range(1, len(BRANCHES) + 1):
         sizes = ",".join(str(b) for b in BRANCHES[:n])
-        out = subprocess.run([sys.executable, "-c", _MEMORY_CHILD, path, sizes], capture_output=True, text=True,
-                             check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        out = subprocess.run(
+            [sys.executable, "-c", _MEMORY_CHILD, path, sizes],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
         before, peak = (float(x) for x in out.stdout.split())
         rows.append({"branches": n, "block_sizes": sizes, "peak_rss_mb": peak, "decode_added_mb": peak - before})
         print(f"{n} branches ({sizes}): peak RSS {peak:.1f} MB (+{peak - before:.1f} MB for the decode)", flush=True)
@@ -141,8 +162,15 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         path = make_model(args.checkpoint, tmp)
         result = {"gen_length": gen_length_sweep(path, args.prompts), "memory": memory_sweep(path)}
-    write_json(args.out, {"benchmark": "decode_sweeps", "environment": environment(),
-                          "checkpoint": args.checkpoint or "random d256x4", **result})
+    write_json(
+        args.out,
+        {
+            "benchmark": "decode_sweeps",
+            "environment": environment(),
+            "checkpoint": args.checkpoint or "random d256x4",
+            **result,
+        },
+    )
     plot(result, args.out)
     return 0
 

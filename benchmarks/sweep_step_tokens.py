@@ -43,13 +43,24 @@ def main(argv=None) -> int:
         ids = [torch.full((n,), config.mask_token_id) for n in lengths]
         pos = [torch.arange(L - n, L) for n in lengths]
         packed = pack_rows(ids, pos)
-        steps[tokens] = (lambda p=packed, k=kv: model.forward_packed(*p, k, "dual"))
+        steps[tokens] = lambda p=packed, k=kv: model.forward_packed(*p, k, "dual")
     timings = interleaved_medians({str(t): fn for t, fn in steps.items()}, args.repeats)
     rows = [{"query_tokens": t, "median_ms": timings[str(t)]["median_s"] * 1e3} for t in SIZES]
     for r in rows:
-        print(f"{r['query_tokens']:5d} query tokens: {r['median_ms']:8.2f} ms  ({r['median_ms'] / r['query_tokens']:.3f} ms/token)")
-    write_json(args.out, {"benchmark": "step_time_vs_query_tokens", "environment": environment(), "canvas": L,
-                          "config": CONFIG_50M, "rows": rows})
+        print(
+            f"{r['query_tokens']:5d} query tokens: {r['median_ms']:8.2f} ms  "
+            f"({r['median_ms'] / r['query_tokens']:.3f} ms/token)"
+        )
+    write_json(
+        args.out,
+        {
+            "benchmark": "step_time_vs_query_tokens",
+            "environment": environment(),
+            "canvas": L,
+            "config": CONFIG_50M,
+            "rows": rows,
+        },
+    )
     try:
         import matplotlib
 

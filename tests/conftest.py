@@ -1,4 +1,3 @@
-
 import os
 import pathlib
 
@@ -8,7 +7,9 @@ import torch
 # Subprocesses the tests start (`python -c ...`) see what pytest's `pythonpath` gives this process:
 # the test helpers (tests/helpers) and the build-time tools (tools/), which the wheel does not ship.
 _EXTRA = [str(pathlib.Path(__file__).resolve().parent), str(pathlib.Path(__file__).resolve().parents[1] / "tools")]
-os.environ["PYTHONPATH"] = os.pathsep.join(_EXTRA + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    _EXTRA + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+)
 # ... and one intra-op thread, as this process has (below): on a busy machine two OpenMP threads
 # spin-waiting on two cores make a subprocess's forwards crawl, so a Ctrl-C test's "stops within a
 # step" waited minutes for a step (three such tests timed out in a CI run beside other builds).
@@ -20,10 +21,15 @@ torch.set_num_threads(1)
 
 
 def pytest_addoption(parser):
-    parser.addoption("--grid-stride", type=int, default=1, metavar="K",
-                     help="run every K-th case of each test marked `grid` (parity grids), in collection order; "
-                          ".ci/sanitize uses it: under ASan a sample of a grid finds what the whole would, in a "
-                          "fraction of the time (the README's test command runs every case)")
+    parser.addoption(
+        "--grid-stride",
+        type=int,
+        default=1,
+        metavar="K",
+        help="run every K-th case of each test marked `grid` (parity grids), in collection order; "
+        ".ci/sanitize uses it: under ASan a sample of a grid finds what the whole would, in a "
+        "fraction of the time (the README's test command runs every case)",
+    )
 
 
 def pytest_collection_modifyitems(config, items):

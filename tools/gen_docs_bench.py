@@ -75,12 +75,33 @@ def policies(family: str) -> Callable[[dict], str]:
         for name, s in d["summary"].items():
             r = s["nfe_vs_dual"]
             nfe_vs_dual = "1.00" if abs(r - 1) < 1e-12 else f"{r:.1f}x" if r > 1 else f"{r:.2f} ({(r - 1) * 100:+.1f}%)"
-            rows.append([_policy_label(name, d["policies"][name], family), f"{s['accuracy']:.3f}",
-                         f"{s['mean_nfe']:.2f}", nfe_vs_dual, f"{s['median_wall_ms']:.1f}", _x(s["speedup_vs_dual"]),
-                         f"{s['reference_median_wall_ms']:.1f}", _x(s["speedup_vs_reference"]),
-                         f"{round(s['reference_token_equal'] * n)}/{n}"])
-        return _table(["policy", "accuracy", "mean NFE", "NFE vs dual", "median ms / sample", "vs dual",
-                       "reference ms", "native vs reference", "tokens equal"], rows)
+            rows.append(
+                [
+                    _policy_label(name, d["policies"][name], family),
+                    f"{s['accuracy']:.3f}",
+                    f"{s['mean_nfe']:.2f}",
+                    nfe_vs_dual,
+                    f"{s['median_wall_ms']:.1f}",
+                    _x(s["speedup_vs_dual"]),
+                    f"{s['reference_median_wall_ms']:.1f}",
+                    _x(s["speedup_vs_reference"]),
+                    f"{round(s['reference_token_equal'] * n)}/{n}",
+                ]
+            )
+        return _table(
+            [
+                "policy",
+                "accuracy",
+                "mean NFE",
+                "NFE vs dual",
+                "median ms / sample",
+                "vs dual",
+                "reference ms",
+                "native vs reference",
+                "tokens equal",
+            ],
+            rows,
+        )
 
     return render
 
@@ -92,12 +113,22 @@ def _batches(p: dict) -> list[str]:
 def batch_toy(d: dict) -> str:
     """bench_batch.py: requests/s per max_batch (x one-by-one of the same policy), the compute floor."""
     pols = list(d["policies"])
-    rows = [[k.split("_")[1]] + [f"{d['policies'][p][k]['requests_per_s']:.1f} "
-                                 f"({_x(d['policies'][p][k]['speedup_vs_one_by_one'])})" for p in pols]
-            for k in _batches(d["policies"][pols[0]])]
+    rows = [
+        [k.split("_")[1]]
+        + [
+            f"{d['policies'][p][k]['requests_per_s']:.1f} ({_x(d['policies'][p][k]['speedup_vs_one_by_one'])})"
+            for p in pols
+        ]
+        for k in _batches(d["policies"][pols[0]])
+    ]
     rows.append(["compute floor"] + [_x(d["policies"][p]["compute_floor"]["speedup_bound"]) for p in pols])
-    rows.append(["equal to one by one"] + [", ".join(sorted({d["policies"][p][k]["equal_to_one_by_one"]
-                                                             for k in _batches(d["policies"][p])})) for p in pols])
+    rows.append(
+        ["equal to one by one"]
+        + [
+            ", ".join(sorted({d["policies"][p][k]["equal_to_one_by_one"] for k in _batches(d["policies"][p])}))
+            for p in pols
+        ]
+    )
     return _table(["max_batch"] + [p.replace("-", " ") for p in pols], rows)
 
 
@@ -107,14 +138,37 @@ def batch_vs_dual(d: dict) -> str:
     rows = []
     for k in _batches(dual):
         a, b = dual[k], auto[k]
-        rows.append([k.split("_")[1], f"{a['requests_per_s']:.3f} ({_x(a['speedup_vs_one_by_one'])})",
-                     f"{b['requests_per_s']:.3f} ({_x(b['speedup_vs_one_by_one'])})",
-                     _x(b["requests_per_s"] / a["requests_per_s"]), f"{a['request_forwards']} / {b['request_forwards']}",
-                     f"{a['equal_to_one_by_one']}, {b['equal_to_one_by_one']}"])
-    rows.append(["compute floor", _x(dual["compute_floor"]["speedup_bound"]),
-                 _x(auto["compute_floor"]["speedup_bound"]), "", "", ""])
-    return _table(["max_batch", "dual req/s (x one by one)", "blockbatch auto req/s (x one by one)", "auto / dual",
-                   "forwards (dual / auto)", "equal to one by one"], rows)
+        rows.append(
+            [
+                k.split("_")[1],
+                f"{a['requests_per_s']:.3f} ({_x(a['speedup_vs_one_by_one'])})",
+                f"{b['requests_per_s']:.3f} ({_x(b['speedup_vs_one_by_one'])})",
+                _x(b["requests_per_s"] / a["requests_per_s"]),
+                f"{a['request_forwards']} / {b['request_forwards']}",
+                f"{a['equal_to_one_by_one']}, {b['equal_to_one_by_one']}",
+            ]
+        )
+    rows.append(
+        [
+            "compute floor",
+            _x(dual["compute_floor"]["speedup_bound"]),
+            _x(auto["compute_floor"]["speedup_bound"]),
+            "",
+            "",
+            "",
+        ]
+    )
+    return _table(
+        [
+            "max_batch",
+            "dual req/s (x one by one)",
+            "blockbatch auto req/s (x one by one)",
+            "auto / dual",
+            "forwards (dual / auto)",
+            "equal to one by one",
+        ],
+        rows,
+    )
 
 
 def serve(d: dict) -> str:
@@ -122,20 +176,41 @@ def serve(d: dict) -> str:
     rows = []
     by_replicas = any("replicas" in lv for lv in d["levels"])
     for lv in d["levels"]:
-        rows.append([str(lv["replicas"] if by_replicas else lv["clients"]), f"{lv['requests_per_s']:.1f}",
-                     f"{lv['output_tokens_per_s']:.0f}", f"{lv['offline']['output_tokens_per_s']:.0f}",
-                     f"{lv['server_vs_offline'] * 100:.0f}%", f"{lv['ttft_ms_p50']:.0f} / {lv['ttft_ms_p99']:.0f}",
-                     f"{lv['e2e_ms_p50'] / 1000:.2f} / {lv['e2e_ms_p99'] / 1000:.2f}", str(lv["requests"]),
-                     f"{lv['errors']} / {lv['lost']} / {lv['mismatches']}"])
-    return _table(["replicas" if by_replicas else "clients", "requests/s", "output tokens/s", "offline output tokens/s",
-                   "server / offline", "TTFT p50 / p99 ms", "end to end p50 / p99 s", "requests",
-                   "errors / lost / mismatches"], rows)
+        rows.append(
+            [
+                str(lv["replicas"] if by_replicas else lv["clients"]),
+                f"{lv['requests_per_s']:.1f}",
+                f"{lv['output_tokens_per_s']:.0f}",
+                f"{lv['offline']['output_tokens_per_s']:.0f}",
+                f"{lv['server_vs_offline'] * 100:.0f}%",
+                f"{lv['ttft_ms_p50']:.0f} / {lv['ttft_ms_p99']:.0f}",
+                f"{lv['e2e_ms_p50'] / 1000:.2f} / {lv['e2e_ms_p99'] / 1000:.2f}",
+                str(lv["requests"]),
+                f"{lv['errors']} / {lv['lost']} / {lv['mismatches']}",
+            ]
+        )
+    return _table(
+        [
+            "replicas" if by_replicas else "clients",
+            "requests/s",
+            "output tokens/s",
+            "offline output tokens/s",
+            "server / offline",
+            "TTFT p50 / p99 ms",
+            "end to end p50 / p99 s",
+            "requests",
+            "errors / lost / mismatches",
+        ],
+        rows,
+    )
 
 
 def step_tokens(d: dict) -> str:
     """sweep_step_tokens.py: one packed dual-cache step's median time per query-token count."""
-    return _table(["packed query tokens"] + [str(r["query_tokens"]) for r in d["rows"]],
-                  [["median ms"] + [f"{r['median_ms']:.0f}" for r in d["rows"]]])
+    return _table(
+        ["packed query tokens"] + [str(r["query_tokens"]) for r in d["rows"]],
+        [["median ms"] + [f"{r['median_ms']:.0f}" for r in d["rows"]]],
+    )
 
 
 def decode_gen_length(d: dict) -> str:
@@ -149,33 +224,64 @@ def decode_gen_length(d: dict) -> str:
 
 def decode_memory(d: dict) -> str:
     """sweep_decode.py: memory a BlockBatch decode adds per branch count."""
-    return _table(["branches", "block sizes", "peak RSS MB", "added by the decode MB"],
-                  [[str(r["branches"]), r["block_sizes"], f"{r['peak_rss_mb']:.1f}", f"{r['decode_added_mb']:.1f}"]
-                   for r in d["memory"]])
+    return _table(
+        ["branches", "block sizes", "peak RSS MB", "added by the decode MB"],
+        [
+            [str(r["branches"]), r["block_sizes"], f"{r['peak_rss_mb']:.1f}", f"{r['decode_added_mb']:.1f}"]
+            for r in d["memory"]
+        ],
+    )
 
 
 def soak(d: dict) -> str:
     """soak.py: the RSS verdict, then the variants cycled."""
     v, s = d["verdict"], d["settings"]
-    mib = 2 ** 20
-    head = _table(["decodes", "warm-up", "RSS after warm-up (median)", "RSS at the end", "growth", "limit",
-                   "slope after warm-up", "passed"],
-                  [[str(s["n"]), str(s["warmup"]), f"{v['baseline_rss_bytes'] / mib:.1f} MiB",
-                    f"{v['end_rss_bytes'] / mib:.1f} MiB", f"{v['growth'] * 100:+.2f}%", f"+{v['max_growth'] * 100:g}%",
-                    f"{v['slope_bytes_per_decode_after_warmup']:.0f} bytes / decode", "yes" if v["passed"] else "no"]])
-    variants = _table(["variant", "decodes", "mean NFE", "median ms"],
-                      [[name, str(x["count"]), f"{x['mean_nfe']:.2f}", f"{x['median_ms']:.1f}"]
-                       for name, x in d["variants"].items()])
+    mib = 2**20
+    head = _table(
+        [
+            "decodes",
+            "warm-up",
+            "RSS after warm-up (median)",
+            "RSS at the end",
+            "growth",
+            "limit",
+            "slope after warm-up",
+            "passed",
+        ],
+        [
+            [
+                str(s["n"]),
+                str(s["warmup"]),
+                f"{v['baseline_rss_bytes'] / mib:.1f} MiB",
+                f"{v['end_rss_bytes'] / mib:.1f} MiB",
+                f"{v['growth'] * 100:+.2f}%",
+                f"+{v['max_growth'] * 100:g}%",
+                f"{v['slope_bytes_per_decode_after_warmup']:.0f} bytes / decode",
+                "yes" if v["passed"] else "no",
+            ]
+        ],
+    )
+    variants = _table(
+        ["variant", "decodes", "mean NFE", "median ms"],
+        [[name, str(x["count"]), f"{x['mean_nfe']:.2f}", f"{x['median_ms']:.1f}"] for name, x in d["variants"].items()],
+    )
     return head + "\n\n" + variants
 
 
 def gpu_step(d: dict) -> str:
     """benchmarks/gpu_check.sh's step benchmark: graph replay against the roofline and plain PyTorch."""
     what = {"blockbatch-6": "6 branches, {q} query tokens", "single-32": "one {q}-token block"}
-    rows = [[what.get(r["step"], r["step"] + " ({q} query tokens)").format(q=r["query_tokens"]), str(r["L"]),
-             f"{r['graph_replay_ms']:.2f} ms", f"{r['replay_over_roofline']:.2f}", f"{r['replay_over_busy']:.2f}",
-             f"{r['plain_pytorch_ms']:.1f} ms"]
-            for r in sorted(d["results"], key=lambda r: (not r["step"].startswith("blockbatch"), r["L"]))]
+    rows = [
+        [
+            what.get(r["step"], r["step"] + " ({q} query tokens)").format(q=r["query_tokens"]),
+            str(r["L"]),
+            f"{r['graph_replay_ms']:.2f} ms",
+            f"{r['replay_over_roofline']:.2f}",
+            f"{r['replay_over_busy']:.2f}",
+            f"{r['plain_pytorch_ms']:.1f} ms",
+        ]
+        for r in sorted(d["results"], key=lambda r: (not r["step"].startswith("blockbatch"), r["L"]))
+    ]
     return _table(["step", "L", "graph replay", "x roofline", "replay / GPU-busy", "plain PyTorch (SDPA)"], rows)
 
 
@@ -225,8 +331,10 @@ def render(text: str, root: pathlib.Path = ROOT, where: str = "page") -> str:
     for name, (source, fn) in TABLES.items():
         begin, end = markers(name)
         if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
-            raise ValueError(f"{where}: expected the markers of bench table {name!r} once each, in order:\n"
-                             f"  {begin}\n  {END.format(name=name)}")
+            raise ValueError(
+                f"{where}: expected the markers of bench table {name!r} once each, in order:\n"
+                f"  {begin}\n  {END.format(name=name)}"
+            )
         start, stop = text.index(begin) + len(begin), text.index(end)
         text = text[:start] + "\n" + fn(_load(root, source)) + "\n" + text[stop:]
     return text
@@ -242,8 +350,10 @@ def stale_files(root: pathlib.Path = ROOT) -> list[pathlib.Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python tools/gen_docs_bench.py",
-                                 description="Render the benchmark tables of the docs from docs/bench/'s JSON.")
+    ap = argparse.ArgumentParser(
+        prog="python tools/gen_docs_bench.py",
+        description="Render the benchmark tables of the docs from docs/bench/'s JSON.",
+    )
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", action="store_true", help="rewrite every page whose tables differ")
     mode.add_argument("--check", action="store_true", help="exit 1 naming every page that is out of date")
@@ -258,8 +368,11 @@ def main(argv: list[str] | None = None) -> int:
     stale = [p for p, text in files.items() if p.read_text(encoding="utf-8") != text]
     if args.check:
         for p in stale:
-            print(f"error: {p.relative_to(root)} is out of date with the JSON results under docs/bench/; run "
-                  "`python tools/gen_docs_bench.py --write`", file=sys.stderr)
+            print(
+                f"error: {p.relative_to(root)} is out of date with the JSON results under docs/bench/; run "
+                "`python tools/gen_docs_bench.py --write`",
+                file=sys.stderr,
+            )
         return 1 if stale else 0
     for p in stale:
         p.write_text(files[p], encoding="utf-8")

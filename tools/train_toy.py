@@ -107,19 +107,41 @@ def model_config(tc: TrainConfig) -> ModelConfig:
         # token, which stays the pad id (as for the LLaDA toy); <|endoftext|> doubles as BOS, as in
         # Dream (the toy task never prepends one).
         return ModelConfig(
-            d_model=tc.d_model, n_layers=tc.n_layers, n_heads=tc.n_heads, n_kv_heads=tc.n_kv_heads,
-            mlp_hidden_size=tc.mlp_hidden_size, vocab_size=toy_tok.VOCAB_SIZE, embedding_size=toy_tok.VOCAB_SIZE,
-            rope_theta=tc.rope_theta, rms_norm_eps=1e-6, weight_tying=False, mask_token_id=toy_tok.MASK_ID,
-            eos_token_id=toy_tok.EOS_ID, max_sequence_length=tc.max_sequence_length, model_type="Dream",
-            pad_token_id=toy_tok.PAD_ID, bos_token_id=toy_tok.EOS_ID, attention_bias=True,
+            d_model=tc.d_model,
+            n_layers=tc.n_layers,
+            n_heads=tc.n_heads,
+            n_kv_heads=tc.n_kv_heads,
+            mlp_hidden_size=tc.mlp_hidden_size,
+            vocab_size=toy_tok.VOCAB_SIZE,
+            embedding_size=toy_tok.VOCAB_SIZE,
+            rope_theta=tc.rope_theta,
+            rms_norm_eps=1e-6,
+            weight_tying=False,
+            mask_token_id=toy_tok.MASK_ID,
+            eos_token_id=toy_tok.EOS_ID,
+            max_sequence_length=tc.max_sequence_length,
+            model_type="Dream",
+            pad_token_id=toy_tok.PAD_ID,
+            bos_token_id=toy_tok.EOS_ID,
+            attention_bias=True,
         ).validate()
     if tc.family != "llada":
         raise ValueError(f"family must be one of {FAMILIES}, got {tc.family!r}")
     return ModelConfig(
-        d_model=tc.d_model, n_layers=tc.n_layers, n_heads=tc.n_heads, n_kv_heads=tc.n_kv_heads,
-        mlp_hidden_size=tc.mlp_hidden_size, vocab_size=toy_tok.VOCAB_SIZE, embedding_size=toy_tok.VOCAB_SIZE,
-        rope_theta=tc.rope_theta, rms_norm_eps=1e-5, weight_tying=False, mask_token_id=toy_tok.MASK_ID,
-        eos_token_id=toy_tok.EOS_ID, max_sequence_length=tc.max_sequence_length, pad_token_id=toy_tok.PAD_ID,
+        d_model=tc.d_model,
+        n_layers=tc.n_layers,
+        n_heads=tc.n_heads,
+        n_kv_heads=tc.n_kv_heads,
+        mlp_hidden_size=tc.mlp_hidden_size,
+        vocab_size=toy_tok.VOCAB_SIZE,
+        embedding_size=toy_tok.VOCAB_SIZE,
+        rope_theta=tc.rope_theta,
+        rms_norm_eps=1e-5,
+        weight_tying=False,
+        mask_token_id=toy_tok.MASK_ID,
+        eos_token_id=toy_tok.EOS_ID,
+        max_sequence_length=tc.max_sequence_length,
+        pad_token_id=toy_tok.PAD_ID,
     ).validate()
 
 
@@ -179,8 +201,8 @@ def make_batch(tokenizer, problems: list[toy_task.Problem], canvas: int) -> tupl
         if len(r) >= T - len(p):
             raise ValueError(f"response of {len(r)} tokens does not fit in a canvas of {T - len(p)}")
         ids[b, : len(p)] = torch.tensor(p)
-        ids[b, len(p): len(p) + len(r)] = torch.tensor(r)
-        resp[b, len(p):] = True
+        ids[b, len(p) : len(p) + len(r)] = torch.tensor(r)
+        resp[b, len(p) :] = True
     return ids, resp
 
 
@@ -190,8 +212,9 @@ def shift_batch(logits: torch.Tensor) -> torch.Tensor:
     return torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
 
 
-def diffusion_loss(model: ReferenceModel, ids: torch.Tensor, resp: torch.Tensor, g: torch.Generator,
-                   eps: float = 1e-3) -> torch.Tensor:
+def diffusion_loss(
+    model: ReferenceModel, ids: torch.Tensor, resp: torch.Tensor, g: torch.Generator, eps: float = 1e-3
+) -> torch.Tensor:
     """LLaDA SFT loss: mask response tokens with prob t per row, CE on masked / t / response length.
 
     For a Dream model (``config.shifted_logits``) the prediction of position ``p`` is the output
@@ -214,8 +237,9 @@ def diffusion_loss(model: ReferenceModel, ids: torch.Tensor, resp: torch.Tensor,
 
 
 @torch.no_grad()
-def batched_decode(model: ReferenceModel, prompts: list[list[int]], gen_length: int, block_length: int,
-                   threshold: float | None) -> tuple[list[list[int]], float]:
+def batched_decode(
+    model: ReferenceModel, prompts: list[list[int]], gen_length: int, block_length: int, threshold: float | None
+) -> tuple[list[list[int]], float]:
     """Decode many prompts at once (rows grouped by prompt length) with a full forward each step.
 
     Same rules as the reference policies with ``policy="vanilla"``: blocks left to right; in the
@@ -242,7 +266,7 @@ def batched_decode(model: ReferenceModel, prompts: list[list[int]], gen_length: 
             for r in range(len(rows)):
                 while block[r] < nblocks:
                     s = lp + int(block[r]) * block_length
-                    if bool((x[r, s: s + block_length] == cfg.mask_token_id).any()):
+                    if bool((x[r, s : s + block_length] == cfg.mask_token_id).any()):
                         break
                     block[r] += 1
             active = (block < nblocks).nonzero().flatten()
@@ -272,8 +296,9 @@ def batched_decode(model: ReferenceModel, prompts: list[list[int]], gen_length: 
     return out, nfe_total / max(1, len(prompts))
 
 
-def quick_accuracy(model: ReferenceModel, tokenizer, problems, gen_length: int, block_length: int,
-                   threshold: float | None) -> tuple[float, float]:
+def quick_accuracy(
+    model: ReferenceModel, tokenizer, problems, gen_length: int, block_length: int, threshold: float | None
+) -> tuple[float, float]:
     prompts = [toy_tok.encode(tokenizer, p.prompt) for p in problems]
     gens, nfe = batched_decode(model, prompts, gen_length, block_length, threshold)
     ok = sum(toy_task.check_answer(p, toy_tok.decode_response(tokenizer, g)) for p, g in zip(problems, gens))
@@ -298,8 +323,10 @@ class Progress:
         eta = el / max(step, 1) * (self.total - step)
         width = 24
         fill = int(width * step / self.total)
-        line = (f"[{'#' * fill}{'.' * (width - fill)}] {step}/{self.total} {msg} "
-                f"{el / 60:4.1f}m elapsed, ETA {eta / 60:4.1f}m")
+        line = (
+            f"[{'#' * fill}{'.' * (width - fill)}] {step}/{self.total} {msg} "
+            f"{el / 60:4.1f}m elapsed, ETA {eta / 60:4.1f}m"
+        )
         if self.tty:
             self.stream.write("\r" + line + "\x1b[K")
         else:
@@ -330,8 +357,12 @@ def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
     model = ReferenceModel(config, weights)
     decay = [w for w in weights.values() if w.dim() == 2]
     no_decay = [w for w in weights.values() if w.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=tc.lr, betas=(0.9, 0.98), eps=1e-8)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=tc.lr,
+        betas=(0.9, 0.98),
+        eps=1e-8,
+    )
     g = torch.Generator().manual_seed(tc.seed + 1)
     rng = random.Random(tc.seed + 2)
     stream = toy_task.iter_problems(tc.seed, "train")
@@ -341,8 +372,9 @@ def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
     curve: list[dict] = []
     progress = Progress(tc.steps, tc.log_every)
     if not quiet:
-        progress.note(f"toy {tc.family} model: {n_params / 1e6:.2f}M parameters, {tc.steps} steps, "
-                      f"{tc.threads} threads")
+        progress.note(
+            f"toy {tc.family} model: {n_params / 1e6:.2f}M parameters, {tc.steps} steps, {tc.threads} threads"
+        )
     running, running_n = 0.0, 0
     t0 = time.perf_counter()
     for step in range(1, tc.steps + 1):
@@ -362,20 +394,28 @@ def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
         running_n += 1
         ema = value if step == 1 else 0.95 * ema + 0.05 * value  # noqa: F821 (set at step 1)
         if step % tc.log_every == 0 or step == tc.steps:
-            rec = {"step": step, "loss": round(running / running_n, 5),
-                   "elapsed_s": round(time.perf_counter() - t0, 1)}
+            rec = {"step": step, "loss": round(running / running_n, 5), "elapsed_s": round(time.perf_counter() - t0, 1)}
             running, running_n = 0.0, 0
             if tc.eval_every and (step % tc.eval_every == 0 or step == tc.steps):
-                acc, _ = quick_accuracy(model, tokenizer, eval_problems, tc.eval_gen_length,
-                                        tc.eval_block_length, threshold=None)
-                acc_t, nfe_t = quick_accuracy(model, tokenizer, eval_problems, tc.eval_gen_length,
-                                              tc.eval_block_length, threshold=0.9)
-                rec.update({"heldout_acc": round(acc, 4), "heldout_acc_threshold": round(acc_t, 4),
-                            "heldout_nfe_threshold": round(nfe_t, 2)})
+                acc, _ = quick_accuracy(
+                    model, tokenizer, eval_problems, tc.eval_gen_length, tc.eval_block_length, threshold=None
+                )
+                acc_t, nfe_t = quick_accuracy(
+                    model, tokenizer, eval_problems, tc.eval_gen_length, tc.eval_block_length, threshold=0.9
+                )
+                rec.update(
+                    {
+                        "heldout_acc": round(acc, 4),
+                        "heldout_acc_threshold": round(acc_t, 4),
+                        "heldout_nfe_threshold": round(nfe_t, 2),
+                    }
+                )
                 if not quiet:
-                    progress.note(f"step {step}: loss {rec['loss']:.4f}, held-out accuracy {acc:.3f} "
-                                  f"(vanilla), {acc_t:.3f} (threshold 0.9, mean NFE {nfe_t:.1f}), "
-                                  f"n={len(eval_problems)}")
+                    progress.note(
+                        f"step {step}: loss {rec['loss']:.4f}, held-out accuracy {acc:.3f} "
+                        f"(vanilla), {acc_t:.3f} (threshold 0.9, mean NFE {nfe_t:.1f}), "
+                        f"n={len(eval_problems)}"
+                    )
             curve.append(rec)
         if not quiet:
             progress.update(step, f"loss {ema:.4f}")
@@ -385,11 +425,14 @@ def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
     result = {
         "train_config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(tc).items()},
         "n_parameters": n_params,
-        "heldout_eval": {"n": tc.eval_n, "split": "test", "seed": 1000 + tc.seed,
-                         "decoders": f"heldout_acc: vanilla (1 token/step); heldout_acc_threshold: threshold 0.9; "
-                                     f"gen {tc.eval_gen_length}, block {tc.eval_block_length}, batched full forwards"
-                                     + ("; Dream shift (position p read from output p - 1)"
-                                        if config.shifted_logits else "")},
+        "heldout_eval": {
+            "n": tc.eval_n,
+            "split": "test",
+            "seed": 1000 + tc.seed,
+            "decoders": f"heldout_acc: vanilla (1 token/step); heldout_acc_threshold: threshold 0.9; "
+            f"gen {tc.eval_gen_length}, block {tc.eval_block_length}, batched full forwards"
+            + ("; Dream shift (position p read from output p - 1)" if config.shifted_logits else ""),
+        },
         "train_time_s": round(time.perf_counter() - t0, 1),
         "torch_version": torch.__version__,
         "curve": curve,
@@ -409,25 +452,38 @@ def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python tools/train_toy.py", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--family", choices=FAMILIES, default="llada",
-                    help="llada (default; the shipped toy/checkpoint) or dream (toy/checkpoint_dream: Dream layout, "
-                         f"shifted outputs; changes the defaults {FAMILY_DEFAULTS['dream']})")
-    ap.add_argument("--out", default=None,
-                    help="checkpoint folder (default: the shipped toy/checkpoint, or toy/checkpoint_dream with "
-                         "--family dream)")
+    ap.add_argument(
+        "--family",
+        choices=FAMILIES,
+        default="llada",
+        help="llada (default; the shipped toy/checkpoint) or dream (toy/checkpoint_dream: Dream layout, "
+        f"shifted outputs; changes the defaults {FAMILY_DEFAULTS['dream']})",
+    )
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="checkpoint folder (default: the shipped toy/checkpoint, or toy/checkpoint_dream with --family dream)",
+    )
     defaults = TrainConfig()
     for f in dataclasses.fields(TrainConfig):
         value = getattr(defaults, f.name)
         if isinstance(value, tuple) or f.name == "family":
             continue
         # None: not given, the family's default applies (train_config)
-        ap.add_argument("--" + f.name.replace("_", "-"), type=type(value), default=None,
-                        help=f"default {value}" + (f" ({FAMILY_DEFAULTS['dream'][f.name]} for dream)"
-                                                   if f.name in FAMILY_DEFAULTS["dream"] else ""))
+        ap.add_argument(
+            "--" + f.name.replace("_", "-"),
+            type=type(value),
+            default=None,
+            help=f"default {value}"
+            + (f" ({FAMILY_DEFAULTS['dream'][f.name]} for dream)" if f.name in FAMILY_DEFAULTS["dream"] else ""),
+        )
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
-    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
-             if f.name != "family" and getattr(args, f.name, None) is not None}
+    given = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(TrainConfig)
+        if f.name != "family" and getattr(args, f.name, None) is not None
+    }
     tc = train_config(args.family, **given)
     train(tc, out=args.out or CHECKPOINT_DIRS[args.family], quiet=args.quiet)
     return 0

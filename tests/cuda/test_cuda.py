@@ -39,14 +39,26 @@ def test_rms_norm_silu_cuda(dtype, dim, m):
     w = 1 + 0.1 * torch.randn(dim, device="cuda")
     cpu = ops.rms_norm(x.cpu().to(dtype), w.cpu().to(dtype), 1e-5)
     gpu = ops.rms_norm(x.to(dtype), w.to(dtype), 1e-5)
-    tol = 1e-4 if dtype == torch.float32 else 2 * _pytorch_error(lambda a, b: ref.rms_norm(a, b, 1e-5), (x, w), dtype) + 1e-2
+    tol = (
+        1e-4
+        if dtype == torch.float32
+        else 2 * _pytorch_error(lambda a, b: ref.rms_norm(a, b, 1e-5), (x, w), dtype) + 1e-2
+    )
     assert (gpu.cpu().float() - cpu.float()).abs().max() <= tol
     strided = torch.randn(5, dim + 8, device="cuda").to(dtype)[:, :dim]  # rows 16-byte aligned, stride != dim
-    torch.testing.assert_close(ops.rms_norm(strided, w.to(dtype), 1e-5).cpu().float(),
-                               ops.rms_norm(strided.cpu(), w.cpu().to(dtype), 1e-5).float(), atol=tol, rtol=0)
+    torch.testing.assert_close(
+        ops.rms_norm(strided, w.to(dtype), 1e-5).cpu().float(),
+        ops.rms_norm(strided.cpu(), w.cpu().to(dtype), 1e-5).float(),
+        atol=tol,
+        rtol=0,
+    )
     gu = torch.randn(19, 2 * m, device="cuda")
-    torch.testing.assert_close(ops.silu_mul(gu.to(dtype)).cpu().float(), ops.silu_mul(gu.cpu().to(dtype)).float(),
-                               atol=1e-4 if dtype == torch.float32 else 3e-2, rtol=1e-4 if dtype == torch.float32 else 3e-2)
+    torch.testing.assert_close(
+        ops.silu_mul(gu.to(dtype)).cpu().float(),
+        ops.silu_mul(gu.cpu().to(dtype)).float(),
+        atol=1e-4 if dtype == torch.float32 else 3e-2,
+        rtol=1e-4 if dtype == torch.float32 else 3e-2,
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -105,11 +117,15 @@ def test_packed_attention_cuda(dtype, heads, kv_heads, hd):
     kv = torch.randn(6, 2, 2, kv_heads, L, hd, device="cuda")
     cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), device="cuda")
     rows = torch.tensor([5, 4, 3, 2, 1, 0], device="cuda")
-    for cache, fresh in [(torch.full((6,), L, device="cuda"), False), (torch.tensor([0, 5, 17, 100, 299, 300], device="cuda"), True)]:
+    for cache, fresh in [
+        (torch.full((6,), L, device="cuda"), False),
+        (torch.tensor([0, 5, 17, 100, 299, 300], device="cuda"), True),
+    ]:
         args = [t.to(dtype) for t in (q, k, v)]
         out = ops.packed_attention(*args, cu, kv.to(dtype), rows, cache, 1, fresh)
-        expected = ops.packed_attention(*[t.cpu() for t in args], cu.cpu(), kv.to(dtype).cpu(), rows.cpu(),
-                                        cache.cpu(), 1, fresh)
+        expected = ops.packed_attention(
+            *[t.cpu() for t in args], cu.cpu(), kv.to(dtype).cpu(), rows.cpu(), cache.cpu(), 1, fresh
+        )
         tol = 1e-4 if dtype == torch.float32 else 2e-2
         torch.testing.assert_close(out.cpu().float(), expected.float(), atol=tol, rtol=tol)
 
@@ -191,7 +207,10 @@ def test_tensor_core_attention_error_within_2x_pytorch(dtype, heads, kv_heads, h
     lengths, L = [1, 7, 64, 65, 130, 200], 333
     q, k, v, kv, cu = _attention_inputs(lengths, heads, kv_heads, hd, L, 2, dtype)
     rows = torch.tensor([2, 0, 5, 1, 4, 3], device="cuda")
-    for cache, fresh in [(torch.full((6,), L, device="cuda"), False), (torch.tensor([0, 5, 64, 100, 299, 333], device="cuda"), True)]:
+    for cache, fresh in [
+        (torch.full((6,), L, device="cuda"), False),
+        (torch.tensor([0, 5, 64, 100, 299, 333], device="cuda"), True),
+    ]:
         exact = _sdpa_rows(q.float(), k.float(), v.float(), cu, kv.float(), rows, cache, 1, fresh)
         torch_err = (_sdpa_rows(q, k, v, cu, kv, rows, cache, 1, fresh).float() - exact).abs().max().item()
         ours = ops.packed_attention(q, k, v, cu, kv, rows, cache, 1, fresh)
@@ -225,7 +244,9 @@ def test_split_key_attention_on_long_rows(hd, attn_kernel, monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("hd", [64, 128])
-@pytest.mark.parametrize("pipelined", [settings.param("BLOCKBATCH_ATTN_KERNEL", k) for k in ("pipelined", "pipelined3")])
+@pytest.mark.parametrize(
+    "pipelined", [settings.param("BLOCKBATCH_ATTN_KERNEL", k) for k in ("pipelined", "pipelined3")]
+)
 def test_pipelined_attention_equals_sync_bit_for_bit(dtype, hd, pipelined, monkeypatch):
     """The cp.async / ldmatrix kernels (2 and 3 stages) do the same arithmetic in the same order as
     the staged one: equal bits on random rows (cache only, cache + fresh, fresh only, empty and
@@ -236,9 +257,11 @@ def test_pipelined_attention_equals_sync_bit_for_bit(dtype, hd, pipelined, monke
     T = sum(lengths)
     q, k, v, kv, cu = _attention_inputs(lengths, heads, kv_heads, hd, L, 2, dtype)
     rows = torch.randperm(len(lengths), device="cuda")
-    cases = [(torch.full((len(lengths),), L, device="cuda"), False),
-             (torch.tensor([0, 700, 63, 64, 1, 333, 129], device="cuda"), True),
-             (torch.zeros(len(lengths), dtype=torch.long, device="cuda"), True)]
+    cases = [
+        (torch.full((len(lengths),), L, device="cuda"), False),
+        (torch.tensor([0, 700, 63, 64, 1, 333, 129], device="cuda"), True),
+        (torch.zeros(len(lengths), dtype=torch.long, device="cuda"), True),
+    ]
     for cache, fresh in cases:
         for splits in ("", "1", "4", "16"):
             outs = {}
@@ -264,8 +287,9 @@ def test_attention_kernel_variable_is_checked(monkeypatch):
     monkeypatch.setenv("BLOCKBATCH_ATTN_KERNEL", "fast")
     q = torch.randn(4, 2, 64, device="cuda", dtype=torch.bfloat16)
     cu = torch.tensor([0, 4], device="cuda")
-    with pytest.raises(ValueError,
-                       match="BLOCKBATCH_ATTN_KERNEL must be 'sync', 'pipelined' or 'pipelined3', got 'fast'"):
+    with pytest.raises(
+        ValueError, match="BLOCKBATCH_ATTN_KERNEL must be 'sync', 'pipelined' or 'pipelined3', got 'fast'"
+    ):
         ops.packed_attention(q, q, q, cu, None, None, None, 0, True)
     monkeypatch.delenv("BLOCKBATCH_ATTN_KERNEL")
     monkeypatch.setenv("BLOCKBATCH_ATTN_SPLITS", "0")
@@ -290,8 +314,12 @@ def test_cuda_graph_replay_equals_eager(policy, dtype):
     graph = run_decode(gpu.obj, prompt, options.replace(cuda_graphs=True))
     assert torch.equal(eager.tokens, graph.tokens)
     skip = {"wall_ms", "graph_captures", "graph_replays"}
-    assert {k: v for k, v in eager.stats.items() if k not in skip} == {k: v for k, v in graph.stats.items() if k not in skip}
-    assert eager.stats["graph_replays"] == 0 and graph.stats["graph_captures"] >= 1 and graph.stats["graph_replays"] >= 1
+    assert {k: v for k, v in eager.stats.items() if k not in skip} == {
+        k: v for k, v in graph.stats.items() if k not in skip
+    }
+    assert (
+        eager.stats["graph_replays"] == 0 and graph.stats["graph_captures"] >= 1 and graph.stats["graph_replays"] >= 1
+    )
 
 
 @pytest.mark.parametrize("policy", ["vanilla", "prefix", "dual", "blockbatch"])
@@ -316,8 +344,9 @@ def test_vector_rope_changes_no_bits(policy, monkeypatch):
             out = run_decode(gpu.obj, prompt, opts)
             label = f"{dtype} graphs={graphs}"
             assert torch.equal(out.tokens, base.tokens), label
-            assert {k: v for k, v in out.stats.items() if k not in skip} == \
-                {k: v for k, v in base.stats.items() if k not in skip}, label
+            assert {k: v for k, v in out.stats.items() if k not in skip} == {
+                k: v for k, v in base.stats.items() if k not in skip
+            }, label
 
 
 def test_decode_reads_back_once_per_step_on_gpu():
@@ -330,8 +359,9 @@ def test_decode_reads_back_once_per_step_on_gpu():
     gpu = NativeModel(config, random_weights(config, seed=4, logit_scale=6.0), device="cuda")
     prompt = torch.tensor([3, 1, 4, 1, 5, 9, 2])
     for policy in ("dual", "blockbatch"):
-        options = DecodeOptions(policy=policy, gen_length=64, block_length=16, block_sizes=(4, 8, 16, 32),
-                                stop_on_eos=False, threshold=0.99)
+        options = DecodeOptions(
+            policy=policy, gen_length=64, block_length=16, block_sizes=(4, 8, 16, 32), stop_on_eos=False, threshold=0.99
+        )
         run_decode(gpu.obj, prompt, options)  # warm-up
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             out = run_decode(gpu.obj, prompt, options)
@@ -388,9 +418,24 @@ def test_absorb_cuda_equals_cpu(dtype):
         cpu, spans, logits, token, conf, ids, probs = case
         gpu = _to(cpu, "cuda")
         for s, dev in ((cpu, "cpu"), (gpu, "cuda")):
-            ops.bb_absorb_(s["canvas"], s["state"], s["eos_prob"], s["map_ids"], s["map_probs"],
-                           torch.tensor(spans, device=dev), token.to(dev), conf.to(dev), ids.to(dev), probs.to(dev),
-                           logits.to(dev), s["prompt_len"], s["mask_id"], eos, 0.8, True)
+            ops.bb_absorb_(
+                s["canvas"],
+                s["state"],
+                s["eos_prob"],
+                s["map_ids"],
+                s["map_probs"],
+                torch.tensor(spans, device=dev),
+                token.to(dev),
+                conf.to(dev),
+                ids.to(dev),
+                probs.to(dev),
+                logits.to(dev),
+                s["prompt_len"],
+                s["mask_id"],
+                eos,
+                0.8,
+                True,
+            )
         for k in ("canvas", "state", "map_ids", "map_probs"):
             assert torch.equal(gpu[k].cpu(), cpu[k]), f"seed {seed}: {k}"
         assert torch.allclose(gpu["eos_prob"].cpu(), cpu["eos_prob"], rtol=1e-12, atol=0)
@@ -435,5 +480,7 @@ def test_dream_cuda_graph_replay_equals_eager(policy, dtype):
     graph = run_decode(gpu.obj, prompt, options.replace(cuda_graphs=True))
     assert torch.equal(eager.tokens, graph.tokens)
     skip = {"wall_ms", "graph_captures", "graph_replays"}
-    assert {k: v for k, v in eager.stats.items() if k not in skip} == {k: v for k, v in graph.stats.items() if k not in skip}
+    assert {k: v for k, v in eager.stats.items() if k not in skip} == {
+        k: v for k, v in graph.stats.items() if k not in skip
+    }
     assert graph.stats["graph_replays"] >= 1

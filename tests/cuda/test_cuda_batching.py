@@ -1,6 +1,7 @@
 """The batching scheduler on a CUDA model (BLOCKBATCH_CUDA_BATCHING=graphs, the default since the
-2026-12-04 GPU runs passed these; =1 eager steps): requests of mixed policies, branch sets, gen_lengths and prompt lengths
-decode together in packed forwards on one stream; every request finishes, in input order, with the
+2026-12-04 GPU runs passed these; =1 eager steps): requests of mixed policies, branch sets,
+gen_lengths and prompt lengths decode together in packed forwards on one stream; every request
+finishes, in input order, with the
 tokens of its decode alone (float32: GEMMs of other row counts may round differently, so a few
 requests may differ; the share is asserted and printed), with eager packed steps (=1) and with
 padded steps replayed from CUDA graphs (=graphs: graphs captured and replayed); streaming and
@@ -19,8 +20,10 @@ from blockbatch import DecodeOptions, Engine, settings
 from blockbatch.decoding import run_decode_batch
 from helpers.batching import COUNTERS, mixed_requests
 
-pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine"),
-              settings.candidate_mark("BLOCKBATCH_CUDA_BATCHING")]
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine"),
+    settings.candidate_mark("BLOCKBATCH_CUDA_BATCHING"),
+]
 
 
 @pytest.fixture(scope="module", params=["llada", "dream"])
@@ -57,8 +60,9 @@ def test_cuda_batching_is_the_default_and_0_opts_out(engine, monkeypatch):
     # Engine.generate falls back to one by one: the same results as each request alone
     got = engine.generate([[3, 1, 4], [1, 5, 9, 2]], DecodeOptions(gen_length=32), max_batch=2)
     assert engine.last_batch_stats is None  # no batch
-    assert [g.raw_ids for g in got] == [engine.generate([p], DecodeOptions(gen_length=32))[0].raw_ids
-                                        for p in ([3, 1, 4], [1, 5, 9, 2])]
+    assert [g.raw_ids for g in got] == [
+        engine.generate([p], DecodeOptions(gen_length=32))[0].raw_ids for p in ([3, 1, 4], [1, 5, 9, 2])
+    ]
     monkeypatch.setenv("BLOCKBATCH_CUDA_BATCHING", "yes")
     with pytest.raises(ValueError, match="BLOCKBATCH_CUDA_BATCHING must be '0', '1' or 'graphs'"):
         engine.batches
@@ -74,8 +78,10 @@ def test_cuda_batched_requests_agree_with_batch_one(engine, batching):
     if batching == "graphs":  # every packed forward padded; repeated buckets replayed
         assert stats["padded_forwards"] >= stats["packed_forwards"]
         assert stats["graph_captures"] > 0 and stats["graph_replays"] > 0
-        print(f"graphs: {stats['graph_captures']} captured, {stats['graph_replays']} of {stats['padded_forwards']} "
-              f"padded forwards replayed")
+        print(
+            f"graphs: {stats['graph_captures']} captured, {stats['graph_replays']} of {stats['padded_forwards']} "
+            f"padded forwards replayed"
+        )
     else:
         assert stats["padded_forwards"] == stats["graph_replays"] == 0
     equal = 0
@@ -86,8 +92,10 @@ def test_cuda_batched_requests_agree_with_batch_one(engine, batching):
         same_tokens += sum(x == y for x, y in zip(g.raw_ids, a.raw_ids))
         equal += g.raw_ids == a.raw_ids and all(g.stats[k] == a.stats[k] for k in COUNTERS)
     total = sum(len(a.raw_ids) for a in alone)
-    print(f"{engine.config.family} float32 CUDA ({batching}), 16 requests at max_batch 16: {equal}/16 equal to batch 1, "
-          f"token agreement {same_tokens / total:.4f}")
+    print(
+        f"{engine.config.family} float32 CUDA ({batching}), 16 requests at max_batch 16: {equal}/16 equal to batch 1, "
+        f"token agreement {same_tokens / total:.4f}"
+    )
     assert equal >= 12 and same_tokens / total >= 0.95
 
 
@@ -104,7 +112,7 @@ def test_cuda_stream_and_cancel(engine, batching):
             final[item.index] = item.generation
     assert sorted(final) == [0, 1, 2]
     for i, g in final.items():
-        assert g.raw_ids[:len(streamed[i])] == streamed[i]  # every streamed prefix is the result's
+        assert g.raw_ids[: len(streamed[i])] == streamed[i]  # every streamed prefix is the result's
     # Closing the stream early cancels the rest; the scheduler is usable again afterwards
     long = DecodeOptions(policy="dual", gen_length=256, block_length=32, threshold=0.999)
     it = engine.stream([[1, 2, 3]] * 4, long, max_batch=4)

@@ -52,8 +52,14 @@ def toy():
 
 def settings(recorded, refresh):
     s = recorded["settings"]
-    return dict(block_sizes=tuple(s["block_sizes"]), threshold=s["threshold"], merge_gate=s["conf_threshold"],
-                sync_gap=s["sync_threshold"], refresh_tokens=refresh, stop_on_eos=True)
+    return dict(
+        block_sizes=tuple(s["block_sizes"]),
+        threshold=s["threshold"],
+        merge_gate=s["conf_threshold"],
+        sync_gap=s["sync_threshold"],
+        refresh_tokens=refresh,
+        stop_on_eos=True,
+    )
 
 
 def runs(recorded, refresh):
@@ -62,9 +68,17 @@ def runs(recorded, refresh):
 
 
 def authors_view(run):
-    return dict(tokens=unpack(run["tokens"]), nfe=run["nfe"], forwards=run["forwards"],
-                winner_block_size=run["winner_block_size"], early_exit=run["early_exit"], decoded=run["decoded"],
-                merged=run["merged"], copied=run["copied"], branch_forwards=run["branch_forwards"])
+    return dict(
+        tokens=unpack(run["tokens"]),
+        nfe=run["nfe"],
+        forwards=run["forwards"],
+        winner_block_size=run["winner_block_size"],
+        early_exit=run["early_exit"],
+        decoded=run["decoded"],
+        merged=run["merged"],
+        copied=run["copied"],
+        branch_forwards=run["branch_forwards"],
+    )
 
 
 def mismatches(recorded, refresh, decode, every=1):
@@ -87,18 +101,25 @@ REFRESH = [8, 4, 16]
 @pytest.mark.parametrize("refresh", REFRESH)
 def test_engine_matches_authors(recorded, toy, refresh):
     engine, _ = toy
-    options = DecodeOptions(policy="blockbatch", gen_length=recorded["settings"]["gen_length"],
-                            **settings(recorded, refresh))
+    options = DecodeOptions(
+        policy="blockbatch", gen_length=recorded["settings"]["gen_length"], **settings(recorded, refresh)
+    )
 
     def decode(ids):
         out = run_decode(engine.model.obj, ids, options)
         s = out.stats
         br = s["branches"]
-        return dict(tokens=out.tokens[len(ids):].tolist(), nfe=s["nfe_paper"],
-                    forwards=[s["nfe_init"], s["nfe_block"], s["nfe_refresh"]],
-                    winner_block_size=s["winner_block_size"], early_exit=s["early_exit"],
-                    decoded=[b["committed"] + b["copied"] for b in br], merged=[b["merged"] for b in br],
-                    copied=[b["copied"] for b in br], branch_forwards=[b["forwards"] for b in br])
+        return dict(
+            tokens=out.tokens[len(ids) :].tolist(),
+            nfe=s["nfe_paper"],
+            forwards=[s["nfe_init"], s["nfe_block"], s["nfe_refresh"]],
+            winner_block_size=s["winner_block_size"],
+            early_exit=s["early_exit"],
+            decoded=[b["committed"] + b["copied"] for b in br],
+            merged=[b["merged"] for b in br],
+            copied=[b["copied"] for b in br],
+            branch_forwards=[b["forwards"] for b in br],
+        )
 
     bad = mismatches(recorded, refresh, decode)
     assert not bad, f"{len(bad)} of {len(recorded['prompts'])} prompts differ, first: {bad[:3]}"
@@ -112,11 +133,17 @@ def test_reference_matches_authors(recorded, toy, refresh):
     def decode(ids):
         r = blockbatch_generate(ref, ids, G, **settings(recorded, refresh))
         br = r.branches
-        return dict(tokens=r.tokens[len(ids):].tolist(), nfe=r.nfe_paper, forwards=[r.nfe_init, r.nfe_block,
-                                                                                      r.nfe_refresh],
-                    winner_block_size=r.winner_block_size, early_exit=r.early_exit, decoded=[b.decoded for b in br],
-                    merged=[b.merged for b in br], copied=[b.copied for b in br],
-                    branch_forwards=[b.forwards for b in br])
+        return dict(
+            tokens=r.tokens[len(ids) :].tolist(),
+            nfe=r.nfe_paper,
+            forwards=[r.nfe_init, r.nfe_block, r.nfe_refresh],
+            winner_block_size=r.winner_block_size,
+            early_exit=r.early_exit,
+            decoded=[b.decoded for b in br],
+            merged=[b.merged for b in br],
+            copied=[b.copied for b in br],
+            branch_forwards=[b.forwards for b in br],
+        )
 
     bad = mismatches(recorded, refresh, decode, every=REFERENCE_EVERY)
     assert not bad, f"{len(bad)} prompts differ, first: {bad[:3]}"

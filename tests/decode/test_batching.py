@@ -14,6 +14,7 @@ from blockbatch import DecodeOptions
 from blockbatch.decoding import run_decode_batch
 from helpers.batching import small_engine, COUNTERS, mixed_requests as _mixed_requests, same as _same
 
+
 @pytest.fixture(scope="module", params=["llada", "dream"])
 def engine(request, tmp_path_factory):
     return small_engine(tmp_path_factory.mktemp(request.param), request.param, seed=3)
@@ -33,7 +34,7 @@ def test_batched_results_equal_batch_one(engine, requests_and_alone, max_batch):
     if max_batch == 1:  # Engine.generate decodes one by one at max_batch 1; the batched op at 1 too
         outs, stats = run_decode_batch(engine.model.obj, [torch.tensor(p) for p, _ in reqs], [o for _, o in reqs], 1)
         for i, (out, a) in enumerate(zip(outs, alone)):
-            assert out.tokens[len(reqs[i][0]):].tolist() == a.raw_ids
+            assert out.tokens[len(reqs[i][0]) :].tolist() == a.raw_ids
             assert all(out.stats[k] == a.stats[k] for k in COUNTERS if k != "policy")
         assert stats["packed_forwards"] == stats["request_forwards"] == sum(a.stats["nfe"] for a in alone)
         return
@@ -60,8 +61,7 @@ def test_subsets_and_orders_do_not_change_a_request(engine, requests_and_alone):
     # KV rows for the largest request only: the others wait for rows, off the step barrier
     rows = [0 if reqs[i][1].policy == "vanilla" else len(alone[i].stats["branches"]) for i in order]
     tight = engine.last_batch_stats["kv_row_bytes"] * max(rows)
-    got = engine.generate([reqs[i][0] for i in order], [reqs[i][1] for i in order], max_batch=4,
-                          kv_budget_bytes=tight)
+    got = engine.generate([reqs[i][0] for i in order], [reqs[i][1] for i in order], max_batch=4, kv_budget_bytes=tight)
     for j, i in enumerate(order):
         _same(got[j], alone[i], f"request {i} under a {max(rows)}-row KV budget")
     assert engine.last_batch_stats["kv_pool_rows"] == max(rows)
@@ -74,8 +74,9 @@ def test_errors_name_the_request_and_the_budget(engine, requests_and_alone):
     with pytest.raises(ValueError, match=r"prompt|vocabulary"):
         engine.generate(bad, [reqs[0][1], reqs[0][1], reqs[1][1]], max_batch=3)
     with pytest.raises(ValueError, match=r"request 1"):
-        torch.ops.blockbatch.decode_batch(engine.model.obj, [torch.tensor(p) for p in bad],
-                                          [DecodeOptions(gen_length=32).native] * 3, max_batch=3)
+        torch.ops.blockbatch.decode_batch(
+            engine.model.obj, [torch.tensor(p) for p in bad], [DecodeOptions(gen_length=32).native] * 3, max_batch=3
+        )
     with pytest.raises(ValueError, match=r"kv_budget_bytes = 1 holds 0 KV rows"):
         engine.generate([p for p, _ in reqs[:4]], [o for _, o in reqs[:4]], max_batch=2, kv_budget_bytes=1)
     with pytest.raises(ValueError, match=r"options: 2 DecodeOptions for 3 prompts"):
@@ -94,10 +95,11 @@ def test_padded_packs_change_no_result(engine, requests_and_alone, max_batch):
     row): every request's tokens and counters stay those of its decode alone, in every KV mode
     (the requests mix vanilla, prefix, dual and BlockBatch of both families)."""
     reqs, alone = requests_and_alone
-    outs, stats = run_decode_batch(engine.model.obj, [torch.tensor(p) for p, _ in reqs], [o for _, o in reqs],
-                                   max_batch, pad_packs=True)
+    outs, stats = run_decode_batch(
+        engine.model.obj, [torch.tensor(p) for p, _ in reqs], [o for _, o in reqs], max_batch, pad_packs=True
+    )
     for i, (out, a) in enumerate(zip(outs, alone)):
-        assert out.tokens[len(reqs[i][0]):].tolist() == a.raw_ids, f"request {i} at max_batch {max_batch}, padded"
+        assert out.tokens[len(reqs[i][0]) :].tolist() == a.raw_ids, f"request {i} at max_batch {max_batch}, padded"
         assert all(out.stats[k] == a.stats[k] for k in COUNTERS if k != "policy"), f"request {i}"
     assert stats["padded_forwards"] >= stats["packed_forwards"] > 0  # every group of every step was padded
     assert stats["graph_captures"] == stats["graph_replays"] == 0  # graphs are CUDA's
@@ -105,12 +107,27 @@ def test_padded_packs_change_no_result(engine, requests_and_alone, max_batch):
     # is refused with padding and accepted without.
     rows = max(len(a.stats["branches"]) if o.policy != "vanilla" else 0 for a, (_, o) in zip(alone, reqs))
     tight = stats["kv_row_bytes"] * rows
-    with pytest.raises(ValueError, match=rf"needs {rows} \(besides the scratch row of padded packs\); raise the "
-                                         rf"budget to at least {tight + stats['kv_row_bytes']} bytes"):
-        run_decode_batch(engine.model.obj, [torch.tensor(p) for p, _ in reqs], [o for _, o in reqs], 4,
-                         kv_budget_bytes=tight, pad_packs=True)
-    run_decode_batch(engine.model.obj, [torch.tensor(p) for p, _ in reqs[:2]], [o for _, o in reqs[:2]], 2,
-                     kv_budget_bytes=tight, pad_packs=False)
+    with pytest.raises(
+        ValueError,
+        match=rf"needs {rows} \(besides the scratch row of padded packs\); raise the "
+        rf"budget to at least {tight + stats['kv_row_bytes']} bytes",
+    ):
+        run_decode_batch(
+            engine.model.obj,
+            [torch.tensor(p) for p, _ in reqs],
+            [o for _, o in reqs],
+            4,
+            kv_budget_bytes=tight,
+            pad_packs=True,
+        )
+    run_decode_batch(
+        engine.model.obj,
+        [torch.tensor(p) for p, _ in reqs[:2]],
+        [o for _, o in reqs[:2]],
+        2,
+        kv_budget_bytes=tight,
+        pad_packs=False,
+    )
 
 
 def test_padded_packs_of_many_sizes(engine):
@@ -120,5 +137,5 @@ def test_padded_packs_of_many_sizes(engine):
     prompts = [torch.tensor([1 + (i % 5)] * (1 + i % 23)) for i in range(40)]
     outs, stats = run_decode_batch(engine.model.obj, prompts, [o] * 40, 40, pad_packs=True)
     alone = [engine.generate([p], o)[0] for p in prompts]
-    assert [out.tokens[len(p):].tolist() for out, p in zip(outs, prompts)] == [a.raw_ids for a in alone]
+    assert [out.tokens[len(p) :].tolist() for out, p in zip(outs, prompts)] == [a.raw_ids for a in alone]
     assert stats["padded_forwards"] >= stats["packed_forwards"]

@@ -34,22 +34,45 @@ def assert_same(expected, out):
     s = out.stats
     assert torch.equal(out.tokens, expected.tokens)
     assert (s["nfe"], s["nfe_init"], s["nfe_block"], s["nfe_refresh"], s["nfe_paper"]) == (
-        expected.nfe, expected.nfe_init, expected.nfe_block, expected.nfe_refresh, expected.nfe_paper)
+        expected.nfe,
+        expected.nfe_init,
+        expected.nfe_block,
+        expected.nfe_refresh,
+        expected.nfe_paper,
+    )
     assert (s["winner"], s["winner_block_size"], s["early_exit"]) == (
-        expected.winner, expected.winner_block_size, expected.early_exit)
+        expected.winner,
+        expected.winner_block_size,
+        expected.early_exit,
+    )
     assert s["committed_per_step"] == expected.committed_per_step
     assert s["query_tokens_per_step"] == expected.query_tokens_per_step
     for b, e in zip(s["branches"], expected.branches):
         assert (b["block_size"], b["committed"], b["merged"], b["copied"], b["forwards"]) == (
-            e.block_size, e.committed, e.merged, e.copied, e.forwards)
+            e.block_size,
+            e.committed,
+            e.merged,
+            e.copied,
+            e.forwards,
+        )
 
 
 GRID = [
     dict(block_sizes=sizes, gen_length=G, refresh_mode=mode, sync_gap=gap, merge_gate=gate, stop_on_eos=eos)
     for (sizes, G), mode, gap, gate, eos in itertools.product(
-        [((4, 8, 16, 32, 64, 128), 128), ((4, 8, 16, 32, 64, 128), 256), ((8, 32), 64), ((16,), 64), ((4, 64), 64),
-         ((4, 64), 192)],
-        ["periodic", "divergence"], [4, 64], [0.3, 0.9], [True, False])
+        [
+            ((4, 8, 16, 32, 64, 128), 128),
+            ((4, 8, 16, 32, 64, 128), 256),
+            ((8, 32), 64),
+            ((16,), 64),
+            ((4, 64), 64),
+            ((4, 64), 192),
+        ],
+        ["periodic", "divergence"],
+        [4, 64],
+        [0.3, 0.9],
+        [True, False],
+    )
     if not (mode == "divergence" and G == 256)  # keep the grid within CI time; divergence runs at 64..192
 ]
 
@@ -114,8 +137,11 @@ def test_single_branch_one_block_equals_dual_cache(models):
     """One branch, one block (G = b), refresh disabled: dual cache, NFE = block steps + 1."""
     config, _, nat = models
     prompt = torch.tensor([7, 2, 9])
-    bb = run_decode(nat.obj, prompt, DecodeOptions(policy="blockbatch", gen_length=32, block_sizes=(32,),
-                                                   refresh_tokens=0, stop_on_eos=False))
+    bb = run_decode(
+        nat.obj,
+        prompt,
+        DecodeOptions(policy="blockbatch", gen_length=32, block_sizes=(32,), refresh_tokens=0, stop_on_eos=False),
+    )
     dual = run_decode(nat.obj, prompt, DecodeOptions(policy="dual", gen_length=32, block_length=32))
     assert torch.equal(bb.tokens, dual.tokens)
     assert bb.stats["nfe"] == bb.stats["nfe_block"] + 1 == dual.stats["nfe"]
@@ -127,8 +153,11 @@ def test_single_branch_refresh_every_block_equals_dual_cache(models, b, G):
     config, _, nat = models
     for seed in range(3):
         prompt = torch.randint(0, config.vocab_size - 2, (5,), generator=torch.Generator().manual_seed(seed))
-        bb = run_decode(nat.obj, prompt, DecodeOptions(policy="blockbatch", gen_length=G, block_sizes=(b,),
-                                                       refresh_tokens=b, stop_on_eos=False))
+        bb = run_decode(
+            nat.obj,
+            prompt,
+            DecodeOptions(policy="blockbatch", gen_length=G, block_sizes=(b,), refresh_tokens=b, stop_on_eos=False),
+        )
         dual = run_decode(nat.obj, prompt, DecodeOptions(policy="dual", gen_length=G, block_length=b))
         assert torch.equal(bb.tokens, dual.tokens)
         assert bb.stats["nfe"] == dual.stats["nfe"]
@@ -139,8 +168,9 @@ def test_block_size_order_does_not_matter(models):
     config, _, nat = models
     prompt = torch.tensor([4, 4, 1])
     a = run_decode(nat.obj, prompt, DecodeOptions(policy="blockbatch", gen_length=128))
-    b = run_decode(nat.obj, prompt, DecodeOptions(policy="blockbatch", gen_length=128,
-                                                  block_sizes=(64, 4, 128, 16, 8, 32)))
+    b = run_decode(
+        nat.obj, prompt, DecodeOptions(policy="blockbatch", gen_length=128, block_sizes=(64, 4, 128, 16, 8, 32))
+    )
     assert torch.equal(a.tokens, b.tokens) and a.stats == {**b.stats, "wall_ms": a.stats["wall_ms"]}
 
 
@@ -198,12 +228,17 @@ def test_python_rejects_bad_blockbatch_options(kwargs, pattern):
 # The sync_refresh variant (ALGORITHMS.md 10.3; opt-in, not the authors' semantics): the engine
 # equals the reference with it on, in both refresh modes and with refreshes otherwise off; and it
 # does something (refreshes follow syncs) where the default run syncs.
-SYNC_REFRESH = [dict(block_sizes=sizes, gen_length=G, refresh_mode=mode, refresh_tokens=rt, sync_gap=gap,
-                     stop_on_eos=eos)
-                for (sizes, G), mode, rt, gap, eos in itertools.product(
-                    [((4, 8, 16, 32, 64, 128), 128), ((8, 32), 64), ((4, 64), 192)], ["periodic", "divergence"],
-                    [0, 32], [4], [True, False])
-                if not (mode == "divergence" and rt == 0)]
+SYNC_REFRESH = [
+    dict(block_sizes=sizes, gen_length=G, refresh_mode=mode, refresh_tokens=rt, sync_gap=gap, stop_on_eos=eos)
+    for (sizes, G), mode, rt, gap, eos in itertools.product(
+        [((4, 8, 16, 32, 64, 128), 128), ((8, 32), 64), ((4, 64), 192)],
+        ["periodic", "divergence"],
+        [0, 32],
+        [4],
+        [True, False],
+    )
+    if not (mode == "divergence" and rt == 0)
+]
 
 
 @pytest.mark.grid

@@ -12,9 +12,9 @@ from blockbatch import DecodeOptions, Engine
 from blockbatch.scheduler import BatchScheduler
 
 SIZES = [4, 8, 16, 32, 64, 128]
-FLAT = ([16, 4096], [0.01, 0.01])                 # an idle GPU: tokens are free
-LINEAR = ([16, 4096], [16e-5, 4096e-5])           # a compute-bound CPU: time grows with every token
-KNEE = ([16, 512, 4096], [0.01, 0.01, 0.08])      # free up to 512 tokens, then linear
+FLAT = ([16, 4096], [0.01, 0.01])  # an idle GPU: tokens are free
+LINEAR = ([16, 4096], [16e-5, 4096e-5])  # a compute-bound CPU: time grows with every token
+KNEE = ([16, 512, 4096], [0.01, 0.01, 0.08])  # free up to 512 tokens, then linear
 
 
 def _cut(load, curve, sizes=SIZES, block_length=32):
@@ -50,9 +50,10 @@ def test_a_cut_request_equals_its_decode_alone_with_the_cut_sizes():
             alone = engine.generate(prompt, auto.replace(block_sizes=sizes, branch_budget="full"))[0]
         else:  # one branch left: a dual cache of that block, with blockbatch's threshold and EOS exit
             assert out.stats["nfe_refresh"] == 0 and out.stats["nfe_init"] == 0
-            alone = engine.generate(prompt, DecodeOptions(policy="dual", gen_length=128, block_length=sizes[0],
-                                                          stop_on_eos=True))[0]
-        assert out.tokens[prompt.numel():].tolist() == alone.raw_ids and out.stats["nfe"] == alone.stats["nfe"]
+            alone = engine.generate(
+                prompt, DecodeOptions(policy="dual", gen_length=128, block_length=sizes[0], stop_on_eos=True)
+            )[0]
+        assert out.tokens[prompt.numel() :].tolist() == alone.raw_ids and out.stats["nfe"] == alone.stats["nfe"]
     # the op alone has no curve: the full set; Engine.generate alone cuts at load 1 on the model's curve
     from blockbatch.decoding import run_decode
 
@@ -63,8 +64,12 @@ def test_a_cut_request_equals_its_decode_alone_with_the_cut_sizes():
     if len(at_one) > 1:
         assert [b["block_size"] for b in got["branches"]] == at_one
     else:
-        assert got["nfe"] == engine.generate(prompt, DecodeOptions(policy="dual", gen_length=128, block_length=at_one[0],
-                                                                   stop_on_eos=True))[0].stats["nfe"]
+        assert (
+            got["nfe"]
+            == engine.generate(
+                prompt, DecodeOptions(policy="dual", gen_length=128, block_length=at_one[0], stop_on_eos=True)
+            )[0].stats["nfe"]
+        )
 
 
 def test_the_measured_curve_and_bad_curves():

@@ -25,8 +25,8 @@ def models(request):
 
 # (policy, gen_length, block_length, options); prompts of odd lengths are drawn per case.
 CASES = [
-    ("vanilla", 32, 8, dict(threshold=None, steps=32)),        # LLaDA: one token per step
-    ("vanilla", 64, 16, dict(threshold=None, steps=16)),       # four tokens per step
+    ("vanilla", 32, 8, dict(threshold=None, steps=32)),  # LLaDA: one token per step
+    ("vanilla", 64, 16, dict(threshold=None, steps=16)),  # four tokens per step
     ("vanilla", 32, 32, dict(threshold=0.9)),
     ("vanilla", 64, 8, dict(factor=1.0)),
     ("prefix", 32, 4, dict(threshold=0.9)),
@@ -47,17 +47,30 @@ CASES = [
 
 
 @pytest.mark.grid
-@pytest.mark.parametrize("policy,gen_length,block_length,extra", CASES,
-                         ids=[f"{p}-G{g}-B{b}-{'-'.join(f'{k}{v}' for k, v in e.items())}" for p, g, b, e in CASES])
+@pytest.mark.parametrize(
+    "policy,gen_length,block_length,extra",
+    CASES,
+    ids=[f"{p}-G{g}-B{b}-{'-'.join(f'{k}{v}' for k, v in e.items())}" for p, g, b, e in CASES],
+)
 def test_decode_matches_reference(models, policy, gen_length, block_length, extra):
     config, ref, nat = models
     g = torch.Generator().manual_seed(gen_length + block_length)
     for prompt_len in (1, 7, 13):
         prompt = torch.randint(0, config.vocab_size - 2, (prompt_len,), generator=g)
         options = DecodeOptions(policy=policy, gen_length=gen_length, block_length=block_length, **extra)
-        expected = generate(ref, prompt, gen_length, block_length, policy, steps=options.steps,
-                            threshold=options.threshold, factor=options.factor, temperature=options.temperature,
-                            seed=options.seed, stop_on_eos=options.eos_exit)
+        expected = generate(
+            ref,
+            prompt,
+            gen_length,
+            block_length,
+            policy,
+            steps=options.steps,
+            threshold=options.threshold,
+            factor=options.factor,
+            temperature=options.temperature,
+            seed=options.seed,
+            stop_on_eos=options.eos_exit,
+        )
         out = run_decode(nat.obj, prompt, options)
         assert torch.equal(out.tokens, expected.tokens), (prompt_len, out.tokens, expected.tokens)
         s = out.stats
@@ -70,8 +83,11 @@ def test_decode_matches_reference(models, policy, gen_length, block_length, extr
 
 def test_fixed_schedule_counts(models):
     config, _, nat = models
-    out = run_decode(nat.obj, torch.tensor([1, 2, 3]), DecodeOptions(policy="vanilla", gen_length=32, block_length=8,
-                                                                    threshold=None, steps=8))
+    out = run_decode(
+        nat.obj,
+        torch.tensor([1, 2, 3]),
+        DecodeOptions(policy="vanilla", gen_length=32, block_length=8, threshold=None, steps=8),
+    )
     assert out.stats["committed_per_step"] == [4] * 8
     assert out.stats["nfe"] == 8 and out.stats["nfe_full"] == 8
 
@@ -79,8 +95,9 @@ def test_fixed_schedule_counts(models):
 def test_threshold_commits_several_tokens_per_step(models):
     """The testbed is real: a peaked model makes the threshold rule commit > 1 token per forward."""
     config, _, nat = models
-    out = run_decode(nat.obj, torch.arange(5), DecodeOptions(policy="dual", gen_length=64, block_length=32,
-                                                            threshold=0.5))
+    out = run_decode(
+        nat.obj, torch.arange(5), DecodeOptions(policy="dual", gen_length=64, block_length=32, threshold=0.5)
+    )
     assert out.stats["nfe"] < 64 and max(out.stats["committed_per_step"]) > 1
 
 
@@ -103,19 +120,22 @@ def _decode(nat, prompt, **kw):
     return torch.ops.blockbatch.decode(nat.obj, prompt, **args)
 
 
-@pytest.mark.parametrize("kwargs,pattern", [
-    (dict(gen_length=0), r"gen_length must be >= 1, got 0"),
-    (dict(gen_length=2000), r"prompt length 3 \+ gen_length 2000 = 2003 exceeds max_sequence_length = 1024"),
-    (dict(block_length=5), r"block_length = 5 must divide gen_length = 32"),
-    (dict(block_length=64), r"block_length must be an integer in \[1, gen_length = 32\], got 64"),
-    (dict(threshold=0.0), r"threshold must be in \(0, 1\], got 0"),
-    (dict(threshold=1.5), r"threshold must be in \(0, 1\], got 1.5"),
-    (dict(steps=-1), r"steps must be >= 0, got -1"),
-    (dict(threshold=None, steps=3), r"steps must be a positive multiple of the number of blocks \(4"),
-    (dict(factor=0.0), r"factor must be > 0 and finite, got 0"),
-    (dict(temperature=-1.0), r"temperature must be >= 0 and finite, got -1"),
-    (dict(policy="greedy"), r"policy must be one of 'vanilla', 'prefix', 'dual', 'blockbatch', got 'greedy'"),
-])
+@pytest.mark.parametrize(
+    "kwargs,pattern",
+    [
+        (dict(gen_length=0), r"gen_length must be >= 1, got 0"),
+        (dict(gen_length=2000), r"prompt length 3 \+ gen_length 2000 = 2003 exceeds max_sequence_length = 1024"),
+        (dict(block_length=5), r"block_length = 5 must divide gen_length = 32"),
+        (dict(block_length=64), r"block_length must be an integer in \[1, gen_length = 32\], got 64"),
+        (dict(threshold=0.0), r"threshold must be in \(0, 1\], got 0"),
+        (dict(threshold=1.5), r"threshold must be in \(0, 1\], got 1.5"),
+        (dict(steps=-1), r"steps must be >= 0, got -1"),
+        (dict(threshold=None, steps=3), r"steps must be a positive multiple of the number of blocks \(4"),
+        (dict(factor=0.0), r"factor must be > 0 and finite, got 0"),
+        (dict(temperature=-1.0), r"temperature must be >= 0 and finite, got -1"),
+        (dict(policy="greedy"), r"policy must be one of 'vanilla', 'prefix', 'dual', 'blockbatch', got 'greedy'"),
+    ],
+)
 def test_cpp_rejects_bad_options(models, kwargs, pattern):
     _, _, nat = models
     with pytest.raises(ValueError, match=pattern):
@@ -126,8 +146,11 @@ def test_cpp_rejects_bad_prompts(models):
     config, _, nat = models
     with pytest.raises(ValueError, match="prompt_ids must not be empty"):
         _decode(nat, torch.zeros(0, dtype=torch.long))
-    with pytest.raises(ValueError, match=rf"prompt_ids\[1\] = {config.vocab_size} is outside the vocabulary "
-                                         rf"\[0, {config.vocab_size}\)"):
+    with pytest.raises(
+        ValueError,
+        match=rf"prompt_ids\[1\] = {config.vocab_size} is outside the vocabulary "
+        rf"\[0, {config.vocab_size}\)",
+    ):
         _decode(nat, torch.tensor([1, config.vocab_size]))
     with pytest.raises(ValueError, match=rf"prompt_ids\[0\] is the mask id {config.mask_token_id}"):
         _decode(nat, torch.tensor([config.mask_token_id, 2]))
@@ -137,16 +160,19 @@ def test_cpp_rejects_bad_prompts(models):
         _decode(nat, torch.tensor([[1, 2]]))
 
 
-@pytest.mark.parametrize("kwargs,pattern", [
-    (dict(policy="greedy"), r"policy must be one of 'vanilla', 'prefix', 'dual', 'blockbatch', got 'greedy'"),
-    (dict(gen_length=-4), r"gen_length must be >= 1, got -4"),
-    (dict(block_length=5), r"block_length = 5 must divide gen_length = 128"),
-    (dict(threshold=0.0), r"threshold must be in \(0, 1\]"),
-    (dict(threshold=None, steps=-2), r"steps must be >= 0, got -2"),
-    (dict(threshold=None, steps=None), r"steps must be a positive multiple of the number of blocks \(4 = "),
-    (dict(temperature=-0.5), r"temperature must be >= 0 and finite, got -0.5"),
-    (dict(factor=-1.0), r"factor must be > 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs,pattern",
+    [
+        (dict(policy="greedy"), r"policy must be one of 'vanilla', 'prefix', 'dual', 'blockbatch', got 'greedy'"),
+        (dict(gen_length=-4), r"gen_length must be >= 1, got -4"),
+        (dict(block_length=5), r"block_length = 5 must divide gen_length = 128"),
+        (dict(threshold=0.0), r"threshold must be in \(0, 1\]"),
+        (dict(threshold=None, steps=-2), r"steps must be >= 0, got -2"),
+        (dict(threshold=None, steps=None), r"steps must be a positive multiple of the number of blocks \(4 = "),
+        (dict(temperature=-0.5), r"temperature must be >= 0 and finite, got -0.5"),
+        (dict(factor=-1.0), r"factor must be > 0"),
+    ],
+)
 def test_python_options_reject_bad_values(kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
         DecodeOptions(**kwargs)

@@ -27,8 +27,9 @@ from blockbatch.reference.model import ReferenceModel
 
 from helpers.dream_cases import CASES, CHECKPOINT
 
-FIXTURE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures",
-                       "authors_dream_random.json")
+FIXTURE = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "authors_dream_random.json"
+)
 ALG = {"maskgit_plus": "confidence", "topk_margin": "margin", "entropy": "entropy", "origin": "origin"}
 
 
@@ -36,40 +37,87 @@ def options_for(case: dict) -> DecodeOptions:
     """The engine's options for one recorded case (Dream's names mapped to the engine's)."""
     p = case["policy"]
     if p == "vanilla":
-        return DecodeOptions(policy="vanilla", gen_length=case["gen_length"], steps=case["steps"], alg=ALG[case["alg"]],
-                             alg_temp=float(case.get("alg_temp") or 0.0), eps=case.get("eps", 1e-3),
-                             seed=case.get("seed", 0), top_p=case.get("top_p"), top_k=case.get("top_k"))
+        return DecodeOptions(
+            policy="vanilla",
+            gen_length=case["gen_length"],
+            steps=case["steps"],
+            alg=ALG[case["alg"]],
+            alg_temp=float(case.get("alg_temp") or 0.0),
+            eps=case.get("eps", 1e-3),
+            seed=case.get("seed", 0),
+            top_p=case.get("top_p"),
+            top_k=case.get("top_k"),
+        )
     if p in ("dual", "prefix"):
-        return DecodeOptions(policy=p, gen_length=case["gen_length"], block_length=case["block_length"],
-                             threshold=case["threshold"], top_p=case.get("top_p"), top_k=case.get("top_k"))
-    return DecodeOptions(policy="blockbatch", gen_length=case["gen_length"], block_sizes=tuple(case["block_sizes"]),
-                         threshold=case["threshold"], refresh_tokens=case["refresh_tokens"],
-                         sync_gap=case["sync_gap"], stop_on_eos=case["stop_on_eos"],
-                         merge=case.get("merge", True), sync=case.get("sync", True),
-                         sync_refresh=case.get("sync_refresh", False))
+        return DecodeOptions(
+            policy=p,
+            gen_length=case["gen_length"],
+            block_length=case["block_length"],
+            threshold=case["threshold"],
+            top_p=case.get("top_p"),
+            top_k=case.get("top_k"),
+        )
+    return DecodeOptions(
+        policy="blockbatch",
+        gen_length=case["gen_length"],
+        block_sizes=tuple(case["block_sizes"]),
+        threshold=case["threshold"],
+        refresh_tokens=case["refresh_tokens"],
+        sync_gap=case["sync_gap"],
+        stop_on_eos=case["stop_on_eos"],
+        merge=case.get("merge", True),
+        sync=case.get("sync", True),
+        sync_refresh=case.get("sync_refresh", False),
+    )
 
 
 def reference_for(model: ReferenceModel, case: dict):
     p = case["policy"]
     if p == "vanilla":
-        return dream_vanilla(model, case["prompt"], case["gen_length"], case["steps"], alg=case["alg"],
-                             alg_temp=case.get("alg_temp") or 0.0, eps=case.get("eps", 1e-3),
-                             seed=case.get("seed", 0), top_p=case.get("top_p"), top_k=case.get("top_k"))
+        return dream_vanilla(
+            model,
+            case["prompt"],
+            case["gen_length"],
+            case["steps"],
+            alg=case["alg"],
+            alg_temp=case.get("alg_temp") or 0.0,
+            eps=case.get("eps", 1e-3),
+            seed=case.get("seed", 0),
+            top_p=case.get("top_p"),
+            top_k=case.get("top_k"),
+        )
     if p in ("dual", "prefix"):
-        return dream_cached(model, case["prompt"], case["gen_length"], case["block_length"], case["threshold"],
-                            dual=p == "dual", top_p=case.get("top_p"), top_k=case.get("top_k"))
-    return dream_blockbatch(model, case["prompt"], case["gen_length"], case["block_sizes"], threshold=case["threshold"],
-                            refresh_tokens=case["refresh_tokens"], sync_gap=case["sync_gap"],
-                            stop_on_eos=case["stop_on_eos"], merge=case.get("merge", True),
-                            sync=case.get("sync", True), sync_refresh=case.get("sync_refresh", False))
+        return dream_cached(
+            model,
+            case["prompt"],
+            case["gen_length"],
+            case["block_length"],
+            case["threshold"],
+            dual=p == "dual",
+            top_p=case.get("top_p"),
+            top_k=case.get("top_k"),
+        )
+    return dream_blockbatch(
+        model,
+        case["prompt"],
+        case["gen_length"],
+        case["block_sizes"],
+        threshold=case["threshold"],
+        refresh_tokens=case["refresh_tokens"],
+        sync_gap=case["sync_gap"],
+        stop_on_eos=case["stop_on_eos"],
+        merge=case.get("merge", True),
+        sync=case.get("sync", True),
+        sync_refresh=case.get("sync_refresh", False),
+    )
 
 
 def assert_same_row(native_raw: list[int], prompt: list[int], want: list[int], eos: int, name: str) -> None:
     """The native canvas (prompt + generation) equals `want`; a `want` cut after its EOS (BlockBatch's
     early exit) continues with EOS in the native row."""
     row = list(prompt) + list(native_raw)
-    assert row[:len(want)] == want, f"{name}: tokens differ"
-    assert all(t == eos for t in row[len(want):]), f"{name}: the row continues past the cut with non-EOS tokens"
+    assert row[: len(want)] == want, f"{name}: tokens differ"
+    assert all(t == eos for t in row[len(want) :]), f"{name}: the row continues past the cut with non-EOS tokens"
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +143,10 @@ def test_native_matches_authors(authors_engine, fixture, index):
     if want["policy"] == "blockbatch":
         s = want["stats"]
         assert (g.stats["nfe_init"], g.stats["nfe_block"], g.stats["nfe_refresh"]) == (
-            s["nfe_init"], s["nfe_block"], s["nfe_refresh"])
+            s["nfe_init"],
+            s["nfe_block"],
+            s["nfe_refresh"],
+        )
         assert g.stats["winner_block_size"] == s["final_block_size"]
         assert g.stats["early_exit"] == (s["exit_reason"] == "eos_ready")
         assert sum(b["merged"] for b in g.stats["branches"]) == s["merged_tokens"]
@@ -104,8 +155,7 @@ def test_native_matches_authors(authors_engine, fixture, index):
 
 # ------------------------------------------------------------------ more shapes, against the reference
 
-GQA = dict(seed=7, logit_scale=4.0, vocab_size=48, d_model=96, n_heads=6, n_kv_heads=3, n_layers=2,
-           mlp_hidden_size=160)
+GQA = dict(seed=7, logit_scale=4.0, vocab_size=48, d_model=96, n_heads=6, n_kv_heads=3, n_layers=2, mlp_hidden_size=160)
 PROMPTS = {"p1": [5], "p9": [3, 9, 27, 1, 44, 2, 8, 8, 19], "p20": [(7 * i + 3) % 45 for i in range(20)]}
 
 
@@ -113,29 +163,107 @@ def _more_cases() -> list[dict]:
     cases = []
     for name in PROMPTS:
         for alg in ("maskgit_plus", "entropy", "topk_margin"):
-            cases.append(dict(name=f"vanilla-{alg}-{name}", policy="vanilla", alg=alg, prompt=PROMPTS[name],
-                              gen_length=48, steps=24))
+            cases.append(
+                dict(
+                    name=f"vanilla-{alg}-{name}",
+                    policy="vanilla",
+                    alg=alg,
+                    prompt=PROMPTS[name],
+                    gen_length=48,
+                    steps=24,
+                )
+            )
         for policy in ("dual", "prefix"):
-            cases.append(dict(name=f"{policy}-{name}", policy=policy, prompt=PROMPTS[name], gen_length=96,
-                              block_length=16, threshold=0.8))
+            cases.append(
+                dict(
+                    name=f"{policy}-{name}",
+                    policy=policy,
+                    prompt=PROMPTS[name],
+                    gen_length=96,
+                    block_length=16,
+                    threshold=0.8,
+                )
+            )
         for stop in (False, True):
-            cases.append(dict(name=f"blockbatch-{'eos' if stop else 'full'}-{name}", policy="blockbatch",
-                              prompt=PROMPTS[name], gen_length=96, block_sizes=[4, 8, 16, 32], threshold=0.8,
-                              refresh_tokens=16, sync_gap=4, stop_on_eos=stop))
-    cases.append(dict(name="vanilla-origin-p9", policy="vanilla", alg="origin", prompt=PROMPTS["p9"], gen_length=48,
-                      steps=12, seed=3))
-    cases.append(dict(name="vanilla-alg_temp-top_p-p9", policy="vanilla", alg="entropy", prompt=PROMPTS["p9"],
-                      gen_length=48, steps=12, seed=4, alg_temp=0.3, top_p=0.8))
-    cases.append(dict(name="dual-top_k-p9", policy="dual", prompt=PROMPTS["p9"], gen_length=64, block_length=32,
-                      threshold=0.7, top_k=3))
-    cases.append(dict(name="blockbatch-no-merge-no-sync-p9", policy="blockbatch", prompt=PROMPTS["p9"],
-                      gen_length=64, block_sizes=[8, 32], threshold=0.9, refresh_tokens=0, sync_gap=8,
-                      stop_on_eos=False, merge=False, sync=False))
+            cases.append(
+                dict(
+                    name=f"blockbatch-{'eos' if stop else 'full'}-{name}",
+                    policy="blockbatch",
+                    prompt=PROMPTS[name],
+                    gen_length=96,
+                    block_sizes=[4, 8, 16, 32],
+                    threshold=0.8,
+                    refresh_tokens=16,
+                    sync_gap=4,
+                    stop_on_eos=stop,
+                )
+            )
+    cases.append(
+        dict(
+            name="vanilla-origin-p9",
+            policy="vanilla",
+            alg="origin",
+            prompt=PROMPTS["p9"],
+            gen_length=48,
+            steps=12,
+            seed=3,
+        )
+    )
+    cases.append(
+        dict(
+            name="vanilla-alg_temp-top_p-p9",
+            policy="vanilla",
+            alg="entropy",
+            prompt=PROMPTS["p9"],
+            gen_length=48,
+            steps=12,
+            seed=4,
+            alg_temp=0.3,
+            top_p=0.8,
+        )
+    )
+    cases.append(
+        dict(
+            name="dual-top_k-p9",
+            policy="dual",
+            prompt=PROMPTS["p9"],
+            gen_length=64,
+            block_length=32,
+            threshold=0.7,
+            top_k=3,
+        )
+    )
+    cases.append(
+        dict(
+            name="blockbatch-no-merge-no-sync-p9",
+            policy="blockbatch",
+            prompt=PROMPTS["p9"],
+            gen_length=64,
+            block_sizes=[8, 32],
+            threshold=0.9,
+            refresh_tokens=0,
+            sync_gap=8,
+            stop_on_eos=False,
+            merge=False,
+            sync=False,
+        )
+    )
     for name in ("p1", "p9"):  # the sync_refresh variant (ALGORITHMS.md 10.3), with and without periodic refreshes
         for rt in (0, 16):
-            cases.append(dict(name=f"blockbatch-sync_refresh-rt{rt}-{name}", policy="blockbatch", prompt=PROMPTS[name],
-                              gen_length=96, block_sizes=[4, 8, 16, 32], threshold=0.8, refresh_tokens=rt, sync_gap=4,
-                              stop_on_eos=False, sync_refresh=True))
+            cases.append(
+                dict(
+                    name=f"blockbatch-sync_refresh-rt{rt}-{name}",
+                    policy="blockbatch",
+                    prompt=PROMPTS[name],
+                    gen_length=96,
+                    block_sizes=[4, 8, 16, 32],
+                    threshold=0.8,
+                    refresh_tokens=rt,
+                    sync_gap=4,
+                    stop_on_eos=False,
+                    sync_refresh=True,
+                )
+            )
     return cases
 
 
@@ -166,11 +294,18 @@ def test_native_matches_reference(gqa, more_results, name):
     assert g.stats["nfe"] == r.nfe
     if case["policy"] == "blockbatch":
         assert (g.stats["nfe_init"], g.stats["nfe_block"], g.stats["nfe_refresh"]) == (
-            r.stats["nfe_init"], r.stats["nfe_block"], r.stats["nfe_refresh"])
+            r.stats["nfe_init"],
+            r.stats["nfe_block"],
+            r.stats["nfe_refresh"],
+        )
         assert g.stats["winner_block_size"] == r.stats["winner_block_size"]
         for gb, rb in zip(g.stats["branches"], r.stats["branches"]):
             assert (gb["block_size"], gb["committed"], gb["merged"], gb["copied"]) == (
-                rb["block_size"], rb["committed"], rb["merged"], rb["copied"])
+                rb["block_size"],
+                rb["committed"],
+                rb["merged"],
+                rb["copied"],
+            )
 
 
 def test_blockbatch_cases_fire_merges_syncs_and_refreshes(more_results):
@@ -208,8 +343,7 @@ def test_dream_option_errors_name_the_option(authors_engine):
     with pytest.raises(ValueError, match="threshold"):
         authors_engine.generate([[1, 2]], DecodeOptions(policy="dual", gen_length=64, threshold=None, steps=2))
     with pytest.raises(ValueError, match="refresh_mode"):
-        authors_engine.generate([[1, 2]], DecodeOptions(policy="blockbatch", gen_length=64,
-                                                       refresh_mode="divergence"))
+        authors_engine.generate([[1, 2]], DecodeOptions(policy="blockbatch", gen_length=64, refresh_mode="divergence"))
 
 
 def test_llada_refuses_dream_samplers():
@@ -231,17 +365,36 @@ def test_ids_the_tokenizer_cannot_produce_are_never_proposed(tmp_path):
     from tokenizers import Tokenizer, models
 
     tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(30)}, unk_token="t0"))
-    make_random_checkpoint(tmp_path, seed=3, logit_scale=4.0, vocab_size=48, eos_token_id=20,
-                                 mask_token_id=21, tokenizer=tok, family="dream")
+    make_random_checkpoint(
+        tmp_path,
+        seed=3,
+        logit_scale=4.0,
+        vocab_size=48,
+        eos_token_id=20,
+        mask_token_id=21,
+        tokenizer=tok,
+        family="dream",
+    )
     engine = Engine.from_pretrained(tmp_path)
     assert engine.checkpoint.proposal_vocab == 30
     ref = ReferenceModel.from_checkpoint(load_checkpoint(tmp_path))
     prompt = [3, 14, 15, 9, 2]
-    cases = [dict(name="vanilla", policy="vanilla", alg="entropy", prompt=prompt, gen_length=32, steps=16),
-             dict(name="dual", policy="dual", prompt=prompt, gen_length=32, block_length=16, threshold=0.9),
-             dict(name="prefix", policy="prefix", prompt=prompt, gen_length=32, block_length=16, threshold=0.9),
-             dict(name="blockbatch", policy="blockbatch", prompt=prompt, gen_length=32, block_sizes=[4, 8, 16, 32],
-                  threshold=0.9, refresh_tokens=32, sync_gap=8, stop_on_eos=False)]
+    cases = [
+        dict(name="vanilla", policy="vanilla", alg="entropy", prompt=prompt, gen_length=32, steps=16),
+        dict(name="dual", policy="dual", prompt=prompt, gen_length=32, block_length=16, threshold=0.9),
+        dict(name="prefix", policy="prefix", prompt=prompt, gen_length=32, block_length=16, threshold=0.9),
+        dict(
+            name="blockbatch",
+            policy="blockbatch",
+            prompt=prompt,
+            gen_length=32,
+            block_sizes=[4, 8, 16, 32],
+            threshold=0.9,
+            refresh_tokens=32,
+            sync_gap=8,
+            stop_on_eos=False,
+        ),
+    ]
     unrestricted_out_of_range = 0
     for case in cases:
         g = engine.generate([prompt], options_for(case))[0]
@@ -257,7 +410,7 @@ def test_ids_the_tokenizer_cannot_produce_are_never_proposed(tmp_path):
             free = dream_cached(ref, prompt, 32, 16, 0.9, dual=case["policy"] == "dual")
         assert_same_row(g.raw_ids, prompt, r.tokens, 20, case["name"])
         assert g.stats["nfe"] == r.nfe
-        unrestricted_out_of_range += max(free.tokens[len(prompt):]) >= 30
+        unrestricted_out_of_range += max(free.tokens[len(prompt) :]) >= 30
     assert unrestricted_out_of_range > 0  # without the restriction this model does propose them
 
 
@@ -269,24 +422,45 @@ def _random_case(rng, V: int, mask: int):
     pol = rng.choice(["vanilla", "prefix", "dual", "blockbatch"])
     if pol == "vanilla":
         G = rng.choice([8, 16, 33, 48])
-        o = DecodeOptions(policy=pol, gen_length=G, steps=rng.choice([None, 1, G // 2, G]),
-                          alg=rng.choice(["confidence", "margin", "entropy", "origin"]),
-                          alg_temp=rng.choice([0.0, 0.0, 0.5]), seed=rng.randrange(100),
-                          top_p=rng.choice([None, 0.8]), top_k=rng.choice([None, 3]),
-                          temperature=rng.choice([0.0, 0.0, 0.7]), stop_on_eos=rng.choice([None, True, False]))
+        o = DecodeOptions(
+            policy=pol,
+            gen_length=G,
+            steps=rng.choice([None, 1, G // 2, G]),
+            alg=rng.choice(["confidence", "margin", "entropy", "origin"]),
+            alg_temp=rng.choice([0.0, 0.0, 0.5]),
+            seed=rng.randrange(100),
+            top_p=rng.choice([None, 0.8]),
+            top_k=rng.choice([None, 3]),
+            temperature=rng.choice([0.0, 0.0, 0.7]),
+            stop_on_eos=rng.choice([None, True, False]),
+        )
     elif pol in ("prefix", "dual"):
         b = rng.choice([1, 4, 8, 16])
-        o = DecodeOptions(policy=pol, gen_length=b * rng.choice([1, 2, 3]), block_length=b,
-                          threshold=rng.choice([0.5, 0.9, 0.99]), top_p=rng.choice([None, 0.9]),
-                          top_k=rng.choice([None, 2]), stop_on_eos=rng.choice([None, True, False]))
+        o = DecodeOptions(
+            policy=pol,
+            gen_length=b * rng.choice([1, 2, 3]),
+            block_length=b,
+            threshold=rng.choice([0.5, 0.9, 0.99]),
+            top_p=rng.choice([None, 0.9]),
+            top_k=rng.choice([None, 2]),
+            stop_on_eos=rng.choice([None, True, False]),
+        )
     else:
         G = rng.choice([16, 32, 64])
         sizes = tuple(sorted(rng.sample([s for s in (1, 2, 4, 8, 16, 32, 64) if G % s == 0], rng.choice([1, 2, 3, 5]))))
-        o = DecodeOptions(policy=pol, gen_length=G, block_sizes=rng.choice([None, sizes]),
-                          threshold=rng.choice([0.5, 0.9, 0.99]), stop_on_eos=rng.choice([None, True, False]),
-                          sync_gap=rng.choice([0, 2, 8]), refresh_tokens=rng.choice([0, 4, 32]),
-                          merge_gate=rng.choice([0.3, 0.5, 0.9]), prob_floor=rng.choice([None, 0.1, 0.3]),
-                          merge=rng.choice([True, False]), sync=rng.choice([True, False]))
+        o = DecodeOptions(
+            policy=pol,
+            gen_length=G,
+            block_sizes=rng.choice([None, sizes]),
+            threshold=rng.choice([0.5, 0.9, 0.99]),
+            stop_on_eos=rng.choice([None, True, False]),
+            sync_gap=rng.choice([0, 2, 8]),
+            refresh_tokens=rng.choice([0, 4, 32]),
+            merge_gate=rng.choice([0.3, 0.5, 0.9]),
+            prob_floor=rng.choice([None, 0.1, 0.3]),
+            merge=rng.choice([True, False]),
+            sync=rng.choice([True, False]),
+        )
     return prompt, o
 
 
@@ -305,9 +479,16 @@ def test_random_options_native_equals_reference(tmp_path, seed):
     for ck in range(2):
         folder = tmp_path / f"ck{ck}"
         V = rng.choice([16, 24, 40, 64])
-        make_random_checkpoint(folder, seed=10 * seed + ck, logit_scale=rng.choice([2.0, 4.0, 6.0, 9.0]),
-                                     vocab_size=V, d_model=rng.choice([32, 64]), n_heads=4,
-                                     n_kv_heads=rng.choice([1, 2, 4]), family="dream")
+        make_random_checkpoint(
+            folder,
+            seed=10 * seed + ck,
+            logit_scale=rng.choice([2.0, 4.0, 6.0, 9.0]),
+            vocab_size=V,
+            d_model=rng.choice([32, 64]),
+            n_heads=4,
+            n_kv_heads=rng.choice([1, 2, 4]),
+            family="dream",
+        )
         engine = Engine.from_pretrained(folder)
         ref = ReferenceModel.from_checkpoint(load_checkpoint(folder))
         eos = engine.config.eos_token_id

@@ -24,8 +24,9 @@ from blockbatch.reference.model import ReferenceModel
 
 from helpers.dream_cases import CASES, CHECKPOINT, weights_digest
 
-FIXTURE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures",
-                       "authors_dream_random.json")
+FIXTURE = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "authors_dream_random.json"
+)
 
 
 @pytest.fixture(scope="module")
@@ -49,15 +50,39 @@ def model(tmp_path_factory, fixture):
 
 def run_case(model, case):
     if case["policy"] == "vanilla":
-        return dream_vanilla(model, case["prompt"], case["gen_length"], case["steps"], alg=case["alg"],
-                             alg_temp=case.get("alg_temp") or 0.0, eps=case.get("eps", 1e-3), seed=case.get("seed", 0),
-                             top_p=case.get("top_p"), top_k=case.get("top_k"))
+        return dream_vanilla(
+            model,
+            case["prompt"],
+            case["gen_length"],
+            case["steps"],
+            alg=case["alg"],
+            alg_temp=case.get("alg_temp") or 0.0,
+            eps=case.get("eps", 1e-3),
+            seed=case.get("seed", 0),
+            top_p=case.get("top_p"),
+            top_k=case.get("top_k"),
+        )
     if case["policy"] in ("dual", "prefix"):
-        return dream_cached(model, case["prompt"], case["gen_length"], case["block_length"], case["threshold"],
-                            dual=case["policy"] == "dual", top_p=case.get("top_p"), top_k=case.get("top_k"))
-    return dream_blockbatch(model, case["prompt"], case["gen_length"], case["block_sizes"],
-                            threshold=case["threshold"], refresh_tokens=case["refresh_tokens"],
-                            sync_gap=case["sync_gap"], stop_on_eos=case["stop_on_eos"])
+        return dream_cached(
+            model,
+            case["prompt"],
+            case["gen_length"],
+            case["block_length"],
+            case["threshold"],
+            dual=case["policy"] == "dual",
+            top_p=case.get("top_p"),
+            top_k=case.get("top_k"),
+        )
+    return dream_blockbatch(
+        model,
+        case["prompt"],
+        case["gen_length"],
+        case["block_sizes"],
+        threshold=case["threshold"],
+        refresh_tokens=case["refresh_tokens"],
+        sync_gap=case["sync_gap"],
+        stop_on_eos=case["stop_on_eos"],
+    )
 
 
 def test_fixture_covers_the_cases(fixture):
@@ -79,7 +104,10 @@ def test_reference_matches_authors(model, fixture, index):
     if want["policy"] == "blockbatch":
         s = want["stats"]
         assert (got.stats["nfe_init"], got.stats["nfe_block"], got.stats["nfe_refresh"]) == (
-            s["nfe_init"], s["nfe_block"], s["nfe_refresh"])
+            s["nfe_init"],
+            s["nfe_block"],
+            s["nfe_refresh"],
+        )
         assert got.stats["winner_block_size"] == s["final_block_size"]
         assert got.stats["exit_reason"] == s["exit_reason"]
         assert sum(b["merged"] for b in got.stats["branches"]) == s["merged_tokens"]
@@ -101,8 +129,21 @@ def test_block_size_order_does_not_matter(model, fixture):
 def test_default_blockbatch_settings_are_the_authors_dream_defaults():
     import inspect
 
-    defaults = {k: v.default for k, v in inspect.signature(dream_blockbatch).parameters.items()
-                if v.default is not inspect.Parameter.empty}
-    assert defaults == dict(block_sizes=(4, 8, 16, 32, 64), threshold=0.9, merge_gate=0.5, sync_gap=8,
-                            refresh_tokens=32, prob_floor=0.2, stop_on_eos=False, merge=True, sync=True,
-                            vocab_limit=None, sync_refresh=False)  # sync_refresh: our variant, off
+    defaults = {
+        k: v.default
+        for k, v in inspect.signature(dream_blockbatch).parameters.items()
+        if v.default is not inspect.Parameter.empty
+    }
+    assert defaults == dict(
+        block_sizes=(4, 8, 16, 32, 64),
+        threshold=0.9,
+        merge_gate=0.5,
+        sync_gap=8,
+        refresh_tokens=32,
+        prob_floor=0.2,
+        stop_on_eos=False,
+        merge=True,
+        sync=True,
+        vocab_limit=None,
+        sync_refresh=False,
+    )  # sync_refresh: our variant, off

@@ -29,8 +29,9 @@ PROMPT = "72-2=__-3=__-3=__...............?"
 def run_isolated(code: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run `code` in a fresh Python; a crash or hang there fails the caller's assertions only."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                           timeout=timeout, env=full_env)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout, env=full_env
+    )
 
 
 def assert_ok(proc: subprocess.CompletedProcess, *expected: str) -> None:
@@ -50,25 +51,39 @@ def _checkpoint(tmp_path_factory, name: str, **kwargs) -> str:
 @pytest.fixture(scope="module")
 def nan_checkpoint(tmp_path_factory):
     """A tiny random model whose float16 logits overflow to inf/NaN (logit scale 1e5)."""
-    return _checkpoint(tmp_path_factory, "nan", logit_scale=1e5, n_layers=1, d_model=64, n_heads=2, n_kv_heads=2,
-                       mlp_hidden_size=128, vocab_size=64, embedding_size=64)
+    return _checkpoint(
+        tmp_path_factory,
+        "nan",
+        logit_scale=1e5,
+        n_layers=1,
+        d_model=64,
+        n_heads=2,
+        n_kv_heads=2,
+        mlp_hidden_size=128,
+        vocab_size=64,
+        embedding_size=64,
+    )
 
 
 # ------------------------------------------------------------- 1. non-finite logits end a decode
 
 
-@pytest.mark.parametrize("options", [
-    "policy='vanilla', gen_length=32, block_length=32",
-    "policy='prefix', gen_length=32, block_length=16",
-    "policy='dual', gen_length=32, block_length=8",
-    "policy='dual', gen_length=32, block_length=8, threshold=None, steps=32",   # fixed schedule
-    "policy='dual', gen_length=32, block_length=8, factor=1.0",
-    "policy='dual', gen_length=32, block_length=8, temperature=0.7",
-    "policy='blockbatch', gen_length=32, block_sizes=(4, 8, 16, 32)",
-    "policy='blockbatch', gen_length=32, block_sizes=(4, 8, 16, 32), temperature=0.7",
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        "policy='vanilla', gen_length=32, block_length=32",
+        "policy='prefix', gen_length=32, block_length=16",
+        "policy='dual', gen_length=32, block_length=8",
+        "policy='dual', gen_length=32, block_length=8, threshold=None, steps=32",  # fixed schedule
+        "policy='dual', gen_length=32, block_length=8, factor=1.0",
+        "policy='dual', gen_length=32, block_length=8, temperature=0.7",
+        "policy='blockbatch', gen_length=32, block_sizes=(4, 8, 16, 32)",
+        "policy='blockbatch', gen_length=32, block_sizes=(4, 8, 16, 32), temperature=0.7",
+    ],
+)
 def test_nonfinite_logits_fail_with_a_clear_error(nan_checkpoint, options):
-    proc = run_isolated(f"""
+    proc = run_isolated(
+        f"""
         import torch
         from blockbatch.engine import Engine
         from blockbatch.options import DecodeOptions
@@ -77,7 +92,9 @@ def test_nonfinite_logits_fail_with_a_clear_error(nan_checkpoint, options):
             e.generate([1, 2, 3], DecodeOptions({options}))
         except RuntimeError as err:
             print("ERROR", err)
-        """, timeout=120)
+        """,
+        timeout=120,
+    )
     assert_ok(proc, "ERROR blockbatch: decode step 0 (")
     assert "committed no token" in proc.stdout and "not finite" in proc.stdout
     assert "float32 or bfloat16" in proc.stdout
@@ -102,8 +119,18 @@ def test_nonfinite_logits_name_the_block(nan_checkpoint):
 @pytest.fixture(scope="module")
 def slow_checkpoint(tmp_path_factory):
     """Big enough that a 1000-token vanilla decode takes far longer than the test waits."""
-    return _checkpoint(tmp_path_factory, "slow", n_layers=4, d_model=256, n_heads=4, n_kv_heads=4,
-                       mlp_hidden_size=512, vocab_size=256, embedding_size=256, max_sequence_length=1024)
+    return _checkpoint(
+        tmp_path_factory,
+        "slow",
+        n_layers=4,
+        d_model=256,
+        n_heads=4,
+        n_kv_heads=4,
+        mlp_hidden_size=512,
+        vocab_size=256,
+        embedding_size=256,
+        max_sequence_length=1024,
+    )
 
 
 def test_sigint_stops_a_decode_within_a_step_and_the_engine_stays_usable(slow_checkpoint):
@@ -154,10 +181,32 @@ def test_sigint_stops_a_decode_within_a_step_and_the_engine_stays_usable(slow_ch
 def test_cli_generate_ctrl_c_exits_130_within_a_step(slow_checkpoint):
     """Ctrl-C during one long `blockbatch generate`: the native decode stops at its next forward,
     the CLI prints `interrupted` and exits with status 130, no traceback."""
-    proc = subprocess.Popen([sys.executable, "-u", "-m", "blockbatch.cli", "generate", "--model", slow_checkpoint,
-                             "--policy", "vanilla", "--gen-length", "1000", "--block-length", "1000", "--threshold",
-                             "none", "--steps", "1000", "--ids", "1,2,3"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-u",
+            "-m",
+            "blockbatch.cli",
+            "generate",
+            "--model",
+            slow_checkpoint,
+            "--policy",
+            "vanilla",
+            "--gen-length",
+            "1000",
+            "--block-length",
+            "1000",
+            "--threshold",
+            "none",
+            "--steps",
+            "1000",
+            "--ids",
+            "1,2,3",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         time.sleep(6)  # loaded and decoding (the whole decode takes minutes)
         assert proc.poll() is None, proc.communicate()
@@ -179,10 +228,36 @@ def test_cli_generate_jsonl_ctrl_c_keeps_the_lines_written(slow_checkpoint, tmp_
     src, out = tmp_path / "req.jsonl", tmp_path / "out.jsonl"
     src.write_text("".join(f'{{"id": {i}, "ids": [1, 2, {3 + i}]}}\n' for i in range(200)), encoding="utf-8")
     out.write_text("old\n", encoding="utf-8")
-    proc = subprocess.Popen([sys.executable, "-u", "-m", "blockbatch.cli", "generate", "--model", slow_checkpoint,
-                             "--input", src, "--output", out, "--max-batch", "1", "--policy", "vanilla",
-                             "--gen-length", "64", "--block-length", "64", "--threshold", "none", "--steps", "64"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-u",
+            "-m",
+            "blockbatch.cli",
+            "generate",
+            "--model",
+            slow_checkpoint,
+            "--input",
+            src,
+            "--output",
+            out,
+            "--max-batch",
+            "1",
+            "--policy",
+            "vanilla",
+            "--gen-length",
+            "64",
+            "--block-length",
+            "64",
+            "--threshold",
+            "none",
+            "--steps",
+            "64",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     seen, err = interrupt_once_printed(proc, "2 done")
     assert proc.returncode == 130, seen + err
     assert "Traceback" not in err and "interrupted:" in err, err
@@ -197,8 +272,10 @@ def test_a_timeout_past_the_clock_is_no_deadline(timeout_s):
     """timeout_s so large that its deadline does not fit the clock (int64 nanoseconds) once
     overflowed into a deadline already passed; now it is none: every path decodes as without."""
     e = Engine.from_pretrained()
-    opts = [DecodeOptions(policy="dual", gen_length=32, block_length=8),
-            DecodeOptions(policy="blockbatch", gen_length=32, block_sizes=(8, 16))]
+    opts = [
+        DecodeOptions(policy="dual", gen_length=32, block_length=8),
+        DecodeOptions(policy="blockbatch", gen_length=32, block_sizes=(8, 16)),
+    ]
     alone = [e.generate(PROMPT, o)[0] for o in opts]
     long = [o.replace(timeout_s=timeout_s) for o in opts]
     for o, a in zip(long, alone):
@@ -214,8 +291,12 @@ def test_timeout_ends_a_decode_with_timeout_error(slow_checkpoint):
     e = Engine.from_pretrained(slow_checkpoint)
     t0 = time.perf_counter()
     with pytest.raises(TimeoutError, match=r"decode deadline exceeded: timeout_s = 0.3 passed after \d+ forwards"):
-        e.generate([1, 2, 3], DecodeOptions(policy="vanilla", gen_length=1000, block_length=1000, threshold=None,
-                                            steps=1000, timeout_s=0.3))
+        e.generate(
+            [1, 2, 3],
+            DecodeOptions(
+                policy="vanilla", gen_length=1000, block_length=1000, threshold=None, steps=1000, timeout_s=0.3
+            ),
+        )
     assert time.perf_counter() - t0 < 30
     # a generous deadline changes nothing
     a = e.generate([1, 2, 3], DecodeOptions(policy="dual", gen_length=16, block_length=8))[0]
@@ -311,19 +392,26 @@ def test_absorb_rejects_eos_id_outside_the_vocabulary():
             except ValueError as e:
                 print("ERROR", e)
         """)
-    assert_ok(proc, "ERROR eos_id = 10 is outside the logits' vocabulary [0, 10)",
-              "ERROR eos_id = 1000000000000 is outside", "ERROR eos_id = -5 is outside")
+    assert_ok(
+        proc,
+        "ERROR eos_id = 10 is outside the logits' vocabulary [0, 10)",
+        "ERROR eos_id = 1000000000000 is outside",
+        "ERROR eos_id = -5 is outside",
+    )
     assert "ACCEPTED" not in proc.stdout
 
 
-@pytest.mark.parametrize("field,value,pattern", [
-    ("end", 10**9, r"state\[\d+\]: window \[\d+, 1000000000\) must lie inside the generation"),
-    ("start", -7, r"state\[\d+\]: window \[-7, \d+\) must lie inside the generation"),
-    ("start", 1, r"state\[\d+\]: window \[1, \d+\) must lie inside the generation \[prompt_len = 3"),
-    ("block", 0, r"state\[\d+\]: block size must be > 0 and divide the generation length 64, got 0"),
-    ("block", -4, r"state\[\d+\]: block size must be > 0 and divide the generation length 64, got -4"),
-    ("block", 33, r"state\[\d+\]: block size must be > 0 and divide the generation length 64, got 33"),
-])
+@pytest.mark.parametrize(
+    "field,value,pattern",
+    [
+        ("end", 10**9, r"state\[\d+\]: window \[\d+, 1000000000\) must lie inside the generation"),
+        ("start", -7, r"state\[\d+\]: window \[-7, \d+\) must lie inside the generation"),
+        ("start", 1, r"state\[\d+\]: window \[1, \d+\) must lie inside the generation \[prompt_len = 3"),
+        ("block", 0, r"state\[\d+\]: block size must be > 0 and divide the generation length 64, got 0"),
+        ("block", -4, r"state\[\d+\]: block size must be > 0 and divide the generation length 64, got -4"),
+        ("block", 33, r"state\[\d+\]: block size must be > 0 and divide the generation length 64, got 33"),
+    ],
+)
 def test_coordinate_rejects_windows_outside_the_canvas(field, value, pattern):
     proc = run_isolated(f"""
         import torch
@@ -377,7 +465,7 @@ def model():
 
 def test_forward_reads_strided_index_tensors(model):
     base_tokens = torch.arange(20) % model.config.vocab_size
-    tokens = base_tokens[::2]                    # a valid view: stride 2
+    tokens = base_tokens[::2]  # a valid view: stride 2
     positions = torch.arange(20)[::2]
     cu = torch.tensor([0, 4, 10])
     got = ops.forward(model.obj, tokens, positions, cu)
@@ -411,43 +499,49 @@ def test_forward_expanded_index_tensor_reads_in_bounds(model):
 # ----------------------------------------------------------- 6. options that allocate or overflow
 
 
-@pytest.mark.parametrize("kwargs,error,pattern", [
-    (dict(policy="blockbatch", prob_floor=1e-6), ValueError, r"prob_floor must be in \[0.01, 1\)"),
-    (dict(policy="blockbatch", prob_floor=1e-30), ValueError, r"prob_floor must be in \[0.01, 1\)"),
-    (dict(threshold=None, steps=200_000_000), ValueError, r"steps must be None or an integer in \[0, gen_length"),
-    (dict(seed=2**63), ValueError, r"seed must be in \[0, 2\^63 - 1\], got 9223372036854775808"),
-    (dict(seed=-1), ValueError, r"seed must be"),
-    (dict(policy="blockbatch", sync_gap=2**63), ValueError, r"sync_gap must be in \[0, 2\^30\]"),
-    (dict(policy="blockbatch", refresh_tokens=2**40), ValueError, r"refresh_tokens must be in \[0, 2\^30\], got "),
-    (dict(temperature=float("inf")), ValueError, r"temperature must be >= 0 and finite"),
-    (dict(temperature=float("nan")), ValueError, r"temperature must be >= 0 and finite"),
-    (dict(factor=float("inf")), ValueError, r"factor must be > 0 and finite"),
-    (dict(timeout_s=-1.0), ValueError, r"timeout_s must be >= 0 and finite"),
-    (dict(timeout_s=float("inf")), ValueError, r"timeout_s must be >= 0 and finite"),
-    (dict(gen_length="128"), TypeError, r"gen_length must be an integer, got str '128'"),
-    (dict(threshold="0.9"), TypeError, r"threshold must be a number or None, got str"),
-    (dict(merge="yes"), TypeError, r"merge must be a bool, got str"),
-    (dict(block_sizes=(4, 8.0)), TypeError, r"block_sizes must be a list or tuple of integers"),
-    (dict(seed=True), TypeError, r"seed must be an integer, got bool"),
-])
+@pytest.mark.parametrize(
+    "kwargs,error,pattern",
+    [
+        (dict(policy="blockbatch", prob_floor=1e-6), ValueError, r"prob_floor must be in \[0.01, 1\)"),
+        (dict(policy="blockbatch", prob_floor=1e-30), ValueError, r"prob_floor must be in \[0.01, 1\)"),
+        (dict(threshold=None, steps=200_000_000), ValueError, r"steps must be None or an integer in \[0, gen_length"),
+        (dict(seed=2**63), ValueError, r"seed must be in \[0, 2\^63 - 1\], got 9223372036854775808"),
+        (dict(seed=-1), ValueError, r"seed must be"),
+        (dict(policy="blockbatch", sync_gap=2**63), ValueError, r"sync_gap must be in \[0, 2\^30\]"),
+        (dict(policy="blockbatch", refresh_tokens=2**40), ValueError, r"refresh_tokens must be in \[0, 2\^30\], got "),
+        (dict(temperature=float("inf")), ValueError, r"temperature must be >= 0 and finite"),
+        (dict(temperature=float("nan")), ValueError, r"temperature must be >= 0 and finite"),
+        (dict(factor=float("inf")), ValueError, r"factor must be > 0 and finite"),
+        (dict(timeout_s=-1.0), ValueError, r"timeout_s must be >= 0 and finite"),
+        (dict(timeout_s=float("inf")), ValueError, r"timeout_s must be >= 0 and finite"),
+        (dict(gen_length="128"), TypeError, r"gen_length must be an integer, got str '128'"),
+        (dict(threshold="0.9"), TypeError, r"threshold must be a number or None, got str"),
+        (dict(merge="yes"), TypeError, r"merge must be a bool, got str"),
+        (dict(block_sizes=(4, 8.0)), TypeError, r"block_sizes must be a list or tuple of integers"),
+        (dict(seed=True), TypeError, r"seed must be an integer, got bool"),
+    ],
+)
 def test_decode_options_bound_every_field(kwargs, error, pattern):
     with pytest.raises(error, match=pattern) as info:
         DecodeOptions(**kwargs)
     assert any(str(info.value).startswith(f"{name} ") for name in kwargs), info.value  # names the field
 
 
-@pytest.mark.parametrize("kwargs,pattern", [
-    (dict(policy="blockbatch", prob_floor=1e-6), r"prob_floor must be in \[0.01, 1\), got 1e-06"),
-    (dict(policy="blockbatch", prob_floor=1e-30), r"prob_floor must be in \[0.01, 1\), got 1e-30"),
-    (dict(threshold=None, steps=200_000_000), r"steps must be None or an integer in \[0, gen_length = 128\]"),
-    (dict(gen_length=2**63 - 1), r"gen_length 9223372036854775807 exceeds max_sequence_length"),
-    (dict(gen_length=2**62), r"gen_length 4611686018427387904 = 4611686018427387937 exceeds max_sequence_length"),
-    (dict(seed=-3), r"seed must be in \[0, 2\^63 - 1\], got -3"),
-    (dict(temperature=float("inf")), r"temperature must be >= 0 and finite, got inf"),
-    (dict(timeout_s=float("nan")), r"timeout_s must be >= 0 and finite"),
-    (dict(policy="blockbatch", sync_gap=2**40), r"sync_gap must be in \[0, 2\^30\], got 1099511627776"),
-    (dict(factor=float("inf")), r"factor must be > 0 and finite, got inf"),
-])
+@pytest.mark.parametrize(
+    "kwargs,pattern",
+    [
+        (dict(policy="blockbatch", prob_floor=1e-6), r"prob_floor must be in \[0.01, 1\), got 1e-06"),
+        (dict(policy="blockbatch", prob_floor=1e-30), r"prob_floor must be in \[0.01, 1\), got 1e-30"),
+        (dict(threshold=None, steps=200_000_000), r"steps must be None or an integer in \[0, gen_length = 128\]"),
+        (dict(gen_length=2**63 - 1), r"gen_length 9223372036854775807 exceeds max_sequence_length"),
+        (dict(gen_length=2**62), r"gen_length 4611686018427387904 = 4611686018427387937 exceeds max_sequence_length"),
+        (dict(seed=-3), r"seed must be in \[0, 2\^63 - 1\], got -3"),
+        (dict(temperature=float("inf")), r"temperature must be >= 0 and finite, got inf"),
+        (dict(timeout_s=float("nan")), r"timeout_s must be >= 0 and finite"),
+        (dict(policy="blockbatch", sync_gap=2**40), r"sync_gap must be in \[0, 2\^30\], got 1099511627776"),
+        (dict(factor=float("inf")), r"factor must be > 0 and finite, got inf"),
+    ],
+)
 def test_decode_op_bounds_every_option(kwargs, pattern):
     """The op checks what DecodeOptions checks, before allocating anything sized by it."""
     e = Engine.from_pretrained()
@@ -469,7 +563,8 @@ def test_sparse_probs_bounds_max_k():
 def test_decode_after_fork_in_the_child():
     """The main thread's decodes run on one long-lived worker thread; a forked child (which has
     no such thread) starts its own instead of waiting forever on the parent's."""
-    proc = run_isolated("""
+    proc = run_isolated(
+        """
         import os
         from blockbatch import Engine, DecodeOptions
         e = Engine.from_pretrained()
@@ -481,5 +576,7 @@ def test_decode_after_fork_in_the_child():
             os._exit(0 if b.raw_ids == a.raw_ids else 3)
         _, status = os.waitpid(pid, 0)
         print("CHILD", os.waitstatus_to_exitcode(status))
-        """, timeout=120)
+        """,
+        timeout=120,
+    )
     assert_ok(proc, "CHILD 0")

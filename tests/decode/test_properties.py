@@ -19,8 +19,9 @@ from blockbatch.engine import Engine
 from blockbatch.contract import MAX_GAP_TOKENS, MIN_PROB_FLOOR, POLICIES
 from blockbatch.options import DecodeOptions
 
-SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
-                    derandomize=True)
+SETTINGS = settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture], derandomize=True
+)
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +37,13 @@ def divisors(n: int) -> list[int]:
 def valid_options(draw) -> DecodeOptions:
     policy = draw(st.sampled_from(POLICIES))
     gen_length = draw(st.sampled_from([8, 16, 24, 32, 64]))
-    common = dict(policy=policy, gen_length=gen_length, seed=draw(st.integers(0, 2**63 - 1)),
-                  temperature=draw(st.sampled_from([0.0, 0.0, 0.7])),
-                  stop_on_eos=draw(st.sampled_from([None, True, False])))
+    common = dict(
+        policy=policy,
+        gen_length=gen_length,
+        seed=draw(st.integers(0, 2**63 - 1)),
+        temperature=draw(st.sampled_from([0.0, 0.0, 0.7])),
+        stop_on_eos=draw(st.sampled_from([None, True, False])),
+    )
     if policy != "blockbatch":
         block = draw(st.sampled_from(divisors(gen_length)))
         rule = draw(st.sampled_from(["threshold", "fixed", "factor"]))
@@ -52,11 +57,17 @@ def valid_options(draw) -> DecodeOptions:
         return DecodeOptions(block_length=block, **common, **extra)
     sizes = draw(st.lists(st.sampled_from(divisors(gen_length)), min_size=1, max_size=6, unique=True))
     return DecodeOptions(
-        block_sizes=tuple(sizes), threshold=draw(st.floats(0.05, 1.0)), merge_gate=draw(st.floats(0.05, 1.0)),
-        sync_gap=draw(st.integers(0, 2 * gen_length)), refresh_tokens=draw(st.sampled_from([0, 4, 8, 32])),
+        block_sizes=tuple(sizes),
+        threshold=draw(st.floats(0.05, 1.0)),
+        merge_gate=draw(st.floats(0.05, 1.0)),
+        sync_gap=draw(st.integers(0, 2 * gen_length)),
+        refresh_tokens=draw(st.sampled_from([0, 4, 8, 32])),
         refresh_mode=draw(st.sampled_from(["periodic", "divergence"])),
-        prob_floor=draw(st.floats(MIN_PROB_FLOOR, 0.5)), merge=draw(st.booleans()), sync=draw(st.booleans()),
-        **common)
+        prob_floor=draw(st.floats(MIN_PROB_FLOOR, 0.5)),
+        merge=draw(st.booleans()),
+        sync=draw(st.booleans()),
+        **common,
+    )
 
 
 def prompts(vocab: int, mask: int):
@@ -113,13 +124,16 @@ INVALID = {
     "temperature": st.one_of(st.floats().filter(lambda v: not (0 <= v < float("inf"))), st.booleans()),
     "seed": st.one_of(st.integers(max_value=-1), st.integers(min_value=2**63), st.floats(), st.booleans()),
     "stop_on_eos": st.one_of(st.integers(), st.text(max_size=3)),
-    "block_sizes": st.one_of(st.just(()), st.lists(st.integers(max_value=0), min_size=1, max_size=3),
-                             st.lists(st.floats(), min_size=1, max_size=3), st.integers()),
+    "block_sizes": st.one_of(
+        st.just(()),
+        st.lists(st.integers(max_value=0), min_size=1, max_size=3),
+        st.lists(st.floats(), min_size=1, max_size=3),
+        st.integers(),
+    ),
     "merge_gate": st.one_of(st.floats().filter(lambda v: not 0 < v <= 1), st.text(max_size=3)),
     "sync_gap": st.one_of(st.integers(max_value=-1), st.integers(min_value=MAX_GAP_TOKENS + 1), st.floats()),
     "refresh_tokens": st.one_of(st.integers(max_value=-1), st.integers(min_value=MAX_GAP_TOKENS + 1), st.floats()),
-    "refresh_mode": st.one_of(st.text(max_size=8).filter(lambda v: v not in ("periodic", "divergence")),
-                              st.integers()),
+    "refresh_mode": st.one_of(st.text(max_size=8).filter(lambda v: v not in ("periodic", "divergence")), st.integers()),
     "prob_floor": st.one_of(st.floats().filter(lambda v: not MIN_PROB_FLOOR <= v < 1), st.booleans()),
     "merge": st.one_of(st.integers(), st.text(max_size=3)),
     "sync": st.one_of(st.integers(), st.none()),
@@ -128,8 +142,9 @@ INVALID = {
     "cuda_graphs": st.one_of(st.integers(), st.floats()),
     "timeout_s": st.one_of(st.floats().filter(lambda v: not (0 <= v < float("inf"))), st.text(max_size=3)),
     "steps": st.one_of(st.integers(max_value=-1), st.integers(min_value=129), st.floats(), st.text(max_size=3)),
-    "alg": st.one_of(st.text(max_size=8).filter(lambda v: v not in ("confidence", "margin", "entropy", "origin")),
-                     st.integers()),
+    "alg": st.one_of(
+        st.text(max_size=8).filter(lambda v: v not in ("confidence", "margin", "entropy", "origin")), st.integers()
+    ),
     "alg_temp": st.one_of(st.floats().filter(lambda v: not (0 <= v < float("inf"))), st.text(max_size=3)),
     "eps": st.one_of(st.floats().filter(lambda v: not 0 < v < 1), st.booleans()),
     "top_p": st.one_of(st.floats().filter(lambda v: not 0 < v <= 1), st.text(max_size=3)),
@@ -146,9 +161,11 @@ def test_every_field_has_invalid_values():
 def test_invalid_values_raise_naming_the_field(data):
     field = data.draw(st.sampled_from(sorted(INVALID)))
     value = data.draw(INVALID[field])
-    base = dict(policy="blockbatch", gen_length=128) if field in (
-        "block_sizes", "merge_gate", "sync_gap", "refresh_tokens", "refresh_mode", "prob_floor") else \
-        dict(policy="dual", gen_length=128)
+    base = (
+        dict(policy="blockbatch", gen_length=128)
+        if field in ("block_sizes", "merge_gate", "sync_gap", "refresh_tokens", "refresh_mode", "prob_floor")
+        else dict(policy="dual", gen_length=128)
+    )
     if field == "factor" and not isinstance(value, str):
         base["threshold"] = None
     if field == "steps":
@@ -200,8 +217,13 @@ def test_bookkeeping_ops_never_crash_on_random_state_tables():
         run()
         print("DONE", counts["ok"], counts["rejected"])
         """)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
     done = [line for line in proc.stdout.splitlines() if line.startswith("DONE")]
     assert done, proc.stdout

@@ -27,8 +27,9 @@ def engine(request, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def requests_and_alone(engine):
-    reqs = _mixed_requests(random.Random(11), engine.config.vocab_size, engine.config.mask_token_id, 12,
-                           engine.config.family)
+    reqs = _mixed_requests(
+        random.Random(11), engine.config.vocab_size, engine.config.mask_token_id, 12, engine.config.family
+    )
     return reqs, [engine.generate([p], o)[0] for p, o in reqs]
 
 
@@ -40,7 +41,7 @@ def _check_stream(request, generation, what):
     for ev in events[:-1]:
         assert ev.kind == "tokens" and ev.offset == offset and ev.tokens, what
         offset += len(ev.tokens)
-    assert request.stable_ids == generation.raw_ids[:len(request.stable_ids)], f"{what}: streamed a changed token"
+    assert request.stable_ids == generation.raw_ids[: len(request.stable_ids)], f"{what}: streamed a changed token"
     return len(events) - 1
 
 
@@ -66,8 +67,11 @@ def test_requests_joining_mid_run_equal_their_decode_alone(engine, requests_and_
 def test_cancel_takes_a_request_out_within_one_step(engine, requests_and_alone):
     reqs, alone = requests_and_alone
     prompt = torch.tensor(reqs[0][0])
-    long = DecodeOptions(policy="vanilla", gen_length=64, block_length=64, threshold=None, steps=64) \
-        if engine.config.family == "llada" else DecodeOptions(policy="vanilla", gen_length=64, steps=64)
+    long = (
+        DecodeOptions(policy="vanilla", gen_length=64, block_length=64, threshold=None, steps=64)
+        if engine.config.family == "llada"
+        else DecodeOptions(policy="vanilla", gen_length=64, steps=64)
+    )
     long_alone = engine.generate(prompt, long)[0].stats["nfe"]
     with engine.scheduler(max_batch=2, max_length=128) as sched:
         other = sched.submit(torch.tensor(reqs[1][0]), reqs[1][1])
@@ -93,8 +97,10 @@ def test_refusals_name_what_is_wrong(engine, requests_and_alone):
         with pytest.raises(ValueError, match=r"needs \d+ positions but this scheduler's max_length is 40"):
             sched.submit(prompt, DecodeOptions(policy="dual", gen_length=64, block_length=16))
         with pytest.raises(ValueError, match="mask id"):
-            sched.submit(torch.tensor([engine.config.mask_token_id]), DecodeOptions(policy="dual", gen_length=16,
-                                                                                    block_length=16))
+            sched.submit(
+                torch.tensor([engine.config.mask_token_id]),
+                DecodeOptions(policy="dual", gen_length=16, block_length=16),
+            )
         with pytest.raises(TypeError, match="options must be a DecodeOptions"):
             sched.submit(prompt, {"policy": "dual"})
         row = sched.counters()["kv_row_bytes"]
@@ -116,8 +122,11 @@ def test_refusals_name_what_is_wrong(engine, requests_and_alone):
 def test_close_ends_every_request_and_deadlines_raise_timeout(engine, requests_and_alone):
     reqs, _ = requests_and_alone
     sched = engine.scheduler(max_batch=2, max_length=128)
-    slow = DecodeOptions(policy="vanilla", gen_length=64, steps=64, threshold=None, block_length=64) \
-        if engine.config.family == "llada" else DecodeOptions(policy="vanilla", gen_length=64, steps=64)
+    slow = (
+        DecodeOptions(policy="vanilla", gen_length=64, steps=64, threshold=None, block_length=64)
+        if engine.config.family == "llada"
+        else DecodeOptions(policy="vanilla", gen_length=64, steps=64)
+    )
     hs = [sched.submit(torch.tensor(p), slow) for p, _ in reqs[:6]]
     late = sched.submit(torch.tensor(reqs[0][0]), slow.replace(timeout_s=1e-6))
     t0 = time.perf_counter()
@@ -199,8 +208,12 @@ def test_kv_report_matches_the_pool_the_scheduler_allocates(engine):
     assert r["largest_batch"] == 10 * 2**20 // row
     rb = engine.kv_report(bb, 32, 10 * 2**20)
     assert rb["rows"] == 3 and rb["bytes_per_request"] == 3 * row and rb["largest_batch"] == 10 * 2**20 // (3 * row)
-    assert engine.kv_report(DecodeOptions(policy="vanilla", gen_length=32, steps=32, threshold=None), 8, 1)[
-        "largest_batch"] == -1
+    assert (
+        engine.kv_report(DecodeOptions(policy="vanilla", gen_length=32, steps=32, threshold=None), 8, 1)[
+            "largest_batch"
+        ]
+        == -1
+    )
     # a scheduler with exactly that budget holds that many requests at once
     with engine.scheduler(max_batch=8, max_length=64, kv_budget_bytes=2 * rb["bytes_per_request"]) as sched:
         assert sched.counters()["kv_pool_rows"] == 6 and sched.counters()["kv_row_bytes"] == row
@@ -233,15 +246,18 @@ def test_kv_pool_memory_grows_with_the_rows_used(toy):
         pool = k["kv_pool_rows"] * k["kv_row_bytes"]
         assert pool > 5 * 2**30
         assert grown < pool // 8, (grown, pool)  # measured: ~5 MiB of 5.9 GiB
-        opts = [DecodeOptions(policy="dual", gen_length=64, block_length=16),
-                DecodeOptions(policy="blockbatch", gen_length=64, block_sizes=(8, 16, 32))]
+        opts = [
+            DecodeOptions(policy="dual", gen_length=64, block_length=16),
+            DecodeOptions(policy="blockbatch", gen_length=64, block_sizes=(8, 16, 32)),
+        ]
         prompts = ["72-2=__-3=__-3=__...............?", "9-2=__-1=__...........?"]
         for round_ in range(2):  # the second round reuses rows the first wrote
             hs = [sched.submit(toy.encode(p), o) for p in prompts for o in opts]
             outs = [h.result(timeout=120) for h in hs]
             alone = [toy.generate(p, o)[0] for p in prompts for o in opts]
-            for out, a, (ids, what) in zip(outs, alone, [(toy.encode(p), f"{p} {o.policy}") for p in prompts
-                                                         for o in opts]):
+            for out, a, (ids, what) in zip(
+                outs, alone, [(toy.encode(p), f"{p} {o.policy}") for p in prompts for o in opts]
+            ):
                 _same(toy._generation(ids, out), a, f"round {round_}: {what}")
 
 
@@ -260,14 +276,20 @@ def test_a_pool_larger_than_memory_is_refused_up_front(toy, make):
             return check_pool(toy.model.obj, max_batch, 512, kv_budget_bytes)
         return toy.generate(["1+1", "2+2"], max_batch=min(max_batch, 2), kv_budget_bytes=kv_budget_bytes)
 
-    with pytest.raises(ValueError, match=r"the KV pool would take \d+ rows of \d+ bytes \(max_length = \d+ "
-                                         r"positions\), 1024\.\d\d GiB, but cpu has [\d.]+ GiB: kv_budget_bytes = "
-                                         r"1099511\d+ \(1024\.00 GiB\) asks for it; lower kv_budget_bytes"):
+    with pytest.raises(
+        ValueError,
+        match=r"the KV pool would take \d+ rows of \d+ bytes \(max_length = \d+ "
+        r"positions\), 1024\.\d\d GiB, but cpu has [\d.]+ GiB: kv_budget_bytes = "
+        r"1099511\d+ \(1024\.00 GiB\) asks for it; lower kv_budget_bytes",
+    ):
         build(8, 2**40)
     if make != "generate":  # generate sizes its pool by its requests, not by max_batch
         t0 = time.perf_counter()
-        with pytest.raises(ValueError, match=r"11718\.75 GiB, .*kv_budget_bytes = 0 sizes it for max_batch = "
-                                             r"1000000 requests of 6 KV rows each; lower max_batch or max_length"):
+        with pytest.raises(
+            ValueError,
+            match=r"11718\.75 GiB, .*kv_budget_bytes = 0 sizes it for max_batch = "
+            r"1000000 requests of 6 KV rows each; lower max_batch or max_length",
+        ):
             build(1_000_000, 0)
         assert time.perf_counter() - t0 < 5
 
@@ -296,8 +318,10 @@ def test_stream_a_request_longer_than_the_model_is_its_own_error_item(toy):
     errors = {i.index: i.error for i in items if i.error is not None}
     assert set(errors) == {1} and isinstance(errors[1], ValueError)
     n = toy.encode("1+1").numel()
-    assert str(errors[1]) == (f"prompts[1]: its prompt ({n} tokens) plus gen_length (512) needs {n + 512} positions "
-                              f"but the model's max_sequence_length is 512 (shorten the prompt or gen_length)")
+    assert str(errors[1]) == (
+        f"prompts[1]: its prompt ({n} tokens) plus gen_length (512) needs {n + 512} positions "
+        f"but the model's max_sequence_length is 512 (shorten the prompt or gen_length)"
+    )
     alone = toy.generate("1+1", D())[0]
     assert sorted(i.index for i in items if i.generation is not None) == [0, 2]
     for i in items:
@@ -307,7 +331,8 @@ def test_stream_a_request_longer_than_the_model_is_its_own_error_item(toy):
     # a bad prompt is its item too; generate raises for the whole call, naming the request
     items = list(toy.stream([[3, 4], [3, 10**30], "1+1"], D(gen_length=32)))
     assert {i.index: str(i.error) for i in items if i.error} == {
-        1: "prompts[1][1] = 1000000000000000000000000000000 is outside the vocabulary [0, 21)"}
+        1: "prompts[1][1] = 1000000000000000000000000000000 is outside the vocabulary [0, 21)"
+    }
     for max_batch in (1, 2):
         with pytest.raises(ValueError, match=r"^prompts\[1\]: its prompt \(\d+ tokens\) plus gen_length \(512\)"):
             toy.generate(["1+1"] * 3, [D(), D(gen_length=512), D()], max_batch=max_batch)
@@ -356,8 +381,11 @@ def test_max_length_and_token_ids_are_checked_by_name(toy):
         BatchScheduler(toy.model.obj, max_length=True, step_curve=None)
     with pytest.raises(ValueError, match=r"^max_length must be an integer >= 2 .*got 9223372036854775808$"):
         BatchScheduler(toy.model.obj, max_length=2**63, step_curve=None)
-    with pytest.raises(ValueError, match=r"^prompt\[3\] = 1000000000000000000000000000000 is outside the vocabulary "
-                                         r"\[0, 21\)$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^prompt\[3\] = 1000000000000000000000000000000 is outside the vocabulary "
+        r"\[0, 21\)$",
+    ):
         toy.encode([1, 2, 3, 10**30])
     with pytest.raises(ValueError, match=r"^prompts\[1\]\[3\] = 21 is outside the vocabulary \[0, 21\)$"):
         toy.generate([[1, 2], [1, 2, 3, 21]])

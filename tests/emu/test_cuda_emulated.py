@@ -31,8 +31,15 @@ ops = torch.ops.blockbatch
 CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 # argument kinds: i int, u unsigned, l int64, z size_t, f float, d double, p pointer (tensor or None)
-_KINDS = {"i": ctypes.c_int, "u": ctypes.c_uint, "l": ctypes.c_int64, "z": ctypes.c_size_t, "f": ctypes.c_float,
-          "d": ctypes.c_double, "p": ctypes.c_void_p}
+_KINDS = {
+    "i": ctypes.c_int,
+    "u": ctypes.c_uint,
+    "l": ctypes.c_int64,
+    "z": ctypes.c_size_t,
+    "f": ctypes.c_float,
+    "d": ctypes.c_double,
+    "p": ctypes.c_void_p,
+}
 _SIGNATURES = {
     "bbemu_rope_kv_write": "i plp ppl ppl p lllll l ppll i",
     "bbemu_attention": "ii pppp ll pl p lllll l pp i lll ip",
@@ -163,9 +170,31 @@ def test_rope_kv_write_emulated(emu, dtype, hd):
     for vectorized in (1, 0):
         qkv, q, k, v, kv, _ = rope_kv_case("cpu", dtype, hd=hd)
         L, layers = kv.shape[4], kv.shape[1]
-        emu.ok("bbemu_rope_kv_write", CODE[dtype], q, q.stride(0), q.shape[1], k, v, k.stride(0), pos, table,
-               table.shape[0], kv, layers, kv.shape[3], L, hd, kv.shape[0], 1, cu, rows, len(rows), q.shape[0],
-               vectorized)
+        emu.ok(
+            "bbemu_rope_kv_write",
+            CODE[dtype],
+            q,
+            q.stride(0),
+            q.shape[1],
+            k,
+            v,
+            k.stride(0),
+            pos,
+            table,
+            table.shape[0],
+            kv,
+            layers,
+            kv.shape[3],
+            L,
+            hd,
+            kv.shape[0],
+            1,
+            cu,
+            rows,
+            len(rows),
+            q.shape[0],
+            vectorized,
+        )
         results.append((qkv, kv))
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
     tol = 0 if dtype == torch.float32 else 1e-2
@@ -182,9 +211,34 @@ def _attention(emu, kernel, q, k, v, cu, kv, rows, cache, layer, fresh, splits, 
     out[T] = sentinel
     used = splits if splits else emu("bbemu_attention_splits", heads, k.shape[1], hd, len(rows), T, max_keys)
     part = torch.full(((used if kernel else 1) * T * heads * (hd + 2) + 64,), sentinel)
-    emu.ok("bbemu_attention", CODE[q.dtype], kernel, q, k, v, out, q.stride(0), k.stride(0), cu, len(rows), kv,
-           kv.shape[1], kv.shape[3], kv.shape[4], hd, kv.shape[0], layer, rows, cache, int(fresh), heads, T, max_keys,
-           splits, part)
+    emu.ok(
+        "bbemu_attention",
+        CODE[q.dtype],
+        kernel,
+        q,
+        k,
+        v,
+        out,
+        q.stride(0),
+        k.stride(0),
+        cu,
+        len(rows),
+        kv,
+        kv.shape[1],
+        kv.shape[3],
+        kv.shape[4],
+        hd,
+        kv.shape[0],
+        layer,
+        rows,
+        cache,
+        int(fresh),
+        heads,
+        T,
+        max_keys,
+        splits,
+        part,
+    )
     assert (out[T] == sentinel).all() and (part[-64:] == sentinel).all(), "a write outside the output / workspace"
     return out[:T]
 
@@ -217,8 +271,11 @@ def _check_flash_bits(key, inputs, outputs):
     """outputs {case: tensor} == the record for `key` bit for bit (skipped where the inputs or the
     host's exp2f differ from the recording's: the record cannot apply there)."""
     record = json.loads(FLASH_BITS.read_text()) if FLASH_BITS.exists() else {}
-    got = {"inputs": _digest(*inputs), "exp2f": _exp2f_digest(),
-           "outputs": {case: _digest(out) for case, out in outputs.items()}}
+    got = {
+        "inputs": _digest(*inputs),
+        "exp2f": _exp2f_digest(),
+        "outputs": {case: _digest(out) for case, out in outputs.items()},
+    }
     if os.environ.get("BBEMU_RECORD_BITS") == "1":
         record[key] = got
         FLASH_BITS.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
@@ -261,7 +318,8 @@ def test_attention_emulated(emu, dtype, heads, kv_heads, hd):
         for splits in (1, 3, 9, 0):
             staged, pipelined, pipelined3 = (
                 _attention(emu, kernel, q, k, v, cu, kv, rows, cache, 1, fresh, splits, max_keys)
-                for kernel in (1, 2, 3))
+                for kernel in (1, 2, 3)
+            )
             assert not pipelined3.isnan().any()
             err = _rel_err(pipelined3, exact)
             assert err <= 2 * cpu_err, f"cache={cache.tolist()} splits={splits}: {err:.3g} vs {cpu_err:.3g}"
@@ -319,8 +377,12 @@ def test_confidence_and_sparse_probs_emulated(emu, dtype, vocab):
         ours = sorted((int(i), float(p)) for i, p in zip(ids[r], probs[r]) if i >= 0)
         theirs = sorted((int(i), float(p)) for i, p in zip(ids_c[r], p_c[r]) if i >= 0)
         assert [i for i, _ in ours] == [i for i, _ in theirs]
-        torch.testing.assert_close(torch.tensor([p for _, p in ours], dtype=torch.float64),
-                                   torch.tensor([p for _, p in theirs], dtype=torch.float64), atol=1e-9, rtol=1e-7)
+        torch.testing.assert_close(
+            torch.tensor([p for _, p in ours], dtype=torch.float64),
+            torch.tensor([p for _, p in theirs], dtype=torch.float64),
+            atol=1e-9,
+            rtol=1e-7,
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -334,9 +396,25 @@ def test_separate_rope_and_kv_write_emulated(emu, dtype):
     ops.kv_write_(kv_ref, k_ref, v_ref, pos, cu, rows, 1)
     T = q.shape[0]
     emu.ok("bbemu_rope_inplace", CODE[dtype], q, T, q.stride(0), q.shape[1], hd, pos, table, table.shape[0])
-    emu.ok("bbemu_kv_write", CODE[dtype], kv, kv.shape[1], kv.shape[3], kv.shape[4], hd, kv.shape[0], 1, k, v,
-           k.stride(0), pos,
-           cu, rows, len(rows), T)
+    emu.ok(
+        "bbemu_kv_write",
+        CODE[dtype],
+        kv,
+        kv.shape[1],
+        kv.shape[3],
+        kv.shape[4],
+        hd,
+        kv.shape[0],
+        1,
+        k,
+        v,
+        k.stride(0),
+        pos,
+        cu,
+        rows,
+        len(rows),
+        T,
+    )
     assert torch.equal(qkv, qkv_ref) and torch.equal(kv, kv_ref)
 
 
@@ -347,15 +425,39 @@ def test_commit_emulated(emu, rule):
         canvas, window, token, conf, k = commit_case(g, n)
         cpu, emulated, counts = canvas.clone(), canvas.clone(), torch.empty(3, dtype=torch.long)
         expected = ops.commit_(cpu, window, token, conf, k, 9, 0, rule, 0.8, 1.0)
-        emu.ok("bbemu_commit", emulated, emulated.shape[0], window, token, conf, k, n, 9, 0, ["threshold", "fixed", "factor"].index(rule),
-               0.8, 1.0, counts)
+        emu.ok(
+            "bbemu_commit",
+            emulated,
+            emulated.shape[0],
+            window,
+            token,
+            conf,
+            k,
+            n,
+            9,
+            0,
+            ["threshold", "fixed", "factor"].index(rule),
+            0.8,
+            1.0,
+            counts,
+        )
         assert torch.equal(emulated, cpu) and counts.tolist() == expected.tolist(), f"n={n}"
 
 
 def _view_args(s):
     B, L = s["canvas"].shape
-    return (s["canvas"], s["state"], s["eos_prob"], s["map_ids"], s["map_probs"], B, L, s["prompt_len"],
-            s["map_ids"].shape[2], s["mask_id"])
+    return (
+        s["canvas"],
+        s["state"],
+        s["eos_prob"],
+        s["map_ids"],
+        s["map_probs"],
+        B,
+        L,
+        s["prompt_len"],
+        s["map_ids"].shape[2],
+        s["mask_id"],
+    )
 
 
 def test_coordinate_and_kv_copy_rows_emulated(emu):
@@ -368,8 +470,18 @@ def test_coordinate_and_kv_copy_rows_emulated(emu):
             args = coordinate_args(cpu, **kwargs)
             ops.bb_coordinate_(*args)
             merge_gate, merge, sync, sync_gap, refresh_tokens, periodic_refresh = args[9:]
-            emu.ok("bbemu_bb_coordinate", *_view_args(emulated), emulated["flags"], emulated["sync_src"], merge_gate,
-                   int(merge), int(sync), sync_gap, refresh_tokens, int(periodic_refresh))
+            emu.ok(
+                "bbemu_bb_coordinate",
+                *_view_args(emulated),
+                emulated["flags"],
+                emulated["sync_src"],
+                merge_gate,
+                int(merge),
+                int(sync),
+                sync_gap,
+                refresh_tokens,
+                int(periodic_refresh),
+            )
             for k in ("canvas", "state", "flags", "sync_src"):
                 assert torch.equal(emulated[k], cpu[k]), f"seed {seed} {kwargs}: {k}"
             for width in (64, 67):  # rows of 16-byte words / of bytes
@@ -391,11 +503,41 @@ def test_absorb_emulated(emu, dtype):
         cpu, spans, logits, token, conf, ids, probs = case
         emulated = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in cpu.items()}
         spans_t = torch.tensor(spans)
-        ops.bb_absorb_(cpu["canvas"], cpu["state"], cpu["eos_prob"], cpu["map_ids"], cpu["map_probs"], spans_t, token,
-                       conf, ids, probs, logits, cpu["prompt_len"], cpu["mask_id"], eos, 0.8, True)
+        ops.bb_absorb_(
+            cpu["canvas"],
+            cpu["state"],
+            cpu["eos_prob"],
+            cpu["map_ids"],
+            cpu["map_probs"],
+            spans_t,
+            token,
+            conf,
+            ids,
+            probs,
+            logits,
+            cpu["prompt_len"],
+            cpu["mask_id"],
+            eos,
+            0.8,
+            True,
+        )
         view = list(_view_args(emulated)) + [eos]
-        emu.ok("bbemu_bb_absorb", CODE[dtype], *view, spans_t, len(spans), token, conf, ids, probs, logits,
-               logits.shape[0], 300, 0.8, 1)
+        emu.ok(
+            "bbemu_bb_absorb",
+            CODE[dtype],
+            *view,
+            spans_t,
+            len(spans),
+            token,
+            conf,
+            ids,
+            probs,
+            logits,
+            logits.shape[0],
+            300,
+            0.8,
+            1,
+        )
         for k in ("canvas", "state", "map_ids", "map_probs"):
             assert torch.equal(emulated[k], cpu[k]), f"seed {seed}: {k}"
         assert torch.allclose(emulated["eos_prob"], cpu["eos_prob"], rtol=1e-12, atol=0)
@@ -414,17 +556,66 @@ def test_kv_writes_skip_slots_outside_the_buffer_emulated(emu):
     inside = guard[: kv.numel()].view(kv.shape)
     inside.copy_(kv)
     bad_pos, bad_rows = pos.clone(), rows.clone()
-    bad_pos[0], bad_pos[-1] = kv.shape[4] + 5, -3          # past the buffer's length, negative
-    bad_rows[0] = kv.shape[0]                               # a KV row past the buffer
+    bad_pos[0], bad_pos[-1] = kv.shape[4] + 5, -3  # past the buffer's length, negative
+    bad_rows[0] = kv.shape[0]  # a KV row past the buffer
     for vectorized in (1, 0):
-        emu.ok("bbemu_rope_kv_write", CODE[dtype], q, q.stride(0), q.shape[1], k, v, k.stride(0), bad_pos, table,
-               table.shape[0], inside, kv.shape[1], kv.shape[3], kv.shape[4], hd, kv.shape[0], 1, cu, bad_rows,
-               len(rows), q.shape[0], vectorized)
-        emu.ok("bbemu_kv_write", CODE[dtype], inside, kv.shape[1], kv.shape[3], kv.shape[4], hd, kv.shape[0], 1, k, v,
-               k.stride(0), bad_pos, cu, bad_rows, len(rows), q.shape[0])
-        emu.ok("bbemu_rope_inplace", CODE[dtype], q, q.shape[0], q.stride(0), q.shape[1], hd, bad_pos, table,
-               table.shape[0])
-    assert torch.isnan(guard[kv.numel():]).all(), "a write past the KV buffer"
+        emu.ok(
+            "bbemu_rope_kv_write",
+            CODE[dtype],
+            q,
+            q.stride(0),
+            q.shape[1],
+            k,
+            v,
+            k.stride(0),
+            bad_pos,
+            table,
+            table.shape[0],
+            inside,
+            kv.shape[1],
+            kv.shape[3],
+            kv.shape[4],
+            hd,
+            kv.shape[0],
+            1,
+            cu,
+            bad_rows,
+            len(rows),
+            q.shape[0],
+            vectorized,
+        )
+        emu.ok(
+            "bbemu_kv_write",
+            CODE[dtype],
+            inside,
+            kv.shape[1],
+            kv.shape[3],
+            kv.shape[4],
+            hd,
+            kv.shape[0],
+            1,
+            k,
+            v,
+            k.stride(0),
+            bad_pos,
+            cu,
+            bad_rows,
+            len(rows),
+            q.shape[0],
+        )
+        emu.ok(
+            "bbemu_rope_inplace",
+            CODE[dtype],
+            q,
+            q.shape[0],
+            q.stride(0),
+            q.shape[1],
+            hd,
+            bad_pos,
+            table,
+            table.shape[0],
+        )
+    assert torch.isnan(guard[kv.numel() :]).all(), "a write past the KV buffer"
 
 
 def test_commit_skips_window_positions_outside_the_canvas_emulated(emu):
@@ -455,8 +646,23 @@ def test_absorb_and_coordinate_skip_bad_state_rows_emulated(emu):
     token, conf = ops.confidence(logits, s["mask_id"])
     ids, probs = ops.sparse_probs(logits, 0.1, 3)
     spans = torch.tensor([[b, 0, L - 2, 2, 0]])
-    emu.ok("bbemu_bb_absorb", CODE[torch.float32], *_view_args(s), 7, spans, 1, token, conf, ids, probs, logits,
-           logits.shape[0], 300, 0.8, 1)
+    emu.ok(
+        "bbemu_bb_absorb",
+        CODE[torch.float32],
+        *_view_args(s),
+        7,
+        spans,
+        1,
+        token,
+        conf,
+        ids,
+        probs,
+        logits,
+        logits.shape[0],
+        300,
+        0.8,
+        1,
+    )
     for k in before:
         assert torch.equal(before[k], s[k]), f"absorb changed {k}"
     emu.ok("bbemu_bb_coordinate", *_view_args(s), s["flags"], s["sync_src"], 0.5, 1, 1, 8, 32, 1)

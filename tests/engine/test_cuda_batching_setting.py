@@ -35,8 +35,10 @@ def test_a_cpu_engine_batches_whatever_the_variable(monkeypatch):
 def test_serve_on_cuda_refuses_batching_off(monkeypatch, capsys):
     monkeypatch.setenv("BLOCKBATCH_CUDA_BATCHING", "0")
     assert main(["serve", "--device", "cuda"]) == 2
-    assert "--device cuda: the server decodes on the batching scheduler, which BLOCKBATCH_CUDA_BATCHING=0 " \
-           "turns off on CUDA" in capsys.readouterr().err
+    assert (
+        "--device cuda: the server decodes on the batching scheduler, which BLOCKBATCH_CUDA_BATCHING=0 "
+        "turns off on CUDA" in capsys.readouterr().err
+    )
     monkeypatch.setenv("BLOCKBATCH_CUDA_BATCHING", "on")
     assert main(["serve", "--device", "cuda"]) == 2
     assert "BLOCKBATCH_CUDA_BATCHING must be '0', '1' or 'graphs', got 'on'" in capsys.readouterr().err

@@ -20,15 +20,33 @@ from blockbatch.reference.model import ReferenceModel
 
 # config.json of Dream-v0-Instruct-7B as published (keys the loader reads, and some it ignores).
 PUBLISHED = {
-    "architectures": ["DreamModel"], "attention_dropout": 0.0,
+    "architectures": ["DreamModel"],
+    "attention_dropout": 0.0,
     "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
-    "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 3584,
-    "initializer_range": 0.02, "intermediate_size": 18944, "mask_token_id": 151666,
-    "max_position_embeddings": 131072, "max_window_layers": 28, "model_type": "Dream",
-    "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4, "pad_token_id": 151643,
-    "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000.0, "sliding_window": None,
-    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.46.2",
-    "use_cache": True, "use_sliding_window": False, "vocab_size": 152064,
+    "bos_token_id": 151643,
+    "eos_token_id": 151643,
+    "hidden_act": "silu",
+    "hidden_size": 3584,
+    "initializer_range": 0.02,
+    "intermediate_size": 18944,
+    "mask_token_id": 151666,
+    "max_position_embeddings": 131072,
+    "max_window_layers": 28,
+    "model_type": "Dream",
+    "num_attention_heads": 28,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 4,
+    "pad_token_id": 151643,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000.0,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.46.2",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 152064,
 }
 
 
@@ -41,9 +59,21 @@ def test_published_config_is_read_as_dream():
     assert {k: getattr(c, k) for k in DREAM_7B} == DREAM_7B
     # the C++ model and validator get the family and the biases with the shapes
     assert c.int_fields()["family"] == 1 and c.int_fields()["attention_bias"] == 1
-    assert set(c.int_fields()) == {"d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden_size", "vocab_size",
-                                   "embedding_size", "mask_token_id", "eos_token_id", "max_sequence_length",
-                                   "weight_tying", "family", "attention_bias"}
+    assert set(c.int_fields()) == {
+        "d_model",
+        "n_layers",
+        "n_heads",
+        "n_kv_heads",
+        "mlp_hidden_size",
+        "vocab_size",
+        "embedding_size",
+        "mask_token_id",
+        "eos_token_id",
+        "max_sequence_length",
+        "weight_tying",
+        "family",
+        "attention_bias",
+    }
     assert set(c.float_fields()) == {"rope_theta", "rms_norm_eps"}
 
 
@@ -109,8 +139,11 @@ def test_wrong_bias_shape_names_file_and_key(tmp_path):
     tensors = load_file(path)
     tensors["model.layers.0.self_attn.q_proj.bias"] = torch.zeros(7)
     save_file(tensors, path)
-    with pytest.raises(CheckpointError, match=r"model\.safetensors: tensor 'model\.layers\.0\.self_attn\.q_proj\.bias' "
-                                              r"has shape \[7\], expected \[64\]"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"model\.safetensors: tensor 'model\.layers\.0\.self_attn\.q_proj\.bias' "
+        r"has shape \[7\], expected \[64\]",
+    ):
         load_checkpoint(tmp_path)
 
 
@@ -171,23 +204,37 @@ def test_reference_forward_is_a_qwen2_body(tmp_path):
     cos, sin = torch.cat([ang, ang], -1).cos().float(), torch.cat([ang, ang], -1).sin().float()
 
     def rope(x):  # [heads, L, hd]
-        rot = torch.cat([-x[..., hd // 2:], x[..., :hd // 2]], -1)
+        rot = torch.cat([-x[..., hd // 2 :], x[..., : hd // 2]], -1)
         return x * cos + rot * sin
 
     x = w["model.embed_tokens.weight"][ids]
     for i in range(c.n_layers):
         p = f"model.layers.{i}."
         h = norm(x, w[p + "input_layernorm.weight"])
-        q = F.linear(h, w[p + "self_attn.q_proj.weight"], w[p + "self_attn.q_proj.bias"]).view(L, -1, hd).transpose(0, 1)
-        k = F.linear(h, w[p + "self_attn.k_proj.weight"], w[p + "self_attn.k_proj.bias"]).view(L, -1, hd).transpose(0, 1)
-        v = F.linear(h, w[p + "self_attn.v_proj.weight"], w[p + "self_attn.v_proj.bias"]).view(L, -1, hd).transpose(0, 1)
+        q = (
+            F.linear(h, w[p + "self_attn.q_proj.weight"], w[p + "self_attn.q_proj.bias"])
+            .view(L, -1, hd)
+            .transpose(0, 1)
+        )
+        k = (
+            F.linear(h, w[p + "self_attn.k_proj.weight"], w[p + "self_attn.k_proj.bias"])
+            .view(L, -1, hd)
+            .transpose(0, 1)
+        )
+        v = (
+            F.linear(h, w[p + "self_attn.v_proj.weight"], w[p + "self_attn.v_proj.bias"])
+            .view(L, -1, hd)
+            .transpose(0, 1)
+        )
         group = c.n_heads // c.n_kv_heads
         k, v = rope(k).repeat_interleave(group, 0), v.repeat_interleave(group, 0)
         a = torch.softmax(rope(q) @ k.transpose(1, 2) / math.sqrt(hd), -1) @ v
         x = x + F.linear(a.transpose(0, 1).reshape(L, -1), w[p + "self_attn.o_proj.weight"])
         h = norm(x, w[p + "post_attention_layernorm.weight"])
-        x = x + F.linear(F.silu(F.linear(h, w[p + "mlp.gate_proj.weight"])) * F.linear(h, w[p + "mlp.up_proj.weight"]),
-                         w[p + "mlp.down_proj.weight"])
+        x = x + F.linear(
+            F.silu(F.linear(h, w[p + "mlp.gate_proj.weight"])) * F.linear(h, w[p + "mlp.up_proj.weight"]),
+            w[p + "mlp.down_proj.weight"],
+        )
     want = F.linear(norm(x, w["model.norm.weight"]), w["lm_head.weight"])
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     # the biases matter

@@ -38,8 +38,13 @@ def test_paths_and_loader_name_the_family():
 def test_dream_toy_is_in_the_dream_layout(dream_toy):
     ck, _ = dream_toy
     files = set(os.listdir(CKPT))
-    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-            toy_train.CURVE_NAME} <= files
+    assert {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        toy_train.CURVE_NAME,
+    } <= files
     assert sum(os.path.getsize(os.path.join(CKPT, f)) for f in files) <= 10 * 1024 * 1024
     with open(os.path.join(CKPT, "config.json")) as f:
         raw = json.load(f)
@@ -57,7 +62,11 @@ def test_dream_toy_is_in_the_dream_layout(dream_toy):
     tok = ck.tokenizer
     assert tok.get_vocab() == toy_tok.build_tokenizer().get_vocab() and tok.get_vocab_size() == cfg.vocab_size
     assert (cfg.mask_token_id, cfg.eos_token_id, cfg.pad_token_id, cfg.bos_token_id) == (
-        toy_tok.MASK_ID, toy_tok.EOS_ID, toy_tok.PAD_ID, toy_tok.EOS_ID)
+        toy_tok.MASK_ID,
+        toy_tok.EOS_ID,
+        toy_tok.PAD_ID,
+        toy_tok.EOS_ID,
+    )
     with open(os.path.join(CKPT, "generation_config.json")) as f:
         gen = json.load(f)
     assert gen["mask_token_id"] == cfg.mask_token_id and gen["eos_token_id"] == cfg.eos_token_id
@@ -127,10 +136,23 @@ def test_evaluate_refuses_a_policy_of_the_other_family():
 
 
 def _tiny_dream(**kw):
-    return toy_train.train_config("dream", d_model=32, n_layers=1, n_heads=4, mlp_hidden_size=64,
-                                  steps=kw.pop("steps", 40), tokens_per_step=600, lr=1e-2, warmup=5,
-                                  canvas_lengths=(64,), canvas_weights=(1.0,), eval_every=0, log_every=10,
-                                  threads=1, **kw)
+    return toy_train.train_config(
+        "dream",
+        d_model=32,
+        n_layers=1,
+        n_heads=4,
+        mlp_hidden_size=64,
+        steps=kw.pop("steps", 40),
+        tokens_per_step=600,
+        lr=1e-2,
+        warmup=5,
+        canvas_lengths=(64,),
+        canvas_weights=(1.0,),
+        eval_every=0,
+        log_every=10,
+        threads=1,
+        **kw,
+    )
 
 
 def test_family_defaults():

@@ -20,8 +20,14 @@ from blockbatch.toy import tokenizer as toy_tok
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     path = tmp_path_factory.mktemp("ckpt")
-    config = random_config(vocab_size=toy_tok.VOCAB_SIZE, mask_token_id=toy_tok.MASK_ID, eos_token_id=toy_tok.EOS_ID,
-                           pad_token_id=toy_tok.PAD_ID, d_model=64, n_layers=2)
+    config = random_config(
+        vocab_size=toy_tok.VOCAB_SIZE,
+        mask_token_id=toy_tok.MASK_ID,
+        eos_token_id=toy_tok.EOS_ID,
+        pad_token_id=toy_tok.PAD_ID,
+        d_model=64,
+        n_layers=2,
+    )
     save_checkpoint(path, config, random_weights(config, seed=2, logit_scale=5.0), tokenizer=toy_tok.build_tokenizer())
     return str(path), config
 
@@ -40,7 +46,7 @@ def test_generate_text_and_ids_agree(ckpt):
     assert len(by_text.raw_ids) == 32 and by_text.ids == by_text.raw_ids[: len(by_text.ids)]
     assert config.eos_token_id not in by_text.ids
     direct = run_decode(engine.model.obj, torch.tensor(ids), options)
-    assert direct.tokens[len(ids):].tolist() == by_text.raw_ids
+    assert direct.tokens[len(ids) :].tolist() == by_text.raw_ids
 
 
 def test_output_trimmed_at_first_eos(ckpt):
@@ -80,8 +86,13 @@ def test_engine_bad_prompts(ckpt):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "blockbatch.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.run(
+        [sys.executable, "-m", "blockbatch.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
 def test_cli_generate_prints_text_and_stats(ckpt):
@@ -94,27 +105,55 @@ def test_cli_generate_prints_text_and_stats(ckpt):
 
 def test_cli_generate_json_and_progress(ckpt):
     path, _ = ckpt
-    res = _cli("generate", "--model", path, "--policy", "blockbatch", "--gen-length", 32, "--block-sizes", "4,8,32",
-               "--json", "1+1=", "2+2=")
+    res = _cli(
+        "generate",
+        "--model",
+        path,
+        "--policy",
+        "blockbatch",
+        "--gen-length",
+        32,
+        "--block-sizes",
+        "4,8,32",
+        "--json",
+        "1+1=",
+        "2+2=",
+    )
     assert res.returncode == 0, res.stderr
     rows = [json.loads(line) for line in res.stdout.splitlines()]
     assert [r["prompt"] for r in rows] == ["1+1=", "2+2="]
     assert all(r["stats"]["nfe"] >= 1 and len(r["stats"]["branches"]) == 3 for r in rows)
     res = _cli("generate", "--model", path, "--gen-length", 32, "1+1=", "2+2=", "3+3=")
     assert res.returncode == 0 and "3/3" in res.stderr  # progress bar with several prompts
-    eager = _cli("generate", "--model", path, "--policy", "blockbatch", "--gen-length", 32, "--block-sizes", "4,8,32",
-                 "--json", "--no-cuda-graphs", "1+1=", "2+2=")
+    eager = _cli(
+        "generate",
+        "--model",
+        path,
+        "--policy",
+        "blockbatch",
+        "--gen-length",
+        32,
+        "--block-sizes",
+        "4,8,32",
+        "--json",
+        "--no-cuda-graphs",
+        "1+1=",
+        "2+2=",
+    )
     assert eager.returncode == 0, eager.stderr
     assert [json.loads(line)["text"] for line in eager.stdout.splitlines()] == [r["text"] for r in rows]
 
 
-@pytest.mark.parametrize("args,pattern", [
-    (["--gen-length", "30", "--block-length", "8"], "block_length = 8 must divide gen_length = 30"),
-    (["--threshold", "1.5"], "^error: threshold must be in \\(0, 1\\], got 1.5$"),
-    (["--threshold", "high"], "argument --threshold: expected a number or 'none', got 'high'"),
-    (["--policy", "blockbatch", "--block-sizes", "4,4"], "block_sizes must not repeat a size"),
-    (["--model", "/nonexistent/x"], "not a checkpoint folder"),
-])
+@pytest.mark.parametrize(
+    "args,pattern",
+    [
+        (["--gen-length", "30", "--block-length", "8"], "block_length = 8 must divide gen_length = 30"),
+        (["--threshold", "1.5"], "^error: threshold must be in \\(0, 1\\], got 1.5$"),
+        (["--threshold", "high"], "argument --threshold: expected a number or 'none', got 'high'"),
+        (["--policy", "blockbatch", "--block-sizes", "4,4"], "block_sizes must not repeat a size"),
+        (["--model", "/nonexistent/x"], "not a checkpoint folder"),
+    ],
+)
 def test_cli_errors_are_one_clear_line(ckpt, args, pattern):
     import re
 
@@ -129,8 +168,15 @@ def test_cli_errors_are_one_clear_line(ckpt, args, pattern):
 def test_cli_help_teaches():
     res = _cli("generate", "--help")
     assert res.returncode == 0
-    for flag in ("--policy", "--block-sizes", "--merge-gate", "--sync-gap", "--refresh-tokens", "--threshold",
-                 "examples:"):
+    for flag in (
+        "--policy",
+        "--block-sizes",
+        "--merge-gate",
+        "--sync-gap",
+        "--refresh-tokens",
+        "--threshold",
+        "examples:",
+    ):
         assert flag in res.stdout
 
 
@@ -143,7 +189,11 @@ def test_cli_help_lists_every_cuda_environment_variable():
     src = pathlib.Path(__file__).resolve().parents[2] / "csrc"
     pattern = r'(?:getenv|env_choice|env_int)\("(BLOCKBATCH_\w+)"'  # ops/cuda/settings.cpp reads them through helpers
     read = {m for f in src.rglob("*.c*") for m in re.findall(pattern, f.read_text())}
-    assert {"BLOCKBATCH_ATTN_KERNEL", "BLOCKBATCH_ROPE_KERNEL", "BLOCKBATCH_CUDA_BATCHING"} <= read  # the scan finds them
+    assert {
+        "BLOCKBATCH_ATTN_KERNEL",
+        "BLOCKBATCH_ROPE_KERNEL",
+        "BLOCKBATCH_CUDA_BATCHING",
+    } <= read  # the scan finds them
     res = _cli("generate", "--help")
     assert res.returncode == 0
     missing = sorted(v for v in read if f"{v}=" not in res.stdout)
@@ -152,23 +202,30 @@ def test_cli_help_lists_every_cuda_environment_variable():
 
     assert settings.help_text() in res.stdout  # the block is rendered from the settings table
     # The defaults ops/cuda/settings.cpp compiles in are the ones the help states.
-    defaults = re.findall(r'constexpr [\w ]+\* kDefault\w+ = "?(\w+)"?;\s+// (BLOCKBATCH_\w+)|'
-                          r'constexpr int kDefault\w+ = (\d+);\s+// (BLOCKBATCH_\w+)',
-                          (src / "ops" / "cuda" / "settings.cpp").read_text())
+    defaults = re.findall(
+        r'constexpr [\w ]+\* kDefault\w+ = "?(\w+)"?;\s+// (BLOCKBATCH_\w+)|'
+        r"constexpr int kDefault\w+ = (\d+);\s+// (BLOCKBATCH_\w+)",
+        (src / "ops" / "cuda" / "settings.cpp").read_text(),
+    )
     pairs = [(a or c, b or d) for a, b, c, d in defaults]
     assert {v for _, v in pairs} >= {"BLOCKBATCH_ATTN_KERNEL", "BLOCKBATCH_ROPE_KERNEL", "BLOCKBATCH_CUDA_BATCHING"}
     for value, var in pairs:
-        text = res.stdout[res.stdout.index(f"{var}="):]
-        text = text[:text.index("BLOCKBATCH_", len(var))] if "BLOCKBATCH_" in text[len(var):] else text
+        text = res.stdout[res.stdout.index(f"{var}=") :]
+        text = text[: text.index("BLOCKBATCH_", len(var))] if "BLOCKBATCH_" in text[len(var) :] else text
         assert f"default {value}" in text, f"generate --help does not give {var}'s default ({value})"
 
 
 def test_chat_template_is_applied(tmp_path):
-    config = random_config(vocab_size=toy_tok.VOCAB_SIZE, mask_token_id=toy_tok.MASK_ID, eos_token_id=toy_tok.EOS_ID,
-                           pad_token_id=toy_tok.PAD_ID)
+    config = random_config(
+        vocab_size=toy_tok.VOCAB_SIZE,
+        mask_token_id=toy_tok.MASK_ID,
+        eos_token_id=toy_tok.EOS_ID,
+        pad_token_id=toy_tok.PAD_ID,
+    )
     template = "{% for m in messages %}={{ m['content'] }};{% endfor %}{% if add_generation_prompt %}+{% endif %}"
-    save_checkpoint(tmp_path, config, random_weights(config), tokenizer=toy_tok.build_tokenizer(),
-                    chat_template=template)
+    save_checkpoint(
+        tmp_path, config, random_weights(config), tokenizer=toy_tok.build_tokenizer(), chat_template=template
+    )
     engine = Engine.from_pretrained(tmp_path)
     assert engine.checkpoint.chat_template == template
     chat_ids = engine.encode("12")
@@ -185,9 +242,25 @@ def test_cli_bench_with_reference_comparison(ckpt, tmp_path):
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("\n".join(json.dumps({"prompt": p, "answer": "x"}) for p in ("1+1=", "12-3=", "5=")) + "\n")
     out = tmp_path / "out"
-    res = _cli("bench", "--model", path, "--tasks", tasks, "--n", 3, "--gen-length", 32,
-               "--policies", "vanilla", "dual:block_length=8", "blockbatch:block_sizes=4/8/32,sync_gap=4",
-               "--compare-reference", "--out", out, "--quiet")
+    res = _cli(
+        "bench",
+        "--model",
+        path,
+        "--tasks",
+        tasks,
+        "--n",
+        3,
+        "--gen-length",
+        32,
+        "--policies",
+        "vanilla",
+        "dual:block_length=8",
+        "blockbatch:block_sizes=4/8/32,sync_gap=4",
+        "--compare-reference",
+        "--out",
+        out,
+        "--quiet",
+    )
     assert res.returncode == 0, res.stderr
     data = json.loads((out / "bench.json").read_text())
     assert set(data["summary"]) == {"vanilla", "dual:block_length=8", "blockbatch:block_sizes=4/8/32,sync_gap=4"}
@@ -219,19 +292,38 @@ def test_cli_generate_jsonl_batched(tmp_path):
     from blockbatch.options import DecodeOptions
 
     src = tmp_path / "req.jsonl"
-    src.write_text('{"id": "a", "prompt": "72-2=__-3=__-3=__...............?"}\n'
-                   'not json\n\n'
-                   '{"ids": [3, 4, 5]}\n'
-                   '{"prompt": "x", "ids": [1]}\n'
-                   '{"prompt": "9-2=__-1=__...........?"}\n'
-                   '{"ids": [' + ", ".join(["3"] * 60) + ']}\n', encoding="utf-8")
+    src.write_text(
+        '{"id": "a", "prompt": "72-2=__-3=__-3=__...............?"}\n'
+        "not json\n\n"
+        '{"ids": [3, 4, 5]}\n'
+        '{"prompt": "x", "ids": [1]}\n'
+        '{"prompt": "9-2=__-1=__...........?"}\n'
+        '{"ids": [' + ", ".join(["3"] * 60) + "]}\n",
+        encoding="utf-8",
+    )
     out = tmp_path / "out.jsonl"
-    res = _cli("generate", "--input", src, "--output", out, "--max-batch", 2, "--gen-length", 64, "--policy", "dual",
-               "--no-chat", "--max-length", 110)
+    res = _cli(
+        "generate",
+        "--input",
+        src,
+        "--output",
+        out,
+        "--max-batch",
+        2,
+        "--gen-length",
+        64,
+        "--policy",
+        "dual",
+        "--no-chat",
+        "--max-length",
+        110,
+    )
     assert res.returncode == 1, res.stderr  # three bad lines
     assert f"{src}:2: Expecting value" in res.stderr and f"{src}:5: give exactly one of" in res.stderr
-    assert f"{src}:7: the prompt (60 tokens) plus gen_length (64) needs 124 positions but this scheduler's " \
-           f"max_length is 110" in res.stderr
+    assert (
+        f"{src}:7: the prompt (60 tokens) plus gen_length (64) needs 124 positions but this scheduler's "
+        f"max_length is 110" in res.stderr
+    )
     assert "3 done, 3 failed" in res.stderr
     lines = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
     errors = {r["line"]: r for r in lines if "error" in r}
@@ -250,10 +342,16 @@ def test_cli_generate_jsonl_batched(tmp_path):
 
 def _cli_bytes(*args, stdin: bytes = b"", env: dict | None = None):
     """The CLI with ``stdin`` as bytes; stdout and stderr decoded as UTF-8."""
-    res = subprocess.run([sys.executable, "-m", "blockbatch.cli", *map(str, args)], input=stdin, capture_output=True,
-                         timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
-    return subprocess.CompletedProcess(res.args, res.returncode, res.stdout.decode("utf-8"),
-                                       res.stderr.decode("utf-8", "replace"))
+    res = subprocess.run(
+        [sys.executable, "-m", "blockbatch.cli", *map(str, args)],
+        input=stdin,
+        capture_output=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+    )
+    return subprocess.CompletedProcess(
+        res.args, res.returncode, res.stdout.decode("utf-8"), res.stderr.decode("utf-8", "replace")
+    )
 
 
 def test_cli_generate_jsonl_refuses_its_input_as_output(tmp_path):
@@ -267,11 +365,18 @@ def test_cli_generate_jsonl_refuses_its_input_as_output(tmp_path):
     for inp, out in ((src, src), (src, tmp_path / "link.jsonl"), (tmp_path / "hard.jsonl", src)):
         res = _cli("generate", "--input", inp, "--output", out, "--gen-length", 32)
         assert res.returncode == 2, res.stderr
-        assert res.stderr.strip() == f"error: --input {inp} and --output {out} are the same file: the results " \
-                                     f"would replace the requests; write them to another file", res.stderr
+        assert (
+            res.stderr.strip() == f"error: --input {inp} and --output {out} are the same file: the results "
+            f"would replace the requests; write them to another file"
+        ), res.stderr
     with open(src, "rb") as f:
-        res = subprocess.run([sys.executable, "-m", "blockbatch.cli", "generate", "--input", "-", "--output", src],
-                             stdin=f, capture_output=True, text=True, timeout=300)
+        res = subprocess.run(
+            [sys.executable, "-m", "blockbatch.cli", "generate", "--input", "-", "--output", src],
+            stdin=f,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     assert res.returncode == 2 and "--input - and --output" in res.stderr, res.stderr
     assert src.read_text(encoding="utf-8") == text and "Traceback" not in res.stderr
 
@@ -285,8 +390,9 @@ def test_cli_generate_jsonl_output_is_replaced_only_by_results(tmp_path):
     import threading
 
     src = tmp_path / "req.jsonl"
-    src.write_text('{"id": "a", "prompt": "9-2=__-1=__...........?"}\n{"id": "b", "ids": [3, 4, 5]}\n',
-                   encoding="utf-8")
+    src.write_text(
+        '{"id": "a", "prompt": "9-2=__-1=__...........?"}\n{"id": "b", "ids": [3, 4, 5]}\n', encoding="utf-8"
+    )
     out = tmp_path / "out.jsonl"
     out.write_text("old\n", encoding="utf-8")
     os.chmod(out, 0o640)
@@ -318,18 +424,41 @@ def test_cli_generate_jsonl_each_bad_line_is_an_error_line():
     stdin under a C locale), 100000 nested brackets, ids that are no int64 token id; each is one
     error line naming its line, the others decode."""
     good = '{"id": "g", "prompt": "72-2=__-3=__-3=__...............?"}\n'
-    res = _cli_bytes("generate", "--input", "-", "--gen-length", 32, stdin=b'{"prompt":"1+1"}\n\xff\n',
-                     env={"LC_ALL": "C", "LANG": "C"})
+    res = _cli_bytes(
+        "generate",
+        "--input",
+        "-",
+        "--gen-length",
+        32,
+        stdin=b'{"prompt":"1+1"}\n\xff\n',
+        env={"LC_ALL": "C", "LANG": "C"},
+    )
     assert res.returncode == 1, res.stderr
     rows = [json.loads(x) for x in res.stdout.splitlines()]
     assert len(rows) == 2 and [r["line"] for r in rows if "error" in r] == [2], rows
     assert "error: stdin:2: not UTF-8 text (byte 0xff at byte offset 0 of the line)" in res.stderr
-    lines = [good, b"caf\xc3\xa9 \xe9\n".decode("latin-1"), "[" * 100000 + "\n", '{"ids": [1e400]}\n',
-             '{"ids": [1000000000000000000000000000000]}\n', '{"ids": [true]}\n', '{"ids": [3, -1]}\n',
-             '{"id": 7, "ids": [3, 4], "prompt": "x"}\n', good]
+    lines = [
+        good,
+        b"caf\xc3\xa9 \xe9\n".decode("latin-1"),
+        "[" * 100000 + "\n",
+        '{"ids": [1e400]}\n',
+        '{"ids": [1000000000000000000000000000000]}\n',
+        '{"ids": [true]}\n',
+        '{"ids": [3, -1]}\n',
+        '{"id": 7, "ids": [3, 4], "prompt": "x"}\n',
+        good,
+    ]
     data = b"\xef\xbb\xbf" + "".join(lines).encode("latin-1")
-    res = _cli_bytes("generate", "--input", "-", "--gen-length", 32, "--no-chat", stdin=data,
-                     env={"LC_ALL": "C", "LANG": "C", "PYTHONIOENCODING": ""})
+    res = _cli_bytes(
+        "generate",
+        "--input",
+        "-",
+        "--gen-length",
+        32,
+        "--no-chat",
+        stdin=data,
+        env={"LC_ALL": "C", "LANG": "C", "PYTHONIOENCODING": ""},
+    )
     assert res.returncode == 1, res.stderr
     assert "Traceback" not in res.stderr
     rows = [json.loads(x) for x in res.stdout.splitlines()]
@@ -342,5 +471,6 @@ def test_cli_generate_jsonl_each_bad_line_is_an_error_line():
         5: "ids[0] = 1000000000000000000000000000000 is outside the vocabulary [0, 21)",
         6: "ids[0] must be an integer token id, got bool True",
         7: "ids[1] = -1 is outside the vocabulary [0, 21)",
-        8: 'give exactly one of "prompt" (text) and "ids" (token ids)'}, errors
+        8: 'give exactly one of "prompt" (text) and "ids" (token ids)',
+    }, errors
     assert [r["id"] for r in rows if r.get("line") == 8] == [7]

@@ -45,8 +45,9 @@ def test_simple_evaluate_equals_direct_engine(lm):
     the fraction of responses equal to the reference."""
     from lm_eval.tasks import TaskManager
 
-    out = lm_eval.simple_evaluate(model=lm, tasks=[TASK], task_manager=TaskManager(include_path=str(TASK_DIR)),
-                                  log_samples=True)
+    out = lm_eval.simple_evaluate(
+        model=lm, tasks=[TASK], task_manager=TaskManager(include_path=str(TASK_DIR)), log_samples=True
+    )
     samples = out["samples"][TASK]
     rows = _rows()
     assert len(samples) == len(rows)
@@ -71,10 +72,25 @@ def test_simple_evaluate_equals_direct_engine(lm):
 @pytest.mark.slow
 def test_cli_module_runs_local_task(tmp_path):
     env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
-    cmd = [sys.executable, "-m", "blockbatch.lm_eval", "--model", "blockbatch",
-           "--model_args", "policy=dual,block_length=16,gen_length=64,threshold=0.9",
-           "--tasks", TASK, "--include_path", str(TASK_DIR), "--limit", "4", "--device", "cpu",
-           "--output_path", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "blockbatch.lm_eval",
+        "--model",
+        "blockbatch",
+        "--model_args",
+        "policy=dual,block_length=16,gen_length=64,threshold=0.9",
+        "--tasks",
+        TASK,
+        "--include_path",
+        str(TASK_DIR),
+        "--limit",
+        "4",
+        "--device",
+        "cpu",
+        "--output_path",
+        str(tmp_path),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "blockbatch[dual:block_length=16,threshold=0.9]: 4 requests" in proc.stderr
@@ -85,8 +101,9 @@ def test_cli_module_runs_local_task(tmp_path):
     # The score is the engine's own: the first 4 problems decoded directly with the same options.
     direct = BlockBatchLM(policy="dual", block_length=16, gen_length=64, threshold=0.9, device="cpu")
     rows = _rows()[:4]
-    texts = direct.generate_until([_request(r["prompt"], until=["\n"], max_gen_toks=64, do_sample=False) for r in rows],
-                                  disable_tqdm=True)
+    texts = direct.generate_until(
+        [_request(r["prompt"], until=["\n"], max_gen_toks=64, do_sample=False) for r in rows], disable_tqdm=True
+    )
     correct = sum(text == r["response"] for text, r in zip(texts, rows))
     assert result["results"][TASK]["exact_match,none"] == pytest.approx(correct / 4)
     assert correct > 0  # the toy model solves some of them
@@ -145,8 +162,9 @@ def test_loglikelihood_is_refused_clearly(lm):
 
 
 def test_module_help_documents_the_model():
-    proc = subprocess.run([sys.executable, "-m", "blockbatch.lm_eval", "--help"], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "blockbatch.lm_eval", "--help"], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "model_args" in proc.stdout and "gen_length" in proc.stdout and "lm-eval" in proc.stdout
 
@@ -158,19 +176,25 @@ def test_apply_chat_template_renders_the_checkpoints_template(tmp_path):
     from blockbatch.random_checkpoint import random_config, random_weights
     from blockbatch.toy import tokenizer as toy_tok
 
-    config = random_config(vocab_size=toy_tok.VOCAB_SIZE, mask_token_id=toy_tok.MASK_ID, eos_token_id=toy_tok.EOS_ID,
-                           pad_token_id=toy_tok.PAD_ID)
+    config = random_config(
+        vocab_size=toy_tok.VOCAB_SIZE,
+        mask_token_id=toy_tok.MASK_ID,
+        eos_token_id=toy_tok.EOS_ID,
+        pad_token_id=toy_tok.PAD_ID,
+    )
     template = "{% for m in messages %}={{ m['content'] }};{% endfor %}{% if add_generation_prompt %}+{% endif %}"
-    save_checkpoint(tmp_path, config, random_weights(config), tokenizer=toy_tok.build_tokenizer(),
-                    chat_template=template)
+    save_checkpoint(
+        tmp_path, config, random_weights(config), tokenizer=toy_tok.build_tokenizer(), chat_template=template
+    )
     model = BlockBatchLM(pretrained=str(tmp_path), policy="dual", block_length=8, gen_length=16, device="cpu")
     assert model.chat_template() == template
     rendered = model.apply_chat_template([{"role": "user", "content": "12"}, {"role": "assistant", "content": "3"}])
     assert rendered == "=12;=3;+"
     [text] = model.generate_until([_request(rendered, until=[])], disable_tqdm=True)
     engine = Engine.from_pretrained(tmp_path)
-    [direct] = engine.generate(engine.codec.encode(rendered, chat=False, add_special_tokens=False),
-                               model.options_for({})[0])
+    [direct] = engine.generate(
+        engine.codec.encode(rendered, chat=False, add_special_tokens=False), model.options_for({})[0]
+    )
     assert text == direct.text
 
 
@@ -186,8 +210,9 @@ def test_dream_toy_through_lm_eval():
     assert dream.engine.config.family == "dream"
     options, budget = dream.options_for({"until": ["\n"], "max_gen_toks": 40, "do_sample": False})
     assert (options.gen_length, options.resolved("block_sizes", "dream"), budget) == (64, (4, 8, 16, 32, 64), 40)
-    out = lm_eval.simple_evaluate(model=dream, tasks=[TASK], task_manager=TaskManager(include_path=str(TASK_DIR)),
-                                  log_samples=True, limit=6)
+    out = lm_eval.simple_evaluate(
+        model=dream, tasks=[TASK], task_manager=TaskManager(include_path=str(TASK_DIR)), log_samples=True, limit=6
+    )
     rows = _rows()
     for s in out["samples"][TASK]:
         [gen] = dream.engine.generate(rows[s["doc_id"]]["prompt"], options)

@@ -132,7 +132,9 @@ def test_extra_tensor(tmp_path):
     weights = random_weights(config)
     weights[PREFIX + "blocks.0.q_norm.weight"] = torch.ones(4)
     _save_weights(tmp_path, config, weights)
-    with pytest.raises(CheckpointError, match=r"model.safetensors: unexpected tensor 'model.transformer.blocks.0.q_norm"):
+    with pytest.raises(
+        CheckpointError, match=r"model.safetensors: unexpected tensor 'model.transformer.blocks.0.q_norm"
+    ):
         load_checkpoint(tmp_path)
 
 
@@ -141,8 +143,11 @@ def test_misshaped_tensor(tmp_path):
     weights = random_weights(config)
     weights[PREFIX + "blocks.0.k_proj.weight"] = torch.zeros(32, 64)
     _save_weights(tmp_path, config, weights)
-    with pytest.raises(CheckpointError, match=r"tensor 'model.transformer.blocks.0.k_proj.weight' has shape \[32, 64\], "
-                                              r"expected \[64, 64\]"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"tensor 'model.transformer.blocks.0.k_proj.weight' has shape \[32, 64\], "
+        r"expected \[64, 64\]",
+    ):
         load_checkpoint(tmp_path)
 
 
@@ -171,8 +176,11 @@ def test_truncated_safetensors(make_ckpt):
     size = os.path.getsize(f)
     with open(f, "r+b") as fh:
         fh.truncate(size - 100)
-    with pytest.raises(CheckpointError, match=r"model.safetensors: tensor '.*': data_offsets end \d+ is past the data "
-                                              r"section .* truncated"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"model.safetensors: tensor '.*': data_offsets end \d+ is past the data "
+        r"section .* truncated",
+    ):
         load_checkpoint(path)
     with open(f, "r+b") as fh:
         fh.truncate(5)
@@ -184,12 +192,12 @@ def _patch_header(path, mutate):
     with open(path, "rb") as fh:
         data = fh.read()
     (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
+    header = json.loads(data[8 : 8 + n])
     mutate(header)
     raw = json.dumps(header).encode()
     raw += b" " * (n - len(raw)) if len(raw) <= n else b""
     with open(path, "wb") as fh:
-        fh.write(struct.pack("<Q", len(raw)) + raw + data[8 + n:])
+        fh.write(struct.pack("<Q", len(raw)) + raw + data[8 + n :])
 
 
 def test_header_offsets_that_lie(make_ckpt):
@@ -213,7 +221,9 @@ def test_header_offsets_that_lie(make_ckpt):
         header[name]["data_offsets"] = [b, e - 4]
 
     _patch_header(f, lie_about_size)
-    with pytest.raises(CheckpointError, match=rf"tensor '{name}': data_offsets .* span 252 bytes but F32\[64\] needs 256"):
+    with pytest.raises(
+        CheckpointError, match=rf"tensor '{name}': data_offsets .* span 252 bytes but F32\[64\] needs 256"
+    ):
         load_checkpoint(path)
 
 
@@ -221,7 +231,7 @@ def test_header_length_lies(make_ckpt):
     path, _ = make_ckpt()
     f = os.path.join(path, "model.safetensors")
     with open(f, "r+b") as fh:
-        fh.write(struct.pack("<Q", 10 ** 12))
+        fh.write(struct.pack("<Q", 10**12))
     with pytest.raises(CheckpointError, match="header length 1000000000000 does not fit"):
         read_safetensors_header(f)
 

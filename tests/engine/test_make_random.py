@@ -19,14 +19,24 @@ from blockbatch import random_checkpoint
 from blockbatch.families.dream import DREAM_7B
 from blockbatch.loading import load_checkpoint
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
-    [os.path.dirname(os.path.dirname(blockbatch.__file__)), os.environ.get("PYTHONPATH", "")])}
+ENV = {
+    **os.environ,
+    "OMP_NUM_THREADS": "1",
+    "PYTHONPATH": os.pathsep.join(
+        [os.path.dirname(os.path.dirname(blockbatch.__file__)), os.environ.get("PYTHONPATH", "")]
+    ),
+}
 GiB = 2**30
 
 
 def run_cli(*args, timeout: float = 300):
-    return subprocess.run([sys.executable, "-m", "blockbatch.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=ENV)
+    return subprocess.run(
+        [sys.executable, "-m", "blockbatch.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+    )
 
 
 def error_line(capsys, *args) -> str:
@@ -40,8 +50,9 @@ def error_line(capsys, *args) -> str:
 
 def test_make_random_dream_writes_a_loadable_small_checkpoint(tmp_path):
     out = tmp_path / "dream"
-    res = run_cli("make-random", out, "--family", "dream", "--layers", 1, "--d-model", 64, "--vocab", 64,
-                  "--dtype", "bfloat16")
+    res = run_cli(
+        "make-random", out, "--family", "dream", "--layers", 1, "--d-model", 64, "--vocab", 64, "--dtype", "bfloat16"
+    )
     assert res.returncode == 0, res.stderr
     assert "random Dream checkpoint" in res.stdout and "d_model=64" in res.stdout and "heads=4/2" in res.stdout
     assert {"config.json", "generation_config.json", "model.safetensors"} <= set(os.listdir(out))
@@ -112,6 +123,12 @@ def test_make_random_flag_conflicts_are_one_line(tmp_path, capsys):
 def test_make_random_help_teaches_the_families():
     res = run_cli("make-random", "--help", timeout=120)
     assert res.returncode == 0, res.stderr
-    for text in ("--family {llada,dream}", "--preset {dream-7b}", "--dtype bfloat16", "generation_config.json",
-                 "half of", "Dream-v0-7B"):
+    for text in (
+        "--family {llada,dream}",
+        "--preset {dream-7b}",
+        "--dtype bfloat16",
+        "generation_config.json",
+        "half of",
+        "Dream-v0-7B",
+    ):
         assert text in " ".join(res.stdout.split()) or text in res.stdout, text

@@ -27,11 +27,20 @@ def runpath(path):
 
 
 @pytest.mark.skipif(shutil.which("readelf") is None, reason="needs readelf (binutils)")
-@pytest.mark.parametrize("name,rel", [("_C", "$ORIGIN/../torch/lib"), ("bin/bb_forward", "$ORIGIN/../../torch/lib"),
-                                      ("bin/bb_bench_decode", "$ORIGIN/../../torch/lib")])
+@pytest.mark.parametrize(
+    "name,rel",
+    [
+        ("_C", "$ORIGIN/../torch/lib"),
+        ("bin/bb_forward", "$ORIGIN/../../torch/lib"),
+        ("bin/bb_bench_decode", "$ORIGIN/../../torch/lib"),
+    ],
+)
 def test_runpath_is_relative_to_the_installed_torch(name, rel):
-    paths = [os.path.join(PKG, name)] if name.startswith("bin/") else \
-        [p for p in os.listdir(PKG) if p.startswith("_C") and p.endswith(".so")]
+    paths = (
+        [os.path.join(PKG, name)]
+        if name.startswith("bin/")
+        else [p for p in os.listdir(PKG) if p.startswith("_C") and p.endswith(".so")]
+    )
     path = paths[0] if name.startswith("bin/") else os.path.join(PKG, paths[0]) if paths else None
     if path is None or not os.path.exists(path):
         pytest.skip(f"{name} is not built")
@@ -53,8 +62,11 @@ def test_runpath_is_relative_to_the_installed_torch(name, rel):
 def test_loader_explains_a_torch_mismatch(tmp_path):
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "build_info.json").write_text(json.dumps({"torch": "2.1.0+cpu"}))
-    with pytest.raises(ImportError, match=rf"built against torch 2\.1\.0\+cpu, running torch "
-                                          rf"{re.escape(torch.__version__)}: rebuild with `pip install"):
+    with pytest.raises(
+        ImportError,
+        match=rf"built against torch 2\.1\.0\+cpu, running torch "
+        rf"{re.escape(torch.__version__)}: rebuild with `pip install",
+    ):
         _C_loader.check_torch_version(str(tmp_path))
 
 
@@ -99,26 +111,46 @@ def test_packaged_binaries_run_through_the_entry_point(name, flag):
     if not os.access(_bin.binary_path(name), os.X_OK):
         pytest.skip(f"{name} is not built")
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    res = subprocess.run([sys.executable, "-m", "blockbatch._bin", name, "--help"], capture_output=True, text=True,
-                         timeout=60, env=env)
+    res = subprocess.run(
+        [sys.executable, "-m", "blockbatch._bin", name, "--help"], capture_output=True, text=True, timeout=60, env=env
+    )
     assert res.returncode == 0, res.stderr
     assert flag in res.stdout
 
 
 def test_sdist_holds_the_sources_and_no_build_outputs(tmp_path):
-    res = subprocess.run([sys.executable, "setup.py", "-q", "sdist", "--dist-dir", str(tmp_path)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "setup.py", "-q", "sdist", "--dist-dir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     [sdist] = os.listdir(tmp_path)
     with tarfile.open(tmp_path / sdist) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
-    for needed in ("CMakeLists.txt", "setup.py", "pyproject.toml", "MANIFEST.in", "csrc/model/model.cpp",
-                   "csrc/kernels/branches.h", "csrc/kernels/cuda/attention.cu", "benchmarks/cpp/bb_forward.cpp",
-                   "benchmarks/cpp/common.h", "python/blockbatch/toy/checkpoint/model.safetensors",
-                   "python/blockbatch/toy/checkpoint_dream/model.safetensors",
-                   "python/blockbatch/toy/checkpoint_dream/generation_config.json",
-                   "python/blockbatch/_bin.py", "tests/ops/test_ops.py", "mkdocs.yml", "docs/index.md",
-                   "docs/options.md", "docs/bench/bench.json", "tools/gen_docs_bench.py"):
+    for needed in (
+        "CMakeLists.txt",
+        "setup.py",
+        "pyproject.toml",
+        "MANIFEST.in",
+        "csrc/model/model.cpp",
+        "csrc/kernels/branches.h",
+        "csrc/kernels/cuda/attention.cu",
+        "benchmarks/cpp/bb_forward.cpp",
+        "benchmarks/cpp/common.h",
+        "python/blockbatch/toy/checkpoint/model.safetensors",
+        "python/blockbatch/toy/checkpoint_dream/model.safetensors",
+        "python/blockbatch/toy/checkpoint_dream/generation_config.json",
+        "python/blockbatch/_bin.py",
+        "tests/ops/test_ops.py",
+        "mkdocs.yml",
+        "docs/index.md",
+        "docs/options.md",
+        "docs/bench/bench.json",
+        "tools/gen_docs_bench.py",
+    ):
         assert needed in names, needed
     assert not [n for n in names if n.endswith(".so") or n.startswith("python/blockbatch/bin/") or "__pycache__" in n]
 
@@ -126,14 +158,37 @@ def test_sdist_holds_the_sources_and_no_build_outputs(tmp_path):
 @pytest.mark.slow
 def test_soak_benchmark_runs_and_reports(tmp_path):
     out = tmp_path / "soak.json"
-    res = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "soak.py"), "--n", "24", "--warmup", "8",
-                          "--window", "8", "--gen-length", "16", "--max-growth", "0.5", "--quiet", "--out", str(out)],
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "soak.py"),
+            "--n",
+            "24",
+            "--warmup",
+            "8",
+            "--window",
+            "8",
+            "--gen-length",
+            "16",
+            "--max-growth",
+            "0.5",
+            "--quiet",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     record = json.loads(out.read_text())
     assert len(record["rss_bytes"]) == 24 and record["verdict"]["passed"]
     assert sum(v["count"] for v in record["variants"].values()) == 24
     assert "RSS after warm-up" in res.stdout
-    helptext = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "soak.py"), "--help"],
-                              capture_output=True, text=True, timeout=60).stdout
+    helptext = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "soak.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     assert "--max-growth" in helptext and "warm-up" in helptext

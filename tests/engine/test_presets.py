@@ -45,6 +45,7 @@ def _gen_length_for(preset: presets.Preset) -> int:
 
 # --------------------------------------------------------------------------- the presets themselves
 
+
 @pytest.mark.parametrize("family", ["llada", "dream"])
 @pytest.mark.parametrize("name", presets.names())
 def test_built_in_presets_decode_on_both_toy_families(engines, name, family):
@@ -68,8 +69,11 @@ def test_built_in_presets_decode_on_both_toy_families(engines, name, family):
 
 
 def test_unknown_preset_names_the_choices():
-    with pytest.raises(ValueError, match=r"unknown preset 'nope': the presets are blockbatch-paper, blockbatch-best, "
-                                         r"dual-fast-dllm, or give a preset file's path"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown preset 'nope': the presets are blockbatch-paper, blockbatch-best, "
+        r"dual-fast-dllm, or give a preset file's path",
+    ):
         DecodeOptions.from_preset("nope")
     with pytest.raises(TypeError, match="preset must be a preset name or a file path"):
         presets.get("")
@@ -93,8 +97,11 @@ def test_block_sizes_are_fitted_to_gen_length(mine):
     assert presets.values(mine, {"gen_length": 8})["block_sizes"] == (8,)
     assert presets.values(mine)["gen_length"] == contract.DEFAULTS["gen_length"]
     assert presets.values(mine, {"block_sizes": (4,)}, gen_length=12)["block_sizes"] == (4,)  # given: kept as is
-    with pytest.raises(ValueError, match=r"preset 'mine': none of its block sizes \[8, 16, 48\] divides gen_length "
-                                         r"12 .*or pass block_sizes"):
+    with pytest.raises(
+        ValueError,
+        match=r"preset 'mine': none of its block sizes \[8, 16, 48\] divides gen_length "
+        r"12 .*or pass block_sizes",
+    ):
         presets.values(mine, gen_length=12)
     with pytest.raises(ValueError, match="none of its block sizes"):
         DecodeOptions.from_preset(mine, gen_length=12)
@@ -104,6 +111,7 @@ def test_block_sizes_are_fitted_to_gen_length(mine):
 
 
 # --------------------------------------------------------------------------- preset files
+
 
 def test_preset_file_round_trip(mine, tmp_path):
     data = json.loads(open(mine).read())
@@ -122,19 +130,30 @@ def test_preset_file_round_trip(mine, tmp_path):
     assert presets.get(str(unnamed)).name == "unnamed"
 
 
-@pytest.mark.parametrize("content,pattern", [
-    ("{not json", r"not valid JSON"),
-    (json.dumps({"blockbatch_preset": 2, "options": {"threshold": 0.8}}), r"not a BlockBatch preset \(expected an "
-                                                                          r"object with \"blockbatch_preset\": 1\)"),
-    (json.dumps({"options": {"threshold": 0.8}}), r"not a BlockBatch preset"),
-    (json.dumps([1, 2]), r"not a BlockBatch preset"),
-    (json.dumps({"blockbatch_preset": 1, "options": {}}), r"\"options\" must be a non-empty object"),
-    (json.dumps({"blockbatch_preset": 1, "options": {"colour": "red"}}), r"options.colour: unknown decode option"),
-    (json.dumps({"blockbatch_preset": 1, "options": {"gen_length": 64}}),
-     r"options.gen_length: a preset does not set gen_length"),
-    (json.dumps({"blockbatch_preset": 1, "options": {"threshold": "high"}}), r"options.threshold must be a number"),
-    (json.dumps({"blockbatch_preset": 1, "options": {"block_sizes": [8, "x"]}}), r"options.block_sizes must be a list"),
-])
+@pytest.mark.parametrize(
+    "content,pattern",
+    [
+        ("{not json", r"not valid JSON"),
+        (
+            json.dumps({"blockbatch_preset": 2, "options": {"threshold": 0.8}}),
+            r"not a BlockBatch preset \(expected an "
+            r"object with \"blockbatch_preset\": 1\)",
+        ),
+        (json.dumps({"options": {"threshold": 0.8}}), r"not a BlockBatch preset"),
+        (json.dumps([1, 2]), r"not a BlockBatch preset"),
+        (json.dumps({"blockbatch_preset": 1, "options": {}}), r"\"options\" must be a non-empty object"),
+        (json.dumps({"blockbatch_preset": 1, "options": {"colour": "red"}}), r"options.colour: unknown decode option"),
+        (
+            json.dumps({"blockbatch_preset": 1, "options": {"gen_length": 64}}),
+            r"options.gen_length: a preset does not set gen_length",
+        ),
+        (json.dumps({"blockbatch_preset": 1, "options": {"threshold": "high"}}), r"options.threshold must be a number"),
+        (
+            json.dumps({"blockbatch_preset": 1, "options": {"block_sizes": [8, "x"]}}),
+            r"options.block_sizes must be a list",
+        ),
+    ],
+)
 def test_bad_preset_files_name_the_file_and_the_key(tmp_path, content, pattern):
     path = tmp_path / "bad.json"
     path.write_text(content)
@@ -147,6 +166,7 @@ def test_bad_preset_files_name_the_file_and_the_key(tmp_path, content, pattern):
 
 
 # --------------------------------------------------------------------------- blockbatch generate --preset
+
 
 def _flags(values: dict) -> list[str]:
     """The explicit generate flags for option values."""
@@ -170,8 +190,13 @@ def _generate(capsys, *args) -> dict:
     assert bb_cli.main(["generate", "--json", *map(str, args), PROMPT]) == 0
     [line] = capsys.readouterr().out.splitlines()
     row = json.loads(line)
-    return {"ids": row["ids"], "text": row["text"], "nfe": row["stats"]["nfe"], "policy": row["stats"]["policy"],
-            "branches": [b["block_size"] for b in row["stats"]["branches"]]}
+    return {
+        "ids": row["ids"],
+        "text": row["text"],
+        "nfe": row["stats"]["nfe"],
+        "policy": row["stats"]["policy"],
+        "branches": [b["block_size"] for b in row["stats"]["branches"]],
+    }
 
 
 def _option_values(*args) -> dict:
@@ -215,17 +240,23 @@ def test_cli_preset_errors_are_one_line(capsys, tmp_path, mine):
         assert len(lines) == 1 and lines[0].startswith("error: "), err
         return lines[0]
 
-    assert error("--preset", "nope").startswith("error: --preset: unknown preset 'nope': the presets are "
-                                                "blockbatch-paper, blockbatch-best, dual-fast-dllm")
+    assert error("--preset", "nope").startswith(
+        "error: --preset: unknown preset 'nope': the presets are blockbatch-paper, blockbatch-best, dual-fast-dllm"
+    )
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"blockbatch_preset": 1, "options": {"colour": "red"}}))
-    assert error("--preset", bad) == (f"error: --preset: preset file {bad}: options.colour: unknown decode option; "
-                                      f"the options are {', '.join(contract.NAMES)}")
+    assert error("--preset", bad) == (
+        f"error: --preset: preset file {bad}: options.colour: unknown decode option; "
+        f"the options are {', '.join(contract.NAMES)}"
+    )
     assert error("--preset", mine, "--gen-length", 12).startswith(
-        "error: --preset: preset 'mine': none of its block sizes [8, 16, 48] divides gen_length 12")
-    assert error("--preset", mine, "--steps", 64) == ("error: --steps 64 is used only by the fixed schedule, but "
-                                                      "--threshold 0.7 commits by confidence and would ignore it: pass "
-                                                      "--threshold none with --steps 64")
+        "error: --preset: preset 'mine': none of its block sizes [8, 16, 48] divides gen_length 12"
+    )
+    assert error("--preset", mine, "--steps", 64) == (
+        "error: --steps 64 is used only by the fixed schedule, but "
+        "--threshold 0.7 commits by confidence and would ignore it: pass "
+        "--threshold none with --steps 64"
+    )
 
 
 def test_cli_generate_help_lists_the_presets(capsys):
@@ -241,17 +272,22 @@ def test_cli_generate_help_lists_the_presets(capsys):
 
 # --------------------------------------------------------------------------- blockbatch bench
 
+
 def test_bench_policy_specs_take_presets(mine):
     assert policy_options("blockbatch-paper", 64) == DecodeOptions.from_preset("blockbatch-paper", gen_length=64)
     assert policy_options("dual-fast-dllm:block_length=16,threshold=0.7", 64) == DecodeOptions(
-        policy="dual", gen_length=64, block_length=16, threshold=0.7)
+        policy="dual", gen_length=64, block_length=16, threshold=0.7
+    )
     o = policy_options(f"{mine}:threshold=0.8,block_sizes=8/32", 64)
     assert (o.policy, o.threshold, o.block_sizes, o.merge_gate) == ("blockbatch", 0.8, (8, 32), 0.8)
     assert policy_options(mine, 64).block_sizes == (8, 16)  # fitted to --gen-length
     assert policy_kwargs(mine, 64, fit=False)["block_sizes"] == (8, 16, 48)
     assert policy_options("blockbatch-best:threshold=0.8", 128).threshold == 0.8
-    with pytest.raises(ValueError, match=r"policy must be one of vanilla, prefix, dual, blockbatch, a preset "
-                                         r"\(blockbatch-paper, blockbatch-best, dual-fast-dllm\) or a preset file"):
+    with pytest.raises(
+        ValueError,
+        match=r"policy must be one of vanilla, prefix, dual, blockbatch, a preset "
+        r"\(blockbatch-paper, blockbatch-best, dual-fast-dllm\) or a preset file",
+    ):
         policy_options("greedy", 64)
     with pytest.raises(ValueError, match=r"'blockbatch-paper:gate=3': unknown option 'gate'"):
         policy_options("blockbatch-paper:gate=3", 64)
@@ -266,8 +302,25 @@ def test_cli_bench_runs_presets_under_the_names_given(capsys, tmp_path, mine):
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(json.dumps({"prompt": PROMPT, "answer": "72-2=70-3=67-3=64;64"}) + "\n")
     specs = ["dual:block_length=16", "dual-fast-dllm", "blockbatch-paper:threshold=0.8", mine]
-    assert bb_cli.main(["bench", "--tasks", str(tasks), "--n", "1", "--gen-length", "48", "--quiet",
-                        "--out", str(tmp_path / "out"), "--policies", *specs]) == 0
+    assert (
+        bb_cli.main(
+            [
+                "bench",
+                "--tasks",
+                str(tasks),
+                "--n",
+                "1",
+                "--gen-length",
+                "48",
+                "--quiet",
+                "--out",
+                str(tmp_path / "out"),
+                "--policies",
+                *specs,
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert all(spec in printed for spec in specs)
     data = json.loads((tmp_path / "out" / "bench.json").read_text())
@@ -280,6 +333,7 @@ def test_cli_bench_runs_presets_under_the_names_given(capsys, tmp_path, mine):
 
 # --------------------------------------------------------------------------- lm-eval model
 
+
 def test_lm_eval_preset_model_arg(mine):
     pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install lm-eval)")
     from blockbatch.lm_eval import BlockBatchLM
@@ -287,14 +341,25 @@ def test_lm_eval_preset_model_arg(mine):
     dual = BlockBatchLM(preset="dual-fast-dllm", device="cpu")
     options, budget = dual.options_for({"max_gen_toks": 40})
     assert (options.policy, options.block_length, options.threshold, options.gen_length, budget) == (
-        "dual", 32, 0.9, 64, 40)  # 40 rounded up to the preset's block
+        "dual",
+        32,
+        0.9,
+        64,
+        40,
+    )  # 40 rounded up to the preset's block
     lm = BlockBatchLM(preset=mine, device="cpu", threshold=0.8)
     options, _ = lm.options_for({"max_gen_toks": 20})
-    assert (options.gen_length, options.block_sizes, options.threshold, options.merge_gate) == (48, (8, 16, 48), 0.8, 0.8)
+    assert (options.gen_length, options.block_sizes, options.threshold, options.merge_gate) == (
+        48,
+        (8, 16, 48),
+        0.8,
+        0.8,
+    )
     fixed = BlockBatchLM(preset=mine, device="cpu", gen_length=32)
     assert fixed.options_for({"max_gen_toks": 20})[0].block_sizes == (8, 16)  # fitted to the fixed canvas
     assert lm.generate_until([_Request(PROMPT, {"until": ["\n"], "max_gen_toks": 20})], disable_tqdm=True) == [
-        lm.engine.codec.decode(lm.engine.generate(PROMPT, options, chat=False)[0].ids[:20])]
+        lm.engine.codec.decode(lm.engine.generate(PROMPT, options, chat=False)[0].ids[:20])
+    ]
     with pytest.raises(ValueError, match="give policy or preset, not both"):
         BlockBatchLM(policy="dual", preset="dual-fast-dllm")
     with pytest.raises(ValueError, match="unknown preset 'nope'"):

@@ -90,8 +90,7 @@ def test_tokenizer_round_trips():
             assert tok.decode(ids) == text
         ids = toy_tok.encode(tok, p.response) + [toy_tok.EOS_ID] * 5
         assert toy_tok.decode_response(tok, ids) == p.response
-    assert toy_tok.encode(tok, "<|mdm_mask|>1<|endoftext|>") == [toy_tok.MASK_ID, tok.token_to_id("1"),
-                                                                  toy_tok.EOS_ID]
+    assert toy_tok.encode(tok, "<|mdm_mask|>1<|endoftext|>") == [toy_tok.MASK_ID, tok.token_to_id("1"), toy_tok.EOS_ID]
     assert tok.get_vocab_size() == toy_tok.VOCAB_SIZE
 
 
@@ -172,10 +171,23 @@ def test_evaluate_accepts_any_decoder():
 
 
 def _tiny_config(**kw):
-    return toy_train.TrainConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, mlp_hidden_size=64,
-                                 steps=kw.pop("steps", 40), tokens_per_step=600, lr=1e-2, warmup=5,
-                                 canvas_lengths=(64,), canvas_weights=(1.0,), eval_every=0, log_every=10,
-                                 threads=1, **kw)
+    return toy_train.TrainConfig(
+        d_model=32,
+        n_layers=1,
+        n_heads=2,
+        n_kv_heads=2,
+        mlp_hidden_size=64,
+        steps=kw.pop("steps", 40),
+        tokens_per_step=600,
+        lr=1e-2,
+        warmup=5,
+        canvas_lengths=(64,),
+        canvas_weights=(1.0,),
+        eval_every=0,
+        log_every=10,
+        threads=1,
+        **kw,
+    )
 
 
 def _held_out_loss(weights, tc):
@@ -212,7 +224,7 @@ def test_batches_follow_llada_sft_layout():
         lp, lr = len(p.prompt), len(p.response)
         assert not resp[b, :lp].any() and resp[b, lp:].all()
         assert toy_tok.decode_response(tok, ids[b, lp:]) == p.response
-        assert (ids[b, lp + lr:] == toy_tok.EOS_ID).all()  # answer padded with EOS
+        assert (ids[b, lp + lr :] == toy_tok.EOS_ID).all()  # answer padded with EOS
     # the prompt is never masked, whatever t is drawn
     cfg = toy_train.model_config(_tiny_config())
     seen = {}

@@ -20,25 +20,41 @@ from blockbatch.cli import main
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GPU_JSON = os.path.join(REPO, "docs", "bench", "gpu", "bench_gpu_step.json")
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
-    [os.path.dirname(os.path.dirname(blockbatch.__file__)), os.environ.get("PYTHONPATH", "")])}
+ENV = {
+    **os.environ,
+    "OMP_NUM_THREADS": "1",
+    "PYTHONPATH": os.pathsep.join(
+        [os.path.dirname(os.path.dirname(blockbatch.__file__)), os.environ.get("PYTHONPATH", "")]
+    ),
+}
 
 
 # ----------------------------------------------------------------------------- pure parts
+
 
 def _pt(acc, nfe, policy="dual"):
     return {"accuracy": acc, "mean_nfe": nfe, "policy": policy}
 
 
 def test_frontier_keeps_exactly_the_undominated_points_by_cost():
-    pts = {"a": _pt(0.9, 3.0), "b": _pt(0.8, 2.0), "c": _pt(0.85, 3.5),  # c: beaten by a
-           "d": _pt(0.9, 3.0, "blockbatch"), "e": _pt(0.95, 5.0), "f": _pt(0.8, 2.5)}  # f: beaten by b
+    pts = {
+        "a": _pt(0.9, 3.0),
+        "b": _pt(0.8, 2.0),
+        "c": _pt(0.85, 3.5),  # c: beaten by a
+        "d": _pt(0.9, 3.0, "blockbatch"),
+        "e": _pt(0.95, 5.0),
+        "f": _pt(0.8, 2.5),
+    }  # f: beaten by b
     assert tune.frontier(pts, "mean_nfe") == ["b", "a", "d", "e"]
 
 
 def test_choose_takes_the_cheapest_within_max_drop_of_the_best_and_can_be_restricted_to_a_policy():
-    pts = {"dual:x": _pt(0.95, 5.0), "dual:y": _pt(0.94, 3.0), "blockbatch:z": _pt(0.93, 2.0, "blockbatch"),
-           "blockbatch:w": _pt(0.90, 1.5, "blockbatch")}
+    pts = {
+        "dual:x": _pt(0.95, 5.0),
+        "dual:y": _pt(0.94, 3.0),
+        "blockbatch:z": _pt(0.93, 2.0, "blockbatch"),
+        "blockbatch:w": _pt(0.90, 1.5, "blockbatch"),
+    }
     assert tune.choose(pts, "mean_nfe", 0.0) == "dual:x"
     assert tune.choose(pts, "mean_nfe", 0.01) == "dual:y"
     assert tune.choose(pts, "mean_nfe", 0.02) == "blockbatch:z"
@@ -49,13 +65,19 @@ def test_choose_takes_the_cheapest_within_max_drop_of_the_best_and_can_be_restri
 
 
 def test_grid_configs_fit_gen_length_interleave_policies_and_are_valid_specs():
-    grid = tune.Grid(policies=("dual", "blockbatch"), block_lengths=(16, 48, 64), thresholds=(0.9, 0.8),
-                     branch_sets=((4, 8, 16, 32, 64, 128), (8, 16, 32, 64)), merge_gates=(0.5,),
-                     refresh=("32", "block"), sync_refresh=(False,))
+    grid = tune.Grid(
+        policies=("dual", "blockbatch"),
+        block_lengths=(16, 48, 64),
+        thresholds=(0.9, 0.8),
+        branch_sets=((4, 8, 16, 32, 64, 128), (8, 16, 32, 64)),
+        merge_gates=(0.5,),
+        refresh=("32", "block"),
+        sync_refresh=(False,),
+    )
     specs = tune.configs(grid, 64)
     assert len(specs) == len(set(specs))
-    assert not any("block_length=48" in s for s in specs)            # 48 does not divide 64
-    assert not any("128" in s for s in specs)                        # 128 > gen_length: dropped from sets
+    assert not any("block_length=48" in s for s in specs)  # 48 does not divide 64
+    assert not any("128" in s for s in specs)  # 128 > gen_length: dropped from sets
     assert specs[0].startswith("dual:") and specs[1].startswith("blockbatch:")  # interleaved
     assert "blockbatch:block_sizes=4/8/16/32/64,threshold=0.9,merge_gate=0.5,refresh_tokens=4" in specs  # 'block'
     assert "blockbatch:block_sizes=8/16/32/64,threshold=0.8,merge_gate=0.5,refresh_tokens=32" in specs
@@ -110,9 +132,29 @@ def test_step_time_measured_on_the_toy_is_increasing_in_tokens():
 
 # ----------------------------------------------------------------------------- the sweep
 
-SMALL = ["--n", "6", "--gen-length", "64", "--policies", "dual,blockbatch", "--block-lengths", "32,64",
-         "--thresholds", "0.9", "--branch-sets", "32/64", "--merge-gates", "0.9", "--refresh", "32",
-         "--sync-refresh", "on", "--step-time", GPU_JSON, "--quiet"]
+SMALL = [
+    "--n",
+    "6",
+    "--gen-length",
+    "64",
+    "--policies",
+    "dual,blockbatch",
+    "--block-lengths",
+    "32,64",
+    "--thresholds",
+    "0.9",
+    "--branch-sets",
+    "32/64",
+    "--merge-gates",
+    "0.9",
+    "--refresh",
+    "32",
+    "--sync-refresh",
+    "on",
+    "--step-time",
+    GPU_JSON,
+    "--quiet",
+]
 
 
 def test_tune_end_to_end_scores_equal_direct_decodes_and_the_preset_decodes_as_its_config(tmp_path, capsys):
@@ -121,8 +163,11 @@ def test_tune_end_to_end_scores_equal_direct_decodes_and_the_preset_decodes_as_i
     text = capsys.readouterr().out
     assert "frontier" in text and "chosen" in text
     data = json.loads((out / "tune.json").read_text())
-    assert set(data["configs"]) == {"dual:block_length=32,threshold=0.9", "dual:block_length=64,threshold=0.9",
-                                    "blockbatch:block_sizes=32/64,threshold=0.9,merge_gate=0.9,refresh_tokens=32,sync_refresh=true"}
+    assert set(data["configs"]) == {
+        "dual:block_length=32,threshold=0.9",
+        "dual:block_length=64,threshold=0.9",
+        "blockbatch:block_sizes=32/64,threshold=0.9,merge_gate=0.9,refresh_tokens=32,sync_refresh=true",
+    }
     assert data["scored_by"] == "answers" and data["stopped"] is None and data["remaining"] == []
     assert (out / "tune_bench_gpu_step.png").stat().st_size > 10_000  # named after its time source
 
@@ -170,8 +215,29 @@ def test_tune_without_answers_scores_agreement_with_the_one_token_per_step_decod
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps({"prompt": p.prompt}) + "\n" for p in task.make_problems(4, 0, "test")))
     out = tmp_path / "t"
-    assert main(["tune", "--out", str(out), "--tasks", str(tasks), "--n", "4", "--gen-length", "64",
-                 "--policies", "vanilla,dual", "--block-lengths", "64", "--thresholds", "0.5", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "tune",
+                "--out",
+                str(out),
+                "--tasks",
+                str(tasks),
+                "--n",
+                "4",
+                "--gen-length",
+                "64",
+                "--policies",
+                "vanilla,dual",
+                "--block-lengths",
+                "64",
+                "--thresholds",
+                "0.5",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     data = json.loads((out / "tune.json").read_text())
     assert data["scored_by"] == "reference" and len(data["reference"]["ids"]) == 4
     assert data["configs"]["vanilla"]["accuracy"] == 1.0  # the reference agrees with itself
@@ -179,8 +245,23 @@ def test_tune_without_answers_scores_agreement_with_the_one_token_per_step_decod
 
 
 def test_tune_user_errors_are_one_line(tmp_path, capsys):
-    assert main(["tune", "--out", str(tmp_path / "t"), "--gen-length", "24", "--block-lengths", "64",
-                 "--policies", "dual", "--quiet"]) == 2
+    assert (
+        main(
+            [
+                "tune",
+                "--out",
+                str(tmp_path / "t"),
+                "--gen-length",
+                "24",
+                "--block-lengths",
+                "64",
+                "--policies",
+                "dual",
+                "--quiet",
+            ]
+        )
+        == 2
+    )
     assert "no config for --gen-length 24" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:  # argparse's own errors
         main(["tune", "--out", str(tmp_path / "t"), "--branch-sets", "8/x"])
@@ -194,9 +275,27 @@ def test_tune_user_errors_are_one_line(tmp_path, capsys):
 @pytest.mark.slow
 def test_ctrl_c_keeps_finished_configs_and_a_rerun_continues(tmp_path):
     out = tmp_path / "t"
-    cmd = [sys.executable, "-m", "blockbatch.cli", "tune", "--out", str(out), "--n", "20", "--gen-length", "64",
-           "--policies", "dual", "--block-lengths", "16,32,64", "--thresholds", "0.95,0.9,0.8,0.7,0.6",
-           "--step-time", GPU_JSON, "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "blockbatch.cli",
+        "tune",
+        "--out",
+        str(out),
+        "--n",
+        "20",
+        "--gen-length",
+        "64",
+        "--policies",
+        "dual",
+        "--block-lengths",
+        "16,32,64",
+        "--thresholds",
+        "0.95,0.9,0.8,0.7,0.6",
+        "--step-time",
+        GPU_JSON,
+        "--quiet",
+    ]
     proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline:

@@ -82,8 +82,28 @@ def config_target(data: bytes) -> None:
         raise Finding(f"config does not round-trip: {config} != {again}")
 
 
-_INTERESTING = [0, 1, 2, 4, 8, 16, 20, 21, 64, 128, 384, 512, -1, 2**31, 2**40, 2**62, 2**63 - 1, -(2**63), 10**8,
-                10**12]
+_INTERESTING = [
+    0,
+    1,
+    2,
+    4,
+    8,
+    16,
+    20,
+    21,
+    64,
+    128,
+    384,
+    512,
+    -1,
+    2**31,
+    2**40,
+    2**62,
+    2**63 - 1,
+    -(2**63),
+    10**8,
+    10**12,
+]
 _TOY = None
 
 
@@ -104,8 +124,9 @@ def model_target(data: bytes) -> None:
     floats = config.float_fields()
     for _ in range(fdp.ConsumeIntInRange(0, 4)):
         key = fdp.PickValueInList(sorted(ints))
-        ints[key] = (fdp.PickValueInList(_INTERESTING) if fdp.ConsumeBool()
-                     else fdp.ConsumeIntInRange(-(2**63), 2**63 - 1))
+        ints[key] = (
+            fdp.PickValueInList(_INTERESTING) if fdp.ConsumeBool() else fdp.ConsumeIntInRange(-(2**63), 2**63 - 1)
+        )
     for _ in range(fdp.ConsumeIntInRange(0, 2)):
         key = fdp.PickValueInList(sorted(floats))
         floats[key] = fdp.PickValueInList([0.0, -1.0, 1e-300, 1e300, float("inf"), float("nan"), 10000.0, 1e-5])

@@ -14,9 +14,21 @@ import struct
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 TOY_CONFIG = {
-    "d_model": 128, "n_layers": 4, "n_heads": 4, "n_kv_heads": 4, "mlp_hidden_size": 384, "vocab_size": 21,
-    "embedding_size": 21, "rope_theta": 10000.0, "rms_norm_eps": 1e-05, "weight_tying": False, "mask_token_id": 20,
-    "eos_token_id": 19, "max_sequence_length": 512, "model_type": "llada", "pad_token_id": 0,
+    "d_model": 128,
+    "n_layers": 4,
+    "n_heads": 4,
+    "n_kv_heads": 4,
+    "mlp_hidden_size": 384,
+    "vocab_size": 21,
+    "embedding_size": 21,
+    "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-05,
+    "weight_tying": False,
+    "mask_token_id": 20,
+    "eos_token_id": 19,
+    "max_sequence_length": 512,
+    "model_type": "llada",
+    "pad_token_id": 0,
 }
 
 
@@ -34,8 +46,9 @@ def f32(name: str, shape: list[int], begin: int) -> dict:
 
 HEADERS = {
     "valid_one_tensor": st(f32("w", [2, 2], 0), bytes(16)),
-    "valid_two_tensors_metadata": st({"__metadata__": {"format": "pt"}, **f32("a", [3], 0), **f32("b", [1, 2], 12)},
-                                     bytes(20)),
+    "valid_two_tensors_metadata": st(
+        {"__metadata__": {"format": "pt"}, **f32("a", [3], 0), **f32("b", [1, 2], 12)}, bytes(20)
+    ),
     "valid_empty_tensor": st(f32("z", [0, 5], 0)),
     "empty_file": b"",
     "short_prefix": b"\x05\x00\x00",
@@ -46,8 +59,11 @@ HEADERS = {
     "header_array": st([1, 2, 3]),
     "header_nested_deep": st(b"[" * 2000 + b"]" * 2000),
     "header_bigint": st(b'{"w": {"dtype": "F32", "shape": [' + b"9" * 5000 + b'], "data_offsets": [0, 4]}}'),
-    "header_duplicate_name": st(b'{"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, '
-                                b'"w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}', bytes(8)),
+    "header_duplicate_name": st(
+        b'{"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, '
+        b'"w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}',
+        bytes(8),
+    ),
     "unknown_dtype": st({"w": {"dtype": "F128", "shape": [1], "data_offsets": [0, 16]}}, bytes(16)),
     "shape_negative": st({"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, bytes(4)),
     "shape_float": st({"w": {"dtype": "F32", "shape": [1.5], "data_offsets": [0, 4]}}, bytes(4)),

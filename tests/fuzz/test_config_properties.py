@@ -17,25 +17,67 @@ from blockbatch.errors import CheckpointError  # noqa: E402
 
 WHERE = "/ckpt/config.json"
 TOY = {
-    "d_model": 128, "n_layers": 4, "n_heads": 4, "n_kv_heads": 4, "mlp_hidden_size": 384, "vocab_size": 21,
-    "embedding_size": 21, "rope_theta": 10000.0, "rms_norm_eps": 1e-05, "weight_tying": False, "mask_token_id": 20,
-    "eos_token_id": 19, "max_sequence_length": 512, "model_type": "llada", "pad_token_id": 0,
+    "d_model": 128,
+    "n_layers": 4,
+    "n_heads": 4,
+    "n_kv_heads": 4,
+    "mlp_hidden_size": 384,
+    "vocab_size": 21,
+    "embedding_size": 21,
+    "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-05,
+    "weight_tying": False,
+    "mask_token_id": 20,
+    "eos_token_id": 19,
+    "max_sequence_length": 512,
+    "model_type": "llada",
+    "pad_token_id": 0,
 }
 KEYS = sorted(TOY) + ["mlp_ratio"]
 
 json_scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8),
-    st.sampled_from([0, 1, 2, 4, 19, 20, 21, 64, 128, 512, 2**20, 2**24 + 1, 10**8, 10**12, 1e-5, 1e300, "false",
-                     "llada", "abc", "1"]))
-json_values = st.recursive(json_scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                                 st.dictionaries(st.text(max_size=4), inner,
-                                                                                 max_size=3)), max_leaves=6)
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+    st.sampled_from(
+        [
+            0,
+            1,
+            2,
+            4,
+            19,
+            20,
+            21,
+            64,
+            128,
+            512,
+            2**20,
+            2**24 + 1,
+            10**8,
+            10**12,
+            1e-5,
+            1e300,
+            "false",
+            "llada",
+            "abc",
+            "1",
+        ]
+    ),
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=4), inner, max_size=3)),
+    max_leaves=6,
+)
 
 
 @settings(max_examples=400, deadline=None)
-@given(changes=st.dictionaries(st.sampled_from(KEYS), json_values, max_size=4),
-       drop=st.sets(st.sampled_from(KEYS), max_size=2))
+@given(
+    changes=st.dictionaries(st.sampled_from(KEYS), json_values, max_size=4),
+    drop=st.sets(st.sampled_from(KEYS), max_size=2),
+)
 def test_any_config_is_valid_or_a_named_error(changes, drop):
     raw = {**TOY, **changes}
     for key in drop:
@@ -47,8 +89,18 @@ def test_any_config_is_valid_or_a_named_error(changes, drop):
         assert text.startswith(f"{WHERE}: ") and "key '" in text, text
         return
     # Accepted: every value has its strict type and range.
-    for key in ("d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden_size", "vocab_size", "embedding_size",
-                "max_sequence_length", "mask_token_id", "eos_token_id"):
+    for key in (
+        "d_model",
+        "n_layers",
+        "n_heads",
+        "n_kv_heads",
+        "mlp_hidden_size",
+        "vocab_size",
+        "embedding_size",
+        "max_sequence_length",
+        "mask_token_id",
+        "eos_token_id",
+    ):
         value = getattr(config, key)
         assert type(value) is int, (key, value)
     assert 0 < config.n_layers <= MAX_LAYERS and 0 < config.max_sequence_length <= MAX_SEQUENCE_LENGTH

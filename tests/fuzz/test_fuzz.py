@@ -26,8 +26,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CORPUS = os.path.join(HERE, "corpus")
 TARGET = os.path.join(HERE, "fuzz_loaders.py")
 RUNS = 2000
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
-    [os.path.dirname(os.path.dirname(blockbatch.__file__)), os.environ.get("PYTHONPATH", "")])}
+ENV = {
+    **os.environ,
+    "OMP_NUM_THREADS": "1",
+    "PYTHONPATH": os.pathsep.join(
+        [os.path.dirname(os.path.dirname(blockbatch.__file__)), os.environ.get("PYTHONPATH", "")]
+    ),
+}
 
 
 def _corpus(kind: str) -> list[str]:
@@ -74,8 +79,18 @@ def _fuzz(tmp_path, target: str, corpus_kind: str | None, runs: int = RUNS):
             shutil.copy(f, corpus)
     artifacts = tmp_path / "artifacts"
     artifacts.mkdir()
-    cmd = [sys.executable, TARGET, target, f"-runs={runs}", "-max_len=4096", "-seed=1", "-timeout=20",
-           "-rss_limit_mb=6000", f"-artifact_prefix={artifacts}/", str(corpus)]
+    cmd = [
+        sys.executable,
+        TARGET,
+        target,
+        f"-runs={runs}",
+        "-max_len=4096",
+        "-seed=1",
+        "-timeout=20",
+        "-rss_limit_mb=6000",
+        f"-artifact_prefix={artifacts}/",
+        str(corpus),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=ENV, cwd=tmp_path)
     found = sorted(os.listdir(artifacts))
     assert res.returncode == 0 and not found, f"fuzz target {target} found {found}:\n{res.stderr[-4000:]}"

@@ -8,25 +8,43 @@ import random
 from blockbatch import DecodeOptions, Engine
 from blockbatch.random_checkpoint import make_random_checkpoint
 
-COUNTERS = ("nfe", "nfe_full", "nfe_block", "nfe_init", "nfe_refresh", "nfe_paper", "winner", "winner_block_size",
-            "early_exit", "committed_per_step", "query_tokens_per_step", "branches")
+COUNTERS = (
+    "nfe",
+    "nfe_full",
+    "nfe_block",
+    "nfe_init",
+    "nfe_refresh",
+    "nfe_paper",
+    "winner",
+    "winner_block_size",
+    "early_exit",
+    "committed_per_step",
+    "query_tokens_per_step",
+    "branches",
+)
 
 
 def mixed_requests(rng: random.Random, vocab: int, mask: int, n: int, family: str):
     reqs = []
     for i in range(n):
-        prompt = [t if t != mask else 1 for t in (rng.randrange(vocab - 2) for _ in range(rng.choice([1, 3, 7, 12, 20])))]
+        prompt = [
+            t if t != mask else 1 for t in (rng.randrange(vocab - 2) for _ in range(rng.choice([1, 3, 7, 12, 20])))
+        ]
         policy = ("vanilla", "prefix", "dual", "blockbatch")[i % 4]
         G = rng.choice([16, 32, 64])
         if policy == "vanilla":
-            o = DecodeOptions(policy="vanilla", gen_length=G, block_length=16, threshold=None, steps=G) \
-                if family == "llada" else DecodeOptions(policy="vanilla", gen_length=G, steps=G // 2)
+            o = (
+                DecodeOptions(policy="vanilla", gen_length=G, block_length=16, threshold=None, steps=G)
+                if family == "llada"
+                else DecodeOptions(policy="vanilla", gen_length=G, steps=G // 2)
+            )
         elif policy == "blockbatch":
             sizes = rng.choice([(4, 8, 16), (8, 16), (16,), None])
             o = DecodeOptions(policy="blockbatch", gen_length=G, block_sizes=sizes, threshold=rng.choice([0.7, 0.9]))
         else:
-            o = DecodeOptions(policy=policy, gen_length=G, block_length=rng.choice([8, 16]),
-                              threshold=rng.choice([0.6, 0.9]))
+            o = DecodeOptions(
+                policy=policy, gen_length=G, block_length=rng.choice([8, 16]), threshold=rng.choice([0.6, 0.9])
+            )
         reqs.append((prompt, o))
     return reqs
 

@@ -30,25 +30,91 @@ def _cases() -> list[dict]:
     cases = []
     for alg in ("maskgit_plus", "topk_margin", "entropy", "origin"):
         for name in ("p3", "p7"):
-            cases.append(dict(name=f"vanilla-{alg}-{name}", policy="vanilla", alg=alg, prompt=PROMPTS[name],
-                              gen_length=32, steps=16, seed=5))
-    cases.append(dict(name="vanilla-entropy-pad5-steps32", policy="vanilla", alg="entropy", prompt=PROMPTS["pad5"],
-                      gen_length=32, steps=32, seed=0))
-    cases.append(dict(name="vanilla-entropy-p12-top_p", policy="vanilla", alg="entropy", prompt=PROMPTS["p12"],
-                      gen_length=32, steps=16, seed=0, top_p=0.9))
-    cases.append(dict(name="vanilla-entropy-p12-top_k", policy="vanilla", alg="entropy",
-                      prompt=PROMPTS["p12"], gen_length=32, steps=16, seed=0, top_k=2))
-    cases.append(dict(name="vanilla-entropy-p7-alg_temp", policy="vanilla", alg="entropy", prompt=PROMPTS["p7"],
-                      gen_length=32, steps=16, seed=11, alg_temp=0.5))
+            cases.append(
+                dict(
+                    name=f"vanilla-{alg}-{name}",
+                    policy="vanilla",
+                    alg=alg,
+                    prompt=PROMPTS[name],
+                    gen_length=32,
+                    steps=16,
+                    seed=5,
+                )
+            )
+    cases.append(
+        dict(
+            name="vanilla-entropy-pad5-steps32",
+            policy="vanilla",
+            alg="entropy",
+            prompt=PROMPTS["pad5"],
+            gen_length=32,
+            steps=32,
+            seed=0,
+        )
+    )
+    cases.append(
+        dict(
+            name="vanilla-entropy-p12-top_p",
+            policy="vanilla",
+            alg="entropy",
+            prompt=PROMPTS["p12"],
+            gen_length=32,
+            steps=16,
+            seed=0,
+            top_p=0.9,
+        )
+    )
+    cases.append(
+        dict(
+            name="vanilla-entropy-p12-top_k",
+            policy="vanilla",
+            alg="entropy",
+            prompt=PROMPTS["p12"],
+            gen_length=32,
+            steps=16,
+            seed=0,
+            top_k=2,
+        )
+    )
+    cases.append(
+        dict(
+            name="vanilla-entropy-p7-alg_temp",
+            policy="vanilla",
+            alg="entropy",
+            prompt=PROMPTS["p7"],
+            gen_length=32,
+            steps=16,
+            seed=11,
+            alg_temp=0.5,
+        )
+    )
     for policy in ("dual", "prefix"):
         for name in ("p3", "p7", "pad5", "p12"):
-            cases.append(dict(name=f"{policy}-{name}", policy=policy, prompt=PROMPTS[name], gen_length=64,
-                              block_length=32, threshold=0.9))
+            cases.append(
+                dict(
+                    name=f"{policy}-{name}",
+                    policy=policy,
+                    prompt=PROMPTS[name],
+                    gen_length=64,
+                    block_length=32,
+                    threshold=0.9,
+                )
+            )
     for stop in (False, True):
         for name in ("p3", "p7", "pad5", "p12"):
-            cases.append(dict(name=f"blockbatch-{'eos' if stop else 'full'}-{name}", policy="blockbatch",
-                              prompt=PROMPTS[name], gen_length=64, block_sizes=[4, 8, 16, 32, 64], threshold=0.9,
-                              refresh_tokens=32, sync_gap=8, stop_on_eos=stop))
+            cases.append(
+                dict(
+                    name=f"blockbatch-{'eos' if stop else 'full'}-{name}",
+                    policy="blockbatch",
+                    prompt=PROMPTS[name],
+                    gen_length=64,
+                    block_sizes=[4, 8, 16, 32, 64],
+                    threshold=0.9,
+                    refresh_tokens=32,
+                    sync_gap=8,
+                    stop_on_eos=stop,
+                )
+            )
     return cases
 
 

@@ -53,8 +53,8 @@ def rope_kv_case(device="cpu", dtype=torch.float32, heads=4, kv_heads=2, hd=16):
     T = 9
     qkv = torch.randn(T, (heads + 2 * kv_heads) * hd, generator=g).to(device, dtype)
     q = qkv[:, : heads * hd].view(T, heads, hd)
-    k = qkv[:, heads * hd:(heads + kv_heads) * hd].view(T, kv_heads, hd)
-    v = qkv[:, (heads + kv_heads) * hd:].view(T, kv_heads, hd)
+    k = qkv[:, heads * hd : (heads + kv_heads) * hd].view(T, kv_heads, hd)
+    v = qkv[:, (heads + kv_heads) * hd :].view(T, kv_heads, hd)
     kv = torch.randn(3, 2, 2, kv_heads, 20, hd, generator=g).to(device, dtype)
     index = [torch.tensor(x, device=device) for x in ([3, 4, 19, 0, 9, 8, 1, 2, 7], [0, 2, 5, 9], [2, 0, 1])]
     return qkv, q, k, v, kv, index

@@ -6,13 +6,34 @@ from __future__ import annotations
 import torch
 
 # Columns of the BlockBatch state table (csrc/kernels/branches.h, enum Field).
-BRANCH_FIELDS = ("block", "start", "end", "decoded", "done", "since_refresh", "needs_refresh", "eos_ready", "masks",
-                 "committed", "merged", "copied", "frontier")
+BRANCH_FIELDS = (
+    "block",
+    "start",
+    "end",
+    "decoded",
+    "done",
+    "since_refresh",
+    "needs_refresh",
+    "eos_ready",
+    "masks",
+    "committed",
+    "merged",
+    "copied",
+    "frontier",
+)
 FIELD = {name: i for i, name in enumerate(BRANCH_FIELDS)}
 
 
-def random_branch_state(seed: int, *, prompt_len: int = 3, gen_length: int = 64, sizes=(4, 8, 16, 32),
-                        vocab: int = 8, mask_id: int = 9, k: int = 3) -> dict:
+def random_branch_state(
+    seed: int,
+    *,
+    prompt_len: int = 3,
+    gen_length: int = 64,
+    sizes=(4, 8, 16, 32),
+    vocab: int = 8,
+    mask_id: int = 9,
+    k: int = 3,
+) -> dict:
     """A plausible mid-decode BlockBatch state for the bookkeeping ops (bb_absorb_, bb_coordinate_).
 
     Every branch holds a noisy copy of one hidden answer: a decoded prefix, scattered tokens
@@ -47,7 +68,7 @@ def random_branch_state(seed: int, *, prompt_len: int = 3, gen_length: int = 64,
             if start > lp and rand() < 0.5:
                 start -= size  # a complete window: coordinate advances it
             st[FIELD["start"]], st[FIELD["end"]] = start, start + size
-            st[FIELD["masks"]] = int((canvas[b, start:start + size] == mask_id).sum())
+            st[FIELD["masks"]] = int((canvas[b, start : start + size] == mask_id).sum())
         st[FIELD["decoded"]] = int(torch.randint(0, G + 1, (1,), generator=g))
         st[FIELD["since_refresh"]] = int(torch.randint(0, 3, (1,), generator=g))
         st[FIELD["needs_refresh"]] = int(rand() < 0.2)
@@ -66,16 +87,40 @@ def random_branch_state(seed: int, *, prompt_len: int = 3, gen_length: int = 64,
                 other = (slot + 1) % k
                 map_ids[b, p, other] = (answer[p] + 1) % vocab
                 map_probs[b, p, other] = (1 - p_answer) * rand()
-    return dict(canvas=canvas, state=state, eos_prob=torch.zeros(B, dtype=torch.float64), map_ids=map_ids,
-                map_probs=map_probs, flags=torch.zeros(2, dtype=torch.long),
-                sync_src=torch.full((B,), -1, dtype=torch.long), prompt_len=lp, mask_id=mask_id)
+    return dict(
+        canvas=canvas,
+        state=state,
+        eos_prob=torch.zeros(B, dtype=torch.float64),
+        map_ids=map_ids,
+        map_probs=map_probs,
+        flags=torch.zeros(2, dtype=torch.long),
+        sync_src=torch.full((B,), -1, dtype=torch.long),
+        prompt_len=lp,
+        mask_id=mask_id,
+    )
 
 
-def coordinate_args(s: dict, *, merge_gate=0.5, merge=True, sync=True, sync_gap=8, refresh_tokens=32,
-                    periodic_refresh=True) -> tuple:
+def coordinate_args(
+    s: dict, *, merge_gate=0.5, merge=True, sync=True, sync_gap=8, refresh_tokens=32, periodic_refresh=True
+) -> tuple:
     """bb_coordinate_'s arguments for a random_branch_state dict."""
-    return (s["canvas"], s["state"], s["eos_prob"], s["flags"], s["sync_src"], s["map_ids"], s["map_probs"],
-            s["prompt_len"], s["mask_id"], merge_gate, merge, sync, sync_gap, refresh_tokens, periodic_refresh)
+    return (
+        s["canvas"],
+        s["state"],
+        s["eos_prob"],
+        s["flags"],
+        s["sync_src"],
+        s["map_ids"],
+        s["map_probs"],
+        s["prompt_len"],
+        s["mask_id"],
+        merge_gate,
+        merge,
+        sync,
+        sync_gap,
+        refresh_tokens,
+        periodic_refresh,
+    )
 
 
 def window_spans(state: torch.Tensor, full: int = 0) -> tuple[list, int]:

@@ -33,9 +33,16 @@ class ServeProcess:
     group (stop() kills the group if SIGTERM does not end it). `env`: variables added to this
     process's environment."""
 
-    def __init__(self, args: list[str], log_path: Path, timeout: float = 120, new_session: bool = False,
-                 ready: Callable[[httpx.Response], bool] | None = None, poll_s: float = 0.1,
-                 env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        args: list[str],
+        log_path: Path,
+        timeout: float = 120,
+        new_session: bool = False,
+        ready: Callable[[httpx.Response], bool] | None = None,
+        poll_s: float = 0.1,
+        env: dict[str, str] | None = None,
+    ):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -45,8 +52,12 @@ class ServeProcess:
         self._group = new_session
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "blockbatch.cli", "serve", "--port", str(self.port), "--threads", "1", *args],
-            stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=new_session,
-            env=None if env is None else {**os.environ, **env})
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            start_new_session=new_session,
+            env=None if env is None else {**os.environ, **env},
+        )
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:

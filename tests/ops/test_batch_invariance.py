@@ -41,6 +41,7 @@ def test_forward_rows_do_not_depend_on_the_pack():
         rows = [(canvases[r][a:b], torch.arange(a, b), r) for r, a, b in others]
         for place in range(len(rows) + 1):
             packed = rows[:place] + [(mine[0], mine[1], 3)] + rows[place:]
-            out = model.forward([p[0] for p in packed], [p[1] for p in packed], kv, "dual",
-                                kv_rows=[p[2] for p in packed])
+            out = model.forward(
+                [p[0] for p in packed], [p[1] for p in packed], kv, "dual", kv_rows=[p[2] for p in packed]
+            )
             assert torch.equal(out[place], alone), (others, place)

@@ -45,15 +45,17 @@ def test_dream_full_dual_prefix_match_reference(shape, lengths):
     for r, n in enumerate(lengths):
         n = min(n, L)
         s = int(torch.randint(0, L - n + 1, (1,), generator=g))
-        window = canvases[r][s:s + n].clone()
+        window = canvases[r][s : s + n].clone()
         window[::2] = config.mask_token_id
         ids.append(window)
         pos.append(torch.arange(s, s + n))
     assert_rows_close(ref.forward(ids, pos, kv_ref, "dual"), nat.forward(ids, pos, kv_nat, "dual"))
     torch.testing.assert_close(kv_nat, kv_ref, atol=TOL, rtol=TOL)
     prefix = [int(p[0]) for p in pos]
-    assert_rows_close(ref.forward(ids, pos, kv_ref, "prefix", prefix_lens=prefix),
-                  nat.forward(ids, pos, kv_nat, "prefix", prefix_lens=prefix))
+    assert_rows_close(
+        ref.forward(ids, pos, kv_ref, "prefix", prefix_lens=prefix),
+        nat.forward(ids, pos, kv_nat, "prefix", prefix_lens=prefix),
+    )
 
 
 def test_the_biases_matter():

@@ -40,8 +40,9 @@ def _filled_buffers(config, ref, nat, rows, L, g):
     canvases = [torch.randint(0, config.vocab_size, (L,), generator=g) for _ in range(rows)]
     kv_ref, kv_nat = ref.new_kv(rows, L), nat.new_kv(rows, L)
     positions = [torch.arange(L)] * rows
-    assert_rows_close(ref.forward(canvases, positions, kv_ref, "full"),
-                      nat.forward(canvases, positions, kv_nat, "full"))
+    assert_rows_close(
+        ref.forward(canvases, positions, kv_ref, "full"), nat.forward(canvases, positions, kv_nat, "full")
+    )
     torch.testing.assert_close(kv_nat, kv_ref, atol=TOL, rtol=TOL)
     return canvases, kv_ref, kv_nat
 
@@ -58,12 +59,13 @@ def test_dual_mode_matches_reference(shape, lengths):
     ids, pos = [], []
     for r, n in enumerate(lengths):
         s = int(torch.randint(0, L - n + 1, (1,), generator=g))
-        window = canvases[kv_rows[r]][s:s + n].clone()
+        window = canvases[kv_rows[r]][s : s + n].clone()
         window[::2] = config.mask_token_id  # fresh tokens differ from what the cache saw
         ids.append(window)
         pos.append(torch.arange(s, s + n))
-    assert_rows_close(ref.forward(ids, pos, kv_ref, "dual", kv_rows=kv_rows),
-                  nat.forward(ids, pos, kv_nat, "dual", kv_rows=kv_rows))
+    assert_rows_close(
+        ref.forward(ids, pos, kv_ref, "dual", kv_rows=kv_rows), nat.forward(ids, pos, kv_nat, "dual", kv_rows=kv_rows)
+    )
     torch.testing.assert_close(kv_nat, kv_ref, atol=TOL, rtol=TOL)  # fresh K/V written into their slots
 
 
@@ -82,8 +84,10 @@ def test_prefix_mode_matches_reference(shape, lengths):
         ids.append(torch.full((n,), config.mask_token_id))
         pos.append(torch.arange(s, L))
         prefix.append(s)
-    assert_rows_close(ref.forward(ids, pos, kv_ref, "prefix", prefix_lens=prefix),
-                  nat.forward(ids, pos, kv_nat, "prefix", prefix_lens=prefix))
+    assert_rows_close(
+        ref.forward(ids, pos, kv_ref, "prefix", prefix_lens=prefix),
+        nat.forward(ids, pos, kv_nat, "prefix", prefix_lens=prefix),
+    )
     assert torch.equal(kv_nat, before), "prefix mode must not write the KV buffer"
 
 

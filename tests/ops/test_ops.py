@@ -1,6 +1,5 @@
 """Each kernel op against its pure-PyTorch twin, opcheck on every op, fake kernels, compile."""
 
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -61,7 +60,9 @@ def test_linear_is_x_times_weight_transposed(dtype):
     strided = torch.randn(9, 48).to(dtype)[:, 4:44]
     assert torch.equal(ops.linear(strided, w), strided @ w.t())
     assert ops.linear(x[:0], w).shape == (0, 24)
-    with pytest.raises(RuntimeError, match=r"weight must be \[out_features, 40\] \(x has 40 features\), got shape \[24, 41\]"):
+    with pytest.raises(
+        RuntimeError, match=r"weight must be \[out_features, 40\] \(x has 40 features\), got shape \[24, 41\]"
+    ):
         ops.linear(x, torch.randn(24, 41).to(dtype))
     with pytest.raises(RuntimeError, match=r"x must be \[rows, in_features\], got shape \[40\]"):
         ops.linear(x[0], w)
@@ -138,7 +139,9 @@ def test_packed_attention_modes(dtype, heads, kv_heads, hd):
     out = ops.packed_attention(q, k, v, cu, None, None, None, 0, True)
     for r in range(3):
         s, e = cu[r], cu[r + 1]
-        torch.testing.assert_close(out[s:e].view(-1, heads, hd), ref.attention(q[s:e], k[s:e], v[s:e]), atol=tol, rtol=tol)
+        torch.testing.assert_close(
+            out[s:e].view(-1, heads, hd), ref.attention(q[s:e], k[s:e], v[s:e]), atol=tol, rtol=tol
+        )
     # cache prefix + fresh
     out = ops.packed_attention(q, k, v, cu, kv, rows, cache, 1, True)
     for r in range(3):
@@ -146,7 +149,9 @@ def test_packed_attention_modes(dtype, heads, kv_heads, hd):
         n = int(cache[r])
         keys = torch.cat([kv[rows[r], 1, 0, :, :n].transpose(0, 1), k[s:e]])
         values = torch.cat([kv[rows[r], 1, 1, :, :n].transpose(0, 1), v[s:e]])
-        torch.testing.assert_close(out[s:e].view(-1, heads, hd), ref.attention(q[s:e], keys, values), atol=tol, rtol=tol)
+        torch.testing.assert_close(
+            out[s:e].view(-1, heads, hd), ref.attention(q[s:e], keys, values), atol=tol, rtol=tol
+        )
     # cache only
     full = torch.tensor([L, L, L])
     out = ops.packed_attention(q, k, v, cu, kv, rows, full, 0, False)
@@ -154,7 +159,9 @@ def test_packed_attention_modes(dtype, heads, kv_heads, hd):
         s, e = cu[r], cu[r + 1]
         keys = kv[rows[r], 0, 0].transpose(0, 1)
         values = kv[rows[r], 0, 1].transpose(0, 1)
-        torch.testing.assert_close(out[s:e].view(-1, heads, hd), ref.attention(q[s:e], keys, values), atol=tol, rtol=tol)
+        torch.testing.assert_close(
+            out[s:e].view(-1, heads, hd), ref.attention(q[s:e], keys, values), atol=tol, rtol=tol
+        )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -187,14 +194,39 @@ def test_kernel_bad_input_names_argument():
     with pytest.raises(RuntimeError, match=r"positions\[0\] = 9 is outside \[0, 4\)"):
         ops.rope_(torch.ones(1, 1, 8), torch.tensor([9]), torch.zeros(4, 8))
     with pytest.raises(RuntimeError, match="cu_seqlens\\[-1\\] = 3 must equal the token count 2"):
-        ops.packed_attention(torch.ones(2, 1, 4), torch.ones(2, 1, 4), torch.ones(2, 1, 4), torch.tensor([0, 3]),
-                             None, None, None, 0, True)
+        ops.packed_attention(
+            torch.ones(2, 1, 4),
+            torch.ones(2, 1, 4),
+            torch.ones(2, 1, 4),
+            torch.tensor([0, 3]),
+            None,
+            None,
+            None,
+            0,
+            True,
+        )
     with pytest.raises(RuntimeError, match="row 0 has queries but no keys"):
-        ops.packed_attention(torch.ones(2, 1, 4), torch.ones(2, 1, 4), torch.ones(2, 1, 4), torch.tensor([0, 2]),
-                             None, None, None, 0, False)
+        ops.packed_attention(
+            torch.ones(2, 1, 4),
+            torch.ones(2, 1, 4),
+            torch.ones(2, 1, 4),
+            torch.tensor([0, 2]),
+            None,
+            None,
+            None,
+            0,
+            False,
+        )
     with pytest.raises(RuntimeError, match=r"kv_rows\[0\] = 4 is outside \[0, 1\)"):
-        ops.kv_write_(torch.zeros(1, 1, 2, 1, 4, 4), torch.ones(1, 1, 4), torch.ones(1, 1, 4), torch.tensor([0]),
-                      torch.tensor([0, 1]), torch.tensor([4]), 0)
+        ops.kv_write_(
+            torch.zeros(1, 1, 2, 1, 4, 4),
+            torch.ones(1, 1, 4),
+            torch.ones(1, 1, 4),
+            torch.tensor([0]),
+            torch.tensor([0, 1]),
+            torch.tensor([4]),
+            0,
+        )
 
 
 # ----------------------------------------------------------------------------- opcheck
@@ -210,22 +242,51 @@ def _opcheck_samples():
     tokens, pos, cu = pack_rows([torch.arange(3), torch.arange(5)], [torch.arange(3), torch.arange(2, 7)])
     kv = model.new_kv(2, 8)
     yield "forward_full", ops.forward.default, (model.obj, tokens, pos, cu)
-    yield "forward_dual", ops.forward.default, (model.obj, tokens, pos, cu, kv, torch.tensor([1, 0]), None, "dual",
-                                                torch.tensor([0, 4]))
+    yield (
+        "forward_dual",
+        ops.forward.default,
+        (model.obj, tokens, pos, cu, kv, torch.tensor([1, 0]), None, "dual", torch.tensor([0, 4])),
+    )
     yield "forward_prefix", ops.forward.default, (model.obj, tokens, pos, cu, kv, None, torch.tensor([2, 1]), "prefix")
     yield "rms_norm", ops.rms_norm.default, (torch.randn(4, 8), torch.randn(8), 1e-5)
     yield "add_rms_norm_", ops.add_rms_norm_.default, (torch.randn(4, 8), torch.randn(4, 8), torch.randn(8), 1e-5)
     yield "silu_mul", ops.silu_mul.default, (torch.randn(4, 8),)
     yield "linear", ops.linear.default, (torch.randn(4, 8), torch.randn(6, 8))
     yield "rope_", ops.rope_.default, (torch.randn(3, 2, 8), torch.tensor([0, 1, 5]), torch.randn(6, 8))
-    yield "kv_write_", ops.kv_write_.default, (torch.zeros(2, 1, 2, 1, 6, 4), torch.randn(3, 1, 4), torch.randn(3, 1, 4),
-                                              torch.tensor([0, 2, 5]), torch.tensor([0, 1, 3]), torch.tensor([1, 0]), 0)
+    yield (
+        "kv_write_",
+        ops.kv_write_.default,
+        (
+            torch.zeros(2, 1, 2, 1, 6, 4),
+            torch.randn(3, 1, 4),
+            torch.randn(3, 1, 4),
+            torch.tensor([0, 2, 5]),
+            torch.tensor([0, 1, 3]),
+            torch.tensor([1, 0]),
+            0,
+        ),
+    )
     _, q, k, v, kv_buf, (pos, cu_rows, kv_rows) = rope_kv_case()
-    yield "rope_kv_write_", ops.rope_kv_write_.default, (q, k, v, pos, rope_table(32, 16, 1e4), kv_buf, cu_rows,
-                                                         kv_rows, 0)
-    yield "packed_attention", ops.packed_attention.default, (
-        torch.randn(3, 2, 4), torch.randn(3, 1, 4), torch.randn(3, 1, 4), torch.tensor([0, 1, 3]),
-        torch.randn(2, 1, 2, 1, 5, 4), torch.tensor([1, 0]), torch.tensor([2, 5]), 0, True)
+    yield (
+        "rope_kv_write_",
+        ops.rope_kv_write_.default,
+        (q, k, v, pos, rope_table(32, 16, 1e4), kv_buf, cu_rows, kv_rows, 0),
+    )
+    yield (
+        "packed_attention",
+        ops.packed_attention.default,
+        (
+            torch.randn(3, 2, 4),
+            torch.randn(3, 1, 4),
+            torch.randn(3, 1, 4),
+            torch.tensor([0, 1, 3]),
+            torch.randn(2, 1, 2, 1, 5, 4),
+            torch.tensor([1, 0]),
+            torch.tensor([2, 5]),
+            0,
+            True,
+        ),
+    )
     yield "confidence", ops.confidence.default, (torch.randn(4, 50), 3)
     yield "sparse_probs", ops.sparse_probs.default, (torch.randn(4, 50) * 3, 0.1, 11)
     s = random_branch_state(1)
@@ -235,13 +296,45 @@ def _opcheck_samples():
     logits = torch.randn(n, 10)
     token, conf = ops.confidence(logits, 9)
     ids, probs = ops.sparse_probs(logits, 0.1, 3)
-    yield "bb_absorb_", ops.bb_absorb_.default, (s["canvas"], s["state"], s["eos_prob"], s["map_ids"], s["map_probs"],
-                                                 torch.tensor([[b, 0, start, n, 0]]), token, conf, ids, probs, logits,
-                                                 3, 9, 7, 0.9, True)
+    yield (
+        "bb_absorb_",
+        ops.bb_absorb_.default,
+        (
+            s["canvas"],
+            s["state"],
+            s["eos_prob"],
+            s["map_ids"],
+            s["map_probs"],
+            torch.tensor([[b, 0, start, n, 0]]),
+            token,
+            conf,
+            ids,
+            probs,
+            logits,
+            3,
+            9,
+            7,
+            0.9,
+            True,
+        ),
+    )
     yield "kv_copy_rows_", ops.kv_copy_rows_.default, (torch.randn(3, 2, 4), torch.tensor([-1, 0, 0]))
-    yield "commit_", ops.commit_.default, (torch.tensor([5, 9, 9, 1, 9, 9]), torch.tensor([1, 2, 3, 4]),
-                                           torch.tensor([7, 3, 2, 0]), torch.tensor([0.95, 0.2, 0.99, 0.5], dtype=torch.float64),
-                                           torch.tensor([2]), 9, 0, "threshold", 0.9, 1.0)
+    yield (
+        "commit_",
+        ops.commit_.default,
+        (
+            torch.tensor([5, 9, 9, 1, 9, 9]),
+            torch.tensor([1, 2, 3, 4]),
+            torch.tensor([7, 3, 2, 0]),
+            torch.tensor([0.95, 0.2, 0.99, 0.5], dtype=torch.float64),
+            torch.tensor([2]),
+            9,
+            0,
+            "threshold",
+            0.9,
+            1.0,
+        ),
+    )
 
 
 @pytest.mark.parametrize("name,op,args", list(_opcheck_samples()), ids=lambda x: x if isinstance(x, str) else "")
@@ -284,9 +377,11 @@ def test_fake_forward_shapes():
         assert conf[0].shape == (7,) and conf[1].dtype == torch.float64
 
 
-@pytest.mark.skipif(tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13),
-                    reason="torch.compile over a torchbind Model argument needs torch >= 2.13 (2.11's dynamo fails "
-                           "with AttributeError 'real_obj'; checked on 2.13 and 2.14)")
+@pytest.mark.skipif(
+    tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13),
+    reason="torch.compile over a torchbind Model argument needs torch >= 2.13 (2.11's dynamo fails "
+    "with AttributeError 'real_obj'; checked on 2.13 and 2.14)",
+)
 def test_compiled_forward_matches_eager():
     config, model = _model()
     tokens, pos, cu = pack_rows([torch.arange(6)], [torch.arange(6)])
@@ -358,7 +453,13 @@ def test_commit_matches_the_rules(rule):
 
 
 def test_commit_bad_input_names_argument():
-    canvas, w, t, c, k = torch.full((8,), 9), torch.tensor([1, 2]), torch.tensor([3, 4]), torch.rand(2, dtype=torch.float64), torch.tensor([1])
+    canvas, w, t, c, k = (
+        torch.full((8,), 9),
+        torch.tensor([1, 2]),
+        torch.tensor([3, 4]),
+        torch.rand(2, dtype=torch.float64),
+        torch.tensor([1]),
+    )
     with pytest.raises(ValueError, match="rule must be one of"):
         ops.commit_(canvas, w, t, c, k, 9, 0, "greedy", 0.9, 1.0)
     with pytest.raises(ValueError, match=r"window\[1\] = 8 is outside the canvas"):
@@ -410,10 +511,12 @@ def test_coordinate_keeps_its_invariants():
             first = lp + int((gen == mask).nonzero()[0])
             assert (r["start"] - lp) % r["block"] == 0 and r["end"] == r["start"] + r["block"]
             assert r["start"] <= first < r["end"], f"seed {seed}: branch {b} window misses its first mask"
-            assert r["masks"] == int((canvas[b, r["start"]:r["end"]] == mask).sum())
+            assert r["masks"] == int((canvas[b, r["start"] : r["end"]] == mask).sum())
             fired["advance"] += int(r["start"] != r0["start"] and src < 0)
-        wanted = any(int(s["state"][b, FIELD["needs_refresh"]]) and not int(s["state"][b, FIELD["done"]])
-                     for b in range(canvas.shape[0]))
+        wanted = any(
+            int(s["state"][b, FIELD["needs_refresh"]]) and not int(s["state"][b, FIELD["done"]])
+            for b in range(canvas.shape[0])
+        )
         assert int(s["flags"][0]) == int(wanted)
     assert all(v > 0 for v in fired.values()), fired
 
@@ -457,15 +560,41 @@ def test_absorb_records_commits_and_marks_eos():
         token, conf = ops.confidence(logits, s["mask_id"])
         ids, probs = ops.sparse_probs(logits, 0.1, 3)
         before = {k: s[k].clone() for k in ("canvas", "state", "map_ids")}
-        ops.bb_absorb_(s["canvas"], s["state"], s["eos_prob"], s["map_ids"], s["map_probs"], torch.tensor(spans),
-                       token, conf, ids, probs, logits, s["prompt_len"], s["mask_id"], eos, tau, True)
+        ops.bb_absorb_(
+            s["canvas"],
+            s["state"],
+            s["eos_prob"],
+            s["map_ids"],
+            s["map_probs"],
+            torch.tensor(spans),
+            token,
+            conf,
+            ids,
+            probs,
+            logits,
+            s["prompt_len"],
+            s["mask_id"],
+            eos,
+            tau,
+            True,
+        )
         lp = s["prompt_len"]
         for b, row0, start, n, _ in spans:
             window = torch.arange(start, start + n)
-            want, (k, left, _) = _host_commit(before["canvas"][b], window, token[row0:row0 + n], conf[row0:row0 + n],
-                                              None, s["mask_id"], eos, "threshold", tau, 0.0)
+            want, (k, left, _) = _host_commit(
+                before["canvas"][b],
+                window,
+                token[row0 : row0 + n],
+                conf[row0 : row0 + n],
+                None,
+                s["mask_id"],
+                eos,
+                "threshold",
+                tau,
+                0.0,
+            )
             assert s["canvas"][b].tolist() == want, f"seed {seed} branch {b}"
-            assert torch.equal(s["map_ids"][b, start - lp:start - lp + n], ids[row0:row0 + n])
+            assert torch.equal(s["map_ids"][b, start - lp : start - lp + n], ids[row0 : row0 + n])
             r, r0 = _fields(s["state"], b), _fields(before["state"], b)
             assert (r["decoded"] - r0["decoded"], r["committed"] - r0["committed"], r["masks"]) == (k, k, left)
             held = [i for i in range(n) if want[start + i] == eos]
@@ -506,5 +635,21 @@ def test_bookkeeping_bad_input_names_argument():
     live = int((s["state"][:, FIELD["done"]] == 0).nonzero()[0])
     start = int(s["state"][live, FIELD["start"]])
     with pytest.raises(ValueError, match=rf"spans\[0\] = \(row {live}, .*does not cover branch {live}'s window"):
-        ops.bb_absorb_(s["canvas"], s["state"], s["eos_prob"], s["map_ids"], s["map_probs"],
-                       torch.tensor([[live, 0, start + 1, 3, 0]]), token, conf, ids, probs, logits, 3, 9, 7, 0.9, True)
+        ops.bb_absorb_(
+            s["canvas"],
+            s["state"],
+            s["eos_prob"],
+            s["map_ids"],
+            s["map_probs"],
+            torch.tensor([[live, 0, start + 1, 3, 0]]),
+            token,
+            conf,
+            ids,
+            probs,
+            logits,
+            3,
+            9,
+            7,
+            0.9,
+            True,
+        )

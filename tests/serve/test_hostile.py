@@ -35,9 +35,22 @@ LONG = {"policy": "vanilla", "gen_length": 256, "block_length": 32, "threshold":
 def srv(tmp_path_factory):
     """The toy with small limits (body 256 KiB, 2 s for a head or a body), two extra host names, and
     its API key from BLOCKBATCH_API_KEY."""
-    s = ServeProcess(["--max-batch", "2", "--max-body-bytes", str(MAX_BODY), "--header-timeout", "2",
-                      "--body-timeout", "2", "--allowed-hosts", "llm.example,.corp.example"],
-                     tmp_path_factory.mktemp("logs") / "hostile.log", env={"BLOCKBATCH_API_KEY": KEY})
+    s = ServeProcess(
+        [
+            "--max-batch",
+            "2",
+            "--max-body-bytes",
+            str(MAX_BODY),
+            "--header-timeout",
+            "2",
+            "--body-timeout",
+            "2",
+            "--allowed-hosts",
+            "llm.example,.corp.example",
+        ],
+        tmp_path_factory.mktemp("logs") / "hostile.log",
+        env={"BLOCKBATCH_API_KEY": KEY},
+    )
     yield s
     assert s.stop() == 0, s.log()
     assert "Traceback" not in s.log(), s.log()  # every refusal above was answered, none crashed a handler
@@ -72,8 +85,14 @@ def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def head(path: str = "/v1/completions", length: int | None = None, host: str = "127.0.0.1",
-         ctype: str = "application/json", extra: bytes = b"", method: str = "POST") -> bytes:
+def head(
+    path: str = "/v1/completions",
+    length: int | None = None,
+    host: str = "127.0.0.1",
+    ctype: str = "application/json",
+    extra: bytes = b"",
+    method: str = "POST",
+) -> bytes:
     lines = [f"{method} {path} HTTP/1.1", f"Host: {host}", f"Authorization: Bearer {KEY}", f"Content-Type: {ctype}"]
     if length is not None:
         lines.append(f"Content-Length: {length}")
@@ -123,12 +142,13 @@ def status_and_json(raw: bytes) -> tuple[int, dict]:
             n = int(size, 16)
             if n == 0:
                 break
-            out, body = out + rest[:n], rest[n + 2:]
+            out, body = out + rest[:n], rest[n + 2 :]
         body = out
     return status, (json.loads(body) if body.strip().startswith(b"{") else {"raw": body.decode(errors="replace")})
 
 
 # ------------------------------------------------------------------------------------ 1. big bodies
+
 
 def test_a_body_over_the_cap_is_413_before_it_is_read_and_costs_no_memory(srv):
     pid = srv.proc.pid
@@ -156,9 +176,12 @@ def test_a_body_over_the_cap_is_413_before_it_is_read_and_costs_no_memory(srv):
 
 
 def test_a_long_prompt_under_the_cap_is_413_before_tokenizing(srv, client):
-    for call in (lambda: client.completions.create(model="blockbatch-toy", prompt="1" * 200_000, max_tokens=8),
-                 lambda: client.chat.completions.create(model="blockbatch-toy", max_tokens=8,
-                                                        messages=[{"role": "user", "content": "1" * 200_000}])):
+    for call in (
+        lambda: client.completions.create(model="blockbatch-toy", prompt="1" * 200_000, max_tokens=8),
+        lambda: client.chat.completions.create(
+            model="blockbatch-toy", max_tokens=8, messages=[{"role": "user", "content": "1" * 200_000}]
+        ),
+    ):
         t0 = time.monotonic()
         with pytest.raises(openai.APIStatusError) as e:
             call()
@@ -177,7 +200,10 @@ HOSTILE_JSON = {
     "nested arrays as the body": DEEP,
     "nested arrays as the prompt": '{"model": "blockbatch-toy", "prompt": ' + DEEP + "}",
     "nested objects in blockbatch": '{"model": "blockbatch-toy", "prompt": "1+1", "blockbatch": '
-                                    + '{"a": ' * 40 + "1" + "}" * 40 + "}",
+    + '{"a": ' * 40
+    + "1"
+    + "}" * 40
+    + "}",
     "an integer of 5001 digits": '{"model": "blockbatch-toy", "prompt": "1+1", "max_tokens": 1' + "0" * 5000 + "}",
 }
 
@@ -185,8 +211,12 @@ HOSTILE_JSON = {
 @pytest.mark.parametrize("case", list(HOSTILE_JSON))
 def test_hostile_json_is_a_400_without_internals(srv, case):
     before_500 = requests_with(srv, "500")
-    r = httpx.post(srv.url + "/v1/completions", content=HOSTILE_JSON[case].encode(),
-                   headers={**AUTH, "Content-Type": "application/json"}, timeout=30)
+    r = httpx.post(
+        srv.url + "/v1/completions",
+        content=HOSTILE_JSON[case].encode(),
+        headers={**AUTH, "Content-Type": "application/json"},
+        timeout=30,
+    )
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error"
@@ -201,7 +231,9 @@ def test_huge_numbers_name_the_field(srv, client):
     assert e.value.status_code == 413 and e.value.body["param"] == "max_tokens"
     assert "digits" in e.value.body["message"] and len(e.value.body["message"]) < 300
     with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model="blockbatch-toy", prompt=PROMPT, extra_body={"blockbatch": {"gen_length": 10**30}})
+        client.completions.create(
+            model="blockbatch-toy", prompt=PROMPT, extra_body={"blockbatch": {"gen_length": 10**30}}
+        )
     assert e.value.body["param"] == "blockbatch.gen_length" and "at most 2^63 - 1" in e.value.body["message"]
 
 
@@ -219,6 +251,7 @@ def test_a_client_leaving_mid_body_is_not_a_500(srv):
 
 def test_an_unexpected_error_is_a_generic_500_with_an_id_logged_once(caplog):
     """guard.Guard, the outermost layer of the app: whatever a route lets through."""
+
     async def broken(scope, receive, send):
         raise KeyError("secret internals")
 
@@ -231,8 +264,12 @@ def test_an_unexpected_error_is_a_generic_500_with_an_id_logged_once(caplog):
         return {"type": "http.request", "body": b"{}", "more_body": False}
 
     app = guard.Guard(broken, guard.Limits(MAX_BODY), count=counted.append)
-    scope = {"type": "http", "method": "POST", "path": "/v1/completions",
-             "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json")]}
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/completions",
+        "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json")],
+    }
     with caplog.at_level(logging.ERROR, logger="blockbatch.serve"):
         asyncio.run(app(scope, receive, send))
     assert sent[0]["status"] == 500 and counted == ["500"]
@@ -245,12 +282,15 @@ def test_an_unexpected_error_is_a_generic_500_with_an_id_logged_once(caplog):
 
 # ------------------------------------------------------------------------------------ 7. slow clients, headers
 
+
 def test_a_trickling_head_or_body_is_cut_and_its_connection_closed(srv):
     pid = srv.proc.pid
     baseline = open_fds(pid)
     # A head that never ends (one header line every 0.3 s) and a body that never arrives.
-    for start, code in ((b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n", "header_timeout"),
-                        (head(length=1000), "body_timeout")):
+    for start, code in (
+        (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n", "header_timeout"),
+        (head(length=1000), "body_timeout"),
+    ):
         with connect(srv) as s:
             t0 = time.monotonic()
             s.sendall(start)
@@ -284,40 +324,65 @@ def test_a_trickling_head_or_body_is_cut_and_its_connection_closed(srv):
         s.close()
 
 
-@pytest.mark.parametrize("extra,code", [
-    (b"".join(b"X-%d: 1\r\n" % i for i in range(200)), "too_many_headers"),  # count
-    (b"".join(b"X-%d: 1\r\n" % i for i in range(20000)), "headers_too_large"),  # size (a 180 KB head)
-    (b"X-Big: " + b"a" * (8 << 20) + b"\r\n", "headers_too_large"),  # one 8 MB header
-])
+@pytest.mark.parametrize(
+    "extra,code",
+    [
+        (b"".join(b"X-%d: 1\r\n" % i for i in range(200)), "too_many_headers"),  # count
+        (b"".join(b"X-%d: 1\r\n" % i for i in range(20000)), "headers_too_large"),  # size (a 180 KB head)
+        (b"X-Big: " + b"a" * (8 << 20) + b"\r\n", "headers_too_large"),  # one 8 MB header
+    ],
+)
 def test_header_floods_are_431(srv, extra, code):
     with connect(srv) as s:
-        raw = send_while_unanswered(s, [b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"]
-                                    + [extra[i:i + 65536] for i in range(0, len(extra), 65536)] + [b"\r\n"])
+        raw = send_while_unanswered(
+            s,
+            [b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"]
+            + [extra[i : i + 65536] for i in range(0, len(extra), 65536)]
+            + [b"\r\n"],
+        )
     status, body = status_and_json(raw)
     assert status == 431 and body["error"]["code"] == code, raw[:300]
 
 
 # ------------------------------------------------------------------------------------ 8. web pages
 
-@pytest.mark.parametrize("ctype", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; b=x",
-                                   None])
+
+@pytest.mark.parametrize("ctype", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; b=x", None])
 def test_only_json_bodies_are_read(srv, ctype):
     before = requests_with(srv, "415")
     headers = dict(AUTH, **({"Content-Type": ctype} if ctype else {}))
-    r = httpx.post(srv.url + "/v1/completions", headers=headers,
-                   content=json.dumps({"model": "blockbatch-toy", "prompt": "1+1"}).encode())
+    r = httpx.post(
+        srv.url + "/v1/completions",
+        headers=headers,
+        content=json.dumps({"model": "blockbatch-toy", "prompt": "1+1"}).encode(),
+    )
     assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type", r.text
     assert requests_with(srv, "415") == before + 1
 
 
-@pytest.mark.parametrize("host,served", [
-    ("evil.example", False), ("evil.example:8000", False), ("llm.example.evil", False), ("corp.example.net", False),
-    ("127.0.0.1", True), ("localhost:1234", True), ("[::1]:8000", True), ("10.1.2.3", True),
-    ("llm.example", True), ("LLM.example:443", True), ("a.corp.example", True), ("corp.example", True),
-])
+@pytest.mark.parametrize(
+    "host,served",
+    [
+        ("evil.example", False),
+        ("evil.example:8000", False),
+        ("llm.example.evil", False),
+        ("corp.example.net", False),
+        ("127.0.0.1", True),
+        ("localhost:1234", True),
+        ("[::1]:8000", True),
+        ("10.1.2.3", True),
+        ("llm.example", True),
+        ("LLM.example:443", True),
+        ("a.corp.example", True),
+        ("corp.example", True),
+    ],
+)
 def test_the_host_header_must_be_one_the_server_answers_to(srv, host, served):
-    r = httpx.post(srv.url + "/v1/completions", headers={**AUTH, "Host": host},
-                   json={"model": "blockbatch-toy", "prompt": "1+1", "max_tokens": 4})
+    r = httpx.post(
+        srv.url + "/v1/completions",
+        headers={**AUTH, "Host": host},
+        json={"model": "blockbatch-toy", "prompt": "1+1", "max_tokens": 4},
+    )
     if served:
         assert r.status_code == 200, r.text
     else:
@@ -356,10 +421,11 @@ def test_the_cli_reads_the_key_from_a_file_and_refuses_keys_a_header_cannot_carr
     args = argparse.Namespace(api_key=None, api_key_file=str(key_file))
     assert cli_serve.read_api_key(args) == "from-a-file"
     for args, env, message in (
-            (argparse.Namespace(api_key="a", api_key_file=str(key_file)), None, "not both"),
-            (argparse.Namespace(api_key=None, api_key_file=str(tmp_path / "missing")), None, "--api-key-file"),
-            (argparse.Namespace(api_key="пароль", api_key_file=None), None, "--api-key"),
-            (argparse.Namespace(api_key=None, api_key_file=None), "пароль", "BLOCKBATCH_API_KEY")):
+        (argparse.Namespace(api_key="a", api_key_file=str(key_file)), None, "not both"),
+        (argparse.Namespace(api_key=None, api_key_file=str(tmp_path / "missing")), None, "--api-key-file"),
+        (argparse.Namespace(api_key="пароль", api_key_file=None), None, "--api-key"),
+        (argparse.Namespace(api_key=None, api_key_file=None), "пароль", "BLOCKBATCH_API_KEY"),
+    ):
         os.environ.pop("BLOCKBATCH_API_KEY", None)
         if env is not None:
             os.environ["BLOCKBATCH_API_KEY"] = env
@@ -371,6 +437,7 @@ def test_the_cli_reads_the_key_from_a_file_and_refuses_keys_a_header_cannot_carr
 
 
 # ------------------------------------------------------------------------------------ 9. half-closed clients
+
 
 def _half_closed(srv, body: dict) -> bytes:
     raw = json.dumps(body).encode()
@@ -388,8 +455,11 @@ def test_a_half_closed_client_gets_its_answer(srv, client):
     assert status == 200 and answer["choices"][0]["text"] == expected, answer
     # Long enough that the half-close comes well before the answer; streamed too.
     long = {"model": "blockbatch-toy", "prompt": PROMPT, "blockbatch": LONG}
-    expected_long = client.completions.create(model="blockbatch-toy", prompt=PROMPT,
-                                              extra_body={"blockbatch": LONG}).choices[0].text
+    expected_long = (
+        client.completions.create(model="blockbatch-toy", prompt=PROMPT, extra_body={"blockbatch": LONG})
+        .choices[0]
+        .text
+    )
     status, answer = status_and_json(_half_closed(srv, long))
     assert status == 200 and answer["choices"][0]["text"] == expected_long
     status, streamed = status_and_json(_half_closed(srv, {**long, "stream": True}))
@@ -416,47 +486,63 @@ def test_a_client_that_closes_is_still_cancelled_at_once(srv):
         assert time.monotonic() < deadline
         time.sleep(0.02)
     after = metrics(srv)
-    assert after['blockbatch_requests_total{status="cancelled"}'] == \
-        before.get('blockbatch_requests_total{status="cancelled"}', 0) + 1
+    assert (
+        after['blockbatch_requests_total{status="cancelled"}']
+        == before.get('blockbatch_requests_total{status="cancelled"}', 0) + 1
+    )
     assert after["blockbatch_request_forwards_total"] - before["blockbatch_request_forwards_total"] < 128
 
 
 # ------------------------------------------------------------------------------------ 11. smaller
+
 
 def test_unknown_fields_are_refused_by_name_and_harmless_ones_ignored(srv, client):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="blockbatch-toy", prompt=PROMPT, extra_body={"max_token": 5})
     assert e.value.body["param"] == "max_token" and "did you mean 'max_tokens'" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="blockbatch-toy", messages=[{"role": "user", "content": "1"}],
-                                       extra_body={"max_completion_token": 5})
+        client.chat.completions.create(
+            model="blockbatch-toy", messages=[{"role": "user", "content": "1"}], extra_body={"max_completion_token": 5}
+        )
     assert "max_completion_tokens" in e.value.body["message"]
-    done = client.completions.create(model="blockbatch-toy", prompt=PROMPT, max_tokens=8, user="u",
-                                     extra_body={"metadata": {"a": "b"}, "store": False})
+    done = client.completions.create(
+        model="blockbatch-toy",
+        prompt=PROMPT,
+        max_tokens=8,
+        user="u",
+        extra_body={"metadata": {"a": "b"}, "store": False},
+    )
     assert done.choices[0].finish_reason in ("stop", "length")
 
 
 def test_text_that_is_not_unicode_or_holds_special_tokens_is_a_400(srv):
     for body, param, words in (
-            ('{"model": "blockbatch-toy", "prompt": "1+\\ud800"}', "prompt", "lone surrogate"),
-            ('{"model": "blockbatch-toy", "messages": [{"role": "user", "content": "\\udfff"}]}', "messages",
-             "lone surrogate"),
-            # The toy cannot write "<" or "|": typed, its EOS text is characters outside the vocabulary (before:
-            # the EOS token, which ended the generation at once).
-            ('{"model": "blockbatch-toy", "prompt": "72-2=__<|endoftext|>"}', "prompt", "outside the tokenizer")):
+        ('{"model": "blockbatch-toy", "prompt": "1+\\ud800"}', "prompt", "lone surrogate"),
+        (
+            '{"model": "blockbatch-toy", "messages": [{"role": "user", "content": "\\udfff"}]}',
+            "messages",
+            "lone surrogate",
+        ),
+        # The toy cannot write "<" or "|": typed, its EOS text is characters outside the vocabulary (before:
+        # the EOS token, which ended the generation at once).
+        ('{"model": "blockbatch-toy", "prompt": "72-2=__<|endoftext|>"}', "prompt", "outside the tokenizer"),
+    ):
         route = "chat/completions" if "messages" in body else "completions"
-        r = httpx.post(f"{srv.url}/v1/{route}", content=body.encode(), headers={**AUTH, "Content-Type":
-                                                                                "application/json"})
+        r = httpx.post(
+            f"{srv.url}/v1/{route}", content=body.encode(), headers={**AUTH, "Content-Type": "application/json"}
+        )
         if route == "chat/completions":  # the toy has no chat template: still, the text is checked first
             assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
             continue
-        assert r.status_code == 400 and r.json()["error"]["param"] == param and words in r.json()["error"]["message"], \
+        assert r.status_code == 400 and r.json()["error"]["param"] == param and words in r.json()["error"]["message"], (
             r.text
+        )
 
 
 def test_a_timeout_too_large_for_a_deadline_is_no_deadline(srv, client):
-    done = client.completions.create(model="blockbatch-toy", prompt=PROMPT, max_tokens=8,
-                                     extra_body={"blockbatch": {"timeout_s": 1e10}})
+    done = client.completions.create(
+        model="blockbatch-toy", prompt=PROMPT, max_tokens=8, extra_body={"blockbatch": {"timeout_s": 1e10}}
+    )
     assert done.choices[0].finish_reason in ("stop", "length") and done.model_extra["nfe"] > 0
 
 
@@ -474,8 +560,10 @@ def _char_codec(template: str | None = None) -> TextCodec:
 
 
 def test_special_token_text_in_a_prompt_or_message_is_plain_text():
-    codec = _char_codec("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                        "{% endfor %}<|im_start|>assistant\n")
+    codec = _char_codec(
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}<|im_start|>assistant\n"
+    )
     eos, im_start, im_end = (codec.tokenizer.token_to_id(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"))
     ids = codec.encode("1+1<|endoftext|>", chat=False)
     assert eos not in ids and codec.decode(ids) == "1+1<|endoftext|>"

@@ -84,8 +84,9 @@ class RayServer(ServeProcess):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    s = RayServer(["--replicas", "2", "--max-batch", "4", "--max-queue", "16"],
-                  tmp_path_factory.mktemp("logs") / "ray-server.log")
+    s = RayServer(
+        ["--replicas", "2", "--max-batch", "4", "--max-queue", "16"], tmp_path_factory.mktemp("logs") / "ray-server.log"
+    )
     try:
         assert s.ray_dir, f"the server did not log its Ray folder:\n{s.log()}"
         yield s
@@ -146,7 +147,7 @@ def _listening(pids: list[int]) -> dict[str, int]:
                 continue
             hex_ip, hex_port = local.split(":")
             raw = bytes.fromhex(hex_ip)
-            words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))  # each 32-bit word little-endian
+            words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))  # each 32-bit word little-endian
             ip = str(ipaddress.ip_address(words))
             out[f"{ip}:{int(hex_port, 16)}"] = inodes[inode]
     return out
@@ -160,8 +161,9 @@ def _loopback(address: str) -> bool:
 def test_every_port_of_the_local_instance_is_on_loopback(server):
     pids = _session_processes(server.proc.pid)
     names = {pid: Path(f"/proc/{pid}/comm").read_text().strip() for pid in pids if os.path.exists(f"/proc/{pid}")}
-    assert any(n.startswith("gcs_server") for n in names.values()) and \
-        any(n.startswith("raylet") for n in names.values()), f"Ray's daemons are not in the server's session: {names}"
+    assert any(n.startswith("gcs_server") for n in names.values()) and any(
+        n.startswith("raylet") for n in names.values()
+    ), f"Ray's daemons are not in the server's session: {names}"
     ports = _listening(pids)
     assert f"127.0.0.1:{server.port}" in ports, ports  # the HTTP proxy, on --host
     assert len(ports) >= 5, ports  # GCS, raylet, the replicas' gRPC servers, ...
@@ -170,8 +172,9 @@ def test_every_port_of_the_local_instance_is_on_loopback(server):
 
 
 def _complete(client: OpenAI, prompt: str, **kw):
-    raw = client.completions.with_raw_response.create(model="blockbatch-toy", prompt=prompt, max_tokens=20,
-                                                      temperature=0, **kw)
+    raw = client.completions.with_raw_response.create(
+        model="blockbatch-toy", prompt=prompt, max_tokens=20, temperature=0, **kw
+    )
     return raw.parse(), raw.headers
 
 
@@ -191,14 +194,19 @@ def test_stream_equals_non_stream(server, client):
     for prompt in PROMPTS:
         whole, _ = _complete(client, prompt)
         t0 = time.monotonic()
-        chunks = list(client.completions.create(model="blockbatch-toy", prompt=prompt, max_tokens=20, temperature=0,
-                                                stream=True))
+        chunks = list(
+            client.completions.create(model="blockbatch-toy", prompt=prompt, max_tokens=20, temperature=0, stream=True)
+        )
         assert time.monotonic() - t0 < CALL_TIMEOUT_S
         assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
         assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
     # The raw protocol through Ray's proxy: server-sent events, ending with [DONE].
-    with httpx.stream("POST", server.url + "/v1/completions", timeout=CALL_TIMEOUT_S,
-                      json={"model": "blockbatch-toy", "prompt": PROMPT, "max_tokens": 20, "stream": True}) as r:
+    with httpx.stream(
+        "POST",
+        server.url + "/v1/completions",
+        timeout=CALL_TIMEOUT_S,
+        json={"model": "blockbatch-toy", "prompt": PROMPT, "max_tokens": 20, "stream": True},
+    ) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         assert "x-blockbatch-replica" in r.headers
         lines = [line for line in r.iter_lines() if line]
@@ -216,18 +224,26 @@ def test_errors_keep_openai_shape(server, client):
     with pytest.raises(openai.NotFoundError) as e:
         client.completions.create(model="no-such-model", prompt=PROMPT, max_tokens=20)
     assert e.value.body["code"] == "model_not_found"
-    r = httpx.post(server.url + "/v1/completions", content=b"{not json", timeout=10,
-                   headers={"Content-Type": "application/json"})
+    r = httpx.post(
+        server.url + "/v1/completions", content=b"{not json", timeout=10, headers={"Content-Type": "application/json"}
+    )
     assert r.status_code == 400 and set(r.json()["error"]) == {"message", "type", "param", "code"}
     # Hostile JSON through the router: 400s that say what is wrong, no internals (was: 500 RecursionError)
-    for raw in (b"[" * 100_000 + b"]" * 100_000,
-                b'{"model": "blockbatch-toy", "prompt": "1+1", "max_tokens": 1' + b"0" * 5000 + b"}"):
-        r = httpx.post(server.url + "/v1/completions", content=raw, timeout=30,
-                       headers={"Content-Type": "application/json"})
+    for raw in (
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"model": "blockbatch-toy", "prompt": "1+1", "max_tokens": 1' + b"0" * 5000 + b"}",
+    ):
+        r = httpx.post(
+            server.url + "/v1/completions", content=raw, timeout=30, headers={"Content-Type": "application/json"}
+        )
         assert r.status_code == 400, r.text
         assert "Error" not in r.json()["error"]["message"] and "JSON" in r.json()["error"]["message"]
-    r = httpx.post(server.url + "/v1/completions", content=b'{"model": "blockbatch-toy", "prompt": "1+1"}',
-                   timeout=10, headers={"Content-Type": "text/plain", "Host": "evil.example"})
+    r = httpx.post(
+        server.url + "/v1/completions",
+        content=b'{"model": "blockbatch-toy", "prompt": "1+1"}',
+        timeout=10,
+        headers={"Content-Type": "text/plain", "Host": "evil.example"},
+    )
     assert r.status_code == 403 and r.json()["error"]["code"] == "host_not_allowed"  # the replicas' guard
     models = client.models.list()
     assert [m.id for m in models.data] == ["blockbatch-toy"]
@@ -253,8 +269,9 @@ def test_a_client_that_disconnects_cancels_its_decode_through_the_router(server,
     """A streamed request closed after its first chunk: the router cancels the forwarded call, the
     engine replica's app sees the disconnect and cancels the decode long before its 256 forwards."""
     before = _replica_metrics(server)
-    stream = client.completions.create(model="blockbatch-toy", prompt=PROMPT, stream=True,
-                                       extra_body={"blockbatch": LONG})
+    stream = client.completions.create(
+        model="blockbatch-toy", prompt=PROMPT, stream=True, extra_body={"blockbatch": LONG}
+    )
     first = next(iter(stream))
     assert first.choices[0].text and first.choices[0].finish_reason is None
     stream.close()
@@ -287,14 +304,21 @@ def test_a_replica_killed_under_load_loses_no_answer(server):
             t0 = time.monotonic()
             try:
                 if k % 2:
-                    chunks = list(client.completions.create(model="blockbatch-toy", prompt=PROMPT, max_tokens=20,
-                                                            temperature=0, stream=True))
+                    chunks = list(
+                        client.completions.create(
+                            model="blockbatch-toy", prompt=PROMPT, max_tokens=20, temperature=0, stream=True
+                        )
+                    )
                     text = "".join(c.choices[0].text for c in chunks)
                 else:
-                    text = client.completions.create(model="blockbatch-toy", prompt=PROMPT, max_tokens=20,
-                                                     temperature=0).choices[0].text
-                out.append(("ok" if text.startswith("72-2=70-3=67-3=64") else f"wrong text {text!r}",
-                            time.monotonic() - t0))
+                    text = (
+                        client.completions.create(model="blockbatch-toy", prompt=PROMPT, max_tokens=20, temperature=0)
+                        .choices[0]
+                        .text
+                    )
+                out.append(
+                    ("ok" if text.startswith("72-2=70-3=67-3=64") else f"wrong text {text!r}", time.monotonic() - t0)
+                )
             except openai.APIConnectionError as e:  # a cut connection or a timeout: what the router prevents
                 out.append((f"connection {type(e).__name__}: {e}", time.monotonic() - t0))
             except openai.APIStatusError as e:  # an HTTP error: must be OpenAI's shape
@@ -312,15 +336,19 @@ def test_a_replica_killed_under_load_loses_no_answer(server):
         done, not_done = concurrent.futures.wait(futures, timeout=8 + CALL_TIMEOUT_S + 30)
         assert not not_done, "a client hung after the replica was killed"
     calls = [c for f in futures for c in f.result()]
-    print("calls after the kill:", collections.Counter(outcome.split(" {")[0] for outcome, _ in calls),
-          f"longest {max(seconds for _, seconds in calls):.1f} s")  # shown with pytest -s
+    print(
+        "calls after the kill:",
+        collections.Counter(outcome.split(" {")[0] for outcome, _ in calls),
+        f"longest {max(seconds for _, seconds in calls):.1f} s",
+    )  # shown with pytest -s
     bad = [c for c in calls if not (c[0] == "ok" or c[0].startswith("error "))]
     assert not bad, bad
     assert all(seconds < CALL_TIMEOUT_S for _, seconds in calls), calls
     assert sum(c[0] == "ok" for c in calls) >= 6, calls
     # The endpoint still answers, from a live replica.
-    completion, headers = _complete(OpenAI(base_url=server.url + "/v1", api_key="none", timeout=CALL_TIMEOUT_S,
-                                           max_retries=0), PROMPT)
+    completion, headers = _complete(
+        OpenAI(base_url=server.url + "/v1", api_key="none", timeout=CALL_TIMEOUT_S, max_retries=0), PROMPT
+    )
     assert completion.choices[0].text.startswith("72-2=70-3=67-3=64")
     assert int(headers["x-blockbatch-pid"]) != victim
 
@@ -354,8 +382,11 @@ def test_the_router_caps_the_body(server, client):
     """A Content-Length over the cap is refused at once, its body never sent; a chunked body as soon
     as it passes the cap; both with a 413 in OpenAI's shape naming the limit and the flag."""
     t0 = time.monotonic()
-    status, body = _raw_request(server.port, b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                                b"Content-Type: application/json\r\nContent-Length: 1000000000\r\n\r\n")
+    status, body = _raw_request(
+        server.port,
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 1000000000\r\n\r\n",
+    )
     assert time.monotonic() - t0 < 10  # answered without waiting for the gigabyte that never comes
     error = json.loads(body)["error"]
     assert status == 413 and error["code"] == "body_too_large" and error["type"] == "invalid_request_error", body
@@ -367,15 +398,18 @@ def test_the_router_caps_the_body(server, client):
             yield b"1" * 65536
         yield b'"}'
 
-    r = httpx.post(server.url + "/v1/completions", content=chunked(), timeout=30,
-                   headers={"Content-Type": "application/json"})
+    r = httpx.post(
+        server.url + "/v1/completions", content=chunked(), timeout=30, headers={"Content-Type": "application/json"}
+    )
     assert r.request.headers.get("transfer-encoding") == "chunked" and "content-length" not in r.request.headers
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large", r.text
     assert f"{BODY_CAP} bytes" in r.json()["error"]["message"]
     # A client that goes away in the middle of its body: no answer to give, no exception logged (below).
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                     b"Transfer-Encoding: chunked\r\n\r\n10\r\n{\"model\": \"block\r\n")
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b'Transfer-Encoding: chunked\r\n\r\n10\r\n{"model": "block\r\n'
+        )
         time.sleep(0.5)
     completion, _ = _complete(client, PROMPT)  # and the endpoint goes on serving
     assert completion.choices[0].text.startswith("72-2=70-3=67-3=64")
@@ -421,13 +455,15 @@ def _long_calls(client: OpenAI, kinds: list[bool]) -> tuple[concurrent.futures.T
         try:
             if stream:
                 chunks = []
-                for chunk in client.completions.create(model="blockbatch-toy", prompt=PROMPT, stream=True,
-                                                       extra_body={"blockbatch": LONG}):
+                for chunk in client.completions.create(
+                    model="blockbatch-toy", prompt=PROMPT, stream=True, extra_body={"blockbatch": LONG}
+                ):
                     chunks.append(chunk)
                     first.set()
                 return "".join(c.choices[0].text for c in chunks), chunks[-1].choices[0].finish_reason
-            choice = client.completions.create(model="blockbatch-toy", prompt=PROMPT,
-                                               extra_body={"blockbatch": LONG}).choices[0]
+            choice = client.completions.create(
+                model="blockbatch-toy", prompt=PROMPT, extra_body={"blockbatch": LONG}
+            ).choices[0]
             return choice.text, choice.finish_reason
         except Exception as e:
             return e
@@ -485,8 +521,12 @@ def test_sigterm_drains_in_flight_requests_then_exits_0(server, client):
         with pytest.raises(openai.APIStatusError) as e:
             client.completions.create(model="blockbatch-toy", prompt=PROMPT, max_tokens=5)
         assert e.value.status_code == 503, e.value
-        assert e.value.body == {"message": "the server is shutting down: it takes no new requests",
-                                "type": "service_unavailable", "param": None, "code": "shutting_down"}, e.value.body
+        assert e.value.body == {
+            "message": "the server is shutting down: it takes no new requests",
+            "type": "service_unavailable",
+            "param": None,
+            "code": "shutting_down",
+        }, e.value.body
         assert not all(c.done() for c in calls), "the requests ended before the new one was refused: too short a test"
         results = [c.result(timeout=CALL_TIMEOUT_S) for c in calls]
     finally:
@@ -546,15 +586,23 @@ def test_sigkill_of_the_server_leaves_nothing_behind(tmp_path):
 
 
 def test_ray_is_imported_only_with_replicas():
-    code = ("import sys, blockbatch, blockbatch.cli, blockbatch.serve\n"
-            "assert 'ray' not in sys.modules, 'import blockbatch loaded ray'\n")
+    code = (
+        "import sys, blockbatch, blockbatch.cli, blockbatch.serve\n"
+        "assert 'ray' not in sys.modules, 'import blockbatch loaded ray'\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
-    r = subprocess.run([sys.executable, "-m", "blockbatch.cli", "serve", "--ray-address", "auto"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "blockbatch.cli", "serve", "--ray-address", "auto"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "--ray-address needs --replicas N" in r.stderr, (r.returncode, r.stderr)
 
 
 # ------------------------------------------------------------------ the router in process (no Ray)
+
 
 class _FakeCall:
     """A stand-in for the router's forwarded call (a streaming ``DeploymentResponseGenerator``):
@@ -620,8 +668,10 @@ class _Client:
     client going away; counts how many messages the router took."""
 
     def __init__(self, chunks: list[bytes], disconnect: bool = False):
-        self.messages = [{"type": "http.request", "body": c, "more_body": i + 1 < len(chunks) or disconnect}
-                         for i, c in enumerate(chunks)]
+        self.messages = [
+            {"type": "http.request", "body": c, "more_body": i + 1 < len(chunks) or disconnect}
+            for i, c in enumerate(chunks)
+        ]
         if disconnect:
             self.messages.append({"type": "http.disconnect"})
         self.taken = 0
@@ -636,9 +686,19 @@ class _Client:
 def _request(client: _Client, path: str = "/v1/completions", headers: dict | None = None, method: str = "POST"):
     from starlette.requests import Request
 
-    scope = {"type": "http", "method": method, "path": path, "raw_path": path.encode(), "query_string": b"",
-             "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()], "scheme": "http",
-             "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 1), "root_path": "", "http_version": "1.1"}
+    scope = {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()],
+        "scheme": "http",
+        "server": ("127.0.0.1", 8000),
+        "client": ("127.0.0.1", 1),
+        "root_path": "",
+        "http_version": "1.1",
+    }
     return Request(scope, client.receive)
 
 
@@ -679,8 +739,11 @@ def test_router_body_cap_in_process():
         status, body = await _send_response(await router(_request(declared, headers={"content-length": "101"})))
         assert status == 413 and declared.taken == 0, (status, declared.taken)
         error = json.loads(body)["error"]
-        assert error["code"] == "body_too_large" and "100 bytes" in error["message"] and \
-            "--max-body-bytes" in error["message"], error
+        assert (
+            error["code"] == "body_too_large"
+            and "100 bytes" in error["message"]
+            and "--max-body-bytes" in error["message"]
+        ), error
         chunked = _Client([b"x" * 40] * 5)  # no Content-Length: refused once past 100, the rest unread
         status, body = await _send_response(await router(_request(chunked)))
         assert status == 413 and chunked.taken == 3 and json.loads(body)["error"]["code"] == "body_too_large"
@@ -699,7 +762,7 @@ def test_router_errors_in_process(caplog):
     async def run():
         router = _router(lambda request: _FakeCall(error=RuntimeError("secret internals at /srv/x")))
         with caplog.at_level(logging.INFO, logger="blockbatch.serve"):
-            status, _ = await _send_response(await router(_request(_Client([b"{\"mod"], disconnect=True))))
+            status, _ = await _send_response(await router(_request(_Client([b'{"mod'], disconnect=True))))
             assert status != 500 and router.engine.requests == []
             assert not [r for r in caplog.records if r.levelno > logging.INFO or r.exc_info], caplog.records
             status, body = await _send_response(await router(_request(_Client([b"{}"]))))
@@ -719,16 +782,24 @@ def test_router_drain_in_process():
 
     async def run():
         gate = asyncio.Event()
-        router = _router(lambda request: _FakeCall(_head(body=b"data: 1\n\n", more=True, stream=True),
-                                                   [b"data: 2\n\n", b"data: [DONE]\n\n"], gate=gate))
+        router = _router(
+            lambda request: _FakeCall(
+                _head(body=b"data: 1\n\n", more=True, stream=True), [b"data: 2\n\n", b"data: [DONE]\n\n"], gate=gate
+            )
+        )
         streamed = await router(_request(_Client([b"{}"])))
         sending = asyncio.ensure_future(_send_response(streamed))
         await asyncio.sleep(0.05)
         assert await router.drain() == 1
         status, body = await _send_response(await router(_request(_Client([b"{}"]))))
-        assert status == 503 and json.loads(body) == {"error": {
-            "message": "the server is shutting down: it takes no new requests", "type": "service_unavailable",
-            "param": None, "code": "shutting_down"}}, body
+        assert status == 503 and json.loads(body) == {
+            "error": {
+                "message": "the server is shutting down: it takes no new requests",
+                "type": "service_unavailable",
+                "param": None,
+                "code": "shutting_down",
+            }
+        }, body
         status, body = await _send_response(await router(_request(_Client([]), "/health", method="GET")))
         assert status == 503 and json.loads(body) == {"status": "draining", "requests": 1}
         assert await router.in_flight() == 1 and not sending.done()
@@ -737,8 +808,11 @@ def test_router_drain_in_process():
         assert status == 200 and body == b"data: 1\n\ndata: 2\n\ndata: [DONE]\n\n"
         assert await router.in_flight() == 0
         # The drain ran out: a stream still running is cancelled and told so.
-        router = _router(lambda request: _FakeCall(_head(body=b"data: 1\n\n", more=True, stream=True),
-                                                   [b"data: 2\n\n"], gate=asyncio.Event()))
+        router = _router(
+            lambda request: _FakeCall(
+                _head(body=b"data: 1\n\n", more=True, stream=True), [b"data: 2\n\n"], gate=asyncio.Event()
+            )
+        )
         sending = asyncio.ensure_future(_send_response(await router(_request(_Client([b"{}"])))))
         await asyncio.sleep(0.05)
         await router.drain()

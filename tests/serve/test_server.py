@@ -70,8 +70,10 @@ def chat_model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def server(chat_model, tmp_path_factory):
     """The toy with a chat template, served as "toy-chat" (its folder's name), with an API key."""
-    s = Server(["--model", str(chat_model), "--api-key", KEY, "--max-batch", "4"],
-               tmp_path_factory.mktemp("logs") / "server.log")
+    s = Server(
+        ["--model", str(chat_model), "--api-key", KEY, "--max-batch", "4"],
+        tmp_path_factory.mktemp("logs") / "server.log",
+    )
     yield s
     assert s.stop() == 0, s.log()
 
@@ -129,15 +131,21 @@ def test_completion_stream_equals_non_stream_and_engine(server, client, engine, 
     blockbatch, kw = CASES[case]
     model = "toy-chat"
     done = client.completions.create(model=model, prompt=PROMPT, extra_body={"blockbatch": blockbatch}, **kw)
-    chunks = list(client.completions.create(model=model, prompt=PROMPT, extra_body={"blockbatch": blockbatch},
-                                            stream=True, **kw))
+    chunks = list(
+        client.completions.create(model=model, prompt=PROMPT, extra_body={"blockbatch": blockbatch}, stream=True, **kw)
+    )
     sampling = {k: kw[k] for k in ("temperature", "seed") if k in kw}
-    text, tokens, reason, nfe, gen_length = _expected(engine, blockbatch, kw.get("max_tokens"), kw.get("stop", ()),
-                                                      **sampling)
+    text, tokens, reason, nfe, gen_length = _expected(
+        engine, blockbatch, kw.get("max_tokens"), kw.get("stop", ()), **sampling
+    )
     [choice] = done.choices
     assert (choice.text, choice.finish_reason) == (text, reason)
     assert done.object == "text_completion" and done.model == model
-    assert (done.usage.prompt_tokens, done.usage.completion_tokens, done.usage.total_tokens) == (33, tokens, 33 + tokens)
+    assert (done.usage.prompt_tokens, done.usage.completion_tokens, done.usage.total_tokens) == (
+        33,
+        tokens,
+        33 + tokens,
+    )
     assert done.model_extra["nfe"] == nfe and done.model_extra["blockbatch"]["gen_length"] == gen_length
 
     assert "".join(c.choices[0].text for c in chunks) == text
@@ -170,8 +178,10 @@ def test_chat_uses_the_template_and_streams_the_same(server, client, engine):
 
     # the template sees every message (here: concatenated), content parts included
     two = client.chat.completions.create(
-        model="toy-chat", max_completion_tokens=32,
-        messages=[{"role": "system", "content": "1"}, {"role": "user", "content": [{"type": "text", "text": PROMPT}]}])
+        model="toy-chat",
+        max_completion_tokens=32,
+        messages=[{"role": "system", "content": "1"}, {"role": "user", "content": [{"type": "text", "text": PROMPT}]}],
+    )
     assert two.usage.prompt_tokens == 34
 
 
@@ -180,18 +190,29 @@ def test_request_preset_sets_the_options_under_the_requests_own(server, client, 
     gen_length from max_tokens follows the preset's policy; the response names the preset."""
     default = client.completions.create(model="toy-chat", prompt=PROMPT, max_tokens=20)
     assert default.model_extra["blockbatch"]["policy"] == "dual" and "preset" not in default.model_extra["blockbatch"]
-    for request, gen_length in (({"preset": "blockbatch-paper"}, 32), ({"preset": "dual-fast-dllm"}, 32),
-                                ({"preset": "dual-fast-dllm", "block_length": 8, "threshold": 0.5}, 24),
-                                ({"preset": "blockbatch-paper", "block_sizes": [4, 8], "merge": False}, 24)):
-        done = client.completions.create(model="toy-chat", prompt=PROMPT, max_tokens=20,
-                                         extra_body={"blockbatch": request})
+    for request, gen_length in (
+        ({"preset": "blockbatch-paper"}, 32),
+        ({"preset": "dual-fast-dllm"}, 32),
+        ({"preset": "dual-fast-dllm", "block_length": 8, "threshold": 0.5}, 24),
+        ({"preset": "blockbatch-paper", "block_sizes": [4, 8], "merge": False}, 24),
+    ):
+        done = client.completions.create(
+            model="toy-chat", prompt=PROMPT, max_tokens=20, extra_body={"blockbatch": request}
+        )
         own = {k: v for k, v in request.items() if k != "preset"}
         options = presets.values(request["preset"], {**own, "gen_length": gen_length})
         text, tokens, reason, nfe, _ = _expected(engine, options, max_tokens=20)
         used = done.model_extra["blockbatch"]
-        assert (used["policy"], used["gen_length"], used["preset"]) == (options["policy"], gen_length, request["preset"])
+        assert (used["policy"], used["gen_length"], used["preset"]) == (
+            options["policy"],
+            gen_length,
+            request["preset"],
+        )
         assert (done.choices[0].text, done.usage.completion_tokens, done.choices[0].finish_reason) == (
-            text, tokens, reason)
+            text,
+            tokens,
+            reason,
+        )
         assert done.model_extra["nfe"] == nfe, request
 
 
@@ -200,13 +221,16 @@ def test_models_health_and_auth(server, client):
     assert httpx.get(server.url + "/health").json()["status"] == "ok"
     body = {"model": "toy-chat", "prompt": PROMPT}
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
-        for r in (httpx.post(server.url + "/v1/completions", json=body, headers=headers),
-                  httpx.get(server.url + "/v1/models", headers=headers)):
+        for r in (
+            httpx.post(server.url + "/v1/completions", json=body, headers=headers),
+            httpx.get(server.url + "/v1/models", headers=headers),
+        ):
             assert r.status_code == 401, r.text
             assert r.json()["error"]["type"] == "authentication_error"
     with pytest.raises(openai.AuthenticationError):
         OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).completions.create(
-            model="toy-chat", prompt=PROMPT)
+            model="toy-chat", prompt=PROMPT
+        )
     with pytest.raises(openai.NotFoundError) as e:
         client.completions.create(model="gpt-4", prompt=PROMPT)
     assert e.value.body["param"] == "model" and "toy-chat" in e.value.body["message"]
@@ -248,15 +272,20 @@ ERRORS = [  # (route, changes to a valid body, status, param)
     ("completions", {"blockbatch": {"gen_length": 480}}, 413, "prompt"),
     ("chat/completions", {"messages": None}, 400, "messages"),
     ("chat/completions", {"messages": [{"role": "user"}]}, 400, "messages[0].content"),
-    ("chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
-     "messages[0].content[0]"),
+    (
+        "chat/completions",
+        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        400,
+        "messages[0].content[0]",
+    ),
     ("chat/completions", {"messages": [{"role": "user", "content": "1a"}]}, 400, "messages"),
     ("chat/completions", {"max_tokens": 8, "max_completion_tokens": 8}, 400, "max_completion_tokens"),
 ]
 
 
-@pytest.mark.parametrize("route,change,status,param", ERRORS,
-                         ids=[f"{r}-{json.dumps(c)[:40]}" for r, c, _, _ in ERRORS])
+@pytest.mark.parametrize(
+    "route,change,status,param", ERRORS, ids=[f"{r}-{json.dumps(c)[:40]}" for r, c, _, _ in ERRORS]
+)
 def test_errors_have_openai_shape_and_name_the_field(server, route, change, status, param):
     body = {"model": "toy-chat", "max_tokens": 16}
     body.update({"prompt": PROMPT} if route == "completions" else {"messages": [{"role": "user", "content": PROMPT}]})
@@ -273,8 +302,11 @@ def test_errors_have_openai_shape_and_name_the_field(server, route, change, stat
 
 @pytest.mark.parametrize("raw", [b"{", b"[1, 2]", b"\xff\xfe", b'{"model": "toy-chat", "prompt": NaN, }'])
 def test_malformed_bodies_are_400(server, raw):
-    r = httpx.post(server.url + "/v1/completions", content=raw,
-                   headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    r = httpx.post(
+        server.url + "/v1/completions",
+        content=raw,
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+    )
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"], r.text
 
 
@@ -290,18 +322,28 @@ def test_disconnect_cancels_within_a_step_and_the_loop_stays_free(server, client
     stream.close()
     assert server.wait_idle(timeout=10) < 2.0
     after = server.metrics()
-    assert after['blockbatch_requests_total{status="cancelled"}'] - before.get(
-        'blockbatch_requests_total{status="cancelled"}', 0) == 1
+    assert (
+        after['blockbatch_requests_total{status="cancelled"}']
+        - before.get('blockbatch_requests_total{status="cancelled"}', 0)
+        == 1
+    )
     forwards = after["blockbatch_request_forwards_total"] - before["blockbatch_request_forwards_total"]
     assert 0 < forwards < 128, forwards  # cancelled well before its 256 forwards
 
     # a non-streamed request whose client gives up is cancelled too
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server.url + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=0.5,
-                   json={"model": "toy-chat", "prompt": PROMPT, "blockbatch": LONG})
+        httpx.post(
+            server.url + "/v1/completions",
+            headers={"Authorization": f"Bearer {KEY}"},
+            timeout=0.5,
+            json={"model": "toy-chat", "prompt": PROMPT, "blockbatch": LONG},
+        )
     assert server.wait_idle(timeout=10) < 2.0
     final = server.metrics()
-    assert final['blockbatch_requests_total{status="cancelled"}'] == after['blockbatch_requests_total{status="cancelled"}'] + 1
+    assert (
+        final['blockbatch_requests_total{status="cancelled"}']
+        == after['blockbatch_requests_total{status="cancelled"}'] + 1
+    )
     assert final["blockbatch_request_forwards_total"] - after["blockbatch_request_forwards_total"] < 128
 
 
@@ -342,13 +384,26 @@ def test_full_queue_gets_429_and_no_request_is_lost(small, engine):
 
     async def run():
         client = AsyncOpenAI(base_url=small.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
         async def one(stream: bool):
             if not stream:
-                return (await client.completions.create(model="blockbatch-toy", prompt=PROMPT,
-                                                        extra_body={"blockbatch": options})).choices[0].text
-            chunks = [c async for c in await client.completions.create(
-                model="blockbatch-toy", prompt=PROMPT, stream=True, extra_body={"blockbatch": options})]
+                return (
+                    (
+                        await client.completions.create(
+                            model="blockbatch-toy", prompt=PROMPT, extra_body={"blockbatch": options}
+                        )
+                    )
+                    .choices[0]
+                    .text
+                )
+            chunks = [
+                c
+                async for c in await client.completions.create(
+                    model="blockbatch-toy", prompt=PROMPT, stream=True, extra_body={"blockbatch": options}
+                )
+            ]
             return "".join(c.choices[0].text for c in chunks)
+
         try:
             return await asyncio.gather(*(one(i % 2 == 0) for i in range(n)), return_exceptions=True)
         finally:
@@ -364,15 +419,18 @@ def test_full_queue_gets_429_and_no_request_is_lost(small, engine):
     small.wait_idle()
     after = small.metrics()
     assert after['blockbatch_requests_total{status="429"}'] - before.get(
-        'blockbatch_requests_total{status="429"}', 0) == len(limited)
+        'blockbatch_requests_total{status="429"}', 0
+    ) == len(limited)
     assert after['blockbatch_requests_total{status="200"}'] - before.get(
-        'blockbatch_requests_total{status="200"}', 0) == len(texts)
+        'blockbatch_requests_total{status="200"}', 0
+    ) == len(texts)
 
 
 def test_chat_without_a_template_is_400(small):
     with pytest.raises(openai.BadRequestError) as e:
         OpenAI(base_url=small.url + "/v1", api_key="unused", max_retries=0).chat.completions.create(
-            model="blockbatch-toy", messages=[{"role": "user", "content": PROMPT}])
+            model="blockbatch-toy", messages=[{"role": "user", "content": PROMPT}]
+        )
     assert e.value.body["code"] == "no_chat_template" and e.value.body["param"] == "messages"
 
 
@@ -380,7 +438,7 @@ def _serve_example(page: str) -> str:
     """The Python block after the "serve example" marker of `page` (a path from the repository root)."""
     text = (ROOT / page).read_text(encoding="utf-8")
     marker = text.index("<!-- serve example:")
-    block = text[text.index("```python\n", marker) + len("```python\n"):]
+    block = text[text.index("```python\n", marker) + len("```python\n") :]
     return block[: block.index("```")]
 
 
@@ -404,8 +462,11 @@ def test_sigterm_drains_running_requests_then_exits_0(tmp_path, engine):
         result = {}
 
         def long_request():
-            r = httpx.post(s.url + "/v1/completions", timeout=60,
-                           json={"model": "blockbatch-toy", "prompt": PROMPT, "blockbatch": options})
+            r = httpx.post(
+                s.url + "/v1/completions",
+                timeout=60,
+                json={"model": "blockbatch-toy", "prompt": PROMPT, "blockbatch": options},
+            )
             result["status"], result["body"] = r.status_code, r.json()
 
         worker = threading.Thread(target=long_request)
@@ -453,21 +514,29 @@ def test_serve_preset_is_every_requests_default(preset_server, engine):
     assert "preset house" in preset_server.log()
 
     def check(request: dict, max_tokens: int | None, expected: dict, gen_length: int, name: str, **sampling):
-        done = client.completions.create(model="blockbatch-toy", prompt=PROMPT, max_tokens=max_tokens,
-                                         extra_body={"blockbatch": request} if request else None, **sampling)
-        text, tokens, reason, nfe, _ = _expected(engine, {**expected, "gen_length": gen_length}, max_tokens,
-                                                 **sampling)
+        done = client.completions.create(
+            model="blockbatch-toy",
+            prompt=PROMPT,
+            max_tokens=max_tokens,
+            extra_body={"blockbatch": request} if request else None,
+            **sampling,
+        )
+        text, tokens, reason, nfe, _ = _expected(engine, {**expected, "gen_length": gen_length}, max_tokens, **sampling)
         used = done.model_extra["blockbatch"]
         assert (used["policy"], used["gen_length"], used["preset"]) == (expected["policy"], gen_length, name)
         assert (done.choices[0].text, done.usage.completion_tokens, done.choices[0].finish_reason) == (
-            text, tokens, reason), request
+            text,
+            tokens,
+            reason,
+        ), request
         assert done.model_extra["nfe"] == nfe, request
 
     house = {k: tuple(v) if isinstance(v, list) else v for k, v in SERVER_PRESET.items()}
     check({}, 20, house, 48, "house")  # 20 rounded up to lcm(8, 16, 48)
     check({}, None, {**house, "block_sizes": (8, 16)}, 128, "house")  # the default 128: the sizes dividing it
-    check({"threshold": 0.9, "block_sizes": [8, 16]}, 20, {**house, "threshold": 0.9, "block_sizes": (8, 16)}, 32,
-          "house")
+    check(
+        {"threshold": 0.9, "block_sizes": [8, 16]}, 20, {**house, "threshold": 0.9, "block_sizes": (8, 16)}, 32, "house"
+    )
     check({}, 20, house, 48, "house", temperature=0.5, seed=2)
     check({"preset": "house", "merge_gate": 0.5}, 20, {**house, "merge_gate": 0.5}, 48, "house")
     dual = presets.values("dual-fast-dllm", gen_length=32)
@@ -512,16 +581,18 @@ def test_cli_serve_passes_the_preset_to_replicas(monkeypatch):
 def test_cli_refuses_bad_flags(capsys):
     from blockbatch.cli import main
 
-    for args, message in ((["--port", "70000"], "--port: must be in [0, 65535]"),
-                          (["--preset", "nope"], "error: --preset: unknown preset 'nope': the presets are"),
-                          (["--max-queue", "-1"], "--max-queue: must be >= 0"),
-                          (["--max-length", "100000"], "--max-length 100000: must be in [2, 512]"),
-                          # a KV pool no machine holds: one error line before anything starts (was a traceback)
-                          (["--max-batch", "1000000"], "error: --max-batch 1000000 / --max-length 512"),
-                          (["--kv-budget-bytes", "10"], "holds no KV row"),
-                          (["--max-body-bytes", "10"], "--max-body-bytes 10: must be at least 1024"),
-                          (["--allowed-hosts", "http://x/"], "--allowed-hosts: 'http://x/' is not a host name"),
-                          (["--api-key", "ключ"], "which an HTTP header cannot carry")):
+    for args, message in (
+        (["--port", "70000"], "--port: must be in [0, 65535]"),
+        (["--preset", "nope"], "error: --preset: unknown preset 'nope': the presets are"),
+        (["--max-queue", "-1"], "--max-queue: must be >= 0"),
+        (["--max-length", "100000"], "--max-length 100000: must be in [2, 512]"),
+        # a KV pool no machine holds: one error line before anything starts (was a traceback)
+        (["--max-batch", "1000000"], "error: --max-batch 1000000 / --max-length 512"),
+        (["--kv-budget-bytes", "10"], "holds no KV row"),
+        (["--max-body-bytes", "10"], "--max-body-bytes 10: must be at least 1024"),
+        (["--allowed-hosts", "http://x/"], "--allowed-hosts: 'http://x/' is not a host name"),
+        (["--api-key", "ключ"], "which an HTTP header cannot carry"),
+    ):
         try:
             status = main(["serve", *args])
         except SystemExit as e:  # argparse

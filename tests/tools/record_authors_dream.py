@@ -103,8 +103,14 @@ def _stub_transformers() -> None:
     tf.generation = gen
     gen.configuration_utils = cfg
     tf.utils = utils
-    sys.modules.update({"transformers": tf, "transformers.generation": gen,
-                        "transformers.generation.configuration_utils": cfg, "transformers.utils": utils})
+    sys.modules.update(
+        {
+            "transformers": tf,
+            "transformers.generation": gen,
+            "transformers.generation.configuration_utils": cfg,
+            "transformers.utils": utils,
+        }
+    )
 
 
 _attn_module = types.ModuleType("authors_dream_attention_stand_in")
@@ -146,10 +152,15 @@ class AuthorsDream:
     def __init__(self, ref: ReferenceModel):
         self.ref = ref
         c = ref.config
-        self.config = types.SimpleNamespace(mask_token_id=c.mask_token_id, eos_token_id=c.eos_token_id,
-                                            max_position_embeddings=c.max_sequence_length)
-        self.generation_config = types.SimpleNamespace(bos_token_id=c.bos_token_id, eos_token_id=c.eos_token_id,
-                                                       pad_token_id=c.pad_token_id, mask_token_id=c.mask_token_id)
+        self.config = types.SimpleNamespace(
+            mask_token_id=c.mask_token_id, eos_token_id=c.eos_token_id, max_position_embeddings=c.max_sequence_length
+        )
+        self.generation_config = types.SimpleNamespace(
+            bos_token_id=c.bos_token_id,
+            eos_token_id=c.eos_token_id,
+            pad_token_id=c.pad_token_id,
+            mask_token_id=c.mask_token_id,
+        )
         self.device = torch.device("cpu")
         self.model = types.SimpleNamespace(layers=[types.SimpleNamespace(self_attn=_AttentionStandIn())])
         self.forwards = 0
@@ -162,8 +173,18 @@ class AuthorsDream:
             kv[0, layer, 1, :, :n] = v[b].transpose(0, 1)
         return kv
 
-    def __call__(self, input_ids, attention_mask=None, tok_idx=None, past_key_values=None, use_cache=False,
-                 dual_cache=False, replace_position=None, position_ids=None, **kwargs):
+    def __call__(
+        self,
+        input_ids,
+        attention_mask=None,
+        tok_idx=None,
+        past_key_values=None,
+        use_cache=False,
+        dual_cache=False,
+        replace_position=None,
+        position_ids=None,
+        **kwargs,
+    ):
         assert attention_mask in (None, "full") and tok_idx is None and position_ids is None, "unexpected arguments"
         self.forwards += 1
         B, q = input_ids.shape
@@ -176,8 +197,10 @@ class AuthorsDream:
                 logits.append(self.ref.forward([input_ids[b]], [torch.arange(L)], kv, "full")[0])
                 ks.append(kv[0, :, 0].permute(0, 2, 1, 3))  # [layers, L, KVH, hd]
                 vs.append(kv[0, :, 1].permute(0, 2, 1, 3))
-            past = [(torch.stack([k[layer] for k in ks]), torch.stack([v[layer] for v in vs]))
-                    for layer in range(c.n_layers)]
+            past = [
+                (torch.stack([k[layer] for k in ks]), torch.stack([v[layer] for v in vs]))
+                for layer in range(c.n_layers)
+            ]
             return _Out(torch.stack(logits), past)
         if dual_cache:
             L = past_key_values[0][0].shape[1]
@@ -240,10 +263,19 @@ def main() -> None:
         if policy == "vanilla":
             model = Vanilla(ref)
             gc = vanilla.DreamGenerationConfig(
-                max_new_tokens=case["gen_length"], steps=case["steps"], alg=case["alg"], alg_temp=case.get("alg_temp"),
-                eps=case.get("eps", 1e-3), temperature=0.0, mask_token_id=cfg.mask_token_id,
-                eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id, bos_token_id=cfg.bos_token_id,
-                top_p=case.get("top_p"), top_k=case.get("top_k"))
+                max_new_tokens=case["gen_length"],
+                steps=case["steps"],
+                alg=case["alg"],
+                alg_temp=case.get("alg_temp"),
+                eps=case.get("eps", 1e-3),
+                temperature=0.0,
+                mask_token_id=cfg.mask_token_id,
+                eos_token_id=cfg.eos_token_id,
+                pad_token_id=cfg.pad_token_id,
+                bos_token_id=cfg.bos_token_id,
+                top_p=case.get("top_p"),
+                top_k=case.get("top_k"),
+            )
             torch.manual_seed(case.get("seed", 0))
             with contextlib.redirect_stdout(io.StringIO()):
                 out = model.diffusion_generate(prompt, generation_config=gc)
@@ -251,20 +283,38 @@ def main() -> None:
         elif policy in ("dual", "prefix"):
             model = Cached(ref)
             gc = block.DreamGenerationConfig(
-                max_new_tokens=case["gen_length"], steps=case["gen_length"], alg="confidence_threshold",
-                temperature=0.0, mask_token_id=cfg.mask_token_id, eos_token_id=cfg.eos_token_id,
-                pad_token_id=cfg.pad_token_id, bos_token_id=cfg.bos_token_id, top_p=case.get("top_p"),
-                top_k=case.get("top_k"))
-            out = model.diffusion_generate(prompt, generation_config=gc, threshold=case["threshold"],
-                                           block_length=case["block_length"], dual_cache=policy == "dual")
+                max_new_tokens=case["gen_length"],
+                steps=case["gen_length"],
+                alg="confidence_threshold",
+                temperature=0.0,
+                mask_token_id=cfg.mask_token_id,
+                eos_token_id=cfg.eos_token_id,
+                pad_token_id=cfg.pad_token_id,
+                bos_token_id=cfg.bos_token_id,
+                top_p=case.get("top_p"),
+                top_k=case.get("top_k"),
+            )
+            out = model.diffusion_generate(
+                prompt,
+                generation_config=gc,
+                threshold=case["threshold"],
+                block_length=case["block_length"],
+                dual_cache=policy == "dual",
+            )
             tokens, nfe, stats = out[0].tolist(), model.forwards, {}
         else:
             model = AuthorsDream(ref)
             out, nfe, raw = bulk.generate_block_batching(
-                model, prompt, gen_length=case["gen_length"], block_sizes=list(case["block_sizes"]),
-                mask_id=cfg.mask_token_id, threshold=case.get("threshold", 0.9),
-                refresh_block_size=case.get("refresh_tokens", 32), sync_threshold=case.get("sync_gap", 8),
-                stop_on_eos=case["stop_on_eos"])
+                model,
+                prompt,
+                gen_length=case["gen_length"],
+                block_sizes=list(case["block_sizes"]),
+                mask_id=cfg.mask_token_id,
+                threshold=case.get("threshold", 0.9),
+                refresh_block_size=case.get("refresh_tokens", 32),
+                sync_threshold=case.get("sync_gap", 8),
+                stop_on_eos=case["stop_on_eos"],
+            )
             assert nfe == model.forwards, (nfe, model.forwards)
             tokens = out[0].tolist()
             stats = {k: raw[k] for k in ("nfe_init", "nfe_block", "nfe_refresh", "final_block_size", "exit_reason")}
@@ -275,7 +325,7 @@ def main() -> None:
 
     fixture = {
         "source": "github.com/Laurence-Wu/BlockBatch dream/ (generation_utils.py, generation_utils_block.py, "
-                  "generate_blockBatching_original_bulk.py), run by tests/tools/record_authors_dream.py",
+        "generate_blockBatching_original_bulk.py), run by tests/tools/record_authors_dream.py",
         "authors_commit": commit,
         "torch": torch.__version__,
         "checkpoint": CHECKPOINT,

@@ -155,22 +155,42 @@ def unpack(text: str) -> list[int]:
     return [DIGITS.index(c) for c in text]
 
 
-RUN_FIELDS = ("tokens", "nfe", "nfe_winner", "forwards", "winner_block_size", "early_exit", "decoded", "merged",
-              "copied", "branch_forwards")
+RUN_FIELDS = (
+    "tokens",
+    "nfe",
+    "nfe_winner",
+    "forwards",
+    "winner_block_size",
+    "early_exit",
+    "decoded",
+    "merged",
+    "copied",
+    "branch_forwards",
+)
 
 
 def run_one(module, model: AuthorsModel, prompt: list[int], refresh: int) -> dict:
     """One decode; the authors' NFE counts the forwards the winning branch took part in."""
     s = SETTINGS
     x, nfe, stats = module.run_fused_block_batching_v2(
-        model, torch.tensor([prompt]), s["gen_length"], list(s["block_sizes"]), temperature=0.0,
-        mask_id=model.ref.config.mask_token_id, threshold=s["threshold"], sync_threshold=s["sync_threshold"],
-        conf_threshold=s["conf_threshold"], refresh_block_size=refresh)
+        model,
+        torch.tensor([prompt]),
+        s["gen_length"],
+        list(s["block_sizes"]),
+        temperature=0.0,
+        mask_id=model.ref.config.mask_token_id,
+        threshold=s["threshold"],
+        sync_threshold=s["sync_threshold"],
+        conf_threshold=s["conf_threshold"],
+        refresh_block_size=refresh,
+    )
     per = lambda key: [int(stats[key][b]) for b in sorted(s["block_sizes"])]  # noqa: E731
-    forwards = [sum(int(stats["nfe_per_block_size"][b][k]) for k in ("nfe_init", "nfe_block", "nfe_refresh"))
-                for b in sorted(s["block_sizes"])]
+    forwards = [
+        sum(int(stats["nfe_per_block_size"][b][k]) for k in ("nfe_init", "nfe_block", "nfe_refresh"))
+        for b in sorted(s["block_sizes"])
+    ]
     return {
-        "tokens": pack(x[0, len(prompt):].tolist()),
+        "tokens": pack(x[0, len(prompt) :].tolist()),
         "nfe": int(nfe),  # = nfe_init + nfe_block + nfe_refresh of the winner
         "nfe_winner": [int(stats["nfe_init"]), int(stats["nfe_block"]), int(stats["nfe_refresh"])],
         # forwards actually executed (a batched call is one): init, block steps, refreshes
@@ -178,16 +198,19 @@ def run_one(module, model: AuthorsModel, prompt: list[int], refresh: int) -> dic
         "winner_block_size": int(stats["final_block_size"]),
         "early_exit": stats["final_eos_position"] is not None,
         # per branch, by ascending block size
-        "decoded": per("tokens_decoded_per_block_size"), "merged": per("tokens_merged_per_block_size"),
-        "copied": per("tokens_copied_from_per_block_size"), "branch_forwards": forwards,
+        "decoded": per("tokens_decoded_per_block_size"),
+        "merged": per("tokens_merged_per_block_size"),
+        "copied": per("tokens_copied_from_per_block_size"),
+        "branch_forwards": forwards,
     }
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("authors_file", help="path of llada/generate_blockBatching_original_bulk.py")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "fixtures",
-                                                 "authors_refresh_toy.json"))
+    ap.add_argument(
+        "--out", default=os.path.join(os.path.dirname(__file__), "..", "fixtures", "authors_refresh_toy.json")
+    )
     ap.add_argument("--prompts", type=int, default=300)
     ap.add_argument("--refresh", type=int, nargs="+", default=list(REFRESH_TOKENS))
     args = ap.parse_args(argv)
@@ -207,7 +230,7 @@ def main(argv=None) -> None:
         print(f"refresh {refresh}: {len(prompts)} prompts in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     fixture = {
         "source": "Laurence-Wu/BlockBatch llada/generate_blockBatching_original_bulk.py "
-                  "(run_fused_block_batching_v2), EOS softmax bf16 cast removed; float32 CPU, toy checkpoint",
+        "(run_fused_block_batching_v2), EOS softmax bf16 cast removed; float32 CPU, toy checkpoint",
         "authors_file_sha256": digest,
         "settings": {**SETTINGS, "temperature": 0.0, "prob_floor": 0.1},
         "problems": {"seed": PROBLEM_SEED, "split": "test", "n": args.prompts},

@@ -106,8 +106,9 @@ def test_schema_argument_order_does_not_matter():
     """The op reads its options by name: the same call with the keywords in any order decodes the same."""
     e = blockbatch.Engine.from_pretrained()
     prompt = e.encode("72-2=__-3=__-3=__...............?")
-    kw = DecodeOptions(policy="blockbatch", gen_length=64, block_sizes=(8, 32), merge_gate=0.7,
-                       prob_floor=0.05).op_kwargs()
+    kw = DecodeOptions(
+        policy="blockbatch", gen_length=64, block_sizes=(8, 32), merge_gate=0.7, prob_floor=0.05
+    ).op_kwargs()
     a = torch.ops.blockbatch.decode(e.model.obj, prompt, **kw)
     b = torch.ops.blockbatch.decode(e.model.obj, prompt, **dict(reversed(list(kw.items()))))
     assert torch.equal(a[0], b[0]) and torch.equal(a[2], b[2])
@@ -136,11 +137,24 @@ def test_per_policy_default_is_resolved_alike_in_python_and_cpp():
         assert none[2].shape != other[2].shape  # the toy answer ends early: the EOS exit changes the NFE
 
 
-@pytest.mark.parametrize("name,value", [
-    ("gen_length", 0), ("threshold", 1.5), ("factor", -1.0), ("temperature", float("nan")), ("seed", -1),
-    ("merge_gate", 0.0), ("sync_gap", -2), ("refresh_tokens", 2**31), ("prob_floor", 0.5 ** 10),
-    ("timeout_s", -0.5), ("policy", "greedy"), ("refresh_mode", "never"), ("block_sizes", (4, -8)),
-])
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("gen_length", 0),
+        ("threshold", 1.5),
+        ("factor", -1.0),
+        ("temperature", float("nan")),
+        ("seed", -1),
+        ("merge_gate", 0.0),
+        ("sync_gap", -2),
+        ("refresh_tokens", 2**31),
+        ("prob_floor", 0.5**10),
+        ("timeout_s", -0.5),
+        ("policy", "greedy"),
+        ("refresh_mode", "never"),
+        ("block_sizes", (4, -8)),
+    ],
+)
 def test_python_and_cpp_give_the_same_message(name, value):
     kwargs = dict(policy="blockbatch") if contract.BY_NAME[name].policies == ("blockbatch",) else {}
     if name == "factor":
@@ -168,8 +182,22 @@ def test_cli_flags_are_the_table():
             assert isinstance(action, argparse.BooleanOptionalAction)
     args = parser.parse_args(["generate", "x"])
     assert DecodeOptions(**contract.values_from_args(args)) == DecodeOptions()
-    args = parser.parse_args(["generate", "--policy", "blockbatch", "--block-sizes", "8,32", "--no-merge",
-                              "--threshold", "none", "--prob-floor", "0.2", "--stop-on-eos", "x"])
+    args = parser.parse_args(
+        [
+            "generate",
+            "--policy",
+            "blockbatch",
+            "--block-sizes",
+            "8,32",
+            "--no-merge",
+            "--threshold",
+            "none",
+            "--prob-floor",
+            "0.2",
+            "--stop-on-eos",
+            "x",
+        ]
+    )
     got = contract.values_from_args(args)
     assert got["block_sizes"] == (8, 32) and got["merge"] is False and got["threshold"] is None
     assert got["prob_floor"] == 0.2 and got["stop_on_eos"] is True
@@ -177,8 +205,10 @@ def test_cli_flags_are_the_table():
 
 def test_bench_and_lm_eval_specs_take_every_option():
     assert set(SPEC_OPTIONS) == set(contract.NAMES) - {"policy", "gen_length"}
-    kw = policy_kwargs("blockbatch:block_sizes=8/32,merge=false,refresh_mode=divergence,stop_on_eos=none,"
-                       "timeout_s=2.5,cuda_graphs=0", 64)
+    kw = policy_kwargs(
+        "blockbatch:block_sizes=8/32,merge=false,refresh_mode=divergence,stop_on_eos=none,timeout_s=2.5,cuda_graphs=0",
+        64,
+    )
     assert kw["block_sizes"] == (8, 32) and kw["merge"] is False and kw["refresh_mode"] == "divergence"
     assert kw["stop_on_eos"] is None and kw["timeout_s"] == 2.5 and kw["cuda_graphs"] is False
     DecodeOptions(**kw)
@@ -205,12 +235,13 @@ def test_bench_binary_takes_the_table_options():
     text = run("--help").stdout
     for o in contract.OPTIONS:
         assert o.flag in text, o.name
-    for args, message in [(["--merge-gate", "2"], "merge_gate must be in (0, 1], got 2"),
-                          (["--refresh-mode", "never"], "refresh_mode must be one of 'periodic', 'divergence', "
-                                                        "got 'never'"),
-                          (["--sync-gap", "x"], "sync_gap: expected an integer, got 'x'"),
-                          (["--policy", "dual", "--steps", "8"], "--steps is used only by the fixed schedule"),
-                          (["--colour", "red"], "unknown argument '--colour'")]:
+    for args, message in [
+        (["--merge-gate", "2"], "merge_gate must be in (0, 1], got 2"),
+        (["--refresh-mode", "never"], "refresh_mode must be one of 'periodic', 'divergence', got 'never'"),
+        (["--sync-gap", "x"], "sync_gap: expected an integer, got 'x'"),
+        (["--policy", "dual", "--steps", "8"], "--steps is used only by the fixed schedule"),
+        (["--colour", "red"], "unknown argument '--colour'"),
+    ]:
         bad = run("--model", "x", "--prompts", "y", *args)
         assert bad.returncode == 2 and message in bad.stderr, (args, bad.stderr)
 
@@ -219,11 +250,17 @@ def test_one_config_validator():
     """ModelConfig.validate runs the C++ validator: the same rules and message as the engine's."""
     config = blockbatch.Engine.from_pretrained().config
     bad = dataclasses.replace(config, eos_token_id=config.mask_token_id)
-    with pytest.raises(CheckpointError, match=rf"^config: key 'eos_token_id' = {config.mask_token_id} equals "
-                                              "mask_token_id$"):
+    with pytest.raises(
+        CheckpointError,
+        match=rf"^config: key 'eos_token_id' = {config.mask_token_id} equals "
+        "mask_token_id$",
+    ):
         bad.validate()
-    with pytest.raises(ValueError, match=rf"^config: key 'eos_token_id' = {config.mask_token_id} equals "
-                                         "mask_token_id$"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^config: key 'eos_token_id' = {config.mask_token_id} equals "
+        "mask_token_id$",
+    ):
         torch.ops.blockbatch.check_config(bad.int_fields(), bad.float_fields())
     from blockbatch import config as config_module
 

@@ -23,16 +23,35 @@ from blockbatch.native import NativeModel
 from helpers.bb_forward import assert_forward_matches
 
 BIN_DIR = os.path.join(os.path.dirname(blockbatch.__file__), "bin")
-ENV = {**os.environ, "OMP_NUM_THREADS": "1",
-       "LD_LIBRARY_PATH": os.pathsep.join(p for p in (os.environ.get("LD_LIBRARY_PATH"),
-                                                      os.path.join(os.path.dirname(torch.__file__), "lib")) if p)}
-CONFIG_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden_size", "vocab_size", "embedding_size",
-                 "mask_token_id", "eos_token_id", "max_sequence_length")
+ENV = {
+    **os.environ,
+    "OMP_NUM_THREADS": "1",
+    "LD_LIBRARY_PATH": os.pathsep.join(
+        p for p in (os.environ.get("LD_LIBRARY_PATH"), os.path.join(os.path.dirname(torch.__file__), "lib")) if p
+    ),
+}
+CONFIG_FIELDS = (
+    "d_model",
+    "n_layers",
+    "n_heads",
+    "n_kv_heads",
+    "mlp_hidden_size",
+    "vocab_size",
+    "embedding_size",
+    "mask_token_id",
+    "eos_token_id",
+    "max_sequence_length",
+)
 
 
 def bb_forward(path, *args):
-    return subprocess.run([os.path.join(BIN_DIR, "bb_forward"), "--model", str(path), "--iters", "1", *map(str, args)],
-                          capture_output=True, text=True, timeout=120, env=ENV)
+    return subprocess.run(
+        [os.path.join(BIN_DIR, "bb_forward"), "--model", str(path), "--iters", "1", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=ENV,
+    )
 
 
 def read_config_line(stdout):
@@ -66,8 +85,9 @@ def edit_json(path, **changes):
 # --------------------------------------------------------------------------- reading
 
 
-@pytest.mark.parametrize("overrides", [dict(), dict(weight_tying=True, n_kv_heads=1, n_layers=3)],
-                         ids=["gqa", "tied-mqa"])
+@pytest.mark.parametrize(
+    "overrides", [dict(), dict(weight_tying=True, n_kv_heads=1, n_layers=3)], ids=["gqa", "tied-mqa"]
+)
 def test_reads_a_dream_checkpoint(tmp_path, overrides):
     config = make_random_checkpoint(tmp_path, seed=1, **overrides, family="dream")
     with open(tmp_path / "config.json") as f:
@@ -116,9 +136,23 @@ def test_bench_decode_loads_a_dream_checkpoint(tmp_path):
     make_random_checkpoint(tmp_path / "ckpt", seed=3, family="dream")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt_ids": [1, 2, 3]}\n')
-    res = subprocess.run([os.path.join(BIN_DIR, "bb_bench_decode"), "--model", str(tmp_path / "ckpt"), "--prompts",
-                          str(prompts), "--gen-length", "8", "--block-sizes", "4,8"], capture_output=True, text=True,
-                         timeout=120, env=ENV)
+    res = subprocess.run(
+        [
+            os.path.join(BIN_DIR, "bb_bench_decode"),
+            "--model",
+            str(tmp_path / "ckpt"),
+            "--prompts",
+            str(prompts),
+            "--gen-length",
+            "8",
+            "--block-sizes",
+            "4,8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=ENV,
+    )
     assert read_config_line(res.stdout)["family"] == "dream", res.stdout + res.stderr
     # Until the native decode loop runs Dream it refuses the model by name, after the reader read it.
     assert res.returncode == 0 or "native decode loop does not run the dream family" in res.stderr, res.stderr
@@ -126,8 +160,9 @@ def test_bench_decode_loads_a_dream_checkpoint(tmp_path):
 
 def test_help_says_both_families():
     for name in ("bb_forward", "bb_bench_decode"):
-        res = subprocess.run([os.path.join(BIN_DIR, name), "--help"], capture_output=True, text=True, timeout=60,
-                             env=ENV)
+        res = subprocess.run(
+            [os.path.join(BIN_DIR, name), "--help"], capture_output=True, text=True, timeout=60, env=ENV
+        )
         assert res.returncode == 0 and "LLaDA or Dream" in res.stdout, name
 
 
@@ -145,19 +180,24 @@ def _cpp_error(path):
     assert res.returncode == 1, res.stdout
     lines = [l for l in res.stderr.splitlines() if l.startswith("error: ")]
     assert len(lines) == 1, res.stderr
-    return lines[0][len("error: "):]
+    return lines[0][len("error: ") :]
 
 
-@pytest.mark.parametrize("changes,message", [
-    (dict(num_key_value_heads=3),
-     "key 'num_key_value_heads' = 3 must divide num_attention_heads = 4 (grouped-query attention)"),
-    (dict(mask_token_id=500), "key 'mask_token_id' = 500 is outside the vocabulary [0, 97)"),
-    (dict(mask_token_id=-1), "key 'mask_token_id' = -1 is outside the vocabulary [0, 97)"),
-    (dict(hidden_size=66), "key 'hidden_size' = 66 is not a multiple of num_attention_heads = 4"),
-    (dict(pad_token_id=97), "key 'pad_token_id' = 97 is outside the vocabulary [0, 97)"),
-    (dict(eos_token_id=[]), "key 'eos_token_id' must be an integer or a non-empty list of integers"),
-    (dict(num_attention_heads=None), "required key 'num_attention_heads' is missing"),
-])
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        (
+            dict(num_key_value_heads=3),
+            "key 'num_key_value_heads' = 3 must divide num_attention_heads = 4 (grouped-query attention)",
+        ),
+        (dict(mask_token_id=500), "key 'mask_token_id' = 500 is outside the vocabulary [0, 97)"),
+        (dict(mask_token_id=-1), "key 'mask_token_id' = -1 is outside the vocabulary [0, 97)"),
+        (dict(hidden_size=66), "key 'hidden_size' = 66 is not a multiple of num_attention_heads = 4"),
+        (dict(pad_token_id=97), "key 'pad_token_id' = 97 is outside the vocabulary [0, 97)"),
+        (dict(eos_token_id=[]), "key 'eos_token_id' must be an integer or a non-empty list of integers"),
+        (dict(num_attention_heads=None), "required key 'num_attention_heads' is missing"),
+    ],
+)
 def test_bad_dream_config_same_message_as_python(tmp_path, changes, message):
     make_random_checkpoint(tmp_path, family="dream")
     edit_json(tmp_path / "config.json", **changes)
@@ -184,24 +224,35 @@ def test_missing_mask_id_names_both_files(tmp_path):
     make_random_checkpoint(tmp_path, family="dream")
     edit_json(tmp_path / "config.json", mask_token_id=None)
     edit_json(tmp_path / "generation_config.json", mask_token_id=None)
-    message = (os.path.join(str(tmp_path), "config.json") + ": required key 'mask_token_id' is missing "
-               "(from config.json and generation_config.json)")
+    message = (
+        os.path.join(str(tmp_path), "config.json") + ": required key 'mask_token_id' is missing "
+        "(from config.json and generation_config.json)"
+    )
     assert _cpp_error(tmp_path) == message == _python_error(tmp_path)
     edit_json(tmp_path / "generation_config.json", mask_token_id=500)  # read from there, and checked
     assert "key 'mask_token_id' = 500 is outside the vocabulary [0, 97)" in _cpp_error(tmp_path)
 
 
-@pytest.mark.parametrize("changes,pattern", [
-    (dict(num_hidden_layers=10**8), r"config.json: key 'num_hidden_layers' = 100000000 is larger than the supported "
-                                    r"maximum 65536"),
-    (dict(num_hidden_layers=1000), r"config.json: key 'num_hidden_layers' = 1000 needs 12003 tensors but the weight "
-                                   r"files hold 27"),
-    (dict(max_position_embeddings=10**12), r"config.json: key 'max_position_embeddings' = 1000000000000 is larger"),
-    (dict(intermediate_size=0), r"config.json: key 'intermediate_size' must be a positive integer, got 0"),
-    (dict(tie_word_embeddings="false"), r"config.json: key 'tie_word_embeddings' must be true or false"),
-    (dict(eos_token_id=96), r"config.json: key 'eos_token_id' = 96 equals mask_token_id"),
-    (dict(model_type="dream"), r"config.json: key 'model_type' must be \"llada\" or \"Dream\""),
-])
+@pytest.mark.parametrize(
+    "changes,pattern",
+    [
+        (
+            dict(num_hidden_layers=10**8),
+            r"config.json: key 'num_hidden_layers' = 100000000 is larger than the supported "
+            r"maximum 65536",
+        ),
+        (
+            dict(num_hidden_layers=1000),
+            r"config.json: key 'num_hidden_layers' = 1000 needs 12003 tensors but the weight "
+            r"files hold 27",
+        ),
+        (dict(max_position_embeddings=10**12), r"config.json: key 'max_position_embeddings' = 1000000000000 is larger"),
+        (dict(intermediate_size=0), r"config.json: key 'intermediate_size' must be a positive integer, got 0"),
+        (dict(tie_word_embeddings="false"), r"config.json: key 'tie_word_embeddings' must be true or false"),
+        (dict(eos_token_id=96), r"config.json: key 'eos_token_id' = 96 equals mask_token_id"),
+        (dict(model_type="dream"), r"config.json: key 'model_type' must be \"llada\" or \"Dream\""),
+    ],
+)
 def test_bad_dream_config_names_the_qwen2_key(tmp_path, changes, pattern):
     make_random_checkpoint(tmp_path, family="dream")
     edit_json(tmp_path / "config.json", **changes)
@@ -215,8 +266,9 @@ def test_missing_bias_names_the_tensor_and_file(tmp_path, shards):
     del weights["model.layers.1.self_attn.k_proj.bias"]
     save_checkpoint(tmp_path, config, weights, max_shard_bytes=shards)
     listing = os.path.join(str(tmp_path), INDEX_NAME if shards else WEIGHTS_NAME)
-    assert _cpp_error(tmp_path) == (f"{listing}: tensor 'model.layers.1.self_attn.k_proj.bias' is missing "
-                                    "(Dream's q/k/v projections carry biases)")
+    assert _cpp_error(tmp_path) == (
+        f"{listing}: tensor 'model.layers.1.self_attn.k_proj.bias' is missing (Dream's q/k/v projections carry biases)"
+    )
     assert "tensor 'model.layers.1.self_attn.k_proj.bias' is missing" in _python_error(tmp_path)
 
 
@@ -225,13 +277,19 @@ def test_bad_dream_tensors(tmp_path):
     weights = random_weights(config)
     weights["model.layers.0.self_attn.o_proj.bias"] = torch.zeros(config.d_model)  # Qwen2's o_proj has none
     save_checkpoint(tmp_path / "extra", config, weights)
-    assert re.search(r"model.safetensors: unexpected tensor 'model.layers.0.self_attn.o_proj.bias' \(not part of a "
-                     r"Dream model with this config\)", _cpp_error(tmp_path / "extra"))
+    assert re.search(
+        r"model.safetensors: unexpected tensor 'model.layers.0.self_attn.o_proj.bias' \(not part of a "
+        r"Dream model with this config\)",
+        _cpp_error(tmp_path / "extra"),
+    )
     weights = random_weights(config)
     weights["model.layers.0.self_attn.q_proj.bias"] = torch.zeros(config.d_model + 1)
     save_checkpoint(tmp_path / "shape", config, weights)
-    assert re.search(r"model.safetensors: tensor 'model.layers.0.self_attn.q_proj.bias' has shape \[65\], "
-                     r"expected \[64\]", _cpp_error(tmp_path / "shape"))
+    assert re.search(
+        r"model.safetensors: tensor 'model.layers.0.self_attn.q_proj.bias' has shape \[65\], "
+        r"expected \[64\]",
+        _cpp_error(tmp_path / "shape"),
+    )
     # LLaDA names in a Dream folder: the Dream names are what is asked for.
     llada = random_config()
     save_checkpoint(tmp_path / "mixed", config, random_weights(llada))

@@ -106,7 +106,9 @@ def test_readme_starts_with_the_two_commands():
     first, second = blocks[:2]
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert readme.startswith(f"# BlockBatch\n\n```bash\n{first}\n```\n\n```bash\n{second}\n```\n")
-    assert first.endswith('blockbatch generate --policy blockbatch --gen-length 128 "72-2=__-3=__-3=__...............?"')
+    assert first.endswith(
+        'blockbatch generate --policy blockbatch --gen-length 128 "72-2=__-3=__-3=__...............?"'
+    )
     assert second.endswith("python -m pytest -q tests")
     assert second in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     index = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
@@ -114,15 +116,26 @@ def test_readme_starts_with_the_two_commands():
     assert len(readme.splitlines()) <= 200, "README.md is the front page: 200 lines at most, the rest goes in docs/"
 
 
-@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("mkdocs", "material", "mkdocstrings_handlers.python")),
-                    reason="mkdocs, mkdocs-material or mkdocstrings[python] is not installed "
-                           "(pip install mkdocs mkdocs-material \"mkdocstrings[python]\")")
+@pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("mkdocs", "material", "mkdocstrings_handlers.python")),
+    reason="mkdocs, mkdocs-material or mkdocstrings[python] is not installed "
+    '(pip install mkdocs mkdocs-material "mkdocstrings[python]")',
+)
 def test_mkdocs_build_strict(tmp_path):
     """The site builds with --strict: a broken link or anchor, a page missing from the nav or an API
     reference that does not resolve fails (what .ci/run's lint step runs)."""
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-6000:]
-    assert (tmp_path / "site" / "python-api" / "index.html").read_text(encoding="utf-8").count('id="blockbatch.Engine') > 1
+    assert (tmp_path / "site" / "python-api" / "index.html").read_text(encoding="utf-8").count(
+        'id="blockbatch.Engine'
+    ) > 1
     assert (tmp_path / "site" / "bench" / "soak.png").exists()

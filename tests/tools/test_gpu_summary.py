@@ -25,13 +25,23 @@ def test_verdicts(tmp_path):
     """gpu_check.sh runs each candidate's tests in a process of its own: the verdicts read every file."""
     (tmp_path / "candidate_tests_gemm.xml").write_text(GEMM_XML)
     (tmp_path / "candidate_tests_pdl.xml").write_text(PDL_XML)
-    step = {"step": "single-32", "L": 512, "default_replay_ms": 5.0, "stream_replay_ms": 4.5,
-            "staged_replay_ms": 4.0, "rope_vec_replay_ms": 5.02, "pdl_replay_ms": 5.2}
-    big = {"step": "blockbatch-6", "L": 512, "default_replay_ms": 8.0, "rope_vec_replay_ms": 7.9,
-           "pdl_replay_ms": 7.0}
+    step = {
+        "step": "single-32",
+        "L": 512,
+        "default_replay_ms": 5.0,
+        "stream_replay_ms": 4.5,
+        "staged_replay_ms": 4.0,
+        "rope_vec_replay_ms": 5.02,
+        "pdl_replay_ms": 5.2,
+    }
+    big = {"step": "blockbatch-6", "L": 512, "default_replay_ms": 8.0, "rope_vec_replay_ms": 7.9, "pdl_replay_ms": 7.0}
     (tmp_path / "bench_gpu_candidates.json").write_text(json.dumps({"results": [step, big]}))
-    tests = {"stream": ("stream_linear",), "staged": ("stream_linear",), "rope_vec": ("rope_kv_write_cuda",),
-             "pdl": ("pdl_variable",)}  # a table of four candidates (the verdicts read any)
+    tests = {
+        "stream": ("stream_linear",),
+        "staged": ("stream_linear",),
+        "rope_vec": ("rope_kv_write_cuda",),
+        "pdl": ("pdl_variable",),
+    }  # a table of four candidates (the verdicts read any)
     lines = {line.split(":")[0].strip(): line for line in gpu_summary.verdicts(str(tmp_path), tests)[1:]}
     assert "make the default" in lines["stream"] and "single-32 L512: 0.900" in lines["stream"]
     assert "tests FAIL" in lines["staged"] and "dtype0-staged" in lines["staged"]  # the stream id is not its failure
@@ -41,13 +51,15 @@ def test_verdicts(tmp_path):
 
 def test_verdicts_without_files(tmp_path):
     assert gpu_summary.verdicts(str(tmp_path), {"pdl": ("pdl_variable",)}) == [
-        "verdicts: candidate_tests*.xml or bench_gpu_candidates.json missing"]
+        "verdicts: candidate_tests*.xml or bench_gpu_candidates.json missing"
+    ]
 
 
 def test_verdicts_without_candidates(tmp_path, capsys, monkeypatch):
     """A table with no kernel candidates left (today's): the summary says so and does not crash."""
     assert gpu_summary.verdicts(str(tmp_path), {}) == [
-        "verdicts: no kernel candidates left in the settings table (python/blockbatch/settings.py)"]
+        "verdicts: no kernel candidates left in the settings table (python/blockbatch/settings.py)"
+    ]
     monkeypatch.setattr(gpu_summary, "CANDIDATE_TESTS", {})
     assert gpu_summary.main([str(tmp_path)]) == 0
     assert "verdicts: no kernel candidates left" in capsys.readouterr().out
@@ -68,12 +80,33 @@ def test_dream_benchmark_smoke_run_and_summary(tmp_path):
     import subprocess
     import sys
 
-    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu_dream.py"), "--out", str(tmp_path),
-                          "--shape", "tiny", "--device", "cpu", "--repeats", "1", "--gen-length", "64",
-                          "--decodes", "1"], capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "bench_gpu_dream.py"),
+            "--out",
+            str(tmp_path),
+            "--shape",
+            "tiny",
+            "--device",
+            "cpu",
+            "--repeats",
+            "1",
+            "--gen-length",
+            "64",
+            "--decodes",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     data = json.loads((tmp_path / "bench_gpu_dream.json").read_text())
-    assert data["models"]["dream"]["bb_step_query_tokens"] == 124 and data["models"]["llada"]["bb_step_query_tokens"] == 252
+    assert (
+        data["models"]["dream"]["bb_step_query_tokens"] == 124
+        and data["models"]["llada"]["bb_step_query_tokens"] == 252
+    )
     assert {"dual", "blockbatch"} <= data["models"]["dream"]["decode"].keys()
     assert (tmp_path / "bench_gpu_dream.png").stat().st_size > 0
     lines = gpu_summary.dream(str(tmp_path / "bench_gpu_dream.json"))
@@ -87,9 +120,27 @@ def test_batch_benchmark_smoke_run_and_summary(tmp_path):
     import sys
 
     out = tmp_path / "bench_batch_llada8b.json"
-    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_batch.py"), "--model", "llada-tiny",
-                          "--n", "3", "--batches", "1,3", "--policies", "dual", "--gen-length", "32", "--out", str(out)],
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "bench_batch.py"),
+            "--model",
+            "llada-tiny",
+            "--n",
+            "3",
+            "--batches",
+            "1,3",
+            "--policies",
+            "dual",
+            "--gen-length",
+            "32",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     data = json.loads(out.read_text())
     assert data["model"] == "random-llada-tiny" and data["dtype"] == "float32" and data["device"] == "cpu"

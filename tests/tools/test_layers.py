@@ -41,11 +41,19 @@ def test_the_check_fails_on_an_upward_include(tmp_path):
     _write(tmp_path, "csrc/kernels/cpu/x.cpp", '#include "ops/checks.h"\n')
     _write(tmp_path, "csrc/io/checkpoint.cpp", '#include "model/model.h"\n#include "decode/decode.h"\n')
     _write(tmp_path, "csrc/torch/bindings.cpp", '#include <torch/library.h>\n#include "decode/decode.h"\n')
-    _write(tmp_path, "benchmarks/cpp/bb_x.cpp", '#include "common.h"\n#include "decode/decode.h"\n'
-                                                '#include "torch/model_handle.h"\n')
+    _write(
+        tmp_path,
+        "benchmarks/cpp/bb_x.cpp",
+        '#include "common.h"\n#include "decode/decode.h"\n#include "torch/model_handle.h"\n',
+    )
     found = {(v.path, v.line): v.rule for v in _checker().check_tree(tmp_path)}
-    assert set(found) == {("csrc/model/model.h", 3), ("csrc/decode/step.cpp", 3), ("csrc/kernels/cpu/x.cpp", 1),
-                          ("csrc/io/checkpoint.cpp", 2), ("benchmarks/cpp/bb_x.cpp", 3)}, found
+    assert set(found) == {
+        ("csrc/model/model.h", 3),
+        ("csrc/decode/step.cpp", 3),
+        ("csrc/kernels/cpu/x.cpp", 1),
+        ("csrc/io/checkpoint.cpp", 2),
+        ("benchmarks/cpp/bb_x.cpp", 3),
+    }, found
     assert "only csrc/torch/ may include <torch/custom_class.h>" in found[("csrc/model/model.h", 3)]
     assert "csrc/decode must not include csrc/torch" in found[("csrc/decode/step.cpp", 3)]
     assert "csrc/kernels must not include csrc/ops" in found[("csrc/kernels/cpu/x.cpp", 1)]
@@ -55,11 +63,13 @@ def test_the_check_fails_on_an_upward_include(tmp_path):
     assert 'csrc/decode/step.cpp:3: #  include "torch/ops.h"' in r.stdout
     assert "5 include(s) point up a layer" in r.stderr
 
-    for rel, text in [("csrc/model/model.h", '#pragma once\n#include "ops/ops.h"\n'),
-                      ("csrc/decode/step.cpp", '#include "model/network.h"\n'),
-                      ("csrc/kernels/cpu/x.cpp", '#include "kernels/cpu/kernels.h"\n'),
-                      ("csrc/io/checkpoint.cpp", '#include "model/model.h"\n'),
-                      ("benchmarks/cpp/bb_x.cpp", '#include "common.h"\n#include "decode/decode.h"\n')]:
+    for rel, text in [
+        ("csrc/model/model.h", '#pragma once\n#include "ops/ops.h"\n'),
+        ("csrc/decode/step.cpp", '#include "model/network.h"\n'),
+        ("csrc/kernels/cpu/x.cpp", '#include "kernels/cpu/kernels.h"\n'),
+        ("csrc/io/checkpoint.cpp", '#include "model/model.h"\n'),
+        ("benchmarks/cpp/bb_x.cpp", '#include "common.h"\n#include "decode/decode.h"\n'),
+    ]:
         _write(tmp_path, rel, text)
     assert _checker().check_tree(tmp_path) == []
     r = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True)

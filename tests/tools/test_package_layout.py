@@ -50,8 +50,11 @@ def _imports(name: str, path: pathlib.Path, modules: dict) -> list[tuple[str, li
 
 
 def test_no_module_is_a_god_file():
-    long = {name: n for name, path in _modules().items()
-            if ".reference" not in name and (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    long = {
+        name: n
+        for name, path in _modules().items()
+        if ".reference" not in name and (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
     assert not long, f"modules over {MAX_LINES} lines (split them by job): {long}"
 
 
@@ -68,7 +71,7 @@ def test_no_import_circle():
         state[node] = 1
         for nxt in graph[node]:
             if state.get(nxt) == 1:
-                circles.append(stack[stack.index(nxt):] + [nxt])
+                circles.append(stack[stack.index(nxt) :] + [nxt])
             elif nxt not in state:
                 visit(nxt, stack + [nxt])
         state[node] = 2
@@ -81,15 +84,31 @@ def test_no_import_circle():
 
 def test_private_names_stay_in_their_module():
     modules = _modules()
-    leaks = [f"{path.relative_to(ROOT)}:{line} takes {n} from {target}"
-             for name, path in modules.items() for target, names, line in _imports(name, path, modules)
-             for n in names if n.startswith("_") and not n.startswith("__")
-             and target != "blockbatch._C_loader" and not target.startswith(name.rpartition(".")[0] + "._")]
+    leaks = [
+        f"{path.relative_to(ROOT)}:{line} takes {n} from {target}"
+        for name, path in modules.items()
+        for target, names, line in _imports(name, path, modules)
+        for n in names
+        if n.startswith("_")
+        and not n.startswith("__")
+        and target != "blockbatch._C_loader"
+        and not target.startswith(name.rpartition(".")[0] + "._")
+    ]
     assert not leaks, "\n".join(leaks)
 
 
-@pytest.mark.parametrize("gone", ["gen_contract.py", "random_branch_state.py", "toy/train.py", "server.py",
-                                  "ray_serve.py", "cli.py", "dream_checkpoint.py"])
+@pytest.mark.parametrize(
+    "gone",
+    [
+        "gen_contract.py",
+        "random_branch_state.py",
+        "toy/train.py",
+        "server.py",
+        "ray_serve.py",
+        "cli.py",
+        "dream_checkpoint.py",
+    ],
+)
 def test_tools_and_helpers_are_outside_the_package(gone):
     assert not (PACKAGE / gone).exists()
 

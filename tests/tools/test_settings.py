@@ -32,7 +32,9 @@ def cpp_reads() -> dict[str, dict]:
 
 def test_cpp_reads_agree_with_the_table():
     reads = cpp_reads()
-    assert {"BLOCKBATCH_ATTN_KERNEL", "BLOCKBATCH_ATTN_SPLITS", "BLOCKBATCH_CUDA_BATCHING"} <= set(reads)  # the scan finds them
+    assert {"BLOCKBATCH_ATTN_KERNEL", "BLOCKBATCH_ATTN_SPLITS", "BLOCKBATCH_CUDA_BATCHING"} <= set(
+        reads
+    )  # the scan finds them
     text = OPS_CUDA.read_text()
     calls = len(re.findall(r"\benv_(?:choice|int)\(\s*\"", text))
     assert calls == len(reads), "an env_choice / env_int call the scan does not parse"
@@ -40,7 +42,9 @@ def test_cpp_reads_agree_with_the_table():
     assert set(reads) == set(runtime), "ops/cuda/settings.cpp and the table list different runtime variables"
     for name, read in reads.items():
         s = runtime[name]
-        assert read["default"] == s.default, f"{name}: ops/cuda/settings.cpp's default {read['default']} != the table's {s.default}"
+        assert read["default"] == s.default, (
+            f"{name}: ops/cuda/settings.cpp's default {read['default']} != the table's {s.default}"
+        )
         if "choices" in read:
             assert s.kind in ("choice", "bool") and read["choices"] == s.choices, name
         else:
@@ -113,17 +117,29 @@ def test_promoting_a_candidate_drops_it_everywhere(monkeypatch):
     rope = settings.get("BLOCKBATCH_ROPE_KERNEL")
     trial = dataclasses.replace(rope, status="candidate", candidates=("scalar",))
     monkeypatch.setitem(settings.BY_NAME, "BLOCKBATCH_ROPE_KERNEL", trial)
-    monkeypatch.setattr(settings, "CANDIDATES", (settings.Candidate(
-        "rope_scalar", {"BLOCKBATCH_ROPE_KERNEL": "scalar"}, "pair RoPE", ("rope_kv_write_cuda",), "rope"),))
+    monkeypatch.setattr(
+        settings,
+        "CANDIDATES",
+        (
+            settings.Candidate(
+                "rope_scalar", {"BLOCKBATCH_ROPE_KERNEL": "scalar"}, "pair RoPE", ("rope_kv_write_cuda",), "rope"
+            ),
+        ),
+    )
     monkeypatch.setattr(settings, "TEST_GROUPS", (("rope", "rope_kv_write_cuda"),))
-    assert settings.candidates() == {"rope_scalar": {"BLOCKBATCH_ROPE_KERNEL": "scalar"},
-                                     "all": {"BLOCKBATCH_ROPE_KERNEL": "scalar"}}
+    assert settings.candidates() == {
+        "rope_scalar": {"BLOCKBATCH_ROPE_KERNEL": "scalar"},
+        "all": {"BLOCKBATCH_ROPE_KERNEL": "scalar"},
+    }
     assert settings.candidate_tests() == {"rope_scalar": ("rope_kv_write_cuda",)}
     assert settings.candidate_test_groups() == [("rope", "rope_kv_write_cuda")]
     assert settings.param("BLOCKBATCH_ROPE_KERNEL", "scalar").marks
     assert not settings.param("BLOCKBATCH_ROPE_KERNEL", "vec").marks
-    monkeypatch.setitem(settings.BY_NAME, "BLOCKBATCH_ROPE_KERNEL", dataclasses.replace(trial, default="scalar",
-                                                                                        status="promoted", candidates=()))
+    monkeypatch.setitem(
+        settings.BY_NAME,
+        "BLOCKBATCH_ROPE_KERNEL",
+        dataclasses.replace(trial, default="scalar", status="promoted", candidates=()),
+    )
     assert settings.candidates() == {} and settings.candidate_tests() == {}
     assert settings.candidate_test_groups() == []
     assert not settings.param("BLOCKBATCH_ROPE_KERNEL", "scalar").marks
@@ -131,8 +147,9 @@ def test_promoting_a_candidate_drops_it_everywhere(monkeypatch):
 
 def test_docs_table_is_rendered_from_the_table():
     page = (ROOT / "docs" / "install.md").read_text(encoding="utf-8")
-    assert settings.replace_docs_table(page) == page, \
+    assert settings.replace_docs_table(page) == page, (
         "docs/install.md's settings table is out of date: run `python -m blockbatch.settings docs`"
+    )
 
 
 def test_help_block_lists_every_runtime_variable_with_its_default():
@@ -145,8 +162,12 @@ def test_help_block_lists_every_runtime_variable_with_its_default():
 
 def _reads_in_scripts() -> dict[str, set]:
     """{variable: files} of every BLOCKBATCH_* name in the Python / shell sources, CMake -D options aside."""
-    files = [p for d in ("python", "benchmarks", "tests", ".ci") for p in (ROOT / d).rglob("*")
-             if p.is_file() and (p.suffix in (".py", ".sh") or p.parent.name == ".ci")]
+    files = [
+        p
+        for d in ("python", "benchmarks", "tests", ".ci")
+        for p in (ROOT / d).rglob("*")
+        if p.is_file() and (p.suffix in (".py", ".sh") or p.parent.name == ".ci")
+    ]
     files.append(ROOT / "setup.py")
     found: dict[str, set] = {}
     for f in files:
@@ -194,6 +215,9 @@ def test_status_prose_lives_in_the_notes_not_in_code():
     for d in ("csrc", "python", "benchmarks"):
         for f in (ROOT / d).rglob("*"):
             if f.is_file() and (f.suffix in CXX_SUFFIXES or f.suffix in (".py", ".sh")) and f.name != "settings.py":
-                hits += [f"{f.relative_to(ROOT)}:{i}" for i, line in enumerate(f.read_text(errors="replace").splitlines(), 1)
-                         if phrase.search(line)]
+                hits += [
+                    f"{f.relative_to(ROOT)}:{i}"
+                    for i, line in enumerate(f.read_text(errors="replace").splitlines(), 1)
+                    if phrase.search(line)
+                ]
     assert not hits, hits

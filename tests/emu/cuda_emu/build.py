@@ -28,8 +28,11 @@ SOURCES = sorted(KERNELS.glob("*.cu")) + [HERE / "runtime.cpp", HERE / "api.cpp"
 def cuda_include() -> Path | None:
     """The toolkit's include folder (holding cuda_runtime.h and cuda_bf16.h), or None."""
     for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if root and (Path(root) / "include" / "cuda_runtime.h").is_file() and \
-                (Path(root) / "include" / "cuda_bf16.h").is_file():
+        if (
+            root
+            and (Path(root) / "include" / "cuda_runtime.h").is_file()
+            and (Path(root) / "include" / "cuda_bf16.h").is_file()
+        ):
             return Path(root) / "include"
     return None
 
@@ -39,14 +42,32 @@ def compiler() -> str | None:
 
 
 def _flags(include: Path) -> list[str]:
-    return ["-std=c++17", "-O2", "-fPIC", "-g0", "-ffp-contract=off", "-include", str(HERE / "cuda_emu.h"),
-            f"-I{HERE / 'include'}", f"-I{ROOT / 'csrc'}", f"-I{include}"]
+    return [
+        "-std=c++17",
+        "-O2",
+        "-fPIC",
+        "-g0",
+        "-ffp-contract=off",
+        "-include",
+        str(HERE / "cuda_emu.h"),
+        f"-I{HERE / 'include'}",
+        f"-I{ROOT / 'csrc'}",
+        f"-I{include}",
+    ]
 
 
 def _digest(cxx: str, include: Path) -> str:
     h = hashlib.sha256()
-    inputs = sorted({*SOURCES, *KERNELS.glob("*.cuh"), *HERE.rglob("*.h"), ROOT / "csrc/kernels/branches.h",
-                     ROOT / "csrc/kernels/cpu/kernels.h", HERE / "build.py"})
+    inputs = sorted(
+        {
+            *SOURCES,
+            *KERNELS.glob("*.cuh"),
+            *HERE.rglob("*.h"),
+            ROOT / "csrc/kernels/branches.h",
+            ROOT / "csrc/kernels/cpu/kernels.h",
+            HERE / "build.py",
+        }
+    )
     for p in inputs:
         h.update(str(p.relative_to(ROOT)).encode())
         h.update(p.read_bytes())
@@ -61,8 +82,9 @@ def build(out_root: Path = ROOT / "build" / "cuda-emu", jobs: int | None = None)
     if cxx is None:
         raise RuntimeError("no C++ compiler (set CXX, or install g++)")
     if include is None:
-        raise RuntimeError("no CUDA toolkit headers: set CUDA_HOME to the toolkit root (the folder holding "
-                           "include/cuda_runtime.h)")
+        raise RuntimeError(
+            "no CUDA toolkit headers: set CUDA_HOME to the toolkit root (the folder holding include/cuda_runtime.h)"
+        )
     out = out_root / _digest(cxx, include)
     lib = out / "libbbemu.so"
     if lib.is_file():
@@ -72,8 +94,9 @@ def build(out_root: Path = ROOT / "build" / "cuda-emu", jobs: int | None = None)
     def compile_one(src: Path) -> tuple[Path, str | None]:
         obj = out / (src.name + ".o")
         lang = ["-x", "c++"] if src.suffix == ".cu" else []
-        r = subprocess.run([cxx, *_flags(include), *lang, "-c", str(src), "-o", str(obj)], capture_output=True,
-                           text=True)
+        r = subprocess.run(
+            [cxx, *_flags(include), *lang, "-c", str(src), "-o", str(obj)], capture_output=True, text=True
+        )
         return obj, (f"{src.relative_to(ROOT)}:\n{r.stderr[-4000:]}" if r.returncode else None)
 
     with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 2) as pool:
