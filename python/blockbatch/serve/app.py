@@ -260,7 +260,9 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
         if event.kind != "finished":
             e = failure(event)
             return _error_response(e)
-        raw = event.output.tokens[ids.numel():].tolist()
+        output = event.output
+        assert output is not None  # a finished event carries its output
+        raw = output.tokens[ids.numel():].tolist()
         text, completion_tokens, reason = job.visible(raw, final=True)
         metrics.generated_tokens.inc(completion_tokens)
         if chat:
@@ -271,7 +273,7 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
             obj = "text_completion"
         return JSONResponse({"id": rid, "object": obj, "created": created, "model": name, "choices": [choice],
-                             "usage": usage(job, completion_tokens), **extras(job, event.output.stats)})
+                             "usage": usage(job, completion_tokens), **extras(job, output.stats)})
 
     async def _stream(request: Request, job: Job, chat: bool, rid: str, created: int,
                       name: str) -> AsyncIterator[str]:
@@ -300,7 +302,9 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
                         sent = text
                     continue
                 if event.kind == "finished":
-                    raw = event.output.tokens[job.prompt_ids.numel():].tolist()
+                    output = event.output
+                    assert output is not None  # a finished event carries its output
+                    raw = output.tokens[job.prompt_ids.numel():].tolist()
                     text, completion_tokens, reason = job.visible(raw, final=True)
                     if not text.startswith(sent):  # a tokenizer whose text of a prefix is not a prefix of its text
                         log.warning("request %s: streamed text %r is not a prefix of the result %r", rid, sent, text)
@@ -308,7 +312,7 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
                         yield chunk(text[len(sent):])
                     metrics.generated_tokens.inc(completion_tokens)
                     yield chunk("" if not chat else None, reason=reason, usage=usage(job, completion_tokens),
-                                **extras(job, event.output.stats))
+                                **extras(job, output.stats))
                 else:
                     yield f"data: {json.dumps(failure(event).body())}\n\n"
                 yield "data: [DONE]\n\n"
