@@ -180,6 +180,7 @@ def run_bench(engine, samples: list[Sample], policies: dict[str, DecodeOptions],
             start = time.perf_counter()
             [gen] = engine.generate(ids, options)
             wall_ms = (time.perf_counter() - start) * 1e3
+            assert sample.check is not None  # scored samples: load_tasks without answers_optional
             rec = {"sample": i, "policy": name, "output": gen.text, "correct": bool(sample.check(gen.text)),
                    "nfe": gen.stats["nfe"], "nfe_paper": gen.stats["nfe_paper"], "wall_ms": wall_ms,
                    "generated_tokens": len(gen.ids), "committed": sum(gen.stats["committed_per_step"])}
@@ -233,6 +234,7 @@ def reference_decode(ref_model, ids: torch.Tensor, o: DecodeOptions, proposal_vo
     if o.policy == "blockbatch":
         from .reference.blockbatch import blockbatch_generate
 
+        assert o.threshold is not None  # DecodeOptions refuses blockbatch without a threshold
         return blockbatch_generate(ref_model, ids, o.gen_length, o.resolved("block_sizes", family),
                                    threshold=o.threshold, merge_gate=o.merge_gate, sync_gap=o.sync_gap,
                                    refresh_tokens=o.refresh_tokens, refresh_mode=o.refresh_mode,

@@ -89,6 +89,7 @@ class Option:
         elif self.lo is not None:
             text = f"{'>' if self.lo_open else '>='} {num(self.lo)}"
         else:
+            assert self.hi is not None  # lo is None here, and both None returned above
             text = f"{'<' if self.hi_open else '<='} {num(self.hi)}"
         if self.type == "float" and (self.lo is None or self.hi is None):
             text += " and finite"

@@ -11,7 +11,7 @@ import dataclasses
 import os
 import signal
 import threading
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -92,7 +92,7 @@ def translated_error(error: RuntimeError, reason: int) -> BaseException:
     return TimeoutError(str(error)) if reason == STOP_DEADLINE else error
 
 
-def _raise_translated(error: RuntimeError, reason: int) -> None:
+def _raise_translated(error: RuntimeError, reason: int) -> NoReturn:
     translated = translated_error(error, reason)
     if translated is error:
         raise error

@@ -6,7 +6,7 @@ import dataclasses
 import os
 import sys
 import time
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Literal, Sequence, overload
 
 import torch
 
@@ -175,8 +175,16 @@ class Engine:
         csrc/decode/budget.h), so auto means the same with or without a batch."""
         return run_decode(self.model.obj, ids.to(self.device), o, self.step_curve if _adaptive(o) else None)
 
+    @overload
+    def _requests(self, prompts, options, chat, allow_unknown, keep_errors: Literal[False] = False
+                  ) -> tuple[list[torch.Tensor], list[DecodeOptions]]: ...
+
+    @overload
+    def _requests(self, prompts, options, chat, allow_unknown, keep_errors: Literal[True]
+                  ) -> tuple[list[torch.Tensor | ValueError], list[DecodeOptions]]: ...
+
     def _requests(self, prompts, options, chat, allow_unknown, keep_errors: bool = False
-                  ) -> tuple[list[torch.Tensor | ValueError], list[DecodeOptions]]:
+                  ) -> tuple[Sequence[torch.Tensor | ValueError], list[DecodeOptions]]:
         """generate / stream's arguments checked: the prompts encoded, one DecodeOptions each.
         ``keep_errors``: a prompt that fails to encode with ValueError (bad ids, unknown
         characters) is that error in the list instead of raised (stream makes it its item)."""
@@ -296,6 +304,7 @@ class Engine:
                 if i in refused:
                     yield StreamItem(i, error=refused[i])
                     continue
+                assert isinstance(ids, torch.Tensor)  # a prompt that failed to encode is in refused
                 try:
                     result = self._decode_alone(ids, opts[i])
                 except (ValueError, RuntimeError, TimeoutError) as e:
@@ -307,17 +316,18 @@ class Engine:
 
         for i, error in refused.items():
             yield StreamItem(i, error=error)
-        todo = [i for i in range(len(encoded)) if i not in refused]
+        # the prompts left, by index (every one encoded: those that failed to are in refused)
+        todo = {i: ids for i, ids in enumerate(encoded) if i not in refused and isinstance(ids, torch.Tensor)}
         if not todo:
             return
         events: queue_module.SimpleQueue = queue_module.SimpleQueue()
         # Every request left fits the model (_too_long), so the pool's rows do too.
-        max_length = max(2, max(encoded[i].numel() + opts[i].gen_length for i in todo))
+        max_length = max(2, max(todo[i].numel() + opts[i].gen_length for i in todo))
         with self.scheduler(min(max_batch, len(todo)), max_length, kv_budget_bytes,
                             adaptive=any(_adaptive(opts[i]) for i in todo)) as sched:
             index = {}
             for i in todo:
-                ids, o = encoded[i], opts[i]
+                ids, o = todo[i], opts[i]
                 try:
                     request = sched.submit(ids, o, stream=blocks, callback=events.put)
                 except ValueError as e:
@@ -335,7 +345,7 @@ class Engine:
                     continue
                 left -= 1
                 if event.kind == "finished":
-                    yield StreamItem(i, generation=self._generation(encoded[i], event.output))
+                    yield StreamItem(i, generation=self._generation(todo[i], event.output))
                 else:
                     yield StreamItem(i, error=event.error)
 

@@ -236,6 +236,7 @@ class Guard:
                                  f"{lim.max_headers}", code="too_many_headers")
         host = _header(scope, b"host")
         if not host_allowed(host.decode("latin-1") if host is not None else None, lim.allowed_hosts, self.own):
+            assert host is not None  # host_allowed serves a request without Host
             shown = host.decode("latin-1")[:100]
             return APIError(403, f"this server does not answer to Host {shown!r} (it protects loopback servers from "
                                  "web pages through DNS rebinding): use its address or localhost, or start it with "

@@ -48,6 +48,7 @@ from . import contract, presets
 from .bench import SPEC_OPTIONS, policy_kwargs
 from .engine import Engine
 from .options import DecodeOptions
+from .tokenization import TextCodec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -102,6 +103,12 @@ class BlockBatchLM(LM):
         self.chat_applied = False  # set once lm-eval renders contexts with apply_chat_template
         self.totals = {"requests": 0, "nfe": 0, "generated_tokens": 0, "seconds": 0.0}
 
+    @property
+    def _codec(self) -> TextCodec:
+        codec = self.engine.codec
+        assert codec is not None  # __init__ refuses a checkpoint without a tokenizer
+        return codec
+
     # -- options ---------------------------------------------------------------------------
     def options_for(self, gen_kwargs: dict) -> tuple[DecodeOptions, int | None]:
         """Decode options for one request and the token budget its generation is cut to."""
@@ -153,14 +160,14 @@ class BlockBatchLM(LM):
         for request in tqdm(requests, desc="blockbatch generate_until", disable=disable_tqdm):
             context, gen_kwargs = request.args
             options, budget = self.options_for(gen_kwargs or {})
-            ids = torch.tensor(self.engine.codec.encode(context, chat=False, add_special_tokens=not self.chat_applied,
-                                                         special_tokens=True),  # lm-eval renders the template
+            ids = torch.tensor(self._codec.encode(context, chat=False, add_special_tokens=not self.chat_applied,
+                                                  special_tokens=True),  # lm-eval renders the template
                                dtype=torch.long)
             t0 = time.perf_counter()
             [gen] = self.engine.generate([ids], options)
             self.totals["seconds"] += time.perf_counter() - t0
             tokens = gen.ids[:budget] if budget else gen.ids
-            text = self.engine.codec.decode(tokens)
+            text = self._codec.decode(tokens)
             until = (gen_kwargs or {}).get("until") or []
             for stop in [until] if isinstance(until, str) else until:
                 if stop and stop in text:
@@ -192,11 +199,11 @@ class BlockBatchLM(LM):
         return str(self.pretrained or "blockbatch-toy")
 
     def chat_template(self, chat_template: bool | str = False) -> str | None:
-        return self.engine.codec.chat_template
+        return self._codec.chat_template
 
     def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         self.chat_applied = True
-        return self.engine.codec.render_chat(chat_history, add_generation_prompt)
+        return self._codec.render_chat(chat_history, add_generation_prompt)
 
 
 def _spec_value(value: Any) -> str:

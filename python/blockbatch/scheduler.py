@@ -94,9 +94,13 @@ class Request:
         wait (``TimeoutError`` naming the request when they pass)."""
         if not self._done.wait(timeout):
             raise TimeoutError(f"request {self.id} did not finish within {timeout} s")
-        if self._final.kind == "finished":
-            return self._final.output
-        raise self._final.error
+        final = self._final
+        assert final is not None  # set with the final event, before _done
+        if final.kind == "finished":
+            assert final.output is not None  # a finished event carries its output
+            return final.output
+        assert final.error is not None  # a failed or cancelled event carries its error
+        raise final.error
 
     def events(self, timeout: float | None = None) -> Iterator[Event]:
         """Every event of this request in order, ending with its final one (``timeout``: seconds
@@ -135,7 +139,10 @@ class BatchScheduler:
         self._poll_s = poll_s
         self._started = threading.Event()
         self._error: BaseException | None = None
-        self._obj = None
+        # the torch.classes.blockbatch.Scheduler: set on the scheduler's thread before _started (else
+        # __init__ raises), so every method after __init__ finds it
+        self._obj: Any = None
+        points: list[tuple[int, float]]
         if step_curve == "measure":
             points, calibrate = [], float(calibrate_s)
         elif step_curve is None:

@@ -48,6 +48,7 @@ class Setting:
     def syntax(self) -> str:
         """NAME=values, as --help and the docs show it (the default first for a choice)."""
         if self.kind == "int":
+            assert self.range is not None  # every int setting of the table has its range
             return f"{self.name}={self.range[0]}..{self.range[1]}"
         if self.kind in ("choice", "bool"):
             first = [self.default] if self.default in self.choices else []
@@ -234,6 +235,7 @@ def docs_table() -> str:
     rows = ["| variable | values | default | status | what it does |", "| --- | --- | --- | --- | --- |"]
     for s in SETTINGS:
         if s.kind == "int":
+            assert s.range is not None  # every int setting of the table has its range
             values = f"{s.range[0]}..{s.range[1]}"
         elif s.kind in ("choice", "bool"):
             values = ", ".join(f"`{c}`" for c in s.choices)

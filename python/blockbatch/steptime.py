@@ -24,7 +24,7 @@ import dataclasses
 import os
 import statistics
 import time
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 FORMAT = 1
 NAMES = ("a", "b", "c", "d")
@@ -76,7 +76,7 @@ def fit(points: Iterable[tuple[int, int, float]], source: str) -> StepTimeModel:
     coef = [0.0] * 4
     for i, v in zip(active, sol):
         coef[i] = max(float(v), 0.0)
-    return StepTimeModel(tuple(coef), source, tuple(pts))
+    return StepTimeModel((coef[0], coef[1], coef[2], coef[3]), source, tuple(pts))
 
 
 def measure(model, tokens: Sequence[int] = (8, 32, 128, 512), lengths: Sequence[int] = (128, 512),
@@ -91,7 +91,7 @@ def measure(model, tokens: Sequence[int] = (8, 32, 128, 512), lengths: Sequence[
 
     c = model.config
     lengths = [L for L in lengths if L <= c.max_sequence_length] or [min(128, c.max_sequence_length)]
-    shapes = {}
+    shapes: dict[tuple[int, int], Callable[..., object]] = {}
     for L in lengths:
         for q in list(tokens) + [L]:
             if q > L and q != L:
@@ -107,7 +107,7 @@ def measure(model, tokens: Sequence[int] = (8, 32, 128, 512), lengths: Sequence[
                 pos = [torch.arange(L - n, L) for n in windows]
                 packed = pack_rows(ids, pos)
                 shapes[(q, L)] = (lambda p=packed, k=kv: model.forward_packed(*p, k, "dual"))
-    times = {k: [] for k in shapes}
+    times: dict[tuple[int, int], list[float]] = {k: [] for k in shapes}
     for fn in shapes.values():  # warm-up
         fn()
     for _ in range(repeats):
@@ -134,22 +134,22 @@ def load(path: str) -> StepTimeModel:
         raise ValueError(f"step-time file {e}") from None
     if isinstance(data, dict) and data.get("step_time_model") == FORMAT:
         try:
-            coef = tuple(float(data["coef"][n]) for n in NAMES)
+            a, b, c, d = (float(data["coef"][n]) for n in NAMES)
             points = tuple((int(p["query_tokens"]), int(p["L"]), float(p["seconds"])) for p in data.get("points", []))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"step-time file {path}: bad \"coef\" / \"points\" ({e!r})") from None
-        return StepTimeModel(coef, str(data.get("source", path)), points)
+        return StepTimeModel((a, b, c, d), str(data.get("source", path)), points)
     if isinstance(data, dict) and isinstance(data.get("results"), list):
         try:
-            points = [(int(r["query_tokens"]), int(r["L"]), float(r["native_eager_ms"]) / 1e3)
-                      for r in data["results"] if "native_eager_ms" in r]
+            timed = [(int(r["query_tokens"]), int(r["L"]), float(r["native_eager_ms"]) / 1e3)
+                     for r in data["results"] if "native_eager_ms" in r]
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"step-time file {path}: a result lacks query_tokens / L / native_eager_ms ({e!r})") from None
-        if len(points) < 2:
+        if len(timed) < 2:
             raise ValueError(f"step-time file {path}: fewer than 2 timed steps in \"results\"")
         device = data.get("device", "GPU")
         params = data.get("params")
         shape = f"{params / 1e9:.0f}B-parameter model" if isinstance(params, (int, float)) else "its model"
-        return fit(points, f"{device}, {shape} ({os.path.basename(path)})")
+        return fit(timed, f"{device}, {shape} ({os.path.basename(path)})")
     raise ValueError(f"step-time file {path}: neither a step-time model (\"step_time_model\": {FORMAT}) nor a "
                      f"GPU step benchmark JSON (\"results\" with query_tokens, L, native_eager_ms)")

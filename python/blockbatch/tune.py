@@ -68,7 +68,7 @@ def configs(grid: Grid, gen_length: int) -> list[str]:
     """The policy specs of a grid, for one gen_length (block sizes that do not divide it are left
     out, duplicate branch sets once). Ordered coarse to fine, policies interleaved, so a sweep
     cut short by its time budget has still covered every policy around the paper's settings."""
-    per_policy: dict[str, list[tuple[float, str]]] = {}
+    per_policy: dict[str, list[str]] = {}
     for policy in grid.policies:
         rows: list[tuple[float, str]] = []
         if policy in ("dual", "prefix"):

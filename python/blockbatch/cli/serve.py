@@ -110,6 +110,7 @@ def read_api_key(args: argparse.Namespace) -> str | None:
     given = [n for n, v in (("--api-key", args.api_key), ("--api-key-file", args.api_key_file)) if v is not None]
     if len(given) > 1:
         raise UsageError("give --api-key or --api-key-file, not both")
+    key: str | None
     if args.api_key_file is not None:
         from ..errors import open_checked
 

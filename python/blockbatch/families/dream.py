@@ -79,7 +79,7 @@ def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 def random_config(**overrides) -> ModelConfig:
     """A small valid Dream config (GQA: 4 query heads over 2 KV heads); any field can be overridden."""
-    fields = dict(
+    fields: dict[str, Any] = dict(
         d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden_size=128, vocab_size=97,
         rope_theta=1000000.0, rms_norm_eps=1e-6, weight_tying=False,
         mask_token_id=None, eos_token_id=None, max_sequence_length=131072,

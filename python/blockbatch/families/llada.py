@@ -57,7 +57,7 @@ def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 def random_config(**overrides) -> ModelConfig:
     """A small valid LLaDA config; any field can be overridden."""
-    fields = dict(
+    fields: dict[str, Any] = dict(
         d_model=64, n_layers=2, n_heads=2, n_kv_heads=2, mlp_hidden_size=128, vocab_size=97,
         embedding_size=None, rope_theta=10000.0, rms_norm_eps=1e-5, weight_tying=False,
         mask_token_id=None, eos_token_id=None, max_sequence_length=1024,

@@ -101,12 +101,12 @@ def dream_blockbatch(model: ReferenceModel, prompt: Sequence[int], gen_length: i
     Dream's rules; NFE counts every forward executed; the row is cut after the winner's first EOS on
     an EOS exit. ``refresh_tokens=0`` never refreshes (the engine's meaning; the authors' default is
     32); ``merge`` / ``sync`` are the ablation switches; ``sync_refresh`` the variant of section 10.3."""
-    prompt = torch.as_tensor(list(prompt), dtype=torch.long)
-    r = blockbatch_generate(model, prompt, gen_length, block_sizes, threshold=threshold, merge_gate=merge_gate,
+    prompt_ids = torch.as_tensor(list(prompt), dtype=torch.long)
+    r = blockbatch_generate(model, prompt_ids, gen_length, block_sizes, threshold=threshold, merge_gate=merge_gate,
                             sync_gap=sync_gap, refresh_tokens=refresh_tokens, refresh_mode="periodic",
                             prob_floor=prob_floor, stop_on_eos=stop_on_eos, merge=merge, sync=sync, temperature=0.0,
                             seed=0, sync_refresh=sync_refresh, family="dream", vocab_limit=vocab_limit)
-    tokens, lp = r.tokens.tolist(), prompt.numel()
+    tokens, lp = r.tokens.tolist(), prompt_ids.numel()
     if r.early_exit:
         tokens = tokens[:lp + tokens[lp:].index(model.config.eos_token_id) + 1]
     return DreamResult(tokens, r.nfe, {

@@ -188,11 +188,13 @@ class ReferenceModel:
                     kv[kv_row, layer_index, 0][:, pos] = k.transpose(0, 1)
                     kv[kv_row, layer_index, 1][:, pos] = v.transpose(0, 1)
             elif mode == "dual":
+                assert kv is not None  # forward refuses a cached mode without a KV buffer
                 kv[kv_row, layer_index, 0][:, pos] = k.transpose(0, 1)
                 kv[kv_row, layer_index, 1][:, pos] = v.transpose(0, 1)
                 keys = kv[kv_row, layer_index, 0].transpose(0, 1)  # [L, KVH, hd]
                 values = kv[kv_row, layer_index, 1].transpose(0, 1)
             else:  # prefix
+                assert kv is not None  # forward refuses a cached mode without a KV buffer
                 keys = torch.cat([kv[kv_row, layer_index, 0, :, :prefix_len].transpose(0, 1), k])
                 values = torch.cat([kv[kv_row, layer_index, 1, :, :prefix_len].transpose(0, 1), v])
             a = attention(q, keys, values).reshape(-1, c.n_heads * hd)

@@ -145,18 +145,22 @@ def generate(model: ReferenceModel, prompt: torch.Tensor, gen_length: int, block
     if rules.logit_shift and lp == 0:
         raise ValueError(f"{family} decoding needs a non-empty prompt (position p reads output p - 1)")
     rule = commit_rule(threshold, factor)
+    timestep_steps = 0  # timestep: the forwards of the schedule (steps, None: gen_length)
     if timestep:
-        steps = gen_length if steps is None else steps
+        timestep_steps = gen_length if steps is None else steps
         if alg not in ALGS:
             raise ValueError(f"alg must be one of {ALGS}, got {alg!r}")
-        if steps <= 0:
+        if timestep_steps <= 0:
             raise ValueError("steps must be positive")
         block_length, rule = gen_length, "timestep"
-        timesteps = torch.linspace(1, eps, steps + 1)
+        timesteps = torch.linspace(1, eps, timestep_steps + 1)
     elif gen_length % block_length:
         raise ValueError(f"gen_length {gen_length} is not a multiple of block_length {block_length}")
     num_blocks = gen_length // block_length
-    steps_per_block = (steps // num_blocks) if rule == "fixed" else 0
+    steps_per_block = 0
+    if rule == "fixed":
+        assert steps is not None  # the fixed schedule runs over steps (the options table requires them)
+        steps_per_block = steps // num_blocks
     generator = torch.Generator().manual_seed(seed) if temperature > 0 or timestep else None
     start_time = time.perf_counter()
 
@@ -172,8 +176,10 @@ def generate(model: ReferenceModel, prompt: torch.Tensor, gen_length: int, block
         cand = x[s:e] == mask_id
         conf = torch.where(cand, conf, torch.full_like(conf, float("-inf")))
         if rule == "threshold":
+            assert threshold is not None  # commit_rule's "threshold"
             chosen = select_threshold(conf, threshold)
         elif rule == "factor":
+            assert factor is not None  # commit_rule's "factor"
             chosen = select_factor(conf, factor)
         else:
             chosen = select_fixed(conf, schedule[step_in_block])
@@ -191,7 +197,7 @@ def generate(model: ReferenceModel, prompt: torch.Tensor, gen_length: int, block
         mask_logits = logits[mask_index]
         t, s = timesteps[i], timesteps[i + 1]
         if alg == "origin":
-            p_transfer = 1 - s / t if i < steps - 1 else 1
+            p_transfer = 1 - s / t if i < timestep_steps - 1 else 1
             x0 = torch.full_like(xr[mask_index], mask_id)
             chosen = torch.rand(*x0.shape, generator=generator) < p_transfer
             _, x0[chosen] = sample_tokens(mask_logits[chosen], alg, temperature, generator, top_p, top_k, vocab_limit)
@@ -200,7 +206,7 @@ def generate(model: ReferenceModel, prompt: torch.Tensor, gen_length: int, block
             return
         conf, x0 = sample_tokens(mask_logits, alg, temperature, generator, top_p, top_k, vocab_limit)
         masks = mask_index.sum() / mask_index.shape[0]
-        k = int(masks * (1 - s / t)) if i < steps - 1 else int(masks)
+        k = int(masks * (1 - s / t)) if i < timestep_steps - 1 else int(masks)
         full = torch.full_like(xr, -torch.inf, dtype=logits.dtype)
         full[mask_index] = conf
         if k > 0:
@@ -237,6 +243,7 @@ def generate(model: ReferenceModel, prompt: torch.Tensor, gen_length: int, block
         take = torch.zeros((1, end - s), dtype=torch.bool)
         take[0, top_idx[0]] = True
         for r in range(1, n):
+            assert threshold is not None  # Dream's cached decoders commit by threshold (the options table's rule)
             if top_conf[0, r] < threshold:
                 take[0, top_idx[0, r]] = False
         x[s:end][take[0]] = proposal[0][take[0]]
@@ -249,7 +256,7 @@ def generate(model: ReferenceModel, prompt: torch.Tensor, gen_length: int, block
         s, e = lp + block * block_length, lp + (block + 1) * block_length
         schedule = fixed_schedule(int((x[s:e] == mask_id).sum()), steps_per_block) if rule == "fixed" else []
         step = 0
-        while (step < steps if timestep else (seeded and step == 1) or bool((x[s:e] == mask_id).any())):
+        while (step < timestep_steps if timestep else (seeded and step == 1) or bool((x[s:e] == mask_id).any())):
             if policy == "vanilla" or step == 0:
                 out, out0 = model.forward([x], [positions], kv, "full")[0], 0
                 res.nfe_full += 1

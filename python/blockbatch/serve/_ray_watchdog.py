@@ -44,10 +44,10 @@ def instance_processes(folder: str, spare: tuple[int, ...] = ()) -> list[int]:
     environment."""
     raw = os.fsencode(os.path.abspath(folder))
     marker = os.fsencode(INSTANCE_VARIABLE) + b"=" + raw
-    spare = {os.getpid(), *spare}
+    skip = {os.getpid(), *spare}
     out = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) in spare:
+        if not entry.isdigit() or int(entry) in skip:
             continue
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as f:

@@ -258,10 +258,12 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
         if event.kind != "finished":
             e = failure(event)
             return _error_response(e)
-        raw = event.output.tokens[ids.numel():].tolist()
+        output = event.output
+        assert output is not None  # a finished event carries its output
+        raw = output.tokens[ids.numel():].tolist()
         text, completion_tokens, reason = job.visible(raw, final=True)
         metrics.generated_tokens.inc(completion_tokens)
-        done = outcome(job, completion_tokens, event.output.stats)
+        done = outcome(job, completion_tokens, output.stats)
         return JSONResponse(protocol.response(chat, rid, created, name, text, reason, done).body())
 
     async def _stream(request: Request, job: Job, chat: bool, rid: str, created: int,
@@ -285,7 +287,9 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
                         sent = text
                     continue
                 if event.kind == "finished":
-                    raw = event.output.tokens[job.prompt_ids.numel():].tolist()
+                    output = event.output
+                    assert output is not None  # a finished event carries its output
+                    raw = output.tokens[job.prompt_ids.numel():].tolist()
                     text, completion_tokens, reason = job.visible(raw, final=True)
                     if not text.startswith(sent):  # a tokenizer whose text of a prefix is not a prefix of its text
                         log.warning("request %s: streamed text %r is not a prefix of the result %r", rid, sent, text)
@@ -293,7 +297,7 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
                         yield chunk(text[len(sent):])
                     metrics.generated_tokens.inc(completion_tokens)
                     yield chunk("" if not chat else None, reason=reason,
-                                outcome=outcome(job, completion_tokens, event.output.stats))
+                                outcome=outcome(job, completion_tokens, output.stats))
                 else:
                     yield f"data: {json.dumps(failure(event).body())}\n\n"
                 yield "data: [DONE]\n\n"

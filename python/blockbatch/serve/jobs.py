@@ -13,7 +13,7 @@ import torch
 
 from .. import guard, presets
 from ..options import DecodeOptions
-from ..scheduler import BatchScheduler, Event
+from ..scheduler import BatchScheduler, Event, Request
 from .metrics import Metrics
 
 DEFAULT_MAX_BATCH = 8
@@ -75,7 +75,7 @@ class Job:
         self.first_token: float | None = None
         self.stable: list[int] = []
         self.events: asyncio.Queue[Event] = asyncio.Queue()
-        self.request = None
+        self.request: Request | None = None
         self.final: Event | None = None
 
     def submit(self) -> None:
@@ -87,6 +87,7 @@ class Job:
             except RuntimeError:  # the loop is closed: nobody is waiting any more
                 pass
 
+        assert self.state.scheduler is not None  # started with the app (its lifespan) or the replica
         self.request = self.state.scheduler.submit(self.prompt_ids, self.options, stream=True, callback=hand_over)
         self.state.jobs.add(self)
 
@@ -107,6 +108,7 @@ class Job:
             self.state.jobs.discard(self)
             m.e2e.observe(now - self.arrival)
             if event.kind == "finished":
+                assert event.output is not None  # a finished event carries its output
                 stats = event.output.stats
                 if self.first_token is None:
                     m.ttft.observe(now - self.arrival)

@@ -264,8 +264,10 @@ def _gen_length(values: dict, max_tokens: int | None) -> int:
         return contract.DEFAULTS["gen_length"]
     if values.get("policy", contract.DEFAULTS["policy"]) == "blockbatch":
         sizes = values.get("block_sizes")
-        good = isinstance(sizes, (list, tuple)) and sizes and all(is_int(b) and b > 0 for b in sizes)
-        unit = math.lcm(*sizes) if good else GEN_LENGTH_UNIT
+        if isinstance(sizes, (list, tuple)) and sizes and all(is_int(b) and b > 0 for b in sizes):
+            unit = math.lcm(*sizes)
+        else:
+            unit = GEN_LENGTH_UNIT
     else:
         block = values.get("block_length", contract.DEFAULTS["block_length"])
         unit = block if is_int(block) and block > 0 else 1

@@ -62,6 +62,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Any
 
 
 from . import _ray_watchdog
@@ -198,6 +199,7 @@ class EngineReplica:
                 if first is None:
                     if not body and more:
                         continue  # an empty first chunk: wait for content before answering
+                    assert start is not None  # ASGI: http.response.start comes before any body
                     first = {"status": start["status"], "headers": list(start.get("headers", [])), "body": body,
                              "more": more}
                     yield first
@@ -273,6 +275,7 @@ def serve_replicas(replicas: int, *, model: str | None, dtype_name: str, threads
         log.info("ray: %s (%s)", ray.get_runtime_context().gcs_address,
                  f"local instance, files under {temp_dir}" if temp_dir else f"joined {ray_address}")
 
+        actor_options: dict[str, Any]
         if device == "cuda":
             actor_options = {"num_gpus": 1}
         else:
@@ -300,8 +303,10 @@ def serve_replicas(replicas: int, *, model: str | None, dtype_name: str, threads
                                   ray_actor_options={"num_cpus": 0}, graceful_shutdown_timeout_s=SHUTDOWN_GRACE_S,
                                   graceful_shutdown_wait_loop_s=0.25,
                                   max_ongoing_requests=replicas * queue_per_replica + 64)
-        application = router.bind(engine.bind(model, dtype_name, threads, app_options, local, device), local,
-                                  router_body_cap)
+        # Ray's stubs type serve.deployment(cls, **options) as its decorator form (no class given),
+        # which has no .bind; at run time it is the Deployment
+        engine_app = engine.bind(model, dtype_name, threads, app_options, local, device)  # type: ignore[attr-defined]
+        application = router.bind(engine_app, local, router_body_cap)  # type: ignore[attr-defined]
 
         serve.start(http_options={"host": host, "port": port})
         for sig in handlers:
@@ -380,6 +385,7 @@ def _stop_instance(temp_dir: str, watchdog: subprocess.Popen | None) -> None:
     finish, here."""
     if watchdog is not None:
         try:
+            assert watchdog.stdin is not None  # _start_watchdog opens it with stdin=PIPE
             watchdog.stdin.close()
             watchdog.wait(WATCHDOG_WAIT_S)
         except (OSError, subprocess.TimeoutExpired) as e:

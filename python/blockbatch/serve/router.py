@@ -50,7 +50,8 @@ def serve_grpc_on_loopback() -> bool:
         host, _, port = address.rpartition(":")
         return add_port(server, f"127.0.0.1:{port}" if host in ("[::]", "0.0.0.0", "") else address)
 
-    loopback._blockbatch_loopback = True
+    # a mark on the function itself, so that a second call finds the hook installed
+    loopback._blockbatch_loopback = True  # type: ignore[attr-defined]
     replica_module.add_port_to_grpc_server = loopback
     return True
 
@@ -69,6 +70,13 @@ def _died(e: BaseException) -> bool:
                               getattr(rex, "WorkerCrashedError", None), getattr(rex, "NodeDiedError", None))
                   if k is not None)
     return isinstance(e, kinds)
+
+
+def _cancelling() -> int:
+    """The pending cancellation requests of the task running the caller (``Task.cancelling``)."""
+    task = asyncio.current_task()
+    assert task is not None  # called from a coroutine that asyncio runs: it runs in a task
+    return task.cancelling()
 
 
 class RouterReplica:
@@ -189,7 +197,7 @@ class RouterReplica:
                     yield chunk
             except (Exception, asyncio.CancelledError) as e:
                 cancelled = isinstance(e, asyncio.CancelledError)
-                if cancelled and (not self.stopping or asyncio.current_task().cancelling()):
+                if cancelled and (not self.stopping or _cancelling()):
                     raise  # the client went away: nothing more to send
                 if self.stopping:
                     error = error_json(503, _DRAIN_RAN_OUT, "shutting_down")

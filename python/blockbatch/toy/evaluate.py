@@ -185,6 +185,7 @@ def dream_decoder(model: ReferenceModel, policy: str, gen_length: int = 64, bloc
         ids = prompt.tolist()
         if policy == "vanilla":
             return dream_ref.dream_vanilla(model, ids, gen_length, steps=steps or gen_length, alg=alg)
+        assert threshold is not None  # checked above for every policy but vanilla
         if policy == "blockbatch":
             return dream_ref.dream_blockbatch(model, ids, gen_length, block_sizes=block_sizes, threshold=threshold)
         return dream_ref.dream_cached(model, ids, gen_length, block_length, threshold, dual=policy == "dual")
@@ -265,8 +266,9 @@ def confidence_spread(model: ReferenceModel, problems: Sequence[toy_task.Problem
                 x[s:e][chosen] = x0[chosen]
                 k = int(chosen.sum())
                 per_step[k] = per_step.get(k, 0) + 1
-    out = {kind: {"count": len(v), "frac_below_threshold": (sum(c < threshold for c in v) / len(v)) if v else None,
-                  "mean_conf": (sum(v) / len(v)) if v else None} for kind, v in stats.items()}
+    out: dict[str, dict] = {
+        kind: {"count": len(v), "frac_below_threshold": (sum(c < threshold for c in v) / len(v)) if v else None,
+               "mean_conf": (sum(v) / len(v)) if v else None} for kind, v in stats.items()}
     out["committed_per_step_hist"] = dict(sorted(per_step.items()))
     return out
 
