@@ -9,8 +9,10 @@ import os
 import torch
 
 _loaded: str | None = None
-_BUILD = ("Build it with `pip install --no-build-isolation -e .` or, in a source tree, "
-          "`python setup.py build_ext --inplace` (see README.md).")
+_BUILD = (
+    "Build it with `pip install --no-build-isolation -e .` or, in a source tree, "
+    "`python setup.py build_ext --inplace` (see README.md)."
+)
 
 
 def load_extension() -> str:
@@ -30,8 +32,10 @@ def load_extension() -> str:
     try:
         torch.ops.load_library(candidates[0])
     except (OSError, RuntimeError) as e:
-        raise ImportError(f"blockbatch's C++ extension {candidates[0]} does not load ({e}). Rebuild it against "
-                          f"the installed torch {torch.__version__}: {_BUILD}") from e
+        raise ImportError(
+            f"blockbatch's C++ extension {candidates[0]} does not load ({e}). Rebuild it against "
+            f"the installed torch {torch.__version__}: {_BUILD}"
+        ) from e
     _loaded = candidates[0]
     return _loaded
 
@@ -61,4 +65,5 @@ def check_torch_version(package_dir: str) -> None:
         raise ImportError(
             f"blockbatch's C++ extension was built against torch {built}, running torch {torch.__version__}: "
             f"rebuild with `pip install --no-build-isolation --no-deps -e .` (source checkout) or install "
-            f"torch=={built.split('+')[0]} (a wheel requires the torch it was built with)")
+            f"torch=={built.split('+')[0]} (a wheel requires the torch it was built with)"
+        )

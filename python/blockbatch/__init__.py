@@ -15,8 +15,16 @@ from .config import ModelConfig
 from .errors import CheckpointError
 from .loading import Checkpoint, load_checkpoint, save_checkpoint
 
-__all__ = ["Checkpoint", "CheckpointError", "DecodeOptions", "Engine", "ModelConfig", "NativeModel",
-           "load_checkpoint", "save_checkpoint"]
+__all__ = [
+    "Checkpoint",
+    "CheckpointError",
+    "DecodeOptions",
+    "Engine",
+    "ModelConfig",
+    "NativeModel",
+    "load_checkpoint",
+    "save_checkpoint",
+]
 __version__ = "0.1.0"
 
 from .options import DecodeOptions  # importable without the extension (construction needs it)

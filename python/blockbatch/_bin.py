@@ -35,9 +35,11 @@ def _torch_lib_dir() -> str | None:
 def exec_binary(name: str, argv: list[str]) -> int:
     path = binary_path(name)
     if not os.access(path, os.X_OK):
-        print(f"error: {path} is missing or not executable: this blockbatch install has no C++ "
-              "binaries (rebuild with `pip install --no-build-isolation --no-deps -e .`, see README.md)",
-              file=sys.stderr)
+        print(
+            f"error: {path} is missing or not executable: this blockbatch install has no C++ "
+            "binaries (rebuild with `pip install --no-build-isolation --no-deps -e .`, see README.md)",
+            file=sys.stderr,
+        )
         return 2
     env = dict(os.environ)
     lib = _torch_lib_dir()
@@ -60,8 +62,10 @@ def bb_bench_decode() -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in BINARIES:
-        print(f"usage: python -m blockbatch._bin {{{','.join(BINARIES)}}} [ARGS...]  (e.g. bb_forward --help)",
-              file=sys.stderr)
+        print(
+            f"usage: python -m blockbatch._bin {{{','.join(BINARIES)}}} [ARGS...]  (e.g. bb_forward --help)",
+            file=sys.stderr,
+        )
         return 2
     return exec_binary(argv[0], argv[1:])
 

@@ -53,8 +53,10 @@ def policy_kwargs(name: str, gen_length: int, fit: bool = True) -> dict:
     preset = None
     if base not in bases:
         if not (base in presets.BUILT_IN or os.path.exists(base) or base.endswith(".json") or os.sep in base):
-            raise ValueError(f"policy must be one of {', '.join(bases)}, a preset ({', '.join(presets.names())}) "
-                             f"or a preset file's path, optionally name:key=value,..., got {name!r}")
+            raise ValueError(
+                f"policy must be one of {', '.join(bases)}, a preset ({', '.join(presets.names())}) "
+                f"or a preset file's path, optionally name:key=value,..., got {name!r}"
+            )
         try:
             preset = presets.get(base)
         except ValueError as e:  # a preset file that cannot be read
@@ -71,8 +73,11 @@ def policy_kwargs(name: str, gen_length: int, fit: bool = True) -> dict:
     if preset is None:
         return {**bases[base], "gen_length": gen_length, **overrides}
     if not fit:
-        return {**{k: tuple(v) if isinstance(v, list) else v for k, v in preset.options.items()},
-                **overrides, "gen_length": gen_length}
+        return {
+            **{k: tuple(v) if isinstance(v, list) else v for k, v in preset.options.items()},
+            **overrides,
+            "gen_length": gen_length,
+        }
     try:
         return presets.values(preset, overrides, gen_length)
     except ValueError as e:  # none of the preset's block sizes divides gen_length
@@ -102,8 +107,10 @@ def load_tasks(path: str | None, n: int, answers_optional: bool = False) -> list
     if path is None:
         from .toy import task
 
-        return [Sample(p.prompt, (lambda p: lambda text: task.check_answer(p, text))(p))
-                for p in task.make_problems(n, 0, "test")]
+        return [
+            Sample(p.prompt, (lambda p: lambda text: task.check_answer(p, text))(p))
+            for p in task.make_problems(n, 0, "test")
+        ]
     from .errors import CheckpointError, open_checked
 
     try:
@@ -124,17 +131,16 @@ def load_tasks(path: str | None, n: int, answers_optional: bool = False) -> list
                 prompt = row["prompt"]
                 answer = row.get("answer") if answers_optional else row["answer"]
             except (json.JSONDecodeError, KeyError, TypeError, RecursionError, ValueError) as e:
-                raise ValueError(f"{path}:{lineno}: expected {{\"prompt\": ..., \"answer\": ...}} ({e})") from None
+                raise ValueError(f'{path}:{lineno}: expected {{"prompt": ..., "answer": ...}} ({e})') from None
             if not isinstance(prompt, str) or not prompt:
-                raise ValueError(f"{path}:{lineno}: \"prompt\" must be a non-empty string, got {type(prompt).__name__}")
+                raise ValueError(f'{path}:{lineno}: "prompt" must be a non-empty string, got {type(prompt).__name__}')
             if answer is None and answers_optional:
                 out.append(Sample(prompt, None))
                 if len(out) >= n:
                     break
                 continue
             if not isinstance(answer, (str, int, float)) or isinstance(answer, bool):
-                raise ValueError(f"{path}:{lineno}: \"answer\" must be a string or a number, got "
-                                 f"{type(answer).__name__}")
+                raise ValueError(f'{path}:{lineno}: "answer" must be a string or a number, got {type(answer).__name__}')
             answer = str(answer)
             out.append(Sample(prompt, (lambda a: lambda text: text.strip() == a.strip())(answer)))
             if len(out) >= n:
@@ -149,8 +155,12 @@ def environment() -> dict:
     from . import __version__
 
     return {
-        "blockbatch": __version__, "torch": torch.__version__, "python": platform.python_version(),
-        "machine": platform.machine(), "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
+        "blockbatch": __version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -160,8 +170,13 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def run_bench(engine, samples: list[Sample], policies: dict[str, DecodeOptions], compare_reference: bool = False,
-              progress: bool = True) -> dict:
+def run_bench(
+    engine,
+    samples: list[Sample],
+    policies: dict[str, DecodeOptions],
+    compare_reference: bool = False,
+    progress: bool = True,
+) -> dict:
     """Per-sample records and per-policy summaries (see the module docstring)."""
     if not samples:
         raise ValueError("samples is empty: the bench needs at least one task")
@@ -181,9 +196,17 @@ def run_bench(engine, samples: list[Sample], policies: dict[str, DecodeOptions],
             [gen] = engine.generate(ids, options)
             wall_ms = (time.perf_counter() - start) * 1e3
             assert sample.check is not None  # scored samples: load_tasks without answers_optional
-            rec = {"sample": i, "policy": name, "output": gen.text, "correct": bool(sample.check(gen.text)),
-                   "nfe": gen.stats["nfe"], "nfe_paper": gen.stats["nfe_paper"], "wall_ms": wall_ms,
-                   "generated_tokens": len(gen.ids), "committed": sum(gen.stats["committed_per_step"])}
+            rec = {
+                "sample": i,
+                "policy": name,
+                "output": gen.text,
+                "correct": bool(sample.check(gen.text)),
+                "nfe": gen.stats["nfe"],
+                "nfe_paper": gen.stats["nfe_paper"],
+                "wall_ms": wall_ms,
+                "generated_tokens": len(gen.ids),
+                "committed": sum(gen.stats["committed_per_step"]),
+            }
             if ref_model is not None:
                 start = time.perf_counter()
                 ref_tokens = reference_decode(ref_model, ids, options, engine.checkpoint.proposal_vocab)
@@ -192,7 +215,9 @@ def run_bench(engine, samples: list[Sample], policies: dict[str, DecodeOptions],
             records.append(rec)
         if progress:
             el = time.perf_counter() - t0
-            sys.stderr.write(f"\r[{i + 1}/{len(samples)}] {el:.0f}s elapsed, ETA {el / (i + 1) * (len(samples) - i - 1):.0f}s")
+            sys.stderr.write(
+                f"\r[{i + 1}/{len(samples)}] {el:.0f}s elapsed, ETA {el / (i + 1) * (len(samples) - i - 1):.0f}s"
+            )
     if progress:
         sys.stderr.write("\n")
     summary = {}
@@ -235,22 +260,52 @@ def reference_decode(ref_model, ids: torch.Tensor, o: DecodeOptions, proposal_vo
         from .reference.blockbatch import blockbatch_generate
 
         assert o.threshold is not None  # DecodeOptions refuses blockbatch without a threshold
-        return blockbatch_generate(ref_model, ids, o.gen_length, o.resolved("block_sizes", family),
-                                   threshold=o.threshold, merge_gate=o.merge_gate, sync_gap=o.sync_gap,
-                                   refresh_tokens=o.refresh_tokens, refresh_mode=o.refresh_mode,
-                                   prob_floor=o.resolved("prob_floor", family), stop_on_eos=o.eos_exit,
-                                   merge=o.merge, sync=o.sync, temperature=o.temperature, seed=o.seed,
-                                   sync_refresh=o.sync_refresh).tokens
+        return blockbatch_generate(
+            ref_model,
+            ids,
+            o.gen_length,
+            o.resolved("block_sizes", family),
+            threshold=o.threshold,
+            merge_gate=o.merge_gate,
+            sync_gap=o.sync_gap,
+            refresh_tokens=o.refresh_tokens,
+            refresh_mode=o.refresh_mode,
+            prob_floor=o.resolved("prob_floor", family),
+            stop_on_eos=o.eos_exit,
+            merge=o.merge,
+            sync=o.sync,
+            temperature=o.temperature,
+            seed=o.seed,
+            sync_refresh=o.sync_refresh,
+        ).tokens
     from .reference.policies import generate
 
-    return generate(ref_model, ids, o.gen_length, o.block_length, o.policy, steps=o.steps, threshold=o.threshold,
-                    factor=o.factor, temperature=o.temperature, seed=o.seed, stop_on_eos=o.eos_exit).tokens
+    return generate(
+        ref_model,
+        ids,
+        o.gen_length,
+        o.block_length,
+        o.policy,
+        steps=o.steps,
+        threshold=o.threshold,
+        factor=o.factor,
+        temperature=o.temperature,
+        seed=o.seed,
+        stop_on_eos=o.eos_exit,
+    ).tokens
 
 
 def format_table(result: dict) -> str:
     width = max([11, *map(len, result["summary"])])  # the policy specs as given (presets can be long)
-    cols = [("policy", f"{{:{width}s}}"), ("acc", "{:6.3f}"), ("NFE", "{:7.2f}"), ("NFE med", "{:7.1f}"),
-            ("tok/fwd", "{:7.2f}"), ("ms med", "{:8.2f}"), ("gen tok/s", "{:9.1f}")]
+    cols = [
+        ("policy", f"{{:{width}s}}"),
+        ("acc", "{:6.3f}"),
+        ("NFE", "{:7.2f}"),
+        ("NFE med", "{:7.1f}"),
+        ("tok/fwd", "{:7.2f}"),
+        ("ms med", "{:8.2f}"),
+        ("gen tok/s", "{:9.1f}"),
+    ]
     keys = ["accuracy", "mean_nfe", "median_nfe", "tokens_per_forward", "median_wall_ms", "generated_tokens_per_s"]
     any_s = next(iter(result["summary"].values()))
     if "nfe_vs_dual" in any_s:
@@ -259,8 +314,10 @@ def format_table(result: dict) -> str:
     if "speedup_vs_reference" in any_s:
         cols += [("ref ms", "{:8.1f}"), ("x ref", "{:6.2f}"), ("ref==", "{:5.2f}")]
         keys += ["reference_median_wall_ms", "speedup_vs_reference", "reference_token_equal"]
-    head = " ".join(f"{name:>{len(fmt.format(0) if 'f' in fmt else name)}}" if i else f"{name:{width}s}"
-                    for i, (name, fmt) in enumerate(cols))
+    head = " ".join(
+        f"{name:>{len(fmt.format(0) if 'f' in fmt else name)}}" if i else f"{name:{width}s}"
+        for i, (name, fmt) in enumerate(cols)
+    )
     lines = [head]
     for policy, s in result["summary"].items():
         lines.append(" ".join([cols[0][1].format(policy)] + [fmt.format(s[k]) for (_, fmt), k in zip(cols[1:], keys)]))

@@ -26,8 +26,12 @@ _INT64_MAX = (1 << 63) - 1
 
 
 def __getattr__(name: str) -> int:
-    limits = {"MAX_SEQUENCE_LENGTH": "max_sequence_length", "MAX_LAYERS": "layers", "MAX_DIM": "dim",
-              "MAX_ROPE_ELEMENTS": "rope_elements"}
+    limits = {
+        "MAX_SEQUENCE_LENGTH": "max_sequence_length",
+        "MAX_LAYERS": "layers",
+        "MAX_DIM": "dim",
+        "MAX_ROPE_ELEMENTS": "rope_elements",
+    }
     if name in limits:
         from ._C_loader import load_extension
         import torch
@@ -37,8 +41,16 @@ def __getattr__(name: str) -> int:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-_INT_KEYS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden_size", "vocab_size", "embedding_size",
-             "max_sequence_length")
+_INT_KEYS = (
+    "d_model",
+    "n_layers",
+    "n_heads",
+    "n_kv_heads",
+    "mlp_hidden_size",
+    "vocab_size",
+    "embedding_size",
+    "max_sequence_length",
+)
 _FLOAT_KEYS = ("rope_theta", "rms_norm_eps")
 
 
@@ -169,8 +181,10 @@ class ModelConfig:
     def codec(self) -> ConfigCodec:
         codec = _CODECS.get(self.model_type)
         if codec is None:
-            raise CheckpointError(f"config: key 'model_type' is {show_value(self.model_type)}; supported: "
-                                  f"{', '.join(supported_model_types())}")
+            raise CheckpointError(
+                f"config: key 'model_type' is {show_value(self.model_type)}; supported: "
+                f"{', '.join(supported_model_types())}"
+            )
         return codec
 
     @property
@@ -201,8 +215,9 @@ class ModelConfig:
             return CheckpointError(f"{where}: key '{key}' {msg}")
 
         if self.model_type not in _CODECS:
-            raise bad("model_type", f"is {show_value(self.model_type)}; supported: "
-                                    f"{', '.join(supported_model_types())}")
+            raise bad(
+                "model_type", f"is {show_value(self.model_type)}; supported: {', '.join(supported_model_types())}"
+            )
         for key in (*_INT_KEYS, "mask_token_id", "eos_token_id"):
             value = getattr(self, key)
             if not is_int(value):
@@ -226,14 +241,21 @@ class ModelConfig:
             torch.ops.blockbatch.check_config(self.int_fields(), self.float_fields())
         except (ValueError, RuntimeError) as e:
             message = str(e).split("\n")[0]
-            raise CheckpointError(where + message[len("config"):] if message.startswith("config:")
-                                  else f"{where}: {message}") from None
-        if self.pad_token_id is not None and (not is_int(self.pad_token_id)
-                                              or not 0 <= self.pad_token_id < self.vocab_size):
-            raise bad("pad_token_id", f"= {show_value(self.pad_token_id)} is outside the vocabulary [0, {self.vocab_size})")
-        if self.bos_token_id is not None and (not is_int(self.bos_token_id)
-                                              or not 0 <= self.bos_token_id < self.vocab_size):
-            raise bad("bos_token_id", f"= {show_value(self.bos_token_id)} is outside the vocabulary [0, {self.vocab_size})")
+            raise CheckpointError(
+                where + message[len("config") :] if message.startswith("config:") else f"{where}: {message}"
+            ) from None
+        if self.pad_token_id is not None and (
+            not is_int(self.pad_token_id) or not 0 <= self.pad_token_id < self.vocab_size
+        ):
+            raise bad(
+                "pad_token_id", f"= {show_value(self.pad_token_id)} is outside the vocabulary [0, {self.vocab_size})"
+            )
+        if self.bos_token_id is not None and (
+            not is_int(self.bos_token_id) or not 0 <= self.bos_token_id < self.vocab_size
+        ):
+            raise bad(
+                "bos_token_id", f"= {show_value(self.bos_token_id)} is outside the vocabulary [0, {self.vocab_size})"
+            )
         return self
 
     # ------------------------------------------------------------------ json
@@ -252,14 +274,17 @@ class ModelConfig:
         model_type = keys.need("model_type")
         codec = _CODECS.get(model_type) if isinstance(model_type, str) else None
         if codec is None:
-            raise keys.bad("model_type", f"is {show_value(model_type)}; supported: {', '.join(supported_model_types())}")
+            raise keys.bad(
+                "model_type", f"is {show_value(model_type)}; supported: {', '.join(supported_model_types())}"
+            )
         return codec.read(keys).validate(where)
 
     @classmethod
     def from_json_file(cls, path: str | os.PathLike) -> "ModelConfig":
         path = os.fspath(path)
         raw = read_json_file(path, "config.json", MAX_CONFIG_BYTES)
-        codec = _CODECS.get(raw.get("model_type")) if isinstance(raw, dict) else None
+        model_type = raw.get("model_type") if isinstance(raw, dict) else None
+        codec = _CODECS.get(model_type) if isinstance(model_type, str) else None
         if codec is not None and codec.generation_config_keys:
             # Some families (Dream) keep their special ids in generation_config.json too; config.json wins.
             gen_path = os.path.join(os.path.dirname(path), GENERATION_CONFIG_NAME)
@@ -279,11 +304,25 @@ class ModelConfig:
     # ---------------------------------------------------------- for C++
 
     def int_fields(self) -> dict[str, int]:
-        return {k: int(getattr(self, k)) for k in (
-            "d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden_size", "vocab_size",
-            "embedding_size", "mask_token_id", "eos_token_id", "max_sequence_length")} | {
-            "weight_tying": int(self.weight_tying), "attention_bias": int(bool(self.attention_bias)),
-            "family": self.codec.cpp_id}
+        return {
+            k: int(getattr(self, k))
+            for k in (
+                "d_model",
+                "n_layers",
+                "n_heads",
+                "n_kv_heads",
+                "mlp_hidden_size",
+                "vocab_size",
+                "embedding_size",
+                "mask_token_id",
+                "eos_token_id",
+                "max_sequence_length",
+            )
+        } | {
+            "weight_tying": int(self.weight_tying),
+            "attention_bias": int(bool(self.attention_bias)),
+            "family": self.codec.cpp_id,
+        }
 
     def float_fields(self) -> dict[str, float]:
         return {"rope_theta": float(self.rope_theta), "rms_norm_eps": float(self.rms_norm_eps)}

@@ -26,7 +26,6 @@ message. This module imports nothing but the standard library.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from typing import Any, Optional
 
@@ -38,24 +37,24 @@ FAMILIES = ("llada", "dream")  # model families; the first is the default (the t
 @dataclasses.dataclass(frozen=True)
 class Option:
     name: str
-    type: str                           # "int" | "float" | "bool" | "str" | "int[]"
-    default: Any                        # the default for every policy and family unless overridden
-    doc: str                            # one line
+    type: str  # "int" | "float" | "bool" | "str" | "int[]"
+    default: Any  # the default for every policy and family unless overridden
+    doc: str  # one line
     policies: tuple[str, ...] = POLICIES  # the policies that read it
-    optional: bool = False              # None is a value (see none_doc)
-    none_doc: str = ""                  # what None means
-    choices: tuple[str, ...] = ()       # type str: the accepted values
-    cpp_enum: str = ""                  # type str: the C++ enum type ...
-    cpp_values: tuple[str, ...] = ()    # ... and its enumerators, in `choices` order
-    lo: Optional[float] = None          # range: lo <= v (lo < v when lo_open)
+    optional: bool = False  # None is a value (see none_doc)
+    none_doc: str = ""  # what None means
+    choices: tuple[str, ...] = ()  # type str: the accepted values
+    cpp_enum: str = ""  # type str: the C++ enum type ...
+    cpp_values: tuple[str, ...] = ()  # ... and its enumerators, in `choices` order
+    lo: Optional[float] = None  # range: lo <= v (lo < v when lo_open)
     lo_open: bool = False
-    hi: Optional[float] = None          # v <= hi (v < hi when hi_open)
+    hi: Optional[float] = None  # v <= hi (v < hi when hi_open)
     hi_open: bool = False
-    max_items: Optional[int] = None     # type int[]: at most this many entries (each checked by lo / hi)
+    max_items: Optional[int] = None  # type int[]: at most this many entries (each checked by lo / hi)
     by_policy: tuple[tuple[str, Any], ...] = ()  # (policy, default) where it differs (value None: resolve)
     # (family, default) or ("family:policy", default) where it differs from the columns above
     by_family: tuple[tuple[str, Any], ...] = ()
-    group: str = "decoding"             # the --help group
+    group: str = "decoding"  # the --help group
 
     @property
     def flag(self) -> str:
@@ -104,75 +103,246 @@ def _num_text(v: float) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
-MAX_BRANCHES = 16             # csrc/kernels/branches.h kMaxBranches (a static_assert compares)
-MAX_GAP_TOKENS = 1 << 30      # sync_gap, refresh_tokens
-MIN_PROB_FLOOR = 0.01         # the probability maps hold at most 1 / prob_floor + 1 entries per position
+MAX_BRANCHES = 16  # csrc/kernels/branches.h kMaxBranches (a static_assert compares)
+MAX_GAP_TOKENS = 1 << 30  # sync_gap, refresh_tokens
+MIN_PROB_FLOOR = 0.01  # the probability maps hold at most 1 / prob_floor + 1 entries per position
 
 OPTIONS: tuple[Option, ...] = (
-    Option("policy", "str", "dual", "vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; "
-           "blockbatch: several block-size branches in one batched forward",
-           choices=POLICIES, cpp_enum="Policy", cpp_values=("kVanilla", "kPrefix", "kDual", "kBlockBatch")),
-    Option("gen_length", "int", 128, "tokens to generate (the diffusion canvas after the prompt)",
-           lo=1),
-    Option("block_length", "int", 32, "block size of the single-branch policies; divides gen_length",
-           policies=SINGLE_BRANCH, lo=1),
-    Option("steps", "int", None, "total steps of LLaDA's fixed schedule (a multiple of the number of blocks, "
-           "<= gen_length); Dream vanilla: its number of steps (<= gen_length)", optional=True,
-           none_doc="no fixed schedule (Dream vanilla: gen_length steps)", lo=0),
-    Option("threshold", "float", 0.9, "commit every masked position whose confidence is >= this",
-           optional=True, none_doc="the fixed schedule (with steps)", lo=0.0, lo_open=True, hi=1.0),
-    Option("factor", "float", None, "Fast-dLLM's factor rule instead of the threshold (wins over threshold)",
-           policies=SINGLE_BRANCH, optional=True, none_doc="off", lo=0.0, lo_open=True),
+    Option(
+        "policy",
+        "str",
+        "dual",
+        "vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; "
+        "blockbatch: several block-size branches in one batched forward",
+        choices=POLICIES,
+        cpp_enum="Policy",
+        cpp_values=("kVanilla", "kPrefix", "kDual", "kBlockBatch"),
+    ),
+    Option("gen_length", "int", 128, "tokens to generate (the diffusion canvas after the prompt)", lo=1),
+    Option(
+        "block_length",
+        "int",
+        32,
+        "block size of the single-branch policies; divides gen_length",
+        policies=SINGLE_BRANCH,
+        lo=1,
+    ),
+    Option(
+        "steps",
+        "int",
+        None,
+        "total steps of LLaDA's fixed schedule (a multiple of the number of blocks, "
+        "<= gen_length); Dream vanilla: its number of steps (<= gen_length)",
+        optional=True,
+        none_doc="no fixed schedule (Dream vanilla: gen_length steps)",
+        lo=0,
+    ),
+    Option(
+        "threshold",
+        "float",
+        0.9,
+        "commit every masked position whose confidence is >= this",
+        optional=True,
+        none_doc="the fixed schedule (with steps)",
+        lo=0.0,
+        lo_open=True,
+        hi=1.0,
+    ),
+    Option(
+        "factor",
+        "float",
+        None,
+        "Fast-dLLM's factor rule instead of the threshold (wins over threshold)",
+        policies=SINGLE_BRANCH,
+        optional=True,
+        none_doc="off",
+        lo=0.0,
+        lo_open=True,
+    ),
     Option("temperature", "float", 0.0, "Gumbel-max sampling temperature (float64, seeded); 0: greedy", lo=0.0),
     Option("seed", "int", 0, "sampling seed (with temperature > 0)", lo=0, hi=(1 << 63) - 1),
-    Option("stop_on_eos", "bool", False, "stop once a completed block holds EOS (the text is cut at the first EOS "
-           "either way)", by_policy=(("blockbatch", True),), by_family=(("dream", False),)),
-    Option("alg", "str", "confidence", "vanilla: which masked positions a step commits first: the most probable "
-           "(confidence), the largest top-1 minus top-2 probability (margin), the lowest entropy (entropy), or a "
-           "seeded random choice (origin); LLaDA ranks by confidence only", policies=("vanilla",),
-           choices=("confidence", "margin", "entropy", "origin"),
-           cpp_enum="Alg", cpp_values=("kConfidence", "kMargin", "kEntropy", "kOrigin"),
-           by_family=(("dream", "entropy"),), group="dream"),
-    Option("alg_temp", "float", 0.0, "Dream vanilla: > 0 draws the positions to commit from softmax(confidence / "
-           "alg_temp) (seeded) instead of taking the top ones", policies=("vanilla",), lo=0.0, group="dream"),
-    Option("eps", "float", 1e-3, "Dream vanilla: the schedule's last time step (t runs from 1 down to eps over "
-           "steps)", policies=("vanilla",), lo=0.0, lo_open=True, hi=1.0, hi_open=True, group="dream"),
-    Option("top_p", "float", None, "Dream vanilla / prefix / dual: propose only from the most probable tokens "
-           "holding this much probability", policies=SINGLE_BRANCH, optional=True, none_doc="off", lo=0.0,
-           lo_open=True, hi=1.0, group="dream"),
-    Option("top_k", "int", None, "Dream vanilla / prefix / dual: propose only from the top_k most probable "
-           "tokens", policies=SINGLE_BRANCH, optional=True, none_doc="off", lo=1, group="dream"),
-    Option("block_sizes", "int[]", (4, 8, 16, 32, 64, 128), "blockbatch: one branch per block size; each divides "
-           "gen_length, no repeats (unset: the family's default sizes that divide gen_length)", policies=("blockbatch",), lo=1, max_items=MAX_BRANCHES,
-           by_family=(("dream", (4, 8, 16, 32, 64)),), group="blockbatch"),
-    Option("merge_gate", "float", 0.5, "merge a token into a branch when that branch's own probability of it "
-           "exceeds this", policies=("blockbatch",), lo=0.0, lo_open=True, hi=1.0, group="blockbatch"),
-    Option("sync_gap", "int", 8, "copy the leader into a branch lagging by more than this many tokens",
-           policies=("blockbatch",), lo=0, hi=MAX_GAP_TOKENS, group="blockbatch"),
-    Option("refresh_tokens", "int", 32, "full-canvas KV refresh of a branch every this many decoded tokens "
-           "(0: never)", policies=("blockbatch",), lo=0, hi=MAX_GAP_TOKENS, group="blockbatch"),
-    Option("refresh_mode", "str", "periodic", "periodic: refresh every refresh_tokens; divergence: only when the "
-           "branches' distributions drift", policies=("blockbatch",), choices=("periodic", "divergence"),
-           cpp_enum="RefreshMode", cpp_values=("kPeriodic", "kDivergence"), group="blockbatch"),
-    Option("prob_floor", "float", 0.1, "probabilities kept per position for merging (LLaDA: >= this; Dream: > "
-           "this)", policies=("blockbatch",), lo=MIN_PROB_FLOOR, hi=1.0, hi_open=True,
-           by_family=(("dream", 0.2),), group="blockbatch"),
-    Option("merge", "bool", True, "confidence-gated merging (ablation switch)", policies=("blockbatch",),
-           group="blockbatch"),
-    Option("sync", "bool", True, "leader synchronisation (ablation switch)", policies=("blockbatch",),
-           group="blockbatch"),
-    Option("sync_refresh", "bool", False, "variant (not the authors'): refresh once a leader sync has copied a lagging "
-           "branch, whose copied KV row predates the leader's last commits (ALGORITHMS.md 10.3)",
-           policies=("blockbatch",), group="blockbatch"),
-    Option("branch_budget", "str", "full", "full: every branch of block_sizes; auto: under the batching scheduler, "
-           "the branch set is cut to the query tokens a step can carry at the current load (measured step-time "
-           "curve; the largest branches go first, down to the one nearest block_length), so results depend on load",
-           policies=("blockbatch",), choices=("full", "auto"), cpp_enum="BranchBudget",
-           cpp_values=("kFull", "kAuto"), group="blockbatch"),
-    Option("cuda_graphs", "bool", True, "CUDA: replay recorded decode steps (same tokens as eager); no effect on "
-           "CPU", group="runtime"),
-    Option("timeout_s", "float", 0.0, "fail with a timeout once a decode runs longer than this many seconds "
-           "(0: no deadline)", lo=0.0, group="runtime"),
+    Option(
+        "stop_on_eos",
+        "bool",
+        False,
+        "stop once a completed block holds EOS (the text is cut at the first EOS either way)",
+        by_policy=(("blockbatch", True),),
+        by_family=(("dream", False),),
+    ),
+    Option(
+        "alg",
+        "str",
+        "confidence",
+        "vanilla: which masked positions a step commits first: the most probable "
+        "(confidence), the largest top-1 minus top-2 probability (margin), the lowest entropy (entropy), or a "
+        "seeded random choice (origin); LLaDA ranks by confidence only",
+        policies=("vanilla",),
+        choices=("confidence", "margin", "entropy", "origin"),
+        cpp_enum="Alg",
+        cpp_values=("kConfidence", "kMargin", "kEntropy", "kOrigin"),
+        by_family=(("dream", "entropy"),),
+        group="dream",
+    ),
+    Option(
+        "alg_temp",
+        "float",
+        0.0,
+        "Dream vanilla: > 0 draws the positions to commit from softmax(confidence / "
+        "alg_temp) (seeded) instead of taking the top ones",
+        policies=("vanilla",),
+        lo=0.0,
+        group="dream",
+    ),
+    Option(
+        "eps",
+        "float",
+        1e-3,
+        "Dream vanilla: the schedule's last time step (t runs from 1 down to eps over steps)",
+        policies=("vanilla",),
+        lo=0.0,
+        lo_open=True,
+        hi=1.0,
+        hi_open=True,
+        group="dream",
+    ),
+    Option(
+        "top_p",
+        "float",
+        None,
+        "Dream vanilla / prefix / dual: propose only from the most probable tokens holding this much probability",
+        policies=SINGLE_BRANCH,
+        optional=True,
+        none_doc="off",
+        lo=0.0,
+        lo_open=True,
+        hi=1.0,
+        group="dream",
+    ),
+    Option(
+        "top_k",
+        "int",
+        None,
+        "Dream vanilla / prefix / dual: propose only from the top_k most probable tokens",
+        policies=SINGLE_BRANCH,
+        optional=True,
+        none_doc="off",
+        lo=1,
+        group="dream",
+    ),
+    Option(
+        "block_sizes",
+        "int[]",
+        (4, 8, 16, 32, 64, 128),
+        "blockbatch: one branch per block size; each divides "
+        "gen_length, no repeats (unset: the family's default sizes that divide gen_length)",
+        policies=("blockbatch",),
+        lo=1,
+        max_items=MAX_BRANCHES,
+        by_family=(("dream", (4, 8, 16, 32, 64)),),
+        group="blockbatch",
+    ),
+    Option(
+        "merge_gate",
+        "float",
+        0.5,
+        "merge a token into a branch when that branch's own probability of it exceeds this",
+        policies=("blockbatch",),
+        lo=0.0,
+        lo_open=True,
+        hi=1.0,
+        group="blockbatch",
+    ),
+    Option(
+        "sync_gap",
+        "int",
+        8,
+        "copy the leader into a branch lagging by more than this many tokens",
+        policies=("blockbatch",),
+        lo=0,
+        hi=MAX_GAP_TOKENS,
+        group="blockbatch",
+    ),
+    Option(
+        "refresh_tokens",
+        "int",
+        32,
+        "full-canvas KV refresh of a branch every this many decoded tokens (0: never)",
+        policies=("blockbatch",),
+        lo=0,
+        hi=MAX_GAP_TOKENS,
+        group="blockbatch",
+    ),
+    Option(
+        "refresh_mode",
+        "str",
+        "periodic",
+        "periodic: refresh every refresh_tokens; divergence: only when the branches' distributions drift",
+        policies=("blockbatch",),
+        choices=("periodic", "divergence"),
+        cpp_enum="RefreshMode",
+        cpp_values=("kPeriodic", "kDivergence"),
+        group="blockbatch",
+    ),
+    Option(
+        "prob_floor",
+        "float",
+        0.1,
+        "probabilities kept per position for merging (LLaDA: >= this; Dream: > this)",
+        policies=("blockbatch",),
+        lo=MIN_PROB_FLOOR,
+        hi=1.0,
+        hi_open=True,
+        by_family=(("dream", 0.2),),
+        group="blockbatch",
+    ),
+    Option(
+        "merge",
+        "bool",
+        True,
+        "confidence-gated merging (ablation switch)",
+        policies=("blockbatch",),
+        group="blockbatch",
+    ),
+    Option(
+        "sync", "bool", True, "leader synchronisation (ablation switch)", policies=("blockbatch",), group="blockbatch"
+    ),
+    Option(
+        "sync_refresh",
+        "bool",
+        False,
+        "variant (not the authors'): refresh once a leader sync has copied a lagging "
+        "branch, whose copied KV row predates the leader's last commits (ALGORITHMS.md 10.3)",
+        policies=("blockbatch",),
+        group="blockbatch",
+    ),
+    Option(
+        "branch_budget",
+        "str",
+        "full",
+        "full: every branch of block_sizes; auto: under the batching scheduler, "
+        "the branch set is cut to the query tokens a step can carry at the current load (measured step-time "
+        "curve; the largest branches go first, down to the one nearest block_length), so results depend on load",
+        policies=("blockbatch",),
+        choices=("full", "auto"),
+        cpp_enum="BranchBudget",
+        cpp_values=("kFull", "kAuto"),
+        group="blockbatch",
+    ),
+    Option(
+        "cuda_graphs",
+        "bool",
+        True,
+        "CUDA: replay recorded decode steps (same tokens as eager); no effect on CPU",
+        group="runtime",
+    ),
+    Option(
+        "timeout_s",
+        "float",
+        0.0,
+        "fail with a timeout once a decode runs longer than this many seconds (0: no deadline)",
+        lo=0.0,
+        group="runtime",
+    ),
 )
 
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
@@ -189,6 +359,7 @@ def defaults_for(policy: str, family: str = FAMILIES[0]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- Python-side types
+
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
@@ -241,8 +412,12 @@ def parse_text(name: str, text: str, list_sep: str = ",") -> Any:
             raise ValueError
         return t
     except ValueError:
-        expected = {"int": "an integer", "float": "a number", "bool": "true or false",
-                    "int[]": f"integers separated by '{list_sep}'"}.get(o.type, o.range_text())
+        expected = {
+            "int": "an integer",
+            "float": "a number",
+            "bool": "true or false",
+            "int[]": f"integers separated by '{list_sep}'",
+        }.get(o.type, o.range_text())
         extra = " or 'none'" if o.optional or o.resolved_by_table else ""
         raise ValueError(f"{name}: expected {expected}{extra}, got {text!r}") from None
 
@@ -263,6 +438,7 @@ def to_op_kwargs(values: dict[str, Any]) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- command line
 
+
 def cli_help(o: Option) -> str:
     parts = [o.doc]
     r = o.range_text()
@@ -270,18 +446,18 @@ def cli_help(o: Option) -> str:
         r = f"up to {o.max_items} entries, each {r}"
     if r and not o.choices and o.type != "bool":
         parts.append(r)
-    default = f"default {_value_text(o.default)}"
+    default = f"default {value_text(o.default)}"
     if o.by_policy:
-        default += "; " + ", ".join(f"{p}: {_value_text(v)}" for p, v in o.by_policy)
+        default += "; " + ", ".join(f"{p}: {value_text(v)}" for p, v in o.by_policy)
     if o.by_family:
-        default += "; " + ", ".join(f"{f} models: {_value_text(v)}" for f, v in o.by_family)
+        default += "; " + ", ".join(f"{f} models: {value_text(v)}" for f, v in o.by_family)
     parts.append(default)
     if o.optional:
         parts.append(f"'none': {o.none_doc}")
     return "; ".join(parts)
 
 
-def _value_text(v: Any) -> str:
+def value_text(v: Any) -> str:
     if v is None:
         return "none"
     if isinstance(v, bool):
@@ -289,102 +465,3 @@ def _value_text(v: Any) -> str:
     if isinstance(v, (tuple, list)):
         return ",".join(str(x) for x in v)
     return str(v)
-
-
-EXPLICIT_ATTR = "_explicit_options"  # the namespace attribute holding the option flags given
-
-
-def _mark_explicit(namespace: argparse.Namespace, name: str) -> None:
-    given = getattr(namespace, EXPLICIT_ATTR, None)
-    if given is None:
-        given = set()
-        setattr(namespace, EXPLICIT_ATTR, given)
-    given.add(name)
-
-
-class _StoreOption(argparse.Action):
-    """``store`` that also records the option as given on the command line (``explicit_from_args``)."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        setattr(namespace, self.dest, values)
-        _mark_explicit(namespace, self.dest)
-
-
-class _BooleanOption(argparse.BooleanOptionalAction):
-    """``--flag`` / ``--no-flag`` that also records the option as given on the command line."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        super().__call__(parser, namespace, values, option_string)
-        _mark_explicit(namespace, self.dest)
-
-
-def add_arguments(parser: argparse.ArgumentParser, groups: dict[str, str]) -> None:
-    """One flag per option (``--gen-length``; bools ``--merge`` / ``--no-merge``), default from the
-    table, in argument groups titled by `groups` (group name -> title). The flags the command line
-    actually gave are recorded: ``explicit_from_args`` (a preset sits between them and the defaults)."""
-    made = {g: parser.add_argument_group(title) for g, title in groups.items()}
-    for o in OPTIONS:
-        g = made[o.group]
-        default = DEFAULTS[o.name]
-        text = cli_help(o).replace("%", "%%")  # argparse formats help strings with %
-        if o.type == "bool":
-            g.add_argument(o.flag, dest=o.name, action=_BooleanOption, default=default, help=text)
-            continue
-        kind = _argparse_type(o)
-        meta = {"int": "N", "float": "X", "int[]": "LIST"}.get(o.type)
-        g.add_argument(o.flag, dest=o.name, action=_StoreOption, type=kind, default=default, metavar=meta,
-                       choices=o.choices or None, help=text)
-
-
-def _argparse_type(o: Option):
-    def parse(text: str) -> Any:
-        try:
-            return parse_text(o.name, text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e).split(": ", 1)[1]) from None
-    parse.__name__ = o.type  # argparse's "invalid <type> value" message
-    return parse
-
-
-def values_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    return {name: getattr(args, name) for name in NAMES}
-
-
-def explicit_from_args(args: argparse.Namespace) -> set[str]:
-    """The options whose flags the command line gave (``--threshold 0.8``, ``--no-merge``; a flag
-    equal to its default counts too), as option names; the rest hold the table's defaults."""
-    return set(getattr(args, EXPLICIT_ATTR, ()))
-
-
-# --------------------------------------------------------------------------- documentation
-
-DOCS_BEGIN = "<!-- options table: generated by `python tools/gen_contract.py --write`; do not edit -->"
-DOCS_END = "<!-- end of options table -->"
-
-
-def markdown_table() -> str:
-    families = [f for f in FAMILIES[1:] if any(k.partition(":")[0] == f for o in OPTIONS for k, _ in o.by_family)]
-    head = ["option", "type", f"default ({FAMILIES[0]})", *(f"default ({f})" for f in families), "values",
-            "policies", "what it does"]
-    rows = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for o in OPTIONS:
-        default = f"`{_value_text(o.default)}`"
-        if o.by_policy:
-            default += ", " + ", ".join(f"{p}: `{_value_text(v)}`" for p, v in o.by_policy)
-        fam = [", ".join(f"{k.partition(':')[2] + ': ' if ':' in k else ''}`{_value_text(v)}`"
-                         for k, v in o.by_family if k.partition(":")[0] == f) or "same" for f in families]
-        values = o.range_text() or "any"
-        if o.max_items:
-            values = f"up to {o.max_items} entries, each {values}"
-        if o.optional:
-            values += f"; none: {o.none_doc}"
-        policies = "all" if o.policies == POLICIES else ", ".join(o.policies)
-        rows.append(f"| `{o.name}` | {o.type}{'?' if o.optional else ''} | {default} | "
-                    + "".join(f"{x} | " for x in fam) + f"{values} | {policies} | {o.doc} |")
-    return "\n".join(rows)
-
-
-def replace_docs_table(text: str) -> str:
-    """`text` (docs/options.md) with the part between the table markers replaced by markdown_table()."""
-    start, end = text.index(DOCS_BEGIN) + len(DOCS_BEGIN), text.index(DOCS_END)
-    return text[:start] + "\n" + markdown_table() + "\n" + text[end:]

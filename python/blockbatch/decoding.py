@@ -21,12 +21,13 @@ from .options import DecodeOptions
 
 @dataclasses.dataclass
 class DecodeOutput:
-    tokens: torch.Tensor            # [L] int64: prompt + generation
+    tokens: torch.Tensor  # [L] int64: prompt + generation
     stats: dict[str, Any]
 
 
-def run_decode(model_obj, prompt_ids: torch.Tensor, options: DecodeOptions,
-               step_curve: list[tuple[int, float]] | None = None) -> DecodeOutput:
+def run_decode(
+    model_obj, prompt_ids: torch.Tensor, options: DecodeOptions, step_curve: list[tuple[int, float]] | None = None
+) -> DecodeOutput:
     """Call ``torch.ops.blockbatch.decode`` and turn its outputs into a stats dict.
 
     On the main thread the op runs on a worker thread while this thread waits, so Ctrl-C
@@ -37,14 +38,28 @@ def run_decode(model_obj, prompt_ids: torch.Tensor, options: DecodeOptions,
     """
     op = torch.ops.blockbatch.decode.typed
     tokens, counters, step_log, branch_stats = _interruptible(
-        lambda cancel: op(model_obj, prompt_ids, options.native, cancel, [t for t, _ in step_curve or ()],
-                          [s for _, s in step_curve or ()]), prompt_ids.is_cuda)
+        lambda cancel: op(
+            model_obj,
+            prompt_ids,
+            options.native,
+            cancel,
+            [t for t, _ in step_curve or ()],
+            [s for _, s in step_curve or ()],
+        ),
+        prompt_ids.is_cuda,
+    )
     return to_output(tokens, counters, step_log, branch_stats, options)
 
 
-def run_decode_batch(model_obj, prompts: list[torch.Tensor], options: list[DecodeOptions], max_batch: int,
-                     kv_budget_bytes: int = 0, step_curve: list[tuple[int, float]] | None = None,
-                     pad_packs: bool = False) -> tuple[list[DecodeOutput], dict]:
+def run_decode_batch(
+    model_obj,
+    prompts: list[torch.Tensor],
+    options: list[DecodeOptions],
+    max_batch: int,
+    kv_budget_bytes: int = 0,
+    step_curve: list[tuple[int, float]] | None = None,
+    pad_packs: bool = False,
+) -> tuple[list[DecodeOutput], dict]:
     """Many requests through ``torch.ops.blockbatch.decode_batch``: up to ``max_batch`` decode
     together, their forwards packed into one per step; each output equals ``run_decode`` of that
     request alone (tokens and counters). Returns the outputs in input order and the batch's
@@ -60,13 +75,34 @@ def run_decode_batch(model_obj, prompts: list[torch.Tensor], options: list[Decod
     natives = [o.native for o in options]
     op = torch.ops.blockbatch.decode_batch
     tokens, counters, logs, branches, batch = _interruptible(
-        lambda cancel: op(model_obj, prompts, natives, max_batch=max_batch, kv_budget_bytes=kv_budget_bytes,
-                          cancel=cancel, curve_tokens=[t for t, _ in step_curve or ()],
-                          curve_seconds=[s for _, s in step_curve or ()], pad_packs=pad_packs),
-        any(p.is_cuda for p in prompts))
+        lambda cancel: op(
+            model_obj,
+            prompts,
+            natives,
+            max_batch=max_batch,
+            kv_budget_bytes=kv_budget_bytes,
+            cancel=cancel,
+            curve_tokens=[t for t, _ in step_curve or ()],
+            curve_seconds=[s for _, s in step_curve or ()],
+            pad_packs=pad_packs,
+        ),
+        any(p.is_cuda for p in prompts),
+    )
     outs = [to_output(t, c, log, br, o) for t, c, log, br, o in zip(tokens, counters, logs, branches, options)]
-    return outs, dict(zip(("packed_forwards", "request_forwards", "kv_pool_rows", "kv_row_bytes", "padded_forwards",
-                           "graph_captures", "graph_replays"), batch))
+    return outs, dict(
+        zip(
+            (
+                "packed_forwards",
+                "request_forwards",
+                "kv_pool_rows",
+                "kv_row_bytes",
+                "padded_forwards",
+                "graph_captures",
+                "graph_replays",
+            ),
+            batch,
+        )
+    )
 
 
 def to_output(tokens, counters, step_log, branch_stats, o) -> DecodeOutput:
@@ -77,8 +113,9 @@ def to_output(tokens, counters, step_log, branch_stats, o) -> DecodeOutput:
     stats["early_exit"] = bool(stats["early_exit"])
     stats["committed_per_step"] = step_log[:, 0].tolist()
     stats["query_tokens_per_step"] = step_log[:, 1].tolist()
-    stats["branches"] = [dict(zip(("block_size", "committed", "merged", "copied", "forwards"), row))
-                         for row in branch_stats.tolist()]
+    stats["branches"] = [
+        dict(zip(("block_size", "committed", "merged", "copied", "forwards"), row)) for row in branch_stats.tolist()
+    ]
     stats["policy"] = o.policy
     return DecodeOutput(tokens, stats)
 
@@ -122,8 +159,9 @@ def _worker() -> concurrent.futures.ThreadPoolExecutor:
     soak benchmark measured +4% over 1,000 decodes), one thread reused keeps it flat."""
     global _executor
     if _executor is None:
-        _executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="blockbatch-decode",
-                                                          initializer=_block_sigint)
+        _executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="blockbatch-decode", initializer=_block_sigint
+        )
     return _executor
 
 

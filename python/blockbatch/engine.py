@@ -36,11 +36,11 @@ def batches_on(device_type: str) -> bool:
 class Generation:
     """One decoded request."""
 
-    text: str                 # generation trimmed at the first EOS / end-of-turn ("" without tokenizer)
-    ids: list[int]            # generated ids, trimmed the same way
-    raw_ids: list[int]        # all gen_length generated ids
+    text: str  # generation trimmed at the first EOS / end-of-turn ("" without tokenizer)
+    ids: list[int]  # generated ids, trimmed the same way
+    raw_ids: list[int]  # all gen_length generated ids
     prompt_ids: list[int]
-    stats: dict[str, Any]     # nfe, nfe_full, nfe_block, ..., committed_per_step, branches, wall_ms
+    stats: dict[str, Any]  # nfe, nfe_full, nfe_block, ..., committed_per_step, branches, wall_ms
 
 
 class Engine:
@@ -50,8 +50,13 @@ class Engine:
     >>> engine.generate("72-2=__-3=__-3=__...............?", DecodeOptions(policy="blockbatch", gen_length=128))
     """
 
-    def __init__(self, checkpoint, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-                 model: NativeModel | None = None):
+    def __init__(
+        self,
+        checkpoint,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None,
+        model: NativeModel | None = None,
+    ):
         """``model``: a NativeModel already built from ``checkpoint.config`` on ``device`` (e.g. random
         weights made on the GPU for a benchmark); None builds it from ``checkpoint.weights``."""
         self.checkpoint = checkpoint
@@ -59,17 +64,22 @@ class Engine:
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' but no CUDA device is available")
-        self.model = model if model is not None else \
-            NativeModel.from_checkpoint(checkpoint, dtype=dtype, device=self.device)
+        self.model = (
+            model if model is not None else NativeModel.from_checkpoint(checkpoint, dtype=dtype, device=self.device)
+        )
         self.last_batch_stats: dict | None = None  # the last generate's batch counters (packed forwards, ...);
         # None after a generate that decoded one by one
         self._step_curve: list[tuple[int, float]] | None = None
-        self.codec = TextCodec(checkpoint.tokenizer, self.config, checkpoint.chat_template) \
-            if checkpoint.tokenizer is not None else None
+        self.codec = (
+            TextCodec(checkpoint.tokenizer, self.config, checkpoint.chat_template)
+            if checkpoint.tokenizer is not None
+            else None
+        )
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike | None = None, device: str | torch.device = "cpu",
-                        dtype: torch.dtype | None = None) -> "Engine":
+    def from_pretrained(
+        cls, path: str | os.PathLike | None = None, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+    ) -> "Engine":
         """Load a Hugging Face checkpoint folder of a supported family (LLaDA, Dream); ``None`` loads the toy
         model shipped in the package."""
         if path is None:
@@ -78,8 +88,13 @@ class Engine:
             path = checkpoint_path()
         return cls(load_checkpoint(path), device, dtype)
 
-    def encode(self, prompt: str | Sequence[int] | torch.Tensor, chat: bool | None = None,
-               allow_unknown: bool = False, name: str = "prompt") -> torch.Tensor:
+    def encode(
+        self,
+        prompt: str | Sequence[int] | torch.Tensor,
+        chat: bool | None = None,
+        allow_unknown: bool = False,
+        name: str = "prompt",
+    ) -> torch.Tensor:
         """Token ids of one prompt: text (through the chat template by default when the checkpoint
         has one), a sequence of ints, or a 1-D int64 tensor. ``name`` is used in error messages.
         Token ids outside [0, vocab_size) raise ``ValueError`` naming the entry (``prompt[3]``).
@@ -107,14 +122,16 @@ class Engine:
         elif isinstance(prompt, (list, tuple)):
             for i, token in enumerate(prompt):
                 if not _is_token_id(token):
-                    raise TypeError(f"{name}[{i}] must be an integer token id, got {type(token).__name__} "
-                                    f"{_short(token)}")
+                    raise TypeError(
+                        f"{name}[{i}] must be an integer token id, got {type(token).__name__} {_short(token)}"
+                    )
                 if not 0 <= int(token) < self.config.vocab_size:  # also before an int past int64 overflows
                     self._outside(name, i, int(token))
             ids = torch.tensor([int(i) for i in prompt], dtype=torch.long)
         else:
-            raise TypeError(f"{name} must be a str, a list of token ids or a 1-D int64 tensor, got "
-                            f"{type(prompt).__name__}")
+            raise TypeError(
+                f"{name} must be a str, a list of token ids or a 1-D int64 tensor, got {type(prompt).__name__}"
+            )
         if ids.numel() == 0:
             raise ValueError(f"{name}: prompt is empty")
         return ids
@@ -127,14 +144,22 @@ class Engine:
         limit, length = self.config.max_sequence_length, ids.numel() + o.gen_length
         if length <= limit:
             return None
-        return ValueError(f"prompts[{i}]: its prompt ({ids.numel()} tokens) plus gen_length ({o.gen_length}) needs "
-                          f"{length} positions but the model's max_sequence_length is {limit} (shorten the prompt "
-                          f"or gen_length)")
+        return ValueError(
+            f"prompts[{i}]: its prompt ({ids.numel()} tokens) plus gen_length ({o.gen_length}) needs "
+            f"{length} positions but the model's max_sequence_length is {limit} (shorten the prompt "
+            f"or gen_length)"
+        )
 
-    def generate(self, prompts: str | Sequence[int] | torch.Tensor | Iterable[str | Sequence[int] | torch.Tensor],
-                 options: DecodeOptions | Sequence[DecodeOptions] | None = None, chat: bool | None = None,
-                 progress: bool = False, allow_unknown: bool = False, max_batch: int = 1,
-                 kv_budget_bytes: int = 0) -> list[Generation]:
+    def generate(
+        self,
+        prompts: str | Sequence[int] | torch.Tensor | Iterable[str | Sequence[int] | torch.Tensor],
+        options: DecodeOptions | Sequence[DecodeOptions] | None = None,
+        chat: bool | None = None,
+        progress: bool = False,
+        allow_unknown: bool = False,
+        max_batch: int = 1,
+        kv_budget_bytes: int = 0,
+    ) -> list[Generation]:
         """Decode each prompt (text, a list of ids, or a 1-D/2-D int64 tensor); results in input order.
 
         ``prompts`` is one prompt or a list / tuple of prompts; anything else (a dict, a set, a
@@ -154,8 +179,13 @@ class Engine:
                 raise too_long
         if max_batch > 1 and len(encoded) > 1 and self.batches:
             results, self.last_batch_stats = run_decode_batch(
-                self.model.obj, encoded, opts, max_batch, kv_budget_bytes,
-                self.step_curve if any(_adaptive(o) for o in opts) else None)
+                self.model.obj,
+                encoded,
+                opts,
+                max_batch,
+                kv_budget_bytes,
+                self.step_curve if any(_adaptive(o) for o in opts) else None,
+            )
         else:
             results, self.last_batch_stats = None, None  # one by one: no batch, so no batch counters
         out = []
@@ -176,15 +206,18 @@ class Engine:
         return run_decode(self.model.obj, ids.to(self.device), o, self.step_curve if _adaptive(o) else None)
 
     @overload
-    def _requests(self, prompts, options, chat, allow_unknown, keep_errors: Literal[False] = False
-                  ) -> tuple[list[torch.Tensor], list[DecodeOptions]]: ...
+    def _requests(
+        self, prompts, options, chat, allow_unknown, keep_errors: Literal[False] = False
+    ) -> tuple[list[torch.Tensor], list[DecodeOptions]]: ...
 
     @overload
-    def _requests(self, prompts, options, chat, allow_unknown, keep_errors: Literal[True]
-                  ) -> tuple[list[torch.Tensor | ValueError], list[DecodeOptions]]: ...
+    def _requests(
+        self, prompts, options, chat, allow_unknown, keep_errors: Literal[True]
+    ) -> tuple[list[torch.Tensor | ValueError], list[DecodeOptions]]: ...
 
-    def _requests(self, prompts, options, chat, allow_unknown, keep_errors: bool = False
-                  ) -> tuple[Sequence[torch.Tensor | ValueError], list[DecodeOptions]]:
+    def _requests(
+        self, prompts, options, chat, allow_unknown, keep_errors: bool = False
+    ) -> tuple[Sequence[torch.Tensor | ValueError], list[DecodeOptions]]:
         """generate / stream's arguments checked: the prompts encoded, one DecodeOptions each.
         ``keep_errors``: a prompt that fails to encode with ValueError (bad ids, unknown
         characters) is that error in the list instead of raised (stream makes it its item)."""
@@ -198,8 +231,11 @@ class Engine:
             if not isinstance(options, DecodeOptions):
                 raise TypeError(f"options must be a DecodeOptions or a list of them, got {type(options).__name__}")
             per_prompt = None
-        if isinstance(prompts, str) or (isinstance(prompts, torch.Tensor) and prompts.dim() == 1) or (
-                isinstance(prompts, (list, tuple)) and prompts and all(_is_token_id(t) for t in prompts)):
+        if (
+            isinstance(prompts, str)
+            or (isinstance(prompts, torch.Tensor) and prompts.dim() == 1)
+            or (isinstance(prompts, (list, tuple)) and prompts and all(_is_token_id(t) for t in prompts))
+        ):
             prompts = [prompts]
         elif isinstance(prompts, torch.Tensor):
             if prompts.dim() != 2:
@@ -208,18 +244,24 @@ class Engine:
         elif isinstance(prompts, (list, tuple)):
             prompts = list(prompts)
         else:
-            raise TypeError(f"prompts must be a str, a list of token ids, an int64 tensor or a list of those, got "
-                            f"{type(prompts).__name__}")
+            raise TypeError(
+                f"prompts must be a str, a list of token ids, an int64 tensor or a list of those, got "
+                f"{type(prompts).__name__}"
+            )
         if not prompts:
             raise ValueError("prompts is empty: pass at least one prompt")
         if per_prompt is not None and len(per_prompt) != len(prompts):
-            raise ValueError(f"options: {len(per_prompt)} DecodeOptions for {len(prompts)} prompts (give one, or one "
-                             f"per prompt)")
+            raise ValueError(
+                f"options: {len(per_prompt)} DecodeOptions for {len(prompts)} prompts (give one, or one per prompt)"
+            )
         encoded: list[torch.Tensor | ValueError] = []
         for i, p in enumerate(prompts):
             try:
-                encoded.append(self.encode(p, chat, allow_unknown=allow_unknown,
-                                           name=f"prompts[{i}]" if len(prompts) > 1 else "prompt"))
+                encoded.append(
+                    self.encode(
+                        p, chat, allow_unknown=allow_unknown, name=f"prompts[{i}]" if len(prompts) > 1 else "prompt"
+                    )
+                )
             except ValueError as e:
                 if not keep_errors:
                     raise
@@ -227,7 +269,7 @@ class Engine:
         return encoded, per_prompt if per_prompt is not None else [options] * len(encoded)
 
     def _generation(self, ids: torch.Tensor, result) -> Generation:
-        raw = result.tokens[ids.numel():].tolist()
+        raw = result.tokens[ids.numel() :].tolist()
         trimmed = self._trim(raw)
         return Generation(self.codec.decode(trimmed) if self.codec else "", trimmed, raw, ids.tolist(), result.stats)
 
@@ -249,16 +291,19 @@ class Engine:
         (``batches_on``), else one by one."""
         return batches_on(self.device.type)
 
-    def scheduler(self, max_batch: int = 8, max_length: int | None = None, kv_budget_bytes: int = 0,
-                  adaptive: bool = True):
+    def scheduler(
+        self, max_batch: int = 8, max_length: int | None = None, kv_budget_bytes: int = 0, adaptive: bool = True
+    ):
         """A ``BatchScheduler`` on this model (CPU; CUDA where ``batches``): submit requests at any
-        time, each decoding with the others in one packed forward per step (``blockbatch.scheduler``). ``max_length``: the
-        longest prompt + gen_length it accepts (default: the model's ``max_sequence_length``, at
+        time, each decoding with the others in one packed forward per step (``blockbatch.scheduler``).
+        ``max_length``: the longest prompt + gen_length it accepts (default: the model's ``max_sequence_length``, at
         most 4096). ``adaptive``: give it the model's step-time curve (``step_curve``, measured on
         first use) for ``branch_budget="auto"`` requests; False: they run their full branch set."""
         if not self.batches:
-            raise ValueError(f"the batching scheduler on {self.device} is off (BLOCKBATCH_CUDA_BATCHING=0): set "
-                             f"BLOCKBATCH_CUDA_BATCHING=1 or unset it, or decode one by one with Engine.generate")
+            raise ValueError(
+                f"the batching scheduler on {self.device} is off (BLOCKBATCH_CUDA_BATCHING=0): set "
+                f"BLOCKBATCH_CUDA_BATCHING=1 or unset it, or decode one by one with Engine.generate"
+            )
         from .scheduler import BatchScheduler
 
         max_batch = checked_int("max_batch", max_batch, 1)
@@ -266,8 +311,13 @@ class Engine:
         if max_length is None:
             max_length = min(self.config.max_sequence_length, 4096)
         max_length = checked_int("max_length", max_length, 2, self.config.max_sequence_length)
-        return BatchScheduler(self.model.obj, max_batch=max_batch, max_length=max_length,
-                              kv_budget_bytes=kv_budget_bytes, step_curve=self.step_curve if adaptive else None)
+        return BatchScheduler(
+            self.model.obj,
+            max_batch=max_batch,
+            max_length=max_length,
+            kv_budget_bytes=kv_budget_bytes,
+            step_curve=self.step_curve if adaptive else None,
+        )
 
     def kv_report(self, options: DecodeOptions, prompt_length: int, kv_budget_bytes: int) -> dict[str, int]:
         """KV memory per request (rows, bytes per row, bytes per request) with ``options`` and a
@@ -279,9 +329,16 @@ class Engine:
         kv_budget_bytes = checked_int("kv_budget_bytes", kv_budget_bytes, 0)
         return kv_report(self.model.obj, options, prompt_length, kv_budget_bytes)
 
-    def stream(self, prompts, options: DecodeOptions | Sequence[DecodeOptions] | None = None, chat: bool | None = None,
-               allow_unknown: bool = False, max_batch: int = 8, kv_budget_bytes: int = 0,
-               blocks: bool = False) -> Iterator["StreamItem"]:
+    def stream(
+        self,
+        prompts,
+        options: DecodeOptions | Sequence[DecodeOptions] | None = None,
+        chat: bool | None = None,
+        allow_unknown: bool = False,
+        max_batch: int = 8,
+        kv_budget_bytes: int = 0,
+        blocks: bool = False,
+    ) -> Iterator["StreamItem"]:
         """Decode the prompts together (as ``generate`` with ``max_batch``) and yield each result as
         it finishes: ``StreamItem(index, generation=...)``, or ``StreamItem(index, error=...)`` for
         a request that failed (the others go on). ``blocks=True`` also yields the generation's stable
@@ -323,8 +380,9 @@ class Engine:
         events: queue_module.SimpleQueue = queue_module.SimpleQueue()
         # Every request left fits the model (_too_long), so the pool's rows do too.
         max_length = max(2, max(todo[i].numel() + opts[i].gen_length for i in todo))
-        with self.scheduler(min(max_batch, len(todo)), max_length, kv_budget_bytes,
-                            adaptive=any(_adaptive(opts[i]) for i in todo)) as sched:
+        with self.scheduler(
+            min(max_batch, len(todo)), max_length, kv_budget_bytes, adaptive=any(_adaptive(opts[i]) for i in todo)
+        ) as sched:
             index = {}
             for i in todo:
                 ids, o = todo[i], opts[i]
@@ -340,8 +398,7 @@ class Engine:
                 i, request = index[event.request_id]
                 if event.kind == "tokens":
                     trimmed = self._trim(request.stable_ids)
-                    yield StreamItem(i, new_ids=event.tokens,
-                                     text=self.codec.decode(trimmed) if self.codec else "")
+                    yield StreamItem(i, new_ids=event.tokens, text=self.codec.decode(trimmed) if self.codec else "")
                     continue
                 left -= 1
                 if event.kind == "finished":
@@ -355,11 +412,11 @@ class StreamItem:
     """One item of ``Engine.stream``: a finished request (``generation``), a failed one
     (``error``), or (``blocks=True``) a request's stable prefix grown by ``new_ids``."""
 
-    index: int                                   # the prompt's position in the call's prompts
+    index: int  # the prompt's position in the call's prompts
     generation: Generation | None = None
     error: BaseException | None = None
     new_ids: list[int] = dataclasses.field(default_factory=list)
-    text: str = ""                               # blocks: the stable prefix's text (trimmed at EOS)
+    text: str = ""  # blocks: the stable prefix's text (trimmed at EOS)
 
     @property
     def done(self) -> bool:
@@ -403,8 +460,10 @@ class _Progress:
         width = 30
         filled = int(width * self.done / self.total)
         eta = elapsed / self.done * (self.total - self.done)
-        sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
-                         f"mean NFE {self.nfe / self.done:.1f}  {elapsed:.1f}s elapsed, ETA {eta:.1f}s")
+        sys.stderr.write(
+            f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
+            f"mean NFE {self.nfe / self.done:.1f}  {elapsed:.1f}s elapsed, ETA {eta:.1f}s"
+        )
         sys.stderr.flush()
 
     def close(self) -> None:

@@ -28,8 +28,9 @@ def checked_int(name: str, value: Any, low: int, high: int = INT64_MAX) -> int:
     the range or ValueError naming the argument and the range. ``high`` defaults to int64's
     largest (below 2**63), the most an int64 argument holds."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer {_int_range(low, high)}, got {type(value).__name__} "
-                        f"{short_repr(value)}")
+        raise TypeError(
+            f"{name} must be an integer {_int_range(low, high)}, got {type(value).__name__} {short_repr(value)}"
+        )
     value = int(value)
     if not low <= value <= high:
         raise ValueError(f"{name} must be an integer {_int_range(low, high)}, got {short_repr(value)}")
@@ -44,7 +45,7 @@ def short_repr(value: Any, limit: int = 40) -> str:
     """``repr(value)`` for an error message: a long one cut, with its length (an int of thousands
     of digits, a huge list)."""
     text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit - 3]}... ({len(text)} characters)"
+    return text if len(text) <= limit else f"{text[: limit - 3]}... ({len(text)} characters)"
 
 
 class UnknownCharactersError(ValueError):
@@ -127,7 +128,8 @@ def parse_json_bytes(data: bytes, where: str, subject: str = "") -> Any:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise CheckpointError(
-            f"{where}: {what}not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+            f"{where}: {what}not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})"
+        ) from None
     if text.startswith("\ufeff"):
         text = text[1:]
     invalid = f"{where}: {subject + ' is ' if subject else ''}not valid JSON"

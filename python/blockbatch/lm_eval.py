@@ -53,21 +53,35 @@ from .tokenization import TextCodec
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # gen_kwargs that lm-eval tasks commonly pass with a value that means "no change" here.
-_NEUTRAL_GEN_KWARGS = {"top_p": (1.0, None), "top_k": (0, -1, None), "num_beams": (1, None),
-                       "repetition_penalty": (1.0, None)}
+_NEUTRAL_GEN_KWARGS = {
+    "top_p": (1.0, None),
+    "top_k": (0, -1, None),
+    "num_beams": (1, None),
+    "repetition_penalty": (1.0, None),
+}
 
 
 @register_model("blockbatch")
 class BlockBatchLM(LM):
     """A checkpoint in the native engine, decoding every request with one policy."""
 
-    def __init__(self, pretrained: str | None = None, policy: str | None = None, device: str | None = None,
-                 dtype: str | None = None, gen_length: int | None = None, batch_size: Any = 1,
-                 max_batch_size: Any = None, preset: str | None = None, **options: Any):
+    def __init__(
+        self,
+        pretrained: str | None = None,
+        policy: str | None = None,
+        device: str | None = None,
+        dtype: str | None = None,
+        gen_length: int | None = None,
+        batch_size: Any = 1,
+        max_batch_size: Any = None,
+        preset: str | None = None,
+        **options: Any,
+    ):
         super().__init__()
         if policy is not None and preset is not None:
-            raise ValueError(f"give policy or preset, not both (got policy={policy!r}, preset={preset!r}): a preset "
-                             f"sets the policy")
+            raise ValueError(
+                f"give policy or preset, not both (got policy={policy!r}, preset={preset!r}): a preset sets the policy"
+            )
         if preset is not None and (not isinstance(preset, str) or not preset or ":" in preset):
             raise ValueError(f"preset must be a preset name or a preset file's path, got {preset!r}")
         if preset is not None:
@@ -76,24 +90,30 @@ class BlockBatchLM(LM):
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         unknown = sorted(k for k in options if k not in SPEC_OPTIONS)
         if unknown:
-            raise ValueError(f"unknown model_args {', '.join(map(repr, unknown))}; known: pretrained, policy, preset, "
-                             f"device, dtype, gen_length, {', '.join(sorted(SPEC_OPTIONS))}")
-        if gen_length is not None and (not isinstance(gen_length, int) or isinstance(gen_length, bool)
-                                       or gen_length <= 0):
+            raise ValueError(
+                f"unknown model_args {', '.join(map(repr, unknown))}; known: pretrained, policy, preset, "
+                f"device, dtype, gen_length, {', '.join(sorted(SPEC_OPTIONS))}"
+            )
+        if gen_length is not None and (
+            not isinstance(gen_length, int) or isinstance(gen_length, bool) or gen_length <= 0
+        ):
             raise ValueError(f"gen_length must be a positive integer, got {gen_length!r}")
         # lm-eval passes batch_size to every model; requests are decoded one by one here (each
         # request's result never depends on the others), so it only has to be valid.
         del batch_size, max_batch_size
         self.policy_spec = (preset or policy or "blockbatch") + (
-            ":" + ",".join(f"{k}={_spec_value(v)}" for k, v in options.items()) if options else "")
+            ":" + ",".join(f"{k}={_spec_value(v)}" for k, v in options.items()) if options else ""
+        )
         self.gen_length = gen_length
         self.options_for({})  # a bad policy or option value fails here, by name
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         elif str(device).startswith("cuda") and not torch.cuda.is_available():
             # lm-eval passes --device (default cuda:0) to every model; follow its HF model and fall back.
-            print(f"blockbatch: device {device!r} requested but no CUDA device is available; using the CPU",
-                  file=sys.stderr)
+            print(
+                f"blockbatch: device {device!r} requested but no CUDA device is available; using the CPU",
+                file=sys.stderr,
+            )
             device = "cpu"
         self.engine = Engine.from_pretrained(pretrained, device, DTYPES[str(dtype)] if dtype else None)
         if self.engine.codec is None:
@@ -120,11 +140,15 @@ class BlockBatchLM(LM):
         seed = kwargs.pop("seed", None)
         for key, neutral in _NEUTRAL_GEN_KWARGS.items():
             if key in kwargs and kwargs.pop(key) not in neutral:
-                raise ValueError(f"gen_kwargs {key}={gen_kwargs[key]!r} is not supported by diffusion decoding "
-                                 f"(accepted: {', '.join(map(repr, neutral))})")
+                raise ValueError(
+                    f"gen_kwargs {key}={gen_kwargs[key]!r} is not supported by diffusion decoding "
+                    f"(accepted: {', '.join(map(repr, neutral))})"
+                )
         if kwargs:
-            raise ValueError(f"unsupported gen_kwargs {', '.join(map(repr, sorted(kwargs)))}; supported: until, "
-                             f"max_gen_toks, temperature, do_sample, seed")
+            raise ValueError(
+                f"unsupported gen_kwargs {', '.join(map(repr, sorted(kwargs)))}; supported: until, "
+                f"max_gen_toks, temperature, do_sample, seed"
+            )
         if max_gen_toks is not None and (not isinstance(max_gen_toks, int) or max_gen_toks <= 0):
             raise ValueError(f"gen_kwargs max_gen_toks must be a positive integer, got {max_gen_toks!r}")
         length = self.gen_length or max_gen_toks or 128
@@ -135,8 +159,11 @@ class BlockBatchLM(LM):
             family = engine.config.family if engine is not None else contract.FAMILIES[0]
             family_sizes = contract.BY_NAME["block_sizes"].default_for("blockbatch", family)
             policy = kw.get("policy", contract.DEFAULTS["policy"])  # a preset file may leave it to the default
-            sizes = ((kw.get("block_sizes") or family_sizes) if policy == "blockbatch"
-                     else [kw.get("block_length", contract.DEFAULTS["block_length"])])
+            sizes = (
+                (kw.get("block_sizes") or family_sizes)
+                if policy == "blockbatch"
+                else [kw.get("block_length", contract.DEFAULTS["block_length"])]
+            )
             if all(isinstance(b, int) and b > 0 for b in sizes):
                 unit = math.lcm(*sizes)
                 # parsed again at the rounded length, so that length-derived presets (vanilla's
@@ -160,9 +187,12 @@ class BlockBatchLM(LM):
         for request in tqdm(requests, desc="blockbatch generate_until", disable=disable_tqdm):
             context, gen_kwargs = request.args
             options, budget = self.options_for(gen_kwargs or {})
-            ids = torch.tensor(self._codec.encode(context, chat=False, add_special_tokens=not self.chat_applied,
-                                                  special_tokens=True),  # lm-eval renders the template
-                               dtype=torch.long)
+            ids = torch.tensor(
+                self._codec.encode(
+                    context, chat=False, add_special_tokens=not self.chat_applied, special_tokens=True
+                ),  # lm-eval renders the template
+                dtype=torch.long,
+            )
             t0 = time.perf_counter()
             [gen] = self.engine.generate([ids], options)
             self.totals["seconds"] += time.perf_counter() - t0
@@ -179,19 +209,24 @@ class BlockBatchLM(LM):
             self.cache_hook.add_partial("generate_until", request.args, text)
         if out:
             t = self.totals
-            print(f"blockbatch[{self.policy_spec}]: {t['requests']} requests, mean NFE {t['nfe'] / t['requests']:.2f}, "
-                  f"{t['seconds'] / t['requests'] * 1e3:.1f} ms per request", file=sys.stderr)
+            print(
+                f"blockbatch[{self.policy_spec}]: {t['requests']} requests, mean NFE {t['nfe'] / t['requests']:.2f}, "
+                f"{t['seconds'] / t['requests'] * 1e3:.1f} ms per request",
+                file=sys.stderr,
+            )
         return out
 
     def loglikelihood(self, requests, disable_tqdm: bool = False):
         raise NotImplementedError(
             "blockbatch: loglikelihood is not supported: a masked diffusion model has no left-to-right "
-            "likelihood; use generate_until tasks (output_type: generate_until)")
+            "likelihood; use generate_until tasks (output_type: generate_until)"
+        )
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
         raise NotImplementedError(
             "blockbatch: loglikelihood_rolling (perplexity) is not supported by a masked diffusion decoder; "
-            "use generate_until tasks")
+            "use generate_until tasks"
+        )
 
     # -- chat templates (lm-eval --apply_chat_template) --------------------------------------
     @property

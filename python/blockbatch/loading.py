@@ -32,10 +32,21 @@ TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
 
 # safetensors dtype tag -> (torch dtype, bytes per element)
 _ST_DTYPES: dict[str, tuple[torch.dtype | None, int]] = {
-    "F64": (torch.float64, 8), "F32": (torch.float32, 4), "F16": (torch.float16, 2),
-    "BF16": (torch.bfloat16, 2), "I64": (torch.int64, 8), "I32": (torch.int32, 4),
-    "I16": (torch.int16, 2), "I8": (torch.int8, 1), "U8": (torch.uint8, 1), "BOOL": (torch.bool, 1),
-    "F8_E4M3": (None, 1), "F8_E5M2": (None, 1), "U16": (None, 2), "U32": (None, 4), "U64": (None, 8),
+    "F64": (torch.float64, 8),
+    "F32": (torch.float32, 4),
+    "F16": (torch.float16, 2),
+    "BF16": (torch.bfloat16, 2),
+    "I64": (torch.int64, 8),
+    "I32": (torch.int32, 4),
+    "I16": (torch.int16, 2),
+    "I8": (torch.int8, 1),
+    "U8": (torch.uint8, 1),
+    "BOOL": (torch.bool, 1),
+    "F8_E4M3": (None, 1),
+    "F8_E5M2": (None, 1),
+    "U16": (None, 2),
+    "U32": (None, 4),
+    "U64": (None, 8),
 }
 WEIGHT_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 _MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -77,7 +88,9 @@ def read_safetensors_header(path: str) -> dict[str, TensorInfo]:
             (n,) = struct.unpack("<Q", prefix)
             if n > _MAX_HEADER_BYTES or 8 + n > file_size:
                 raise CheckpointError(
-                    f"{path}: header length {n} does not fit in the {file_size}-byte file (truncated or not safetensors)")
+                    f"{path}: header length {n} does not fit in the {file_size}-byte file "
+                    "(truncated or not safetensors)"
+                )
             raw = f.read(n)
         except OSError as e:
             raise CheckpointError(f"{path}: cannot read the safetensors header ({e.strerror or e})") from None
@@ -98,12 +111,18 @@ def read_safetensors_header(path: str) -> dict[str, TensorInfo]:
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
         if dtype not in _ST_DTYPES:
             raise CheckpointError(f"{path}: tensor '{name}': unknown dtype {show_value(dtype)}")
-        if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
-                                                  for s in shape):
-            raise CheckpointError(f"{path}: tensor '{name}': shape {show_value(shape)} is not a list of non-negative integers")
-        if (not isinstance(offsets, list) or len(offsets) != 2
-                or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
-                or not 0 <= offsets[0] <= offsets[1]):
+        if not isinstance(shape, list) or not all(
+            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape
+        ):
+            raise CheckpointError(
+                f"{path}: tensor '{name}': shape {show_value(shape)} is not a list of non-negative integers"
+            )
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1]
+        ):
             raise CheckpointError(f"{path}: tensor '{name}': data_offsets {show_value(offsets)} are not [begin <= end]")
         numel = 1
         for s in shape:
@@ -112,11 +131,13 @@ def read_safetensors_header(path: str) -> dict[str, TensorInfo]:
         if offsets[1] - offsets[0] != nbytes:
             raise CheckpointError(
                 f"{path}: tensor '{name}': data_offsets {offsets} span {offsets[1] - offsets[0]} bytes but "
-                f"{dtype}{shape} needs {nbytes}")
+                f"{dtype}{shape} needs {nbytes}"
+            )
         if offsets[1] > data_size:
             raise CheckpointError(
                 f"{path}: tensor '{name}': data_offsets end {offsets[1]} is past the data section "
-                f"({data_size} bytes): file truncated?")
+                f"({data_size} bytes): file truncated?"
+            )
         infos[name] = TensorInfo(name, dtype, tuple(shape), offsets[0], offsets[1])
     expected_begin = 0
     for info in sorted(infos.values(), key=lambda t: (t.begin, t.end)):
@@ -126,7 +147,8 @@ def read_safetensors_header(path: str) -> dict[str, TensorInfo]:
         expected_begin = info.end
     if expected_begin != data_size:
         raise CheckpointError(
-            f"{path}: tensors cover {expected_begin} bytes but the data section holds {data_size}: header lies")
+            f"{path}: tensors cover {expected_begin} bytes but the data section holds {data_size}: header lies"
+        )
     return infos
 
 
@@ -173,10 +195,16 @@ def _weight_files(folder: str) -> tuple[dict[str, str], str]:
         out = {}
         checked: set[str] = set()
         for name, shard in weight_map.items():
-            if (not isinstance(shard, str) or shard in ("", ".", "..") or os.path.basename(shard) != shard
-                    or "\\" in shard or "\0" in shard):
+            if (
+                not isinstance(shard, str)
+                or shard in ("", ".", "..")
+                or os.path.basename(shard) != shard
+                or "\\" in shard
+                or "\0" in shard
+            ):
                 raise CheckpointError(
-                    f"{index_path}: tensor '{name}' maps to {show_value(shard)}, not a file name in the folder")
+                    f"{index_path}: tensor '{name}' maps to {show_value(shard)}, not a file name in the folder"
+                )
             shard_path = os.path.join(folder, shard)
             if shard not in checked:
                 if not checked_exists(shard_path):
@@ -206,14 +234,16 @@ def load_weights(folder: str, config: ModelConfig, dtype: torch.dtype | None = N
     if config.n_layers > len(files):
         raise CheckpointError(
             f"{os.path.join(folder, CONFIG_NAME)}: key 'n_layers' = {config.n_layers} needs {needed} tensors but "
-            f"{listing} holds {len(files)}")
+            f"{listing} holds {len(files)}"
+        )
     expected = expected_weight_shapes(config)
     for name, path in files.items():
         if name not in headers[path]:
             raise CheckpointError(f"{path}: tensor '{name}' is listed in the index but absent from this shard")
         if name not in expected:
-            raise CheckpointError(f"{path}: unexpected tensor '{name}' (not part of a {_family_name(config)} model "
-                                  "with this config)")
+            raise CheckpointError(
+                f"{path}: unexpected tensor '{name}' (not part of a {_family_name(config)} model with this config)"
+            )
     for path, infos in headers.items():
         for name in infos:
             if files.get(name) != path:
@@ -224,10 +254,13 @@ def load_weights(folder: str, config: ModelConfig, dtype: torch.dtype | None = N
             raise CheckpointError(f"{folder}: tensor '{name}' is missing{hint}")
         info = headers[files[name]][name]
         if info.shape != shape:
-            raise CheckpointError(f"{files[name]}: tensor '{name}' has shape {list(info.shape)}, expected {list(shape)}")
+            raise CheckpointError(
+                f"{files[name]}: tensor '{name}' has shape {list(info.shape)}, expected {list(shape)}"
+            )
         if info.dtype not in WEIGHT_DTYPES:
             raise CheckpointError(
-                f"{files[name]}: tensor '{name}' has dtype {info.dtype}; weights must be F32, BF16 or F16")
+                f"{files[name]}: tensor '{name}' has dtype {info.dtype}; weights must be F32, BF16 or F16"
+            )
     stored = {headers[files[n]][n].dtype for n in expected}
     if dtype is None and len(stored) > 1:
         raise CheckpointError(f"{folder}: tensors mix dtypes {sorted(stored)}; pass dtype= to convert them")
@@ -288,11 +321,13 @@ def _pick_chat_template(template: Any, cfg_path: str) -> str | None:
         return template
     if isinstance(template, list):
         for item in template:
-            if not (isinstance(item, dict) and isinstance(item.get("name"), str)
-                    and isinstance(item.get("template"), str)):
+            if not (
+                isinstance(item, dict) and isinstance(item.get("name"), str) and isinstance(item.get("template"), str)
+            ):
                 raise CheckpointError(
-                    f"{cfg_path}: key 'chat_template' must be a string or a list of {{\"name\", \"template\"}} "
-                    f"objects, got an entry {show_value(item)}")
+                    f'{cfg_path}: key \'chat_template\' must be a string or a list of {{"name", "template"}} '
+                    f"objects, got an entry {show_value(item)}"
+                )
         named = {item["name"]: item["template"] for item in template}
         return named.get("default")
     raise CheckpointError(f"{cfg_path}: key 'chat_template' must be a string, got {type(template).__name__}")
@@ -334,16 +369,22 @@ def load_checkpoint(path: str | os.PathLike, dtype: torch.dtype | None = None) -
     if tokenizer is not None and tokenizer.get_vocab_size() > config.vocab_size:
         raise CheckpointError(
             f"{os.path.join(folder, TOKENIZER_NAME)}: tokenizer has {tokenizer.get_vocab_size()} tokens, "
-            f"more than vocab_size = {config.vocab_size}")
+            f"more than vocab_size = {config.vocab_size}"
+        )
     return Checkpoint(folder, config, weights, tokenizer, template)
 
 
 # --------------------------------------------------------------------------- writing
 
 
-def save_checkpoint(path: str | os.PathLike, config: ModelConfig, weights: dict[str, torch.Tensor],
-                    tokenizer=None, chat_template: str | None = None,
-                    max_shard_bytes: int | None = None) -> None:
+def save_checkpoint(
+    path: str | os.PathLike,
+    config: ModelConfig,
+    weights: dict[str, torch.Tensor],
+    tokenizer=None,
+    chat_template: str | None = None,
+    max_shard_bytes: int | None = None,
+) -> None:
     """Write a checkpoint folder in the exact HF layout of ``config``'s family (LLaDA or Dream).
 
     ``max_shard_bytes`` splits the weights into ``model-0000i-of-0000n.safetensors`` shards with
@@ -385,4 +426,3 @@ def save_checkpoint(path: str | os.PathLike, config: ModelConfig, weights: dict[
     if gen is not None:  # Dream checkpoints carry their special ids there as well
         with open(os.path.join(folder, GENERATION_CONFIG_NAME), "w", encoding="utf-8") as f:
             json.dump(gen, f, indent=2)
-

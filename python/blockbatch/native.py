@@ -17,8 +17,9 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.floa
 _SCALAR_NAMES = {"Float": "float32", "BFloat16": "bfloat16", "Half": "float16"}  # c10::toString
 
 
-def pack_rows(ids: Sequence[torch.Tensor], positions: Sequence[torch.Tensor],
-              device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pack_rows(
+    ids: Sequence[torch.Tensor], positions: Sequence[torch.Tensor], device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Pack per-row query ids/positions into (tokens ``[T]``, positions ``[T]``, cu_seqlens ``[R+1]``)."""
     if len(ids) != len(positions):
         raise ValueError(f"ids has {len(ids)} rows but positions has {len(positions)}")
@@ -40,8 +41,14 @@ class NativeModel:
     >>> logits = model.forward([ids], [positions])[0]          # [len(ids), vocab]
     """
 
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype | None = None,
-                 device: torch.device | str = "cpu", proposal_vocab: int | None = None):
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        dtype: torch.dtype | None = None,
+        device: torch.device | str = "cpu",
+        proposal_vocab: int | None = None,
+    ):
         if dtype is not None and dtype not in _DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {list(_DTYPE_NAMES)}, got {dtype}")
         self.config = config
@@ -51,35 +58,52 @@ class NativeModel:
         # Checkpoint.proposal_vocab: the ids the checkpoint's tokenizer can produce, Dream family)
         ints = config.int_fields() | ({"proposal_vocab": int(proposal_vocab)} if proposal_vocab else {})
         self.proposal_vocab = proposal_vocab
-        self.obj = torch.classes.blockbatch.Model(ints, config.float_fields(), on_device,
-                                                  _DTYPE_NAMES[dtype] if dtype is not None else "")
+        self.obj = torch.classes.blockbatch.Model(
+            ints, config.float_fields(), on_device, _DTYPE_NAMES[dtype] if dtype is not None else ""
+        )
         self.dtype = next(d for d, name in _DTYPE_NAMES.items() if name == _SCALAR_NAMES[self.obj.dtype()])
 
     @classmethod
-    def from_checkpoint(cls, checkpoint: Checkpoint, dtype: torch.dtype | None = None,
-                        device: torch.device | str = "cpu") -> "NativeModel":
+    def from_checkpoint(
+        cls, checkpoint: Checkpoint, dtype: torch.dtype | None = None, device: torch.device | str = "cpu"
+    ) -> "NativeModel":
         return cls(checkpoint.config, checkpoint.weights, dtype, device, checkpoint.proposal_vocab)
 
     @classmethod
-    def from_pretrained(cls, path: str, dtype: torch.dtype | None = None,
-                        device: torch.device | str = "cpu") -> "NativeModel":
+    def from_pretrained(
+        cls, path: str, dtype: torch.dtype | None = None, device: torch.device | str = "cpu"
+    ) -> "NativeModel":
         return cls.from_checkpoint(load_checkpoint(path), dtype, device)
 
     def new_kv(self, rows: int, length: int) -> torch.Tensor:
         """Zeroed KV buffer ``[rows, layers, 2, kv_heads, length, head_dim]``."""
         return self.obj.new_kv(rows, length)
 
-    def forward_packed(self, tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor,
-                       kv: torch.Tensor | None = None, mode: str = "full", kv_rows: torch.Tensor | None = None,
-                       prefix_lens: torch.Tensor | None = None,
-                       logit_index: torch.Tensor | None = None) -> torch.Tensor:
+    def forward_packed(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        kv: torch.Tensor | None = None,
+        mode: str = "full",
+        kv_rows: torch.Tensor | None = None,
+        prefix_lens: torch.Tensor | None = None,
+        logit_index: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The raw op: logits ``[n, vocab]`` for packed rows (see ``torch.ops.blockbatch.forward``)."""
-        return torch.ops.blockbatch.forward(self.obj, tokens, positions, cu_seqlens, kv, kv_rows, prefix_lens, mode,
-                                            logit_index)
+        return torch.ops.blockbatch.forward(
+            self.obj, tokens, positions, cu_seqlens, kv, kv_rows, prefix_lens, mode, logit_index
+        )
 
-    def forward(self, ids: Sequence[torch.Tensor], positions: Sequence[torch.Tensor], kv: torch.Tensor | None = None,
-                mode: str = "full", kv_rows: Sequence[int] | None = None,
-                prefix_lens: Sequence[int] | None = None) -> list[torch.Tensor]:
+    def forward(
+        self,
+        ids: Sequence[torch.Tensor],
+        positions: Sequence[torch.Tensor],
+        kv: torch.Tensor | None = None,
+        mode: str = "full",
+        kv_rows: Sequence[int] | None = None,
+        prefix_lens: Sequence[int] | None = None,
+    ) -> list[torch.Tensor]:
         """Same contract as ``ReferenceModel.forward``: per-row logits ``[len(ids[r]), vocab]`` (float32)."""
         tokens, pos, cu = pack_rows(ids, positions, self.device)
         rows = torch.tensor(list(kv_rows), dtype=torch.long, device=self.device) if kv_rows is not None else None
@@ -101,7 +125,9 @@ def _decode_fake(model, prompt_ids, **options):
     else:
         branches = len(o["block_sizes"])
     cpu = torch.device("cpu")
-    return (torch.empty(prompt_ids.shape[0] + o["gen_length"], dtype=torch.long, device=cpu),
-            torch.empty(len(torch.ops.blockbatch.decode_stat_names()), dtype=torch.float64, device=cpu),
-            torch.empty(forwards, 2, dtype=torch.long, device=cpu),
-            torch.empty(branches, 5, dtype=torch.long, device=cpu))
+    return (
+        torch.empty(prompt_ids.shape[0] + o["gen_length"], dtype=torch.long, device=cpu),
+        torch.empty(len(torch.ops.blockbatch.decode_stat_names()), dtype=torch.float64, device=cpu),
+        torch.empty(forwards, 2, dtype=torch.long, device=cpu),
+        torch.empty(branches, 5, dtype=torch.long, device=cpu),
+    )

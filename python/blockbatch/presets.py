@@ -34,26 +34,47 @@ FORMAT = 1  # "blockbatch_preset" of the files this version writes and reads
 class Preset:
     name: str
     description: str
-    options: dict[str, Any]       # option name -> value (never gen_length)
-    source: str = "built-in"      # "built-in" or the file it was read from
+    options: dict[str, Any]  # option name -> value (never gen_length)
+    source: str = "built-in"  # "built-in" or the file it was read from
 
 
 # The authors' settings (the options table's defaults for the blockbatch policy: the family's
 # branches (LLaDA 4..128, Dream 4..64), threshold 0.9, merge gate 0.5, sync gap 8, refresh every
 # 32 tokens, the family's EOS exit (LLaDA on, Dream off)).
-_PAPER = {"policy": "blockbatch", "block_sizes": None, "threshold": 0.9, "merge_gate": 0.5,
-          "sync_gap": 8, "refresh_tokens": 32, "refresh_mode": "periodic", "stop_on_eos": None}
+_PAPER = {
+    "policy": "blockbatch",
+    "block_sizes": None,
+    "threshold": 0.9,
+    "merge_gate": 0.5,
+    "sync_gap": 8,
+    "refresh_tokens": 32,
+    "refresh_mode": "periodic",
+    "stop_on_eos": None,
+}
 
-BUILT_IN: dict[str, Preset] = {p.name: p for p in (
-    Preset("blockbatch-paper", "BlockBatch with the authors' settings (arXiv 2605.29233): the family's branches (LLaDA 4..128), "
-                               "threshold 0.9, merge gate 0.5, refresh every 32 tokens", dict(_PAPER)),
-    Preset("blockbatch-best", "BlockBatch as tuned by `blockbatch tune` on both toy models: branches 32, 64, 128, "
-                              "strict merges (gate 0.9), threshold 0.9, a refresh after every leader sync "
-                              "(sync_refresh); on the tuned-dual frontier of both toys",
-           {**_PAPER, "block_sizes": [32, 64, 128], "merge_gate": 0.9, "sync_refresh": True}),
-    Preset("dual-fast-dllm", "Fast-dLLM's dual cache at the paper's setting: block 32, threshold 0.9",
-           {"policy": "dual", "block_length": 32, "threshold": 0.9}),
-)}
+BUILT_IN: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset(
+            "blockbatch-paper",
+            "BlockBatch with the authors' settings (arXiv 2605.29233): the family's branches (LLaDA 4..128), "
+            "threshold 0.9, merge gate 0.5, refresh every 32 tokens",
+            dict(_PAPER),
+        ),
+        Preset(
+            "blockbatch-best",
+            "BlockBatch as tuned by `blockbatch tune` on both toy models: branches 32, 64, 128, "
+            "strict merges (gate 0.9), threshold 0.9, a refresh after every leader sync "
+            "(sync_refresh); on the tuned-dual frontier of both toys",
+            {**_PAPER, "block_sizes": [32, 64, 128], "merge_gate": 0.9, "sync_refresh": True},
+        ),
+        Preset(
+            "dual-fast-dllm",
+            "Fast-dLLM's dual cache at the paper's setting: block 32, threshold 0.9",
+            {"policy": "dual", "block_length": 32, "threshold": 0.9},
+        ),
+    )
+}
 
 
 def names() -> list[str]:
@@ -69,8 +90,10 @@ def get(name: str) -> Preset:
         return BUILT_IN[name]
     if os.path.exists(name) or name.endswith(".json") or os.sep in name:
         return read(name)
-    raise ValueError(f"unknown preset {name!r}: the presets are {', '.join(BUILT_IN)}, or give a preset file's path "
-                     f"(written by `blockbatch tune --write-preset`)")
+    raise ValueError(
+        f"unknown preset {name!r}: the presets are {', '.join(BUILT_IN)}, or give a preset file's path "
+        f"(written by `blockbatch tune --write-preset`)"
+    )
 
 
 def read(path: str) -> Preset:
@@ -82,11 +105,12 @@ def read(path: str) -> Preset:
     except CheckpointError as e:  # "PATH: file not found", "PATH: not valid JSON (...)", ...
         raise ValueError(f"preset file {e}") from None
     if not isinstance(data, dict) or data.get("blockbatch_preset") != FORMAT:
-        raise ValueError(f"preset file {path}: not a BlockBatch preset (expected an object with "
-                         f"\"blockbatch_preset\": {FORMAT})")
+        raise ValueError(
+            f'preset file {path}: not a BlockBatch preset (expected an object with "blockbatch_preset": {FORMAT})'
+        )
     options = data.get("options")
     if not isinstance(options, dict) or not options:
-        raise ValueError(f"preset file {path}: \"options\" must be a non-empty object of decode options")
+        raise ValueError(f'preset file {path}: "options" must be a non-empty object of decode options')
     try:
         checked = check_options(options)
     except (TypeError, ValueError) as e:
@@ -113,8 +137,9 @@ def check_options(options: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def values(preset: str | Preset, overrides: dict[str, Any] | None = None, gen_length: int | None = None
-           ) -> dict[str, Any]:
+def values(
+    preset: str | Preset, overrides: dict[str, Any] | None = None, gen_length: int | None = None
+) -> dict[str, Any]:
     """The option values of ``preset`` with ``overrides`` on top, fitted to the request's
     gen_length (``overrides``' or else the default): only block sizes that divide it are kept."""
     p = preset if isinstance(preset, Preset) else get(preset)
@@ -127,12 +152,18 @@ def values(preset: str | Preset, overrides: dict[str, Any] | None = None, gen_le
         if "block_sizes" in p.options and "block_sizes" not in (overrides or {}) and sizes:
             kept = tuple(b for b in sizes if G % b == 0)
             if not kept:
-                raise ValueError(f"preset {p.name!r}: none of its block sizes {list(sizes)} divides gen_length {G} "
-                                 f"(pick a gen_length that one of them divides, or pass block_sizes)")
+                raise ValueError(
+                    f"preset {p.name!r}: none of its block sizes {list(sizes)} divides gen_length {G} "
+                    f"(pick a gen_length that one of them divides, or pass block_sizes)"
+                )
             out["block_sizes"] = kept
         bl = out.get("block_length")
-        if "block_length" in p.options and "block_length" not in (overrides or {}) and isinstance(bl, int) \
-                and G % bl != 0:
+        if (
+            "block_length" in p.options
+            and "block_length" not in (overrides or {})
+            and isinstance(bl, int)
+            and G % bl != 0
+        ):
             out["block_length"] = max((d for d in range(1, bl + 1) if G % d == 0))
     return out
 

@@ -19,19 +19,32 @@ def random_config(family: str = "llada", **overrides) -> ModelConfig:
     return families.get(family).random_config(**overrides)
 
 
-def random_weights(config: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32,
-                   logit_scale: float = 1.0, **family_options) -> dict[str, torch.Tensor]:
+def random_weights(
+    config: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32, logit_scale: float = 1.0, **family_options
+) -> dict[str, torch.Tensor]:
     """Gaussian weights of ``config``'s family, scaled by 1/sqrt(fan_in), norms near 1;
     ``logit_scale`` multiplies the LM head (larger: peaked softmaxes, so threshold rules commit
     several tokens a step). ``family_options``: the family's own (Dream: ``bias_scale``)."""
     return families.of(config).random_weights(config, seed, dtype, logit_scale, **family_options)
 
 
-def make_random_checkpoint(path: str | os.PathLike, seed: int = 0, dtype: torch.dtype = torch.float32,
-                           logit_scale: float = 1.0, max_shard_bytes: int | None = None,
-                           tokenizer=None, family: str = "llada", **config_overrides) -> ModelConfig:
+def make_random_checkpoint(
+    path: str | os.PathLike,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    logit_scale: float = 1.0,
+    max_shard_bytes: int | None = None,
+    tokenizer=None,
+    family: str = "llada",
+    **config_overrides,
+) -> ModelConfig:
     """Write a random checkpoint folder of ``family`` at ``path`` and return its config."""
     config = random_config(family, **config_overrides)
-    save_checkpoint(path, config, random_weights(config, seed, dtype, logit_scale), tokenizer=tokenizer,
-                    max_shard_bytes=max_shard_bytes)
+    save_checkpoint(
+        path,
+        config,
+        random_weights(config, seed, dtype, logit_scale),
+        tokenizer=tokenizer,
+        max_shard_bytes=max_shard_bytes,
+    )
     return config

@@ -56,12 +56,18 @@ class Event:
 class Request:
     """One submitted request: wait for it, iterate its events, or cancel it."""
 
-    def __init__(self, scheduler: "BatchScheduler", request_id: int, prompt_ids: torch.Tensor,
-                 options: DecodeOptions, callback: Callable[[Event], None] | None):
+    def __init__(
+        self,
+        scheduler: "BatchScheduler",
+        request_id: int,
+        prompt_ids: torch.Tensor,
+        options: DecodeOptions,
+        callback: Callable[[Event], None] | None,
+    ):
         self.id = request_id
         self.prompt_ids = prompt_ids
         self.options = options
-        self.stable_ids: list[int] = []   # the generation ids reported stable so far
+        self.stable_ids: list[int] = []  # the generation ids reported stable so far
         self._scheduler = scheduler
         self._callback = callback
         self._queue: queue.SimpleQueue[Event] = queue.SimpleQueue()
@@ -129,9 +135,16 @@ class BatchScheduler:
     a context manager, or call ``close()``.
     """
 
-    def __init__(self, model_obj, max_batch: int = 8, max_length: int = 1024, kv_budget_bytes: int = 0,
-                 poll_s: float = 0.05, step_curve: str | list[tuple[int, float]] | None = "measure",
-                 calibrate_s: float = 1.0):
+    def __init__(
+        self,
+        model_obj,
+        max_batch: int = 8,
+        max_length: int = 1024,
+        kv_budget_bytes: int = 0,
+        poll_s: float = 0.05,
+        step_curve: str | list[tuple[int, float]] | None = "measure",
+        calibrate_s: float = 1.0,
+    ):
         max_batch, max_length, kv_budget_bytes = _pool_arguments(max_batch, max_length, kv_budget_bytes)
         self._requests: dict[int, Request] = {}
         self._lock = threading.Lock()
@@ -151,20 +164,28 @@ class BatchScheduler:
             try:
                 points = [(int(t), float(s)) for t, s in step_curve]
             except (TypeError, ValueError):
-                raise ValueError(f"step_curve must be 'measure', None or a list of (tokens, seconds) pairs, got "
-                                 f"{step_curve!r}") from None
+                raise ValueError(
+                    f"step_curve must be 'measure', None or a list of (tokens, seconds) pairs, got {step_curve!r}"
+                ) from None
             calibrate = 0.0
         else:
-            raise ValueError(f"step_curve must be 'measure', None or a list of (tokens, seconds) pairs, got "
-                             f"{step_curve!r}")
+            raise ValueError(
+                f"step_curve must be 'measure', None or a list of (tokens, seconds) pairs, got {step_curve!r}"
+            )
 
         def start() -> None:
             # The C++ workers inherit this thread's signal mask: SIGINT stays with the main thread.
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             try:
-                self._obj = torch.classes.blockbatch.Scheduler(model_obj, max_batch, max_length, kv_budget_bytes,
-                                                               [t for t, _ in points], [s for _, s in points],
-                                                               calibrate)
+                self._obj = torch.classes.blockbatch.Scheduler(
+                    model_obj,
+                    max_batch,
+                    max_length,
+                    kv_budget_bytes,
+                    [t for t, _ in points],
+                    [s for _, s in points],
+                    calibrate,
+                )
             except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
                 self._error = e
                 self._started.set()
@@ -179,8 +200,13 @@ class BatchScheduler:
             raise self._error
 
     # -- public -------------------------------------------------------------------------------
-    def submit(self, prompt_ids: torch.Tensor, options: DecodeOptions | None = None, stream: bool = False,
-               callback: Callable[[Event], None] | None = None) -> Request:
+    def submit(
+        self,
+        prompt_ids: torch.Tensor,
+        options: DecodeOptions | None = None,
+        stream: bool = False,
+        callback: Callable[[Event], None] | None = None,
+    ) -> Request:
         """Queue one request (a 1-D int64 tensor of prompt ids). Checked now: bad options or ids,
         a prompt + gen_length over ``max_length``, or a request that can never fit the KV pool
         raise ``ValueError``. ``stream``: report its stable tokens as they grow. ``callback``:
@@ -267,13 +293,20 @@ def kv_report(model_obj, options: DecodeOptions, prompt_length: int, kv_budget_b
         raise TypeError(f"options must be a DecodeOptions, got {type(options).__name__}")
     length = prompt_length + options.gen_length
     if length > longest:
-        raise ValueError(f"prompt_length ({prompt_length}) plus gen_length ({options.gen_length}) is {length} "
-                         f"positions, more than any model holds ({longest})")
+        raise ValueError(
+            f"prompt_length ({prompt_length}) plus gen_length ({options.gen_length}) is {length} "
+            f"positions, more than any model holds ({longest})"
+        )
     rows, row_bytes = torch.ops.blockbatch.kv_request_rows(model_obj, options.native, length)
     per_request = rows * row_bytes
-    return {"positions": length, "rows": rows, "row_bytes": row_bytes, "bytes_per_request": per_request,
-            "kv_budget_bytes": kv_budget_bytes,
-            "largest_batch": kv_budget_bytes // per_request if per_request else -1}  # -1: no KV, no limit
+    return {
+        "positions": length,
+        "rows": rows,
+        "row_bytes": row_bytes,
+        "bytes_per_request": per_request,
+        "kv_budget_bytes": kv_budget_bytes,
+        "largest_batch": kv_budget_bytes // per_request if per_request else -1,
+    }  # -1: no KV, no limit
 
 
 def check_pool(model_obj, max_batch: int, max_length: int, kv_budget_bytes: int = 0) -> dict[str, int]:
@@ -293,5 +326,8 @@ def check_pool(model_obj, max_batch: int, max_length: int, kv_budget_bytes: int 
 
 def _pool_arguments(max_batch, max_length, kv_budget_bytes) -> tuple[int, int, int]:
     """The scheduler's int arguments, checked before the C++ constructor takes them (int64)."""
-    return (checked_int("max_batch", max_batch, 1), checked_int("max_length", max_length, 2),
-            checked_int("kv_budget_bytes", kv_budget_bytes, 0))
+    return (
+        checked_int("max_batch", max_batch, 1),
+        checked_int("max_length", max_length, 2),
+        checked_int("kv_budget_bytes", kv_budget_bytes, 0),
+    )

@@ -35,14 +35,14 @@ NOTES = "docs/bench/gpu/NOTES.md"
 @dataclasses.dataclass(frozen=True)
 class Setting:
     name: str
-    kind: str                          # "choice" | "int" | "bool" (a "0"/"1" choice) | "build" | "text"
-    doc: str                           # one line (wrapped by the renderers)
-    default: Optional[str]             # None: automatic (a heuristic's choice) / unset
-    status: str                        # "promoted" | "candidate" | "build"
-    choices: tuple[str, ...] = ()      # kind choice / bool: the accepted values, in C++'s order
+    kind: str  # "choice" | "int" | "bool" (a "0"/"1" choice) | "build" | "text"
+    doc: str  # one line (wrapped by the renderers)
+    default: Optional[str]  # None: automatic (a heuristic's choice) / unset
+    status: str  # "promoted" | "candidate" | "build"
+    choices: tuple[str, ...] = ()  # kind choice / bool: the accepted values, in C++'s order
     range: Optional[tuple[int, int]] = None  # kind int: [lo, hi]
-    candidates: tuple[str, ...] = ()   # the opt-in values no GPU run has checked and timed yet
-    scope: str = "runtime"             # "runtime" (read per launch by _C) | "build" (read by setup.py) | "serve"
+    candidates: tuple[str, ...] = ()  # the opt-in values no GPU run has checked and timed yet
+    scope: str = "runtime"  # "runtime" (read per launch by _C) | "build" (read by setup.py) | "serve"
 
     @property
     def syntax(self) -> str:
@@ -61,34 +61,77 @@ class Setting:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("BLOCKBATCH_ATTN_KERNEL", "choice",
-            "tensor-core attention kernel: 3 (pipelined3) or 2 (pipelined) cp.async K/V stages, or K/V staged "
-            "through registers (sync); same bits",
-            default="pipelined3", status="promoted", choices=("sync", "pipelined", "pipelined3")),
-    Setting("BLOCKBATCH_ATTN_SPLITS", "int", "force attention's key-split count",
-            default=None, status="promoted", range=(1, 16)),
-    Setting("BLOCKBATCH_ROPE_KERNEL", "choice", "16-byte RoPE + KV-slot write (vec); same bits",
-            default="vec", status="promoted", choices=("scalar", "vec")),
-    Setting("BLOCKBATCH_CUDA_BATCHING", "choice",
-            "batch the requests of a CUDA model in the scheduler (Engine.generate with max_batch > 1, "
-            "Engine.stream, generate --input, serve): graphs: each packed step padded to bucketed sizes and "
-            "replayed from a CUDA graph; 1: eager packed steps on one stream; 0: one by one",
-            default="graphs", status="promoted", choices=("0", "1", "graphs")),
-    Setting("BLOCKBATCH_BATCH_INVARIANT", "bool",
-            "batch-invariant forward: GEMMs in fixed 256-row chunks (zero-padded) and unsplit attention, so a "
-            "request's logits on the GPU do not depend on what shares its forwards (batch 1 included); costs "
-            "about 20% at LLaDA-8B shape (bf16, dual, batch 16 on an H200: 12.1 requests/s against 14.9)",
-            default="0", status="promoted", choices=("0", "1")),
-    Setting("BLOCKBATCH_API_KEY", "text",
-            "blockbatch serve: the API key clients must send (Authorization: Bearer KEY), when neither --api-key "
-            "nor --api-key-file is given; not on the command line, where other users can read it", default=None,
-            status="promoted", scope="serve"),
-    Setting("BLOCKBATCH_CUDA", "build",
-            "setup.py: build the CUDA kernels (0/OFF/off: CPU only; unset: when torch has CUDA and "
-            "CUDA_HOME holds the toolkit)", default=None, status="build", scope="build"),
-    Setting("BLOCKBATCH_SANITIZE", "build",
-            "setup.py: sanitizers for the C++ core, _C and bb_*, e.g. address,undefined (own build folder)",
-            default=None, status="build", scope="build"),
+    Setting(
+        "BLOCKBATCH_ATTN_KERNEL",
+        "choice",
+        "tensor-core attention kernel: 3 (pipelined3) or 2 (pipelined) cp.async K/V stages, or K/V staged "
+        "through registers (sync); same bits",
+        default="pipelined3",
+        status="promoted",
+        choices=("sync", "pipelined", "pipelined3"),
+    ),
+    Setting(
+        "BLOCKBATCH_ATTN_SPLITS",
+        "int",
+        "force attention's key-split count",
+        default=None,
+        status="promoted",
+        range=(1, 16),
+    ),
+    Setting(
+        "BLOCKBATCH_ROPE_KERNEL",
+        "choice",
+        "16-byte RoPE + KV-slot write (vec); same bits",
+        default="vec",
+        status="promoted",
+        choices=("scalar", "vec"),
+    ),
+    Setting(
+        "BLOCKBATCH_CUDA_BATCHING",
+        "choice",
+        "batch the requests of a CUDA model in the scheduler (Engine.generate with max_batch > 1, "
+        "Engine.stream, generate --input, serve): graphs: each packed step padded to bucketed sizes and "
+        "replayed from a CUDA graph; 1: eager packed steps on one stream; 0: one by one",
+        default="graphs",
+        status="promoted",
+        choices=("0", "1", "graphs"),
+    ),
+    Setting(
+        "BLOCKBATCH_BATCH_INVARIANT",
+        "bool",
+        "batch-invariant forward: GEMMs in fixed 256-row chunks (zero-padded) and unsplit attention, so a "
+        "request's logits on the GPU do not depend on what shares its forwards (batch 1 included); costs "
+        "about 20% at LLaDA-8B shape (bf16, dual, batch 16 on an H200: 12.1 requests/s against 14.9)",
+        default="0",
+        status="promoted",
+        choices=("0", "1"),
+    ),
+    Setting(
+        "BLOCKBATCH_API_KEY",
+        "text",
+        "blockbatch serve: the API key clients must send (Authorization: Bearer KEY), when neither --api-key "
+        "nor --api-key-file is given; not on the command line, where other users can read it",
+        default=None,
+        status="promoted",
+        scope="serve",
+    ),
+    Setting(
+        "BLOCKBATCH_CUDA",
+        "build",
+        "setup.py: build the CUDA kernels (0/OFF/off: CPU only; unset: when torch has CUDA and "
+        "CUDA_HOME holds the toolkit)",
+        default=None,
+        status="build",
+        scope="build",
+    ),
+    Setting(
+        "BLOCKBATCH_SANITIZE",
+        "build",
+        "setup.py: sanitizers for the C++ core, _C and bb_*, e.g. address,undefined (own build folder)",
+        default=None,
+        status="build",
+        scope="build",
+    ),
 )
 
 BY_NAME = {s.name: s for s in SETTINGS}
@@ -120,12 +163,13 @@ def runtime() -> list[Setting]:
 @dataclasses.dataclass(frozen=True)
 class Candidate:
     """An opt-in kernel the GPU benchmarks time against the defaults (benchmarks/common.py CANDIDATES)."""
-    name: str                         # the benchmarks' key (bench_gpu_candidates.json, gpu_summary's verdicts)
-    env: dict                         # the variables it sets
+
+    name: str  # the benchmarks' key (bench_gpu_candidates.json, gpu_summary's verdicts)
+    env: dict  # the variables it sets
     doc: str
-    tests: tuple[str, ...]            # tests/cuda/test_cuda.py names (substrings) that must pass before promotion
-    group: str                        # gpu_check.sh: the candidate-test process its tests run in
-    in_all: bool = True               # part of the "all" candidate (every opt-in kernel together)
+    tests: tuple[str, ...]  # tests/cuda/test_cuda.py names (substrings) that must pass before promotion
+    group: str  # gpu_check.sh: the candidate-test process its tests run in
+    in_all: bool = True  # part of the "all" candidate (every opt-in kernel together)
 
 
 # In the order they are timed: least risky first, since a kernel that faults ends its process's CUDA
@@ -212,8 +256,10 @@ def _describe(s: Setting) -> str:
 
 def help_text() -> str:
     """The CUDA block of `blockbatch generate --help`."""
-    lines = ["CUDA kernels (environment variables, read at every launch; --device cuda only;",
-             f"candidates are opt-in until a GPU run has timed them: {NOTES}):"]
+    lines = [
+        "CUDA kernels (environment variables, read at every launch; --device cuda only;",
+        f"candidates are opt-in until a GPU run has timed them: {NOTES}):",
+    ]
     for s in runtime():
         head = "  " + s.syntax
         body = [b.replace("\0", " ") for b in textwrap.wrap(_describe(s), 100 - HELP_WIDTH)]
@@ -244,8 +290,13 @@ def docs_table() -> str:
         else:
             values = "(build option)"
         status = s.status + (" (" + ", ".join(f"`{c}`" for c in s.candidates) + ")" if s.candidates else "")
-        default = "automatic" if s.default is None and s.scope == "runtime" else \
-            "unset" if s.default is None else f"`{s.default}`"
+        default = (
+            "automatic"
+            if s.default is None and s.scope == "runtime"
+            else "unset"
+            if s.default is None
+            else f"`{s.default}`"
+        )
         rows.append(f"| `{s.name}` | {values} | {default} | {status} | {s.doc} |")
     return "\n".join(rows)
 
@@ -261,10 +312,13 @@ def main(argv=None) -> int:
     import pathlib
 
     ap = argparse.ArgumentParser(description="Render the BLOCKBATCH_* settings table.")
-    ap.add_argument("what", choices=("help", "docs", "table", "test-groups"),
-                    help="help: print the --help block; docs: rewrite docs/install.md's table in place "
-                         "(--page); table: print the Markdown table; test-groups: gpu_check.sh's "
-                         "candidate test processes, one 'name:pytest -k expression' a line")
+    ap.add_argument(
+        "what",
+        choices=("help", "docs", "table", "test-groups"),
+        help="help: print the --help block; docs: rewrite docs/install.md's table in place "
+        "(--page); table: print the Markdown table; test-groups: gpu_check.sh's "
+        "candidate test processes, one 'name:pytest -k expression' a line",
+    )
     ap.add_argument("--page", default=str(pathlib.Path(__file__).resolve().parents[2] / "docs" / "install.md"))
     args = ap.parse_args(argv)
     if args.what == "help":

@@ -33,7 +33,7 @@ NAMES = ("a", "b", "c", "d")
 @dataclasses.dataclass(frozen=True)
 class StepTimeModel:
     coef: tuple[float, float, float, float]  # seconds: a, b (per q), c (per L), d (per q * L)
-    source: str                              # where the coefficients come from, for plots and JSON
+    source: str  # where the coefficients come from, for plots and JSON
     points: tuple[tuple[int, int, float], ...] = ()  # (q, L, seconds) it was fitted to
 
     def step_seconds(self, q: int, L: int) -> float:
@@ -46,9 +46,13 @@ class StepTimeModel:
         return sum(self.step_seconds(q, length) for q in query_tokens_per_step)
 
     def to_dict(self) -> dict:
-        return {"step_time_model": FORMAT, "formula": "t = a + b*q + c*L + d*q*L (seconds)",
-                "coef": dict(zip(NAMES, self.coef)), "source": self.source,
-                "points": [{"query_tokens": q, "L": L, "seconds": s} for q, L, s in self.points]}
+        return {
+            "step_time_model": FORMAT,
+            "formula": "t = a + b*q + c*L + d*q*L (seconds)",
+            "coef": dict(zip(NAMES, self.coef)),
+            "source": self.source,
+            "points": [{"query_tokens": q, "L": L, "seconds": s} for q, L, s in self.points],
+        }
 
     def save(self, path: str) -> None:
         from .errors import write_json_file
@@ -79,8 +83,13 @@ def fit(points: Iterable[tuple[int, int, float]], source: str) -> StepTimeModel:
     return StepTimeModel((coef[0], coef[1], coef[2], coef[3]), source, tuple(pts))
 
 
-def measure(model, tokens: Sequence[int] = (8, 32, 128, 512), lengths: Sequence[int] = (128, 512),
-            repeats: int = 5, source: str | None = None) -> StepTimeModel:
+def measure(
+    model,
+    tokens: Sequence[int] = (8, 32, 128, 512),
+    lengths: Sequence[int] = (128, 512),
+    repeats: int = 5,
+    source: str | None = None,
+) -> StepTimeModel:
     """Time packed forwards of ``model`` (a ``NativeModel``) on this machine and fit the model:
     cached steps of q query tokens (windows of at most 128, each its own KV row) over L, and
     full forwards (q = L). Median of ``repeats`` interleaved runs per shape (a second or two on
@@ -100,13 +109,13 @@ def measure(model, tokens: Sequence[int] = (8, 32, 128, 512), lengths: Sequence[
             if q == L:  # a full forward: the whole row, no cache
                 ids, pos = [torch.full((L,), c.mask_token_id)], [torch.arange(L)]
                 packed = pack_rows(ids, pos)
-                shapes[(q, L)] = (lambda p=packed: model.forward_packed(*p, None, "full"))
+                shapes[(q, L)] = lambda p=packed: model.forward_packed(*p, None, "full")
             else:
                 kv = model.new_kv(len(windows), L)
                 ids = [torch.full((n,), c.mask_token_id) for n in windows]
                 pos = [torch.arange(L - n, L) for n in windows]
                 packed = pack_rows(ids, pos)
-                shapes[(q, L)] = (lambda p=packed, k=kv: model.forward_packed(*p, k, "dual"))
+                shapes[(q, L)] = lambda p=packed, k=kv: model.forward_packed(*p, k, "dual")
     times: dict[tuple[int, int], list[float]] = {k: [] for k in shapes}
     for fn in shapes.values():  # warm-up
         fn()
@@ -119,8 +128,10 @@ def measure(model, tokens: Sequence[int] = (8, 32, 128, 512), lengths: Sequence[
     if source is None:
         import platform
 
-        source = f"measured on this machine ({platform.processor() or platform.machine()}, " \
-                 f"{torch.get_num_threads()} threads)"
+        source = (
+            f"measured on this machine ({platform.processor() or platform.machine()}, "
+            f"{torch.get_num_threads()} threads)"
+        )
     return fit(points, source)
 
 
@@ -137,19 +148,26 @@ def load(path: str) -> StepTimeModel:
             a, b, c, d = (float(data["coef"][n]) for n in NAMES)
             points = tuple((int(p["query_tokens"]), int(p["L"]), float(p["seconds"])) for p in data.get("points", []))
         except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"step-time file {path}: bad \"coef\" / \"points\" ({e!r})") from None
+            raise ValueError(f'step-time file {path}: bad "coef" / "points" ({e!r})') from None
         return StepTimeModel((a, b, c, d), str(data.get("source", path)), points)
     if isinstance(data, dict) and isinstance(data.get("results"), list):
         try:
-            timed = [(int(r["query_tokens"]), int(r["L"]), float(r["native_eager_ms"]) / 1e3)
-                     for r in data["results"] if "native_eager_ms" in r]
+            timed = [
+                (int(r["query_tokens"]), int(r["L"]), float(r["native_eager_ms"]) / 1e3)
+                for r in data["results"]
+                if "native_eager_ms" in r
+            ]
         except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"step-time file {path}: a result lacks query_tokens / L / native_eager_ms ({e!r})") from None
+            raise ValueError(
+                f"step-time file {path}: a result lacks query_tokens / L / native_eager_ms ({e!r})"
+            ) from None
         if len(timed) < 2:
-            raise ValueError(f"step-time file {path}: fewer than 2 timed steps in \"results\"")
+            raise ValueError(f'step-time file {path}: fewer than 2 timed steps in "results"')
         device = data.get("device", "GPU")
         params = data.get("params")
         shape = f"{params / 1e9:.0f}B-parameter model" if isinstance(params, (int, float)) else "its model"
         return fit(timed, f"{device}, {shape} ({os.path.basename(path)})")
-    raise ValueError(f"step-time file {path}: neither a step-time model (\"step_time_model\": {FORMAT}) nor a "
-                     f"GPU step benchmark JSON (\"results\" with query_tokens, L, native_eager_ms)")
+    raise ValueError(
+        f'step-time file {path}: neither a step-time model ("step_time_model": {FORMAT}) nor a '
+        f'GPU step benchmark JSON ("results" with query_tokens, L, native_eager_ms)'
+    )

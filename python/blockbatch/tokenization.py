@@ -42,8 +42,9 @@ def check_text(text: str, what: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise ValueError(f"{what} holds a lone surrogate ({text[e.start]!r}) at character {e.start}: not valid "
-                         "Unicode text") from None
+        raise ValueError(
+            f"{what} holds a lone surrogate ({text[e.start]!r}) at character {e.start}: not valid Unicode text"
+        ) from None
 
 
 def unknown_token_id(tokenizer) -> int | None:
@@ -68,15 +69,26 @@ class TextCodec:
                 self.stop_ids.add(token_id)
         # The texts of the special tokens (EOS, mask, turn markers, ...): typed in a prompt they are
         # plain text, never the token (see encode).
-        self.special_texts = tuple(sorted({t.content for t in tokenizer.get_added_tokens_decoder().values()
-                                           if t.special and t.content}, key=len, reverse=True))
+        self.special_texts = tuple(
+            sorted(
+                {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special and t.content},
+                key=len,
+                reverse=True,
+            )
+        )
         self._plain: object | None = None  # the tokenizer with special-token matching off, made on first use
         # Every token covers at least one character of the text it encodes, so a text of more than
         # max_length * max_token_chars characters cannot fit max_length tokens (a cheap precheck).
         self.max_token_chars = max((len(t) for t in tokenizer.get_vocab()), default=1) or 1
 
-    def encode(self, text: str, chat: bool | None = None, add_special_tokens: bool = True,
-               allow_unknown: bool = False, special_tokens: bool = False) -> list[int]:
+    def encode(
+        self,
+        text: str,
+        chat: bool | None = None,
+        add_special_tokens: bool = True,
+        allow_unknown: bool = False,
+        special_tokens: bool = False,
+    ) -> list[int]:
         """Token ids of ``text``; wrapped in the chat template when ``chat`` (default: if one exists).
 
         ``add_special_tokens=False`` encodes text that is already rendered (e.g. by lm-eval's
@@ -117,8 +129,9 @@ class TextCodec:
             self._plain = plain
         return self._plain
 
-    def encode_chat(self, messages: Sequence[dict], allow_unknown: bool = False,
-                    names: Sequence[str] | None = None) -> list[int]:
+    def encode_chat(
+        self, messages: Sequence[dict], allow_unknown: bool = False, names: Sequence[str] | None = None
+    ) -> list[int]:
         """Token ids of a conversation (``[{"role": ..., "content": "..."}, ...]``) rendered by the
         chat template with the generation prompt (the assistant's turn) appended.
 
@@ -138,15 +151,19 @@ class TextCodec:
         if any(isinstance(m.get("content"), str) and self._holds_special(m["content"]) for m in messages):
             ids = self._encode_pieces(messages, what)
         else:
-            ids = self.tokenizer.encode(self.render_chat(messages, add_generation_prompt=True),
-                                        add_special_tokens=False).ids
+            ids = self.tokenizer.encode(
+                self.render_chat(messages, add_generation_prompt=True), add_special_tokens=False
+            ).ids
         if not allow_unknown and self.unk_id is not None and self.unk_id in ids:
             for i, message in enumerate(messages):  # name positions in the caller's text first
                 content = message.get("content")
                 if isinstance(content, str):
                     self._check_known(content, add_special_tokens=False, what=what[i])
-            self._check_known(self.render_chat(messages, add_generation_prompt=True), add_special_tokens=False,
-                              what="the chat template's output")
+            self._check_known(
+                self.render_chat(messages, add_generation_prompt=True),
+                add_special_tokens=False,
+                what="the chat template's output",
+            )
         return ids
 
     def _encode_pieces(self, messages: Sequence[dict], what: Sequence[str]) -> list[int]:
@@ -172,9 +189,11 @@ class TextCodec:
         seen = [marks[p] for p in pieces if p in marks]
         if sorted(seen) != sorted(marks.values()):
             missing = next(i for i in marks.values() if seen.count(i) != 1)
-            raise ValueError(f"{what[missing]} holds a special token's text ({self._first_special(messages)!r}), "
-                             "which this chat template cannot keep as plain text (it rewrites message contents): "
-                             "remove it from the message")
+            raise ValueError(
+                f"{what[missing]} holds a special token's text ({self._first_special(messages)!r}), "
+                "which this chat template cannot keep as plain text (it rewrites message contents): "
+                "remove it from the message"
+            )
         ids: list[int] = []
         for piece in pieces:
             if piece in marks:
@@ -184,12 +203,16 @@ class TextCodec:
         return ids
 
     def _first_special(self, messages: Sequence[dict]) -> str:
-        return next(s for m in messages if isinstance(m.get("content"), str) for s in self.special_texts
-                    if s in m["content"])
+        return next(
+            s for m in messages if isinstance(m.get("content"), str) for s in self.special_texts if s in m["content"]
+        )
 
     def _check_known(self, text: str, add_special_tokens: bool, what: str = "text") -> None:
-        tokenizer = self.plain_tokenizer if self._holds_special(text) and what != "the chat template's output" \
+        tokenizer = (
+            self.plain_tokenizer
+            if self._holds_special(text) and what != "the chat template's output"
             else self.tokenizer
+        )
         encoding = tokenizer.encode(text, add_special_tokens=add_special_tokens)
         if self.unk_id is not None and self.unk_id in encoding.ids:
             self._report_unknown(text, encoding, what)
@@ -205,7 +228,8 @@ class TextCodec:
         more = f" and {len(spans) - _MAX_REPORTED} more" if len(spans) > _MAX_REPORTED else ""
         raise UnknownCharactersError(
             f"{what} holds characters outside the tokenizer's vocabulary: {shown}{more} (the tokenizer would turn "
-            f"them into {unk_text or 'its unknown token'}, which the model cannot decode from)")
+            f"them into {unk_text or 'its unknown token'}, which the model cannot decode from)"
+        )
 
     def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
         """The chat template applied to ``messages`` (``[{"role": ..., "content": ...}, ...]``), as text."""
@@ -214,19 +238,27 @@ class TextCodec:
         try:
             import jinja2
         except ImportError:
-            raise ImportError("the checkpoint has a chat template: rendering it needs jinja2 "
-                              "(pip install jinja2), or pass chat=False / --no-chat") from None
+            raise ImportError(
+                "the checkpoint has a chat template: rendering it needs jinja2 "
+                "(pip install jinja2), or pass chat=False / --no-chat"
+            ) from None
         try:
             template = chat_environment().from_string(self.chat_template)
             return template.render(
-                messages=list(messages), add_generation_prompt=add_generation_prompt,
-                bos_token=self._token_text("bos"), eos_token=self._token_text("eos"))
+                messages=list(messages),
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self._token_text("bos"),
+                eos_token=self._token_text("eos"),
+            )
         except jinja2.TemplateSyntaxError as e:
-            raise ValueError(f"chat template (tokenizer_config.json key 'chat_template'): Jinja syntax error at "
-                             f"line {e.lineno}: {e.message}") from None
+            raise ValueError(
+                f"chat template (tokenizer_config.json key 'chat_template'): Jinja syntax error at "
+                f"line {e.lineno}: {e.message}"
+            ) from None
         except (jinja2.TemplateError, RecursionError) as e:
-            raise ValueError(f"chat template (tokenizer_config.json key 'chat_template') failed to render: "
-                             f"{type(e).__name__}: {e}") from None
+            raise ValueError(
+                f"chat template (tokenizer_config.json key 'chat_template') failed to render: {type(e).__name__}: {e}"
+            ) from None
 
     def _token_text(self, kind: str) -> str:
         if kind == "eos":

@@ -37,13 +37,18 @@ OBJECTIVES = ("nfe", "time")
 
 # --------------------------------------------------------------------------- the grid
 
+
 @dataclasses.dataclass(frozen=True)
 class Grid:
     policies: tuple[str, ...] = ("dual", "blockbatch")
-    block_lengths: tuple[int, ...] = (16, 32, 64)          # dual / prefix
+    block_lengths: tuple[int, ...] = (16, 32, 64)  # dual / prefix
     thresholds: tuple[float, ...] = (0.95, 0.9, 0.8, 0.7)
-    branch_sets: tuple[tuple[int, ...], ...] = ((4, 8, 16, 32, 64, 128), (8, 16, 32, 64), (16, 32, 64, 128),
-                                                (32, 64, 128))
+    branch_sets: tuple[tuple[int, ...], ...] = (
+        (4, 8, 16, 32, 64, 128),
+        (8, 16, 32, 64),
+        (16, 32, 64, 128),
+        (32, 64, 128),
+    )
     merge_gates: tuple[float, ...] = (0.5, 0.9)
     eos_exit: tuple[bool, ...] = (True,)
     refresh: tuple[str, ...] = ("32",)  # refresh_tokens; "block": the smallest branch (every branch refreshes
@@ -52,11 +57,19 @@ class Grid:
 
 
 GRIDS = {
-    "small": Grid(thresholds=(0.9, 0.8, 0.7), branch_sets=((4, 8, 16, 32, 64, 128), (16, 32, 64, 128), (32, 64, 128)),
-                  sync_refresh=(True,)),
+    "small": Grid(
+        thresholds=(0.9, 0.8, 0.7),
+        branch_sets=((4, 8, 16, 32, 64, 128), (16, 32, 64, 128), (32, 64, 128)),
+        sync_refresh=(True,),
+    ),
     "default": Grid(),
-    "full": Grid(policies=("prefix", "dual", "blockbatch"), thresholds=(0.95, 0.9, 0.85, 0.8, 0.7, 0.6),
-                 merge_gates=(0.5, 0.7, 0.9), eos_exit=(True, False), refresh=("16", "32", "64", "block")),
+    "full": Grid(
+        policies=("prefix", "dual", "blockbatch"),
+        thresholds=(0.95, 0.9, 0.85, 0.8, 0.7, 0.6),
+        merge_gates=(0.5, 0.7, 0.9),
+        eos_exit=(True, False),
+        refresh=("16", "32", "64", "block"),
+    ),
 }
 
 
@@ -92,14 +105,22 @@ def configs(grid: Grid, gen_length: int) -> list[str]:
                                 if r == "block" and refresh == 32 and "32" in grid.refresh:
                                     continue
                                 for sr in grid.sync_refresh:
-                                    spec = (f"blockbatch:block_sizes={'/'.join(map(str, kept))},threshold={_fmt(t)},"
-                                            f"merge_gate={_fmt(g)},refresh_tokens={refresh}")
+                                    spec = (
+                                        f"blockbatch:block_sizes={'/'.join(map(str, kept))},threshold={_fmt(t)},"
+                                        f"merge_gate={_fmt(g)},refresh_tokens={refresh}"
+                                    )
                                     if not eos:
                                         spec += ",stop_on_eos=false"
                                     if sr:
                                         spec += ",sync_refresh=true"
-                                    rank = abs(t - 0.9) + abs(g - 0.5) / 4 + (0 if eos else 0.05) + \
-                                        (0 if refresh == 32 else 0.02) + len(seen) * 0.01 + (0.005 if sr else 0)
+                                    rank = (
+                                        abs(t - 0.9)
+                                        + abs(g - 0.5) / 4
+                                        + (0 if eos else 0.05)
+                                        + (0 if refresh == 32 else 0.02)
+                                        + len(seen) * 0.01
+                                        + (0.005 if sr else 0)
+                                    )
                                     rows.append((rank, spec))
         elif policy == "vanilla":
             rows.append((0.0, "vanilla"))
@@ -115,13 +136,19 @@ def configs(grid: Grid, gen_length: int) -> list[str]:
 
 # --------------------------------------------------------------------------- frontier and choice
 
+
 def frontier(points: dict[str, dict], cost: str) -> list[str]:
     """Names of the configs no other config beats (accuracy >= and cost <=, one of them strictly),
     by increasing cost."""
     names = []
     for n, p in points.items():
-        if not any(q["accuracy"] >= p["accuracy"] and q[cost] <= p[cost]
-                   and (q["accuracy"] > p["accuracy"] or q[cost] < p[cost]) for m, q in points.items() if m != n):
+        if not any(
+            q["accuracy"] >= p["accuracy"]
+            and q[cost] <= p[cost]
+            and (q["accuracy"] > p["accuracy"] or q[cost] < p[cost])
+            for m, q in points.items()
+            if m != n
+        ):
             names.append(n)
     return sorted(names, key=lambda n: (points[n][cost], -points[n]["accuracy"]))
 
@@ -132,8 +159,11 @@ def choose(points: dict[str, dict], cost: str, max_drop: float, policy: str | No
     if not points:
         return None
     best = max(p["accuracy"] for p in points.values())
-    cands = [n for n, p in points.items() if p["accuracy"] >= best - max_drop - 1e-12
-             and (policy is None or n.partition(":")[0] == policy)]
+    cands = [
+        n
+        for n, p in points.items()
+        if p["accuracy"] >= best - max_drop - 1e-12 and (policy is None or n.partition(":")[0] == policy)
+    ]
     if not cands and policy is not None:  # none of that policy close enough: its most accurate, cheapest
         own = {n: p for n, p in points.items() if n.partition(":")[0] == policy}
         if not own:
@@ -144,6 +174,7 @@ def choose(points: dict[str, dict], cost: str, max_drop: float, policy: str | No
 
 
 # --------------------------------------------------------------------------- the sweep
+
 
 def setup_key(model: str, tasks: str, samples: list, n: int, gen_length: int) -> dict:
     h = hashlib.sha256("\n".join(s.prompt for s in samples).encode()).hexdigest()[:16]
@@ -198,9 +229,19 @@ class _Bar:
             sys.stderr.write("\n")
 
 
-def run_tune(engine, samples: list, specs: Sequence[str], gen_length: int, out_path: str, setup: dict,
-             step_model, time_budget_s: float | None = None, progress: bool = True, fresh: bool = False,
-             max_batch: int = 1) -> dict:
+def run_tune(
+    engine,
+    samples: list,
+    specs: Sequence[str],
+    gen_length: int,
+    out_path: str,
+    setup: dict,
+    step_model,
+    time_budget_s: float | None = None,
+    progress: bool = True,
+    fresh: bool = False,
+    max_batch: int = 1,
+) -> dict:
     """Decode every sample with every config, saving ``out_path`` after each config; returns the
     JSON's contents. A config already in an existing ``out_path`` with the same setup is skipped."""
     from . import bench
@@ -213,11 +254,12 @@ def run_tune(engine, samples: list, specs: Sequence[str], gen_length: int, out_p
         except (OSError, json.JSONDecodeError) as e:
             raise ValueError(f"{out_path}: cannot resume from it ({e}); pass --fresh to start over") from None
         if data.get("tune") != FORMAT or data.get("setup") != setup:
-            raise ValueError(f"{out_path}: holds a sweep of another setup ({json.dumps(data.get('setup'))}); pass "
-                             f"--fresh to overwrite it or choose another --out")
+            raise ValueError(
+                f"{out_path}: holds a sweep of another setup ({json.dumps(data.get('setup'))}); pass "
+                f"--fresh to overwrite it or choose another --out"
+            )
     if data is None:
-        data = {"tune": FORMAT, "setup": setup, "environment": bench.environment(), "reference": None,
-                "configs": {}}
+        data = {"tune": FORMAT, "setup": setup, "environment": bench.environment(), "reference": None, "configs": {}}
     data["step_time"] = step_model.to_dict()
     options = {spec: bench.policy_options(spec, gen_length) for spec in specs}  # bad spec: error before decoding
     encoded = [engine.encode(s.prompt) for s in samples]
@@ -267,12 +309,25 @@ def run_tune(engine, samples: list, specs: Sequence[str], gen_length: int, out_p
                     correct = g.ids == data["reference"]["ids"][i]
                 L = encoded[i].numel() + gen_length
                 q = g.stats["query_tokens_per_step"]
-                records.append({"correct": correct, "nfe": g.stats["nfe"], "query_tokens": sum(q), "wall_ms": wall,
-                                "steps": q, "length": L})
-            data["configs"][spec] = {"policy": o.policy, "options": _options_dict(o), **summarize(records),
-                                     "correct": [r["correct"] for r in records], "nfe": [r["nfe"] for r in records],
-                                     "query_tokens_per_step": [r["steps"] for r in records],
-                                     "lengths": [r["length"] for r in records]}
+                records.append(
+                    {
+                        "correct": correct,
+                        "nfe": g.stats["nfe"],
+                        "query_tokens": sum(q),
+                        "wall_ms": wall,
+                        "steps": q,
+                        "length": L,
+                    }
+                )
+            data["configs"][spec] = {
+                "policy": o.policy,
+                "options": _options_dict(o),
+                **summarize(records),
+                "correct": [r["correct"] for r in records],
+                "nfe": [r["nfe"] for r in records],
+                "query_tokens_per_step": [r["steps"] for r in records],
+                "lengths": [r["length"] for r in records],
+            }
             _model_config(data["configs"][spec], step_model)
             _write_json(out_path, data)
     except KeyboardInterrupt:
@@ -303,11 +358,16 @@ def _model_config(rec: dict, step_model) -> None:
 def _options_dict(o) -> dict:
     from . import contract
 
-    return {n: (list(v) if isinstance(v, tuple) else v) for n in contract.NAMES for v in [getattr(o, n)]
-            if v != contract.DEFAULTS[n] or n in ("policy", "gen_length")}
+    return {
+        n: (list(v) if isinstance(v, tuple) else v)
+        for n in contract.NAMES
+        for v in [getattr(o, n)]
+        if v != contract.DEFAULTS[n] or n in ("policy", "gen_length")
+    }
 
 
 # --------------------------------------------------------------------------- report
+
 
 def cost_key(objective: str) -> str:
     return {"nfe": "mean_nfe", "time": "mean_model_ms"}[objective]
@@ -317,14 +377,18 @@ def format_report(data: dict, objective: str, chosen: str | None, limit: int = 4
     pts = data["configs"]
     key = cost_key(objective)
     front = frontier(pts, key)
-    lines = [f"{len(pts)} configs on {data['setup']['n']} tasks (accuracy by {data['scored_by']}); frontier by "
-             f"{'mean NFE' if objective == 'nfe' else 'modelled time'} ({len(front)} configs):",
-             f"  {'acc':>6} {'NFE':>6} {'q tok':>7} {'wall ms':>8} {'model ms':>9}  config"]
+    lines = [
+        f"{len(pts)} configs on {data['setup']['n']} tasks (accuracy by {data['scored_by']}); frontier by "
+        f"{'mean NFE' if objective == 'nfe' else 'modelled time'} ({len(front)} configs):",
+        f"  {'acc':>6} {'NFE':>6} {'q tok':>7} {'wall ms':>8} {'model ms':>9}  config",
+    ]
     for n in front[:limit]:
         p = pts[n]
         mark = "  <- chosen" if n == chosen else ""
-        lines.append(f"  {p['accuracy']:6.3f} {p['mean_nfe']:6.2f} {p['mean_query_tokens']:7.0f} "
-                     f"{p['mean_wall_ms']:8.2f} {p['mean_model_ms']:9.2f}  {n}{mark}")
+        lines.append(
+            f"  {p['accuracy']:6.3f} {p['mean_nfe']:6.2f} {p['mean_query_tokens']:7.0f} "
+            f"{p['mean_wall_ms']:8.2f} {p['mean_model_ms']:9.2f}  {n}{mark}"
+        )
     if chosen is not None and chosen not in front:
         p = pts[chosen]
         lines.append(f"  chosen (off this frontier): {p['accuracy']:.3f} acc, {p['mean_nfe']:.2f} NFE  {chosen}")
@@ -342,32 +406,58 @@ def save_plot(data: dict, path: str, chosen: str | None) -> str | None:
     pts = data["configs"]
     colors = {"vanilla": "tab:gray", "prefix": "tab:green", "dual": "tab:blue", "blockbatch": "tab:red"}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
-    for ax, key, label in ((axes[0], "mean_nfe", "mean NFE per sample"),
-                           (axes[1], "mean_model_ms", f"modelled ms per sample\n({data['step_time']['source']})")):
+    for ax, key, label in (
+        (axes[0], "mean_nfe", "mean NFE per sample"),
+        (axes[1], "mean_model_ms", f"modelled ms per sample\n({data['step_time']['source']})"),
+    ):
         for policy in colors:
             sel = [p for n, p in pts.items() if p["policy"] == policy]
             if sel:
-                ax.scatter([p[key] for p in sel], [p["accuracy"] for p in sel], s=22, alpha=0.7, c=colors[policy],
-                           label=policy)
+                ax.scatter(
+                    [p[key] for p in sel], [p["accuracy"] for p in sel], s=22, alpha=0.7, c=colors[policy], label=policy
+                )
         for policy in ("dual", "blockbatch"):
             own = {n: p for n, p in pts.items() if p["policy"] == policy}
             f = frontier(own, key)
             if len(f) > 1:
-                ax.step([own[n][key] for n in f], [own[n]["accuracy"] for n in f], where="post", c=colors[policy],
-                        lw=1, alpha=0.6)
+                ax.step(
+                    [own[n][key] for n in f],
+                    [own[n]["accuracy"] for n in f],
+                    where="post",
+                    c=colors[policy],
+                    lw=1,
+                    alpha=0.6,
+                )
         f = frontier(pts, key)
-        ax.step([pts[n][key] for n in f], [pts[n]["accuracy"] for n in f], where="post", c="k", lw=1.5,
-                label="frontier (all)")
+        ax.step(
+            [pts[n][key] for n in f],
+            [pts[n]["accuracy"] for n in f],
+            where="post",
+            c="k",
+            lw=1.5,
+            label="frontier (all)",
+        )
         if chosen in pts:
-            ax.scatter([pts[chosen][key]], [pts[chosen]["accuracy"]], marker="*", s=220, c="gold", edgecolors="k",
-                       zorder=5, label="chosen")
+            ax.scatter(
+                [pts[chosen][key]],
+                [pts[chosen]["accuracy"]],
+                marker="*",
+                s=220,
+                c="gold",
+                edgecolors="k",
+                zorder=5,
+                label="chosen",
+            )
         ax.set_xlabel(label, fontsize=8 if key == "mean_model_ms" else 10)
         ax.set_ylabel("accuracy" if data["scored_by"] == "answers" else "agreement with one-token-per-step decode")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8, loc="lower right")
     setup = data["setup"]
-    fig.suptitle(f"{os.path.basename(str(setup['model']).rstrip('/')) or setup['model']}: {setup['n']} tasks, "
-                 f"gen_length {setup['gen_length']}", fontsize=10)
+    fig.suptitle(
+        f"{os.path.basename(str(setup['model']).rstrip('/')) or setup['model']}: {setup['n']} tasks, "
+        f"gen_length {setup['gen_length']}",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

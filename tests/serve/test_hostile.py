@@ -1,7 +1,7 @@
 """``blockbatch serve`` under hostile input: body and header limits, slow clients, hostile JSON,
 web pages, half-closed clients, special-token injection, unknown fields. The real server in a
 subprocess on a loopback port, driven by the real ``openai`` client, httpx, ``http.client`` and raw
-sockets where the case is below HTTP (python/blockbatch/guard.py says what each limit does)."""
+sockets where the case is below HTTP (python/blockbatch/serve/guard.py says what each limit does)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ import openai
 import pytest
 from openai import OpenAI
 
-from blockbatch import DecodeOptions, Engine, guard
+from blockbatch import DecodeOptions, Engine
+from blockbatch.serve import guard
 from blockbatch.tokenization import TextCodec
 from helpers.serve import ServeProcess, parse_metrics
 

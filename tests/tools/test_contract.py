@@ -17,7 +17,7 @@ import blockbatch
 import gen_contract
 from blockbatch import DecodeOptions, contract
 from blockbatch.bench import SPEC_OPTIONS, policy_kwargs
-from blockbatch.cli import build_parser
+from blockbatch.cli import build_parser, option_flags
 from blockbatch.config import ModelConfig
 from blockbatch.errors import CheckpointError
 
@@ -55,7 +55,7 @@ def test_a_table_default_reaches_every_generated_artefact(monkeypatch):
     monkeypatch.setattr(contract, "OPTIONS", table)
     assert "int64_t sync_gap = 5;" in gen_contract.render_header()
     assert "int sync_gap=5," in gen_contract.schema_options()
-    assert "| `sync_gap` | int | `5` |" in contract.markdown_table()
+    assert "| `sync_gap` | int | `5` |" in gen_contract.markdown_table()
     assert "    sync_gap: int = 5\n" in gen_contract.render_python_fields()
 
 
@@ -181,7 +181,7 @@ def test_cli_flags_are_the_table():
         if o.type == "bool":
             assert isinstance(action, argparse.BooleanOptionalAction)
     args = parser.parse_args(["generate", "x"])
-    assert DecodeOptions(**contract.values_from_args(args)) == DecodeOptions()
+    assert DecodeOptions(**option_flags.values_from_args(args)) == DecodeOptions()
     args = parser.parse_args(
         [
             "generate",
@@ -198,7 +198,7 @@ def test_cli_flags_are_the_table():
             "x",
         ]
     )
-    got = contract.values_from_args(args)
+    got = option_flags.values_from_args(args)
     assert got["block_sizes"] == (8, 32) and got["merge"] is False and got["threshold"] is None
     assert got["prob_floor"] == 0.2 and got["stop_on_eos"] is True
 

@@ -26,15 +26,25 @@ def run(args: argparse.Namespace) -> int:
     if not samples:
         raise UsageError(f"--tasks {args.tasks}: the file holds no tasks")
     engine = Engine.from_pretrained(args.model, device=args.device, dtype=DTYPES[args.dtype])
-    result = bench.run_bench(engine, samples, policies, compare_reference=args.compare_reference,
-                             progress=not args.quiet)
+    result = bench.run_bench(
+        engine, samples, policies, compare_reference=args.compare_reference, progress=not args.quiet
+    )
     print(bench.format_table(result))
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "bench.json")
     with open(path, "w", encoding="utf-8") as f:
-        json.dump({"environment": bench.environment(), "model": args.model or "toy", "tasks": args.tasks or "toy",
-                   "gen_length": args.gen_length,
-                   "policies": {k: dataclasses.asdict(v) for k, v in policies.items()}, **result}, f, indent=2)
+        json.dump(
+            {
+                "environment": bench.environment(),
+                "model": args.model or "toy",
+                "tasks": args.tasks or "toy",
+                "gen_length": args.gen_length,
+                "policies": {k: dataclasses.asdict(v) for k, v in policies.items()},
+                **result,
+            },
+            f,
+            indent=2,
+        )
     print(f"wrote {path}")
     for png in bench.save_plots(result, args.out):
         print(f"wrote {png}")
@@ -43,26 +53,35 @@ def run(args: argparse.Namespace) -> int:
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
-        "bench", help="accuracy / NFE / time of several policies side by side on a task set",
+        "bench",
+        help="accuracy / NFE / time of several policies side by side on a task set",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run a task set under several policies on one checkpoint, interleaved per sample; print a "
-                    "table, write JSON (every per-sample record + environment) and PNG plots to --out.",
+        "table, write JSON (every per-sample record + environment) and PNG plots to --out.",
         epilog="policies: vanilla | prefix | dual | blockbatch, a preset (" + ", ".join(preset_names()) + ")\n"
-               "or a preset file's path, each optionally name:key=value,... (the pairs win over the preset;\n"
-               "a preset's block sizes that do not divide --gen-length are dropped), e.g.\n"
-               "  blockbatch bench --policies dual blockbatch blockbatch:block_sizes=8/32,sync_gap=4\n"
-               "  blockbatch bench --policies dual blockbatch-paper blockbatch-best:threshold=0.8 my-preset.json\n"
-               "  blockbatch bench --tasks my.jsonl --model DIR   (lines: {\"prompt\": ..., \"answer\": ...})")
+        "or a preset file's path, each optionally name:key=value,... (the pairs win over the preset;\n"
+        "a preset's block sizes that do not divide --gen-length are dropped), e.g.\n"
+        "  blockbatch bench --policies dual blockbatch blockbatch:block_sizes=8/32,sync_gap=4\n"
+        "  blockbatch bench --policies dual blockbatch-paper blockbatch-best:threshold=0.8 my-preset.json\n"
+        '  blockbatch bench --tasks my.jsonl --model DIR   (lines: {"prompt": ..., "answer": ...})',
+    )
     p.add_argument("--model", default=None, help="checkpoint folder (default: the shipped toy model)")
     p.add_argument("--tasks", default=None, help="JSONL of prompts and answers (default: toy held-out problems)")
     p.add_argument("--n", type=positive_int, default=200, help="samples (default 200)")
-    p.add_argument("--policies", nargs="+", default=["vanilla", "dual", "blockbatch"],
-                   help="space-separated policy specs (default: vanilla dual blockbatch): a policy, a preset name "
-                        "or a preset file, each optionally with :key=value,... (see below); the table and the JSON "
-                        "name each as given")
+    p.add_argument(
+        "--policies",
+        nargs="+",
+        default=["vanilla", "dual", "blockbatch"],
+        help="space-separated policy specs (default: vanilla dual blockbatch): a policy, a preset name "
+        "or a preset file, each optionally with :key=value,... (see below); the table and the JSON "
+        "name each as given",
+    )
     p.add_argument("--gen-length", type=int, default=128, help="generation length (default 128)")
-    p.add_argument("--compare-reference", action="store_true",
-                   help="also run each policy through the pure-PyTorch reference loop and report the speed ratio")
+    p.add_argument(
+        "--compare-reference",
+        action="store_true",
+        help="also run each policy through the pure-PyTorch reference loop and report the speed ratio",
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32")
     p.add_argument("--threads", type=positive_int, default=None, help="intra-op threads (default: torch's choice)")

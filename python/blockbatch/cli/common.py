@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from .. import contract
+from . import option_flags
 
 
 class UsageError(Exception):
@@ -19,14 +19,17 @@ def parse_ids(text: str, what: str) -> list[int]:
         try:
             ids.append(int(item))
         except ValueError:
-            raise UsageError(f"{what}: entry {i} ({item.strip()!r}) of {text!r} is not an integer token id; expected "
-                             "comma-separated integers") from None
+            raise UsageError(
+                f"{what}: entry {i} ({item.strip()!r}) of {text!r} is not an integer token id; expected "
+                "comma-separated integers"
+            ) from None
     return ids
 
 
 def int_in(low: int, high: int | None, expected: str, bound: str):
     """An argparse type: an integer in [low, high] (high None: unbounded); `expected` names what a
     non-integer should have been, `bound` the range an integer misses."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -50,27 +53,31 @@ def summary_line(stats: dict) -> str:
     tpf = committed / stats["nfe"] if stats["nfe"] else 0.0
     if stats["policy"] == "blockbatch":
         branches = stats["branches"]
-        return (f"[blockbatch {','.join(str(b['block_size']) for b in branches)}] nfe={stats['nfe']} "
-                f"(init {stats['nfe_init']} + block {stats['nfe_block']} + refresh {stats['nfe_refresh']}), "
-                f"paper NFE {stats['nfe_paper']}, winner block {stats['winner_block_size']}"
-                f"{' (EOS exit)' if stats['early_exit'] else ''}, merged {sum(b['merged'] for b in branches)}, "
-                f"synced {sum(b['copied'] for b in branches)} tokens, {stats['wall_ms']:.1f} ms")
+        return (
+            f"[blockbatch {','.join(str(b['block_size']) for b in branches)}] nfe={stats['nfe']} "
+            f"(init {stats['nfe_init']} + block {stats['nfe_block']} + refresh {stats['nfe_refresh']}), "
+            f"paper NFE {stats['nfe_paper']}, winner block {stats['winner_block_size']}"
+            f"{' (EOS exit)' if stats['early_exit'] else ''}, merged {sum(b['merged'] for b in branches)}, "
+            f"synced {sum(b['copied'] for b in branches)} tokens, {stats['wall_ms']:.1f} ms"
+        )
     block = stats["branches"][0]["block_size"]
     where = f"block {block}" if block else "whole canvas"  # Dream's vanilla sampler has no blocks
-    return (f"[{stats['policy']} {where}] nfe={stats['nfe']} "
-            f"(full {stats['nfe_full']} + block {stats['nfe_block']}), {tpf:.2f} tokens/forward, "
-            f"{stats['wall_ms']:.1f} ms")
+    return (
+        f"[{stats['policy']} {where}] nfe={stats['nfe']} "
+        f"(full {stats['nfe_full']} + block {stats['nfe_block']}), {tpf:.2f} tokens/forward, "
+        f"{stats['wall_ms']:.1f} ms"
+    )
 
 
 def option_values(args: argparse.Namespace) -> dict:
     """The decode options of ``generate``'s flags; with ``--preset``: the option flags given
     explicitly on top of the preset, the preset on top of the defaults."""
-    values = contract.values_from_args(args)
+    values = option_flags.values_from_args(args)
     if args.preset is None:
         return values
     from .. import presets
 
-    explicit = {name: values[name] for name in contract.explicit_from_args(args)}
+    explicit = {name: values[name] for name in option_flags.explicit_from_args(args)}
     try:
         return {**values, **presets.values(args.preset, explicit)}
     except (TypeError, ValueError) as e:  # the message names the preset (or its file)
@@ -88,10 +95,12 @@ def preset_help(what: str) -> str:
     from .. import presets
 
     names = "; ".join(f"{p.name}: {p.description}" for p in presets.BUILT_IN.values())
-    return (f"named decode settings, {what}. NAME is one of: {names}. FILE is a preset file: JSON "
-            f"{{\"blockbatch_preset\": {presets.FORMAT}, \"name\": ..., \"options\": {{\"policy\": ..., ...}}}} "
-            "as `blockbatch tune --write-preset` writes it. A preset's block sizes that do not divide "
-            "gen_length are dropped").replace("%", "%%")
+    return (
+        f"named decode settings, {what}. NAME is one of: {names}. FILE is a preset file: JSON "
+        f'{{"blockbatch_preset": {presets.FORMAT}, "name": ..., "options": {{"policy": ..., ...}}}} '
+        "as `blockbatch tune --write-preset` writes it. A preset's block sizes that do not divide "
+        "gen_length are dropped"
+    ).replace("%", "%%")
 
 
 def positive_float(text: str) -> float:

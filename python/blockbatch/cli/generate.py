@@ -10,7 +10,8 @@ import stat
 import sys
 import tempfile
 
-from .. import contract, settings
+from .. import settings
+from . import option_flags
 from ..engine import DTYPES
 from ..errors import UnknownCharactersError
 from .common import UsageError, one_line, option_values, parse_ids, positive_int, preset_help, summary_line
@@ -24,9 +25,11 @@ def run(args: argparse.Namespace) -> int:
     steps, threshold, factor = values["steps"], values["threshold"], values["factor"]
     if steps is not None and (threshold is not None or factor is not None):
         rule = f"--factor {factor}" if factor is not None else f"--threshold {threshold}"
-        raise UsageError(f"--steps {steps} is used only by the fixed schedule, but {rule} commits by "
-                         f"confidence and would ignore it: pass --threshold none with --steps {steps}"
-                         + (" and drop --factor" if factor is not None else ""))
+        raise UsageError(
+            f"--steps {steps} is used only by the fixed schedule, but {rule} commits by "
+            f"confidence and would ignore it: pass --threshold none with --steps {steps}"
+            + (" and drop --factor" if factor is not None else "")
+        )
     options = DecodeOptions(**values)  # ValueError naming the bad option
     if args.input is not None:
         if args.prompts:
@@ -39,8 +42,14 @@ def run(args: argparse.Namespace) -> int:
     engine = Engine.from_pretrained(args.model, device=args.device, dtype=DTYPES[args.dtype])
     chat = False if args.no_chat else None
     try:
-        results = engine.generate(prompts, options, chat=chat, progress=not args.json and len(prompts) > 1,
-                                  allow_unknown=args.allow_unknown, max_batch=args.max_batch)
+        results = engine.generate(
+            prompts,
+            options,
+            chat=chat,
+            progress=not args.json and len(prompts) > 1,
+            allow_unknown=args.allow_unknown,
+            max_batch=args.max_batch,
+        )
     except UnknownCharactersError as e:
         raise UsageError(f"{e}; pass --allow-unknown to decode it anyway") from None
     for prompt, gen in zip(args.prompts, results):
@@ -166,8 +175,10 @@ def _generate_jsonl(engine, args: argparse.Namespace, options) -> int:
     if args.output != "-":
         same = _same_file(args.input, args.output) if args.input != "-" else _stdin_is(args.output)
         if same:
-            raise UsageError(f"--input {args.input} and --output {args.output} are the same file: the results "
-                             f"would replace the requests; write them to another file")
+            raise UsageError(
+                f"--input {args.input} and --output {args.output} are the same file: the results "
+                f"would replace the requests; write them to another file"
+            )
     try:
         src = sys.stdin.buffer if args.input == "-" else open(args.input, "rb")  # bytes: each line decoded here
     except OSError as e:
@@ -287,46 +298,79 @@ def _stdin_is(path: str) -> bool:
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
-        "generate", help="decode prompts with a policy (default model: the shipped toy model)",
+        "generate",
+        help="decode prompts with a policy (default model: the shipped toy model)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Decode each PROMPT with the native engine and print the text plus a one-line stats summary.",
         epilog="examples:\n"
-               "  blockbatch generate '72-2=__-3=__-3=__...............?'   (the shipped toy model)\n"
-               "  blockbatch generate --policy blockbatch --gen-length 128 PROMPT\n"
-               "  blockbatch generate --policy vanilla --threshold none --steps 64 PROMPT   (LLaDA fixed schedule)\n"
-               "  blockbatch generate --model /path/to/LLaDA-8B-Instruct --dtype bfloat16 --device cuda 'Hi'\n"
-               "\n" + settings.help_text())
+        "  blockbatch generate '72-2=__-3=__-3=__...............?'   (the shipped toy model)\n"
+        "  blockbatch generate --policy blockbatch --gen-length 128 PROMPT\n"
+        "  blockbatch generate --policy vanilla --threshold none --steps 64 PROMPT   (LLaDA fixed schedule)\n"
+        "  blockbatch generate --model /path/to/LLaDA-8B-Instruct --dtype bfloat16 --device cuda 'Hi'\n"
+        "\n" + settings.help_text(),
+    )
     p.add_argument("prompts", nargs="*", metavar="PROMPT", help="prompt text (or ids with --ids)")
-    p.add_argument("--input", metavar="FILE", default=None,
-                   help="JSONL requests instead of PROMPTs ('-': stdin): one object per line with \"prompt\" (text) or "
-                        "\"ids\" (token ids) and optionally \"id\"; results go to --output as JSON lines")
-    p.add_argument("--output", metavar="FILE", default="-",
-                   help="with --input: where the result lines go (default '-': stdout); one line per request "
-                        "(id, text, ids, nfe, wall_ms; or id, line, error for a bad line), written and flushed as each "
-                        "request finishes, so in finishing order (Ctrl-C keeps every line written)")
-    p.add_argument("--max-batch", type=positive_int, default=1, metavar="N",
-                   help="decode up to N requests together, their forwards packed into one per step (CPU; each "
-                        "result equals its decode alone); default 1")
-    p.add_argument("--max-length", type=positive_int, default=None, metavar="L",
-                   help="with --input on the CPU: the longest prompt + gen-length accepted (the shared KV pool's row "
-                        "length; longer requests get an error line); default gen-length + 1024, at most the model's "
-                        "max_sequence_length")
+    p.add_argument(
+        "--input",
+        metavar="FILE",
+        default=None,
+        help="JSONL requests instead of PROMPTs ('-': stdin): one object per line with \"prompt\" (text) or "
+        '"ids" (token ids) and optionally "id"; results go to --output as JSON lines',
+    )
+    p.add_argument(
+        "--output",
+        metavar="FILE",
+        default="-",
+        help="with --input: where the result lines go (default '-': stdout); one line per request "
+        "(id, text, ids, nfe, wall_ms; or id, line, error for a bad line), written and flushed as each "
+        "request finishes, so in finishing order (Ctrl-C keeps every line written)",
+    )
+    p.add_argument(
+        "--max-batch",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="decode up to N requests together, their forwards packed into one per step (CPU; each "
+        "result equals its decode alone); default 1",
+    )
+    p.add_argument(
+        "--max-length",
+        type=positive_int,
+        default=None,
+        metavar="L",
+        help="with --input on the CPU: the longest prompt + gen-length accepted (the shared KV pool's row "
+        "length; longer requests get an error line); default gen-length + 1024, at most the model's "
+        "max_sequence_length",
+    )
     p.add_argument("--model", default=None, help="checkpoint folder (default: the toy model shipped in the package)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32")
     p.add_argument("--ids", action="store_true", help="prompts are comma-separated token ids")
     p.add_argument("--no-chat", action="store_true", help="do not apply the checkpoint's chat template")
-    p.add_argument("--allow-unknown", action="store_true",
-                   help="encode characters outside the tokenizer's vocabulary as its unknown token instead of "
-                        "refusing the prompt")
+    p.add_argument(
+        "--allow-unknown",
+        action="store_true",
+        help="encode characters outside the tokenizer's vocabulary as its unknown token instead of refusing the prompt",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per prompt (text, ids, all stats)")
-    p.add_argument("--preset", metavar="NAME|FILE", default=None,
-                   help=preset_help("applied under the decode option flags (a flag given explicitly wins over the "
-                                     "preset, the preset over the defaults)"))
+    p.add_argument(
+        "--preset",
+        metavar="NAME|FILE",
+        default=None,
+        help=preset_help(
+            "applied under the decode option flags (a flag given explicitly wins over the "
+            "preset, the preset over the defaults)"
+        ),
+    )
     # One flag per decode option, from the options table (blockbatch.contract): defaults, types,
     # ranges and help text are the table's.
-    contract.add_arguments(p, {"decoding": "decoding (every policy; docs/ALGORITHMS.md)",
-                               "dream": "Dream-family samplers (alg: vanilla, both families; the others: Dream only)",
-                               "blockbatch": "blockbatch (policy blockbatch only)",
-                               "runtime": "runtime"})
+    option_flags.add_arguments(
+        p,
+        {
+            "decoding": "decoding (every policy; docs/ALGORITHMS.md)",
+            "dream": "Dream-family samplers (alg: vanilla, both families; the others: Dream only)",
+            "blockbatch": "blockbatch (policy blockbatch only)",
+            "runtime": "runtime",
+        },
+    )
     p.set_defaults(func=run)

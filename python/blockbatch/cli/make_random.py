@@ -12,8 +12,14 @@ from ..engine import DTYPES
 from .common import UsageError
 
 
-_SHAPE_FLAGS = {"d_model": "d_model", "layers": "n_layers", "heads": "n_heads", "kv_heads": "n_kv_heads",
-                "mlp": "mlp_hidden_size", "vocab": "vocab_size"}
+_SHAPE_FLAGS = {
+    "d_model": "d_model",
+    "layers": "n_layers",
+    "heads": "n_heads",
+    "kv_heads": "n_kv_heads",
+    "mlp": "mlp_hidden_size",
+    "vocab": "vocab_size",
+}
 _SHAPE_DEFAULTS = {"d_model": 128, "layers": 2, "heads": 4, "mlp": 256, "vocab": 256}
 PRESETS = {preset: family for preset, (family, _) in families.published_shapes().items()}  # preset -> family
 _SHARD_BYTES = 5 * 10**9  # presets are written in shards of at most 5 GB, as save_pretrained does
@@ -28,11 +34,16 @@ def _make_random_shape(args: argparse.Namespace, family: str) -> dict:
     given = [name for name in _SHAPE_FLAGS if getattr(args, name) is not None]
     if args.preset is not None:
         if given:
-            raise UsageError(f"--preset {args.preset} fixes the shape; drop "
-                             f"{' / '.join(_flag(n) for n in given)} (or drop --preset to choose the shape)")
+            raise UsageError(
+                f"--preset {args.preset} fixes the shape; drop "
+                f"{' / '.join(_flag(n) for n in given)} (or drop --preset to choose the shape)"
+            )
         return dict(families.published_shapes()[args.preset][1])
-    shape = {_SHAPE_FLAGS[n]: getattr(args, n) if getattr(args, n) is not None else _SHAPE_DEFAULTS[n]
-             for n in _SHAPE_FLAGS if n != "kv_heads"}
+    shape = {
+        _SHAPE_FLAGS[n]: getattr(args, n) if getattr(args, n) is not None else _SHAPE_DEFAULTS[n]
+        for n in _SHAPE_FLAGS
+        if n != "kv_heads"
+    }
     heads = shape["n_heads"]
     if args.kv_heads is not None:
         shape["n_kv_heads"] = args.kv_heads
@@ -43,20 +54,31 @@ def _make_random_shape(args: argparse.Namespace, family: str) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from ..config import ModelConfig
-    from ..loading import (CONFIG_NAME, INDEX_NAME, TOKENIZER_CONFIG_NAME, TOKENIZER_NAME, WEIGHTS_NAME,
-                          expected_weight_shapes)
+    from ..loading import (
+        CONFIG_NAME,
+        INDEX_NAME,
+        TOKENIZER_CONFIG_NAME,
+        TOKENIZER_NAME,
+        WEIGHTS_NAME,
+        expected_weight_shapes,
+    )
 
     family = args.family
     if args.preset is not None:
         if family is not None and family != PRESETS[args.preset]:
-            raise UsageError(f"--preset {args.preset} is a {PRESETS[args.preset]} shape, but --family is {family}; "
-                             f"drop --family or pass --family {PRESETS[args.preset]}")
+            raise UsageError(
+                f"--preset {args.preset} is a {PRESETS[args.preset]} shape, but --family is {family}; "
+                f"drop --family or pass --family {PRESETS[args.preset]}"
+            )
         family = PRESETS[args.preset]
     family = family or "llada"
     if os.path.lexists(args.out) and not os.path.isdir(args.out):
         raise UsageError(f"{args.out}: exists and is not a directory; make-random writes a checkpoint folder")
-    present = [n for n in (CONFIG_NAME, WEIGHTS_NAME, INDEX_NAME, TOKENIZER_NAME, TOKENIZER_CONFIG_NAME)
-               if os.path.lexists(os.path.join(args.out, n))]
+    present = [
+        n
+        for n in (CONFIG_NAME, WEIGHTS_NAME, INDEX_NAME, TOKENIZER_NAME, TOKENIZER_CONFIG_NAME)
+        if os.path.lexists(os.path.join(args.out, n))
+    ]
     if present and not args.force:
         raise UsageError(f"{args.out}: already holds {', '.join(present)}; pass --force to overwrite that checkpoint")
     shape = _make_random_shape(args, family)
@@ -69,25 +91,42 @@ def run(args: argparse.Namespace) -> int:
     nbytes = params * dtype.itemsize
     memory = _physical_memory()
     if memory and 2 * nbytes > memory:
-        what = (f"a {family} checkpoint of shape {args.preset} ({params / 1e9:.2f}B parameters) in {args.dtype}"
-                if args.preset else f"a {family} checkpoint of this shape in {args.dtype}")
+        what = (
+            f"a {family} checkpoint of shape {args.preset} ({params / 1e9:.2f}B parameters) in {args.dtype}"
+            if args.preset
+            else f"a {family} checkpoint of this shape in {args.dtype}"
+        )
         if args.preset:
-            fix = (f"run it on a machine with at least {2 * nbytes / 2**30:.0f} GiB"
-                   + (", or pass --dtype bfloat16 to halve it" if dtype.itemsize > 2 else "")
-                   + f", or drop --preset {args.preset} and choose a small shape with --d-model / --layers / --mlp "
-                     "/ --vocab")
+            fix = (
+                f"run it on a machine with at least {2 * nbytes / 2**30:.0f} GiB"
+                + (", or pass --dtype bfloat16 to halve it" if dtype.itemsize > 2 else "")
+                + f", or drop --preset {args.preset} and choose a small shape with --d-model / --layers / --mlp "
+                "/ --vocab"
+            )
         else:
             fix = "pass smaller --d-model / --layers / --mlp / --vocab" + (
-                " or --dtype bfloat16" if dtype.itemsize > 2 else "")
-        raise UsageError(f"{what} is {nbytes / 2**30:.1f} GiB, too large to build in this machine's "
-                         f"{memory / 2**30:.1f} GiB of memory (writing it takes about twice its size): {fix}")
-    config = make_random_checkpoint(args.out, family=family, seed=args.seed, dtype=dtype, logit_scale=args.logit_scale,
-                  max_shard_bytes=_SHARD_BYTES if args.preset and nbytes > _SHARD_BYTES else None, **shape)
+                " or --dtype bfloat16" if dtype.itemsize > 2 else ""
+            )
+        raise UsageError(
+            f"{what} is {nbytes / 2**30:.1f} GiB, too large to build in this machine's "
+            f"{memory / 2**30:.1f} GiB of memory (writing it takes about twice its size): {fix}"
+        )
+    config = make_random_checkpoint(
+        args.out,
+        family=family,
+        seed=args.seed,
+        dtype=dtype,
+        logit_scale=args.logit_scale,
+        max_shard_bytes=_SHARD_BYTES if args.preset and nbytes > _SHARD_BYTES else None,
+        **shape,
+    )
     name = families.get(family).DISPLAY_NAME
-    print(f"wrote a random {name} checkpoint{f' (preset {args.preset})' if args.preset else ''} to {args.out}: "
-          f"d_model={config.d_model}, layers={config.n_layers}, heads={config.n_heads}/{config.n_kv_heads} (q/kv), "
-          f"mlp={config.mlp_hidden_size}, vocab={config.vocab_size}, {params / 1e6:.2f}M parameters in {args.dtype} "
-          f"({nbytes / 2**20:.1f} MiB); mask id {config.mask_token_id}, eos id {config.eos_token_id}")
+    print(
+        f"wrote a random {name} checkpoint{f' (preset {args.preset})' if args.preset else ''} to {args.out}: "
+        f"d_model={config.d_model}, layers={config.n_layers}, heads={config.n_heads}/{config.n_kv_heads} (q/kv), "
+        f"mlp={config.mlp_hidden_size}, vocab={config.vocab_size}, {params / 1e6:.2f}M parameters in {args.dtype} "
+        f"({nbytes / 2**20:.1f} MiB); mask id {config.mask_token_id}, eos id {config.eos_token_id}"
+    )
     return 0
 
 
@@ -100,27 +139,37 @@ def _physical_memory() -> int:
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
-        "make-random", help="write a random LLaDA or Dream checkpoint folder",
+        "make-random",
+        help="write a random LLaDA or Dream checkpoint folder",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Write a checkpoint with random weights in the exact Hugging Face layout of its family: LLaDA\n"
-                    "(model.transformer.*, config.json) or Dream (Qwen2 names with q/k/v biases, config.json with\n"
-                    "model_type \"Dream\", generation_config.json). The weights are random: such a checkpoint\n"
-                    "exercises loading, the forward and the decoders at a given shape, never answers anything.\n"
-                    "The shipped trained toys are python/blockbatch/toy/checkpoint{,_dream}.",
+        "(model.transformer.*, config.json) or Dream (Qwen2 names with q/k/v biases, config.json with\n"
+        'model_type "Dream", generation_config.json). The weights are random: such a checkpoint\n'
+        "exercises loading, the forward and the decoders at a given shape, never answers anything.\n"
+        "The shipped trained toys are python/blockbatch/toy/checkpoint{,_dream}.",
         epilog="examples:\n"
-               "  blockbatch make-random /tmp/llada                       (LLaDA, d_model 128, 2 layers, vocab 256)\n"
-               "  blockbatch make-random /tmp/dream --family dream        (Dream, same shape, 4 query / 2 KV heads)\n"
-               "  blockbatch make-random /tmp/dream --family dream --layers 4 --kv-heads 1\n"
-               "  blockbatch make-random /tmp/dream7b --preset dream-7b --dtype bfloat16\n"
-               "        (the real Dream-v0-7B shape: 7.6B parameters, about 15 GB in bfloat16, written in 5 GB\n"
-               "         shards; refused when the machine has less than about twice that in memory)\n"
-               "then e.g.: blockbatch forward --model /tmp/dream")
+        "  blockbatch make-random /tmp/llada                       (LLaDA, d_model 128, 2 layers, vocab 256)\n"
+        "  blockbatch make-random /tmp/dream --family dream        (Dream, same shape, 4 query / 2 KV heads)\n"
+        "  blockbatch make-random /tmp/dream --family dream --layers 4 --kv-heads 1\n"
+        "  blockbatch make-random /tmp/dream7b --preset dream-7b --dtype bfloat16\n"
+        "        (the real Dream-v0-7B shape: 7.6B parameters, about 15 GB in bfloat16, written in 5 GB\n"
+        "         shards; refused when the machine has less than about twice that in memory)\n"
+        "then e.g.: blockbatch forward --model /tmp/dream",
+    )
     p.add_argument("out", help="folder to create (or an empty / new one)")
-    p.add_argument("--family", choices=list(families.REGISTRY), default=None,
-                   help="model family and checkpoint layout (default llada; dream with --preset dream-7b)")
-    p.add_argument("--preset", choices=list(PRESETS), default=None,
-                   help="a published shape instead of the shape flags: dream-7b = Dream-v0-7B (d_model 3584, "
-                        "28 layers, 28/4 heads, mlp 18944, vocab 152064); use --dtype bfloat16")
+    p.add_argument(
+        "--family",
+        choices=list(families.REGISTRY),
+        default=None,
+        help="model family and checkpoint layout (default llada; dream with --preset dream-7b)",
+    )
+    p.add_argument(
+        "--preset",
+        choices=list(PRESETS),
+        default=None,
+        help="a published shape instead of the shape flags: dream-7b = Dream-v0-7B (d_model 3584, "
+        "28 layers, 28/4 heads, mlp 18944, vocab 152064); use --dtype bfloat16",
+    )
     p.add_argument("--force", action="store_true", help="overwrite a checkpoint already in the folder")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="weight dtype (default float32)")
@@ -128,12 +177,18 @@ def add_parser(sub) -> None:
     shape.add_argument("--d-model", type=int, default=None, help=f"hidden size (default {_SHAPE_DEFAULTS['d_model']})")
     shape.add_argument("--layers", type=int, default=None, help=f"default {_SHAPE_DEFAULTS['layers']}")
     shape.add_argument("--heads", type=int, default=None, help=f"query heads (default {_SHAPE_DEFAULTS['heads']})")
-    shape.add_argument("--kv-heads", type=int, default=None,
-                       help="key/value heads, must divide --heads (default: --heads for llada, no GQA; half of "
-                            "--heads for dream)")
+    shape.add_argument(
+        "--kv-heads",
+        type=int,
+        default=None,
+        help="key/value heads, must divide --heads (default: --heads for llada, no GQA; half of --heads for dream)",
+    )
     shape.add_argument("--mlp", type=int, default=None, help=f"MLP hidden size (default {_SHAPE_DEFAULTS['mlp']})")
-    shape.add_argument("--vocab", type=int, default=None,
-                       help=f"vocabulary size; the last id is the mask, the one before EOS (default "
-                            f"{_SHAPE_DEFAULTS['vocab']})")
+    shape.add_argument(
+        "--vocab",
+        type=int,
+        default=None,
+        help=f"vocabulary size; the last id is the mask, the one before EOS (default {_SHAPE_DEFAULTS['vocab']})",
+    )
     p.add_argument("--logit-scale", type=float, default=1.0, help="LM-head scale (sharper softmax when larger)")
     p.set_defaults(func=run)

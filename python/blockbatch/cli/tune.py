@@ -9,8 +9,7 @@ import os
 import signal
 import sys
 
-from ..tune import (GRIDS, OBJECTIVES, choose, configs, cost_key, format_report, frontier, run_tune, save_plot,
-                    setup_key)
+from ..tune import GRIDS, OBJECTIVES, choose, configs, cost_key, format_report, frontier, run_tune, save_plot, setup_key
 from .common import positive_float, positive_int
 
 
@@ -40,8 +39,9 @@ def _branch_sets(text: str) -> tuple[tuple[int, ...], ...]:
         try:
             sizes = tuple(int(x) for x in part.split("/") if x)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"branch sets are sizes joined by '/', separated by spaces "
-                                             f"(e.g. '8/16/32/64 32/64'), got {part!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"branch sets are sizes joined by '/', separated by spaces (e.g. '8/16/32/64 32/64'), got {part!r}"
+            ) from None
         if not sizes or min(sizes) < 1:
             raise argparse.ArgumentTypeError(f"a branch set needs positive sizes, got {part!r}")
         sets.append(sizes)
@@ -70,57 +70,110 @@ def _refresh(text: str) -> tuple[str, ...]:
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(
-        "tune", help="sweep decode settings on a task set: frontier JSON + PNG, the chosen setting as a preset",
-        formatter_class=argparse.RawDescriptionHelpFormatter, description=__doc__.split("\n\n")[0] + "\n\n" +
-        "\n\n".join(__doc__.split("\n\n")[1:]),
+        "tune",
+        help="sweep decode settings on a task set: frontier JSON + PNG, the chosen setting as a preset",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__.split("\n\n")[0] + "\n\n" + "\n\n".join(__doc__.split("\n\n")[1:]),
         epilog="examples:\n"
-               "  blockbatch tune --out results/tune                    (the toy model and toy tasks)\n"
-               "  blockbatch tune --model DIR --tasks tasks.jsonl --n 200 --gen-length 128 --time-budget 3600\n"
-               "  blockbatch tune --grid full --pick-policy blockbatch --write-preset my-best.json\n"
-               "  blockbatch tune --step-time docs/bench/gpu/bench_gpu_step.json --objective time\n"
-               "  blockbatch generate --preset results/tune/preset.json PROMPT   (use the choice)\n"
-               "tasks: JSONL lines {\"prompt\": ..., \"answer\": ...}; without \"answer\" the score is agreement "
-               "with a\nvanilla one-token-per-step decode. Rerun the same command to resume a sweep.")
+        "  blockbatch tune --out results/tune                    (the toy model and toy tasks)\n"
+        "  blockbatch tune --model DIR --tasks tasks.jsonl --n 200 --gen-length 128 --time-budget 3600\n"
+        "  blockbatch tune --grid full --pick-policy blockbatch --write-preset my-best.json\n"
+        "  blockbatch tune --step-time docs/bench/gpu/bench_gpu_step.json --objective time\n"
+        "  blockbatch generate --preset results/tune/preset.json PROMPT   (use the choice)\n"
+        'tasks: JSONL lines {"prompt": ..., "answer": ...}; without "answer" the score is agreement '
+        "with a\nvanilla one-token-per-step decode. Rerun the same command to resume a sweep.",
+    )
     p.add_argument("--model", default=None, help="checkpoint folder (default: the shipped toy model)")
-    p.add_argument("--tasks", default=None, help="JSONL of prompts (and answers) (default: the toy task's held-out "
-                                                 "problems)")
+    p.add_argument(
+        "--tasks", default=None, help="JSONL of prompts (and answers) (default: the toy task's held-out problems)"
+    )
     p.add_argument("--n", type=positive_int, default=100, help="tasks used (default 100)")
     p.add_argument("--gen-length", type=positive_int, default=64, help="generation length (default 64)")
     g = p.add_argument_group("the grid (each flag replaces that axis of --grid)")
-    g.add_argument("--grid", choices=list(GRIDS), default="default",
-                   help="small: ~25 configs; default: ~75; full: ~1000 (default default)")
-    g.add_argument("--policies", type=lambda t: tuple(x for x in t.split(",") if x), default=None,
-                   help="comma-separated: vanilla, prefix, dual, blockbatch")
+    g.add_argument(
+        "--grid",
+        choices=list(GRIDS),
+        default="default",
+        help="small: ~25 configs; default: ~75; full: ~1000 (default default)",
+    )
+    g.add_argument(
+        "--policies",
+        type=lambda t: tuple(x for x in t.split(",") if x),
+        default=None,
+        help="comma-separated: vanilla, prefix, dual, blockbatch",
+    )
     g.add_argument("--block-lengths", type=_ints, default=None, help="dual / prefix block lengths, e.g. 16,32,64")
     g.add_argument("--thresholds", type=_floats, default=None, help="e.g. 0.95,0.9,0.8")
-    g.add_argument("--branch-sets", type=_branch_sets, default=None,
-                   help="blockbatch branch sets, e.g. '4/8/16/32/64/128 16/32/64'")
+    g.add_argument(
+        "--branch-sets",
+        type=_branch_sets,
+        default=None,
+        help="blockbatch branch sets, e.g. '4/8/16/32/64/128 16/32/64'",
+    )
     g.add_argument("--merge-gates", type=_floats, default=None, help="blockbatch merge gates, e.g. 0.5,0.9")
     g.add_argument("--eos-exit", type=_on_off, default=None, help="blockbatch EOS exit: on, off or on,off")
-    g.add_argument("--refresh", type=_refresh, default=None,
-                   help="blockbatch refresh_tokens values; 'block': the smallest branch size (e.g. 32,block)")
-    g.add_argument("--sync-refresh", type=_on_off, default=None,
-                   help="blockbatch sync_refresh variant: on, off or off,on")
-    p.add_argument("--out", default="results/tune", help="output folder: tune.json, tune.png (tune_<FILE>.png with --step-time FILE), preset.json "
-                                                         "(default results/tune)")
+    g.add_argument(
+        "--refresh",
+        type=_refresh,
+        default=None,
+        help="blockbatch refresh_tokens values; 'block': the smallest branch size (e.g. 32,block)",
+    )
+    g.add_argument(
+        "--sync-refresh", type=_on_off, default=None, help="blockbatch sync_refresh variant: on, off or off,on"
+    )
+    p.add_argument(
+        "--out",
+        default="results/tune",
+        help="output folder: tune.json, tune.png (tune_<FILE>.png with --step-time FILE), preset.json "
+        "(default results/tune)",
+    )
     p.add_argument("--fresh", action="store_true", help="start over instead of resuming --out's tune.json")
-    p.add_argument("--time-budget", type=positive_float, default=None, metavar="SECONDS",
-                   help="start no config after this many seconds (one at least; rerun to continue)")
-    p.add_argument("--step-time", default="measure", metavar="FILE|measure",
-                   help="step-time model: 'measure' (on this machine and model, ~3 s) or a JSON (a saved model, or "
-                        "a GPU step benchmark JSON such as docs/bench/gpu/bench_gpu_step.json)")
-    p.add_argument("--objective", choices=OBJECTIVES, default="nfe",
-                   help="cost the frontier and the choice minimise: mean NFE or modelled time (default nfe)")
-    p.add_argument("--max-drop", type=float, default=0.01,
-                   help="accuracy the choice may give up against the best config swept (default 0.01)")
-    p.add_argument("--pick-policy", default=None, choices=("vanilla", "prefix", "dual", "blockbatch"),
-                   help="choose among this policy's configs only")
-    p.add_argument("--write-preset", default=None, metavar="FILE",
-                   help="where to write the chosen setting (default OUT/preset.json)")
+    p.add_argument(
+        "--time-budget",
+        type=positive_float,
+        default=None,
+        metavar="SECONDS",
+        help="start no config after this many seconds (one at least; rerun to continue)",
+    )
+    p.add_argument(
+        "--step-time",
+        default="measure",
+        metavar="FILE|measure",
+        help="step-time model: 'measure' (on this machine and model, ~3 s) or a JSON (a saved model, or "
+        "a GPU step benchmark JSON such as docs/bench/gpu/bench_gpu_step.json)",
+    )
+    p.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default="nfe",
+        help="cost the frontier and the choice minimise: mean NFE or modelled time (default nfe)",
+    )
+    p.add_argument(
+        "--max-drop",
+        type=float,
+        default=0.01,
+        help="accuracy the choice may give up against the best config swept (default 0.01)",
+    )
+    p.add_argument(
+        "--pick-policy",
+        default=None,
+        choices=("vanilla", "prefix", "dual", "blockbatch"),
+        help="choose among this policy's configs only",
+    )
+    p.add_argument(
+        "--write-preset",
+        default=None,
+        metavar="FILE",
+        help="where to write the chosen setting (default OUT/preset.json)",
+    )
     p.add_argument("--preset-name", default=None, help="the preset's name (default: tuned-<model>-<policy>)")
-    p.add_argument("--max-batch", type=positive_int, default=1,
-                   help="decode the tasks of a config N at a time (faster on a CPU; wall time is then per-sample "
-                        "throughput; tokens and NFE do not change) (default 1)")
+    p.add_argument(
+        "--max-batch",
+        type=positive_int,
+        default=1,
+        help="decode the tasks of a config N at a time (faster on a CPU; wall time is then per-sample "
+        "throughput; tokens and NFE do not change) (default 1)",
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=positive_int, default=None, help="intra-op threads (default: torch's choice)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -139,14 +192,28 @@ def run(args: argparse.Namespace) -> int:
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise ValueError(f"--out {args.out}: exists and is not a directory")
     base = GRIDS[args.grid]
-    grid = dataclasses.replace(base, **{k: v for k, v in (
-        ("policies", args.policies), ("block_lengths", args.block_lengths), ("thresholds", args.thresholds),
-        ("branch_sets", args.branch_sets), ("merge_gates", args.merge_gates), ("eos_exit", args.eos_exit),
-        ("refresh", args.refresh), ("sync_refresh", args.sync_refresh)) if v is not None})
+    grid = dataclasses.replace(
+        base,
+        **{
+            k: v
+            for k, v in (
+                ("policies", args.policies),
+                ("block_lengths", args.block_lengths),
+                ("thresholds", args.thresholds),
+                ("branch_sets", args.branch_sets),
+                ("merge_gates", args.merge_gates),
+                ("eos_exit", args.eos_exit),
+                ("refresh", args.refresh),
+                ("sync_refresh", args.sync_refresh),
+            )
+            if v is not None
+        },
+    )
     specs = configs(grid, args.gen_length)
     if not specs:
-        raise ValueError(f"the grid has no config for --gen-length {args.gen_length} (no block length or branch set "
-                         f"divides it)")
+        raise ValueError(
+            f"the grid has no config for --gen-length {args.gen_length} (no block length or branch set divides it)"
+        )
     samples = bench.load_tasks(args.tasks, args.n, answers_optional=True)
     if not samples:
         raise ValueError(f"--tasks {args.tasks}: the file holds no tasks")
@@ -162,16 +229,28 @@ def run(args: argparse.Namespace) -> int:
     prev = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))  # save on kill too
     try:
-        data = run_tune(engine, samples, specs, args.gen_length, out_json, setup, step_model, args.time_budget,
-                        progress=not args.quiet, fresh=args.fresh, max_batch=args.max_batch)
+        data = run_tune(
+            engine,
+            samples,
+            specs,
+            args.gen_length,
+            out_json,
+            setup,
+            step_model,
+            args.time_budget,
+            progress=not args.quiet,
+            fresh=args.fresh,
+            max_batch=args.max_batch,
+        )
     finally:
         signal.signal(signal.SIGTERM, prev)
     key = cost_key(args.objective)
     chosen = choose(data["configs"], key, args.max_drop, args.pick_policy)
     print(format_report(data, args.objective, chosen))
     print(f"wrote {out_json}")
-    stem = "tune" if args.step_time == "measure" else \
-        "tune_" + os.path.splitext(os.path.basename(args.step_time))[0]  # one plot per time source
+    stem = (
+        "tune" if args.step_time == "measure" else "tune_" + os.path.splitext(os.path.basename(args.step_time))[0]
+    )  # one plot per time source
     png = save_plot(data, os.path.join(args.out, stem + ".png"), chosen)
     if png:
         print(f"wrote {png}")
@@ -181,15 +260,28 @@ def run(args: argparse.Namespace) -> int:
         model_name = os.path.basename(str(args.model or "toy").rstrip("/"))
         name = args.preset_name or f"tuned-{model_name}-{p['policy']}"
         opts = {k: v for k, v in p["options"].items() if k != "gen_length"}
-        presets.write(path, name, opts, description=f"chosen by blockbatch tune: {chosen}",
-                      evidence={"config": chosen, "objective": args.objective, "max_drop": args.max_drop,
-                                "accuracy": p["accuracy"], "mean_nfe": p["mean_nfe"],
-                                "mean_model_ms": p["mean_model_ms"], "setup": data["setup"],
-                                "frontier": frontier(data["configs"], key)})
+        presets.write(
+            path,
+            name,
+            opts,
+            description=f"chosen by blockbatch tune: {chosen}",
+            evidence={
+                "config": chosen,
+                "objective": args.objective,
+                "max_drop": args.max_drop,
+                "accuracy": p["accuracy"],
+                "mean_nfe": p["mean_nfe"],
+                "mean_model_ms": p["mean_model_ms"],
+                "setup": data["setup"],
+                "frontier": frontier(data["configs"], key),
+            },
+        )
         print(f"wrote {path} (preset {name!r}: {chosen})")
     if data["stopped"]:
         left = len(data["remaining"])
-        print(f"{data['stopped']}: {len(data['configs'])} configs done, {left} left; rerun the same command to "
-              f"continue", file=sys.stderr)
+        print(
+            f"{data['stopped']}: {len(data['configs'])} configs done, {left} left; rerun the same command to continue",
+            file=sys.stderr,
+        )
         return 130 if data["stopped"] == "interrupted" else 0
     return 0

@@ -18,9 +18,21 @@ MODEL_TYPE = "Dream"  # config.json's model_type
 DISPLAY_NAME = "Dream"
 PREFIX = "model."
 # The shape of Dream-v0-Base-7B / Dream-v0-Instruct-7B (config.json as published).
-DREAM_7B = dict(d_model=3584, n_layers=28, n_heads=28, n_kv_heads=4, mlp_hidden_size=18944, vocab_size=152064,
-                rope_theta=1000000.0, rms_norm_eps=1e-6, mask_token_id=151666, eos_token_id=151643,
-                pad_token_id=151643, bos_token_id=151643, max_sequence_length=131072)
+DREAM_7B = dict(
+    d_model=3584,
+    n_layers=28,
+    n_heads=28,
+    n_kv_heads=4,
+    mlp_hidden_size=18944,
+    vocab_size=152064,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    mask_token_id=151666,
+    eos_token_id=151643,
+    pad_token_id=151643,
+    bos_token_id=151643,
+    max_sequence_length=131072,
+)
 PUBLISHED_SHAPES = {"dream-7b": DREAM_7B}  # make-random --preset
 
 TENSORS_PER_LAYER = 12  # LLaDA's nine plus the q/k/v biases
@@ -37,9 +49,16 @@ def missing_tensor_hint(name: str) -> str:
 def generation_config(config: ModelConfig) -> dict | None:
     """The generation_config.json of a Dream checkpoint: its special ids again, and the authors'
     sampler defaults."""
-    return {"mask_token_id": config.mask_token_id, "eos_token_id": config.eos_token_id,
-            "pad_token_id": config.pad_token_id, "bos_token_id": config.bos_token_id,
-            "alg": "entropy", "alg_temp": 0.0, "steps": 512, "temperature": 0.0}
+    return {
+        "mask_token_id": config.mask_token_id,
+        "eos_token_id": config.eos_token_id,
+        "pad_token_id": config.pad_token_id,
+        "bos_token_id": config.bos_token_id,
+        "alg": "entropy",
+        "alg_temp": 0.0,
+        "steps": 512,
+        "temperature": 0.0,
+    }
 
 
 def default_kv_heads(heads: int) -> int:
@@ -59,12 +78,17 @@ def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {PREFIX + "embed_tokens.weight": (config.embedding_size, d)}
     per_layer = {
         "input_layernorm.weight": (d,),
-        "self_attn.q_proj.weight": (q, d), "self_attn.q_proj.bias": (q,),
-        "self_attn.k_proj.weight": (kv, d), "self_attn.k_proj.bias": (kv,),
-        "self_attn.v_proj.weight": (kv, d), "self_attn.v_proj.bias": (kv,),
+        "self_attn.q_proj.weight": (q, d),
+        "self_attn.q_proj.bias": (q,),
+        "self_attn.k_proj.weight": (kv, d),
+        "self_attn.k_proj.bias": (kv,),
+        "self_attn.v_proj.weight": (kv, d),
+        "self_attn.v_proj.bias": (kv,),
         "self_attn.o_proj.weight": (d, q),
         "post_attention_layernorm.weight": (d,),
-        "mlp.gate_proj.weight": (m, d), "mlp.up_proj.weight": (m, d), "mlp.down_proj.weight": (d, m),
+        "mlp.gate_proj.weight": (m, d),
+        "mlp.up_proj.weight": (m, d),
+        "mlp.down_proj.weight": (d, m),
     }
     for i in range(config.n_layers):
         for name, shape in per_layer.items():
@@ -75,14 +99,21 @@ def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-
-
 def random_config(**overrides) -> ModelConfig:
     """A small valid Dream config (GQA: 4 query heads over 2 KV heads); any field can be overridden."""
     fields: dict[str, Any] = dict(
-        d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden_size=128, vocab_size=97,
-        rope_theta=1000000.0, rms_norm_eps=1e-6, weight_tying=False,
-        mask_token_id=None, eos_token_id=None, max_sequence_length=131072,
+        d_model=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        mlp_hidden_size=128,
+        vocab_size=97,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        weight_tying=False,
+        mask_token_id=None,
+        eos_token_id=None,
+        max_sequence_length=131072,
     )
     fields.update(overrides)
     fields.setdefault("embedding_size", fields["vocab_size"])
@@ -95,8 +126,13 @@ def random_config(**overrides) -> ModelConfig:
     return ModelConfig(model_type="Dream", attention_bias=True, **fields).validate()
 
 
-def random_weights(config: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32,
-                         logit_scale: float = 1.0, bias_scale: float = 0.1) -> dict[str, torch.Tensor]:
+def random_weights(
+    config: ModelConfig,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    logit_scale: float = 1.0,
+    bias_scale: float = 0.1,
+) -> dict[str, torch.Tensor]:
     """Gaussian weights scaled by 1/sqrt(fan_in), norms near 1, small q/k/v biases.
 
     ``logit_scale`` multiplies ``lm_head`` (larger: more peaked softmaxes, so threshold rules
@@ -135,12 +171,14 @@ def read_config(keys: KeyReader) -> ModelConfig:
     n_heads = keys.integer("num_attention_heads")
     vocab = keys.integer("vocab_size")
     if not keys.present("mask_token_id"):
-        raise CheckpointError(f"{keys.where}: required key 'mask_token_id' is missing (from config.json and "
-                              "generation_config.json)")
+        raise CheckpointError(
+            f"{keys.where}: required key 'mask_token_id' is missing (from config.json and generation_config.json)"
+        )
     eos = keys.token_id("eos_token_id")
     if eos is None:
-        raise CheckpointError(f"{keys.where}: required key 'eos_token_id' is missing (from config.json and "
-                              "generation_config.json)")
+        raise CheckpointError(
+            f"{keys.where}: required key 'eos_token_id' is missing (from config.json and generation_config.json)"
+        )
     return ModelConfig(
         d_model=keys.integer("hidden_size"),
         n_layers=keys.integer("num_hidden_layers"),
@@ -199,16 +237,27 @@ def check_config(config: ModelConfig, bad) -> None:
         if heads <= 0:
             raise bad("num_attention_heads", f"= {heads} must be positive")
         if kv_heads <= 0 or heads % kv_heads:
-            raise bad("num_key_value_heads",
-                      f"= {kv_heads} must divide num_attention_heads = {heads} (grouped-query attention)")
+            raise bad(
+                "num_key_value_heads",
+                f"= {kv_heads} must divide num_attention_heads = {heads} (grouped-query attention)",
+            )
         if is_int(config.d_model) and config.d_model % heads:
             raise bad("hidden_size", f"= {config.d_model} is not a multiple of num_attention_heads = {heads}")
-    if is_int(config.vocab_size) and is_int(config.mask_token_id) and \
-            not 0 <= config.mask_token_id < config.vocab_size:
+    if is_int(config.vocab_size) and is_int(config.mask_token_id) and not 0 <= config.mask_token_id < config.vocab_size:
         raise bad("mask_token_id", f"= {config.mask_token_id} is outside the vocabulary [0, {config.vocab_size})")
     if not config.attention_bias:
         raise bad("attention_bias", "is false, but Dream's q/k/v projections always carry biases")
 
 
-register_family(ConfigCodec(MODEL_TYPE, NAME, read_config, write_config, check_config, cpp_id=1, shifted_logits=True,
-                            generation_config_keys=("mask_token_id", "eos_token_id", "pad_token_id", "bos_token_id")))
+register_family(
+    ConfigCodec(
+        MODEL_TYPE,
+        NAME,
+        read_config,
+        write_config,
+        check_config,
+        cpp_id=1,
+        shifted_logits=True,
+        generation_config_keys=("mask_token_id", "eos_token_id", "pad_token_id", "bos_token_id"),
+    )
+)

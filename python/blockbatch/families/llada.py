@@ -42,9 +42,15 @@ def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     d, hd, m = config.d_model, config.head_dim, config.mlp_hidden_size
     shapes: dict[str, tuple[int, ...]] = {PREFIX + "wte.weight": (config.embedding_size, d)}
     per_layer = {
-        "attn_norm": (d,), "q_proj": (config.n_heads * hd, d), "k_proj": (config.n_kv_heads * hd, d),
-        "v_proj": (config.n_kv_heads * hd, d), "attn_out": (d, config.n_heads * hd), "ff_norm": (d,),
-        "ff_proj": (m, d), "up_proj": (m, d), "ff_out": (d, m),
+        "attn_norm": (d,),
+        "q_proj": (config.n_heads * hd, d),
+        "k_proj": (config.n_kv_heads * hd, d),
+        "v_proj": (config.n_kv_heads * hd, d),
+        "attn_out": (d, config.n_heads * hd),
+        "ff_norm": (d,),
+        "ff_proj": (m, d),
+        "up_proj": (m, d),
+        "ff_out": (d, m),
     }
     for i in range(config.n_layers):
         for name, shape in per_layer.items():
@@ -58,9 +64,19 @@ def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 def random_config(**overrides) -> ModelConfig:
     """A small valid LLaDA config; any field can be overridden."""
     fields: dict[str, Any] = dict(
-        d_model=64, n_layers=2, n_heads=2, n_kv_heads=2, mlp_hidden_size=128, vocab_size=97,
-        embedding_size=None, rope_theta=10000.0, rms_norm_eps=1e-5, weight_tying=False,
-        mask_token_id=None, eos_token_id=None, max_sequence_length=1024,
+        d_model=64,
+        n_layers=2,
+        n_heads=2,
+        n_kv_heads=2,
+        mlp_hidden_size=128,
+        vocab_size=97,
+        embedding_size=None,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+        weight_tying=False,
+        mask_token_id=None,
+        eos_token_id=None,
+        max_sequence_length=1024,
     )
     fields.update(overrides)
     if fields["embedding_size"] is None:
@@ -73,8 +89,9 @@ def random_config(**overrides) -> ModelConfig:
     return ModelConfig(**fields).validate()
 
 
-def random_weights(config: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32,
-                   logit_scale: float = 1.0) -> dict[str, torch.Tensor]:
+def random_weights(
+    config: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32, logit_scale: float = 1.0
+) -> dict[str, torch.Tensor]:
     """Gaussian weights scaled by 1/sqrt(fan_in); norms near 1.
 
     ``logit_scale`` multiplies the LM head so that tests can make the model more or less
@@ -116,8 +133,9 @@ def read_config(keys: KeyReader) -> ModelConfig:
             raise keys.bad("mlp_ratio", f"* d_model = {show_value(ratio)} * {d_model} overflows") from None
     else:
         raise CheckpointError(f"{keys.where}: required key 'mlp_hidden_size' is missing")
-    keys.need("eos_token_id")
     eos = keys.token_id("eos_token_id")
+    if eos is None:
+        raise CheckpointError(f"{keys.where}: required key 'eos_token_id' is missing")
     weight_tying = keys.need("weight_tying")
     if not isinstance(weight_tying, bool):
         raise keys.bad("weight_tying", f"must be true or false (a JSON boolean), got {show_value(weight_tying)}")
@@ -147,14 +165,16 @@ def write_config(config: ModelConfig) -> dict[str, Any]:
     """The ``config.json`` of a LLaDA checkpoint."""
     d = dataclasses.asdict(config)
     del d["bos_token_id"], d["attention_bias"]  # not LLaDA keys
-    d.update({
-        "architectures": ["LLaDAModelLM"],
-        "activation_type": "silu",
-        "block_type": "llama",
-        "layer_norm_type": "rms",
-        "rope": True,
-        "include_bias": False,
-    })
+    d.update(
+        {
+            "architectures": ["LLaDAModelLM"],
+            "activation_type": "silu",
+            "block_type": "llama",
+            "layer_norm_type": "rms",
+            "rope": True,
+            "include_bias": False,
+        }
+    )
     return d
 
 

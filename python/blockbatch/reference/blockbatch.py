@@ -28,19 +28,19 @@ DIVERGENCE_EPS = 1e-9  # squared distances below this are rounding noise, not dr
 # tied at the early exit, and the smallest block size among them wins (docs/ALGORITHMS.md, "early
 # exit"). The authors rank them by a low-precision softmax (bfloat16; float32 in our parity runs),
 # in which near-certain probabilities collapse onto equal values and max() keeps the first branch.
-EOS_TIE = 2.0 ** -23
+EOS_TIE = 2.0**-23
 
 
 @dataclasses.dataclass
 class Branch:
     block_size: int
-    row: int                       # canvas row / KV row index (position in sorted block sizes)
-    start: int = 0                 # current window [start, end)
+    row: int  # canvas row / KV row index (position in sorted block sizes)
+    start: int = 0  # current window [start, end)
     end: int = 0
-    decoded: int = 0               # tokens committed by its forwards or received by sync (or counted on the row)
-    progress: int = 0              # first masked generated position (relative), G / first EOS + 1 when done
+    decoded: int = 0  # tokens committed by its forwards or received by sync (or counted on the row)
+    progress: int = 0  # first masked generated position (relative), G / first EOS + 1 when done
     done: bool = False
-    since_refresh: int = 0         # the refresh clock: blocks or frontier tokens since the last full forward
+    since_refresh: int = 0  # the refresh clock: blocks or frontier tokens since the last full forward
     eos_ready: bool = False
     eos_prob: float = 0.0
     prob_map: dict[int, dict[int, float]] = dataclasses.field(default_factory=dict)
@@ -71,12 +71,11 @@ class BlockBatchResult:
     committed_per_step: list[int]
     query_tokens_per_step: list[int]
     wall_s: float
-    exit_reason: str = ""          # "eos_ready" | "branch_complete" | "all_branches_done"
+    exit_reason: str = ""  # "eos_ready" | "branch_complete" | "all_branches_done"
 
 
 class _BlockBatch:
-    def __init__(self, model: ReferenceModel, prompt: torch.Tensor, gen_length: int, block_sizes, family: str,
-                 o: dict):
+    def __init__(self, model: ReferenceModel, prompt: torch.Tensor, gen_length: int, block_sizes, family: str, o: dict):
         self.t_start = time.perf_counter()
         self.rules, self.o, self.model = RULES[family], o, model
         cfg = model.config
@@ -92,7 +91,7 @@ class _BlockBatch:
                 raise ValueError(f"gen_length {gen_length} is not a multiple of block size {b}")
         self.generator = torch.Generator().manual_seed(o["seed"]) if o["temperature"] > 0 else None
         self.canvas = torch.full((len(sizes), self.L), self.mask, dtype=torch.long)
-        self.canvas[:, :self.lp] = prompt
+        self.canvas[:, : self.lp] = prompt
         self.kv = model.new_kv(len(sizes), self.L)
         self.branches = [Branch(block_size=b, row=i, start=self.lp, end=self.lp + b) for i, b in enumerate(sizes)]
         self.log_committed: list[int] = []
@@ -108,16 +107,16 @@ class _BlockBatch:
         """Offset of the row's first EOS where the rules cut a generation there (else None)."""
         if self.eos < 0 or not self.rules.eos_cut:
             return None
-        hits = (self.canvas[row, self.lp:] == self.eos).nonzero()
+        hits = (self.canvas[row, self.lp :] == self.eos).nonzero()
         return int(hits[0, 0]) if len(hits) else None
 
     def snap(self, br: Branch) -> None:
         """Window = the own-size block of the first mask (before the first EOS, its end clipped there)."""
-        gen = self.canvas[br.row, self.lp:]
+        gen = self.canvas[br.row, self.lp :]
         fe = self.first_eos(br.row)
         decode_end = self.G if fe is None else fe
         if self.rules.count_from_row:
-            br.decoded = int((gen[:self.G if fe is None else fe + 1] != self.mask).sum())
+            br.decoded = int((gen[: self.G if fe is None else fe + 1] != self.mask).sum())
         masks = (gen[:decode_end] == self.mask).nonzero()
         if len(masks) == 0:
             br.done = True
@@ -183,11 +182,11 @@ class _BlockBatch:
 
     def seed(self, br: Branch, logits: torch.Tensor) -> int:
         """Dream's full-forward rule: the window's first mask from the (shifted) full-forward logits."""
-        window = self.canvas[br.row, br.start:self.window_hi(br)] == self.mask
+        window = self.canvas[br.row, br.start : self.window_hi(br)] == self.mask
         if br.done or not window.any():
             return 0
         pos = br.start + int(window.nonzero()[0, 0])
-        self.canvas[br.row, pos] = topk_propose(logits[pos:pos + 1], self.mask, self.o["vocab_limit"])[0][0]
+        self.canvas[br.row, pos] = topk_propose(logits[pos : pos + 1], self.mask, self.o["vocab_limit"])[0][0]
         br.committed += 1
         br.prob_map = {}
         self.advance(br)
@@ -203,8 +202,13 @@ class _BlockBatch:
             self.counters["init"] += 1
             self.log_queries.append(L)
         else:
-            per_row = self.model.forward([self.canvas[br.row] for br in rows], [torch.arange(L)] * len(rows),
-                                         self.kv, "full", kv_rows=[br.row for br in rows])
+            per_row = self.model.forward(
+                [self.canvas[br.row] for br in rows],
+                [torch.arange(L)] * len(rows),
+                self.kv,
+                "full",
+                kv_rows=[br.row for br in rows],
+            )
             self.counters["refresh"] += 1
             self.log_queries.append(L * len(rows))
         total = 0
@@ -218,8 +222,8 @@ class _BlockBatch:
             if self.rules.seed:
                 total += self.seed(br, logits)
             else:
-                self.record(br, logits[self.lp:], self.lp)
-                total += self.commit(br, logits[br.start:br.end], br.start, br.end)
+                self.record(br, logits[self.lp :], self.lp)
+                total += self.commit(br, logits[br.start : br.end], br.start, br.end)
             br.since_refresh = 0
         self.log_committed.append(total)
 
@@ -230,20 +234,24 @@ class _BlockBatch:
         if not rows:
             return
         sh = self.rules.logit_shift
-        per_row = self.model.forward([self.canvas[br.row, br.start - sh:br.end - sh].clone() for br in rows],
-                                     [torch.arange(br.start - sh, br.end - sh) for br in rows], self.kv, "dual",
-                                     kv_rows=[br.row for br in rows])
+        per_row = self.model.forward(
+            [self.canvas[br.row, br.start - sh : br.end - sh].clone() for br in rows],
+            [torch.arange(br.start - sh, br.end - sh) for br in rows],
+            self.kv,
+            "dual",
+            kv_rows=[br.row for br in rows],
+        )
         self.counters["block"] += 1
         self.log_queries.append(sum(br.end - br.start for br in rows))
         total = 0
         for br, logits in zip(rows, per_row):
             br.nfe_block += 1
             lo, hi = br.start, min(self.window_hi(br), self.L)
-            logits, live = logits[:max(hi - lo, 0)], hi > lo and self.has_masks(br, lo, hi)
+            logits, live = logits[: max(hi - lo, 0)], hi > lo and self.has_masks(br, lo, hi)
             total += self.commit(br, logits, lo, hi)
             if live:
                 self.record(br, logits, lo)
-            window = self.canvas[br.row, br.start:br.end]
+            window = self.canvas[br.row, br.start : br.end]
             if self.rules.exit == "eos_probability":
                 if self.eos >= 0 and not bool((window == self.mask).any()) and bool((window == self.eos).any()):
                     first = int((window == self.eos).nonzero()[0])
@@ -264,7 +272,7 @@ class _BlockBatch:
 
     def compatible(self, dst: Branch, src: Branch) -> bool:
         n = min(self.counted_end(dst.row), self.counted_end(src.row))
-        a, b = self.canvas[dst.row, self.lp:self.lp + n], self.canvas[src.row, self.lp:self.lp + n]
+        a, b = self.canvas[dst.row, self.lp : self.lp + n], self.canvas[src.row, self.lp : self.lp + n]
         both = (a != self.mask) & (b != self.mask)
         return bool((a[both] == b[both]).all())
 
@@ -280,7 +288,7 @@ class _BlockBatch:
         gate, mask = self.o["merge_gate"], self.mask
         order = sorted([br for br in self.branches if not br.done], key=lambda br: br.end, reverse=True)  # stable
         for i, dst in enumerate(order):
-            sources = [s for s in order[i + 1:] if self.compatible(dst, s)]
+            sources = [s for s in order[i + 1 :] if self.compatible(dst, s)]
             filled = 0
             for pos in self.merge_positions(dst, sources):
                 if self.canvas[dst.row, pos] != mask or not dst.prob_map.get(pos):
@@ -330,8 +338,8 @@ class _BlockBatch:
         x = self.kv[rows].reshape(len(rows), self.model.config.n_layers * 2, -1).double()
         x = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-30)
         mu = x.mean(0)
-        dist = ((x - mu) ** 2).sum(-1).mean(-1)           # per branch, averaged over tensors
-        rho2 = (1 - (mu ** 2).sum(-1)).mean()
+        dist = ((x - mu) ** 2).sum(-1).mean(-1)  # per branch, averaged over tensors
+        rho2 = (1 - (mu**2).sum(-1)).mean()
         # Identical rows (right after a sync) give dist = 0 and rho2 = +-1e-16 of rounding:
         # never refresh on rounding noise.
         return bool((dist > 2 * rho2.clamp_min(0)).any() and dist.max() > DIVERGENCE_EPS)
@@ -400,11 +408,21 @@ class _BlockBatch:
         c = self.counters
         nfe = c["init"] + c["block"] + c["refresh"]
         return BlockBatchResult(
-            tokens=self.canvas[winner.row].clone(), nfe=nfe, nfe_init=c["init"], nfe_block=c["block"],
-            nfe_refresh=c["refresh"], nfe_paper=winner.forwards if self.rules.nfe_winner else nfe,
-            winner=winner.row, winner_block_size=winner.block_size, early_exit=reason == "eos_ready",
-            branches=self.branches, committed_per_step=self.log_committed, query_tokens_per_step=self.log_queries,
-            wall_s=time.perf_counter() - self.t_start, exit_reason=reason)
+            tokens=self.canvas[winner.row].clone(),
+            nfe=nfe,
+            nfe_init=c["init"],
+            nfe_block=c["block"],
+            nfe_refresh=c["refresh"],
+            nfe_paper=winner.forwards if self.rules.nfe_winner else nfe,
+            winner=winner.row,
+            winner_block_size=winner.block_size,
+            early_exit=reason == "eos_ready",
+            branches=self.branches,
+            committed_per_step=self.log_committed,
+            query_tokens_per_step=self.log_queries,
+            wall_s=time.perf_counter() - self.t_start,
+            exit_reason=reason,
+        )
 
     def run(self) -> BlockBatchResult:
         self.full_forward(self.branches, init=True)
@@ -424,17 +442,41 @@ class _BlockBatch:
 _D = contract.defaults_for("blockbatch")  # the table's defaults
 
 
-def blockbatch_generate(model: ReferenceModel, prompt: torch.Tensor, gen_length: int,
-                        block_sizes=_D["block_sizes"], threshold: float = _D["threshold"],
-                        merge_gate: float = _D["merge_gate"], sync_gap: int = _D["sync_gap"],
-                        refresh_tokens: int = _D["refresh_tokens"], refresh_mode: str = _D["refresh_mode"],
-                        prob_floor: float = _D["prob_floor"], stop_on_eos: bool = _D["stop_on_eos"],
-                        merge: bool = _D["merge"], sync: bool = _D["sync"], temperature: float = _D["temperature"],
-                        seed: int = _D["seed"], sync_refresh: bool = _D["sync_refresh"], family: str = "llada",
-                        vocab_limit: int | None = None) -> BlockBatchResult:
+def blockbatch_generate(
+    model: ReferenceModel,
+    prompt: torch.Tensor,
+    gen_length: int,
+    block_sizes=_D["block_sizes"],
+    threshold: float = _D["threshold"],
+    merge_gate: float = _D["merge_gate"],
+    sync_gap: int = _D["sync_gap"],
+    refresh_tokens: int = _D["refresh_tokens"],
+    refresh_mode: str = _D["refresh_mode"],
+    prob_floor: float = _D["prob_floor"],
+    stop_on_eos: bool = _D["stop_on_eos"],
+    merge: bool = _D["merge"],
+    sync: bool = _D["sync"],
+    temperature: float = _D["temperature"],
+    seed: int = _D["seed"],
+    sync_refresh: bool = _D["sync_refresh"],
+    family: str = "llada",
+    vocab_limit: int | None = None,
+) -> BlockBatchResult:
     """BlockBatch over one prompt (``[Lp]`` int64) under the rules of ``family``; ``vocab_limit``
     (the topk readout): only ids below it are proposed."""
-    o = dict(threshold=threshold, merge_gate=merge_gate, sync_gap=sync_gap, refresh_tokens=refresh_tokens,
-             refresh_mode=refresh_mode, prob_floor=prob_floor, stop_on_eos=stop_on_eos, merge=merge, sync=sync,
-             temperature=temperature, seed=seed, sync_refresh=sync_refresh, vocab_limit=vocab_limit)
+    o = dict(
+        threshold=threshold,
+        merge_gate=merge_gate,
+        sync_gap=sync_gap,
+        refresh_tokens=refresh_tokens,
+        refresh_mode=refresh_mode,
+        prob_floor=prob_floor,
+        stop_on_eos=stop_on_eos,
+        merge=merge,
+        sync=sync,
+        temperature=temperature,
+        seed=seed,
+        sync_refresh=sync_refresh,
+        vocab_limit=vocab_limit,
+    )
     return _BlockBatch(model, prompt, gen_length, block_sizes, family, o).run()

@@ -79,10 +79,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor
 
 # LLaDA slot -> Dream (Qwen2) tensor name, per layer.
 DREAM_NAMES = {
-    "attn_norm": "input_layernorm.weight", "q_proj": "self_attn.q_proj.weight", "k_proj": "self_attn.k_proj.weight",
-    "v_proj": "self_attn.v_proj.weight", "attn_out": "self_attn.o_proj.weight",
-    "ff_norm": "post_attention_layernorm.weight", "ff_proj": "mlp.gate_proj.weight", "up_proj": "mlp.up_proj.weight",
-    "ff_out": "mlp.down_proj.weight", "q_bias": "self_attn.q_proj.bias", "k_bias": "self_attn.k_proj.bias",
+    "attn_norm": "input_layernorm.weight",
+    "q_proj": "self_attn.q_proj.weight",
+    "k_proj": "self_attn.k_proj.weight",
+    "v_proj": "self_attn.v_proj.weight",
+    "attn_out": "self_attn.o_proj.weight",
+    "ff_norm": "post_attention_layernorm.weight",
+    "ff_proj": "mlp.gate_proj.weight",
+    "up_proj": "mlp.up_proj.weight",
+    "ff_out": "mlp.down_proj.weight",
+    "q_bias": "self_attn.q_proj.bias",
+    "k_bias": "self_attn.k_proj.bias",
     "v_bias": "self_attn.v_proj.bias",
 }
 
@@ -103,15 +110,29 @@ class ReferenceModel:
         w = {k: v.to(self.dtype) for k, v in weights.items()}
         if getattr(config, "family", "llada") == "dream":
             self.wte = w["model.embed_tokens.weight"]
-            self.layers = [{slot: w[f"model.layers.{i}.{name}"] for slot, name in DREAM_NAMES.items()}
-                           for i in range(config.n_layers)]
+            self.layers = [
+                {slot: w[f"model.layers.{i}.{name}"] for slot, name in DREAM_NAMES.items()}
+                for i in range(config.n_layers)
+            ]
             self.ln_f = w["model.norm.weight"]
             self.lm_head = self.wte if config.weight_tying else w["lm_head.weight"]
             return
         self.wte = w[PREFIX + "wte.weight"]
         self.layers = [
-            {name: w[f"{PREFIX}blocks.{i}.{name}.weight"] for name in (
-                "attn_norm", "q_proj", "k_proj", "v_proj", "attn_out", "ff_norm", "ff_proj", "up_proj", "ff_out")}
+            {
+                name: w[f"{PREFIX}blocks.{i}.{name}.weight"]
+                for name in (
+                    "attn_norm",
+                    "q_proj",
+                    "k_proj",
+                    "v_proj",
+                    "attn_out",
+                    "ff_norm",
+                    "ff_proj",
+                    "up_proj",
+                    "ff_out",
+                )
+            }
             for i in range(config.n_layers)
         ]
         self.ln_f = w[PREFIX + "ln_f.weight"]
@@ -125,9 +146,15 @@ class ReferenceModel:
         c = self.config
         return torch.zeros(rows, c.n_layers, 2, c.n_kv_heads, length, c.head_dim, dtype=self.dtype)
 
-    def forward(self, ids: Sequence[torch.Tensor], positions: Sequence[torch.Tensor], kv: torch.Tensor | None = None,
-                mode: str = "full", kv_rows: Sequence[int] | None = None,
-                prefix_lens: Sequence[int] | None = None) -> list[torch.Tensor]:
+    def forward(
+        self,
+        ids: Sequence[torch.Tensor],
+        positions: Sequence[torch.Tensor],
+        kv: torch.Tensor | None = None,
+        mode: str = "full",
+        kv_rows: Sequence[int] | None = None,
+        prefix_lens: Sequence[int] | None = None,
+    ) -> list[torch.Tensor]:
         """Logits ``[len(ids[r]), vocab_size]`` (float32) for each query row ``r``.
 
         ``kv_rows[r]`` picks the buffer row used by query row ``r`` (default ``r``);
@@ -171,8 +198,9 @@ class ReferenceModel:
         x = rms_norm(x, self.ln_f, c.rms_norm_eps)
         return (x @ self.lm_head[: c.vocab_size].T).float()
 
-    def _forward_row(self, ids: torch.Tensor, pos: torch.Tensor, kv: torch.Tensor | None, mode: str, kv_row: int,
-                     prefix_len: int) -> torch.Tensor:
+    def _forward_row(
+        self, ids: torch.Tensor, pos: torch.Tensor, kv: torch.Tensor | None, mode: str, kv_row: int, prefix_len: int
+    ) -> torch.Tensor:
         c = self.config
         hd = c.head_dim
         cos, sin = rope_cos_sin(pos, hd, c.rope_theta)

@@ -29,27 +29,47 @@ class Rules:
     """Where two families' decoders differ (ALGORITHMS.md 3, 4 and 5), one row per family. The same
     rules as the native table (csrc/decode/family.h) in meaning, written again here from the spec."""
 
-    logit_shift: int     # canvas position p reads model output p - logit_shift (a window's first row: its own)
-    timestep: bool       # vanilla: no blocks, ``steps`` forwards on Dream's timestep schedule
-    seed: bool           # a full forward writes one token, the window's first mask (else: commits by the rule)
-    readout: str         # "argmax": ``propose`` and the select_* rules | "topk": Dream's, in torch.topk's tie order
+    logit_shift: int  # canvas position p reads model output p - logit_shift (a window's first row: its own)
+    timestep: bool  # vanilla: no blocks, ``steps`` forwards on Dream's timestep schedule
+    seed: bool  # a full forward writes one token, the window's first mask (else: commits by the rule)
+    readout: str  # "argmax": ``propose`` and the select_* rules | "topk": Dream's, in torch.topk's tie order
     # BlockBatch (section 4; Dream's differences in 5.4)
     map_accumulate: bool  # map entries accumulate until a seed clears them (else: a step replaces its window's)
     gate_inclusive: bool  # a merge writes a token rated >= merge_gate (else >)
-    exit: str            # "eos_probability": after block steps (4.6) | "decoded_progress_block": after every phase
-    refresh_clock: str   # "blocks": completed blocks since the last full forward | "tokens": frontier progress
-    nfe_winner: bool     # the paper's NFE counts the winner's forwards (else every forward)
-    eos_cut: bool        # with stop_on_eos a row's generation ends at its first EOS (windows, counts, merges)
+    exit: str  # "eos_probability": after block steps (4.6) | "decoded_progress_block": after every phase
+    refresh_clock: str  # "blocks": completed blocks since the last full forward | "tokens": frontier progress
+    nfe_winner: bool  # the paper's NFE counts the winner's forwards (else every forward)
+    eos_cut: bool  # with stop_on_eos a row's generation ends at its first EOS (windows, counts, merges)
     count_from_row: bool  # ``decoded`` is recounted from the row (merged tokens count; else commits and syncs)
 
 
 RULES = {
-    "llada": Rules(logit_shift=0, timestep=False, seed=False, readout="argmax", map_accumulate=False,
-                   gate_inclusive=False, exit="eos_probability", refresh_clock="blocks", nfe_winner=True,
-                   eos_cut=False, count_from_row=False),
-    "dream": Rules(logit_shift=1, timestep=True, seed=True, readout="topk", map_accumulate=True,
-                   gate_inclusive=True, exit="decoded_progress_block", refresh_clock="tokens", nfe_winner=False,
-                   eos_cut=True, count_from_row=True),
+    "llada": Rules(
+        logit_shift=0,
+        timestep=False,
+        seed=False,
+        readout="argmax",
+        map_accumulate=False,
+        gate_inclusive=False,
+        exit="eos_probability",
+        refresh_clock="blocks",
+        nfe_winner=True,
+        eos_cut=False,
+        count_from_row=False,
+    ),
+    "dream": Rules(
+        logit_shift=1,
+        timestep=True,
+        seed=True,
+        readout="topk",
+        map_accumulate=True,
+        gate_inclusive=True,
+        exit="decoded_progress_block",
+        refresh_clock="tokens",
+        nfe_winner=False,
+        eos_cut=True,
+        count_from_row=True,
+    ),
 }
 
 
@@ -118,12 +138,26 @@ def fixed_schedule(masks: int, steps_per_block: int) -> list[int]:
 _D = contract.defaults_for("dual")  # the table's defaults
 
 
-def generate(model: ReferenceModel, prompt: torch.Tensor, gen_length: int, block_length: int,
-             policy: str = _D["policy"], steps: int | None = _D["steps"], threshold: float | None = _D["threshold"],
-             factor: float | None = _D["factor"], temperature: float = _D["temperature"], seed: int = _D["seed"],
-             stop_on_eos: bool = _D["stop_on_eos"], family: str = "llada", alg: str = "entropy",
-             alg_temp: float = 0.0, eps: float = 1e-3, top_p: float | None = None, top_k: int | None = None,
-             vocab_limit: int | None = None) -> ReferenceResult:
+def generate(
+    model: ReferenceModel,
+    prompt: torch.Tensor,
+    gen_length: int,
+    block_length: int,
+    policy: str = _D["policy"],
+    steps: int | None = _D["steps"],
+    threshold: float | None = _D["threshold"],
+    factor: float | None = _D["factor"],
+    temperature: float = _D["temperature"],
+    seed: int = _D["seed"],
+    stop_on_eos: bool = _D["stop_on_eos"],
+    family: str = "llada",
+    alg: str = "entropy",
+    alg_temp: float = 0.0,
+    eps: float = 1e-3,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    vocab_limit: int | None = None,
+) -> ReferenceResult:
     """Decode one prompt (``[Lp]`` int64) with a single-branch policy; returns the whole canvas.
 
     Blocks are aligned at the prompt end and decoded left to right; a block loops until it holds
@@ -231,13 +265,14 @@ def generate(model: ReferenceModel, prompt: torch.Tensor, gen_length: int, block
         ``torch.topk`` first is committed, plus every other one with confidence ``>= threshold``."""
         end = s + logits.shape[0]
         mask_index = (x[s:end] == mask_id)[None]
-        conf, x0 = sample_tokens(logits[None][mask_index], "maskgit_plus", top_p=top_p, top_k=top_k,
-                                 vocab_limit=vocab_limit)
+        conf, x0 = sample_tokens(
+            logits[None][mask_index], "maskgit_plus", top_p=top_p, top_k=top_k, vocab_limit=vocab_limit
+        )
         proposal = torch.full((1, end - s), mask_id, dtype=torch.long)
         proposal[mask_index] = x0.clone()
         full = torch.full((1, end - s), -torch.inf, dtype=logits.dtype)
         full[mask_index] = conf
-        full[:, e - s:] = -torch.inf
+        full[:, e - s :] = -torch.inf
         n = int((x[s:e] == mask_id).sum())
         top_conf, top_idx = torch.topk(full, n)
         take = torch.zeros((1, end - s), dtype=torch.bool)
@@ -256,7 +291,7 @@ def generate(model: ReferenceModel, prompt: torch.Tensor, gen_length: int, block
         s, e = lp + block * block_length, lp + (block + 1) * block_length
         schedule = fixed_schedule(int((x[s:e] == mask_id).sum()), steps_per_block) if rule == "fixed" else []
         step = 0
-        while (step < timestep_steps if timestep else (seeded and step == 1) or bool((x[s:e] == mask_id).any())):
+        while step < timestep_steps if timestep else (seeded and step == 1) or bool((x[s:e] == mask_id).any()):
             if policy == "vanilla" or step == 0:
                 out, out0 = model.forward([x], [positions], kv, "full")[0], 0
                 res.nfe_full += 1
@@ -275,7 +310,7 @@ def generate(model: ReferenceModel, prompt: torch.Tensor, gen_length: int, block
             elif rules.readout == "topk":
                 commit_window(out, s, e)
             else:
-                commit(out[s - out0:e - out0], s, e, step, schedule)
+                commit(out[s - out0 : e - out0], s, e, step, schedule)
             step += 1
         if stop_on_eos and bool((x[lp:e] == eos_id).any()):
             x[e:] = eos_id

@@ -15,8 +15,9 @@ ALGS = ("maskgit_plus", "topk_margin", "entropy", "origin")
 ENTROPY_EPS = 1e-10
 
 
-def propose(logits: torch.Tensor, mask_id: int, temperature: float = 0.0,
-            generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def propose(
+    logits: torch.Tensor, mask_id: int, temperature: float = 0.0, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Proposal and confidence (section 1). logits ``[n, V]`` -> x0 ``[n]`` int64, conf ``[n]`` float64.
 
     ``x0`` is the argmax (first index on ties) of the logits, or of Gumbel-perturbed float64
@@ -54,8 +55,15 @@ def _filter_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
     return logits.masked_fill(logits < kth, torch.finfo(logits.dtype).min)
 
 
-def sample_tokens(logits: torch.Tensor, alg: str, temperature: float = 0.0, g: torch.Generator | None = None,
-             top_p: float | None = None, top_k: int | None = None, vocab_limit: int | None = None):
+def sample_tokens(
+    logits: torch.Tensor,
+    alg: str,
+    temperature: float = 0.0,
+    g: torch.Generator | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    vocab_limit: int | None = None,
+):
     """Dream's proposal (its ``sample_tokens``) over the last dimension: (confidence, token).
 
     Order as in Dream: temperature scaling, top-p, top-k, softmax (float32 for float32 logits);

@@ -119,8 +119,12 @@ def clean(folder: str, term_wait_s: float = TERM_WAIT_S, spare: tuple[int, ...] 
             break
         time.sleep(0.2)
     if left or os.path.exists(folder):
-        print(f"blockbatch: could not clean up the Ray instance {folder}: processes {left} left, "
-              f"folder {'left' if os.path.exists(folder) else 'removed'}", file=sys.stderr, flush=True)
+        print(
+            f"blockbatch: could not clean up the Ray instance {folder}: processes {left} left, "
+            f"folder {'left' if os.path.exists(folder) else 'removed'}",
+            file=sys.stderr,
+            flush=True,
+        )
     return len(stopped)
 
 
@@ -138,8 +142,11 @@ def main() -> int:
         pass
     n = clean(folder, spare=(server,))
     if n:
-        print(f"blockbatch: stopped {n} leftover process(es) of the Ray instance {folder} and removed it",
-              file=sys.stderr, flush=True)
+        print(
+            f"blockbatch: stopped {n} leftover process(es) of the Ray instance {folder} and removed it",
+            file=sys.stderr,
+            flush=True,
+        )
     return 0
 
 

@@ -43,13 +43,26 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .. import guard, presets
-from ..guard import APIError
+from .. import presets
+from . import guard, http
+from .guard import APIError
 from ..scheduler import Event
 from .jobs import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, Job, ServerState, ServeSettings
-from . import protocol
-from .protocol import (DecodeReport, ModelCard, ModelList, Outcome, Params, Usage, bad, chat_ids, check_preset, is_int,
-                       is_number, option_param, parse_json_body, parse_params, precheck_length, prompt_ids)
+from . import responses
+from .responses import DecodeReport, ModelCard, ModelList, Outcome, Usage
+from .protocol import (
+    Params,
+    bad,
+    chat_ids,
+    check_preset,
+    is_int,
+    is_number,
+    option_param,
+    parse_json_body,
+    parse_params,
+    precheck_length,
+    prompt_ids,
+)
 
 log = logging.getLogger("blockbatch.serve")
 
@@ -58,6 +71,7 @@ TOY_MODEL_NAME = "blockbatch-toy"
 
 
 # ------------------------------------------------------------------------------------ the app
+
 
 def default_model_name(engine) -> str:
     """The model id a server of ``engine`` answers to by default: its checkpoint folder's name, or
@@ -75,11 +89,19 @@ def _error_response(e: APIError):
     return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
-def create_app(engine, served_model_name: str | None = None, max_batch: int = DEFAULT_MAX_BATCH,
-               max_queue: int = DEFAULT_MAX_QUEUE, max_length: int | None = None, api_key: str | None = None,
-               kv_budget_bytes: int = 0, preset: str | presets.Preset | None = None,
-               max_body_bytes: int | None = None, allowed_hosts: tuple[str, ...] | None = None,
-               body_timeout_s: float = guard.DEFAULT_BODY_TIMEOUT_S):
+def create_app(
+    engine,
+    served_model_name: str | None = None,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    max_queue: int = DEFAULT_MAX_QUEUE,
+    max_length: int | None = None,
+    api_key: str | None = None,
+    kv_budget_bytes: int = 0,
+    preset: str | presets.Preset | None = None,
+    max_body_bytes: int | None = None,
+    allowed_hosts: tuple[str, ...] | None = None,
+    body_timeout_s: float = guard.DEFAULT_BODY_TIMEOUT_S,
+):
     """The FastAPI app serving ``engine`` (a CPU ``Engine`` with a tokenizer).
 
     ``max_batch``: requests decoding at once (packed into one forward per step); ``max_queue``:
@@ -113,10 +135,15 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
         raise ValueError(f"max_body_bytes must be an integer >= 1024, got {max_body_bytes!r}")
     if not (is_number(body_timeout_s) and body_timeout_s > 0):
         raise ValueError(f"body_timeout_s must be a number of seconds > 0, got {body_timeout_s!r}")
-    limits = guard.Limits(max_body_bytes, tuple(allowed_hosts) if allowed_hosts is not None else None,
-                          body_timeout_s=float(body_timeout_s))
-    state = ServerState(engine, ServeSettings(served_model_name, max_batch, max_queue, max_length, api_key,
-                                              kv_budget_bytes, preset, limits))
+    limits = guard.Limits(
+        max_body_bytes,
+        tuple(allowed_hosts) if allowed_hosts is not None else None,
+        body_timeout_s=float(body_timeout_s),
+    )
+    state = ServerState(
+        engine,
+        ServeSettings(served_model_name, max_batch, max_queue, max_length, api_key, kv_budget_bytes, preset, limits),
+    )
     metrics = state.metrics
 
     @asynccontextmanager
@@ -140,9 +167,11 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, e: StarletteHTTPException):
-        text = {404: f"no route {request.method} {request.url.path} (routes: POST /v1/completions, POST "
-                     f"/v1/chat/completions, GET /v1/models, GET /health, GET /metrics)",
-                405: f"method {request.method} not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
+        text = {
+            404: f"no route {request.method} {request.url.path} (routes: POST /v1/completions, POST "
+            f"/v1/chat/completions, GET /v1/models, GET /health, GET /metrics)",
+            405: f"method {request.method} not allowed on {request.url.path}",
+        }.get(e.status_code, str(e.detail))
         return JSONResponse(APIError(e.status_code, text).body(), status_code=e.status_code)
 
     # Exceptions the routes let through are answered by guard.Guard (a 500 with an error id, logged
@@ -159,10 +188,15 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
             return
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode("latin-1", "replace"),
-                                                                 key.encode("latin-1")):
-            raise APIError(401, ("wrong API key" if header else "missing API key") + ": send Authorization: Bearer "
-                                "<key> with the server's key (blockbatch serve --api-key)", code="invalid_api_key")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode("latin-1", "replace"), key.encode("latin-1")
+        ):
+            raise APIError(
+                401,
+                ("wrong API key" if header else "missing API key") + ": send Authorization: Bearer "
+                "<key> with the server's key (blockbatch serve --api-key)",
+                code="invalid_api_key",
+            )
 
     async def read_body(request: Request) -> dict:
         body = parse_json_body(await request.body())  # guard.Guard has read it, within its limits
@@ -170,8 +204,13 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
         if not isinstance(model, str):
             raise bad("model", f"required: a string (this server serves {state.settings.served_model_name!r})")
         if model != state.settings.served_model_name:
-            raise APIError(404, f"the model {str(model)[:100]!r} does not exist; this server serves "
-                                f"{state.settings.served_model_name!r}", param="model", code="model_not_found")
+            raise APIError(
+                404,
+                f"the model {str(model)[:100]!r} does not exist; this server serves "
+                f"{state.settings.served_model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
         return body
 
     def admit(ids: torch.Tensor, params: Params, prompt_param: str, arrival: float) -> Job:
@@ -181,16 +220,28 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
         gen = params.options.gen_length
         if ids.numel() + gen > s.max_length:
             source = params.sources.get("gen_length", "gen_length")
-            what = (f"gen_length {gen} ({source} {params.max_tokens} rounded up to a length the policy decodes)"
-                    if source == params.limit_name else f"gen_length {gen}")
-            raise APIError(413, f"the prompt ({ids.numel()} tokens) plus {what} needs {ids.numel() + gen} "
-                                f"positions, more than this server's max length {s.max_length}: shorten the prompt "
-                                f"or {source}", param=prompt_param, code="context_length_exceeded")
+            what = (
+                f"gen_length {gen} ({source} {params.max_tokens} rounded up to a length the policy decodes)"
+                if source == params.limit_name
+                else f"gen_length {gen}"
+            )
+            raise APIError(
+                413,
+                f"the prompt ({ids.numel()} tokens) plus {what} needs {ids.numel() + gen} "
+                f"positions, more than this server's max length {s.max_length}: shorten the prompt "
+                f"or {source}",
+                param=prompt_param,
+                code="context_length_exceeded",
+            )
         if state.draining:
             raise APIError(503, "the server is shutting down: it takes no new requests", code="shutting_down")
         if len(state.jobs) >= s.max_batch + s.max_queue:
-            raise APIError(429, f"the server is full: {len(state.jobs)} requests are decoding or queued (max_batch "
-                                f"{s.max_batch} + max_queue {s.max_queue}); retry later", code="queue_full")
+            raise APIError(
+                429,
+                f"the server is full: {len(state.jobs)} requests are decoding or queued (max_batch "
+                f"{s.max_batch} + max_queue {s.max_queue}); retry later",
+                code="queue_full",
+            )
         job = Job(state, ids, params.options, params.max_tokens, params.stop, arrival, params.preset)
         try:
             job.submit()
@@ -212,17 +263,21 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
 
     def outcome(job: Job, completion_tokens: int, stats: dict) -> Outcome:
         prompt = job.prompt_ids.numel()
-        report = DecodeReport(policy=stats["policy"], gen_length=job.options.gen_length, nfe=stats["nfe"],
-                              wall_ms=stats["wall_ms"])
+        report = DecodeReport(
+            policy=stats["policy"], gen_length=job.options.gen_length, nfe=stats["nfe"], wall_ms=stats["wall_ms"]
+        )
         if job.preset is not None:
             report.preset = job.preset
-        return Outcome(Usage(prompt_tokens=prompt, completion_tokens=completion_tokens,
-                             total_tokens=prompt + completion_tokens), report)
+        return Outcome(
+            Usage(prompt_tokens=prompt, completion_tokens=completion_tokens, total_tokens=prompt + completion_tokens),
+            report,
+        )
 
     def failure(event: Event) -> APIError:
         if isinstance(event.error, TimeoutError):
-            return APIError(504, f"the decode ran past its timeout_s: {event.error}", param="blockbatch.timeout_s",
-                            code="timeout")
+            return APIError(
+                504, f"the decode ran past its timeout_s: {event.error}", param="blockbatch.timeout_s", code="timeout"
+            )
         if event.kind == "cancelled":
             return APIError(503, f"the request was cancelled: {event.error}", code="cancelled")
         return APIError(500, f"the decode failed: {event.error}", code="decode_failed")
@@ -244,8 +299,11 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
         created = int(time.time())
         name = state.settings.served_model_name
         if params.stream:
-            return StreamingResponse(_stream(request, job, chat, rid, created, name), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return StreamingResponse(
+                _stream(request, job, chat, rid, created, name),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
         watcher = asyncio.create_task(watch_disconnect(request, job))
         try:
             while True:
@@ -260,17 +318,17 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
             return _error_response(e)
         output = event.output
         assert output is not None  # a finished event carries its output
-        raw = output.tokens[ids.numel():].tolist()
+        raw = output.tokens[ids.numel() :].tolist()
         text, completion_tokens, reason = job.visible(raw, final=True)
         metrics.generated_tokens.inc(completion_tokens)
         done = outcome(job, completion_tokens, output.stats)
-        return JSONResponse(protocol.response(chat, rid, created, name, text, reason, done).body())
+        return JSONResponse(responses.response(chat, rid, created, name, text, reason, done).body())
 
-    async def _stream(request: Request, job: Job, chat: bool, rid: str, created: int,
-                      name: str) -> AsyncIterator[str]:
-        def chunk(text: str | None = None, reason: str | None = None, role: bool = False,
-                  outcome: Outcome | None = None) -> str:
-            body = protocol.chunk(chat, rid, created, name, text, reason, role, outcome).body()
+    async def _stream(request: Request, job: Job, chat: bool, rid: str, created: int, name: str) -> AsyncIterator[str]:
+        def chunk(
+            text: str | None = None, reason: str | None = None, role: bool = False, outcome: Outcome | None = None
+        ) -> str:
+            body = responses.chunk(chat, rid, created, name, text, reason, role, outcome).body()
             return f"data: {json.dumps(body)}\n\n"
 
         watcher = asyncio.create_task(watch_disconnect(request, job))
@@ -283,21 +341,22 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
                 if event.kind == "tokens":
                     text, _, _ = job.visible(job.stable, final=False)
                     if len(text) > len(sent) and text.startswith(sent):
-                        yield chunk(text[len(sent):])
+                        yield chunk(text[len(sent) :])
                         sent = text
                     continue
                 if event.kind == "finished":
                     output = event.output
                     assert output is not None  # a finished event carries its output
-                    raw = output.tokens[job.prompt_ids.numel():].tolist()
+                    raw = output.tokens[job.prompt_ids.numel() :].tolist()
                     text, completion_tokens, reason = job.visible(raw, final=True)
                     if not text.startswith(sent):  # a tokenizer whose text of a prefix is not a prefix of its text
                         log.warning("request %s: streamed text %r is not a prefix of the result %r", rid, sent, text)
                     elif len(text) > len(sent):
-                        yield chunk(text[len(sent):])
+                        yield chunk(text[len(sent) :])
                     metrics.generated_tokens.inc(completion_tokens)
-                    yield chunk("" if not chat else None, reason=reason,
-                                outcome=outcome(job, completion_tokens, output.stats))
+                    yield chunk(
+                        "" if not chat else None, reason=reason, outcome=outcome(job, completion_tokens, output.stats)
+                    )
                 else:
                     yield f"data: {json.dumps(failure(event).body())}\n\n"
                 yield "data: [DONE]\n\n"
@@ -317,8 +376,13 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
     @app.get("/v1/models")
     async def models(request: Request):
         authorize(request)
-        card = ModelCard(id=state.settings.served_model_name, object="model", created=state.created,
-                         owned_by="blockbatch", max_model_len=state.settings.max_length)
+        card = ModelCard(
+            id=state.settings.served_model_name,
+            object="model",
+            created=state.created,
+            owned_by="blockbatch",
+            max_model_len=state.settings.max_length,
+        )
         return ModelList(object="list", data=[card]).model_dump()
 
     @app.get("/health")
@@ -336,20 +400,36 @@ def create_app(engine, served_model_name: str | None = None, max_batch: int = DE
 
 # ------------------------------------------------------------------------------------ running it
 
-def serve(engine, host: str = "127.0.0.1", port: int = 8000, drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
-          log_level: str = "info", header_timeout_s: float = guard.DEFAULT_HEADER_TIMEOUT_S, **app_options) -> None:
+
+def serve(
+    engine,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
+    log_level: str = "info",
+    header_timeout_s: float = guard.DEFAULT_HEADER_TIMEOUT_S,
+    **app_options,
+) -> None:
     """Serve ``create_app(engine, **app_options)`` on uvicorn until SIGTERM / Ctrl-C, then drain:
     new requests get 503 while the admitted ones finish (at most ``drain_timeout_s``, then they
-    are cancelled), and return. The HTTP protocol is always h11 with ``guard.protocol_class``'s
+    are cancelled), and return. The HTTP protocol is always h11 with ``http.protocol_class``'s
     limits (``header_timeout_s``: a request head must arrive within this), whatever else is
     installed."""
     import uvicorn
 
     app = create_app(engine, **app_options)
     limits = dataclasses.replace(app.state.blockbatch.settings.limits, header_timeout_s=float(header_timeout_s))
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
-                            timeout_graceful_shutdown=10, timeout_keep_alive=5, http=guard.protocol_class(limits),
-                            h11_max_incomplete_event_size=limits.max_header_bytes)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan="on",
+        timeout_graceful_shutdown=10,
+        timeout_keep_alive=5,
+        http=http.protocol_class(limits),
+        h11_max_incomplete_event_size=limits.max_header_bytes,
+    )
     server = _draining_server_class()(config, app.state.blockbatch, drain_timeout_s)
     server.run()
 
@@ -376,8 +456,11 @@ def _draining_server_class():
             if self.signals == 1:
                 self.bb_state.draining = True
                 self.drain_deadline = time.monotonic() + self.drain_timeout_s
-                log.info("%s: draining %d request(s); new requests get 503 (again to stop now)",
-                         signal.Signals(sig).name, len(self.bb_state.jobs))
+                log.info(
+                    "%s: draining %d request(s); new requests get 503 (again to stop now)",
+                    signal.Signals(sig).name,
+                    len(self.bb_state.jobs),
+                )
             elif self.signals == 2:
                 self.bb_state.cancel_all()
                 self.should_exit = True

@@ -11,7 +11,8 @@ import time
 
 import torch
 
-from .. import guard, presets
+from .. import presets
+from . import guard
 from ..options import DecodeOptions
 from ..scheduler import BatchScheduler, Event, Request
 from .metrics import Metrics
@@ -39,7 +40,7 @@ class ServerState:
         self.engine = engine
         self.settings = settings
         self.scheduler: BatchScheduler | None = None
-        self.jobs: set[Job] = set()          # admitted (submitted, not yet final)
+        self.jobs: set[Job] = set()  # admitted (submitted, not yet final)
         self.draining = False
         self.created = int(time.time())
         self.metrics = Metrics(lambda: self.scheduler.counters() if self.scheduler is not None else None)
@@ -62,8 +63,16 @@ class Job:
     """One admitted request: its scheduler request, the events handed over from the scheduler's
     thread, and the text rules (EOS, max_tokens, stop strings) shared by both response kinds."""
 
-    def __init__(self, state: ServerState, prompt_ids: torch.Tensor, options: DecodeOptions,
-                 max_tokens: int | None, stop: list[str], arrival: float, preset: str | None = None):
+    def __init__(
+        self,
+        state: ServerState,
+        prompt_ids: torch.Tensor,
+        options: DecodeOptions,
+        max_tokens: int | None,
+        stop: list[str],
+        arrival: float,
+        preset: str | None = None,
+    ):
         self.state = state
         self.preset = preset  # the name of the preset the options came from, if any
         self.codec = state.engine.codec

@@ -1,7 +1,6 @@
 """The OpenAI wire format of ``/v1/completions`` and ``/v1/chat/completions``: a request body read
 and checked field by field (errors are 400s naming the field as the client sent it), the decode
-options it makes, the prompt's token ids, and the response bodies (pydantic models, as FastAPI
-expects them).
+options it makes and the prompt's token ids (the response bodies: ``responses``).
 
 The requests are read field by field rather than through a pydantic request model on purpose:
 every refusal is an OpenAI-shaped 400 naming the field as the client sent it (``max_tokens``,
@@ -15,13 +14,12 @@ import dataclasses
 import json
 import math
 import re
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel
 
 from .. import contract, presets
-from ..guard import APIError
+from .guard import APIError
 from ..options import DecodeOptions
 
 GEN_LENGTH_UNIT = 32  # max_tokens rounds up to a multiple of this for blockbatch without block_sizes
@@ -29,14 +27,28 @@ GEN_LENGTH_UNIT = 32  # max_tokens rounds up to a multiple of this for blockbatc
 
 # OpenAI parameters this server does not implement: refused (400 naming the field) unless they
 # hold the value that means "off" (null, or the listed value).
-_UNSUPPORTED = {"logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False), "suffix": (None, ""),
-                "best_of": (None, 1), "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
-                "logit_bias": (None,), "tools": (None,), "tool_choice": (None, "none"), "functions": (None,),
-                "function_call": (None, "none"), "response_format": (None,), "prediction": (None,),
-                "audio": (None,), "modalities": (None,)}
+_UNSUPPORTED = {
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "best_of": (None, 1),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "logit_bias": (None,),
+    "tools": (None,),
+    "tool_choice": (None, "none"),
+    "functions": (None,),
+    "function_call": (None, "none"),
+    "response_format": (None,),
+    "prediction": (None,),
+    "audio": (None,),
+    "modalities": (None,),
+}
 
 
 # ------------------------------------------------------------------------------------ parameters
+
 
 def is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
@@ -48,7 +60,8 @@ def is_number(v: Any) -> bool:
 
 def type_name(v: Any) -> str:
     return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
-        type(v), "a number")
+        type(v), "a number"
+    )
 
 
 def bad(param: str, message: str) -> APIError:
@@ -63,8 +76,8 @@ class Params:
     stop: list[str]
     stream: bool
     options: DecodeOptions
-    sources: dict[str, str]   # decode option -> the request field it came from (for error messages)
-    limit_name: str           # max_tokens or max_completion_tokens
+    sources: dict[str, str]  # decode option -> the request field it came from (for error messages)
+    limit_name: str  # max_tokens or max_completion_tokens
     preset: str | None = None  # the name of the preset under the request's options (its own or the server's)
 
 
@@ -81,13 +94,44 @@ def option_param(message: str, sources: dict[str, str]) -> str | None:
 # The request fields each route knows. Any other top-level field is refused (400 naming it, with
 # the nearest known name): a typo such as "max_token" must not silently decode the whole canvas.
 # The OpenAI fields below that change nothing here are accepted and ignored.
-_COMMON_FIELDS = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop", "seed",
-                  "user", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "blockbatch",
-                  "metadata", "store", "service_tier"}
-_FIELDS = {False: _COMMON_FIELDS | {"prompt", "echo", "suffix", "best_of"},
-           True: _COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
-                                   "functions", "function_call", "response_format", "prediction", "audio", "modalities",
-                                   "parallel_tool_calls"}}
+_COMMON_FIELDS = {
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "n",
+    "stream",
+    "stream_options",
+    "stop",
+    "seed",
+    "user",
+    "logprobs",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "blockbatch",
+    "metadata",
+    "store",
+    "service_tier",
+}
+_FIELDS = {
+    False: _COMMON_FIELDS | {"prompt", "echo", "suffix", "best_of"},
+    True: _COMMON_FIELDS
+    | {
+        "messages",
+        "max_completion_tokens",
+        "top_logprobs",
+        "tools",
+        "tool_choice",
+        "functions",
+        "function_call",
+        "response_format",
+        "prediction",
+        "audio",
+        "modalities",
+        "parallel_tool_calls",
+    },
+}
 MAX_TOKENS_LIMIT = 1 << 31  # max_tokens above this is refused before any arithmetic on it
 MAX_JSON_DEPTH = 32  # nesting levels of a request body (the deepest valid request has 5)
 
@@ -101,8 +145,11 @@ def _check_fields(body: dict, chat: bool) -> None:
             near = difflib.get_close_matches(str(name), sorted(known), n=1)
             hint = f"; did you mean {near[0]!r}?" if near else ""
             shown = name if len(name) <= 60 else name[:60] + "..."
-            raise bad(shown, f"unknown field {shown!r} for {'/v1/chat/completions' if chat else '/v1/completions'}"
-                              f"{hint} (decode options go in the \"blockbatch\" object)")
+            raise bad(
+                shown,
+                f"unknown field {shown!r} for {'/v1/chat/completions' if chat else '/v1/completions'}"
+                f'{hint} (decode options go in the "blockbatch" object)',
+            )
 
 
 def _json_depth(value: Any) -> int:
@@ -128,11 +175,15 @@ def parse_json_body(raw: bytes) -> dict:
     except UnicodeDecodeError as e:
         raise APIError(400, f"the request body is not valid JSON: not UTF-8 text (byte {e.start})") from None
     except RecursionError:
-        raise APIError(400, f"the request body is not valid JSON for this server: nested deeper than "
-                            f"{MAX_JSON_DEPTH} levels") from None
+        raise APIError(
+            400, f"the request body is not valid JSON for this server: nested deeper than {MAX_JSON_DEPTH} levels"
+        ) from None
     except ValueError as e:  # an integer of more digits than Python converts (sys.int_info)
-        raise APIError(400, f"the request body is not valid JSON for this server: a number is too long "
-                            f"({str(e).split('(')[0].strip()})") from None
+        raise APIError(
+            400,
+            f"the request body is not valid JSON for this server: a number is too long "
+            f"({str(e).split('(')[0].strip()})",
+        ) from None
     if not isinstance(body, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type_name(body)}")
     if _json_depth(body) > MAX_JSON_DEPTH:
@@ -145,8 +196,11 @@ def _check_unsupported(body: dict) -> None:
         raise bad("n", f"only n = 1 is supported (one choice per request), got {json.dumps(body['n'])[:60]}")
     for name, off in _UNSUPPORTED.items():
         value = body.get(name)
-        if any(value == v and type(value) is type(v) for v in off) or value in ({}, []) or (
-                name == "response_format" and value == {"type": "text"}):
+        if (
+            any(value == v and type(value) is type(v) for v in off)
+            or value in ({}, [])
+            or (name == "response_format" and value == {"type": "text"})
+        ):
             continue
         raise bad(name, f"not supported by this server (got {json.dumps(value)[:60]})")
     user = body.get("user")
@@ -179,9 +233,13 @@ def parse_params(body: dict, chat: bool, preset: presets.Preset | None = None) -
         raise bad(limit_name, f"must be an integer >= 1, got {json.dumps(max_tokens)[:60]}")
     if max_tokens is not None and max_tokens > MAX_TOKENS_LIMIT:  # no canvas is that long; keep the numbers small
         shown = str(max_tokens) if max_tokens < 10**30 else f"{str(max_tokens)[:12]}... ({len(str(max_tokens))} digits)"
-        raise APIError(413, f"{limit_name} {shown} is more than the longest generation this server decodes "
-                            f"({MAX_TOKENS_LIMIT} tokens at most, and its max length less the prompt)",
-                       param=limit_name, code="context_length_exceeded")
+        raise APIError(
+            413,
+            f"{limit_name} {shown} is more than the longest generation this server decodes "
+            f"({MAX_TOKENS_LIMIT} tokens at most, and its max length less the prompt)",
+            param=limit_name,
+            code="context_length_exceeded",
+        )
 
     stop = body.get("stop")
     stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
@@ -193,16 +251,18 @@ def parse_params(body: dict, chat: bool, preset: presets.Preset | None = None) -
     extra = body.get("blockbatch")
     extra = {} if extra is None else extra
     if not isinstance(extra, dict):
-        raise bad("blockbatch", f"must be an object of decode options (e.g. {{\"policy\": \"dual\"}}), got "
-                                 f"{type_name(extra)}")
+        raise bad(
+            "blockbatch", f'must be an object of decode options (e.g. {{"policy": "dual"}}), got {type_name(extra)}'
+        )
     extra = dict(extra)
     asked = extra.pop("preset", None)
     if asked is not None:
         preset = _request_preset(asked, preset)
     for name in extra:
         if name not in contract.BY_NAME:
-            raise bad(f"blockbatch.{name}", f"unknown decode option; the options are preset, "
-                                             f"{', '.join(contract.NAMES)}")
+            raise bad(
+                f"blockbatch.{name}", f"unknown decode option; the options are preset, {', '.join(contract.NAMES)}"
+            )
     values = dict(extra)
     sources = {name: f"blockbatch.{name}" for name in values}
     for name in ("temperature", "seed", "top_p"):
@@ -280,23 +340,35 @@ def precheck_length(engine, body: dict, chat: bool, max_length: int) -> None:
     limit = max_length * engine.codec.max_token_chars
     if chat:
         messages = body.get("messages")
-        chars = sum(_text_chars(m.get("content")) for m in messages if isinstance(m, dict)) \
-            if isinstance(messages, list) else 0
+        chars = (
+            sum(_text_chars(m.get("content")) for m in messages if isinstance(m, dict))
+            if isinstance(messages, list)
+            else 0
+        )
         what, param = f"the messages hold {chars} characters", "messages"
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]
         if isinstance(prompt, list) and len(prompt) > max_length:
-            raise APIError(413, f"the prompt has {len(prompt)} token ids, more than this server's max length "
-                                f"{max_length}: shorten the prompt", param="prompt", code="context_length_exceeded")
+            raise APIError(
+                413,
+                f"the prompt has {len(prompt)} token ids, more than this server's max length "
+                f"{max_length}: shorten the prompt",
+                param="prompt",
+                code="context_length_exceeded",
+            )
         chars = len(prompt) if isinstance(prompt, str) else 0
         what, param = f"the prompt has {chars} characters", "prompt"
     if chars > limit:
-        raise APIError(413, f"{what}: more than {max_length} tokens of this tokenizer (at most "
-                            f"{engine.codec.max_token_chars} characters each) can hold, so it cannot fit this "
-                            f"server's max length {max_length}: shorten it", param=param,
-                       code="context_length_exceeded")
+        raise APIError(
+            413,
+            f"{what}: more than {max_length} tokens of this tokenizer (at most "
+            f"{engine.codec.max_token_chars} characters each) can hold, so it cannot fit this "
+            f"server's max length {max_length}: shorten it",
+            param=param,
+            code="context_length_exceeded",
+        )
 
 
 def _text_chars(content: Any) -> int:
@@ -331,7 +403,7 @@ def prompt_ids(engine, body: dict) -> torch.Tensor:
 def chat_ids(engine, body: dict) -> torch.Tensor:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise bad("messages", "required: a non-empty array of {\"role\", \"content\"} objects")
+        raise bad("messages", 'required: a non-empty array of {"role", "content"} objects')
     plain = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
@@ -343,18 +415,21 @@ def chat_ids(engine, body: dict) -> torch.Tensor:
             texts = []
             for j, part in enumerate(content):
                 if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-                    raise bad(f"messages[{i}].content[{j}]", "only {\"type\": \"text\", \"text\": ...} parts are "
-                                                              "supported")
+                    raise bad(f"messages[{i}].content[{j}]", 'only {"type": "text", "text": ...} parts are supported')
                 texts.append(part["text"])
             content = "".join(texts)
         if not isinstance(content, str):
-            raise bad(f"messages[{i}].content", f"must be a string or an array of text parts, got "
-                                                 f"{type_name(content)}")
+            raise bad(f"messages[{i}].content", f"must be a string or an array of text parts, got {type_name(content)}")
         plain.append({"role": role, "content": content})
     codec = engine.codec
     if codec.chat_template is None:
-        raise APIError(400, "this model has no chat template (tokenizer_config.json key chat_template): use "
-                            "/v1/completions with a plain prompt", param="messages", code="no_chat_template")
+        raise APIError(
+            400,
+            "this model has no chat template (tokenizer_config.json key chat_template): use "
+            "/v1/completions with a plain prompt",
+            param="messages",
+            code="no_chat_template",
+        )
     try:
         ids = codec.encode_chat(plain)
     except (TypeError, ValueError) as e:
@@ -362,126 +437,3 @@ def chat_ids(engine, body: dict) -> torch.Tensor:
     if not ids:
         raise bad("messages", "the chat template rendered the conversation as no tokens")
     return torch.tensor(ids, dtype=torch.long)
-
-
-# ------------------------------------------------------------------------------------ responses
-# The response bodies as pydantic models, in the OpenAI shape. A field whose absence means
-# something (a preset, a chunk's usage) defaults to None and is left out unless set
-# (``model_dump(exclude_unset=True)``); ``logprobs`` and ``finish_reason`` are always written,
-# null included, as OpenAI writes them.
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-
-class DecodeReport(BaseModel):
-    """The ``"blockbatch"`` field of a response: how the request was decoded."""
-
-    policy: str
-    gen_length: int
-    nfe: int
-    wall_ms: float
-    preset: str | None = None  # the preset the options came from, when one did
-
-
-class CompletionChoice(BaseModel):
-    index: int
-    text: str
-    logprobs: None
-    finish_reason: str | None
-
-
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"]
-    content: str
-
-
-class ChatChoice(BaseModel):
-    index: int
-    message: AssistantMessage
-    logprobs: None
-    finish_reason: str | None
-
-
-class ChatDelta(BaseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-
-
-class ChatChunkChoice(BaseModel):
-    index: int
-    delta: ChatDelta
-    logprobs: None
-    finish_reason: str | None
-
-
-class GenerationResponse(BaseModel):
-    """A completion, a chat completion or one chunk of either stream (the last chunk carries the
-    usage and the decode report)."""
-
-    id: str
-    object: Literal["text_completion", "chat.completion", "chat.completion.chunk"]
-    created: int
-    model: str
-    choices: list[CompletionChoice | ChatChoice | ChatChunkChoice]
-    usage: Usage | None = None
-    nfe: int | None = None
-    blockbatch: DecodeReport | None = None
-
-    def body(self) -> dict[str, Any]:
-        return self.model_dump(exclude_unset=True)
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"]
-    created: int
-    owned_by: str
-    max_model_len: int
-
-
-class ModelList(BaseModel):
-    object: Literal["list"]
-    data: list[ModelCard]
-
-
-@dataclasses.dataclass
-class Outcome:
-    """What a finished request reports: its usage and how it was decoded."""
-
-    usage: Usage
-    report: DecodeReport
-
-
-def response(chat: bool, rid: str, created: int, model: str, text: str, reason: str | None,
-             outcome: Outcome) -> GenerationResponse:
-    """The whole (non-streamed) response of a finished request."""
-    choice: CompletionChoice | ChatChoice
-    if chat:
-        choice = ChatChoice(index=0, message=AssistantMessage(role="assistant", content=text), logprobs=None,
-                            finish_reason=reason)
-    else:
-        choice = CompletionChoice(index=0, text=text, logprobs=None, finish_reason=reason)
-    return GenerationResponse(id=rid, object="chat.completion" if chat else "text_completion", created=created,
-                              model=model, choices=[choice], usage=outcome.usage, nfe=outcome.report.nfe,
-                              blockbatch=outcome.report)
-
-
-def chunk(chat: bool, rid: str, created: int, model: str, text: str | None = None, reason: str | None = None,
-          role: bool = False, outcome: Outcome | None = None) -> GenerationResponse:
-    """One chunk of a stream: the role (chat's first chunk), a piece of text, or the last chunk
-    (``reason`` and ``outcome``: an empty text, or chat's empty delta)."""
-    choice: ChatChunkChoice | CompletionChoice
-    if chat:
-        delta = ChatDelta(role="assistant", content="") if role else ChatDelta() if text is None else \
-            ChatDelta(content=text)
-        choice = ChatChunkChoice(index=0, delta=delta, logprobs=None, finish_reason=reason)
-    else:
-        choice = CompletionChoice(index=0, text=text or "", logprobs=None, finish_reason=reason)
-    more: dict[str, Any] = {} if outcome is None else {"usage": outcome.usage, "nfe": outcome.report.nfe,
-                                                       "blockbatch": outcome.report}
-    return GenerationResponse(id=rid, object="chat.completion.chunk" if chat else "text_completion",
-                              created=created, model=model, choices=[choice], **more)

@@ -82,8 +82,6 @@ CONTROL_TIMEOUT_S = 10.0  # the driver's calls to the router (drain, in_flight, 
 WATCHDOG_WAIT_S = 30.0  # for the watchdog's cleanup at exit
 
 
-
-
 class _ReplicaHeaders:
     """ASGI middleware adding the replica's id and pid to every HTTP response (streamed ones too)."""
 
@@ -114,8 +112,7 @@ def _replica_id() -> str:
         return f"pid-{os.getpid()}"
 
 
-def build_replica_app(model: str | None, dtype_name: str, threads: int | None, app_options: dict,
-                      device: str = "cpu"):
+def build_replica_app(model: str | None, dtype_name: str, threads: int | None, app_options: dict, device: str = "cpu"):
     """In a replica: load the engine on ``device`` and build its app (``create_app``), with the replica
     headers."""
     import torch
@@ -136,8 +133,15 @@ class EngineReplica:
     HTTP requests (``http``) in process. The app's scheduler starts here and stops when Ray Serve
     tears the replica down (after its graceful-shutdown wait for running requests)."""
 
-    def __init__(self, model: str | None, dtype_name: str, threads: int | None, app_options: dict,
-                 local_instance: bool, device: str = "cpu"):
+    def __init__(
+        self,
+        model: str | None,
+        dtype_name: str,
+        threads: int | None,
+        app_options: dict,
+        local_instance: bool,
+        device: str = "cpu",
+    ):
         if local_instance:
             serve_grpc_on_loopback()
         self.app = build_replica_app(model, dtype_name, threads, app_options, device)
@@ -169,11 +173,21 @@ class EngineReplica:
         async def send(message):
             await messages.put(message)
 
-        scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-                 "method": request["method"], "scheme": "http", "path": request["path"],
-                 "raw_path": request["path"].encode(), "query_string": request["query"].encode(), "root_path": "",
-                 "headers": [(bytes(k), bytes(v)) for k, v in request["headers"]], "client": ("127.0.0.1", 0),
-                 "server": ("127.0.0.1", 0), "state": {}}
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": "1.1",
+            "method": request["method"],
+            "scheme": "http",
+            "path": request["path"],
+            "raw_path": request["path"].encode(),
+            "query_string": request["query"].encode(),
+            "root_path": "",
+            "headers": [(bytes(k), bytes(v)) for k, v in request["headers"]],
+            "client": ("127.0.0.1", 0),
+            "server": ("127.0.0.1", 0),
+            "state": {},
+        }
         task = asyncio.ensure_future(self.app(scope, receive, send))
         task.add_done_callback(lambda _: messages.put_nowait(None))
         try:
@@ -184,11 +198,23 @@ class EngineReplica:
                     if start is None:
                         error_id = new_error_id()
                         failure = None if task.cancelled() else task.exception()
-                        log.error("%s %s: the app ended without answering [error %s]", request["method"],
-                                  request["path"], error_id, exc_info=failure)
-                        yield {"status": 500, "headers": [(b"content-type", b"application/json")], "more": False,
-                               "body": error_json(500, f"the engine replica did not answer (error {error_id} in "
-                                                   "the server's log)", "engine_failed")}
+                        log.error(
+                            "%s %s: the app ended without answering [error %s]",
+                            request["method"],
+                            request["path"],
+                            error_id,
+                            exc_info=failure,
+                        )
+                        yield {
+                            "status": 500,
+                            "headers": [(b"content-type", b"application/json")],
+                            "more": False,
+                            "body": error_json(
+                                500,
+                                f"the engine replica did not answer (error {error_id} in the server's log)",
+                                "engine_failed",
+                            ),
+                        }
                     return
                 if message["type"] == "http.response.start":
                     start = message
@@ -200,8 +226,12 @@ class EngineReplica:
                     if not body and more:
                         continue  # an empty first chunk: wait for content before answering
                     assert start is not None  # ASGI: http.response.start comes before any body
-                    first = {"status": start["status"], "headers": list(start.get("headers", [])), "body": body,
-                             "more": more}
+                    first = {
+                        "status": start["status"],
+                        "headers": list(start.get("headers", [])),
+                        "body": body,
+                        "more": more,
+                    }
                     yield first
                 elif body:
                     yield body
@@ -218,9 +248,20 @@ class EngineReplica:
                     pass
 
 
-def serve_replicas(replicas: int, *, model: str | None, dtype_name: str, threads: int | None, host: str, port: int,
-                   ray_address: str | None, drain_timeout_s: float, log_level: str, app_options: dict,
-                   device: str = "cpu") -> None:
+def serve_replicas(
+    replicas: int,
+    *,
+    model: str | None,
+    dtype_name: str,
+    threads: int | None,
+    host: str,
+    port: int,
+    ray_address: str | None,
+    drain_timeout_s: float,
+    log_level: str,
+    app_options: dict,
+    device: str = "cpu",
+) -> None:
     """Run ``replicas`` replicas on Ray Serve until SIGTERM / Ctrl-C, then drain (the requests in
     flight get ``drain_timeout_s`` to finish, new ones get 503), shut the deployments down and, if
     this process started the local Ray instance, stop it and remove its folder. Returns after that
@@ -267,13 +308,21 @@ def serve_replicas(replicas: int, *, model: str | None, dtype_name: str, threads
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         if local:
-            ray.init(include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE_BYTES, _temp_dir=temp_dir,
-                     _node_ip_address="127.0.0.1", log_to_driver=log_level == "debug",
-                     logging_level=logging.WARNING)
+            ray.init(
+                include_dashboard=False,
+                object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+                _temp_dir=temp_dir,
+                _node_ip_address="127.0.0.1",
+                log_to_driver=log_level == "debug",
+                logging_level=logging.WARNING,
+            )
         else:
             ray.init(address=ray_address, log_to_driver=log_level == "debug", logging_level=logging.WARNING)
-        log.info("ray: %s (%s)", ray.get_runtime_context().gcs_address,
-                 f"local instance, files under {temp_dir}" if temp_dir else f"joined {ray_address}")
+        log.info(
+            "ray: %s (%s)",
+            ray.get_runtime_context().gcs_address,
+            f"local instance, files under {temp_dir}" if temp_dir else f"joined {ray_address}",
+        )
 
         actor_options: dict[str, Any]
         if device == "cuda":
@@ -284,8 +333,9 @@ def serve_replicas(replicas: int, *, model: str | None, dtype_name: str, threads
         # The BLOCKBATCH_* settings of this shell (kernel choices, BLOCKBATCH_CUDA_BATCHING) reach
         # every replica, also those on other machines of a cluster.
         # The API key travels in app_options, never in a runtime environment (Ray shows those).
-        settings_env = {k: v for k, v in os.environ.items()
-                        if k.startswith("BLOCKBATCH_") and k != "BLOCKBATCH_API_KEY"}
+        settings_env = {
+            k: v for k, v in os.environ.items() if k.startswith("BLOCKBATCH_") and k != "BLOCKBATCH_API_KEY"
+        }
         if settings_env:
             actor_options["runtime_env"] = {"env_vars": settings_env}
 
@@ -295,14 +345,26 @@ def serve_replicas(replicas: int, *, model: str | None, dtype_name: str, threads
         # requests itself before serve.shutdown, so Ray Serve's own graceful wait is short: it only
         # bounds a shutdown that skipped or outran the drain. The router's slots beyond the engines'
         # queues leave room for /health and the driver's drain calls when every queue is full.
-        engine = serve.deployment(EngineReplica, name="BlockBatchEngine", num_replicas=replicas,
-                                  ray_actor_options=actor_options, graceful_shutdown_timeout_s=SHUTDOWN_GRACE_S,
-                                  graceful_shutdown_wait_loop_s=0.25, max_ongoing_requests=queue_per_replica,
-                                  health_check_period_s=2, health_check_timeout_s=30)
-        router = serve.deployment(RouterReplica, name="BlockBatchRouter", num_replicas=1,
-                                  ray_actor_options={"num_cpus": 0}, graceful_shutdown_timeout_s=SHUTDOWN_GRACE_S,
-                                  graceful_shutdown_wait_loop_s=0.25,
-                                  max_ongoing_requests=replicas * queue_per_replica + 64)
+        engine = serve.deployment(
+            EngineReplica,
+            name="BlockBatchEngine",
+            num_replicas=replicas,
+            ray_actor_options=actor_options,
+            graceful_shutdown_timeout_s=SHUTDOWN_GRACE_S,
+            graceful_shutdown_wait_loop_s=0.25,
+            max_ongoing_requests=queue_per_replica,
+            health_check_period_s=2,
+            health_check_timeout_s=30,
+        )
+        router = serve.deployment(
+            RouterReplica,
+            name="BlockBatchRouter",
+            num_replicas=1,
+            ray_actor_options={"num_cpus": 0},
+            graceful_shutdown_timeout_s=SHUTDOWN_GRACE_S,
+            graceful_shutdown_wait_loop_s=0.25,
+            max_ongoing_requests=replicas * queue_per_replica + 64,
+        )
         # Ray's stubs type serve.deployment(cls, **options) as its decorator form (no class given),
         # which has no .bind; at run time it is the Deployment
         engine_app = engine.bind(model, dtype_name, threads, app_options, local, device)  # type: ignore[attr-defined]
@@ -375,8 +437,13 @@ def _start_watchdog(temp_dir: str) -> subprocess.Popen:
     pipe from this one, which cleans the instance up when this process exits (also SIGKILL). Run by
     file name with ``-I``: it loads neither blockbatch nor torch nor Ray."""
     env = dict(os.environ, **{_ray_watchdog.INSTANCE_VARIABLE: temp_dir})
-    return subprocess.Popen([sys.executable, "-I", _ray_watchdog.__file__], stdin=subprocess.PIPE, env=env,
-                            start_new_session=True, close_fds=True)
+    return subprocess.Popen(
+        [sys.executable, "-I", _ray_watchdog.__file__],
+        stdin=subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+        close_fds=True,
+    )
 
 
 def _stop_instance(temp_dir: str, watchdog: subprocess.Popen | None) -> None:

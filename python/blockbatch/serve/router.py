@@ -16,7 +16,7 @@ import uuid
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response, StreamingResponse
 
-from ..guard import APIError, default_max_body_bytes
+from .guard import APIError, default_max_body_bytes
 
 log = logging.getLogger("blockbatch.serve")
 
@@ -40,8 +40,9 @@ def serve_grpc_on_loopback() -> bool:
 
         add_port = replica_module.add_port_to_grpc_server
     except (ImportError, AttributeError):
-        log.warning("this Ray Serve has no replica.add_port_to_grpc_server: its replica gRPC port stays on all "
-                    "interfaces")
+        log.warning(
+            "this Ray Serve has no replica.add_port_to_grpc_server: its replica gRPC port stays on all interfaces"
+        )
         return False
     if getattr(add_port, "_blockbatch_loopback", False):
         return True
@@ -65,10 +66,18 @@ def _died(e: BaseException) -> bool:
     """True for the errors of an engine replica that died or is unreachable (not of our own code)."""
     import ray.exceptions as rex
 
-    kinds = tuple(k for k in (getattr(rex, "RayActorError", None), getattr(rex, "ActorDiedError", None),
-                              getattr(rex, "ActorUnavailableError", None), getattr(rex, "ActorUnschedulableError", None),
-                              getattr(rex, "WorkerCrashedError", None), getattr(rex, "NodeDiedError", None))
-                  if k is not None)
+    kinds = tuple(
+        k
+        for k in (
+            getattr(rex, "RayActorError", None),
+            getattr(rex, "ActorDiedError", None),
+            getattr(rex, "ActorUnavailableError", None),
+            getattr(rex, "ActorUnschedulableError", None),
+            getattr(rex, "WorkerCrashedError", None),
+            getattr(rex, "NodeDiedError", None),
+        )
+        if k is not None
+    )
     return isinstance(e, kinds)
 
 
@@ -120,8 +129,11 @@ class RouterReplica:
     async def __call__(self, request):
         if self.draining:
             if request.url.path == "/health":
-                return Response(json.dumps({"status": "draining", "requests": self.requests}).encode(), 503,
-                                media_type="application/json")
+                return Response(
+                    json.dumps({"status": "draining", "requests": self.requests}).encode(),
+                    503,
+                    media_type="application/json",
+                )
             return _error_response(503, "the server is shutting down: it takes no new requests", "shutting_down")
         self.requests += 1
         done = _Once(self._done)
@@ -143,8 +155,13 @@ class RouterReplica:
         body = await _read_body(request, self.max_body_bytes)
         if not isinstance(body, bytes):
             return body  # the 413
-        forwarded = {"method": request.method, "path": request.url.path, "query": request.url.query,
-                     "headers": list(request.headers.raw), "body": body}
+        forwarded = {
+            "method": request.method,
+            "path": request.url.path,
+            "query": request.url.query,
+            "headers": list(request.headers.raw),
+            "body": body,
+        }
         error = None
         for attempt in range(ATTEMPTS):
             if attempt:
@@ -173,18 +190,29 @@ class RouterReplica:
                 if not _died(e):
                     return _internal_error(f"forwarding {request.method} {request.url.path}")
                 error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                log.warning("%s %s: engine replica died before answering (try %d of %d): %s", request.method,
-                            request.url.path, attempt + 1, ATTEMPTS, error)
+                log.warning(
+                    "%s %s: engine replica died before answering (try %d of %d): %s",
+                    request.method,
+                    request.url.path,
+                    attempt + 1,
+                    ATTEMPTS,
+                    error,
+                )
                 continue
-            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in first["headers"]
-                       if k.lower() not in _HOP_HEADERS}
+            headers = {
+                k.decode("latin-1"): v.decode("latin-1") for k, v in first["headers"] if k.lower() not in _HOP_HEADERS
+            }
             if not first["more"]:
                 self.calls.discard(call)
                 return Response(first["body"], first["status"], headers=headers)
             event_stream = headers.get("content-type", "").startswith("text/event-stream")
             return StreamingResponse(self._rest(call, first["body"], event_stream), first["status"], headers=headers)
-        return _error_response(503, f"no engine replica could answer after {ATTEMPTS} tries (the last: {error}); "
-                               "retry later", "replica_unavailable", headers={"retry-after": "1"})
+        return _error_response(
+            503,
+            f"no engine replica could answer after {ATTEMPTS} tries (the last: {error}); retry later",
+            "replica_unavailable",
+            headers={"retry-after": "1"},
+        )
 
     async def _rest(self, call, first: bytes, event_stream: bool):
         """The body after the first chunk; a replica that dies mid-stream ends an event stream with
@@ -202,13 +230,17 @@ class RouterReplica:
                 if self.stopping:
                     error = error_json(503, _DRAIN_RAN_OUT, "shutting_down")
                 elif _died(e):
-                    error = error_json(503, f"the engine replica serving this stream died ({type(e).__name__})",
-                                        "replica_died")
+                    error = error_json(
+                        503, f"the engine replica serving this stream died ({type(e).__name__})", "replica_died"
+                    )
                 else:
                     error_id = new_error_id()
                     log.exception("a forwarded stream failed [error %s]", error_id)
-                    error = error_json(503, f"the engine replica serving this stream failed (error {error_id} in "
-                                        "the server's log)", "replica_died")
+                    error = error_json(
+                        503,
+                        f"the engine replica serving this stream failed (error {error_id} in the server's log)",
+                        "replica_died",
+                    )
                 if event_stream:
                     yield b"data: " + error + b"\n\n" + b"data: [DONE]\n\n"
         finally:
@@ -295,5 +327,6 @@ async def _read_body(request, limit: int):
 
 
 def _too_large(limit: int, size: str):
-    return _error_response(413, f"the request body ({size}) is over the limit of {limit} bytes (--max-body-bytes)",
-                           "body_too_large")
+    return _error_response(
+        413, f"the request body ({size}) is over the limit of {limit} bytes (--max-body-bytes)", "body_too_large"
+    )

@@ -68,10 +68,14 @@ class EvalResult:
     correct: list[bool] = dataclasses.field(default_factory=list, repr=False)
 
     def summary(self) -> dict:
-        return {"name": self.name, "n": self.n, "accuracy": round(self.accuracy, 4),
-                "trace_accuracy": round(self.trace_accuracy, 4),
-                "mean_nfe": None if self.mean_nfe is None else round(self.mean_nfe, 3),
-                "wall_s": round(self.wall_s, 2)}
+        return {
+            "name": self.name,
+            "n": self.n,
+            "accuracy": round(self.accuracy, 4),
+            "trace_accuracy": round(self.trace_accuracy, 4),
+            "mean_nfe": None if self.mean_nfe is None else round(self.mean_nfe, 3),
+            "wall_s": round(self.wall_s, 2),
+        }
 
 
 def _split_output(prompt: torch.Tensor, out: Any) -> tuple[list[int], int | None]:
@@ -80,7 +84,7 @@ def _split_output(prompt: torch.Tensor, out: Any) -> tuple[list[int], int | None
     if hasattr(out, "tokens"):
         nfe = getattr(out, "nfe", None)
         ids = out.tokens
-        ids = ids[len(prompt):]
+        ids = ids[len(prompt) :]
     elif isinstance(out, tuple) and len(out) == 2:
         ids, nfe = out
     else:
@@ -90,9 +94,17 @@ def _split_output(prompt: torch.Tensor, out: Any) -> tuple[list[int], int | None
     return [int(i) for i in ids], (None if nfe is None else int(nfe))
 
 
-def evaluate(decoder: Decoder, problems: Sequence[toy_task.Problem] | None = None, tokenizer=None,
-             n: int = 200, seed: int = EVAL_SEED, name: str = "decoder", eos_id: int = toy_tok.EOS_ID,
-             mask_id: int = toy_tok.MASK_ID, progress: bool = False) -> EvalResult:
+def evaluate(
+    decoder: Decoder,
+    problems: Sequence[toy_task.Problem] | None = None,
+    tokenizer=None,
+    n: int = 200,
+    seed: int = EVAL_SEED,
+    name: str = "decoder",
+    eos_id: int = toy_tok.EOS_ID,
+    mask_id: int = toy_tok.MASK_ID,
+    progress: bool = False,
+) -> EvalResult:
     """Run ``decoder`` on each problem's prompt, one at a time, and check the decoded answers.
 
     ``problems`` defaults to ``make_problems(n, seed, "test")``; ``tokenizer`` to the toy one.
@@ -101,14 +113,21 @@ def evaluate(decoder: Decoder, problems: Sequence[toy_task.Problem] | None = Non
     def batch(prompts: list[torch.Tensor]) -> list[Any]:
         return [decoder(prompts[0])]
 
-    return evaluate_batched(batch, problems, tokenizer, n, seed, name, eos_id, mask_id, batch_size=1,
-                            progress=progress)
+    return evaluate_batched(batch, problems, tokenizer, n, seed, name, eos_id, mask_id, batch_size=1, progress=progress)
 
 
-def evaluate_batched(decoder: Callable[[list[torch.Tensor]], Sequence[Any]],
-                     problems: Sequence[toy_task.Problem] | None = None, tokenizer=None, n: int = 200,
-                     seed: int = EVAL_SEED, name: str = "decoder", eos_id: int = toy_tok.EOS_ID,
-                     mask_id: int = toy_tok.MASK_ID, batch_size: int = 32, progress: bool = False) -> EvalResult:
+def evaluate_batched(
+    decoder: Callable[[list[torch.Tensor]], Sequence[Any]],
+    problems: Sequence[toy_task.Problem] | None = None,
+    tokenizer=None,
+    n: int = 200,
+    seed: int = EVAL_SEED,
+    name: str = "decoder",
+    eos_id: int = toy_tok.EOS_ID,
+    mask_id: int = toy_tok.MASK_ID,
+    batch_size: int = 32,
+    progress: bool = False,
+) -> EvalResult:
     """Like ``evaluate`` for a decoder that takes a list of prompts (at most ``batch_size``) and
     returns one output per prompt, in order (each output as for ``evaluate``)."""
     tokenizer = tokenizer or toy_tok.build_tokenizer()
@@ -117,11 +136,11 @@ def evaluate_batched(decoder: Callable[[list[torch.Tensor]], Sequence[Any]],
     outputs, correct, traces, nfes = [], [], [], []
     t0 = time.perf_counter()
     for start in range(0, len(problems), batch_size):
-        chunk = prompts[start: start + batch_size]
+        chunk = prompts[start : start + batch_size]
         results = list(decoder(chunk))
         if len(results) != len(chunk):
             raise ValueError(f"decoder returned {len(results)} outputs for {len(chunk)} prompts")
-        for p, prompt, out in zip(problems[start: start + batch_size], chunk, results):
+        for p, prompt, out in zip(problems[start : start + batch_size], chunk, results):
             ids, nfe = _split_output(prompt, out)
             text = toy_tok.decode_response(tokenizer, ids, eos_id, mask_id)
             outputs.append(text)
@@ -136,14 +155,28 @@ def evaluate_batched(decoder: Callable[[list[torch.Tensor]], Sequence[Any]],
     if progress and sys.stderr.isatty():
         sys.stderr.write("\r\x1b[K")
     k = max(1, len(problems))
-    return EvalResult(name, len(problems), sum(correct) / k, sum(traces) / k,
-                      (sum(nfes) / len(nfes)) if nfes and len(nfes) == len(problems) else None,
-                      time.perf_counter() - t0, outputs, correct)
+    return EvalResult(
+        name,
+        len(problems),
+        sum(correct) / k,
+        sum(traces) / k,
+        (sum(nfes) / len(nfes)) if nfes and len(nfes) == len(problems) else None,
+        time.perf_counter() - t0,
+        outputs,
+        correct,
+    )
 
 
-def reference_decoder(model: ReferenceModel, policy: str, gen_length: int = 64, block_length: int = 32,
-                      threshold: float | None = 0.9, alg: str = "entropy",
-                      block_sizes: Sequence[int] = DREAM_BLOCK_SIZES, steps: int | None = None) -> Decoder:
+def reference_decoder(
+    model: ReferenceModel,
+    policy: str,
+    gen_length: int = 64,
+    block_length: int = 32,
+    threshold: float | None = 0.9,
+    alg: str = "entropy",
+    block_sizes: Sequence[int] = DREAM_BLOCK_SIZES,
+    steps: int | None = None,
+) -> Decoder:
     """A decoder running the float32 reference of ``model``'s family.
 
     LLaDA: ``reference.policies.generate``; ``policy="vanilla"`` with ``threshold=None`` is one
@@ -157,16 +190,30 @@ def reference_decoder(model: ReferenceModel, policy: str, gen_length: int = 64, 
         raise ValueError(f"block_length {block_length} must divide gen_length {gen_length}")
 
     def decode(prompt: torch.Tensor):
-        res = generate(model, prompt, gen_length, block_length, policy=policy,
-                       steps=gen_length if threshold is None else None, threshold=threshold)
-        return res.tokens[prompt.numel():], res.nfe
+        res = generate(
+            model,
+            prompt,
+            gen_length,
+            block_length,
+            policy=policy,
+            steps=gen_length if threshold is None else None,
+            threshold=threshold,
+        )
+        return res.tokens[prompt.numel() :], res.nfe
 
     return decode
 
 
-def dream_decoder(model: ReferenceModel, policy: str, gen_length: int = 64, block_length: int = 32,
-                  threshold: float | None = 0.9, alg: str = "entropy",
-                  block_sizes: Sequence[int] = DREAM_BLOCK_SIZES, steps: int | None = None) -> Decoder:
+def dream_decoder(
+    model: ReferenceModel,
+    policy: str,
+    gen_length: int = 64,
+    block_length: int = 32,
+    threshold: float | None = 0.9,
+    alg: str = "entropy",
+    block_sizes: Sequence[int] = DREAM_BLOCK_SIZES,
+    steps: int | None = None,
+) -> Decoder:
     """A decoder running a float32 Dream decoder of ``reference.dream`` (returns ``DreamResult``).
 
     ``vanilla``: ``dream_vanilla`` with ``steps`` (default ``gen_length``) and ``alg`` (no blocks,
@@ -199,19 +246,29 @@ def policy_threshold(policy: str, threshold: float) -> float | None:
     return None if policy == "vanilla" else threshold
 
 
-def evaluate_policies(model: ReferenceModel, policies: Sequence[str] | None = None, n: int = 200,
-                      gen_length: int = 64, block_length: int = 32, threshold: float = 0.9,
-                      seed: int = EVAL_SEED, tokenizer=None, progress: bool = False, alg: str = "entropy",
-                      block_sizes: Sequence[int] = DREAM_BLOCK_SIZES,
-                      steps: int | None = None) -> dict[str, EvalResult]:
+def evaluate_policies(
+    model: ReferenceModel,
+    policies: Sequence[str] | None = None,
+    n: int = 200,
+    gen_length: int = 64,
+    block_length: int = 32,
+    threshold: float = 0.9,
+    seed: int = EVAL_SEED,
+    tokenizer=None,
+    progress: bool = False,
+    alg: str = "entropy",
+    block_sizes: Sequence[int] = DREAM_BLOCK_SIZES,
+    steps: int | None = None,
+) -> dict[str, EvalResult]:
     """Every policy of ``policies`` (default: all of the model's family) on the same problems."""
     problems = toy_task.make_problems(n, seed, "test")
     if policies is None:
         policies = policies_for(getattr(model.config, "family", "llada"))
     out = {}
     for policy in policies:
-        dec = reference_decoder(model, policy, gen_length, block_length, policy_threshold(policy, threshold),
-                                alg, block_sizes, steps)
+        dec = reference_decoder(
+            model, policy, gen_length, block_length, policy_threshold(policy, threshold), alg, block_sizes, steps
+        )
         out[policy] = evaluate(dec, problems, tokenizer, name=policy, progress=progress)
     return out
 
@@ -226,8 +283,14 @@ def token_kind(problem: toy_task.Problem, index: int) -> str:
 
 
 @torch.no_grad()
-def confidence_spread(model: ReferenceModel, problems: Sequence[toy_task.Problem], tokenizer=None,
-                      gen_length: int = 64, block_length: int = 32, threshold: float = 0.9) -> dict:
+def confidence_spread(
+    model: ReferenceModel,
+    problems: Sequence[toy_task.Problem],
+    tokenizer=None,
+    gen_length: int = 64,
+    block_length: int = 32,
+    threshold: float = 0.9,
+) -> dict:
     """Confidence of each generated position at its first proposal, by kind of reference token.
 
     Decodes with the threshold rule (full forward each step, like ``vanilla`` with a threshold);
@@ -267,8 +330,13 @@ def confidence_spread(model: ReferenceModel, problems: Sequence[toy_task.Problem
                 k = int(chosen.sum())
                 per_step[k] = per_step.get(k, 0) + 1
     out: dict[str, dict] = {
-        kind: {"count": len(v), "frac_below_threshold": (sum(c < threshold for c in v) / len(v)) if v else None,
-               "mean_conf": (sum(v) / len(v)) if v else None} for kind, v in stats.items()}
+        kind: {
+            "count": len(v),
+            "frac_below_threshold": (sum(c < threshold for c in v) / len(v)) if v else None,
+            "mean_conf": (sum(v) / len(v)) if v else None,
+        }
+        for kind, v in stats.items()
+    }
     out["committed_per_step_hist"] = dict(sorted(per_step.items()))
     return out
 
@@ -287,26 +355,45 @@ def format_table(results: dict[str, EvalResult]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m blockbatch.toy.evaluate", description=__doc__.split("\n\n")[0])
     where = ap.add_mutually_exclusive_group()
-    where.add_argument("--family", choices=list(CHECKPOINT_DIRS), default=None,
-                       help="evaluate the shipped toy checkpoint of this family (default llada)")
-    where.add_argument("--checkpoint", default=None,
-                       help="checkpoint folder (LLaDA or Dream: the family comes from its config.json)")
+    where.add_argument(
+        "--family",
+        choices=list(CHECKPOINT_DIRS),
+        default=None,
+        help="evaluate the shipped toy checkpoint of this family (default llada)",
+    )
+    where.add_argument(
+        "--checkpoint", default=None, help="checkpoint folder (LLaDA or Dream: the family comes from its config.json)"
+    )
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--seed", type=int, default=EVAL_SEED)
     ap.add_argument("--gen-length", type=int, default=64)
     ap.add_argument("--block-length", type=int, default=32)
-    ap.add_argument("--policies", default=None,
-                    help="comma-separated (default: vanilla,prefix,dual for LLaDA, "
-                         "vanilla,prefix,dual,blockbatch for Dream)")
+    ap.add_argument(
+        "--policies",
+        default=None,
+        help="comma-separated (default: vanilla,prefix,dual for LLaDA, vanilla,prefix,dual,blockbatch for Dream)",
+    )
     ap.add_argument("--threshold", type=float, default=0.9)
-    ap.add_argument("--dream-alg", choices=ALGS, default="entropy",
-                    help="Dream vanilla: confidence of Dream's sampler (default entropy, the authors' harness)")
-    ap.add_argument("--dream-steps", type=int, default=None,
-                    help="Dream vanilla: forwards of Dream's sampler (default --gen-length)")
-    ap.add_argument("--block-sizes", default=",".join(map(str, DREAM_BLOCK_SIZES)),
-                    help="Dream blockbatch: branch block sizes (default %(default)s)")
-    ap.add_argument("--confidence", action="store_true",
-                    help="also report the confidence at first proposal by kind of token")
+    ap.add_argument(
+        "--dream-alg",
+        choices=ALGS,
+        default="entropy",
+        help="Dream vanilla: confidence of Dream's sampler (default entropy, the authors' harness)",
+    )
+    ap.add_argument(
+        "--dream-steps",
+        type=int,
+        default=None,
+        help="Dream vanilla: forwards of Dream's sampler (default --gen-length)",
+    )
+    ap.add_argument(
+        "--block-sizes",
+        default=",".join(map(str, DREAM_BLOCK_SIZES)),
+        help="Dream blockbatch: branch block sizes (default %(default)s)",
+    )
+    ap.add_argument(
+        "--confidence", action="store_true", help="also report the confidence at first proposal by kind of token"
+    )
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None, help="write the results to this JSON file")
     args = ap.parse_args(argv)
@@ -335,27 +422,52 @@ def main(argv: list[str] | None = None) -> int:
 
     model = ReferenceModel.from_checkpoint(ck, dtype=torch.float32)
     tokenizer = ck.tokenizer or toy_tok.build_tokenizer()
-    results = evaluate_policies(model, policies, args.n, args.gen_length, args.block_length, args.threshold,
-                                args.seed, tokenizer, progress=True, alg=args.dream_alg, block_sizes=block_sizes,
-                                steps=args.dream_steps)
+    results = evaluate_policies(
+        model,
+        policies,
+        args.n,
+        args.gen_length,
+        args.block_length,
+        args.threshold,
+        args.seed,
+        tokenizer,
+        progress=True,
+        alg=args.dream_alg,
+        block_sizes=block_sizes,
+        steps=args.dream_steps,
+    )
     if family == "dream":
-        rules = (f"Dream reference decoders (float32): vanilla = Dream's sampler, "
-                 f"{args.dream_steps or args.gen_length} steps, "
-                 f"alg {args.dream_alg}; prefix/dual = threshold {args.threshold}, blockbatch = block sizes "
-                 f"{','.join(map(str, block_sizes))}, threshold {args.threshold}")
+        rules = (
+            f"Dream reference decoders (float32): vanilla = Dream's sampler, "
+            f"{args.dream_steps or args.gen_length} steps, "
+            f"alg {args.dream_alg}; prefix/dual = threshold {args.threshold}, blockbatch = block sizes "
+            f"{','.join(map(str, block_sizes))}, threshold {args.threshold}"
+        )
     else:
         rules = f"vanilla = 1 token/step, prefix/dual = threshold {args.threshold}"
-    print(f"checkpoint {checkpoint} ({family}): {args.n} held-out problems (seed {args.seed}), gen {args.gen_length}, "
-          f"block {args.block_length}; {rules}")
+    print(
+        f"checkpoint {checkpoint} ({family}): {args.n} held-out problems (seed {args.seed}), gen {args.gen_length}, "
+        f"block {args.block_length}; {rules}"
+    )
     print(format_table(results))
     report: dict[str, Any] = {
-        "checkpoint": checkpoint, "family": family, "n": args.n, "seed": args.seed, "gen_length": args.gen_length,
-        "block_length": args.block_length, "threshold": args.threshold,
+        "checkpoint": checkpoint,
+        "family": family,
+        "n": args.n,
+        "seed": args.seed,
+        "gen_length": args.gen_length,
+        "block_length": args.block_length,
+        "threshold": args.threshold,
         "results": {k: dict(v.summary(), threshold=policy_threshold(k, args.threshold)) for k, v in results.items()},
     }
     if family == "dream":
-        report.update({"dream_alg": args.dream_alg, "dream_steps": args.dream_steps or args.gen_length,
-                       "block_sizes": list(block_sizes)})
+        report.update(
+            {
+                "dream_alg": args.dream_alg,
+                "dream_steps": args.dream_steps or args.gen_length,
+                "block_sizes": list(block_sizes),
+            }
+        )
     if args.confidence:
         problems = toy_task.make_problems(args.n, args.seed, "test")
         spread = confidence_spread(model, problems, tokenizer, args.gen_length, args.block_length, args.threshold)
@@ -364,8 +476,10 @@ def main(argv: list[str] | None = None) -> int:
         for kind in toy_task.RESPONSE_KINDS + ("eos",):
             s = spread[kind]
             if s["count"]:
-                print(f"  {kind:<13} n={s['count']:>6}  below threshold {s['frac_below_threshold']:.3f}  "
-                      f"mean {s['mean_conf']:.3f}")
+                print(
+                    f"  {kind:<13} n={s['count']:>6}  below threshold {s['frac_below_threshold']:.3f}  "
+                    f"mean {s['mean_conf']:.3f}"
+                )
         print(f"  tokens committed per step: {spread['committed_per_step_hist']}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

@@ -139,8 +139,9 @@ def iter_problems(seed: int, split: str, min_ops: int = MIN_OPS, max_ops: int = 
             yield p
 
 
-def make_problems(n: int, seed: int = 0, split: str = "test", unique: bool = True,
-                  min_ops: int = MIN_OPS, max_ops: int = MAX_OPS) -> list[Problem]:
+def make_problems(
+    n: int, seed: int = 0, split: str = "test", unique: bool = True, min_ops: int = MIN_OPS, max_ops: int = MAX_OPS
+) -> list[Problem]:
     """``n`` problems of ``split`` ("train" or "test"), deterministic in ``seed``.
 
     With ``unique`` no prompt repeats. Train and test problems never share a prompt.

@@ -1,4 +1,4 @@
-"""The response models of blockbatch.serve.protocol write exactly the OpenAI shapes the server
+"""The response models of blockbatch.serve.responses write exactly the OpenAI shapes the server
 answers with (and the openai client reads): field order, nulls kept where OpenAI writes them,
 optional parts (a preset, a chunk's usage) left out unless set."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from blockbatch.serve.protocol import DecodeReport, ModelCard, ModelList, Outcome, Usage, chunk, response
+from blockbatch.serve.responses import DecodeReport, ModelCard, ModelList, Outcome, Usage, chunk, response
 
 
 def _outcome(preset: str | None = None) -> Outcome:

@@ -11,7 +11,7 @@ Two layers, both on by default:
   read in full within ``body_timeout_s`` (408); and any exception the routes let through answered
   as a 500 with an error id and logged once, its text never sent. Refusals carry
   ``Connection: close``: the rest of a refused body is never read.
-- ``protocol_class(limits)``, uvicorn's h11 protocol (whatever else is installed: httptools has
+- ``protocol_class(limits)`` (``serve.http``), uvicorn's h11 protocol (whatever else is installed: httptools has
   no header limits) with a header deadline (a connection that has not sent a whole request head
   ``header_timeout_s`` after it opened or after its last response gets 408 and is closed), a
   header-size limit (431) and half-closed clients: a client that sends its request and then shuts
@@ -39,33 +39,56 @@ from typing import Callable
 log = logging.getLogger("blockbatch.serve")
 
 DEFAULT_MAX_HEADERS = 100
-DEFAULT_MAX_HEADER_BYTES = 32 * 1024      # the whole request head (h11's buffer limit)
+DEFAULT_MAX_HEADER_BYTES = 32 * 1024  # the whole request head (h11's buffer limit)
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_BODY_TIMEOUT_S = 30.0
 DEFAULT_PROBE_S = 1.0
-BODY_BYTES_PER_POSITION = 256              # body cap: a fixed allowance plus this per position of max_length
+BODY_BYTES_PER_POSITION = 256  # body cap: a fixed allowance plus this per position of max_length
 BODY_BYTES_BASE = 1024 * 1024
 
 
 class APIError(Exception):
     """An error answered in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``."""
 
-    TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-             404: "invalid_request_error", 408: "timeout_error", 413: "invalid_request_error",
-             415: "invalid_request_error", 429: "rate_limit_error", 431: "invalid_request_error",
-             500: "server_error", 503: "service_unavailable", 504: "timeout_error"}
+    TYPES = {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        403: "permission_error",
+        404: "invalid_request_error",
+        408: "timeout_error",
+        413: "invalid_request_error",
+        415: "invalid_request_error",
+        429: "rate_limit_error",
+        431: "invalid_request_error",
+        500: "server_error",
+        503: "service_unavailable",
+        504: "timeout_error",
+    }
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "invalid_request_error"),
-                          "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.TYPES.get(self.status, "invalid_request_error"),
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
-_REASONS = {400: b"Bad Request", 403: b"Forbidden", 408: b"Request Timeout", 413: b"Content Too Large",
-            415: b"Unsupported Media Type", 431: b"Request Header Fields Too Large", 500: b"Internal Server Error"}
+REASONS = {
+    400: b"Bad Request",
+    403: b"Forbidden",
+    408: b"Request Timeout",
+    413: b"Content Too Large",
+    415: b"Unsupported Media Type",
+    431: b"Request Header Fields Too Large",
+    500: b"Internal Server Error",
+}
 
 
 def default_max_body_bytes(max_length: int) -> int:
@@ -88,6 +111,7 @@ class Limits:
 
 # ------------------------------------------------------------------------------------ Host
 
+
 def _own_names() -> set[str]:
     names = {"localhost"}
     for name in (socket.gethostname, socket.getfqdn):
@@ -102,7 +126,7 @@ def host_name(header: str) -> str:
     """The host of a ``Host`` header, lower case, without port or IPv6 brackets."""
     header = header.strip().lower()
     if header.startswith("["):
-        return header[1:header.find("]")] if "]" in header else header[1:]
+        return header[1 : header.find("]")] if "]" in header else header[1:]
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
@@ -124,8 +148,11 @@ def host_allowed(header: str | None, allowed: tuple[str, ...] | None, own: set[s
         return True
     for pattern in allowed or ():
         pattern = pattern.lower()
-        if pattern == "*" or host == pattern or (pattern.startswith(".") and (host.endswith(pattern)
-                                                                              or host == pattern[1:])):
+        if (
+            pattern == "*"
+            or host == pattern
+            or (pattern.startswith(".") and (host.endswith(pattern) or host == pattern[1:]))
+        ):
             return True
     return False
 
@@ -138,12 +165,15 @@ def parse_allowed_hosts(text: str | None) -> tuple[str, ...] | None:
     hosts = tuple(h.strip() for h in text.split(",") if h.strip())
     for h in hosts:
         if h != "*" and (any(c in h for c in " /@?#") or h.count("*")):
-            raise ValueError(f"--allowed-hosts: {h!r} is not a host name (comma-separated names, '.domain' for a "
-                             "domain and its subdomains, or '*' for any)")
+            raise ValueError(
+                f"--allowed-hosts: {h!r} is not a host name (comma-separated names, '.domain' for a "
+                "domain and its subdomains, or '*' for any)"
+            )
     return hosts
 
 
 # ------------------------------------------------------------------------------------ API key
+
 
 def check_api_key(key: str | None, what: str = "api_key") -> str | None:
     """The key as the server compares it; ValueError naming ``what`` for a key an HTTP header cannot
@@ -156,14 +186,17 @@ def check_api_key(key: str | None, what: str = "api_key") -> str | None:
     try:
         key.encode("latin-1")
     except UnicodeEncodeError as e:
-        raise ValueError(f"{what}: the API key holds {key[e.start]!r} at character {e.start}, which an HTTP "
-                         "header cannot carry (latin-1 text only); choose an ASCII key") from None
+        raise ValueError(
+            f"{what}: the API key holds {key[e.start]!r} at character {e.start}, which an HTTP "
+            "header cannot carry (latin-1 text only); choose an ASCII key"
+        ) from None
     if any(ord(c) < 32 or ord(c) == 127 for c in key) or " " in key:
         raise ValueError(f"{what}: the API key holds a space or a control character; choose a key without them")
     return key
 
 
 # ------------------------------------------------------------------------------------ the middleware
+
 
 def _header(scope, name: bytes) -> bytes | None:
     for k, v in scope["headers"]:
@@ -221,34 +254,58 @@ class Guard:
             await self.app(scope, receive, tracked)
         except Exception as e:  # noqa: BLE001 - one log line with an id; the client gets the id, not the text
             error_id = uuid.uuid4().hex[:12]
-            log.error("%s %s failed (error id %s): %s: %s", scope["method"], scope["path"], error_id,
-                      type(e).__name__, str(e)[:500], exc_info=not isinstance(e, RecursionError))
+            log.error(
+                "%s %s failed (error id %s): %s: %s",
+                scope["method"],
+                scope["path"],
+                error_id,
+                type(e).__name__,
+                str(e)[:500],
+                exc_info=not isinstance(e, RecursionError),
+            )
             if api:
                 self.count("500")
             if not started:
-                await send_error(send, APIError(500, f"internal error (error id {error_id}: the server's log has "
-                                                     "the details)", code="internal_error"))
+                await send_error(
+                    send,
+                    APIError(
+                        500,
+                        f"internal error (error id {error_id}: the server's log has the details)",
+                        code="internal_error",
+                    ),
+                )
 
     def _check_head(self, scope, api: bool) -> APIError | None:
         lim = self.limits
         if len(scope["headers"]) > lim.max_headers:
-            return APIError(431, f"the request has {len(scope['headers'])} headers, more than this server's "
-                                 f"{lim.max_headers}", code="too_many_headers")
+            return APIError(
+                431,
+                f"the request has {len(scope['headers'])} headers, more than this server's {lim.max_headers}",
+                code="too_many_headers",
+            )
         host = _header(scope, b"host")
         if not host_allowed(host.decode("latin-1") if host is not None else None, lim.allowed_hosts, self.own):
             assert host is not None  # host_allowed serves a request without Host
             shown = host.decode("latin-1")[:100]
-            return APIError(403, f"this server does not answer to Host {shown!r} (it protects loopback servers from "
-                                 "web pages through DNS rebinding): use its address or localhost, or start it with "
-                                 "--allowed-hosts NAME[,NAME...] ('*': any)", code="host_not_allowed")
+            return APIError(
+                403,
+                f"this server does not answer to Host {shown!r} (it protects loopback servers from "
+                "web pages through DNS rebinding): use its address or localhost, or start it with "
+                "--allowed-hosts NAME[,NAME...] ('*': any)",
+                code="host_not_allowed",
+            )
         if api:
             ctype = (_header(scope, b"content-type") or b"").decode("latin-1")
             media = ctype.split(";", 1)[0].strip().lower()
             if media != "application/json":
                 shown = ctype[:80] if ctype else "none"
-                return APIError(415, f"the request body must be sent as Content-Type: application/json (got "
-                                     f"{shown}); other types are what a web page can send across sites without "
-                                     "asking", code="unsupported_media_type")
+                return APIError(
+                    415,
+                    f"the request body must be sent as Content-Type: application/json (got "
+                    f"{shown}); other types are what a web page can send across sites without "
+                    "asking",
+                    code="unsupported_media_type",
+                )
         length = _header(scope, b"content-length")
         if length is not None:
             try:
@@ -256,17 +313,24 @@ class Guard:
                 if n < 0 or len(length) > 19:
                     raise ValueError
             except ValueError:
-                return APIError(400, f"Content-Length {length.decode('latin-1')[:30]!r} is not a byte count",
-                                code="bad_content_length")
+                return APIError(
+                    400,
+                    f"Content-Length {length.decode('latin-1')[:30]!r} is not a byte count",
+                    code="bad_content_length",
+                )
             if n > lim.max_body_bytes:
                 return self._too_large(n)
         return None
 
     def _too_large(self, n: int | None) -> APIError:
         size = f"{n} bytes" if n is not None else "more"
-        return APIError(413, f"the request body ({size}) is larger than this server's limit of "
-                             f"{self.limits.max_body_bytes} bytes (blockbatch serve --max-body-bytes); a prompt that "
-                             "long could not fit its max length anyway", code="body_too_large")
+        return APIError(
+            413,
+            f"the request body ({size}) is larger than this server's limit of "
+            f"{self.limits.max_body_bytes} bytes (blockbatch serve --max-body-bytes); a prompt that "
+            "long could not fit its max length anyway",
+            code="body_too_large",
+        )
 
     async def _read_body(self, scope, receive):
         """The whole body, within the limits, and a receive that hands it to the app: (None, receive),
@@ -281,8 +345,11 @@ class Guard:
                     raise asyncio.TimeoutError
                 message = await asyncio.wait_for(receive(), left)
             except asyncio.TimeoutError:
-                return APIError(408, f"the request body did not arrive within {self.limits.body_timeout_s:g} s "
-                                     f"({size} bytes came)", code="body_timeout"), None
+                return APIError(
+                    408,
+                    f"the request body did not arrive within {self.limits.body_timeout_s:g} s ({size} bytes came)",
+                    code="body_timeout",
+                ), None
             if message["type"] == "http.disconnect":
                 return "gone", None
             chunk = message.get("body", b"")
@@ -303,126 +370,3 @@ class Guard:
             return await receive()
 
         return None, replay
-
-
-# ------------------------------------------------------------------------------------ the protocol
-
-def _raw_error(status: int, e: APIError) -> bytes:
-    body = json.dumps(e.body()).encode()
-    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
-            % (status, _REASONS.get(status, b"Error"), len(body))) + body
-
-
-def protocol_class(limits: Limits):
-    """uvicorn's h11 protocol with the header deadline, the header-size error and the half-close
-    handling of the module docstring (pass it as ``uvicorn.Config(http=...)``)."""
-    import h11
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
-    class GuardedH11Protocol(H11Protocol):
-        def connection_made(self, transport):
-            super().connection_made(transport)
-            self._bb_eof = False
-            self._bb_probe = None
-            self._bb_header_timer = None
-            self._bb_cycle = None
-            self._bb_arm()
-
-        def _bb_arm(self) -> None:
-            self._bb_disarm()
-            self._bb_header_timer = self.loop.call_later(limits.header_timeout_s, self._bb_header_timeout)
-
-        def _bb_disarm(self) -> None:
-            if self._bb_header_timer is not None:
-                self._bb_header_timer.cancel()
-                self._bb_header_timer = None
-
-        def _bb_active(self) -> bool:
-            return self.cycle is not None and not self.cycle.response_complete
-
-        def _bb_header_timeout(self) -> None:
-            self._bb_header_timer = None
-            if self.transport.is_closing() or self._bb_active():
-                return
-            self.transport.write(_raw_error(408, APIError(
-                408, f"the request head did not arrive within {limits.header_timeout_s:g} s", code="header_timeout")))
-            self.transport.close()
-
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            cycle = self.cycle
-            if cycle is not None and cycle is not self._bb_cycle:  # a new request: its head is complete
-                self._bb_cycle = cycle
-                self._bb_disarm()
-                self._bb_watch_content_type(cycle)
-
-        def _bb_watch_content_type(self, cycle) -> None:
-            send = cycle.send
-            cycle.bb_event_stream = False
-
-            async def watched(message):
-                if message["type"] == "http.response.start":
-                    cycle.bb_event_stream = any(
-                        k.lower() == b"content-type" and v.lower().startswith(b"text/event-stream")
-                        for k, v in message.get("headers", []))
-                await send(message)
-
-            cycle.send = watched
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if self.transport.is_closing():
-                return
-            if self._bb_eof:  # the client sends nothing more
-                self.transport.close()
-            elif not self._bb_active():
-                self._bb_arm()  # the next request's head, within the deadline too
-
-        def connection_lost(self, exc) -> None:
-            self._bb_disarm()
-            if self._bb_probe is not None:
-                self._bb_probe.cancel()
-            super().connection_lost(exc)
-
-        def send_400_response(self, msg: str) -> None:
-            if self.transport.is_closing():
-                return
-            buffered = len(self.conn.trailing_data[0])
-            if buffered > limits.max_header_bytes:
-                e = APIError(431, f"the request head is larger than this server's {limits.max_header_bytes} bytes",
-                             code="headers_too_large")
-            else:
-                e = APIError(400, "invalid HTTP request", code="bad_http")
-            self.transport.write(_raw_error(e.status, e))
-            self.transport.close()
-
-        def eof_received(self):
-            cycle = self.cycle
-            if cycle is None or cycle.response_complete or cycle.more_body:
-                return None  # idle, or the request is not whole: the client is gone (asyncio closes)
-            self._bb_eof = True
-            self._bb_probe_step(0)
-            return True  # keep the sending side open: the answer still goes out
-
-        def _bb_probe_step(self, n: int) -> None:
-            self._bb_probe = None
-            cycle = self.cycle
-            if self.transport.is_closing() or cycle is None or cycle.response_complete or cycle.disconnected:
-                return
-            try:
-                if not cycle.response_started:
-                    data = self.conn.send(h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue"))
-                elif getattr(cycle, "bb_event_stream", False):
-                    data = self.conn.send(h11.Data(data=b":\n\n"))  # an SSE comment: clients skip it
-                else:
-                    data = None  # a plain response being written: its own bytes probe
-            except h11.LocalProtocolError:  # HTTP/1.0: no interim responses; a half-close is a close
-                cycle.disconnected = True
-                cycle.message_event.set()
-                self.transport.close()
-                return
-            if data:
-                self.transport.write(data)
-            self._bb_probe = self.loop.call_later(0.05 if n == 0 else limits.probe_s, self._bb_probe_step, n + 1)
-
-    return GuardedH11Protocol

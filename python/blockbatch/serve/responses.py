@@ -1,0 +1,156 @@
+"""The response bodies of ``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models`` as
+pydantic models, in the OpenAI shape. A field whose absence means something (a preset, a chunk's
+usage) defaults to None and is left out unless set (``model_dump(exclude_unset=True)``);
+``logprobs`` and ``finish_reason`` are always written, null included, as OpenAI writes them."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class DecodeReport(BaseModel):
+    """The ``"blockbatch"`` field of a response: how the request was decoded."""
+
+    policy: str
+    gen_length: int
+    nfe: int
+    wall_ms: float
+    preset: str | None = None  # the preset the options came from, when one did
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: None
+    finish_reason: str | None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: None
+    finish_reason: str | None
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    logprobs: None
+    finish_reason: str | None
+
+
+class GenerationResponse(BaseModel):
+    """A completion, a chat completion or one chunk of either stream (the last chunk carries the
+    usage and the decode report)."""
+
+    id: str
+    object: Literal["text_completion", "chat.completion", "chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[CompletionChoice | ChatChoice | ChatChunkChoice]
+    usage: Usage | None = None
+    nfe: int | None = None
+    blockbatch: DecodeReport | None = None
+
+    def body(self) -> dict[str, Any]:
+        return self.model_dump(exclude_unset=True)
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What a finished request reports: its usage and how it was decoded."""
+
+    usage: Usage
+    report: DecodeReport
+
+
+def response(
+    chat: bool, rid: str, created: int, model: str, text: str, reason: str | None, outcome: Outcome
+) -> GenerationResponse:
+    """The whole (non-streamed) response of a finished request."""
+    choice: CompletionChoice | ChatChoice
+    if chat:
+        choice = ChatChoice(
+            index=0, message=AssistantMessage(role="assistant", content=text), logprobs=None, finish_reason=reason
+        )
+    else:
+        choice = CompletionChoice(index=0, text=text, logprobs=None, finish_reason=reason)
+    return GenerationResponse(
+        id=rid,
+        object="chat.completion" if chat else "text_completion",
+        created=created,
+        model=model,
+        choices=[choice],
+        usage=outcome.usage,
+        nfe=outcome.report.nfe,
+        blockbatch=outcome.report,
+    )
+
+
+def chunk(
+    chat: bool,
+    rid: str,
+    created: int,
+    model: str,
+    text: str | None = None,
+    reason: str | None = None,
+    role: bool = False,
+    outcome: Outcome | None = None,
+) -> GenerationResponse:
+    """One chunk of a stream: the role (chat's first chunk), a piece of text, or the last chunk
+    (``reason`` and ``outcome``: an empty text, or chat's empty delta)."""
+    choice: ChatChunkChoice | CompletionChoice
+    if chat:
+        delta = (
+            ChatDelta(role="assistant", content="")
+            if role
+            else ChatDelta()
+            if text is None
+            else ChatDelta(content=text)
+        )
+        choice = ChatChunkChoice(index=0, delta=delta, logprobs=None, finish_reason=reason)
+    else:
+        choice = CompletionChoice(index=0, text=text or "", logprobs=None, finish_reason=reason)
+    more: dict[str, Any] = (
+        {} if outcome is None else {"usage": outcome.usage, "nfe": outcome.report.nfe, "blockbatch": outcome.report}
+    )
+    return GenerationResponse(
+        id=rid,
+        object="chat.completion.chunk" if chat else "text_completion",
+        created=created,
+        model=model,
+        choices=[choice],
+        **more,
+    )
