@@ -10,7 +10,11 @@ from __future__ import annotations
 import types
 
 from ..config import ModelConfig
-from . import dream, llada
+
+# LLaDA first: importing a family registers its config.json reader, and the order of registration
+# is the order messages list the model types in (llada, Dream).
+from . import llada
+from . import dream
 
 # family name (ModelConfig.family) -> its module
 REGISTRY: dict[str, types.ModuleType] = {m.NAME: m for m in (llada, dream)}
