@@ -79,6 +79,21 @@ def as_finite(value: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
+def with_default_ids(fields: dict[str, Any]) -> dict[str, Any]:
+    """``ModelConfig`` fields of a made-up model (random checkpoints) with the ids it leaves unset
+    filled in: the last vocabulary id is the mask, the one before it EOS, padding is EOS, and the
+    embedding table has one row per vocabulary id."""
+    out = dict(fields)
+    if out.get("embedding_size") is None:
+        out["embedding_size"] = out["vocab_size"]
+    if out.get("mask_token_id") is None:
+        out["mask_token_id"] = out["vocab_size"] - 1
+    if out.get("eos_token_id") is None:
+        out["eos_token_id"] = out["vocab_size"] - 2
+    out.setdefault("pad_token_id", out["eos_token_id"])
+    return out
+
+
 class KeyReader:
     """A ``config.json`` dict read key by key: each error names the file (``where``) and the key."""
 

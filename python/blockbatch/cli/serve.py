@@ -85,6 +85,18 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
+    app_options = dict(  # create_app's, alike for one engine here and for every replica
+        served_model_name=name,
+        max_batch=args.max_batch,
+        max_queue=args.max_queue,
+        max_length=max_length,
+        api_key=api_key,
+        kv_budget_bytes=args.kv_budget_bytes,
+        preset=preset,
+        max_body_bytes=max_body,
+        allowed_hosts=allowed_hosts,
+        body_timeout_s=args.body_timeout,
+    )
     if args.replicas is not None:
         if importlib.util.find_spec("ray") is None:
             raise UsageError(
@@ -115,18 +127,7 @@ def run(args: argparse.Namespace) -> int:
             drain_timeout_s=args.drain_timeout,
             log_level=args.log_level,
             device=args.device,
-            app_options=dict(
-                served_model_name=name,
-                max_batch=args.max_batch,
-                max_queue=args.max_queue,
-                max_length=max_length,
-                api_key=api_key,
-                kv_budget_bytes=args.kv_budget_bytes,
-                preset=preset,
-                max_body_bytes=max_body,
-                allowed_hosts=allowed_hosts,
-                body_timeout_s=args.body_timeout,
-            ),
+            app_options=app_options,
         )
         return 0
     logging.getLogger("blockbatch.serve").info(
@@ -145,16 +146,7 @@ def run(args: argparse.Namespace) -> int:
         drain_timeout_s=args.drain_timeout,
         log_level=args.log_level,
         header_timeout_s=args.header_timeout,
-        served_model_name=name,
-        max_batch=args.max_batch,
-        max_queue=args.max_queue,
-        max_length=max_length,
-        api_key=api_key,
-        kv_budget_bytes=args.kv_budget_bytes,
-        preset=preset,
-        max_body_bytes=max_body,
-        allowed_hosts=allowed_hosts,
-        body_timeout_s=args.body_timeout,
+        **app_options,
     )
     return 0
 

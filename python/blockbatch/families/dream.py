@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..config import ConfigCodec, KeyReader, ModelConfig, is_int, register_family, show_value
+from ..config import ConfigCodec, KeyReader, ModelConfig, is_int, register_family, show_value, with_default_ids
 from ..errors import CheckpointError
 
 NAME = "dream"
@@ -115,13 +115,7 @@ def random_config(**overrides) -> ModelConfig:
         eos_token_id=None,
         max_sequence_length=131072,
     )
-    fields.update(overrides)
-    fields.setdefault("embedding_size", fields["vocab_size"])
-    if fields["mask_token_id"] is None:
-        fields["mask_token_id"] = fields["vocab_size"] - 1
-    if fields["eos_token_id"] is None:
-        fields["eos_token_id"] = fields["vocab_size"] - 2
-    fields.setdefault("pad_token_id", fields["eos_token_id"])
+    fields = with_default_ids({**fields, **overrides})
     fields.setdefault("bos_token_id", fields["eos_token_id"])
     return ModelConfig(model_type="Dream", attention_bias=True, **fields).validate()
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..config import ConfigCodec, KeyReader, ModelConfig, as_finite, register_family, show_value
+from ..config import ConfigCodec, KeyReader, ModelConfig, as_finite, register_family, show_value, with_default_ids
 from ..errors import CheckpointError
 
 NAME = "llada"
@@ -78,14 +78,7 @@ def random_config(**overrides) -> ModelConfig:
         eos_token_id=None,
         max_sequence_length=1024,
     )
-    fields.update(overrides)
-    if fields["embedding_size"] is None:
-        fields["embedding_size"] = fields["vocab_size"]
-    if fields["mask_token_id"] is None:
-        fields["mask_token_id"] = fields["vocab_size"] - 1
-    if fields["eos_token_id"] is None:
-        fields["eos_token_id"] = fields["vocab_size"] - 2
-    fields.setdefault("pad_token_id", fields["eos_token_id"])
+    fields = with_default_ids({**fields, **overrides})
     return ModelConfig(**fields).validate()
 
 
