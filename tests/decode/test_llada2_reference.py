@@ -1,0 +1,156 @@
+"""The LLaDA2 reference (``blockbatch.reference.llada2``): the model's parts against their spec, and
+the ``block`` decoder (LLaDA2.0, LLaDA2.1 with editing) against recorded runs of the authors' own
+model and ``generate`` (``tests/tools/record_authors_llada2.py``), token for token and NFE for NFE."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+import torch
+
+from blockbatch.reference import llada2 as ref
+
+FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "authors_llada2_random.json"
+CASES = json.loads(FIXTURE.read_text(encoding="utf-8"))["cases"]
+
+
+def _tiny(**over) -> ref.LLaDA2Config:
+    fields = dict(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=48,
+        moe_intermediate_size=16,
+        num_experts=8,
+        n_group=4,
+        topk_group=2,
+        num_experts_per_tok=2,
+        num_shared_experts=1,
+        first_k_dense_replace=1,
+    )
+    fields.update(over)
+    return ref.LLaDA2Config(**fields)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_block_decoder_equals_the_authors(case):
+    """Generated tokens (up to the first EOS, as the authors return them) and the number of forwards."""
+    torch.set_num_threads(1)
+    cfg = ref.LLaDA2Config(**case["config"])
+    model = ref.LLaDA2Reference(cfg, ref.random_weights(cfg, case["seed"], logit_scale=case["logit_scale"]))
+    o = case["options"]
+    canvas, stats = ref.block_generate(
+        model,
+        torch.tensor(case["prompt"]),
+        gen_length=case["gen_length"],
+        block_length=o["block_length"],
+        steps=o["steps"],
+        threshold=o["threshold"],
+        edit_threshold=o.get("edit_threshold"),
+        max_post_steps=o.get("max_post_steps", 16),
+        stop_on_eos=o.get("stop_on_eos", False),
+        eos_id=case["eos_id"],
+        mask_id=case["mask_id"],
+    )
+    assert ref.generated_text_ids(canvas, len(case["prompt"]), case["eos_id"]) == case["generated"]
+    assert stats["nfe"] == case["nfe"] == sum(stats["forwards_per_block"])
+    assert case["max_logit_diff"] < 1e-5  # the recorded authors' model computed the same logits
+
+
+def test_the_fixture_covers_the_rules():
+    """The recorded cases reach what they are there for: both versions, editing that edits, EOS
+    stops (LLaDA2.0's early return among them), dense and MoE layers, blocks of 16 and 32."""
+    assert {c["version"] for c in CASES} == {"2.0", "2.1"}
+    assert any(c["early_return"] for c in CASES)
+    assert any(c["version"] == "2.1" and len(c["generated"]) < c["gen_length"] for c in CASES)
+    assert {c["options"]["block_length"] for c in CASES} == {16, 32}
+    assert any(c["config"]["num_experts"] is None for c in CASES) and any(c["config"]["num_experts"] for c in CASES)
+
+
+def test_editing_edits_and_ends_blocks_on_a_quiet_step():
+    cfg = _tiny()
+    model = ref.LLaDA2Reference(cfg, ref.random_weights(cfg, 1, logit_scale=6.0))
+    prompt = torch.tensor([5, 9, 11, 2, 7])
+    plain, s0 = ref.block_generate(
+        model, prompt, gen_length=32, block_length=16, steps=16, threshold=0.6, eos_id=62, mask_id=63
+    )
+    edited, s1 = ref.block_generate(
+        model,
+        prompt,
+        gen_length=32,
+        block_length=16,
+        steps=16,
+        threshold=0.6,
+        edit_threshold=0.5,
+        max_post_steps=3,
+        eos_id=62,
+        mask_id=63,
+    )
+    assert s0["edits"] == 0 and s1["edits"] > 0
+    assert not (edited == 63).any() and not (plain == 63).any()
+    assert torch.equal(edited[:5], prompt)  # the prompt is never edited
+    # at most max_post_steps + 1 mask-free forwards per block, after the masked ones
+    assert all(n <= 16 + 4 for n in s1["forwards_per_block"])
+
+
+def test_block_causal_attention():
+    """A block's logits depend on its own block and the earlier ones only; inside a block every
+    position sees every other."""
+    cfg = _tiny()
+    model = ref.LLaDA2Reference(cfg, ref.random_weights(cfg, 2))
+    ids = torch.randint(0, 60, (24,), generator=torch.Generator().manual_seed(0))
+    changed = ids.clone()
+    changed[17] = (ids[17] + 1) % 60
+    a, b = model.forward(ids, 8), model.forward(changed, 8)
+    assert torch.equal(a[:16], b[:16])
+    assert not torch.allclose(a[16], b[16])  # position 16 sees 17: same block
+    assert not torch.equal(model.forward(ids, None)[:16], a[:16])  # without the mask the future is seen
+
+
+def test_routing_follows_the_spec():
+    """Group-limited top-k, written out per token: groups of consecutive experts ranked by the sum
+    of their two best biased scores, the best topk_group groups, the best experts in them; weights
+    are the raw sigmoid scores normalised and scaled."""
+    cfg = _tiny(num_experts=12, n_group=4, topk_group=2, num_experts_per_tok=3, routed_scaling_factor=2.5)
+    g = torch.Generator().manual_seed(3)
+    logits, bias = torch.randn(20, 12, generator=g), 0.3 * torch.randn(12, generator=g)
+    chosen, weights = ref.route(cfg, logits, bias)
+    for t in range(20):
+        s = torch.sigmoid(logits[t])
+        biased = (s + bias).tolist()
+        groups = sorted(range(4), key=lambda j: -sum(sorted(biased[3 * j : 3 * j + 3])[-2:]))[:2]
+        allowed = [e for j in groups for e in range(3 * j, 3 * j + 3)]
+        best = sorted(allowed, key=lambda e: -biased[e])[:3]
+        assert chosen[t].tolist() == best
+        raw = s[best]
+        assert torch.allclose(weights[t], raw / raw.sum() * 2.5)
+
+
+def test_partial_rotary_leaves_the_other_dims():
+    cos, sin = ref.rope_cos_sin(10, 4, 10000.0)
+    x = torch.randn(2, 10, 8)
+    r = 4
+    rotated = torch.cat([x[..., :r] * cos + ref.rotate_half(x[..., :r]) * sin, x[..., r:]], dim=-1)
+    assert torch.equal(rotated[..., r:], x[..., r:]) and torch.equal(rotated[:, 0], x[:, 0])  # position 0: no turn
+    assert (
+        ref.LLaDA2Config.from_dict(
+            {
+                "vocab_size": 8,
+                "hidden_size": 32,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+            }
+        ).rope_dim
+        == 4
+    )
+
+
+def test_transfer_schedule():
+    assert ref.transfer_schedule(32, 32) == [1] * 32
+    assert ref.transfer_schedule(32, 5) == [7, 7, 6, 6, 6] and sum(ref.transfer_schedule(30, 7)) == 30
