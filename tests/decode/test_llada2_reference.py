@@ -154,3 +154,47 @@ def test_partial_rotary_leaves_the_other_dims():
 def test_transfer_schedule():
     assert ref.transfer_schedule(32, 32) == [1] * 32
     assert ref.transfer_schedule(32, 5) == [7, 7, 6, 6, 6] and sum(ref.transfer_schedule(30, 7)) == 30
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_the_exact_block_cache_decodes_the_same(case):
+    """With the block cache (finished blocks' K/V kept, written in the next block's first forward,
+    the prompt's complete blocks prefilled in the first one) the decode equals the authors' recorded
+    one, token for token and NFE for NFE, and a forward runs the current block only, except the first
+    of a block (the previous block too; and the prompt's complete blocks in the very first)."""
+    torch.set_num_threads(1)
+    cfg = ref.LLaDA2Config(**case["config"])
+    model = ref.LLaDA2Reference(cfg, ref.random_weights(cfg, case["seed"], logit_scale=case["logit_scale"]))
+    o, P = case["options"], len(case["prompt"])
+    B = o["block_length"]
+    canvas, stats = ref.block_generate(
+        model,
+        torch.tensor(case["prompt"]),
+        gen_length=case["gen_length"],
+        block_length=B,
+        steps=o["steps"],
+        threshold=o["threshold"],
+        edit_threshold=o.get("edit_threshold"),
+        max_post_steps=o.get("max_post_steps", 16),
+        stop_on_eos=o.get("stop_on_eos", False),
+        eos_id=case["eos_id"],
+        mask_id=case["mask_id"],
+        cache=True,
+    )
+    assert ref.generated_text_ids(canvas, P, case["eos_id"]) == case["generated"]
+    assert stats["nfe"] == case["nfe"]
+    expected, first = [], (P // B) * B + B  # the first forward: prompt blocks + the first decoded block
+    for i, n in enumerate(stats["forwards_per_block"]):
+        expected += [first if i == 0 else 2 * B] + [B] * (n - 1)
+    assert stats["query_tokens"] == expected[: stats["nfe"]]
+
+
+def test_the_cache_holds_the_keys_a_full_forward_computes():
+    """forward_window over a cache of earlier blocks gives the logits of the full block-causal forward."""
+    cfg = _tiny()
+    model = ref.LLaDA2Reference(cfg, ref.random_weights(cfg, 4))
+    ids = torch.randint(0, 60, (40,), generator=torch.Generator().manual_seed(1))
+    full = model.forward(ids, 8)
+    _, kv = model.forward_window(ids[:24], 0, 8, None)
+    window, _ = model.forward_window(ids[24:], 24, 8, kv)
+    assert torch.allclose(window, full[24:], atol=1e-5)

@@ -223,8 +223,16 @@ class LLaDA2Reference:
         return y
 
     def _attention(
-        self, p: str, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None
-    ) -> torch.Tensor:
+        self,
+        p: str,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None,
+        cached: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """The attention of the queries ``x`` over the ``cached`` keys and values (``[Hkv, s, hd]``,
+        after norm and RoPE) followed by their own; returns its output and the queries' own K/V."""
         cfg, w = self.cfg, self.w
         n, hd, H, Hkv = x.shape[0], cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
         qkv = F.linear(x, w[p + "attention.query_key_value.weight"], w.get(p + "attention.query_key_value.bias"))
@@ -236,31 +244,53 @@ class LLaDA2Reference:
         r = cfg.rope_dim
         q = torch.cat([q[..., :r] * cos + rotate_half(q[..., :r]) * sin, q[..., r:]], dim=-1)
         k = torch.cat([k[..., :r] * cos + rotate_half(k[..., :r]) * sin, k[..., r:]], dim=-1)
+        own = (k, v)
+        if cached is not None:
+            k, v = torch.cat([cached[0], k], dim=1), torch.cat([cached[1], v], dim=1)
         k, v = k.repeat_interleave(H // Hkv, dim=0), v.repeat_interleave(H // Hkv, dim=0)
         scores = torch.matmul(q, k.transpose(1, 2)) * hd**-0.5
         if mask is not None:
             scores = scores + mask
         attn = torch.matmul(F.softmax(scores, dim=-1, dtype=torch.float32), v)
-        return F.linear(
+        out = F.linear(
             attn.transpose(0, 1).reshape(n, H * hd), w[p + "attention.dense.weight"], w.get(p + "attention.dense.bias")
         )
+        return out, own
 
     def forward(self, ids: torch.Tensor, block_length: int | None) -> torch.Tensor:
         """Logits ``[len(ids), vocab]`` of the canvas ``ids`` at positions ``0..len-1``, block-causal
         with blocks of ``block_length`` (None: bidirectional, no mask)."""
+        return self.forward_window(ids, 0, block_length, None)[0]
+
+    def forward_window(
+        self,
+        ids: torch.Tensor,
+        start: int,
+        block_length: int | None,
+        cache: list[tuple[torch.Tensor, torch.Tensor]] | None,
+    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """The logits of the tokens ``ids`` at positions ``start..start+len-1``, attending to the
+        ``cache`` (per layer K and V ``[Hkv, start, hd]`` of positions ``0..start-1``, after norm and
+        RoPE) and to themselves, block-causal; returns the logits and the window's own K/V per layer.
+        Block-causal attention makes this exact: the K/V of a finished block never change."""
         cfg, w = self.cfg, self.w
         n = ids.shape[0]
         h = w[PREFIX + "word_embeddings.weight"][ids]
-        cos, sin = rope_cos_sin(n, cfg.rope_dim, cfg.rope_theta)
-        mask = block_causal_mask(n, block_length) if block_length is not None else None
+        cos, sin = rope_cos_sin(start + n, cfg.rope_dim, cfg.rope_theta)
+        cos, sin = cos[start:], sin[start:]
+        mask = block_causal_mask(start + n, block_length)[start:] if block_length is not None else None
+        kv = []
         for i in range(cfg.num_hidden_layers):
             p = f"{PREFIX}layers.{i}."
-            h = h + self._attention(p, rms_norm(h, w[p + "input_layernorm.weight"], cfg.rms_norm_eps), cos, sin, mask)
+            normed = rms_norm(h, w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
+            out, own = self._attention(p, normed, cos, sin, mask, cache[i] if cache is not None else None)
+            kv.append(own)
+            h = h + out
             x = rms_norm(h, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
             h = h + (self._moe(p, x) if cfg.is_moe(i) else self._swiglu(p + "mlp.", x))
         h = rms_norm(h, w[PREFIX + "norm.weight"], cfg.rms_norm_eps)
         head = w[PREFIX + "word_embeddings.weight"] if cfg.tie_word_embeddings else w["lm_head.weight"]
-        return F.linear(h, head)
+        return F.linear(h, head), kv
 
 
 def transfer_schedule(block_length: int, steps: int) -> list[int]:
@@ -284,24 +314,46 @@ def block_generate(
     minimal_topk: int = 1,
     eos_id: int,
     mask_id: int,
+    cache: bool = False,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """The ``block`` policy: LLaDA2.0 (``edit_threshold`` None) or LLaDA2.1 with token editing, greedy.
 
     Returns the canvas (prompt + ``gen_length`` positions; the text ends at the first EOS after
-    the prompt) and stats: ``nfe`` (forwards, each over the blocks up to the current one),
-    ``forwards_per_block`` and ``edits`` (LLaDA2.1: committed tokens replaced).
+    the prompt) and stats: ``nfe`` (forwards), ``forwards_per_block``, ``edits`` (LLaDA2.1:
+    committed tokens replaced) and ``query_tokens`` (per forward). Without ``cache`` every forward
+    runs the whole window up to the current block, as the authors' code does; with it (the exact
+    block cache, section 11.1) a forward runs the current block only, except the first of a block,
+    which also runs the previous block (its final K/V are written then: no extra forward) and, for
+    the first decoded block, the prompt's complete blocks (prefilled in the same forward).
     """
     P = prompt.numel()
     steps = min(steps, gen_length // minimal_topk)
     num_blocks = (P + gen_length + block_length - 1) // block_length
     x = torch.full((num_blocks * block_length,), mask_id, dtype=torch.long)
     x[:P] = prompt
-    nfe, edits, per_block = 0, 0, []
+    nfe, edits, per_block, query_tokens = 0, 0, [], []
+    kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # cache=True: K/V of positions < cached
+    cached = 0
 
     def predict(end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        nonlocal nfe
+        nonlocal nfe, kv, cached
         nfe += 1
-        logits = model.forward(x[:end], block_length)[end - block_length : end].float()
+        if not cache:  # the authors' way: the whole window every step
+            query_tokens.append(end)
+            logits = model.forward(x[:end], block_length)[end - block_length : end].float()
+        else:  # the exact cache: queries from the first position whose K/V are not final yet
+            query_tokens.append(end - cached)
+            window, new_kv = model.forward_window(x[cached:end], cached, block_length, kv)
+            logits = window[-block_length:].float()
+            final = end - block_length - cached  # the blocks before the current one are finished
+            if kv is None:
+                kv = [(k[:, :final], v[:, :final]) for k, v in new_kv]
+            else:
+                kv = [
+                    (torch.cat([ok, k[:, :final]], dim=1), torch.cat([ov, v[:, :final]], dim=1))
+                    for (ok, ov), (k, v) in zip(kv, new_kv)
+                ]
+            cached = end - block_length
         x0 = logits.argmax(dim=-1)
         return x0, F.softmax(logits, dim=-1).gather(-1, x0[:, None])[:, 0]
 
@@ -359,7 +411,7 @@ def block_generate(
             if stop_on_eos and not (generated == mask_id).any() and (generated == eos_id).any():
                 break
     canvas = x[: P + gen_length].clone()
-    return canvas, {"nfe": nfe, "forwards_per_block": per_block, "edits": edits}
+    return canvas, {"nfe": nfe, "forwards_per_block": per_block, "edits": edits, "query_tokens": query_tokens}
 
 
 def generated_text_ids(canvas: torch.Tensor, prompt_length: int, eos_id: int) -> list[int]:
