@@ -1,10 +1,12 @@
-"""``blockbatch`` command line.
+"""blockbatch: native decoding of diffusion language models (LLaDA, Dream families), BlockBatch included.
 
     blockbatch generate [--model DIR] [--policy P] PROMPT...   decode prompts (default: the shipped toy model)
+    blockbatch bench [--policies dual blockbatch ...]   accuracy / NFE / time of policies side by side
     blockbatch serve [--model DIR] [--port 8000]   an OpenAI-compatible HTTP server (completions, chat, streaming)
+    blockbatch tune [--tasks FILE]          sweep decode settings: the accuracy-NFE-time frontier, a preset
     blockbatch forward --model DIR          load a checkpoint, run one native forward, print logits stats
     blockbatch make-random DIR [--family dream] [--preset dream-7b]
-                                            write a random LLaDA or Dream checkpoint (for trying things out)
+                                            write a random checkpoint of a family (for trying things out)
 
 Run ``blockbatch COMMAND --help`` for every option.
 """
