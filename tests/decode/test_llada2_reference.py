@@ -198,3 +198,58 @@ def test_the_cache_holds_the_keys_a_full_forward_computes():
     _, kv = model.forward_window(ids[:24], 0, 8, None)
     window, _ = model.forward_window(ids[24:], 24, 8, kv)
     assert torch.allclose(window, full[24:], atol=1e-5)
+
+
+# config.json of inclusionAI/LLaDA2.0-mini as published (the keys the forward reads, and some it does not)
+MINI = {
+    "architectures": ["LLaDA2MoeModelLM"],
+    "model_type": "llada2_moe",
+    "hidden_size": 2048,
+    "intermediate_size": 5120,
+    "head_dim": 128,
+    "num_hidden_layers": 20,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "num_experts": 256,
+    "num_experts_per_tok": 8,
+    "num_shared_experts": 1,
+    "n_group": 8,
+    "topk_group": 4,
+    "moe_intermediate_size": 512,
+    "first_k_dense_replace": 1,
+    "partial_rotary_factor": 0.5,
+    "rope_theta": 600000,
+    "rms_norm_eps": 1e-06,
+    "routed_scaling_factor": 2.5,
+    "vocab_size": 157184,
+    "pad_token_id": 156892,
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": False,
+    "use_qk_norm": True,
+    "use_qkv_bias": False,
+    "use_bias": False,
+    "norm_topk_prob": True,
+    "score_function": "sigmoid",
+    "hidden_act": "silu",
+}
+
+
+def test_the_published_mini_shape():
+    """LLaDA2.0-mini read from its config.json: about 16B parameters, about 1.4B active per token
+    (one dense layer, 19 MoE layers of 256 experts with 8 routed + 1 shared active), 40 KiB of bf16
+    K/V per token, RoPE on 64 of 128 dims."""
+    cfg = ref.LLaDA2Config.from_dict(MINI)
+    ref.cfg_ok(cfg)
+    shapes = ref.weight_shapes(cfg)
+    count = {name: int(torch.Size(s).numel()) for name, s in shapes.items()}
+    total = sum(count.values())
+    routed = sum(n for name, n in count.items() if ".mlp.experts." in name)
+    active = total - routed + routed * cfg.num_experts_per_tok // cfg.num_experts
+    assert 16.0e9 < total < 16.5e9 and 1.35e9 < active < 1.5e9, (total, active)
+    kv_bytes_per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 2
+    assert kv_bytes_per_token == 40 * 1024 and cfg.rope_dim == 64
+    assert not cfg.is_moe(0) and cfg.is_moe(1) and "model.layers.0.mlp.gate_proj.weight" in shapes
+    # embeddings; 6 tensors a layer's attention and norms; one dense MLP; 19 x (router, expert bias, 256
+    # experts and the shared one of 3 tensors each); final norm; LM head
+    assert "model.layers.0.attention.dense.bias" not in shapes
+    assert len(shapes) == 1 + 20 * 6 + 3 + 19 * (2 + 3 * 257) + 1 + 1
