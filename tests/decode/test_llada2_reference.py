@@ -11,40 +11,23 @@ import pytest
 import torch
 
 from blockbatch.reference import llada2 as ref
+from helpers.llada2 import MOE, tiny_config
 
 FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "authors_llada2_random.json"
 CASES = json.loads(FIXTURE.read_text(encoding="utf-8"))["cases"]
 
 
 def _tiny(**over) -> ref.LLaDA2Config:
-    fields = dict(
-        vocab_size=64,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        intermediate_size=48,
-        moe_intermediate_size=16,
-        num_experts=8,
-        n_group=4,
-        topk_group=2,
-        num_experts_per_tok=2,
-        num_shared_experts=1,
-        first_k_dense_replace=1,
-    )
-    fields.update(over)
-    return ref.LLaDA2Config(**fields)
+    return tiny_config(**{**MOE, "first_k_dense_replace": 1, **over})
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
-def test_block_decoder_equals_the_authors(case):
-    """Generated tokens (up to the first EOS, as the authors return them) and the number of forwards."""
+def _decode(case: dict, cache: bool) -> tuple[torch.Tensor, dict]:
+    """The reference decode of a recorded case."""
     torch.set_num_threads(1)
     cfg = ref.LLaDA2Config(**case["config"])
     model = ref.LLaDA2Reference(cfg, ref.random_weights(cfg, case["seed"], logit_scale=case["logit_scale"]))
     o = case["options"]
-    canvas, stats = ref.block_generate(
+    return ref.block_generate(
         model,
         torch.tensor(case["prompt"]),
         gen_length=case["gen_length"],
@@ -56,7 +39,14 @@ def test_block_decoder_equals_the_authors(case):
         stop_on_eos=o.get("stop_on_eos", False),
         eos_id=case["eos_id"],
         mask_id=case["mask_id"],
+        cache=cache,
     )
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_block_decoder_equals_the_authors(case):
+    """Generated tokens (up to the first EOS, as the authors return them) and the number of forwards."""
+    canvas, stats = _decode(case, cache=False)
     assert ref.generated_text_ids(canvas, len(case["prompt"]), case["eos_id"]) == case["generated"]
     assert stats["nfe"] == case["nfe"] == sum(stats["forwards_per_block"])
     assert case["max_logit_diff"] < 1e-5  # the recorded authors' model computed the same logits
@@ -162,25 +152,8 @@ def test_the_exact_block_cache_decodes_the_same(case):
     the prompt's complete blocks prefilled in the first one) the decode equals the authors' recorded
     one, token for token and NFE for NFE, and a forward runs the current block only, except the first
     of a block (the previous block too; and the prompt's complete blocks in the very first)."""
-    torch.set_num_threads(1)
-    cfg = ref.LLaDA2Config(**case["config"])
-    model = ref.LLaDA2Reference(cfg, ref.random_weights(cfg, case["seed"], logit_scale=case["logit_scale"]))
-    o, P = case["options"], len(case["prompt"])
-    B = o["block_length"]
-    canvas, stats = ref.block_generate(
-        model,
-        torch.tensor(case["prompt"]),
-        gen_length=case["gen_length"],
-        block_length=B,
-        steps=o["steps"],
-        threshold=o["threshold"],
-        edit_threshold=o.get("edit_threshold"),
-        max_post_steps=o.get("max_post_steps", 16),
-        stop_on_eos=o.get("stop_on_eos", False),
-        eos_id=case["eos_id"],
-        mask_id=case["mask_id"],
-        cache=True,
-    )
+    canvas, stats = _decode(case, cache=True)
+    P, B = len(case["prompt"]), case["options"]["block_length"]
     assert ref.generated_text_ids(canvas, P, case["eos_id"]) == case["generated"]
     assert stats["nfe"] == case["nfe"]
     expected, first = [], (P // B) * B + B  # the first forward: prompt blocks + the first decoded block

@@ -21,12 +21,12 @@ a 0/1 mask into LLaDA2.0's 0 / -inf one. Everything else (schedule, threshold ru
 steps, EOS handling, NFE) runs as shipped. Each case also records the largest logit difference
 between their model and ``blockbatch.reference.llada2`` on one canvas.
 
-Usage (from the repository root, the package importable)::
+Usage (from the repository root, the package and tests/helpers importable)::
 
     git clone https://github.com/ZHZisZZ/dllm /tmp/dllm
     git -C /tmp/dllm show 85cb53a0:dllm/pipelines/llada/models/modeling_llada2_moe.py > /tmp/llada20.py
     git -C /tmp/dllm show 5589aeb4:dllm/pipelines/llada21/models/modeling_llada2_moe.py > /tmp/llada21.py
-    PYTHONPATH=python python tests/tools/record_authors_llada2.py /tmp/llada20.py /tmp/llada21.py \\
+    PYTHONPATH=python:tests python tests/tools/record_authors_llada2.py /tmp/llada20.py /tmp/llada21.py \\
         --out tests/fixtures/authors_llada2_random.json
 """
 
@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from blockbatch.reference import llada2 as ref
+from helpers.llada2 import tiny_config
 
 MODULE_NAMES = (
     "LLaDA2MoeRMSNorm",
@@ -266,23 +267,6 @@ EOS_ID, MASK_ID = 62, 63
 EDIT_OPTIONS = [dict(edit_threshold=0.5, threshold=0.7, max_post_steps=3), dict(edit_threshold=0.9, max_post_steps=16)]
 
 
-def base_config(**over) -> ref.LLaDA2Config:
-    fields = dict(
-        vocab_size=64,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        intermediate_size=48,
-        moe_intermediate_size=16,
-        use_bias=True,
-        use_qkv_bias=False,
-    )
-    fields.update(over)
-    return ref.LLaDA2Config(**fields)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("llada20", help="modeling_llada2_moe.py of LLaDA2.0 (dllm 85cb53a0)")
@@ -296,7 +280,7 @@ def main() -> None:
     mask_id = MASK_ID
     records = []
     for name, over, seed, scale, prompt_len, gen_length, options in CASES:
-        cfg = base_config(**over)
+        cfg = tiny_config(**over)
         weights = ref.random_weights(cfg, seed, logit_scale=scale)
         prompt = torch.randint(0, 60, (prompt_len,), generator=torch.Generator().manual_seed(seed))
         ours = ref.LLaDA2Reference(cfg, weights)

@@ -43,6 +43,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .model import rms_norm, rotate_half  # the same arithmetic as the LLaDA / Dream reference
+
 MODEL_TYPE = "llada2_moe"
 PREFIX = "model."
 
@@ -154,22 +156,12 @@ def random_weights(cfg: LLaDA2Config, seed: int = 0, logit_scale: float = 1.0) -
     return out
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
 def rope_cos_sin(length: int, rope_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos / sin tables ``[length, rope_dim]`` (rotate-half layout), in float32 as the authors' model."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, rope_dim, 2, dtype=torch.int64).float() / rope_dim))
     freqs = torch.arange(length, dtype=torch.float32)[:, None] @ inv_freq[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos(), emb.sin()
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
 
 def block_causal_mask(length: int, block_length: int) -> torch.Tensor:
