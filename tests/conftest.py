@@ -1,5 +1,6 @@
 import os
 import pathlib
+import signal
 
 import pytest
 import torch
@@ -10,10 +11,13 @@ _EXTRA = [str(pathlib.Path(__file__).resolve().parent), str(pathlib.Path(__file_
 os.environ["PYTHONPATH"] = os.pathsep.join(
     _EXTRA + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
 )
-# ... and one intra-op thread, as this process has (below): on a busy machine two OpenMP threads
-# spin-waiting on two cores make a subprocess's forwards crawl, so a Ctrl-C test's "stops within a
-# step" waited minutes for a step (three such tests timed out in a CI run beside other builds).
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The Ctrl-C tests send SIGINT to subprocesses, which inherit this process's SIGINT disposition
+# across exec when it is "ignored": pytest started as a background job of a non-interactive shell
+# (`bash .ci/run &`, nohup) has SIGINT ignored, and then so would every subprocess (no
+# KeyboardInterrupt: the decode runs on; two CI runs started that way failed three tests). A
+# Python-level handler is reset to the default on exec, so install the default one here.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # One intra-op thread: results do not depend on it (test_threads_do_not_change_results checks 2),
 # and OpenMP spin-waits make multi-threaded runs crawl on a busy 2-core machine.

@@ -537,7 +537,10 @@ def test_sigterm_drains_in_flight_requests_then_exits_0(server, client):
     print(f"answered {answered_s:.1f} s after SIGTERM, exited after {time.monotonic() - t0:.1f} s")
     folder, mentioning, in_session = _instance_gone(server, 20)
     assert not (folder or mentioning or in_session), (folder, mentioning, in_session)
-    assert "draining 6 request(s)" in server.log(), server.log()  # all six were in flight at the signal
+    # All six were in flight at the signal. The router counts a request until its response has left
+    # whole, so the reference request answered just before may still be counted: at least six.
+    drained = re.search(r"draining (\d+) request\(s\)", server.log())
+    assert drained and int(drained.group(1)) >= 6, server.log()
 
 
 def test_a_second_signal_stops_at_once_and_cleans_up(tmp_path):
