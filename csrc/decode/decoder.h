@@ -78,6 +78,8 @@ DecodeResult drive(const Network& model, Decoder& d, StepRunner& runner);
 // The policies' constructors (csrc/decode/policies/), called by make_decoder.
 std::unique_ptr<Decoder> single_branch_decoder(const Network& model, const std::vector<int64_t>& prompt,
                                                const DecodeOptions& o, const Stop& stop, at::Tensor kv);
+std::unique_ptr<Decoder> block_decoder(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
+                                       const Stop& stop, at::Tensor kv);
 std::unique_ptr<Decoder> blockbatch_decoder(const Network& model, const std::vector<int64_t>& prompt,
                                             const DecodeOptions& o, const Stop& stop, at::Tensor kv);
 

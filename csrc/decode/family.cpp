@@ -45,17 +45,61 @@ constexpr FamilyRules kDream{"dream",
                              /*blockbatch_divergence=*/false,
                              /*blockbatch_filters=*/false};
 
+// docs/ALGORITHMS.md section 11 (the authors' LLaDA2.0 / 2.1 generate): block-causal attention, one
+// decoder (policy 'block', decode/policies/block.cpp); the rules the other policies read do not apply.
+constexpr FamilyRules kLLaDA2{"llada2",
+                              /*logit_shift=*/0,
+                              VanillaSchedule::kBlockFixed,
+                              SeedRule::kCommitByRule,
+                              MapRule::kReplace,
+                              /*gate_inclusive=*/false,
+                              ExitRule::kEosProbabilityTie,
+                              RefreshClock::kBlocks,
+                              NfeCount::kEveryForward,
+                              AttnPattern::kBlockCausal,
+                              Readout::kHostTopk,
+                              /*samplers=*/false,
+                              /*samples_outside_vanilla=*/false,
+                              /*cached_any_commit_rule=*/false,
+                              /*blockbatch_divergence=*/false,
+                              /*blockbatch_filters=*/false};
+
 }  // namespace
 
 const FamilyRules& rules_for(Family family) {
   switch (family) {
     case Family::kLLaDA: return kLLaDA;
     case Family::kDream: return kDream;
+    case Family::kLLaDA2: return kLLaDA2;
   }
   TORCH_CHECK(false, "rules_for: no rules for family ", static_cast<int>(family));
 }
 
 std::string refusal(const FamilyRules* rules, const DecodeOptions& o) {
+  const bool block_causal = rules != nullptr && rules->attention == AttnPattern::kBlockCausal;
+  if (o.policy == Policy::kBlock) {
+    if (rules != nullptr && !block_causal) {
+      return c10::str("policy 'block' is the decoder of block-causal checkpoints (LLaDA2); ", rules->name,
+                      " checkpoints decode with policy 'vanilla', 'prefix', 'dual' or 'blockbatch'");
+    }
+    if (o.steps && *o.steps < 1) {
+      return c10::str("steps must be None (block_length steps per block) or >= 1 for policy 'block', got ", *o.steps);
+    }
+    if (o.factor) return "policy 'block' commits by threshold (LLaDA2's rule): leave factor None";
+    if (o.temperature != 0) {
+      return "policy 'block' decodes greedily (the argmax, as LLaDA2.1's greedy decoder): leave temperature 0";
+    }
+    if (o.top_p || o.top_k || o.alg_temp != 0 || (o.alg && *o.alg != Alg::kConfidence)) {
+      return "alg / alg_temp / top_p / top_k are Dream-family samplers; policy 'block' proposes the argmax";
+    }
+    return "";
+  }
+  if (block_causal) {
+    return c10::str("policy '", policy_name(o.policy), "' is not defined on ", rules->name,
+                    " checkpoints (block-causal attention: a block sees only itself and earlier blocks, so their "
+                    "exact cache is the block policy's): use policy='block' (docs/ALGORITHMS.md 11)");
+  }
+  if (o.edit_threshold) return "edit_threshold applies to policy 'block' (LLaDA2.1 token editing) only";
   if (o.steps && *o.steps > o.gen_length) {
     return c10::str("steps must be None or an integer in [0, gen_length = ", o.gen_length,
                     "] (a step commits at least one token), got ", *o.steps);

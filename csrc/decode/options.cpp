@@ -56,6 +56,17 @@ void DecodeOptions::validate(const ModelConfig& c, int64_t prompt_length) const 
                       " exceeds max_sequence_length = ", c.max_sequence_length);
   }
   check_supported(&rules_for(c.family), *this);
+  const int64_t canvas = canvas_length(*this, prompt_length);
+  TORCH_CHECK_VALUE(canvas <= c.max_sequence_length, "prompt length ", prompt_length, " + gen_length ", gen_length,
+                    " rounded up to a whole block (block_length = ", block_length,
+                    ", blocks aligned at position 0) = ", canvas,
+                    " exceeds max_sequence_length = ", c.max_sequence_length);
+}
+
+int64_t canvas_length(const DecodeOptions& o, int64_t prompt_length) {
+  const int64_t length = prompt_length + o.gen_length;
+  if (o.policy != Policy::kBlock) return length;
+  return (length + o.block_length - 1) / o.block_length * o.block_length;
 }
 
 // ---------------------------------------------------------------- helpers of the generated code
@@ -129,10 +140,10 @@ std::vector<int64_t> parse_int_list(const char* name, const std::string& text) {
 // ---------------------------------------------------------------- statistics
 
 const std::vector<std::string>& decode_stat_names() {
-  static const std::vector<std::string> names = {"nfe",          "nfe_full",  "nfe_block", "nfe_init",
-                                                 "nfe_refresh",  "nfe_paper", "winner",    "winner_block_size",
-                                                 "early_exit",   "wall_ms",   "steps",     "graph_captures",
-                                                 "graph_replays"};
+  static const std::vector<std::string> names = {"nfe",           "nfe_full",  "nfe_block", "nfe_init",
+                                                 "nfe_refresh",   "nfe_paper", "winner",    "winner_block_size",
+                                                 "early_exit",    "wall_ms",   "steps",     "graph_captures",
+                                                 "graph_replays", "edits"};
   return names;
 }
 
@@ -149,7 +160,8 @@ std::vector<double> decode_stat_values(const DecodeStats& s) {
           s.wall_ms,
           static_cast<double>(s.steps.size()),
           static_cast<double>(s.graph_captures),
-          static_cast<double>(s.graph_replays)};
+          static_cast<double>(s.graph_replays),
+          static_cast<double>(s.edits)};
 }
 
 }  // namespace blockbatch

@@ -38,9 +38,14 @@ struct DecodeStats {
   double wall_ms = 0;
   int64_t graph_captures = 0;  // CUDA graphs recorded / replayed (0 on CPU or with cuda_graphs off)
   int64_t graph_replays = 0;
+  int64_t edits = 0;                          // block with edit_threshold: committed tokens replaced (LLaDA2.1)
   std::vector<std::array<int64_t, 2>> steps;  // per forward: tokens committed, packed query tokens
   std::vector<BranchStats> branches;
 };
+
+// The positions a request's canvas (and KV row) spans: prompt + gen_length, rounded up to a whole
+// block for policy 'block' (blocks aligned at position 0; the authors decode the tail block whole).
+int64_t canvas_length(const DecodeOptions& o, int64_t prompt_length);
 
 // Names of the scalar counters, in the order decode returns them.
 const std::vector<std::string>& decode_stat_names();

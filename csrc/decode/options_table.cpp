@@ -12,7 +12,8 @@ Policy parse_policy(std::string_view name) {
   if (name == "prefix") return Policy::kPrefix;
   if (name == "dual") return Policy::kDual;
   if (name == "blockbatch") return Policy::kBlockBatch;
-  bad_choice("policy", name, "one of 'vanilla', 'prefix', 'dual', 'blockbatch'");
+  if (name == "block") return Policy::kBlock;
+  bad_choice("policy", name, "one of 'vanilla', 'prefix', 'dual', 'blockbatch', 'block'");
 }
 
 const char* policy_name(Policy value) {
@@ -21,6 +22,7 @@ const char* policy_name(Policy value) {
     case Policy::kPrefix: return "prefix";
     case Policy::kDual: return "dual";
     case Policy::kBlockBatch: return "blockbatch";
+    case Policy::kBlock: return "block";
   }
   return "";
 }
@@ -91,6 +93,8 @@ void check_option_ranges(const DecodeOptions& o) {
   check_range("sync_gap", o.sync_gap, 0, false, 1073741824, false, "in [0, 2^30]");
   check_range("refresh_tokens", o.refresh_tokens, 0, false, 1073741824, false, "in [0, 2^30]");
   if (o.prob_floor) check_range("prob_floor", *o.prob_floor, 0.01, false, 1.0, true, "in [0.01, 1)");
+  if (o.edit_threshold) check_range("edit_threshold", *o.edit_threshold, 0.0, false, 1.0, false, "in [0, 1]");
+  check_range("max_post_steps", o.max_post_steps, 0, false, 1073741824, false, "in [0, 2^30]");
   check_range("timeout_s", o.timeout_s, 0.0, false, std::nullopt, false, ">= 0 and finite");
 }
 
@@ -224,6 +228,15 @@ bool set_option(DecodeOptions& o, std::string_view name, const std::string& text
     o.branch_budget = parse_branch_budget(text);
     return true;
   }
+  if (name == "edit_threshold") {
+    if (is_none(text)) { o.edit_threshold = std::nullopt; return true; }
+    o.edit_threshold = parse_float("edit_threshold", text);
+    return true;
+  }
+  if (name == "max_post_steps") {
+    o.max_post_steps = parse_int("max_post_steps", text);
+    return true;
+  }
   if (name == "cuda_graphs") {
     o.cuda_graphs = parse_bool("cuda_graphs", text);
     return true;
@@ -236,7 +249,7 @@ bool set_option(DecodeOptions& o, std::string_view name, const std::string& text
 }
 
 const std::vector<std::string>& option_names() {
-  static const std::vector<std::string> names = {"policy", "gen_length", "block_length", "steps", "threshold", "factor", "temperature", "seed", "stop_on_eos", "alg", "alg_temp", "eps", "top_p", "top_k", "block_sizes", "merge_gate", "sync_gap", "refresh_tokens", "refresh_mode", "prob_floor", "merge", "sync", "sync_refresh", "branch_budget", "cuda_graphs", "timeout_s"};
+  static const std::vector<std::string> names = {"policy", "gen_length", "block_length", "steps", "threshold", "factor", "temperature", "seed", "stop_on_eos", "alg", "alg_temp", "eps", "top_p", "top_k", "block_sizes", "merge_gate", "sync_gap", "refresh_tokens", "refresh_mode", "prob_floor", "merge", "sync", "sync_refresh", "branch_budget", "edit_threshold", "max_post_steps", "cuda_graphs", "timeout_s"};
   return names;
 }
 
@@ -265,6 +278,8 @@ const char* option_type(std::string_view name) {
   if (name == "sync") return "bool";
   if (name == "sync_refresh") return "bool";
   if (name == "branch_budget") return "str";
+  if (name == "edit_threshold") return "float";
+  if (name == "max_post_steps") return "int";
   if (name == "cuda_graphs") return "bool";
   if (name == "timeout_s") return "float";
   return nullptr;
@@ -272,11 +287,11 @@ const char* option_type(std::string_view name) {
 
 std::string options_help() {
   return
-      "  --policy vanilla|prefix|dual|blockbatch\n      vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; blockbatch: several block-size branches in one batched forward; default dual\n"
+      "  --policy vanilla|prefix|dual|blockbatch|block\n      vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; blockbatch: several block-size branches in one batched forward; block: the block-causal families' decoder (LLaDA2.0 / 2.1, exact block cache), the only policy of LLaDA2 checkpoints; default dual\n"
       "  --gen-length N\n      tokens to generate (the diffusion canvas after the prompt); >= 1; default 128\n"
-      "  --block-length N\n      block size of the single-branch policies; divides gen_length; >= 1; default 32\n"
-      "  --steps N\n      total steps of LLaDA's fixed schedule (a multiple of the number of blocks, <= gen_length); Dream vanilla: its number of steps (<= gen_length); >= 0; default none; 'none': no fixed schedule (Dream vanilla: gen_length steps)\n"
-      "  --threshold X\n      commit every masked position whose confidence is >= this; in (0, 1]; default 0.9; 'none': the fixed schedule (with steps)\n"
+      "  --block-length N\n      block size of the single-branch policies (divides gen_length) and of block (blocks aligned at position 0); >= 1; default 32\n"
+      "  --steps N\n      total steps of LLaDA's fixed schedule (a multiple of the number of blocks, <= gen_length); Dream vanilla: its number of steps (<= gen_length); block: steps per block (block_length // steps commits a step, the remainder first); >= 0; default none; 'none': no fixed schedule (Dream vanilla: gen_length steps)\n"
+      "  --threshold X\n      commit every masked position whose confidence is >= this (block: > this, if at least the schedule's count are; the authors of LLaDA2 use 0.95, and 0.7 with edit_threshold 0.5); in (0, 1]; default 0.9; 'none': the fixed schedule (with steps)\n"
       "  --factor X\n      Fast-dLLM's factor rule instead of the threshold (wins over threshold); > 0 and finite; default none; 'none': off\n"
       "  --temperature X\n      Gumbel-max sampling temperature (float64, seeded); 0: greedy; >= 0 and finite; default 0.0\n"
       "  --seed N\n      sampling seed (with temperature > 0); in [0, 2^63 - 1]; default 0\n"
@@ -296,6 +311,8 @@ std::string options_help() {
       "  --sync BOOL\n      leader synchronisation (ablation switch); default on\n"
       "  --sync-refresh BOOL\n      variant (not the authors'): refresh once a leader sync has copied a lagging branch, whose copied KV row predates the leader's last commits (ALGORITHMS.md 10.3); default off\n"
       "  --branch-budget full|auto\n      full: every branch of block_sizes; auto: under the batching scheduler, the branch set is cut to the query tokens a step can carry at the current load (measured step-time curve; the largest branches go first, down to the one nearest block_length), so results depend on load; default full\n"
+      "  --edit-threshold X\n      block (LLaDA2.1 token editing): in the same step, replace every generated committed token of the current block whose prediction differs with confidence above this; in [0, 1]; default none; 'none': no editing (LLaDA2.0)\n"
+      "  --max-post-steps N\n      block with editing: a block ends after at most this many steps that start without masks; in [0, 2^30]; default 16\n"
       "  --cuda-graphs BOOL\n      CUDA: replay recorded decode steps (same tokens as eager); no effect on CPU; default on\n"
       "  --timeout-s X\n      fail with a timeout once a decode runs longer than this many seconds (0: no deadline); >= 0 and finite; default 0.0\n";
 }

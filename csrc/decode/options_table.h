@@ -12,7 +12,7 @@
 
 namespace blockbatch {
 
-enum class Policy { kVanilla, kPrefix, kDual, kBlockBatch };
+enum class Policy { kVanilla, kPrefix, kDual, kBlockBatch, kBlock };
 Policy parse_policy(std::string_view name);  // throws c10::ValueError naming 'policy'
 const char* policy_name(Policy value);
 
@@ -33,15 +33,15 @@ enum class CommitRule { kThreshold, kFixed, kFactor };
 struct ModelConfig;
 
 struct DecodeOptions {
-  // vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; blockbatch: several block-size branches in one batched forward
+  // vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; blockbatch: several block-size branches in one batched forward; block: the block-causal families' decoder (LLaDA2.0 / 2.1, exact block cache), the only policy of LLaDA2 checkpoints
   Policy policy = Policy::kDual;
   // tokens to generate (the diffusion canvas after the prompt)
   int64_t gen_length = 128;
-  // block size of the single-branch policies; divides gen_length
+  // block size of the single-branch policies (divides gen_length) and of block (blocks aligned at position 0)
   int64_t block_length = 32;
-  // total steps of LLaDA's fixed schedule (a multiple of the number of blocks, <= gen_length); Dream vanilla: its number of steps (<= gen_length); nullopt: no fixed schedule (Dream vanilla: gen_length steps)
+  // total steps of LLaDA's fixed schedule (a multiple of the number of blocks, <= gen_length); Dream vanilla: its number of steps (<= gen_length); block: steps per block (block_length // steps commits a step, the remainder first); nullopt: no fixed schedule (Dream vanilla: gen_length steps)
   std::optional<int64_t> steps = std::nullopt;
-  // commit every masked position whose confidence is >= this; nullopt: the fixed schedule (with steps)
+  // commit every masked position whose confidence is >= this (block: > this, if at least the schedule's count are; the authors of LLaDA2 use 0.95, and 0.7 with edit_threshold 0.5); nullopt: the fixed schedule (with steps)
   std::optional<double> threshold = 0.9;
   // Fast-dLLM's factor rule instead of the threshold (wins over threshold); nullopt: off
   std::optional<double> factor = std::nullopt;
@@ -81,6 +81,10 @@ struct DecodeOptions {
   bool sync_refresh = false;
   // full: every branch of block_sizes; auto: under the batching scheduler, the branch set is cut to the query tokens a step can carry at the current load (measured step-time curve; the largest branches go first, down to the one nearest block_length), so results depend on load
   BranchBudget branch_budget = BranchBudget::kFull;
+  // block (LLaDA2.1 token editing): in the same step, replace every generated committed token of the current block whose prediction differs with confidence above this; nullopt: no editing (LLaDA2.0)
+  std::optional<double> edit_threshold = std::nullopt;
+  // block with editing: a block ends after at most this many steps that start without masks
+  int64_t max_post_steps = 16;
   // CUDA: replay recorded decode steps (same tokens as eager); no effect on CPU
   bool cuda_graphs = true;
   // fail with a timeout once a decode runs longer than this many seconds (0: no deadline)
@@ -111,7 +115,7 @@ std::string options_help();
 // The model family whose defaults the table's "default" column holds (resolved()'s argument).
 constexpr const char* kDefaultFamily = "llada";
 // The model families the table knows, in its column order.
-inline constexpr const char* kFamilies[] = {"llada", "dream"};
+inline constexpr const char* kFamilies[] = {"llada", "dream", "llada2"};
 constexpr int64_t kMaxBranchesOption = 16;  // block_sizes entries
 
 }  // namespace blockbatch

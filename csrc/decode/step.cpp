@@ -24,13 +24,15 @@ namespace blockbatch {
 
 std::vector<int64_t> PackedQueries::host_buffer(KvMode mode) const {
   std::vector<int64_t> host;
-  host.reserve(gather.size() + positions.size() + 2 * kv_rows.size() + 1 + prefix_lens.size() + logit_index.size());
+  host.reserve(gather.size() + positions.size() + 2 * kv_rows.size() + 1 + prefix_lens.size() + kv_lens.size() +
+               logit_index.size());
   auto append = [&](const std::vector<int64_t>& v) { host.insert(host.end(), v.begin(), v.end()); };
   append(gather);
   append(positions);
   append(cu_seqlens);
   append(kv_rows);
   if (mode == KvMode::kPrefix) append(prefix_lens);
+  append(kv_lens);
   append(logit_index);
   return host;
 }
@@ -52,6 +54,11 @@ ForwardBatch PackedQueries::batch(const at::Tensor& buffer, const at::Tensor& kv
   at::Tensor rows_t = take(n_rows);
   if (kv.defined()) b.kv_rows = rows_t;
   if (mode == KvMode::kPrefix) b.prefix_lens = take(n_rows);
+  if (!kv_lens.empty()) {
+    TORCH_CHECK(mode == KvMode::kDual && static_cast<int64_t>(kv_lens.size()) == n_rows,
+                "PackedQueries: kv_lens needs dual mode and one entry per row");
+    b.kv_lens = take(n_rows);
+  }
   if (!logit_index.empty()) b.logit_index = take(static_cast<int64_t>(logit_index.size()));
   b.kv = kv;
   b.mode = mode;

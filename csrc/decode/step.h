@@ -34,6 +34,9 @@ struct StepKey {
 // forward's inputs.
 struct PackedQueries {
   std::vector<int64_t> gather, positions, cu_seqlens{0}, kv_rows, prefix_lens, logit_index;
+  // Dual mode, optional (empty: every row attends the whole KV row): the keys each row attends.
+  // Block-causal families give each block its own row ending at the block's end.
+  std::vector<int64_t> kv_lens;
 
   // A row whose tokens are gathered on the device from the canvas tensor (see batch): position p
   // takes the flattened canvas' element canvas_offset + p (canvas_offset = row * L for a [B, L] one).
@@ -48,7 +51,7 @@ struct PackedQueries {
   int64_t size() const { return static_cast<int64_t>(positions.size()); }
   int64_t rows() const { return static_cast<int64_t>(kv_rows.size()); }
   // All index vectors in one int64 buffer (gather indices, positions, cu_seqlens,
-  // kv_rows, then prefix_lens in prefix mode and logit_index when set): one host-to-device copy
+  // kv_rows, then prefix_lens in prefix mode, kv_lens when set, and logit_index when set): one host-to-device copy
   // per forward. Callers may append their own entries after it.
   std::vector<int64_t> host_buffer(KvMode mode) const;
   // The forward's inputs as views into `buffer` (host_buffer's layout, on the model's device);

@@ -58,7 +58,7 @@ struct StepRunner::Graphs {};
 
 StepRunner::StepRunner(const Network& model, bool use_graphs) : model_(model) {
 #ifdef BLOCKBATCH_WITH_CUDA
-  if (use_graphs && model.device().is_cuda()) graphs_ = std::make_unique<Graphs>(model.device());
+  if (use_graphs && model.capturable() && model.device().is_cuda()) graphs_ = std::make_unique<Graphs>(model.device());
 #else
   (void)use_graphs;
 #endif

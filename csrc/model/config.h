@@ -16,10 +16,11 @@ constexpr int64_t kMaxRopeElements = int64_t{1} << 28;  // max_sequence_length *
 
 // The model family: a property of the checkpoint (config.json's model_type), never a flag.
 enum class Family : int64_t {
-  kLLaDA = 0,  // LLaDA: unshifted logits, no attention biases
-  kDream = 1,  // Dream (Qwen2 body): q/k/v biases; logits shifted (position i read from output i - 1)
+  kLLaDA = 0,   // LLaDA: unshifted logits, no attention biases
+  kDream = 1,   // Dream (Qwen2 body): q/k/v biases; logits shifted (position i read from output i - 1)
+  kLLaDA2 = 2,  // LLaDA2 (block-diffusion MoE): QK-norm, partial rotary, mixture-of-experts MLPs, block-causal
 };
-const char* family_name(Family family);  // "llada" | "dream"
+const char* family_name(Family family);  // "llada" | "dream" | "llada2"
 
 struct ModelConfig {
   Family family = Family::kLLaDA;
@@ -43,11 +44,29 @@ struct ModelConfig {
   int64_t proposal_vocab = 0;
   int64_t proposal_limit() const { return proposal_vocab > 0 ? proposal_vocab : vocab_size; }
 
-  int64_t head_dim() const { return d_model / n_heads; }
+  // LLaDA2 only (model/llada2.h; 0 / false elsewhere): an explicit head size, RoPE on the first
+  // rope_dims of a head, per-head RMSNorm of q and k, a bias on the attention output, and the
+  // mixture of experts of the layers from first_dense_layers on (num_experts 0: every layer dense).
+  int64_t head_size = 0;  // 0: d_model / n_heads
+  int64_t rope_dims = 0;  // 0: the whole head
+  bool qk_norm = false;
+  bool attn_out_bias = false;
+  int64_t num_experts = 0;
+  int64_t experts_per_token = 0;
+  int64_t expert_groups = 1;       // n_group: groups of consecutive experts ranked by their two best scores
+  int64_t expert_groups_kept = 1;  // topk_group
+  int64_t moe_hidden_size = 0;     // each routed expert's SwiGLU width
+  int64_t shared_experts = 0;      // a shared SwiGLU of moe_hidden_size * shared_experts (0: none)
+  int64_t first_dense_layers = 0;  // first_k_dense_replace
+  double routed_scaling = 1.0;
+
+  int64_t head_dim() const { return head_size > 0 ? head_size : d_model / n_heads; }
+  int64_t rope_dim() const { return rope_dims > 0 ? rope_dims : head_dim(); }
+  bool moe_layer(int64_t layer) const { return num_experts > 0 && layer >= first_dense_layers; }
   // How many tensors a checkpoint with this config holds (9 per layer, 3 more with attention
   // biases, the embedding, the final norm, the LM head unless tied); call after validate()
   // (n_layers bounded, so no overflow).
-  int64_t tensor_count() const { return (attention_bias ? 12 : 9) * n_layers + 2 + (weight_tying ? 0 : 1); }
+  int64_t tensor_count() const;
   // Throws c10::ValueError naming the offending key when the config is inconsistent, a value is
   // out of its sane range, or a float is not finite.
   void validate() const;

@@ -169,94 +169,14 @@ at::Tensor Model::rope_table(int64_t positions) const {
   return rope_->table;
 }
 
-at::Tensor Model::new_kv(int64_t rows, int64_t length) const {
-  TORCH_CHECK(rows >= 0, "rows must be >= 0, got ", rows);
-  TORCH_CHECK(length > 0 && length <= config_.max_sequence_length, "length = ", length, " must be in [1, ",
-              config_.max_sequence_length, "] (max_sequence_length)");
-  return at::zeros({rows, config_.n_layers, 2, config_.n_kv_heads, length, config_.head_dim()}, wte_.options());
-}
+at::Tensor Model::new_kv(int64_t rows, int64_t length) const { return zero_kv(*this, wte_.options(), rows, length); }
 
-void Model::check(const ForwardBatch& b) const {
-  auto index_vector = [&](const at::Tensor& t, const char* name) {
-    TORCH_CHECK(t.defined(), name, " is required");
-    TORCH_CHECK(t.scalar_type() == at::kLong, name, " must be int64, got ", t.scalar_type());
-    TORCH_CHECK(t.dim() == 1, name, " must be 1-D, got shape ", t.sizes());
-    TORCH_CHECK(t.device() == device(), name, " is on ", t.device(), " but the model is on ", device());
-  };
-  index_vector(b.tokens, "tokens");
-  index_vector(b.positions, "positions");
-  index_vector(b.cu_seqlens, "cu_seqlens");
-  const int64_t T = b.tokens.size(0);
-  TORCH_CHECK(b.positions.size(0) == T, "positions must have ", T, " entries (one per token), got ",
-              b.positions.size(0));
-  TORCH_CHECK(b.cu_seqlens.size(0) >= 2, "cu_seqlens must have at least 2 entries (one row), got ",
-              b.cu_seqlens.size(0));
-  const int64_t R = b.cu_seqlens.size(0) - 1;
-  int64_t max_pos = config_.max_sequence_length;
-  if (b.kv.defined()) {
-    const auto& c = config_;
-    TORCH_CHECK(b.kv.dim() == 6 && b.kv.size(1) == c.n_layers && b.kv.size(2) == 2 && b.kv.size(3) == c.n_kv_heads &&
-                    b.kv.size(5) == c.head_dim(),
-                "kv must be [rows, ", c.n_layers, ", 2, ", c.n_kv_heads, ", L, ", c.head_dim(), "], got shape ",
-                b.kv.sizes());
-    TORCH_CHECK(b.kv.scalar_type() == dtype(), "kv dtype ", b.kv.scalar_type(), " differs from the model dtype ",
-                dtype());
-    TORCH_CHECK(b.kv.device() == device(), "kv is on ", b.kv.device(), " but the model is on ", device());
-    TORCH_CHECK(b.kv.is_contiguous(), "kv must be contiguous");
-    max_pos = std::min(max_pos, b.kv.size(4));
-  } else {
-    TORCH_CHECK(b.mode == KvMode::kFull, "modes 'dual' and 'prefix' need a kv buffer");
-  }
-  if (b.kv_rows.defined()) {
-    index_vector(b.kv_rows, "kv_rows");
-    TORCH_CHECK(b.kv_rows.size(0) == R, "kv_rows must have ", R, " entries (one per row), got ", b.kv_rows.size(0));
-  } else if (b.kv.defined()) {
-    TORCH_CHECK(b.kv.size(0) >= R, "kv has ", b.kv.size(0), " rows but the batch has ", R,
-                " rows and no kv_rows mapping");
-  }
-  if (b.mode == KvMode::kPrefix) {
-    TORCH_CHECK(b.prefix_lens.defined(), "prefix_lens is required in mode 'prefix'");
-    index_vector(b.prefix_lens, "prefix_lens");
-    TORCH_CHECK(b.prefix_lens.size(0) == R, "prefix_lens must have ", R, " entries (one per row), got ",
-                b.prefix_lens.size(0));
-  }
-  if (b.logit_index.defined()) index_vector(b.logit_index, "logit_index");
-  if (b.kv_lens.defined()) {
-    index_vector(b.kv_lens, "kv_lens");
-    TORCH_CHECK(b.kv.defined(), "kv_lens needs a kv buffer");
-    TORCH_CHECK(b.kv_lens.size(0) == R, "kv_lens must have ", R, " entries (one per row), got ", b.kv_lens.size(0));
-  }
-  if (device().is_cpu()) {  // value checks need host data
-    auto in_range = [](const at::Tensor& tensor, const char* name, int64_t lo, int64_t hi) {
-      const at::Tensor t = tensor.contiguous();  // read what the view holds, whatever its strides
-      const int64_t* p = t.const_data_ptr<int64_t>();
-      for (int64_t i = 0; i < t.numel(); ++i) {
-        TORCH_CHECK(p[i] >= lo && p[i] < hi, name, "[", i, "] = ", p[i], " is outside [", lo, ", ", hi, ")");
-      }
-    };
-    in_range(b.tokens, "tokens", 0, config_.vocab_size);
-    in_range(b.positions, "positions", 0, max_pos);
-    const at::Tensor cu_seqlens = b.cu_seqlens.contiguous();
-    const int64_t* cu = cu_seqlens.const_data_ptr<int64_t>();
-    TORCH_CHECK(cu[0] == 0 && cu[R] == T, "cu_seqlens must start at 0 and end at the token count ", T);
-    for (int64_t r = 0; r < R; ++r) {
-      TORCH_CHECK(cu[r + 1] >= cu[r], "cu_seqlens must be non-decreasing at row ", r);
-    }
-    if (b.kv_rows.defined()) in_range(b.kv_rows, "kv_rows", 0, b.kv.defined() ? b.kv.size(0) : 0);
-    if (b.mode == KvMode::kPrefix) in_range(b.prefix_lens, "prefix_lens", 0, b.kv.size(4) + 1);
-    if (b.logit_index.defined()) in_range(b.logit_index, "logit_index", 0, T);
-    if (b.kv_lens.defined()) in_range(b.kv_lens, "kv_lens", 1, b.kv.size(4) + 1);
-  }
-}
+void Model::check(const ForwardBatch& b) const { check_forward_batch(*this, b); }
 
 at::Tensor Model::forward(const ForwardBatch& batch) const {
   // Index tensors are read through raw pointers (the value checks, the kernels): any strided view
   // (base[::2], an expand()) is made contiguous first. A no-op for the decode loop's own buffers.
-  ForwardBatch b = batch;
-  for (at::Tensor* t :
-       {&b.tokens, &b.positions, &b.cu_seqlens, &b.kv_rows, &b.prefix_lens, &b.logit_index, &b.kv_lens}) {
-    if (t->defined() && !t->is_contiguous()) *t = t->contiguous();
-  }
+  const ForwardBatch b = contiguous_indices(batch);
   check(b);
   const auto& c = config_;
   const int64_t T = b.tokens.size(0), R = b.cu_seqlens.size(0) - 1, hd = c.head_dim();

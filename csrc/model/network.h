@@ -55,11 +55,22 @@ class Network {
   virtual void check(const ForwardBatch& batch) const = 0;
   // A zeroed KV buffer [rows, layers, 2, kv_heads, length, head_dim] in dtype() on device().
   virtual at::Tensor new_kv(int64_t rows, int64_t length) const = 0;
+  // Whether a forward may be recorded into a CUDA graph (false: it reads device values on the host).
+  virtual bool capturable() const { return true; }
 
  protected:
   Network() = default;
   Network(const Network&) = default;
   Network& operator=(const Network&) = default;
 };
+
+// The checks every Network's check() makes (shapes, dtypes, devices, ranges); throws naming the argument.
+void check_forward_batch(const Network& net, const ForwardBatch& batch);
+
+// `batch` with every index tensor made contiguous (the checks and kernels read raw pointers).
+ForwardBatch contiguous_indices(const ForwardBatch& batch);
+
+// A zeroed KV buffer of `net` (Network::new_kv): checks rows and length against the config.
+at::Tensor zero_kv(const Network& net, const at::TensorOptions& options, int64_t rows, int64_t length);
 
 }  // namespace blockbatch

@@ -39,6 +39,13 @@ void rope_(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& c
   op.call(x, positions, cos_sin);
 }
 
+void kv_write_(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
+               const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer) {
+  using T = const at::Tensor&;
+  static auto op = handle<void(T, T, T, T, T, T, int64_t)>("blockbatch::kv_write_");
+  op.call(kv, k, v, positions, cu_seqlens, kv_rows, layer);
+}
+
 void rope_kv_write_(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                     const at::Tensor& cos_sin, const at::Tensor& kv, const at::Tensor& cu_seqlens,
                     const at::Tensor& kv_rows, int64_t layer) {

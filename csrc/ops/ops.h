@@ -19,6 +19,8 @@ at::Tensor add_rms_norm_(const at::Tensor& x, const at::Tensor& delta, const at:
 at::Tensor silu_mul(const at::Tensor& gate_up);
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight);
 void rope_(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin);
+void kv_write_(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
+               const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer);
 void rope_kv_write_(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                     const at::Tensor& cos_sin, const at::Tensor& kv, const at::Tensor& cu_seqlens,
                     const at::Tensor& kv_rows, int64_t layer);

@@ -25,7 +25,7 @@ namespace {
 ForwardBatch make_batch(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& cu_seqlens,
                         const std::optional<at::Tensor>& kv, const std::optional<at::Tensor>& kv_rows,
                         const std::optional<at::Tensor>& prefix_lens, const std::string& mode,
-                        const std::optional<at::Tensor>& logit_index) {
+                        const std::optional<at::Tensor>& logit_index, const std::optional<at::Tensor>& kv_lens) {
   ForwardBatch b;
   b.tokens = tokens;
   b.positions = positions;
@@ -34,6 +34,7 @@ ForwardBatch make_batch(const at::Tensor& tokens, const at::Tensor& positions, c
   b.kv_rows = kv_rows.value_or(at::Tensor());
   b.prefix_lens = prefix_lens.value_or(at::Tensor());
   b.logit_index = logit_index.value_or(at::Tensor());
+  b.kv_lens = kv_lens.value_or(at::Tensor());
   b.mode = parse_kv_mode(mode);
   return b;
 }
@@ -41,9 +42,10 @@ ForwardBatch make_batch(const at::Tensor& tokens, const at::Tensor& positions, c
 at::Tensor model_forward(const c10::intrusive_ptr<ModelHandle>& model, const at::Tensor& tokens,
                          const at::Tensor& positions, const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
                          const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& prefix_lens,
-                         const std::string& mode, const std::optional<at::Tensor>& logit_index) {
+                         const std::string& mode, const std::optional<at::Tensor>& logit_index,
+                         const std::optional<at::Tensor>& kv_lens) {
   return model->network().forward(
-      make_batch(tokens, positions, cu_seqlens, kv, kv_rows, prefix_lens, mode, logit_index));
+      make_batch(tokens, positions, cu_seqlens, kv, kv_rows, prefix_lens, mode, logit_index, kv_lens));
 }
 
 // Shape-only forward for FakeTensor / torch.compile (the model object stays real).
@@ -51,7 +53,8 @@ at::Tensor model_forward_meta(const c10::intrusive_ptr<ModelHandle>& model, cons
                               const at::Tensor& positions, const at::Tensor& cu_seqlens,
                               const std::optional<at::Tensor>& kv, const std::optional<at::Tensor>& kv_rows,
                               const std::optional<at::Tensor>& prefix_lens, const std::string& mode,
-                              const std::optional<at::Tensor>& logit_index) {
+                              const std::optional<at::Tensor>& logit_index, const std::optional<at::Tensor>& kv_lens) {
+  (void)kv_lens;
   parse_kv_mode(mode);
   TORCH_CHECK(tokens.dim() == 1 && positions.sizes() == tokens.sizes(),
               "tokens and positions must be 1-D of equal length");
@@ -89,11 +92,12 @@ TORCH_LIBRARY(blockbatch, m) {
       .def("tracing_mode", [](const Handle&) { return std::string("real"); });
 
   // Native LLaDA forward over packed variable-length query rows (cu_seqlens) with per-row KV
-  // buffers; kv_mode full | dual | prefix (ALGORITHMS.md 3). Returns logits [n, vocab].
+  // buffers; kv_mode full | dual | prefix (ALGORITHMS.md 3); kv_lens (dual): the keys each row
+  // attends (default: the whole buffer; block-causal families give a row per block). Returns logits [n, vocab].
   // (Not named `mode`: torch.compile's dispatch-mode redirection reserves that keyword.)
   m.def("forward(__torch__.torch.classes.blockbatch.Model model, Tensor tokens, Tensor positions, "
         "Tensor cu_seqlens, Tensor(a!)? kv=None, Tensor? kv_rows=None, Tensor? prefix_lens=None, "
-        "str kv_mode=\"full\", Tensor? logit_index=None) -> Tensor");
+        "str kv_mode=\"full\", Tensor? logit_index=None, Tensor? kv_lens=None) -> Tensor");
   m.impl("forward", c10::DispatchKey::CPU, &model_forward);
   m.impl("forward", c10::DispatchKey::Meta, &model_forward_meta);
   BLOCKBATCH_IMPL_CUDA(m, "forward", &model_forward);  // device-agnostic: calls the CUDA kernel ops

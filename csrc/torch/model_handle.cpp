@@ -32,7 +32,8 @@ ModelConfig config_from_dicts(const c10::Dict<std::string, int64_t>& ints,
   ModelConfig c;
   // Optional keys (a LLaDA config may leave them out): the family and the attention biases.
   const int64_t family = get_optional_int("family", 0);
-  TORCH_CHECK_VALUE(family == 0 || family == 1, "config: key 'family' must be 0 (llada) or 1 (dream), got ", family);
+  TORCH_CHECK_VALUE(family >= 0 && family <= 2, "config: key 'family' must be 0 (llada), 1 (dream) or 2 (llada2), got ",
+                    family);
   c.family = static_cast<Family>(family);
   const int64_t bias = get_optional_int("attention_bias", 0);
   TORCH_CHECK_VALUE(bias == 0 || bias == 1, "config: key 'attention_bias' must be 0 or 1, got ", bias);
@@ -53,6 +54,24 @@ ModelConfig config_from_dicts(const c10::Dict<std::string, int64_t>& ints,
   c.weight_tying = tying == 1;
   c.rope_theta = get_float("rope_theta");
   c.rms_norm_eps = get_float("rms_norm_eps");
+  // LLaDA2's keys (absent for the other families: their defaults).
+  auto flag = [&](const char* key) {
+    const int64_t v = get_optional_int(key, 0);
+    TORCH_CHECK_VALUE(v == 0 || v == 1, "config: key '", key, "' must be 0 or 1, got ", v);
+    return v == 1;
+  };
+  c.head_size = get_optional_int("head_size", 0);
+  c.rope_dims = get_optional_int("rope_dims", 0);
+  c.qk_norm = flag("qk_norm");
+  c.attn_out_bias = flag("attn_out_bias");
+  c.num_experts = get_optional_int("num_experts", 0);
+  c.experts_per_token = get_optional_int("experts_per_token", 0);
+  c.expert_groups = get_optional_int("expert_groups", 1);
+  c.expert_groups_kept = get_optional_int("expert_groups_kept", 1);
+  c.moe_hidden_size = get_optional_int("moe_hidden_size", 0);
+  c.shared_experts = get_optional_int("shared_experts", 0);
+  c.first_dense_layers = get_optional_int("first_dense_layers", 0);
+  c.routed_scaling = floats.contains("routed_scaling") ? floats.at("routed_scaling") : 1.0;
   c.validate();
   return c;
 }
@@ -64,7 +83,11 @@ ModelHandle::ModelHandle(const c10::Dict<std::string, int64_t>& ints, const c10:
   for (const auto& item : weights) map.emplace(item.key(), item.value());
   TORCH_CHECK(!map.empty(), "weights: the dict is empty");
   const c10::ScalarType type = parse_dtype(dtype, map.begin()->second.scalar_type());
-  model_ = std::make_shared<const Model>(std::move(config), map, type);
+  if (config.family == Family::kLLaDA2) {
+    model_ = std::make_shared<const LLaDA2Model>(std::move(config), map, type);
+  } else {
+    model_ = std::make_shared<const Model>(std::move(config), map, type);
+  }
 }
 
 }  // namespace blockbatch

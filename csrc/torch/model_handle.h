@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "model/llada2.h"
 #include "model/model.h"
 #include "model/network.h"
 
@@ -27,7 +28,7 @@ class ModelHandle : public torch::CustomClassHolder {
   operator const Network&() const { return *model_; }
 
  private:
-  std::shared_ptr<const Model> model_;
+  std::shared_ptr<const Network> model_;
 };
 
 // The config from TorchBind's dicts (python ModelConfig.int_fields / float_fields), validated

@@ -191,6 +191,21 @@ class ModelConfig:
     pad_token_id: int | None = None
     bos_token_id: int | None = None
     attention_bias: bool = False
+    # LLaDA2 only (families/llada2.py; the defaults elsewhere): an explicit head size, RoPE on the
+    # first rope_dims dims of a head, per-head RMSNorm of q and k, a bias on the attention output,
+    # and the mixture of experts of the layers from first_dense_layers on (num_experts 0: none).
+    head_size: int = 0
+    rope_dims: int = 0
+    qk_norm: bool = False
+    attn_out_bias: bool = False
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_groups: int = 1
+    expert_groups_kept: int = 1
+    moe_hidden_size: int = 0
+    shared_experts: int = 0
+    first_dense_layers: int = 0
+    routed_scaling: float = 1.0
 
     @property
     def codec(self) -> ConfigCodec:
@@ -215,7 +230,15 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        return self.head_size or self.d_model // self.n_heads
+
+    @property
+    def rope_dim(self) -> int:
+        return self.rope_dims or self.head_dim
+
+    def moe_layer(self, layer: int) -> bool:
+        """Whether layer ``layer``'s MLP is a mixture of experts (LLaDA2)."""
+        return self.num_experts > 0 and layer >= self.first_dense_layers
 
     def validate(self, where: str = "config") -> "ModelConfig":
         """Raise ``CheckpointError`` naming ``where`` and the offending key if the config is inconsistent.
@@ -319,25 +342,49 @@ class ModelConfig:
     # ---------------------------------------------------------- for C++
 
     def int_fields(self) -> dict[str, int]:
-        return {
-            k: int(getattr(self, k))
-            for k in (
-                "d_model",
-                "n_layers",
-                "n_heads",
-                "n_kv_heads",
-                "mlp_hidden_size",
-                "vocab_size",
-                "embedding_size",
-                "mask_token_id",
-                "eos_token_id",
-                "max_sequence_length",
-            )
-        } | {
-            "weight_tying": int(self.weight_tying),
-            "attention_bias": int(bool(self.attention_bias)),
-            "family": self.codec.cpp_id,
-        }
+        return (
+            {
+                k: int(getattr(self, k))
+                for k in (
+                    "d_model",
+                    "n_layers",
+                    "n_heads",
+                    "n_kv_heads",
+                    "mlp_hidden_size",
+                    "vocab_size",
+                    "embedding_size",
+                    "mask_token_id",
+                    "eos_token_id",
+                    "max_sequence_length",
+                )
+            }
+            | {
+                "weight_tying": int(self.weight_tying),
+                "attention_bias": int(bool(self.attention_bias)),
+                "family": self.codec.cpp_id,
+            }
+            | {k: int(getattr(self, k)) for k in _LLADA2_INT_KEYS}
+        )
 
     def float_fields(self) -> dict[str, float]:
-        return {"rope_theta": float(self.rope_theta), "rms_norm_eps": float(self.rms_norm_eps)}
+        return {
+            "rope_theta": float(self.rope_theta),
+            "rms_norm_eps": float(self.rms_norm_eps),
+            "routed_scaling": float(self.routed_scaling),
+        }
+
+
+# The LLaDA2 fields as C++ reads them (csrc/torch/model_handle.cpp; bools as 0 / 1).
+_LLADA2_INT_KEYS = (
+    "head_size",
+    "rope_dims",
+    "qk_norm",
+    "attn_out_bias",
+    "num_experts",
+    "experts_per_token",
+    "expert_groups",
+    "expert_groups_kept",
+    "moe_hidden_size",
+    "shared_experts",
+    "first_dense_layers",
+)

@@ -29,9 +29,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
-POLICIES = ("vanilla", "prefix", "dual", "blockbatch")
+POLICIES = ("vanilla", "prefix", "dual", "blockbatch", "block")
 SINGLE_BRANCH = ("vanilla", "prefix", "dual")
-FAMILIES = ("llada", "dream")  # model families; the first is the default (the table's "default" column)
+FAMILIES = ("llada", "dream", "llada2")  # model families; the first is the default (the table's "default" column)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,18 +113,19 @@ OPTIONS: tuple[Option, ...] = (
         "str",
         "dual",
         "vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; "
-        "blockbatch: several block-size branches in one batched forward",
+        "blockbatch: several block-size branches in one batched forward; block: the block-causal families' "
+        "decoder (LLaDA2.0 / 2.1, exact block cache), the only policy of LLaDA2 checkpoints",
         choices=POLICIES,
         cpp_enum="Policy",
-        cpp_values=("kVanilla", "kPrefix", "kDual", "kBlockBatch"),
+        cpp_values=("kVanilla", "kPrefix", "kDual", "kBlockBatch", "kBlock"),
     ),
     Option("gen_length", "int", 128, "tokens to generate (the diffusion canvas after the prompt)", lo=1),
     Option(
         "block_length",
         "int",
         32,
-        "block size of the single-branch policies; divides gen_length",
-        policies=SINGLE_BRANCH,
+        "block size of the single-branch policies (divides gen_length) and of block (blocks aligned at position 0)",
+        policies=(*SINGLE_BRANCH, "block"),
         lo=1,
     ),
     Option(
@@ -132,7 +133,8 @@ OPTIONS: tuple[Option, ...] = (
         "int",
         None,
         "total steps of LLaDA's fixed schedule (a multiple of the number of blocks, "
-        "<= gen_length); Dream vanilla: its number of steps (<= gen_length)",
+        "<= gen_length); Dream vanilla: its number of steps (<= gen_length); block: steps per block "
+        "(block_length // steps commits a step, the remainder first)",
         optional=True,
         none_doc="no fixed schedule (Dream vanilla: gen_length steps)",
         lo=0,
@@ -141,7 +143,8 @@ OPTIONS: tuple[Option, ...] = (
         "threshold",
         "float",
         0.9,
-        "commit every masked position whose confidence is >= this",
+        "commit every masked position whose confidence is >= this (block: > this, if at least the "
+        "schedule's count are; the authors of LLaDA2 use 0.95, and 0.7 with edit_threshold 0.5)",
         optional=True,
         none_doc="the fixed schedule (with steps)",
         lo=0.0,
@@ -327,6 +330,29 @@ OPTIONS: tuple[Option, ...] = (
         cpp_enum="BranchBudget",
         cpp_values=("kFull", "kAuto"),
         group="blockbatch",
+    ),
+    Option(
+        "edit_threshold",
+        "float",
+        None,
+        "block (LLaDA2.1 token editing): in the same step, replace every generated committed token of the "
+        "current block whose prediction differs with confidence above this",
+        policies=("block",),
+        optional=True,
+        none_doc="no editing (LLaDA2.0)",
+        lo=0.0,
+        hi=1.0,
+        group="llada2",
+    ),
+    Option(
+        "max_post_steps",
+        "int",
+        16,
+        "block with editing: a block ends after at most this many steps that start without masks",
+        policies=("block",),
+        lo=0,
+        hi=MAX_GAP_TOKENS,
+        group="llada2",
     ),
     Option(
         "cuda_graphs",

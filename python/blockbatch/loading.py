@@ -219,7 +219,7 @@ def _weight_files(folder: str) -> tuple[dict[str, str], str]:
 
 def tensor_count(config: ModelConfig) -> int:
     """How many tensors a checkpoint with this config holds (without listing them)."""
-    return families.of(config).TENSORS_PER_LAYER * config.n_layers + 2 + (0 if config.weight_tying else 1)
+    return families.tensor_count(config)
 
 
 def load_weights(folder: str, config: ModelConfig, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:

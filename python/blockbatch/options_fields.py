@@ -13,16 +13,19 @@ class DecodeOptionFields:
 
     policy: str = "dual"
     """vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; blockbatch: several block-size
-    branches in one batched forward."""
+    branches in one batched forward; block: the block-causal families' decoder (LLaDA2.0 / 2.1, exact block cache),
+    the only policy of LLaDA2 checkpoints."""
     gen_length: int = 128
     """tokens to generate (the diffusion canvas after the prompt)."""
     block_length: int = 32
-    """block size of the single-branch policies; divides gen_length."""
+    """block size of the single-branch policies (divides gen_length) and of block (blocks aligned at position 0)."""
     steps: int | None = None
     """total steps of LLaDA's fixed schedule (a multiple of the number of blocks, <= gen_length); Dream vanilla: its
-    number of steps (<= gen_length). None: no fixed schedule (Dream vanilla: gen_length steps)."""
+    number of steps (<= gen_length); block: steps per block (block_length // steps commits a step, the remainder
+    first). None: no fixed schedule (Dream vanilla: gen_length steps)."""
     threshold: float | None = 0.9
-    """commit every masked position whose confidence is >= this. None: the fixed schedule (with steps)."""
+    """commit every masked position whose confidence is >= this (block: > this, if at least the schedule's count
+    are; the authors of LLaDA2 use 0.95, and 0.7 with edit_threshold 0.5). None: the fixed schedule (with steps)."""
     factor: float | None = None
     """Fast-dLLM's factor rule instead of the threshold (wins over threshold). None: off."""
     temperature: float = 0.0
@@ -69,6 +72,11 @@ class DecodeOptionFields:
     """full: every branch of block_sizes; auto: under the batching scheduler, the branch set is cut to the query
     tokens a step can carry at the current load (measured step-time curve; the largest branches go first, down to
     the one nearest block_length), so results depend on load."""
+    edit_threshold: float | None = None
+    """block (LLaDA2.1 token editing): in the same step, replace every generated committed token of the current
+    block whose prediction differs with confidence above this. None: no editing (LLaDA2.0)."""
+    max_post_steps: int = 16
+    """block with editing: a block ends after at most this many steps that start without masks."""
     cuda_graphs: bool = True
     """CUDA: replay recorded decode steps (same tokens as eager); no effect on CPU."""
     timeout_s: float = 0.0

@@ -230,7 +230,7 @@ int64_t Scheduler::add(const std::vector<int64_t>& prompt, const DecodeOptions& 
   const int64_t lp = static_cast<int64_t>(prompt.size());
   o.validate(c, lp);
   check_prompt(c, prompt);
-  const int64_t length = lp + o.gen_length, rows = kv_rows_needed(o);
+  const int64_t length = canvas_length(o, lp), rows = kv_rows_needed(o);
   TORCH_CHECK_VALUE(length <= max_length_, "the prompt (", lp, " tokens) plus gen_length (", o.gen_length, ") needs ",
                     length, " positions but this scheduler's max_length is ", max_length_,
                     " (shorten the prompt or gen_length, or raise max_length)");
@@ -506,8 +506,9 @@ void Scheduler::push(RequestEvent ev) {
 void Scheduler::report(Request& r, const int64_t* x, int64_t numel) {
   const int64_t L = r.length, rows = numel / L, lp = static_cast<int64_t>(r.prompt.size());
   const int64_t mask = model_.config().mask_token_id;
+  const int64_t end = std::min(L, lp + r.options.gen_length);  // a block canvas runs past the generation
   int64_t p = lp + r.stable;
-  for (; p < L; ++p) {
+  for (; p < end; ++p) {
     const int64_t t = x[p];
     bool stable = t != mask;
     for (int64_t row = 1; row < rows && stable; ++row) stable = x[row * L + p] == t;
@@ -547,7 +548,7 @@ std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<s
       const DecodeOptions o = decode_options_for(c, options[i]);
       o.validate(c, static_cast<int64_t>(prompts[i].size()));
       check_prompt(c, prompts[i]);
-      max_length = std::max(max_length, static_cast<int64_t>(prompts[i].size()) + o.gen_length);
+      max_length = std::max(max_length, canvas_length(o, static_cast<int64_t>(prompts[i].size())));
       rows_of[i] = kv_rows_needed(o);
       max_rows = std::max(max_rows, rows_of[i]);
     } catch (c10::Error& e) {

@@ -127,7 +127,7 @@ class Scheduler {
     std::vector<int64_t> prompt;
     DecodeOptions options;
     bool stream;
-    int64_t length;      // prompt + gen_length
+    int64_t length;      // prompt + gen_length (policy 'block': rounded up to a whole block; canvas_length)
     int64_t cancel = 0;  // Stop's flag
     int64_t reason = 0;  // Stop's StopReason
     int64_t stable = 0;  // generation tokens reported so far

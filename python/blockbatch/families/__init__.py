@@ -1,4 +1,4 @@
-"""Model families on the Python side: one module per family (``llada``, ``dream``) holding all that
+"""Model families on the Python side: one module per family (``llada``, ``dream``, ``llada2``) holding all that
 differs between two families here: its ``config.json`` keys and checks (a ``ConfigCodec`` it
 registers with ``blockbatch.config`` on import), its weight names and shapes, its random configs
 and weights (``blockbatch make-random``, the tests), published shapes; and this registry, which
@@ -12,12 +12,13 @@ import types
 from ..config import ModelConfig
 
 # LLaDA first: importing a family registers its config.json reader, and the order of registration
-# is the order messages list the model types in (llada, Dream).
+# is the order messages list the model types in (llada, Dream, llada2_moe).
 from . import llada
 from . import dream
+from . import llada2
 
 # family name (ModelConfig.family) -> its module
-REGISTRY: dict[str, types.ModuleType] = {m.NAME: m for m in (llada, dream)}
+REGISTRY: dict[str, types.ModuleType] = {m.NAME: m for m in (llada, dream, llada2)}
 
 
 def get(name: str) -> types.ModuleType:
@@ -31,6 +32,21 @@ def get(name: str) -> types.ModuleType:
 def of(config: ModelConfig) -> types.ModuleType:
     """The module of ``config``'s family (decided by its ``model_type``)."""
     return get(config.family)
+
+
+def tensor_count(config: ModelConfig) -> int:
+    """How many tensors a checkpoint of ``config`` holds, without listing them (the family's own
+    count where its layers differ, else a fixed number per layer)."""
+    module = of(config)
+    if hasattr(module, "tensor_count"):
+        return int(module.tensor_count(config))
+    return module.TENSORS_PER_LAYER * config.n_layers + 2 + (0 if config.weight_tying else 1)
+
+
+def default_options(config: ModelConfig) -> dict:
+    """The decode options a request on ``config``'s family gets where it sets none (LLaDA2: policy
+    'block', threshold 0.95), under every option the request or a preset gives."""
+    return dict(of(config).DEFAULT_OPTIONS)
 
 
 def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:

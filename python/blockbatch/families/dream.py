@@ -40,6 +40,9 @@ TENSORS_PER_LAYER = 12  # LLaDA's nine plus the q/k/v biases
 # the ids above the tokenizer's (Checkpoint.proposal_vocab).
 PROPOSALS_WITHIN_TOKENIZER = True
 
+# Decode options a request of this family gets where it sets none (under the options table's defaults).
+DEFAULT_OPTIONS: dict[str, Any] = {}
+
 
 def missing_tensor_hint(name: str) -> str:
     """Text added to the error of a missing tensor ``name``."""

@@ -21,6 +21,9 @@ PUBLISHED_SHAPES: dict[str, dict] = {}  # make-random --preset: none published f
 TENSORS_PER_LAYER = 9  # norms, q, k, v, out, ff_proj, up, ff_out: tensor_count() without listing them
 PROPOSALS_WITHIN_TOKENIZER = False  # every embedding row is a token the decoders may propose
 
+# Decode options a request of this family gets where it sets none (under the options table's defaults).
+DEFAULT_OPTIONS: dict[str, Any] = {}
+
 
 def missing_tensor_hint(name: str) -> str:
     """Text added to the error of a missing tensor ``name`` (none for LLaDA)."""
@@ -156,8 +159,7 @@ def read_config(keys: KeyReader) -> ModelConfig:
 
 def write_config(config: ModelConfig) -> dict[str, Any]:
     """The ``config.json`` of a LLaDA checkpoint."""
-    d = dataclasses.asdict(config)
-    del d["bos_token_id"], d["attention_bias"]  # not LLaDA keys
+    d = {k: v for k, v in dataclasses.asdict(config).items() if k in _LLADA_KEYS}
     d.update(
         {
             "architectures": ["LLaDAModelLM"],
@@ -169,6 +171,26 @@ def write_config(config: ModelConfig) -> dict[str, Any]:
         }
     )
     return d
+
+
+# The ModelConfig fields a LLaDA config.json holds under their own names.
+_LLADA_KEYS = (
+    "d_model",
+    "n_layers",
+    "n_heads",
+    "n_kv_heads",
+    "mlp_hidden_size",
+    "vocab_size",
+    "embedding_size",
+    "rope_theta",
+    "rms_norm_eps",
+    "weight_tying",
+    "mask_token_id",
+    "eos_token_id",
+    "max_sequence_length",
+    "model_type",
+    "pad_token_id",
+)
 
 
 def check_config(config: ModelConfig, bad) -> None:

@@ -187,11 +187,19 @@ def route(cfg: LLaDA2Config, logits: torch.Tensor, expert_bias: torch.Tensor) ->
 
 
 class LLaDA2Reference:
-    """The float32 forward of a LLaDA2 checkpoint's weights (``weights``: Hugging Face names)."""
+    """The float32 forward of a LLaDA2 checkpoint's weights (``weights``: Hugging Face names);
+    ``mask_id`` / ``eos_id``: the checkpoint's special ids, kept for callers that decode with it."""
 
-    def __init__(self, cfg: LLaDA2Config, weights: dict[str, torch.Tensor]):
+    def __init__(
+        self,
+        cfg: LLaDA2Config,
+        weights: dict[str, torch.Tensor],
+        mask_id: int | None = None,
+        eos_id: int | None = None,
+    ):
         self.cfg = cfg
         self.w = {k: v.float() for k, v in weights.items()}
+        self.mask_id, self.eos_id = mask_id, eos_id
 
     def _swiglu(self, prefix: str, x: torch.Tensor) -> torch.Tensor:
         w = self.w

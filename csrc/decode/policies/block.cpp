@@ -1,0 +1,251 @@
+// Policy 'block': the block-causal families' decoder (LLaDA2.0 / 2.1, the authors' generate; ALGORITHMS.md
+// 11) as a step machine (decode/decoder.h). The python twin is reference/llada2.py block_generate with
+// cache=True.
+//
+// Blocks of block_length are aligned at absolute position 0; the block holding the prompt's tail is
+// the first one decoded, and the canvas runs to the end of the last block. Attention is block-causal,
+// so the K/V of a finished block are final: the exact block cache. A forward's queries run from the
+// first position whose K/V are not final yet to the current block's end, each block its own query row
+// in dual mode whose keys end at that block's end (a position sees its block and the earlier ones):
+// the first forward prefills the prompt's complete blocks, the first forward of a block also writes
+// the previous block's final K/V, the others run the current block only. The NFE is the authors'
+// count of forwards.
+//
+// A step reads the current block's logits: argmax and its float32 softmax probability (the mask id
+// is not excluded, as in the authors' code). LLaDA2.0 (edit_threshold None): the block's steps follow
+// the schedule of `steps` (block_length // steps commits each, the remainder first); a step commits
+// every mask rated > threshold if at least the schedule's count are, else the count most confident
+// (at::topk, as the authors' torch.topk). LLaDA2.1: a step commits by the same rule with a count of
+// one and, in the same step, replaces every generated committed token of the block whose prediction
+// differs with confidence > edit_threshold; a block ends on a step that starts without masks and
+// edits nothing, or after max_post_steps mask-free steps.
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/argmax.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/softmax.h>
+#include <ATen/ops/topk.h>
+#include <ATen/ops/where.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <limits>
+#include <string>
+
+#include "decode/decoder.h"
+#include "decode/family.h"
+
+namespace blockbatch {
+
+namespace {
+
+class BlockDecoder final : public Decoder {
+ public:
+  BlockDecoder(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o, const Stop& stop,
+               at::Tensor kv)
+      : c_(model.config()), o_(o), stop_(stop), lp_(static_cast<int64_t>(prompt.size())), B_(o.block_length),
+        L_(canvas_length(o, lp_)), blocks_(L_ / B_), editing_(o.edit_threshold.has_value()),
+        threshold_(o.threshold.value_or(std::numeric_limits<double>::infinity())),
+        schedule_(editing_ ? std::vector<int64_t>{} : transfer_schedule()) {
+    x_ = prompt;
+    x_.resize(L_, c_.mask_token_id);
+    kv_ = kv.defined() ? std::move(kv) : model.new_kv(1, L_);
+    st_.branches.push_back(BranchStats{B_});
+    block_ = lp_ / B_;
+    start_block();
+  }
+
+  bool done() const override { return block_ >= blocks_; }
+
+  StepPlan plan() override {
+    if (editing_) {  // the current block's committed tokens may still be edited: not stable yet
+      std::vector<int64_t> stable = x_;
+      std::fill(stable.begin() + block_ * B_, stable.begin() + (block_ + 1) * B_, c_.mask_token_id);
+      stop_.check(st_.nfe, stable);
+    } else {
+      stop_.check(st_.nfe, x_);
+    }
+    const int64_t end = (block_ + 1) * B_;
+    StepPlan p;
+    p.mode = KvMode::kDual;
+    p.kind = cached_ < block_ * B_ ? StepKind::kBlockStart : StepKind::kWindow;
+    for (int64_t s = cached_; s < end; s += B_) {  // one query row per block, its keys up to its end
+      p.q.add_positions(s, s + B_, 0);
+      p.q.kv_lens.push_back(s + B_);
+    }
+    const int64_t first = p.q.size() - B_;  // the current block's outputs: the last row's
+    if (first > 0) {
+      for (int64_t i = 0; i < B_; ++i) p.q.logit_index.push_back(first + i);
+    }
+    p.extra = x_;
+    return p;
+  }
+
+  at::Tensor tokens_from(const StepPlan& p, const at::Tensor& buffer) const override {
+    return buffer.narrow(0, p.base, static_cast<int64_t>(p.extra.size()));
+  }
+
+  void absorb(const StepPlan& p, const at::Tensor& logits, const std::vector<at::Tensor>&) override {
+    st_.nfe += 1;
+    cached_ = block_ * B_;  // every block before the current one is final and written now
+    // The authors' proposals: argmax of the float32 logits (the first index of the maximum), its
+    // softmax probability; ids past the tokenizer's are never proposed.
+    at::Tensor l = logits.to(at::kFloat);
+    const at::Tensor x0 = l.narrow(1, 0, c_.proposal_limit()).argmax(-1);
+    const at::Tensor conf = at::softmax(l, -1).gather(-1, x0.unsqueeze(-1)).squeeze(-1).cpu();
+    const at::Tensor tok = x0.cpu();
+    const int64_t s = block_ * B_;
+    std::vector<bool> active(B_);
+    int64_t masks = 0;
+    for (int64_t i = 0; i < B_; ++i) masks += active[i] = x_[s + i] == c_.mask_token_id;
+    const int64_t* t = tok.const_data_ptr<int64_t>();
+    const std::vector<int64_t> chosen =
+        masks > 0 ? commit_masks(active, conf, editing_ ? 1 : schedule_[step_]) : std::vector<int64_t>{};
+    // Edits are decided on the block as the step found it, then written with the commits.
+    std::vector<int64_t> edits;
+    if (editing_) {
+      const float* c = conf.const_data_ptr<float>();
+      const float edit = static_cast<float>(*o_.edit_threshold);
+      for (int64_t i = 0; i < B_; ++i) {
+        if (!active[i] && s + i >= lp_ && c[i] > edit && t[i] != x_[s + i]) edits.push_back(i);
+      }
+    }
+    bool eos_committed = false;
+    for (int64_t i : chosen) {
+      x_[s + i] = t[i];
+      eos_committed = eos_committed || t[i] == c_.eos_token_id;
+    }
+    for (int64_t i : edits) x_[s + i] = t[i];
+    const int64_t committed =
+        static_cast<int64_t>(chosen.size()) -
+        std::count_if(chosen.begin(), chosen.end(), [&](int64_t i) { return t[i] == c_.mask_token_id; });
+    st_.steps.push_back({committed, p.q.size()});
+    st_.branches[0].committed += committed;
+    st_.edits += static_cast<int64_t>(edits.size());
+    if (editing_ && masks > 0 && committed == 0) {  // the authors' loop would never end
+      stop_.no_progress(static_cast<int64_t>(st_.steps.size()) - 1,
+                        "block " + std::to_string(block_) + ": the model proposes the mask id for every mask left");
+    }
+    ++step_;
+    if (editing_) {
+      if (masks == 0 && edits.empty()) return end_block();
+    } else if (o_.stop_on_eos.value_or(false) && eos_committed && eos_ends_text()) {
+      stopped_ = true;
+      return end_block();
+    }
+    advance();
+  }
+
+  DecodeResult finish() override {
+    DecodeResult res;
+    res.tokens.assign(x_.begin(), x_.begin() + lp_ + o_.gen_length);
+    st_.nfe_block = st_.nfe;
+    st_.nfe_paper = st_.nfe;
+    st_.branches[0].forwards = st_.nfe;
+    st_.winner_block_size = B_;
+    res.stats = std::move(st_);
+    return res;
+  }
+
+ private:
+  // LLaDA2.0's schedule: `steps` steps of block_length // steps commits, one more for the first
+  // block_length % steps (steps capped at gen_length, as the authors' min(steps, gen_length)).
+  std::vector<int64_t> transfer_schedule() const {
+    const int64_t steps = std::min(o_.steps.value_or(B_), o_.gen_length);
+    std::vector<int64_t> out;
+    for (int64_t i = 0; i < steps; ++i) out.push_back(B_ / steps + (i < B_ % steps ? 1 : 0));
+    return out;
+  }
+
+  // The masks to commit: those rated > threshold if at least `at_least` are, else the `at_least`
+  // most confident (at::topk over the block, -inf where no mask: the authors' torch.topk order).
+  std::vector<int64_t> commit_masks(const std::vector<bool>& active, const at::Tensor& conf, int64_t at_least) const {
+    const float* c = conf.const_data_ptr<float>();
+    const float threshold = static_cast<float>(threshold_);
+    std::vector<int64_t> high;
+    int64_t masks = 0;
+    for (int64_t i = 0; i < B_; ++i) {
+      if (!active[i]) continue;
+      ++masks;
+      if (c[i] > threshold) high.push_back(i);
+    }
+    if (static_cast<int64_t>(high.size()) >= at_least) return high;
+    std::vector<float> ranked(B_, -std::numeric_limits<float>::infinity());
+    for (int64_t i = 0; i < B_; ++i) {
+      if (active[i]) ranked[i] = c[i];
+    }
+    const at::Tensor row = at::from_blob(ranked.data(), {B_}, at::kFloat);
+    const at::Tensor idx = std::get<1>(at::topk(row, std::min(at_least, masks))).contiguous();
+    const int64_t* ip = idx.const_data_ptr<int64_t>();
+    return std::vector<int64_t>(ip, ip + idx.numel());
+  }
+
+  // LLaDA2.0's eos_early_stop: the first EOS of the canvas before the block's end has no mask
+  // between the prompt and it.
+  bool eos_ends_text() const {
+    const int64_t end = (block_ + 1) * B_;
+    const auto eos = std::find(x_.begin(), x_.begin() + end, c_.eos_token_id);
+    if (eos == x_.begin() + end) return false;
+    const auto from = x_.begin() + std::min<int64_t>(lp_, eos - x_.begin());
+    return std::find(from, eos, c_.mask_token_id) == eos;
+  }
+
+  void start_block() {
+    step_ = 0;
+    post_steps_ = 0;
+    advance();
+  }
+
+  // To the next step that runs a forward, or past the last block: the checks the authors' loops make
+  // before a forward.
+  void advance() {
+    while (block_ < blocks_) {
+      const int64_t s = block_ * B_;
+      const bool masks = std::find(x_.begin() + s, x_.begin() + s + B_, c_.mask_token_id) != x_.begin() + s + B_;
+      if (!editing_) {
+        if (step_ < static_cast<int64_t>(schedule_.size()) && masks) return;
+      } else {
+        if (!masks) ++post_steps_;
+        if (post_steps_ <= o_.max_post_steps) return;
+      }
+      end_block();
+      return;
+    }
+  }
+
+  // The block is over: the decode ends (the text is complete), or the next block starts.
+  void end_block() {
+    const int64_t end = (block_ + 1) * B_;
+    const auto gen = x_.begin() + std::min(lp_, end), stop = x_.begin() + end;
+    const bool eos = std::find(gen, stop, c_.eos_token_id) != stop;
+    bool over;
+    if (!editing_) {
+      over = stopped_ || eos;  // LLaDA2.0 ends at a block holding EOS, stop_on_eos or not
+    } else {
+      over = o_.stop_on_eos.value_or(false) && eos && std::find(gen, stop, c_.mask_token_id) == stop;
+    }
+    block_ = over ? blocks_ : block_ + 1;
+    if (!done()) start_block();
+  }
+
+  const ModelConfig& c_;
+  const DecodeOptions o_;
+  const Stop& stop_;
+  const int64_t lp_, B_, L_, blocks_;
+  const bool editing_;
+  const double threshold_;
+  const std::vector<int64_t> schedule_;
+  std::vector<int64_t> x_;
+  int64_t block_ = 0, step_ = 0, post_steps_ = 0, cached_ = 0;
+  bool stopped_ = false;
+  DecodeStats st_;
+};
+
+}  // namespace
+
+std::unique_ptr<Decoder> block_decoder(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
+                                       const Stop& stop, at::Tensor kv) {
+  return std::make_unique<BlockDecoder>(model, prompt, o, stop, std::move(kv));
+}
+
+}  // namespace blockbatch
