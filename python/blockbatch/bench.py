@@ -34,7 +34,7 @@ DEFAULT_POLICIES = ("vanilla", "dual", "blockbatch")
 SPEC_OPTIONS = tuple(n for n in contract.NAMES if n not in ("policy", "gen_length"))
 
 
-POLICY_BASES = ("vanilla", "prefix", "dual", "blockbatch")
+POLICY_BASES = ("vanilla", "prefix", "dual", "blockbatch", "block")
 
 
 def policy_kwargs(name: str, gen_length: int, fit: bool = True) -> dict:
@@ -49,6 +49,7 @@ def policy_kwargs(name: str, gen_length: int, fit: bool = True) -> dict:
         "prefix": dict(policy="prefix", block_length=32, threshold=0.9),
         "dual": dict(policy="dual", block_length=32, threshold=0.9),
         "blockbatch": dict(policy="blockbatch", threshold=0.9),
+        "block": dict(policy="block", block_length=32, threshold=0.95),  # LLaDA2.0's settings
     }
     preset = None
     if base not in bases:
@@ -85,7 +86,7 @@ def policy_kwargs(name: str, gen_length: int, fit: bool = True) -> dict:
 
 
 def policy_options(name: str, gen_length: int) -> DecodeOptions:
-    """``vanilla`` | ``prefix`` | ``dual`` | ``blockbatch`` | a preset (``blockbatch-paper``, ...:
+    """``vanilla`` | ``prefix`` | ``dual`` | ``blockbatch`` | ``block`` (LLaDA2) | a preset (``blockbatch-paper``, ...:
     ``blockbatch.presets``) | a preset file's path, optionally ``name:key=value,...`` (e.g.
     ``blockbatch:block_sizes=8/32,sync_gap=4``, ``dual:block_length=16,threshold=0.7`` or
     ``blockbatch-paper:threshold=0.8``: the pairs win over the preset's options)."""
@@ -185,9 +186,7 @@ def run_bench(
     records = []
     ref_model = None
     if compare_reference:
-        from .reference.model import ReferenceModel
-
-        ref_model = ReferenceModel.from_checkpoint(engine.checkpoint)
+        ref_model = reference_model(engine.checkpoint)
     t0 = time.perf_counter()
     for i, sample in enumerate(samples):
         ids = engine.encode(sample.prompt)
@@ -246,9 +245,43 @@ def run_bench(
     return {"summary": summary, "records": records, "peak_rss_mb": peak_rss_mb()}
 
 
+def reference_model(checkpoint):
+    """The pure-PyTorch reference model of a checkpoint's family."""
+    if checkpoint.config.family == "llada2":
+        from .families import llada2
+        from .reference.llada2 import LLaDA2Reference
+
+        config = checkpoint.config
+        return LLaDA2Reference(
+            llada2.reference_config(config), checkpoint.weights, config.mask_token_id, config.eos_token_id
+        )
+    from .reference.model import ReferenceModel
+
+    return ReferenceModel.from_checkpoint(checkpoint)
+
+
 def reference_decode(ref_model, ids: torch.Tensor, o: DecodeOptions, proposal_vocab: int | None = None) -> torch.Tensor:
     """The same request through the pure-PyTorch reference loop (what the authors' code does), for
     the model's family: the full canvas row (a BlockBatch row cut at its EOS continues with EOS)."""
+    from .reference.llada2 import LLaDA2Reference, block_generate
+
+    if isinstance(ref_model, LLaDA2Reference):  # the block policy, its exact cache
+        assert ref_model.mask_id is not None and ref_model.eos_id is not None
+        canvas, _ = block_generate(
+            ref_model,
+            ids,
+            gen_length=o.gen_length,
+            block_length=o.block_length,
+            steps=o.steps or o.block_length,
+            threshold=float("inf") if o.threshold is None else o.threshold,
+            edit_threshold=o.edit_threshold,
+            max_post_steps=o.max_post_steps,
+            stop_on_eos=o.eos_exit,
+            eos_id=ref_model.eos_id,
+            mask_id=ref_model.mask_id,
+            cache=True,
+        )
+        return canvas
     family = ref_model.config.family
     if family == "dream":
         from .reference.dream import decode_with_options

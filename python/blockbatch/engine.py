@@ -205,6 +205,13 @@ class Engine:
         csrc/decode/budget.h), so auto means the same with or without a batch."""
         return run_decode(self.model.obj, ids.to(self.device), o, self.step_curve if _adaptive(o) else None)
 
+    def default_options(self, **overrides) -> DecodeOptions:
+        """The decode options of a request that gives none: the options table's defaults under the
+        model family's own (LLaDA2: policy 'block', threshold 0.95), under ``overrides``."""
+        from . import families
+
+        return DecodeOptions(**{**families.default_options(self.config), **overrides})
+
     @overload
     def _requests(
         self, prompts, options, chat, allow_unknown, keep_errors: Literal[False] = False
@@ -227,7 +234,7 @@ class Engine:
                 if not isinstance(o, DecodeOptions):
                     raise TypeError(f"options[{i}] must be a DecodeOptions, got {type(o).__name__}")
         else:
-            options = DecodeOptions() if options is None else options
+            options = self.default_options() if options is None else options
             if not isinstance(options, DecodeOptions):
                 raise TypeError(f"options must be a DecodeOptions or a list of them, got {type(options).__name__}")
             per_prompt = None

@@ -73,6 +73,18 @@ BUILT_IN: dict[str, Preset] = {
             "Fast-dLLM's dual cache at the paper's setting: block 32, threshold 0.9",
             {"policy": "dual", "block_length": 32, "threshold": 0.9},
         ),
+        Preset(
+            "llada2.0",
+            "LLaDA2 checkpoints: the authors' LLaDA2.0 decoder settings (policy block, blocks of 32, threshold 0.95, "
+            "no editing); the default a LLaDA2 model gives a request",
+            {"policy": "block", "block_length": 32, "threshold": 0.95, "edit_threshold": None},
+        ),
+        Preset(
+            "llada2.1-edit",
+            "LLaDA2 checkpoints: LLaDA2.1's recommended token editing (policy block, blocks of 32, threshold 0.7, "
+            "edit_threshold 0.5)",
+            {"policy": "block", "block_length": 32, "threshold": 0.7, "edit_threshold": 0.5},
+        ),
     )
 }
 
@@ -163,6 +175,7 @@ def values(
             and "block_length" not in (overrides or {})
             and isinstance(bl, int)
             and G % bl != 0
+            and out.get("policy") != "block"  # LLaDA2's blocks are aligned at 0 and need not divide
         ):
             out["block_length"] = max((d for d in range(1, bl + 1) if G % d == 0))
     return out

@@ -21,11 +21,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {args.out}: exists and is not a directory")
     if args.threads:
         torch.set_num_threads(args.threads)
+    engine = Engine.from_pretrained(args.model, device=args.device, dtype=DTYPES[args.dtype])
+    if args.policies is None:  # the family's decoders: LLaDA2 has one (block)
+        args.policies = ["block"] if engine.config.family == "llada2" else ["vanilla", "dual", "blockbatch"]
     policies = {name: bench.policy_options(name, args.gen_length) for name in args.policies}
     samples = bench.load_tasks(args.tasks, args.n)
     if not samples:
         raise UsageError(f"--tasks {args.tasks}: the file holds no tasks")
-    engine = Engine.from_pretrained(args.model, device=args.device, dtype=DTYPES[args.dtype])
     result = bench.run_bench(
         engine, samples, policies, compare_reference=args.compare_reference, progress=not args.quiet
     )
@@ -58,7 +60,9 @@ def add_parser(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run a task set under several policies on one checkpoint, interleaved per sample; print a "
         "table, write JSON (every per-sample record + environment) and PNG plots to --out.",
-        epilog="policies: vanilla | prefix | dual | blockbatch, a preset (" + ", ".join(preset_names()) + ")\n"
+        epilog="policies: vanilla | prefix | dual | blockbatch | block (LLaDA2), a preset ("
+        + ", ".join(preset_names())
+        + ")\n"
         "or a preset file's path, each optionally name:key=value,... (the pairs win over the preset;\n"
         "a preset's block sizes that do not divide --gen-length are dropped), e.g.\n"
         "  blockbatch bench --policies dual blockbatch blockbatch:block_sizes=8/32,sync_gap=4\n"
@@ -71,8 +75,9 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--policies",
         nargs="+",
-        default=["vanilla", "dual", "blockbatch"],
-        help="space-separated policy specs (default: vanilla dual blockbatch): a policy, a preset name "
+        default=None,
+        help="space-separated policy specs (default: vanilla dual blockbatch; block on LLaDA2 checkpoints): a "
+        "policy, a preset name "
         "or a preset file, each optionally with :key=value,... (see below); the table and the JSON "
         "name each as given",
     )

@@ -61,6 +61,11 @@ def summary_line(stats: dict) -> str:
             f"synced {sum(b['copied'] for b in branches)} tokens, {stats['wall_ms']:.1f} ms"
         )
     block = stats["branches"][0]["block_size"]
+    if stats["policy"] == "block":  # LLaDA2: forwards over the exact block cache, edits (LLaDA2.1)
+        return (
+            f"[block {block}] nfe={stats['nfe']}, {tpf:.2f} tokens/forward, {stats['edits']} edits, "
+            f"{stats['wall_ms']:.1f} ms"
+        )
     where = f"block {block}" if block else "whole canvas"  # Dream's vanilla sampler has no blocks
     return (
         f"[{stats['policy']} {where}] nfe={stats['nfe']} "
@@ -69,15 +74,17 @@ def summary_line(stats: dict) -> str:
     )
 
 
-def option_values(args: argparse.Namespace) -> dict:
+def option_values(args: argparse.Namespace, family_defaults: dict | None = None) -> dict:
     """The decode options of ``generate``'s flags; with ``--preset``: the option flags given
-    explicitly on top of the preset, the preset on top of the defaults."""
+    explicitly on top of the preset, the preset on top of the model family's defaults
+    (``family_defaults``: LLaDA2's policy 'block'), those on top of the table's."""
     values = option_flags.values_from_args(args)
+    explicit = {name: values[name] for name in option_flags.explicit_from_args(args)}
+    values = {**values, **(family_defaults or {}), **explicit}
     if args.preset is None:
         return values
     from .. import presets
 
-    explicit = {name: values[name] for name in option_flags.explicit_from_args(args)}
     try:
         return {**values, **presets.values(args.preset, explicit)}
     except (TypeError, ValueError) as e:  # the message names the preset (or its file)

@@ -21,9 +21,16 @@ def run(args: argparse.Namespace) -> int:
     from ..engine import Engine
     from ..options import DecodeOptions
 
-    values = option_values(args)
+    from .. import families
+    from ..config import ModelConfig
+    from ..loading import CONFIG_NAME
+
+    # The model family's defaults (LLaDA2: policy 'block') sit under the flags: read its config first.
+    config_path = os.path.join(args.model, CONFIG_NAME) if args.model else ""
+    family = families.default_options(ModelConfig.from_json_file(config_path)) if os.path.isfile(config_path) else {}
+    values = option_values(args, family)
     steps, threshold, factor = values["steps"], values["threshold"], values["factor"]
-    if steps is not None and (threshold is not None or factor is not None):
+    if values["policy"] != "block" and steps is not None and (threshold is not None or factor is not None):
         rule = f"--factor {factor}" if factor is not None else f"--threshold {threshold}"
         raise UsageError(
             f"--steps {steps} is used only by the fixed schedule, but {rule} commits by "
@@ -370,6 +377,7 @@ def add_parser(sub) -> None:
             "decoding": "decoding (every policy; docs/ALGORITHMS.md)",
             "dream": "Dream-family samplers (alg: vanilla, both families; the others: Dream only)",
             "blockbatch": "blockbatch (policy blockbatch only)",
+            "llada2": "block (LLaDA2 checkpoints: policy block only)",
             "runtime": "runtime",
         },
     )

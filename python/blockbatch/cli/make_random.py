@@ -31,7 +31,7 @@ def _flag(name: str) -> str:
 
 def _make_random_shape(args: argparse.Namespace, family: str) -> dict:
     """ModelConfig fields of the shape make-random writes (the preset's, or the flags' with defaults)."""
-    given = [name for name in _SHAPE_FLAGS if getattr(args, name) is not None]
+    given = [name for name in (*_SHAPE_FLAGS, "experts") if getattr(args, name) is not None]
     if args.preset is not None:
         if given:
             raise UsageError(
@@ -44,6 +44,10 @@ def _make_random_shape(args: argparse.Namespace, family: str) -> dict:
         for n in _SHAPE_FLAGS
         if n != "kv_heads"
     }
+    if args.experts is not None:
+        if family != "llada2":
+            raise UsageError(f"--experts is a llada2 flag (mixture-of-experts layers); {family} models are dense")
+        shape["num_experts"] = args.experts
     heads = shape["n_heads"]
     if args.kv_heads is not None:
         shape["n_kv_heads"] = args.kv_heads
@@ -140,17 +144,21 @@ def _physical_memory() -> int:
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "make-random",
-        help="write a random LLaDA or Dream checkpoint folder",
+        help="write a random LLaDA, Dream or LLaDA2 checkpoint folder",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Write a checkpoint with random weights in the exact Hugging Face layout of its family: LLaDA\n"
         "(model.transformer.*, config.json) or Dream (Qwen2 names with q/k/v biases, config.json with\n"
-        'model_type "Dream", generation_config.json). The weights are random: such a checkpoint\n'
+        'model_type "Dream", generation_config.json) or LLaDA2 (model_type "llada2_moe": fused\n'
+        "query_key_value, QK-norm, mixtures of experts after the first layer). The weights are random: such a\n"
+        "checkpoint\n"
         "exercises loading, the forward and the decoders at a given shape, never answers anything.\n"
         "The shipped trained toys are python/blockbatch/toy/checkpoint{,_dream}.",
         epilog="examples:\n"
         "  blockbatch make-random /tmp/llada                       (LLaDA, d_model 128, 2 layers, vocab 256)\n"
         "  blockbatch make-random /tmp/dream --family dream        (Dream, same shape, 4 query / 2 KV heads)\n"
         "  blockbatch make-random /tmp/dream --family dream --layers 4 --kv-heads 1\n"
+        "  blockbatch make-random /tmp/llada2 --family llada2      (LLaDA2: 4/2 heads, 8 experts top-2 + 1 shared)\n"
+        "  blockbatch make-random /tmp/llada2 --family llada2 --experts 16\n"
         "  blockbatch make-random /tmp/dream7b --preset dream-7b --dtype bfloat16\n"
         "        (the real Dream-v0-7B shape: 7.6B parameters, about 15 GB in bfloat16, written in 5 GB\n"
         "         shards; refused when the machine has less than about twice that in memory)\n"
@@ -161,14 +169,16 @@ def add_parser(sub) -> None:
         "--family",
         choices=list(families.REGISTRY),
         default=None,
-        help="model family and checkpoint layout (default llada; dream with --preset dream-7b)",
+        help="model family and checkpoint layout (default llada; dream with --preset dream-7b, llada2 with "
+        "--preset llada2-mini)",
     )
     p.add_argument(
         "--preset",
         choices=list(PRESETS),
         default=None,
         help="a published shape instead of the shape flags: dream-7b = Dream-v0-7B (d_model 3584, "
-        "28 layers, 28/4 heads, mlp 18944, vocab 152064); use --dtype bfloat16",
+        "28 layers, 28/4 heads, mlp 18944, vocab 152064); llada2-mini = LLaDA2.0-mini / 2.1-mini (16.3B "
+        "parameters: 20 layers, 256 experts top-8 + 1 shared); use --dtype bfloat16",
     )
     p.add_argument("--force", action="store_true", help="overwrite a checkpoint already in the folder")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
@@ -181,7 +191,8 @@ def add_parser(sub) -> None:
         "--kv-heads",
         type=int,
         default=None,
-        help="key/value heads, must divide --heads (default: --heads for llada, no GQA; half of --heads for dream)",
+        help="key/value heads, must divide --heads (default: --heads for llada, no GQA; half of --heads for dream; "
+        "a quarter for llada2)",
     )
     shape.add_argument("--mlp", type=int, default=None, help=f"MLP hidden size (default {_SHAPE_DEFAULTS['mlp']})")
     shape.add_argument(
@@ -189,6 +200,12 @@ def add_parser(sub) -> None:
         type=int,
         default=None,
         help=f"vocabulary size; the last id is the mask, the one before EOS (default {_SHAPE_DEFAULTS['vocab']})",
+    )
+    shape.add_argument(
+        "--experts",
+        type=int,
+        default=None,
+        help="llada2: routed experts of the MoE layers (default 8; 0: every layer dense)",
     )
     p.add_argument("--logit-scale", type=float, default=1.0, help="LM-head scale (sharper softmax when larger)")
     p.set_defaults(func=run)

@@ -43,7 +43,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .. import presets
+from .. import families, presets
 from . import guard, http
 from .guard import APIError
 from ..scheduler import Event
@@ -282,13 +282,15 @@ def create_app(
             return APIError(503, f"the request was cancelled: {event.error}", code="cancelled")
         return APIError(500, f"the decode failed: {event.error}", code="decode_failed")
 
+    family_defaults = families.default_options(engine.config)  # LLaDA2: policy 'block'
+
     async def generate(request: Request, chat: bool):
         arrival = time.perf_counter()
         authorize(request)
         if state.draining:
             raise APIError(503, "the server is shutting down: it takes no new requests", code="shutting_down")
         body = await read_body(request)
-        params = parse_params(body, chat, state.settings.preset)
+        params = parse_params(body, chat, state.settings.preset, family_defaults)
         prompt_param = "messages" if chat else "prompt"
         precheck_length(engine, body, chat, state.settings.max_length)
         # Tokenizing (and rendering the chat template) runs off the event loop: a long prompt must

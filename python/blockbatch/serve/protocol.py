@@ -208,7 +208,7 @@ def _check_unsupported(body: dict) -> None:
         raise bad("user", f"must be a string, got {type_name(user)}")
 
 
-def parse_params(body: dict, chat: bool, preset: presets.Preset | None = None) -> Params:
+def parse_params(body: dict, chat: bool, preset: presets.Preset | None = None, defaults: dict | None = None) -> Params:
     """The sampling parameters of either route and the DecodeOptions they make: the preset's options
     (``blockbatch.preset``, a built-in preset's name, else the server's ``preset``), the
     ``blockbatch`` field's other options on top, then ``temperature`` / ``seed`` / ``top_p``, and
@@ -286,8 +286,8 @@ def parse_params(body: dict, chat: bool, preset: presets.Preset | None = None) -
         except ValueError as e:  # none of them divides the request's gen_length
             param = "blockbatch.preset" if asked is not None else sources.get("gen_length", "blockbatch.gen_length")
             raise APIError(400, str(e), param=param) from None
-    try:
-        options = DecodeOptions(**values)
+    try:  # the model family's defaults (LLaDA2: policy 'block') under the request's and the preset's
+        options = DecodeOptions(**{**(defaults or {}), **values})
     except (TypeError, ValueError) as e:
         raise APIError(400, str(e), param=option_param(str(e), sources)) from None
     return Params(max_tokens, stop, stream, options, sources, limit_name, preset.name if preset else None)
