@@ -10,12 +10,11 @@ import random
 import pytest
 import torch
 
-from blockbatch import DecodeOptions
 from blockbatch.decoding import run_decode_batch
 from helpers.batching import small_engine, COUNTERS, mixed_requests as _mixed_requests, same as _same
 
 
-@pytest.fixture(scope="module", params=["llada", "dream"])
+@pytest.fixture(scope="module", params=["llada", "dream", "llada2"])
 def engine(request, tmp_path_factory):
     return small_engine(tmp_path_factory.mktemp(request.param), request.param, seed=3)
 
@@ -75,7 +74,10 @@ def test_errors_name_the_request_and_the_budget(engine, requests_and_alone):
         engine.generate(bad, [reqs[0][1], reqs[0][1], reqs[1][1]], max_batch=3)
     with pytest.raises(ValueError, match=r"request 1"):
         torch.ops.blockbatch.decode_batch(
-            engine.model.obj, [torch.tensor(p) for p in bad], [DecodeOptions(gen_length=32).native] * 3, max_batch=3
+            engine.model.obj,
+            [torch.tensor(p) for p in bad],
+            [engine.default_options(gen_length=32).native] * 3,
+            max_batch=3,
         )
     with pytest.raises(ValueError, match=r"kv_budget_bytes = 1 holds 0 KV rows"):
         engine.generate([p for p, _ in reqs[:4]], [o for _, o in reqs[:4]], max_batch=2, kv_budget_bytes=1)
@@ -133,7 +135,8 @@ def test_padded_packs_change_no_result(engine, requests_and_alone, max_batch):
 def test_padded_packs_of_many_sizes(engine):
     """40 requests of prompt lengths 1..23 padded together: as they finish, the packs shrink through
     many row and token counts (and so many buckets); every result stays that of the request alone."""
-    o = DecodeOptions(policy="dual", gen_length=16, block_length=16, threshold=0.6)
+    o = engine.default_options(policy="block" if engine.config.family == "llada2" else "dual")
+    o = o.replace(gen_length=16, block_length=16, threshold=0.6)
     prompts = [torch.tensor([1 + (i % 5)] * (1 + i % 23)) for i in range(40)]
     outs, stats = run_decode_batch(engine.model.obj, prompts, [o] * 40, 40, pad_packs=True)
     alone = [engine.generate([p], o)[0] for p in prompts]

@@ -133,7 +133,10 @@ def _decode(nat, prompt, **kw):
         (dict(threshold=None, steps=3), r"steps must be a positive multiple of the number of blocks \(4"),
         (dict(factor=0.0), r"factor must be > 0 and finite, got 0"),
         (dict(temperature=-1.0), r"temperature must be >= 0 and finite, got -1"),
-        (dict(policy="greedy"), r"policy must be one of 'vanilla', 'prefix', 'dual', 'blockbatch', got 'greedy'"),
+        (
+            dict(policy="greedy"),
+            r"policy must be one of 'vanilla', 'prefix', 'dual', 'blockbatch', 'block', got 'greedy'",
+        ),
     ],
 )
 def test_cpp_rejects_bad_options(models, kwargs, pattern):
@@ -163,7 +166,10 @@ def test_cpp_rejects_bad_prompts(models):
 @pytest.mark.parametrize(
     "kwargs,pattern",
     [
-        (dict(policy="greedy"), r"policy must be one of 'vanilla', 'prefix', 'dual', 'blockbatch', got 'greedy'"),
+        (
+            dict(policy="greedy"),
+            r"policy must be one of 'vanilla', 'prefix', 'dual', 'blockbatch', 'block', got 'greedy'",
+        ),
         (dict(gen_length=-4), r"gen_length must be >= 1, got -4"),
         (dict(block_length=5), r"block_length = 5 must divide gen_length = 128"),
         (dict(threshold=0.0), r"threshold must be in \(0, 1\]"),

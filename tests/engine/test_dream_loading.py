@@ -73,8 +73,25 @@ def test_published_config_is_read_as_dream():
         "weight_tying",
         "family",
         "attention_bias",
-    }
-    assert set(c.float_fields()) == {"rope_theta", "rms_norm_eps"}
+    } | set(LLADA2_DEFAULTS)
+    # the LLaDA2 fields (explicit head size, partial rotary, QK-norm, experts) stay at their defaults
+    assert {k: c.int_fields()[k] for k in LLADA2_DEFAULTS} == LLADA2_DEFAULTS
+    assert set(c.float_fields()) == {"rope_theta", "rms_norm_eps", "routed_scaling"}
+
+
+LLADA2_DEFAULTS = {
+    "head_size": 0,
+    "rope_dims": 0,
+    "qk_norm": 0,
+    "attn_out_bias": 0,
+    "num_experts": 0,
+    "experts_per_token": 0,
+    "expert_groups": 1,
+    "expert_groups_kept": 1,
+    "moe_hidden_size": 0,
+    "shared_experts": 0,
+    "first_dense_layers": 0,
+}
 
 
 def test_family_comes_from_model_type_only():

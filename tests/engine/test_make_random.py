@@ -124,8 +124,8 @@ def test_make_random_help_teaches_the_families():
     res = run_cli("make-random", "--help", timeout=120)
     assert res.returncode == 0, res.stderr
     for text in (
-        "--family {llada,dream}",
-        "--preset {dream-7b}",
+        "--family {llada,dream,llada2}",
+        "--preset {dream-7b,llada2-mini}",
         "--dtype bfloat16",
         "generation_config.json",
         "half of",

@@ -17,6 +17,7 @@ from blockbatch import DecodeOptions, Engine, contract, presets
 from blockbatch import cli as bb_cli
 from blockbatch.bench import policy_kwargs, policy_options
 from blockbatch.toy import checkpoint_path
+from helpers.llada2 import toy_tokenizer_checkpoint
 
 PROMPT = "72-2=__-3=__-3=__...............?"  # the toy task; greedy answer 72-2=70-3=67-3=64;64
 # A file preset whose options all differ from the defaults (so "came from the preset" is observable).
@@ -24,8 +25,10 @@ MINE = {"policy": "blockbatch", "block_sizes": [8, 16, 48], "threshold": 0.7, "m
 
 
 @pytest.fixture(scope="module")
-def engines():
-    return {family: Engine.from_pretrained(checkpoint_path(family)) for family in ("llada", "dream")}
+def engines(tmp_path_factory):
+    out = {family: Engine.from_pretrained(checkpoint_path(family)) for family in ("llada", "dream")}
+    out["llada2"] = Engine.from_pretrained(str(toy_tokenizer_checkpoint(tmp_path_factory.mktemp("llada2"))))
+    return out
 
 
 @pytest.fixture
@@ -46,9 +49,9 @@ def _gen_length_for(preset: presets.Preset) -> int:
 # --------------------------------------------------------------------------- the presets themselves
 
 
-@pytest.mark.parametrize("family", ["llada", "dream"])
+@pytest.mark.parametrize("family", ["llada", "dream", "llada2"])
 @pytest.mark.parametrize("name", presets.names())
-def test_built_in_presets_decode_on_both_toy_families(engines, name, family):
+def test_built_in_presets_decode_on_every_family(engines, name, family):
     preset = presets.get(name)
     assert preset.source == "built-in" and preset.description and "gen_length" not in preset.options
     G = _gen_length_for(preset)
@@ -60,6 +63,10 @@ def test_built_in_presets_decode_on_both_toy_families(engines, name, family):
             assert options.block_sizes == tuple(b for b in value if G % b == 0) and options.block_sizes
         else:
             assert getattr(options, key) == (tuple(value) if isinstance(value, list) else value), key
+    if (options.policy == "block") != (family == "llada2"):  # LLaDA2's presets and the others' do not mix
+        with pytest.raises(ValueError, match=r"policy 'block' is the decoder|not defined on llada2 checkpoints"):
+            engines[family].generate(PROMPT, options, chat=False)
+        return
     [gen] = engines[family].generate(PROMPT, options, chat=False)
     assert gen.stats["policy"] == options.policy and gen.stats["nfe"] >= 1
     if options.policy == "blockbatch":
@@ -72,7 +79,7 @@ def test_unknown_preset_names_the_choices():
     with pytest.raises(
         ValueError,
         match=r"unknown preset 'nope': the presets are blockbatch-paper, blockbatch-best, "
-        r"dual-fast-dllm, or give a preset file's path",
+        r"dual-fast-dllm, llada2.0, llada2.1-edit, or give a preset file's path",
     ):
         DecodeOptions.from_preset("nope")
     with pytest.raises(TypeError, match="preset must be a preset name or a file path"):
@@ -285,8 +292,8 @@ def test_bench_policy_specs_take_presets(mine):
     assert policy_options("blockbatch-best:threshold=0.8", 128).threshold == 0.8
     with pytest.raises(
         ValueError,
-        match=r"policy must be one of vanilla, prefix, dual, blockbatch, a preset "
-        r"\(blockbatch-paper, blockbatch-best, dual-fast-dllm\) or a preset file",
+        match=r"policy must be one of vanilla, prefix, dual, blockbatch, block, a preset "
+        r"\(blockbatch-paper, blockbatch-best, dual-fast-dllm, llada2.0, llada2.1-edit\) or a preset file",
     ):
         policy_options("greedy", 64)
     with pytest.raises(ValueError, match=r"'blockbatch-paper:gate=3': unknown option 'gate'"):

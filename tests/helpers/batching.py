@@ -30,9 +30,19 @@ def mixed_requests(rng: random.Random, vocab: int, mask: int, n: int, family: st
         prompt = [
             t if t != mask else 1 for t in (rng.randrange(vocab - 2) for _ in range(rng.choice([1, 3, 7, 12, 20])))
         ]
-        policy = ("vanilla", "prefix", "dual", "blockbatch")[i % 4]
+        policy = ("vanilla", "prefix", "dual", "blockbatch")[i % 4] if family != "llada2" else "block"
         G = rng.choice([16, 32, 64])
-        if policy == "vanilla":
+        if policy == "block":  # LLaDA2: blocks of 8 / 16 / 32 aligned at 0, 2.0 and 2.1 (editing)
+            o = DecodeOptions(
+                policy="block",
+                gen_length=G + rng.choice([0, 5]),
+                block_length=rng.choice([8, 16, 32]),
+                steps=rng.choice([None, 4]),
+                threshold=rng.choice([0.6, 0.95]),
+                edit_threshold=(None, 0.5)[i % 2],
+                stop_on_eos=rng.choice([False, True]),
+            )
+        elif policy == "vanilla":
             o = (
                 DecodeOptions(policy="vanilla", gen_length=G, block_length=16, threshold=None, steps=G)
                 if family == "llada"
@@ -56,9 +66,11 @@ def same(a, b, what: str):
 
 
 def small_engine(folder, family: str, seed: int) -> Engine:
-    """A small random checkpoint of `family` ("llada" or "dream") written to `folder`, loaded."""
+    """A small random checkpoint of `family` ("llada", "dream" or "llada2") written to `folder`, loaded."""
     if family == "llada":
         make_random_checkpoint(folder, seed=seed, logit_scale=5.0, d_model=64, n_layers=2, vocab_size=97)
+    elif family == "llada2":  # GQA, partial rotary, a dense layer then 8 experts top-2 + shared
+        make_random_checkpoint(folder, seed=seed, logit_scale=5.0, vocab_size=64, n_layers=3, family="llada2")
     else:
         make_random_checkpoint(folder, seed=seed, logit_scale=5.0, vocab_size=64, family="dream")
     return Engine.from_pretrained(folder)

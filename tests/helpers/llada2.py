@@ -23,3 +23,29 @@ def tiny_config(**over) -> ref.LLaDA2Config:
     )
     fields.update(over)
     return ref.LLaDA2Config(**fields)
+
+
+def toy_tokenizer_checkpoint(folder, seed: int = 2):
+    """A random LLaDA2 checkpoint with the toy's vocabulary, special ids and tokenizer (so text
+    prompts work): a dense layer, then 8 experts top-2 + shared; 3 layers of d_model 64."""
+    import shutil
+    from pathlib import Path
+
+    from blockbatch.config import ModelConfig
+    from blockbatch.random_checkpoint import make_random_checkpoint
+    from blockbatch.toy import checkpoint_path
+
+    toy = ModelConfig.from_json_file(Path(checkpoint_path()) / "config.json")
+    make_random_checkpoint(
+        folder,
+        family="llada2",
+        seed=seed,
+        logit_scale=4.0,
+        vocab_size=toy.vocab_size,
+        mask_token_id=toy.mask_token_id,
+        eos_token_id=toy.eos_token_id,
+        d_model=64,
+        n_layers=3,
+    )
+    shutil.copy(Path(checkpoint_path()) / "tokenizer.json", Path(folder) / "tokenizer.json")
+    return folder

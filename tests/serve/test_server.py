@@ -544,7 +544,10 @@ def test_serve_preset_is_every_requests_default(preset_server, engine):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="blockbatch-toy", prompt=PROMPT, extra_body={"blockbatch": {"preset": "x"}})
     assert e.value.body["param"] == "blockbatch.preset"
-    assert "the presets are blockbatch-paper, blockbatch-best, dual-fast-dllm, house" in e.value.body["message"]
+    assert (
+        "the presets are blockbatch-paper, blockbatch-best, dual-fast-dllm, llada2.0, llada2.1-edit, house"
+        in e.value.body["message"]
+    )
     with pytest.raises(openai.BadRequestError) as e:  # none of the preset's sizes divides the request's gen_length
         client.completions.create(model="blockbatch-toy", prompt=PROMPT, extra_body={"blockbatch": {"gen_length": 12}})
     assert e.value.body["param"] == "blockbatch.gen_length" and "none of its block sizes" in e.value.body["message"]

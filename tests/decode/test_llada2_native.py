@@ -1,0 +1,250 @@
+"""The native LLaDA2 family (csrc/model/llada2.cpp, policy 'block' in csrc/decode/policies/block.cpp)
+against the float32 reference (python/blockbatch/reference/llada2.py) and the authors' recorded runs:
+logits within 1e-4, tokens, NFE and edits exactly."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import pathlib
+
+import pytest
+import torch
+
+from blockbatch import DecodeOptions, Engine
+from blockbatch.config import ModelConfig
+from blockbatch.families import llada2 as fam
+from blockbatch.native import NativeModel
+from blockbatch.random_checkpoint import make_random_checkpoint, random_config, random_weights
+from blockbatch.reference import llada2 as ref
+
+FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "authors_llada2_random.json"
+CASES = json.loads(FIXTURE.read_text(encoding="utf-8"))["cases"]
+
+# Shapes: GQA with partial rotary and MoE groups (the default), full rotary, dense only, biases on
+# q/k/v and the output, tied embeddings, no QK-norm, one expert a token, no shared expert.
+SHAPES = {
+    "moe-gqa": dict(),
+    "full-rotary": dict(rope_dims=16, n_layers=3),
+    "dense": dict(num_experts=0, first_dense_layers=0),
+    "biases-tied": dict(attention_bias=True, attn_out_bias=True, weight_tying=True),
+    "no-qk-norm-top1": dict(qk_norm=False, experts_per_token=1, shared_experts=0, first_dense_layers=0),
+    "groups-16": dict(num_experts=16, expert_groups=8, expert_groups_kept=3, experts_per_token=4, n_kv_heads=1),
+}
+
+
+def _model(shape: str, seed: int = 0, logit_scale: float = 4.0):
+    fields = dict(vocab_size=64, d_model=32, n_heads=4, n_kv_heads=2, head_size=16)
+    cfg = random_config("llada2", **{**fields, **SHAPES[shape]})
+    weights = random_weights(cfg, seed=seed, logit_scale=logit_scale)
+    return cfg, NativeModel(cfg, weights), ref.LLaDA2Reference(fam.reference_config(cfg), weights)
+
+
+def _block_rows(start: int, end: int, block: int):
+    """Query rows of [start, end), one per block (block-aligned), and each row's keys: up to its block's end."""
+    bounds = list(range(start, end, block))
+    return torch.tensor([0] + [b + block - start for b in bounds]), torch.tensor([b + block for b in bounds])
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_forward_equals_the_reference(shape):
+    """Bidirectional (one row, no cache) and block-causal (a row per block over one KV row, dual mode)
+    logits of the native forward within 1e-4 of the reference's."""
+    cfg, model, reference = _model(shape)
+    ids = torch.randint(0, 60, (48,), generator=torch.Generator().manual_seed(1))
+    pos = torch.arange(48)
+    native = torch.ops.blockbatch.forward(model.obj, ids, pos, torch.tensor([0, 48]))
+    assert (native - reference.forward(ids, None)).abs().max() < 1e-4
+    for block in (8, 16):
+        cu, kv_lens = _block_rows(0, 48, block)
+        kv = model.new_kv(1, 64)
+        rows = torch.zeros(len(kv_lens), dtype=torch.long)
+        out = torch.ops.blockbatch.forward(model.obj, ids, pos, cu, kv, rows, None, "dual", None, kv_lens)
+        assert (out - reference.forward(ids, block)).abs().max() < 1e-4, block
+        # the cache is exact: the last block again, over the cached keys, gives the same logits
+        last = 48 - block
+        again = torch.ops.blockbatch.forward(
+            model.obj, ids[last:], pos[last:], torch.tensor([0, block]), kv, rows[:1], None, "dual", None, kv_lens[-1:]
+        )
+        assert (again - out[last:]).abs().max() < 1e-5
+
+
+def test_moe_rows_do_not_depend_on_their_neighbours():
+    """A token's logits are the same whichever other tokens share its forward (and so its experts'
+    GEMMs): the batch-invariance the scheduler relies on."""
+    _, model, _ = _model("groups-16")
+    ids = torch.randint(0, 60, (40,), generator=torch.Generator().manual_seed(2))
+    alone = torch.ops.blockbatch.forward(model.obj, ids[:8], torch.arange(8), torch.tensor([0, 8]))
+    other = torch.randint(0, 60, (32,), generator=torch.Generator().manual_seed(3))
+    packed = torch.ops.blockbatch.forward(
+        model.obj,
+        torch.cat([other, ids[:8]]),
+        torch.cat([torch.arange(32), torch.arange(8)]),
+        torch.tensor([0, 32, 40]),
+    )
+    assert torch.equal(packed[32:], alone)
+
+
+GRID = list(
+    itertools.product(
+        ["moe-gqa", "dense", "groups-16"],  # shape
+        [3, 16, 21],  # prompt length: inside the first block, on a block boundary, past it
+        [8, 16, 32],  # block_length
+        [None, 0.5],  # edit_threshold: LLaDA2.0 / 2.1
+    )
+)
+
+
+@pytest.mark.parametrize("shape,prompt_len,block,edit", GRID)
+def test_block_decode_equals_the_reference(shape, prompt_len, block, edit):
+    """Tokens, forwards and edits of the native block decoder equal the reference's exact-cache decode,
+    which equals the authors' (tests/decode/test_llada2_reference.py), on several shapes, prompt
+    lengths, block lengths, with and without editing, EOS stops on and off."""
+    cfg, model, reference = _model(shape, seed=prompt_len + block)
+    prompt = torch.randint(0, 60, (prompt_len,), generator=torch.Generator().manual_seed(prompt_len))
+    for gen, steps, threshold, stop in ((40, None, 0.95, False), (24, 4, 0.5, True)):
+        canvas, st = ref.block_generate(
+            reference,
+            prompt,
+            gen_length=gen,
+            block_length=block,
+            steps=steps or block,
+            threshold=threshold,
+            edit_threshold=edit,
+            stop_on_eos=stop,
+            eos_id=cfg.eos_token_id,
+            mask_id=cfg.mask_token_id,
+            cache=True,
+        )
+        o = DecodeOptions(
+            policy="block",
+            gen_length=gen,
+            block_length=block,
+            steps=steps,
+            threshold=threshold,
+            edit_threshold=edit,
+            stop_on_eos=stop,
+        )
+        out = torch.ops.blockbatch.decode(model.obj, prompt, o.native)
+        stats = dict(zip(torch.ops.blockbatch.decode_stat_names(), out[1].tolist()))
+        what = f"gen {gen}, steps {steps}, threshold {threshold}, stop_on_eos {stop}"
+        assert out[0].tolist() == canvas.tolist(), what
+        assert (stats["nfe"], stats["edits"]) == (st["nfe"], st["edits"]), what
+
+
+def test_the_grid_reaches_editing_and_several_blocks():
+    """The grid above is not vacuous: editing edits, decodes span several blocks and EOS stops one."""
+    edits, blocks = 0, 0
+    for shape, prompt_len, block in (("moe-gqa", 3, 8), ("dense", 16, 8), ("moe-gqa", 21, 16)):
+        cfg, _, reference = _model(shape, seed=prompt_len + block)
+        prompt = torch.randint(0, 60, (prompt_len,), generator=torch.Generator().manual_seed(prompt_len))
+        _, st = ref.block_generate(
+            reference,
+            prompt,
+            gen_length=40,
+            block_length=block,
+            steps=block,
+            threshold=0.95,
+            edit_threshold=0.5,
+            eos_id=cfg.eos_token_id,
+            mask_id=cfg.mask_token_id,
+            cache=True,
+        )
+        edits += st["edits"]
+        blocks = max(blocks, len(st["forwards_per_block"]))
+    assert edits > 0 and blocks >= 4
+
+
+@pytest.mark.parametrize("edit", [None, 0.5])
+@pytest.mark.parametrize("stop_on_eos", [False, True])
+def test_eos_ends_the_decode_as_in_the_reference(edit, stop_on_eos):
+    """With the EOS id a token the model writes early, the decode ends blocks early as the reference
+    does (LLaDA2.0 at a block holding EOS, its early return with stop_on_eos; LLaDA2.1 with
+    stop_on_eos on a mask-free block holding EOS): the same canvas, forwards and edits."""
+    cfg, model, reference = _model("moe-gqa", seed=4)
+    prompt = torch.tensor([5, 6, 7])
+    kw = dict(gen_length=64, block_length=8, steps=8, threshold=0.5, edit_threshold=edit, mask_id=cfg.mask_token_id)
+    canvas, _ = ref.block_generate(reference, prompt, eos_id=cfg.eos_token_id, cache=True, **kw)
+    eos = int(canvas[12])  # a token of the second block
+    config = random_config("llada2", vocab_size=64, d_model=32, n_heads=4, n_kv_heads=2, head_size=16, eos_token_id=eos)
+    model = NativeModel(config, random_weights(config, seed=4, logit_scale=4.0))
+    canvas, st = ref.block_generate(reference, prompt, eos_id=eos, stop_on_eos=stop_on_eos, cache=True, **kw)
+    # it stopped before the last block, except LLaDA2.1 without stop_on_eos (which decodes every block)
+    assert (len(st["forwards_per_block"]) < 9) == (edit is None or stop_on_eos)
+    o = DecodeOptions(
+        policy="block",
+        gen_length=64,
+        block_length=8,
+        steps=8,
+        threshold=0.5,
+        edit_threshold=edit,
+        stop_on_eos=stop_on_eos,
+    )
+    out = torch.ops.blockbatch.decode(model.obj, prompt, o.native)
+    stats = dict(zip(torch.ops.blockbatch.decode_stat_names(), out[1].tolist()))
+    assert out[0].tolist() == canvas.tolist()
+    assert (stats["nfe"], stats["edits"]) == (st["nfe"], st["edits"])
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_native_equals_the_authors(case):
+    """The authors' own generate (LLaDA2.0 and 2.1, recorded from a fetched copy of their files): the
+    native block decoder gives the same generation and the same number of forwards."""
+    raw = {
+        **case["config"],
+        "model_type": "llada2_moe",
+        "mask_token_id": case["mask_id"],
+        "eos_token_id": case["eos_id"],
+        "max_position_embeddings": 512,
+    }
+    config = ModelConfig.from_dict(raw)
+    cfg = ref.LLaDA2Config(**case["config"])
+    model = NativeModel(config, ref.random_weights(cfg, case["seed"], logit_scale=case["logit_scale"]))
+    o = case["options"]
+    options = DecodeOptions(
+        policy="block",
+        gen_length=case["gen_length"],
+        block_length=o["block_length"],
+        steps=o["steps"],
+        threshold=o["threshold"],
+        edit_threshold=o.get("edit_threshold"),
+        max_post_steps=o.get("max_post_steps", 16),
+        stop_on_eos=o.get("stop_on_eos", False),
+    )
+    out = torch.ops.blockbatch.decode(model.obj, torch.tensor(case["prompt"]), options.native)
+    stats = dict(zip(torch.ops.blockbatch.decode_stat_names(), out[1].tolist()))
+    canvas = out[0]
+    assert ref.generated_text_ids(canvas, len(case["prompt"]), case["eos_id"]) == case["generated"]
+    assert stats["nfe"] == case["nfe"]
+
+
+def test_policies_on_the_family_say_why(tmp_path):
+    """LLaDA2 decodes with policy 'block' (the default a LLaDA2 model gives a request); the other
+    policies are refused with the reason, and 'block' is refused on a bidirectional family."""
+    make_random_checkpoint(tmp_path / "l2", family="llada2", vocab_size=64, logit_scale=4.0, max_sequence_length=1000)
+    engine = Engine.from_pretrained(str(tmp_path / "l2"))
+    assert engine.default_options().policy == "block" and engine.default_options().threshold == 0.95
+    out = engine.generate([[1, 2, 3]], engine.default_options(gen_length=16))[0]
+    assert out.stats["policy"] == "block" and out.stats["nfe"] >= 1
+    assert engine.generate([[1, 2, 3]], DecodeOptions(policy="block", gen_length=16))[0].raw_ids  # no options: block
+    for policy in ("vanilla", "prefix", "dual", "blockbatch"):
+        with pytest.raises(
+            ValueError, match=rf"policy '{policy}' is not defined on llada2 checkpoints.*policy='block'"
+        ):
+            engine.generate([[1, 2, 3]], DecodeOptions(policy=policy, gen_length=32))
+    for bad, match in (
+        (dict(temperature=0.5), "decodes greedily"),
+        (dict(factor=1.0), "leave factor None"),
+        (dict(steps=0), "steps must be None"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            engine.generate([[1, 2, 3]], DecodeOptions(policy="block", gen_length=16, **bad))
+    with pytest.raises(ValueError, match=r"rounded up to a whole block .* exceeds max_sequence_length"):
+        engine.generate([[1] * 10], DecodeOptions(policy="block", gen_length=989))  # 999 positions: blocks to 1024
+    make_random_checkpoint(tmp_path / "llada", vocab_size=64)
+    llada = Engine.from_pretrained(str(tmp_path / "llada"))
+    assert llada.default_options().policy == "dual"
+    with pytest.raises(ValueError, match=r"policy 'block' is the decoder of block-causal checkpoints"):
+        llada.generate([[1, 2, 3]], DecodeOptions(policy="block", gen_length=16))
+    with pytest.raises(ValueError, match=r"edit_threshold applies to policy 'block'"):
+        llada.generate([[1, 2, 3]], DecodeOptions(gen_length=16, edit_threshold=0.5))
