@@ -7,12 +7,14 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/max.h>
 #include <ATen/ops/pow.h>
 #include <ATen/ops/topk.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <limits>
 #include <optional>
 #include <set>
@@ -130,12 +132,22 @@ LLaDA2Model::LLaDA2Model(ModelConfig config, const std::unordered_map<std::strin
   const int64_t r = config_.rope_dim();
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(*device);
   const at::Tensor exponents = at::arange(0, r, 2, f32.dtype(at::kLong)).to(at::kFloat).div(static_cast<double>(r));
-  const at::Tensor inv_freq = at::pow(config_.rope_theta, exponents).reciprocal();
-  const at::Tensor angles = at::arange(config_.max_sequence_length, f32.dtype(at::kLong))
-                                .to(at::kFloat)
-                                .unsqueeze(1)
-                                .mul(inv_freq.unsqueeze(0));
-  rope_ = at::cat({angles.cos(), angles.sin()}, 1).contiguous();
+  inv_freq_ = at::pow(config_.rope_theta, exponents).reciprocal();
+  rope_table(std::min<int64_t>(config_.max_sequence_length, 4096));
+}
+
+at::Tensor LLaDA2Model::rope_table(int64_t positions) const {
+  std::lock_guard<std::mutex> lock(rope_->mutex);
+  const int64_t have = rope_->table.defined() ? rope_->table.size(0) : 0;
+  if (positions <= have) return rope_->table;
+  // Row p does not depend on the table's length; doubling bounds the growths.
+  const int64_t n = std::min(config_.max_sequence_length, std::max(positions, 2 * have));
+  TORCH_CHECK(positions <= n, "positions up to ", positions,
+              " exceed max_sequence_length = ", config_.max_sequence_length);
+  const at::Tensor angles =
+      at::arange(n, inv_freq_.options().dtype(at::kLong)).to(at::kFloat).unsqueeze(1).mul(inv_freq_.unsqueeze(0));
+  rope_->table = at::cat({angles.cos(), angles.sin()}, 1).contiguous();
+  return rope_->table;
 }
 
 at::Tensor LLaDA2Model::new_kv(int64_t rows, int64_t length) const {
@@ -212,13 +224,16 @@ at::Tensor LLaDA2Model::forward(const ForwardBatch& batch) const {
     attn_rows = kv_rows;
     cache_lens = b.prefix_lens;
   }
+  int64_t positions = b.max_positions;  // a bound on the positions (as the LLaDA body finds it)
+  if (positions <= 0) positions = b.kv.defined() ? b.kv.size(4) : (T > 0 ? b.positions.max().item<int64_t>() + 1 : 1);
+  const at::Tensor table = rope_table(positions);
   auto rotate = [&](at::Tensor t) {  // t: contiguous [T, heads, hd]; RoPE on its first r dims
     if (r == hd) {
-      ops::rope_(t, b.positions, rope_);
+      ops::rope_(t, b.positions, table);
       return t;
     }
     at::Tensor part = t.narrow(2, 0, r).contiguous();
-    ops::rope_(part, b.positions, rope_);
+    ops::rope_(part, b.positions, table);
     t.narrow(2, 0, r).copy_(part);
     return t;
   };

@@ -11,6 +11,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 
+#include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -48,10 +50,18 @@ class LLaDA2Model : public Network {
 
  private:
   at::Tensor moe(const LLaDA2Layer& w, const at::Tensor& x) const;
+  // The RoPE table [n, rope_dim] (float32 cos | sin) with n >= positions, grown as forwards need it
+  // (never sized by max_sequence_length up front).
+  at::Tensor rope_table(int64_t positions) const;
 
   ModelConfig config_;
-  at::Tensor wte_, norm_, lm_head_, rope_;  // rope_: [max_sequence_length, rope_dim] float32 cos | sin
+  at::Tensor wte_, norm_, lm_head_, inv_freq_;
   std::vector<LLaDA2Layer> layers_;
+  struct Rope {
+    std::mutex mutex;
+    at::Tensor table;
+  };
+  std::shared_ptr<Rope> rope_ = std::make_shared<Rope>();
 };
 
 // Hugging Face names and shapes of a LLaDA2 checkpoint of `config` (mirrors families/llada2.py).
