@@ -124,8 +124,16 @@ def configs(grid: Grid, gen_length: int) -> list[str]:
                                     rows.append((rank, spec))
         elif policy == "vanilla":
             rows.append((0.0, "vanilla"))
+        elif policy == "block":  # LLaDA2: blocks aligned at 0 (need not divide), LLaDA2.0 and 2.1's editing
+            for bl in grid.block_lengths:
+                for t in grid.thresholds:
+                    for edit in (None, 0.5):
+                        spec = f"block:block_length={bl},threshold={_fmt(t)}"
+                        if edit is not None:
+                            spec += f",edit_threshold={_fmt(edit)}"
+                        rows.append((abs(t - 0.95) + abs(bl - 32) / 320 + (0.01 if edit else 0), spec))
         else:
-            raise ValueError(f"policies: {policy!r} is not one of vanilla, prefix, dual, blockbatch")
+            raise ValueError(f"policies: {policy!r} is not one of vanilla, prefix, dual, blockbatch, block")
         per_policy[policy] = [s for _, s in sorted(rows, key=lambda r: r[0])]
     out, i = [], 0
     while any(i < len(v) for v in per_policy.values()):
@@ -404,7 +412,13 @@ def save_plot(data: dict, path: str, chosen: str | None) -> str | None:
     if plt is None:
         return None
     pts = data["configs"]
-    colors = {"vanilla": "tab:gray", "prefix": "tab:green", "dual": "tab:blue", "blockbatch": "tab:red"}
+    colors = {
+        "vanilla": "tab:gray",
+        "prefix": "tab:green",
+        "dual": "tab:blue",
+        "blockbatch": "tab:red",
+        "block": "tab:purple",
+    }
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
     for ax, key, label in (
         (axes[0], "mean_nfe", "mean NFE per sample"),
@@ -416,7 +430,7 @@ def save_plot(data: dict, path: str, chosen: str | None) -> str | None:
                 ax.scatter(
                     [p[key] for p in sel], [p["accuracy"] for p in sel], s=22, alpha=0.7, c=colors[policy], label=policy
                 )
-        for policy in ("dual", "blockbatch"):
+        for policy in ("dual", "blockbatch", "block"):
             own = {n: p for n, p in pts.items() if p["policy"] == policy}
             f = frontier(own, key)
             if len(f) > 1:

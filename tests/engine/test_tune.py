@@ -330,3 +330,17 @@ def test_blockbatch_best_is_the_config_the_shipped_sweeps_measured():
         dual = {n: p for n, p in pts.items() if p["policy"] == "dual"}
         best = pts[spec]
         assert not any(p["accuracy"] > best["accuracy"] and p["mean_nfe"] <= best["mean_nfe"] for p in dual.values())
+
+
+def test_the_grid_of_policy_block_for_llada2():
+    """LLaDA2's decoder in the grid: block lengths that need not divide gen_length (blocks aligned at
+    0), each threshold with and without LLaDA2.1's editing, every spec a valid DecodeOptions."""
+    from blockbatch.bench import policy_options
+    from blockbatch.tune import Grid, configs
+
+    specs = configs(Grid(policies=("block",), block_lengths=(16, 32), thresholds=(0.95, 0.7)), 40)
+    assert len(specs) == 8 and specs[0] == "block:block_length=32,threshold=0.95"
+    assert "block:block_length=16,threshold=0.7,edit_threshold=0.5" in specs
+    for spec in specs:
+        o = policy_options(spec, 40)
+        assert o.policy == "block" and o.gen_length == 40

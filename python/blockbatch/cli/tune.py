@@ -100,7 +100,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--policies",
         type=lambda t: tuple(x for x in t.split(",") if x),
         default=None,
-        help="comma-separated: vanilla, prefix, dual, blockbatch",
+        help="comma-separated: vanilla, prefix, dual, blockbatch, block (default: dual,blockbatch; block on "
+        "LLaDA2 checkpoints)",
     )
     g.add_argument("--block-lengths", type=_ints, default=None, help="dual / prefix block lengths, e.g. 16,32,64")
     g.add_argument("--thresholds", type=_floats, default=None, help="e.g. 0.95,0.9,0.8")
@@ -191,6 +192,9 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise ValueError(f"--out {args.out}: exists and is not a directory")
+    engine = Engine.from_pretrained(args.model, device=args.device)
+    if args.policies is None and engine.config.family == "llada2":
+        args.policies = ("block",)  # the family's one decoder
     base = GRIDS[args.grid]
     grid = dataclasses.replace(
         base,
@@ -217,7 +221,6 @@ def run(args: argparse.Namespace) -> int:
     samples = bench.load_tasks(args.tasks, args.n, answers_optional=True)
     if not samples:
         raise ValueError(f"--tasks {args.tasks}: the file holds no tasks")
-    engine = Engine.from_pretrained(args.model, device=args.device)
     if args.step_time == "measure":
         L = max(engine.encode(s.prompt).numel() for s in samples) + args.gen_length
         step_model = steptime.measure(engine.model, lengths=(L, 2 * L))
