@@ -300,6 +300,50 @@ def scheduler_ab(d: dict) -> str:
     return _table(["max_batch"] + [f"{p}: B / A" for p in pols], rows)
 
 
+def block_policies(d: dict) -> str:
+    """`blockbatch bench --compare-reference` on a LLaDA2 checkpoint (policy block): one row per spec."""
+    n = len(d["records"]) // len(d["summary"])
+    rows = []
+    for name, s in d["summary"].items():
+        o = d["policies"][name]
+        label = f"block {o['block_length']}, tau {o['threshold']}" + (
+            f", editing {o['edit_threshold']}" if o.get("edit_threshold") is not None else ""
+        )
+        rows.append(
+            [
+                label,
+                f"{s['accuracy']:.3f}",
+                f"{s['mean_nfe']:.2f}",
+                f"{s['tokens_per_forward']:.2f}",
+                f"{s['median_wall_ms']:.1f}",
+                f"{s['reference_median_wall_ms']:.1f}",
+                _x(s["speedup_vs_reference"]),
+                f"{round(s['reference_token_equal'] * n)}/{n}",
+            ]
+        )
+    head = ["policy", "accuracy", "mean NFE", "tokens / forward", "median ms / sample", "reference ms"]
+    return _table(head + ["native vs reference", "tokens equal"], rows)
+
+
+def llada2_cpu(d: dict) -> str:
+    """benchmarks/bench_llada2.py: one step of the exact block cache against the authors' recompute."""
+    s = d["steps"]
+    rows = [
+        ["exact cache: the current block over the cached prompt", f"{s['cached']['median_s'] * 1e3:.2f} ms", "1.00"],
+        [
+            "the authors' step: every block up to the current one",
+            f"{s['window']['median_s'] * 1e3:.2f} ms",
+            _x(d["window_over_cached"]),
+        ],
+        [
+            "exact cache, Python reference",
+            f"{s['reference cached']['median_s'] * 1e3:.2f} ms",
+            _x(d["reference_over_native_cached"]),
+        ],
+    ]
+    return _table([f"step after a {d['prompt']}-token prompt (block {d['block_length']})", "median", "vs cache"], rows)
+
+
 # name -> (result file under the repository root, renderer)
 TABLES: dict[str, tuple[str, Callable[[dict], str]]] = {
     "toy": ("docs/bench/bench.json", policies("llada")),
@@ -315,6 +359,8 @@ TABLES: dict[str, tuple[str, Callable[[dict], str]]] = {
     "decode-memory": ("docs/bench/sweep_decode.json", decode_memory),
     "soak": ("docs/bench/soak.json", soak),
     "gpu-step": ("docs/bench/gpu/bench_gpu_step.json", gpu_step),
+    "llada2-cpu": ("docs/bench/llada2/bench_llada2.json", llada2_cpu),
+    "llada2-toy": ("docs/bench/llada2/bench.json", block_policies),
 }
 
 

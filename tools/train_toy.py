@@ -355,18 +355,10 @@ def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
     tokenizer = toy_tok.build_tokenizer()
     weights = init_weights(config, tc.seed)
     model = ReferenceModel(config, weights)
-    decay = [w for w in weights.values() if w.dim() == 2]
-    no_decay = [w for w in weights.values() if w.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=tc.lr,
-        betas=(0.9, 0.98),
-        eps=1e-8,
+    opt = make_optimizer(
+        tc, [w for w in weights.values() if w.dim() == 2], [w for w in weights.values() if w.dim() < 2]
     )
-    g = torch.Generator().manual_seed(tc.seed + 1)
-    rng = random.Random(tc.seed + 2)
-    stream = toy_task.iter_problems(tc.seed, "train")
-    eval_problems = toy_task.make_problems(tc.eval_n, seed=1000 + tc.seed, split="test")
+    g, rng, stream, eval_problems = data_streams(tc)
     n_params = sum(w.numel() for w in weights.values())
 
     curve: list[dict] = []
@@ -438,16 +430,42 @@ def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
         "curve": curve,
     }
     if out is not None:
-        save_checkpoint(out, config, {k: v.detach() for k, v in weights.items()}, tokenizer=tokenizer)
-        os.chmod(os.path.join(out, WEIGHTS_NAME), 0o644)  # safetensors writes 0600; the file ships
-        with open(os.path.join(out, WEIGHTS_NAME), "rb") as f:
-            result["model_sha256"] = hashlib.sha256(f.read()).hexdigest()
-        with open(os.path.join(out, CURVE_NAME), "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
-        if not quiet:
-            progress.note(f"wrote {out} (model.safetensors sha256 {result['model_sha256'][:16]}...)")
+        save_run(out, config, weights, tokenizer, result, None if quiet else progress)
     result["weights"] = weights
     return result
+
+
+def make_optimizer(tc, decay: list, no_decay: list) -> torch.optim.AdamW:
+    """AdamW of the toy runs: weight decay on `decay` only."""
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=tc.lr,
+        betas=(0.9, 0.98),
+        eps=1e-8,
+    )
+
+
+def data_streams(tc):
+    """The run's seeded sources: the masking generator, the canvas-length RNG, the training problems
+    and the held-out ones."""
+    g = torch.Generator().manual_seed(tc.seed + 1)
+    rng = random.Random(tc.seed + 2)
+    stream = toy_task.iter_problems(tc.seed, "train")
+    eval_problems = toy_task.make_problems(tc.eval_n, seed=1000 + tc.seed, split="test")
+    return g, rng, stream, eval_problems
+
+
+def save_run(out: str, config: ModelConfig, weights: dict, tokenizer, result: dict, progress=None) -> None:
+    """The checkpoint folder of a run: weights (mode 0644: the file ships), tokenizer, and the
+    learning curve with the weights' sha256 (set in `result` too)."""
+    save_checkpoint(out, config, {k: v.detach() for k, v in weights.items()}, tokenizer=tokenizer)
+    os.chmod(os.path.join(out, WEIGHTS_NAME), 0o644)  # safetensors writes 0600; the file ships
+    with open(os.path.join(out, WEIGHTS_NAME), "rb") as f:
+        result["model_sha256"] = hashlib.sha256(f.read()).hexdigest()
+    with open(os.path.join(out, CURVE_NAME), "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=1)
+    if progress is not None:
+        progress.note(f"wrote {out} (model.safetensors sha256 {result['model_sha256'][:16]}...)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,6 +17,7 @@ from blockbatch.families import llada2 as fam
 from blockbatch.native import NativeModel
 from blockbatch.random_checkpoint import make_random_checkpoint, random_config, random_weights
 from blockbatch.reference import llada2 as ref
+from helpers.llada2 import native_case_decode
 
 FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "authors_llada2_random.json"
 CASES = json.loads(FIXTURE.read_text(encoding="utf-8"))["cases"]
@@ -200,20 +201,7 @@ def test_native_equals_the_authors(case):
     config = ModelConfig.from_dict(raw)
     cfg = ref.LLaDA2Config(**case["config"])
     model = NativeModel(config, ref.random_weights(cfg, case["seed"], logit_scale=case["logit_scale"]))
-    o = case["options"]
-    options = DecodeOptions(
-        policy="block",
-        gen_length=case["gen_length"],
-        block_length=o["block_length"],
-        steps=o["steps"],
-        threshold=o["threshold"],
-        edit_threshold=o.get("edit_threshold"),
-        max_post_steps=o.get("max_post_steps", 16),
-        stop_on_eos=o.get("stop_on_eos", False),
-    )
-    out = torch.ops.blockbatch.decode(model.obj, torch.tensor(case["prompt"]), options.native)
-    stats = dict(zip(torch.ops.blockbatch.decode_stat_names(), out[1].tolist()))
-    canvas = out[0]
+    canvas, stats = native_case_decode(model.obj, case)
     assert ref.generated_text_ids(canvas, len(case["prompt"]), case["eos_id"]) == case["generated"]
     assert stats["nfe"] == case["nfe"]
 
@@ -248,3 +236,56 @@ def test_policies_on_the_family_say_why(tmp_path):
         llada.generate([[1, 2, 3]], DecodeOptions(policy="block", gen_length=16))
     with pytest.raises(ValueError, match=r"edit_threshold applies to policy 'block'"):
         llada.generate([[1, 2, 3]], DecodeOptions(gen_length=16, edit_threshold=0.5))
+
+
+def test_loading_the_published_layout(tmp_path):
+    """The published LLaDA2.0-mini config.json reads into the family's fields (16.3B parameters, one
+    tensor count for loader and C++); a sharded random checkpoint loads; a missing expert tensor, a
+    bad key and a foreign score function are errors naming the file, tensor or key."""
+    from blockbatch import families
+    from blockbatch.errors import CheckpointError
+    from decode.test_llada2_reference import MINI
+
+    config = ModelConfig.from_dict(MINI)
+    assert (config.family, config.head_dim, config.rope_dim, config.num_experts, config.first_dense_layers) == (
+        "llada2",
+        128,
+        64,
+        256,
+        1,
+    )
+    assert (config.mask_token_id, config.eos_token_id) == (fam.AUTHORS_MASK_ID, fam.AUTHORS_EOS_ID)
+    shapes = families.weight_shapes(config)
+    assert families.tensor_count(config) == len(shapes) == 14813
+    assert 16.0e9 < sum(torch.Size(s).numel() for s in shapes.values()) < 16.5e9
+    assert {k: getattr(config, k) for k in fam.LLADA2_MINI} == fam.LLADA2_MINI
+    folder = tmp_path / "sharded"
+    make_random_checkpoint(folder, family="llada2", vocab_size=64, n_layers=3, max_shard_bytes=200_000)
+    assert (folder / "model.safetensors.index.json").exists()
+    engine = Engine.from_pretrained(str(folder))
+    assert engine.config.family == "llada2" and engine.generate([[1, 2, 3]], engine.default_options(gen_length=8))
+    import json as _json
+
+    from safetensors.torch import load_file, save_file
+
+    index = _json.loads((folder / "model.safetensors.index.json").read_text())
+    name = "model.layers.2.mlp.experts.5.up_proj.weight"
+    shard = folder / index["weight_map"][name]
+    tensors = load_file(shard)
+    del tensors[name]
+    save_file(tensors, shard)
+    del index["weight_map"][name]
+    (folder / "model.safetensors.index.json").write_text(_json.dumps(index))
+    with pytest.raises(CheckpointError, match=rf"{name}.*mixtures of experts"):
+        Engine.from_pretrained(str(folder))
+    for key, value, match in (
+        ("score_function", "softmax", r"config.json: key 'score_function' is 'softmax'; LLaDA2 checkpoints use"),
+        ("n_group", 3, r"config.json: key 'n_group' = 3 must divide num_experts = 8"),
+        ("partial_rotary_factor", 1.5, r"config.json: key 'partial_rotary_factor' must be a number in \(0, 1\]"),
+    ):
+        raw = _json.loads((folder / "config.json").read_text())
+        bad = tmp_path / f"bad-{key}"
+        bad.mkdir()
+        (bad / "config.json").write_text(_json.dumps({**raw, key: value}))
+        with pytest.raises(CheckpointError, match=match):
+            ModelConfig.from_json_file(bad / "config.json")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from blockbatch.reference import llada2 as ref
-from helpers.llada2 import MOE, tiny_config
+from helpers.llada2 import MOE, reference_case_decode, tiny_config
 
 FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "authors_llada2_random.json"
 CASES = json.loads(FIXTURE.read_text(encoding="utf-8"))["cases"]
@@ -26,21 +26,7 @@ def _decode(case: dict, cache: bool) -> tuple[torch.Tensor, dict]:
     torch.set_num_threads(1)
     cfg = ref.LLaDA2Config(**case["config"])
     model = ref.LLaDA2Reference(cfg, ref.random_weights(cfg, case["seed"], logit_scale=case["logit_scale"]))
-    o = case["options"]
-    return ref.block_generate(
-        model,
-        torch.tensor(case["prompt"]),
-        gen_length=case["gen_length"],
-        block_length=o["block_length"],
-        steps=o["steps"],
-        threshold=o["threshold"],
-        edit_threshold=o.get("edit_threshold"),
-        max_post_steps=o.get("max_post_steps", 16),
-        stop_on_eos=o.get("stop_on_eos", False),
-        eos_id=case["eos_id"],
-        mask_id=case["mask_id"],
-        cache=cache,
-    )
+    return reference_case_decode(model, case, cache)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])

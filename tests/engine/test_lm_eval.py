@@ -202,19 +202,38 @@ def test_apply_chat_template_renders_the_checkpoints_template(tmp_path):
 def test_dream_toy_through_lm_eval():
     """The lm-eval model on the Dream toy (family from the checkpoint): BlockBatch with Dream's
     default branches, canvas rounded to their lcm (64), the answers the engine gives directly."""
-    from lm_eval.tasks import TaskManager
-
     from blockbatch import toy
 
     dream = BlockBatchLM(pretrained=toy.dream_checkpoint_path(), policy="blockbatch", device="cpu")
     assert dream.engine.config.family == "dream"
     options, budget = dream.options_for({"until": ["\n"], "max_gen_toks": 40, "do_sample": False})
     assert (options.gen_length, options.resolved("block_sizes", "dream"), budget) == (64, (4, 8, 16, 32, 64), 40)
+    out = _evaluate_as_the_engine(dream, options, budget)
+    assert out["results"][TASK]["exact_match,none"] >= 0.5
+
+
+def _evaluate_as_the_engine(model: BlockBatchLM, options, budget: int, limit: int = 6) -> dict:
+    """lm-eval's results on the toy task with `model`; each answer the engine's for the same options."""
+    from lm_eval.tasks import TaskManager
+
     out = lm_eval.simple_evaluate(
-        model=dream, tasks=[TASK], task_manager=TaskManager(include_path=str(TASK_DIR)), log_samples=True, limit=6
+        model=model, tasks=[TASK], task_manager=TaskManager(include_path=str(TASK_DIR)), log_samples=True, limit=limit
     )
     rows = _rows()
     for s in out["samples"][TASK]:
-        [gen] = dream.engine.generate(rows[s["doc_id"]]["prompt"], options)
-        assert s["resps"][0][0] == dream.engine.codec.decode(gen.ids[:budget])
-    assert out["results"][TASK]["exact_match,none"] >= 0.5
+        [gen] = model.engine.generate(rows[s["doc_id"]]["prompt"], options)
+        assert s["resps"][0][0] == model.engine.codec.decode(gen.ids[:budget])
+        assert gen.stats["policy"] == options.policy
+    return out
+
+
+@pytest.mark.slow
+def test_llada2_toy_through_lm_eval():
+    """The lm-eval model on the LLaDA2 toy with policy block: the answers the engine gives directly."""
+    from blockbatch import toy
+
+    llada2 = BlockBatchLM(pretrained=toy.checkpoint_path("llada2"), policy="block", device="cpu")
+    assert llada2.engine.config.family == "llada2"
+    options, budget = llada2.options_for({"until": ["\n"], "max_gen_toks": 40, "do_sample": False})
+    assert (options.policy, options.gen_length, options.threshold, budget) == ("block", 64, 0.95, 40)
+    _evaluate_as_the_engine(llada2, options, budget)

@@ -49,3 +49,49 @@ def toy_tokenizer_checkpoint(folder, seed: int = 2):
     )
     shutil.copy(Path(checkpoint_path()) / "tokenizer.json", Path(folder) / "tokenizer.json")
     return folder
+
+
+def case_options(case: dict):
+    """The DecodeOptions (policy block) of a recorded authors' case (tests/fixtures/authors_llada2_*.json)."""
+    from blockbatch import DecodeOptions
+
+    o = case["options"]
+    return DecodeOptions(
+        policy="block",
+        gen_length=case["gen_length"],
+        block_length=o["block_length"],
+        steps=o["steps"],
+        threshold=o["threshold"],
+        edit_threshold=o.get("edit_threshold"),
+        max_post_steps=o.get("max_post_steps", 16),
+        stop_on_eos=o.get("stop_on_eos", False),
+    )
+
+
+def reference_case_decode(model, case: dict, cache: bool = True):
+    """The reference block decode (canvas, stats) of a recorded case's prompt and options on ``model``."""
+    import torch
+
+    o = case_options(case)
+    return ref.block_generate(
+        model,
+        torch.tensor(case["prompt"]),
+        gen_length=o.gen_length,
+        block_length=o.block_length,
+        steps=o.steps,
+        threshold=o.threshold,
+        edit_threshold=o.edit_threshold,
+        max_post_steps=o.max_post_steps,
+        stop_on_eos=bool(o.stop_on_eos),
+        eos_id=case["eos_id"],
+        mask_id=case["mask_id"],
+        cache=cache,
+    )
+
+
+def native_case_decode(model_obj, case: dict):
+    """The native decode (canvas, stats dict) of a recorded case's prompt and options."""
+    import torch
+
+    out = torch.ops.blockbatch.decode(model_obj, torch.tensor(case["prompt"]), case_options(case).native)
+    return out[0], dict(zip(torch.ops.blockbatch.decode_stat_names(), out[1].tolist()))

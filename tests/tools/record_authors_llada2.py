@@ -28,6 +28,11 @@ Usage (from the repository root, the package and tests/helpers importable)::
     git -C /tmp/dllm show 5589aeb4:dllm/pipelines/llada21/models/modeling_llada2_moe.py > /tmp/llada21.py
     PYTHONPATH=python:tests python tests/tools/record_authors_llada2.py /tmp/llada20.py /tmp/llada21.py \\
         --out tests/fixtures/authors_llada2_random.json
+    PYTHONPATH=python:tests python tests/tools/record_authors_llada2.py /tmp/llada20.py /tmp/llada21.py \\
+        --trained python/blockbatch/toy/checkpoint_llada2 --out tests/fixtures/authors_llada2_toy.json
+
+``--trained DIR``: the cases run on a trained LLaDA2 checkpoint (the shipped toy) with held-out toy
+prompts instead of random weights.
 """
 
 from __future__ import annotations
@@ -267,11 +272,63 @@ EOS_ID, MASK_ID = 62, 63
 EDIT_OPTIONS = [dict(edit_threshold=0.5, threshold=0.7, max_post_steps=3), dict(edit_threshold=0.9, max_post_steps=16)]
 
 
+def cases(trained: str | None):
+    """(name, config, weights, seed, logit scale, prompt, gen_length, options, eos id, mask id) per
+    case: the random ones of CASES, or held-out toy prompts on a trained checkpoint."""
+    if trained is None:
+        for name, over, seed, scale, prompt_len, gen_length, options in CASES:
+            cfg = tiny_config(**over)
+            prompt = torch.randint(0, 60, (prompt_len,), generator=torch.Generator().manual_seed(seed))
+            yield (
+                name,
+                cfg,
+                ref.random_weights(cfg, seed, logit_scale=scale),
+                seed,
+                scale,
+                prompt,
+                gen_length,
+                options,
+                (EOS_ID),
+                MASK_ID,
+            )
+        return
+    from blockbatch.families import llada2 as fam
+    from blockbatch.loading import load_checkpoint
+    from blockbatch.toy import task as toy_task
+    from blockbatch.toy import tokenizer as toy_tok
+
+    ckpt = load_checkpoint(trained)
+    cfg = fam.reference_config(ckpt.config)
+    weights = {k: v.float() for k, v in ckpt.weights.items()}
+    problems = toy_task.make_problems(3, seed=4242, split="test")
+    tok = toy_tok.build_tokenizer()
+    settings = [
+        dict(block_length=32, steps=32, threshold=0.95),
+        dict(block_length=16, steps=8, threshold=0.9, stop_on_eos=True),
+    ]
+    for i, p in enumerate(problems):
+        prompt = torch.tensor(toy_tok.encode(tok, p.prompt))
+        options = settings[i % len(settings)]
+        yield (
+            f"toy-{i}-b{options['block_length']}",
+            cfg,
+            weights,
+            None,
+            None,
+            prompt,
+            64,
+            options,
+            (ckpt.config.eos_token_id),
+            ckpt.config.mask_token_id,
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("llada20", help="modeling_llada2_moe.py of LLaDA2.0 (dllm 85cb53a0)")
     ap.add_argument("llada21", help="modeling_llada2_moe.py of LLaDA2.1 (dllm 5589aeb4)")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--trained", default=None, help="a trained LLaDA2 checkpoint folder (the toy) instead")
     args = ap.parse_args()
     torch.set_num_threads(1)
     ns20, methods20 = load_authors(args.llada20)
@@ -279,12 +336,9 @@ def main() -> None:
     greedy = methods21._sample_with_temperature_topk_topp
     mask_id = MASK_ID
     records = []
-    for name, over, seed, scale, prompt_len, gen_length, options in CASES:
-        cfg = tiny_config(**over)
-        weights = ref.random_weights(cfg, seed, logit_scale=scale)
-        prompt = torch.randint(0, 60, (prompt_len,), generator=torch.Generator().manual_seed(seed))
+    for name, cfg, weights, seed, scale, prompt, gen_length, options, eos_id, mask_id in cases(args.trained):
+        prompt_len = prompt.numel()
         ours = ref.LLaDA2Reference(cfg, weights)
-        eos_id = EOS_ID
         if name in EOS_FROM_MODEL:
             canvas = torch.cat([prompt, torch.full((gen_length,), mask_id)])
             eos_id = int(ours.forward(canvas, options["block_length"])[prompt_len:].argmax(-1).mode().values)
@@ -297,7 +351,9 @@ def main() -> None:
                 model = authors_model(
                     ns, methods, cfg, weights, greedy if version == "2.0" else None, fix_mask=version == "2.1"
                 )
-                canvas = torch.randint(0, 64, (2 * opts["block_length"],), generator=torch.Generator().manual_seed(7))
+                canvas = torch.randint(
+                    0, cfg.vocab_size, (2 * opts["block_length"],), generator=torch.Generator().manual_seed(7)
+                )
                 block_mask = (
                     torch.tril(torch.ones(2, 2))
                     .repeat_interleave(opts["block_length"], 0)
@@ -338,6 +394,7 @@ def main() -> None:
                         "name": f"{name}/{version}{'/' + str(extra) if extra else ''}",
                         "version": version,
                         "config": dataclasses.asdict(cfg),
+                        **({"checkpoint": "toy"} if args.trained else {}),
                         "seed": seed,
                         "logit_scale": scale,
                         "prompt": prompt.tolist(),

@@ -1,12 +1,14 @@
 """Small trained masked-diffusion LMs shipped with the package, and the task they solve.
 
-Two checkpoints, trained by ``python tools/train_toy.py`` on the chained-arithmetic task of
-``toy.task`` with the same character tokenizer, data and objective:
+Three checkpoints, trained on the chained-arithmetic task of ``toy.task`` with the same character
+tokenizer and data (``python tools/train_toy.py``; the LLaDA2 one ``python tools/train_toy_llada2.py``):
 
 * ``toy/checkpoint``: LLaDA layout (``--family llada``, the default);
 * ``toy/checkpoint_dream``: Hugging Face Dream layout (``--family dream``): q/k/v biases, GQA,
   ``generation_config.json``, and Dream's shifted outputs (position ``p`` is read from the
-  output at ``p - 1``).
+  output at ``p - 1``);
+* ``toy/checkpoint_llada2``: LLaDA2 layout (``model_type`` "llada2_moe": QK-norm, partial rotary, a
+  dense layer then mixtures of 8 experts), block-causal, trained with the block-diffusion objective.
 
 ``load_checkpoint`` reads either (the family comes from ``config.json``);
 ``python -m blockbatch.toy.evaluate [--family dream]`` measures exact-match accuracy and NFE
@@ -20,11 +22,12 @@ import os
 _HERE = os.path.dirname(os.path.abspath(__file__))
 CHECKPOINT_DIR = os.path.join(_HERE, "checkpoint")
 DREAM_CHECKPOINT_DIR = os.path.join(_HERE, "checkpoint_dream")
-CHECKPOINT_DIRS = {"llada": CHECKPOINT_DIR, "dream": DREAM_CHECKPOINT_DIR}
+LLADA2_CHECKPOINT_DIR = os.path.join(_HERE, "checkpoint_llada2")
+CHECKPOINT_DIRS = {"llada": CHECKPOINT_DIR, "dream": DREAM_CHECKPOINT_DIR, "llada2": LLADA2_CHECKPOINT_DIR}
 
 
 def checkpoint_path(family: str = "llada") -> str:
-    """Folder of the shipped toy checkpoint of ``family`` (``"llada"`` or ``"dream"``)."""
+    """Folder of the shipped toy checkpoint of ``family`` (``"llada"``, ``"dream"`` or ``"llada2"``)."""
     try:
         return CHECKPOINT_DIRS[family]
     except KeyError:

@@ -357,9 +357,10 @@ def main(argv: list[str] | None = None) -> int:
     where = ap.add_mutually_exclusive_group()
     where.add_argument(
         "--family",
-        choices=list(CHECKPOINT_DIRS),
+        choices=[f for f in CHECKPOINT_DIRS if f != "llada2"],
         default=None,
-        help="evaluate the shipped toy checkpoint of this family (default llada)",
+        help="evaluate the shipped toy checkpoint of this family (default llada; the LLaDA2 toy decodes with the "
+        "native block policy: blockbatch bench --model <its folder>)",
     )
     where.add_argument(
         "--checkpoint", default=None, help="checkpoint folder (LLaDA or Dream: the family comes from its config.json)"
