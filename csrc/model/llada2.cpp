@@ -76,25 +76,8 @@ LLaDA2Model::LLaDA2Model(ModelConfig config, const std::unordered_map<std::strin
   const int64_t needed = config_.tensor_count();
   TORCH_CHECK(needed <= static_cast<int64_t>(weights.size()), "weights: a llada2 model with this config needs ", needed,
               " tensors but the dict holds ", weights.size());
-  std::set<std::string> names;
-  std::optional<c10::Device> device;
-  for (const auto& [name, shape] : llada2_weight_shapes(config_)) {
-    names.insert(name);
-    auto it = weights.find(name);
-    TORCH_CHECK(it != weights.end(), "weights: tensor '", name, "' is missing");
-    const at::Tensor& t = it->second;
-    TORCH_CHECK(t.sizes() == c10::IntArrayRef(shape), "weights: tensor '", name, "' has shape ", t.sizes(),
-                ", expected ", c10::IntArrayRef(shape));
-    TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf,
-                "weights: tensor '", name, "' has dtype ", t.scalar_type(), "; expected float32, bfloat16 or float16");
-    if (!device) device = t.device();
-    TORCH_CHECK(t.device() == *device, "weights: tensor '", name, "' is on ", t.device(), " but others are on ",
-                *device);
-  }
-  for (const auto& [name, t] : weights) {
-    TORCH_CHECK(names.count(name), "weights: unexpected tensor '", name,
-                "' (not part of a llada2 model with this config)");
-  }
+  const std::optional<c10::Device> device =
+      check_weights(llada2_weight_shapes(config_), weights, family_name(config_.family));
   auto w = [&](const std::string& name) { return weights.at(name).to(dtype).contiguous(); };
   auto swiglu = [&](const std::string& p) {
     return SwiGLU{at::cat({w(p + "gate_proj.weight"), w(p + "up_proj.weight")}, 0), w(p + "down_proj.weight")};

@@ -110,26 +110,8 @@ void Model::build(const std::unordered_map<std::string, at::Tensor>& weights, c1
   TORCH_CHECK(config_.n_layers <= static_cast<int64_t>(weights.size()),
               "weights: config key 'n_layers' = ", config_.n_layers, " needs ", config_.tensor_count(),
               " tensors but the dict holds ", weights.size());
-  const auto expected = expected_weight_shapes(config_);
-  std::set<std::string> names;
-  std::optional<c10::Device> device;
-  for (const auto& [name, shape] : expected) {
-    names.insert(name);
-    auto it = weights.find(name);
-    TORCH_CHECK(it != weights.end(), "weights: tensor '", name, "' is missing");
-    const at::Tensor& t = it->second;
-    TORCH_CHECK(t.sizes() == c10::IntArrayRef(shape), "weights: tensor '", name, "' has shape ", t.sizes(),
-                ", expected ", c10::IntArrayRef(shape));
-    TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf,
-                "weights: tensor '", name, "' has dtype ", t.scalar_type(), "; expected float32, bfloat16 or float16");
-    if (!device) device = t.device();
-    TORCH_CHECK(t.device() == *device, "weights: tensor '", name, "' is on ", t.device(), " but others are on ",
-                *device);
-  }
-  for (const auto& [name, t] : weights) {
-    TORCH_CHECK(names.count(name), "weights: unexpected tensor '", name, "' (not part of a ",
-                family_name(config_.family), " model with this config)");
-  }
+  const std::optional<c10::Device> device =
+      check_weights(expected_weight_shapes(config_), weights, family_name(config_.family));
   auto w = [&](const std::string& name) { return weights.at(name).to(dtype).contiguous(); };
   const WeightNames& n = weight_names(config_.family);
   wte_ = w(n.wte);

@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <set>
 
 namespace blockbatch {
 
@@ -12,6 +13,31 @@ KvMode parse_kv_mode(const std::string& mode) {
   if (mode == "dual") return KvMode::kDual;
   if (mode == "prefix") return KvMode::kPrefix;
   TORCH_CHECK(false, "mode must be 'full', 'dual' or 'prefix', got '", mode, "'");
+}
+
+std::optional<c10::Device> check_weights(const std::vector<std::pair<std::string, std::vector<int64_t>>>& expected,
+                                         const std::unordered_map<std::string, at::Tensor>& weights,
+                                         const char* family) {
+  std::set<std::string> names;
+  std::optional<c10::Device> device;
+  for (const auto& [name, shape] : expected) {
+    names.insert(name);
+    auto it = weights.find(name);
+    TORCH_CHECK(it != weights.end(), "weights: tensor '", name, "' is missing");
+    const at::Tensor& t = it->second;
+    TORCH_CHECK(t.sizes() == c10::IntArrayRef(shape), "weights: tensor '", name, "' has shape ", t.sizes(),
+                ", expected ", c10::IntArrayRef(shape));
+    TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf,
+                "weights: tensor '", name, "' has dtype ", t.scalar_type(), "; expected float32, bfloat16 or float16");
+    if (!device) device = t.device();
+    TORCH_CHECK(t.device() == *device, "weights: tensor '", name, "' is on ", t.device(), " but others are on ",
+                *device);
+  }
+  for (const auto& [name, t] : weights) {
+    TORCH_CHECK(names.count(name), "weights: unexpected tensor '", name, "' (not part of a ", family,
+                " model with this config)");
+  }
+  return device;
 }
 
 at::Tensor zero_kv(const Network& net, const at::TensorOptions& options, int64_t rows, int64_t length) {

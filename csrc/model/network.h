@@ -9,7 +9,11 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "model/config.h"
 
@@ -63,6 +67,13 @@ class Network {
   Network(const Network&) = default;
   Network& operator=(const Network&) = default;
 };
+
+// Every `expected` tensor present in `weights` with its shape and a float dtype, all on one device,
+// and nothing else there (else "unexpected tensor ... (not part of a <family> model ...)"); returns
+// that device (none: `expected` is empty). Throws naming the tensor.
+std::optional<c10::Device> check_weights(const std::vector<std::pair<std::string, std::vector<int64_t>>>& expected,
+                                         const std::unordered_map<std::string, at::Tensor>& weights,
+                                         const char* family);
 
 // The checks every Network's check() makes (shapes, dtypes, devices, ranges); throws naming the argument.
 void check_forward_batch(const Network& net, const ForwardBatch& batch);
