@@ -11,7 +11,8 @@ import sys
 import torch
 
 OPS = ["forward", "decode", "rms_norm", "add_rms_norm_", "silu_mul", "linear", "rope_", "kv_write_", "packed_attention", "confidence",
-       "sparse_probs", "commit_", "rope_kv_write_", "bb_absorb_", "bb_coordinate_", "kv_copy_rows_"]
+       "sparse_probs", "commit_", "rope_kv_write_", "bb_absorb_", "bb_coordinate_", "kv_copy_rows_",
+       "moe_experts"]
 
 
 def main() -> int:

@@ -23,7 +23,13 @@ Candidates (--part candidates, a run of its own; CANDIDATES in common.py: the op
 the settings table): the whole step with the default kernels ("default_*") and again under each
 candidate's environment variables and under all together ("<name>_eager_ms", "_replay_ms",
 "_busy_ms", "_replay_over_busy", "_replay_over_roofline"; with no candidate left it says so and
-times none). Then "gemm" in the JSON: cuBLAS at each of the step's weight shapes (fused QKV,
+times none). Candidates of LLaDA2's layers (Candidate.model "llada2": the fused MoE kernels) are
+timed on LLaDA2-mini-shaped steps instead (--llada2-layers layers of the published mini: the first
+dense, the others 256 experts top-8 + 1 shared; random bf16 weights): one block of 32 queries and
+8 such blocks (8 requests in one pack) over 512 cached keys. The default there (grouped experts:
+the router's choices read on the host) cannot be captured in a CUDA graph, so the decode loop runs
+it eagerly and its "default_replay_ms" is its eager time ("default_replay_is_eager": true). Then
+"gemm" in the JSON: cuBLAS at each of the step's weight shapes (fused QKV,
 attention out, fused gate|up, MLP out, LM head) at 8, 32, 64, 252 and 256 rows: microseconds per
 GEMM, the weight bandwidth and the TFLOP/s it reaches (weights rotated over copies larger than the
 L2 cache together, so every call streams its weights from DRAM).
@@ -40,7 +46,12 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from common import CANDIDATES, environ
+from common import environ
+
+from blockbatch import settings
+
+CANDIDATES = settings.candidates("llada")  # timed on the LLaDA-8B-shaped steps
+LLADA2_CANDIDATES = settings.candidates("llada2")  # timed on LLaDA2-mini-shaped steps
 
 LLADA_8B = dict(
     d_model=4096,
@@ -335,6 +346,47 @@ def replay_latency(step, row: dict, repeats: int) -> dict:
     return out
 
 
+def llada2_candidates(layers: int, repeats: int, results: list, save) -> None:
+    """LLADA2_CANDIDATES against the grouped default on LLaDA2-mini-shaped steps (module docstring)."""
+    from blockbatch.families.llada2 import LLADA2_MINI
+    from blockbatch.native import NativeModel, pack_rows
+    from blockbatch.random_checkpoint import random_config
+
+    config = random_config("llada2", **{**LLADA2_MINI, "n_layers": layers, "max_sequence_length": 4096})
+    model = NativeModel(config, random_bf16_weights(config, "cuda"), dtype=torch.bfloat16, device="cuda")
+    L, B = 512, 32
+    steps = []
+    for label, n in (("llada2-block-32", 1), ("llada2-8x32", 8)):
+        kv = model.new_kv(n, L)
+        ids = [torch.randint(0, config.vocab_size, (B,)) for _ in range(n)]
+        pos = [torch.arange(L - B, L) for _ in range(n)]
+        tokens, positions, cu = pack_rows(ids, pos, "cuda")
+        rows = torch.arange(n, device="cuda")
+        ends = torch.full((n,), L, device="cuda")
+
+        def step(tokens=tokens, positions=positions, cu=cu, kv=kv, rows=rows, ends=ends):
+            logits = torch.ops.blockbatch.forward(model.obj, tokens, positions, cu, kv, rows, None, "dual", None, ends)
+            return torch.ops.blockbatch.confidence(logits, config.mask_token_id)
+
+        row = {"step": label, "L": L, "query_tokens": n * B, "layers": layers, "default_replay_is_eager": True}
+        results.append(row)
+        steps.append((row, step))
+    for row, step in steps:
+        with section(row, "default"):  # grouped: not capturable, so the eager step is what runs
+            row["default_eager_ms"] = row["default_replay_ms"] = cuda_ms(step, repeats)
+            row["default_busy_ms"], row["default_top_kernels"] = busy_ms(step)
+    for name, env in LLADA2_CANDIDATES.items():
+        for row, step in steps:
+            with section(row, name), environ(**env):
+                ref = step()[1].float()
+                row.update(candidate_latency(name, step, row, repeats))
+                row[f"{name}_max_conf_diff_vs_default"] = (step()[1].float() - ref).abs().max().item()
+        print(json.dumps({"candidate": name, **{r["step"]: r.get(f"{name}_replay_ms") for r, _ in steps}}), flush=True)
+        save()
+    del steps, model
+    torch.cuda.empty_cache()
+
+
 def candidate_latency(name: str, step, row: dict, repeats: int) -> dict:
     """The step under one candidate's variables: eager, replay, GPU-busy, and the replay's ratios
     ("_replay_over_default_busy": against the default kernels' busy time)."""
@@ -364,6 +416,13 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--layers", type=int, default=32, help="layers of the LLaDA-8B-shaped model (default 32)")
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument(
+        "--llada2-layers",
+        type=int,
+        default=4,
+        help="layers of the LLaDA2-mini-shaped model the LLaDA2 candidates are timed on (default 4: "
+        "1 dense + 3 MoE, 5 GB of bf16 weights)",
+    )
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("error: no CUDA device", file=sys.stderr)
@@ -413,10 +472,12 @@ def main(argv=None) -> int:
         for L in (512, 2048)
         for label, lengths in (("blockbatch-6", [4, 8, 16, 32, 64, 128]), ("single-32", [32]))
     ]
+    if candidates and LLADA2_CANDIDATES:  # first: its weights are freed before the LLaDA-8B steps
+        llada2_candidates(args.llada2_layers, args.repeats, results, save)
     if candidates and not CANDIDATES:
         print(
-            "no kernel candidates left in the settings table (python/blockbatch/settings.py): no step timings; "
-            "the cuBLAS GEMM sweep only",
+            "no LLaDA kernel candidates left in the settings table (python/blockbatch/settings.py): no LLaDA-8B "
+            "step timings; the cuBLAS GEMM sweep only",
             flush=True,
         )
     elif candidates:  # the default step beside each opt-in kernel, in this one process, candidate by candidate

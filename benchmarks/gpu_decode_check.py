@@ -24,7 +24,11 @@ import sys
 import time
 
 import torch
-from common import CANDIDATES, environ
+from common import environ
+
+from blockbatch import settings
+
+CANDIDATES = settings.candidates("llada")  # the LLaDA-8B-shaped model runs only these
 
 
 def main(argv=None) -> int:

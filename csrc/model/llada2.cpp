@@ -1,14 +1,15 @@
 // The native LLaDA2 forward (model/llada2.h). Norms, GEMMs, RoPE, the KV writes and the attention go
-// through the blockbatch ops, as in the LLaDA / Dream body; the router and the per-expert grouping
-// through ATen (the experts a token chose are read on the host, one GEMM per active expert).
+// through the blockbatch ops, as in the LLaDA / Dream body; the router through ATen on the device,
+// the routed experts through ops::moe_experts (one GEMM per active expert, or on CUDA the opt-in
+// kernels that keep the router's choices on the device).
 #include "model/llada2.h"
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
-#include <ATen/ops/from_blob.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/max.h>
 #include <ATen/ops/pow.h>
+#include <ATen/ops/stack.h>
 #include <ATen/ops/topk.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
@@ -17,7 +18,6 @@
 #include <algorithm>
 #include <limits>
 #include <optional>
-#include <set>
 
 #include "ops/ops.h"
 
@@ -102,8 +102,14 @@ LLaDA2Model::LLaDA2Model(ModelConfig config, const std::unordered_map<std::strin
       // The router in float32 whatever the dtype (the authors' fp32 router logits).
       l.router = weights.at(p + "mlp.gate.weight").to(at::kFloat).contiguous();
       l.expert_bias = weights.at(p + "mlp.gate.expert_bias").to(at::kFloat).contiguous();
-      for (int64_t e = 0; e < config_.num_experts; ++e)
-        l.experts.push_back(swiglu(p + "mlp.experts." + std::to_string(e) + "."));
+      // The experts stacked ([E, 2m, d] gate|up, [E, d, m] down), as moe_experts takes them.
+      std::vector<at::Tensor> gate_up, down;
+      for (int64_t e = 0; e < config_.num_experts; ++e) {
+        SwiGLU expert = swiglu(p + "mlp.experts." + std::to_string(e) + ".");
+        gate_up.push_back(std::move(expert.gate_up));
+        down.push_back(std::move(expert.down));
+      }
+      l.experts = SwiGLU{at::stack(gate_up), at::stack(down)};
       if (config_.shared_experts > 0) l.shared = swiglu(p + "mlp.shared_experts.");
     } else {
       l.mlp = swiglu(p + "mlp.");
@@ -131,6 +137,11 @@ at::Tensor LLaDA2Model::rope_table(int64_t positions) const {
       at::arange(n, inv_freq_.options().dtype(at::kLong)).to(at::kFloat).unsqueeze(1).mul(inv_freq_.unsqueeze(0));
   rope_->table = at::cat({angles.cos(), angles.sin()}, 1).contiguous();
   return rope_->table;
+}
+
+bool LLaDA2Model::capturable() const {
+  const bool moe = config_.num_experts > 0 && config_.first_dense_layers < config_.n_layers;
+  return !moe || ops::moe_experts_capturable(device());
 }
 
 at::Tensor LLaDA2Model::new_kv(int64_t rows, int64_t length) const {
@@ -161,27 +172,8 @@ at::Tensor LLaDA2Model::moe(const LLaDA2Layer& w, const at::Tensor& x) const {
   at::Tensor weights = scores.gather(1, chosen);
   if (K > 1) weights = weights.div(weights.sum(-1, true).add(1e-20));
   weights = weights.mul(c.routed_scaling);
-  // Tokens grouped per expert (ascending expert, then token, then slot): one GEMM per active expert,
-  // each token's row computed the same way whatever else shares the forward.
-  const at::Tensor host = chosen.cpu().contiguous();
-  const int64_t* ch = host.const_data_ptr<int64_t>();
-  std::vector<std::vector<int64_t>> rows(E), slots(E);
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t k = 0; k < K; ++k) {
-      rows[ch[t * K + k]].push_back(t);
-      slots[ch[t * K + k]].push_back(k);
-    }
-  }
-  at::Tensor out = at::zeros({T, K, x.size(1)}, x.options());
-  const auto index = at::TensorOptions().dtype(at::kLong).device(x.device());
-  for (int64_t e = 0; e < E; ++e) {
-    if (rows[e].empty()) continue;
-    const int64_t n = static_cast<int64_t>(rows[e].size());
-    const at::Tensor r = at::from_blob(rows[e].data(), {n}, at::kLong).to(index, false, true);
-    const at::Tensor s = at::from_blob(slots[e].data(), {n}, at::kLong).to(index, false, true);
-    out.index_put_({r, s}, swiglu(w.experts[e], x.index_select(0, r)));
-  }
-  at::Tensor y = out.mul(weights.unsqueeze(-1)).sum(1).to(x.scalar_type());
+  at::Tensor y = ops::moe_experts(x.contiguous(), chosen.contiguous(), weights.contiguous(), w.experts.gate_up,
+                                  w.experts.down);
   if (w.shared.gate_up.defined()) y.add_(swiglu(w.shared, x));
   return y;
 }

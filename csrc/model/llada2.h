@@ -31,7 +31,7 @@ struct LLaDA2Layer {
   at::Tensor attn_norm, wqkv, bqkv, q_norm, k_norm, dense, dense_bias, ff_norm;
   SwiGLU mlp;                      // dense layers
   at::Tensor router, expert_bias;  // MoE layers: [E, d] (float32), [E] (float32)
-  std::vector<SwiGLU> experts;
+  SwiGLU experts;                  // stacked: gate_up [E, 2m, d], down [E, d, m]
   SwiGLU shared;  // undefined tensors without shared experts
 };
 
@@ -45,8 +45,9 @@ class LLaDA2Model : public Network {
   at::Tensor forward(const ForwardBatch& batch) const override;
   void check(const ForwardBatch& batch) const override;
   at::Tensor new_kv(int64_t rows, int64_t length) const override;
-  // The router's choices are read on the host (experts grouped per forward): no CUDA graphs.
-  bool capturable() const override { return false; }
+  // The router's choices stay on the device only with moe_experts' fused CUDA kernels
+  // (BLOCKBATCH_MOE_KERNEL=fused); the grouped path reads them on the host: no CUDA graph then.
+  bool capturable() const override;
 
  private:
   at::Tensor moe(const LLaDA2Layer& w, const at::Tensor& x) const;

@@ -4,6 +4,7 @@
 #include "ops/checks.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace blockbatch {
 
@@ -107,6 +108,33 @@ void check_linear(const at::Tensor& x, const at::Tensor& weight) {
   TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "weight dtype ", weight.scalar_type(), " differs from x dtype ",
               x.scalar_type());
   check_same_device(x, weight, "x", "weight");
+}
+
+void check_moe_experts(const at::Tensor& x, const at::Tensor& chosen, const at::Tensor& weights,
+                       const at::Tensor& gate_up, const at::Tensor& down) {
+  check_floating(x, "x");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [tokens, d], got shape ", x.sizes());
+  const int64_t T = x.size(0), d = x.size(1);
+  check_index(chosen, "chosen", 2);
+  TORCH_CHECK(chosen.size(0) == T, "chosen must be [tokens, slots] with tokens = ", T, " (x's rows), got shape ",
+              chosen.sizes());
+  TORCH_CHECK(weights.scalar_type() == at::kFloat, "weights must be float32, got ", weights.scalar_type());
+  TORCH_CHECK(weights.sizes() == chosen.sizes() && weights.is_contiguous(),
+              "weights must be a contiguous tensor shaped as chosen ", chosen.sizes(), ", got shape ", weights.sizes());
+  TORCH_CHECK(gate_up.dim() == 3 && gate_up.size(2) == d && gate_up.size(1) % 2 == 0 && gate_up.is_contiguous(),
+              "gate_up must be a contiguous [experts, 2 * m, ", d, "] (gate rows, then up), got shape ",
+              gate_up.sizes());
+  const int64_t E = gate_up.size(0), m = gate_up.size(1) / 2;
+  TORCH_CHECK(down.dim() == 3 && down.size(0) == E && down.size(1) == d && down.size(2) == m && down.is_contiguous(),
+              "down must be a contiguous [", E, ", ", d, ", ", m, "] (experts, d, m of gate_up), got shape ",
+              down.sizes());
+  for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&gate_up, "gate_up"}, {&down, "down"}}) {
+    TORCH_CHECK(t->scalar_type() == x.scalar_type(), name, " dtype ", t->scalar_type(), " differs from x dtype ",
+                x.scalar_type());
+    check_same_device(x, *t, "x", name);
+  }
+  check_same_device(x, chosen, "x", "chosen");
+  check_same_device(x, weights, "x", "weights");
 }
 
 void check_rope(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin) {

@@ -27,6 +27,9 @@ void check_rms_norm(const at::Tensor& x, const at::Tensor& weight);
 void check_add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight);
 void check_silu_mul(const at::Tensor& gate_up);
 void check_linear(const at::Tensor& x, const at::Tensor& weight);
+// moe_experts: x [T, d]; chosen [T, K] int64; weights [T, K] float32; gate_up [E, 2m, d]; down [E, d, m].
+void check_moe_experts(const at::Tensor& x, const at::Tensor& chosen, const at::Tensor& weights,
+                       const at::Tensor& gate_up, const at::Tensor& down);
 void check_rope(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin);
 void check_kv_write(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                     const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer);

@@ -34,6 +34,13 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight) {
   return op.call(x, weight);
 }
 
+at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& chosen, const at::Tensor& weights,
+                       const at::Tensor& gate_up, const at::Tensor& down) {
+  using T = const at::Tensor&;
+  static auto op = handle<at::Tensor(T, T, T, T, T)>("blockbatch::moe_experts");
+  return op.call(x, chosen, weights, gate_up, down);
+}
+
 void rope_(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin) {
   static auto op = handle<void(const at::Tensor&, const at::Tensor&, const at::Tensor&)>("blockbatch::rope_");
   op.call(x, positions, cos_sin);

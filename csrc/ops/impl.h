@@ -23,6 +23,12 @@ at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double ep
 at::Tensor add_rms_norm_cpu(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps);
 at::Tensor silu_mul_cpu(const at::Tensor& gate_up);
 at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight);
+at::Tensor moe_experts_cpu(const at::Tensor& x, const at::Tensor& chosen, const at::Tensor& weights,
+                           const at::Tensor& gate_up, const at::Tensor& down);
+// moe_experts on any device through ATen and blockbatch::ops (the choices read on the host): the
+// CPU op, and the CUDA op unless its fused kernel is chosen (ops/moe.cpp).
+at::Tensor moe_experts_grouped(const at::Tensor& x, const at::Tensor& chosen, const at::Tensor& weights,
+                               const at::Tensor& gate_up, const at::Tensor& down);
 void rope_cpu(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin);
 void kv_write_cpu(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                   const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer);
@@ -54,6 +60,8 @@ at::Tensor rms_norm_meta(const at::Tensor& x, const at::Tensor& weight, double e
 at::Tensor add_rms_norm_meta(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps);
 at::Tensor silu_mul_meta(const at::Tensor& gate_up);
 at::Tensor linear_meta(const at::Tensor& x, const at::Tensor& weight);
+at::Tensor moe_experts_meta(const at::Tensor& x, const at::Tensor& chosen, const at::Tensor& weights,
+                            const at::Tensor& gate_up, const at::Tensor& down);
 void rope_meta(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin);
 void kv_write_meta(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                    const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer);
@@ -87,6 +95,8 @@ at::Tensor rms_norm_cuda(const at::Tensor& x, const at::Tensor& weight, double e
 at::Tensor add_rms_norm_cuda(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps);
 at::Tensor silu_mul_cuda(const at::Tensor& gate_up);
 at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight);
+at::Tensor moe_experts_cuda(const at::Tensor& x, const at::Tensor& chosen, const at::Tensor& weights,
+                            const at::Tensor& gate_up, const at::Tensor& down);
 void rope_cuda(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin);
 void kv_write_cuda(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                    const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer);

@@ -27,6 +27,12 @@ at::Tensor linear_meta(const at::Tensor& x, const at::Tensor& weight) {
   return at::empty({x.size(0), weight.size(0)}, x.options());
 }
 
+at::Tensor moe_experts_meta(const at::Tensor& x, const at::Tensor& chosen, const at::Tensor& weights,
+                            const at::Tensor& gate_up, const at::Tensor& down) {
+  check_moe_experts(x, chosen, weights, gate_up, down);
+  return at::empty({x.size(0), x.size(1)}, x.options());
+}
+
 void rope_meta(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin) {
   check_rope(x, positions, cos_sin);
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <optional>
 #include <string>
@@ -18,6 +19,13 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor add_rms_norm_(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps);
 at::Tensor silu_mul(const at::Tensor& gate_up);
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight);
+// The routed experts of a mixture-of-experts layer: out[t] = sum over slots k of weights[t, k] *
+// SwiGLU expert chosen[t, k] of x[t] (gate_up [E, 2m, d], down [E, d, m]). ops/moe.cpp.
+at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& chosen, const at::Tensor& weights,
+                       const at::Tensor& gate_up, const at::Tensor& down);
+// Whether moe_experts on `device` keeps the router's choices on the device, so a CUDA graph can
+// record it (CUDA with BLOCKBATCH_MOE_KERNEL=fused); read per call.
+bool moe_experts_capturable(c10::Device device);
 void rope_(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin);
 void kv_write_(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer);

@@ -128,6 +128,17 @@ TORCH_LIBRARY(blockbatch, m) {
   m.impl("linear", c10::DispatchKey::Meta, &linear_meta);
   BLOCKBATCH_IMPL_CUDA(m, "linear", &linear_cuda);
 
+  // The routed experts of a mixture-of-experts layer (LLaDA2): x [T, d], the router's choices
+  // chosen [T, K] (int64 expert ids) with their weights [T, K] (float32), stacked SwiGLU experts
+  // gate_up [E, 2m, d] (gate rows, then up) and down [E, d, m]. Returns [T, d]: per token the
+  // weight-summed outputs of its K experts (float32 sum, rounded once). Grouped per expert (one GEMM
+  // each, the choices read on the host); on CUDA with BLOCKBATCH_MOE_KERNEL=fused, kernels that keep
+  // them on the device (a CUDA graph can record it).
+  m.def("moe_experts(Tensor x, Tensor chosen, Tensor weights, Tensor gate_up, Tensor down) -> Tensor");
+  m.impl("moe_experts", c10::DispatchKey::CPU, &moe_experts_cpu);
+  m.impl("moe_experts", c10::DispatchKey::Meta, &moe_experts_meta);
+  BLOCKBATCH_IMPL_CUDA(m, "moe_experts", &moe_experts_cuda);
+
   // In-place rotate-half RoPE of x [T, heads, head_dim] at absolute positions (float32 math).
   m.def("rope_(Tensor(a!) x, Tensor positions, Tensor cos_sin) -> ()");
   m.impl("rope_", c10::DispatchKey::CPU, &rope_cpu);

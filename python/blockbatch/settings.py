@@ -107,6 +107,17 @@ SETTINGS: tuple[Setting, ...] = (
         choices=("0", "1"),
     ),
     Setting(
+        "BLOCKBATCH_MOE_KERNEL",
+        "choice",
+        "mixture-of-experts layers (LLaDA2) on CUDA: one cuBLAS GEMM per active expert with the router's "
+        "choices read on the host (grouped; no CUDA graph for the model), or kernels that keep them on the "
+        "device (fused; graph-captured steps)",
+        default="grouped",
+        status="candidate",
+        choices=("grouped", "fused"),
+        candidates=("fused",),
+    ),
+    Setting(
         "BLOCKBATCH_API_KEY",
         "text",
         "blockbatch serve: the API key clients must send (Authorization: Bearer KEY), when neither --api-key "
@@ -170,6 +181,9 @@ class Candidate:
     tests: tuple[str, ...]  # tests/cuda/test_cuda.py names (substrings) that must pass before promotion
     group: str  # gpu_check.sh: the candidate-test process its tests run in
     in_all: bool = True  # part of the "all" candidate (every opt-in kernel together)
+    # What bench_gpu_step --part candidates times it on: "llada" (the LLaDA-8B-shaped steps and
+    # gpu_decode_check's decodes) or "llada2" (LLaDA2-mini-shaped steps: a kernel only that family runs).
+    model: str = "llada"
 
 
 # In the order they are timed: least risky first, since a kernel that faults ends its process's CUDA
@@ -178,27 +192,39 @@ class Candidate:
 # the others deleted. A new opt-in kernel adds its row here, e.g.
 #   Candidate("rope_vec", {"BLOCKBATCH_ROPE_KERNEL": "vec"}, "16-byte rope_kv_write",
 #             ("rope_kv_write_cuda",), "rope_vec"),
-CANDIDATES: tuple[Candidate, ...] = ()
+CANDIDATES: tuple[Candidate, ...] = (
+    Candidate(
+        "moe_fused",
+        {"BLOCKBATCH_MOE_KERNEL": "fused"},
+        "MoE experts on the device's router choices (kernels/cuda/moe.cu): capturable LLaDA2 steps",
+        ("moe_experts_cuda", "llada2_cuda"),
+        "moe",
+        in_all=False,
+        model="llada2",
+    ),
+)
 
 # gpu_check.sh's candidate-test processes (pytest -k expressions), one per group. A test of a
 # group's own (not a verdict's borrowed one) belongs here; its order is the run order.
-TEST_GROUPS: tuple[tuple[str, str], ...] = ()
+TEST_GROUPS: tuple[tuple[str, str], ...] = (("moe", "moe_experts_cuda or llada2_cuda"),)
 
 
-def candidates() -> dict[str, dict]:
-    """{candidate name: its environment}, in timing order, then "all": every in_all one together.
+def candidates(model: Optional[str] = None) -> dict[str, dict]:
+    """{candidate name: its environment}, in timing order, then "all": every in_all one together
+    (when there is one).
 
     Only the values the table still lists as candidates: a promoted one drops out. Empty (no
-    "all" either) when no kernel candidate is left.
+    "all" either) when no kernel candidate is left. ``model``: only those timed on that model
+    ("llada" or "llada2", Candidate.model).
     """
-    out = {c.name: dict(c.env) for c in CANDIDATES if _still_candidate(c)}
-    if not out:
-        return {}
+    live = [c for c in CANDIDATES if _still_candidate(c) and (model is None or c.model == model)]
+    out = {c.name: dict(c.env) for c in live}
     every: dict = {}
-    for c in CANDIDATES:
-        if c.in_all and _still_candidate(c):
+    for c in live:
+        if c.in_all:
             every.update(c.env)
-    out["all"] = every
+    if every:
+        out["all"] = every
     return out
 
 

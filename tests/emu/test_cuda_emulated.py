@@ -54,6 +54,7 @@ _SIGNATURES = {
     "bbemu_bb_absorb": "i ppppp llllll pl pppp pll di",
     "bbemu_bb_coordinate": "ppppp lllll pp d ii ll i",
     "bbemu_kv_copy_rows": "ppll",
+    "bbemu_moe_experts": "i ppppp ppp lllll",
     "bbemu_selftest_neighbour": "pii",
     "bbemu_selftest_copy": "ppii",
     "bbemu_selftest_warp": "pi",
@@ -669,3 +670,39 @@ def test_absorb_and_coordinate_skip_bad_state_rows_emulated(emu):
     for k in ("canvas", "state", "eos_prob", "map_ids", "map_probs"):
         assert torch.equal(before[k], s[k]), f"coordinate changed {k}"
     assert s["flags"].tolist() == [0, 0] and (s["sync_src"] == -1).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "tokens,slots,experts,d,m",
+    [
+        (5, 2, 8, 64, 40),  # 16-byte reads; m spans two 32-row slices
+        (3, 3, 4, 36, 20),  # d, m not multiples of 8: element reads
+        (520, 2, 2, 16, 8),  # 1040 pairs: the expert lists take two 1024-entry rounds
+    ],
+)
+def test_moe_experts_emulated(emu, dtype, tokens, slots, experts, d, m):
+    """The fused MoE kernels == the grouped CPU op (float32 within 1e-4; bf16 within 2e-2), with a
+    pair pointing outside the experts contributing nothing (the CPU op refuses it)."""
+    g = torch.Generator().manual_seed(tokens * 31 + d)
+    x = torch.randn(tokens, d, generator=g).to(dtype)
+    gate_up = (torch.randn(experts, 2 * m, d, generator=g) / d**0.5).to(dtype)
+    down = (torch.randn(experts, d, m, generator=g) / m**0.5).to(dtype)
+    chosen = torch.stack([torch.randperm(experts, generator=g)[:slots] for _ in range(tokens)])
+    weights = torch.rand(tokens, slots, generator=g)
+    expected = ops.moe_experts(x, chosen, weights, gate_up, down)
+    hidden = torch.full((tokens * slots, m), float("nan")).to(dtype)
+    expert_out = torch.full((tokens * slots, d), float("nan")).to(dtype)
+    out = torch.full((tokens, d), float("nan")).to(dtype)
+    emu.ok("bbemu_moe_experts", CODE[dtype], x, chosen, weights, gate_up, down, hidden, expert_out, out, tokens, slots,
+           experts, d, m)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.float(), expected.float(), atol=tol, rtol=tol)
+    # Token 0's first slot names no expert: its output is the other slots' sum alone.
+    bad = chosen.clone()
+    bad[0, 0] = experts
+    kept = weights.clone()
+    kept[0, 0] = 0.0
+    emu.ok("bbemu_moe_experts", CODE[dtype], x, bad, weights, gate_up, down, hidden, expert_out, out, tokens, slots,
+           experts, d, m)
+    torch.testing.assert_close(out.float(), ops.moe_experts(x, chosen, kept, gate_up, down).float(), atol=tol, rtol=tol)

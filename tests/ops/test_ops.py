@@ -252,6 +252,12 @@ def _opcheck_samples():
     yield "add_rms_norm_", ops.add_rms_norm_.default, (torch.randn(4, 8), torch.randn(4, 8), torch.randn(8), 1e-5)
     yield "silu_mul", ops.silu_mul.default, (torch.randn(4, 8),)
     yield "linear", ops.linear.default, (torch.randn(4, 8), torch.randn(6, 8))
+    yield (
+        "moe_experts",
+        ops.moe_experts.default,
+        (torch.randn(3, 8), torch.tensor([[0, 2], [1, 0], [2, 1]]), torch.rand(3, 2), torch.randn(3, 6, 8),
+         torch.randn(3, 8, 3)),
+    )
     yield "rope_", ops.rope_.default, (torch.randn(3, 2, 8), torch.tensor([0, 1, 5]), torch.randn(6, 8))
     yield (
         "kv_write_",
@@ -653,3 +659,44 @@ def test_bookkeeping_bad_input_names_argument():
             0.9,
             True,
         )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_moe_experts(dtype):
+    """moe_experts == each token's SwiGLU experts weighted and summed (plain PyTorch, per token and
+    slot), and a token's output does not depend on the tokens sharing the call (bit for bit)."""
+    g = torch.Generator().manual_seed(0)
+    T, K, E, d, m = 9, 3, 6, 16, 10
+    x = torch.randn(T, d, generator=g).to(dtype)
+    gate_up = (torch.randn(E, 2 * m, d, generator=g) / 4).to(dtype)
+    down = (torch.randn(E, d, m, generator=g) / 3).to(dtype)
+    chosen = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+    weights = torch.rand(T, K, generator=g)
+    out = ops.moe_experts(x, chosen, weights, gate_up, down)
+    expected = torch.zeros(T, d)
+    for t in range(T):
+        for k in range(K):
+            e = int(chosen[t, k])
+            gu = x[t : t + 1].float() @ gate_up[e].float().T
+            h = torch.nn.functional.silu(gu[:, :m]) * gu[:, m:]
+            expected[t] += weights[t, k] * (h @ down[e].float().T)[0]
+    tol = 1e-5 if dtype == torch.float32 else 5e-2
+    torch.testing.assert_close(out.float(), expected, atol=tol, rtol=tol)
+    for t in (0, 4, 8):
+        assert torch.equal(ops.moe_experts(x[t : t + 1], chosen[t : t + 1], weights[t : t + 1], gate_up, down), out[t : t + 1])
+    assert ops.moe_experts(x[:0], chosen[:0], weights[:0], gate_up, down).shape == (0, d)
+
+
+def test_moe_experts_bad_input_names_argument():
+    x, chosen, weights = torch.randn(2, 8), torch.tensor([[0], [1]]), torch.ones(2, 1)
+    gate_up, down = torch.randn(2, 6, 8), torch.randn(2, 8, 3)
+    with pytest.raises(IndexError, match=r"chosen\[1, 0\] = 2 is not an expert of gate_up \(2 experts\)"):
+        ops.moe_experts(x, torch.tensor([[0], [2]]), weights, gate_up, down)
+    with pytest.raises(RuntimeError, match="weights must be float32, got Double"):
+        ops.moe_experts(x, chosen, weights.double(), gate_up, down)
+    with pytest.raises(RuntimeError, match=r"down must be a contiguous \[2, 8, 3\]"):
+        ops.moe_experts(x, chosen, weights, gate_up, torch.randn(2, 3, 8))
+    with pytest.raises(RuntimeError, match="chosen must be int64"):
+        ops.moe_experts(x, chosen.int(), weights, gate_up, down)
+    with pytest.raises(RuntimeError, match="gate_up dtype BFloat16 differs from x dtype Float"):
+        ops.moe_experts(x, chosen, weights, gate_up.bfloat16(), down.bfloat16())

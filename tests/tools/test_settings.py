@@ -87,7 +87,13 @@ def test_benchmark_candidates_derive_from_the_table():
     for s in settings.SETTINGS:
         for value in s.candidates:
             assert (s.name, value) in timed, f"{s.name}={value} is a candidate no benchmark times"
-    assert not cands or list(cands)[-1] == "all"
+    # "all" (every in_all candidate together) comes last, and only when there is one.
+    in_all = any(c.in_all for c in settings.CANDIDATES if c.name in cands)
+    assert ("all" in cands) == in_all and (not in_all or list(cands)[-1] == "all")
+    # Each candidate is timed on the model whose layers run it, and on that one only.
+    for model in ("llada", "llada2"):
+        mine = set(settings.candidates(model)) - {"all"}
+        assert mine == {c.name for c in settings.CANDIDATES if c.model == model and c.name in cands}
     groups = {g for g, _ in settings.candidate_test_groups()}
     assert {c.group for c in settings.CANDIDATES} <= groups
     assert set(settings.candidate_tests()) == set(cands) - {"all"}
@@ -95,13 +101,14 @@ def test_benchmark_candidates_derive_from_the_table():
 
 def test_benchmarks_use_the_table(monkeypatch):
     """benchmarks/common.py CANDIDATES and gpu_summary's verdict tests are the table's (today's set:
-    none, since the 2026-12-04 GPU run promoted or deleted every opt-in kernel)."""
+    the fused MoE kernels, timed on LLaDA2-mini-shaped steps only)."""
     import importlib.util
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     common = pytest.importorskip("common")
     assert common.CANDIDATES == settings.candidates()
-    assert common.CANDIDATES == {}
+    assert common.CANDIDATES == {"moe_fused": {"BLOCKBATCH_MOE_KERNEL": "fused"}}
+    assert settings.candidates("llada") == {}
     spec = importlib.util.spec_from_file_location("gpu_summary", ROOT / "benchmarks" / "gpu_summary.py")
     gpu_summary = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_summary)

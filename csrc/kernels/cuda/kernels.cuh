@@ -59,6 +59,16 @@ template <typename T>
 cudaError_t confidence(const T* logits, int64_t rows, int64_t vocab, int64_t exclude, int64_t* argmax, double* conf,
                        cudaStream_t stream);
 
+// The routed experts of a mixture-of-experts layer (moe.cu): for every token t and slot k whose
+// expert e = chosen[t * slots + k] is in [0, experts), the SwiGLU expert e of x[t] (gate_up:
+// [experts, 2m, d], gate rows first; down: [experts, d, m]), and out[t] = the weights[t, k]-weighted
+// sum of them. x, out: [tokens, d]; chosen, weights: [tokens, slots]; hidden [tokens * slots, m] and
+// expert_out [tokens * slots, d]: workspace. Everything on the device; no host sync.
+template <typename T>
+cudaError_t moe_experts(const T* x, const int64_t* chosen, const float* weights, const T* gate_up, const T* down,
+                        T* hidden, T* expert_out, T* out, int64_t tokens, int64_t slots, int64_t experts, int64_t d,
+                        int64_t m, cudaStream_t stream);
+
 // Tokens with softmax probability > floor per row (ids padded with -1; order within a row is
 // unspecified: the probability map is keyed by token).
 template <typename T>

@@ -51,6 +51,7 @@ constexpr const char* kDefaultRopeKernel = "vec";         // BLOCKBATCH_ROPE_KER
 constexpr const char* kDefaultCudaBatching = "graphs";    // BLOCKBATCH_CUDA_BATCHING; toy batch 1 1.95x eager,
                                                           // 8B batch 16 0.98-1.01x
 constexpr const char* kDefaultBatchInvariant = "0";       // BLOCKBATCH_BATCH_INVARIANT
+constexpr const char* kDefaultMoeKernel = "grouped";      // BLOCKBATCH_MOE_KERNEL
 
 }  // namespace
 
@@ -85,5 +86,10 @@ int cuda_batching() {
 // fixed-size row chunks, attention unsplit), so a request's bits on the GPU are those of its batch-1
 // run; "0" or unset: the fastest algorithms for each shape. Read per op.
 bool batch_invariant() { return env_choice("BLOCKBATCH_BATCH_INVARIANT", {"0", "1"}, kDefaultBatchInvariant) == "1"; }
+
+// moe_experts' CUDA path: BLOCKBATCH_MOE_KERNEL = "grouped" (the default: the router's choices read
+// on the host, one cuBLAS GEMM per active expert; no CUDA graph for the model) or "fused"
+// (kernels/cuda/moe.cu: per-expert blocks over the device's choices, capturable). Read per call.
+bool moe_fused() { return env_choice("BLOCKBATCH_MOE_KERNEL", {"grouped", "fused"}, kDefaultMoeKernel) == "fused"; }
 
 }  // namespace blockbatch::cuda_ops

@@ -18,5 +18,8 @@ int cuda_batching();
 // BLOCKBATCH_BATCH_INVARIANT: GEMMs in fixed-size row chunks and unsplit attention, so a row's
 // logits do not depend on what shares its forward.
 bool batch_invariant();
+// BLOCKBATCH_MOE_KERNEL = fused: moe_experts runs kernels/cuda/moe.cu (the router's choices stay on
+// the device) instead of one GEMM per active expert.
+bool moe_fused();
 
 }  // namespace blockbatch::cuda_ops

@@ -166,4 +166,14 @@ int bbemu_kv_copy_rows(void* kv, const int64_t* src, int64_t rows, int64_t row_b
   return bc::kv_copy_rows(kv, src, rows, row_bytes, kStream);
 }
 
+int bbemu_moe_experts(int dtype, const void* x, const int64_t* chosen, const float* weights, const void* gate_up,
+                      const void* down, void* hidden, void* expert_out, void* out, int64_t tokens, int64_t slots,
+                      int64_t experts, int64_t d, int64_t m) {
+  return by_dtype(dtype, [&](auto t) {
+    using T = decltype(t);
+    return bc::moe_experts<T>(as<T>(x), chosen, weights, as<T>(gate_up), as<T>(down), as<T>(hidden),
+                              as<T>(expert_out), as<T>(out), tokens, slots, experts, d, m, kStream);
+  });
+}
+
 }  // extern "C"
