@@ -5,10 +5,11 @@
 //
 // Every decode option is a flag (`--gen-length 128`, `--no-merge`), parsed by set_option from the
 // options table (python/blockbatch/contract.py), so this binary, the Python CLI and the op take
-// the same options with the same defaults. Each JSONL line is an object with "prompt_ids" (list
-// of token ids) and, for --verify, "expected_ids" (the generated ids the engine must produce,
-// e.g. written by the Python API). One result line per configuration; with --verify a
-// Disposition line and exit status 3 on a mismatch.
+// the same options with the same defaults; under the flags, a family's own defaults (LLaDA2:
+// policy 'block' at threshold 0.95), as blockbatch generate applies them. Each JSONL line is an
+// object with "prompt_ids" (list of token ids) and, for --verify, "expected_ids" (the generated
+// ids the engine must produce, e.g. written by the Python API). One result line per
+// configuration; with --verify a Disposition line and exit status 3 on a mismatch.
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
@@ -17,12 +18,15 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
+#include <sys/stat.h>
 
-#include "decode/decode.h"
 #include "common.h"
+#include "decode/decode.h"
+#include "decode/family.h"
 #include "io/json.h"
 
 namespace {
@@ -30,6 +34,7 @@ namespace {
 struct Options {
   std::string model, prompts, dtype = "float32";
   blockbatch::DecodeOptions decode;
+  std::set<std::string> given;  // the decode options set by a flag (a family's defaults go under the rest)
   int repeats = 1;
   int threads = 0;
   bool verify = false;
@@ -38,8 +43,8 @@ struct Options {
 void print_usage() {
   std::cout << "bb_bench_decode: decode prompts from a JSONL file with the native BlockBatch loop and time it.\n\n"
                "Usage: bb_bench_decode --model DIR --prompts FILE.jsonl [options]\n\n"
-               "  --model DIR          Hugging Face LLaDA or Dream checkpoint folder (read by the strict C++ reader;\n"
-               "                       the family is config.json's model_type)\n"
+               "  --model DIR          Hugging Face LLaDA, Dream or LLaDA2 checkpoint folder (read by the strict C++\n"
+               "                       reader; the family is config.json's model_type)\n"
                "  --prompts FILE       JSONL, one object per line: {\"prompt_ids\": [...], \"expected_ids\": [...]}\n"
                "  --dtype T            float32 (default) or bfloat16\n"
                "  --repeats R          decode every prompt R times; the median time is reported (default 1)\n"
@@ -47,7 +52,8 @@ void print_usage() {
                "  --threads N          intra-op threads (default: torch's choice)\n"
                "  --help               this text\n\n"
                "Decode options (the same as blockbatch generate's and the op's; the policy defaults to blockbatch\n"
-               "here; booleans also as --NAME / --no-NAME; 'none' where a value may be None):\n"
+               "here, and on LLaDA2 checkpoints, as in blockbatch generate, to block with threshold 0.95 where\n"
+               "the flags do not set them; booleans also as --NAME / --no-NAME; 'none' where a value may be None):\n"
             << blockbatch::options_help()
             << "\nOutput: the config read (model family=... d_model=... ...), then one line\n"
                "  result policy=... prompts=N nfe_mean=... ms_per_sample=... tokens_per_s=...\n"
@@ -91,10 +97,13 @@ Options parse(int argc, char** argv) {
                              std::string(blockbatch::option_type(name.substr(3))) == "bool";
         if (negated) {
           blockbatch::set_option(o.decode, name.substr(3), "false");
+          o.given.insert(name.substr(3));
         } else if (type && std::string(type) == "bool" && (i + 1 >= argc || argv[i + 1][0] == '-')) {
           blockbatch::set_option(o.decode, name, "true");  // --merge: a boolean flag without a value
+          o.given.insert(name);
         } else if (type) {
           blockbatch::set_option(o.decode, name, next());
+          o.given.insert(name);
         } else {
           std::cerr << "error: unknown argument '" << a << "' (see --help)\n";
           std::exit(2);
@@ -122,19 +131,41 @@ Options parse(int argc, char** argv) {
     std::cerr << "error: --repeats must be >= 1\n";
     std::exit(2);
   }
-  if (o.decode.steps && o.decode.commit() != blockbatch::CommitRule::kFixed) {
-    std::cerr << "error: --steps is used only by the fixed schedule, but the options commit by confidence and "
-                 "would ignore it: pass --threshold none with --steps\n";
-    std::exit(2);
+  return o;
+}
+
+bool is_file(const std::string& path) {
+  struct stat st{};
+  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// The options a family's requests get where the flags set none: families/<family>.py
+// DEFAULT_OPTIONS, which blockbatch generate and the Engine put under the caller's options. LLaDA2
+// decodes only with its own policy, at the authors' threshold (the options table's threshold
+// default is LLaDA's 0.9, so it cannot hold this one).
+void apply_family_defaults(Options& o, blockbatch::Family family) {
+  if (family != blockbatch::Family::kLLaDA2) return;
+  for (const auto& [name, value] : {std::pair{"policy", "block"}, std::pair{"threshold", "0.95"}}) {
+    if (!o.given.count(name)) blockbatch::set_option(o.decode, name, value);
+  }
+}
+
+// Why the options cannot decode (rules: the family's, nullptr when unknown), or "" when they can:
+// checked before the weights are loaded, so a usage error costs no load.
+std::string option_error(const Options& o, const blockbatch::FamilyRules* rules) {
+  // Policy 'block' reads steps with a threshold too (steps per block).
+  if (o.decode.policy != blockbatch::Policy::kBlock && o.decode.steps &&
+      o.decode.commit() != blockbatch::CommitRule::kFixed) {
+    return "--steps is used only by the fixed schedule, but the options commit by confidence and would ignore it: "
+           "pass --threshold none with --steps";
   }
   try {
     o.decode.check();
+    blockbatch::check_supported(rules, o.decode);
   } catch (const c10::Error& e) {
-    std::cerr << "error: " << e.msg() << "\n";
-    std::exit(2);
+    return e.msg();
   }
-  if (o.decode.block_sizes) std::sort(o.decode.block_sizes->begin(), o.decode.block_sizes->end());
-  return o;
+  return "";
 }
 
 struct Sample {
@@ -178,8 +209,21 @@ int main(int argc, char** argv) {
   Options o = parse(argc, argv);
   if (o.threads > 0) at::set_num_threads(o.threads);
   return blockbatch::bench::run_main([&]() -> int {
-    blockbatch::Model model = blockbatch::bench::load_model(o.model, o.dtype);
-    blockbatch::bench::print_config(model.config());
+    // The family's defaults sit under the flags: config.json is read before the options are
+    // checked (without it the load below says what is missing, as blockbatch generate does).
+    const blockbatch::FamilyRules* rules = nullptr;
+    if (is_file(o.model + "/config.json")) {
+      const blockbatch::ModelConfig config = blockbatch::io::read_model_config(o.model);
+      apply_family_defaults(o, config.family);
+      rules = &blockbatch::rules_for(config.family);
+    }
+    if (const std::string why = option_error(o, rules); !why.empty()) {
+      std::cerr << "error: " << why << "\n";
+      return 2;
+    }
+    if (o.decode.block_sizes) std::sort(o.decode.block_sizes->begin(), o.decode.block_sizes->end());
+    const auto model = blockbatch::bench::load_model(o.model, o.dtype);
+    blockbatch::bench::print_config(model->config());
     const auto samples = read_prompts(o.prompts, o.verify);
     double nfe_sum = 0, generated = 0;
     std::vector<double> ms;
@@ -189,7 +233,7 @@ int main(int argc, char** argv) {
       blockbatch::DecodeResult r;
       for (int k = 0; k < o.repeats; ++k) {
         const auto t0 = std::chrono::steady_clock::now();
-        r = blockbatch::decode(model, s.prompt, o.decode);
+        r = blockbatch::decode(*model, s.prompt, o.decode);
         per.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
       }
       std::sort(per.begin(), per.end());

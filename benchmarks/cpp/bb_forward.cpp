@@ -1,4 +1,4 @@
-// bb_forward: load a Hugging Face LLaDA or Dream checkpoint with the strict C++ reader and time
+// bb_forward: load a Hugging Face LLaDA, Dream or LLaDA2 checkpoint with the strict C++ reader and time
 // the native packed forward. One result line per configuration.
 //
 //   bb_forward --model DIR [--dtype float32|bfloat16] [--mode full|dual|prefix]
@@ -34,10 +34,10 @@ struct Options {
 };
 
 void print_usage() {
-  std::cout << "bb_forward: time the native BlockBatch forward on a Hugging Face LLaDA or Dream checkpoint.\n\n"
+  std::cout << "bb_forward: time the native BlockBatch forward on a Hugging Face LLaDA, Dream or LLaDA2 checkpoint.\n\n"
                "Usage: bb_forward --model DIR [options]\n\n"
                "  --model DIR        checkpoint folder (config.json + model.safetensors or sharded index); the family\n"
-               "                     (LLaDA or Dream) is config.json's model_type\n"
+               "                     (LLaDA, Dream or LLaDA2) is config.json's model_type\n"
                "  --dtype T          float32 (default) or bfloat16: weights are converted on load\n"
                "  --mode M           dual (default): each row's window attends to its own KV row of --canvas slots;\n"
                "                     prefix: window + nothing cached before it; full: whole canvas per row\n"
@@ -106,8 +106,8 @@ int main(int argc, char** argv) {
   Options o = parse(argc, argv);
   if (o.threads > 0) at::set_num_threads(o.threads);
   return blockbatch::bench::run_main([&]() -> int {
-    blockbatch::Model model = blockbatch::bench::load_model(o.model, o.dtype);
-    const auto& c = model.config();
+    const auto model = blockbatch::bench::load_model(o.model, o.dtype);
+    const auto& c = model->config();
     blockbatch::bench::print_config(c);
     const int64_t L = std::min(o.canvas, c.max_sequence_length);
     blockbatch::ForwardBatch b;
@@ -125,17 +125,17 @@ int main(int argc, char** argv) {
     // Deterministic tokens so that other implementations can reproduce the printed statistics.
     b.tokens = at::arange(cu.back(), at::kLong).mul(7919).remainder(c.vocab_size);
     b.cu_seqlens = at::tensor(cu, at::kLong);
-    if (b.mode != blockbatch::KvMode::kFull) b.kv = model.new_kv(rows, L);
+    if (b.mode != blockbatch::KvMode::kFull) b.kv = model->new_kv(rows, L);
     if (b.mode == blockbatch::KvMode::kPrefix) {
       std::vector<int64_t> prefix;
       for (int64_t n : o.lengths) prefix.push_back(L - n);
       b.prefix_lens = at::tensor(prefix, at::kLong);
     }
-    at::Tensor logits = model.forward(b);  // warm-up
+    at::Tensor logits = model->forward(b);  // warm-up
     std::vector<double> ms;
     for (int i = 0; i < o.iters; ++i) {
       auto t0 = std::chrono::steady_clock::now();
-      logits = model.forward(b);
+      logits = model->forward(b);
       ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
     std::sort(ms.begin(), ms.end());

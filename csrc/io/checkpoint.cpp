@@ -1,7 +1,10 @@
 // Hugging Face checkpoint folders in C++: config.json + (sharded) safetensors.
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 
 #include <cctype>
+#include <cmath>
+#include <memory>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -11,6 +14,7 @@
 
 #include "io/json.h"
 #include "io/safetensors.h"
+#include "model/llada2.h"
 #include "model/model.h"
 
 namespace blockbatch::io {
@@ -56,9 +60,9 @@ Json parse_or_throw(const std::string& text, const std::string& where) {
     TORCH_CHECK(false, where, ": not valid JSON (", e.what(), ")");
   }
 }
-// Dream writes Qwen2's key names; the checks of ModelConfig::validate speak of the LLaDA-named
-// fields. Each LLaDA field name, with the key a Dream config.json holds it under.
-constexpr std::pair<const char*, const char*> kDreamKeys[] = {
+// Dream and LLaDA2 write Qwen2's key names; the checks of ModelConfig::validate speak of the
+// LLaDA-named fields. Each LLaDA field name, with the key those config.json files hold it under.
+constexpr std::pair<const char*, const char*> kQwen2Keys[] = {
     {"d_model", "hidden_size"},
     {"n_layers", "num_hidden_layers"},
     {"n_heads", "num_attention_heads"},
@@ -69,18 +73,18 @@ constexpr std::pair<const char*, const char*> kDreamKeys[] = {
     {"weight_tying", "tie_word_embeddings"},
 };
 
-// The key the user wrote for a LLaDA field name: the same name for LLaDA, Qwen2's for Dream.
+// The key the user wrote for a LLaDA field name: the same name for LLaDA, Qwen2's for Dream and LLaDA2.
 const char* key_name(Family family, const char* field) {
-  if (family == Family::kDream) {
-    for (const auto& [llada, dream] : kDreamKeys) {
-      if (std::string(field) == llada) return dream;
+  if (family != Family::kLLaDA) {
+    for (const auto& [llada, qwen2] : kQwen2Keys) {
+      if (std::string(field) == llada) return qwen2;
     }
   }
   return field;
 }
 
-// A validate() message with every LLaDA field name (a whole word) replaced by the Dream key.
-std::string with_dream_keys(const std::string& msg) {
+// A validate() message with every LLaDA field name (a whole word) replaced by the key `family` writes.
+std::string with_family_keys(Family family, const std::string& msg) {
   auto word_char = [](char ch) { return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_'; };
   std::string out;
   size_t i = 0;
@@ -92,13 +96,196 @@ std::string with_dream_keys(const std::string& msg) {
     size_t end = i;
     while (end < msg.size() && word_char(msg[end])) ++end;
     const std::string word = msg.substr(i, end - i);
-    out += key_name(Family::kDream, word.c_str());
+    out += key_name(family, word.c_str());
     i = end;
   }
   return out;
 }
 
+// The name "unexpected tensor" messages give a family (families/<family>.py DISPLAY_NAME).
+const char* display_name(Family family) {
+  switch (family) {
+    case Family::kLLaDA: return "LLaDA";
+    case Family::kDream: return "Dream";
+    case Family::kLLaDA2: return "LLaDA2";
+  }
+  return "";
+}
+
+// Text added to the error of a missing tensor `name` (families/<family>.py missing_tensor_hint).
+std::string missing_tensor_hint(Family family, const std::string& name) {
+  auto has = [&](const char* part) { return name.find(part) != std::string::npos; };
+  if (family == Family::kDream && name.size() > 10 && name.compare(name.size() - 10, 10, "_proj.bias") == 0) {
+    return " (Dream's q/k/v projections carry biases)";
+  }
+  if (family == Family::kLLaDA2) {
+    if (has(".mlp.experts.") || has(".mlp.gate.") || has(".mlp.shared_experts.")) {
+      return " (the layers from first_k_dense_replace on are mixtures of experts)";
+    }
+    if (has("layernorm") && has(".attention.")) return " (use_qk_norm: per-head RMSNorm weights of q and k)";
+  }
+  return "";
+}
+
 constexpr const char* kIdKeys[] = {"mask_token_id", "eos_token_id", "pad_token_id", "bos_token_id"};
+
+// config.json read key by key (blockbatch.config.KeyReader's C++ twin): every error names the file
+// (`where`) and the key. A key that is absent or null is missing; Dream's special ids fall back to
+// its generation_config.json (`generation`, null elsewhere).
+struct KeyReader {
+  const Json& j;
+  const Json& generation;
+  const std::string& where;
+  bool dream;
+
+  static bool present_in(const Json& o, const char* key) {
+    return o.is_object() && o.contains(key) && !o.at(key).is_null();
+  }
+  static bool is_id_key(const char* key) {
+    for (const char* k : kIdKeys) {
+      if (std::string(k) == key) return true;
+    }
+    return false;
+  }
+  // The value of `key`, nullptr when absent or null.
+  const Json* find(const char* key) const {
+    if (present_in(j, key)) return &j.at(key);
+    if (is_id_key(key) && present_in(generation, key)) return &generation.at(key);
+    return nullptr;
+  }
+  const Json& need(const char* key) const {
+    const Json* v = find(key);
+    TORCH_CHECK(v, where, ": required key '", key, "' is missing",
+                dream && is_id_key(key) ? " (from config.json and generation_config.json)" : "");
+    return *v;
+  }
+  int64_t integer(const char* key) const {
+    const Json& v = need(key);
+    TORCH_CHECK(v.is_integer(), where, ": key '", key, "' must be an integer");
+    return v.as_int();
+  }
+  int64_t optional_integer(const char* key, int64_t fallback) const { return find(key) ? integer(key) : fallback; }
+  double number(const char* key) const {
+    const Json& v = need(key);
+    TORCH_CHECK(v.is_number(), where, ": key '", key, "' must be a number");
+    return v.as_double();
+  }
+  double optional_number(const char* key, double fallback) const { return find(key) ? number(key) : fallback; }
+  bool boolean(const char* key) const {
+    const Json& v = need(key);
+    TORCH_CHECK(v.is_bool(), where, ": key '", key, "' must be true or false");
+    return v.as_bool();
+  }
+  bool optional_boolean(const char* key, bool fallback) const { return find(key) ? boolean(key) : fallback; }
+  // A special id: an integer, or (Hugging Face allows it) a non-empty list whose first entry is the id.
+  int64_t id(const char* key) const {
+    const Json& v = need(key);
+    if (!v.is_array()) return integer(key);
+    bool ok = !v.as_array().empty();
+    for (const Json& e : v.as_array()) ok = ok && e.is_integer();
+    TORCH_CHECK(ok, where, ": key '", key, "' must be an integer or a non-empty list of integers");
+    return v.as_array()[0].as_int();
+  }
+  void outside(const char* key, int64_t value, int64_t vocab, const char* note = "") const {
+    TORCH_CHECK_VALUE(value >= 0 && value < vocab, where, ": key '", key, "' = ", value,
+                      " is outside the vocabulary [0, ", vocab, ")", note);
+  }
+};
+
+// A JSON value as a message shows it: strings quoted and cut short (a fuzzed file can hold megabytes).
+std::string shown(const Json& v) {
+  if (v.is_string()) {
+    const std::string& s = v.as_string();
+    return "'" + (s.size() <= 40 ? s : s.substr(0, 37) + "...") + "'";
+  }
+  if (v.is_bool()) return v.as_bool() ? "true" : "false";
+  if (v.is_integer()) return std::to_string(v.as_int());
+  if (v.is_number()) return c10::str(v.as_double());
+  if (v.is_null()) return "null";
+  return v.is_array() ? "a list" : "an object";
+}
+
+// Python's a // b (rounds toward minus infinity; b > 0).
+int64_t floor_div(int64_t a, int64_t b) { return a / b - (a % b != 0 && a < 0 ? 1 : 0); }
+
+// The authors' generate() ids (the published tokenizer's <|mask|> and EOS), taken when config.json
+// names none, as families/llada2.py does.
+constexpr int64_t kLLaDA2MaskId = 156895;
+constexpr int64_t kLLaDA2EosId = 156892;
+
+// A LLaDA2 config.json (model_type "llada2_moe"): families/llada2.py read_config and check_config,
+// key for key. A missing optional key takes the default of the authors' config class.
+ModelConfig read_llada2(const KeyReader& keys, std::optional<int64_t>* pad) {
+  const std::string& where = keys.where;
+  for (const auto& [key, allowed] : {std::pair{"score_function", "sigmoid"}, std::pair{"hidden_act", "silu"}}) {
+    const Json* v = keys.find(key);
+    TORCH_CHECK_VALUE(!v || (v->is_string() && v->as_string() == allowed), where, ": key '", key, "' is ",
+                      v ? shown(*v) : "", "; LLaDA2 checkpoints use '", allowed, "'");
+  }
+  if (const Json* v = keys.find("norm_topk_prob")) {
+    TORCH_CHECK_VALUE(v->is_bool() && v->as_bool(), where,
+                      ": key 'norm_topk_prob' must be true (the experts' weights are normalised, as published)");
+  }
+  ModelConfig c;
+  c.family = Family::kLLaDA2;
+  c.d_model = keys.integer("hidden_size");
+  c.n_heads = keys.integer("num_attention_heads");
+  // Before anything divides by it.
+  TORCH_CHECK_VALUE(c.n_heads > 0, where, ": key 'num_attention_heads' must be a positive integer, got ", c.n_heads);
+  const int64_t head_dim = keys.optional_integer("head_dim", floor_div(c.d_model, c.n_heads));
+  // Unlike the other keys, a null partial_rotary_factor is an error, not the default.
+  double factor = 0.5;
+  if (keys.j.contains("partial_rotary_factor")) {
+    const Json& v = keys.j.at("partial_rotary_factor");
+    const bool ok = v.is_number() && std::isfinite(v.as_double()) && v.as_double() > 0 && v.as_double() <= 1;
+    TORCH_CHECK_VALUE(ok, where, ": key 'partial_rotary_factor' must be a number in (0, 1], got ", shown(v));
+    factor = v.as_double();
+  }
+  c.vocab_size = keys.integer("vocab_size");
+  // num_experts absent: the config class's 16; null: every layer dense (no MoE key is read then).
+  const bool moe = !(keys.j.contains("num_experts") && keys.j.at("num_experts").is_null());
+  c.num_experts = moe ? keys.optional_integer("num_experts", 16) : 0;
+  c.moe_hidden_size = moe ? keys.optional_integer("moe_intermediate_size", 0) : 0;
+  TORCH_CHECK(!moe || keys.find("moe_intermediate_size"), where,
+              ": required key 'moe_intermediate_size' is missing (num_experts is set)");
+  c.first_dense_layers = moe ? keys.optional_integer("first_k_dense_replace", 0) : 0;
+  if (keys.find("intermediate_size")) {
+    c.mlp_hidden_size = keys.integer("intermediate_size");
+  } else {
+    TORCH_CHECK(moe && c.first_dense_layers == 0, where,
+                ": required key 'intermediate_size' is missing (dense MLP layers)");
+    c.mlp_hidden_size = c.moe_hidden_size;  // no dense layer reads it
+  }
+  const bool mask_given = keys.find("mask_token_id") != nullptr, eos_given = keys.find("eos_token_id") != nullptr;
+  c.mask_token_id = mask_given ? keys.id("mask_token_id") : kLLaDA2MaskId;
+  c.eos_token_id = eos_given ? keys.id("eos_token_id") : kLLaDA2EosId;
+  c.n_layers = keys.integer("num_hidden_layers");
+  c.n_kv_heads = keys.optional_integer("num_key_value_heads", c.n_heads);
+  c.embedding_size = c.vocab_size;
+  c.rope_theta = keys.optional_number("rope_theta", 10000.0);
+  c.rms_norm_eps = keys.optional_number("rms_norm_eps", 1e-5);
+  c.weight_tying = keys.optional_boolean("tie_word_embeddings", false);
+  c.max_sequence_length = keys.optional_integer("max_position_embeddings", 32768);
+  if (keys.find("pad_token_id")) *pad = keys.id("pad_token_id");
+  c.attention_bias = keys.optional_boolean("use_qkv_bias", false);
+  c.head_size = head_dim;
+  // Python's int(head_dim * factor); a head_dim out of range is refused by validate() before rope_dims is read.
+  c.rope_dims = head_dim >= 0 && head_dim <= kMaxDim ? static_cast<int64_t>(static_cast<double>(head_dim) * factor) : 0;
+  c.qk_norm = keys.optional_boolean("use_qk_norm", true);
+  c.attn_out_bias = keys.optional_boolean("use_bias", true);
+  c.experts_per_token = moe ? keys.optional_integer("num_experts_per_tok", 2) : 0;
+  c.expert_groups = moe ? keys.optional_integer("n_group", 8) : 1;
+  c.expert_groups_kept = moe ? keys.optional_integer("topk_group", 4) : 1;
+  c.shared_experts = moe ? keys.optional_integer("num_shared_experts", 0) : 0;
+  c.routed_scaling = moe ? keys.optional_number("routed_scaling_factor", 2.5) : 1.0;
+
+  // check_config: worded with LLaDA2's keys, before the shared validator.
+  TORCH_CHECK_VALUE(c.n_kv_heads > 0 && c.n_heads % c.n_kv_heads == 0, where,
+                    ": key 'num_key_value_heads' = ", c.n_kv_heads, " must divide num_attention_heads = ", c.n_heads);
+  keys.outside("mask_token_id", c.mask_token_id, c.vocab_size, mask_given ? "" : " (the authors' default)");
+  keys.outside("eos_token_id", c.eos_token_id, c.vocab_size, eos_given ? "" : " (the authors' default)");
+  return c;
+}
 }  // namespace
 
 ModelConfig parse_model_config(const std::string& text, const std::string& where,
@@ -107,9 +294,10 @@ ModelConfig parse_model_config(const std::string& text, const std::string& where
   TORCH_CHECK(j.is_object(), where, ": expected a JSON object at top level");
   TORCH_CHECK(j.contains("model_type"), where, ": key 'model_type' is missing");
   const Json& model_type = j.at("model_type");
-  TORCH_CHECK(model_type.is_string() && (model_type.as_string() == "llada" || model_type.as_string() == "Dream"), where,
-              ": key 'model_type' must be \"llada\" or \"Dream\"");
-  const Family family = model_type.as_string() == "Dream" ? Family::kDream : Family::kLLaDA;
+  const std::string type = model_type.is_string() ? model_type.as_string() : "";
+  TORCH_CHECK(type == "llada" || type == "Dream" || type == "llada2_moe", where,
+              ": key 'model_type' must be \"llada\", \"Dream\" or \"llada2_moe\"");
+  const Family family = type == "Dream" ? Family::kDream : type == "llada2_moe" ? Family::kLLaDA2 : Family::kLLaDA;
   const bool dream = family == Family::kDream;
 
   // Dream keeps its special ids in generation_config.json too; config.json wins (as
@@ -118,80 +306,36 @@ ModelConfig parse_model_config(const std::string& text, const std::string& where
   if (dream && !generation_config_path.empty() && is_regular_file(generation_config_path)) {
     generation = parse_or_throw(read_file(generation_config_path, "generation_config.json"), generation_config_path);
   }
-  auto present_in = [](const Json& o, const char* key) {
-    return o.is_object() && o.contains(key) && !o.at(key).is_null();
-  };
-  auto is_id_key = [](const char* key) {
-    for (const char* k : kIdKeys) {
-      if (std::string(k) == key) return true;
-    }
-    return false;
-  };
-  // The value of `key`, nullptr when absent or null.
-  auto find = [&](const char* key) -> const Json* {
-    if (present_in(j, key)) return &j.at(key);
-    if (is_id_key(key) && present_in(generation, key)) return &generation.at(key);
-    return nullptr;
-  };
-  auto need = [&](const char* key) -> const Json& {
-    const Json* v = find(key);
-    TORCH_CHECK(v, where, ": required key '", key, "' is missing",
-                dream && is_id_key(key) ? " (from config.json and generation_config.json)" : "");
-    return *v;
-  };
-  auto integer = [&](const char* key) {
-    const Json& v = need(key);
-    TORCH_CHECK(v.is_integer(), where, ": key '", key, "' must be an integer");
-    return v.as_int();
-  };
-  auto optional_integer = [&](const char* key, int64_t fallback) { return find(key) ? integer(key) : fallback; };
-  auto number = [&](const char* key) {
-    const Json& v = need(key);
-    TORCH_CHECK(v.is_number(), where, ": key '", key, "' must be a number");
-    return v.as_double();
-  };
-  auto boolean = [&](const char* key) {
-    const Json& v = need(key);
-    TORCH_CHECK(v.is_bool(), where, ": key '", key, "' must be true or false");
-    return v.as_bool();
-  };
-  // A special id: an integer, or (Hugging Face allows it) a non-empty list whose first entry is the id.
-  auto id = [&](const char* key) {
-    const Json& v = need(key);
-    if (!v.is_array()) return integer(key);
-    bool ok = !v.as_array().empty();
-    for (const Json& e : v.as_array()) ok = ok && e.is_integer();
-    TORCH_CHECK(ok, where, ": key '", key, "' must be an integer or a non-empty list of integers");
-    return v.as_array()[0].as_int();
-  };
-  auto outside = [&](const char* key, int64_t value, int64_t vocab) {
-    TORCH_CHECK_VALUE(value >= 0 && value < vocab, where, ": key '", key, "' = ", value,
-                      " is outside the vocabulary [0, ", vocab, ")");
-  };
+  const KeyReader keys{j, generation, where, dream};
 
   ModelConfig c;
-  c.family = family;
-  c.attention_bias = dream;  // Dream's q/k/v projections always carry biases
-  // Field by field: the LLaDA key, or the Qwen2 key a Dream config.json holds it under.
-  auto k = [&](const char* field) { return key_name(family, field); };
-  c.d_model = integer(k("d_model"));
-  c.n_layers = integer(k("n_layers"));
-  c.n_heads = integer(k("n_heads"));
-  c.n_kv_heads = optional_integer(k("n_kv_heads"), c.n_heads);
-  c.mlp_hidden_size = integer(k("mlp_hidden_size"));
-  c.vocab_size = integer("vocab_size");
-  c.embedding_size = dream ? c.vocab_size : optional_integer("embedding_size", c.vocab_size);
-  c.mask_token_id = integer("mask_token_id");
-  c.eos_token_id = id("eos_token_id");
-  c.max_sequence_length = integer(k("max_sequence_length"));
-  // Dream (as Qwen2) leaves the embeddings untied unless told; LLaDA must say.
-  c.weight_tying = false;
-  if (!dream || find("tie_word_embeddings")) c.weight_tying = boolean(k("weight_tying"));
-  c.rope_theta = number("rope_theta");
-  c.rms_norm_eps = number("rms_norm_eps");
   std::optional<int64_t> pad, bos;
-  if (find("pad_token_id")) pad = dream ? id("pad_token_id") : integer("pad_token_id");  // as config.py
-  if (dream && find("bos_token_id")) bos = id("bos_token_id");
+  if (family == Family::kLLaDA2) {
+    c = read_llada2(keys, &pad);
+  } else {
+    c.family = family;
+    c.attention_bias = dream;  // Dream's q/k/v projections always carry biases
+    // Field by field: the LLaDA key, or the Qwen2 key a Dream config.json holds it under.
+    auto k = [&](const char* field) { return key_name(family, field); };
+    c.d_model = keys.integer(k("d_model"));
+    c.n_layers = keys.integer(k("n_layers"));
+    c.n_heads = keys.integer(k("n_heads"));
+    c.n_kv_heads = keys.optional_integer(k("n_kv_heads"), c.n_heads);
+    c.mlp_hidden_size = keys.integer(k("mlp_hidden_size"));
+    c.vocab_size = keys.integer("vocab_size");
+    c.embedding_size = dream ? c.vocab_size : keys.optional_integer("embedding_size", c.vocab_size);
+    c.mask_token_id = keys.integer("mask_token_id");
+    c.eos_token_id = keys.id("eos_token_id");
+    c.max_sequence_length = keys.integer(k("max_sequence_length"));
+    // Dream (as Qwen2) leaves the embeddings untied unless told; LLaDA must say.
+    c.weight_tying = false;
+    if (!dream || keys.find("tie_word_embeddings")) c.weight_tying = keys.boolean(k("weight_tying"));
+    c.rope_theta = keys.number("rope_theta");
+    c.rms_norm_eps = keys.number("rms_norm_eps");
+    if (keys.find("pad_token_id"))
+      pad = dream ? keys.id("pad_token_id") : keys.integer("pad_token_id");  // as config.py
+    if (dream && keys.find("bos_token_id")) bos = keys.id("bos_token_id");
+  }
 
   if (dream) {  // ModelConfig._validate_dream: its messages, naming the Qwen2 keys
     TORCH_CHECK_VALUE(c.n_heads > 0, where, ": key 'num_attention_heads' = ", c.n_heads, " must be positive");
@@ -200,27 +344,32 @@ ModelConfig parse_model_config(const std::string& text, const std::string& where
                       " (grouped-query attention)");
     TORCH_CHECK_VALUE(c.d_model % c.n_heads == 0, where, ": key 'hidden_size' = ", c.d_model,
                       " is not a multiple of num_attention_heads = ", c.n_heads);
-    outside("mask_token_id", c.mask_token_id, c.vocab_size);
+    keys.outside("mask_token_id", c.mask_token_id, c.vocab_size);
   }
   try {
     c.validate();
   } catch (const c10::Error& e) {
     std::string msg = e.msg();
     if (msg.rfind("config: ", 0) == 0) msg = msg.substr(8);
-    TORCH_CHECK_VALUE(false, where, ": ", dream ? with_dream_keys(msg) : msg);
+    TORCH_CHECK_VALUE(false, where, ": ", family == Family::kLLaDA ? msg : with_family_keys(family, msg));
   }
-  if (pad) outside("pad_token_id", *pad, c.vocab_size);
-  if (bos) outside("bos_token_id", *bos, c.vocab_size);
+  if (pad) keys.outside("pad_token_id", *pad, c.vocab_size);
+  if (bos) keys.outside("bos_token_id", *bos, c.vocab_size);
   return c;
+}
+
+ModelConfig read_model_config(const std::string& folder) {
+  const std::string config_path = folder + "/config.json";
+  TORCH_CHECK(exists(config_path), config_path, ": config.json not found");
+  return parse_model_config(read_file(config_path, "config.json"), config_path, folder + "/generation_config.json");
 }
 
 LoadedCheckpoint load_checkpoint(const std::string& folder) {
   LoadedCheckpoint out;
   const std::string config_path = folder + "/config.json";
-  TORCH_CHECK(exists(config_path), config_path, ": config.json not found");
-  out.config =
-      parse_model_config(read_file(config_path, "config.json"), config_path, folder + "/generation_config.json");
-  const bool dream = out.config.family == Family::kDream;
+  out.config = read_model_config(folder);
+  const Family family = out.config.family;
+  const bool llada2 = family == Family::kLLaDA2;
 
   std::unordered_map<std::string, std::string> file_of;  // tensor -> shard path
   const std::string index_path = folder + "/model.safetensors.index.json";
@@ -250,17 +399,22 @@ LoadedCheckpoint load_checkpoint(const std::string& folder) {
   }
   // The config against the weight files before anything sized by it is built: a 500-byte
   // config.json must not make us list 10^9 tensor names.
-  TORCH_CHECK_VALUE(out.config.n_layers <= static_cast<int64_t>(file_of.size()), config_path, ": key '",
-                    key_name(out.config.family, "n_layers"), "' = ", out.config.n_layers, " needs ",
-                    out.config.tensor_count(), " tensors but the weight files hold ", file_of.size());
+  const int64_t held = static_cast<int64_t>(file_of.size());
+  TORCH_CHECK_VALUE(out.config.n_layers <= held, config_path, ": key '", key_name(family, "n_layers"),
+                    "' = ", out.config.n_layers, " needs ", out.config.tensor_count(),
+                    " tensors but the weight files hold ", held);
+  // LLaDA2's list also grows with num_experts (three tensors an expert in every MoE layer): it is
+  // listed only while it is at most twice what the files hold, so that a few missing tensors are
+  // still named one by one.
+  TORCH_CHECK_VALUE(!llada2 || out.config.tensor_count() <= 2 * held, config_path,
+                    ": keys 'num_hidden_layers' = ", out.config.n_layers,
+                    " and 'num_experts' = ", out.config.num_experts, " need ", out.config.tensor_count(),
+                    " tensors but the weight files hold ", held);
   std::set<std::string> expected_names;
-  for (const auto& [name, shape] : expected_weight_shapes(out.config)) {
+  for (const auto& [name, shape] : llada2 ? llada2_weight_shapes(out.config) : expected_weight_shapes(out.config)) {
     expected_names.insert(name);
     auto it = file_of.find(name);
-    TORCH_CHECK(it != file_of.end(), listing, ": tensor '", name, "' is missing",
-                dream && name.size() > 10 && name.compare(name.size() - 10, 10, "_proj.bias") == 0
-                    ? " (Dream's q/k/v projections carry biases)"
-                    : "");
+    TORCH_CHECK(it != file_of.end(), listing, ": tensor '", name, "' is missing", missing_tensor_hint(family, name));
     const TensorEntry* e = files[it->second]->find(name);
     TORCH_CHECK(e->shape == shape, it->second, ": tensor '", name, "' has shape ", c10::IntArrayRef(e->shape),
                 ", expected ", c10::IntArrayRef(shape));
@@ -269,10 +423,17 @@ LoadedCheckpoint load_checkpoint(const std::string& folder) {
   for (const auto& [path, f] : files) {
     for (const auto& e : f->entries()) {
       TORCH_CHECK(expected_names.count(e.name), path, ": unexpected tensor '", e.name, "' (not part of a ",
-                  dream ? "Dream" : "LLaDA", " model with this config)");
+                  display_name(family), " model with this config)");
     }
   }
   return out;
+}
+
+std::unique_ptr<Network> build_model(const LoadedCheckpoint& checkpoint, c10::ScalarType dtype) {
+  if (checkpoint.config.family == Family::kLLaDA2) {
+    return std::make_unique<LLaDA2Model>(checkpoint.config, checkpoint.weights, dtype);
+  }
+  return std::make_unique<Model>(checkpoint.config, checkpoint.weights, dtype);
 }
 
 }  // namespace blockbatch::io

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/network.h"
 
 namespace blockbatch::io {
 
@@ -49,20 +50,30 @@ class SafetensorsFile : public std::enable_shared_from_this<SafetensorsFile> {
 int open_regular_file(const std::string& path, const char* what, uint64_t* size);
 
 // Parse config.json text into a validated ModelConfig (errors name `where` and the key the file
-// holds). The family follows model_type: "llada" (LLaDA keys) or "Dream" (Qwen2 keys: hidden_size,
-// num_hidden_layers, ...; q/k/v biases). For Dream, special ids config.json lacks (mask, eos, pad,
-// bos) are taken from generation_config_path when that file exists, as the Python loader does.
+// holds). The family follows model_type: "llada" (LLaDA keys), "Dream" (Qwen2 keys: hidden_size,
+// num_hidden_layers, ...; q/k/v biases) or "llada2_moe" (Qwen2 keys plus LLaDA2's head_dim,
+// partial_rotary_factor, use_qk_norm, the MoE keys; missing optional keys take the defaults of
+// families/llada2.py read_config). For Dream, special ids config.json lacks (mask, eos, pad, bos)
+// are taken from generation_config_path when that file exists, as the Python loader does.
 ModelConfig parse_model_config(const std::string& text, const std::string& where,
                                const std::string& generation_config_path = "");
+
+// The ModelConfig of the checkpoint folder `folder` (its config.json, + generation_config.json for
+// Dream), without opening the weights.
+ModelConfig read_model_config(const std::string& folder);
 
 struct LoadedCheckpoint {
   ModelConfig config;
   std::unordered_map<std::string, at::Tensor> weights;  // HF names, CPU, mmapped
 };
 
-// Read a Hugging Face checkpoint folder (LLaDA or Dream): config.json (+ generation_config.json
+// Read a Hugging Face checkpoint folder (LLaDA, Dream or LLaDA2): config.json (+ generation_config.json
 // for Dream) plus model.safetensors or the shards of model.safetensors.index.json. Tensor names
 // (the family's Hugging Face names) and shapes are checked against the config.
 LoadedCheckpoint load_checkpoint(const std::string& folder);
+
+// The native model of the checkpoint's family (LLaDA2Model for LLaDA2, Model otherwise), its
+// weights converted to `dtype`.
+std::unique_ptr<Network> build_model(const LoadedCheckpoint& checkpoint, c10::ScalarType dtype);
 
 }  // namespace blockbatch::io

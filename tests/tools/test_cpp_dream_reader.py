@@ -158,12 +158,12 @@ def test_bench_decode_loads_a_dream_checkpoint(tmp_path):
     assert res.returncode == 0 or "native decode loop does not run the dream family" in res.stderr, res.stderr
 
 
-def test_help_says_both_families():
+def test_help_names_the_families():
     for name in ("bb_forward", "bb_bench_decode"):
         res = subprocess.run(
             [os.path.join(BIN_DIR, name), "--help"], capture_output=True, text=True, timeout=60, env=ENV
         )
-        assert res.returncode == 0 and "LLaDA or Dream" in res.stdout, name
+        assert res.returncode == 0 and "LLaDA, Dream or LLaDA2" in res.stdout, name
 
 
 # --------------------------------------------------------------------------- refusing
@@ -250,7 +250,7 @@ def test_missing_mask_id_names_both_files(tmp_path):
         (dict(intermediate_size=0), r"config.json: key 'intermediate_size' must be a positive integer, got 0"),
         (dict(tie_word_embeddings="false"), r"config.json: key 'tie_word_embeddings' must be true or false"),
         (dict(eos_token_id=96), r"config.json: key 'eos_token_id' = 96 equals mask_token_id"),
-        (dict(model_type="dream"), r"config.json: key 'model_type' must be \"llada\" or \"Dream\""),
+        (dict(model_type="dream"), r"config.json: key 'model_type' must be \"llada\", \"Dream\" or \"llada2_moe\""),
     ],
 )
 def test_bad_dream_config_names_the_qwen2_key(tmp_path, changes, pattern):
