@@ -364,8 +364,8 @@ def llada2_candidates(layers: int, repeats: int, results: list, save) -> None:
         rows = torch.arange(n, device="cuda")
         ends = torch.full((n,), L, device="cuda")
 
-        def step(tokens=tokens, positions=positions, cu=cu, kv=kv, rows=rows, ends=ends):
-            logits = torch.ops.blockbatch.forward(model.obj, tokens, positions, cu, kv, rows, None, "dual", None, ends)
+        def step(tokens=tokens, positions=positions, cu=cu, kv=kv, rows=rows, ends=ends, obj=model.obj):
+            logits = torch.ops.blockbatch.forward(obj, tokens, positions, cu, kv, rows, None, "dual", None, ends)
             return torch.ops.blockbatch.confidence(logits, config.mask_token_id)
 
         row = {"step": label, "L": L, "query_tokens": n * B, "layers": layers, "default_replay_is_eager": True}

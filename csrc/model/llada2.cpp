@@ -172,8 +172,8 @@ at::Tensor LLaDA2Model::moe(const LLaDA2Layer& w, const at::Tensor& x) const {
   at::Tensor weights = scores.gather(1, chosen);
   if (K > 1) weights = weights.div(weights.sum(-1, true).add(1e-20));
   weights = weights.mul(c.routed_scaling);
-  at::Tensor y = ops::moe_experts(x.contiguous(), chosen.contiguous(), weights.contiguous(), w.experts.gate_up,
-                                  w.experts.down);
+  at::Tensor y =
+      ops::moe_experts(x.contiguous(), chosen.contiguous(), weights.contiguous(), w.experts.gate_up, w.experts.down);
   if (w.shared.gate_up.defined()) y.add_(swiglu(w.shared, x));
   return y;
 }

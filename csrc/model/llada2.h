@@ -32,7 +32,7 @@ struct LLaDA2Layer {
   SwiGLU mlp;                      // dense layers
   at::Tensor router, expert_bias;  // MoE layers: [E, d] (float32), [E] (float32)
   SwiGLU experts;                  // stacked: gate_up [E, 2m, d], down [E, d, m]
-  SwiGLU shared;  // undefined tensors without shared experts
+  SwiGLU shared;                   // undefined tensors without shared experts
 };
 
 class LLaDA2Model : public Network {

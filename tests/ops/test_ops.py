@@ -255,8 +255,13 @@ def _opcheck_samples():
     yield (
         "moe_experts",
         ops.moe_experts.default,
-        (torch.randn(3, 8), torch.tensor([[0, 2], [1, 0], [2, 1]]), torch.rand(3, 2), torch.randn(3, 6, 8),
-         torch.randn(3, 8, 3)),
+        (
+            torch.randn(3, 8),
+            torch.tensor([[0, 2], [1, 0], [2, 1]]),
+            torch.rand(3, 2),
+            torch.randn(3, 6, 8),
+            torch.randn(3, 8, 3),
+        ),
     )
     yield "rope_", ops.rope_.default, (torch.randn(3, 2, 8), torch.tensor([0, 1, 5]), torch.randn(6, 8))
     yield (
@@ -683,7 +688,9 @@ def test_moe_experts(dtype):
     tol = 1e-5 if dtype == torch.float32 else 5e-2
     torch.testing.assert_close(out.float(), expected, atol=tol, rtol=tol)
     for t in (0, 4, 8):
-        assert torch.equal(ops.moe_experts(x[t : t + 1], chosen[t : t + 1], weights[t : t + 1], gate_up, down), out[t : t + 1])
+        assert torch.equal(
+            ops.moe_experts(x[t : t + 1], chosen[t : t + 1], weights[t : t + 1], gate_up, down), out[t : t + 1]
+        )
     assert ops.moe_experts(x[:0], chosen[:0], weights[:0], gate_up, down).shape == (0, d)
 
 

@@ -144,18 +144,20 @@ cudaError_t moe_experts(const T* x, const int64_t* chosen, const float* weights,
   const bool vec_down = m % P == 0 && aligned16(down) && aligned16(hidden);
   cudaError_t err = cudaSuccess;
   if (slots > 0 && experts > 0) {
-    err = launch_kernel(moe_up_kernel<T>, dim3(static_cast<unsigned>(experts), static_cast<unsigned>((m + kRows - 1) / kRows)),
-                        kThreads, 0, stream, x, chosen, gate_up, hidden, pairs, slots, d, m, vec_up);
+    err = launch_kernel(moe_up_kernel<T>,
+                        dim3(static_cast<unsigned>(experts), static_cast<unsigned>((m + kRows - 1) / kRows)), kThreads,
+                        0, stream, x, chosen, gate_up, hidden, pairs, slots, d, m, vec_up);
     if (err != cudaSuccess) return err;
-    err = launch_kernel(moe_down_kernel<T>, dim3(static_cast<unsigned>(experts), static_cast<unsigned>((d + kRows - 1) / kRows)),
-                        kThreads, 0, stream, chosen, down, hidden, expert_out, pairs, d, m, vec_down);
+    err = launch_kernel(moe_down_kernel<T>,
+                        dim3(static_cast<unsigned>(experts), static_cast<unsigned>((d + kRows - 1) / kRows)), kThreads,
+                        0, stream, chosen, down, hidden, expert_out, pairs, d, m, vec_down);
     if (err != cudaSuccess) return err;
   }
   return launch_kernel(moe_combine_kernel<T>, dim3(static_cast<unsigned>(tokens)), kThreads, 0, stream, chosen, weights,
                        expert_out, out, slots, experts, d);
 }
 
-#define INSTANTIATE(T)                                                                                             \
+#define INSTANTIATE(T)                                                                                                 \
   template cudaError_t moe_experts<T>(const T*, const int64_t*, const float*, const T*, const T*, T*, T*, T*, int64_t, \
                                       int64_t, int64_t, int64_t, int64_t, cudaStream_t);
 BLOCKBATCH_CUDA_INSTANTIATE(INSTANTIATE)

@@ -32,8 +32,8 @@ at::Tensor moe_experts_cuda(const at::Tensor& x, const at::Tensor& chosen, const
   dispatch_cuda_type(x.scalar_type(), "moe_experts", [&](auto* tag) {
     using T_ = std::remove_pointer_t<decltype(tag)>;
     check_launch(cuda::moe_experts<T_>(ptr<T_>(x), ptr<int64_t>(chosen), ptr<float>(weights), ptr<T_>(gate_up),
-                                       ptr<T_>(down), ptr<T_>(hidden), ptr<T_>(expert_out), ptr<T_>(out), T, K, E, d,
-                                       m, c10::cuda::getCurrentCUDAStream()),
+                                       ptr<T_>(down), ptr<T_>(hidden), ptr<T_>(expert_out), ptr<T_>(out), T, K, E, d, m,
+                                       c10::cuda::getCurrentCUDAStream()),
                  "moe_experts");
   });
   return out;
