@@ -6,24 +6,24 @@ per second (prompt tokens excluded), peak memory; optionally the same policies t
 pure-PyTorch reference loops (``compare_reference``) and the per-policy speed ratio.
 
 Task sets: the toy task's held-out problems (default) or a JSONL file whose lines hold
-``{"prompt": str, "answer": str}`` (exact match of the stripped generation).
+``{"prompt": str, "answer": str}`` or ``{"ids": [...], "answer": ...}`` (exact match of the
+stripped generation; ``blockbatch.tasks``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import resource
 import statistics
 import sys
 import time
-from typing import Callable
 
 import torch
 
 from . import contract
+from . import tasks
 from .options import DecodeOptions
+from .tasks import Sample
 
 # name -> options; the paper's settings (docs/ALGORITHMS.md 3): dual cache block 32 / threshold 0.9.
 DEFAULT_POLICIES = ("vanilla", "dual", "blockbatch")
@@ -93,60 +93,15 @@ def policy_options(name: str, gen_length: int) -> DecodeOptions:
     return DecodeOptions(**policy_kwargs(name, gen_length))
 
 
-@dataclasses.dataclass
-class Sample:
-    prompt: str
-    check: Callable[[str], bool] | None  # None: no answer (``load_tasks(answers_optional=True)``)
-
-
 def load_tasks(path: str | None, n: int, answers_optional: bool = False) -> list[Sample]:
-    """The first ``n`` samples (n >= 1) of the toy task (``path`` None) or of a JSONL file whose
-    lines are ``{"prompt": str, "answer": str | number}``. Errors name the file and line.
-    ``answers_optional``: a line may leave out "answer" (its Sample's ``check`` is None)."""
+    """The first ``n`` samples (n >= 1) of the toy task (``path`` None) or of a JSONL task file
+    (``blockbatch.tasks``: "prompt" or "ids", "answer" compared exactly). Errors name the file
+    and line. ``answers_optional``: a line may leave out "answer" (its Sample's ``check`` is None)."""
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"n must be a positive integer, got {n!r}")
     if path is None:
-        from .toy import task
-
-        return [
-            Sample(p.prompt, (lambda p: lambda text: task.check_answer(p, text))(p))
-            for p in task.make_problems(n, 0, "test")
-        ]
-    from .errors import CheckpointError, open_checked
-
-    try:
-        f, _ = open_checked(path, "task file")
-    except CheckpointError as e:
-        raise ValueError(str(e)) from None
-    out = []
-    with f:
-        for lineno, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not UTF-8 text (byte offset {e.start} of the line)") from None
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                prompt = row["prompt"]
-                answer = row.get("answer") if answers_optional else row["answer"]
-            except (json.JSONDecodeError, KeyError, TypeError, RecursionError, ValueError) as e:
-                raise ValueError(f'{path}:{lineno}: expected {{"prompt": ..., "answer": ...}} ({e})') from None
-            if not isinstance(prompt, str) or not prompt:
-                raise ValueError(f'{path}:{lineno}: "prompt" must be a non-empty string, got {type(prompt).__name__}')
-            if answer is None and answers_optional:
-                out.append(Sample(prompt, None))
-                if len(out) >= n:
-                    break
-                continue
-            if not isinstance(answer, (str, int, float)) or isinstance(answer, bool):
-                raise ValueError(f'{path}:{lineno}: "answer" must be a string or a number, got {type(answer).__name__}')
-            answer = str(answer)
-            out.append(Sample(prompt, (lambda a: lambda text: text.strip() == a.strip())(answer)))
-            if len(out) >= n:
-                break
-    return out
+        return tasks.load_toy(n).samples
+    return tasks.load_jsonl(path, n, answers_optional=answers_optional).samples
 
 
 def environment() -> dict:
@@ -199,7 +154,7 @@ def run_bench(
                 "sample": i,
                 "policy": name,
                 "output": gen.text,
-                "correct": bool(sample.check(gen.text)),
+                "correct": bool(sample.check(gen)),
                 "nfe": gen.stats["nfe"],
                 "nfe_paper": gen.stats["nfe_paper"],
                 "wall_ms": wall_ms,

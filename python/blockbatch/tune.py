@@ -8,9 +8,15 @@ measured wall time per sample and the time a step-time model gives (``blockbatch
 measured on this machine, or loaded with ``--step-time FILE``, e.g. the H200 step benchmark,
 so a CPU sweep can be read in GPU time).
 
-Accuracy: exact match against the task's answers (the toy task: its answer check); a task
-file without answers is scored by agreement with a slow reference decode (vanilla, one token
-per step), decoded once and kept in the JSON.
+Accuracy: the mean score of a task set's check (``blockbatch.tasks``): the toy task's answer
+check; a task file's answers by exact match, by the last number (``--answer last-number``) or by
+a regular expression's capture (``--answer-regex``); an lm-evaluation-harness task's filters and
+metric (``--lm-eval-task``). A task file without answers is scored by agreement with a slow
+reference decode (vanilla, one token per step), decoded once and kept in the JSON.
+
+Dev and test: with ``--dev N --test M`` the choice is made on the first N tasks and every config
+is also scored on the next M, which chose nothing; the JSON (a config's ``test``), the printed
+table and the plot show both, so a setting that only fits the tasks it was chosen on shows.
 
 The sweep writes ``tune.json`` after every config (atomically): a rerun with the same model,
 tasks, n and gen_length skips what is done (``--fresh`` starts over), Ctrl-C and
@@ -184,9 +190,32 @@ def choose(points: dict[str, dict], cost: str, max_drop: float, policy: str | No
 # --------------------------------------------------------------------------- the sweep
 
 
-def setup_key(model: str, tasks: str, samples: list, n: int, gen_length: int) -> dict:
-    h = hashlib.sha256("\n".join(s.prompt for s in samples).encode()).hexdigest()[:16]
-    return {"model": model, "tasks": tasks, "n": n, "gen_length": gen_length, "prompts_sha256": h}
+def setup_key(
+    model: str,
+    tasks: str,
+    samples: list,
+    n: int,
+    gen_length: int,
+    dev: int | None = None,
+    tasks_sha256: str | None = None,
+    scored_by: str | None = None,
+) -> dict:
+    """What a sweep was measured on; a rerun resumes only a sweep of the same setup. ``dev``: the
+    first ``dev`` of the ``n`` samples choose, the rest (``test``) only report (None: all choose)."""
+    h = hashlib.sha256(json.dumps([s.prompt for s in samples]).encode()).hexdigest()[:16]
+    out = {"model": model, "tasks": tasks, "n": n, "gen_length": gen_length, "prompts_sha256": h}
+    if dev is not None and dev < n:
+        out.update(dev=dev, test=n - dev)
+    if tasks_sha256 is not None:
+        out["tasks_sha256"] = tasks_sha256
+    if scored_by is not None:
+        out["check"] = scored_by
+    return out
+
+
+def split(setup: dict) -> int:
+    """How many of a sweep's samples are its dev set (the rest: its test set)."""
+    return int(setup.get("dev", setup["n"]))
 
 
 def _write_json(path: str, data: dict) -> None:
@@ -196,7 +225,10 @@ def _write_json(path: str, data: dict) -> None:
 
 
 def summarize(records: list[dict]) -> dict:
+    """Accuracy (mean score: 1/0 for an answer check, the metric for an lm-eval task), NFE, query
+    tokens and wall time over ``records``."""
     return {
+        "n": len(records),
         "accuracy": sum(r["correct"] for r in records) / len(records),
         "mean_nfe": statistics.mean(r["nfe"] for r in records),
         "mean_query_tokens": statistics.mean(r["query_tokens"] for r in records),
@@ -312,7 +344,8 @@ def run_tune(
                     bar.update(1, spec)
             for i, (g, wall) in enumerate(zip(gens, walls)):
                 if scored_by == "answers":
-                    correct = bool(samples[i].check(g.text))
+                    score = float(samples[i].check(g))
+                    correct: bool | float = bool(score) if score in (0.0, 1.0) else score
                 else:
                     correct = g.ids == data["reference"]["ids"][i]
                 L = encoded[i].numel() + gen_length
@@ -327,16 +360,18 @@ def run_tune(
                         "length": L,
                     }
                 )
+            dev = split(setup)
             data["configs"][spec] = {
                 "policy": o.policy,
                 "options": _options_dict(o),
-                **summarize(records),
+                **summarize(records[:dev]),
+                **({"test": summarize(records[dev:])} if dev < len(records) else {}),
                 "correct": [r["correct"] for r in records],
                 "nfe": [r["nfe"] for r in records],
                 "query_tokens_per_step": [r["steps"] for r in records],
                 "lengths": [r["length"] for r in records],
             }
-            _model_config(data["configs"][spec], step_model)
+            _model_config(data["configs"][spec], step_model, dev)
             _write_json(out_path, data)
     except KeyboardInterrupt:
         stopped = "interrupted"
@@ -354,13 +389,16 @@ def remodel(data: dict, step_model) -> None:
     sweep resumed or re-read with another ``--step-time`` is in one time throughout."""
     data["step_time"] = step_model.to_dict()
     for rec in data["configs"].values():
-        _model_config(rec, step_model)
+        _model_config(rec, step_model, split(data["setup"]))
 
 
-def _model_config(rec: dict, step_model) -> None:
-    """A config's mean modelled ms per task, from its tasks' step logs."""
+def _model_config(rec: dict, step_model, dev: int | None = None) -> None:
+    """A config's mean modelled ms per task (dev and test apart), from its tasks' step logs."""
     ms = [step_model.decode_seconds(q, L) * 1e3 for q, L in zip(rec["query_tokens_per_step"], rec["lengths"])]
-    rec["mean_model_ms"] = statistics.mean(ms)
+    dev = len(ms) if dev is None else dev
+    rec["mean_model_ms"] = statistics.mean(ms[:dev])
+    if "test" in rec:
+        rec["test"]["mean_model_ms"] = statistics.mean(ms[dev:])
 
 
 def _options_dict(o) -> dict:
@@ -379,100 +417,3 @@ def _options_dict(o) -> dict:
 
 def cost_key(objective: str) -> str:
     return {"nfe": "mean_nfe", "time": "mean_model_ms"}[objective]
-
-
-def format_report(data: dict, objective: str, chosen: str | None, limit: int = 40) -> str:
-    pts = data["configs"]
-    key = cost_key(objective)
-    front = frontier(pts, key)
-    lines = [
-        f"{len(pts)} configs on {data['setup']['n']} tasks (accuracy by {data['scored_by']}); frontier by "
-        f"{'mean NFE' if objective == 'nfe' else 'modelled time'} ({len(front)} configs):",
-        f"  {'acc':>6} {'NFE':>6} {'q tok':>7} {'wall ms':>8} {'model ms':>9}  config",
-    ]
-    for n in front[:limit]:
-        p = pts[n]
-        mark = "  <- chosen" if n == chosen else ""
-        lines.append(
-            f"  {p['accuracy']:6.3f} {p['mean_nfe']:6.2f} {p['mean_query_tokens']:7.0f} "
-            f"{p['mean_wall_ms']:8.2f} {p['mean_model_ms']:9.2f}  {n}{mark}"
-        )
-    if chosen is not None and chosen not in front:
-        p = pts[chosen]
-        lines.append(f"  chosen (off this frontier): {p['accuracy']:.3f} acc, {p['mean_nfe']:.2f} NFE  {chosen}")
-    lines.append(f"model time: {data['step_time']['source']}")
-    return "\n".join(lines)
-
-
-def save_plot(data: dict, path: str, chosen: str | None) -> str | None:
-    """Accuracy vs mean NFE and vs modelled time per sample, one colour per policy, frontiers drawn."""
-    from .bench import pyplot
-
-    plt = pyplot()
-    if plt is None:
-        return None
-    pts = data["configs"]
-    colors = {
-        "vanilla": "tab:gray",
-        "prefix": "tab:green",
-        "dual": "tab:blue",
-        "blockbatch": "tab:red",
-        "block": "tab:purple",
-    }
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
-    for ax, key, label in (
-        (axes[0], "mean_nfe", "mean NFE per sample"),
-        (axes[1], "mean_model_ms", f"modelled ms per sample\n({data['step_time']['source']})"),
-    ):
-        for policy in colors:
-            sel = [p for n, p in pts.items() if p["policy"] == policy]
-            if sel:
-                ax.scatter(
-                    [p[key] for p in sel], [p["accuracy"] for p in sel], s=22, alpha=0.7, c=colors[policy], label=policy
-                )
-        for policy in ("dual", "blockbatch", "block"):
-            own = {n: p for n, p in pts.items() if p["policy"] == policy}
-            f = frontier(own, key)
-            if len(f) > 1:
-                ax.step(
-                    [own[n][key] for n in f],
-                    [own[n]["accuracy"] for n in f],
-                    where="post",
-                    c=colors[policy],
-                    lw=1,
-                    alpha=0.6,
-                )
-        f = frontier(pts, key)
-        ax.step(
-            [pts[n][key] for n in f],
-            [pts[n]["accuracy"] for n in f],
-            where="post",
-            c="k",
-            lw=1.5,
-            label="frontier (all)",
-        )
-        if chosen in pts:
-            ax.scatter(
-                [pts[chosen][key]],
-                [pts[chosen]["accuracy"]],
-                marker="*",
-                s=220,
-                c="gold",
-                edgecolors="k",
-                zorder=5,
-                label="chosen",
-            )
-        ax.set_xlabel(label, fontsize=8 if key == "mean_model_ms" else 10)
-        ax.set_ylabel("accuracy" if data["scored_by"] == "answers" else "agreement with one-token-per-step decode")
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8, loc="lower right")
-    setup = data["setup"]
-    fig.suptitle(
-        f"{os.path.basename(str(setup['model']).rstrip('/')) or setup['model']}: {setup['n']} tasks, "
-        f"gen_length {setup['gen_length']}",
-        fontsize=10,
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path

@@ -179,7 +179,7 @@ def test_tune_end_to_end_scores_equal_direct_decodes_and_the_preset_decodes_as_i
     for spec, rec in data["configs"].items():
         o = bench.policy_options(spec, 64)
         gens = [engine.generate(s.prompt, o)[0] for s in samples]
-        assert rec["correct"] == [bool(s.check(g.text)) for s, g in zip(samples, gens)]
+        assert rec["correct"] == [bool(s.check(g)) for s, g in zip(samples, gens)]
         assert rec["nfe"] == [g.stats["nfe"] for g in gens]
         assert rec["accuracy"] == sum(rec["correct"]) / 6
         model_ms = [gpu.decode_seconds(g.stats["query_tokens_per_step"], len(g.prompt_ids) + 64) * 1e3 for g in gens]

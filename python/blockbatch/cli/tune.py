@@ -9,7 +9,8 @@ import os
 import signal
 import sys
 
-from ..tune import GRIDS, OBJECTIVES, choose, configs, cost_key, format_report, frontier, run_tune, save_plot, setup_key
+from ..tune import GRIDS, OBJECTIVES, choose, configs, cost_key, frontier, run_tune, setup_key
+from ..tune_report import format_report, save_plot
 from .common import positive_float, positive_int
 
 
@@ -80,14 +81,64 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "  blockbatch tune --grid full --pick-policy blockbatch --write-preset my-best.json\n"
         "  blockbatch tune --step-time docs/bench/gpu/bench_gpu_step.json --objective time\n"
         "  blockbatch generate --preset results/tune/preset.json PROMPT   (use the choice)\n"
-        'tasks: JSONL lines {"prompt": ..., "answer": ...}; without "answer" the score is agreement '
-        "with a\nvanilla one-token-per-step decode. Rerun the same command to resume a sweep.",
+        "  blockbatch tune --model DIR --tasks cot.jsonl --answer-regex 'answer (-?[0-9]+)' --dev 100 --test 100\n"
+        "  blockbatch tune --model DIR --lm-eval-task gsm8k --dev 200 --test 200 --gen-length 256\n"
+        "  blockbatch tune --lm-eval-task my_task --include-path my_tasks/ --lm-eval-metric exact_match\n"
+        'tasks: JSONL lines {"prompt": TEXT, "answer": ...} or {"ids": [TOKEN, ...], "answer": ...}; '
+        '"answer" a string\nor number (checked by --answer / --answer-regex) or token ids (exact); '
+        'without "answer" the score\nis agreement with a vanilla one-token-per-step decode. Rerun the '
+        "same command to resume a sweep.",
     )
     p.add_argument("--model", default=None, help="checkpoint folder (default: the shipped toy model)")
     p.add_argument(
         "--tasks", default=None, help="JSONL of prompts (and answers) (default: the toy task's held-out problems)"
     )
-    p.add_argument("--n", type=positive_int, default=100, help="tasks used (default 100)")
+    p.add_argument(
+        "--n", type=positive_int, default=None, help="tasks used, all of them choosing (default 100; or --dev/--test)"
+    )
+    a = p.add_argument_group("the tasks' answers and a held-out check")
+    a.add_argument(
+        "--answer",
+        choices=("exact", "last-number"),
+        default=None,
+        help="how a --tasks file's answers are checked: exact (the stripped generation equals the answer; the "
+        "default) or last-number (the generation's last number equals the answer as a number)",
+    )
+    a.add_argument(
+        "--answer-regex",
+        default=None,
+        metavar="REGEX",
+        help="check a --tasks file's answers by REGEX: its last match in the generation, the first capture group "
+        "(or the whole match), stripped, equals the answer (e.g. 'answer:? *(-?[0-9]+)')",
+    )
+    a.add_argument(
+        "--lm-eval-task",
+        default=None,
+        metavar="NAME",
+        help="tune on an lm-evaluation-harness generate_until task instead of --tasks: its documents, prompt "
+        "(few-shot context included), stop strings, filter and metric",
+    )
+    a.add_argument("--include-path", default=None, metavar="DIR", help="a folder of your own lm-eval task YAMLs")
+    a.add_argument(
+        "--lm-eval-metric", default=None, metavar="NAME", help="the task's metric scored (default: its first)"
+    )
+    a.add_argument(
+        "--lm-eval-filter", default=None, metavar="NAME", help="the task's filter applied (default: its first)"
+    )
+    a.add_argument(
+        "--dev",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="choose on the first N tasks (replaces --n)",
+    )
+    a.add_argument(
+        "--test",
+        type=positive_int,
+        default=None,
+        metavar="M",
+        help="and score every config on the next M tasks too, which choose nothing (default: none)",
+    )
     p.add_argument("--gen-length", type=positive_int, default=64, help="generation length (default 64)")
     g = p.add_argument_group("the grid (each flag replaces that axis of --grid)")
     g.add_argument(
@@ -158,7 +209,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument(
         "--pick-policy",
         default=None,
-        choices=("vanilla", "prefix", "dual", "blockbatch"),
+        choices=("vanilla", "prefix", "dual", "blockbatch", "block"),
         help="choose among this policy's configs only",
     )
     p.add_argument(
@@ -182,10 +233,124 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
+def load_task_set(args: argparse.Namespace):
+    """The task set the flags name and how many of its tasks choose (None: all); errors name the flag."""
+    from .. import tasks
+
+    if args.n is not None and args.dev is not None:
+        raise ValueError("--n and --dev both say how many tasks choose: give one (--dev N --test M holds out M)")
+    if args.answer is not None and args.answer_regex is not None:
+        raise ValueError("--answer and --answer-regex are two answer checks: give one")
+    dev = args.dev or args.n or 100
+    n = dev + (args.test or 0)
+    if args.lm_eval_task is not None:
+        if args.tasks is not None:
+            raise ValueError("--tasks and --lm-eval-task are two task sets: give one")
+        if args.answer is not None or args.answer_regex is not None:
+            raise ValueError("--answer / --answer-regex check --tasks files; an lm-eval task is scored by its metric")
+        taskset = tasks.load_lm_eval(args.lm_eval_task, n, args.include_path, args.lm_eval_metric, args.lm_eval_filter)
+    else:
+        for flag, value in (
+            ("--include-path", args.include_path),
+            ("--lm-eval-metric", args.lm_eval_metric),
+            ("--lm-eval-filter", args.lm_eval_filter),
+        ):
+            if value is not None:
+                raise ValueError(f"{flag} goes with --lm-eval-task NAME")
+        if args.tasks is None:
+            if args.answer is not None or args.answer_regex is not None:
+                raise ValueError("--answer / --answer-regex check a --tasks file; the toy task has its own check")
+            taskset = tasks.load_toy(n)
+        else:
+            check = tasks.AnswerCheck("regex", args.answer_regex) if args.answer_regex else None
+            check = check or tasks.AnswerCheck(args.answer or "exact")
+            taskset = tasks.load_jsonl(args.tasks, n, check, answers_optional=True)
+    what = f"--tasks {args.tasks}" if args.tasks else f"--lm-eval-task {args.lm_eval_task}" if args.lm_eval_task else ""
+    if not taskset.samples:
+        raise ValueError(f"{what}: holds no tasks")
+    if args.test is not None and len(taskset.samples) < n:
+        raise ValueError(
+            f"{what}: holds {taskset.available} tasks; --dev {dev} --test {args.test} needs {n} "
+            f"(the test tasks come after the dev tasks)"
+        )
+    if len(taskset.samples) < n and not args.quiet:
+        print(f"note: {what} holds {len(taskset.samples)} tasks; tuning on all of them", file=sys.stderr)
+    return taskset, (dev if args.test else None)
+
+
+def _check_answers_decodable(engine, samples, source: str) -> None:
+    """Text answers need the checkpoint's tokenizer to turn the generation into text."""
+    if engine.codec is None:
+        for i, s in enumerate(samples):
+            if s.check is not None and not isinstance(s.answer, list) and source != "toy":
+                raise ValueError(
+                    f"{source}: task {i + 1} has a text answer but the checkpoint has no tokenizer.json to decode "
+                    'generations into text: give "answer" as token ids'
+                )
+            if isinstance(s.prompt, str):
+                raise ValueError(
+                    f'{source}: task {i + 1} gives a text prompt but the checkpoint has no tokenizer.json: give "ids"'
+                )
+
+
+def preset_evidence(data: dict, chosen: str, args: argparse.Namespace, engine, key: str) -> dict:
+    """What a tuned preset was measured on: the model, the task set (source, hash, check, sizes),
+    the config and its scores on the dev tasks (which chose it) and on the test tasks (which did not)."""
+    from ..tune import split
+
+    p = data["configs"][chosen]
+    setup = data["setup"]
+
+    def scores(rec: dict, n: int) -> dict:
+        return {
+            "n": n,
+            "accuracy": rec["accuracy"],
+            "mean_nfe": rec["mean_nfe"],
+            "mean_query_tokens": rec["mean_query_tokens"],
+            "mean_model_ms": rec["mean_model_ms"],
+        }
+
+    return {
+        "config": chosen,
+        "objective": args.objective,
+        "max_drop": args.max_drop,
+        "model": {"path": str(args.model or "toy"), "family": engine.config.family, **_model_hash(args.model)},
+        "tasks": {
+            "source": setup["tasks"],
+            "sha256": setup.get("tasks_sha256"),
+            "check": setup.get("check", data["scored_by"]),
+            "n": setup["n"],
+        },
+        "gen_length": setup["gen_length"],
+        "dev": scores(p, split(setup)),
+        "test": scores(p["test"], int(setup["test"])) if "test" in p else None,
+        "accuracy": p["accuracy"],  # dev, as the fields above (kept for older readers)
+        "mean_nfe": p["mean_nfe"],
+        "mean_model_ms": p["mean_model_ms"],
+        "step_time": data["step_time"]["source"],
+        "setup": setup,
+        "frontier": frontier(data["configs"], key),
+    }
+
+
+def _model_hash(model: str | None) -> dict:
+    """The checkpoint's config.json hash (the weights are too big to hash on every run)."""
+    import hashlib
+
+    from ..toy import checkpoint_path
+
+    folder = model or checkpoint_path()
+    try:
+        with open(os.path.join(folder, "config.json"), "rb") as f:
+            return {"config_sha256": hashlib.sha256(f.read()).hexdigest()}
+    except OSError:
+        return {}
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from .. import bench, presets, steptime
+    from .. import presets, steptime
     from ..engine import Engine
 
     if args.threads:
@@ -218,9 +383,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             f"the grid has no config for --gen-length {args.gen_length} (no block length or branch set divides it)"
         )
-    samples = bench.load_tasks(args.tasks, args.n, answers_optional=True)
-    if not samples:
-        raise ValueError(f"--tasks {args.tasks}: the file holds no tasks")
+    taskset, dev = load_task_set(args)
+    samples = taskset.samples
+    _check_answers_decodable(engine, samples, taskset.source)
     if args.step_time == "measure":
         L = max(engine.encode(s.prompt).numel() for s in samples) + args.gen_length
         step_model = steptime.measure(engine.model, lengths=(L, 2 * L))
@@ -228,7 +393,16 @@ def run(args: argparse.Namespace) -> int:
         step_model = steptime.load(args.step_time)
     os.makedirs(args.out, exist_ok=True)
     out_json = os.path.join(args.out, "tune.json")
-    setup = setup_key(args.model or "toy", args.tasks or "toy", samples, args.n, args.gen_length)
+    setup = setup_key(
+        args.model or "toy",
+        taskset.source,
+        samples,
+        len(samples),
+        args.gen_length,
+        dev=dev,
+        tasks_sha256=taskset.sha256,
+        scored_by=taskset.scored_by if all(s.check is not None for s in samples) else "reference",
+    )
     prev = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))  # save on kill too
     try:
@@ -268,16 +442,7 @@ def run(args: argparse.Namespace) -> int:
             name,
             opts,
             description=f"chosen by blockbatch tune: {chosen}",
-            evidence={
-                "config": chosen,
-                "objective": args.objective,
-                "max_drop": args.max_drop,
-                "accuracy": p["accuracy"],
-                "mean_nfe": p["mean_nfe"],
-                "mean_model_ms": p["mean_model_ms"],
-                "setup": data["setup"],
-                "frontier": frontier(data["configs"], key),
-            },
+            evidence=preset_evidence(data, chosen, args, engine, key),
         )
         print(f"wrote {path} (preset {name!r}: {chosen})")
     if data["stopped"]:

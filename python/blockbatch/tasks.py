@@ -1,0 +1,322 @@
+"""Task sets and how a generation is scored against them: what ``blockbatch bench`` and
+``blockbatch tune`` decode and check.
+
+Three sources:
+
+- the toy task's held-out problems (``path`` None): its own answer check;
+- a JSONL file: one task per line, ``{"prompt": TEXT}`` or ``{"ids": [TOKEN, ...]}`` (as
+  ``blockbatch generate --input`` reads them), with ``"answer"``: a string or a number (checked
+  against the generated text by an :class:`AnswerCheck`) or a list of token ids (the generated
+  ids, cut at EOS, must equal it);
+- an lm-evaluation-harness generation task (:func:`load_lm_eval`): its documents, prompts (with
+  the task's few-shot context), stop strings, filters and metric, through the harness's own API.
+
+A :class:`Sample`'s ``check`` takes the generation (anything with ``.text`` and ``.ids``) and
+returns its score in [0, 1]: 1.0 / 0.0 for an answer check, the task metric's value for an
+lm-eval task.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from decimal import Decimal, InvalidOperation
+from typing import Any, Callable, Protocol
+
+
+class Generated(Protocol):
+    text: str
+    ids: list[int]
+
+
+@dataclasses.dataclass
+class Sample:
+    prompt: str | list[int]  # text, or token ids
+    check: Callable[[Generated], float] | None  # None: no answer (``answers_optional``)
+    answer: Any = None  # what the check compares against, for reports (None: no answer)
+
+
+@dataclasses.dataclass
+class TaskSet:
+    samples: list[Sample]
+    source: str  # "toy", the file's path, or "lm-eval:NAME"
+    sha256: str  # of the task file's bytes, or of the documents and prompts (toy, lm-eval)
+    scored_by: str  # "toy check", "exact", "last-number", "regex ...", "ids", "lm-eval ...", "reference"
+    available: int  # tasks the source holds (at least len(samples))
+
+
+# --------------------------------------------------------------------------- answer checks
+
+_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+")
+
+
+def _number(text: str) -> Decimal | None:
+    try:
+        return Decimal(text.replace(",", "")).normalize()
+    except (InvalidOperation, ValueError):
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class AnswerCheck:
+    """How a text generation is compared with a task's answer.
+
+    - ``exact``: the stripped generation equals the stripped answer;
+    - ``last-number``: the last number in the generation (``-3``, ``1,234``, ``2.50``) equals the
+      answer as a number (``"2.5"`` == ``2.50``); no number: wrong;
+    - ``regex``: the last match of ``pattern`` in the generation; its first capture group (the
+      whole match when the pattern has none), stripped, equals the stripped answer; no match: wrong.
+    """
+
+    kind: str = "exact"
+    pattern: str | None = None
+
+    KINDS = ("exact", "last-number")
+
+    def __post_init__(self):
+        if self.kind == "regex":
+            if not self.pattern:
+                raise ValueError("--answer-regex: the pattern is empty")
+            try:
+                re.compile(self.pattern)
+            except re.error as e:
+                raise ValueError(f"--answer-regex {self.pattern!r}: not a valid regular expression ({e})") from None
+        elif self.kind not in self.KINDS:
+            raise ValueError(f"--answer {self.kind!r}: the answer checks are exact, last-number (or --answer-regex)")
+
+    @property
+    def name(self) -> str:
+        return f"regex {self.pattern}" if self.kind == "regex" else self.kind
+
+    def extract(self, text: str) -> str | None:
+        """The part of ``text`` compared with the answer (None: nothing to compare)."""
+        if self.kind == "exact":
+            return text.strip()
+        if self.kind == "last-number":
+            found = _NUMBER.findall(text)
+            return found[-1] if found else None
+        assert self.pattern is not None
+        last = None
+        for last in re.finditer(self.pattern, text):
+            pass
+        if last is None:
+            return None
+        got = last.group(1) if last.re.groups else last.group(0)
+        return None if got is None else got.strip()
+
+    def matches(self, text: str, answer: str) -> bool:
+        got = self.extract(text)
+        if got is None:
+            return False
+        if self.kind == "last-number":
+            a, g = _number(answer.strip()), _number(got)
+            return a is not None and g is not None and a == g
+        return got == answer.strip()
+
+
+def _text_check(check: AnswerCheck, answer: str) -> Callable[[Generated], float]:
+    return lambda g: float(check.matches(g.text, answer))
+
+
+def _ids_check(answer: list[int]) -> Callable[[Generated], float]:
+    return lambda g: float(list(g.ids) == answer)
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def load_toy(n: int) -> TaskSet:
+    from .toy import task
+
+    problems = task.make_problems(n, 0, "test")
+    samples = [
+        Sample(p.prompt, (lambda p: lambda g: float(task.check_answer(p, g.text)))(p), p.answer) for p in problems
+    ]
+    return TaskSet(samples, "toy", _sha([s.prompt for s in samples]), "toy check", n)
+
+
+def load_jsonl(path: str, n: int, check: AnswerCheck | None = None, answers_optional: bool = False) -> TaskSet:
+    """The first ``n`` tasks of a JSONL file (see the module docstring). Errors name the file, the
+    line and the key. ``answers_optional``: a line may leave out "answer" (its check is None)."""
+    from .errors import CheckpointError, open_checked
+
+    check = check or AnswerCheck()
+    try:
+        f, _ = open_checked(path, "task file")
+    except CheckpointError as e:
+        raise ValueError(str(e)) from None
+    out: list[Sample] = []
+    digest = hashlib.sha256()
+    available = 0
+    with f:
+        for lineno, raw in enumerate(f, 1):
+            digest.update(raw)
+            if not raw.strip():
+                continue
+            available += 1
+            if len(out) >= n:
+                continue  # counted and hashed, not parsed
+            out.append(_line(path, lineno, raw, check, answers_optional))
+    kinds = {"ids" if isinstance(s.answer, list) else "text" for s in out if s.check is not None}
+    scored_by = "reference" if not kinds else "/".join(sorted(check.name if k == "text" else k for k in kinds))
+    return TaskSet(out, path, digest.hexdigest(), scored_by, available)
+
+
+def _line(path: str, lineno: int, raw: bytes, check: AnswerCheck, answers_optional: bool) -> Sample:
+    where = f"{path}:{lineno}"
+    try:
+        line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{where}: not UTF-8 text (byte offset {e.start} of the line)") from None
+    try:
+        row = json.loads(line)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f'{where}: not a JSON object ({e}); expected {{"prompt": ..., "answer": ...}}') from None
+    if not isinstance(row, dict):
+        raise ValueError(f'{where}: expected a JSON object {{"prompt": ..., "answer": ...}}, got {type(row).__name__}')
+    if ("prompt" in row) == ("ids" in row):
+        raise ValueError(f'{where}: give exactly one of "prompt" (text) and "ids" (token ids)')
+    if "prompt" in row:
+        prompt = row["prompt"]
+        if not isinstance(prompt, str) or not prompt:
+            raise ValueError(f'{where}: "prompt" must be a non-empty string, got {_kind(prompt)}')
+    else:
+        prompt = row["ids"]
+        bad = _not_ids(prompt)
+        if bad:
+            raise ValueError(f'{where}: "ids" {bad}')
+    if "answer" not in row or row["answer"] is None:
+        if answers_optional:
+            return Sample(prompt, None)
+        raise ValueError(f'{where}: no "answer" (a string, a number or a list of token ids)')
+    answer = row["answer"]
+    if isinstance(answer, list):
+        bad = _not_ids(answer, allow_empty=True)
+        if bad:
+            raise ValueError(f'{where}: "answer" as token ids {bad}')
+        if check.kind != "exact":
+            raise ValueError(f'{where}: "answer" is token ids, which only the exact check compares (not {check.name})')
+        return Sample(prompt, _ids_check([int(t) for t in answer]), [int(t) for t in answer])
+    if not isinstance(answer, (str, int, float)) or isinstance(answer, bool):
+        raise ValueError(f'{where}: "answer" must be a string, a number or a list of token ids, got {_kind(answer)}')
+    text = answer if isinstance(answer, str) else json.dumps(answer)
+    if check.kind == "last-number" and _number(text.strip()) is None:
+        raise ValueError(f'{where}: "answer" {text!r} is not a number, which --answer last-number needs')
+    return Sample(prompt, _text_check(check, text), text)
+
+
+def _kind(x: Any) -> str:
+    return "an empty string" if x == "" else type(x).__name__
+
+
+def _not_ids(x: Any, allow_empty: bool = False) -> str | None:
+    """Why ``x`` is not a list of token ids (None: it is one)."""
+    if not isinstance(x, list):
+        return f"must be a list of integer token ids, got {type(x).__name__}"
+    if not x and not allow_empty:
+        return "must hold at least one token id"
+    for i, t in enumerate(x):
+        if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+            return f"[{i}] must be a non-negative integer token id, got {t!r}"
+    return None
+
+
+def _sha(items: list) -> str:
+    return hashlib.sha256(json.dumps(items, sort_keys=True).encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------- lm-evaluation-harness
+
+
+def load_lm_eval(
+    name: str,
+    n: int,
+    include_path: str | None = None,
+    metric: str | None = None,
+    filter_name: str | None = None,
+) -> TaskSet:
+    """The first ``n`` documents of an lm-evaluation-harness ``generate_until`` task: the prompt
+    the harness builds (the task's few-shot context included), and a check that cuts the
+    generation at the task's stop strings, runs the task's filter and scores it with its metric
+    (``metric``: the first of the task's metrics by default; ``filter_name``: the first filter)."""
+    try:
+        from lm_eval.tasks import TaskManager
+    except ImportError as e:
+        raise ValueError(f"--lm-eval-task needs lm-eval installed (pip install lm-eval): {e}") from None
+    import logging
+
+    logging.getLogger("lm_eval").setLevel(logging.WARNING)
+    try:
+        manager = TaskManager(include_path=include_path) if include_path else TaskManager()
+    except Exception as e:  # the harness's own errors are plain exceptions
+        raise ValueError(f"--include-path {include_path}: lm-eval cannot read its task files ({e})") from None
+    if name not in manager.all_tasks:
+        close = [t for t in manager.all_tasks if name.lower() in t.lower()][:8]
+        hint = f"; close names: {', '.join(close)}" if close else ""
+        where = f" (with --include-path {include_path})" if include_path else " (give --include-path DIR for your own)"
+        raise ValueError(f"--lm-eval-task {name!r}: lm-eval knows no such task{where}{hint}")
+    try:
+        tasks = dict(manager.load([name])["tasks"])
+    except Exception as e:
+        raise ValueError(f"--lm-eval-task {name}: lm-eval cannot load it ({type(e).__name__}: {e})") from None
+    if len(tasks) != 1:
+        raise ValueError(
+            f"--lm-eval-task {name}: a group of {len(tasks)} tasks ({', '.join(sorted(tasks))}); give one of them"
+        )
+    [(task_name, task)] = tasks.items()
+    if task.OUTPUT_TYPE != "generate_until":
+        raise ValueError(
+            f"--lm-eval-task {name}: output_type is {task.OUTPUT_TYPE!r}; the tuner decodes generate_until tasks "
+            "(a masked diffusion model has no left-to-right likelihood)"
+        )
+    task.build_all_requests(limit=n, rank=0, world_size=1)
+    instances = sorted(task.instances, key=lambda i: i.doc_id)
+    if not instances:
+        raise ValueError(f"--lm-eval-task {name}: the task has no documents")
+    filters = list(getattr(task, "_filters", []))
+    names = [f.name for f in filters] or ["none"]
+    if filter_name is not None and filter_name not in names:
+        raise ValueError(f"--lm-eval-filter {filter_name!r}: task {task_name} has the filters {', '.join(names)}")
+    fname = filter_name or names[0]
+    metrics = list(task.aggregation())
+    if metric is not None and metric not in metrics:
+        raise ValueError(f"--lm-eval-metric {metric!r}: task {task_name} reports {', '.join(metrics)}")
+    metric = metric or metrics[0]
+    samples = []
+    for inst in instances:
+        context, gen_kwargs = inst.args
+        until = gen_kwargs.get("until") or []
+        if isinstance(until, str):
+            until = [until]
+        samples.append(Sample(context, _lm_eval_check(task, inst, filters, fname, metric, until), task_name))
+    docs = [[inst.doc_id, inst.args[0]] for inst in instances]
+    scored = f"lm-eval {task_name} {metric}" + (f" ({fname})" if fname != "none" else "")
+    return TaskSet(samples, f"lm-eval:{task_name}", _sha(docs), scored, len(instances))
+
+
+def cut_at_stops(text: str, until: list[str]) -> str:
+    """``text`` up to its first stop string (as a left-to-right engine stops there)."""
+    for s in until:
+        if s:
+            i = text.find(s)
+            if i >= 0:
+                text = text[:i]
+    return text
+
+
+def _lm_eval_check(task, inst, filters, fname: str, metric: str, until: list[str]):
+    def check(g: Generated) -> float:
+        import copy
+
+        one = copy.copy(inst)
+        one.resps = [cut_at_stops(g.text, until)]
+        one.filtered_resps = {}
+        for f in filters:
+            f.apply([one])
+        resp = one.filtered_resps.get(fname, one.resps[0]) if filters else one.resps[0]
+        value = task.process_results(inst.doc, [resp])[metric]
+        return float(value)
+
+    return check
