@@ -169,7 +169,8 @@ def frontier(points: dict[str, dict], cost: str) -> list[str]:
 
 def choose(points: dict[str, dict], cost: str, max_drop: float, policy: str | None = None) -> str | None:
     """Among configs (of ``policy`` when given) within ``max_drop`` of the best accuracy of all
-    configs, the cheapest; ties: the more accurate, then the name."""
+    configs, the cheapest; ties: the more accurate, then the fewer query tokens (the same NFE on
+    fewer branch rows costs less compute), then the name."""
     if not points:
         return None
     best = max(p["accuracy"] for p in points.values())
@@ -184,7 +185,7 @@ def choose(points: dict[str, dict], cost: str, max_drop: float, policy: str | No
             return None
         top = max(p["accuracy"] for p in own.values())
         cands = [n for n, p in own.items() if p["accuracy"] == top]
-    return min(cands, key=lambda n: (points[n][cost], -points[n]["accuracy"], n))
+    return min(cands, key=lambda n: (points[n][cost], -points[n]["accuracy"], points[n].get("mean_query_tokens", 0), n))
 
 
 # --------------------------------------------------------------------------- the sweep

@@ -62,6 +62,11 @@ def test_choose_takes_the_cheapest_within_max_drop_of_the_best_and_can_be_restri
     assert tune.choose(pts, "mean_nfe", 0.1, policy="blockbatch") == "blockbatch:w"
     assert tune.choose(pts, "mean_nfe", 0.0, policy="prefix") is None
     assert tune.choose({}, "mean_nfe", 0.0) is None
+    # Equal accuracy and NFE (as the merge gates 0.5 and 0.9 often are): the fewer query tokens wins,
+    # whatever the names' order.
+    tied = {"blockbatch:a": _pt(0.98, 6.22, "blockbatch"), "blockbatch:b": _pt(0.98, 6.22, "blockbatch")}
+    tied["blockbatch:a"]["mean_query_tokens"], tied["blockbatch:b"]["mean_query_tokens"] = 861, 696
+    assert tune.choose(tied, "mean_nfe", 0.01) == "blockbatch:b"
 
 
 def test_grid_configs_fit_gen_length_interleave_policies_and_are_valid_specs():
