@@ -48,6 +48,7 @@ from . import contract, presets
 from .bench import SPEC_OPTIONS, policy_kwargs
 from .engine import Engine
 from .options import DecodeOptions
+from .tasks import cut_at_stops
 from .tokenization import TextCodec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -198,10 +199,7 @@ class BlockBatchLM(LM):
             self.totals["seconds"] += time.perf_counter() - t0
             tokens = gen.ids[:budget] if budget else gen.ids
             text = self._codec.decode(tokens)
-            until = (gen_kwargs or {}).get("until") or []
-            for stop in [until] if isinstance(until, str) else until:
-                if stop and stop in text:
-                    text = text[: text.index(stop)]
+            text = cut_at_stops(text, (gen_kwargs or {}).get("until"))
             self.totals["requests"] += 1
             self.totals["nfe"] += gen.stats["nfe"]
             self.totals["generated_tokens"] += len(tokens)

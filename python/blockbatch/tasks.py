@@ -18,6 +18,7 @@ lm-eval task.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -287,18 +288,17 @@ def load_lm_eval(
     samples = []
     for inst in instances:
         context, gen_kwargs = inst.args
-        until = gen_kwargs.get("until") or []
-        if isinstance(until, str):
-            until = [until]
+        until = gen_kwargs.get("until")
         samples.append(Sample(context, _lm_eval_check(task, inst, filters, fname, metric, until), task_name))
     docs = [[inst.doc_id, inst.args[0]] for inst in instances]
     scored = f"lm-eval {task_name} {metric}" + (f" ({fname})" if fname != "none" else "")
     return TaskSet(samples, f"lm-eval:{task_name}", _sha(docs), scored, len(instances))
 
 
-def cut_at_stops(text: str, until: list[str]) -> str:
-    """``text`` up to its first stop string (as a left-to-right engine stops there)."""
-    for s in until:
+def cut_at_stops(text: str, until: str | list[str] | None) -> str:
+    """``text`` up to its first stop string (as a left-to-right engine stops there); ``until`` as
+    lm-eval's gen_kwargs give it (one string, a list, or nothing)."""
+    for s in [until] if isinstance(until, str) else until or []:
         if s:
             i = text.find(s)
             if i >= 0:
@@ -306,10 +306,8 @@ def cut_at_stops(text: str, until: list[str]) -> str:
     return text
 
 
-def _lm_eval_check(task, inst, filters, fname: str, metric: str, until: list[str]):
+def _lm_eval_check(task, inst, filters, fname: str, metric: str, until: str | list[str] | None):
     def check(g: Generated) -> float:
-        import copy
-
         one = copy.copy(inst)
         one.resps = [cut_at_stops(g.text, until)]
         one.filtered_resps = {}

@@ -694,23 +694,27 @@ def test_moe_experts_emulated(emu, dtype, tokens, slots, experts, d, m):
     hidden = torch.full((tokens * slots, m), float("nan")).to(dtype)
     expert_out = torch.full((tokens * slots, d), float("nan")).to(dtype)
     out = torch.full((tokens, d), float("nan")).to(dtype)
-    emu.ok(
-        "bbemu_moe_experts",
-        CODE[dtype],
-        x,
-        chosen,
-        weights,
-        gate_up,
-        down,
-        hidden,
-        expert_out,
-        out,
-        tokens,
-        slots,
-        experts,
-        d,
-        m,
-    )
+
+    def run(chosen: torch.Tensor) -> None:  # the kernel into `out` (its scratch buffers NaN-filled)
+        emu.ok(
+            "bbemu_moe_experts",
+            CODE[dtype],
+            x,
+            chosen,
+            weights,
+            gate_up,
+            down,
+            hidden,
+            expert_out,
+            out,
+            tokens,
+            slots,
+            experts,
+            d,
+            m,
+        )
+
+    run(chosen)
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out.float(), expected.float(), atol=tol, rtol=tol)
     # Token 0's first slot names no expert: its output is the other slots' sum alone.
@@ -718,21 +722,5 @@ def test_moe_experts_emulated(emu, dtype, tokens, slots, experts, d, m):
     bad[0, 0] = experts
     kept = weights.clone()
     kept[0, 0] = 0.0
-    emu.ok(
-        "bbemu_moe_experts",
-        CODE[dtype],
-        x,
-        bad,
-        weights,
-        gate_up,
-        down,
-        hidden,
-        expert_out,
-        out,
-        tokens,
-        slots,
-        experts,
-        d,
-        m,
-    )
+    run(bad)
     torch.testing.assert_close(out.float(), ops.moe_experts(x, chosen, kept, gate_up, down).float(), atol=tol, rtol=tol)

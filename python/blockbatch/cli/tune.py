@@ -262,8 +262,11 @@ def load_task_set(args: argparse.Namespace):
                 raise ValueError("--answer / --answer-regex check a --tasks file; the toy task has its own check")
             taskset = tasks.load_toy(n)
         else:
-            check = tasks.AnswerCheck("regex", args.answer_regex) if args.answer_regex else None
-            check = check or tasks.AnswerCheck(args.answer or "exact")
+            check = (
+                tasks.AnswerCheck("regex", args.answer_regex)
+                if args.answer_regex is not None
+                else tasks.AnswerCheck(args.answer or "exact")
+            )
             taskset = tasks.load_jsonl(args.tasks, n, check, answers_optional=True)
     what = f"--tasks {args.tasks}" if args.tasks else f"--lm-eval-task {args.lm_eval_task}" if args.lm_eval_task else ""
     if not taskset.samples:
