@@ -332,6 +332,15 @@ OPTIONS: tuple[Option, ...] = (
         group="blockbatch",
     ),
     Option(
+        "fold_rows",
+        "bool",
+        True,
+        "run a refresh's rows of identical canvases once and give the twins the same K/V and logits "
+        "(exact: the same tokens and counters; fewer query tokens, folded_rows / folded_tokens count them)",
+        policies=("blockbatch",),
+        group="blockbatch",
+    ),
+    Option(
         "edit_threshold",
         "float",
         None,

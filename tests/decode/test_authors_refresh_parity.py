@@ -9,7 +9,8 @@ dependency). Per prompt: the winner's tokens, the authors' NFE (the forwards the
 took part in, ``nfe_paper`` here), the forwards actually executed, the winner's block size, the
 early exit, and per branch the tokens decoded / merged / copied and its forwards.
 
-The engine runs every prompt; the Python reference runs every 5th (it is slower).
+The engine runs every prompt (with fold_rows, its default: refresh rows of identical canvases fed
+once); the Python reference runs every 5th (it is slower).
 
 Many of these prompts end with several branches EOS-ready in the same block step, with EOS
 probabilities 1 - 1e-7 apart: the early exit's tie rule (ALGORITHMS.md, "early exit") decides
@@ -105,9 +106,12 @@ def test_engine_matches_authors(recorded, toy, refresh):
         policy="blockbatch", gen_length=recorded["settings"]["gen_length"], **settings(recorded, refresh)
     )
 
+    folded = []
+
     def decode(ids):
-        out = run_decode(engine.model.obj, ids, options)
+        out = run_decode(engine.model.obj, ids, options)  # fold_rows on (the default)
         s = out.stats
+        folded.append(s["folded_rows"])
         br = s["branches"]
         return dict(
             tokens=out.tokens[len(ids) :].tolist(),
@@ -123,6 +127,7 @@ def test_engine_matches_authors(recorded, toy, refresh):
 
     bad = mismatches(recorded, refresh, decode)
     assert not bad, f"{len(bad)} of {len(recorded['prompts'])} prompts differ, first: {bad[:3]}"
+    assert sum(folded) > 0  # refresh rows were folded, and every prompt still equals the authors' run
 
 
 @pytest.mark.parametrize("refresh", REFRESH)

@@ -47,6 +47,7 @@ def assert_same(expected, out):
     )
     assert s["committed_per_step"] == expected.committed_per_step
     assert s["query_tokens_per_step"] == expected.query_tokens_per_step
+    assert (s["folded_rows"], s["folded_tokens"]) == (expected.folded_rows, expected.folded_tokens)
     for b, e in zip(s["branches"], expected.branches):
         assert (b["block_size"], b["committed"], b["merged"], b["copied"], b["forwards"]) == (
             e.block_size,
@@ -95,7 +96,7 @@ def test_every_mechanism_fired_in_the_grid(models):
     EOS: see test_toy_model.py). Counted here from the engine alone, so the test stands on its
     own whatever order or selection the grid tests ran in."""
     config, _, nat = models
-    fired = {"merged": 0, "copied": 0, "refresh": 0}
+    fired = {"merged": 0, "copied": 0, "refresh": 0, "folded": 0}
     for case in GRID:
         kw = dict(case)
         gen_length = kw.pop("gen_length")
@@ -105,7 +106,40 @@ def test_every_mechanism_fired_in_the_grid(models):
         fired["merged"] += sum(b["merged"] for b in stats["branches"])
         fired["copied"] += sum(b["copied"] for b in stats["branches"])
         fired["refresh"] += stats["nfe_refresh"]
+        fired["folded"] += stats["folded_rows"]
     assert all(v > 0 for v in fired.values()), fired
+
+
+FOLD_CASES = [
+    dict(block_sizes=(4, 8, 16, 32, 64, 128), gen_length=128, sync_gap=4, sync_refresh=True),
+    dict(block_sizes=(8, 32), gen_length=64, sync_gap=4, refresh_tokens=8),
+    dict(block_sizes=(4, 64), gen_length=192, merge_gate=0.3, refresh_mode="divergence"),
+    dict(block_sizes=(4, 16, 64), gen_length=64, temperature=0.9, seed=7, sync_refresh=True),
+]
+
+
+def test_folding_changes_nothing_but_the_tokens_fed(models):
+    """fold_rows on (the default) against off: the same tokens and every counter; each refresh feeds
+    fewer query tokens by whole rows, and the rows folded account for the difference."""
+    config, _, nat = models
+    folded = 0
+    for i, case in enumerate(FOLD_CASES):
+        for seed in range(3):
+            prompt = torch.randint(0, config.vocab_size - 2, (5 + i,), generator=torch.Generator().manual_seed(seed))
+            o = DecodeOptions(policy="blockbatch", **case)
+            on, off = run_decode(nat.obj, prompt, o), run_decode(nat.obj, prompt, o.replace(fold_rows=False))
+            assert torch.equal(on.tokens, off.tokens), case
+            fed = ("query_tokens_per_step", "folded_rows", "folded_tokens", "wall_ms")
+            assert {k: v for k, v in on.stats.items() if k not in fed} == {
+                k: v for k, v in off.stats.items() if k not in fed
+            }, case
+            L = len(prompt) + case["gen_length"]
+            diff = [b - a for a, b in zip(on.stats["query_tokens_per_step"], off.stats["query_tokens_per_step"])]
+            assert all(d >= 0 and d % L == 0 for d in diff), case
+            assert sum(diff) == on.stats["folded_tokens"] == L * on.stats["folded_rows"], case
+            assert off.stats["folded_rows"] == 0
+            folded += on.stats["folded_rows"]
+    assert folded > 0  # the cases do fold rows
 
 
 def test_temperature_sampling_matches_reference(models):

@@ -299,6 +299,9 @@ def test_native_matches_reference(gqa, more_results, name):
             r.stats["nfe_refresh"],
         )
         assert g.stats["winner_block_size"] == r.stats["winner_block_size"]
+        # fold_rows (on by default): the refresh rows not fed and the query tokens fed, step by step
+        assert g.stats["folded_rows"] == r.stats["folded_rows"]
+        assert g.stats["query_tokens_per_step"] == r.stats["query_tokens_per_step"]
         for gb, rb in zip(g.stats["branches"], r.stats["branches"]):
             assert (gb["block_size"], gb["committed"], gb["merged"], gb["copied"]) == (
                 rb["block_size"],
@@ -315,6 +318,7 @@ def test_blockbatch_cases_fire_merges_syncs_and_refreshes(more_results):
     assert sum(b["merged"] for _, s in bb for b in s["branches"]) > 0
     assert sum(b["copied"] for _, s in bb for b in s["branches"]) > 0
     assert sum(s["nfe_refresh"] for _, s in bb) > 0
+    assert sum(s["folded_rows"] for _, s in bb) > 0  # and some refresh rows were folded
     off = more_results["blockbatch-no-merge-no-sync-p9"][0].stats
     assert sum(b["merged"] + b["copied"] for b in off["branches"]) == 0 and off["nfe_refresh"] == 0
     # sync_refresh without periodic refreshes: its refreshes follow syncs

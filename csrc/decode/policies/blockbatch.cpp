@@ -8,7 +8,9 @@
 // (every branch with a mask in its window feeds the window [start - shift, end - shift) against its
 // own KV row, dual mode: one packed forward, or none when no branch has one), the exit check, the
 // coordination (advance, merge, sync), the refresh decision and a refresh (one full forward over the
-// rows of the branches not done). The family's rules (decode/family.h) fill in:
+// rows of the branches not done; with fold_rows a row whose canvas equals an earlier row's is not fed:
+// a full forward reads nothing but the canvas, so the twin takes that row's logits and K/V exactly). The family's rules
+// (decode/family.h) fill in:
 //   logit_shift   canvas position p reads output p - shift (a block step feeds the windows shifted)
 //   full_forward  kCommitByRule: a full forward commits by the threshold rule and records every
 //                 position's map, and the init is followed by a coordination; kFirstMaskArgmax: it
@@ -58,6 +60,39 @@ struct Span {
   int64_t b = 0, row = 0, first = 0, start = 0, end = 0;
 };
 
+// For each of `rows` (canvas rows of length L in x), the index in `rows` of the first row with the
+// same canvas (itself when none before it has).
+std::vector<int64_t> first_equal_rows(const int64_t* x, int64_t L, const std::vector<int64_t>& rows) {
+  std::vector<int64_t> first(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    first[i] = static_cast<int64_t>(i);
+    const int64_t* xi = x + rows[i] * L;
+    for (size_t j = 0; j < i; ++j) {
+      if (first[j] == static_cast<int64_t>(j) && std::equal(xi, xi + L, x + rows[j] * L)) {
+        first[i] = static_cast<int64_t>(j);
+        break;
+      }
+    }
+  }
+  return first;
+}
+
+// A refresh's KV copies, appended to its plan's entries as kv_copy_rows_'s source map ([B], -1: none):
+// a folded span (its query row fed by an earlier span) copies the K/V the forward wrote into the
+// earlier span's branch row.
+void add_fold_sources(StepPlan& p, const std::vector<Span>& spans, int64_t B) {
+  std::vector<int64_t> src(static_cast<size_t>(B), -1);
+  for (size_t i = 0; i < spans.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (spans[j].row == spans[i].row) {
+        src[spans[i].b] = spans[j].b;
+        break;
+      }
+    }
+  }
+  p.extra.insert(p.extra.end(), src.begin(), src.end());
+}
+
 // The branches' canvases, windows, maps and counters, and the family's rules over them: the
 // executor the skeleton runs a step's readout and the coordination with (FamilyRules::readout).
 class Branches {
@@ -74,6 +109,8 @@ class Branches {
   }
   // The next block step's windows: every branch not done with a mask in its window, in order.
   virtual std::vector<Span> work() = 0;
+  // For each of `rows` (branches), the index in `rows` of the first with the same canvas.
+  virtual std::vector<int64_t> first_equal(const std::vector<int64_t>& rows) const = 0;
   // The outputs a forward over `spans` reads (p.q.logit_index) and the executor's entries (p.extra).
   virtual void reads(StepPlan& p, const std::vector<Span>& spans) = 0;
   virtual at::Tensor tokens_from(const StepPlan& p, const at::Tensor& buffer) const = 0;
@@ -160,6 +197,12 @@ class DeviceBranches final : public Branches {
     return w;
   }
 
+  // CPU: the canvas itself; CUDA: one copy of [B, L] ids per refresh (the state readback came before).
+  std::vector<int64_t> first_equal(const std::vector<int64_t>& rows) const override {
+    const at::Tensor c = canvas_.cpu();
+    return first_equal_rows(c.const_data_ptr<int64_t>(), L_, rows);
+  }
+
   // Spans (rows of branch, logits row, first position, rows, full): a full forward reads and
   // records every generated position of each of its rows.
   void reads(StepPlan& p, const std::vector<Span>& spans) override {
@@ -173,6 +216,7 @@ class DeviceBranches final : public Branches {
       if (full) p.extra.insert(p.extra.end(), {s.b, s.row * G_, lp_, G_, 1});
       else p.extra.insert(p.extra.end(), {s.b, s.first, s.start, s.end - s.start, 0});
     }
+    if (p.kind == StepKind::kRefresh) add_fold_sources(p, spans, B_);
     p.sampling = sampling_;
   }
 
@@ -185,11 +229,12 @@ class DeviceBranches final : public Branches {
       return status();
     }
     const at::Tensor lg = logits.contiguous();
+    const int64_t S = spans_in(p);
     if (p.kind == StepKind::kInit) ops::kv_copy_rows_(kv_, sync_src_);  // the batch-1 forward filled row 0
+    if (p.kind == StepKind::kRefresh) ops::kv_copy_rows_(kv_, buffer.narrow(0, p.base + S * br::kSpanFields, B_));
     if (sampling_) return {lg.to(at::kDouble)};
     auto [token, conf] = ops::confidence(lg, c_.mask_token_id);
     auto [ids, probs] = ops::sparse_probs(lg, *o_.prob_floor, K_);
-    const int64_t S = static_cast<int64_t>(p.extra.size()) / br::kSpanFields;
     absorb_spans(lg, buffer.narrow(0, p.base, S * br::kSpanFields).view({S, br::kSpanFields}), token, conf, ids, probs);
     if (p.kind != StepKind::kRefresh) coordinate_on_device();
     return status();
@@ -199,7 +244,7 @@ class DeviceBranches final : public Branches {
     if (!p.forward || !sampling_) return take_status(host);
     // Sampling: the host draws each span's proposals in span order; the spans are absorbed one by one.
     const std::vector<int64_t>& spans = p.extra;
-    const int64_t S = static_cast<int64_t>(spans.size()) / br::kSpanFields;
+    const int64_t S = spans_in(p);
     const at::Tensor lg = logits.contiguous();
     const at::Tensor& logits64 = host[0];
     const int64_t n = logits64.size(0);
@@ -255,6 +300,10 @@ class DeviceBranches final : public Branches {
 
  private:
   int64_t progress(int64_t b) const { return (st(b)[br::kDone] ? L_ : st(b)[br::kStart]) - lp_; }
+  // The spans in a plan's entries (a refresh's fold sources follow them).
+  int64_t spans_in(const StepPlan& p) const {
+    return (static_cast<int64_t>(p.extra.size()) - (p.kind == StepKind::kRefresh ? B_ : 0)) / br::kSpanFields;
+  }
 
   // The tensors a step reads back (in one copy) and the host mirror they refresh.
   std::vector<at::Tensor> status() const { return {state_, eos_prob_, flags_}; }
@@ -379,6 +428,10 @@ class HostBranches final : public Branches {
     return w;
   }
 
+  std::vector<int64_t> first_equal(const std::vector<int64_t>& rows) const override {
+    return first_equal_rows(x_.data(), L_, rows);
+  }
+
   // A full forward reads the output before each seed (the window's first mask), or one placeholder
   // row when there is no seed (the forward still runs and counts); a block step every output.
   void reads(StepPlan& p, const std::vector<Span>& spans) override {
@@ -391,13 +444,17 @@ class HostBranches final : public Branches {
       if (p.q.logit_index.empty()) p.q.logit_index.push_back(0);
     }
     p.extra = x_;
+    if (p.kind == StepKind::kRefresh) add_fold_sources(p, spans, B_);
   }
 
   at::Tensor tokens_from(const StepPlan& p, const at::Tensor& buffer) const override {
-    return buffer.narrow(0, p.base, static_cast<int64_t>(p.extra.size()));
+    return buffer.narrow(0, p.base, B_ * L_);
   }
 
-  std::vector<at::Tensor> after_forward(const StepPlan&, const at::Tensor&, const at::Tensor&) override { return {}; }
+  std::vector<at::Tensor> after_forward(const StepPlan& p, const at::Tensor& buffer, const at::Tensor&) override {
+    if (p.kind == StepKind::kRefresh) ops::kv_copy_rows_(kv_, buffer.narrow(0, p.base + B_ * L_, B_));
+    return {};
+  }
 
   void absorb(const StepPlan& p, const at::Tensor& out, const std::vector<at::Tensor>&) override {
     if (p.kind == StepKind::kBlock) return absorb_block(out);
@@ -650,7 +707,7 @@ class BlockBatch final : public Decoder {
       : rules_(rules_for(model.config().family)), stop_(stop), lp_(static_cast<int64_t>(prompt.size())),
         G_(o.gen_length), L_(lp_ + G_), B_(static_cast<int64_t>(o.block_sizes->size())), sizes_(*o.block_sizes),
         every_phase_(rules_.exit == ExitRule::kDecodedProgressBlock),
-        seeding_(rules_.full_forward == SeedRule::kFirstMaskArgmax), forwards_(B_, 0) {
+        seeding_(rules_.full_forward == SeedRule::kFirstMaskArgmax), fold_(o.fold_rows), forwards_(B_, 0) {
     std::sort(sizes_.begin(), sizes_.end());
     kv_ = kv.defined() ? std::move(kv) : model.new_kv(B_, L_);
     // Each executor implements one combination of the map, exit, refresh-clock and seed rules.
@@ -688,11 +745,25 @@ class BlockBatch final : public Decoder {
     } else {  // a full forward: the prompt row, read by every branch (init), or every row not done (refresh)
       const bool init = next_ == StepKind::kInit;
       if (init) p.q.add_positions(0, L_, 0, 0);
-      spans_.clear();
+      std::vector<int64_t> rows;
       for (int64_t b = 0; b < B_; ++b) {
-        if (!init && book_->done(b)) continue;
-        spans_.push_back({b, init ? 0 : p.q.rows(), 0, lp_, L_});
-        if (!init) p.q.add_positions(0, L_, b, b * L_);
+        if (init || !book_->done(b)) rows.push_back(b);
+      }
+      // fold_rows: a refresh row whose canvas equals an earlier one's reads that row's outputs.
+      const std::vector<int64_t> same = !init && fold_ ? book_->first_equal(rows) : std::vector<int64_t>();
+      spans_.clear();
+      for (size_t i = 0; i < rows.size(); ++i) {
+        const int64_t b = rows[i];
+        if (init) {
+          spans_.push_back({b, 0, 0, lp_, L_});
+        } else if (!same.empty() && same[i] != static_cast<int64_t>(i)) {
+          spans_.push_back({b, spans_[same[i]].row, 0, lp_, L_});
+          stats_.folded_rows += 1;
+          stats_.folded_tokens += L_;
+        } else {
+          spans_.push_back({b, p.q.rows(), 0, lp_, L_});
+          p.q.add_positions(0, L_, b, b * L_);
+        }
       }
       (init ? stats_.nfe_init : stats_.nfe_refresh) += 1;
       p.mode = KvMode::kFull;
@@ -810,7 +881,7 @@ class BlockBatch final : public Decoder {
   const Stop& stop_;
   const int64_t lp_, G_, L_, B_;
   std::vector<int64_t> sizes_;  // the branches' block sizes, ascending
-  const bool every_phase_, seeding_;
+  const bool every_phase_, seeding_, fold_;
   std::unique_ptr<Branches> book_;
   StepKind next_ = StepKind::kInit;  // kInit, kBlock, kCoordinate or kRefresh
   bool finished_ = false, early_exit_ = false;

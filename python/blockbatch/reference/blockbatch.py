@@ -72,6 +72,8 @@ class BlockBatchResult:
     query_tokens_per_step: list[int]
     wall_s: float
     exit_reason: str = ""  # "eos_ready" | "branch_complete" | "all_branches_done"
+    folded_rows: int = 0  # fold_rows: refresh rows a folding engine does not feed (an earlier row has their canvas)
+    folded_tokens: int = 0
 
 
 class _BlockBatch:
@@ -98,6 +100,7 @@ class _BlockBatch:
         self.log_queries: list[int] = []
         self.counters = {"init": 0, "block": 0, "refresh": 0}
         self.synced = False  # sync_refresh: this coordination's sync copied a branch that is not done
+        self.folded_rows = 0
 
     # -- a row's state ---------------------------------------------------------------------------
     def has_masks(self, br: Branch, a: int, b: int) -> bool:
@@ -210,7 +213,11 @@ class _BlockBatch:
                 kv_rows=[br.row for br in rows],
             )
             self.counters["refresh"] += 1
-            self.log_queries.append(L * len(rows))
+            # Every row is computed here; with fold_rows the log counts what the engine feeds: a row
+            # whose canvas equals an earlier row's once (its outputs and K/V are that row's).
+            fed = len({tuple(self.canvas[br.row].tolist()) for br in rows}) if self.o["fold_rows"] else len(rows)
+            self.folded_rows += len(rows) - fed
+            self.log_queries.append(L * fed)
         total = 0
         for br, logits in zip(rows, per_row):
             if init:
@@ -422,6 +429,8 @@ class _BlockBatch:
             query_tokens_per_step=self.log_queries,
             wall_s=time.perf_counter() - self.t_start,
             exit_reason=reason,
+            folded_rows=self.folded_rows,
+            folded_tokens=self.folded_rows * self.L,
         )
 
     def run(self) -> BlockBatchResult:
@@ -459,6 +468,7 @@ def blockbatch_generate(
     temperature: float = _D["temperature"],
     seed: int = _D["seed"],
     sync_refresh: bool = _D["sync_refresh"],
+    fold_rows: bool = _D["fold_rows"],
     family: str = "llada",
     vocab_limit: int | None = None,
 ) -> BlockBatchResult:
@@ -477,6 +487,7 @@ def blockbatch_generate(
         temperature=temperature,
         seed=seed,
         sync_refresh=sync_refresh,
+        fold_rows=fold_rows,
         vocab_limit=vocab_limit,
     )
     return _BlockBatch(model, prompt, gen_length, block_sizes, family, o).run()

@@ -153,11 +153,13 @@ def dream_blockbatch(
     sync: bool = True,
     vocab_limit: int | None = None,
     sync_refresh: bool = False,
+    fold_rows: bool = True,
 ) -> DreamResult:
     """BlockBatch for Dream (ALGORITHMS.md section 5.4): ``blockbatch.blockbatch_generate`` under
     Dream's rules; NFE counts every forward executed; the row is cut after the winner's first EOS on
     an EOS exit. ``refresh_tokens=0`` never refreshes (the engine's meaning; the authors' default is
-    32); ``merge`` / ``sync`` are the ablation switches; ``sync_refresh`` the variant of section 10.3."""
+    32); ``merge`` / ``sync`` are the ablation switches; ``sync_refresh`` the variant of section 10.3;
+    ``fold_rows``: the query-token log and ``folded_rows`` count a folding engine's refresh rows."""
     prompt_ids = torch.as_tensor(list(prompt), dtype=torch.long)
     r = blockbatch_generate(
         model,
@@ -176,6 +178,7 @@ def dream_blockbatch(
         temperature=0.0,
         seed=0,
         sync_refresh=sync_refresh,
+        fold_rows=fold_rows,
         family="dream",
         vocab_limit=vocab_limit,
     )
@@ -193,6 +196,8 @@ def dream_blockbatch(
             "winner_block_size": r.winner_block_size,
             "exit_reason": r.exit_reason,
             "early_exit": r.early_exit,
+            "folded_rows": r.folded_rows,
+            "query_tokens_per_step": r.query_tokens_per_step,
             "branches": [
                 {"block_size": b.block_size, "committed": b.committed, "merged": b.merged, "copied": b.copied}
                 for b in r.branches
@@ -256,4 +261,5 @@ def decode_with_options(model: ReferenceModel, prompt: Sequence[int], options, v
         sync=o.sync,
         vocab_limit=vocab_limit,
         sync_refresh=o.sync_refresh,
+        fold_rows=o.fold_rows,
     )
