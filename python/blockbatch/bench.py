@@ -144,7 +144,7 @@ def run_bench(
         ref_model = reference_model(engine.checkpoint)
     t0 = time.perf_counter()
     for i, sample in enumerate(samples):
-        ids = engine.encode(sample.prompt)
+        ids = tasks.encode(engine, sample)
         for name, options in policies.items():
             start = time.perf_counter()
             [gen] = engine.generate(ids, options)

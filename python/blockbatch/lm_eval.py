@@ -48,7 +48,7 @@ from . import contract, presets
 from .bench import SPEC_OPTIONS, policy_kwargs
 from .engine import Engine
 from .options import DecodeOptions
-from .tasks import cut_at_stops
+from .tasks import cut_at_stops, harness_ids
 from .tokenization import TextCodec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -188,12 +188,7 @@ class BlockBatchLM(LM):
         for request in tqdm(requests, desc="blockbatch generate_until", disable=disable_tqdm):
             context, gen_kwargs = request.args
             options, budget = self.options_for(gen_kwargs or {})
-            ids = torch.tensor(
-                self._codec.encode(
-                    context, chat=False, add_special_tokens=not self.chat_applied, special_tokens=True
-                ),  # lm-eval renders the template
-                dtype=torch.long,
-            )
+            ids = torch.tensor(harness_ids(self._codec, context, self.chat_applied), dtype=torch.long)
             t0 = time.perf_counter()
             [gen] = self.engine.generate([ids], options)
             self.totals["seconds"] += time.perf_counter() - t0

@@ -37,6 +37,10 @@ class Sample:
     prompt: str | list[int]  # text, or token ids
     check: Callable[[Generated], float] | None  # None: no answer (``answers_optional``)
     answer: Any = None  # what the check compares against, for reports (None: no answer)
+    # How a text prompt becomes ids (``encode``): "chat", through the checkpoint's chat template
+    # when it has one (Engine.encode's default); "raw", the text as it is; "harness", an lm-eval
+    # context as blockbatch.lm_eval encodes it (raw, the special tokens' texts as tokens).
+    encoding: str = "chat"
 
 
 @dataclasses.dataclass
@@ -138,9 +142,12 @@ def load_toy(n: int) -> TaskSet:
     return TaskSet(samples, "toy", _sha([s.prompt for s in samples]), "toy check", n)
 
 
-def load_jsonl(path: str, n: int, check: AnswerCheck | None = None, answers_optional: bool = False) -> TaskSet:
+def load_jsonl(
+    path: str, n: int, check: AnswerCheck | None = None, answers_optional: bool = False, encoding: str = "chat"
+) -> TaskSet:
     """The first ``n`` tasks of a JSONL file (see the module docstring). Errors name the file, the
-    line and the key. ``answers_optional``: a line may leave out "answer" (its check is None)."""
+    line and the key. ``answers_optional``: a line may leave out "answer" (its check is None).
+    ``encoding``: how text prompts become ids (``Sample.encoding``)."""
     from .errors import CheckpointError, open_checked
 
     check = check or AnswerCheck()
@@ -159,7 +166,7 @@ def load_jsonl(path: str, n: int, check: AnswerCheck | None = None, answers_opti
             available += 1
             if len(out) >= n:
                 continue  # counted and hashed, not parsed
-            out.append(_line(path, lineno, raw, check, answers_optional))
+            out.append(dataclasses.replace(_line(path, lineno, raw, check, answers_optional), encoding=encoding))
     kinds = {"ids" if isinstance(s.answer, list) else "text" for s in out if s.check is not None}
     scored_by = "reference" if not kinds else "/".join(sorted(check.name if k == "text" else k for k in kinds))
     return TaskSet(out, path, digest.hexdigest(), scored_by, available)
@@ -289,10 +296,33 @@ def load_lm_eval(
     for inst in instances:
         context, gen_kwargs = inst.args
         until = gen_kwargs.get("until")
-        samples.append(Sample(context, _lm_eval_check(task, inst, filters, fname, metric, until), task_name))
+        check = _lm_eval_check(task, inst, filters, fname, metric, until)
+        samples.append(Sample(context, check, task_name, encoding="harness"))
     docs = [[inst.doc_id, inst.args[0]] for inst in instances]
     scored = f"lm-eval {task_name} {metric}" + (f" ({fname})" if fname != "none" else "")
     return TaskSet(samples, f"lm-eval:{task_name}", _sha(docs), scored, len(instances))
+
+
+ENCODINGS = ("chat", "raw", "harness")
+
+
+def harness_ids(codec, context: str, template_applied: bool = False) -> list[int]:
+    """An lm-eval context's ids as the harness model (blockbatch.lm_eval) feeds them: the text as
+    it is, never through the chat template (the harness renders its own with
+    --apply_chat_template, and then the tokenizer's BOS is already in it); the special tokens'
+    texts a template rendered are those tokens."""
+    return codec.encode(context, chat=False, add_special_tokens=not template_applied, special_tokens=True)
+
+
+def encode(engine, sample: Sample):
+    """A sample's prompt as the int64 ids its decode gets (``Sample.encoding``)."""
+    import torch
+
+    if sample.encoding not in ENCODINGS:
+        raise ValueError(f"Sample.encoding must be one of {', '.join(ENCODINGS)}, got {sample.encoding!r}")
+    if sample.encoding == "harness" and isinstance(sample.prompt, str) and engine.codec is not None:
+        return engine.encode(torch.tensor(harness_ids(engine.codec, sample.prompt), dtype=torch.long))
+    return engine.encode(sample.prompt, False if sample.encoding == "raw" else None)
 
 
 def cut_at_stops(text: str, until: str | list[str] | None) -> str:

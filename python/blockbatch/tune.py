@@ -205,6 +205,9 @@ def setup_key(
     first ``dev`` of the ``n`` samples choose, the rest (``test``) only report (None: all choose)."""
     h = hashlib.sha256(json.dumps([s.prompt for s in samples]).encode()).hexdigest()[:16]
     out = {"model": model, "tasks": tasks, "n": n, "gen_length": gen_length, "prompts_sha256": h}
+    encodings = sorted({getattr(s, "encoding", "chat") for s in samples} - {"chat"})
+    if encodings:
+        out["encoding"] = "/".join(encodings)  # text not through the checkpoint's chat template
     if dev is not None and dev < n:
         out.update(dev=dev, test=n - dev)
     if tasks_sha256 is not None:
@@ -285,7 +288,7 @@ def run_tune(
 ) -> dict:
     """Decode every sample with every config, saving ``out_path`` after each config; returns the
     JSON's contents. A config already in an existing ``out_path`` with the same setup is skipped."""
-    from . import bench
+    from . import bench, tasks
 
     data = None
     if os.path.exists(out_path) and not fresh:
@@ -303,7 +306,7 @@ def run_tune(
         data = {"tune": FORMAT, "setup": setup, "environment": bench.environment(), "reference": None, "configs": {}}
     data["step_time"] = step_model.to_dict()
     options = {spec: bench.policy_options(spec, gen_length) for spec in specs}  # bad spec: error before decoding
-    encoded = [engine.encode(s.prompt) for s in samples]
+    encoded = [tasks.encode(engine, s) for s in samples]
     scored_by = "answers" if all(s.check is not None for s in samples) else "reference"
     data["scored_by"] = scored_by
     todo = [s for s in specs if s not in data["configs"]]

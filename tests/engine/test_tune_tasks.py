@@ -162,6 +162,51 @@ def test_lm_eval_task_errors_name_the_flag():
         tasks.load_lm_eval("blockbatch_toy_arith", 3, include_path=str(TASK_DIR), filter_name="strict")
 
 
+def _templated_checkpoint(path: Path) -> None:
+    """A random LLaDA checkpoint on the toy tokenizer with a chat template that changes the ids."""
+    from blockbatch.loading import save_checkpoint
+    from blockbatch.random_checkpoint import random_config, random_weights
+    from blockbatch.toy import tokenizer as toy_tok
+
+    config = random_config(
+        vocab_size=toy_tok.VOCAB_SIZE,
+        mask_token_id=toy_tok.MASK_ID,
+        eos_token_id=toy_tok.EOS_ID,
+        pad_token_id=toy_tok.PAD_ID,
+    )
+    template = "{% for m in messages %}={{ m['content'] }};{% endfor %}{% if add_generation_prompt %}+{% endif %}"
+    save_checkpoint(path, config, random_weights(config), tokenizer=toy_tok.build_tokenizer(), chat_template=template)
+
+
+def test_prompts_are_encoded_as_their_source_means_them(tmp_path):
+    """On a checkpoint with a chat template: an lm-eval context is decoded as the harness model
+    (blockbatch.lm_eval) feeds it, never through the template; a task file's text goes through the
+    template unless encoded raw (tune --no-chat); token ids are taken as they are."""
+    from blockbatch.engine import Engine
+    from blockbatch.lm_eval import BlockBatchLM
+
+    _templated_checkpoint(tmp_path / "ckpt")
+    engine = Engine.from_pretrained(tmp_path / "ckpt")
+    ts = tasks.load_lm_eval("blockbatch_toy_arith", 2, include_path=str(TASK_DIR))
+    lm = BlockBatchLM(pretrained=str(tmp_path / "ckpt"), policy="dual", block_length=8, gen_length=16, device="cpu")
+    for s in ts.samples:
+        ids = tasks.encode(engine, s).tolist()
+        assert ids == engine.codec.encode(s.prompt, chat=False, special_tokens=True)
+        assert ids != engine.encode(s.prompt).tolist()  # the template would have changed the prompt
+        request = SimpleNamespace(args=(s.prompt, {"until": []}))
+        [text] = lm.generate_until([request], disable_tqdm=True)
+        [direct] = engine.generate([ids], lm.options_for({})[0])
+        assert text == direct.text  # the same decode as the harness model's
+    (tmp_path / "t.jsonl").write_text(json.dumps({"prompt": "12+1=__", "answer": "13"}) + "\n")
+    [chat] = tasks.load_jsonl(str(tmp_path / "t.jsonl"), 1).samples
+    [raw] = tasks.load_jsonl(str(tmp_path / "t.jsonl"), 1, encoding="raw").samples
+    assert tasks.encode(engine, chat).tolist() == engine.codec.encode("12+1=__")  # through the template
+    assert tasks.encode(engine, raw).tolist() == engine.codec.encode("12+1=__", chat=False)
+    assert tasks.encode(engine, chat).tolist() != tasks.encode(engine, raw).tolist()
+    with pytest.raises(ValueError, match="Sample.encoding must be one of chat, raw, harness, got 'text'"):
+        tasks.encode(engine, tasks.Sample("1", None, encoding="text"))
+
+
 # ----------------------------------------------------------------------------- tune end to end
 
 GRID = [

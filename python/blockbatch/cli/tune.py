@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 
+from .. import tasks
 from ..tune import GRIDS, OBJECTIVES, choose, configs, cost_key, frontier, run_tune, setup_key
 from ..tune_report import format_report, save_plot
 from .common import positive_float, positive_int
@@ -95,6 +96,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--n", type=positive_int, default=None, help="tasks used, all of them choosing (default 100; or --dev/--test)"
+    )
+    p.add_argument(
+        "--no-chat",
+        action="store_true",
+        help="encode text prompts as they are, not through the checkpoint's chat template "
+        "(--lm-eval-task prompts always are: the harness renders its own)",
     )
     a = p.add_argument_group("the tasks' answers and a held-out check")
     a.add_argument(
@@ -235,7 +242,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def load_task_set(args: argparse.Namespace):
     """The task set the flags name and how many of its tasks choose (None: all); errors name the flag."""
-    from .. import tasks
 
     if args.n is not None and args.dev is not None:
         raise ValueError("--n and --dev both say how many tasks choose: give one (--dev N --test M holds out M)")
@@ -269,6 +275,9 @@ def load_task_set(args: argparse.Namespace):
             )
             taskset = tasks.load_jsonl(args.tasks, n, check, answers_optional=True)
     what = f"--tasks {args.tasks}" if args.tasks else f"--lm-eval-task {args.lm_eval_task}" if args.lm_eval_task else ""
+    if args.no_chat:
+        raw = [s if s.encoding == "harness" else dataclasses.replace(s, encoding="raw") for s in taskset.samples]
+        taskset.samples = raw
     if not taskset.samples:
         raise ValueError(f"{what}: holds no tasks")
     if args.test is not None and len(taskset.samples) < n:
@@ -390,7 +399,7 @@ def run(args: argparse.Namespace) -> int:
     samples = taskset.samples
     _check_answers_decodable(engine, samples, taskset.source)
     if args.step_time == "measure":
-        L = max(engine.encode(s.prompt).numel() for s in samples) + args.gen_length
+        L = max(tasks.encode(engine, s).numel() for s in samples) + args.gen_length
         step_model = steptime.measure(engine.model, lengths=(L, 2 * L))
     else:
         step_model = steptime.load(args.step_time)
