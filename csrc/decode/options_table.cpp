@@ -316,7 +316,7 @@ std::string options_help() {
       "  --sync BOOL\n      leader synchronisation (ablation switch); default on\n"
       "  --sync-refresh BOOL\n      variant (not the authors'): refresh once a leader sync has copied a lagging branch, whose copied KV row predates the leader's last commits (ALGORITHMS.md 10.3); default off\n"
       "  --branch-budget full|auto\n      full: every branch of block_sizes; auto: under the batching scheduler, the branch set is cut to the query tokens a step can carry at the current load (measured step-time curve; the largest branches go first, down to the one nearest block_length), so results depend on load; default full\n"
-      "  --fold-rows BOOL\n      run a refresh's rows of identical canvases once and give the twins the same K/V and logits (exact: the same tokens and counters; fewer query tokens, folded_rows / folded_tokens count them); default on\n"
+      "  --fold-rows BOOL\n      feed a refresh's rows of identical canvases once, the twins taking that row's logits and K/V (exact: the same tokens and counters, fewer query tokens; folded_rows / folded_tokens count them); default on\n"
       "  --edit-threshold X\n      block (LLaDA2.1 token editing): in the same step, replace every generated committed token of the current block whose prediction differs with confidence above this; in [0, 1]; default none; 'none': no editing (LLaDA2.0)\n"
       "  --max-post-steps N\n      block with editing: a block ends after at most this many steps that start without masks; in [0, 2^30]; default 16\n"
       "  --cuda-graphs BOOL\n      CUDA: replay recorded decode steps (same tokens as eager); no effect on CPU; default on\n"

@@ -81,7 +81,7 @@ struct DecodeOptions {
   bool sync_refresh = false;
   // full: every branch of block_sizes; auto: under the batching scheduler, the branch set is cut to the query tokens a step can carry at the current load (measured step-time curve; the largest branches go first, down to the one nearest block_length), so results depend on load
   BranchBudget branch_budget = BranchBudget::kFull;
-  // run a refresh's rows of identical canvases once and give the twins the same K/V and logits (exact: the same tokens and counters; fewer query tokens, folded_rows / folded_tokens count them)
+  // feed a refresh's rows of identical canvases once, the twins taking that row's logits and K/V (exact: the same tokens and counters, fewer query tokens; folded_rows / folded_tokens count them)
   bool fold_rows = true;
   // block (LLaDA2.1 token editing): in the same step, replace every generated committed token of the current block whose prediction differs with confidence above this; nullopt: no editing (LLaDA2.0)
   std::optional<double> edit_threshold = std::nullopt;

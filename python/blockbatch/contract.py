@@ -107,6 +107,10 @@ MAX_BRANCHES = 16  # csrc/kernels/branches.h kMaxBranches (a static_assert compa
 MAX_GAP_TOKENS = 1 << 30  # sync_gap, refresh_tokens
 MIN_PROB_FLOOR = 0.01  # the probability maps hold at most 1 / prob_floor + 1 entries per position
 
+_FOLD = (
+    "feed a refresh's rows of identical canvases once, the twins taking that row's logits and K/V "
+    "(exact: the same tokens and counters, fewer query tokens; folded_rows / folded_tokens count them)"
+)
 OPTIONS: tuple[Option, ...] = (
     Option(
         "policy",
@@ -331,15 +335,7 @@ OPTIONS: tuple[Option, ...] = (
         cpp_values=("kFull", "kAuto"),
         group="blockbatch",
     ),
-    Option(
-        "fold_rows",
-        "bool",
-        True,
-        "run a refresh's rows of identical canvases once and give the twins the same K/V and logits "
-        "(exact: the same tokens and counters; fewer query tokens, folded_rows / folded_tokens count them)",
-        policies=("blockbatch",),
-        group="blockbatch",
-    ),
+    Option("fold_rows", "bool", True, _FOLD, policies=("blockbatch",), group="blockbatch"),
     Option(
         "edit_threshold",
         "float",

@@ -73,8 +73,8 @@ class DecodeOptionFields:
     tokens a step can carry at the current load (measured step-time curve; the largest branches go first, down to
     the one nearest block_length), so results depend on load."""
     fold_rows: bool = True
-    """run a refresh's rows of identical canvases once and give the twins the same K/V and logits (exact: the same
-    tokens and counters; fewer query tokens, folded_rows / folded_tokens count them)."""
+    """feed a refresh's rows of identical canvases once, the twins taking that row's logits and K/V (exact: the same
+    tokens and counters, fewer query tokens; folded_rows / folded_tokens count them)."""
     edit_threshold: float | None = None
     """block (LLaDA2.1 token editing): in the same step, replace every generated committed token of the current
     block whose prediction differs with confidence above this. None: no editing (LLaDA2.0)."""
