@@ -297,3 +297,20 @@ def test_tune_task_flag_errors_are_one_line(tmp_path, capsys):
         assert main([*base, *extra]) == 2, extra
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, (extra, err)
+
+
+def test_no_chat_decodes_task_text_without_the_template(tmp_path):
+    """tune --no-chat: a task file's text is encoded as it is (the setup records it); without the
+    flag a checkpoint's chat template wraps it (3 more tokens here)."""
+    _templated_checkpoint(tmp_path / "ckpt")
+    f = tmp_path / "t.jsonl"
+    f.write_text(json.dumps({"prompt": "12+1=__", "answer": "13"}) + "\n")
+    runs = {}
+    for flag in ([], ["--no-chat"]):
+        out = tmp_path / ("raw" if flag else "chat")
+        args = ["tune", "--model", str(tmp_path / "ckpt"), "--tasks", str(f), "--n", "1", *GRID]
+        assert main([*args, "--block-lengths", "64", "--out", str(out), *flag]) == 0
+        runs[bool(flag)] = json.loads((out / "tune.json").read_text())
+    assert runs[True]["setup"]["encoding"] == "raw" and "encoding" not in runs[False]["setup"]
+    [raw], [chat] = (list(runs[k]["configs"].values()) for k in (True, False))
+    assert raw["lengths"] == [len("12+1=__") + 64] and chat["lengths"] == [len("12+1=__") + 3 + 64]
