@@ -344,6 +344,111 @@ def llada2_cpu(d: dict) -> str:
     return _table([f"step after a {d['prompt']}-token prompt (block {d['block_length']})", "median", "vs cache"], rows)
 
 
+def fold(d: dict) -> str:
+    """benchmarks/bench_fold.py: fold_rows on against off (same tokens and counters, checked per sample)."""
+    rows = []
+    for name, r in d["results"].items():
+        model, preset = name.split("/")
+        rows.append(
+            [
+                model,
+                f"`{preset}`",
+                f"{r['n']}",
+                f"{r['mean_nfe']:.2f}",
+                f"{r['mean_query_tokens_off']:.0f} -> {r['mean_query_tokens_on']:.0f} "
+                f"(-{100 * r['query_tokens_saved']:.1f}%)",
+                f"{r['mean_folded_rows']:.2f}",
+                f"{r['median_cpu_ms_off']:.1f} -> {r['median_cpu_ms_on']:.1f} ({_x(r['median_cpu_ratio_off_on'])})",
+                f"{r['mean_h200_ms_off']:.2f} -> {r['mean_h200_ms_on']:.2f}",
+            ]
+        )
+    head = ["model", "preset", "n", "NFE", "query tokens / sample, off -> on", "rows folded / sample"]
+    head += ["CPU ms / sample (off / on)", "modelled H200 ms"]
+    return _table(head, rows)
+
+
+def loto(d: dict) -> str:
+    """benchmarks/loto.py: settings chosen leaving each task out, on the task left out."""
+
+    def cell(p: dict) -> str:
+        return f"{p['accuracy']:.2f} / {p['mean_nfe']:.2f} / {p['mean_model_ms']:.1f} / {p['mean_wall_ms']:.1f}"
+
+    drop = d["args"]["max_drop"]
+    rows = []
+    for held, r in d["result"].items():
+        for c in r["cells"]:
+            a, du = c["loto"], c["dual_loto"]
+            verdict = (
+                f"-{du['accuracy'] - a['accuracy']:.2f} accuracy"
+                if a["accuracy"] < du["accuracy"] - drop - 1e-12
+                else f"{_x(a['mean_model_ms'] / du['mean_model_ms'])} time"
+            )
+            row = [held, c["model"], str(c["gen_length"])]
+            row += [cell(c[k]) for k in ("dual", "dual_loto", "loto", "paper", "best")] + [verdict]
+            rows.append(row)
+    head = ["left out", "model", "gen", "dual tuned on it", "dual chosen on the others"]
+    head += [
+        "BlockBatch chosen on the others",
+        "paper's settings",
+        "`blockbatch-best`",
+        "BlockBatch vs dual, both chosen on the others",
+    ]
+    return _table(head, rows)
+
+
+def _lost(values: list) -> str:
+    if not values:
+        return ""
+    lo, hi = min(values), max(values)
+    return f" (-{lo:.2f})" if lo == hi else f" (-{lo:.2f} to -{hi:.2f})"
+
+
+def loto_tally(d: dict) -> str:
+    """benchmarks/loto.py: per setting, its held-out cells against the two duals."""
+    labels = {
+        "loto": "BlockBatch chosen on the others",
+        "dual_loto": "dual chosen on the others",
+        "paper": "paper's settings",
+        "best": "`blockbatch-best`",
+    }
+    rows = []
+    for against, title in (("dual_loto", "dual chosen on the others"), ("dual", "dual tuned on the task")):
+        for label, t in d["tally"][against].items():
+            ratios = t["time_ratio_when_as_accurate"]
+            rows.append(
+                [
+                    labels[label],
+                    title,
+                    f"{t['faster'] + t['slower']} ({t['faster']} faster)",
+                    f"{min(ratios):.2f}-{max(ratios):.2f}x" if ratios else "-",
+                    f"{t['less_accurate']}{_lost(t['accuracy_lost'])}",
+                ]
+            )
+    head = ["setting", "against", "as accurate (within the drop)", "its time there", "less accurate"]
+    return _table(head, rows)
+
+
+def loto_frontier(d: dict) -> str:
+    """benchmarks/loto.py: every (model, gen length, task)'s accuracy / modelled-time frontier."""
+    rows = []
+    for c in d["frontiers"]:
+        f = c["frontier"]
+        bb = [p for p in f if p["config"].startswith("blockbatch")]
+        top = f[-1]  # the frontier runs by increasing time: its last point is the most accurate
+        rows.append(
+            [
+                c["task"],
+                c["model"],
+                str(c["gen_length"]),
+                f"{len(f)} ({len(bb)} BlockBatch)",
+                f"`{f[0]['config']}` {f[0]['accuracy']:.2f} / {f[0]['mean_model_ms']:.1f}",
+                f"`{top['config']}` {top['accuracy']:.2f} / {top['mean_model_ms']:.1f}",
+            ]
+        )
+    head = ["task", "model", "gen", "frontier configs", "fastest (accuracy / H200 ms)", "most accurate"]
+    return _table(head, rows)
+
+
 # name -> (result file under the repository root, renderer)
 TABLES: dict[str, tuple[str, Callable[[dict], str]]] = {
     "toy": ("docs/bench/bench.json", policies("llada")),
@@ -361,6 +466,10 @@ TABLES: dict[str, tuple[str, Callable[[dict], str]]] = {
     "gpu-step": ("docs/bench/gpu/bench_gpu_step.json", gpu_step),
     "llada2-cpu": ("docs/bench/llada2/bench_llada2.json", llada2_cpu),
     "llada2-toy": ("docs/bench/llada2/bench.json", block_policies),
+    "fold": ("docs/bench/fold/bench_fold.json", fold),
+    "loto": ("docs/bench/loto/loto.json", loto),
+    "loto-tally": ("docs/bench/loto/loto.json", loto_tally),
+    "loto-frontier": ("docs/bench/loto/loto.json", loto_frontier),
 }
 
 
