@@ -172,12 +172,33 @@ def load_jsonl(
     return TaskSet(out, path, digest.hexdigest(), scored_by, available)
 
 
+def jsonl_text(raw: bytes, line: int) -> str:
+    """A JSONL line's text: UTF-8 (a BOM at the start of the file dropped), else ValueError
+    naming the byte and its offset in the line. (Task files and ``generate --input`` alike.)"""
+    if line == 1 and raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not UTF-8 text (byte 0x{raw[e.start]:02x} at byte offset {e.start} of the line)") from None
+
+
+ONE_PROMPT = 'give exactly one of "prompt" (text) and "ids" (token ids)'
+
+
+def prompt_field(row: dict) -> tuple[Any, str]:
+    """A request line's prompt and its key: exactly one of "prompt" and "ids" (else ValueError)."""
+    if ("prompt" in row) == ("ids" in row):
+        raise ValueError(ONE_PROMPT)
+    return (row["prompt"], "prompt") if "prompt" in row else (row["ids"], "ids")
+
+
 def _line(path: str, lineno: int, raw: bytes, check: AnswerCheck, answers_optional: bool) -> Sample:
     where = f"{path}:{lineno}"
     try:
-        line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{where}: not UTF-8 text (byte offset {e.start} of the line)") from None
+        line = jsonl_text(raw, lineno)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
     try:
         row = json.loads(line)
     except (json.JSONDecodeError, RecursionError) as e:
@@ -185,7 +206,7 @@ def _line(path: str, lineno: int, raw: bytes, check: AnswerCheck, answers_option
     if not isinstance(row, dict):
         raise ValueError(f'{where}: expected a JSON object {{"prompt": ..., "answer": ...}}, got {type(row).__name__}')
     if ("prompt" in row) == ("ids" in row):
-        raise ValueError(f'{where}: give exactly one of "prompt" (text) and "ids" (token ids)')
+        raise ValueError(f"{where}: {ONE_PROMPT}")
     if "prompt" in row:
         prompt = row["prompt"]
         if not isinstance(prompt, str) or not prompt:

@@ -14,6 +14,7 @@ from .. import settings
 from . import option_flags
 from ..engine import DTYPES
 from ..errors import UnknownCharactersError
+from ..tasks import jsonl_text, prompt_field
 from .common import UsageError, one_line, option_values, parse_ids, positive_int, preset_help, summary_line
 
 
@@ -134,17 +135,6 @@ class _JsonlOutput:
                     os.unlink(self.tmp)
 
 
-def _decoded_line(raw: bytes, line: int) -> str:
-    """A JSONL line's text: UTF-8 (a BOM at the start of the file dropped), else ValueError
-    naming the byte and its offset in the line."""
-    if line == 1 and raw.startswith(b"\xef\xbb\xbf"):
-        raw = raw[3:]
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"not UTF-8 text (byte 0x{raw[e.start]:02x} at byte offset {e.start} of the line)") from None
-
-
 def _line_request(text: str, line: int):
     """(id, prompt or ids, which) of one JSONL line; ValueError / TypeError saying what is wrong."""
     try:
@@ -154,9 +144,10 @@ def _line_request(text: str, line: int):
     if not isinstance(req, dict):
         raise ValueError("expected a JSON object")
     rid = req.get("id", line)
-    if ("prompt" in req) == ("ids" in req):
-        raise _LineError(rid, 'give exactly one of "prompt" (text) and "ids" (token ids)')
-    return rid, (req["prompt"], "prompt") if "prompt" in req else (req["ids"], "ids")
+    try:
+        return rid, prompt_field(req)
+    except ValueError as e:
+        raise _LineError(rid, str(e)) from None
 
 
 class _LineError(ValueError):
@@ -226,7 +217,7 @@ def _generate_jsonl(engine, args: argparse.Namespace, options) -> int:
         for line, raw in enumerate(src, 1):
             rid = line
             try:
-                text = _decoded_line(raw, line)
+                text = jsonl_text(raw, line)
                 if not text.strip():
                     continue
                 rid, (prompt, which) = _line_request(text, line)
