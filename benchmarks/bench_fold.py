@@ -51,23 +51,23 @@ def _prompts(engine, n: int) -> list[list[int]]:
 
 
 def measure(engine, prompts, options: DecodeOptions, repeats: int, model: steptime.StepTimeModel) -> dict:
-    on_opts, off_opts = options, options.replace(fold_rows=False)
+    opts = {True: options, False: options.replace(fold_rows=False)}
     rows = []
     for i, ids in enumerate(prompts):
-        t_on, t_off = [], []
+        times: dict[bool, list[float]] = {True: [], False: []}
+        gens = {}
         for _ in range(repeats):
-            for fold, opts, times in ((True, on_opts, t_on), (False, off_opts, t_off)):
+            for fold in (True, False):  # in turn: drift hits both alike
                 t0 = time.perf_counter()
-                [g] = engine.generate([ids], opts)
-                times.append((time.perf_counter() - t0) * 1e3)
-                if fold:
-                    on = g
-                else:
-                    off = g
-        if on.ids != off.ids or {k: v for k, v in on.stats.items() if k not in FED} != {
+                [gens[fold]] = engine.generate([ids], opts[fold])
+                times[fold].append((time.perf_counter() - t0) * 1e3)
+        on, off = gens[True], gens[False]
+        same = {k: v for k, v in on.stats.items() if k not in FED} == {
             k: v for k, v in off.stats.items() if k not in FED
-        }:
+        }
+        if on.ids != off.ids or not same:
             raise SystemExit(f"prompt {i}: fold_rows changed the tokens or a counter: {on.stats} vs {off.stats}")
+        t_on, t_off = times[True], times[False]
         L = len(ids) + options.gen_length
         rows.append(
             {
