@@ -1,7 +1,8 @@
 """Presets that hold one task away: a BlockBatch setting chosen leave-one-task-out.
 
     python benchmarks/loto.py [--models toy,dream] [--gen-lengths 64,128] [--n 50] [--max-drop 0.01]
-        [--sweeps results/loto] [--out docs/bench/loto/loto.json] [--threads 1] [--report-only]
+        [--parity-models LABEL=DIR,...] [--sweeps results/loto] [--out docs/bench/loto/loto.json]
+        [--threads 1] [--report-only]
 
 The task families (written under --sweeps; each decoded on every model at every gen length):
 
@@ -13,6 +14,10 @@ The task families (written under --sweeps; each decoded on every model at every 
                  the toy's problems (seed 15), scored by the harness's exact_match of the WHOLE
                  response (every running total and the answer), not only the answer
 
+    parity       another skill: running parity of 8..16 bits (blockbatch.toy.parity, seed 16), the
+                 whole trace checked exactly; only on the models of --parity-models, trained for it
+                 (``tools/train_toy.py --task parity --out DIR``), as the arithmetic toys cannot do it
+
 The arith tasks are task files (``{"prompt", "answer"}`` lines) checked by
 ``--answer-regex ';(\\d+)\\s*$'`` (the answer after the last ``;``, as the toy's own check). None
 of them is the problem set the built-in presets were tuned on (the toy's seed-0 problems).
@@ -21,17 +26,17 @@ of them is the problem set the built-in presets were tuned on (the toy's seed-0 
    BlockBatch: branch sets 4..128, 8..64, 16..128, 32..128; thresholds 0.9/0.8/0.7; merge gates
    0.5/0.9; sync_refresh off/on; refresh 32), modelled H200 time from docs/bench/gpu. A sweep
    already in --sweeps is resumed, not redone.
-2. For each task T: one BlockBatch config is chosen on every cell (model, gen length) of the
-   OTHER tasks, pooled: each config's mean accuracy and mean modelled time relative to the cell's
+2. For each task T: one BlockBatch config (and one dual config) is chosen on every cell (model,
+   gen length) of the OTHER tasks, pooled: each config's mean accuracy and mean modelled time relative to the cell's
    tuned dual (the dual config ``tune`` picks on that cell); among the configs within --max-drop
    of the best mean accuracy, the lowest mean relative time (``tune.choose``'s rule). Branch sets
    are matched by their nominal set (gen 64 cuts 32/64/128 to 32/64).
 3. On T's cells it is reported beside T's own tuned dual (chosen on T itself: the strongest dual
-   there is), the paper's settings (``blockbatch-paper``) and the built-in ``blockbatch-best``:
-   accuracy, mean NFE, modelled H200 ms and CPU ms per task; a tally over the held-out cells
-   counts, per setting, where it is as accurate as the tuned dual (within --max-drop) and faster,
-   as accurate and slower, or less accurate. The config chosen on ALL the tasks is reported too
-   (the candidate for a built-in preset, validated by the held-out runs).
+   there is), the dual chosen on the other tasks, the paper's settings (``blockbatch-paper``) and
+   the built-in ``blockbatch-best``: accuracy, mean NFE, modelled H200 ms and CPU ms per task. A
+   tally over the held-out cells counts, per setting, where it is as accurate as each dual (within
+   --max-drop) and faster, as accurate and slower, or less accurate. The config chosen on ALL the
+   tasks is reported too (the candidate for a built-in preset, validated by the held-out runs).
 
 Writes the JSON, a PNG (per held-out cell: each BlockBatch setting's accuracy and modelled time
 against the cell's tuned dual) next to it; docs/benchmarks.md renders its table from the JSON
@@ -72,7 +77,8 @@ GRID_FLAGS = [
 PAPER = "blockbatch:block_sizes=4/8/16/32/64/128,threshold=0.9,merge_gate=0.5,refresh_tokens=32"
 BEST = "blockbatch:block_sizes=32/64/128,threshold=0.9,merge_gate=0.9,refresh_tokens=32,sync_refresh=true"
 ANSWER_REGEX = r";(\d+)\s*$"
-TASKS = ("arith", "arith-short", "arith-long", "arith-high", "lm-eval")
+TASKS = ("arith", "arith-short", "arith-long", "arith-high", "lm-eval")  # the arithmetic models' tasks
+PARITY = "parity"  # blockbatch.toy.parity, on models trained for it (--parity-models)
 LM_EVAL_NAME = "blockbatch_loto_trace"
 
 
@@ -100,7 +106,12 @@ def _problems(name: str, n: int) -> list[toy_task.Problem]:
 def write_tasks(folder: str, n: int) -> dict[str, list[str]]:
     """The task files (and the lm-eval task's YAML and data); the tune flags naming each task."""
     os.makedirs(folder, exist_ok=True)
-    flags = {}
+    from blockbatch.toy import parity
+
+    path = os.path.join(folder, f"{PARITY}.jsonl")
+    with open(path, "w", encoding="utf-8") as f:  # the answer is the whole trace, checked exactly
+        f.writelines(json.dumps({"prompt": p.prompt, "answer": p.response}) + "\n" for p in parity.make_problems(n, 16))
+    flags = {PARITY: ["--tasks", path]}
     for name in TASKS:
         problems = _problems(name, n)
         if name == "lm-eval":
@@ -139,8 +150,8 @@ def _model_path(name: str) -> str | None:
     return {"toy": CHECKPOINT_DIR, "dream": DREAM_CHECKPOINT_DIR}.get(name, name)
 
 
-def sweep(model: str, G: int, task: str, flags: list[str], args) -> dict:
-    out = os.path.join(args.sweeps, model, str(G), task)
+def sweep(model: str, G: int, task: str, flags: list[str], args, label: str | None = None) -> dict:
+    out = os.path.join(args.sweeps, label or model, str(G), task)
     cmd = [sys.executable, "-m", "blockbatch.cli", "tune", "--model", _model_path(model), "--gen-length", str(G)]
     cmd += ["--n", str(args.n), "--out", out, "--step-time", args.step_time, "--threads", str(args.threads)]
     cmd += GRID_FLAGS + flags + ["--quiet"]
@@ -205,7 +216,7 @@ def loto(cells: dict[tuple[str, int, str], dict], max_drop: float) -> dict:
     """Per held-out task: the config chosen on the others and every setting's score on it."""
     dual = duals(cells, max_drop)
     out = {}
-    for held in TASKS:
+    for held in sorted({k[2] for k in cells}, key=lambda t: (t == PARITY, t)):
         train = [k for k in cells if k[2] != held]
         chosen, on_others = choose_on(cells, train, max_drop)
         dual_loto, _ = choose_on(cells, train, max_drop, policy="dual")
@@ -280,15 +291,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-time", default=os.path.join("docs", "bench", "gpu", "bench_gpu_step.json"))
     p.add_argument("--sweeps", default=os.path.join("results", "loto"))
     p.add_argument("--out", default=os.path.join("docs", "bench", "loto", "loto.json"))
+    p.add_argument(
+        "--parity-models",
+        default="",
+        metavar="LABEL=DIR,...",
+        help="models trained on the parity task (tools/train_toy.py --task parity --out DIR), swept on it",
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--report-only", action="store_true", help="no decoding: the report from the sweeps there")
     args = p.parse_args(argv)
     flags = write_tasks(os.path.join(args.sweeps, "tasks"), args.n)
     cells = {}
+    gens = [int(g) for g in args.gen_lengths.split(",")]
     for model in args.models.split(","):
-        for G in (int(g) for g in args.gen_lengths.split(",")):
+        for G in gens:
             for t in TASKS:
                 cells[(model, G, t)] = points(sweep(model, G, t, flags[t], args))
+    for entry in filter(None, args.parity_models.split(",")):
+        label, _, path = entry.partition("=")
+        for G in gens:
+            cells[(label, G, PARITY)] = points(sweep(path, G, PARITY, flags[PARITY], args, label))
     result = loto(cells, args.max_drop)
     everything, on_all = choose_on(cells, list(cells), args.max_drop)
     payload = {

@@ -1,6 +1,7 @@
 """LLaDA-style SFT of the toy model on the reference forward (CPU, deterministic).
 
-    python tools/train_toy.py [--family llada|dream] [--out DIR] [--steps 3000] [--threads 1] [--quiet]
+    python tools/train_toy.py [--family llada|dream] [--task arith|parity] [--out DIR] [--steps 3000]
+        [--threads 1] [--quiet]
 
 Each step draws a canvas length ``G`` (64 with probability 0.7, 128: 0.2, 256: 0.1) and a
 batch of training problems (about 4.7k tokens: 48 rows at G=64); a row is ``prompt + response``
@@ -49,6 +50,7 @@ from blockbatch.families.llada import PREFIX
 from blockbatch.loading import WEIGHTS_NAME, expected_weight_shapes, save_checkpoint
 from blockbatch.reference.model import ReferenceModel
 from blockbatch.toy import CHECKPOINT_DIRS
+from blockbatch.toy import parity as parity_task
 from blockbatch.toy import task as toy_task
 from blockbatch.toy import tokenizer as toy_tok
 
@@ -60,6 +62,7 @@ CURVE_NAME = "learning_curve.json"
 @dataclasses.dataclass
 class TrainConfig:
     family: str = "llada"  # "llada" or "dream": architecture, layout and whether the outputs are shifted
+    task: str = "arith"  # "arith" (blockbatch.toy.task, the shipped toys) or "parity" (blockbatch.toy.parity)
     # model
     d_model: int = 128
     n_layers: int = 4
@@ -91,6 +94,7 @@ class TrainConfig:
 
 # What ``--family dream`` changes besides the family (anything can still be overridden): GQA,
 # Dream's published RoPE base, and fewer steps so that the run fits in 25 minutes on one core.
+TASKS = {"arith": toy_task, "parity": parity_task}  # the task modules (one interface)
 FAMILY_DEFAULTS: dict[str, dict] = {"llada": {}, "dream": {"n_kv_heads": 2, "rope_theta": 1000000.0, "steps": 2500}}
 
 
@@ -98,7 +102,10 @@ def train_config(family: str = "llada", **overrides) -> TrainConfig:
     """``TrainConfig`` with the defaults of ``family`` (``FAMILY_DEFAULTS``), then ``overrides``."""
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
-    return TrainConfig(family=family, **{**FAMILY_DEFAULTS[family], **overrides})
+    tc = TrainConfig(family=family, **{**FAMILY_DEFAULTS[family], **overrides})
+    if tc.task not in TASKS:
+        raise ValueError(f"task must be one of {', '.join(TASKS)}, got {tc.task!r}")
+    return tc
 
 
 def model_config(tc: TrainConfig) -> ModelConfig:
@@ -297,11 +304,17 @@ def batched_decode(
 
 
 def quick_accuracy(
-    model: ReferenceModel, tokenizer, problems, gen_length: int, block_length: int, threshold: float | None
+    model: ReferenceModel,
+    tokenizer,
+    problems,
+    gen_length: int,
+    block_length: int,
+    threshold: float | None,
+    check=toy_task.check_answer,
 ) -> tuple[float, float]:
     prompts = [toy_tok.encode(tokenizer, p.prompt) for p in problems]
     gens, nfe = batched_decode(model, prompts, gen_length, block_length, threshold)
-    ok = sum(toy_task.check_answer(p, toy_tok.decode_response(tokenizer, g)) for p, g in zip(problems, gens))
+    ok = sum(check(p, toy_tok.decode_response(tokenizer, g)) for p, g in zip(problems, gens))
     return ok / len(problems), nfe
 
 
@@ -371,7 +384,7 @@ def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
     t0 = time.perf_counter()
     for step in range(1, tc.steps + 1):
         canvas = rng.choices(tc.canvas_lengths, weights=tc.canvas_weights)[0]
-        rows = max(1, tc.tokens_per_step // (toy_task.PROMPT_CHARS + canvas))
+        rows = max(1, tc.tokens_per_step // (TASKS[tc.task].PROMPT_CHARS + canvas))
         problems = [next(stream) for _ in range(rows)]
         ids, resp = make_batch(tokenizer, problems, canvas)
         for group in opt.param_groups:
@@ -389,11 +402,12 @@ def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
             rec = {"step": step, "loss": round(running / running_n, 5), "elapsed_s": round(time.perf_counter() - t0, 1)}
             running, running_n = 0.0, 0
             if tc.eval_every and (step % tc.eval_every == 0 or step == tc.steps):
+                check = TASKS[tc.task].check_answer
                 acc, _ = quick_accuracy(
-                    model, tokenizer, eval_problems, tc.eval_gen_length, tc.eval_block_length, threshold=None
+                    model, tokenizer, eval_problems, tc.eval_gen_length, tc.eval_block_length, None, check
                 )
                 acc_t, nfe_t = quick_accuracy(
-                    model, tokenizer, eval_problems, tc.eval_gen_length, tc.eval_block_length, threshold=0.9
+                    model, tokenizer, eval_problems, tc.eval_gen_length, tc.eval_block_length, 0.9, check
                 )
                 rec.update(
                     {
@@ -450,8 +464,9 @@ def data_streams(tc):
     and the held-out ones."""
     g = torch.Generator().manual_seed(tc.seed + 1)
     rng = random.Random(tc.seed + 2)
-    stream = toy_task.iter_problems(tc.seed, "train")
-    eval_problems = toy_task.make_problems(tc.eval_n, seed=1000 + tc.seed, split="test")
+    task = TASKS[tc.task]
+    stream = task.iter_problems(tc.seed, "train")
+    eval_problems = task.make_problems(tc.eval_n, seed=1000 + tc.seed, split="test")
     return g, rng, stream, eval_problems
 
 
@@ -485,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     defaults = TrainConfig()
     for f in dataclasses.fields(TrainConfig):
         value = getattr(defaults, f.name)
-        if isinstance(value, tuple) or f.name == "family":
+        if isinstance(value, tuple) or f.name in ("family", "task"):
             continue
         # None: not given, the family's default applies (train_config)
         ap.add_argument(
@@ -495,14 +510,23 @@ def main(argv: list[str] | None = None) -> int:
             help=f"default {value}"
             + (f" ({FAMILY_DEFAULTS['dream'][f.name]} for dream)" if f.name in FAMILY_DEFAULTS["dream"] else ""),
         )
+    ap.add_argument(
+        "--task",
+        choices=list(TASKS),
+        default="arith",
+        help="arith (default: the shipped toys' chained arithmetic) or parity (blockbatch.toy.parity: running "
+        "parity of 8..16 bits, another skill; give --out, no parity checkpoint ships)",
+    )
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
+    if args.task != "arith" and args.out is None:
+        ap.error(f"--task {args.task} needs --out DIR (the shipped checkpoints are the arith task's)")
     given = {
         f.name: getattr(args, f.name)
         for f in dataclasses.fields(TrainConfig)
-        if f.name != "family" and getattr(args, f.name, None) is not None
+        if f.name not in ("family", "task") and getattr(args, f.name, None) is not None
     }
-    tc = train_config(args.family, **given)
+    tc = train_config(args.family, task=args.task, **given)
     train(tc, out=args.out or CHECKPOINT_DIRS[args.family], quiet=args.quiet)
     return 0
 

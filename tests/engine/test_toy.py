@@ -240,3 +240,55 @@ def test_batches_follow_llada_sft_layout():
         masked = seen["x"] == cfg.mask_token_id
         assert not (masked & ~resp).any()
         assert masked.any()
+
+
+# --------------------------------------------------------------------------- the parity task
+
+
+def test_parity_task_is_seeded_split_and_checked_on_the_whole_trace():
+    from blockbatch.toy import parity
+
+    a, b = parity.make_problems(200, seed=3, split="train"), parity.make_problems(200, seed=3, split="train")
+    assert a == b and len({p.prompt for p in a}) == 200
+    test = parity.make_problems(200, seed=3, split="test")
+    assert not {p.prompt for p in a} & {p.prompt for p in test}  # the splits never share a prompt
+    for p in a + test:
+        assert len(p.prompt) == parity.PROMPT_CHARS and parity.MIN_BITS <= len(p.bits) <= parity.MAX_BITS
+        trace, last = p.response.split(";")
+        running = 0
+        for bit, shown in zip(p.bits, trace):
+            running ^= bit
+            assert int(shown) == running
+        assert len(trace) == len(p.bits) and int(last) == sum(p.bits) % 2
+    p = parity.Problem((1, 0, 1, 1, 0, 0, 0, 1))
+    assert (p.prompt, p.response) == ("10110001........?", "11011110;0")
+    assert parity.check_answer(p, " 11011110;0\n") and not parity.check_answer(p, "11011111;0")
+    assert set(p.prompt + p.response) <= set(toy_tok.CHARS)  # the toy tokenizer spells it
+
+
+def test_trainer_trains_the_parity_task(capsys):
+    threads = torch.get_num_threads()
+    try:
+        tc = _tiny_config(task="parity", steps=30)
+        initial = toy_train.init_weights(toy_train.model_config(tc), tc.seed)
+        run = toy_train.train(tc, quiet=True)
+    finally:
+        torch.set_num_threads(threads)
+    from blockbatch.toy import parity
+
+    config = toy_train.model_config(tc)
+    tok = toy_tok.build_tokenizer()
+    ids, resp = toy_train.make_batch(tok, parity.make_problems(32, seed=7, split="test"), 64)
+
+    def loss(weights):
+        model = ReferenceModel(config, {k: v.detach() for k, v in weights.items()})
+        with torch.no_grad():
+            return float(toy_train.diffusion_loss(model, ids, resp, torch.Generator().manual_seed(0)))
+
+    assert loss(run["weights"]) < 0.7 * loss(initial)
+    assert run["train_config"]["task"] == "parity"
+    with pytest.raises(ValueError, match="task must be one of arith, parity, got 'sort'"):
+        toy_train.train_config("llada", task="sort")
+    with pytest.raises(SystemExit):
+        toy_train.main(["--task", "parity"])  # no --out: no shipped parity checkpoint to replace
+    assert "--task parity needs --out DIR" in capsys.readouterr().err
