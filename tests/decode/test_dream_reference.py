@@ -146,4 +146,5 @@ def test_default_blockbatch_settings_are_the_authors_dream_defaults():
         sync=True,
         vocab_limit=None,
         sync_refresh=False,
-    )  # sync_refresh: our variant, off
+        fold_rows=True,
+    )  # sync_refresh: our variant, off; fold_rows: only the query-token accounting (the reference computes every row)
