@@ -59,15 +59,15 @@ BUILT_IN: dict[str, Preset] = {
             "blockbatch-paper",
             "BlockBatch with the authors' settings (arXiv 2605.29233): the family's branches (LLaDA 4..128), "
             "threshold 0.9, merge gate 0.5, refresh every 32 tokens; on the toys below a dual's accuracy in "
-            "15-16 of 20 held-out cells",
+            "16-19 of 24 held-out cells",
             dict(_PAPER),
         ),
         Preset(
             "blockbatch-best",
             "BlockBatch as tuned by `blockbatch tune` on the toy task: branches 32, 64, 128, strict merges "
-            "(gate 0.9), threshold 0.9, a refresh after every leader sync (sync_refresh). One task away (5 "
-            "arithmetic task families, 2 toy models, gen 64 and 128): as accurate as a dual chosen on the "
-            "other tasks in 18 of 20 cells and faster in 10; 0.02-0.06 below a dual tuned on the task in 9",
+            "(gate 0.9), threshold 0.9, a refresh after every leader sync (sync_refresh). One task away (6 task "
+            "families, toy models, gen 64 and 128): as accurate as a dual chosen on the other tasks in 18 of 24 "
+            "cells, faster in all 18; 0.02-0.16 below a dual tuned on the task in 11",
             {**_PAPER, "block_sizes": [32, 64, 128], "merge_gate": 0.9, "sync_refresh": True},
         ),
         Preset(
