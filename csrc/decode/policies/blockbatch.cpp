@@ -8,9 +8,9 @@
 // (every branch with a mask in its window feeds the window [start - shift, end - shift) against its
 // own KV row, dual mode: one packed forward, or none when no branch has one), the exit check, the
 // coordination (advance, merge, sync), the refresh decision and a refresh (one full forward over the
-// rows of the branches not done; with fold_rows a row whose canvas equals an earlier row's is not fed:
-// a full forward reads nothing but the canvas, so the twin takes that row's logits and K/V exactly). The family's rules
-// (decode/family.h) fill in:
+// rows of the branches not done; with fold_rows a row whose canvas equals an earlier row's is not
+// fed: a full forward reads nothing but the canvas, so the twin takes that row's logits and K/V
+// exactly). The family's rules (decode/family.h) fill in:
 //   logit_shift   canvas position p reads output p - shift (a block step feeds the windows shifted)
 //   full_forward  kCommitByRule: a full forward commits by the threshold rule and records every
 //                 position's map, and the init is followed by a coordination; kFirstMaskArgmax: it
