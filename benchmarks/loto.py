@@ -90,14 +90,7 @@ def _problems(name: str, n: int) -> list[toy_task.Problem]:
     if name == "arith-long":
         return toy_task.make_problems(n, 13, "test", min_ops=5, max_ops=6)
     if name == "arith-high":
-        out, seen = [], set()
-        for p in toy_task.iter_problems(14, "test"):
-            if len(out) >= n:
-                break
-            if p.start >= 80 and p.prompt not in seen:
-                seen.add(p.prompt)
-                out.append(p)
-        return out
+        return toy_task.take((p for p in toy_task.iter_problems(14, "test") if p.start >= 80), n)
     if name == "lm-eval":
         return toy_task.make_problems(n, 15, "test")
     raise ValueError(f"unknown task {name!r}")

@@ -17,18 +17,17 @@ whose format is certain long before the digits. ``check_answer`` compares the wh
 
 The module has ``blockbatch.toy.task``'s interface (``make_problems``, ``iter_problems``,
 ``check_answer``, ``PROMPT_CHARS``, ``MAX_RESPONSE_CHARS``), which ``tools/train_toy.py --task
-parity`` trains on. Splits are by a hash of the prompt, as there.
+parity`` trains on. Splits are by a hash of the prompt, as there (``task.split_of``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import random
 
+from .task import split_stream, take
+
 MIN_BITS, MAX_BITS = 8, 16
-TEST_FRACTION_PER_MILLE = 100
-SPLITS = ("train", "test")
 UNUSED = "."
 PROMPT_END = "?"
 ANSWER_SEP = ";"
@@ -63,11 +62,6 @@ class Problem:
         return "".join(map(str, v)) + ANSWER_SEP + str(v[-1])
 
 
-def split_of(problem: Problem) -> str:
-    h = int.from_bytes(hashlib.sha256(problem.prompt.encode()).digest()[:4], "little")
-    return "test" if h % 1000 < TEST_FRACTION_PER_MILLE else "train"
-
-
 def random_problem(rng: random.Random, min_bits: int = MIN_BITS, max_bits: int = MAX_BITS) -> Problem:
     k = rng.randint(min_bits, max_bits)
     return Problem(tuple(rng.randint(0, 1) for _ in range(k)))
@@ -75,28 +69,12 @@ def random_problem(rng: random.Random, min_bits: int = MIN_BITS, max_bits: int =
 
 def iter_problems(seed: int, split: str, min_bits: int = MIN_BITS, max_bits: int = MAX_BITS):
     """Endless deterministic stream of problems of one split (duplicates possible)."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    rng = random.Random(f"blockbatch-toy-parity:{split}:{seed}")
-    while True:
-        p = random_problem(rng, min_bits, max_bits)
-        if split_of(p) == split:
-            yield p
+    return split_stream("blockbatch-toy-parity", seed, split, lambda rng: random_problem(rng, min_bits, max_bits))
 
 
 def make_problems(n: int, seed: int = 0, split: str = "test", unique: bool = True) -> list[Problem]:
     """``n`` problems of ``split``, deterministic in ``seed``; with ``unique`` no prompt repeats."""
-    out: list[Problem] = []
-    seen: set[str] = set()
-    for p in iter_problems(seed, split):
-        if len(out) >= n:
-            break
-        if unique:
-            if p.prompt in seen:
-                continue
-            seen.add(p.prompt)
-        out.append(p)
-    return out
+    return take(iter_problems(seed, split), n, unique)
 
 
 def check_answer(problem: Problem, generated_text: str) -> bool:

@@ -37,6 +37,7 @@ import dataclasses
 import hashlib
 import random
 import re
+from typing import Any, Callable, Iterable, Iterator
 
 MIN_OPS, MAX_OPS = 2, 6
 MIN_VALUE, MAX_VALUE = 10, 99
@@ -107,10 +108,38 @@ def response_kinds(problem: Problem) -> list[str]:
     return kinds
 
 
-def split_of(problem: Problem) -> str:
-    """``"test"`` for ~10% of prompts (chosen by a hash of the prompt text), else ``"train"``."""
+def split_of(problem) -> str:
+    """``"test"`` for ~10% of prompts (chosen by a hash of the prompt text), else ``"train"``: any
+    toy task's problem (one with a ``prompt``)."""
     h = int.from_bytes(hashlib.sha256(problem.prompt.encode()).digest()[:4], "little")
     return "test" if h % 1000 < TEST_FRACTION_PER_MILLE else "train"
+
+
+def split_stream(tag: str, seed: int, split: str, draw: Callable[[random.Random], Any]) -> Iterator[Any]:
+    """Endless deterministic stream of the problems ``draw`` makes, those of one split (duplicates
+    possible), from the generator seeded ``"{tag}:{split}:{seed}"``."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    rng = random.Random(f"{tag}:{split}:{seed}")
+    while True:
+        p = draw(rng)
+        if split_of(p) == split:
+            yield p
+
+
+def take(problems: Iterable[Any], n: int, unique: bool = True) -> list[Any]:
+    """The first ``n`` of ``problems``; with ``unique`` no prompt repeats."""
+    out: list[Any] = []
+    seen: set[str] = set()
+    for p in problems:
+        if len(out) >= n:
+            break
+        if unique:
+            if p.prompt in seen:
+                continue
+            seen.add(p.prompt)
+        out.append(p)
+    return out
 
 
 def random_problem(rng: random.Random, min_ops: int = MIN_OPS, max_ops: int = MAX_OPS) -> Problem:
@@ -130,13 +159,7 @@ def random_problem(rng: random.Random, min_ops: int = MIN_OPS, max_ops: int = MA
 
 def iter_problems(seed: int, split: str, min_ops: int = MIN_OPS, max_ops: int = MAX_OPS):
     """Endless deterministic stream of problems of one split (duplicates possible)."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    rng = random.Random(f"blockbatch-toy:{split}:{seed}")
-    while True:
-        p = random_problem(rng, min_ops, max_ops)
-        if split_of(p) == split:
-            yield p
+    return split_stream("blockbatch-toy", seed, split, lambda rng: random_problem(rng, min_ops, max_ops))
 
 
 def make_problems(
@@ -146,17 +169,7 @@ def make_problems(
 
     With ``unique`` no prompt repeats. Train and test problems never share a prompt.
     """
-    out: list[Problem] = []
-    seen: set[str] = set()
-    for p in iter_problems(seed, split, min_ops, max_ops):
-        if len(out) >= n:
-            break
-        if unique:
-            if p.prompt in seen:
-                continue
-            seen.add(p.prompt)
-        out.append(p)
-    return out
+    return take(iter_problems(seed, split, min_ops, max_ops), n, unique)
 
 
 _ANSWER_RE = re.compile(r";(\d+)\s*$")
