@@ -24,6 +24,7 @@ import sys
 import time
 
 import torch
+from bench_batch import _model, _prompts  # the same models and prompts as the batching benchmark
 from common import environment, write_json, write_png
 
 from blockbatch import presets, steptime
@@ -33,21 +34,13 @@ FED = ("query_tokens_per_step", "folded_rows", "folded_tokens", "wall_ms")
 
 
 def _engine(name: str):
-    from bench_batch import _model  # the toy, a random ~50M LLaDA, or a checkpoint folder
-
     if name == "dream":
         from blockbatch.engine import Engine
         from blockbatch.toy import DREAM_CHECKPOINT_DIR
 
         return Engine.from_pretrained(DREAM_CHECKPOINT_DIR), "dream-toy"
-    engine, label = _model(name)
+    engine, label = _model(name)  # the toy, a random ~50M LLaDA, or a checkpoint folder
     return engine, "llada-toy" if label == "toy" else label
-
-
-def _prompts(engine, n: int) -> list[list[int]]:
-    from bench_batch import _prompts as prompts
-
-    return prompts(engine, n)
 
 
 def measure(engine, prompts, options: DecodeOptions, repeats: int, model: steptime.StepTimeModel) -> dict:

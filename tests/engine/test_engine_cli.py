@@ -15,6 +15,7 @@ from blockbatch.decoding import run_decode
 from blockbatch.options import DecodeOptions
 from blockbatch.random_checkpoint import random_config, random_weights
 from blockbatch.toy import tokenizer as toy_tok
+from helpers.checkpoints import templated_toy_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -216,16 +217,7 @@ def test_cli_help_lists_every_cuda_environment_variable():
 
 
 def test_chat_template_is_applied(tmp_path):
-    config = random_config(
-        vocab_size=toy_tok.VOCAB_SIZE,
-        mask_token_id=toy_tok.MASK_ID,
-        eos_token_id=toy_tok.EOS_ID,
-        pad_token_id=toy_tok.PAD_ID,
-    )
-    template = "{% for m in messages %}={{ m['content'] }};{% endfor %}{% if add_generation_prompt %}+{% endif %}"
-    save_checkpoint(
-        tmp_path, config, random_weights(config), tokenizer=toy_tok.build_tokenizer(), chat_template=template
-    )
+    template = templated_toy_checkpoint(tmp_path)
     engine = Engine.from_pretrained(tmp_path)
     assert engine.checkpoint.chat_template == template
     chat_ids = engine.encode("12")

@@ -172,20 +172,9 @@ def test_module_help_documents_the_model():
 def test_apply_chat_template_renders_the_checkpoints_template(tmp_path):
     """lm-eval's --apply_chat_template renders through the checkpoint's template; the rendered
     context is then encoded as is (no second BOS / template)."""
-    from blockbatch.loading import save_checkpoint
-    from blockbatch.random_checkpoint import random_config, random_weights
-    from blockbatch.toy import tokenizer as toy_tok
+    from helpers.checkpoints import templated_toy_checkpoint
 
-    config = random_config(
-        vocab_size=toy_tok.VOCAB_SIZE,
-        mask_token_id=toy_tok.MASK_ID,
-        eos_token_id=toy_tok.EOS_ID,
-        pad_token_id=toy_tok.PAD_ID,
-    )
-    template = "{% for m in messages %}={{ m['content'] }};{% endfor %}{% if add_generation_prompt %}+{% endif %}"
-    save_checkpoint(
-        tmp_path, config, random_weights(config), tokenizer=toy_tok.build_tokenizer(), chat_template=template
-    )
+    template = templated_toy_checkpoint(tmp_path)
     model = BlockBatchLM(pretrained=str(tmp_path), policy="dual", block_length=8, gen_length=16, device="cpu")
     assert model.chat_template() == template
     rendered = model.apply_chat_template([{"role": "user", "content": "12"}, {"role": "assistant", "content": "3"}])

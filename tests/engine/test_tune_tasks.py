@@ -15,6 +15,7 @@ import pytest
 from blockbatch import bench, presets, tasks
 from blockbatch.cli import main
 from blockbatch.toy import task as toy_task
+from helpers.checkpoints import templated_toy_checkpoint
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # no hub access: the local lm-eval task only
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -162,22 +163,6 @@ def test_lm_eval_task_errors_name_the_flag():
         tasks.load_lm_eval("blockbatch_toy_arith", 3, include_path=str(TASK_DIR), filter_name="strict")
 
 
-def _templated_checkpoint(path: Path) -> None:
-    """A random LLaDA checkpoint on the toy tokenizer with a chat template that changes the ids."""
-    from blockbatch.loading import save_checkpoint
-    from blockbatch.random_checkpoint import random_config, random_weights
-    from blockbatch.toy import tokenizer as toy_tok
-
-    config = random_config(
-        vocab_size=toy_tok.VOCAB_SIZE,
-        mask_token_id=toy_tok.MASK_ID,
-        eos_token_id=toy_tok.EOS_ID,
-        pad_token_id=toy_tok.PAD_ID,
-    )
-    template = "{% for m in messages %}={{ m['content'] }};{% endfor %}{% if add_generation_prompt %}+{% endif %}"
-    save_checkpoint(path, config, random_weights(config), tokenizer=toy_tok.build_tokenizer(), chat_template=template)
-
-
 def test_prompts_are_encoded_as_their_source_means_them(tmp_path):
     """On a checkpoint with a chat template: an lm-eval context is decoded as the harness model
     (blockbatch.lm_eval) feeds it, never through the template; a task file's text goes through the
@@ -185,7 +170,7 @@ def test_prompts_are_encoded_as_their_source_means_them(tmp_path):
     from blockbatch.engine import Engine
     from blockbatch.lm_eval import BlockBatchLM
 
-    _templated_checkpoint(tmp_path / "ckpt")
+    templated_toy_checkpoint(tmp_path / "ckpt")
     engine = Engine.from_pretrained(tmp_path / "ckpt")
     ts = tasks.load_lm_eval("blockbatch_toy_arith", 2, include_path=str(TASK_DIR))
     lm = BlockBatchLM(pretrained=str(tmp_path / "ckpt"), policy="dual", block_length=8, gen_length=16, device="cpu")
@@ -302,7 +287,7 @@ def test_tune_task_flag_errors_are_one_line(tmp_path, capsys):
 def test_no_chat_decodes_task_text_without_the_template(tmp_path):
     """tune --no-chat: a task file's text is encoded as it is (the setup records it); without the
     flag a checkpoint's chat template wraps it (3 more tokens here)."""
-    _templated_checkpoint(tmp_path / "ckpt")
+    templated_toy_checkpoint(tmp_path / "ckpt")
     f = tmp_path / "t.jsonl"
     f.write_text(json.dumps({"prompt": "12+1=__", "answer": "13"}) + "\n")
     runs = {}
