@@ -192,7 +192,7 @@ at::Tensor LLaDA2Model::forward(const ForwardBatch& batch) const {
   if (b.mode == KvMode::kDual) {
     attn_kv = b.kv;
     attn_rows = kv_rows;
-    cache_lens = b.kv_lens.defined() ? b.kv_lens : at::full({R}, b.kv.size(4), index_opts);
+    cache_lens = b.kv_lens.defined() ? b.kv_lens : at::full({R}, b.kv_length(), index_opts);
     attend_fresh = false;
   } else if (b.mode == KvMode::kPrefix) {
     attn_kv = b.kv;
@@ -200,7 +200,7 @@ at::Tensor LLaDA2Model::forward(const ForwardBatch& batch) const {
     cache_lens = b.prefix_lens;
   }
   int64_t positions = b.max_positions;  // a bound on the positions (as the LLaDA body finds it)
-  if (positions <= 0) positions = b.kv.defined() ? b.kv.size(4) : (T > 0 ? b.positions.max().item<int64_t>() + 1 : 1);
+  if (positions <= 0) positions = b.kv.defined() ? b.kv_length() : (T > 0 ? b.positions.max().item<int64_t>() + 1 : 1);
   const at::Tensor table = rope_table(positions);
   auto rotate = [&](at::Tensor t) {  // t: contiguous [T, heads, hd]; RoPE on its first r dims
     if (r == hd) {
@@ -227,8 +227,9 @@ at::Tensor LLaDA2Model::forward(const ForwardBatch& batch) const {
     }
     q = rotate(q.contiguous().view({T, H, hd}));
     k = rotate(k.contiguous().view({T, Hkv, hd}));
-    if (write) ops::kv_write_(b.kv, k, v, b.positions, b.cu_seqlens, kv_rows, l);
-    at::Tensor attn = ops::packed_attention(q, k, v, b.cu_seqlens, attn_kv, attn_rows, cache_lens, l, attend_fresh);
+    if (write) ops::kv_write_(b.kv, k, v, b.positions, b.cu_seqlens, kv_rows, l, b.pages());
+    at::Tensor attn = ops::packed_attention(q, k, v, b.cu_seqlens, attn_kv, attn_rows, cache_lens, l, attend_fresh,
+                                            attn_kv ? b.pages() : std::nullopt);
     at::Tensor out = ops::linear(attn.reshape({T, H * hd}), w.dense);
     if (w.dense_bias.defined()) out.add_(w.dense_bias);
     h = ops::add_rms_norm_(x, out, w.ff_norm, c.rms_norm_eps);

@@ -165,7 +165,7 @@ at::Tensor Model::forward(const ForwardBatch& batch) const {
   // A bound on the positions, for the RoPE table: the caller's, else the KV length (positions
   // index it), else read from the positions (a device sync off the CPU; the decode loops say it).
   int64_t positions = b.max_positions;
-  if (positions <= 0) positions = b.kv.defined() ? b.kv.size(4) : (T > 0 ? b.positions.max().item<int64_t>() + 1 : 1);
+  if (positions <= 0) positions = b.kv.defined() ? b.kv_length() : (T > 0 ? b.positions.max().item<int64_t>() + 1 : 1);
   const at::Tensor rope_table = this->rope_table(positions);
   const int64_t q_width = c.n_heads * hd, kv_width = c.n_kv_heads * hd;
   const auto index_opts = b.tokens.options();
@@ -177,7 +177,7 @@ at::Tensor Model::forward(const ForwardBatch& batch) const {
   if (b.mode == KvMode::kDual) {
     attn_kv = b.kv;
     attn_rows = kv_rows;
-    cache_lens = b.kv_lens.defined() ? b.kv_lens : at::full({R}, b.kv.size(4), index_opts);
+    cache_lens = b.kv_lens.defined() ? b.kv_lens : at::full({R}, b.kv_length(), index_opts);
     attend_fresh = false;  // the fresh K/V are already in their slots
   } else if (b.mode == KvMode::kPrefix) {
     attn_kv = b.kv;
@@ -197,12 +197,13 @@ at::Tensor Model::forward(const ForwardBatch& batch) const {
     at::Tensor k = qkv.narrow(1, q_width, kv_width).view({T, c.n_kv_heads, hd});
     at::Tensor v = qkv.narrow(1, q_width + kv_width, kv_width).view({T, c.n_kv_heads, hd});
     if (write) {  // rotate q and k and fill the fresh K/V slots in one pass
-      ops::rope_kv_write_(q, k, v, b.positions, rope_table, b.kv, b.cu_seqlens, kv_rows, l);
+      ops::rope_kv_write_(q, k, v, b.positions, rope_table, b.kv, b.cu_seqlens, kv_rows, l, b.pages());
     } else {
       ops::rope_(q, b.positions, rope_table);
       ops::rope_(k, b.positions, rope_table);
     }
-    at::Tensor attn = ops::packed_attention(q, k, v, b.cu_seqlens, attn_kv, attn_rows, cache_lens, l, attend_fresh);
+    at::Tensor attn = ops::packed_attention(q, k, v, b.cu_seqlens, attn_kv, attn_rows, cache_lens, l, attend_fresh,
+                                            attn_kv ? b.pages() : std::nullopt);
     h = ops::add_rms_norm_(x, ops::linear(attn, w.attn_out), w.ff_norm, c.rms_norm_eps);
     const at::Tensor mlp = ops::linear(ops::silu_mul(ops::linear(h, w.w_gate_up)), w.ff_out);
     if (l + 1 < c.n_layers) {

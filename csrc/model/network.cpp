@@ -51,7 +51,7 @@ at::Tensor zero_kv(const Network& net, const at::TensorOptions& options, int64_t
 ForwardBatch contiguous_indices(const ForwardBatch& batch) {
   ForwardBatch b = batch;
   for (at::Tensor* t :
-       {&b.tokens, &b.positions, &b.cu_seqlens, &b.kv_rows, &b.prefix_lens, &b.logit_index, &b.kv_lens}) {
+       {&b.tokens, &b.positions, &b.cu_seqlens, &b.kv_rows, &b.prefix_lens, &b.logit_index, &b.kv_lens, &b.kv_pages}) {
     if (t->defined() && !t->is_contiguous()) *t = t->contiguous();
   }
   return b;
@@ -81,21 +81,30 @@ void check_forward_batch(const Network& net, const ForwardBatch& b) {
     const auto& c = config_;
     TORCH_CHECK(b.kv.dim() == 6 && b.kv.size(1) == c.n_layers && b.kv.size(2) == 2 && b.kv.size(3) == c.n_kv_heads &&
                     b.kv.size(5) == c.head_dim(),
-                "kv must be [rows, ", c.n_layers, ", 2, ", c.n_kv_heads, ", L, ", c.head_dim(), "], got shape ",
+                b.kv_pages.defined() ? "kv must be a page store [pages, " : "kv must be [rows, ", c.n_layers, ", 2, ",
+                c.n_kv_heads, b.kv_pages.defined() ? ", page_len, " : ", L, ", c.head_dim(), "], got shape ",
                 b.kv.sizes());
     TORCH_CHECK(b.kv.scalar_type() == dtype(), "kv dtype ", b.kv.scalar_type(), " differs from the model dtype ",
                 dtype());
     TORCH_CHECK(b.kv.device() == device(), "kv is on ", b.kv.device(), " but the model is on ", device());
     TORCH_CHECK(b.kv.is_contiguous(), "kv must be contiguous");
-    max_pos = std::min(max_pos, b.kv.size(4));
+    if (b.kv_pages.defined()) {
+      TORCH_CHECK(b.kv_pages.scalar_type() == at::kLong && b.kv_pages.dim() == 2,
+                  "kv_pages must be an int64 [KV rows, pages per row] table, got ", b.kv_pages.scalar_type(), " ",
+                  b.kv_pages.sizes());
+      TORCH_CHECK(b.kv_pages.device() == device(), "kv_pages is on ", b.kv_pages.device(), " but the model is on ",
+                  device());
+    }
+    max_pos = std::min(max_pos, b.kv_length());
   } else {
     TORCH_CHECK(b.mode == KvMode::kFull, "modes 'dual' and 'prefix' need a kv buffer");
+    TORCH_CHECK(!b.kv_pages.defined(), "kv_pages needs a kv page store");
   }
   if (b.kv_rows.defined()) {
     index_vector(b.kv_rows, "kv_rows");
     TORCH_CHECK(b.kv_rows.size(0) == R, "kv_rows must have ", R, " entries (one per row), got ", b.kv_rows.size(0));
   } else if (b.kv.defined()) {
-    TORCH_CHECK(b.kv.size(0) >= R, "kv has ", b.kv.size(0), " rows but the batch has ", R,
+    TORCH_CHECK(b.kv_row_count() >= R, "kv has ", b.kv_row_count(), " rows but the batch has ", R,
                 " rows and no kv_rows mapping");
   }
   if (b.mode == KvMode::kPrefix) {
@@ -126,10 +135,11 @@ void check_forward_batch(const Network& net, const ForwardBatch& b) {
     for (int64_t r = 0; r < R; ++r) {
       TORCH_CHECK(cu[r + 1] >= cu[r], "cu_seqlens must be non-decreasing at row ", r);
     }
-    if (b.kv_rows.defined()) in_range(b.kv_rows, "kv_rows", 0, b.kv.defined() ? b.kv.size(0) : 0);
-    if (b.mode == KvMode::kPrefix) in_range(b.prefix_lens, "prefix_lens", 0, b.kv.size(4) + 1);
+    if (b.kv_rows.defined()) in_range(b.kv_rows, "kv_rows", 0, b.kv.defined() ? b.kv_row_count() : 0);
+    if (b.mode == KvMode::kPrefix) in_range(b.prefix_lens, "prefix_lens", 0, b.kv_length() + 1);
     if (b.logit_index.defined()) in_range(b.logit_index, "logit_index", 0, T);
-    if (b.kv_lens.defined()) in_range(b.kv_lens, "kv_lens", 1, b.kv.size(4) + 1);
+    if (b.kv_lens.defined()) in_range(b.kv_lens, "kv_lens", 1, b.kv_length() + 1);
+    if (b.kv_pages.defined()) in_range(b.kv_pages, "kv_pages", -1, b.kv.size(0));
   }
 }
 

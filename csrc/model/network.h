@@ -40,7 +40,19 @@ struct ForwardBatch {
   // [R] int64, optional: the KV length of each row (dual: the keys it attends; default kv.size(4)).
   // Rows of several requests in one KV pool have the pool's length but each its own canvas length.
   at::Tensor kv_lens;
+  // [KV rows, L / page_len] int64, optional: kv is then a page store [pages, layers, 2, kv_heads,
+  // page_len, head_dim] and KV row r's position p lives in page kv_pages[r, p / page_len] (-1: none;
+  // ops/checks.h kv_geometry). Rows may share pages; the logits are those of the dense buffer
+  // holding the same K/V.
+  at::Tensor kv_pages;
   KvMode mode = KvMode::kFull;
+
+  // KV rows and positions per row: of the page table when paged, else of the buffer.
+  int64_t kv_row_count() const { return kv_pages.defined() ? kv_pages.size(0) : kv.size(0); }
+  int64_t kv_length() const { return kv_pages.defined() ? kv_pages.size(1) * kv.size(4) : kv.size(4); }
+  std::optional<at::Tensor> pages() const {
+    return kv_pages.defined() ? std::optional<at::Tensor>(kv_pages) : std::nullopt;
+  }
 };
 
 class Network {

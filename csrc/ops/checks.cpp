@@ -47,7 +47,8 @@ void check_sparse_probs(const at::Tensor& logits, double floor, int64_t max_k) {
 cpu::AttentionArgs attention_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                   const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
                                   const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
-                                  int64_t layer, bool attend_fresh, const at::Tensor& out) {
+                                  int64_t layer, bool attend_fresh, const at::Tensor& out,
+                                  const std::optional<at::Tensor>& kv_pages) {
   cpu::AttentionArgs a{};
   a.q = q.const_data_ptr();
   a.k = k.const_data_ptr();
@@ -64,11 +65,46 @@ cpu::AttentionArgs attention_args(const at::Tensor& q, const at::Tensor& k, cons
   a.head_dim = q.size(2);
   if (kv.has_value()) {
     a.cache = kv->const_data_ptr();
-    a.geometry = {kv->size(1), kv->size(3), kv->size(4), kv->size(5), kv->size(0)};
+    a.geometry = kv_geometry(*kv, kv_pages);
     a.kv_rows = kv_rows->const_data_ptr<int64_t>();
     a.cache_lens = cache_lens->const_data_ptr<int64_t>();
   }
   return a;
+}
+
+cpu::KvGeometry kv_geometry(const at::Tensor& kv, const std::optional<at::Tensor>& kv_pages) {
+  TORCH_CHECK(kv.dim() == 6 && kv.size(2) == 2,
+              kv_pages.has_value() ? "kv must be a page store [pages, layers, 2, kv_heads, page_len, head_dim]"
+                                   : "kv must be [rows, layers, 2, kv_heads, L, head_dim]",
+              ", got shape ", kv.sizes());
+  if (!kv_pages.has_value()) return cpu::KvGeometry::dense(kv.size(1), kv.size(3), kv.size(4), kv.size(5), kv.size(0));
+  check_index(*kv_pages, "kv_pages", 2);
+  check_same_device(kv, *kv_pages, "kv", "kv_pages");
+  TORCH_CHECK(kv.size(4) > 0, "kv_pages: the page store's pages must hold positions, got shape ", kv.sizes());
+  cpu::KvGeometry g =
+      cpu::KvGeometry::dense(kv.size(1), kv.size(3), kv_pages->size(1) * kv.size(4), kv.size(5), kv_pages->size(0));
+  // (A meta table has no data: the geometry then serves the shape checks only.)
+  g.pages = kv_pages->is_meta() ? nullptr : kv_pages->const_data_ptr<int64_t>();
+  g.page_len = kv.size(4);
+  g.store_pages = kv.size(0);
+  return g;
+}
+
+void check_kv_pages_values(const cpu::KvGeometry& g) {
+  if (g.pages == nullptr) return;
+  const int64_t n = g.rows * g.pages_per_row();
+  for (int64_t i = 0; i < n; ++i)
+    TORCH_CHECK_INDEX(g.pages[i] >= -1 && g.pages[i] < g.store_pages, "kv_pages[", i / g.pages_per_row(), ", ",
+                      i % g.pages_per_row(), "] = ", g.pages[i], " is outside [-1, ", g.store_pages,
+                      ") (the store's pages; -1: none)");
+}
+
+void check_kv_pages_cover(const cpu::KvGeometry& g, const int64_t* kv_rows, const int64_t* lens, int64_t rows) {
+  if (g.pages == nullptr) return;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t pos = 0; pos < lens[r]; pos += g.page_len)
+      TORCH_CHECK_INDEX(g.page(kv_rows[r], pos) >= 0, "row ", r, " reads position ", pos, " of KV row ", kv_rows[r],
+                        ", which has no page (kv_pages entry -1)");
 }
 
 void check_rms_norm(const at::Tensor& x, const at::Tensor& weight) {
@@ -152,10 +188,10 @@ void check_rope(const at::Tensor& x, const at::Tensor& positions, const at::Tens
 }
 
 void check_kv_write(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
-                    const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer) {
+                    const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer,
+                    const std::optional<at::Tensor>& kv_pages) {
   check_floating(kv, "kv");
-  TORCH_CHECK(kv.dim() == 6 && kv.size(2) == 2, "kv must be [rows, layers, 2, kv_heads, L, head_dim], got shape ",
-              kv.sizes());
+  kv_geometry(kv, kv_pages);
   TORCH_CHECK(kv.is_contiguous(), "kv must be contiguous");
   TORCH_CHECK(layer >= 0 && layer < kv.size(1), "layer = ", layer, " is outside [0, ", kv.size(1), ")");
   for (const auto& [t, name] : {std::pair{&k, "k"}, std::pair{&v, "v"}}) {
@@ -181,10 +217,10 @@ void check_kv_write(const at::Tensor& kv, const at::Tensor& k, const at::Tensor&
 
 void check_rope_kv_write(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                          const at::Tensor& cos_sin, const at::Tensor& kv, const at::Tensor& cu_seqlens,
-                         const at::Tensor& kv_rows, int64_t layer) {
+                         const at::Tensor& kv_rows, int64_t layer, const std::optional<at::Tensor>& kv_pages) {
   check_rope(q, positions, cos_sin);
   check_rope(k, positions, cos_sin);
-  check_kv_write(kv, k, v, positions, cu_seqlens, kv_rows, layer);
+  check_kv_write(kv, k, v, positions, cu_seqlens, kv_rows, layer, kv_pages);
   // (head_dim: both match the cos_sin table's width, checked above)
   TORCH_CHECK(q.scalar_type() == k.scalar_type(), "q dtype ", q.scalar_type(), " differs from k dtype ",
               k.scalar_type());
@@ -192,7 +228,8 @@ void check_rope_kv_write(const at::Tensor& q, const at::Tensor& k, const at::Ten
 
 void check_packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
                             const std::optional<at::Tensor>& kv, const std::optional<at::Tensor>& kv_rows,
-                            const std::optional<at::Tensor>& cache_lens, int64_t layer) {
+                            const std::optional<at::Tensor>& cache_lens, int64_t layer,
+                            const std::optional<at::Tensor>& kv_pages) {
   check_floating(q, "q");
   check_heads_view(q, "q");
   check_heads_view(k, "k");
@@ -211,8 +248,10 @@ void check_packed_attention(const at::Tensor& q, const at::Tensor& k, const at::
   check_same_device(q, cu_seqlens, "q", "cu_seqlens");
   const int64_t rows = cu_seqlens.size(0) - 1;
   if (kv.has_value()) {
-    TORCH_CHECK(kv->dim() == 6 && kv->size(2) == 2 && kv->size(3) == k.size(1) && kv->size(5) == q.size(2),
-                "kv must be [rows, layers, 2, ", k.size(1), ", L, ", q.size(2), "], got shape ", kv->sizes());
+    kv_geometry(*kv, kv_pages);
+    TORCH_CHECK(kv->size(3) == k.size(1) && kv->size(5) == q.size(2), "kv must be [rows, layers, 2, ", k.size(1),
+                ", L, ", q.size(2), "] (paged: [pages, layers, 2, ", k.size(1), ", page_len, ", q.size(2),
+                "]), got shape ", kv->sizes());
     TORCH_CHECK(kv->is_contiguous(), "kv must be contiguous");
     TORCH_CHECK(kv->scalar_type() == q.scalar_type(), "kv dtype ", kv->scalar_type(), " differs from q dtype ",
                 q.scalar_type());
@@ -225,6 +264,8 @@ void check_packed_attention(const at::Tensor& q, const at::Tensor& k, const at::
                 " entries (one per row)");
     check_same_device(q, *kv_rows, "q", "kv_rows");
     check_same_device(q, *cache_lens, "q", "cache_lens");
+  } else {
+    TORCH_CHECK(!kv_pages.has_value(), "kv_pages is given without kv");
   }
 }
 

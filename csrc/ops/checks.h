@@ -22,7 +22,16 @@ void check_sparse_probs(const at::Tensor& logits, double floor, int64_t max_k);
 cpu::AttentionArgs attention_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                   const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
                                   const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
-                                  int64_t layer, bool attend_fresh, const at::Tensor& out);
+                                  int64_t layer, bool attend_fresh, const at::Tensor& out,
+                                  const std::optional<at::Tensor>& kv_pages);
+// The geometry of a KV buffer (dense: [rows, layers, 2, kv_heads, L, head_dim]) or, with kv_pages
+// [rows, L / page_len] int64, of a page store [pages, layers, 2, kv_heads, page_len, head_dim]
+// read through that table (kernels/cpu/kernels.h KvGeometry). Checks shapes, dtype and device.
+cpu::KvGeometry kv_geometry(const at::Tensor& kv, const std::optional<at::Tensor>& kv_pages);
+// CPU values: every page-table entry in [-1, pages); every position [0, lens[r]) of KV row
+// kv_rows[r] on a page (a read of "no page" is refused; a write there is dropped).
+void check_kv_pages_values(const cpu::KvGeometry& g);
+void check_kv_pages_cover(const cpu::KvGeometry& g, const int64_t* kv_rows, const int64_t* lens, int64_t rows);
 void check_rms_norm(const at::Tensor& x, const at::Tensor& weight);
 void check_add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight);
 void check_silu_mul(const at::Tensor& gate_up);
@@ -32,13 +41,15 @@ void check_moe_experts(const at::Tensor& x, const at::Tensor& chosen, const at::
                        const at::Tensor& gate_up, const at::Tensor& down);
 void check_rope(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin);
 void check_kv_write(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
-                    const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer);
+                    const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer,
+                    const std::optional<at::Tensor>& kv_pages);
 void check_rope_kv_write(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                          const at::Tensor& cos_sin, const at::Tensor& kv, const at::Tensor& cu_seqlens,
-                         const at::Tensor& kv_rows, int64_t layer);
+                         const at::Tensor& kv_rows, int64_t layer, const std::optional<at::Tensor>& kv_pages);
 void check_packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
                             const std::optional<at::Tensor>& kv, const std::optional<at::Tensor>& kv_rows,
-                            const std::optional<at::Tensor>& cache_lens, int64_t layer);
+                            const std::optional<at::Tensor>& cache_lens, int64_t layer,
+                            const std::optional<at::Tensor>& kv_pages);
 
 // ---- The decode loop's bookkeeping ops: commit_, bb_absorb_, bb_coordinate_, kv_copy_rows_
 // (ops/checks_bookkeeping.cpp) ----
@@ -57,7 +68,7 @@ void check_absorb(const BranchTensors& d, const at::Tensor& canvas, const at::Te
                   const at::Tensor& conf, const at::Tensor& ids, const at::Tensor& probs, const at::Tensor& logits);
 void check_coordinate(const BranchTensors& d, const at::Tensor& canvas, const at::Tensor& flags,
                       const at::Tensor& sync_src);
-void check_kv_copy_rows(const at::Tensor& kv, const at::Tensor& src);
+void check_kv_copy_rows(const at::Tensor& kv, const at::Tensor& src, const std::optional<at::Tensor>& kv_pages);
 // Values the bookkeeping kernels check on the device (and skip), checked on the host by the CPU ops.
 void check_eos_id(int64_t eos_id, int64_t vocab);
 void check_window(const branches::View& v, int64_t b);

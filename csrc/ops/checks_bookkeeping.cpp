@@ -65,10 +65,19 @@ void check_coordinate(const BranchTensors& d, const at::Tensor& canvas, const at
   check_tensor(sync_src, "sync_src", at::kLong, {d.B}, canvas);
 }
 
-void check_kv_copy_rows(const at::Tensor& kv, const at::Tensor& src) {
+void check_kv_copy_rows(const at::Tensor& kv, const at::Tensor& src, const std::optional<at::Tensor>& kv_pages) {
   TORCH_CHECK_VALUE(kv.dim() >= 1 && kv.is_contiguous(), "kv must be a contiguous tensor with a row dimension, got ",
                     kv.sizes());
-  check_tensor(src, "src", at::kLong, {kv.size(0)}, kv);
+  if (!kv_pages.has_value()) {
+    check_tensor(src, "src", at::kLong, {kv.size(0)}, kv);
+    return;
+  }
+  TORCH_CHECK_VALUE(kv_pages->scalar_type() == at::kLong && kv_pages->dim() == 2 && kv_pages->is_contiguous(),
+                    "kv_pages must be a contiguous int64 [rows, pages per row] table, got ", kv_pages->scalar_type(),
+                    " ", kv_pages->sizes());
+  TORCH_CHECK_VALUE(kv_pages->device() == kv.device(), "kv_pages is on ", kv_pages->device(), " but kv is on ",
+                    kv.device());
+  check_tensor(src, "src", at::kLong, {kv_pages->size(0)}, kv);
 }
 
 void check_eos_id(int64_t eos_id, int64_t vocab) {

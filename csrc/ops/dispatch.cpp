@@ -47,27 +47,31 @@ void rope_(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& c
 }
 
 void kv_write_(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
-               const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer) {
+               const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer,
+               const std::optional<at::Tensor>& kv_pages) {
   using T = const at::Tensor&;
-  static auto op = handle<void(T, T, T, T, T, T, int64_t)>("blockbatch::kv_write_");
-  op.call(kv, k, v, positions, cu_seqlens, kv_rows, layer);
+  using P = const std::optional<at::Tensor>&;
+  static auto op = handle<void(T, T, T, T, T, T, int64_t, P)>("blockbatch::kv_write_");
+  op.call(kv, k, v, positions, cu_seqlens, kv_rows, layer, kv_pages);
 }
 
 void rope_kv_write_(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                     const at::Tensor& cos_sin, const at::Tensor& kv, const at::Tensor& cu_seqlens,
-                    const at::Tensor& kv_rows, int64_t layer) {
+                    const at::Tensor& kv_rows, int64_t layer, const std::optional<at::Tensor>& kv_pages) {
   using T = const at::Tensor&;
-  static auto op = handle<void(T, T, T, T, T, T, T, T, int64_t)>("blockbatch::rope_kv_write_");
-  op.call(q, k, v, positions, cos_sin, kv, cu_seqlens, kv_rows, layer);
+  using P = const std::optional<at::Tensor>&;
+  static auto op = handle<void(T, T, T, T, T, T, T, T, int64_t, P)>("blockbatch::rope_kv_write_");
+  op.call(q, k, v, positions, cos_sin, kv, cu_seqlens, kv_rows, layer, kv_pages);
 }
 
 at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
                             const std::optional<at::Tensor>& kv, const std::optional<at::Tensor>& kv_rows,
-                            const std::optional<at::Tensor>& cache_lens, int64_t layer, bool attend_fresh) {
-  static auto op = handle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                     const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                                     const std::optional<at::Tensor>&, int64_t, bool)>("blockbatch::packed_attention");
-  return op.call(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer, attend_fresh);
+                            const std::optional<at::Tensor>& cache_lens, int64_t layer, bool attend_fresh,
+                            const std::optional<at::Tensor>& kv_pages) {
+  using T = const at::Tensor&;
+  using P = const std::optional<at::Tensor>&;
+  static auto op = handle<at::Tensor(T, T, T, T, P, P, P, int64_t, bool, P)>("blockbatch::packed_attention");
+  return op.call(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer, attend_fresh, kv_pages);
 }
 
 std::tuple<at::Tensor, at::Tensor> confidence(const at::Tensor& logits, int64_t exclude) {
@@ -113,9 +117,10 @@ void bb_coordinate_(const at::Tensor& canvas, const at::Tensor& state, const at:
           sync_gap, refresh_tokens, periodic_refresh);
 }
 
-void kv_copy_rows_(const at::Tensor& kv, const at::Tensor& src) {
-  static auto op = handle<void(const at::Tensor&, const at::Tensor&)>("blockbatch::kv_copy_rows_");
-  op.call(kv, src);
+void kv_copy_rows_(const at::Tensor& kv, const at::Tensor& src, const std::optional<at::Tensor>& kv_pages) {
+  static auto op =
+      handle<void(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&)>("blockbatch::kv_copy_rows_");
+  op.call(kv, src, kv_pages);
 }
 
 }  // namespace blockbatch::ops

@@ -31,14 +31,15 @@ at::Tensor moe_experts_grouped(const at::Tensor& x, const at::Tensor& chosen, co
                                const at::Tensor& gate_up, const at::Tensor& down);
 void rope_cpu(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin);
 void kv_write_cpu(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
-                  const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer);
+                  const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer,
+                  const std::optional<at::Tensor>& kv_pages);
 void rope_kv_write_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                        const at::Tensor& cos_sin, const at::Tensor& kv, const at::Tensor& cu_seqlens,
-                       const at::Tensor& kv_rows, int64_t layer);
+                       const at::Tensor& kv_rows, int64_t layer, const std::optional<at::Tensor>& kv_pages);
 at::Tensor packed_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
                                 const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
-                                int64_t layer, bool attend_fresh);
+                                int64_t layer, bool attend_fresh, const std::optional<at::Tensor>& kv_pages);
 std::tuple<at::Tensor, at::Tensor> confidence_cpu(const at::Tensor& logits, int64_t exclude);
 std::tuple<at::Tensor, at::Tensor> sparse_probs_cpu(const at::Tensor& logits, double floor, int64_t max_k);
 at::Tensor commit_cpu(const at::Tensor& canvas, const at::Tensor& window, const at::Tensor& token,
@@ -53,7 +54,7 @@ void bb_coordinate_cpu(const at::Tensor& canvas, const at::Tensor& state, const 
                        const at::Tensor& flags, const at::Tensor& sync_src, const at::Tensor& map_ids,
                        const at::Tensor& map_probs, int64_t prompt_len, int64_t mask_id, double merge_gate, bool merge,
                        bool sync, int64_t sync_gap, int64_t refresh_tokens, bool periodic_refresh);
-void kv_copy_rows_cpu(const at::Tensor& kv, const at::Tensor& src);
+void kv_copy_rows_cpu(const at::Tensor& kv, const at::Tensor& src, const std::optional<at::Tensor>& kv_pages);
 
 // Meta (ops/meta.cpp): checks and output shapes only.
 at::Tensor rms_norm_meta(const at::Tensor& x, const at::Tensor& weight, double eps);
@@ -64,14 +65,15 @@ at::Tensor moe_experts_meta(const at::Tensor& x, const at::Tensor& chosen, const
                             const at::Tensor& gate_up, const at::Tensor& down);
 void rope_meta(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin);
 void kv_write_meta(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
-                   const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer);
+                   const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer,
+                   const std::optional<at::Tensor>& kv_pages);
 void rope_kv_write_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                         const at::Tensor& cos_sin, const at::Tensor& kv, const at::Tensor& cu_seqlens,
-                        const at::Tensor& kv_rows, int64_t layer);
+                        const at::Tensor& kv_rows, int64_t layer, const std::optional<at::Tensor>& kv_pages);
 at::Tensor packed_attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
                                  const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
-                                 int64_t layer, bool attend_fresh);
+                                 int64_t layer, bool attend_fresh, const std::optional<at::Tensor>& kv_pages);
 std::tuple<at::Tensor, at::Tensor> confidence_meta(const at::Tensor& logits, int64_t exclude);
 std::tuple<at::Tensor, at::Tensor> sparse_probs_meta(const at::Tensor& logits, double floor, int64_t max_k);
 at::Tensor commit_meta(const at::Tensor& canvas, const at::Tensor& window, const at::Tensor& token,
@@ -86,7 +88,7 @@ void bb_coordinate_meta(const at::Tensor& canvas, const at::Tensor& state, const
                         const at::Tensor& flags, const at::Tensor& sync_src, const at::Tensor& map_ids,
                         const at::Tensor& map_probs, int64_t prompt_len, int64_t mask_id, double merge_gate, bool merge,
                         bool sync, int64_t sync_gap, int64_t refresh_tokens, bool periodic_refresh);
-void kv_copy_rows_meta(const at::Tensor& kv, const at::Tensor& src);
+void kv_copy_rows_meta(const at::Tensor& kv, const at::Tensor& src, const std::optional<at::Tensor>& kv_pages);
 
 #ifdef BLOCKBATCH_WITH_CUDA
 // CUDA (ops/cuda/*.cpp): shape checks on the host; values that live on the device are checked
@@ -99,14 +101,15 @@ at::Tensor moe_experts_cuda(const at::Tensor& x, const at::Tensor& chosen, const
                             const at::Tensor& gate_up, const at::Tensor& down);
 void rope_cuda(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin);
 void kv_write_cuda(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
-                   const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer);
+                   const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer,
+                   const std::optional<at::Tensor>& kv_pages);
 void rope_kv_write_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                         const at::Tensor& cos_sin, const at::Tensor& kv, const at::Tensor& cu_seqlens,
-                        const at::Tensor& kv_rows, int64_t layer);
+                        const at::Tensor& kv_rows, int64_t layer, const std::optional<at::Tensor>& kv_pages);
 at::Tensor packed_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
                                  const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
-                                 int64_t layer, bool attend_fresh);
+                                 int64_t layer, bool attend_fresh, const std::optional<at::Tensor>& kv_pages);
 std::tuple<at::Tensor, at::Tensor> confidence_cuda(const at::Tensor& logits, int64_t exclude);
 std::tuple<at::Tensor, at::Tensor> sparse_probs_cuda(const at::Tensor& logits, double floor, int64_t max_k);
 at::Tensor commit_cuda(const at::Tensor& canvas, const at::Tensor& window, const at::Tensor& token,
@@ -121,7 +124,7 @@ void bb_coordinate_cuda(const at::Tensor& canvas, const at::Tensor& state, const
                         const at::Tensor& flags, const at::Tensor& sync_src, const at::Tensor& map_ids,
                         const at::Tensor& map_probs, int64_t prompt_len, int64_t mask_id, double merge_gate, bool merge,
                         bool sync, int64_t sync_gap, int64_t refresh_tokens, bool periodic_refresh);
-void kv_copy_rows_cuda(const at::Tensor& kv, const at::Tensor& src);
+void kv_copy_rows_cuda(const at::Tensor& kv, const at::Tensor& src, const std::optional<at::Tensor>& kv_pages);
 #endif
 
 }  // namespace blockbatch

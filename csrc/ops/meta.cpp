@@ -39,20 +39,21 @@ void rope_meta(const at::Tensor& x, const at::Tensor& positions, const at::Tenso
 
 void rope_kv_write_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                         const at::Tensor& cos_sin, const at::Tensor& kv, const at::Tensor& cu_seqlens,
-                        const at::Tensor& kv_rows, int64_t layer) {
-  check_rope_kv_write(q, k, v, positions, cos_sin, kv, cu_seqlens, kv_rows, layer);
+                        const at::Tensor& kv_rows, int64_t layer, const std::optional<at::Tensor>& kv_pages) {
+  check_rope_kv_write(q, k, v, positions, cos_sin, kv, cu_seqlens, kv_rows, layer, kv_pages);
 }
 
 void kv_write_meta(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
-                   const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer) {
-  check_kv_write(kv, k, v, positions, cu_seqlens, kv_rows, layer);
+                   const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer,
+                   const std::optional<at::Tensor>& kv_pages) {
+  check_kv_write(kv, k, v, positions, cu_seqlens, kv_rows, layer, kv_pages);
 }
 
 at::Tensor packed_attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
                                  const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
-                                 int64_t layer, bool) {
-  check_packed_attention(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer);
+                                 int64_t layer, bool, const std::optional<at::Tensor>& kv_pages) {
+  check_packed_attention(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer, kv_pages);
   return at::empty({q.size(0), q.size(1) * q.size(2)}, q.options());
 }
 
@@ -90,6 +91,8 @@ void bb_coordinate_meta(const at::Tensor& canvas, const at::Tensor& state, const
   check_coordinate(check_branches(canvas, state, eos_prob, map_ids, map_probs, prompt_len), canvas, flags, sync_src);
 }
 
-void kv_copy_rows_meta(const at::Tensor& kv, const at::Tensor& src) { check_kv_copy_rows(kv, src); }
+void kv_copy_rows_meta(const at::Tensor& kv, const at::Tensor& src, const std::optional<at::Tensor>& kv_pages) {
+  check_kv_copy_rows(kv, src, kv_pages);
+}
 
 }  // namespace blockbatch

@@ -28,13 +28,15 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& chosen, const at::
 bool moe_experts_capturable(c10::Device device);
 void rope_(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin);
 void kv_write_(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
-               const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer);
+               const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer,
+               const std::optional<at::Tensor>& kv_pages = std::nullopt);
 void rope_kv_write_(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                     const at::Tensor& cos_sin, const at::Tensor& kv, const at::Tensor& cu_seqlens,
-                    const at::Tensor& kv_rows, int64_t layer);
+                    const at::Tensor& kv_rows, int64_t layer, const std::optional<at::Tensor>& kv_pages = std::nullopt);
 at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
                             const std::optional<at::Tensor>& kv, const std::optional<at::Tensor>& kv_rows,
-                            const std::optional<at::Tensor>& cache_lens, int64_t layer, bool attend_fresh);
+                            const std::optional<at::Tensor>& cache_lens, int64_t layer, bool attend_fresh,
+                            const std::optional<at::Tensor>& kv_pages = std::nullopt);
 std::tuple<at::Tensor, at::Tensor> confidence(const at::Tensor& logits, int64_t exclude);
 std::tuple<at::Tensor, at::Tensor> sparse_probs(const at::Tensor& logits, double floor, int64_t max_k);
 at::Tensor commit_(const at::Tensor& canvas, const at::Tensor& window, const at::Tensor& token, const at::Tensor& conf,
@@ -50,7 +52,8 @@ void bb_coordinate_(const at::Tensor& canvas, const at::Tensor& state, const at:
                     const at::Tensor& flags, const at::Tensor& sync_src, const at::Tensor& map_ids,
                     const at::Tensor& map_probs, int64_t prompt_len, int64_t mask_id, double merge_gate, bool merge,
                     bool sync, int64_t sync_gap, int64_t refresh_tokens, bool periodic_refresh);
-void kv_copy_rows_(const at::Tensor& kv, const at::Tensor& src);
+void kv_copy_rows_(const at::Tensor& kv, const at::Tensor& src,
+                   const std::optional<at::Tensor>& kv_pages = std::nullopt);
 }  // namespace ops
 
 }  // namespace blockbatch

@@ -25,7 +25,8 @@ namespace {
 ForwardBatch make_batch(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& cu_seqlens,
                         const std::optional<at::Tensor>& kv, const std::optional<at::Tensor>& kv_rows,
                         const std::optional<at::Tensor>& prefix_lens, const std::string& mode,
-                        const std::optional<at::Tensor>& logit_index, const std::optional<at::Tensor>& kv_lens) {
+                        const std::optional<at::Tensor>& logit_index, const std::optional<at::Tensor>& kv_lens,
+                        const std::optional<at::Tensor>& kv_pages) {
   ForwardBatch b;
   b.tokens = tokens;
   b.positions = positions;
@@ -35,6 +36,7 @@ ForwardBatch make_batch(const at::Tensor& tokens, const at::Tensor& positions, c
   b.prefix_lens = prefix_lens.value_or(at::Tensor());
   b.logit_index = logit_index.value_or(at::Tensor());
   b.kv_lens = kv_lens.value_or(at::Tensor());
+  b.kv_pages = kv_pages.value_or(at::Tensor());
   b.mode = parse_kv_mode(mode);
   return b;
 }
@@ -43,9 +45,9 @@ at::Tensor model_forward(const c10::intrusive_ptr<ModelHandle>& model, const at:
                          const at::Tensor& positions, const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
                          const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& prefix_lens,
                          const std::string& mode, const std::optional<at::Tensor>& logit_index,
-                         const std::optional<at::Tensor>& kv_lens) {
+                         const std::optional<at::Tensor>& kv_lens, const std::optional<at::Tensor>& kv_pages) {
   return model->network().forward(
-      make_batch(tokens, positions, cu_seqlens, kv, kv_rows, prefix_lens, mode, logit_index, kv_lens));
+      make_batch(tokens, positions, cu_seqlens, kv, kv_rows, prefix_lens, mode, logit_index, kv_lens, kv_pages));
 }
 
 // Shape-only forward for FakeTensor / torch.compile (the model object stays real).
@@ -53,8 +55,10 @@ at::Tensor model_forward_meta(const c10::intrusive_ptr<ModelHandle>& model, cons
                               const at::Tensor& positions, const at::Tensor& cu_seqlens,
                               const std::optional<at::Tensor>& kv, const std::optional<at::Tensor>& kv_rows,
                               const std::optional<at::Tensor>& prefix_lens, const std::string& mode,
-                              const std::optional<at::Tensor>& logit_index, const std::optional<at::Tensor>& kv_lens) {
+                              const std::optional<at::Tensor>& logit_index, const std::optional<at::Tensor>& kv_lens,
+                              const std::optional<at::Tensor>& kv_pages) {
   (void)kv_lens;
+  (void)kv_pages;
   parse_kv_mode(mode);
   TORCH_CHECK(tokens.dim() == 1 && positions.sizes() == tokens.sizes(),
               "tokens and positions must be 1-D of equal length");
@@ -93,11 +97,12 @@ TORCH_LIBRARY(blockbatch, m) {
 
   // Native LLaDA forward over packed variable-length query rows (cu_seqlens) with per-row KV
   // buffers; kv_mode full | dual | prefix (ALGORITHMS.md 3); kv_lens (dual): the keys each row
-  // attends (default: the whole buffer; block-causal families give a row per block). Returns logits [n, vocab].
+  // attends (default: the whole buffer; block-causal families give a row per block); kv_pages: kv is
+  // a page store read through this [KV rows, L / page_len] table. Returns logits [n, vocab].
   // (Not named `mode`: torch.compile's dispatch-mode redirection reserves that keyword.)
   m.def("forward(__torch__.torch.classes.blockbatch.Model model, Tensor tokens, Tensor positions, "
         "Tensor cu_seqlens, Tensor(a!)? kv=None, Tensor? kv_rows=None, Tensor? prefix_lens=None, "
-        "str kv_mode=\"full\", Tensor? logit_index=None, Tensor? kv_lens=None) -> Tensor");
+        "str kv_mode=\"full\", Tensor? logit_index=None, Tensor? kv_lens=None, Tensor? kv_pages=None) -> Tensor");
   m.impl("forward", c10::DispatchKey::CPU, &model_forward);
   m.impl("forward", c10::DispatchKey::Meta, &model_forward_meta);
   BLOCKBATCH_IMPL_CUDA(m, "forward", &model_forward);  // device-agnostic: calls the CUDA kernel ops
@@ -146,8 +151,10 @@ TORCH_LIBRARY(blockbatch, m) {
   BLOCKBATCH_IMPL_CUDA(m, "rope_", &rope_cuda);
 
   // Write fresh K/V [T, kv_heads, head_dim] into their position slots of per-row KV buffers.
+  // kv_pages (here and below): kv is a page store [pages, layers, 2, kv_heads, page_len, head_dim]
+  // and row r's position p is slot p % page_len of page kv_pages[r, p / page_len] (-1: none).
   m.def("kv_write_(Tensor(a!) kv, Tensor k, Tensor v, Tensor positions, Tensor cu_seqlens, Tensor kv_rows, "
-        "int layer) -> ()");
+        "int layer, Tensor? kv_pages=None) -> ()");
   m.impl("kv_write_", c10::DispatchKey::CPU, &kv_write_cpu);
   m.impl("kv_write_", c10::DispatchKey::Meta, &kv_write_meta);
   BLOCKBATCH_IMPL_CUDA(m, "kv_write_", &kv_write_cuda);
@@ -155,7 +162,7 @@ TORCH_LIBRARY(blockbatch, m) {
   // rope_ on q and k, then kv_write_ of the rotated k and v: one CUDA kernel (a layer's three
   // small launches and a second read of k become one pass); on CPU the two ops in sequence.
   m.def("rope_kv_write_(Tensor(a!) q, Tensor(b!) k, Tensor v, Tensor positions, Tensor cos_sin, Tensor(c!) kv, "
-        "Tensor cu_seqlens, Tensor kv_rows, int layer) -> ()");
+        "Tensor cu_seqlens, Tensor kv_rows, int layer, Tensor? kv_pages=None) -> ()");
   m.impl("rope_kv_write_", c10::DispatchKey::CPU, &rope_kv_write_cpu);
   m.impl("rope_kv_write_", c10::DispatchKey::Meta, &rope_kv_write_meta);
   BLOCKBATCH_IMPL_CUDA(m, "rope_kv_write_", &rope_kv_write_cuda);
@@ -163,7 +170,7 @@ TORCH_LIBRARY(blockbatch, m) {
   // Packed varlen bidirectional attention: each row's queries attend to the first cache_lens[r]
   // slots of its KV row, then (attend_fresh) to its own fresh K/V. GQA by head grouping.
   m.def("packed_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, Tensor? kv, Tensor? kv_rows, "
-        "Tensor? cache_lens, int layer, bool attend_fresh) -> Tensor");
+        "Tensor? cache_lens, int layer, bool attend_fresh, Tensor? kv_pages=None) -> Tensor");
   m.impl("packed_attention", c10::DispatchKey::CPU, &packed_attention_cpu);
   m.impl("packed_attention", c10::DispatchKey::Meta, &packed_attention_meta);
   BLOCKBATCH_IMPL_CUDA(m, "packed_attention", &packed_attention_cuda);
@@ -217,8 +224,9 @@ TORCH_LIBRARY(blockbatch, m) {
   m.impl("bb_coordinate_", c10::DispatchKey::Meta, &bb_coordinate_meta);
   BLOCKBATCH_IMPL_CUDA(m, "bb_coordinate_", &bb_coordinate_cuda);
 
-  // kv_copy_rows_: kv[r] = kv[src[r]] for every r with src[r] >= 0 (src int64 [kv.size(0)]).
-  m.def("kv_copy_rows_(Tensor(a!) kv, Tensor src) -> ()");
+  // kv_copy_rows_: kv[r] = kv[src[r]] for every r with src[r] >= 0 (src int64 [KV rows]); paged,
+  // the contents of row src[r]'s pages into row r's (a page both share is left as it is).
+  m.def("kv_copy_rows_(Tensor(a!) kv, Tensor src, Tensor? kv_pages=None) -> ()");
   m.impl("kv_copy_rows_", c10::DispatchKey::CPU, &kv_copy_rows_cpu);
   m.impl("kv_copy_rows_", c10::DispatchKey::Meta, &kv_copy_rows_meta);
   BLOCKBATCH_IMPL_CUDA(m, "kv_copy_rows_", &kv_copy_rows_cuda);

@@ -53,7 +53,8 @@ _SIGNATURES = {
     "bbemu_commit": "pl ppp p lll i dd p",
     "bbemu_bb_absorb": "i ppppp llllll pl pppp pll di",
     "bbemu_bb_coordinate": "ppppp lllll pp d ii ll i",
-    "bbemu_kv_copy_rows": "ppll",
+    "bbemu_kv_copy_rows": "pplll",
+    "bbemu_set_kv_pages": "pll",
     "bbemu_moe_experts": "i ppppp ppp lllll",
     "bbemu_selftest_neighbour": "pii",
     "bbemu_selftest_copy": "ppii",
@@ -489,7 +490,7 @@ def test_coordinate_and_kv_copy_rows_emulated(emu):
                 kv = torch.randn(4, 2, 3, width, 8)
                 expected = kv.clone()
                 ops.kv_copy_rows_(expected, cpu["sync_src"])
-                emu.ok("bbemu_kv_copy_rows", kv, emulated["sync_src"], kv.shape[0], kv[0].numel() * 4)
+                emu.ok("bbemu_kv_copy_rows", kv, emulated["sync_src"], kv.shape[0], kv[0].numel() * 4, 1)
                 assert torch.equal(kv, expected)
 
 
@@ -724,3 +725,161 @@ def test_moe_experts_emulated(emu, dtype, tokens, slots, experts, d, m):
     kept[0, 0] = 0.0
     run(bad)
     torch.testing.assert_close(out.float(), ops.moe_experts(x, chosen, kept, gate_up, down).float(), atol=tol, rtol=tol)
+
+
+@pytest.fixture
+def paged(emu):
+    """Sets the emulator's page table for the KV kernels; unset again after the test."""
+
+    def use(table, page_len, store_pages):
+        emu("bbemu_set_kv_pages", table, page_len, store_pages)
+
+    yield use
+    emu("bbemu_set_kv_pages", None, 0, 0)
+
+
+@pytest.mark.parametrize("dtype,kernels", [(torch.float32, (0,)), (torch.bfloat16, (0, 1, 2, 3))])
+@pytest.mark.parametrize("page_len", [16, 5])
+def test_paged_kv_kernels_emulated(emu, paged, dtype, kernels, page_len):
+    """Every KV kernel through a page table (shuffled pages, a canvas not a whole number of pages)
+    == the same kernel on the dense buffer holding the same K/V, bit for bit: the attention
+    kernels (reference and the three tensor-core variants, split and not), rope_kv_write (both
+    forms), kv_write and kv_copy_rows; the pages outside the table are left as they were."""
+    from helpers.pages import from_pages, to_pages
+
+    heads, kv_heads, hd = 4, 2, 64
+    g = torch.Generator().manual_seed(page_len)
+    lengths, L = [1, 7, 33, 20], 70
+    T = sum(lengths)
+    q, k, v = (torch.randn(T, h, hd, generator=g).to(dtype) for h in (heads, kv_heads, kv_heads))
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)))
+    rows = torch.tensor([2, 0, 3, 1])
+    dense = torch.randn(4, 2, 2, kv_heads, L, hd, generator=g).to(dtype)
+    store, table = to_pages(dense, page_len, g)
+    Lp = table.shape[1] * page_len  # the table's positions per row
+    for cache, fresh in ((torch.full((4,), L), False), (torch.tensor([0, 5, 64, 70]), True)):
+        max_keys = L + max(lengths)
+        for kernel in kernels:
+            for splits in (1, 3) if kernel else (1,):
+                want = _attention(emu, kernel, q, k, v, cu, dense, rows, cache, 1, fresh, splits, max_keys)
+                paged(table, page_len, store.shape[0])
+                view = store.view(store.shape[0], 2, 2, kv_heads, page_len, hd)
+                got = _attention_paged(
+                    emu, kernel, q, k, v, cu, view, Lp, len(table), rows, cache, fresh, splits, max_keys + Lp - L
+                )
+                paged(None, 0, 0)
+                assert torch.equal(got, want), f"kernel {kernel} splits {splits} cache {cache.tolist()}"
+
+    # Writes: rope_kv_write (vectorised and not) and kv_write, paged vs dense.
+    table_rope = rope_table(L, hd, 1e4)
+    pos = torch.cat([torch.randperm(L, generator=g)[:n] for n in lengths])  # one token per slot
+    for name in ("rope_kv_write/1", "rope_kv_write/0", "kv_write"):
+        d, s = dense.clone(), store.clone()
+        results = []
+        for kv, length, buffers in ((d, L, d.shape[0]), (s, Lp, len(table))):
+            qq, kk = q.clone(), k.clone()
+            if kv is s:
+                paged(table, page_len, s.shape[0])
+            if name.startswith("rope"):
+                emu.ok(
+                    "bbemu_rope_kv_write",
+                    CODE[dtype],
+                    qq,
+                    qq.stride(0),
+                    heads,
+                    kk,
+                    v,
+                    kk.stride(0),
+                    pos,
+                    table_rope,
+                    L,
+                    kv,
+                    2,
+                    kv_heads,
+                    length,
+                    hd,
+                    buffers,
+                    1,
+                    cu,
+                    rows,
+                    len(rows),
+                    T,
+                    int(name[-1]),
+                )
+            else:
+                emu.ok(
+                    "bbemu_kv_write",
+                    CODE[dtype],
+                    kv,
+                    2,
+                    kv_heads,
+                    length,
+                    hd,
+                    buffers,
+                    1,
+                    kk,
+                    v,
+                    kk.stride(0),
+                    pos,
+                    cu,
+                    rows,
+                    len(rows),
+                    T,
+                )
+            paged(None, 0, 0)
+            results.append((qq, kk))
+        assert torch.equal(from_pages(s, table, L), d), name
+        assert all(torch.equal(a, b) for a, b in zip(*results)), name
+        outside = torch.ones(s.shape[0], dtype=torch.bool)
+        outside[table.flatten()] = False
+        assert torch.equal(s[outside], store[outside]), name
+
+    # kv_copy_rows through the table == the CPU op.
+    src = torch.tensor([-1, 3, 0, -1])  # no chains: a source is never also copied into
+    want = store.clone()
+    ops.kv_copy_rows_(want, src, table)
+    got = store.clone()
+    paged(table, page_len, got.shape[0])
+    emu.ok("bbemu_kv_copy_rows", got, src, len(table), got[0].numel() * got.element_size(), table.shape[1])
+    paged(None, 0, 0)
+    assert torch.equal(got, want)
+
+
+def _attention_paged(emu, kernel, q, k, v, cu, store, length, table_rows, rows, cache, fresh, splits, max_keys):
+    """_attention over a page store: the geometry's length is the table's positions per row and its
+    rows the table's rows."""
+    T, heads, hd = q.shape
+    out = torch.full((T + 1, heads * hd), float("nan"), dtype=q.dtype)
+    out[T] = 7.0
+    used = splits if splits else emu("bbemu_attention_splits", heads, k.shape[1], hd, len(rows), T, max_keys)
+    part = torch.full(((used if kernel else 1) * T * heads * (hd + 2) + 64,), 7.0)
+    emu.ok(
+        "bbemu_attention",
+        CODE[q.dtype],
+        kernel,
+        q,
+        k,
+        v,
+        out,
+        q.stride(0),
+        k.stride(0),
+        cu,
+        len(rows),
+        store,
+        store.shape[1],
+        store.shape[3],
+        length,
+        hd,
+        table_rows,
+        1,
+        rows,
+        cache,
+        int(fresh),
+        heads,
+        T,
+        max_keys,
+        splits,
+        part,
+    )
+    assert (out[T] == 7.0).all() and (part[-64:] == 7.0).all(), "a write outside the output / workspace"
+    return out[:T]

@@ -169,15 +169,21 @@ void packed_attention_impl(const AttentionArgs& a) {
       const int64_t n_fresh = a.attend_fresh ? row_end - row_begin : 0;
       const int64_t nk = n_cache + n_fresh;
       const int64_t ld = (nk + 2 * kW - 1) / (2 * kW) * (2 * kW);  // keys padded for score_block
-      const T* kc = cache ? cache + a.geometry.offset(a.kv_rows[r], a.layer, 0, kvh, 0) : nullptr;
-      const T* vc = cache ? cache + a.geometry.offset(a.kv_rows[r], a.layer, 1, kvh, 0) : nullptr;
       const T* kfr = kf + row_begin * a.kv_stride + kvh * hd;
       const T* vfr = vf + row_begin * a.kv_stride + kvh * hd;
       kt.assign(hd * ld, 0.0f);
-      if (n_cache) transpose_keys(kt.data(), ld, 0, kc, hd, n_cache, hd);
-      if (n_fresh) transpose_keys(kt.data(), ld, n_cache, kfr, a.kv_stride, n_fresh, hd);
       vt.resize(nk * hd);  // values as contiguous float rows [nk, hd]
-      if (n_cache) rows_to_float(vt.data(), vc, hd, n_cache, hd);
+      // Cached keys run by run: a run is the slots of one page (dense: the whole row), head_dim
+      // apart; the values gathered are the same whatever the page size.
+      for (int64_t j = 0; j < n_cache;) {
+        const int64_t run = std::min(n_cache - j, a.geometry.key_run(j));
+        const T* kc = cache + a.geometry.offset(a.kv_rows[r], a.layer, 0, kvh, j);
+        const T* vc = cache + a.geometry.offset(a.kv_rows[r], a.layer, 1, kvh, j);
+        transpose_keys(kt.data(), ld, j, kc, hd, run, hd);
+        rows_to_float(vt.data() + j * hd, vc, hd, run, hd);
+        j += run;
+      }
+      if (n_fresh) transpose_keys(kt.data(), ld, n_cache, kfr, a.kv_stride, n_fresh, hd);
       if (n_fresh) rows_to_float(vt.data() + n_cache * hd, vfr, a.kv_stride, n_fresh, hd);
       scores.resize(kTile * ld);
       for (int64_t tt = row_begin; tt < row_end; tt += kTile) {

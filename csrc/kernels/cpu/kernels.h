@@ -31,24 +31,61 @@ template <typename T>
 void rope_inplace(T* x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim, const int64_t* positions,
                   const float* cos_sin);
 
-// Geometry of a KV buffer [rows, layers, 2, kv_heads, L, head_dim] (contiguous); shared with
-// the CUDA kernels.
+// Geometry of the KV a forward reads and writes: `rows` KV rows of `length` positions, each
+// [layers, 2, kv_heads, length, head_dim]; shared with the CUDA kernels.
+//   dense (pages == nullptr): one buffer [rows, layers, 2, kv_heads, length, head_dim]; a row is
+//     one page of page_len == length positions.
+//   paged: a page store [store_pages, layers, 2, kv_heads, page_len, head_dim] and a page table
+//     pages [rows, length / page_len] (int64): position p of row r is slot p % page_len of page
+//     pages[r, p / page_len]; an entry -1 is no page (a write there is dropped, a read refused by
+//     the CPU ops' checks). Rows sharing a page share its K/V (ALGORITHMS.md section 11).
 struct KvGeometry {
   int64_t layers, kv_heads, length, head_dim;
-  int64_t rows;  // KV rows (buffers) in the tensor
+  int64_t rows;                    // KV rows (dense: buffers; paged: page-table rows)
+  const int64_t* pages = nullptr;  // page table [rows, length / page_len] (device memory on CUDA)
+  int64_t page_len = 0;            // positions per page (dense: length)
+  int64_t store_pages = 0;         // pages in the store (dense: rows)
+
+  static KvGeometry dense(int64_t layers, int64_t kv_heads, int64_t length, int64_t head_dim, int64_t rows) {
+    return {layers, kv_heads, length, head_dim, rows, nullptr, length, rows};
+  }
+  BLOCKBATCH_HOST_DEVICE int64_t pages_per_row() const { return length / page_len; }
+  // The page holding position `pos` of `row` (dense: the row itself); -1: none.
+  BLOCKBATCH_HOST_DEVICE int64_t page(int64_t row, int64_t pos) const {
+    if (pages == nullptr) return row;
+    const int64_t p = pages[row * (length / page_len) + pos / page_len];
+    return p >= 0 && p < store_pages ? p : -1;
+  }
   // A slot inside the buffer: GPU kernels skip writes (and reads) of slots outside it, since
   // checking device index tensors on the host would cost a sync (the CPU ops check them).
   BLOCKBATCH_HOST_DEVICE bool slot_ok(int64_t row, int64_t pos) const {
-    return row >= 0 && row < rows && pos >= 0 && pos < length;
+    return row >= 0 && row < rows && pos >= 0 && pos < length && page(row, pos) >= 0;
   }
   // Keys a row may read from its cache: 0 for a row outside the buffer, at most `length`.
   BLOCKBATCH_HOST_DEVICE int64_t cache_keys(int64_t row, int64_t n) const {
     return row < 0 || row >= rows || n < 0 ? 0 : (n < length ? n : length);
   }
-  BLOCKBATCH_HOST_DEVICE int64_t row_stride() const { return layers * 2 * kv_heads * length * head_dim; }
+  // Elements between one page's start and the next's (dense: a row's).
+  BLOCKBATCH_HOST_DEVICE int64_t page_stride() const { return layers * 2 * kv_heads * page_len * head_dim; }
+  // The element offset of slot (layer, kind 0 = K | 1 = V, head, pos) of `row`; positions of one
+  // page are head_dim apart, the next page anywhere (key_run says how many follow contiguously).
   BLOCKBATCH_HOST_DEVICE int64_t offset(int64_t row, int64_t layer, int64_t kind, int64_t head, int64_t pos) const {
-    return (((row * layers + layer) * 2 + kind) * kv_heads + head) * length * head_dim + pos * head_dim;
+    const int64_t in_page = pages == nullptr ? pos : pos % page_len;
+    return (((page(row, pos) * layers + layer) * 2 + kind) * kv_heads + head) * page_len * head_dim +
+           in_page * head_dim;
   }
+  // Slot j of a row's (layer, kind, head) keys from `base` = offset(row, layer, kind, head, 0)
+  // (dense) or the same offset on page 0 (paged: base_in_page0): -1 when j's page is none.
+  BLOCKBATCH_HOST_DEVICE int64_t base_in_page0(int64_t layer, int64_t kind, int64_t head) const {
+    return ((layer * 2 + kind) * kv_heads + head) * page_len * head_dim;
+  }
+  BLOCKBATCH_HOST_DEVICE int64_t slot_from_base(int64_t row, int64_t j) const {
+    if (pages == nullptr) return j * head_dim;
+    const int64_t p = page(row, j);
+    return p < 0 ? -1 : p * page_stride() + (j % page_len) * head_dim;
+  }
+  // How many positions from `pos` on lie contiguously in pos's page (dense: to the row's end).
+  BLOCKBATCH_HOST_DEVICE int64_t key_run(int64_t pos) const { return page_len - (pos % page_len); }
 };
 
 // Writes fresh k/v [t, kv_heads, head_dim] (row stride `src_stride`) into the KV slots of

@@ -27,8 +27,16 @@ __global__ void attention_kernel(cpu::AttentionArgs a) {
   const int64_t n_cache = cache ? a.geometry.cache_keys(a.kv_rows[r], a.cache_lens[r]) : 0;  // inside the buffer
   const int64_t n_fresh = a.attend_fresh ? row_end - row_begin : 0;
   const int64_t nk = n_cache + n_fresh;
-  const T* kc = cache ? cache + a.geometry.offset(a.kv_rows[r], a.layer, 0, kvh, 0) : nullptr;
-  const T* vc = cache ? cache + a.geometry.offset(a.kv_rows[r], a.layer, 1, kvh, 0) : nullptr;
+  // Dense: a row's slots are contiguous from kc / vc; paged: kc / vc are page 0's bases and slot j
+  // is slot_from_base(row, j) from them (-1: no page, read as zero).
+  const cpu::KvGeometry& g = a.geometry;
+  const int64_t kv_row = cache ? a.kv_rows[r] : 0;
+  const T* kc = !cache    ? nullptr
+                : g.pages ? cache + g.base_in_page0(a.layer, 0, kvh)
+                          : cache + g.offset(kv_row, a.layer, 0, kvh, 0);
+  const T* vc = !cache    ? nullptr
+                : g.pages ? cache + g.base_in_page0(a.layer, 1, kvh)
+                          : cache + g.offset(kv_row, a.layer, 1, kvh, 0);
   float* qs = smem;
   float* scores = smem + hd;
   const float scale = rsqrtf(static_cast<float>(hd));
@@ -36,9 +44,11 @@ __global__ void attention_kernel(cpu::AttentionArgs a) {
   __syncthreads();
   float local_max = -INFINITY;
   for (int64_t j = threadIdx.x; j < nk; j += blockDim.x) {
-    const T* kj = j < n_cache ? kc + j * hd : kf + (j - n_cache) * a.kv_stride;
+    const int64_t o = j < n_cache ? g.slot_from_base(kv_row, j) : 0;
+    const T* kj = j < n_cache ? (o < 0 ? nullptr : kc + o) : kf + (j - n_cache) * a.kv_stride;
     float s = 0;
-    for (int64_t d = 0; d < hd; ++d) s += qs[d] * to_f(kj[d]);
+    if (kj != nullptr)
+      for (int64_t d = 0; d < hd; ++d) s += qs[d] * to_f(kj[d]);
     scores[j] = s;
     local_max = fmaxf(local_max, s);
   }
@@ -54,8 +64,9 @@ __global__ void attention_kernel(cpu::AttentionArgs a) {
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
     float acc = 0;
     for (int64_t j = 0; j < nk; ++j) {
-      const T* vj = j < n_cache ? vc + j * hd : vf + (j - n_cache) * a.kv_stride;
-      acc += scores[j] * to_f(vj[d]);
+      const int64_t o = j < n_cache ? g.slot_from_base(kv_row, j) : 0;
+      const T* vj = j < n_cache ? (o < 0 ? nullptr : vc + o) : vf + (j - n_cache) * a.kv_stride;
+      if (vj != nullptr) acc += scores[j] * to_f(vj[d]);
     }
     o[d] = from_f<T>(acc * inv);
   }

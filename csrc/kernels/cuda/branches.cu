@@ -83,14 +83,18 @@ __global__ void __launch_bounds__(kThreads)
 // kv[r] = kv[src[r]] for rows with src[r] >= 0; blockIdx.y = destination row, 16-byte words
 // when the row size allows it (KV rows are whole heads: always, in practice).
 template <typename W>
-__global__ void kv_copy_rows_kernel(W* kv, const int64_t* src, int64_t words) {
+__global__ void kv_copy_rows_kernel(W* kv, const int64_t* src, KvPages pages, int64_t words) {
   const int64_t from = src[blockIdx.y], to = blockIdx.y;
   if (from < 0 || from >= gridDim.y || from == to) return;  // -1 keeps the row; bad sources are skipped
-  const W* a = kv + from * words;
-  W* b = kv + to * words;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < words;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    b[i] = a[i];
+  for (int64_t page = 0; page < pages.per_row; ++page) {
+    const int64_t p_from = pages.at(from, page), p_to = pages.at(to, page);
+    if (p_from < 0 || p_to < 0 || p_from == p_to) continue;  // no page, or one both rows share
+    const W* a = kv + p_from * words;
+    W* b = kv + p_to * words;
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < words;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      b[i] = a[i];
+    }
   }
 }
 
@@ -110,7 +114,8 @@ cudaError_t bb_coordinate(const br::View& v, int64_t* flags, int64_t* sync_src, 
   return launch_kernel(coordinate_kernel, 1, kThreads, 0, stream, v, flags, sync_src, p);
 }
 
-cudaError_t kv_copy_rows(void* kv, const int64_t* src, int64_t rows, int64_t row_bytes, cudaStream_t stream) {
+cudaError_t kv_copy_rows(void* kv, const int64_t* src, int64_t rows, int64_t row_bytes, const KvPages& pages,
+                         cudaStream_t stream) {
   if (rows == 0 || row_bytes == 0) return cudaSuccess;
   constexpr int kCopyThreads = 256;
   auto grid = [&](int64_t words) {
@@ -119,10 +124,10 @@ cudaError_t kv_copy_rows(void* kv, const int64_t* src, int64_t rows, int64_t row
   };
   if (row_bytes % 16 == 0 && aligned16(kv)) {
     return launch_kernel(kv_copy_rows_kernel<int4>, grid(row_bytes / 16), kCopyThreads, 0, stream,
-                         static_cast<int4*>(kv), src, row_bytes / 16);
+                         static_cast<int4*>(kv), src, pages, row_bytes / 16);
   }
   return launch_kernel(kv_copy_rows_kernel<unsigned char>, grid(row_bytes), kCopyThreads, 0, stream,
-                       static_cast<unsigned char*>(kv), src, row_bytes);
+                       static_cast<unsigned char*>(kv), src, pages, row_bytes);
 }
 
 #define BLOCKBATCH_INSTANTIATE_ABSORB(T)                                                                       \

@@ -164,6 +164,20 @@ template <typename T, int HD>
 struct Work {
   int64_t r, q0, h, nq, n_cache, nk, kb, ke, ntiles, kv_stride;
   const T *kc, *vc, *kf, *vf, *q;
+  const cpu::KvGeometry* g;  // the cache's geometry (paged: kc / vc are page 0's bases)
+  int64_t kv_row;
+
+  // Cache slot j's K and V (nullptr: no page); dense rows are contiguous from kc / vc.
+  __device__ __forceinline__ const T* kslot(int64_t j) const {
+    if (g->pages == nullptr) return kc + j * HD;
+    const int64_t o = g->slot_from_base(kv_row, j);
+    return o < 0 ? nullptr : kc + o;
+  }
+  __device__ __forceinline__ const T* vslot(int64_t j) const {
+    if (g->pages == nullptr) return vc + j * HD;
+    const int64_t o = g->slot_from_base(kv_row, j);
+    return o < 0 ? nullptr : vc + o;
+  }
 
   // false when blockIdx.x is past the last q-tile (the launch bounds the tiles from above).
   __device__ __forceinline__ bool locate(const cpu::AttentionArgs& a, int splits) {
@@ -179,8 +193,15 @@ struct Work {
     kb = blockIdx.z * chunk;
     ke = kb + chunk < nk ? kb + chunk : nk;
     const T* cache = static_cast<const T*>(a.cache);
-    kc = cache ? cache + a.geometry.offset(a.kv_rows[r], a.layer, 0, kvh, 0) : nullptr;
-    vc = cache ? cache + a.geometry.offset(a.kv_rows[r], a.layer, 1, kvh, 0) : nullptr;
+    g = &a.geometry;
+    kv_row = a.kv_rows[r];
+    const bool paged = a.geometry.pages != nullptr;
+    kc = !cache  ? nullptr
+         : paged ? cache + a.geometry.base_in_page0(a.layer, 0, kvh)
+                 : cache + a.geometry.offset(kv_row, a.layer, 0, kvh, 0);
+    vc = !cache  ? nullptr
+         : paged ? cache + a.geometry.base_in_page0(a.layer, 1, kvh)
+                 : cache + a.geometry.offset(kv_row, a.layer, 1, kvh, 0);
     kf = static_cast<const T*>(a.k) + row_begin * a.kv_stride + kvh * HD;
     vf = static_cast<const T*>(a.v) + row_begin * a.kv_stride + kvh * HD;
     q = static_cast<const T*>(a.q) + h * HD;
@@ -202,12 +223,16 @@ __device__ __forceinline__ void load_kv_async(const Work<T, HD>& w, int64_t k0, 
   for (int i = tid; i < kBlockK * kChunks; i += kThreads) {
     const int row = i / kChunks, ch = i % kChunks;
     const int64_t j = k0 + row;
-    const bool valid = j < w.ke;
+    bool valid = j < w.ke;
     const T* ksrc = w.q;  // any mapped address when nothing is read
     const T* vsrc = w.q;
     if (valid && j < w.n_cache) {
-      ksrc = w.kc + j * HD + ch * 8;
-      vsrc = w.vc + j * HD + ch * 8;
+      const T *kj = w.kslot(j), *vj = w.vslot(j);
+      valid = kj != nullptr;  // no page: read as zeros
+      if (valid) {
+        ksrc = kj + ch * 8;
+        vsrc = vj + ch * 8;
+      }
     } else if (valid) {
       ksrc = w.kf + (j - w.n_cache) * w.kv_stride + ch * 8;
       vsrc = w.vf + (j - w.n_cache) * w.kv_stride + ch * 8;
@@ -228,8 +253,11 @@ __device__ __forceinline__ void load_kv_registers(const Work<T, HD>& w, int64_t 
     const int64_t j = k0 + row;
     uint4 kv = zero, vv = zero;
     if (j < w.n_cache) {
-      kv = *reinterpret_cast<const uint4*>(w.kc + j * HD + ch * 8);
-      vv = *reinterpret_cast<const uint4*>(w.vc + j * HD + ch * 8);
+      const T *kj = w.kslot(j), *vj = w.vslot(j);
+      if (kj != nullptr) {
+        kv = *reinterpret_cast<const uint4*>(kj + ch * 8);
+        vv = *reinterpret_cast<const uint4*>(vj + ch * 8);
+      }
     } else if (j < w.nk) {
       kv = *reinterpret_cast<const uint4*>(w.kf + (j - w.n_cache) * w.kv_stride + ch * 8);
       vv = *reinterpret_cast<const uint4*>(w.vf + (j - w.n_cache) * w.kv_stride + ch * 8);

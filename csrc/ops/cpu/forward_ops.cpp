@@ -83,20 +83,22 @@ void rope_cpu(const at::Tensor& x, const at::Tensor& positions, const at::Tensor
 
 void rope_kv_write_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                        const at::Tensor& cos_sin, const at::Tensor& kv, const at::Tensor& cu_seqlens,
-                       const at::Tensor& kv_rows, int64_t layer) {
-  check_rope_kv_write(q, k, v, positions, cos_sin, kv, cu_seqlens, kv_rows, layer);
+                       const at::Tensor& kv_rows, int64_t layer, const std::optional<at::Tensor>& kv_pages) {
+  check_rope_kv_write(q, k, v, positions, cos_sin, kv, cu_seqlens, kv_rows, layer, kv_pages);
   rope_cpu(q, positions, cos_sin);
   rope_cpu(k, positions, cos_sin);
-  kv_write_cpu(kv, k, v, positions, cu_seqlens, kv_rows, layer);
+  kv_write_cpu(kv, k, v, positions, cu_seqlens, kv_rows, layer, kv_pages);
 }
 
 void kv_write_cpu(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
-                  const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer) {
-  check_kv_write(kv, k, v, positions, cu_seqlens, kv_rows, layer);
+                  const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer,
+                  const std::optional<at::Tensor>& kv_pages) {
+  check_kv_write(kv, k, v, positions, cu_seqlens, kv_rows, layer, kv_pages);
   check_cu_seqlens_values(cu_seqlens, k.size(0));
-  check_range(positions, "positions", 0, kv.size(4));
-  check_range(kv_rows, "kv_rows", 0, kv.size(0));
-  const cpu::KvGeometry g{kv.size(1), kv.size(3), kv.size(4), kv.size(5), kv.size(0)};
+  const cpu::KvGeometry g = kv_geometry(kv, kv_pages);
+  check_range(positions, "positions", 0, g.length);
+  check_range(kv_rows, "kv_rows", 0, g.rows);
+  check_kv_pages_values(g);  // a write to no page (-1) is dropped
   BLOCKBATCH_DISPATCH_FLOATING(kv.scalar_type(), "kv_write_", [&] {
     cpu::kv_write<scalar_t>(kv.data_ptr<scalar_t>(), g, layer, k.const_data_ptr<scalar_t>(),
                             v.const_data_ptr<scalar_t>(), k.stride(0), positions.const_data_ptr<int64_t>(),
@@ -108,16 +110,19 @@ void kv_write_cpu(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v
 at::Tensor packed_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
                                 const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
-                                int64_t layer, bool attend_fresh) {
-  check_packed_attention(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer);
+                                int64_t layer, bool attend_fresh, const std::optional<at::Tensor>& kv_pages) {
+  check_packed_attention(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer, kv_pages);
   check_cu_seqlens_values(cu_seqlens, q.size(0));
   const int64_t rows = cu_seqlens.size(0) - 1;
-  if (kv.has_value()) {
-    check_range(*kv_rows, "kv_rows", 0, kv->size(0));
-    check_range(*cache_lens, "cache_lens", 0, kv->size(4) + 1);
-  }
   at::Tensor out = at::empty({q.size(0), q.size(1) * q.size(2)}, q.options());
-  const cpu::AttentionArgs a = attention_args(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer, attend_fresh, out);
+  const cpu::AttentionArgs a =
+      attention_args(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer, attend_fresh, out, kv_pages);
+  if (kv.has_value()) {
+    check_range(*kv_rows, "kv_rows", 0, a.geometry.rows);
+    check_range(*cache_lens, "cache_lens", 0, a.geometry.length + 1);
+    check_kv_pages_values(a.geometry);
+    check_kv_pages_cover(a.geometry, a.kv_rows, a.cache_lens, rows);
+  }
   const int64_t* cu = a.cu_seqlens;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t keys = (kv.has_value() ? a.cache_lens[r] : 0) + (attend_fresh ? cu[r + 1] - cu[r] : 0);

@@ -19,10 +19,11 @@ using namespace cuda_ops;
 namespace {
 
 // The KV buffer's geometry for a slot write, once its row indices are known to be on the device.
-cpu::KvGeometry kv_slots(const at::Tensor& kv, const at::Tensor& cu_seqlens, const at::Tensor& kv_rows) {
+cpu::KvGeometry kv_slots(const at::Tensor& kv, const at::Tensor& cu_seqlens, const at::Tensor& kv_rows,
+                         const std::optional<at::Tensor>& kv_pages) {
   check_cuda(cu_seqlens, "cu_seqlens");
   check_cuda(kv_rows, "kv_rows");
-  return {kv.size(1), kv.size(3), kv.size(4), kv.size(5), kv.size(0)};
+  return kv_geometry(kv, kv_pages);  // paged: the table is read on the device (entries outside: no write)
 }
 
 }  // namespace
@@ -40,10 +41,11 @@ void rope_cuda(const at::Tensor& x, const at::Tensor& positions, const at::Tenso
 }
 
 void kv_write_cuda(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
-                   const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer) {
-  check_kv_write(kv, k, v, positions, cu_seqlens, kv_rows, layer);
+                   const at::Tensor& cu_seqlens, const at::Tensor& kv_rows, int64_t layer,
+                   const std::optional<at::Tensor>& kv_pages) {
+  check_kv_write(kv, k, v, positions, cu_seqlens, kv_rows, layer, kv_pages);
   const c10::cuda::CUDAGuard guard(kv.device());
-  const cpu::KvGeometry g = kv_slots(kv, cu_seqlens, kv_rows);
+  const cpu::KvGeometry g = kv_slots(kv, cu_seqlens, kv_rows, kv_pages);
   dispatch_cuda_type(kv.scalar_type(), "kv_write_", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     check_launch(
@@ -56,10 +58,10 @@ void kv_write_cuda(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& 
 
 void rope_kv_write_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                         const at::Tensor& cos_sin, const at::Tensor& kv, const at::Tensor& cu_seqlens,
-                        const at::Tensor& kv_rows, int64_t layer) {
-  check_rope_kv_write(q, k, v, positions, cos_sin, kv, cu_seqlens, kv_rows, layer);
+                        const at::Tensor& kv_rows, int64_t layer, const std::optional<at::Tensor>& kv_pages) {
+  check_rope_kv_write(q, k, v, positions, cos_sin, kv, cu_seqlens, kv_rows, layer, kv_pages);
   const c10::cuda::CUDAGuard guard(kv.device());
-  const cpu::KvGeometry g = kv_slots(kv, cu_seqlens, kv_rows);
+  const cpu::KvGeometry g = kv_slots(kv, cu_seqlens, kv_rows, kv_pages);
   dispatch_cuda_type(kv.scalar_type(), "rope_kv_write_", [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const bool vectorized = rope_vectorized();

@@ -28,20 +28,47 @@ const T* as(const void* p) {
   return static_cast<const T*>(p);
 }
 cudaStream_t kStream = nullptr;
+
+// The page table the KV kernels read (bbemu_set_kv_pages; none: dense buffers).
+struct {
+  const int64_t* pages = nullptr;
+  int64_t page_len = 0, store_pages = 0;
+} g_pages;
+
+// Dense: a buffer of kv_buffers rows of `length`; paged (a table set): kv_buffers table rows of
+// `length` positions over the store's pages.
+cpu::KvGeometry geometry_of(int64_t layers, int64_t kv_heads, int64_t length, int64_t head_dim, int64_t kv_buffers) {
+  cpu::KvGeometry g = cpu::KvGeometry::dense(layers, kv_heads, length, head_dim, kv_buffers);
+  if (g_pages.pages != nullptr) {
+    g.pages = g_pages.pages;
+    g.page_len = g_pages.page_len;
+    g.store_pages = g_pages.store_pages;
+  }
+  return g;
+}
 }  // namespace
 
 extern "C" {
 
-int bbemu_rope_kv_write(int dtype, void* q, int64_t q_stride, int64_t heads, void* k, const void* v,
-                        int64_t kv_stride, const int64_t* positions, const float* cos_sin, int64_t max_positions,
-                        void* kv, int64_t layers, int64_t kv_heads, int64_t length, int64_t head_dim,
-                        int64_t kv_buffers, int64_t layer, const int64_t* cu_seqlens, const int64_t* kv_rows,
-                        int64_t rows, int64_t tokens, int vectorized) {
-  const cpu::KvGeometry g{layers, kv_heads, length, head_dim, kv_buffers};
+// Every later KV kernel call reads and writes through this table [rows, length / page_len] of a
+// store of store_pages pages (pages == nullptr: dense again).
+void bbemu_set_kv_pages(const int64_t* pages, int64_t page_len, int64_t store_pages) {
+  g_pages.pages = pages;
+  g_pages.page_len = page_len;
+  g_pages.store_pages = store_pages;
+}
+
+int bbemu_rope_kv_write(int dtype, void* q, int64_t q_stride, int64_t heads, void* k, const void* v, int64_t kv_stride,
+                        const int64_t* positions, const float* cos_sin, int64_t max_positions, void* kv, int64_t layers,
+                        int64_t kv_heads, int64_t length, int64_t head_dim, int64_t kv_buffers, int64_t layer,
+                        const int64_t* cu_seqlens, const int64_t* kv_rows, int64_t rows, int64_t tokens,
+                        int vectorized) {
+  const cpu::KvGeometry g = geometry_of(layers, kv_heads, length, head_dim, kv_buffers);
   return by_dtype(dtype, [&](auto t) {
     using T = decltype(t);
     return bc::rope_kv_write<T>(as<T>(q), q_stride, heads, as<T>(k), as<T>(v), kv_stride, positions, cos_sin,
-                                max_positions, as<T>(kv), g, layer, cu_seqlens, kv_rows, rows, tokens, vectorized != 0, kStream);
+                                max_positions, as<T>(kv), g, layer, cu_seqlens, kv_rows, rows, tokens, vectorized != 0,
+                                kStream);
   });
 }
 
@@ -54,10 +81,10 @@ int bbemu_attention(int dtype, int kernel, const void* q, const void* k, const v
                     int64_t kv_heads, int64_t length, int64_t head_dim, int64_t kv_buffers, int64_t layer,
                     const int64_t* kv_rows, const int64_t* cache_lens, int attend_fresh, int64_t heads, int64_t tokens,
                     int64_t max_keys, int splits, float* part) {
-  const cpu::KvGeometry geometry{layers, kv_heads, length, head_dim, kv_buffers};
-  const cpu::AttentionArgs a{q,          k,    v,     out,      q_stride, kv_stride,
-                             cu_seqlens, rows, cache, geometry, layer,    kv_rows,
-                             cache_lens, attend_fresh != 0, heads, kv_heads, head_dim};
+  const cpu::KvGeometry geometry = geometry_of(layers, kv_heads, length, head_dim, kv_buffers);
+  const cpu::AttentionArgs a{q,     k,        v,        out,   q_stride, kv_stride,  cu_seqlens,
+                             rows,  cache,    geometry, layer, kv_rows,  cache_lens, attend_fresh != 0,
+                             heads, kv_heads, head_dim};
   if (kernel != 0 && !bc::flash_attention_supported(a, dtype, 9)) return static_cast<int>(cudaErrorInvalidValue);
   if (kernel != 0 && splits == 0) splits = bc::flash_attention_splits(a, tokens, max_keys, 132);
   return by_dtype(dtype, [&](auto t) {
@@ -121,9 +148,10 @@ int bbemu_rope_inplace(int dtype, void* x, int64_t tokens, int64_t row_stride, i
 }
 
 int bbemu_kv_write(int dtype, void* kv, int64_t layers, int64_t kv_heads, int64_t length, int64_t head_dim,
-                   int64_t kv_buffers, int64_t layer, const void* k, const void* v, int64_t src_stride, const int64_t* positions,
-                   const int64_t* cu_seqlens, const int64_t* kv_rows, int64_t rows, int64_t tokens) {
-  const cpu::KvGeometry g{layers, kv_heads, length, head_dim, kv_buffers};
+                   int64_t kv_buffers, int64_t layer, const void* k, const void* v, int64_t src_stride,
+                   const int64_t* positions, const int64_t* cu_seqlens, const int64_t* kv_rows, int64_t rows,
+                   int64_t tokens) {
+  const cpu::KvGeometry g = geometry_of(layers, kv_heads, length, head_dim, kv_buffers);
   return by_dtype(dtype, [&](auto t) {
     using T = decltype(t);
     return bc::kv_write<T>(as<T>(kv), g, layer, as<T>(k), as<T>(v), src_stride, positions, cu_seqlens, kv_rows, rows,
@@ -162,8 +190,11 @@ int bbemu_bb_coordinate(int64_t* canvas, int64_t* state, double* eos_prob, int64
                            kStream);
 }
 
-int bbemu_kv_copy_rows(void* kv, const int64_t* src, int64_t rows, int64_t row_bytes) {
-  return bc::kv_copy_rows(kv, src, rows, row_bytes, kStream);
+// rows: KV rows (dense: buffers; paged: table rows, of length / page_len pages); page_bytes: a
+// row's bytes (dense) or a page's.
+int bbemu_kv_copy_rows(void* kv, const int64_t* src, int64_t rows, int64_t page_bytes, int64_t per_row) {
+  const bc::KvPages pages{g_pages.pages, g_pages.pages ? per_row : 1, g_pages.pages ? g_pages.store_pages : rows};
+  return bc::kv_copy_rows(kv, src, rows, page_bytes, pages, kStream);
 }
 
 int bbemu_moe_experts(int dtype, const void* x, const int64_t* chosen, const float* weights, const void* gate_up,
@@ -171,8 +202,8 @@ int bbemu_moe_experts(int dtype, const void* x, const int64_t* chosen, const flo
                       int64_t experts, int64_t d, int64_t m) {
   return by_dtype(dtype, [&](auto t) {
     using T = decltype(t);
-    return bc::moe_experts<T>(as<T>(x), chosen, weights, as<T>(gate_up), as<T>(down), as<T>(hidden),
-                              as<T>(expert_out), as<T>(out), tokens, slots, experts, d, m, kStream);
+    return bc::moe_experts<T>(as<T>(x), chosen, weights, as<T>(gate_up), as<T>(down), as<T>(hidden), as<T>(expert_out),
+                              as<T>(out), tokens, slots, experts, d, m, kStream);
   });
 }
 
