@@ -20,7 +20,7 @@ StepKey StepPlan::key(bool with_kv, int64_t buffer_size) const {
 }
 
 std::unique_ptr<Decoder> make_decoder(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
-                                      const Stop& stop, at::Tensor kv) {
+                                      const Stop& stop, KvRows kv) {
   if (o.policy == Policy::kBlock) return block_decoder(model, prompt, o, stop, std::move(kv));
   if (o.policy != Policy::kBlockBatch) return single_branch_decoder(model, prompt, o, stop, std::move(kv));
   return blockbatch_decoder(model, prompt, o, stop, std::move(kv));

@@ -232,6 +232,10 @@ bool set_option(DecodeOptions& o, std::string_view name, const std::string& text
     o.fold_rows = parse_bool("fold_rows", text);
     return true;
   }
+  if (name == "share_prompt_kv") {
+    o.share_prompt_kv = parse_bool("share_prompt_kv", text);
+    return true;
+  }
   if (name == "edit_threshold") {
     if (is_none(text)) { o.edit_threshold = std::nullopt; return true; }
     o.edit_threshold = parse_float("edit_threshold", text);
@@ -253,7 +257,7 @@ bool set_option(DecodeOptions& o, std::string_view name, const std::string& text
 }
 
 const std::vector<std::string>& option_names() {
-  static const std::vector<std::string> names = {"policy", "gen_length", "block_length", "steps", "threshold", "factor", "temperature", "seed", "stop_on_eos", "alg", "alg_temp", "eps", "top_p", "top_k", "block_sizes", "merge_gate", "sync_gap", "refresh_tokens", "refresh_mode", "prob_floor", "merge", "sync", "sync_refresh", "branch_budget", "fold_rows", "edit_threshold", "max_post_steps", "cuda_graphs", "timeout_s"};
+  static const std::vector<std::string> names = {"policy", "gen_length", "block_length", "steps", "threshold", "factor", "temperature", "seed", "stop_on_eos", "alg", "alg_temp", "eps", "top_p", "top_k", "block_sizes", "merge_gate", "sync_gap", "refresh_tokens", "refresh_mode", "prob_floor", "merge", "sync", "sync_refresh", "branch_budget", "fold_rows", "share_prompt_kv", "edit_threshold", "max_post_steps", "cuda_graphs", "timeout_s"};
   return names;
 }
 
@@ -283,6 +287,7 @@ const char* option_type(std::string_view name) {
   if (name == "sync_refresh") return "bool";
   if (name == "branch_budget") return "str";
   if (name == "fold_rows") return "bool";
+  if (name == "share_prompt_kv") return "bool";
   if (name == "edit_threshold") return "float";
   if (name == "max_post_steps") return "int";
   if (name == "cuda_graphs") return "bool";
@@ -317,6 +322,7 @@ std::string options_help() {
       "  --sync-refresh BOOL\n      variant (not the authors'): refresh once a leader sync has copied a lagging branch, whose copied KV row predates the leader's last commits (ALGORITHMS.md 10.3); default off\n"
       "  --branch-budget full|auto\n      full: every branch of block_sizes; auto: under the batching scheduler, the branch set is cut to the query tokens a step can carry at the current load (measured step-time curve; the largest branches go first, down to the one nearest block_length), so results depend on load; default full\n"
       "  --fold-rows BOOL\n      feed a refresh's rows of identical canvases once, the twins taking that row's logits and K/V (exact: the same tokens and counters, fewer query tokens; folded_rows / folded_tokens count them); default on\n"
+      "  --share-prompt-kv BOOL\n      every branch reads one copy of the prompt's K/V, written by the first row each refresh feeds (an approximation: exact refreshes give each branch its own); its KV pages are held once (ALGORITHMS.md 11); default off\n"
       "  --edit-threshold X\n      block (LLaDA2.1 token editing): in the same step, replace every generated committed token of the current block whose prediction differs with confidence above this; in [0, 1]; default none; 'none': no editing (LLaDA2.0)\n"
       "  --max-post-steps N\n      block with editing: a block ends after at most this many steps that start without masks; in [0, 2^30]; default 16\n"
       "  --cuda-graphs BOOL\n      CUDA: replay recorded decode steps (same tokens as eager); no effect on CPU; default on\n"

@@ -37,7 +37,33 @@ std::vector<int64_t> PackedQueries::host_buffer(KvMode mode) const {
   return host;
 }
 
-ForwardBatch PackedQueries::batch(const at::Tensor& buffer, const at::Tensor& kv, KvMode mode,
+PageTables page_tables(const std::vector<int64_t>& pages, int64_t rows, int64_t per_row, int64_t used, int64_t shared) {
+  PageTables t{std::vector<int64_t>(static_cast<size_t>(rows * per_row), -1), {}};
+  size_t next = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < used; ++i) {
+      t.read[static_cast<size_t>(r * per_row + i)] =
+          r > 0 && i < shared ? t.read[static_cast<size_t>(i)] : pages.at(next++);
+    }
+  }
+  t.write = t.read;
+  for (int64_t r = 1; r < rows; ++r) {
+    for (int64_t i = 0; i < shared; ++i) t.write[static_cast<size_t>(r * per_row + i)] = -1;
+  }
+  return t;
+}
+
+at::Tensor KvRows::layer_rows(int64_t layer, int64_t length) const {
+  if (!pages.defined()) return kv.select(1, layer).narrow(3, 0, length);
+  // [rows * per_row, 2, kv_heads, page_len, head_dim] -> [rows, 2, kv_heads, per_row * page_len, head_dim]
+  const int64_t rows = pages.size(0), per_row = pages.size(1), page_len = kv.size(4);
+  const at::Tensor flat = pages.reshape({-1}).clamp_min(0);  // no page (-1): page 0, cut off by `length` below
+  at::Tensor g = kv.select(1, layer).index_select(0, flat);
+  g = g.view({rows, per_row, 2, kv.size(3), page_len, kv.size(5)}).permute({0, 2, 3, 1, 4, 5});
+  return g.reshape({rows, 2, kv.size(3), per_row * page_len, kv.size(5)}).narrow(3, 0, length);
+}
+
+ForwardBatch PackedQueries::batch(const at::Tensor& buffer, const KvRows& kv, KvMode mode,
                                   const at::Tensor& canvas) const {
   const int64_t n_tok = size(), n_rows = rows();
   int64_t at_ = 0;
@@ -60,7 +86,10 @@ ForwardBatch PackedQueries::batch(const at::Tensor& buffer, const at::Tensor& kv
     b.kv_lens = take(n_rows);
   }
   if (!logit_index.empty()) b.logit_index = take(static_cast<int64_t>(logit_index.size()));
-  b.kv = kv;
+  if (mode == KvMode::kDual && !b.kv_lens.defined() && kv.lens.defined()) b.kv_lens = kv.lens.narrow(0, 0, n_rows);
+  b.kv = kv.kv;
+  b.kv_pages = kv.pages;
+  b.kv_write_pages = kv.write_pages;
   b.mode = mode;
   for (int64_t p : positions) b.max_positions = std::max(b.max_positions, p + 1);
   return b;

@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -28,6 +29,34 @@ struct StepKey {
   auto tie() const { return std::make_tuple(kind, mode, tokens, rows, logit_rows, buffer, sampling, with_kv); }
   bool operator<(const StepKey& o) const { return tie() < o.tie(); }
 };
+
+// A request's KV rows: a dense buffer [rows, layers, 2, kv_heads, L, head_dim], or (pages defined)
+// a page store [pages, layers, 2, kv_heads, page_len, head_dim] and the rows' page table
+// [rows, L / page_len] (ForwardBatch::kv_pages; a scheduler's paged pool, decode/batch/kv_pool.h).
+struct KvRows {
+  at::Tensor kv, pages;
+  at::Tensor write_pages;  // optional: where the forwards' K/V writes go (ForwardBatch::kv_write_pages)
+  // optional, [rows] int64 all equal to the canvas length: the keys a dual-mode row attends when
+  // the table's rows are longer than the canvas (whole pages) and no kv_lens is planned.
+  at::Tensor lens;
+  bool defined() const { return kv.defined(); }
+  std::optional<at::Tensor> table() const { return pages.defined() ? std::optional<at::Tensor>(pages) : std::nullopt; }
+  // The rows' K/V at `layer` as a dense [rows, 2, kv_heads, length, head_dim] (a copy when paged;
+  // dense: a view, narrowed to `length`).
+  at::Tensor layer_rows(int64_t layer, int64_t length) const;
+};
+
+// Positions per KV page where the engine picks (a request alone with share_prompt_kv; a CPU
+// scheduler's pool, decode/batch/scheduler.h): chosen by docs/bench/paged.
+constexpr int64_t kDefaultKvPageLen = 16;
+
+// Page tables of `rows` rows of `per_row` entries, the first `used` of each on a page, over
+// `pages` (taken in order): the first `shared` pages of every row are row 0's. read: what each
+// row reads; write: where its writes go (the shared pages through row 0 only; -1 elsewhere).
+struct PageTables {
+  std::vector<int64_t> read, write;
+};
+PageTables page_tables(const std::vector<int64_t>& pages, int64_t rows, int64_t per_row, int64_t used, int64_t shared);
 
 // Host-side description of one packed forward over canvas rows that live on the model's device:
 // host_buffer() packs its indices for one host-to-device copy, batch() turns that copy into the
@@ -56,7 +85,7 @@ struct PackedQueries {
   std::vector<int64_t> host_buffer(KvMode mode) const;
   // The forward's inputs as views into `buffer` (host_buffer's layout, on the model's device);
   // the tokens are gathered from `canvas` (any shape, read flattened).
-  ForwardBatch batch(const at::Tensor& buffer, const at::Tensor& kv, KvMode mode, const at::Tensor& canvas) const;
+  ForwardBatch batch(const at::Tensor& buffer, const KvRows& kv, KvMode mode, const at::Tensor& canvas) const;
 };
 
 // Proposals for logits rows (ALGORITHMS.md section 1): argmax (or Gumbel-max in float64 when

@@ -227,7 +227,7 @@ at::Tensor LLaDA2Model::forward(const ForwardBatch& batch) const {
     }
     q = rotate(q.contiguous().view({T, H, hd}));
     k = rotate(k.contiguous().view({T, Hkv, hd}));
-    if (write) ops::kv_write_(b.kv, k, v, b.positions, b.cu_seqlens, kv_rows, l, b.pages());
+    if (write) ops::kv_write_(b.kv, k, v, b.positions, b.cu_seqlens, kv_rows, l, b.write_pages());
     at::Tensor attn = ops::packed_attention(q, k, v, b.cu_seqlens, attn_kv, attn_rows, cache_lens, l, attend_fresh,
                                             attn_kv ? b.pages() : std::nullopt);
     at::Tensor out = ops::linear(attn.reshape({T, H * hd}), w.dense);

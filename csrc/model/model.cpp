@@ -197,7 +197,7 @@ at::Tensor Model::forward(const ForwardBatch& batch) const {
     at::Tensor k = qkv.narrow(1, q_width, kv_width).view({T, c.n_kv_heads, hd});
     at::Tensor v = qkv.narrow(1, q_width + kv_width, kv_width).view({T, c.n_kv_heads, hd});
     if (write) {  // rotate q and k and fill the fresh K/V slots in one pass
-      ops::rope_kv_write_(q, k, v, b.positions, rope_table, b.kv, b.cu_seqlens, kv_rows, l, b.pages());
+      ops::rope_kv_write_(q, k, v, b.positions, rope_table, b.kv, b.cu_seqlens, kv_rows, l, b.write_pages());
     } else {
       ops::rope_(q, b.positions, rope_table);
       ops::rope_(k, b.positions, rope_table);

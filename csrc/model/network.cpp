@@ -50,8 +50,8 @@ at::Tensor zero_kv(const Network& net, const at::TensorOptions& options, int64_t
 
 ForwardBatch contiguous_indices(const ForwardBatch& batch) {
   ForwardBatch b = batch;
-  for (at::Tensor* t :
-       {&b.tokens, &b.positions, &b.cu_seqlens, &b.kv_rows, &b.prefix_lens, &b.logit_index, &b.kv_lens, &b.kv_pages}) {
+  for (at::Tensor* t : {&b.tokens, &b.positions, &b.cu_seqlens, &b.kv_rows, &b.prefix_lens, &b.logit_index, &b.kv_lens,
+                        &b.kv_pages, &b.kv_write_pages}) {
     if (t->defined() && !t->is_contiguous()) *t = t->contiguous();
   }
   return b;
@@ -94,6 +94,11 @@ void check_forward_batch(const Network& net, const ForwardBatch& b) {
                   b.kv_pages.sizes());
       TORCH_CHECK(b.kv_pages.device() == device(), "kv_pages is on ", b.kv_pages.device(), " but the model is on ",
                   device());
+    }
+    if (b.kv_write_pages.defined()) {
+      TORCH_CHECK(b.kv_pages.defined() && b.kv_write_pages.sizes() == b.kv_pages.sizes() &&
+                      b.kv_write_pages.scalar_type() == at::kLong && b.kv_write_pages.device() == device(),
+                  "kv_write_pages must be an int64 table shaped like kv_pages, on the model's device");
     }
     max_pos = std::min(max_pos, b.kv_length());
   } else {
@@ -140,6 +145,7 @@ void check_forward_batch(const Network& net, const ForwardBatch& b) {
     if (b.logit_index.defined()) in_range(b.logit_index, "logit_index", 0, T);
     if (b.kv_lens.defined()) in_range(b.kv_lens, "kv_lens", 1, b.kv_length() + 1);
     if (b.kv_pages.defined()) in_range(b.kv_pages, "kv_pages", -1, b.kv.size(0));
+    if (b.kv_write_pages.defined()) in_range(b.kv_write_pages, "kv_write_pages", -1, b.kv.size(0));
   }
 }
 

@@ -45,6 +45,10 @@ struct ForwardBatch {
   // ops/checks.h kv_geometry). Rows may share pages; the logits are those of the dense buffer
   // holding the same K/V.
   at::Tensor kv_pages;
+  // [KV rows, L / page_len] int64, optional (with kv_pages): the pages the forward's K/V writes go
+  // to, where they differ from kv_pages (-1: not written). Rows sharing a page write it through one
+  // row only (share_prompt_kv: the prompt's pages, written by one branch).
+  at::Tensor kv_write_pages;
   KvMode mode = KvMode::kFull;
 
   // KV rows and positions per row: of the page table when paged, else of the buffer.
@@ -52,6 +56,9 @@ struct ForwardBatch {
   int64_t kv_length() const { return kv_pages.defined() ? kv_pages.size(1) * kv.size(4) : kv.size(4); }
   std::optional<at::Tensor> pages() const {
     return kv_pages.defined() ? std::optional<at::Tensor>(kv_pages) : std::nullopt;
+  }
+  std::optional<at::Tensor> write_pages() const {
+    return kv_write_pages.defined() ? std::optional<at::Tensor>(kv_write_pages) : pages();
   }
 };
 

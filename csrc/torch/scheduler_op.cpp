@@ -22,10 +22,12 @@ namespace {
 class SchedulerHandle : public torch::CustomClassHolder {
  public:
   SchedulerHandle(c10::intrusive_ptr<ModelHandle> model, int64_t max_batch, int64_t max_length, int64_t kv_budget_bytes,
-                  std::vector<int64_t> curve_tokens, std::vector<double> curve_seconds, double calibrate_s)
-      : model_(std::move(model)), scheduler_(std::make_unique<Scheduler>(
-                                      model_->network(), max_batch, max_length, kv_budget_bytes,
-                                      StepCurve{std::move(curve_tokens), std::move(curve_seconds)}, calibrate_s)) {}
+                  std::vector<int64_t> curve_tokens, std::vector<double> curve_seconds, double calibrate_s,
+                  int64_t kv_page_len)
+      : model_(std::move(model)),
+        scheduler_(std::make_unique<Scheduler>(model_->network(), max_batch, max_length, kv_budget_bytes,
+                                               StepCurve{std::move(curve_tokens), std::move(curve_seconds)},
+                                               calibrate_s, false, kv_page_len)) {}
 
   int64_t add(const at::Tensor& prompt, const OptionsPtr& options, bool stream) {
     return scheduler_->add(prompt_ids(prompt, "prompt"), options->options, stream);
@@ -82,6 +84,10 @@ class SchedulerHandle : public torch::CustomClassHolder {
     d.insert("padded_forwards", k.padded);
     d.insert("graph_captures", k.graph_captures);
     d.insert("graph_replays", k.graph_replays);
+    d.insert("kv_pages", k.kv_pages);
+    d.insert("kv_pages_in_use", k.kv_pages_in_use);
+    d.insert("kv_page_len", k.kv_page_len);
+    d.insert("kv_paged", k.kv_paged);
     return d;
   }
   void close() { scheduler_->close(); }
@@ -105,10 +111,11 @@ std::tuple<int64_t, int64_t> kv_request_rows(const c10::intrusive_ptr<ModelHandl
 // The pool a Scheduler with these arguments would take, checked without allocating it
 // (decode/scheduler.h scheduler_pool_rows): (KV rows, bytes per row).
 std::tuple<int64_t, int64_t> check_kv_pool(const c10::intrusive_ptr<ModelHandle>& model, int64_t max_batch,
-                                           int64_t max_length, int64_t kv_budget_bytes) {
+                                           int64_t max_length, int64_t kv_budget_bytes, int64_t kv_page_len) {
   const Network& net = model->network();
-  const int64_t rows = scheduler_pool_rows(net, max_batch, max_length, kv_budget_bytes);
-  return {rows, kv_row_bytes(net.config(), net.dtype(), max_length)};
+  const int64_t rows = scheduler_pool_rows(net, max_batch, max_length, kv_budget_bytes, false, kv_page_len);
+  const int64_t page_len = resolve_kv_page_len(net.device(), kv_page_len);
+  return {rows, kv_row_bytes(net.config(), net.dtype(), pool_row_length(max_length, page_len))};
 }
 
 std::tuple<std::vector<int64_t>, std::vector<double>> measure_step_curve_op(
@@ -130,7 +137,7 @@ TORCH_LIBRARY_FRAGMENT(blockbatch, m) {
   using Handle = c10::intrusive_ptr<SchedulerHandle>;
   m.class_<SchedulerHandle>("Scheduler")
       .def(torch::init<c10::intrusive_ptr<ModelHandle>, int64_t, int64_t, int64_t, std::vector<int64_t>,
-                       std::vector<double>, double>())
+                       std::vector<double>, double, int64_t>())
       .def("add", &SchedulerHandle::add)
       .def("cancel", &SchedulerHandle::cancel)
       .def("step", &SchedulerHandle::step)
@@ -144,10 +151,11 @@ TORCH_LIBRARY_FRAGMENT(blockbatch, m) {
   m.def("kv_request_rows(__torch__.torch.classes.blockbatch.Model model, "
         "__torch__.torch.classes.blockbatch.Options options, int length) -> (int, int)",
         &kv_request_rows);
-  // (KV rows, bytes per row) of the pool a Scheduler(model, max_batch, max_length, kv_budget_bytes)
-  // takes; ValueError when it cannot (an argument out of range, more than the device's memory).
+  // (KV rows, bytes per row) of the pool a Scheduler(model, max_batch, max_length, kv_budget_bytes,
+  // kv_page_len) takes (paged: rows of max_length rounded up to whole pages, as pages); ValueError
+  // when it cannot (an argument out of range, more than the device's memory).
   m.def("check_kv_pool(__torch__.torch.classes.blockbatch.Model model, int max_batch, int max_length, "
-        "int kv_budget_bytes) -> (int, int)",
+        "int kv_budget_bytes, int kv_page_len=-1) -> (int, int)",
         &check_kv_pool);
   // The step-time curve (seconds of one packed forward by query tokens; decode/scheduler.h).
   m.def("measure_step_curve(__torch__.torch.classes.blockbatch.Model model, float limit_s=1.0) -> (int[], float[])",

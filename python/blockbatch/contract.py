@@ -14,9 +14,8 @@ one-line doc. From this table:
   lm-eval model, the fake (meta) kernel of the decode op;
 - the options table of ``docs/options.md`` (the manual's "Decoding options" page).
 
-Regenerate after editing the table: ``python tools/gen_contract.py --write``;
-``python tools/gen_contract.py --check`` (run in CI and by ``tests/tools/test_contract.py``)
-fails when a generated file is out of date.
+Regenerate after editing the table: ``python tools/gen_contract.py --write`` (``--check``, run in CI
+and by ``tests/tools/test_contract.py``, fails when a generated file is out of date).
 
 Value checks live in C++ only (``DecodeOptions::validate``: the generated range checks plus the
 rules that relate options to each other); ``DecodeOptions`` in Python checks the types and calls
@@ -107,9 +106,11 @@ MAX_BRANCHES = 16  # csrc/kernels/branches.h kMaxBranches (a static_assert compa
 MAX_GAP_TOKENS = 1 << 30  # sync_gap, refresh_tokens
 MIN_PROB_FLOOR = 0.01  # the probability maps hold at most 1 / prob_floor + 1 entries per position
 
-_FOLD = (
+_FOLD, _SHARE = (  # two long docs
     "feed a refresh's rows of identical canvases once, the twins taking that row's logits and K/V "
-    "(exact: the same tokens and counters, fewer query tokens; folded_rows / folded_tokens count them)"
+    "(exact: the same tokens and counters, fewer query tokens; folded_rows / folded_tokens count them)",
+    "every branch reads one copy of the prompt's K/V, written by the first row each refresh feeds (an "
+    "approximation: exact refreshes give each branch its own); its KV pages are held once (ALGORITHMS.md 11)",
 )
 OPTIONS: tuple[Option, ...] = (
     Option(
@@ -336,6 +337,7 @@ OPTIONS: tuple[Option, ...] = (
         group="blockbatch",
     ),
     Option("fold_rows", "bool", True, _FOLD, policies=("blockbatch",), group="blockbatch"),
+    Option("share_prompt_kv", "bool", False, _SHARE, policies=("blockbatch",), group="blockbatch"),
     Option(
         "edit_threshold",
         "float",

@@ -299,13 +299,20 @@ class Engine:
         return batches_on(self.device.type)
 
     def scheduler(
-        self, max_batch: int = 8, max_length: int | None = None, kv_budget_bytes: int = 0, adaptive: bool = True
+        self,
+        max_batch: int = 8,
+        max_length: int | None = None,
+        kv_budget_bytes: int = 0,
+        adaptive: bool = True,
+        kv_page_len: int = -1,
     ):
         """A ``BatchScheduler`` on this model (CPU; CUDA where ``batches``): submit requests at any
         time, each decoding with the others in one packed forward per step (``blockbatch.scheduler``).
         ``max_length``: the longest prompt + gen_length it accepts (default: the model's ``max_sequence_length``, at
         most 4096). ``adaptive``: give it the model's step-time curve (``step_curve``, measured on
-        first use) for ``branch_budget="auto"`` requests; False: they run their full branch set."""
+        first use) for ``branch_budget="auto"`` requests; False: they run their full branch set.
+        ``kv_page_len``: the KV pool's layout (-1 automatic: pages of 16 positions on the CPU, dense
+        rows on CUDA; 0 dense rows; > 0 pages of that many positions; ``BatchScheduler``)."""
         if not self.batches:
             raise ValueError(
                 f"the batching scheduler on {self.device} is off (BLOCKBATCH_CUDA_BATCHING=0): set "
@@ -324,6 +331,7 @@ class Engine:
             max_length=max_length,
             kv_budget_bytes=kv_budget_bytes,
             step_curve=self.step_curve if adaptive else None,
+            kv_page_len=kv_page_len,
         )
 
     def kv_report(self, options: DecodeOptions, prompt_length: int, kv_budget_bytes: int) -> dict[str, int]:

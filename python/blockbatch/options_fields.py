@@ -75,6 +75,9 @@ class DecodeOptionFields:
     fold_rows: bool = True
     """feed a refresh's rows of identical canvases once, the twins taking that row's logits and K/V (exact: the same
     tokens and counters, fewer query tokens; folded_rows / folded_tokens count them)."""
+    share_prompt_kv: bool = False
+    """every branch reads one copy of the prompt's K/V, written by the first row each refresh feeds (an
+    approximation: exact refreshes give each branch its own); its KV pages are held once (ALGORITHMS.md 11)."""
     edit_threshold: float | None = None
     """block (LLaDA2.1 token editing): in the same step, replace every generated committed token of the current
     block whose prediction differs with confidence above this. None: no editing (LLaDA2.0)."""

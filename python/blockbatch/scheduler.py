@@ -131,8 +131,11 @@ class BatchScheduler:
     does not fit now waits in the queue. ``step_curve``: seconds of a packed forward by query
     tokens, for ``branch_budget="auto"`` requests: ``"measure"`` (default: measured now, in at most
     ``calibrate_s`` seconds), a list of ``(tokens, seconds)`` points (e.g. from a GPU run's
-    ``benchmarks/bench_batch.py`` JSON), or None (auto requests run their full branch set). Use as
-    a context manager, or call ``close()``.
+    ``benchmarks/bench_batch.py`` JSON), or None (auto requests run their full branch set).
+    ``kv_page_len``: the pool's layout: -1 (automatic: pages of 16 positions on the CPU, dense rows
+    on CUDA until a GPU run has timed the paged kernels), 0 (dense rows of ``max_length``), or
+    pages of that many positions, so that a request holds pages for its own canvas, not for
+    ``max_length`` (docs/ALGORITHMS.md section 11). Use as a context manager, or call ``close()``.
     """
 
     def __init__(
@@ -144,8 +147,10 @@ class BatchScheduler:
         poll_s: float = 0.05,
         step_curve: str | list[tuple[int, float]] | None = "measure",
         calibrate_s: float = 1.0,
+        kv_page_len: int = -1,
     ):
         max_batch, max_length, kv_budget_bytes = _pool_arguments(max_batch, max_length, kv_budget_bytes)
+        kv_page_len = checked_int("kv_page_len", kv_page_len, -1, max_length)
         self._requests: dict[int, Request] = {}
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -185,6 +190,7 @@ class BatchScheduler:
                     [t for t, _ in points],
                     [s for _, s in points],
                     calibrate,
+                    kv_page_len,
                 )
             except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
                 self._error = e
@@ -225,7 +231,9 @@ class BatchScheduler:
 
     def counters(self) -> dict[str, int]:
         """queued, running, packed_forwards, request_forwards, kv_pool_rows, kv_rows_in_use,
-        kv_row_bytes, max_length, max_batch."""
+        kv_row_bytes, max_length, max_batch, padded_forwards, graph_captures, graph_replays, and the
+        pool in pages: kv_pages, kv_pages_in_use, kv_page_len, kv_paged (0: dense rows, counted as
+        pages of max_length)."""
         return dict(self._obj.counters())
 
     @property
@@ -309,7 +317,9 @@ def kv_report(model_obj, options: DecodeOptions, prompt_length: int, kv_budget_b
     }  # -1: no KV, no limit
 
 
-def check_pool(model_obj, max_batch: int, max_length: int, kv_budget_bytes: int = 0) -> dict[str, int]:
+def check_pool(
+    model_obj, max_batch: int, max_length: int, kv_budget_bytes: int = 0, kv_page_len: int = -1
+) -> dict[str, int]:
     """The KV pool a ``BatchScheduler(model_obj, max_batch, max_length, kv_budget_bytes)`` would
     take, checked without allocating it or starting anything: TypeError / ValueError naming the
     argument when one is not an integer in its range (max_length at most the model's
@@ -318,9 +328,11 @@ def check_pool(model_obj, max_batch: int, max_length: int, kv_budget_bytes: int 
     host's physical memory; a GPU's total memory). A server calls it before it starts, so that a
     pool it can never hold is one clear error rather than a failure inside its startup. Returns
     ``kv_pool_rows``, ``kv_row_bytes`` and ``kv_pool_bytes`` (the requests' rows; padded packs
-    take one more, the scratch row)."""
+    take one more, the scratch row; paged, rows of ``max_length`` rounded up to whole pages, held
+    as pages)."""
     max_batch, max_length, kv_budget_bytes = _pool_arguments(max_batch, max_length, kv_budget_bytes)
-    rows, row_bytes = torch.ops.blockbatch.check_kv_pool(model_obj, max_batch, max_length, kv_budget_bytes)
+    kv_page_len = checked_int("kv_page_len", kv_page_len, -1, max_length)
+    rows, row_bytes = torch.ops.blockbatch.check_kv_pool(model_obj, max_batch, max_length, kv_budget_bytes, kv_page_len)
     return {"kv_pool_rows": rows, "kv_row_bytes": row_bytes, "kv_pool_bytes": rows * row_bytes}
 
 

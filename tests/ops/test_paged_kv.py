@@ -149,6 +149,27 @@ def test_bad_page_tables_are_refused():
         )
 
 
+def test_writes_to_no_page_are_dropped():
+    """A write table entry -1 (share_prompt_kv: a shared page written through another row) drops
+    the writes of that page's slots and only those; the store is otherwise as the dense write."""
+    g = torch.Generator().manual_seed(4)
+    dense = torch.randn(2, 2, 2, 2, 12, 8, generator=g)
+    store, table = to_pages(dense, 4, g)
+    writes = table.clone()
+    writes[1, 0] = -1  # row 1 does not write its first page
+    k, v = torch.randn(6, 2, 8, generator=g), torch.randn(6, 2, 8, generator=g)
+    pos, cu, rows = torch.tensor([0, 5, 1, 2, 9, 11]), torch.tensor([0, 2, 6]), torch.tensor([0, 1])
+    want = dense.clone()
+    ops.kv_write_(want, k, v, pos, cu, rows, 1)
+    want[1, :, :, :, 1:3] = dense[1, :, :, :, 1:3]  # row 1's slots 1 and 2 are on the page not written
+    before = store.clone()
+    ops.kv_write_(store, k, v, pos, cu, rows, 1, writes)
+    assert torch.equal(from_pages(store, table, 12), want)
+    outside = torch.ones(store.shape[0], dtype=torch.bool)
+    outside[table.flatten()] = False
+    assert torch.equal(store[outside], before[outside])
+
+
 def test_paged_ops_pass_opcheck():
     # The utilities tests/ops/test_ops.py runs on every op (aot_dispatch_dynamic left out there too).
     utils = ("test_schema", "test_autograd_registration", "test_faketensor")

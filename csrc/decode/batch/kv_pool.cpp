@@ -1,6 +1,9 @@
 #include "decode/batch/kv_pool.h"
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/index_fill.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/util/Exception.h>
 
@@ -10,48 +13,112 @@
 
 namespace blockbatch {
 
-KvPool::KvPool(const Network& model, int64_t rows, int64_t max_length, bool scratch)
-    : rows_(rows), max_length_(max_length) {
-  TORCH_CHECK_VALUE(rows >= 0 && max_length > 0, "KvPool: rows >= 0 and max_length > 0");
+namespace {
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+}  // namespace
+
+KvPool::KvPool(const Network& model, int64_t capacity, int64_t max_length, int64_t page_len, int64_t table_rows,
+               bool scratch)
+    : capacity_(capacity), max_length_(max_length), page_len_(page_len),
+      per_row_(page_len > 0 ? ceil_div(max_length, page_len) : 1), table_rows_(page_len > 0 ? table_rows : capacity) {
+  TORCH_CHECK_VALUE(capacity >= 0 && max_length > 0 && page_len >= 0 && table_rows >= 0,
+                    "KvPool: capacity, table_rows, page_len >= 0 and max_length > 0");
   const c10::OptionalStreamGuard on(default_stream_of(model.device()));  // the pool where it is used
-  const int64_t all = rows + (scratch ? 1 : 0);
+  const int64_t slot = paged() ? page_len_ : max_length_;                // positions per page (dense: row)
+  const int64_t all = capacity + (scratch ? per_row_ : 0);
   if (all == 0) return;
-  // Uninitialised: take() zeroes each range as it hands it out, so the pages of rows never used are
-  // never touched (an mmap'd CPU allocation then takes no memory for them).
-  const at::Tensor like = model.new_kv(0, max_length);  // the layout (and max_length's check)
+  // Uninitialised: take() zeroes what it hands out, so the pages of rows never used are never
+  // touched (an mmap'd CPU allocation then takes no memory for them).
+  const at::Tensor like = model.new_kv(0, slot);  // the layout (and the length's check)
   std::vector<int64_t> shape = like.sizes().vec();
   shape[0] = all;
   double bytes = static_cast<double>(c10::elementSize(like.scalar_type()));
   for (int64_t d : shape) bytes *= static_cast<double>(d);
   try {
-    pool_ = at::empty(shape, like.options());
+    store_ = at::empty(shape, like.options());
   } catch (const c10::Error& e) {  // OutOfMemoryError (CUDA), the CPU allocator's enforce
-    TORCH_CHECK_VALUE(false, "the KV pool of ", all, " rows of ", max_length, " positions (",
+    TORCH_CHECK_VALUE(false, "the KV pool of ", all, paged() ? " pages of " : " rows of ", slot, " positions (",
                       bytes / static_cast<double>(int64_t{1} << 30), " GiB) cannot be allocated on ", model.device(),
                       ": lower kv_budget_bytes, max_batch or max_length (", e.what_without_backtrace(), ")");
   }
-  if (scratch) pool_.narrow(0, rows, 1).zero_();  // every padded pack writes it
+  if (scratch) store_.narrow(0, capacity, per_row_).zero_();  // every padded pack writes it
+  if (!paged()) return;
+  table_ = at::full({table_rows_ + (scratch ? 1 : 0), per_row_}, -1, like.options().dtype(at::kLong));
+  if (scratch) {
+    std::vector<int64_t> own(static_cast<size_t>(per_row_));
+    for (int64_t i = 0; i < per_row_; ++i) own[static_cast<size_t>(i)] = capacity + i;
+    table_.narrow(0, table_rows_, 1).copy_(at::from_blob(own.data(), {1, per_row_}, at::kLong));
+  }
+  write_table_ = table_.clone();
+  free_pages_.reserve(static_cast<size_t>(capacity));
+  for (int64_t p = capacity - 1; p >= 0; --p) free_pages_.push_back(p);  // the lowest on top
 }
 
-std::optional<KvPool::Lease> KvPool::take(int64_t rows) {
-  TORCH_CHECK_VALUE(rows >= 1 && rows <= rows_, "a request needs ", rows, " KV rows of ", max_length_,
-                    " positions but the KV budget holds ", rows_,
-                    " (raise kv_budget_bytes, or decode it with fewer block sizes)");
-  int64_t at = 0;  // first fit, the ranges in row order
+int64_t KvPool::pages_for(int64_t rows, int64_t length, int64_t shared) const {
+  return paged() ? shared + rows * (ceil_div(length, page_len_) - shared) : rows;
+}
+
+bool KvPool::fits(int64_t rows, int64_t length, int64_t shared) const {
+  return rows <= table_rows_ && length <= max_length_ && pages_for(rows, length, shared) <= capacity_;
+}
+
+std::optional<int64_t> KvPool::first_fit(int64_t rows, int64_t limit) const {
+  int64_t at = 0;  // the ranges in row order
   for (const auto& [first, n] : taken_) {
     if (first - at >= rows) break;
     at = first + n;
   }
-  if (at + rows > rows_) return std::nullopt;
-  taken_[at] = rows;
-  in_use_ += rows;
-  Lease lease{at, rows, pool_.narrow(0, at, rows)};
-  lease.view.zero_();  // as a fresh buffer: nothing of an earlier request is ever read
+  if (at + rows > limit) return std::nullopt;
+  return at;
+}
+
+std::optional<KvPool::Lease> KvPool::take(int64_t rows, int64_t length, int64_t shared) {
+  TORCH_CHECK_VALUE(shared >= 0 && (shared == 0 || (paged() && shared <= length / page_len_)),
+                    "KvPool: shared pages must be whole pages of the canvas, in a paged pool");
+  TORCH_CHECK_VALUE(rows >= 1 && fits(rows, length, shared), "a request needs ", rows, " KV rows of ", length,
+                    " positions (", pages_for(rows, length, shared), paged() ? " pages" : " rows",
+                    ") but the KV pool holds ", capacity_, paged() ? " pages" : " rows",
+                    " (raise kv_budget_bytes, or decode it with fewer block sizes)");
+  const std::optional<int64_t> at = first_fit(rows, table_rows_);
+  if (!at) return std::nullopt;
+  Lease lease{*at, rows, {}, {}};
+  if (!paged()) {
+    lease.kv.kv = store_.narrow(0, *at, rows);
+    lease.kv.kv.zero_();  // as a fresh buffer: nothing of an earlier request is ever read
+  } else {
+    const int64_t need = pages_for(rows, length, shared), per = ceil_div(length, page_len_);
+    if (static_cast<int64_t>(free_pages_.size()) < need) return std::nullopt;
+    for (int64_t i = 0; i < need; ++i) {
+      lease.pages.push_back(free_pages_.back());
+      free_pages_.pop_back();
+    }
+    // Each row reads and writes its own pages; the shared ones are row 0's, written through it.
+    PageTables t = page_tables(lease.pages, rows, per_row_, per, shared);
+    at::Tensor table = table_.narrow(0, *at, rows);
+    table.copy_(at::from_blob(t.read.data(), {rows, per_row_}, at::kLong));
+    at::Tensor writes = write_table_.narrow(0, *at, rows);
+    writes.copy_(at::from_blob(t.write.data(), {rows, per_row_}, at::kLong));
+    const at::Tensor pages = at::from_blob(lease.pages.data(), {need}, at::kLong).to(store_.device(), false, true);
+    store_.index_fill_(0, pages, 0);  // as fresh pages: nothing of an earlier request is ever read
+    lease.kv = KvRows{store_, table, writes};
+  }
+  taken_[*at] = rows;
+  in_use_ += paged() ? static_cast<int64_t>(lease.pages.size()) : rows;
+  rows_ += rows;
   return lease;
 }
 
 void KvPool::give_back(const Lease& lease) {
-  if (taken_.erase(lease.first)) in_use_ -= lease.rows;
+  if (!taken_.erase(lease.first)) return;
+  rows_ -= lease.rows;
+  if (!paged()) {
+    in_use_ -= lease.rows;
+    return;
+  }
+  table_.narrow(0, lease.first, lease.rows).fill_(-1);  // no row names a page it gave back
+  write_table_.narrow(0, lease.first, lease.rows).fill_(-1);
+  for (auto it = lease.pages.rbegin(); it != lease.pages.rend(); ++it) free_pages_.push_back(*it);
+  in_use_ -= static_cast<int64_t>(lease.pages.size());
 }
 
 }  // namespace blockbatch

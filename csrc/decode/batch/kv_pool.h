@@ -1,11 +1,16 @@
-// The KV memory many requests share (decode/batch/scheduler.h): one pool
-// [rows, layers, 2, kv_heads, max_length, head_dim] sized from a byte budget, handing out
-// contiguous row ranges (first fit), each zeroed as it is handed out.
+// The KV memory many requests share (decode/batch/scheduler.h), sized from a byte budget, in one of
+// two layouts:
+//   dense (page_len 0): rows [rows, layers, 2, kv_heads, max_length, head_dim]; a request takes a
+//     contiguous range of rows (first fit), each of the pool's full length;
+//   paged (page_len > 0): a page store [pages, layers, 2, kv_heads, page_len, head_dim] and a page
+//     table [table rows, length / page_len] on the device; a request takes a contiguous range of
+//     table rows and, per row, the pages its canvas needs (ceil(canvas length / page_len), any free
+//     ones); the entries past its canvas are -1 (no page). The budget counts pages, so a short
+//     request holds short rows (ALGORITHMS.md section 11).
 //
-// The pool is allocated uninitialised and each range is zeroed when it is taken (the scratch row
-// at once), so no forward reads a row that was not zeroed, and the memory the pool holds (the pages
-// touched) grows with the rows used, not with the budget: a server sized for 500 requests does not
-// hold their KV at start.
+// The memory is allocated uninitialised and what a request takes is zeroed when it is taken (the
+// scratch row at once), so no forward reads K/V of an earlier request, and the memory the pool
+// touches grows with the rows used, not with the budget.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -14,37 +19,59 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <vector>
 
+#include "decode/step.h"  // KvRows
 #include "model/network.h"
 
 namespace blockbatch {
 
 class KvPool {
  public:
-  // rows: the rows requests may take; scratch: one more, the scratch row of padded packs
-  // (decode/batch/pack.h), which no request owns. A pool that cannot be allocated throws
-  // c10::ValueError naming its size.
-  KvPool(const Network& model, int64_t rows, int64_t max_length, bool scratch);
+  // Dense: `capacity` rows of max_length positions. Paged: `capacity` pages of page_len positions
+  // and `table_rows` page-table rows of ceil(max_length / page_len) pages. scratch: one more row
+  // (with its own pages), the scratch row of padded packs (decode/batch/pack.h), which no request
+  // owns. A pool that cannot be allocated throws c10::ValueError naming its size.
+  KvPool(const Network& model, int64_t capacity, int64_t max_length, int64_t page_len, int64_t table_rows,
+         bool scratch);
 
   struct Lease {
-    int64_t first = 0, rows = 0;
-    at::Tensor view;  // [rows, layers, 2, kv_heads, max_length, head_dim], zeroed
+    int64_t first = 0, rows = 0;  // rows [first, first + rows) of the pool (dense) or of its table
+    std::vector<int64_t> pages;   // paged: the pages it holds
+    KvRows kv;                    // dense: its rows' view; paged: the store and its table rows' view
   };
-  // `rows` contiguous rows (>= 1, <= rows()), or nullopt while they are not free.
-  std::optional<Lease> take(int64_t rows);
+  // `rows` KV rows for a canvas of `length` positions (rows >= 1, fits()), zeroed, or nullopt while
+  // they are not free. shared (paged): the first `shared` pages of every row are the same pages
+  // (share_prompt_kv: the prompt's complete pages); the lease's write table names them in its first
+  // row only until its holder says otherwise.
+  std::optional<Lease> take(int64_t rows, int64_t length, int64_t shared = 0);
   void give_back(const Lease& lease);
+  // Whether `rows` rows of `length` positions (`shared` pages common) fit the pool when nothing
+  // else holds any.
+  bool fits(int64_t rows, int64_t length, int64_t shared = 0) const;
+  // Pages (dense: rows) `rows` rows of `length` positions hold, `shared` of each row's common.
+  int64_t pages_for(int64_t rows, int64_t length, int64_t shared = 0) const;
 
-  int64_t rows() const { return rows_; }
-  int64_t in_use() const { return in_use_.load(); }  // any thread
+  bool paged() const { return page_len_ > 0; }
+  int64_t page_len() const { return paged() ? page_len_ : max_length_; }
+  int64_t capacity() const { return capacity_; }        // pages (dense: rows)
+  int64_t in_use() const { return in_use_.load(); }     // pages (dense: rows) taken; any thread
+  int64_t rows_in_use() const { return rows_.load(); }  // KV rows taken; any thread
   int64_t max_length() const { return max_length_; }
-  int64_t scratch_row() const { return rows_; }  // valid when built with scratch
-  const at::Tensor& tensor() const { return pool_; }
+  // The KV row padded packs write (the dense pool's last row, or the table's).
+  int64_t scratch_row() const { return paged() ? table_rows_ : capacity_; }
+  const at::Tensor& tensor() const { return store_; }             // the rows (dense) or the page store
+  const at::Tensor& table() const { return table_; }              // paged: [table rows (+ scratch), pages per row]
+  const at::Tensor& write_table() const { return write_table_; }  // paged: where each row's writes go
 
  private:
-  const int64_t rows_, max_length_;
-  at::Tensor pool_;
-  std::map<int64_t, int64_t> taken_;  // first row -> rows
-  std::atomic<int64_t> in_use_{0};
+  std::optional<int64_t> first_fit(int64_t rows, int64_t limit) const;
+
+  const int64_t capacity_, max_length_, page_len_, per_row_, table_rows_;
+  at::Tensor store_, table_, write_table_;
+  std::map<int64_t, int64_t> taken_;  // first row -> rows (dense: pool rows; paged: table rows)
+  std::vector<int64_t> free_pages_;   // paged: a stack, lowest page on top
+  std::atomic<int64_t> in_use_{0}, rows_{0};
 };
 
 }  // namespace blockbatch

@@ -140,6 +140,8 @@ void PackedForward::run(std::vector<Entry>& entries) {
       packed.logit_index = at::cat(logit);
       if (with_kv) {
         packed.kv = pool_.tensor();
+        packed.kv_pages = pool_.table();  // undefined for a dense pool
+        packed.kv_write_pages = pool_.write_table();
         packed.kv_rows = at::cat(rows);
         packed.kv_lens = at::cat(lens);
       }

@@ -13,6 +13,7 @@
 #include "decode/decoder.h"
 #include "decode/step.h"
 #include "decode/stop.h"
+#include "kernels/branches.h"  // kMaxBranches: the most KV rows a request holds
 
 #ifdef BLOCKBATCH_WITH_CUDA
 #include "ops/cuda/settings.h"  // cuda_batching
@@ -27,6 +28,21 @@ int64_t kv_rows_needed(const DecodeOptions& o) {
 
 int64_t kv_row_bytes(const ModelConfig& c, c10::ScalarType dtype, int64_t length) {
   return c.n_layers * 2 * c.n_kv_heads * length * c.head_dim() * static_cast<int64_t>(c10::elementSize(dtype));
+}
+
+int64_t resolve_kv_page_len(c10::Device device, int64_t kv_page_len) {
+  TORCH_CHECK_VALUE(kv_page_len >= -1, "kv_page_len must be -1 (automatic), 0 (dense rows) or a page length >= 1, got ",
+                    kv_page_len);
+  if (kv_page_len >= 0) return kv_page_len;
+  return device.is_cpu() ? kDefaultKvPageLen : 0;  // CUDA: dense until a GPU run times the paged kernels
+}
+
+int64_t shared_prompt_pages(const DecodeOptions& o, int64_t prompt_len, int64_t page_len) {
+  return o.policy == Policy::kBlockBatch && o.share_prompt_kv && page_len > 0 ? prompt_len / page_len : 0;
+}
+
+int64_t pool_row_length(int64_t max_length, int64_t page_len) {
+  return page_len > 0 ? (max_length + page_len - 1) / page_len * page_len : max_length;
 }
 
 namespace {
@@ -85,6 +101,8 @@ bool check_batching_device(c10::Device device, const char* who) {
 // The KV rows a budget of `bytes` gives the requests: padded packs keep one (the scratch row).
 int64_t budget_rows(int64_t bytes, int64_t row_bytes, bool pad) { return bytes / row_bytes - (pad ? 1 : 0); }
 
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 // KV rows of one request with the family's default BlockBatch branches: the pool's rows per
 // request when no budget is given.
 int64_t default_request_rows(const ModelConfig& c) {
@@ -98,7 +116,7 @@ double gib(double bytes) { return bytes / static_cast<double>(int64_t{1} << 30);
 }  // namespace
 
 int64_t scheduler_pool_rows(const Network& model, int64_t max_batch, int64_t max_length, int64_t kv_budget_bytes,
-                            bool pad_packs) {
+                            bool pad_packs, int64_t kv_page_len) {
   const bool pad = check_batching_device(model.device(), "the batching scheduler") || pad_packs;
   const ModelConfig& c = model.config();
   TORCH_CHECK_VALUE(max_batch >= 1, "max_batch must be >= 1, got ", max_batch);
@@ -109,7 +127,8 @@ int64_t scheduler_pool_rows(const Network& model, int64_t max_batch, int64_t max
                     max_length);
   TORCH_CHECK_VALUE(kv_budget_bytes >= 0, "kv_budget_bytes must be >= 0 (0: room for max_batch requests), got ",
                     kv_budget_bytes);
-  const int64_t row_bytes = kv_row_bytes(c, model.dtype(), max_length);
+  const int64_t page_len = resolve_kv_page_len(model.device(), kv_page_len);
+  const int64_t row_bytes = kv_row_bytes(c, model.dtype(), pool_row_length(max_length, page_len));
   // In double: max_batch x rows per request may not fit an int64; the pool's size is checked first.
   const double rows = kv_budget_bytes > 0
                           ? static_cast<double>(budget_rows(kv_budget_bytes, row_bytes, pad))
@@ -192,10 +211,12 @@ struct Scheduler::Live {
 };
 
 Scheduler::Scheduler(const Network& model, int64_t max_batch, int64_t max_length, int64_t kv_budget_bytes,
-                     StepCurve curve, double calibrate_s, bool pad_packs)
+                     StepCurve curve, double calibrate_s, bool pad_packs, int64_t kv_page_len)
     : model_(model), max_batch_(max_batch), max_length_(max_length),
-      row_bytes_(kv_row_bytes(model.config(), model.dtype(),
-                              std::clamp<int64_t>(max_length, 1, model.config().max_sequence_length))),
+      page_len_(resolve_kv_page_len(model.device(), kv_page_len)),
+      row_bytes_(kv_row_bytes(
+          model.config(), model.dtype(),
+          pool_row_length(std::clamp<int64_t>(max_length, 1, model.config().max_sequence_length), page_len_))),
       curve_(std::move(curve)) {
   const bool graphs = check_batching_device(model.device(), "the batching scheduler");
   TORCH_CHECK_VALUE(curve_.tokens.size() == curve_.seconds.size(), "the step curve has ", curve_.tokens.size(),
@@ -209,11 +230,17 @@ Scheduler::Scheduler(const Network& model, int64_t max_batch, int64_t max_length
         i, " is (", curve_.tokens[i], ", ", curve_.seconds[i], ")");
   }
   // The pool checked before the curve is measured (up to calibrate_s).
-  const int64_t rows = scheduler_pool_rows(model, max_batch, max_length, kv_budget_bytes, pad_packs);
+  const int64_t rows = scheduler_pool_rows(model, max_batch, max_length, kv_budget_bytes, pad_packs, page_len_);
   const c10::OptionalStreamGuard on(default_stream_of(model.device()));  // the step curve, the pool
   if (curve_.empty() && calibrate_s > 0) curve_ = measure_step_curve(model, calibrate_s);
   const bool pad = pad_packs || graphs;
-  pool_ = std::make_unique<KvPool>(model, rows, max_length, pad);
+  if (page_len_ > 0) {  // the budget's rows as pages; KV rows in the table for max_batch requests of any length
+    const int64_t per_row = (max_length + page_len_ - 1) / page_len_;
+    const int64_t table_rows = std::min(rows * per_row, std::max(rows, max_batch * branches::kMaxBranches));
+    pool_ = std::make_unique<KvPool>(model, rows * per_row, max_length, page_len_, table_rows, pad);
+  } else {
+    pool_ = std::make_unique<KvPool>(model, rows, max_length, 0, 0, pad);
+  }
   packed_ = std::make_unique<PackedForward>(model, *pool_, pad, graphs);
 }
 
@@ -234,9 +261,14 @@ int64_t Scheduler::add(const std::vector<int64_t>& prompt, const DecodeOptions& 
   TORCH_CHECK_VALUE(length <= max_length_, "the prompt (", lp, " tokens) plus gen_length (", o.gen_length, ") needs ",
                     length, " positions but this scheduler's max_length is ", max_length_,
                     " (shorten the prompt or gen_length, or raise max_length)");
-  TORCH_CHECK_VALUE(rows <= pool_->rows(), "the request needs ", rows, " KV rows of ", row_bytes_,
-                    " bytes but the KV budget holds ", pool_->rows(),
-                    " (raise kv_budget_bytes, or decode it with fewer block sizes)");
+  TORCH_CHECK_VALUE(!(o.policy == Policy::kBlockBatch && o.share_prompt_kv) || pool_->paged(),
+                    "share_prompt_kv needs a paged KV pool: this scheduler's pool is dense rows (kv_page_len = 0",
+                    model_.device().is_cpu() ? "" : "; the automatic layout on CUDA", "); give kv_page_len > 0");
+  const int64_t shared = shared_prompt_pages(o, lp, page_len_);
+  TORCH_CHECK_VALUE(pool_->fits(rows, length, shared), "the request needs ", rows, " KV rows of ", length,
+                    " positions (", pool_->pages_for(rows, length, shared), pool_->paged() ? " pages of " : " rows of ",
+                    pool_->paged() ? pool_->page_len() : max_length_, " positions) but the KV budget holds ",
+                    pool_->capacity(), " (raise kv_budget_bytes, or decode it with fewer block sizes)");
   auto r = std::make_shared<Request>();
   r->prompt = prompt;
   r->options = options;
@@ -285,7 +317,7 @@ bool Scheduler::admit() {
     auto l = std::make_unique<Live>();
     const int64_t rows = kv_rows_needed(o);
     if (rows > 0) {
-      l->kv = pool_->take(rows);
+      l->kv = pool_->take(rows, r->length, shared_prompt_pages(o, static_cast<int64_t>(r->prompt.size()), page_len_));
       if (!l->kv) return any;  // in order: it waits for rows (the requests decoding free them)
     }
     l->r = r;
@@ -303,7 +335,7 @@ bool Scheduler::admit() {
     l->progress = [this, req = r.get()](const int64_t* x, int64_t n) { report(*req, x, n); };
     try {
       l->stop = std::make_unique<Stop>(o.timeout_s, &r->cancel, r->stream ? &l->progress : nullptr, &r->reason);
-      l->d = make_decoder(model_, r->prompt, o, *l->stop, l->kv ? l->kv->view : at::Tensor());
+      l->d = make_decoder(model_, r->prompt, o, *l->stop, l->kv ? l->kv->kv : KvRows{});
     } catch (...) {
       retire(*l, failed_event(r->id, std::current_exception(), r->cancel, r->reason));
       continue;
@@ -484,14 +516,18 @@ Scheduler::Counters Scheduler::counters() const {
                   static_cast<int64_t>(running_.size()),
                   steps_.load(),
                   forwards_.load(),
-                  pool_->rows(),
-                  pool_->in_use(),
+                  pool_->paged() ? pool_->capacity() / ((max_length_ + page_len_ - 1) / page_len_) : pool_->capacity(),
+                  pool_->rows_in_use(),
                   row_bytes_,
                   max_length_,
                   max_batch_,
                   packed_->padded(),
                   packed_->graph_captures(),
-                  packed_->graph_replays()};
+                  packed_->graph_replays(),
+                  pool_->capacity(),
+                  pool_->in_use(),
+                  pool_->page_len(),
+                  pool_->paged()};
 }
 
 void Scheduler::push(RequestEvent ev) {
@@ -557,7 +593,9 @@ std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<s
     }
   }
   const int64_t workers = std::min(max_batch, std::max<int64_t>(n, 1));
-  const int64_t row_bytes = kv_row_bytes(c, model.dtype(), max_length);
+  // Rows of max_length (rounded up to whole pages when the pool is paged: the scheduler's unit).
+  const int64_t row_bytes =
+      kv_row_bytes(c, model.dtype(), pool_row_length(max_length, resolve_kv_page_len(model.device(), -1)));
   int64_t pool_rows = kv_budget_bytes > 0 ? budget_rows(kv_budget_bytes, row_bytes, pad) : 0;
   if (kv_budget_bytes == 0) {  // room for the `workers` largest requests
     std::vector<int64_t> sorted = rows_of;

@@ -50,6 +50,17 @@ int64_t kv_rows_needed(const DecodeOptions& resolved);
 // Bytes of one KV row of `length` positions on `config`'s model in `dtype`.
 int64_t kv_row_bytes(const ModelConfig& config, c10::ScalarType dtype, int64_t length);
 
+// The KV pool's layout (decode/batch/kv_pool.h): kv_page_len -1 (automatic) is paged in pages of
+// kDefaultKvPageLen positions on the CPU and dense rows on CUDA (until a GPU run has timed the
+// paged attention against the dense one); 0 dense rows; > 0 pages of that many positions
+// (kDefaultKvPageLen: decode/step.h).
+int64_t resolve_kv_page_len(c10::Device device, int64_t kv_page_len);
+// Positions of one pool row: max_length, rounded up to whole pages when paged.
+int64_t pool_row_length(int64_t max_length, int64_t page_len);
+// Pages every KV row of a request shares in a pool of `page_len` (share_prompt_kv: the prompt's
+// complete pages; otherwise 0).
+int64_t shared_prompt_pages(const DecodeOptions& resolved, int64_t prompt_len, int64_t page_len);
+
 // Measures the curve on `model`: forwards of T = 16, 32, 64, ... query tokens (rows of up to 128
 // tokens, full mode, logits for every token as a block step has), the median of 3 after a
 // warm-up, doubling T until one forward takes more than limit_s / 8, T reaches 4096 or limit_s
@@ -81,7 +92,7 @@ std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<s
 // naming kv_budget_bytes, max_batch, max_length and the sizes in GiB. A server calls it before
 // it starts (torch.ops.blockbatch.check_kv_pool).
 int64_t scheduler_pool_rows(const Network& model, int64_t max_batch, int64_t max_length, int64_t kv_budget_bytes,
-                            bool pad_packs = false);
+                            bool pad_packs = false, int64_t kv_page_len = -1);
 
 class Scheduler {
  public:
@@ -93,8 +104,9 @@ class Scheduler {
   // (batching.h: one stream; eager steps, or with =graphs padded steps replayed from CUDA graphs).
   // pad_packs: pad every packed forward as the graphs do, also on the CPU (a check that padding
   // changes no result). Padding takes one KV row of the budget (the scratch row).
+  // kv_page_len: the pool's layout (resolve_kv_page_len; -1 automatic).
   Scheduler(const Network& model, int64_t max_batch, int64_t max_length, int64_t kv_budget_bytes, StepCurve curve = {},
-            double calibrate_s = 0.0, bool pad_packs = false);
+            double calibrate_s = 0.0, bool pad_packs = false, int64_t kv_page_len = -1);
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -117,6 +129,8 @@ class Scheduler {
   struct Counters {
     int64_t queued, running, steps, forwards, pool_rows, rows_in_use, row_bytes, max_length, max_batch;
     int64_t padded, graph_captures, graph_replays;
+    // The pool in pages (dense: rows, page_len = max_length, paged = 0): all, taken, their length.
+    int64_t kv_pages, kv_pages_in_use, kv_page_len, kv_paged;
   };
   Counters counters() const;
   const StepCurve& step_curve() const { return curve_; }
@@ -141,7 +155,7 @@ class Scheduler {
   void push(RequestEvent ev);
 
   const Network& model_;
-  const int64_t max_batch_, max_length_, row_bytes_;
+  const int64_t max_batch_, max_length_, page_len_, row_bytes_;
   StepCurve curve_;
   std::unique_ptr<KvPool> pool_;
   std::unique_ptr<PackedForward> packed_;

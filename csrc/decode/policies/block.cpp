@@ -42,14 +42,14 @@ namespace {
 class BlockDecoder final : public Decoder {
  public:
   BlockDecoder(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o, const Stop& stop,
-               at::Tensor kv)
+               KvRows kv)
       : c_(model.config()), o_(o), stop_(stop), lp_(static_cast<int64_t>(prompt.size())), B_(o.block_length),
         L_(canvas_length(o, lp_)), blocks_(L_ / B_), editing_(o.edit_threshold.has_value()),
         threshold_(o.threshold.value_or(std::numeric_limits<double>::infinity())),
         schedule_(editing_ ? std::vector<int64_t>{} : transfer_schedule()) {
     x_ = prompt;
     x_.resize(L_, c_.mask_token_id);
-    kv_ = kv.defined() ? std::move(kv) : model.new_kv(1, L_);
+    kv_ = kv.defined() ? std::move(kv) : KvRows{model.new_kv(1, L_), {}};
     st_.branches.push_back(BranchStats{B_});
     block_ = lp_ / B_;
     start_block();
@@ -244,7 +244,7 @@ class BlockDecoder final : public Decoder {
 }  // namespace
 
 std::unique_ptr<Decoder> block_decoder(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
-                                       const Stop& stop, at::Tensor kv) {
+                                       const Stop& stop, KvRows kv) {
   return std::make_unique<BlockDecoder>(model, prompt, o, stop, std::move(kv));
 }
 

@@ -45,6 +45,7 @@
 
 #include "decode/family.h"
 #include "decode/policies/host_canvas.h"
+#include "decode/policies/shared_prompt.h"
 #include "kernels/branches.h"
 #include "ops/ops.h"
 
@@ -157,7 +158,7 @@ constexpr double kEosTie = 1.0 / (1 << 23);
 class DeviceBranches final : public Branches {
  public:
   DeviceBranches(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
-                 const std::vector<int64_t>& sizes, at::Tensor kv)
+                 const std::vector<int64_t>& sizes, KvRows kv)
       : Branches(static_cast<int64_t>(sizes.size())), model_(model), o_(o), c_(model.config()),
         lp_(static_cast<int64_t>(prompt.size())), G_(o.gen_length), L_(lp_ + G_),
         B_(static_cast<int64_t>(sizes.size())), K_(static_cast<int64_t>(std::floor(1.0 / *o.prob_floor)) + 1),
@@ -230,8 +231,10 @@ class DeviceBranches final : public Branches {
     }
     const at::Tensor lg = logits.contiguous();
     const int64_t S = spans_in(p);
-    if (p.kind == StepKind::kInit) ops::kv_copy_rows_(kv_, sync_src_);  // the batch-1 forward filled row 0
-    if (p.kind == StepKind::kRefresh) ops::kv_copy_rows_(kv_, buffer.narrow(0, p.base + S * br::kSpanFields, B_));
+    if (p.kind == StepKind::kInit)
+      ops::kv_copy_rows_(kv_.kv, sync_src_, kv_.table());  // the batch-1 forward filled row 0
+    if (p.kind == StepKind::kRefresh)
+      ops::kv_copy_rows_(kv_.kv, buffer.narrow(0, p.base + S * br::kSpanFields, B_), kv_.table());
     if (sampling_) return {lg.to(at::kDouble)};
     auto [token, conf] = ops::confidence(lg, c_.mask_token_id);
     auto [ids, probs] = ops::sparse_probs(lg, *o_.prob_floor, K_);
@@ -324,11 +327,10 @@ class DeviceBranches final : public Branches {
     const at::Tensor w = active.to(at::kDouble);
     const at::Tensor n = w.sum();
     // A pooled KV row (batched decoding) is longer than the canvas: only the canvas' L positions count.
-    const at::Tensor own = kv_.size(4) == L_ ? kv_ : kv_.narrow(4, 0, L_).contiguous();
-    const at::Tensor rows = own.reshape({B_, c_.n_layers * 2, -1});  // [branch, (layer, K/V), elements]
     std::vector<at::Tensor> sq, spread;  // per layer: [B, 2] squared distances, [2] 1 - |mean|^2
     for (int64_t l = 0; l < c_.n_layers; ++l) {
-      at::Tensor x = rows.narrow(1, 2 * l, 2).to(at::kDouble);
+      // [branch, K/V, elements] of this layer (paged rows: gathered from their pages)
+      at::Tensor x = kv_.layer_rows(l, L_).reshape({B_, 2, -1}).to(at::kDouble);
       x = x / x.norm(2, {-1}, true).clamp_min(1e-30);
       const at::Tensor mu = (x * w.view({B_, 1, 1})).sum(0) / n;
       sq.push_back((x - mu).pow(2).sum(-1));
@@ -346,7 +348,7 @@ class DeviceBranches final : public Branches {
     const bool periodic = o_.refresh_mode == RefreshMode::kPeriodic;
     ops::bb_coordinate_(canvas_, state_, eos_prob_, flags_, sync_src_, map_ids_, map_probs_, lp_, c_.mask_token_id,
                         o_.merge_gate, o_.merge, o_.sync, o_.sync_gap, o_.refresh_tokens, periodic);
-    ops::kv_copy_rows_(kv_, sync_src_);
+    ops::kv_copy_rows_(kv_.kv, sync_src_, kv_.table());
     if (!periodic && o_.refresh_tokens > 0) flags_.narrow(0, br::kRefreshWanted, 1).copy_(diverged());
     if (o_.sync_refresh) {  // a branch that received the leader's row (and is not done) refreshes: on the device
       const at::Tensor synced = (sync_src_.ge(0) & state_.select(1, br::kDone).eq(0)).any().to(at::kLong).reshape({1});
@@ -371,7 +373,8 @@ class DeviceBranches final : public Branches {
   std::vector<double> eos_;
   int64_t flags_h_[br::kFlags] = {0, 0};
   // Device state (rows = branches by ascending block size; see kernels/branches.h).
-  at::Tensor kv_, canvas_, state_, eos_prob_, map_ids_, map_probs_, flags_, sync_src_;
+  KvRows kv_;
+  at::Tensor canvas_, state_, eos_prob_, map_ids_, map_probs_, flags_, sync_src_;
 };
 
 constexpr double kMaskPenalty = -1e4;  // written into the mask id's logit before ranking
@@ -387,7 +390,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 class HostBranches final : public Branches {
  public:
   HostBranches(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
-               const FamilyRules& rules, const std::vector<int64_t>& sizes, at::Tensor kv)
+               const FamilyRules& rules, const std::vector<int64_t>& sizes, KvRows kv)
       : Branches(static_cast<int64_t>(sizes.size())), o_(o), rules_(rules), mask_(model.config().mask_token_id),
         limit_(model.config().proposal_limit()), eos_(*o.stop_on_eos ? model.config().eos_token_id : -1),
         lp_(static_cast<int64_t>(prompt.size())), G_(o.gen_length), L_(lp_ + G_),
@@ -452,16 +455,24 @@ class HostBranches final : public Branches {
   }
 
   std::vector<at::Tensor> after_forward(const StepPlan& p, const at::Tensor& buffer, const at::Tensor&) override {
-    if (p.kind == StepKind::kRefresh) ops::kv_copy_rows_(kv_, buffer.narrow(0, p.base + B_ * L_, B_));
+    if (p.kind == StepKind::kRefresh) ops::kv_copy_rows_(kv_.kv, buffer.narrow(0, p.base + B_ * L_, B_), kv_.table());
     return {};
   }
 
   void absorb(const StepPlan& p, const at::Tensor& out, const std::vector<at::Tensor>&) override {
     if (p.kind == StepKind::kBlock) return absorb_block(out);
-    if (p.kind == StepKind::kInit && B_ > 1) {  // the batch-1 forward filled row 0
-      kv_.narrow(0, 1, B_ - 1).copy_(kv_.narrow(0, 0, 1).expand_as(kv_.narrow(0, 1, B_ - 1)));
+    if (p.kind == StepKind::kInit && B_ > 1) {  // the batch-1 forward filled row 0: every row copies it
+      std::vector<int64_t> src(B_, 0);
+      src[0] = -1;
+      copy_rows(src);
     }
     seed(out);
+  }
+
+  // kv_copy_rows_ of the rows src names (-1: keep), from a host map.
+  void copy_rows(std::vector<int64_t> src) {
+    const at::Tensor s = at::from_blob(src.data(), {B_}, at::kLong).to(kv_.kv.device(), false, /*copy=*/true);
+    ops::kv_copy_rows_(kv_.kv, s, kv_.table());
   }
 
   void coordinate() override {
@@ -472,11 +483,8 @@ class HostBranches final : public Branches {
     if (!o_.sync) return;
     std::vector<int64_t> src(B_, -1);  // the rows each synced branch copied: its KV row follows
     br::sync_step(br::SerialExec{}, view(), src.data(), p_);
-    for (int64_t b = 0; b < B_; ++b) {
-      if (src[b] < 0) continue;
-      kv_.select(0, b).copy_(kv_.select(0, src[b]));
-      synced_ = synced_ || !done(b);
-    }
+    for (int64_t b = 0; b < B_; ++b) synced_ = synced_ || (src[b] >= 0 && !done(b));
+    if (std::any_of(src.begin(), src.end(), [](int64_t s) { return s >= 0; })) copy_rows(src);
   }
 
   // Some branch not done advanced refresh_tokens tokens since its last seed, or (sync_refresh) the
@@ -687,7 +695,7 @@ class HostBranches final : public Branches {
   const int64_t mask_, limit_, eos_, lp_, G_, L_, B_;
   const float threshold_;  // compared with float32 probabilities
   const int64_t K_;
-  at::Tensor kv_;
+  KvRows kv_;
   const br::CoordinateParams p_;  // the merge gate and the window and clock rules of FamilyRules
   std::vector<int64_t> x_;        // the canvases: B rows of L, concatenated
   int64_t map_k_ = 0;             // slots per map entry (grown when an entry accumulates more)
@@ -703,13 +711,18 @@ class HostBranches final : public Branches {
 class BlockBatch final : public Decoder {
  public:
   BlockBatch(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o, const Stop& stop,
-             at::Tensor kv)
+             KvRows kv)
       : rules_(rules_for(model.config().family)), stop_(stop), lp_(static_cast<int64_t>(prompt.size())),
         G_(o.gen_length), L_(lp_ + G_), B_(static_cast<int64_t>(o.block_sizes->size())), sizes_(*o.block_sizes),
         every_phase_(rules_.exit == ExitRule::kDecodedProgressBlock),
         seeding_(rules_.full_forward == SeedRule::kFirstMaskArgmax), fold_(o.fold_rows), forwards_(B_, 0) {
     std::sort(sizes_.begin(), sizes_.end());
-    kv_ = kv.defined() ? std::move(kv) : model.new_kv(B_, L_);
+    if (o.share_prompt_kv) {  // paged rows sharing the prompt's pages (the pool's, or made here)
+      kv_ = std::move(kv);
+      shared_ = std::make_unique<SharedPromptKv>(model, kv_, B_, lp_, L_);
+    } else {
+      kv_ = kv.defined() ? std::move(kv) : KvRows{model.new_kv(B_, L_), {}};
+    }
     // Each executor implements one combination of the map, exit, refresh-clock and seed rules.
     const bool host = rules_.readout == Readout::kHostTopk;
     TORCH_CHECK(host ? rules_.map == MapRule::kAccumulateSinceSeed && rules_.exit == ExitRule::kDecodedProgressBlock &&
@@ -749,6 +762,7 @@ class BlockBatch final : public Decoder {
       for (int64_t b = 0; b < B_; ++b) {
         if (init || !book_->done(b)) rows.push_back(b);
       }
+      if (shared_) shared_->before_full(owner_ = rows.front());  // the prompt's K/V: the first row fed
       // fold_rows: a refresh row whose canvas equals an earlier one's reads that row's outputs.
       const std::vector<int64_t> same = !init && fold_ ? book_->first_equal(rows) : std::vector<int64_t>();
       spans_.clear();
@@ -780,7 +794,9 @@ class BlockBatch final : public Decoder {
 
   std::vector<at::Tensor> after_forward(const StepPlan& p, const at::Tensor& buffer,
                                         const at::Tensor& logits) override {
-    return book_->after_forward(p, buffer, logits);
+    std::vector<at::Tensor> out = book_->after_forward(p, buffer, logits);
+    if (shared_ && p.forward && p.kind != StepKind::kBlock) shared_->after_full(owner_);
+    return out;
   }
 
   void absorb(const StepPlan& p, const at::Tensor& logits, const std::vector<at::Tensor>& host) override {
@@ -883,7 +899,9 @@ class BlockBatch final : public Decoder {
   std::vector<int64_t> sizes_;  // the branches' block sizes, ascending
   const bool every_phase_, seeding_, fold_;
   std::unique_ptr<Branches> book_;
-  StepKind next_ = StepKind::kInit;  // kInit, kBlock, kCoordinate or kRefresh
+  std::unique_ptr<SharedPromptKv> shared_;  // share_prompt_kv
+  int64_t owner_ = 0;                       // the row a full forward writes the shared prompt K/V through
+  StepKind next_ = StepKind::kInit;         // kInit, kBlock, kCoordinate or kRefresh
   bool finished_ = false, early_exit_ = false;
   int64_t winner_ = -1, passes_ = 0, before_ = 0;
   std::vector<Span> windows_, spans_;  // the next block step's windows; the step in flight
@@ -894,7 +912,7 @@ class BlockBatch final : public Decoder {
 }  // namespace
 
 std::unique_ptr<Decoder> blockbatch_decoder(const Network& model, const std::vector<int64_t>& prompt,
-                                            const DecodeOptions& o, const Stop& stop, at::Tensor kv) {
+                                            const DecodeOptions& o, const Stop& stop, KvRows kv) {
   return std::make_unique<BlockBatch>(model, prompt, o, stop, std::move(kv));
 }
 

@@ -301,7 +301,7 @@ class HostReadout final : public Canvas {
 class SingleBranch final : public Decoder {
  public:
   SingleBranch(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o, const Stop& stop,
-               at::Tensor kv)
+               KvRows kv)
       : rules_(rules_for(model.config().family)), o_(o), stop_(stop), lp_(static_cast<int64_t>(prompt.size())),
         L_(lp_ + o.gen_length), timestep_(o.policy == Policy::kVanilla && rules_.vanilla == VanillaSchedule::kTimestep),
         seeded_(o.policy != Policy::kVanilla && rules_.full_forward == SeedRule::kFirstMaskArgmax),
@@ -316,7 +316,7 @@ class SingleBranch final : public Decoder {
     }
     if (timestep_) timesteps_ = at::linspace(1, o.eps, steps_per_block_ + 1, at::kFloat);
     st_.branches.push_back(BranchStats{timestep_ ? 0 : b_});
-    if (o.policy != Policy::kVanilla) kv_ = kv.defined() ? std::move(kv) : model.new_kv(1, L_);
+    if (o.policy != Policy::kVanilla) kv_ = kv.defined() ? std::move(kv) : KvRows{model.new_kv(1, L_), {}};
     start_block();
   }
 
@@ -438,7 +438,7 @@ class SingleBranch final : public Decoder {
 }  // namespace
 
 std::unique_ptr<Decoder> single_branch_decoder(const Network& model, const std::vector<int64_t>& prompt,
-                                               const DecodeOptions& o, const Stop& stop, at::Tensor kv) {
+                                               const DecodeOptions& o, const Stop& stop, KvRows kv) {
   return std::make_unique<SingleBranch>(model, prompt, o, stop, std::move(kv));
 }
 

@@ -40,6 +40,7 @@ void kv_write(T* kv, const KvGeometry& g, int64_t layer, const T* k, const T* v,
   at::parallel_for(0, rows, grain_for(per_row), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       for (int64_t t = cu_seqlens[r]; t < cu_seqlens[r + 1]; ++t) {
+        if (g.page(kv_rows[r], positions[t]) < 0) continue;  // no page: the write is dropped
         for (int64_t h = 0; h < g.kv_heads; ++h) {
           std::memcpy(kv + g.offset(kv_rows[r], layer, 0, h, positions[t]), k + t * src_stride + h * g.head_dim, bytes);
           std::memcpy(kv + g.offset(kv_rows[r], layer, 1, h, positions[t]), v + t * src_stride + h * g.head_dim, bytes);

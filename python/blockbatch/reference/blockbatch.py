@@ -218,6 +218,9 @@ class _BlockBatch:
             fed = len({tuple(self.canvas[br.row].tolist()) for br in rows}) if self.o["fold_rows"] else len(rows)
             self.folded_rows += len(rows) - fed
             self.log_queries.append(L * fed)
+        if self.o["share_prompt_kv"]:  # every row reads the prompt K/V of the first row fed (ALGORITHMS.md 11)
+            owner = 0 if init else rows[0].row
+            self.kv[:, :, :, :, : self.lp] = self.kv[owner, :, :, :, : self.lp].clone()
         total = 0
         for br, logits in zip(rows, per_row):
             if init:
@@ -469,6 +472,7 @@ def blockbatch_generate(
     seed: int = _D["seed"],
     sync_refresh: bool = _D["sync_refresh"],
     fold_rows: bool = _D["fold_rows"],
+    share_prompt_kv: bool = _D["share_prompt_kv"],
     family: str = "llada",
     vocab_limit: int | None = None,
 ) -> BlockBatchResult:
@@ -488,6 +492,7 @@ def blockbatch_generate(
         seed=seed,
         sync_refresh=sync_refresh,
         fold_rows=fold_rows,
+        share_prompt_kv=share_prompt_kv,
         vocab_limit=vocab_limit,
     )
     return _BlockBatch(model, prompt, gen_length, block_sizes, family, o).run()

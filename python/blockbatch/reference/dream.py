@@ -154,12 +154,14 @@ def dream_blockbatch(
     vocab_limit: int | None = None,
     sync_refresh: bool = False,
     fold_rows: bool = True,
+    share_prompt_kv: bool = False,
 ) -> DreamResult:
     """BlockBatch for Dream (ALGORITHMS.md section 5.4): ``blockbatch.blockbatch_generate`` under
     Dream's rules; NFE counts every forward executed; the row is cut after the winner's first EOS on
     an EOS exit. ``refresh_tokens=0`` never refreshes (the engine's meaning; the authors' default is
     32); ``merge`` / ``sync`` are the ablation switches; ``sync_refresh`` the variant of section 10.3;
-    ``fold_rows``: the query-token log and ``folded_rows`` count a folding engine's refresh rows."""
+    ``fold_rows``: the query-token log and ``folded_rows`` count a folding engine's refresh rows;
+    ``share_prompt_kv``: every branch reads the prompt K/V of the first row each full forward feeds."""
     prompt_ids = torch.as_tensor(list(prompt), dtype=torch.long)
     r = blockbatch_generate(
         model,
@@ -179,6 +181,7 @@ def dream_blockbatch(
         seed=0,
         sync_refresh=sync_refresh,
         fold_rows=fold_rows,
+        share_prompt_kv=share_prompt_kv,
         family="dream",
         vocab_limit=vocab_limit,
     )
@@ -262,4 +265,5 @@ def decode_with_options(model: ReferenceModel, prompt: Sequence[int], options, v
         vocab_limit=vocab_limit,
         sync_refresh=o.sync_refresh,
         fold_rows=o.fold_rows,
+        share_prompt_kv=o.share_prompt_kv,
     )

@@ -57,6 +57,8 @@ class _SchedulerCollector:
         "queued": "requests waiting for a decode slot",
         "kv_rows_in_use": "KV pool rows held by running requests",
         "kv_pool_rows": "KV pool rows in all",
+        "kv_pages_in_use": "KV pool pages held by running requests (a dense pool: rows)",
+        "kv_pages": "KV pool pages in all (a dense pool: rows)",
     }
     COUNTERS = {
         "packed_forwards": "packed forwards the scheduler ran (one per step and KV mode)",

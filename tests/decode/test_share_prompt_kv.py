@@ -1,0 +1,132 @@
+"""share_prompt_kv (ALGORITHMS.md section 11): every BlockBatch branch reads one copy of the
+prompt's K/V, the one of the first row each init / refresh feeds. The engine (alone: its own page
+store; batched: a scheduler's paged pool, at several page lengths) equals the float32 reference
+with the same option token for token and counter for counter, on LLaDA and Dream; a request holds
+the prompt's complete pages once; a dense pool refuses the option naming kv_page_len."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from blockbatch import DecodeOptions
+from blockbatch.decoding import run_decode
+from blockbatch.native import NativeModel
+from blockbatch.random_checkpoint import random_config, random_weights
+from blockbatch.reference.blockbatch import blockbatch_generate
+from blockbatch.reference.dream import dream_blockbatch
+from blockbatch.reference.model import ReferenceModel
+from blockbatch.loading import load_checkpoint
+from blockbatch.scheduler import check_pool
+
+from helpers.batching import same, small_engine
+
+# Prompts shorter than a page, a whole number of pages (16, 32) and with a partial last page.
+PROMPT_LENGTHS = (5, 16, 21, 37)
+CASES = [
+    dict(block_sizes=(4, 8, 16, 32), gen_length=64, sync_gap=4, sync_refresh=True),
+    dict(block_sizes=(8, 32), gen_length=64, sync_gap=4, refresh_tokens=8),
+    dict(block_sizes=(4, 64), gen_length=64, merge_gate=0.3, refresh_mode="divergence"),
+]
+
+
+@pytest.fixture(scope="module")
+def llada():
+    config = random_config(d_model=64, n_heads=2, n_kv_heads=1, mlp_hidden_size=128, vocab_size=40)
+    weights = random_weights(config, seed=1, logit_scale=8.0)
+    return config, ReferenceModel(config, weights), NativeModel(config, weights)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c["block_sizes"])))
+def test_llada_alone_equals_reference(llada, case):
+    from test_blockbatch import assert_same
+
+    config, ref, nat = llada
+    differs = 0
+    for lp in PROMPT_LENGTHS:
+        prompt = torch.randint(0, config.vocab_size - 2, (lp,), generator=torch.Generator().manual_seed(lp))
+        kw = dict(case)
+        G = kw.pop("gen_length")
+        expected = blockbatch_generate(ref, prompt, G, share_prompt_kv=True, stop_on_eos=True, **kw)
+        out = run_decode(nat.obj, prompt, DecodeOptions(policy="blockbatch", gen_length=G, share_prompt_kv=True, **kw))
+        assert_same(expected, out)
+        exact = blockbatch_generate(ref, prompt, G, stop_on_eos=True, **kw)
+        differs += not torch.equal(exact.tokens, expected.tokens) or exact.nfe != expected.nfe
+    print(f"share_prompt_kv changed {differs} of {len(PROMPT_LENGTHS)} decodes of {case}")
+
+
+@pytest.fixture(scope="module")
+def dream(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("share-dream")
+    engine = small_engine(folder, "dream", seed=3)
+    return engine, ReferenceModel.from_checkpoint(load_checkpoint(folder))
+
+
+@pytest.mark.parametrize("lp", PROMPT_LENGTHS)
+def test_dream_alone_equals_reference(dream, lp):
+    engine, ref = dream
+    prompt = [1 + (7 * i) % 50 for i in range(lp)]
+    for sizes, refresh, sync_refresh in (((4, 8, 16), 8, True), ((8, 16), 4, False)):
+        o = DecodeOptions(
+            policy="blockbatch",
+            gen_length=48,
+            block_sizes=sizes,
+            refresh_tokens=refresh,
+            sync_refresh=sync_refresh,
+            share_prompt_kv=True,
+        )
+        g = engine.generate([prompt], o)[0]
+        r = dream_blockbatch(
+            ref, prompt, 48, sizes, refresh_tokens=refresh, sync_refresh=sync_refresh, share_prompt_kv=True
+        )
+        row = list(prompt) + list(g.raw_ids)
+        assert row[: len(r.tokens)] == r.tokens, (lp, sizes)
+        assert g.stats["nfe"] == r.nfe, (lp, sizes)
+        for k in ("nfe_init", "nfe_block", "nfe_refresh", "winner_block_size", "folded_rows"):
+            assert g.stats[k] == r.stats[k], (lp, sizes, k)
+
+
+@pytest.fixture(scope="module", params=["llada", "dream"])
+def engine(request, tmp_path_factory):
+    return small_engine(tmp_path_factory.mktemp("share-" + request.param), request.param, seed=8)
+
+
+@pytest.mark.parametrize("page_len", [4, 16, 48])
+def test_batched_over_pages_equals_alone(engine, page_len):
+    """Requests with and without share_prompt_kv, prompts of several lengths, decoded together over
+    a pool of pages of 4, 16 or 48 positions: each equals its decode alone (which pages its own
+    rows in pages of 16): the sharing does not depend on the page length."""
+    reqs = []
+    for i, lp in enumerate((3, 16, 21, 40, 50)):
+        prompt = [1 + (5 * j + i) % 40 for j in range(lp)]
+        o = DecodeOptions(
+            policy="blockbatch", gen_length=32, block_sizes=((4, 8, 16), (8, 32))[i % 2], share_prompt_kv=i != 4
+        )
+        reqs.append((prompt, o))
+    alone = [engine.generate([p], o)[0] for p, o in reqs]
+    with engine.scheduler(max_batch=3, max_length=128, adaptive=False, kv_page_len=page_len) as s:
+        outs = [h.result(timeout=300) for h in [s.submit(torch.tensor(p), o) for p, o in reqs]]
+        assert s.counters()["kv_pages_in_use"] == 0
+    for i, ((p, o), out, a) in enumerate(zip(reqs, outs, alone)):
+        same(engine._generation(torch.tensor(p), out), a, f"request {i} pages of {page_len}")
+
+
+def test_the_prompt_pages_are_held_once(engine):
+    """3 branches, a 40-token prompt, 32 generated (72 positions, 5 pages of 16 a row): the 2 complete
+    prompt pages once + 3 x 3 own pages = 11 pages, against 3 x 5 = 15 without sharing."""
+    o = DecodeOptions(policy="blockbatch", gen_length=32, block_sizes=(4, 8, 16))
+    prompt = torch.tensor([1 + j % 30 for j in range(40)])
+    for share, held in ((True, 11), (False, 15)):
+        s = torch.classes.blockbatch.Scheduler(engine.model.obj, 2, 128, 0, [], [], 0.0, 16)
+        s.add(prompt, o.replace(share_prompt_kv=share).native, False)
+        s.step(0.0)
+        assert dict(s.counters())["kv_pages_in_use"] == held, share
+        s.close()
+
+
+def test_a_dense_pool_refuses_it_by_name(engine):
+    o = DecodeOptions(policy="blockbatch", gen_length=32, block_sizes=(4, 8), share_prompt_kv=True)
+    with engine.scheduler(max_batch=1, max_length=64, adaptive=False, kv_page_len=0) as s:
+        with pytest.raises(ValueError, match=r"share_prompt_kv needs a paged KV pool.*kv_page_len > 0"):
+            s.submit(torch.tensor([1, 2, 3]), o)
+    assert check_pool(engine.model.obj, 1, 64, 0, 16)["kv_pool_rows"] >= 1
