@@ -140,10 +140,23 @@ std::vector<int64_t> parse_int_list(const char* name, const std::string& text) {
 // ---------------------------------------------------------------- statistics
 
 const std::vector<std::string>& decode_stat_names() {
-  static const std::vector<std::string> names = {"nfe",           "nfe_full",  "nfe_block",   "nfe_init",
-                                                 "nfe_refresh",   "nfe_paper", "winner",      "winner_block_size",
-                                                 "early_exit",    "wall_ms",   "steps",       "graph_captures",
-                                                 "graph_replays", "edits",     "folded_rows", "folded_tokens"};
+  static const std::vector<std::string> names = {"nfe",
+                                                 "nfe_full",
+                                                 "nfe_block",
+                                                 "nfe_init",
+                                                 "nfe_refresh",
+                                                 "nfe_paper",
+                                                 "winner",
+                                                 "winner_block_size",
+                                                 "early_exit",
+                                                 "wall_ms",
+                                                 "steps",
+                                                 "graph_captures",
+                                                 "graph_replays",
+                                                 "edits",
+                                                 "folded_rows",
+                                                 "folded_tokens",
+                                                 "prefix_cache_hit_tokens"};
   return names;
 }
 
@@ -163,7 +176,8 @@ std::vector<double> decode_stat_values(const DecodeStats& s) {
           static_cast<double>(s.graph_replays),
           static_cast<double>(s.edits),
           static_cast<double>(s.folded_rows),
-          static_cast<double>(s.folded_tokens)};
+          static_cast<double>(s.folded_tokens),
+          static_cast<double>(s.prefix_cache_hit_tokens)};
 }
 
 }  // namespace blockbatch

@@ -38,9 +38,10 @@ struct DecodeStats {
   double wall_ms = 0;
   int64_t graph_captures = 0;  // CUDA graphs recorded / replayed (0 on CPU or with cuda_graphs off)
   int64_t graph_replays = 0;
-  int64_t edits = 0;          // block with edit_threshold: committed tokens replaced (LLaDA2.1)
-  int64_t folded_rows = 0;    // blockbatch fold_rows: refresh rows not fed (a twin of an identical canvas)
-  int64_t folded_tokens = 0;  // their query tokens (steps counts the fed ones)
+  int64_t edits = 0;                    // block with edit_threshold: committed tokens replaced (LLaDA2.1)
+  int64_t folded_rows = 0;              // blockbatch fold_rows: refresh rows not fed (a twin of an identical canvas)
+  int64_t folded_tokens = 0;            // their query tokens (steps counts the fed ones)
+  int64_t prefix_cache_hit_tokens = 0;  // prompt positions whose K/V came from the scheduler's prefix cache
   std::vector<std::array<int64_t, 2>> steps;  // per forward: tokens committed, packed query tokens
   std::vector<BranchStats> branches;
 };

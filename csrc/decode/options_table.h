@@ -83,7 +83,7 @@ struct DecodeOptions {
   BranchBudget branch_budget = BranchBudget::kFull;
   // feed a refresh's rows of identical canvases once, the twins taking that row's logits and K/V (exact: the same tokens and counters, fewer query tokens; folded_rows / folded_tokens count them)
   bool fold_rows = true;
-  // every branch reads one copy of the prompt's K/V, written by the first row each refresh feeds (an approximation: exact refreshes give each branch its own); its KV pages are held once (ALGORITHMS.md 11)
+  // every branch reads one copy of the prompt's K/V, written by the first row each refresh feeds (an approximation: exact refreshes give each branch its own); its KV pages are held once (ALGORITHMS.md 12)
   bool share_prompt_kv = false;
   // block (LLaDA2.1 token editing): in the same step, replace every generated committed token of the current block whose prediction differs with confidence above this; nullopt: no editing (LLaDA2.0)
   std::optional<double> edit_threshold = std::nullopt;

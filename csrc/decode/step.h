@@ -39,6 +39,8 @@ struct KvRows {
   // optional, [rows] int64 all equal to the canvas length: the keys a dual-mode row attends when
   // the table's rows are longer than the canvas (whole pages) and no kv_lens is planned.
   at::Tensor lens;
+  // Positions [0, cached) already hold their final K/V (a prefix-cache hit: decode/batch/prefix_cache.h).
+  int64_t cached = 0;
   bool defined() const { return kv.defined(); }
   std::optional<at::Tensor> table() const { return pages.defined() ? std::optional<at::Tensor>(pages) : std::nullopt; }
   // The rows' K/V at `layer` as a dense [rows, 2, kv_heads, length, head_dim] (a copy when paged;

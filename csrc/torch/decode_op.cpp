@@ -126,7 +126,7 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Ten
 decode_batch_op(const c10::intrusive_ptr<ModelHandle>& model, const std::vector<at::Tensor>& prompts,
                 const std::vector<OptionsPtr>& options, int64_t max_batch, int64_t kv_budget_bytes,
                 const std::optional<at::Tensor>& cancel, std::vector<int64_t> curve_tokens,
-                std::vector<double> curve_seconds, bool pad_packs) {
+                std::vector<double> curve_seconds, bool pad_packs, bool prefix_cache) {
   std::vector<std::vector<int64_t>> ids;
   for (size_t i = 0; i < prompts.size(); ++i)
     ids.push_back(prompt_ids(prompts[i], "prompts[" + std::to_string(i) + "]"));
@@ -136,7 +136,7 @@ decode_batch_op(const c10::intrusive_ptr<ModelHandle>& model, const std::vector<
   BatchStats bs;
   std::vector<DecodeResult> results =
       decode_batch(*model, ids, opts, max_batch, kv_budget_bytes, c.flag, c.reason, &bs,
-                   StepCurve{std::move(curve_tokens), std::move(curve_seconds)}, pad_packs);
+                   StepCurve{std::move(curve_tokens), std::move(curve_seconds)}, pad_packs, prefix_cache);
   std::vector<at::Tensor> tokens, stats, logs, branches;
   for (const DecodeResult& r : results) {
     const std::vector<at::Tensor> t = result_tensors(r.tokens, r.stats);
@@ -200,12 +200,13 @@ TORCH_LIBRARY_FRAGMENT(blockbatch, m) {
   // up to max_batch decode together, their forwards packed into one per step; each result equals
   // decode() of that request alone. kv_budget_bytes: the shared KV pool (0: room for the max_batch
   // largest requests). curve_*: the step-time curve for branch_budget = auto requests (points of
-  // measure_step_curve; empty: measured). Returns per request what decode returns, and the batch's counters
+  // measure_step_curve; empty: measured); prefix_cache: block-causal requests share their prompts' complete
+  // blocks' K/V (decode/batch/prefix_cache.h). Returns per request what decode returns, and the batch's counters
   // [packed forwards, request forwards, pool rows, bytes per row].
   m.def("decode_batch(__torch__.torch.classes.blockbatch.Model model, Tensor[] prompts, "
         "__torch__.torch.classes.blockbatch.Options[] options, "
         "int max_batch=8, int kv_budget_bytes=0, Tensor? cancel=None, int[] curve_tokens=[], "
-        "float[] curve_seconds=[], bool pad_packs=False) -> (Tensor[] tokens, Tensor[] stats, "
+        "float[] curve_seconds=[], bool pad_packs=False, bool prefix_cache=False) -> (Tensor[] tokens, Tensor[] stats, "
         "Tensor[] step_logs, Tensor[] branch_stats, int[] batch_stats)",
         &decode_batch_op);
 }

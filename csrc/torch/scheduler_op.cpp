@@ -23,11 +23,11 @@ class SchedulerHandle : public torch::CustomClassHolder {
  public:
   SchedulerHandle(c10::intrusive_ptr<ModelHandle> model, int64_t max_batch, int64_t max_length, int64_t kv_budget_bytes,
                   std::vector<int64_t> curve_tokens, std::vector<double> curve_seconds, double calibrate_s,
-                  int64_t kv_page_len)
+                  int64_t kv_page_len, bool prefix_cache)
       : model_(std::move(model)),
         scheduler_(std::make_unique<Scheduler>(model_->network(), max_batch, max_length, kv_budget_bytes,
                                                StepCurve{std::move(curve_tokens), std::move(curve_seconds)},
-                                               calibrate_s, false, kv_page_len)) {}
+                                               calibrate_s, false, kv_page_len, prefix_cache)) {}
 
   int64_t add(const at::Tensor& prompt, const OptionsPtr& options, bool stream) {
     return scheduler_->add(prompt_ids(prompt, "prompt"), options->options, stream);
@@ -88,6 +88,10 @@ class SchedulerHandle : public torch::CustomClassHolder {
     d.insert("kv_pages_in_use", k.kv_pages_in_use);
     d.insert("kv_page_len", k.kv_page_len);
     d.insert("kv_paged", k.kv_paged);
+    d.insert("prefix_cache_blocks", k.prefix_cache_blocks);
+    d.insert("prefix_cache_pages", k.prefix_cache_pages);
+    d.insert("prefix_cache_evictions", k.prefix_cache_evictions);
+    d.insert("prefix_cache_hit_tokens", k.prefix_cache_hit_tokens);
     return d;
   }
   void close() { scheduler_->close(); }
@@ -137,7 +141,7 @@ TORCH_LIBRARY_FRAGMENT(blockbatch, m) {
   using Handle = c10::intrusive_ptr<SchedulerHandle>;
   m.class_<SchedulerHandle>("Scheduler")
       .def(torch::init<c10::intrusive_ptr<ModelHandle>, int64_t, int64_t, int64_t, std::vector<int64_t>,
-                       std::vector<double>, double, int64_t>())
+                       std::vector<double>, double, int64_t, bool>())
       .def("add", &SchedulerHandle::add)
       .def("cancel", &SchedulerHandle::cancel)
       .def("step", &SchedulerHandle::step)

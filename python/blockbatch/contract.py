@@ -110,7 +110,7 @@ _FOLD, _SHARE = (  # two long docs
     "feed a refresh's rows of identical canvases once, the twins taking that row's logits and K/V "
     "(exact: the same tokens and counters, fewer query tokens; folded_rows / folded_tokens count them)",
     "every branch reads one copy of the prompt's K/V, written by the first row each refresh feeds (an "
-    "approximation: exact refreshes give each branch its own); its KV pages are held once (ALGORITHMS.md 11)",
+    "approximation: exact refreshes give each branch its own); its KV pages are held once (ALGORITHMS.md 12)",
 )
 OPTIONS: tuple[Option, ...] = (
     Option(

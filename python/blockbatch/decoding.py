@@ -59,6 +59,7 @@ def run_decode_batch(
     kv_budget_bytes: int = 0,
     step_curve: list[tuple[int, float]] | None = None,
     pad_packs: bool = False,
+    prefix_cache: bool = False,
 ) -> tuple[list[DecodeOutput], dict]:
     """Many requests through ``torch.ops.blockbatch.decode_batch``: up to ``max_batch`` decode
     together, their forwards packed into one per step; each output equals ``run_decode`` of that
@@ -67,7 +68,8 @@ def run_decode_batch(
     (query tokens, seconds) points for ``branch_budget="auto"`` requests (None: measured).
     ``pad_packs``: pad every packed forward to bucketed sizes as the CUDA graphs of
     ``BLOCKBATCH_CUDA_BATCHING=graphs`` do, also on the CPU (results unchanged; slower); the
-    counters then say how many were padded and, on CUDA, replayed from a graph."""
+    counters then say how many were padded and, on CUDA, replayed from a graph. ``prefix_cache``:
+    block-causal requests reuse the K/V of earlier requests' complete prompt blocks."""
     if len(options) != len(prompts):
         raise ValueError(f"{len(prompts)} prompts but {len(options)} options (give one, or one per prompt)")
     max_batch = checked_int("max_batch", max_batch, 1)
@@ -85,6 +87,7 @@ def run_decode_batch(
             curve_tokens=[t for t, _ in step_curve or ()],
             curve_seconds=[s for _, s in step_curve or ()],
             pad_packs=pad_packs,
+            prefix_cache=prefix_cache,
         ),
         any(p.is_cuda for p in prompts),
     )

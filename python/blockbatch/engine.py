@@ -159,6 +159,7 @@ class Engine:
         allow_unknown: bool = False,
         max_batch: int = 1,
         kv_budget_bytes: int = 0,
+        prefix_cache: bool = False,
     ) -> list[Generation]:
         """Decode each prompt (text, a list of ids, or a 1-D/2-D int64 tensor); results in input order.
 
@@ -168,16 +169,23 @@ class Engine:
         ``batches``) decodes up to that many requests together, their forwards packed into one per step
         (``torch.ops.blockbatch.decode_batch``; ``kv_budget_bytes`` caps their shared KV pool, 0:
         room for ``max_batch`` requests). Either way a request's result never depends on the
-        others: batched, its tokens and counters are those of its decode alone.
+        others: batched, its tokens and counters are those of its decode alone. ``prefix_cache``
+        (block-causal families, policy ``block``: LLaDA2): the prompts go through one scheduler
+        (``max_batch`` at a time, also 1) whose KV pool keeps the complete prompt blocks of the
+        requests that finished, and a later request whose prompt starts with the same blocks reads
+        their K/V instead of computing them: the same tokens and NFE, fewer query tokens
+        (``stats["prefix_cache_hit_tokens"]``; docs/ALGORITHMS.md 12.6). Other families: no effect.
         """
         max_batch = checked_int("max_batch", max_batch, 1)
         kv_budget_bytes = checked_int("kv_budget_bytes", kv_budget_bytes, 0)
+        if not isinstance(prefix_cache, bool):
+            raise TypeError(f"prefix_cache must be True or False, got {prefix_cache!r}")
         encoded, opts = self._requests(prompts, options, chat, allow_unknown)
         for i, (ids, o) in enumerate(zip(encoded, opts)):  # before any decodes
             too_long = self._too_long(i, ids, o)
             if too_long is not None:
                 raise too_long
-        if max_batch > 1 and len(encoded) > 1 and self.batches:
+        if (max_batch > 1 or prefix_cache) and len(encoded) > 1 and self.batches:
             results, self.last_batch_stats = run_decode_batch(
                 self.model.obj,
                 encoded,
@@ -185,6 +193,7 @@ class Engine:
                 max_batch,
                 kv_budget_bytes,
                 self.step_curve if any(_adaptive(o) for o in opts) else None,
+                prefix_cache=prefix_cache,
             )
         else:
             results, self.last_batch_stats = None, None  # one by one: no batch, so no batch counters
@@ -305,6 +314,7 @@ class Engine:
         kv_budget_bytes: int = 0,
         adaptive: bool = True,
         kv_page_len: int = -1,
+        prefix_cache: bool = False,
     ):
         """A ``BatchScheduler`` on this model (CPU; CUDA where ``batches``): submit requests at any
         time, each decoding with the others in one packed forward per step (``blockbatch.scheduler``).
@@ -312,7 +322,9 @@ class Engine:
         most 4096). ``adaptive``: give it the model's step-time curve (``step_curve``, measured on
         first use) for ``branch_budget="auto"`` requests; False: they run their full branch set.
         ``kv_page_len``: the KV pool's layout (-1 automatic: pages of 16 positions on the CPU, dense
-        rows on CUDA; 0 dense rows; > 0 pages of that many positions; ``BatchScheduler``)."""
+        rows on CUDA; 0 dense rows; > 0 pages of that many positions; ``BatchScheduler``).
+        ``prefix_cache``: block-causal requests reuse the K/V of earlier requests' complete prompt
+        blocks (``BatchScheduler``; docs/ALGORITHMS.md 12.6)."""
         if not self.batches:
             raise ValueError(
                 f"the batching scheduler on {self.device} is off (BLOCKBATCH_CUDA_BATCHING=0): set "
@@ -332,6 +344,7 @@ class Engine:
             kv_budget_bytes=kv_budget_bytes,
             step_curve=self.step_curve if adaptive else None,
             kv_page_len=kv_page_len,
+            prefix_cache=prefix_cache,
         )
 
     def kv_report(self, options: DecodeOptions, prompt_length: int, kv_budget_bytes: int) -> dict[str, int]:

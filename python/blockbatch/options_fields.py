@@ -77,7 +77,7 @@ class DecodeOptionFields:
     tokens and counters, fewer query tokens; folded_rows / folded_tokens count them)."""
     share_prompt_kv: bool = False
     """every branch reads one copy of the prompt's K/V, written by the first row each refresh feeds (an
-    approximation: exact refreshes give each branch its own); its KV pages are held once (ALGORITHMS.md 11)."""
+    approximation: exact refreshes give each branch its own); its KV pages are held once (ALGORITHMS.md 12)."""
     edit_threshold: float | None = None
     """block (LLaDA2.1 token editing): in the same step, replace every generated committed token of the current
     block whose prediction differs with confidence above this. None: no editing (LLaDA2.0)."""

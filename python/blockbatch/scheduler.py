@@ -135,7 +135,11 @@ class BatchScheduler:
     ``kv_page_len``: the pool's layout: -1 (automatic: pages of 16 positions on the CPU, dense rows
     on CUDA until a GPU run has timed the paged kernels), 0 (dense rows of ``max_length``), or
     pages of that many positions, so that a request holds pages for its own canvas, not for
-    ``max_length`` (docs/ALGORITHMS.md section 11). Use as a context manager, or call ``close()``.
+    ``max_length`` (docs/ALGORITHMS.md section 12). ``prefix_cache``: a block-causal request (policy
+    ``block``, LLaDA2) reads the K/V of its prompt's complete blocks from earlier requests with the
+    same blocks, and leaves its own when it finishes; least recently used blocks are evicted when the
+    pool needs pages (needs pages; block lengths a multiple of the page length; section 12.6).
+    Use as a context manager, or call ``close()``.
     """
 
     def __init__(
@@ -148,9 +152,12 @@ class BatchScheduler:
         step_curve: str | list[tuple[int, float]] | None = "measure",
         calibrate_s: float = 1.0,
         kv_page_len: int = -1,
+        prefix_cache: bool = False,
     ):
         max_batch, max_length, kv_budget_bytes = _pool_arguments(max_batch, max_length, kv_budget_bytes)
         kv_page_len = checked_int("kv_page_len", kv_page_len, -1, max_length)
+        if not isinstance(prefix_cache, bool):
+            raise TypeError(f"prefix_cache must be True or False, got {prefix_cache!r}")
         self._requests: dict[int, Request] = {}
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -191,6 +198,7 @@ class BatchScheduler:
                     [s for _, s in points],
                     calibrate,
                     kv_page_len,
+                    prefix_cache,
                 )
             except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
                 self._error = e
@@ -233,7 +241,8 @@ class BatchScheduler:
         """queued, running, packed_forwards, request_forwards, kv_pool_rows, kv_rows_in_use,
         kv_row_bytes, max_length, max_batch, padded_forwards, graph_captures, graph_replays, and the
         pool in pages: kv_pages, kv_pages_in_use, kv_page_len, kv_paged (0: dense rows, counted as
-        pages of max_length)."""
+        pages of max_length), and the prefix cache: prefix_cache_blocks, prefix_cache_pages,
+        prefix_cache_evictions, prefix_cache_hit_tokens."""
         return dict(self._obj.counters())
 
     @property

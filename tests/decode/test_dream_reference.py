@@ -147,4 +147,5 @@ def test_default_blockbatch_settings_are_the_authors_dream_defaults():
         vocab_limit=None,
         sync_refresh=False,
         fold_rows=True,
-    )  # sync_refresh: our variant, off; fold_rows: only the query-token accounting (the reference computes every row)
+        share_prompt_kv=False,
+    )  # sync_refresh, share_prompt_kv: our variants, off; fold_rows: only the query-token accounting

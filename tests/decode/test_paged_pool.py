@@ -1,4 +1,4 @@
-"""The scheduler's paged KV pool (decode/batch/kv_pool.h, ALGORITHMS.md section 11): requests
+"""The scheduler's paged KV pool (decode/batch/kv_pool.h, ALGORITHMS.md section 12): requests
 decoded over pages give the tokens and every counter of their decode alone (float32, CPU), for
 every policy and family, at any page length; a request holds the pages its own canvas needs, not
 rows of max_length, so a budget that holds too few dense rows holds the request as pages; the
@@ -46,7 +46,9 @@ def test_paged_requests_equal_their_decode_alone(engine, requests_and_alone, pag
 
 
 def _native(engine, max_batch, max_length, budget, page_len):
-    return torch.classes.blockbatch.Scheduler(engine.model.obj, max_batch, max_length, budget, [], [], 0.0, page_len)
+    return torch.classes.blockbatch.Scheduler(
+        engine.model.obj, max_batch, max_length, budget, [], [], 0.0, page_len, False
+    )
 
 
 def test_a_request_holds_the_pages_of_its_canvas(engine):

@@ -104,8 +104,11 @@ def test_refusals_name_what_is_wrong(engine, requests_and_alone):
         with pytest.raises(TypeError, match="options must be a DecodeOptions"):
             sched.submit(prompt, {"policy": "dual"})
         row = sched.counters()["kv_row_bytes"]
-    with engine.scheduler(max_batch=2, max_length=40, kv_budget_bytes=2 * row) as sched:
-        with pytest.raises(ValueError, match=r"needs 3 KV rows of \d+ bytes but the KV budget holds 2"):
+    # dense rows (the paged pool's refusals: test_paged_pool.py)
+    with engine.scheduler(max_batch=2, max_length=40, kv_budget_bytes=2 * row, kv_page_len=0) as sched:
+        with pytest.raises(
+            ValueError, match=r"needs 3 KV rows of \d+ positions \(3 rows of 40 positions\) but the KV budget holds 2"
+        ):
             sched.submit(prompt, DecodeOptions(policy="blockbatch", gen_length=16, block_sizes=(4, 8, 16)))
         # two rows: two dual requests at once at most, a third waits for rows and still finishes
         hs = [sched.submit(prompt, DecodeOptions(policy="dual", gen_length=16, block_length=8)) for _ in range(3)]

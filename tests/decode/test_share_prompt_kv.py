@@ -1,4 +1,4 @@
-"""share_prompt_kv (ALGORITHMS.md section 11): every BlockBatch branch reads one copy of the
+"""share_prompt_kv (ALGORITHMS.md section 12): every BlockBatch branch reads one copy of the
 prompt's K/V, the one of the first row each init / refresh feeds. The engine (alone: its own page
 store; batched: a scheduler's paged pool, at several page lengths) equals the float32 reference
 with the same option token for token and counter for counter, on LLaDA and Dream; a request holds
@@ -117,7 +117,7 @@ def test_the_prompt_pages_are_held_once(engine):
     o = DecodeOptions(policy="blockbatch", gen_length=32, block_sizes=(4, 8, 16))
     prompt = torch.tensor([1 + j % 30 for j in range(40)])
     for share, held in ((True, 11), (False, 15)):
-        s = torch.classes.blockbatch.Scheduler(engine.model.obj, 2, 128, 0, [], [], 0.0, 16)
+        s = torch.classes.blockbatch.Scheduler(engine.model.obj, 2, 128, 0, [], [], 0.0, 16, False)
         s.add(prompt, o.replace(share_prompt_kv=share).native, False)
         s.step(0.0)
         assert dict(s.counters())["kv_pages_in_use"] == held, share

@@ -1,4 +1,4 @@
-"""Paged KV (ALGORITHMS.md section 11): a forward over a page store read through a page table
+"""Paged KV (ALGORITHMS.md section 12): a forward over a page store read through a page table
 equals the same forward over the dense buffer holding the same K/V, bit for bit (float32 and
 bfloat16, CPU), in every KV mode and family; the writes land in the table's pages; rows may
 share pages; kv_copy_rows_ copies through the table; bad tables are refused naming the entry."""

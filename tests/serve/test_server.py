@@ -592,6 +592,8 @@ def test_cli_refuses_bad_flags(capsys):
         # a KV pool no machine holds: one error line before anything starts (was a traceback)
         (["--max-batch", "1000000"], "error: --max-batch 1000000 / --max-length 512"),
         (["--kv-budget-bytes", "10"], "holds no KV row"),
+        (["--kv-page-len", "-3"], "--kv-page-len -3: kv_page_len must be an integer in [-1, 512], got -3"),
+        (["--kv-page-len", "600"], "--kv-page-len 600: kv_page_len must be an integer in [-1, 512]"),
         (["--max-body-bytes", "10"], "--max-body-bytes 10: must be at least 1024"),
         (["--allowed-hosts", "http://x/"], "--allowed-hosts: 'http://x/' is not a host name"),
         (["--api-key", "ключ"], "which an HTTP header cannot carry"),

@@ -72,7 +72,13 @@ std::optional<int64_t> KvPool::first_fit(int64_t rows, int64_t limit) const {
   return at;
 }
 
-std::optional<KvPool::Lease> KvPool::take(int64_t rows, int64_t length, int64_t shared) {
+void KvPool::cache_counters() {
+  cache_blocks_ = cache_.blocks();
+  cache_pages_ = cache_.pages();
+  cache_evicted_ = cache_.evicted();
+}
+
+std::optional<KvPool::Lease> KvPool::take(int64_t rows, int64_t length, int64_t shared, const Prefix* prefix) {
   TORCH_CHECK_VALUE(shared >= 0 && (shared == 0 || (paged() && shared <= length / page_len_)),
                     "KvPool: shared pages must be whole pages of the canvas, in a paged pool");
   TORCH_CHECK_VALUE(rows >= 1 && fits(rows, length, shared), "a request needs ", rows, " KV rows of ", length,
@@ -86,21 +92,48 @@ std::optional<KvPool::Lease> KvPool::take(int64_t rows, int64_t length, int64_t 
     lease.kv.kv = store_.narrow(0, *at, rows);
     lease.kv.kv.zero_();  // as a fresh buffer: nothing of an earlier request is ever read
   } else {
-    const int64_t need = pages_for(rows, length, shared), per = ceil_div(length, page_len_);
-    if (static_cast<int64_t>(free_pages_.size()) < need) return std::nullopt;
+    const int64_t per = ceil_div(length, page_len_);
+    const bool cached = prefix != nullptr && prefix->block > 0 && rows == 1 && shared == 0;
+    TORCH_CHECK(!cached || (prefix->block % page_len_ == 0 && prefix->blocks * prefix->block <= length),
+                "KvPool: a prefix-cache request's blocks must be whole pages of its canvas");
+    if (cached) lease.hit = cache_.match(prefix->block, *prefix->prompt, prefix->blocks);  // pinned
+    std::vector<int64_t> hit_pages;
+    for (const PrefixCache::Node* n : lease.hit) hit_pages.insert(hit_pages.end(), n->pages.begin(), n->pages.end());
+    const int64_t need = pages_for(rows, length, shared) - static_cast<int64_t>(hit_pages.size());
+    while (static_cast<int64_t>(free_pages_.size()) < need) {  // the least recently used cached blocks go
+      const std::vector<int64_t> freed = cache_.evict();
+      if (freed.empty()) break;
+      free_pages_.insert(free_pages_.end(), freed.begin(), freed.end());
+    }
+    cache_counters();
+    if (static_cast<int64_t>(free_pages_.size()) < need) {
+      cache_.unpin(lease.hit);
+      return std::nullopt;
+    }
     for (int64_t i = 0; i < need; ++i) {
       lease.pages.push_back(free_pages_.back());
       free_pages_.pop_back();
     }
-    // Each row reads and writes its own pages; the shared ones are row 0's, written through it.
-    PageTables t = page_tables(lease.pages, rows, per_row_, per, shared);
+    // Each row reads and writes its own pages; the shared ones are row 0's, written through it; a
+    // prefix-cache hit's pages come first and are never written.
+    std::vector<int64_t> order = hit_pages;
+    order.insert(order.end(), lease.pages.begin(), lease.pages.end());
+    PageTables t = page_tables(order, rows, per_row_, per, shared);
+    for (size_t i = 0; i < hit_pages.size(); ++i) t.write[i] = -1;
+    if (cached) {
+      lease.prefix = *prefix;
+      lease.kv.cached = static_cast<int64_t>(lease.hit.size()) * prefix->block;
+      hit_tokens_ += lease.kv.cached;
+    }
     at::Tensor table = table_.narrow(0, *at, rows);
     table.copy_(at::from_blob(t.read.data(), {rows, per_row_}, at::kLong));
     at::Tensor writes = write_table_.narrow(0, *at, rows);
     writes.copy_(at::from_blob(t.write.data(), {rows, per_row_}, at::kLong));
     const at::Tensor pages = at::from_blob(lease.pages.data(), {need}, at::kLong).to(store_.device(), false, true);
     store_.index_fill_(0, pages, 0);  // as fresh pages: nothing of an earlier request is ever read
-    lease.kv = KvRows{store_, table, writes};
+    lease.kv.kv = store_;
+    lease.kv.pages = table;
+    lease.kv.write_pages = writes;
   }
   taken_[*at] = rows;
   in_use_ += paged() ? static_cast<int64_t>(lease.pages.size()) : rows;
@@ -108,7 +141,7 @@ std::optional<KvPool::Lease> KvPool::take(int64_t rows, int64_t length, int64_t 
   return lease;
 }
 
-void KvPool::give_back(const Lease& lease) {
+void KvPool::give_back(const Lease& lease, bool keep) {
   if (!taken_.erase(lease.first)) return;
   rows_ -= lease.rows;
   if (!paged()) {
@@ -117,7 +150,20 @@ void KvPool::give_back(const Lease& lease) {
   }
   table_.narrow(0, lease.first, lease.rows).fill_(-1);  // no row names a page it gave back
   write_table_.narrow(0, lease.first, lease.rows).fill_(-1);
-  for (auto it = lease.pages.rbegin(); it != lease.pages.rend(); ++it) free_pages_.push_back(*it);
+  std::vector<bool> kept(lease.pages.size(), false);
+  if (keep && lease.prefix.block > 0) {  // its complete prompt blocks past the hit join the cache
+    const int64_t per_block = lease.prefix.block / page_len_;
+    const int64_t fresh = (lease.prefix.blocks - static_cast<int64_t>(lease.hit.size())) * per_block;
+    const std::vector<int64_t> blocks(lease.pages.begin(), lease.pages.begin() + fresh);
+    const std::vector<bool> adopted =
+        cache_.insert(lease.prefix.block, *lease.prefix.prompt, lease.prefix.blocks, per_block, lease.hit, blocks);
+    std::copy(adopted.begin(), adopted.end(), kept.begin());
+  }
+  cache_.unpin(lease.hit);
+  cache_counters();
+  for (size_t i = lease.pages.size(); i-- > 0;) {
+    if (!kept[i]) free_pages_.push_back(lease.pages[i]);
+  }
   in_use_ -= static_cast<int64_t>(lease.pages.size());
 }
 

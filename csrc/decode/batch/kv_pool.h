@@ -6,7 +6,7 @@
 //     table [table rows, length / page_len] on the device; a request takes a contiguous range of
 //     table rows and, per row, the pages its canvas needs (ceil(canvas length / page_len), any free
 //     ones); the entries past its canvas are -1 (no page). The budget counts pages, so a short
-//     request holds short rows (ALGORITHMS.md section 11).
+//     request holds short rows (ALGORITHMS.md section 12).
 //
 // The memory is allocated uninitialised and what a request takes is zeroed when it is taken (the
 // scratch row at once), so no forward reads K/V of an earlier request, and the memory the pool
@@ -21,6 +21,7 @@
 #include <optional>
 #include <vector>
 
+#include "decode/batch/prefix_cache.h"
 #include "decode/step.h"  // KvRows
 #include "model/network.h"
 
@@ -35,17 +36,30 @@ class KvPool {
   KvPool(const Network& model, int64_t capacity, int64_t max_length, int64_t page_len, int64_t table_rows,
          bool scratch);
 
+  // A request that may read and feed the prefix cache: one KV row, the prompt's first `blocks`
+  // complete blocks of `block` positions (a multiple of the page length).
+  struct Prefix {
+    int64_t block = 0, blocks = 0;
+    const std::vector<int64_t>* prompt = nullptr;
+  };
   struct Lease {
-    int64_t first = 0, rows = 0;  // rows [first, first + rows) of the pool (dense) or of its table
-    std::vector<int64_t> pages;   // paged: the pages it holds
-    KvRows kv;                    // dense: its rows' view; paged: the store and its table rows' view
+    int64_t first = 0, rows = 0;          // rows [first, first + rows) of the pool (dense) or of its table
+    std::vector<int64_t> pages;           // paged: the pages it holds (not the cached ones it reads)
+    KvRows kv;                            // dense: its rows' view; paged: the store and its table rows' view
+    Prefix prefix;                        // prefix cache: what it read and may feed (block 0: none)
+    std::vector<PrefixCache::Node*> hit;  // the cached blocks it reads (kv.cached positions)
   };
   // `rows` KV rows for a canvas of `length` positions (rows >= 1, fits()), zeroed, or nullopt while
   // they are not free. shared (paged): the first `shared` pages of every row are the same pages
   // (share_prompt_kv: the prompt's complete pages); the lease's write table names them in its first
   // row only until its holder says otherwise.
-  std::optional<Lease> take(int64_t rows, int64_t length, int64_t shared = 0);
-  void give_back(const Lease& lease);
+  // prefix (paged, one row): its first cached complete prompt blocks are read from the cache
+  // (kv.cached positions; never written), the rest taken as usual; least recently used cached
+  // blocks are evicted while pages are short.
+  std::optional<Lease> take(int64_t rows, int64_t length, int64_t shared = 0, const Prefix* prefix = nullptr);
+  // keep: the request finished, so its complete prompt blocks' K/V are final: they join the
+  // prefix cache (when it was given a Prefix) instead of returning to the free pages.
+  void give_back(const Lease& lease, bool keep = false);
   // Whether `rows` rows of `length` positions (`shared` pages common) fit the pool when nothing
   // else holds any.
   bool fits(int64_t rows, int64_t length, int64_t shared = 0) const;
@@ -63,6 +77,11 @@ class KvPool {
   const at::Tensor& tensor() const { return store_; }             // the rows (dense) or the page store
   const at::Tensor& table() const { return table_; }              // paged: [table rows (+ scratch), pages per row]
   const at::Tensor& write_table() const { return write_table_; }  // paged: where each row's writes go
+  // The prefix cache: blocks and pages held, blocks evicted, positions requests read from it.
+  int64_t cached_blocks() const { return cache_blocks_.load(); }  // any thread
+  int64_t cached_pages() const { return cache_pages_.load(); }
+  int64_t evicted_blocks() const { return cache_evicted_.load(); }
+  int64_t hit_tokens() const { return hit_tokens_.load(); }
 
  private:
   std::optional<int64_t> first_fit(int64_t rows, int64_t limit) const;
@@ -72,6 +91,9 @@ class KvPool {
   std::map<int64_t, int64_t> taken_;  // first row -> rows (dense: pool rows; paged: table rows)
   std::vector<int64_t> free_pages_;   // paged: a stack, lowest page on top
   std::atomic<int64_t> in_use_{0}, rows_{0};
+  PrefixCache cache_;
+  std::atomic<int64_t> cache_blocks_{0}, cache_pages_{0}, cache_evicted_{0}, hit_tokens_{0};
+  void cache_counters();
 };
 
 }  // namespace blockbatch

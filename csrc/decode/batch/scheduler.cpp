@@ -211,8 +211,8 @@ struct Scheduler::Live {
 };
 
 Scheduler::Scheduler(const Network& model, int64_t max_batch, int64_t max_length, int64_t kv_budget_bytes,
-                     StepCurve curve, double calibrate_s, bool pad_packs, int64_t kv_page_len)
-    : model_(model), max_batch_(max_batch), max_length_(max_length),
+                     StepCurve curve, double calibrate_s, bool pad_packs, int64_t kv_page_len, bool prefix_cache)
+    : model_(model), max_batch_(max_batch), max_length_(max_length), prefix_cache_(prefix_cache),
       page_len_(resolve_kv_page_len(model.device(), kv_page_len)),
       row_bytes_(kv_row_bytes(
           model.config(), model.dtype(),
@@ -317,7 +317,13 @@ bool Scheduler::admit() {
     auto l = std::make_unique<Live>();
     const int64_t rows = kv_rows_needed(o);
     if (rows > 0) {
-      l->kv = pool_->take(rows, r->length, shared_prompt_pages(o, static_cast<int64_t>(r->prompt.size()), page_len_));
+      const int64_t lp = static_cast<int64_t>(r->prompt.size());
+      // Block-causal (policy block, one row): its complete prompt blocks may come from the prefix cache.
+      KvPool::Prefix prefix;
+      if (prefix_cache_ && pool_->paged() && o.policy == Policy::kBlock && o.block_length % page_len_ == 0) {
+        prefix = KvPool::Prefix{o.block_length, lp / o.block_length, &r->prompt};
+      }
+      l->kv = pool_->take(rows, r->length, shared_prompt_pages(o, lp, page_len_), prefix.block > 0 ? &prefix : nullptr);
       if (!l->kv) return any;  // in order: it waits for rows (the requests decoding free them)
     }
     l->r = r;
@@ -447,7 +453,8 @@ bool Scheduler::finish_if_done(Live& l) {
 
 void Scheduler::retire(Live& l, RequestEvent ev) {
   l.d.reset();  // its device state first; then its KV rows are free before anyone hears it finished
-  if (l.kv) pool_->give_back(*l.kv);
+  // A finished request's complete prompt blocks hold final K/V: they may join the prefix cache.
+  if (l.kv) pool_->give_back(*l.kv, ev.kind == RequestEvent::kFinished);
   l.kv.reset();
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -527,7 +534,11 @@ Scheduler::Counters Scheduler::counters() const {
                   pool_->capacity(),
                   pool_->in_use(),
                   pool_->page_len(),
-                  pool_->paged()};
+                  pool_->paged(),
+                  pool_->cached_blocks(),
+                  pool_->cached_pages(),
+                  pool_->evicted_blocks(),
+                  pool_->hit_tokens()};
 }
 
 void Scheduler::push(RequestEvent ev) {
@@ -567,7 +578,7 @@ namespace blockbatch {
 std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<std::vector<int64_t>>& prompts,
                                        const std::vector<DecodeOptions>& options, int64_t max_batch,
                                        int64_t kv_budget_bytes, const int64_t* cancel, int64_t* reason,
-                                       BatchStats* stats, const StepCurve& curve, bool pad_packs) {
+                                       BatchStats* stats, const StepCurve& curve, bool pad_packs, bool prefix_cache) {
   const int64_t n = static_cast<int64_t>(prompts.size());
   TORCH_CHECK_VALUE(static_cast<int64_t>(options.size()) == n, "decode_batch: ", n, " prompts but ", options.size(),
                     " option sets (give one per prompt)");
@@ -618,7 +629,7 @@ std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<s
       return o.policy == Policy::kBlockBatch && o.branch_budget == BranchBudget::kAuto;
     });
     Scheduler scheduler(model, workers, max_length, (std::max<int64_t>(pool_rows, 1) + (pad ? 1 : 0)) * row_bytes,
-                        curve, adaptive ? 1.0 : 0.0, pad_packs);
+                        curve, adaptive ? 1.0 : 0.0, pad_packs, -1, prefix_cache);
     std::map<int64_t, int64_t> index;  // scheduler id -> request
     for (int64_t i = 0; i < n; ++i) index[scheduler.add(prompts[i], options[i], false)] = i;
     bool cancelled = false;

@@ -83,7 +83,7 @@ std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<s
                                        const std::vector<DecodeOptions>& options, int64_t max_batch,
                                        int64_t kv_budget_bytes = 0, const int64_t* cancel = nullptr,
                                        int64_t* reason = nullptr, BatchStats* stats = nullptr,
-                                       const StepCurve& curve = {}, bool pad_packs = false);
+                                       const StepCurve& curve = {}, bool pad_packs = false, bool prefix_cache = false);
 
 // The KV rows a Scheduler(model, max_batch, max_length, kv_budget_bytes, ..., pad_packs) gives its
 // requests (padded packs, and CUDA graphs, take one more: the scratch row), checked without allocating anything:
@@ -104,9 +104,11 @@ class Scheduler {
   // (batching.h: one stream; eager steps, or with =graphs padded steps replayed from CUDA graphs).
   // pad_packs: pad every packed forward as the graphs do, also on the CPU (a check that padding
   // changes no result). Padding takes one KV row of the budget (the scratch row).
-  // kv_page_len: the pool's layout (resolve_kv_page_len; -1 automatic).
+  // kv_page_len: the pool's layout (resolve_kv_page_len; -1 automatic). prefix_cache: block-causal
+  // requests (policy block) read their prompts' complete blocks from the K/V of earlier requests
+  // with the same blocks, and leave theirs (a paged pool; decode/batch/prefix_cache.h).
   Scheduler(const Network& model, int64_t max_batch, int64_t max_length, int64_t kv_budget_bytes, StepCurve curve = {},
-            double calibrate_s = 0.0, bool pad_packs = false, int64_t kv_page_len = -1);
+            double calibrate_s = 0.0, bool pad_packs = false, int64_t kv_page_len = -1, bool prefix_cache = false);
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -131,6 +133,8 @@ class Scheduler {
     int64_t padded, graph_captures, graph_replays;
     // The pool in pages (dense: rows, page_len = max_length, paged = 0): all, taken, their length.
     int64_t kv_pages, kv_pages_in_use, kv_page_len, kv_paged;
+    // The prefix cache: blocks and pages it holds, blocks evicted, prompt positions read from it.
+    int64_t prefix_cache_blocks, prefix_cache_pages, prefix_cache_evictions, prefix_cache_hit_tokens;
   };
   Counters counters() const;
   const StepCurve& step_curve() const { return curve_; }
@@ -155,7 +159,9 @@ class Scheduler {
   void push(RequestEvent ev);
 
   const Network& model_;
-  const int64_t max_batch_, max_length_, page_len_, row_bytes_;
+  const int64_t max_batch_, max_length_;
+  const bool prefix_cache_;
+  const int64_t page_len_, row_bytes_;
   StepCurve curve_;
   std::unique_ptr<KvPool> pool_;
   std::unique_ptr<PackedForward> packed_;

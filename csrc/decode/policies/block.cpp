@@ -50,6 +50,11 @@ class BlockDecoder final : public Decoder {
     x_ = prompt;
     x_.resize(L_, c_.mask_token_id);
     kv_ = kv.defined() ? std::move(kv) : KvRows{model.new_kv(1, L_), {}};
+    // A prefix-cache hit: the prompt's first complete blocks already hold their final K/V.
+    TORCH_CHECK(kv_.cached % B_ == 0 && kv_.cached <= lp_ / B_ * B_, "block: a prefix hit of ", kv_.cached,
+                " positions is not whole complete prompt blocks");
+    cached_ = kv_.cached;
+    st_.prefix_cache_hit_tokens = cached_;
     st_.branches.push_back(BranchStats{B_});
     block_ = lp_ / B_;
     start_block();

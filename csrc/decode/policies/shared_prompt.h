@@ -1,4 +1,4 @@
-// share_prompt_kv (docs/ALGORITHMS.md section 11): every BlockBatch branch reads one copy of the
+// share_prompt_kv (docs/ALGORITHMS.md section 12): every BlockBatch branch reads one copy of the
 // prompt's K/V. The prompt's complete pages are the same pages in every row (held once); a full
 // forward (init, refresh) writes them through one row, the owner (the first row it feeds), and
 // after it the owner's prompt slots of the last, partial prompt page are copied into every other

@@ -38,7 +38,7 @@ void rope_inplace(T* x, int64_t tokens, int64_t row_stride, int64_t heads, int64
 //   paged: a page store [store_pages, layers, 2, kv_heads, page_len, head_dim] and a page table
 //     pages [rows, length / page_len] (int64): position p of row r is slot p % page_len of page
 //     pages[r, p / page_len]; an entry -1 is no page (a write there is dropped, a read refused by
-//     the CPU ops' checks). Rows sharing a page share its K/V (ALGORITHMS.md section 11).
+//     the CPU ops' checks). Rows sharing a page share its K/V (ALGORITHMS.md section 12).
 struct KvGeometry {
   int64_t layers, kv_heads, length, head_dim;
   int64_t rows;                    // KV rows (dense: buffers; paged: page-table rows)

@@ -68,11 +68,11 @@ def run(args: argparse.Namespace) -> int:
         from ..scheduler import check_pool
 
         try:
-            check_pool(engine.model.obj, args.max_batch, max_length, args.kv_budget_bytes)
+            check_pool(engine.model.obj, args.max_batch, max_length, args.kv_budget_bytes, args.kv_page_len)
         except (TypeError, ValueError) as e:
             raise UsageError(
                 f"--max-batch {args.max_batch} / --max-length {max_length} / --kv-budget-bytes "
-                f"{args.kv_budget_bytes}: {e}"
+                f"{args.kv_budget_bytes} / --kv-page-len {args.kv_page_len}: {e}"
             ) from None
     name = args.served_model_name or default_model_name(engine)
     max_body = args.max_body_bytes if args.max_body_bytes is not None else guard.default_max_body_bytes(max_length)
@@ -92,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
         max_length=max_length,
         api_key=api_key,
         kv_budget_bytes=args.kv_budget_bytes,
+        kv_page_len=args.kv_page_len,
+        prefix_cache=args.prefix_cache,
         preset=preset,
         max_body_bytes=max_body,
         allowed_hosts=allowed_hosts,
@@ -311,6 +313,22 @@ def add_parser(sub) -> None:
         metavar="B",
         help="bytes of the shared KV pool (default 0: room for --max-batch requests with the default "
         "BlockBatch branches at --max-length)",
+    )
+    p.add_argument(
+        "--kv-page-len",
+        type=int,
+        default=-1,
+        metavar="N",
+        help="the KV pool's layout: pages of N positions, each request holding the pages of its own canvas "
+        "(needed by share_prompt_kv); 0: dense rows of --max-length; default -1: pages of 16 on the CPU, "
+        "dense rows on CUDA",
+    )
+    p.add_argument(
+        "--no-prefix-cache",
+        dest="prefix_cache",
+        action="store_false",
+        help="do not keep the K/V of earlier requests' complete prompt blocks for later requests with the same "
+        "prompt start (block-causal models, LLaDA2; on by default: the same tokens, less prefill)",
     )
     p.add_argument("--dtype", choices=list(DTYPES), default="float32")
     p.add_argument("--threads", type=positive_int, default=None, help="intra-op threads (default: torch's choice)")

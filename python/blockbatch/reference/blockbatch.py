@@ -218,7 +218,7 @@ class _BlockBatch:
             fed = len({tuple(self.canvas[br.row].tolist()) for br in rows}) if self.o["fold_rows"] else len(rows)
             self.folded_rows += len(rows) - fed
             self.log_queries.append(L * fed)
-        if self.o["share_prompt_kv"]:  # every row reads the prompt K/V of the first row fed (ALGORITHMS.md 11)
+        if self.o["share_prompt_kv"]:  # every row reads the prompt K/V of the first row fed (ALGORITHMS.md 12)
             owner = 0 if init else rows[0].row
             self.kv[:, :, :, :, : self.lp] = self.kv[owner, :, :, :, : self.lp].clone()
         total = 0

@@ -97,6 +97,8 @@ def create_app(
     max_length: int | None = None,
     api_key: str | None = None,
     kv_budget_bytes: int = 0,
+    kv_page_len: int = -1,
+    prefix_cache: bool = True,
     preset: str | presets.Preset | None = None,
     max_body_bytes: int | None = None,
     allowed_hosts: tuple[str, ...] | None = None,
@@ -108,6 +110,8 @@ def create_app(
     requests waiting beyond those (more get 429); ``max_length``: the longest prompt +
     gen_length accepted (longer get 413; default the model's ``max_sequence_length``, at most
     4096); ``api_key``: when set, every ``/v1`` route needs ``Authorization: Bearer <api_key>``;
+    ``kv_page_len``: the KV pool's layout (``BatchScheduler``: -1 automatic, 0 dense rows, N pages of N);
+    ``prefix_cache``: block-causal requests reuse earlier requests' complete prompt blocks (on by default);
     ``preset``: a preset's name or file (``blockbatch.presets``) giving every request its default
     decode options (the request's own win; a request may name a built-in preset instead in
     ``"blockbatch": {"preset": NAME}``), checked here (ValueError naming it);
@@ -142,7 +146,18 @@ def create_app(
     )
     state = ServerState(
         engine,
-        ServeSettings(served_model_name, max_batch, max_queue, max_length, api_key, kv_budget_bytes, preset, limits),
+        ServeSettings(
+            served_model_name,
+            max_batch,
+            max_queue,
+            max_length,
+            api_key,
+            kv_budget_bytes,
+            preset,
+            limits,
+            kv_page_len,
+            bool(prefix_cache),
+        ),
     )
     metrics = state.metrics
 

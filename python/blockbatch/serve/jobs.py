@@ -31,6 +31,8 @@ class ServeSettings:
     kv_budget_bytes: int = 0
     preset: presets.Preset | None = None  # the default decode options of every request (request fields win)
     limits: guard.Limits | None = None  # body, header and Host limits (guard.py); None: the defaults for max_length
+    kv_page_len: int = -1  # the KV pool's layout (BatchScheduler): -1 automatic, 0 dense rows, N pages of N
+    prefix_cache: bool = True  # block-causal requests reuse earlier requests' complete prompt blocks
 
 
 class ServerState:
@@ -48,7 +50,9 @@ class ServerState:
     def start(self) -> None:
         if self.scheduler is None:
             s = self.settings
-            self.scheduler = self.engine.scheduler(s.max_batch, s.max_length, s.kv_budget_bytes)
+            self.scheduler = self.engine.scheduler(
+                s.max_batch, s.max_length, s.kv_budget_bytes, kv_page_len=s.kv_page_len, prefix_cache=s.prefix_cache
+            )
 
     def stop(self) -> None:
         if self.scheduler is not None:

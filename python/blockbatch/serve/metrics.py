@@ -59,12 +59,16 @@ class _SchedulerCollector:
         "kv_pool_rows": "KV pool rows in all",
         "kv_pages_in_use": "KV pool pages held by running requests (a dense pool: rows)",
         "kv_pages": "KV pool pages in all (a dense pool: rows)",
+        "prefix_cache_blocks": "complete prompt blocks held by the prefix cache",
+        "prefix_cache_pages": "KV pool pages held by the prefix cache",
     }
     COUNTERS = {
         "packed_forwards": "packed forwards the scheduler ran (one per step and KV mode)",
         "request_forwards": "forwards of all requests (NFE, cancelled ones included)",
         "padded_forwards": "packed forwards padded to bucketed sizes (CUDA, BLOCKBATCH_CUDA_BATCHING=graphs)",
         "graph_replays": "padded forwards replayed from a CUDA graph (over padded_forwards: the hit rate)",
+        "prefix_cache_hit_tokens": "prompt positions whose K/V were read from the prefix cache",
+        "prefix_cache_evictions": "prefix-cache blocks evicted for pages",
     }
 
     def __init__(self, counters):

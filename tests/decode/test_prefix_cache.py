@@ -1,0 +1,115 @@
+"""The prefix cache (ALGORITHMS.md 12.6; decode/batch/prefix_cache.h): block-causal requests (LLaDA2,
+policy block) read the K/V of their prompts' complete blocks from earlier requests with the same
+blocks. Each request's tokens, NFE and edits equal its decode without the cache (float32, CPU),
+sequential and batched, under a budget small enough to evict; the hits are counted per request
+and by the scheduler; a block length that is not whole pages is decoded without the cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from blockbatch import DecodeOptions
+
+from helpers.batching import small_engine
+
+SAME = ("nfe", "nfe_block", "edits", "winner_block_size", "committed_per_step")
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    return small_engine(tmp_path_factory.mktemp("prefix-llada2"), "llada2", seed=5)
+
+
+def _requests(vocab: int, mask: int, n: int, common: int, block: int, editing: bool):
+    """n prompts: the same `common` tokens, then 0..2 blocks and a tail of their own."""
+    g = torch.Generator().manual_seed(common + block)
+    shared = [t if t != mask else 1 for t in torch.randint(2, vocab - 2, (common,), generator=g).tolist()]
+    out = []
+    for i in range(n):
+        own = torch.randint(2, vocab - 2, (int(torch.randint(1, 2 * block + 5, (1,), generator=g)),), generator=g)
+        prompt = shared + [t if t != mask else 1 for t in own.tolist()]
+        o = DecodeOptions(
+            policy="block",
+            gen_length=24,
+            block_length=block,
+            threshold=0.9,
+            edit_threshold=0.5 if editing and i % 2 else None,
+        )
+        out.append((prompt, o))
+    return out
+
+
+def _same(a, b, what):
+    assert a.raw_ids == b.raw_ids, f"{what}: tokens differ"
+    for k in SAME:
+        assert a.stats[k] == b.stats[k], f"{what}: {k} {a.stats[k]} != {b.stats[k]}"
+
+
+@pytest.mark.parametrize("block,max_batch", [(16, 1), (16, 3), (32, 2)])
+def test_cached_requests_equal_their_decode_alone(engine, block, max_batch):
+    c = engine.config
+    reqs = _requests(c.vocab_size, c.mask_token_id, 8, 3 * block + 5, block, editing=True)
+    alone = [engine.generate([p], o)[0] for p, o in reqs]
+    cached = engine.generate([p for p, _ in reqs], [o for _, o in reqs], max_batch=max_batch, prefix_cache=True)
+    hits = [g.stats["prefix_cache_hit_tokens"] for g in cached]
+    for i, (g, a) in enumerate(zip(cached, alone)):
+        _same(g, a, f"request {i}")
+        assert a.stats["prefix_cache_hit_tokens"] == 0
+        assert hits[i] % block == 0 and hits[i] <= len(reqs[i][0]) // block * block
+    # The first max_batch requests start together with nothing cached; every later one reads the
+    # common complete blocks (3) at least, and computes fewer query tokens.
+    assert hits[:max_batch] == [0] * max_batch
+    assert all(h >= 3 * block for h in hits[max_batch:]), hits
+    for g, a, h in zip(cached, alone, hits):
+        assert sum(g.stats["query_tokens_per_step"]) == sum(a.stats["query_tokens_per_step"]) - h
+
+
+def test_a_small_budget_evicts_and_stays_exact(engine):
+    """A pool of 16 pages of 16 (a request takes up to 8; each prefix leaves 4-6 cached blocks of one
+    page): cached blocks are evicted, least recently used first, when a request needs pages; the
+    results stay exact."""
+    c = engine.config
+    block = 16
+    reqs = []
+    for k in range(4):  # four prefixes, two requests each, in the order a, b, c, d, a, b, c, d
+        reqs += _requests(c.vocab_size, c.mask_token_id, 1, 4 * block + k, block, editing=False)
+    reqs = reqs + reqs
+    alone = [engine.generate([p], o)[0] for p, o in reqs]
+    page_bytes = c.n_layers * 2 * c.n_kv_heads * 16 * c.head_dim * 4
+    with engine.scheduler(
+        max_batch=1, max_length=128, kv_budget_bytes=16 * page_bytes, adaptive=False, kv_page_len=16, prefix_cache=True
+    ) as s:
+        outs = [s.submit(torch.tensor(p), o).result(timeout=120) for p, o in reqs]
+        k = s.counters()
+    assert k["kv_pages"] == 16
+    assert k["prefix_cache_evictions"] > 0 and k["prefix_cache_pages"] <= 16, k
+    assert k["prefix_cache_hit_tokens"] == sum(o.stats["prefix_cache_hit_tokens"] for o in outs)
+    assert k["kv_pages_in_use"] == 0
+    for i, (out, a) in enumerate(zip(outs, alone)):
+        _same(engine._generation(torch.tensor(reqs[i][0]), out), a, f"request {i}")
+
+
+def test_blocks_that_are_not_whole_pages_are_not_cached(engine):
+    c = engine.config
+    reqs = _requests(c.vocab_size, c.mask_token_id, 3, 40, 8, editing=False)  # blocks of 8, pages of 16
+    alone = [engine.generate([p], o)[0] for p, o in reqs]
+    cached = engine.generate([p for p, _ in reqs], [o for _, o in reqs], prefix_cache=True)
+    for i, (g, a) in enumerate(zip(cached, alone)):
+        _same(g, a, f"request {i}")
+        assert g.stats["prefix_cache_hit_tokens"] == 0
+
+
+def test_other_families_ignore_it(tmp_path):
+    e = small_engine(tmp_path, "llada", seed=1)
+    prompts = [[5, 6, 7, 8] * 10, [5, 6, 7, 8] * 10 + [9]]
+    o = DecodeOptions(policy="dual", gen_length=16, block_length=8)
+    for g, a in zip(e.generate(prompts, o, prefix_cache=True), [e.generate([p], o)[0] for p in prompts]):
+        assert g.raw_ids == a.raw_ids and g.stats["prefix_cache_hit_tokens"] == 0
+
+
+def test_prefix_cache_argument_is_checked(engine):
+    with pytest.raises(TypeError, match="prefix_cache must be True or False"):
+        engine.generate(["1+1"], prefix_cache="yes")
+    with pytest.raises(TypeError, match="prefix_cache must be True or False"):
+        engine.scheduler(max_batch=1, max_length=64, adaptive=False, prefix_cache=1)
