@@ -6,19 +6,20 @@
 #   ("candidates", python/blockbatch/settings.py): candidate_tests_*.xml, bench_gpu_candidates.json,
 #   gpu_decode_candidates.json; the batching scheduler on CUDA (BLOCKBATCH_CUDA_BATCHING=graphs, the default / 1):
 #   cuda_batching_tests.xml, bench_batch_{toy_fp32,toy_bf16,toy_fp32_eager,toy_bf16_invariant}.json, then
-#   (batching8b) bench_batch_{llada8b,llada8b_eager,llada8b_invariant}.json (+ .png); a short table ends the log.
+#   (batching8b) bench_batch_{llada8b,llada8b_eager,llada8b_invariant}.json (+ .png); (paged) paged_tests.xml and
+#   bench_paged_gpu.json: the paged-KV kernels against the dense ones (ALGORITHMS.md 12); a short table ends the log.
 #   bash benchmarks/gpu_check.sh "$OUT" [PARTS]
-# PARTS: a comma-separated subset of tests,batching,batching8b,bench,decode,dream,ops,candidates (default: all of
+# PARTS: a comma-separated subset of tests,batching,batching8b,bench,decode,dream,ops,paged,candidates (default: all of
 # them, in that order; the build always runs), e.g. "tests,batching" when a session's time is short.
 # Every stage has its own time limit and writes as it goes, so a stage that fails or runs long
 # costs only itself. The candidates run last, each stage in its own process: a faulting kernel
 # poisons its process's CUDA context, and a hung one only uses up its stage's limit.
 set -uo pipefail
 OUT="${1:?usage: gpu_check.sh OUT_DIR [PARTS]}"
-PARTS=",${2:-tests,batching,batching8b,bench,decode,dream,ops,candidates},"
+PARTS=",${2:-tests,batching,batching8b,bench,decode,dream,ops,paged,candidates},"
 for part in ${2:+${2//,/ }}; do
-  case "$part" in tests|batching|batching8b|bench|decode|dream|ops|candidates) ;;
-    *) echo "gpu_check.sh: unknown part '$part' (tests, batching, batching8b, bench, decode, dream, ops, candidates)" >&2; exit 2;;
+  case "$part" in tests|batching|batching8b|bench|decode|dream|ops|paged|candidates) ;;
+    *) echo "gpu_check.sh: unknown part '$part' (tests, batching, batching8b, bench, decode, dream, ops, paged, candidates)" >&2; exit 2;;
   esac
 done
 want() { [[ "$PARTS" == *",$1,"* ]]; }
@@ -103,6 +104,11 @@ export PYTHONUNBUFFERED=1
   if want ops; then
     echo "== op checks with the CUDA build ($(date +%T))"
     timeout 90 "$PY" -m pytest -q --tb=short -p no:logging tests/ops/test_ops.py --junitxml="$OUT/ops_tests.xml"
+  fi
+  if want paged; then
+    echo "== paged KV: the kernels through page tables against the dense ones ($(date +%T))"
+    timeout 90 "$PY" -m pytest -q --tb=short -p no:logging tests/cuda/test_cuda.py -k paged --junitxml="$OUT/paged_tests.xml"
+    timeout 90 "$PY" benchmarks/bench_paged.py --parts pages --device cuda --repeats 5 --out "$OUT/bench_paged_gpu.json"
   fi
   if ! want candidates; then
     echo "== done ($(date +%T))"

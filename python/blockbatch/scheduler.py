@@ -133,7 +133,7 @@ class BatchScheduler:
     ``calibrate_s`` seconds), a list of ``(tokens, seconds)`` points (e.g. from a GPU run's
     ``benchmarks/bench_batch.py`` JSON), or None (auto requests run their full branch set).
     ``kv_page_len``: the pool's layout: -1 (automatic: pages of 16 positions on the CPU, dense rows
-    on CUDA until a GPU run has timed the paged kernels), 0 (dense rows of ``max_length``), or
+    on CUDA, docs/bench/gpu/NOTES.md "Paged KV"), 0 (dense rows of ``max_length``), or
     pages of that many positions, so that a request holds pages for its own canvas, not for
     ``max_length`` (docs/ALGORITHMS.md section 12). ``prefix_cache``: a block-causal request (policy
     ``block``, LLaDA2) reads the K/V of its prompt's complete blocks from earlier requests with the

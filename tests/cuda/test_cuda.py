@@ -577,3 +577,41 @@ def test_llada2_cuda_graph_replay_equals_eager(dtype, moe_kernel, monkeypatch):
         assert graph.stats["graph_captures"] >= 1 and graph.stats["graph_replays"] >= 1
     else:
         assert graph.stats["graph_captures"] == 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("page_len", [16, 5])
+def test_paged_kv_equals_dense_cuda(dtype, page_len, attn_kernel):
+    """Every KV kernel through a page table (shuffled pages) == itself on the dense buffer holding
+    the same K/V, bit for bit: attention (each tensor-core variant; float32: the reference kernel),
+    the fused RoPE + KV write, the KV write and the row copy (ALGORITHMS.md 12.1)."""
+    from helpers.pages import from_pages, to_pages
+
+    g = torch.Generator().manual_seed(page_len)
+    heads, kv_heads, hd, L = 8, 2, 128, 300
+    lengths = [4, 8, 16, 32, 64, 128]
+    T = sum(lengths)
+    q, k, v = (torch.randn(T, h, hd, generator=g).to(dtype) for h in (heads, kv_heads, kv_heads))
+    dense = torch.randn(6, 2, 2, kv_heads, L, hd, generator=g).to(dtype)
+    store, table = to_pages(dense, page_len, g)
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)))
+    rows = torch.tensor([5, 4, 3, 2, 1, 0])
+    c = lambda t: t.cuda()  # noqa: E731
+    for cache, fresh in [(torch.full((6,), L), False), (torch.tensor([0, 5, 17, 100, 299, 300]), True)]:
+        want = ops.packed_attention(c(q), c(k), c(v), c(cu), c(dense), c(rows), c(cache), 1, fresh)
+        got = ops.packed_attention(c(q), c(k), c(v), c(cu), c(store), c(rows), c(cache), 1, fresh, c(table))
+        assert torch.equal(got, want), cache.tolist()
+    pos = torch.cat([torch.randperm(L, generator=g)[:n] for n in lengths])
+    t = rope_table(L, hd, 1e4).cuda()
+    d, s = c(dense), c(store)
+    q1, k1, q2, k2 = c(q), c(k), c(q), c(k)
+    ops.rope_kv_write_(q1, k1, c(v), c(pos), t, d, c(cu), c(rows), 1)
+    ops.rope_kv_write_(q2, k2, c(v), c(pos), t, s, c(cu), c(rows), 1, c(table))
+    assert torch.equal(q1, q2) and torch.equal(k1, k2)
+    assert torch.equal(from_pages(s.cpu(), table, L), d.cpu())
+    ops.kv_write_(d, c(k), c(v), c(pos), c(cu), c(rows), 0)
+    ops.kv_write_(s, c(k), c(v), c(pos), c(cu), c(rows), 0, c(table))
+    src = torch.tensor([-1, 3, 0, -1, 5, -1])
+    ops.kv_copy_rows_(d, c(src))
+    ops.kv_copy_rows_(s, c(src), c(table))
+    assert torch.equal(from_pages(s.cpu(), table, L), d.cpu())

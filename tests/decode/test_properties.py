@@ -140,6 +140,7 @@ INVALID = {
     "sync": st.one_of(st.integers(), st.none()),
     "sync_refresh": st.one_of(st.integers(), st.none(), st.text(max_size=4)),
     "fold_rows": st.one_of(st.integers(), st.none(), st.text(max_size=4)),
+    "share_prompt_kv": st.one_of(st.integers(), st.none(), st.text(max_size=4)),
     "branch_budget": st.one_of(st.text(max_size=8).filter(lambda v: v not in ("full", "auto")), st.integers()),
     "cuda_graphs": st.one_of(st.integers(), st.floats()),
     "timeout_s": st.one_of(st.floats().filter(lambda v: not (0 <= v < float("inf"))), st.text(max_size=3)),

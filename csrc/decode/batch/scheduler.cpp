@@ -34,7 +34,7 @@ int64_t resolve_kv_page_len(c10::Device device, int64_t kv_page_len) {
   TORCH_CHECK_VALUE(kv_page_len >= -1, "kv_page_len must be -1 (automatic), 0 (dense rows) or a page length >= 1, got ",
                     kv_page_len);
   if (kv_page_len >= 0) return kv_page_len;
-  return device.is_cpu() ? kDefaultKvPageLen : 0;  // CUDA: dense until a GPU run times the paged kernels
+  return device.is_cpu() ? kDefaultKvPageLen : 0;  // CUDA: dense (docs/bench/gpu/NOTES.md "Paged KV")
 }
 
 int64_t shared_prompt_pages(const DecodeOptions& o, int64_t prompt_len, int64_t page_len) {

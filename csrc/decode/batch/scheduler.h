@@ -51,8 +51,8 @@ int64_t kv_rows_needed(const DecodeOptions& resolved);
 int64_t kv_row_bytes(const ModelConfig& config, c10::ScalarType dtype, int64_t length);
 
 // The KV pool's layout (decode/batch/kv_pool.h): kv_page_len -1 (automatic) is paged in pages of
-// kDefaultKvPageLen positions on the CPU and dense rows on CUDA (until a GPU run has timed the
-// paged attention against the dense one); 0 dense rows; > 0 pages of that many positions
+// kDefaultKvPageLen positions on the CPU and dense rows on CUDA (the paged CUDA kernels are a
+// candidate: docs/bench/gpu/NOTES.md "Paged KV"); 0 dense rows; > 0 pages of that many positions
 // (kDefaultKvPageLen: decode/step.h).
 int64_t resolve_kv_page_len(c10::Device device, int64_t kv_page_len);
 // Positions of one pool row: max_length, rounded up to whole pages when paged.
