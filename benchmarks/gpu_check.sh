@@ -108,7 +108,7 @@ export PYTHONUNBUFFERED=1
   if want paged; then
     echo "== paged KV: the kernels through page tables against the dense ones ($(date +%T))"
     timeout 90 "$PY" -m pytest -q --tb=short -p no:logging tests/cuda/test_cuda.py -k paged --junitxml="$OUT/paged_tests.xml"
-    timeout 90 "$PY" benchmarks/bench_paged.py --parts pages --device cuda --repeats 5 --out "$OUT/bench_paged_gpu.json"
+    timeout 90 "$PY" benchmarks/bench_paged.py --parts pages --device cuda --repeats 40 --out "$OUT/bench_paged_gpu.json"
   fi
   if ! want candidates; then
     echo "== done ($(date +%T))"

@@ -367,6 +367,104 @@ def fold(d: dict) -> str:
     return _table(head, rows)
 
 
+def paged_pages(d: dict) -> str:
+    """benchmarks/bench_paged.py pages: the CPU attention op over page stores against the dense buffer."""
+    cases = list(d["pages"])
+    layouts = list(d["pages"][cases[0]])
+    rows = [
+        [f"`{c}`"]
+        + [f"{d['pages'][c][n]['median_ms']:.2f} ms ({_x(d['pages'][c][n]['ratio_to_dense'])})" for n in layouts]
+        for c in cases
+    ]
+    return _table(["dtype / cached keys"] + [n if n == "dense" else f"pages of {n}" for n in layouts], rows)
+
+
+def paged_pool(d: dict) -> str:
+    """benchmarks/bench_paged.py pool: a scheduler's wall time with dense rows and with pages."""
+    rows = []
+    for name, r in d["pool"].items():
+        model, preset = name.split("/")
+        rows.append(
+            [model, f"`{preset}`"]
+            + [f"{v['median_s']:.2f} s" + ("" if P == "0" else f" ({_x(v['ratio_to_dense'])})") for P, v in r.items()]
+        )
+    first = next(iter(d["pool"].values()))
+    return _table(["model", "preset"] + ["dense rows" if P == "0" else f"pages of {P}" for P in first], rows)
+
+
+def paged_bytes(d: dict) -> str:
+    """benchmarks/bench_paged.py bytes: KV per request and requests per budget, dense pool against pages."""
+    rows = []
+    for name, r in d["bytes"].items():
+        shape, prompt, policy = name.split("/")
+        if policy == "vanilla":
+            continue
+        mib = lambda b: f"{b / 2**20:,.0f}"  # noqa: E731
+        rows.append(
+            [
+                shape,
+                prompt.removeprefix("prompt"),
+                f"`{policy}`",
+                mib(r["bytes_dense_pool"]),
+                mib(r["bytes_paged"]),
+                f"{r['ratio_to_dual']:.2f}x" if "ratio_to_dual" in r else "",
+                f"{r['largest_batch_dense_pool']} -> {r['largest_batch_paged']}",
+                f"{r['largest_batch_64gib_dense_pool']} -> {r['largest_batch_64gib_paged']}",
+            ]
+        )
+    head = ["shape", "prompt", "policy", "MiB / request, dense pool", "MiB, paged", "paged vs dual"]
+    return _table(head + ["requests in 1 GiB", "requests in 64 GiB"], rows)
+
+
+def paged_share(d: dict) -> str:
+    """benchmarks/bench_paged.py share: share_prompt_kv off against on, on the toys."""
+
+    def acc(a, b) -> str:
+        return "n/a" if a is None else f"{a:.2f} -> {b:.2f}"
+
+    rows = []
+    for name, r in d["share"].items():
+        model, preset = name.split("/")
+        off, on = r["off"], r["on"]
+        rows.append(
+            [
+                model,
+                f"`{preset}`",
+                f"{r['n']} / {r['mean_prompt']:.0f}",
+                acc(off["trace_accuracy"], on["trace_accuracy"]),
+                acc(off["answer_accuracy"], on["answer_accuracy"]),
+                f"{off['mean_nfe']:.2f} -> {on['mean_nfe']:.2f}",
+                f"{off['mean_refreshes']:.2f}",
+                f"{r['decodes_changed']}",
+                f"{off['mean_pages']:.1f} -> {on['mean_pages']:.1f}",
+                f"{off['median_cpu_ms']:.1f} -> {on['median_cpu_ms']:.1f} ({_x(r['median_cpu_ratio_off_on'])})",
+            ]
+        )
+    head = ["model", "preset", "n / mean prompt", "trace accuracy", "answer accuracy", "NFE", "refreshes"]
+    head += ["decodes changed", "KV pages / request"]
+    return _table(head + ["CPU ms / sample"], rows)
+
+
+def paged_prefix(d: dict) -> str:
+    """benchmarks/bench_paged.py prefix: LLaDA2 requests sharing a prompt start, with and without the cache."""
+    p = d["prefix"]
+    rows = []
+    for key, label in (("no_cache", "without"), ("cache", "with the prefix cache")):
+        r = p[key]
+        rows.append(
+            [
+                label,
+                f"{r['hit_rate']:.2f}",
+                f"{r['query_tokens']:,}",
+                f"{r['median_wall_s']:.2f} s",
+                f"{r['requests_per_s']:.1f}",
+                f"{r['median_first_tokens_s']:.2f} s",
+            ]
+        )
+    head = [f"{p['requests']} requests, {p['prefix']}-token shared start", "hit rate", "query tokens", "wall"]
+    return _table(head + ["requests / s", "median time to first tokens"], rows)
+
+
 def loto(d: dict) -> str:
     """benchmarks/loto.py: settings chosen leaving each task out, on the task left out."""
 
@@ -468,6 +566,11 @@ TABLES: dict[str, tuple[str, Callable[[dict], str]]] = {
     "llada2-toy": ("docs/bench/llada2/bench.json", block_policies),
     "fold": ("docs/bench/fold/bench_fold.json", fold),
     "loto": ("docs/bench/loto/loto.json", loto),
+    "paged-pages": ("docs/bench/paged/bench_paged.json", paged_pages),
+    "paged-pool": ("docs/bench/paged/bench_paged.json", paged_pool),
+    "paged-bytes": ("docs/bench/paged/bench_paged.json", paged_bytes),
+    "paged-share": ("docs/bench/paged/bench_paged.json", paged_share),
+    "paged-prefix": ("docs/bench/paged/bench_paged.json", paged_prefix),
     "loto-tally": ("docs/bench/loto/loto.json", loto_tally),
     "loto-frontier": ("docs/bench/loto/loto.json", loto_frontier),
 }

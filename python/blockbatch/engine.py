@@ -171,10 +171,11 @@ class Engine:
         room for ``max_batch`` requests). Either way a request's result never depends on the
         others: batched, its tokens and counters are those of its decode alone. ``prefix_cache``
         (block-causal families, policy ``block``: LLaDA2): the prompts go through one scheduler
-        (``max_batch`` at a time, also 1) whose KV pool keeps the complete prompt blocks of the
-        requests that finished, and a later request whose prompt starts with the same blocks reads
-        their K/V instead of computing them: the same tokens and NFE, fewer query tokens
-        (``stats["prefix_cache_hit_tokens"]``; docs/ALGORITHMS.md 12.6). Other families: no effect.
+        (``max_batch`` at a time, also 1) whose KV pool keeps the complete prompt blocks of every
+        request once its first forward has written them, and a request admitted later whose prompt
+        starts with the same blocks reads their K/V instead of computing them: the same tokens and
+        NFE, fewer query tokens (``stats["prefix_cache_hit_tokens"]``; docs/ALGORITHMS.md 12.6).
+        Other families: no effect.
         """
         max_batch = checked_int("max_batch", max_batch, 1)
         kv_budget_bytes = checked_int("kv_budget_bytes", kv_budget_bytes, 0)

@@ -137,8 +137,9 @@ class BatchScheduler:
     pages of that many positions, so that a request holds pages for its own canvas, not for
     ``max_length`` (docs/ALGORITHMS.md section 12). ``prefix_cache``: a block-causal request (policy
     ``block``, LLaDA2) reads the K/V of its prompt's complete blocks from earlier requests with the
-    same blocks, and leaves its own when it finishes; least recently used blocks are evicted when the
-    pool needs pages (needs pages; block lengths a multiple of the page length; section 12.6).
+    same blocks, and leaves its own once its first forward has written them; least recently used
+    blocks are evicted when the pool needs pages (a paged pool; block lengths a multiple of the
+    page length; section 12.6).
     Use as a context manager, or call ``close()``.
     """
 

@@ -113,3 +113,30 @@ def test_prefix_cache_argument_is_checked(engine):
         engine.generate(["1+1"], prefix_cache="yes")
     with pytest.raises(TypeError, match="prefix_cache must be True or False"):
         engine.scheduler(max_batch=1, max_length=64, adaptive=False, prefix_cache=1)
+
+
+def test_a_running_request_shares_its_blocks_after_its_first_forward(engine):
+    """A request publishes its complete prompt blocks once its first forward has written them, so a
+    request admitted while it still decodes reads them (not only after it finishes)."""
+    c = engine.config
+    (p1, o), (p2, _) = _requests(c.vocab_size, c.mask_token_id, 2, 4 * 16, 16, editing=False)
+    o = o.replace(gen_length=64, threshold=0.999)  # many steps: still running when the second comes
+    s = torch.classes.blockbatch.Scheduler(engine.model.obj, 2, 256, 0, [], [], 0.0, 16, True)
+    s.add(torch.tensor(p1), o.native, False)
+    s.step(0.0)  # admitted, first forward run: its 4 common blocks are cached
+    k = dict(s.counters())
+    assert k["running"] == 1 and k["prefix_cache_blocks"] >= 4, k
+    s.add(torch.tensor(p2), o.native, False)
+    finished = {}
+    while len(finished) < 2:
+        s.step(0.0)
+        ids, kinds, *_ = s.events()
+        for i, kind in zip(ids, kinds):
+            if kind == 1:
+                finished[i] = True
+    assert dict(s.counters())["prefix_cache_hit_tokens"] >= 4 * 16
+    s.close()
+    alone = [engine.generate([p], o)[0] for p in (p1, p2)]
+    both = engine.generate([p1, p2], o, max_batch=2, prefix_cache=True)
+    for g, a in zip(both, alone):
+        _same(g, a, "batched")

@@ -141,7 +141,26 @@ std::optional<KvPool::Lease> KvPool::take(int64_t rows, int64_t length, int64_t 
   return lease;
 }
 
-void KvPool::give_back(const Lease& lease, bool keep) {
+void KvPool::publish(Lease& lease) {
+  if (lease.published || lease.prefix.block == 0) return;
+  lease.published = true;
+  // Its blocks past the hit: the first pages it took, in position order (take()'s table).
+  const int64_t per_block = lease.prefix.block / page_len_;
+  const int64_t fresh = (lease.prefix.blocks - static_cast<int64_t>(lease.hit.size())) * per_block;
+  const std::vector<int64_t> blocks(lease.pages.begin(), lease.pages.begin() + fresh);
+  PrefixCache::Inserted in =
+      cache_.insert(lease.prefix.block, *lease.prefix.prompt, lease.prefix.blocks, per_block, lease.hit, blocks);
+  lease.hit.insert(lease.hit.end(), in.nodes.begin(), in.nodes.end());
+  std::vector<int64_t> own;  // the pages still its own (its other blocks; a block cached first by another)
+  for (size_t i = 0; i < lease.pages.size(); ++i) {
+    if (static_cast<int64_t>(i) >= fresh || !in.kept[i]) own.push_back(lease.pages[i]);
+  }
+  in_use_ -= static_cast<int64_t>(lease.pages.size() - own.size());
+  lease.pages = std::move(own);
+  cache_counters();
+}
+
+void KvPool::give_back(const Lease& lease) {
   if (!taken_.erase(lease.first)) return;
   rows_ -= lease.rows;
   if (!paged()) {
@@ -150,20 +169,9 @@ void KvPool::give_back(const Lease& lease, bool keep) {
   }
   table_.narrow(0, lease.first, lease.rows).fill_(-1);  // no row names a page it gave back
   write_table_.narrow(0, lease.first, lease.rows).fill_(-1);
-  std::vector<bool> kept(lease.pages.size(), false);
-  if (keep && lease.prefix.block > 0) {  // its complete prompt blocks past the hit join the cache
-    const int64_t per_block = lease.prefix.block / page_len_;
-    const int64_t fresh = (lease.prefix.blocks - static_cast<int64_t>(lease.hit.size())) * per_block;
-    const std::vector<int64_t> blocks(lease.pages.begin(), lease.pages.begin() + fresh);
-    const std::vector<bool> adopted =
-        cache_.insert(lease.prefix.block, *lease.prefix.prompt, lease.prefix.blocks, per_block, lease.hit, blocks);
-    std::copy(adopted.begin(), adopted.end(), kept.begin());
-  }
   cache_.unpin(lease.hit);
   cache_counters();
-  for (size_t i = lease.pages.size(); i-- > 0;) {
-    if (!kept[i]) free_pages_.push_back(lease.pages[i]);
-  }
+  for (auto it = lease.pages.rbegin(); it != lease.pages.rend(); ++it) free_pages_.push_back(*it);
   in_use_ -= static_cast<int64_t>(lease.pages.size());
 }
 

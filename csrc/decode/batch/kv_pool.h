@@ -47,7 +47,8 @@ class KvPool {
     std::vector<int64_t> pages;           // paged: the pages it holds (not the cached ones it reads)
     KvRows kv;                            // dense: its rows' view; paged: the store and its table rows' view
     Prefix prefix;                        // prefix cache: what it read and may feed (block 0: none)
-    std::vector<PrefixCache::Node*> hit;  // the cached blocks it reads (kv.cached positions)
+    std::vector<PrefixCache::Node*> hit;  // the cached blocks it reads (pinned), then those it published
+    bool published = false;
   };
   // `rows` KV rows for a canvas of `length` positions (rows >= 1, fits()), zeroed, or nullopt while
   // they are not free. shared (paged): the first `shared` pages of every row are the same pages
@@ -57,9 +58,11 @@ class KvPool {
   // (kv.cached positions; never written), the rest taken as usual; least recently used cached
   // blocks are evicted while pages are short.
   std::optional<Lease> take(int64_t rows, int64_t length, int64_t shared = 0, const Prefix* prefix = nullptr);
-  // keep: the request finished, so its complete prompt blocks' K/V are final: they join the
-  // prefix cache (when it was given a Prefix) instead of returning to the free pages.
-  void give_back(const Lease& lease, bool keep = false);
+  void give_back(const Lease& lease);
+  // After the request's first forward (a Prefix lease): its complete prompt blocks hold their final
+  // K/V, so they join the prefix cache (their pages now the cache's, pinned while it runs) and any
+  // request taken later may read them. Once per lease.
+  void publish(Lease& lease);
   // Whether `rows` rows of `length` positions (`shared` pages common) fit the pool when nothing
   // else holds any.
   bool fits(int64_t rows, int64_t length, int64_t shared = 0) const;

@@ -33,10 +33,11 @@ void PrefixCache::unpin(const std::vector<Node*>& nodes) {
   }
 }
 
-std::vector<bool> PrefixCache::insert(int64_t block, const std::vector<int64_t>& prompt, int64_t blocks,
-                                      int64_t per_block, const std::vector<Node*>& path,
-                                      const std::vector<int64_t>& pages) {
-  std::vector<bool> kept(pages.size(), false);
+PrefixCache::Inserted PrefixCache::insert(int64_t block, const std::vector<int64_t>& prompt, int64_t blocks,
+                                          int64_t per_block, const std::vector<Node*>& path,
+                                          const std::vector<int64_t>& pages) {
+  Inserted out{std::vector<bool>(pages.size(), false), {}};
+  std::vector<bool>& kept = out.kept;
   Node* at = path.empty() ? &roots_[block] : path.back();
   ++tick_;
   const int64_t from = static_cast<int64_t>(path.size());
@@ -59,8 +60,10 @@ std::vector<bool> PrefixCache::insert(int64_t block, const std::vector<int64_t>&
     }
     at = it->second.get();
     at->used = tick_;
+    at->users += 1;  // pinned for the caller
+    out.nodes.push_back(at);
   }
-  return kept;
+  return out;
 }
 
 std::vector<int64_t> PrefixCache::evict() {

@@ -1,6 +1,7 @@
 // The prefix cache of a paged KV pool (decode/batch/kv_pool.h; docs/ALGORITHMS.md 12.6): the K/V
-// of complete prompt blocks of block-causal families, kept after their request ends and read by
-// any later request whose prompt starts with the same blocks.
+// of complete prompt blocks of block-causal families, published once a request's first forward has
+// written them, kept after it ends, and read by any request taken later whose prompt starts with
+// the same blocks.
 //
 // Under block-causal attention the K/V of a block's positions depend only on the tokens of that
 // block and the blocks before it (and on the block length, which is the attention mask), so a
@@ -37,10 +38,14 @@ class PrefixCache {
   void unpin(const std::vector<Node*>& nodes);
   // Caches blocks [path.size(), blocks) of `prompt` after `path` (match()'s chain, pinned), block
   // i's pages being pages[(i - path.size()) * per_block ...]. Returns, per page given, whether the
-  // cache kept it (false: the block was cached meanwhile by another request: the page is the
-  // caller's to free).
-  std::vector<bool> insert(int64_t block, const std::vector<int64_t>& prompt, int64_t blocks, int64_t per_block,
-                           const std::vector<Node*>& path, const std::vector<int64_t>& pages);
+  // cache kept it (false: the block was cached meanwhile by another request: the page stays the
+  // caller's), and the blocks' nodes, pinned for the caller (unpin them with the path).
+  struct Inserted {
+    std::vector<bool> kept;
+    std::vector<Node*> nodes;
+  };
+  Inserted insert(int64_t block, const std::vector<int64_t>& prompt, int64_t blocks, int64_t per_block,
+                  const std::vector<Node*>& path, const std::vector<int64_t>& pages);
   // The pages of the least recently used block no request reads and no cached block follows;
   // empty when every block is in use.
   std::vector<int64_t> evict();

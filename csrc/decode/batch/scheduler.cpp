@@ -401,6 +401,8 @@ void Scheduler::run_step() {
              failed_event(forwarding[i]->r->id, entries[i].error, forwarding[i]->r->cancel, forwarding[i]->r->reason));
     } else {
       forwarding[i]->logits = entries[i].logits;
+      // Its first forward wrote its complete prompt blocks' final K/V: later requests may read them.
+      if (forwarding[i]->kv) pool_->publish(*forwarding[i]->kv);
     }
   }
   // 4. Each decoder's device work on its rows, every readout back in one copy, then its host work.
@@ -453,8 +455,7 @@ bool Scheduler::finish_if_done(Live& l) {
 
 void Scheduler::retire(Live& l, RequestEvent ev) {
   l.d.reset();  // its device state first; then its KV rows are free before anyone hears it finished
-  // A finished request's complete prompt blocks hold final K/V: they may join the prefix cache.
-  if (l.kv) pool_->give_back(*l.kv, ev.kind == RequestEvent::kFinished);
+  if (l.kv) pool_->give_back(*l.kv);
   l.kv.reset();
   {
     std::lock_guard<std::mutex> lock(mutex_);
