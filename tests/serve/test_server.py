@@ -370,6 +370,11 @@ def test_metrics_count_what_was_served(server, client):
     assert delta("blockbatch_request_forwards_total") == a.model_extra["nfe"] + b.model_extra["nfe"]
     assert after["blockbatch_running"] == after["blockbatch_queued"] == after["blockbatch_kv_rows_in_use"] == 0
     assert after["blockbatch_kv_pool_rows"] > 0
+    # the CPU pool is pages (all back when idle); the prefix cache is on but serves block-causal
+    # models only, so the toy LLaDA leaves it empty
+    assert after["blockbatch_kv_pages"] > 0 and after["blockbatch_kv_pages_in_use"] == 0
+    assert after["blockbatch_prefix_cache_blocks"] == after["blockbatch_prefix_cache_pages"] == 0
+    assert after["blockbatch_prefix_cache_hit_tokens_total"] == after["blockbatch_prefix_cache_evictions_total"] == 0
     assert delta("blockbatch_packed_forwards_total") > 0
     # CPU: packs are not padded and no graph replays (the CUDA graphs' counters exist, at 0)
     assert after["blockbatch_padded_forwards_total"] == after["blockbatch_graph_replays_total"] == 0
