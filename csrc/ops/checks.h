@@ -69,6 +69,8 @@ void check_absorb(const BranchTensors& d, const at::Tensor& canvas, const at::Te
 void check_coordinate(const BranchTensors& d, const at::Tensor& canvas, const at::Tensor& flags,
                       const at::Tensor& sync_src);
 void check_kv_copy_rows(const at::Tensor& kv, const at::Tensor& src, const std::optional<at::Tensor>& kv_pages);
+// kv_copy_rows_'s rows as pages of kv (checked): kv_pages' rows, or kv's rows one page each (dense).
+cpu::KvPages kv_copy_pages(const at::Tensor& kv, const std::optional<at::Tensor>& kv_pages);
 // Values the bookkeeping kernels check on the device (and skip), checked on the host by the CPU ops.
 void check_eos_id(int64_t eos_id, int64_t vocab);
 void check_window(const branches::View& v, int64_t b);

@@ -80,6 +80,11 @@ void check_kv_copy_rows(const at::Tensor& kv, const at::Tensor& src, const std::
   check_tensor(src, "src", at::kLong, {kv_pages->size(0)}, kv);
 }
 
+cpu::KvPages kv_copy_pages(const at::Tensor& kv, const std::optional<at::Tensor>& kv_pages) {
+  if (!kv_pages.has_value()) return {nullptr, 1, kv.size(0)};
+  return {kv_pages->const_data_ptr<int64_t>(), kv_pages->size(1), kv.size(0)};
+}
+
 void check_eos_id(int64_t eos_id, int64_t vocab) {
   TORCH_CHECK_VALUE(eos_id >= 0 && eos_id < vocab, "eos_id = ", eos_id, " is outside the logits' vocabulary [0, ",
                     vocab, ")");

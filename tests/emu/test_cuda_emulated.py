@@ -204,10 +204,13 @@ def test_rope_kv_write_emulated(emu, dtype, hd):
         assert _rel_err(a, b) <= tol * b.float().abs().max().item()
 
 
-def _attention(emu, kernel, q, k, v, cu, kv, rows, cache, layer, fresh, splits, max_keys, sentinel=7.0):
+def _attention(
+    emu, kernel, q, k, v, cu, kv, rows, cache, layer, fresh, splits, max_keys, sentinel=7.0, length=None, buffers=None
+):
     """The kernel's output (NaN to start with: every element must be written) in a buffer with a
     guard row, and the split workspace sized as csrc/ops/cuda/attention.cpp sizes it, plus a guard: neither guard
-    may change."""
+    may change. length / buffers: the geometry's positions per KV row and KV rows (default: kv's;
+    a page store read through bbemu_set_kv_pages: the table's)."""
     T, heads, hd = q.shape
     out = torch.full((T + 1, heads * hd), float("nan"), dtype=q.dtype)
     out[T] = sentinel
@@ -228,9 +231,9 @@ def _attention(emu, kernel, q, k, v, cu, kv, rows, cache, layer, fresh, splits, 
         kv,
         kv.shape[1],
         kv.shape[3],
-        kv.shape[4],
+        kv.shape[4] if length is None else length,
         hd,
-        kv.shape[0],
+        kv.shape[0] if buffers is None else buffers,
         layer,
         rows,
         cache,
@@ -763,9 +766,22 @@ def test_paged_kv_kernels_emulated(emu, paged, dtype, kernels, page_len):
             for splits in (1, 3) if kernel else (1,):
                 want = _attention(emu, kernel, q, k, v, cu, dense, rows, cache, 1, fresh, splits, max_keys)
                 paged(table, page_len, store.shape[0])
-                view = store.view(store.shape[0], 2, 2, kv_heads, page_len, hd)
-                got = _attention_paged(
-                    emu, kernel, q, k, v, cu, view, Lp, len(table), rows, cache, fresh, splits, max_keys + Lp - L
+                got = _attention(
+                    emu,
+                    kernel,
+                    q,
+                    k,
+                    v,
+                    cu,
+                    store,
+                    rows,
+                    cache,
+                    1,
+                    fresh,
+                    splits,
+                    max_keys + Lp - L,
+                    length=Lp,
+                    buffers=len(table),
                 )
                 paged(None, 0, 0)
                 assert torch.equal(got, want), f"kernel {kernel} splits {splits} cache {cache.tolist()}"
@@ -843,43 +859,3 @@ def test_paged_kv_kernels_emulated(emu, paged, dtype, kernels, page_len):
     emu.ok("bbemu_kv_copy_rows", got, src, len(table), got[0].numel() * got.element_size(), table.shape[1])
     paged(None, 0, 0)
     assert torch.equal(got, want)
-
-
-def _attention_paged(emu, kernel, q, k, v, cu, store, length, table_rows, rows, cache, fresh, splits, max_keys):
-    """_attention over a page store: the geometry's length is the table's positions per row and its
-    rows the table's rows."""
-    T, heads, hd = q.shape
-    out = torch.full((T + 1, heads * hd), float("nan"), dtype=q.dtype)
-    out[T] = 7.0
-    used = splits if splits else emu("bbemu_attention_splits", heads, k.shape[1], hd, len(rows), T, max_keys)
-    part = torch.full(((used if kernel else 1) * T * heads * (hd + 2) + 64,), 7.0)
-    emu.ok(
-        "bbemu_attention",
-        CODE[q.dtype],
-        kernel,
-        q,
-        k,
-        v,
-        out,
-        q.stride(0),
-        k.stride(0),
-        cu,
-        len(rows),
-        store,
-        store.shape[1],
-        store.shape[3],
-        length,
-        hd,
-        table_rows,
-        1,
-        rows,
-        cache,
-        int(fresh),
-        heads,
-        T,
-        max_keys,
-        splits,
-        part,
-    )
-    assert (out[T] == 7.0).all() and (part[-64:] == 7.0).all(), "a write outside the output / workspace"
-    return out[:T]

@@ -71,6 +71,7 @@ class KvPool {
 
   bool paged() const { return page_len_ > 0; }
   int64_t page_len() const { return paged() ? page_len_ : max_length_; }
+  int64_t per_row() const { return per_row_; }          // pages a row of max_length positions takes (dense: 1)
   int64_t capacity() const { return capacity_; }        // pages (dense: rows)
   int64_t in_use() const { return in_use_.load(); }     // pages (dense: rows) taken; any thread
   int64_t rows_in_use() const { return rows_.load(); }  // KV rows taken; any thread

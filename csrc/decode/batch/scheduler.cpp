@@ -101,8 +101,6 @@ bool check_batching_device(c10::Device device, const char* who) {
 // The KV rows a budget of `bytes` gives the requests: padded packs keep one (the scratch row).
 int64_t budget_rows(int64_t bytes, int64_t row_bytes, bool pad) { return bytes / row_bytes - (pad ? 1 : 0); }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // KV rows of one request with the family's default BlockBatch branches: the pool's rows per
 // request when no budget is given.
 int64_t default_request_rows(const ModelConfig& c) {
@@ -235,7 +233,7 @@ Scheduler::Scheduler(const Network& model, int64_t max_batch, int64_t max_length
   if (curve_.empty() && calibrate_s > 0) curve_ = measure_step_curve(model, calibrate_s);
   const bool pad = pad_packs || graphs;
   if (page_len_ > 0) {  // the budget's rows as pages; KV rows in the table for max_batch requests of any length
-    const int64_t per_row = (max_length + page_len_ - 1) / page_len_;
+    const int64_t per_row = pool_row_length(max_length, page_len_) / page_len_;
     const int64_t table_rows = std::min(rows * per_row, std::max(rows, max_batch * branches::kMaxBranches));
     pool_ = std::make_unique<KvPool>(model, rows * per_row, max_length, page_len_, table_rows, pad);
   } else {
@@ -524,7 +522,7 @@ Scheduler::Counters Scheduler::counters() const {
                   static_cast<int64_t>(running_.size()),
                   steps_.load(),
                   forwards_.load(),
-                  pool_->paged() ? pool_->capacity() / ((max_length_ + page_len_ - 1) / page_len_) : pool_->capacity(),
+                  pool_->capacity() / pool_->per_row(),
                   pool_->rows_in_use(),
                   row_bytes_,
                   max_length_,

@@ -31,6 +31,17 @@ template <typename T>
 void rope_inplace(T* x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim, const int64_t* positions,
                   const float* cos_sin);
 
+// A page table: row r's page i is pages[r * per_row + i], or r itself when pages is null (dense:
+// one page a row, per_row 1). Entries outside [0, store) are no page (-1).
+struct KvPages {
+  const int64_t* pages;
+  int64_t per_row, store;
+  BLOCKBATCH_HOST_DEVICE int64_t at(int64_t row, int64_t i) const {
+    const int64_t p = pages ? pages[row * per_row + i] : row;
+    return p >= 0 && p < store ? p : -1;
+  }
+};
+
 // Geometry of the KV a forward reads and writes: `rows` KV rows of `length` positions, each
 // [layers, 2, kv_heads, length, head_dim]; shared with the CUDA kernels.
 //   dense (pages == nullptr): one buffer [rows, layers, 2, kv_heads, length, head_dim]; a row is
@@ -52,9 +63,7 @@ struct KvGeometry {
   BLOCKBATCH_HOST_DEVICE int64_t pages_per_row() const { return length / page_len; }
   // The page holding position `pos` of `row` (dense: the row itself); -1: none.
   BLOCKBATCH_HOST_DEVICE int64_t page(int64_t row, int64_t pos) const {
-    if (pages == nullptr) return row;
-    const int64_t p = pages[row * (length / page_len) + pos / page_len];
-    return p >= 0 && p < store_pages ? p : -1;
+    return pages == nullptr ? row : KvPages{pages, pages_per_row(), store_pages}.at(row, pos / page_len);
   }
   // A slot inside the buffer: GPU kernels skip writes (and reads) of slots outside it, since
   // checking device index tensors on the host would cost a sync (the CPU ops check them).
@@ -74,10 +83,12 @@ struct KvGeometry {
     return (((page(row, pos) * layers + layer) * 2 + kind) * kv_heads + head) * page_len * head_dim +
            in_page * head_dim;
   }
-  // Slot j of a row's (layer, kind, head) keys from `base` = offset(row, layer, kind, head, 0)
-  // (dense) or the same offset on page 0 (paged: base_in_page0): -1 when j's page is none.
-  BLOCKBATCH_HOST_DEVICE int64_t base_in_page0(int64_t layer, int64_t kind, int64_t head) const {
-    return ((layer * 2 + kind) * kv_heads + head) * page_len * head_dim;
+  // A row's (layer, kind, head) slots as a base and per-slot offsets: slot j is at
+  // row_base(...) + slot_from_base(row, j). Dense: the row's slot 0 and j * head_dim; paged: the
+  // same offset on page 0 and slot j's page's start plus its place in the page (-1: no page).
+  BLOCKBATCH_HOST_DEVICE int64_t row_base(int64_t row, int64_t layer, int64_t kind, int64_t head) const {
+    return pages == nullptr ? offset(row, layer, kind, head, 0)
+                            : ((layer * 2 + kind) * kv_heads + head) * page_len * head_dim;
   }
   BLOCKBATCH_HOST_DEVICE int64_t slot_from_base(int64_t row, int64_t j) const {
     if (pages == nullptr) return j * head_dim;

@@ -27,16 +27,11 @@ __global__ void attention_kernel(cpu::AttentionArgs a) {
   const int64_t n_cache = cache ? a.geometry.cache_keys(a.kv_rows[r], a.cache_lens[r]) : 0;  // inside the buffer
   const int64_t n_fresh = a.attend_fresh ? row_end - row_begin : 0;
   const int64_t nk = n_cache + n_fresh;
-  // Dense: a row's slots are contiguous from kc / vc; paged: kc / vc are page 0's bases and slot j
-  // is slot_from_base(row, j) from them (-1: no page, read as zero).
+  // Slot j of the row's cache is kc / vc + slot_from_base(row, j) (-1: no page, read as zero).
   const cpu::KvGeometry& g = a.geometry;
   const int64_t kv_row = cache ? a.kv_rows[r] : 0;
-  const T* kc = !cache    ? nullptr
-                : g.pages ? cache + g.base_in_page0(a.layer, 0, kvh)
-                          : cache + g.offset(kv_row, a.layer, 0, kvh, 0);
-  const T* vc = !cache    ? nullptr
-                : g.pages ? cache + g.base_in_page0(a.layer, 1, kvh)
-                          : cache + g.offset(kv_row, a.layer, 1, kvh, 0);
+  const T* kc = cache ? cache + g.row_base(kv_row, a.layer, 0, kvh) : nullptr;
+  const T* vc = cache ? cache + g.row_base(kv_row, a.layer, 1, kvh) : nullptr;
   float* qs = smem;
   float* scores = smem + hd;
   const float scale = rsqrtf(static_cast<float>(hd));

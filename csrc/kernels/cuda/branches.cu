@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(kThreads)
 // kv[r] = kv[src[r]] for rows with src[r] >= 0; blockIdx.y = destination row, 16-byte words
 // when the row size allows it (KV rows are whole heads: always, in practice).
 template <typename W>
-__global__ void kv_copy_rows_kernel(W* kv, const int64_t* src, KvPages pages, int64_t words) {
+__global__ void kv_copy_rows_kernel(W* kv, const int64_t* src, cpu::KvPages pages, int64_t words) {
   const int64_t from = src[blockIdx.y], to = blockIdx.y;
   if (from < 0 || from >= gridDim.y || from == to) return;  // -1 keeps the row; bad sources are skipped
   for (int64_t page = 0; page < pages.per_row; ++page) {
@@ -114,7 +114,7 @@ cudaError_t bb_coordinate(const br::View& v, int64_t* flags, int64_t* sync_src, 
   return launch_kernel(coordinate_kernel, 1, kThreads, 0, stream, v, flags, sync_src, p);
 }
 
-cudaError_t kv_copy_rows(void* kv, const int64_t* src, int64_t rows, int64_t row_bytes, const KvPages& pages,
+cudaError_t kv_copy_rows(void* kv, const int64_t* src, int64_t rows, int64_t row_bytes, const cpu::KvPages& pages,
                          cudaStream_t stream) {
   if (rows == 0 || row_bytes == 0) return cudaSuccess;
   constexpr int kCopyThreads = 256;

@@ -164,19 +164,15 @@ template <typename T, int HD>
 struct Work {
   int64_t r, q0, h, nq, n_cache, nk, kb, ke, ntiles, kv_stride;
   const T *kc, *vc, *kf, *vf, *q;
-  const cpu::KvGeometry* g;  // the cache's geometry (paged: kc / vc are page 0's bases)
+  const cpu::KvGeometry* g;  // the cache's geometry (KvGeometry::row_base: kc / vc)
   int64_t kv_row;
 
-  // Cache slot j's K and V (nullptr: no page); dense rows are contiguous from kc / vc.
-  __device__ __forceinline__ const T* kslot(int64_t j) const {
-    if (g->pages == nullptr) return kc + j * HD;
+  // Cache slot j from `base` (kc or vc; nullptr: no page). Dense rows are contiguous: j * HD, a
+  // compile-time stride, not the geometry's lookup.
+  __device__ __forceinline__ const T* slot(const T* base, int64_t j) const {
+    if (g->pages == nullptr) return base + j * HD;
     const int64_t o = g->slot_from_base(kv_row, j);
-    return o < 0 ? nullptr : kc + o;
-  }
-  __device__ __forceinline__ const T* vslot(int64_t j) const {
-    if (g->pages == nullptr) return vc + j * HD;
-    const int64_t o = g->slot_from_base(kv_row, j);
-    return o < 0 ? nullptr : vc + o;
+    return o < 0 ? nullptr : base + o;
   }
 
   // false when blockIdx.x is past the last q-tile (the launch bounds the tiles from above).
@@ -195,13 +191,8 @@ struct Work {
     const T* cache = static_cast<const T*>(a.cache);
     g = &a.geometry;
     kv_row = a.kv_rows[r];
-    const bool paged = a.geometry.pages != nullptr;
-    kc = !cache  ? nullptr
-         : paged ? cache + a.geometry.base_in_page0(a.layer, 0, kvh)
-                 : cache + a.geometry.offset(kv_row, a.layer, 0, kvh, 0);
-    vc = !cache  ? nullptr
-         : paged ? cache + a.geometry.base_in_page0(a.layer, 1, kvh)
-                 : cache + a.geometry.offset(kv_row, a.layer, 1, kvh, 0);
+    kc = cache ? cache + a.geometry.row_base(kv_row, a.layer, 0, kvh) : nullptr;
+    vc = cache ? cache + a.geometry.row_base(kv_row, a.layer, 1, kvh) : nullptr;
     kf = static_cast<const T*>(a.k) + row_begin * a.kv_stride + kvh * HD;
     vf = static_cast<const T*>(a.v) + row_begin * a.kv_stride + kvh * HD;
     q = static_cast<const T*>(a.q) + h * HD;
@@ -227,7 +218,7 @@ __device__ __forceinline__ void load_kv_async(const Work<T, HD>& w, int64_t k0, 
     const T* ksrc = w.q;  // any mapped address when nothing is read
     const T* vsrc = w.q;
     if (valid && j < w.n_cache) {
-      const T *kj = w.kslot(j), *vj = w.vslot(j);
+      const T *kj = w.slot(w.kc, j), *vj = w.slot(w.vc, j);
       valid = kj != nullptr;  // no page: read as zeros
       if (valid) {
         ksrc = kj + ch * 8;
@@ -253,7 +244,7 @@ __device__ __forceinline__ void load_kv_registers(const Work<T, HD>& w, int64_t 
     const int64_t j = k0 + row;
     uint4 kv = zero, vv = zero;
     if (j < w.n_cache) {
-      const T *kj = w.kslot(j), *vj = w.vslot(j);
+      const T *kj = w.slot(w.kc, j), *vj = w.slot(w.vc, j);
       if (kj != nullptr) {
         kv = *reinterpret_cast<const uint4*>(kj + ch * 8);
         vv = *reinterpret_cast<const uint4*>(vj + ch * 8);

@@ -90,19 +90,9 @@ cudaError_t bb_absorb(const branches::View& v, const int64_t* spans, int64_t n_s
                       const branches::AbsorbParams& p, cudaStream_t stream);
 cudaError_t bb_coordinate(const branches::View& v, int64_t* flags, int64_t* sync_src,
                           const branches::CoordinateParams& p, cudaStream_t stream);
-// Row r's page i: pages[r * per_row + i] (a device table), or r itself when pages is null (dense:
-// per_row 1). Entries outside [0, store) are no page (skipped).
-struct KvPages {
-  const int64_t* pages;
-  int64_t per_row, store;
-  __host__ __device__ int64_t at(int64_t row, int64_t i) const {
-    const int64_t p = pages ? pages[row * per_row + i] : row;
-    return p >= 0 && p < store ? p : -1;
-  }
-};
 // kv_copy_rows_: the pages of row src[r] into row r's for every r with src[r] in [0, rows), r
 // itself excluded, pages both rows share skipped; page_bytes per page.
-cudaError_t kv_copy_rows(void* kv, const int64_t* src, int64_t rows, int64_t page_bytes, const KvPages& pages,
+cudaError_t kv_copy_rows(void* kv, const int64_t* src, int64_t rows, int64_t page_bytes, const cpu::KvPages& pages,
                          cudaStream_t stream);
 
 }  // namespace blockbatch::cuda

@@ -66,25 +66,24 @@ void bb_coordinate_cpu(const at::Tensor& canvas, const at::Tensor& state, const 
 void kv_copy_rows_cpu(const at::Tensor& kv, const at::Tensor& src, const std::optional<at::Tensor>& kv_pages) {
   check_kv_copy_rows(kv, src, kv_pages);
   // Dense: a row is one page of the whole row; paged: row r's page i is kv_pages[r, i].
-  const int64_t rows = kv_pages.has_value() ? kv_pages->size(0) : kv.size(0);
-  const int64_t per_row = kv_pages.has_value() ? kv_pages->size(1) : 1;
-  const int64_t store = kv.size(0), bytes = kv.numel() / std::max<int64_t>(store, 1) * kv.element_size();
+  const cpu::KvPages pages = kv_copy_pages(kv, kv_pages);
+  const int64_t rows = src.size(0), store = pages.store;
+  const int64_t bytes = kv.numel() / std::max<int64_t>(store, 1) * kv.element_size();
   const int64_t* s = src.const_data_ptr<int64_t>();
-  const int64_t* pages = kv_pages.has_value() ? kv_pages->const_data_ptr<int64_t>() : nullptr;
-  auto page = [&](int64_t row, int64_t i) { return pages ? pages[row * per_row + i] : row; };
+  auto raw = [&](int64_t row, int64_t i) { return pages.pages ? pages.pages[row * pages.per_row + i] : row; };
   auto* base = static_cast<char*>(kv.data_ptr());
   for (int64_t r = 0; r < rows; ++r) {  // all before any copy: a bad table changes nothing
     TORCH_CHECK_VALUE(s[r] >= -1 && s[r] < rows, "src[", r, "] = ", s[r], " must be -1 (keep) or a row in [0, ", rows,
                       ")");
     if (s[r] < 0 || s[r] == r) continue;
-    for (int64_t i = 0; i < per_row; ++i)
-      TORCH_CHECK_INDEX(page(r, i) >= -1 && page(r, i) < store && page(s[r], i) >= -1 && page(s[r], i) < store,
+    for (int64_t i = 0; i < pages.per_row; ++i)
+      TORCH_CHECK_INDEX(raw(r, i) >= -1 && raw(r, i) < store && raw(s[r], i) >= -1 && raw(s[r], i) < store,
                         "kv_pages of rows ", r, " and ", s[r], " must name pages in [-1, ", store, ")");
   }
   for (int64_t r = 0; r < rows; ++r) {
     if (s[r] < 0 || s[r] == r) continue;
-    for (int64_t i = 0; i < per_row; ++i) {
-      const int64_t to = page(r, i), from = page(s[r], i);
+    for (int64_t i = 0; i < pages.per_row; ++i) {
+      const int64_t to = pages.at(r, i), from = pages.at(s[r], i);
       if (to < 0 || from < 0 || to == from) continue;  // no page, or one both rows share
       std::memcpy(base + to * bytes, base + from * bytes, static_cast<size_t>(bytes));
     }

@@ -59,11 +59,9 @@ void bb_coordinate_cuda(const at::Tensor& canvas, const at::Tensor& state, const
 void kv_copy_rows_cuda(const at::Tensor& kv, const at::Tensor& src, const std::optional<at::Tensor>& kv_pages) {
   check_kv_copy_rows(kv, src, kv_pages);
   const c10::cuda::CUDAGuard guard(kv.device());
-  const int64_t store = kv.size(0), page_bytes = store ? kv.numel() / store * kv.element_size() : 0;
-  const int64_t rows = kv_pages.has_value() ? kv_pages->size(0) : store;
-  const cuda::KvPages pages{kv_pages.has_value() ? kv_pages->const_data_ptr<int64_t>() : nullptr,
-                            kv_pages.has_value() ? kv_pages->size(1) : 1, store};
-  check_launch(cuda::kv_copy_rows(kv.data_ptr(), src.const_data_ptr<int64_t>(), rows, page_bytes, pages,
+  const cpu::KvPages pages = kv_copy_pages(kv, kv_pages);
+  const int64_t page_bytes = pages.store ? kv.numel() / pages.store * kv.element_size() : 0;
+  check_launch(cuda::kv_copy_rows(kv.data_ptr(), src.const_data_ptr<int64_t>(), src.size(0), page_bytes, pages,
                                   c10::cuda::getCurrentCUDAStream()),
                "kv_copy_rows_");
 }

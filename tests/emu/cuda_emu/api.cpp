@@ -193,7 +193,7 @@ int bbemu_bb_coordinate(int64_t* canvas, int64_t* state, double* eos_prob, int64
 // rows: KV rows (dense: buffers; paged: table rows, of length / page_len pages); page_bytes: a
 // row's bytes (dense) or a page's.
 int bbemu_kv_copy_rows(void* kv, const int64_t* src, int64_t rows, int64_t page_bytes, int64_t per_row) {
-  const bc::KvPages pages{g_pages.pages, g_pages.pages ? per_row : 1, g_pages.pages ? g_pages.store_pages : rows};
+  const cpu::KvPages pages{g_pages.pages, g_pages.pages ? per_row : 1, g_pages.pages ? g_pages.store_pages : rows};
   return bc::kv_copy_rows(kv, src, rows, page_bytes, pages, kStream);
 }
 
