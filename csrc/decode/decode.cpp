@@ -44,7 +44,7 @@ DecodeResult decode(const Network& model, const std::vector<int64_t>& prompt, co
   if (curve != nullptr) o = budgeted(o, 1, *curve);
   const Stop stop(o.timeout_s, cancel, progress, reason);
   // share_prompt_kv's copies after a full forward depend on the row that owns the prompt pages that
-  // time (decode/policies/shared_prompt.h): not a graph's fixed work, so such decodes run eagerly.
+  // time (decode/policies/branch_rows.h): not a graph's fixed work, so such decodes run eagerly.
   const bool graphs = o.cuda_graphs && !(o.policy == Policy::kBlockBatch && o.share_prompt_kv);
   StepRunner runner(model, graphs);  // before any device tensor: the request's work runs on its stream
   const std::unique_ptr<Decoder> d = make_decoder(model, prompt, o, stop);

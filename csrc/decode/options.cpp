@@ -156,7 +156,8 @@ const std::vector<std::string>& decode_stat_names() {
                                                  "edits",
                                                  "folded_rows",
                                                  "folded_tokens",
-                                                 "prefix_cache_hit_tokens"};
+                                                 "prefix_cache_hit_tokens",
+                                                 "kv_pages_copied"};
   return names;
 }
 
@@ -177,7 +178,8 @@ std::vector<double> decode_stat_values(const DecodeStats& s) {
           static_cast<double>(s.edits),
           static_cast<double>(s.folded_rows),
           static_cast<double>(s.folded_tokens),
-          static_cast<double>(s.prefix_cache_hit_tokens)};
+          static_cast<double>(s.prefix_cache_hit_tokens),
+          static_cast<double>(s.kv_pages_copied)};
 }
 
 }  // namespace blockbatch

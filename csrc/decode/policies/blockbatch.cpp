@@ -45,7 +45,7 @@
 
 #include "decode/family.h"
 #include "decode/policies/host_canvas.h"
-#include "decode/policies/shared_prompt.h"
+#include "decode/policies/branch_rows.h"
 #include "kernels/branches.h"
 #include "ops/ops.h"
 
@@ -78,9 +78,9 @@ std::vector<int64_t> first_equal_rows(const int64_t* x, int64_t L, const std::ve
   return first;
 }
 
-// A refresh's KV copies, appended to its plan's entries as kv_copy_rows_'s source map ([B], -1: none):
-// a folded span (its query row fed by an earlier span) copies the K/V the forward wrote into the
-// earlier span's branch row.
+// A refresh's KV copies, appended to its plan's entries as a row-copy source map ([B], -1: none;
+// BranchRows::copy_on_device): a folded span (its query row fed by an earlier span) copies the K/V the forward wrote
+// into the earlier span's branch row.
 void add_fold_sources(StepPlan& p, const std::vector<Span>& spans, int64_t B) {
   std::vector<int64_t> src(static_cast<size_t>(B), -1);
   for (size_t i = 0; i < spans.size(); ++i) {
@@ -93,6 +93,8 @@ void add_fold_sources(StepPlan& p, const std::vector<Span>& spans, int64_t B) {
   }
   p.extra.insert(p.extra.end(), src.begin(), src.end());
 }
+// Those sources again, from the plan's entries (the last B).
+std::vector<int64_t> fold_sources(const StepPlan& p, int64_t B) { return {p.extra.end() - B, p.extra.end()}; }
 
 // The branches' canvases, windows, maps and counters, and the family's rules over them: the
 // executor the skeleton runs a step's readout and the coordination with (FamilyRules::readout).
@@ -150,21 +152,21 @@ constexpr double kEosTie = 1.0 / (1 << 23);
 // program (StepRunner: one host->device copy of its index buffer; on CUDA a graph replayed per
 // active-branch set): forward, confidence, sparse probabilities, bb_absorb_ (map update, threshold
 // commit, EOS readiness) and, after init and block steps, bb_coordinate_ (advance, merge, sync),
-// kv_copy_rows_ and the divergence test; then ONE device->host copy of the state table (13 numbers
-// per branch), from which the host decides the next step's shape. The bookkeeping is
-// csrc/kernels/branches.h: the same source runs as CPU loops and as one CUDA thread block.
-// Sampling (temperature > 0) draws its Gumbel noise from the seeded host generator (the
-// reference's draws), so those steps read the float64 logits back and absorb eagerly.
+// the row copies (decode/policies/branch_rows.h) and the divergence test; then ONE device->host
+// copy of the state table (13 numbers per branch), from which the host decides the next step's
+// shape. The bookkeeping is csrc/kernels/branches.h: the same source runs as CPU loops and as one
+// CUDA thread block. Sampling (temperature > 0) draws its Gumbel noise from the seeded host
+// generator (the reference's draws), so those steps read the float64 logits back and absorb eagerly.
 class DeviceBranches final : public Branches {
  public:
   DeviceBranches(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
-                 const std::vector<int64_t>& sizes, KvRows kv)
+                 const std::vector<int64_t>& sizes, BranchRows& rows)
       : Branches(static_cast<int64_t>(sizes.size())), model_(model), o_(o), c_(model.config()),
         lp_(static_cast<int64_t>(prompt.size())), G_(o.gen_length), L_(lp_ + G_),
         B_(static_cast<int64_t>(sizes.size())), K_(static_cast<int64_t>(std::floor(1.0 / *o.prob_floor)) + 1),
         sampling_(o.temperature > 0),
         generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))), eos_(B_, 0.0),
-        kv_(std::move(kv)) {
+        sync_h_(B_, -1), rows_(rows) {
     std::vector<int64_t> canvas(static_cast<size_t>(B_ * L_), c_.mask_token_id);
     for (int64_t b = 0; b < B_; ++b) {
       std::copy(prompt.begin(), prompt.end(), canvas.begin() + b * L_);
@@ -231,10 +233,8 @@ class DeviceBranches final : public Branches {
     }
     const at::Tensor lg = logits.contiguous();
     const int64_t S = spans_in(p);
-    if (p.kind == StepKind::kInit)
-      ops::kv_copy_rows_(kv_.kv, sync_src_, kv_.table());  // the batch-1 forward filled row 0
-    if (p.kind == StepKind::kRefresh)
-      ops::kv_copy_rows_(kv_.kv, buffer.narrow(0, p.base + S * br::kSpanFields, B_), kv_.table());
+    if (p.kind == StepKind::kInit) rows_.copy_on_device(sync_src_);  // the batch-1 forward filled row 0
+    if (p.kind == StepKind::kRefresh) rows_.copy_on_device(buffer.narrow(0, p.base + S * br::kSpanFields, B_));
     if (sampling_) return {lg.to(at::kDouble)};
     auto [token, conf] = ops::confidence(lg, c_.mask_token_id);
     auto [ids, probs] = ops::sparse_probs(lg, *o_.prob_floor, K_);
@@ -244,7 +244,10 @@ class DeviceBranches final : public Branches {
   }
 
   void absorb(const StepPlan& p, const at::Tensor& logits, const std::vector<at::Tensor>& host) override {
-    if (!p.forward || !sampling_) return take_status(host);
+    if (!p.forward || !sampling_) {
+      take_status(host);
+      return follow(p);
+    }
     // Sampling: the host draws each span's proposals in span order; the spans are absorbed one by one.
     const std::vector<int64_t>& spans = p.extra;
     const int64_t S = spans_in(p);
@@ -270,6 +273,7 @@ class DeviceBranches final : public Branches {
     }
     if (p.kind != StepKind::kRefresh) coordinate_on_device();
     take_status(read_back(status()));
+    follow(p);
   }
 
   void coordinate() override {}  // on the device, in the step (coordinate_on_device)
@@ -308,12 +312,29 @@ class DeviceBranches final : public Branches {
     return (static_cast<int64_t>(p.extra.size()) - (p.kind == StepKind::kRefresh ? B_ : 0)) / br::kSpanFields;
   }
 
-  // The tensors a step reads back (in one copy) and the host mirror they refresh.
-  std::vector<at::Tensor> status() const { return {state_, eos_prob_, flags_}; }
+  // The tensors a step reads back (in one copy) and the host mirror they refresh; paged rows: the
+  // last coordination's sync sources too (the host's page tables follow its copies).
+  std::vector<at::Tensor> status() const {
+    if (rows_.paged()) return {state_, eos_prob_, flags_, sync_src_};
+    return {state_, eos_prob_, flags_};
+  }
   void take_status(const std::vector<at::Tensor>& host) {
     std::copy_n(host[0].const_data_ptr<int64_t>(), st_.size(), st_.begin());
     std::copy_n(host[1].const_data_ptr<double>(), B_, eos_.begin());
     std::copy_n(host[2].const_data_ptr<int64_t>(), br::kFlags, flags_h_);
+    if (rows_.paged()) std::copy_n(host[3].const_data_ptr<int64_t>(), B_, sync_h_.begin());
+  }
+  // The row copies the step made on the device, in their order (the init's, a refresh's folded
+  // twins', the coordination's sync), told to the host's page tables.
+  void follow(const StepPlan& p) {
+    if (!rows_.paged()) return;
+    if (p.kind == StepKind::kInit) {
+      std::vector<int64_t> all(B_, 0);
+      all[0] = -1;
+      rows_.copied(all);
+    }
+    if (p.kind == StepKind::kRefresh) return rows_.copied(fold_sources(p, B_));
+    rows_.copied(sync_h_);
   }
 
   // Divergence trigger on the device (no readback): per layer and K/V, unit-normalise each active
@@ -330,7 +351,7 @@ class DeviceBranches final : public Branches {
     std::vector<at::Tensor> sq, spread;  // per layer: [B, 2] squared distances, [2] 1 - |mean|^2
     for (int64_t l = 0; l < c_.n_layers; ++l) {
       // [branch, K/V, elements] of this layer (paged rows: gathered from their pages)
-      at::Tensor x = kv_.layer_rows(l, L_).reshape({B_, 2, -1}).to(at::kDouble);
+      at::Tensor x = rows_.kv().layer_rows(l, L_).reshape({B_, 2, -1}).to(at::kDouble);
       x = x / x.norm(2, {-1}, true).clamp_min(1e-30);
       const at::Tensor mu = (x * w.view({B_, 1, 1})).sum(0) / n;
       sq.push_back((x - mu).pow(2).sum(-1));
@@ -348,7 +369,7 @@ class DeviceBranches final : public Branches {
     const bool periodic = o_.refresh_mode == RefreshMode::kPeriodic;
     ops::bb_coordinate_(canvas_, state_, eos_prob_, flags_, sync_src_, map_ids_, map_probs_, lp_, c_.mask_token_id,
                         o_.merge_gate, o_.merge, o_.sync, o_.sync_gap, o_.refresh_tokens, periodic);
-    ops::kv_copy_rows_(kv_.kv, sync_src_, kv_.table());
+    rows_.copy_on_device(sync_src_);
     if (!periodic && o_.refresh_tokens > 0) flags_.narrow(0, br::kRefreshWanted, 1).copy_(diverged());
     if (o_.sync_refresh) {  // a branch that received the leader's row (and is not done) refreshes: on the device
       const at::Tensor synced = (sync_src_.ge(0) & state_.select(1, br::kDone).eq(0)).any().to(at::kLong).reshape({1});
@@ -372,8 +393,9 @@ class DeviceBranches final : public Branches {
   // Host mirror of the last readback (and st_).
   std::vector<double> eos_;
   int64_t flags_h_[br::kFlags] = {0, 0};
+  std::vector<int64_t> sync_h_;  // paged rows: the last coordination's sync sources
   // Device state (rows = branches by ascending block size; see kernels/branches.h).
-  KvRows kv_;
+  BranchRows& rows_;
   at::Tensor canvas_, state_, eos_prob_, map_ids_, map_probs_, flags_, sync_src_;
 };
 
@@ -390,12 +412,12 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 class HostBranches final : public Branches {
  public:
   HostBranches(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
-               const FamilyRules& rules, const std::vector<int64_t>& sizes, KvRows kv)
+               const FamilyRules& rules, const std::vector<int64_t>& sizes, BranchRows& rows)
       : Branches(static_cast<int64_t>(sizes.size())), o_(o), rules_(rules), mask_(model.config().mask_token_id),
         limit_(model.config().proposal_limit()), eos_(*o.stop_on_eos ? model.config().eos_token_id : -1),
         lp_(static_cast<int64_t>(prompt.size())), G_(o.gen_length), L_(lp_ + G_),
         B_(static_cast<int64_t>(sizes.size())), threshold_(static_cast<float>(*o.threshold)),
-        K_(static_cast<int64_t>(std::floor(1.0 / *o.prob_floor)) + 1), kv_(std::move(kv)),
+        K_(static_cast<int64_t>(std::floor(1.0 / *o.prob_floor)) + 1), rows_(rows),
         p_{o.merge_gate,
            o.merge,
            o.sync,
@@ -455,24 +477,19 @@ class HostBranches final : public Branches {
   }
 
   std::vector<at::Tensor> after_forward(const StepPlan& p, const at::Tensor& buffer, const at::Tensor&) override {
-    if (p.kind == StepKind::kRefresh) ops::kv_copy_rows_(kv_.kv, buffer.narrow(0, p.base + B_ * L_, B_), kv_.table());
+    if (p.kind == StepKind::kRefresh) rows_.copy_on_device(buffer.narrow(0, p.base + B_ * L_, B_));
     return {};
   }
 
   void absorb(const StepPlan& p, const at::Tensor& out, const std::vector<at::Tensor>&) override {
     if (p.kind == StepKind::kBlock) return absorb_block(out);
-    if (p.kind == StepKind::kInit && B_ > 1) {  // the batch-1 forward filled row 0: every row copies it
+    if (p.kind == StepKind::kInit) {  // the batch-1 forward filled row 0: every row copies it
       std::vector<int64_t> src(B_, 0);
       src[0] = -1;
-      copy_rows(src);
+      rows_.copy(src);
     }
+    if (p.kind == StepKind::kRefresh) rows_.copied(fold_sources(p, B_));  // after_forward's copies
     seed(out);
-  }
-
-  // kv_copy_rows_ of the rows src names (-1: keep), from a host map.
-  void copy_rows(std::vector<int64_t> src) {
-    const at::Tensor s = at::from_blob(src.data(), {B_}, at::kLong).to(kv_.kv.device(), false, /*copy=*/true);
-    ops::kv_copy_rows_(kv_.kv, s, kv_.table());
   }
 
   void coordinate() override {
@@ -484,7 +501,7 @@ class HostBranches final : public Branches {
     std::vector<int64_t> src(B_, -1);  // the rows each synced branch copied: its KV row follows
     br::sync_step(br::SerialExec{}, view(), src.data(), p_);
     for (int64_t b = 0; b < B_; ++b) synced_ = synced_ || (src[b] >= 0 && !done(b));
-    if (std::any_of(src.begin(), src.end(), [](int64_t s) { return s >= 0; })) copy_rows(src);
+    rows_.copy(src);
   }
 
   // Some branch not done advanced refresh_tokens tokens since its last seed, or (sync_refresh) the
@@ -695,7 +712,7 @@ class HostBranches final : public Branches {
   const int64_t mask_, limit_, eos_, lp_, G_, L_, B_;
   const float threshold_;  // compared with float32 probabilities
   const int64_t K_;
-  KvRows kv_;
+  BranchRows& rows_;
   const br::CoordinateParams p_;  // the merge gate and the window and clock rules of FamilyRules
   std::vector<int64_t> x_;        // the canvases: B rows of L, concatenated
   int64_t map_k_ = 0;             // slots per map entry (grown when an entry accumulates more)
@@ -717,12 +734,8 @@ class BlockBatch final : public Decoder {
         every_phase_(rules_.exit == ExitRule::kDecodedProgressBlock),
         seeding_(rules_.full_forward == SeedRule::kFirstMaskArgmax), fold_(o.fold_rows), forwards_(B_, 0) {
     std::sort(sizes_.begin(), sizes_.end());
-    if (o.share_prompt_kv) {  // paged rows sharing the prompt's pages (the pool's, or made here)
-      kv_ = std::move(kv);
-      shared_ = std::make_unique<SharedPromptKv>(model, kv_, B_, lp_, L_);
-    } else {
-      kv_ = kv.defined() ? std::move(kv) : KvRows{model.new_kv(B_, L_), {}};
-    }
+    kv_ = std::move(kv);  // the pool's rows, or made here (dense; share_prompt_kv: pages)
+    rows_ = std::make_unique<BranchRows>(model, kv_, B_, lp_, L_, o.share_prompt_kv);
     // Each executor implements one combination of the map, exit, refresh-clock and seed rules.
     const bool host = rules_.readout == Readout::kHostTopk;
     TORCH_CHECK(host ? rules_.map == MapRule::kAccumulateSinceSeed && rules_.exit == ExitRule::kDecodedProgressBlock &&
@@ -731,9 +744,9 @@ class BlockBatch final : public Decoder {
                            rules_.refresh_clock == RefreshClock::kBlocks && !seeding_ && !rules_.gate_inclusive,
                 "blockbatch: no branch executor implements the rules of family '", rules_.name, "'");
     if (host) {
-      book_ = std::make_unique<HostBranches>(model, prompt, o, rules_, sizes_, kv_);
+      book_ = std::make_unique<HostBranches>(model, prompt, o, rules_, sizes_, *rows_);
     } else {
-      book_ = std::make_unique<DeviceBranches>(model, prompt, o, sizes_, kv_);
+      book_ = std::make_unique<DeviceBranches>(model, prompt, o, sizes_, *rows_);
     }
   }
 
@@ -742,6 +755,7 @@ class BlockBatch final : public Decoder {
   StepPlan plan() override {
     StepPlan p;
     p.kind = next_;
+    int64_t owner = -1;
     if (next_ == StepKind::kCoordinate) {  // no branch has a mask in its window: the device coordination only
       p.forward = false;
       return p;
@@ -762,7 +776,7 @@ class BlockBatch final : public Decoder {
       for (int64_t b = 0; b < B_; ++b) {
         if (init || !book_->done(b)) rows.push_back(b);
       }
-      if (shared_) shared_->before_full(owner_ = rows.front());  // the prompt's K/V: the first row fed
+      owner = rows.front();  // share_prompt_kv: the prompt's K/V written through the first row fed
       // fold_rows: a refresh row whose canvas equals an earlier one's reads that row's outputs.
       const std::vector<int64_t> same = !init && fold_ ? book_->first_equal(rows) : std::vector<int64_t>();
       spans_.clear();
@@ -785,6 +799,7 @@ class BlockBatch final : public Decoder {
     for (const Span& s : spans_) forwards_[s.b] += 1;
     before_ = book_->committed();
     book_->reads(p, spans_);
+    rows_->before_forward(p.q, p.mode == KvMode::kFull, owner);  // paged: copy on write
     return p;
   }
 
@@ -795,7 +810,7 @@ class BlockBatch final : public Decoder {
   std::vector<at::Tensor> after_forward(const StepPlan& p, const at::Tensor& buffer,
                                         const at::Tensor& logits) override {
     std::vector<at::Tensor> out = book_->after_forward(p, buffer, logits);
-    if (shared_ && p.forward && p.kind != StepKind::kBlock) shared_->after_full(owner_);
+    if (p.forward && p.kind != StepKind::kBlock) rows_->after_full();
     return out;
   }
 
@@ -818,6 +833,7 @@ class BlockBatch final : public Decoder {
     stats_.nfe_paper = rules_.nfe == NfeCount::kWinnerParticipation ? forwards_[winner_] : stats_.nfe;
     stats_.winner = winner_;
     stats_.winner_block_size = sizes_[winner_];
+    stats_.kv_pages_copied = rows_->pages_copied();
     stats_.early_exit = early_exit_;
     for (int64_t b = 0; b < B_; ++b) {
       BranchStats s = book_->stats(b);
@@ -898,10 +914,9 @@ class BlockBatch final : public Decoder {
   const int64_t lp_, G_, L_, B_;
   std::vector<int64_t> sizes_;  // the branches' block sizes, ascending
   const bool every_phase_, seeding_, fold_;
+  std::unique_ptr<BranchRows> rows_;  // before book_: its executors hold it
   std::unique_ptr<Branches> book_;
-  std::unique_ptr<SharedPromptKv> shared_;  // share_prompt_kv
-  int64_t owner_ = 0;                       // the row a full forward writes the shared prompt K/V through
-  StepKind next_ = StepKind::kInit;         // kInit, kBlock, kCoordinate or kRefresh
+  StepKind next_ = StepKind::kInit;  // kInit, kBlock, kCoordinate or kRefresh
   bool finished_ = false, early_exit_ = false;
   int64_t winner_ = -1, passes_ = 0, before_ = 0;
   std::vector<Span> windows_, spans_;  // the next block step's windows; the step in flight
