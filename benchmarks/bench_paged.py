@@ -1,7 +1,7 @@
-"""Paged KV (issue 37, ALGORITHMS.md section 12): the page length, the bytes per request, and what
-share_prompt_kv costs and saves.
+"""Paged KV (issue 37, ALGORITHMS.md section 12): the page length, the bytes per request, what
+share_prompt_kv costs and saves, and what copy on write saves a leader sync.
 
-    python benchmarks/bench_paged.py [--parts pages,bytes,share] [--n 50] [--repeats 5]
+    python benchmarks/bench_paged.py [--parts pages,pool,bytes,share,cow,prefix] [--n 50] [--repeats 5]
         [--out docs/bench/paged/bench_paged.json]
 
 pages: the attention op (dual mode: 6 rows of 32 queries over a cached row of L keys, 8 heads of
@@ -26,6 +26,11 @@ share: blockbatch-paper and blockbatch-best with share_prompt_kv off and on, on 
   tokens: no accuracy, how often the option changes a decode): accuracy (whole trace and final
   answer), mean NFE and refreshes, the pages held per request (prompt + gen), decodes changed, CPU
   ms per sample (the two in turn, median of 3 rounds).
+cow: blockbatch-paper and blockbatch-best (gen 64) through a scheduler of max_batch 8 over dense rows
+  and over pages of 16 (row copies as page-table entries, a page copied when written), in turn
+  (3 rounds), on the toys' --n held-out problems and the random 4-layer LLaDA's 20 prompts: row
+  copies (init, syncs, folded twins) per request, the K/V positions they move as whole rows of the
+  canvas and as pages copied on write, and the wall time per run (the outputs checked equal).
 prefix: --requests LLaDA2 requests (a random 4-layer LLaDA2 of width 128) sharing a --prefix-token
   prompt start, each with 1..40 tokens of its own and 32 generated in blocks of 32, submitted at
   once to a scheduler of max_batch 8, with the prefix cache and without, in turn (3 rounds):
@@ -390,9 +395,78 @@ def part_prefix(requests: int, prefix: int, repeats: int) -> dict:
     return out
 
 
+def part_cow(n: int, repeats: int) -> dict:
+    """Row copies as page-table entries (copy on write) against whole-row copies: blockbatch-paper and
+    blockbatch-best (gen 64) through a scheduler (max_batch 8) over dense rows and over pages of 16,
+    in turn, on the toys' held-out problems and a random 4-layer LLaDA with 128..256-token prompts."""
+    import tempfile
+
+    from blockbatch.engine import Engine
+    from blockbatch.random_checkpoint import make_random_checkpoint
+    from blockbatch.toy import DREAM_CHECKPOINT_DIR, task
+
+    folder = tempfile.mkdtemp(prefix="bench-cow-")
+    make_random_checkpoint(folder, seed=0, d_model=128, n_layers=4, vocab_size=97, logit_scale=5.0)
+    g = torch.Generator().manual_seed(0)
+    random_prompts = [
+        torch.randint(2, 90, (int(torch.randint(128, 257, (1,), generator=g)),), generator=g) for _ in range(20)
+    ]
+    problems = task.make_problems(n, 0, "test")
+    cases = []
+    for label, engine in (
+        ("llada-toy", Engine.from_pretrained()),
+        ("dream-toy", Engine.from_pretrained(DREAM_CHECKPOINT_DIR)),
+    ):
+        cases.append((label, engine, [torch.tensor(engine.codec.encode(p.prompt, chat=False)) for p in problems]))
+    cases.append(("random-llada-4l", Engine.from_pretrained(folder), random_prompts))
+    out = {}
+    for label, engine, prompts in cases:
+        for preset in ("blockbatch-paper", "blockbatch-best"):
+            o = DecodeOptions(**presets.values(preset, gen_length=64))
+            times: dict[int, list[float]] = {0: [], PAGE: []}
+            runs: dict[int, list] = {}
+            for _ in range(repeats):
+                for P in times:  # in turn: drift hits both alike
+                    with engine.scheduler(max_batch=8, max_length=320, adaptive=False, kv_page_len=P) as s:
+                        t0 = time.perf_counter()
+                        runs[P] = [h.result(timeout=600) for h in [s.submit(p, o) for p in prompts]]
+                        times[P].append(time.perf_counter() - t0)
+            if [x.tokens.tolist() for x in runs[0]] != [x.tokens.tolist() for x in runs[PAGE]]:
+                raise SystemExit(f"{label} {preset}: copy on write changed the outputs")
+            # Whole-row copies: the init's (every branch but the first), each sync received, each folded
+            # twin, a canvas each (a dense pool row is longer still); copy on write: the pages copied.
+            rows = [
+                len(x.stats["branches"]) - 1 + sum(b["copied"] for b in x.stats["branches"]) + x.stats["folded_rows"]
+                for x in runs[PAGE]
+            ]
+            row_positions = [r * (len(p) + 64) for r, p in zip(rows, prompts)]
+            cow_positions = [x.stats["kv_pages_copied"] * PAGE for x in runs[PAGE]]
+            out[f"{label}/{preset}"] = {
+                "n": len(prompts),
+                "mean_prompt": statistics.mean(len(p) for p in prompts),
+                "mean_row_copies": statistics.mean(rows),
+                "mean_syncs": statistics.mean(sum(b["copied"] for b in x.stats["branches"]) for x in runs[PAGE]),
+                "mean_positions_copied_rows": statistics.mean(row_positions),
+                "mean_positions_copied_cow": statistics.mean(cow_positions),
+                "copied_ratio": sum(cow_positions) / max(1, sum(row_positions)),
+                "median_s_dense": statistics.median(times[0]),
+                "median_s_paged": statistics.median(times[PAGE]),
+                "median_ratio_paged_dense": statistics.median(a / b for a, b in zip(times[PAGE], times[0])),
+            }
+            r = out[f"{label}/{preset}"]
+            print(
+                f"cow {label}/{preset}: {r['mean_row_copies']:.1f} row copies ({r['mean_syncs']:.1f} syncs) a request, "
+                f"positions copied {r['mean_positions_copied_rows']:.0f} -> {r['mean_positions_copied_cow']:.0f} "
+                f"(x{r['copied_ratio']:.3f}); wall {r['median_s_dense']:.2f} -> {r['median_s_paged']:.2f} s "
+                f"(x{r['median_ratio_paged_dense']:.3f})",
+                file=sys.stderr,
+            )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--parts", default="pages,pool,bytes,share,prefix")
+    p.add_argument("--parts", default="pages,pool,bytes,share,cow,prefix")
     p.add_argument("--requests", type=int, default=32, help="prefix: requests sharing the prompt start")
     p.add_argument("--prefix", type=int, default=1024, help="prefix: tokens of the shared prompt start")
     p.add_argument("--n", type=int, default=50, help="held-out toy problems (share)")
@@ -417,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
         results["bytes_checked_on_toy"] = check_bytes_on_the_toy()
     if "share" in parts:
         results["share"] = part_share(args.n, 3)
+    if "cow" in parts:
+        results["cow"] = part_cow(args.n, 3)
     if "prefix" in parts:
         results["prefix"] = part_prefix(args.requests, args.prefix, 3)
     write_json(args.out, {"benchmark": "bench_paged", "args": vars(args), "environment": environment(), **results})

@@ -48,6 +48,11 @@ def _x(v: float, digits: int = 2) -> str:
     return f"{v:.{digits}f}x"
 
 
+def _by_preset(results: dict) -> list[tuple[str, str, dict]]:
+    """(model, preset, result) for each "model/preset" key of a benchmark's results, in order."""
+    return [(*name.split("/", 1), r) for name, r in results.items()]
+
+
 # --------------------------------------------------------------------------- the tables
 
 
@@ -347,8 +352,7 @@ def llada2_cpu(d: dict) -> str:
 def fold(d: dict) -> str:
     """benchmarks/bench_fold.py: fold_rows on against off (same tokens and counters, checked per sample)."""
     rows = []
-    for name, r in d["results"].items():
-        model, preset = name.split("/")
+    for model, preset, r in _by_preset(d["results"]):
         rows.append(
             [
                 model,
@@ -382,8 +386,7 @@ def paged_pages(d: dict) -> str:
 def paged_pool(d: dict) -> str:
     """benchmarks/bench_paged.py pool: a scheduler's wall time with dense rows and with pages."""
     rows = []
-    for name, r in d["pool"].items():
-        model, preset = name.split("/")
+    for model, preset, r in _by_preset(d["pool"]):
         rows.append(
             [model, f"`{preset}`"]
             + [f"{v['median_s']:.2f} s" + ("" if P == "0" else f" ({_x(v['ratio_to_dense'])})") for P, v in r.items()]
@@ -423,8 +426,7 @@ def paged_share(d: dict) -> str:
         return "n/a" if a is None else f"{a:.2f} -> {b:.2f}"
 
     rows = []
-    for name, r in d["share"].items():
-        model, preset = name.split("/")
+    for model, preset, r in _by_preset(d["share"]):
         off, on = r["off"], r["on"]
         rows.append(
             [
@@ -443,6 +445,25 @@ def paged_share(d: dict) -> str:
     head = ["model", "preset", "n / mean prompt", "trace accuracy", "answer accuracy", "NFE", "refreshes"]
     head += ["decodes changed", "KV pages / request"]
     return _table(head + ["CPU ms / sample"], rows)
+
+
+def paged_cow(d: dict) -> str:
+    """benchmarks/bench_paged.py cow: row copies as whole dense rows against page-table entries."""
+    rows = []
+    for model, preset, r in _by_preset(d["cow"]):
+        rows.append(
+            [
+                model,
+                f"`{preset}`",
+                f"{r['n']} / {r['mean_prompt']:.0f}",
+                f"{r['mean_row_copies']:.1f} ({r['mean_syncs']:.1f})",
+                f"{r['mean_positions_copied_rows']:,.0f} -> {r['mean_positions_copied_cow']:,.0f}",
+                f"{r['copied_ratio']:.3f}",
+                f"{r['median_s_dense']:.2f} -> {r['median_s_paged']:.2f} s ({_x(r['median_ratio_paged_dense'])})",
+            ]
+        )
+    head = ["model", "preset", "n / mean prompt", "row copies / request (syncs)", "K/V positions copied / request"]
+    return _table(head + ["copied, pages / rows", "wall per run, dense rows -> pages"], rows)
 
 
 def paged_prefix(d: dict) -> str:
@@ -570,6 +591,7 @@ TABLES: dict[str, tuple[str, Callable[[dict], str]]] = {
     "paged-pool": ("docs/bench/paged/bench_paged.json", paged_pool),
     "paged-bytes": ("docs/bench/paged/bench_paged.json", paged_bytes),
     "paged-share": ("docs/bench/paged/bench_paged.json", paged_share),
+    "paged-cow": ("docs/bench/paged/bench_paged.json", paged_cow),
     "paged-prefix": ("docs/bench/paged/bench_paged.json", paged_prefix),
     "loto-tally": ("docs/bench/loto/loto.json", loto_tally),
     "loto-frontier": ("docs/bench/loto/loto.json", loto_frontier),
