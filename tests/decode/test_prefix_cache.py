@@ -140,3 +140,46 @@ def test_a_running_request_shares_its_blocks_after_its_first_forward(engine):
     both = engine.generate([p1, p2], o, max_batch=2, prefix_cache=True)
     for g, a in zip(both, alone):
         _same(g, a, "batched")
+
+
+def test_a_cancelled_request_leaves_only_blocks_it_wrote(engine):
+    """A request cancelled before it starts caches nothing; one cancelled after its first forward
+    leaves the blocks it wrote, and a later request reads them and still equals its decode alone
+    (the cache holds the pages, not the request)."""
+    c = engine.config
+    (p1, o), (p2, _) = _requests(c.vocab_size, c.mask_token_id, 2, 4 * 16, 16, editing=False)
+    o = o.replace(gen_length=64, threshold=0.999)
+    s = torch.classes.blockbatch.Scheduler(engine.model.obj, 1, 256, 0, [], [], 0.0, 16, True)
+    try:
+        first = s.add(torch.tensor(p1), o.native, False)
+        assert s.cancel(first)
+        s.step(0.0)
+        assert s.events()[:2] == ([first], [3])  # cancelled (drained: step waits while events are pending)
+        k = dict(s.counters())
+        assert k["running"] == 0 and k["prefix_cache_blocks"] == 0, k
+        second = s.add(torch.tensor(p1), o.native, False)
+        s.step(0.0)  # admitted, first forward run: its blocks are cached
+        assert dict(s.counters())["prefix_cache_blocks"] >= 4
+        assert s.cancel(second)
+        kinds = {}
+        while second not in kinds:
+            s.step(0.0)
+            ids, ks, *_ = s.events()
+            kinds.update(zip(ids, ks))
+        assert kinds[second] == 3, kinds  # cancelled
+        k = dict(s.counters())
+        assert k["running"] == 0 and k["prefix_cache_blocks"] >= 4, k
+        third = s.add(torch.tensor(p2), o.native, False)
+        tokens = None
+        while tokens is None:
+            s.step(0.0)
+            ids, ks, _, toks, errors, *_ = s.events()
+            for i, kind, t, err in zip(ids, ks, toks, errors):
+                assert kind in (0, 1), err
+                if i == third and kind == 1:
+                    tokens = t
+        assert dict(s.counters())["prefix_cache_hit_tokens"] >= 4 * 16
+    finally:
+        s.close()
+    alone = engine.generate([p2], o)[0]
+    assert tokens[len(p2) :].tolist() == alone.raw_ids  # it read blocks a cancelled request wrote
