@@ -1,10 +1,11 @@
-"""Copy on write across BlockBatch branches (ALGORITHMS.md 12.4): over a paged pool a row copy
+"""Copy on write across BlockBatch branches (ALGORITHMS.md 12.3): over a paged pool a row copy
 (the init's, a leader sync, a folded twin) is the source row's page-table entries, and a page
 is copied only when a row writes into a page another row still names. On the shipped LLaDA and
-Dream toys (whose branches agree, so syncs happen) every decode over pages of 4 and 16 equals its
-decode alone over dense rows, token for token and counter for counter (greedy and sampled; the
-device coordination of LLaDA with its divergence test reading the shared pages, and Dream's host
-coordination), and copies fewer positions than the dense rows' whole-row copies would."""
+Dream toys (whose branches agree, so syncs happen) and on peaked random models every decode over
+pages of 4 and 16 equals its decode alone over dense rows, token for token and counter for
+counter (greedy and sampled; the device coordination of LLaDA with its divergence test reading the
+shared pages, and Dream's host coordination), and copies fewer positions than the dense rows'
+whole-row copies would."""
 
 from __future__ import annotations
 

@@ -95,6 +95,12 @@ void add_fold_sources(StepPlan& p, const std::vector<Span>& spans, int64_t B) {
 }
 // Those sources again, from the plan's entries (the last B).
 std::vector<int64_t> fold_sources(const StepPlan& p, int64_t B) { return {p.extra.end() - B, p.extra.end()}; }
+// The init's row copies as a source map: the batch-1 forward filled row 0, every other row copies it.
+std::vector<int64_t> init_sources(int64_t B) {
+  std::vector<int64_t> src(static_cast<size_t>(B), 0);
+  src[0] = -1;
+  return src;
+}
 
 // The branches' canvases, windows, maps and counters, and the family's rules over them: the
 // executor the skeleton runs a step's readout and the coordination with (FamilyRules::readout).
@@ -185,9 +191,9 @@ class DeviceBranches final : public Branches {
     map_ids_ = at::full({B_, G_, K_}, -1, dev.dtype(at::kLong));
     map_probs_ = at::zeros({B_, G_, K_}, dev.dtype(at::kDouble));
     flags_ = at::zeros({br::kFlags}, dev.dtype(at::kLong));
-    // Until the first coordination overwrites it: every row copies row 0 (the init forward's KV).
-    sync_src_ = at::zeros({B_}, dev.dtype(at::kLong));
-    sync_src_.narrow(0, 0, 1).fill_(-1);
+    // Until the first coordination overwrites it: the init's copies.
+    std::vector<int64_t> init = init_sources(B_);
+    sync_src_ = to_dev(init, {B_});
   }
 
   void check(const Stop& stop, int64_t forwards) const override { stop.check(forwards, canvas_); }
@@ -328,11 +334,7 @@ class DeviceBranches final : public Branches {
   // twins', the coordination's sync), told to the host's page tables.
   void follow(const StepPlan& p) {
     if (!rows_.paged()) return;
-    if (p.kind == StepKind::kInit) {
-      std::vector<int64_t> all(B_, 0);
-      all[0] = -1;
-      rows_.copied(all);
-    }
+    if (p.kind == StepKind::kInit) rows_.copied(init_sources(B_));
     if (p.kind == StepKind::kRefresh) return rows_.copied(fold_sources(p, B_));
     rows_.copied(sync_h_);
   }
@@ -483,11 +485,7 @@ class HostBranches final : public Branches {
 
   void absorb(const StepPlan& p, const at::Tensor& out, const std::vector<at::Tensor>&) override {
     if (p.kind == StepKind::kBlock) return absorb_block(out);
-    if (p.kind == StepKind::kInit) {  // the batch-1 forward filled row 0: every row copies it
-      std::vector<int64_t> src(B_, 0);
-      src[0] = -1;
-      rows_.copy(src);
-    }
+    if (p.kind == StepKind::kInit) rows_.copy(init_sources(B_));
     if (p.kind == StepKind::kRefresh) rows_.copied(fold_sources(p, B_));  // after_forward's copies
     seed(out);
   }
