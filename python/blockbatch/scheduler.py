@@ -13,10 +13,12 @@ A request's tokens and counters never depend on what else runs (docs/ALGORITHMS.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import queue
 import signal
 import threading
+import weakref
 from typing import Any, Callable, Iterator
 
 import torch
@@ -26,6 +28,21 @@ from .decoding import DecodeOutput, to_output, translated_error
 from .options import DecodeOptions
 
 _KINDS = ("tokens", "finished", "failed", "cancelled")
+
+# Every scheduler not yet closed. Its thread steps inside C++ with the GIL released; were it still
+# there when the interpreter finalizes, taking the GIL back would end the thread mid-call and abort
+# the process ("terminate called without an active exception", exit 134) after the user's work
+# succeeded. So the interpreter's exit closes every one first (atexit runs before finalization).
+_OPEN: "weakref.WeakSet[BatchScheduler]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_schedulers() -> None:
+    for sched in list(_OPEN):
+        try:
+            sched.close()
+        except Exception:  # noqa: BLE001 - exiting: one scheduler's failure must not keep the others open
+            pass
 
 
 class RequestCancelled(RuntimeError):
@@ -213,6 +230,7 @@ class BatchScheduler:
         self._started.wait()
         if self._error is not None:
             raise self._error
+        _OPEN.add(self)
 
     # -- public -------------------------------------------------------------------------------
     def submit(
@@ -258,6 +276,7 @@ class BatchScheduler:
         if self._obj is None or self._closed.is_set():
             return
         self._closed.set()
+        _OPEN.discard(self)
         self._thread.join()
         self._obj.close()
         self._dispatch()
