@@ -58,7 +58,21 @@ class Engine:
         model: NativeModel | None = None,
     ):
         """``model``: a NativeModel already built from ``checkpoint.config`` on ``device`` (e.g. random
-        weights made on the GPU for a benchmark); None builds it from ``checkpoint.weights``."""
+        weights made on the GPU for a benchmark); None builds it from ``checkpoint.weights``.
+        ``checkpoint`` is a loaded ``blockbatch.loading.Checkpoint``; to load a folder, use
+        ``Engine.from_pretrained(path)``."""
+        from .loading import Checkpoint
+
+        if not isinstance(checkpoint, Checkpoint):
+            hint = (
+                f"Engine.from_pretrained({checkpoint!r})"
+                if isinstance(checkpoint, (str, os.PathLike))
+                else "Engine.from_pretrained(path)"
+            )
+            raise TypeError(
+                f"checkpoint must be a loaded Checkpoint (blockbatch.loading.load_checkpoint), got "
+                f"{type(checkpoint).__name__}: to load a checkpoint folder use {hint}"
+            )
         self.checkpoint = checkpoint
         self.config = checkpoint.config
         self.device = torch.device(device)
