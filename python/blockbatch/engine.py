@@ -189,7 +189,11 @@ class Engine:
         request once its first forward has written them, and a request admitted later whose prompt
         starts with the same blocks reads their K/V instead of computing them: the same tokens and
         NFE, fewer query tokens (``stats["prefix_cache_hit_tokens"]``; docs/ALGORITHMS.md 12.6).
-        Other families: no effect.
+        With the default budget the pool also has room for the blocks two or more of ``prompts``
+        start with (at most the larger of the running requests' size and 1 GiB); a
+        ``kv_budget_bytes`` given holds both. The cache lives for this call: for one that lasts
+        across calls, submit to a long-lived ``Engine.scheduler(prefix_cache=True)``. Other
+        families: no effect.
         """
         max_batch = checked_int("max_batch", max_batch, 1)
         kv_budget_bytes = checked_int("kv_budget_bytes", kv_budget_bytes, 0)

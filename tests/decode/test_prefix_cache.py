@@ -183,3 +183,32 @@ def test_a_cancelled_request_leaves_only_blocks_it_wrote(engine):
         s.close()
     alone = engine.generate([p2], o)[0]
     assert tokens[len(p2) :].tolist() == alone.raw_ids  # it read blocks a cancelled request wrote
+
+
+@pytest.mark.parametrize("max_batch", [1, 2, 4])
+def test_generate_keeps_shared_blocks_with_the_default_budget(engine, max_batch):
+    """Class: the prefix cache keeps what it promises. ``Engine.generate(..., prefix_cache=True)``
+    with the default budget once sized its pool to the running requests alone, so every admission
+    evicted the blocks cached before it: 0 hits on 12 requests repeating 4 prompts. Its pool now
+    also holds the blocks two or more of its prompts share: every repeat admitted after its first
+    copy's first forward reads all its complete blocks, and decodes as alone."""
+    c = engine.config
+    g = torch.Generator().manual_seed(max_batch)
+    prompts = [
+        [
+            t if t != c.mask_token_id else 1
+            for t in torch.randint(2, c.vocab_size - 2, (40 + 7 * k,), generator=g).tolist()
+        ]
+        for k in range(4)
+    ]
+    reqs = prompts * 3  # a, b, c, d, a, b, c, d, a, b, c, d
+    o = DecodeOptions(policy="block", gen_length=24, block_length=16, threshold=0.9)
+    alone = {i: engine.generate([p], o)[0] for i, p in enumerate(prompts)}
+    out = engine.generate(reqs, o, max_batch=max_batch, prefix_cache=True)
+    hits = [r.stats["prefix_cache_hit_tokens"] for r in out]
+    for i, r in enumerate(out):
+        _same(r, alone[i % 4], f"request {i}")
+    # The first copies compute their blocks; every later copy starts after them (max_batch <= 4)
+    # and reads all its complete blocks.
+    assert hits[:4] == [0] * 4, hits
+    assert hits[4:] == [len(reqs[i]) // 16 * 16 for i in range(4, 12)], hits

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <sstream>
+#include <tuple>
 
 #include "decode/decoder.h"
 #include "decode/step.h"
@@ -574,6 +575,43 @@ void Scheduler::report(Request& r, const int64_t* x, int64_t numel) {
 
 namespace blockbatch {
 
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// decode_batch's default pool keeps the prompt blocks its requests share up to this size, or the
+// size of the running requests' rows where that is larger.
+constexpr int64_t kPrefixCacheRoomBytes = int64_t{1} << 30;
+
+// Pages of the complete prompt blocks that at least two of `prompts` start with (block[i] > 0:
+// request i's prompt is cached in blocks of block[i] positions; 0: not cached): what a prefix cache
+// must keep for every repeat among them to be read rather than computed.
+int64_t shared_prompt_block_pages(const std::vector<std::vector<int64_t>>& prompts, const std::vector<int64_t>& block,
+                                  int64_t page_len) {
+  // A trie of the prompts' blocks, per block length: (block length, parent node, block tokens) -> node.
+  std::map<std::tuple<int64_t, int64_t, std::vector<int64_t>>, int64_t> node;
+  std::vector<int64_t> requests;  // per node: the requests whose prompts start with it
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const int64_t b = block[i];
+    if (b <= 0) continue;
+    int64_t parent = -1;
+    for (auto it = prompts[i].begin(); prompts[i].end() - it >= b; it += b) {
+      const auto [at, added] =
+          node.try_emplace({b, parent, std::vector<int64_t>(it, it + b)}, static_cast<int64_t>(requests.size()));
+      if (added) requests.push_back(0);
+      parent = at->second;
+      ++requests[parent];
+    }
+  }
+  int64_t pages = 0;
+  for (const auto& [key, id] : node) {
+    if (requests[id] >= 2) pages += std::get<0>(key) / page_len;
+  }
+  return pages;
+}
+
+}  // namespace
+
 std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<std::vector<int64_t>>& prompts,
                                        const std::vector<DecodeOptions>& options, int64_t max_batch,
                                        int64_t kv_budget_bytes, const int64_t* cancel, int64_t* reason,
@@ -588,7 +626,8 @@ std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<s
   const bool pad = check_batching_device(model.device(), "decode_batch") || pad_packs;
   // Every request checked before any runs: an error names the request.
   int64_t max_length = 2, max_rows = 0;
-  std::vector<int64_t> rows_of(n, 0);
+  std::vector<int64_t> rows_of(n, 0), cache_block_of(n, 0);
+  const int64_t page_len = resolve_kv_page_len(model.device(), -1);
   for (int64_t i = 0; i < n; ++i) {
     try {
       const DecodeOptions o = decode_options_for(c, options[i]);
@@ -597,6 +636,9 @@ std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<s
       max_length = std::max(max_length, canvas_length(o, static_cast<int64_t>(prompts[i].size())));
       rows_of[i] = kv_rows_needed(o);
       max_rows = std::max(max_rows, rows_of[i]);
+      if (prefix_cache && page_len > 0 && o.policy == Policy::kBlock && o.block_length % page_len == 0) {
+        cache_block_of[i] = o.block_length;  // the scheduler caches this request's complete prompt blocks
+      }
     } catch (c10::Error& e) {
       e.add_context("request " + std::to_string(i));
       throw;
@@ -611,6 +653,17 @@ std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<s
     std::vector<int64_t> sorted = rows_of;
     std::sort(sorted.rbegin(), sorted.rend());
     for (int64_t i = 0; i < workers && i < n; ++i) pool_rows += sorted[i];
+    // With the prefix cache, also room to keep the blocks that more than one of these requests
+    // starts with: a pool of the running requests alone evicts every cached block at the next
+    // admission, and nothing is ever read. At most the larger of what the running requests take
+    // and kPrefixCacheRoomBytes (a budget given explicitly holds both).
+    if (page_len > 0) {
+      const int64_t row_len = pool_row_length(max_length, page_len);
+      const int64_t page_bytes = kv_row_bytes(c, model.dtype(), page_len);
+      const int64_t room = std::max(pool_rows * (row_len / page_len), kPrefixCacheRoomBytes / page_bytes);
+      const int64_t cache_pages = std::min(shared_prompt_block_pages(prompts, cache_block_of, page_len), room);
+      pool_rows += ceil_div(cache_pages * page_len, row_len);
+    }
   }
   TORCH_CHECK_VALUE(max_rows <= pool_rows || max_rows == 0, "kv_budget_bytes = ", kv_budget_bytes, " holds ", pool_rows,
                     " KV rows of ", row_bytes, " bytes (", max_length, " positions) but a request needs ", max_rows,
