@@ -275,11 +275,12 @@ class AtomicFile:
 
     ``flag`` names the file in errors (``--output``, ``--write-preset``, or "file"). Bytes go in
     through :meth:`write`; ``lines=True`` tracks whole lines (each ``write`` a whole line or
-    several), and a write that fails (full disk) cuts the file back to its last whole line. A
-    stream (FIFO, character device, ``-``) is written in place. Use as a context manager:
+    several), and a write that fails (full disk) cuts the file back to its last whole line.
+    ``stream=True``: a FIFO, a character device or ``-`` (stdout) is written in place (else
+    refused). Use as a context manager:
     :meth:`commit` on a normal exit, :meth:`discard` on an exception."""
 
-    def __init__(self, path: str, flag: str = "file", lines: bool = False):
+    def __init__(self, path: str, flag: str = "file", lines: bool = False, stream: bool = False):
         self.path, self.flag, self.line_mode = path, flag, lines
         self.lines = 0  # whole lines written (lines=True)
         self._good = 0  # bytes of whole content (whole lines) in the file
@@ -287,10 +288,12 @@ class AtomicFile:
         self._fd: int | None = None
         self._stream: io.BufferedWriter | None = None
         self.failed: str | None = None  # the write error, once one happened
-        if path == STDOUT:
+        if path == STDOUT and stream:
             self._stream = sys.stdout.buffer
             return
         st = _stat(path)
+        if st is not None and not stat.S_ISREG(st.st_mode) and not stream:
+            check_output(path, flag)  # raises: a FIFO, device or directory is never replaced
         try:
             if st is not None and not stat.S_ISREG(st.st_mode):
                 self._stream = open(path, "wb", buffering=0)  # noqa: SIM115 - a FIFO / device: no replace

@@ -142,7 +142,7 @@ def _generate_jsonl(engine, args: argparse.Namespace, options) -> int:
     except OSError as e:
         raise UsageError(f"--input {args.input}: {e.strerror}") from None
     try:
-        out = outputs.AtomicFile(args.output, "--output", lines=True)
+        out = outputs.AtomicFile(args.output, "--output", lines=True, stream=True)
     except BaseException:
         if src is not sys.stdin.buffer:
             src.close()
@@ -235,9 +235,7 @@ def _generate_jsonl(engine, args: argparse.Namespace, options) -> int:
         finished_normally = True
     except KeyboardInterrupt:
         by = "" if signals.name == "SIGINT" else f" ({signals.name})"
-        sys.stderr.write(
-            f"\ninterrupted: {done} results written{by}; the requests still running were dropped\n"
-        )
+        sys.stderr.write(f"\ninterrupted: {done} results written{by}; the requests still running were dropped\n")
         return signals.exit_status
     finally:
         try:
