@@ -291,9 +291,8 @@ class AtomicFile:
         if path == STDOUT and stream:
             self._stream = sys.stdout.buffer
             return
+        check_output(path, flag, stream=stream)  # a FIFO or device never replaced, a missing folder named
         st = _stat(path)
-        if st is not None and not stat.S_ISREG(st.st_mode) and not stream:
-            check_output(path, flag)  # raises: a FIFO, device or directory is never replaced
         try:
             if st is not None and not stat.S_ISREG(st.st_mode):
                 self._stream = open(path, "wb", buffering=0)  # noqa: SIM115 - a FIFO / device: no replace
