@@ -136,12 +136,13 @@ def check_output(
     if st is not None and not stat.S_ISREG(st.st_mode):
         return  # a stream: written in place, its folder is not written
     fst = _stat(folder)
+    shown = folder if os.path.islink(path) else (os.path.dirname(path) or ".")  # as the user wrote it
     if fst is None:
-        raise OutputError(f"{where}: the folder {folder} does not exist; create it first")
+        raise OutputError(f"{where}: the folder {shown} does not exist; create it first")
     if not stat.S_ISDIR(fst.st_mode):
-        raise OutputError(f"{where}: {folder} is not a folder")
+        raise OutputError(f"{where}: {shown} is not a folder")
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise OutputError(f"{where}: the folder {folder} is not writable")
+        raise OutputError(f"{where}: the folder {shown} is not writable")
 
 
 def check_output_folder(folder: str, flag: str, names: Iterable[str], **rules) -> None:
