@@ -333,6 +333,8 @@ class AtomicFile:
             try:
                 self._stream.write(data)
                 self._stream.flush()
+            except BrokenPipeError:
+                raise  # `... | head`: the reader is gone; the CLI stops quietly
             except OSError as e:
                 self.failed = _reason(e)
                 raise OutputError(f"{self.flag} {self.path}: cannot write it ({self.failed})") from None
