@@ -297,8 +297,17 @@ def _line(path: str, lineno: int, raw: bytes, check: AnswerCheck, answers_option
         )
     text = answer if isinstance(answer, str) else json.dumps(answer)
     if check.kind == "last-number" and _number(text.strip()) is None:
-        raise ValueError(f'{where}: "answer" {text!r} is not a finite number, which --answer last-number needs')
+        finite = "finite " if _is_decimal(text.strip()) else ""  # "Infinity", "NaN": numbers no text can equal
+        raise ValueError(f'{where}: "answer" {text!r} is not a {finite}number, which --answer last-number needs')
     return Sample(prompt, _text_check(check, text), text)
+
+
+def _is_decimal(text: str) -> bool:
+    try:
+        Decimal(text.replace(",", ""))
+    except (InvalidOperation, ValueError):
+        return False
+    return True
 
 
 def _kind(x: Any) -> str:
