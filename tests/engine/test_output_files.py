@@ -407,3 +407,18 @@ def test_signal_exit_status_is_128_plus_the_signal():
         time.sleep(5)
     assert guard.signum == signal.SIGUSR1 and guard.exit_status == 128 + signal.SIGUSR1
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # the previous handler back
+
+
+def test_named_temporary_fallback_sweeps_stale_temporaries_of_dead_processes(tmp_path, monkeypatch):
+    """Where O_TMPFILE is not available a named temporary is used: one left by a process that
+    died (SIGKILL) is swept by the next write; one of a live process is left alone."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".p.json.blockbatch-{dead.pid}-0a1b2c3d.tmp"
+    live = tmp_path / f".p.json.blockbatch-{os.getppid()}-0a1b2c3d.tmp"
+    stale.write_text("half")
+    live.write_text("busy")
+    monkeypatch.setattr(outputs.AtomicFile, "_open_unnamed", staticmethod(lambda folder, mode: None))
+    errors.write_json_file(str(tmp_path / "p.json"), {"a": 1})
+    assert json.loads((tmp_path / "p.json").read_text()) == {"a": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "p.json"])
