@@ -327,8 +327,14 @@ def pyplot():
     return plt
 
 
-def save_plots(result: dict, out_dir: str) -> list[str]:
-    """accuracy vs NFE per policy, and speedup bars against dual cache (needs matplotlib)."""
+PLOTS = ("accuracy_vs_nfe.png", "speedup_vs_dual.png")  # what save_plots may write in its folder
+
+
+def save_plots(result: dict, out_dir: str, flag: str = "--out") -> list[str]:
+    """accuracy vs NFE per policy, and speedup bars against dual cache (needs matplotlib); each
+    written atomically (blockbatch.outputs), errors naming ``flag`` and the file."""
+    from .outputs import write_atomic
+
     plt = pyplot()
     if plt is None:
         return []
@@ -343,8 +349,8 @@ def save_plots(result: dict, out_dir: str) -> list[str]:
     ax.set_title("accuracy vs forward passes")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    paths.append(os.path.join(out_dir, "accuracy_vs_nfe.png"))
-    fig.savefig(paths[-1], dpi=120)
+    paths.append(os.path.join(out_dir, PLOTS[0]))
+    write_atomic(paths[-1], lambda buf, fig=fig: fig.savefig(buf, dpi=120, format="png"), flag)
     if "speedup_vs_dual" in next(iter(summary.values())):
         fig, ax = plt.subplots(figsize=(5, 4))
         names = list(summary)
@@ -352,7 +358,7 @@ def save_plots(result: dict, out_dir: str) -> list[str]:
         ax.axhline(1.0, color="gray", lw=1)
         ax.set_ylabel("speedup vs dual cache (median time per sample)")
         fig.tight_layout()
-        paths.append(os.path.join(out_dir, "speedup_vs_dual.png"))
-        fig.savefig(paths[-1], dpi=120)
+        paths.append(os.path.join(out_dir, PLOTS[1]))
+        write_atomic(paths[-1], lambda buf, fig=fig: fig.savefig(buf, dpi=120, format="png"), flag)
     plt.close("all")
     return paths

@@ -160,14 +160,15 @@ def read_file_bytes(path: str, what: str, max_bytes: int) -> bytes:
     return data
 
 
-def write_json_file(path: str, data: Any, indent: int | None = 2) -> None:
-    """Write JSON atomically (a temporary file renamed over ``path``: a reader, or a run cut short,
-    never sees half of it); ``indent`` None writes it compact."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=indent, separators=None if indent is not None else (",", ":"))
-        f.write("\n")
-    os.replace(tmp, path)
+def write_json_file(path: str, data: Any, indent: int | None = 2, flag: str = "file") -> None:
+    """Write JSON atomically (blockbatch.outputs: a temporary file renamed over ``path`` when
+    whole: a reader, or a run cut short, never sees half of it); ``indent`` None writes it
+    compact. An error (a full disk, a missing folder) names ``flag`` and ``path``, never the
+    temporary file."""
+    from .outputs import write_atomic
+
+    text = json.dumps(data, indent=indent, separators=None if indent is not None else (",", ":")) + "\n"
+    write_atomic(path, text, flag)
 
 
 def read_json_file(path: str, what: str, max_bytes: int) -> Any:

@@ -183,12 +183,24 @@ def values(
     return out
 
 
-def write(path: str, name: str, options: dict[str, Any], description: str = "", evidence: dict | None = None) -> None:
-    """Write a preset file (atomically: a reader never sees half of it)."""
+def write(
+    path: str,
+    name: str,
+    options: dict[str, Any],
+    description: str = "",
+    evidence: dict | None = None,
+    flag: str = "preset file",
+) -> None:
+    """Write a preset file (atomically, blockbatch.outputs: a reader never sees half of it; an
+    existing FIFO, device or directory at ``path`` is refused, never replaced). Errors name
+    ``flag`` and ``path``."""
+    from .outputs import check_output
+
+    check_output(path, flag)  # a FIFO, device or directory, a missing folder: refused before writing
     checked = check_options({k: v for k, v in options.items() if k != "gen_length"})
     data = {"blockbatch_preset": FORMAT, "name": name, "description": description, "options": checked}
     if evidence:
         data["evidence"] = evidence
     from .errors import write_json_file
 
-    write_json_file(path, data)
+    write_json_file(path, data, flag=flag)

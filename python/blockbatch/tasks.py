@@ -18,11 +18,16 @@ lm-eval task.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
 import json
+import math
+import os
 import re
+import signal
+import threading
 from decimal import Decimal, InvalidOperation
 from typing import Any, Callable, Protocol
 
@@ -58,10 +63,56 @@ _NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+")
 
 
 def _number(text: str) -> Decimal | None:
+    """``text`` as an exact number (None: not a finite number). Never rounded: Decimal's
+    normalize() would round to 28 digits and make two long numbers equal; equality of Decimals
+    is exact and ignores trailing zeros ("2.5" == "2.50")."""
     try:
-        return Decimal(text.replace(",", "")).normalize()
+        value = Decimal(text.replace(",", ""))
     except (InvalidOperation, ValueError):
         return None
+    return value if value.is_finite() else None  # "Infinity", "NaN", "sNaN": no answer can equal them
+
+
+# --------------------------------------------------------------------------- a time bound on user regexes
+
+# A user's regular expression (--answer-regex, an lm-eval task's regex filter) may backtrack
+# catastrophically ('(.+)+!' on a long generation runs for minutes): each check runs under this
+# bound, and one that exceeds it stops the run with an error naming the flag and the pattern (an
+# answer check that silently scored 0 would bias the sweep).
+REGEX_SECONDS = 1.0
+LM_EVAL_SECONDS = 5.0  # a task's filters and metric: more room (a metric's first call may import)
+
+
+class RegexTimeout(ValueError):
+    """A check with a user regex ran past REGEX_SECONDS; the message names the flag and pattern."""
+
+
+@contextlib.contextmanager
+def time_bound(seconds: float, message: str):
+    """Raise RegexTimeout(``message``) when the body runs longer than ``seconds`` (SIGALRM: the
+    regex engine checks for signals as it backtracks). Only in the main thread, where Python
+    handles signals; elsewhere the body runs unbounded."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    class _Expired(BaseException):  # not an Exception: no `except Exception` in the body swallows it
+        pass
+
+    def expire(signum, frame):
+        raise _Expired()
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    outer = signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    except _Expired:
+        raise RegexTimeout(message) from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer[0] > 0:  # an outer timer was running: it goes on (less the time spent here)
+            signal.setitimer(signal.ITIMER_REAL, max(outer[0] - seconds, 1e-3), outer[1])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,8 +155,14 @@ class AnswerCheck:
             return found[-1] if found else None
         assert self.pattern is not None
         last = None
-        for last in re.finditer(self.pattern, text):
-            pass
+        with time_bound(
+            REGEX_SECONDS,
+            f"--answer-regex {self.pattern!r}: matching one generation ({len(text)} characters) took more than "
+            f"{REGEX_SECONDS:g} s: the pattern backtracks catastrophically (nested repeats such as '(.+)+'); "
+            "rewrite it without nested or overlapping repeats",
+        ):
+            for last in re.finditer(self.pattern, text):
+                pass
         if last is None:
             return None
         got = last.group(1) if last.re.groups else last.group(0)
@@ -201,7 +258,9 @@ def _line(path: str, lineno: int, raw: bytes, check: AnswerCheck, answers_option
         raise ValueError(f"{where}: {e}") from None
     try:
         row = json.loads(line)
-    except (json.JSONDecodeError, RecursionError) as e:
+    except RecursionError:
+        raise ValueError(f"{where}: not valid JSON (nested too deeply)") from None
+    except ValueError as e:  # JSONDecodeError, or an integer literal of more than 4300 digits
         raise ValueError(f'{where}: not a JSON object ({e}); expected {{"prompt": ..., "answer": ...}}') from None
     if not isinstance(row, dict):
         raise ValueError(f'{where}: expected a JSON object {{"prompt": ..., "answer": ...}}, got {type(row).__name__}')
@@ -230,10 +289,25 @@ def _line(path: str, lineno: int, raw: bytes, check: AnswerCheck, answers_option
         return Sample(prompt, _ids_check([int(t) for t in answer]), [int(t) for t in answer])
     if not isinstance(answer, (str, int, float)) or isinstance(answer, bool):
         raise ValueError(f'{where}: "answer" must be a string, a number or a list of token ids, got {_kind(answer)}')
+    if isinstance(answer, float) and not math.isfinite(answer):
+        # 1e400 parses as inf, NaN / Infinity literals as themselves: no generation can equal them
+        raise ValueError(
+            f'{where}: "answer" is not a finite number ({answer!r} as parsed; a literal such as 1e400 is '
+            f'past the float range): give it as a string, e.g. "1e400"'
+        )
     text = answer if isinstance(answer, str) else json.dumps(answer)
     if check.kind == "last-number" and _number(text.strip()) is None:
-        raise ValueError(f'{where}: "answer" {text!r} is not a number, which --answer last-number needs')
+        finite = "finite " if _is_decimal(text.strip()) else ""  # "Infinity", "NaN": numbers no text can equal
+        raise ValueError(f'{where}: "answer" {text!r} is not a {finite}number, which --answer last-number needs')
     return Sample(prompt, _text_check(check, text), text)
+
+
+def _is_decimal(text: str) -> bool:
+    try:
+        Decimal(text.replace(",", ""))
+    except (InvalidOperation, ValueError):
+        return False
+    return True
 
 
 def _kind(x: Any) -> str:
@@ -277,6 +351,11 @@ def load_lm_eval(
     import logging
 
     logging.getLogger("lm_eval").setLevel(logging.WARNING)
+    if include_path is not None:
+        if not os.path.exists(include_path):
+            raise ValueError(f"--include-path {include_path}: no such folder")
+        if not os.path.isdir(include_path):
+            raise ValueError(f"--include-path {include_path}: not a folder (give the folder of your task YAMLs)")
     try:
         manager = TaskManager(include_path=include_path) if include_path else TaskManager()
     except Exception as e:  # the harness's own errors are plain exceptions
@@ -284,10 +363,24 @@ def load_lm_eval(
     if name not in manager.all_tasks:
         close = [t for t in manager.all_tasks if name.lower() in t.lower()][:8]
         hint = f"; close names: {', '.join(close)}" if close else ""
+        broken = _yaml_errors(include_path) if include_path else []
+        if broken:  # lm-eval skips a YAML it cannot read: say which and why, not "no such task"
+            raise ValueError(
+                f"--lm-eval-task {name!r}: lm-eval knows no such task, and --include-path {include_path} holds "
+                f"task files it cannot read: " + "; ".join(broken)
+            )
         where = f" (with --include-path {include_path})" if include_path else " (give --include-path DIR for your own)"
         raise ValueError(f"--lm-eval-task {name!r}: lm-eval knows no such task{where}{hint}")
+    yaml_path = _task_yaml(manager, name)
     try:
         tasks = dict(manager.load([name])["tasks"])
+    except (StopIteration, IndexError) as e:
+        if isinstance(e, StopIteration) or "size 0" in str(e):  # the harness takes the first document
+            raise ValueError(
+                f"--lm-eval-task {name}: its data holds no documents (task file {yaml_path}; the split it "
+                f"reads is empty)"
+            ) from None
+        raise ValueError(f"--lm-eval-task {name}: lm-eval cannot load it ({type(e).__name__}: {e})") from None
     except Exception as e:
         raise ValueError(f"--lm-eval-task {name}: lm-eval cannot load it ({type(e).__name__}: {e})") from None
     if len(tasks) != 1:
@@ -300,10 +393,13 @@ def load_lm_eval(
             f"--lm-eval-task {name}: output_type is {task.OUTPUT_TYPE!r}; the tuner decodes generate_until tasks "
             "(a masked diffusion model has no left-to-right likelihood)"
         )
-    task.build_all_requests(limit=n, rank=0, world_size=1)
+    try:
+        task.build_all_requests(limit=n, rank=0, world_size=1)
+    except StopIteration:
+        raise ValueError(f"--lm-eval-task {name}: its data holds no documents (task file {yaml_path})") from None
     instances = sorted(task.instances, key=lambda i: i.doc_id)
     if not instances:
-        raise ValueError(f"--lm-eval-task {name}: the task has no documents")
+        raise ValueError(f"--lm-eval-task {name}: its data holds no documents (task file {yaml_path})")
     filters = list(getattr(task, "_filters", []))
     names = [f.name for f in filters] or ["none"]
     if filter_name is not None and filter_name not in names:
@@ -322,6 +418,48 @@ def load_lm_eval(
     docs = [[inst.doc_id, inst.args[0]] for inst in instances]
     scored = f"lm-eval {task_name} {metric}" + (f" ({fname})" if fname != "none" else "")
     return TaskSet(samples, f"lm-eval:{task_name}", _sha(docs), scored, len(instances))
+
+
+def _task_yaml(manager, name: str) -> str:
+    """The YAML file lm-eval read task ``name`` from ("?" when its index does not say)."""
+    entry = getattr(manager, "task_index", {}).get(name)
+    path = getattr(entry, "yaml_path", None) or (entry.get("yaml_path") if isinstance(entry, dict) else None)
+    return str(path) if path and path != -1 else "?"
+
+
+def _yaml_errors(folder: str) -> list[str]:
+    """'FILE: problem' for each YAML file under ``folder`` that does not parse (lm-eval's own
+    tags such as !function taken as they are)."""
+    try:
+        import yaml
+    except ImportError:
+        return []
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
+    out = []
+    for root, _dirs, files in os.walk(folder):
+        for file in sorted(files):
+            if not file.endswith((".yaml", ".yml")):
+                continue
+            path = os.path.join(root, file)
+            try:
+                with open(path, encoding="utf-8") as f:
+                    doc = yaml.load(f, Loader=Loader)  # noqa: S506 - SafeLoader with inert tags
+            except yaml.YAMLError as e:
+                mark = getattr(e, "problem_mark", None)
+                at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+                problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+                out.append(f"{path}: not valid YAML ({problem}{at})")
+                continue
+            except (OSError, UnicodeDecodeError) as e:
+                out.append(f"{path}: cannot be read ({e})")
+                continue
+            if not isinstance(doc, dict):
+                out.append(f"{path}: not a mapping of task keys (got {type(doc).__name__})")
+    return out
 
 
 ENCODINGS = ("chat", "raw", "harness")
@@ -358,14 +496,23 @@ def cut_at_stops(text: str, until: str | list[str] | None) -> str:
 
 
 def _lm_eval_check(task, inst, filters, fname: str, metric: str, until: str | list[str] | None):
+    name = getattr(task, "config", None) and getattr(task.config, "task", None) or "the task"
+
     def check(g: Generated) -> float:
         one = copy.copy(inst)
         one.resps = [cut_at_stops(g.text, until)]
         one.filtered_resps = {}
-        for f in filters:
-            f.apply([one])
-        resp = one.filtered_resps.get(fname, one.resps[0]) if filters else one.resps[0]
-        value = task.process_results(inst.doc, [resp])[metric]
+        # the task's filters and metric may run its own regular expressions: bounded as --answer-regex is
+        with time_bound(
+            LM_EVAL_SECONDS,
+            f"--lm-eval-task {name}: its filters and metric took more than {LM_EVAL_SECONDS:g} s on one generation "
+            f"({len(g.text)} characters): a regular expression of the task (regex filter, regexes_to_ignore) "
+            "backtracks catastrophically; rewrite it",
+        ):
+            for f in filters:
+                f.apply([one])
+            resp = one.filtered_resps.get(fname, one.resps[0]) if filters else one.resps[0]
+            value = task.process_results(inst.doc, [resp])[metric]
         return float(value)
 
     return check

@@ -225,7 +225,7 @@ def split(setup: dict) -> int:
 def _write_json(path: str, data: dict) -> None:
     from .errors import write_json_file
 
-    write_json_file(path, data, indent=None)  # compact: it holds every task's step log
+    write_json_file(path, data, indent=None, flag="--out")  # compact: it holds every task's step log
 
 
 def summarize(records: list[dict]) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from .outputs import write_atomic
 from .tune import cost_key, frontier, split
 
 
@@ -50,8 +51,9 @@ def format_report(data: dict, objective: str, chosen: str | None, limit: int = 4
     return "\n".join(lines)
 
 
-def save_plot(data: dict, path: str, chosen: str | None) -> str | None:
-    """Accuracy vs mean NFE and vs modelled time per sample, one colour per policy, frontiers drawn."""
+def save_plot(data: dict, path: str, chosen: str | None, flag: str = "file") -> str | None:
+    """Accuracy vs mean NFE and vs modelled time per sample, one colour per policy, frontiers drawn;
+    written atomically (blockbatch.outputs), errors naming ``flag`` and ``path``."""
     from .bench import pyplot
 
     plt = pyplot()
@@ -138,6 +140,8 @@ def save_plot(data: dict, path: str, chosen: str | None) -> str | None:
         fontsize=10,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        write_atomic(path, lambda buf: fig.savefig(buf, dpi=110, format="png"), flag)
+    finally:
+        plt.close(fig)
     return path

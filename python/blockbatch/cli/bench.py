@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 
 import torch
 
 from ..engine import DTYPES
+from ..errors import write_json_file
 from .common import UsageError, positive_int, preset_names
 
 
@@ -17,8 +17,7 @@ def run(args: argparse.Namespace) -> int:
     from .. import bench
     from ..engine import Engine
 
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise UsageError(f"--out {args.out}: exists and is not a directory")
+    _check_out(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     engine = Engine.from_pretrained(args.model, device=args.device, dtype=DTYPES[args.dtype])
@@ -32,25 +31,44 @@ def run(args: argparse.Namespace) -> int:
         engine, samples, policies, compare_reference=args.compare_reference, progress=not args.quiet
     )
     print(bench.format_table(result))
+    _check_out(args)  # again: the folder may have changed during the run
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "bench.json")
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(
-            {
-                "environment": bench.environment(),
-                "model": args.model or "toy",
-                "tasks": args.tasks or "toy",
-                "gen_length": args.gen_length,
-                "policies": {k: dataclasses.asdict(v) for k, v in policies.items()},
-                **result,
-            },
-            f,
-            indent=2,
-        )
+    write_json_file(
+        path,
+        {
+            "environment": bench.environment(),
+            "model": args.model or "toy",
+            "tasks": args.tasks or "toy",
+            "gen_length": args.gen_length,
+            "policies": {k: dataclasses.asdict(v) for k, v in policies.items()},
+            **result,
+        },
+        flag="--out",
+    )
     print(f"wrote {path}")
-    for png in bench.save_plots(result, args.out):
+    for png in bench.save_plots(result, args.out, "--out"):
         print(f"wrote {png}")
     return 0
+
+
+def _check_out(args: argparse.Namespace) -> None:
+    """--out and the files written in it against the one output-file rule (blockbatch.outputs),
+    before the work: not the --tasks file, a preset file of --policies or a file of the model's
+    checkpoint folder; regular files in a folder that is (or can be made) a writable folder."""
+    from .. import bench, outputs
+
+    presets = [("--policies", spec.split(":")[0]) for spec in args.policies or () if os.path.isfile(spec.split(":")[0])]
+    try:
+        outputs.check_output_folder(
+            args.out,
+            "--out",
+            ("bench.json", *bench.PLOTS),
+            inputs=[("--tasks", args.tasks), *presets],
+            protected=[("the model folder", outputs.model_folder(args.model))],
+        )
+    except outputs.OutputError as e:
+        raise UsageError(str(e)) from None
 
 
 def add_parser(sub) -> None:

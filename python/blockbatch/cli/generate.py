@@ -6,11 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import stat
 import sys
-import tempfile
 
-from .. import settings
+from .. import outputs, settings
 from . import option_flags
 from ..engine import DTYPES
 from ..errors import UnknownCharactersError
@@ -42,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     if args.input is not None:
         if args.prompts:
             raise UsageError("pass either PROMPTs or --input FILE, not both")
+        _check_output(args)
         engine = Engine.from_pretrained(args.model, device=args.device, dtype=DTYPES[args.dtype])
         return _generate_jsonl(engine, args, options)
     if not args.prompts:
@@ -76,63 +75,30 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
-class _JsonlOutput:
-    """Where --output's lines go. A regular file (or a new one) is written through a temporary
-    file in its folder, renamed over it at the end, also after Ctrl-C or an error: the lines
-    written are kept, and an existing file is replaced only by a run's results (never truncated
-    first, never left half written). Standard output, FIFOs and devices are written directly."""
-
-    def __init__(self, path: str):
-        self.path, self.tmp, self.lines = path, None, 0
-        if path == "-":
-            self.file = sys.stdout
-            return
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            st = None
-        except OSError as e:
-            raise UsageError(f"--output {path}: {e.strerror}") from None
-        if st is not None and stat.S_ISDIR(st.st_mode):
-            raise UsageError(f"--output {path}: is a directory")
-        try:
-            if st is not None and not stat.S_ISREG(st.st_mode):
-                self.file = open(path, "w", encoding="utf-8")  # a FIFO or device: nothing to replace
-                return
-            self.target = os.path.realpath(path)  # a symbolic link: replace the file it names
-            folder = os.path.dirname(self.target)
-            fd, self.tmp = tempfile.mkstemp(prefix=f".{os.path.basename(self.target)}.", suffix=".tmp", dir=folder)
-        except OSError as e:
-            raise UsageError(f"--output {path}: {e.strerror}") from None
-        # The mode the file has, or open() would have given a new one (mkstemp's is 0600).
-        if st is not None:
-            mode = stat.S_IMODE(st.st_mode)
-        else:
-            umask = os.umask(0)
-            os.umask(umask)
-            mode = 0o666 & ~umask
-        os.fchmod(fd, mode)
-        self.file = os.fdopen(fd, "w", encoding="utf-8")
-
-    def write(self, line: str) -> None:
-        self.file.write(line)
-        self.file.flush()
-        self.lines += 1
-
-    def close(self, keep: bool) -> None:
-        """Close; a temporary file is renamed over --output when ``keep`` or a line was written,
-        else removed (a run that failed before any result leaves an existing output as it was)."""
-        if self.file is sys.stdout:
-            self.file.flush()
-            return
-        try:
-            self.file.close()
-        finally:
-            if self.tmp is not None:
-                if keep or self.lines:
-                    os.replace(self.tmp, self.target)
-                else:
-                    os.unlink(self.tmp)
+def _check_output(args: argparse.Namespace) -> None:
+    """--output against the one output-file rule (blockbatch.outputs), before the model loads:
+    not --input (by name, link or stdin), not the --preset file read, not a file of the model's
+    checkpoint folder, a regular file (or a FIFO / character device to stream to) in a writable
+    folder. '-' (stdout) is allowed."""
+    if args.output == "-":
+        return
+    same = _same_file(args.input, args.output) if args.input != "-" else _stdin_is(args.output)
+    if same:
+        raise UsageError(
+            f"--input {args.input} and --output {args.output} are the same file: the results "
+            f"would replace the requests; write them to another file"
+        )
+    preset = args.preset if args.preset and os.path.exists(args.preset) else None
+    try:
+        outputs.check_output(
+            args.output,
+            "--output",
+            inputs=[("--input", args.input), ("--preset", preset)],
+            protected=[("the model folder", outputs.model_folder(args.model))],
+            stream=True,
+        )
+    except outputs.OutputError as e:
+        raise UsageError(str(e)) from None
 
 
 def _line_request(text: str, line: int):
@@ -164,25 +130,19 @@ def _generate_jsonl(engine, args: argparse.Namespace, options) -> int:
     each result line is written and flushed the moment its request finishes. A bad line (not
     UTF-8, not JSON, bad ids) or a request that fails gives an error line (with its line number)
     and a note on stderr, and the others go on. On CUDA the requests decode one by one, in order.
-    --input and --output may not be the same file; a regular --output is replaced at the end
-    (_JsonlOutput)."""
+    --output follows the one output-file rule (blockbatch.outputs): checked before the work,
+    replaced at the end by the whole lines written (also on Ctrl-C, SIGTERM, SIGHUP, a full disk)."""
     import queue
     import time
 
     name = "stdin" if args.input == "-" else args.input
-    if args.output != "-":
-        same = _same_file(args.input, args.output) if args.input != "-" else _stdin_is(args.output)
-        if same:
-            raise UsageError(
-                f"--input {args.input} and --output {args.output} are the same file: the results "
-                f"would replace the requests; write them to another file"
-            )
+    _check_output(args)  # again: the file may have changed while the model loaded
     try:
         src = sys.stdin.buffer if args.input == "-" else open(args.input, "rb")  # bytes: each line decoded here
     except OSError as e:
         raise UsageError(f"--input {args.input}: {e.strerror}") from None
     try:
-        out = _JsonlOutput(args.output)
+        out = outputs.AtomicFile(args.output, "--output", lines=True, stream=True)
     except BaseException:
         if src is not sys.stdin.buffer:
             src.close()
@@ -232,6 +192,8 @@ def _generate_jsonl(engine, args: argparse.Namespace, options) -> int:
 
     sched = None
     finished_normally = False
+    guard = outputs.signals_as_interrupt()  # SIGTERM, SIGHUP, ...: as Ctrl-C (blockbatch.outputs)
+    signals = guard.__enter__()
     try:
         if not engine.batches:
             for line, rid, ids in requests():
@@ -272,16 +234,25 @@ def _generate_jsonl(engine, args: argparse.Namespace, options) -> int:
                 collect(block=True)
         finished_normally = True
     except KeyboardInterrupt:
-        sys.stderr.write(f"\ninterrupted: {done} results written; the requests still running were dropped\n")
-        return 130
+        by = "" if signals.name == "SIGINT" else f" ({signals.name})"
+        sys.stderr.write(f"\ninterrupted: {done} results written{by}; the requests still running were dropped\n")
+        return signals.exit_status
     finally:
         try:
             if sched is not None:
                 sched.close()
         finally:
-            out.close(keep=finished_normally)
-            if src is not sys.stdin.buffer:
-                src.close()
+            try:
+                # every whole line written is kept (Ctrl-C, a signal, a full disk); a run that
+                # failed before any result leaves an existing --output as it was
+                if finished_normally or out.lines:
+                    out.commit()
+                else:
+                    out.discard()
+            finally:
+                guard.__exit__(None, None, None)
+                if src is not sys.stdin.buffer:
+                    src.close()
     sys.stderr.write("\n")
     return 1 if failed else 0
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import signal
 import sys
 
-from .. import tasks
+from .. import outputs, tasks
 from ..tune import GRIDS, OBJECTIVES, choose, configs, cost_key, frontier, run_tune, setup_key
 from ..tune_report import format_report, save_plot
 from .common import positive_float, positive_int
@@ -367,8 +366,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise ValueError(f"--out {args.out}: exists and is not a directory")
+    _check_outputs(args)  # before the model loads and long before the sweep
     engine = Engine.from_pretrained(args.model, device=args.device)
     if args.policies is None and engine.config.family == "llada2":
         args.policies = ("block",)  # the family's one decoder
@@ -415,9 +413,9 @@ def run(args: argparse.Namespace) -> int:
         tasks_sha256=taskset.sha256,
         scored_by=taskset.scored_by if all(s.check is not None for s in samples) else "reference",
     )
-    prev = signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))  # save on kill too
-    try:
+    _check_outputs(args)  # again: files may have appeared while the model loaded and the tasks were read
+    # SIGTERM, SIGHUP, ... stop the sweep as Ctrl-C does: the configs done are saved (blockbatch.outputs)
+    with outputs.signals_as_interrupt() as signals:
         data = run_tune(
             engine,
             samples,
@@ -431,18 +429,17 @@ def run(args: argparse.Namespace) -> int:
             fresh=args.fresh,
             max_batch=args.max_batch,
         )
-    finally:
-        signal.signal(signal.SIGTERM, prev)
     key = cost_key(args.objective)
-    chosen = choose(data["configs"], key, args.max_drop, args.pick_policy)
+    # A sweep cut short (Ctrl-C, a signal, --time-budget) chooses nothing: a preset chosen from
+    # some of the configs would look like the sweep's answer (and replace a complete one).
+    partial = bool(data["remaining"])
+    chosen = None if partial else choose(data["configs"], key, args.max_drop, args.pick_policy)
     print(format_report(data, args.objective, chosen))
     print(f"wrote {out_json}")
-    stem = (
-        "tune" if args.step_time == "measure" else "tune_" + os.path.splitext(os.path.basename(args.step_time))[0]
-    )  # one plot per time source
-    png = save_plot(data, os.path.join(args.out, stem + ".png"), chosen)
+    png = save_plot(data, _plot_path(args), chosen, "--out")
     if png:
         print(f"wrote {png}")
+    preset_path = args.write_preset or os.path.join(args.out, "preset.json")
     if chosen is not None:
         p = data["configs"][chosen]
         path = args.write_preset or os.path.join(args.out, "preset.json")
@@ -455,13 +452,53 @@ def run(args: argparse.Namespace) -> int:
             opts,
             description=f"chosen by blockbatch tune: {chosen}",
             evidence=preset_evidence(data, chosen, args, engine, key),
+            flag="--write-preset" if args.write_preset else "--out",
         )
         print(f"wrote {path} (preset {name!r}: {chosen})")
-    if data["stopped"]:
+    if partial:
         left = len(data["remaining"])
+        done = len(specs) - left
+        stopped = data["stopped"] or "stopped"
+        if stopped == "interrupted" and signals.name != "SIGINT":
+            stopped += f" ({signals.name})"
+        kept = (
+            f"{preset_path} keeps its earlier content" if os.path.lexists(preset_path) else f"{preset_path} not written"
+        )
         print(
-            f"{data['stopped']}: {len(data['configs'])} configs done, {left} left; rerun the same command to continue",
+            f"{stopped}: {done} of {len(specs)} configs done, {left} left; no preset written from a partial "
+            f"sweep ({kept}); rerun the same command to continue",
             file=sys.stderr,
         )
-        return 130 if data["stopped"] == "interrupted" else 0
+        return signals.exit_status if data["stopped"] == "interrupted" else 0
     return 0
+
+
+def _plot_path(args: argparse.Namespace) -> str:
+    stem = (
+        "tune" if args.step_time == "measure" else "tune_" + os.path.splitext(os.path.basename(args.step_time))[0]
+    )  # one plot per time source
+    return os.path.join(args.out, stem + ".png")
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """--out (tune.json, the plot, preset.json) and --write-preset against the one output-file
+    rule (blockbatch.outputs): none may be an input of the run (--tasks, --step-time FILE, a file
+    of --include-path), a file of the model's checkpoint folder, another of the run's outputs
+    (--write-preset OUT/tune.json would lose the sweep) or an existing FIFO / device / directory,
+    and each folder must be there and writable. Errors name the flag and the path."""
+    inputs = [("--tasks", args.tasks)]
+    if args.step_time != "measure":
+        inputs.append(("--step-time", args.step_time))
+    protected = [("the model folder", outputs.model_folder(args.model))]
+    if args.include_path:
+        protected.append(("--include-path", args.include_path))
+    names = ["tune.json", os.path.basename(_plot_path(args))] + ([] if args.write_preset else ["preset.json"])
+    outputs.check_output_folder(args.out, "--out", names, inputs=inputs, protected=protected)
+    if args.write_preset:
+        outputs.check_output(
+            args.write_preset,
+            "--write-preset",
+            inputs=inputs,
+            protected=protected,
+            others=[("--out's", os.path.join(args.out, n)) for n in names],
+        )

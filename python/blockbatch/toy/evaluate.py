@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import sys
 import time
@@ -36,7 +35,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ..errors import write_json_file
 from ..loading import load_checkpoint
+from ..outputs import OutputError, check_output
 from ..reference import dream as dream_ref
 from ..reference.proposals import ALGS
 from ..reference.model import ReferenceModel
@@ -407,6 +408,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         ap.error(f"--block-sizes {args.block_sizes!r}: expected comma-separated integers")
     checkpoint = args.checkpoint or checkpoint_path(args.family or "llada")
+    if args.json:  # the one output-file rule (blockbatch.outputs), before the work
+        try:
+            check_output(args.json, "--json", protected=[("the checkpoint folder", checkpoint)])
+        except OutputError as e:
+            ap.error(str(e))
     ck = load_checkpoint(checkpoint)
     family = ck.config.family
     known = policies_for(family)
@@ -483,8 +489,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
         print(f"  tokens committed per step: {spread['committed_per_step_hist']}")
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=2)
+        write_json_file(args.json, report, flag="--json")
     return 0
 
 
