@@ -400,7 +400,8 @@ class ModelConfig:
                 "attention_bias": int(bool(self.attention_bias)),
                 "family": self.codec.cpp_id,
             }
-            | {k: int(getattr(self, k)) for k in _LLADA2_INT_KEYS if getattr(self, k) is not None}
+            # unset head_size / rope_dims (the other families) as 0, the only value C++ allows them there
+            | {k: int(getattr(self, k) or 0) for k in _LLADA2_INT_KEYS}
         )
 
     def float_fields(self) -> dict[str, float]:

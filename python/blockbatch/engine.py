@@ -86,7 +86,7 @@ class Engine:
     ) -> "Engine":
         """Load a Hugging Face checkpoint folder of a supported family (LLaDA, Dream); ``None`` loads the toy
         model shipped in the package. ``check_finite=False`` skips the NaN / Inf check of the weights
-        (about 0.3 s per GB; None: the BLOCKBATCH_CHECK_FINITE environment variable, default on)."""
+        (about 0.15-0.25 s per GB; None: the BLOCKBATCH_CHECK_FINITE environment variable, default on)."""
         if path is None:
             from .toy import checkpoint_path
 
