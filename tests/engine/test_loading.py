@@ -408,7 +408,7 @@ def test_clean_toys_pass_the_finite_check():
     [
         (dict(num_hidden_layers=0), "key 'num_hidden_layers' must be a positive integer, got 0"),
         (dict(max_position_embeddings=2**21), "key 'max_position_embeddings' = 2097152 is larger"),
-        (dict(hidden_size=66, num_attention_heads=3, num_key_value_heads=3), "key 'num_attention_heads' gives an odd"),
+        (dict(hidden_size=66, num_attention_heads=6, num_key_value_heads=6), "key 'num_attention_heads' gives an odd"),
         (dict(intermediate_size=-4), "key 'intermediate_size' must be a positive integer, got -4"),
         (dict(num_hidden_layers=2**64), "key 'num_hidden_layers' = 18446744073709551616 does not fit in 64 bits"),
     ],
