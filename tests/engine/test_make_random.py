@@ -165,3 +165,16 @@ def test_make_random_nan_free_by_default_loads_with_the_finite_check(tmp_path):
     res = run_cli("make-random", tmp_path / "ok", "--family", "llada2", "--logit-scale", "3.5")
     assert res.returncode == 0, res.stderr
     load_checkpoint(tmp_path / "ok", check_finite=True)
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (("--heads", 0), "error: config: key 'num_attention_heads' must be a positive integer, got 0"),
+        (("--heads", 8, "--d-model", 4), "error: config: key 'num_attention_heads' = 8 is more than hidden_size = 4"),
+    ],
+    ids=["heads-0", "head-size-0"],
+)
+def test_make_random_llada2_head_size_0_is_a_named_error_not_a_crash(tmp_path, capsys, flags, message):
+    line = error_line(capsys, "make-random", tmp_path / "out", "--family", "llada2", *flags)
+    assert line.startswith(message), line

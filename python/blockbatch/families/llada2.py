@@ -146,7 +146,15 @@ def random_config(**overrides) -> ModelConfig:
     fields = with_default_ids({**fields, **overrides})
     # Unset (None), not 0: an explicit 0 is refused by validate() as the reference refuses it.
     if fields.get("head_size") is None:
-        fields["head_size"] = fields["d_model"] // fields["n_heads"]
+        d_model, heads = fields["d_model"], fields["n_heads"]
+        if not is_int(heads) or heads <= 0:
+            raise CheckpointError(f"config: key 'num_attention_heads' must be a positive integer, got {heads!r}")
+        fields["head_size"] = d_model // heads if is_int(d_model) else d_model
+        if is_int(d_model) and 0 < d_model < heads:
+            raise CheckpointError(
+                f"config: key 'num_attention_heads' = {heads} is more than hidden_size = {d_model}: the head size "
+                f"hidden_size // num_attention_heads would be 0"
+            )
     if fields.get("rope_dims") is None:
         fields["rope_dims"] = fields["head_size"] // 2 if fields["head_size"] % 4 == 0 else fields["head_size"]
     return ModelConfig(model_type=MODEL_TYPE, **fields).validate()
