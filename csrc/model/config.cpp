@@ -3,6 +3,8 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <cstring>
+#include <utility>
 
 namespace blockbatch {
 
@@ -13,6 +15,47 @@ const char* family_name(Family family) {
     case Family::kLLaDA2: return "llada2";
   }
   return "";
+}
+
+namespace {
+// Dream and LLaDA2 write Qwen2's key names; LLaDA2 adds its own (python/blockbatch/families/*.py read_config).
+constexpr std::pair<const char*, const char*> kQwen2Keys[] = {
+    {"d_model", "hidden_size"},
+    {"n_layers", "num_hidden_layers"},
+    {"n_heads", "num_attention_heads"},
+    {"n_kv_heads", "num_key_value_heads"},
+    {"mlp_hidden_size", "intermediate_size"},
+    {"embedding_size", "vocab_size"},
+    {"max_sequence_length", "max_position_embeddings"},
+    {"weight_tying", "tie_word_embeddings"},
+};
+constexpr std::pair<const char*, const char*> kLLaDA2Keys[] = {
+    {"head_size", "head_dim"},
+    {"rope_dims", "partial_rotary_factor"},
+    {"attention_bias", "use_qkv_bias"},
+    {"qk_norm", "use_qk_norm"},
+    {"attn_out_bias", "use_bias"},
+    {"experts_per_token", "num_experts_per_tok"},
+    {"expert_groups", "n_group"},
+    {"expert_groups_kept", "topk_group"},
+    {"moe_hidden_size", "moe_intermediate_size"},
+    {"shared_experts", "num_shared_experts"},
+    {"first_dense_layers", "first_k_dense_replace"},
+    {"routed_scaling", "routed_scaling_factor"},
+};
+}  // namespace
+
+const char* config_key(Family family, const char* field) {
+  if (family == Family::kLLaDA) return field;
+  for (const auto& [name, key] : kQwen2Keys) {
+    if (std::strcmp(field, name) == 0) return key;
+  }
+  if (family == Family::kLLaDA2) {
+    for (const auto& [name, key] : kLLaDA2Keys) {
+      if (std::strcmp(field, name) == 0) return key;
+    }
+  }
+  return field;
 }
 
 int64_t ModelConfig::tensor_count() const {
@@ -29,16 +72,18 @@ int64_t ModelConfig::tensor_count() const {
 
 namespace {
 // LLaDA2's own keys: head size, partial rotary and the mixture of experts (names as config.json has them).
+// The reference's rules (python/blockbatch/reference/llada2.py cfg_ok): rope_dim = int(head_dim *
+// partial_rotary_factor) must be even and in (0, head_dim]; 0 is a value here, never "unset".
 void validate_llada2(const ModelConfig& c) {
-  TORCH_CHECK_VALUE(c.head_size >= 0 && c.head_size <= kMaxDim, "config: key 'head_dim' = ", c.head_size,
+  TORCH_CHECK_VALUE(c.head_size >= 1 && c.head_size <= kMaxDim, "config: key 'head_dim' = ", c.head_size,
                     " must be in [1, ", kMaxDim, "]");
-  TORCH_CHECK_VALUE(c.rope_dims >= 0 && c.rope_dims <= c.head_dim() && c.rope_dim() % 2 == 0,
-                    "config: key 'partial_rotary_factor' gives ", c.rope_dim(),
-                    " rotary dims of head_dim = ", c.head_dim(), "; they must be even and in [2, head_dim]");
+  TORCH_CHECK_VALUE(c.rope_dims > 0 && c.rope_dims <= c.head_size && c.rope_dims % 2 == 0,
+                    "config: key 'partial_rotary_factor' gives head_dim * partial_rotary_factor = ", c.rope_dims,
+                    " rotary dims (head_dim = ", c.head_size, "); they must be even and in (0, head_dim]");
   TORCH_CHECK_VALUE(c.first_dense_layers >= 0 && c.first_dense_layers <= kMaxLayers,
                     "config: key 'first_k_dense_replace' = ", c.first_dense_layers, " must be in [0, ", kMaxLayers,
                     "]");
-  if (c.num_experts == 0) return;
+  if (c.num_experts == 0) return;  // every layer dense (config.json's num_experts: null)
   TORCH_CHECK_VALUE(c.num_experts > 0 && c.num_experts <= (1 << 16), "config: key 'num_experts' = ", c.num_experts,
                     " must be in [1, 65536] (or null: every layer dense)");
   TORCH_CHECK_VALUE(c.expert_groups > 0 && c.num_experts % c.expert_groups == 0 && c.num_experts / c.expert_groups >= 2,
@@ -53,7 +98,9 @@ void validate_llada2(const ModelConfig& c) {
                     "] (the experts of the topk_group kept groups)");
   TORCH_CHECK_VALUE(c.moe_hidden_size > 0 && c.moe_hidden_size <= kMaxDim,
                     "config: key 'moe_intermediate_size' = ", c.moe_hidden_size, " must be in [1, ", kMaxDim, "]");
-  TORCH_CHECK_VALUE(c.shared_experts >= 0 && c.shared_experts * c.moe_hidden_size <= kMaxDim,
+  // shared_experts bounded first: the product below must not overflow.
+  TORCH_CHECK_VALUE(c.shared_experts >= 0 && c.shared_experts <= kMaxDim &&
+                        c.shared_experts * c.moe_hidden_size <= kMaxDim,
                     "config: key 'num_shared_experts' = ", c.shared_experts, " must be >= 0 and its width at most ",
                     kMaxDim);
   TORCH_CHECK_VALUE(std::isfinite(c.routed_scaling) && c.routed_scaling > 0,
@@ -78,9 +125,11 @@ void ModelConfig::validate() const {
                         " models have no explicit head size, partial rotary, QK-norm, output bias or experts");
     }
   }
-  auto bounded = [](const char* key, int64_t v, int64_t limit) {
-    TORCH_CHECK_VALUE(v > 0, "config: key '", key, "' must be a positive integer, got ", v);
-    TORCH_CHECK_VALUE(v <= limit, "config: key '", key, "' = ", v, " is larger than the supported maximum ", limit);
+  auto key = [&](const char* field) { return config_key(family, field); };
+  auto bounded = [&](const char* field, int64_t v, int64_t limit) {
+    const char* name = config_key(family, field);
+    TORCH_CHECK_VALUE(v > 0, "config: key '", name, "' must be a positive integer, got ", v);
+    TORCH_CHECK_VALUE(v <= limit, "config: key '", name, "' = ", v, " is larger than the supported maximum ", limit);
   };
   bounded("d_model", d_model, kMaxDim);
   bounded("n_layers", n_layers, kMaxLayers);
@@ -90,16 +139,23 @@ void ModelConfig::validate() const {
   bounded("vocab_size", vocab_size, kMaxDim);
   bounded("embedding_size", embedding_size, kMaxDim);
   bounded("max_sequence_length", max_sequence_length, kMaxSequenceLength);
-  TORCH_CHECK_VALUE(head_size > 0 || d_model % n_heads == 0, "config: key 'n_heads' = ", n_heads,
-                    " must divide d_model = ", d_model);
-  TORCH_CHECK_VALUE(n_heads % n_kv_heads == 0, "config: key 'n_kv_heads' = ", n_kv_heads,
-                    " must divide n_heads = ", n_heads);
-  TORCH_CHECK_VALUE(head_dim() % 2 == 0, "config: key 'n_heads' gives an odd head_dim ", head_dim(),
-                    "; RoPE needs an even head_dim");
+  TORCH_CHECK_VALUE(head_size > 0 || d_model % n_heads == 0, "config: key '", key("n_heads"), "' = ", n_heads,
+                    " must divide ", key("d_model"), " = ", d_model);
+  TORCH_CHECK_VALUE(n_heads % n_kv_heads == 0, "config: key '", key("n_kv_heads"), "' = ", n_kv_heads,
+                    " must divide ", key("n_heads"), " = ", n_heads);
+  // The reference allows an odd LLaDA2 head_dim (only its rope_dims must be even); the engine's
+  // kernels do not, so it is refused here by the key the user wrote.
+  if (family == Family::kLLaDA2) {
+    TORCH_CHECK_VALUE(head_size % 2 == 0, "config: key 'head_dim' = ", head_size,
+                      " is odd; the engine's attention kernels need an even head_dim");
+  } else {
+    TORCH_CHECK_VALUE(head_dim() % 2 == 0, "config: key '", key("n_heads"), "' gives an odd head_dim ", head_dim(),
+                      " (", key("d_model"), " / ", key("n_heads"), "); RoPE needs an even head_dim");
+  }
   TORCH_CHECK_VALUE(max_sequence_length * head_dim() <= kMaxRopeElements,
-                    "config: key 'max_sequence_length' = ", max_sequence_length, " times head_dim = ", head_dim(),
-                    " is more than the ", kMaxRopeElements, " entries the RoPE table may hold");
-  TORCH_CHECK_VALUE(embedding_size >= vocab_size, "config: key 'embedding_size' = ", embedding_size,
+                    "config: key '", key("max_sequence_length"), "' = ", max_sequence_length, " times head_dim = ",
+                    head_dim(), " is more than the ", kMaxRopeElements, " entries the RoPE table may hold");
+  TORCH_CHECK_VALUE(embedding_size >= vocab_size, "config: key '", key("embedding_size"), "' = ", embedding_size,
                     " is smaller than vocab_size = ", vocab_size);
   TORCH_CHECK_VALUE(std::isfinite(rope_theta) && rope_theta > 0,
                     "config: key 'rope_theta' must be a positive finite number, got ", rope_theta);

@@ -21,6 +21,10 @@ enum class Family : int64_t {
   kLLaDA2 = 2,  // LLaDA2 (block-diffusion MoE): QK-norm, partial rotary, mixture-of-experts MLPs, block-causal
 };
 const char* family_name(Family family);  // "llada" | "dream" | "llada2"
+// The config.json key a family writes a ModelConfig field under (LLaDA: the field's own name; Dream and
+// LLaDA2: Qwen2's, e.g. n_layers -> num_hidden_layers; LLaDA2's own fields: head_size -> head_dim, ...).
+// Every validate() message names keys through it, so each front door speaks the user's keys.
+const char* config_key(Family family, const char* field);
 
 struct ModelConfig {
   Family family = Family::kLLaDA;
@@ -47,8 +51,12 @@ struct ModelConfig {
   // LLaDA2 only (model/llada2.h; 0 / false elsewhere): an explicit head size, RoPE on the first
   // rope_dims of a head, per-head RMSNorm of q and k, a bias on the attention output, and the
   // mixture of experts of the layers from first_dense_layers on (num_experts 0: every layer dense).
-  int64_t head_size = 0;  // 0: d_model / n_heads
-  int64_t rope_dims = 0;  // 0: the whole head
+  // head_size and rope_dims are never "unset" for LLaDA2: its readers resolve config.json's defaults
+  // (head_dim = hidden_size // num_attention_heads, rope_dims = int(head_dim * partial_rotary_factor)),
+  // and validate() refuses 0 there, as the reference does. The other families have no such key: 0
+  // (their only legal value) means d_model / n_heads and the whole head.
+  int64_t head_size = 0;
+  int64_t rope_dims = 0;
   bool qk_norm = false;
   bool attn_out_bias = false;
   int64_t num_experts = 0;

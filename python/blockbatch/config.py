@@ -52,6 +52,17 @@ _INT_KEYS = (
     "max_sequence_length",
 )
 _FLOAT_KEYS = ("rope_theta", "rms_norm_eps")
+# The keys Dream and LLaDA2 (Qwen2 names) write the LLaDA-named fields under (C++: config_key).
+QWEN2_KEYS = {
+    "d_model": "hidden_size",
+    "n_layers": "num_hidden_layers",
+    "n_heads": "num_attention_heads",
+    "n_kv_heads": "num_key_value_heads",
+    "mlp_hidden_size": "intermediate_size",
+    "embedding_size": "vocab_size",
+    "max_sequence_length": "max_position_embeddings",
+    "weight_tying": "tie_word_embeddings",
+}
 
 
 def show_value(value: Any) -> str:
@@ -150,6 +161,13 @@ class ConfigCodec:
     cpp_id: int  # the family's number on the C++ side (csrc/model/config.h)
     shifted_logits: bool = False  # position i is read from the output at i - 1 (ALGORITHMS.md section 5)
     generation_config_keys: tuple[str, ...] = ()  # read from generation_config.json when config.json lacks them
+    # ModelConfig field -> the config.json key the family writes it under, where the two differ (Dream:
+    # n_layers -> num_hidden_layers, ...); every message names the user's key through it (C++: config_key).
+    key_names: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def key(self, field: str) -> str:
+        """The config.json key of ModelConfig field ``field`` in this family."""
+        return self.key_names.get(field, field)
 
 
 _CODECS: dict[str, ConfigCodec] = {}
@@ -194,8 +212,11 @@ class ModelConfig:
     # LLaDA2 only (families/llada2.py; the defaults elsewhere): an explicit head size, RoPE on the
     # first rope_dims dims of a head, per-head RMSNorm of q and k, a bias on the attention output,
     # and the mixture of experts of the layers from first_dense_layers on (num_experts 0: none).
-    head_size: int = 0
-    rope_dims: int = 0
+    # head_size / rope_dims None: unset (the other families: d_model // n_heads and the whole head); a
+    # LLaDA2 config always sets both (its reader resolves config.json's defaults), and 0 is a value that
+    # validate() refuses (the reference's rule: rope_dims even and in (0, head_size]), never "unset".
+    head_size: int | None = None
+    rope_dims: int | None = None
     qk_norm: bool = False
     attn_out_bias: bool = False
     num_experts: int = 0
@@ -230,11 +251,11 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.head_size or self.d_model // self.n_heads
+        return self.head_size if self.head_size is not None else self.d_model // self.n_heads
 
     @property
     def rope_dim(self) -> int:
-        return self.rope_dims or self.head_dim
+        return self.rope_dims if self.rope_dims is not None else self.head_dim
 
     def moe_layer(self, layer: int) -> bool:
         """Whether layer ``layer``'s MLP is a mixture of experts (LLaDA2)."""
@@ -256,16 +277,32 @@ class ModelConfig:
             raise bad(
                 "model_type", f"is {show_value(self.model_type)}; supported: {', '.join(supported_model_types())}"
             )
-        for key in (*_INT_KEYS, "mask_token_id", "eos_token_id"):
-            value = getattr(self, key)
+        key = self.codec.key  # field -> the key this family's config.json holds it under
+        llada2_sizes = ("head_size", "rope_dims")
+        if self.family == "llada2":
+            for field in llada2_sizes:
+                if getattr(self, field) is None:
+                    raise bad(key(field), "is unset; a LLaDA2 config sets it (its reader derives the default)")
+        else:
+            for field in llada2_sizes:
+                if getattr(self, field) is not None:
+                    raise bad(
+                        field, f"is a LLaDA2 key; {self.family} models have no explicit head size or partial rotary"
+                    )
+        for field in (*_INT_KEYS, "mask_token_id", "eos_token_id", *_LLADA2_INT_KEYS):
+            value = getattr(self, field)
+            if field in llada2_sizes and value is None:
+                continue
+            if field in _LLADA2_INT_KEYS and field not in llada2_sizes and isinstance(value, bool):
+                value = int(value)  # qk_norm / attn_out_bias: flags
             if not is_int(value):
-                raise bad(key, f"must be an integer, got {show_value(value)}")
+                raise bad(key(field), f"must be an integer, got {show_value(value)}")
             if not -_INT64_MAX <= value <= _INT64_MAX:
-                raise bad(key, f"= {show_value(value)} does not fit in 64 bits")
-        for key in _FLOAT_KEYS:
-            value = getattr(self, key)
+                raise bad(key(field), f"= {show_value(value)} does not fit in 64 bits")
+        for field in (*_FLOAT_KEYS, "routed_scaling"):
+            value = getattr(self, field)
             if as_finite(value) is None:
-                raise bad(key, f"must be a positive finite number, got {show_value(value)}")
+                raise bad(key(field), f"must be a positive finite number, got {show_value(value)}")
         if not isinstance(self.weight_tying, bool):
             raise bad("weight_tying", f"must be true or false, got {show_value(self.weight_tying)}")
         if not isinstance(self.attention_bias, bool):
@@ -363,7 +400,8 @@ class ModelConfig:
                 "attention_bias": int(bool(self.attention_bias)),
                 "family": self.codec.cpp_id,
             }
-            | {k: int(getattr(self, k)) for k in _LLADA2_INT_KEYS}
+            # unset head_size / rope_dims (the other families) as 0, the only value C++ allows them there
+            | {k: int(getattr(self, k) or 0) for k in _LLADA2_INT_KEYS}
         )
 
     def float_fields(self) -> dict[str, float]:

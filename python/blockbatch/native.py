@@ -71,9 +71,14 @@ class NativeModel:
 
     @classmethod
     def from_pretrained(
-        cls, path: str, dtype: torch.dtype | None = None, device: torch.device | str = "cpu"
+        cls,
+        path: str,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str = "cpu",
+        check_finite: bool | None = None,
     ) -> "NativeModel":
-        return cls.from_checkpoint(load_checkpoint(path), dtype, device)
+        """``check_finite``: refuse NaN / Inf weights (None: BLOCKBATCH_CHECK_FINITE, default on)."""
+        return cls.from_checkpoint(load_checkpoint(path, check_finite=check_finite), dtype, device)
 
     def new_kv(self, rows: int, length: int) -> torch.Tensor:
         """Zeroed KV buffer ``[rows, layers, 2, kv_heads, length, head_dim]``."""

@@ -5,6 +5,7 @@ the decoders at a given shape, never answers anything."""
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -25,6 +26,9 @@ def random_weights(
     """Gaussian weights of ``config``'s family, scaled by 1/sqrt(fan_in), norms near 1;
     ``logit_scale`` multiplies the LM head (larger: peaked softmaxes, so threshold rules commit
     several tokens a step). ``family_options``: the family's own (Dream: ``bias_scale``)."""
+    for name, value in {"logit_scale": logit_scale, **family_options}.items():
+        if isinstance(value, float) and not math.isfinite(value):  # NaN / Inf weights decode garbage
+            raise ValueError(f"{name} must be a finite number, got {value}")
     return families.of(config).random_weights(config, seed, dtype, logit_scale, **family_options)
 
 

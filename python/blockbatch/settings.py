@@ -42,7 +42,9 @@ class Setting:
     choices: tuple[str, ...] = ()  # kind choice / bool: the accepted values, in C++'s order
     range: Optional[tuple[int, int]] = None  # kind int: [lo, hi]
     candidates: tuple[str, ...] = ()  # the opt-in values no GPU run has checked and timed yet
-    scope: str = "runtime"  # "runtime" (read per launch by _C) | "build" (read by setup.py) | "serve"
+    # "runtime" (read per launch by _C) | "build" (read by setup.py) | "serve" | "load" (read by the checkpoint
+    # loaders: python/blockbatch/loading.py and csrc/io/checkpoint.cpp of the bb_* binaries)
+    scope: str = "runtime"
 
     @property
     def syntax(self) -> str:
@@ -125,6 +127,17 @@ SETTINGS: tuple[Setting, ...] = (
         default=None,
         status="promoted",
         scope="serve",
+    ),
+    Setting(
+        "BLOCKBATCH_CHECK_FINITE",
+        "bool",
+        "checkpoint loading (Python loader, bb_* binaries): refuse a weight holding NaN / Inf, naming it (0: skip "
+        "the check, about 0.15 s (float32) to 0.25 s (bfloat16) per GB on one CPU thread; "
+        "Engine.from_pretrained(check_finite=False) likewise)",
+        default="1",
+        status="promoted",
+        choices=("0", "1"),
+        scope="load",
     ),
     Setting(
         "BLOCKBATCH_CUDA",

@@ -275,3 +275,162 @@ def test_bad_tokenizer_file(make_ckpt):
         f.write("{}")
     with pytest.raises(CheckpointError, match="tokenizer.json: cannot parse tokenizer"):
         load_checkpoint(path)
+
+
+# --------------------------------------------------------------------------- cheap bounds first
+
+
+def _toy_copy(tmp_path, family="llada2"):
+    import shutil
+
+    from blockbatch import toy
+
+    dst = tmp_path / f"toy-{family}"
+    shutil.copytree(toy.checkpoint_path(family), dst)
+    return dst
+
+
+def _edit_config(folder, **changes):
+    path = os.path.join(folder, "config.json")
+    with open(path) as f:
+        raw = json.load(f)
+    raw.update(changes)
+    with open(path, "w") as f:
+        json.dump(raw, f)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        dict(num_experts=65536, n_group=1, topk_group=1),
+        dict(num_experts=65536, num_hidden_layers=4096),
+        dict(num_hidden_layers=65536),
+    ],
+    ids=["experts", "experts-and-layers", "layers"],
+)
+def test_loader_bounds_the_tensor_count_by_the_files_before_listing(tmp_path, changes):
+    """A 700-byte config.json implying far more tensors than the files hold is refused at the count
+    (computed, not listed), before any list of names or shapes is built: in well under a second."""
+    import time
+
+    folder = _toy_copy(tmp_path)
+    _edit_config(folder, **changes)
+    start = time.perf_counter()
+    with pytest.raises(
+        CheckpointError, match=r"config.json: keys? 'num_hidden_layers' = \d+.* need.* tensors but .* holds"
+    ):
+        load_checkpoint(folder)
+    assert time.perf_counter() - start < 1.0
+
+
+def test_missing_tensor_of_a_sharded_folder_is_not_listed_by_the_index(tmp_path):
+    """Sharded: the index decides what exists, so the message says the index leaves the tensor out."""
+    from blockbatch.loading import INDEX_NAME
+
+    config = random_config()
+    weights = random_weights(config)
+    del weights[PREFIX + "blocks.1.up_proj.weight"]
+    save_checkpoint(tmp_path, config, weights, max_shard_bytes=20_000)
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(tmp_path)
+    assert str(e.value) == (
+        f"{tmp_path / INDEX_NAME}: the index ({INDEX_NAME}) does not list tensor '{PREFIX}blocks.1.up_proj.weight'"
+    )
+
+
+# --------------------------------------------------------------------------- finite weights
+
+FAMILY_TENSORS = {
+    "llada": PREFIX + "ff_out.weight",
+    "dream": "lm_head.weight",
+    "llada2": "model.layers.1.mlp.gate.weight",  # one router row: every answer pad tokens after 63 forwards
+}
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("family", list(FAMILY_TENSORS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_non_finite_weight_is_refused_naming_tensor_and_file(tmp_path, family, bad, dtype):
+    from blockbatch.random_checkpoint import random_config as family_config
+    from blockbatch.random_checkpoint import random_weights as family_weights
+
+    config = family_config(family)
+    weights = family_weights(config, dtype=dtype)
+    name = FAMILY_TENSORS[family]
+    weights[name][1, 3] = bad
+    save_checkpoint(tmp_path, config, weights)
+    what = "NaN" if bad != bad else "Inf"
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(tmp_path)
+    assert str(e.value).startswith(
+        f"{tmp_path / 'model.safetensors'}: tensor '{name}' holds a non-finite value ({what})"
+    ), str(e.value)
+    # the opt-out for speed: the same folder loads, the value kept as stored
+    loaded = load_checkpoint(tmp_path, check_finite=False)
+    assert not torch.isfinite(loaded.weights[name][1, 3])
+
+
+def test_non_finite_check_covers_every_shard(tmp_path):
+    config = random_config()
+    weights = random_weights(config)
+    weights[PREFIX + "blocks.1.attn_norm.weight"][0] = float("nan")
+    save_checkpoint(tmp_path, config, weights, max_shard_bytes=20_000)
+    with pytest.raises(CheckpointError, match=r"model-\d+-of-\d+\.safetensors: tensor '.*blocks.1.attn_norm.weight'"):
+        load_checkpoint(tmp_path)
+
+
+def test_check_finite_env_var_opts_out_and_is_checked(tmp_path, monkeypatch):
+    config = random_config()
+    weights = random_weights(config)
+    weights[PREFIX + "wte.weight"][0, 0] = float("nan")
+    save_checkpoint(tmp_path, config, weights)
+    monkeypatch.setenv("BLOCKBATCH_CHECK_FINITE", "0")
+    load_checkpoint(tmp_path)  # skipped on request
+    with pytest.raises(CheckpointError, match="holds a non-finite value"):
+        load_checkpoint(tmp_path, check_finite=True)  # the keyword wins over the variable
+    monkeypatch.setenv("BLOCKBATCH_CHECK_FINITE", "no")
+    with pytest.raises(CheckpointError, match=r"BLOCKBATCH_CHECK_FINITE must be '0' or '1', got 'no'"):
+        load_checkpoint(tmp_path)
+
+
+def test_clean_toys_pass_the_finite_check():
+    from blockbatch import toy
+
+    for family in ("llada", "dream", "llada2"):
+        load_checkpoint(toy.checkpoint_path(family), check_finite=True)
+
+
+# --------------------------------------------------------------------------- the user's key names
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        (dict(num_hidden_layers=0), "key 'num_hidden_layers' must be a positive integer, got 0"),
+        (dict(max_position_embeddings=2**21), "key 'max_position_embeddings' = 2097152 is larger"),
+        (dict(hidden_size=66, num_attention_heads=6, num_key_value_heads=6), "key 'num_attention_heads' gives an odd"),
+        (dict(intermediate_size=-4), "key 'intermediate_size' must be a positive integer, got -4"),
+        (dict(num_hidden_layers=2**64), "key 'num_hidden_layers' = 18446744073709551616 does not fit in 64 bits"),
+    ],
+    ids=["layers-0", "positions-huge", "odd-head-dim", "intermediate-negative", "past-int64"],
+)
+def test_dream_errors_name_the_users_key_not_a_field(tmp_path, changes, message):
+    from blockbatch.random_checkpoint import make_random_checkpoint
+
+    make_random_checkpoint(tmp_path, family="dream")
+    _edit_config(tmp_path, **changes)
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(tmp_path)
+    assert str(e.value).startswith(f"{tmp_path / 'config.json'}: {message}"), str(e.value)
+
+
+def test_llada_mlp_ratio_giving_width_0_names_mlp_ratio(tmp_path, make_ckpt):
+    path, _ = make_ckpt()
+    with open(os.path.join(path, "config.json")) as f:
+        raw = json.load(f)
+    del raw["mlp_hidden_size"]
+    raw["mlp_ratio"] = 0.001
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(raw, f)
+    with pytest.raises(CheckpointError, match=r"key 'mlp_ratio' \* d_model = 0.001 \* 64 gives an MLP width of 0"):
+        load_checkpoint(path)

@@ -132,3 +132,49 @@ def test_make_random_help_teaches_the_families():
         "Dream-v0-7B",
     ):
         assert text in " ".join(res.stdout.split()) or text in res.stdout, text
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_make_random_refuses_non_finite_float_flags(tmp_path, capsys, value):
+    """--logit-scale nan once wrote a NaN LM head with exit 0: refused before anything is written."""
+    line = error_line(capsys, "make-random", tmp_path / "out", f"--logit-scale={value}")
+    assert line == f"error: --logit-scale must be a finite number, got {float(value)}"
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ValueError, match="logit_scale must be a finite number"):
+        random_checkpoint.random_weights(random_checkpoint.random_config(), logit_scale=float(value))
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [("--experts", 65536, "--layers", 100), ("--experts", 65536, "--layers", 10000)],
+    ids=["experts-layers", "more-layers"],
+)
+def test_make_random_bounds_the_tensor_count_before_listing(tmp_path, capsys, flags):
+    """Sizes are bounded before anything is listed or allocated (this shape took 53 s and 4 GB to refuse)."""
+    import time
+
+    start = time.perf_counter()
+    line = error_line(capsys, "make-random", tmp_path / "out", "--family", "llada2", *flags)
+    assert time.perf_counter() - start < 1.0
+    assert line.startswith("error: this shape has ") and "tensors, more than the 1048576 make-random writes" in line
+    assert "--layers / --experts" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_make_random_nan_free_by_default_loads_with_the_finite_check(tmp_path):
+    res = run_cli("make-random", tmp_path / "ok", "--family", "llada2", "--logit-scale", "3.5")
+    assert res.returncode == 0, res.stderr
+    load_checkpoint(tmp_path / "ok", check_finite=True)
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (("--heads", 0), "error: config: key 'num_attention_heads' must be a positive integer, got 0"),
+        (("--heads", 8, "--d-model", 4), "error: config: key 'num_attention_heads' = 8 is more than hidden_size = 4"),
+    ],
+    ids=["heads-0", "head-size-0"],
+)
+def test_make_random_llada2_head_size_0_is_a_named_error_not_a_crash(tmp_path, capsys, flags, message):
+    line = error_line(capsys, "make-random", tmp_path / "out", "--family", "llada2", *flags)
+    assert line.startswith(message), line

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
@@ -120,3 +121,92 @@ def test_any_bytes_parse_or_name_the_file(tmp_path_factory, text):
     path.write_bytes(text)
     with pytest.raises(CheckpointError, match="^" + str(path)):
         ModelConfig.from_json_file(path)
+
+
+# LLaDA2 and Dream: the same property, plus the reference's rules on what is accepted and errors that
+# name a key the family's config.json holds (never a ModelConfig field such as n_layers or head_size).
+LLADA2 = {
+    "model_type": "llada2_moe",
+    "hidden_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "intermediate_size": 384,
+    "partial_rotary_factor": 0.5,
+    "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-06,
+    "vocab_size": 21,
+    "mask_token_id": 20,
+    "eos_token_id": 19,
+    "max_position_embeddings": 512,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_group": 4,
+    "topk_group": 2,
+    "moe_intermediate_size": 96,
+    "num_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "routed_scaling_factor": 2.5,
+}
+DREAM = {
+    "model_type": "Dream",
+    "hidden_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 256,
+    "vocab_size": 97,
+    "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-06,
+    "mask_token_id": 96,
+    "eos_token_id": 95,
+    "max_position_embeddings": 1024,
+}
+FIELD_NAMES = {"d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden_size", "max_sequence_length", "head_size"}
+FIELD_NAMES |= {"rope_dims", "experts_per_token", "expert_groups", "moe_hidden_size", "first_dense_layers"}
+sizes = st.one_of(
+    json_scalars,
+    st.sampled_from([0, 1, 2, 3, 8, 16, 32, 33, 64, 2**63, 2**64, -(2**63) - 1, 0.01, 0.03, 1e-300, 0.5625, 1.0]),
+)
+
+
+def _family_property(base, changes, drop):
+    raw = {**base, **changes}
+    for key in drop:
+        raw.pop(key, None)
+    try:
+        return ModelConfig.from_dict(raw, where=WHERE)
+    except CheckpointError as e:
+        text = str(e)
+        assert text.startswith(f"{WHERE}: ") and "key" in text, text
+        named = set(re.findall(r"key '(\w+)'", text))
+        assert named and not named & FIELD_NAMES, text  # the user's key, not an internal field
+        return None
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    changes=st.dictionaries(st.sampled_from(sorted(LLADA2)), sizes, max_size=3),
+    drop=st.sets(st.sampled_from(sorted(LLADA2)), max_size=2),
+)
+def test_any_llada2_config_meets_the_reference_rules_or_names_the_users_key(changes, drop):
+    config = _family_property(LLADA2, changes, drop)
+    if config is None:
+        return
+    # Accepted: the reference's rules (reference/llada2.py cfg_ok), 0 never standing for "unset".
+    assert type(config.head_size) is int and config.head_size >= 1
+    assert type(config.rope_dims) is int and 0 < config.rope_dims <= config.head_size and config.rope_dims % 2 == 0
+    assert config.num_experts == 0 or 1 <= config.num_experts <= 65536
+    assert ModelConfig.from_dict(json.loads(json.dumps(config.to_dict())), where=WHERE) == config
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    changes=st.dictionaries(st.sampled_from(sorted(DREAM)), sizes, max_size=3),
+    drop=st.sets(st.sampled_from(sorted(DREAM)), max_size=2),
+)
+def test_any_dream_config_is_valid_or_names_the_users_key(changes, drop):
+    config = _family_property(DREAM, changes, drop)
+    if config is not None:
+        assert config.head_size is None and config.rope_dims is None and config.head_dim % 2 == 0

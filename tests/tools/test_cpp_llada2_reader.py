@@ -331,7 +331,11 @@ def _cpp_error(path):
         (dict(n_group=3), "key 'n_group' = 3 must divide num_experts = 8 into groups of at least 2"),
         (dict(topk_group=5), "key 'topk_group' = 5 must be in [1, n_group = 4]"),
         (dict(num_experts_per_tok=5), "key 'num_experts_per_tok' = 5 must be in [1, 4]"),
-        (dict(partial_rotary_factor=0.1), "key 'partial_rotary_factor' gives 1 rotary dims of head_dim = 16"),
+        (
+            dict(partial_rotary_factor=0.1),
+            "key 'partial_rotary_factor' gives head_dim * partial_rotary_factor = 1 rotary dims (head_dim = 16); "
+            "they must be even and in (0, head_dim]",
+        ),
         (dict(routed_scaling_factor=0), "key 'routed_scaling_factor' must be a positive finite number, got 0"),
     ],
 )
@@ -397,11 +401,14 @@ def test_bad_expert_tensors_name_the_tensor_and_file(tmp_path, shards):
     del weights["model.layers.1.mlp.experts.5.down_proj.weight"]
     save_checkpoint(tmp_path / "missing", config, weights, max_shard_bytes=shards)
     listing = os.path.join(str(tmp_path / "missing"), INDEX_NAME if shards else WEIGHTS_NAME)
-    assert _cpp_error(tmp_path / "missing") == (
-        f"{listing}: tensor 'model.layers.1.mlp.experts.5.down_proj.weight' is missing "
-        "(the layers from first_k_dense_replace on are mixtures of experts)"
+    absent = (
+        f"the index ({INDEX_NAME}) does not list tensor 'model.layers.1.mlp.experts.5.down_proj.weight'"
+        if shards
+        else "tensor 'model.layers.1.mlp.experts.5.down_proj.weight' is missing"
     )
-    assert "tensor 'model.layers.1.mlp.experts.5.down_proj.weight' is missing" in _python_error(tmp_path / "missing")
+    expected = f"{listing}: {absent} (the layers from first_k_dense_replace on are mixtures of experts)"
+    assert _cpp_error(tmp_path / "missing") == expected
+    assert _python_error(tmp_path / "missing") == expected
 
     weights = random_weights(config)
     weights["model.layers.0.mlp.experts.0.up_proj.weight"] = torch.zeros(config.moe_hidden_size, config.d_model)
@@ -413,3 +420,135 @@ def test_bad_expert_tensors_name_the_tensor_and_file(tmp_path, shards):
         cpp,
     ), cpp
     assert _python_error(tmp_path / "extra") == cpp
+
+
+# --------------------------------------------------------------------------- "unset" is not 0
+
+# config.json changes the reference refuses (reference/llada2.py cfg_ok: rope_dim = int(head_dim *
+# partial_rotary_factor) even and in (0, head_dim]) that once loaded as "RoPE on the whole head", with the
+# message each front door must give. The _small() shape has head_dim 16.
+ROTARY_REFUSED = "key 'partial_rotary_factor' gives head_dim * partial_rotary_factor = {} rotary dims (head_dim = {}); "
+ROTARY_RULE = "they must be even and in (0, head_dim]"
+ZERO_AS_UNSET = {
+    "factor-0.01": (dict(partial_rotary_factor=0.01), ROTARY_REFUSED.format(0, 16) + ROTARY_RULE),
+    "factor-0.03": (dict(partial_rotary_factor=0.03), ROTARY_REFUSED.format(0, 16) + ROTARY_RULE),
+    "factor-1e-300": (dict(partial_rotary_factor=1e-300), ROTARY_REFUSED.format(0, 16) + ROTARY_RULE),
+    "odd-rope-dims": (dict(partial_rotary_factor=0.5625), ROTARY_REFUSED.format(9, 16) + ROTARY_RULE),
+    "head-dim-0": (dict(head_dim=0), "key 'head_dim' = 0 must be in [1, "),
+    "head-dim-0-factor-1": (dict(head_dim=0, partial_rotary_factor=1.0), "key 'head_dim' = 0 must be in [1, "),
+    "head-dim-2-factor-0.5": (dict(head_dim=2), ROTARY_REFUSED.format(1, 2) + ROTARY_RULE),
+}
+
+
+def _handle_error(changes):
+    """The Python -> C++ handle (torch.classes.blockbatch.Model, what NativeModel builds) given the fields the
+    change implies, Python's own checks bypassed: C++ must refuse them by itself."""
+    config = fam.random_config(**_small())
+    head = changes.get("head_dim", config.head_dim)
+    ints = config.int_fields() | {"head_size": head, "rope_dims": int(head * changes.get("partial_rotary_factor", 0.5))}
+    with pytest.raises(ValueError) as e:
+        torch.classes.blockbatch.Model(ints, config.float_fields(), fam.random_weights(config), "")
+    return str(e.value).splitlines()[0]
+
+
+@pytest.mark.parametrize("door", ["python", "cpp", "handle"])
+@pytest.mark.parametrize("case", list(ZERO_AS_UNSET))
+def test_zero_rotary_or_head_dim_is_refused_not_read_as_unset(tmp_path, door, case):
+    """A 0 (given, or derived as int(head_dim * factor)) is a value the reference refuses, never "the whole
+    head": every front door refuses it with the reference's rule and the key the file holds."""
+    changes, message = ZERO_AS_UNSET[case]
+    if door == "handle":
+        assert message in _handle_error(changes)
+        return
+    make_random_checkpoint(tmp_path, family="llada2", **_small())
+    edit_json(tmp_path / "config.json", **changes)
+    where = os.path.join(str(tmp_path), "config.json")
+    error = _cpp_error(tmp_path) if door == "cpp" else _python_error(tmp_path)
+    assert error.startswith(f"{where}: {message}"), error
+
+
+@pytest.mark.parametrize("factor,rope", [(1.0, 16), (0.25, 4), (0.125, 2), (0.5, 8)])
+def test_every_rotary_width_the_reference_allows_still_loads(tmp_path, factor, rope):
+    """Clean cases stay clean: each even width in (0, head_dim] loads in both loaders, read the same."""
+    make_random_checkpoint(tmp_path, family="llada2", **_small())
+    edit_json(tmp_path / "config.json", partial_rotary_factor=factor)
+    config = blockbatch.load_checkpoint(tmp_path).config
+    assert config.rope_dim == rope
+    res = bb_forward(tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert int(read_config_line(res.stdout)["rope_dims"]) == rope
+
+
+@pytest.mark.parametrize("door", ["python", "cpp"])
+def test_zero_experts_is_refused_not_read_as_dense(tmp_path, door):
+    """num_experts 0 is not null (dense): it is refused by both loaders, naming the key."""
+    make_random_checkpoint(tmp_path, family="llada2", **_small())
+    edit_json(tmp_path / "config.json", num_experts=0)
+    error = _cpp_error(tmp_path) if door == "cpp" else _python_error(tmp_path)
+    where = os.path.join(str(tmp_path), "config.json")
+    assert error == f"{where}: key 'num_experts' = 0 must be in [1, 65536] (or null: every layer dense)", error
+
+
+@pytest.mark.parametrize("door", ["python", "cpp"])
+def test_derived_head_dim_0_names_the_heads(tmp_path, door):
+    """head_dim absent and hidden_size // num_attention_heads == 0: refused naming the keys that made it."""
+    make_random_checkpoint(tmp_path, family="llada2", **_small())
+    edit_json(tmp_path / "config.json", head_dim=None, num_attention_heads=128, num_key_value_heads=128)
+    error = _cpp_error(tmp_path) if door == "cpp" else _python_error(tmp_path)
+    assert "key 'num_attention_heads' = 128 is more than hidden_size = 64" in error, error
+
+
+# --------------------------------------------------------------------------- the user's key names
+
+USER_KEYS = {
+    "layers-0": (dict(num_hidden_layers=0), "key 'num_hidden_layers' must be a positive integer, got 0"),
+    "positions-huge": (dict(max_position_embeddings=2**21), "key 'max_position_embeddings' = 2097152 is larger"),
+    "head-dim-odd": (dict(head_dim=33), "key 'head_dim' = 33 is odd"),
+    "kv-heads-0": (dict(num_key_value_heads=0), "key 'num_key_value_heads' = 0 must divide num_attention_heads"),
+    "intermediate-0": (dict(intermediate_size=0), "key 'intermediate_size' must be a positive integer, got 0"),
+    "experts-past-int64": (dict(num_experts=2**70), "key 'num_experts' = 1180591620717411303424 does not fit in 64"),
+    "head-dim-past-int64": (dict(head_dim=2**64), "key 'head_dim' = 18446744073709551616 does not fit in 64 bits"),
+    "groups-past-int64": (dict(n_group=-(2**70)), "key 'n_group' = -1180591620717411303424 does not fit in 64 bits"),
+}
+
+
+@pytest.mark.parametrize("door", ["python", "cpp"])
+@pytest.mark.parametrize("case", list(USER_KEYS))
+def test_llada2_errors_name_the_users_key_not_a_field(tmp_path, door, case):
+    """Errors speak of the key config.json holds (num_hidden_layers, not n_layers), integers past int64
+    included (not a TorchScript schema message)."""
+    changes, message = USER_KEYS[case]
+    make_random_checkpoint(tmp_path, family="llada2", **_small())
+    edit_json(tmp_path / "config.json", **changes)
+    where = os.path.join(str(tmp_path), "config.json")
+    error = _cpp_error(tmp_path) if door == "cpp" else _python_error(tmp_path)
+    if door == "cpp" and "past-int64" in case:  # the C++ parser holds such a number as a double
+        message = message.split(" = ")[0] + " = "
+    assert error.startswith(f"{where}: {message}"), error
+    assert "does not fit in 64 bits" in error or "past-int64" not in case
+
+
+# --------------------------------------------------------------------------- finite weights
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_cpp_reader_refuses_non_finite_weights_naming_tensor_and_file(tmp_path, bad):
+    """The bb_* binaries' reader checks the weights finite as the Python loader does (one NaN router row
+    made every answer pad tokens); BLOCKBATCH_CHECK_FINITE=0 skips the check."""
+    config = fam.random_config(**_small())
+    weights = fam.random_weights(config)
+    name = "model.layers.1.mlp.gate.weight"
+    weights[name][1, 3] = bad
+    save_checkpoint(tmp_path, config, weights)
+    what = "NaN" if bad != bad else "Inf"
+    error = _cpp_error(tmp_path)
+    assert error.startswith(f"{tmp_path / WEIGHTS_NAME}: tensor '{name}' holds a non-finite value ({what})"), error
+    assert f"{tmp_path / WEIGHTS_NAME}: tensor '{name}' holds a non-finite value ({what})" in _python_error(tmp_path)
+    skipped = subprocess.run(
+        [os.path.join(BIN_DIR, "bb_forward"), "--model", str(tmp_path), "--iters", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**ENV, "BLOCKBATCH_CHECK_FINITE": "0"},
+    )
+    assert skipped.returncode == 0, skipped.stderr

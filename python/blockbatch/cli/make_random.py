@@ -23,6 +23,8 @@ _SHAPE_FLAGS = {
 _SHAPE_DEFAULTS = {"d_model": 128, "layers": 2, "heads": 4, "mlp": 256, "vocab": 256}
 PRESETS = {preset: family for preset, (family, _) in families.published_shapes().items()}  # preset -> family
 _SHARD_BYTES = 5 * 10**9  # presets are written in shards of at most 5 GB, as save_pretrained does
+# At most this many tensors (LLaDA2-flash, 100B parameters, has about 25k; each is listed before it is made).
+MAX_TENSORS = 1 << 20
 
 
 def _flag(name: str) -> str:
@@ -88,8 +90,18 @@ def run(args: argparse.Namespace) -> int:
     shape = _make_random_shape(args, family)
     from ..random_checkpoint import make_random_checkpoint, random_config
 
+    if not math.isfinite(args.logit_scale):
+        raise UsageError(f"--logit-scale must be a finite number, got {args.logit_scale}")
     config: ModelConfig = random_config(family, **shape)  # CheckpointError naming a bad size
 
+    # Bounded before anything is listed or allocated: the tensor count costs nothing to compute, the
+    # list of shapes is as long as it (--experts 65536 --layers 100 would list 19.7M tensors).
+    tensors = families.tensor_count(config)
+    if tensors > MAX_TENSORS:
+        raise UsageError(
+            f"this shape has {tensors} tensors, more than the {MAX_TENSORS} make-random writes: pass fewer --layers"
+            + (" / --experts" if config.num_experts else "")
+        )
     dtype = DTYPES[args.dtype]
     params = sum(math.prod(s) for s in expected_weight_shapes(config).values())
     nbytes = params * dtype.itemsize
@@ -205,7 +217,10 @@ def add_parser(sub) -> None:
         "--experts",
         type=int,
         default=None,
-        help="llada2: routed experts of the MoE layers (default 8; 0: every layer dense)",
+        help="llada2: routed experts of the MoE layers (default 8; 0: every layer dense, written as num_experts "
+        f"null); at most {MAX_TENSORS} tensors in all",
     )
-    p.add_argument("--logit-scale", type=float, default=1.0, help="LM-head scale (sharper softmax when larger)")
+    p.add_argument(
+        "--logit-scale", type=float, default=1.0, help="LM-head scale, a finite number (sharper softmax when larger)"
+    )
     p.set_defaults(func=run)

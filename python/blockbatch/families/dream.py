@@ -10,7 +10,16 @@ from typing import Any
 
 import torch
 
-from ..config import ConfigCodec, KeyReader, ModelConfig, is_int, register_family, show_value, with_default_ids
+from ..config import (
+    QWEN2_KEYS,
+    ConfigCodec,
+    KeyReader,
+    ModelConfig,
+    is_int,
+    register_family,
+    show_value,
+    with_default_ids,
+)
 from ..errors import CheckpointError
 
 NAME = "dream"
@@ -256,5 +265,6 @@ register_family(
         cpp_id=1,
         shifted_logits=True,
         generation_config_keys=("mask_token_id", "eos_token_id", "pad_token_id", "bos_token_id"),
+        key_names=QWEN2_KEYS,
     )
 )

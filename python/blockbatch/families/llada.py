@@ -127,6 +127,8 @@ def read_config(keys: KeyReader) -> ModelConfig:
             mlp = int(ratio * d_model)  # a huge product fails validate() by name (mlp_hidden_size)
         except OverflowError:
             raise keys.bad("mlp_ratio", f"* d_model = {show_value(ratio)} * {d_model} overflows") from None
+        if mlp <= 0 < d_model:  # a derived 0 is a size, not "unset": name the key that made it
+            raise keys.bad("mlp_ratio", f"* d_model = {show_value(ratio)} * {d_model} gives an MLP width of {mlp}")
     else:
         raise CheckpointError(f"{keys.where}: required key 'mlp_hidden_size' is missing")
     eos = keys.token_id("eos_token_id")

@@ -10,7 +10,17 @@ from typing import Any
 
 import torch
 
-from ..config import ConfigCodec, KeyReader, ModelConfig, as_finite, register_family, show_value, with_default_ids
+from ..config import (
+    QWEN2_KEYS,
+    ConfigCodec,
+    KeyReader,
+    ModelConfig,
+    as_finite,
+    is_int,
+    register_family,
+    show_value,
+    with_default_ids,
+)
 from ..errors import CheckpointError
 from ..reference import llada2 as ref
 
@@ -134,9 +144,18 @@ def random_config(**overrides) -> ModelConfig:
         groups = next((g for g in (4, 2, 1) if experts % g == 0 and experts // g >= 2), 1)
         fields |= dict(expert_groups=groups, expert_groups_kept=max(1, groups // 2), experts_per_token=min(2, experts))
     fields = with_default_ids({**fields, **overrides})
-    if not fields.get("head_size"):
-        fields["head_size"] = fields["d_model"] // fields["n_heads"]
-    if not fields.get("rope_dims"):
+    # Unset (None), not 0: an explicit 0 is refused by validate() as the reference refuses it.
+    if fields.get("head_size") is None:
+        d_model, heads = fields["d_model"], fields["n_heads"]
+        if not is_int(heads) or heads <= 0:
+            raise CheckpointError(f"config: key 'num_attention_heads' must be a positive integer, got {heads!r}")
+        fields["head_size"] = d_model // heads if is_int(d_model) else d_model
+        if is_int(d_model) and 0 < d_model < heads:
+            raise CheckpointError(
+                f"config: key 'num_attention_heads' = {heads} is more than hidden_size = {d_model}: the head size "
+                f"hidden_size // num_attention_heads would be 0"
+            )
+    if fields.get("rope_dims") is None:
         fields["rope_dims"] = fields["head_size"] // 2 if fields["head_size"] % 4 == 0 else fields["head_size"]
     return ModelConfig(model_type=MODEL_TYPE, **fields).validate()
 
@@ -180,14 +199,30 @@ def read_config(keys: KeyReader) -> ModelConfig:
     n_heads = keys.integer("num_attention_heads")
     if not isinstance(n_heads, int) or n_heads <= 0:
         raise keys.bad("num_attention_heads", f"must be a positive integer, got {show_value(n_heads)}")
-    head_dim = _int_or(keys, "head_dim", d_model // n_heads)
+    # head_dim: explicit (0 is a value, refused by validate() as the reference refuses it), or derived.
+    if keys.present("head_dim"):
+        head_dim = keys.integer("head_dim")
+    else:
+        head_dim = d_model // n_heads
+        if head_dim <= 0:
+            raise keys.bad(
+                "num_attention_heads",
+                f"= {n_heads} is more than hidden_size = {d_model}: the head size hidden_size // "
+                f"num_attention_heads would be {head_dim} (set head_dim, or fewer heads)",
+            )
     factor = keys.raw.get("partial_rotary_factor", 0.5)
     finite = as_finite(factor)
     if finite is None or not 0 < finite <= 1:
         raise keys.bad("partial_rotary_factor", f"must be a number in (0, 1], got {show_value(factor)}")
+    try:  # the reference's rope_dim; a derived 0 is refused by validate() naming partial_rotary_factor
+        rope_dims = int(head_dim * finite)
+    except OverflowError:  # a head_dim past float range: validate() refuses it by name first
+        rope_dims = 0
     vocab = keys.integer("vocab_size")
     moe = keys.raw.get("num_experts", 16) is not None
     experts = _int_or(keys, "num_experts", 16) if moe else 0
+    if moe and is_int(experts) and experts <= 0:  # 0 experts is not "dense" (that is null)
+        raise keys.bad("num_experts", f"= {experts} must be in [1, 65536] (or null: every layer dense)")
     moe_width = _int_or(keys, "moe_intermediate_size", 0) if moe else 0
     if moe and not keys.present("moe_intermediate_size"):
         raise CheckpointError(f"{keys.where}: required key 'moe_intermediate_size' is missing (num_experts is set)")
@@ -218,7 +253,7 @@ def read_config(keys: KeyReader) -> ModelConfig:
         pad_token_id=keys.token_id("pad_token_id"),
         attention_bias=_flag(keys, "use_qkv_bias", False),
         head_size=head_dim,
-        rope_dims=int(head_dim * finite),
+        rope_dims=rope_dims,
         qk_norm=_flag(keys, "use_qk_norm", True),
         attn_out_bias=_flag(keys, "use_bias", True),
         num_experts=experts,
@@ -284,4 +319,21 @@ def check_config(config: ModelConfig, bad) -> None:
             raise bad(key, f"= {value} is outside the vocabulary [0, {config.vocab_size}) (the authors' default)")
 
 
-register_family(ConfigCodec(MODEL_TYPE, NAME, read_config, write_config, check_config, cpp_id=2))
+# ModelConfig field -> LLaDA2's config.json key (C++: config_key in csrc/model/config.cpp).
+KEY_NAMES = {
+    **QWEN2_KEYS,
+    "head_size": "head_dim",
+    "rope_dims": "partial_rotary_factor",
+    "attention_bias": "use_qkv_bias",
+    "qk_norm": "use_qk_norm",
+    "attn_out_bias": "use_bias",
+    "experts_per_token": "num_experts_per_tok",
+    "expert_groups": "n_group",
+    "expert_groups_kept": "topk_group",
+    "moe_hidden_size": "moe_intermediate_size",
+    "shared_experts": "num_shared_experts",
+    "first_dense_layers": "first_k_dense_replace",
+    "routed_scaling": "routed_scaling_factor",
+}
+
+register_family(ConfigCodec(MODEL_TYPE, NAME, read_config, write_config, check_config, cpp_id=2, key_names=KEY_NAMES))
