@@ -1,15 +1,19 @@
 """share_prompt_kv (ALGORITHMS.md section 12): every BlockBatch branch reads one copy of the
 prompt's K/V, the one of the first row each init / refresh feeds. The engine (alone: its own page
 store; batched: a scheduler's paged pool, at several page lengths) equals the float32 reference
-with the same option token for token and counter for counter, on LLaDA and Dream; a request holds
-the prompt's complete pages once; a dense pool refuses the option naming kv_page_len."""
+with the same option token for token and counter for counter, on LLaDA and Dream, random models
+and the shipped toys, whatever the page length; a request holds the prompt's complete pages once
+(Dream: those before its last prompt position, which its block steps write); a dense pool refuses
+the option naming kv_page_len."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 import torch
 
-from blockbatch import DecodeOptions
+from blockbatch import DecodeOptions, Engine, toy
 from blockbatch.decoding import run_decode
 from blockbatch.native import NativeModel
 from blockbatch.random_checkpoint import random_config, random_weights
@@ -130,3 +134,89 @@ def test_a_dense_pool_refuses_it_by_name(engine):
         with pytest.raises(ValueError, match=r"share_prompt_kv needs a paged KV pool.*kv_page_len > 0"):
             s.submit(torch.tensor([1, 2, 3]), o)
     assert check_pool(engine.model.obj, 1, 64, 0, 16)["kv_pool_rows"] >= 1
+
+
+# The shipped toys, trained and confident where the random models above are not: on them the
+# page length once decided Dream's tokens. Dream's block step feeds its window from position
+# start - 1 (its logit shift), so its first window writes the last prompt position into its own row;
+# a prompt of whole pages (any prompt at pages of 1, 16 tokens at pages of 16) had put that
+# position on a page every row shared, where a block step's write is dropped (or, from the row
+# that fed the refresh first, lands in every row). Page lengths: 1, shorter than the prompts,
+# dividing some of them, the default and longer than every canvas.
+TOY_PAGE_LENGTHS = (1, 3, 4, 7, 16, 64, 256)
+# (prompt length, seed): shorter than most pages, whole pages of 1, 4 and 16, partial pages; the
+# seeds are prompts on which the old rule changed Dream's tokens at some page length.
+TOY_PROMPTS = ((5, 3), (16, 1), (16, 8), (73, 15))
+TOY_OPTIONS = DecodeOptions(policy="blockbatch", gen_length=64, share_prompt_kv=True)
+
+
+def toy_prompt(length: int, seed: int) -> list[int]:
+    """A prompt of the toys' character ids (neither EOS nor mask), drawn with `seed`."""
+    rng = random.Random(seed)
+    return [rng.randrange(1, 19) for _ in range(length)]
+
+
+def reference_row(ref, family: str, prompt: list[int], o: DecodeOptions, vocab_limit: int):
+    """The float32 reference with o's options resolved for `family`: the full row the engine returns
+    (a Dream row cut after an EOS exit continues with EOS) and the result's counters."""
+    r = blockbatch_generate(
+        ref,
+        torch.tensor(prompt),
+        o.gen_length,
+        o.resolved("block_sizes", family),
+        threshold=o.resolved("threshold", family),
+        merge_gate=o.resolved("merge_gate", family),
+        sync_gap=o.resolved("sync_gap", family),
+        refresh_tokens=o.resolved("refresh_tokens", family),
+        refresh_mode=o.resolved("refresh_mode", family),
+        prob_floor=o.resolved("prob_floor", family),
+        stop_on_eos=o.resolved("stop_on_eos", family),
+        sync_refresh=o.sync_refresh,
+        fold_rows=o.fold_rows,
+        share_prompt_kv=o.share_prompt_kv,
+        family=family,
+        vocab_limit=vocab_limit if family == "dream" else None,
+    )
+    if family == "dream" and r.early_exit:
+        eos, lp = ref.config.eos_token_id, len(prompt)
+        row = r.tokens.tolist()
+        cut = lp + row[lp:].index(eos) + 1
+        r.tokens = torch.tensor(row[:cut] + [eos] * (len(row) - cut))
+    return r
+
+
+@pytest.fixture(scope="module", params=["llada", "dream"])
+def toy_model(request):
+    path = toy.checkpoint_path(request.param)
+    engine = Engine.from_pretrained(path)
+    expected = {}
+    ref = ReferenceModel.from_checkpoint(load_checkpoint(path))
+    for lp, seed in TOY_PROMPTS:
+        prompt = toy_prompt(lp, seed)
+        expected[lp, seed] = reference_row(ref, request.param, prompt, TOY_OPTIONS, engine.checkpoint.proposal_vocab)
+    return request.param, engine, expected
+
+
+def test_shared_prompt_decode_does_not_depend_on_the_page_length(toy_model):
+    """Each prompt alone (pages of 16 of its own) and all of them batched through a pool of pages of
+    1, 3, 4, 7, 16, 64 and 256 positions: every decode equals the reference, tokens and counters."""
+    from test_blockbatch import assert_same
+
+    family, engine, expected = toy_model
+
+    def check(key, out, where):
+        try:
+            assert_same(expected[key], out)
+        except AssertionError as e:
+            raise AssertionError(f"{family}, prompt (length, seed) {key}, {where}: {e}") from e
+
+    prompts = {key: torch.tensor(toy_prompt(*key)) for key in TOY_PROMPTS}
+    for key, prompt in prompts.items():
+        check(key, run_decode(engine.model.obj, prompt, TOY_OPTIONS), "alone")
+    for page_len in TOY_PAGE_LENGTHS:
+        with engine.scheduler(max_batch=4, max_length=256, adaptive=False, kv_page_len=page_len) as s:
+            handles = {key: s.submit(prompt, TOY_OPTIONS) for key, prompt in prompts.items()}
+            outs = {key: h.result(timeout=300) for key, h in handles.items()}
+            assert s.counters()["kv_pages_in_use"] == 0
+        for key, out in outs.items():
+            check(key, out, f"batched over pages of {page_len}")
