@@ -128,6 +128,20 @@ def test_the_prompt_pages_are_held_once(engine):
         s.close()
 
 
+def test_a_prompt_page_a_block_step_writes_is_not_shared(engine):
+    """A 32-token prompt, 32 generated (4 pages of 16 a row), 3 branches. LLaDA: both prompt pages
+    are shared, 2 + 3 x 2 = 8 pages. Dream's first window feeds the last prompt position (its
+    logit shift), so that position's page is each row's own: 1 + 3 x 3 = 10."""
+    o = DecodeOptions(policy="blockbatch", gen_length=32, block_sizes=(4, 8, 16), share_prompt_kv=True)
+    prompt = torch.tensor([1 + j % 30 for j in range(32)])
+    held = {"llada": 8, "dream": 10}[engine.config.family]
+    s = torch.classes.blockbatch.Scheduler(engine.model.obj, 2, 128, 0, [], [], 0.0, 16, False)
+    s.add(prompt, o.native, False)
+    s.step(0.0)
+    assert dict(s.counters())["kv_pages_in_use"] == held
+    s.close()
+
+
 def test_a_dense_pool_refuses_it_by_name(engine):
     o = DecodeOptions(policy="blockbatch", gen_length=32, block_sizes=(4, 8), share_prompt_kv=True)
     with engine.scheduler(max_batch=1, max_length=64, adaptive=False, kv_page_len=0) as s:
