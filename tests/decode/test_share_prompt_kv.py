@@ -234,3 +234,51 @@ def test_shared_prompt_decode_does_not_depend_on_the_page_length(toy_model):
             assert s.counters()["kv_pages_in_use"] == 0
         for key, out in outs.items():
             check(key, out, f"batched over pages of {page_len}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["llada", "dream"])
+@pytest.mark.parametrize("model", ["toy", "random"])
+def test_shared_prompt_decode_does_not_depend_on_the_page_length_grid(family, model, tmp_path):
+    """The heavier grid: 12 prompts of 1 to 128 tokens (around whole pages of 16, 32 and 64) with
+    varied branch sets, refresh clocks, sync_refresh and fold_rows, on the toy or a random model,
+    alone and batched three at a time over pages of 1, 2, 3, 5, 8, 16, 32, 64, 128 and 256: every
+    decode equals the reference."""
+    from test_blockbatch import assert_same
+
+    if model == "toy":
+        engine = Engine.from_pretrained(toy.checkpoint_path(family))
+    else:
+        engine = small_engine(tmp_path, family, seed=11)
+    ref = ReferenceModel.from_checkpoint(engine.checkpoint)
+    rng = random.Random(7)
+    avoid = {engine.config.mask_token_id, engine.config.eos_token_id}
+    cases = []
+    for lp in (1, 2, 7, 15, 16, 17, 31, 32, 33, 64, 73, 128):
+        prompt = [t if t not in avoid else 1 for t in (rng.randrange(1, engine.config.vocab_size) for _ in range(lp))]
+        G = rng.choice([32, 64])
+        o = DecodeOptions(
+            policy="blockbatch",
+            gen_length=G,
+            block_sizes=rng.choice([None, (4, 8, 16), (8, 32), (4, 32)]),
+            refresh_tokens=rng.choice([4, 8, 32]),
+            sync_refresh=rng.choice([False, True]),
+            fold_rows=rng.choice([False, True]),
+            share_prompt_kv=True,
+        )
+        cases.append((torch.tensor(prompt), o, reference_row(ref, family, prompt, o, engine.checkpoint.proposal_vocab)))
+
+    def check(case, out, where):
+        prompt, o, want = case
+        try:
+            assert_same(want, out)
+        except AssertionError as e:
+            raise AssertionError(f"{model} {family}, prompt of {prompt.numel()} tokens, {o}, {where}: {e}") from e
+
+    for case in cases:
+        check(case, run_decode(engine.model.obj, case[0], case[1]), "alone")
+    for page_len in (1, 2, 3, 5, 8, 16, 32, 64, 128, 256):
+        with engine.scheduler(max_batch=3, max_length=256, adaptive=False, kv_page_len=page_len) as s:
+            outs = [h.result(timeout=300) for h in [s.submit(p, o) for p, o, _ in cases]]
+        for case, out in zip(cases, outs):
+            check(case, out, f"batched over pages of {page_len}")
