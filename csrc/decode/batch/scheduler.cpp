@@ -318,7 +318,8 @@ bool Scheduler::admit() {
       if (prefix_cache_ && pool_->paged() && o.policy == Policy::kBlock && o.block_length % page_len_ == 0) {
         prefix = KvPool::Prefix{o.block_length, lp / o.block_length, &r->prompt};
       }
-      l->kv = pool_->take(rows, r->length, shared_prompt_pages(model_, o, lp, page_len_), prefix.block > 0 ? &prefix : nullptr);
+      l->kv = pool_->take(rows, r->length, shared_prompt_pages(model_, o, lp, page_len_),
+                          prefix.block > 0 ? &prefix : nullptr);
       if (!l->kv) return any;  // in order: it waits for rows (the requests decoding free them)
     }
     l->r = r;

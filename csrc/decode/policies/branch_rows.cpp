@@ -36,7 +36,7 @@ BranchRows::BranchRows(const Network& model, KvRows& kv, int64_t rows, int64_t p
     : kv_(kv), rows_(rows), page_len_(page_len_of(kv, o.share_prompt_kv)),
       per_row_(page_len_ > 0 ? (kv.pages.defined() ? kv.pages.size(1) : (length + page_len_ - 1) / page_len_) : 0),
       shared_(shared_prompt_pages(model, o, prompt_len, page_len_)),
-      prompt_len_(o.share_prompt_kv && page_len_ > 0 ? prompt_len : 0) {
+      plen_(o.share_prompt_kv && page_len_ > 0 ? prompt_len : 0) {
   const bool share_prompt = o.share_prompt_kv;
   TORCH_CHECK_VALUE(!share_prompt || page_len_ > 0,
                     "share_prompt_kv needs paged KV rows (a scheduler with kv_page_len > 0)");
@@ -155,9 +155,9 @@ void BranchRows::push() {
 }
 
 void BranchRows::after_full() {
-  // The prompt positions past the shared pages, [shared_ * page_len_, prompt_len_), page by page.
-  for (int64_t i = shared_; i * page_len_ < prompt_len_; ++i) {
-    const int64_t slots = std::min(page_len_, prompt_len_ - i * page_len_), own = read_[at(owner_, i)];
+  // The prompt positions past the shared pages, [shared_ * page_len_, plen_), page by page.
+  for (int64_t i = shared_; i * page_len_ < plen_; ++i) {
+    const int64_t slots = std::min(page_len_, plen_ - i * page_len_), own = read_[at(owner_, i)];
     const at::Tensor from = kv_.kv.narrow(0, own, 1).narrow(4, 0, slots);
     std::vector<int64_t> done{own};  // a page several rows name takes the slots once
     for (int64_t b = 0; b < rows_; ++b) {

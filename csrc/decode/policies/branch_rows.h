@@ -75,7 +75,7 @@ class BranchRows {
   void push();
 
   KvRows& kv_;
-  const int64_t rows_, page_len_, per_row_, shared_, prompt_len_;  // shared_: pages; prompt_len_: 0 without sharing
+  const int64_t rows_, page_len_, per_row_, shared_, plen_;  // plen_: the prompt length (0: no sharing)
   std::vector<int64_t> read_, write_;                        // paged: the host's copy of the tables [rows, per_row]
   std::vector<int64_t> pinned_;                              // share_prompt_kv: the shared prompt pages (never copied)
   std::map<int64_t, int64_t> names_;                         // paged: how many table entries name each page not pinned
