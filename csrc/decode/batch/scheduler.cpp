@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "decode/decoder.h"
+#include "decode/policies/branch_rows.h"  // shared_prompt_pages
 #include "decode/step.h"
 #include "decode/stop.h"
 #include "kernels/branches.h"  // kMaxBranches: the most KV rows a request holds
@@ -36,10 +37,6 @@ int64_t resolve_kv_page_len(c10::Device device, int64_t kv_page_len) {
                     kv_page_len);
   if (kv_page_len >= 0) return kv_page_len;
   return device.is_cpu() ? kDefaultKvPageLen : 0;  // CUDA: dense (docs/bench/gpu/NOTES.md "Paged KV")
-}
-
-int64_t shared_prompt_pages(const DecodeOptions& o, int64_t prompt_len, int64_t page_len) {
-  return o.policy == Policy::kBlockBatch && o.share_prompt_kv && page_len > 0 ? prompt_len / page_len : 0;
 }
 
 int64_t pool_row_length(int64_t max_length, int64_t page_len) {
@@ -263,7 +260,7 @@ int64_t Scheduler::add(const std::vector<int64_t>& prompt, const DecodeOptions& 
   TORCH_CHECK_VALUE(!(o.policy == Policy::kBlockBatch && o.share_prompt_kv) || pool_->paged(),
                     "share_prompt_kv needs a paged KV pool: this scheduler's pool is dense rows (kv_page_len = 0",
                     model_.device().is_cpu() ? "" : "; the automatic layout on CUDA", "); give kv_page_len > 0");
-  const int64_t shared = shared_prompt_pages(o, lp, page_len_);
+  const int64_t shared = shared_prompt_pages(model_, o, lp, page_len_);
   TORCH_CHECK_VALUE(pool_->fits(rows, length, shared), "the request needs ", rows, " KV rows of ", length,
                     " positions (", pool_->pages_for(rows, length, shared), pool_->paged() ? " pages of " : " rows of ",
                     pool_->paged() ? pool_->page_len() : max_length_, " positions) but the KV budget holds ",
@@ -322,7 +319,8 @@ bool Scheduler::admit() {
       if (prefix_cache_ && pool_->paged() && o.policy == Policy::kBlock && o.block_length % page_len_ == 0) {
         prefix = KvPool::Prefix{o.block_length, lp / o.block_length, &r->prompt};
       }
-      l->kv = pool_->take(rows, r->length, shared_prompt_pages(o, lp, page_len_), prefix.block > 0 ? &prefix : nullptr);
+      l->kv = pool_->take(rows, r->length, shared_prompt_pages(model_, o, lp, page_len_),
+                          prefix.block > 0 ? &prefix : nullptr);
       if (!l->kv) return any;  // in order: it waits for rows (the requests decoding free them)
     }
     l->r = r;

@@ -57,9 +57,6 @@ int64_t kv_row_bytes(const ModelConfig& config, c10::ScalarType dtype, int64_t l
 int64_t resolve_kv_page_len(c10::Device device, int64_t kv_page_len);
 // Positions of one pool row: max_length, rounded up to whole pages when paged.
 int64_t pool_row_length(int64_t max_length, int64_t page_len);
-// Pages every KV row of a request shares in a pool of `page_len` (share_prompt_kv: the prompt's
-// complete pages; otherwise 0).
-int64_t shared_prompt_pages(const DecodeOptions& resolved, int64_t prompt_len, int64_t page_len);
 
 // Measures the curve on `model`: forwards of T = 16, 32, 64, ... query tokens (rows of up to 128
 // tokens, full mode, logits for every token as a block step has), the median of 3 after a

@@ -733,7 +733,7 @@ class BlockBatch final : public Decoder {
         seeding_(rules_.full_forward == SeedRule::kFirstMaskArgmax), fold_(o.fold_rows), forwards_(B_, 0) {
     std::sort(sizes_.begin(), sizes_.end());
     kv_ = std::move(kv);  // the pool's rows, or made here (dense; share_prompt_kv: pages)
-    rows_ = std::make_unique<BranchRows>(model, kv_, B_, lp_, L_, o.share_prompt_kv);
+    rows_ = std::make_unique<BranchRows>(model, kv_, B_, lp_, L_, o);
     // Each executor implements one combination of the map, exit, refresh-clock and seed rules.
     const bool host = rules_.readout == Readout::kHostTopk;
     TORCH_CHECK(host ? rules_.map == MapRule::kAccumulateSinceSeed && rules_.exit == ExitRule::kDecodedProgressBlock &&

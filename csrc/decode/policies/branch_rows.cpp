@@ -9,9 +9,17 @@
 
 #include <algorithm>
 
+#include "decode/family.h"
 #include "ops/ops.h"
 
 namespace blockbatch {
+
+int64_t shared_prompt_pages(const Network& model, const DecodeOptions& o, int64_t prompt_len, int64_t page_len) {
+  if (o.policy != Policy::kBlockBatch || !o.share_prompt_kv || page_len <= 0) return 0;
+  // A block step feeds its window [start, end) from start - logit_shift, and start >= prompt_len.
+  const int64_t fixed = prompt_len - rules_for(model.config().family).logit_shift;
+  return fixed > 0 ? fixed / page_len : 0;
+}
 
 namespace {
 at::Tensor to_device(std::vector<int64_t>& v, at::IntArrayRef shape, const at::Device& device) {
@@ -24,11 +32,12 @@ int64_t page_len_of(const KvRows& kv, bool share_prompt) {
 }  // namespace
 
 BranchRows::BranchRows(const Network& model, KvRows& kv, int64_t rows, int64_t prompt_len, int64_t length,
-                       bool share_prompt)
-    : kv_(kv), rows_(rows), page_len_(page_len_of(kv, share_prompt)),
+                       const DecodeOptions& o)
+    : kv_(kv), rows_(rows), page_len_(page_len_of(kv, o.share_prompt_kv)),
       per_row_(page_len_ > 0 ? (kv.pages.defined() ? kv.pages.size(1) : (length + page_len_ - 1) / page_len_) : 0),
-      shared_(share_prompt && page_len_ > 0 ? prompt_len / page_len_ : 0),
-      tail_(share_prompt && page_len_ > 0 ? prompt_len % page_len_ : 0) {
+      shared_(shared_prompt_pages(model, o, prompt_len, page_len_)),
+      plen_(o.share_prompt_kv && page_len_ > 0 ? prompt_len : 0) {
+  const bool share_prompt = o.share_prompt_kv;
   TORCH_CHECK_VALUE(!share_prompt || page_len_ > 0,
                     "share_prompt_kv needs paged KV rows (a scheduler with kv_page_len > 0)");
   if (!paged()) {
@@ -104,12 +113,12 @@ void BranchRows::copy(const std::vector<int64_t>& src) {
 
 void BranchRows::before_forward(const PackedQueries& q, bool whole, int64_t owner) {
   if (!paged()) return;
-  if (shared_ > 0 && owner >= 0 && owner != owner_) {  // the shared prompt pages: written through the owner
+  if (owner >= 0 && owner != owner_) {  // the prompt: written through the owner (the shared pages), copied from it
     for (int64_t b = 0; b < rows_; ++b) {
       for (int64_t i = 0; i < shared_; ++i) write_[at(b, i)] = b == owner ? pinned_[i] : -1;
     }
     owner_ = owner;
-    dirty_ = true;
+    dirty_ = shared_ > 0 || dirty_;
   }
   std::vector<int64_t> from, to;  // pages copied before the forward writes into the copies
   for (int64_t k = 0; k < q.rows(); ++k) {
@@ -146,15 +155,17 @@ void BranchRows::push() {
 }
 
 void BranchRows::after_full() {
-  if (tail_ == 0) return;
-  const int64_t own = read_[at(owner_, shared_)];
-  const at::Tensor from = kv_.kv.narrow(0, own, 1).narrow(4, 0, tail_);
-  std::vector<int64_t> done{own};  // a page several rows name takes the slots once
-  for (int64_t b = 0; b < rows_; ++b) {
-    const int64_t page = read_[at(b, shared_)];
-    if (std::find(done.begin(), done.end(), page) != done.end()) continue;
-    kv_.kv.narrow(0, page, 1).narrow(4, 0, tail_).copy_(from);
-    done.push_back(page);
+  // The prompt positions past the shared pages, [shared_ * page_len_, plen_), page by page.
+  for (int64_t i = shared_; i * page_len_ < plen_; ++i) {
+    const int64_t slots = std::min(page_len_, plen_ - i * page_len_), own = read_[at(owner_, i)];
+    const at::Tensor from = kv_.kv.narrow(0, own, 1).narrow(4, 0, slots);
+    std::vector<int64_t> done{own};  // a page several rows name takes the slots once
+    for (int64_t b = 0; b < rows_; ++b) {
+      const int64_t page = read_[at(b, i)];
+      if (std::find(done.begin(), done.end(), page) != done.end()) continue;
+      kv_.kv.narrow(0, page, 1).narrow(4, 0, slots).copy_(from);
+      done.push_back(page);
+    }
   }
 }
 

@@ -6,11 +6,14 @@
 //     names is replaced by a page of the request's own (its contents copied first unless the
 //     forward rewrites the whole row). The request never holds more pages than it was given: a
 //     page no row names any more is the next one a write takes.
-// With share_prompt_kv (paged only) the prompt's complete pages are the same pages in every row
+// With share_prompt_kv (paged only) the complete pages of the prompt positions that only a full
+// forward writes, [0, prompt - logit_shift) (shared_prompt_pages), are the same pages in every row
 // (held once): a full forward (init, refresh) writes them through one row, the owner (the first row
-// it feeds), and after it the owner's prompt slots of the last, partial prompt page are copied into
-// every other row's. So after each init and refresh, positions [0, prompt) of every row hold the
-// owner's K/V, whatever the page length (the reference: python/blockbatch/reference/blockbatch.py).
+// it feeds), and after it the owner's prompt slots past them are copied into every other row's own
+// page. So after each init and refresh, positions [0, prompt) of every row hold the owner's K/V,
+// whatever the page length, and a block step writes only its own row: Dream's (logit shift 1) feeds
+// its window from position start - 1, so its first window writes the last prompt position, which
+// therefore never lies on a shared page (the reference: python/blockbatch/reference/blockbatch.py).
 // Every copy is exact: a row reads the K/V it would read after a dense copy.
 #pragma once
 
@@ -20,17 +23,25 @@
 #include <map>
 #include <vector>
 
+#include "decode/options.h"
 #include "decode/step.h"
 #include "model/network.h"
 
 namespace blockbatch {
 
+// Pages every KV row of a request shares in a pool of pages of `page_len` positions: with
+// share_prompt_kv (policy blockbatch, paged), the complete pages of the prompt positions no block
+// step writes, [0, prompt_len - logit_shift); otherwise 0. The scheduler's pool and BranchRows
+// both take it from here.
+int64_t shared_prompt_pages(const Network& model, const DecodeOptions& resolved, int64_t prompt_len, int64_t page_len);
+
 class BranchRows {
  public:
-  // kv: the request's rows as a scheduler's pool gave them (dense, or paged: share_prompt_pages(...)
-  // pages shared when `share_prompt`), or undefined: made here (dense; share_prompt: pages of
-  // kDefaultKvPageLen positions, the request's own store). share_prompt refuses dense rows by name.
-  BranchRows(const Network& model, KvRows& kv, int64_t rows, int64_t prompt_len, int64_t length, bool share_prompt);
+  // kv: the request's rows as a scheduler's pool gave them (dense, or paged: shared_prompt_pages(...)
+  // pages shared), or undefined: made here (dense; share_prompt_kv: pages of kDefaultKvPageLen
+  // positions, the request's own store). share_prompt_kv refuses dense rows by name.
+  BranchRows(const Network& model, KvRows& kv, int64_t rows, int64_t prompt_len, int64_t length,
+             const DecodeOptions& o);
 
   bool paged() const { return page_len_ > 0; }
   const KvRows& kv() const { return kv_; }
@@ -48,10 +59,11 @@ class BranchRows {
   // Before a forward over `q` (its rows' positions are the writes): paged, every page written that
   // another row names is made the row's own (copied unless `whole`: the forward writes every
   // position of its rows' canvases), and the tables go to the device when they changed. With
-  // share_prompt, a full forward (init, refresh) writes the shared prompt pages through `owner`.
+  // share_prompt_kv, a full forward (init, refresh) writes the shared prompt pages through `owner`
+  // (the first row it feeds), whose prompt slots after_full copies.
   void before_forward(const PackedQueries& q, bool whole, int64_t owner = -1);
-  // share_prompt, after a full forward: the owner's prompt slots of the partial prompt page into
-  // every other row's.
+  // share_prompt_kv, after a full forward: the owner's prompt slots past the shared pages into every
+  // other row's.
   void after_full();
 
   // Pages copied on write so far (paged; a dense copy moves whole rows: 0).
@@ -63,9 +75,9 @@ class BranchRows {
   void push();
 
   KvRows& kv_;
-  const int64_t rows_, page_len_, per_row_, shared_, tail_;  // tail_: prompt slots on the partial prompt page
+  const int64_t rows_, page_len_, per_row_, shared_, plen_;  // plen_: the prompt length (0: no sharing)
   std::vector<int64_t> read_, write_;                        // paged: the host's copy of the tables [rows, per_row]
-  std::vector<int64_t> pinned_;                              // share_prompt: the shared prompt pages (never copied)
+  std::vector<int64_t> pinned_;                              // share_prompt_kv: the shared prompt pages (never copied)
   std::map<int64_t, int64_t> names_;                         // paged: how many table entries name each page not pinned
   std::vector<int64_t> spare_;                               // paged: pages no row names (the next writes take them)
   int64_t owner_ = 0, pages_copied_ = 0;
