@@ -165,14 +165,21 @@ def part_pool(repeats: int) -> dict:
 
 
 SHAPES = {
-    "llada-8b": dict(layers=32, kv_heads=32, head_dim=128, dtype_bytes=2, branches=(4, 8, 16, 32, 64, 128)),
-    "dream-7b": dict(layers=28, kv_heads=4, head_dim=128, dtype_bytes=2, branches=(4, 8, 16, 32, 64, 128)),
+    # logit_shift: Dream's block steps feed (and write the K/V of) the position before their window,
+    # so the page holding the prompt's last position is not shared (decode/policies/branch_rows.cpp).
+    "llada-8b": dict(
+        layers=32, kv_heads=32, head_dim=128, dtype_bytes=2, branches=(4, 8, 16, 32, 64, 128), logit_shift=0
+    ),
+    "dream-7b": dict(
+        layers=28, kv_heads=4, head_dim=128, dtype_bytes=2, branches=(4, 8, 16, 32, 64, 128), logit_shift=1
+    ),
 }
 POLICIES = ("vanilla", "prefix", "dual", "blockbatch", "blockbatch+share")
 
 
-def request_pages(policy: str, branches: int, prompt: int, gen: int, page: int) -> int:
-    """Pages of `page` positions a request holds in the paged pool (decode/batch/kv_pool.cpp)."""
+def request_pages(policy: str, branches: int, prompt: int, gen: int, page: int, logit_shift: int = 0) -> int:
+    """Pages of `page` positions a request holds in the paged pool (decode/batch/kv_pool.cpp;
+    shared prompt pages: shared_prompt_pages in decode/policies/branch_rows.cpp)."""
     per = -(-(prompt + gen) // page)
     if policy == "vanilla":
         return 0
@@ -180,7 +187,7 @@ def request_pages(policy: str, branches: int, prompt: int, gen: int, page: int) 
         return per
     if policy == "blockbatch":
         return branches * per
-    shared = prompt // page
+    shared = max(prompt - logit_shift, 0) // page
     return shared + branches * (per - shared)
 
 
@@ -195,7 +202,7 @@ def part_bytes(gen: int = 256, max_prompt: int = 4096) -> dict:
                 rows = 0 if policy == "vanilla" else (B if policy.startswith("blockbatch") else 1)
                 before = rows * (max_prompt + gen) * pos_bytes  # dense pool rows of max_length
                 exact = rows * (prompt + gen) * pos_bytes  # Engine.kv_report: rows of the canvas
-                after = request_pages(policy, B, prompt, gen, PAGE) * PAGE * pos_bytes
+                after = request_pages(policy, B, prompt, gen, PAGE, s["logit_shift"]) * PAGE * pos_bytes
                 out[f"{shape}/prompt{prompt}/{policy}"] = {
                     "rows": rows,
                     "bytes_dense_pool": before,
@@ -215,34 +222,37 @@ def part_bytes(gen: int = 256, max_prompt: int = 4096) -> dict:
 
 
 def check_bytes_on_the_toy() -> dict:
-    """kv_pages_in_use of one running request against request_pages(), on a small random LLaDA
-    (unsure of everything: its requests run many steps; the toys finish some in one)."""
+    """kv_pages_in_use of one running request against request_pages(), on a small random LLaDA and
+    Dream (random: its requests run many steps; the toys finish some in one)."""
     import tempfile
 
     from blockbatch.engine import Engine
     from blockbatch.random_checkpoint import make_random_checkpoint
 
-    folder = tempfile.mkdtemp(prefix="bench-paged-")
-    make_random_checkpoint(folder, seed=0, d_model=64, n_layers=2, vocab_size=97)
-    engine = Engine.from_pretrained(folder)
     checked = {}
-    for prompt_len in (40, 300):
-        prompt = torch.tensor([1 + i % 9 for i in range(prompt_len)])
-        for policy in POLICIES[1:]:
-            base = dict(policy=policy.split("+")[0], gen_length=64, stop_on_eos=False)  # still running after a step
-            if policy.startswith("blockbatch"):
-                base.update(block_sizes=(4, 8, 16, 32, 64), share_prompt_kv=policy.endswith("share"))
-            else:
-                base.update(block_length=16)
-            s = torch.classes.blockbatch.Scheduler(engine.model.obj, 1, 512, 0, [], [], 0.0, PAGE, False)
-            s.add(prompt, DecodeOptions(**base).native, False)
-            s.step(0.0)
-            held = dict(s.counters())["kv_pages_in_use"]
-            s.close()
-            want = request_pages(policy, 5, prompt_len, 64, PAGE)
-            if held != want:
-                raise SystemExit(f"{policy} prompt {prompt_len}: the pool holds {held} pages, the formula {want}")
-            checked[f"prompt{prompt_len}/{policy}"] = held
+    for family, shift in (("llada", 0), ("dream", 1)):  # Dream: the logit shift keeps a prompt page per row
+        folder = tempfile.mkdtemp(prefix="bench-paged-")
+        make_random_checkpoint(folder, seed=0, family=family, d_model=64, n_layers=2, vocab_size=97)
+        engine = Engine.from_pretrained(folder)
+        for prompt_len in (40, 48, 300):  # 48: a whole number of pages
+            prompt = torch.tensor([1 + i % 9 for i in range(prompt_len)])
+            for policy in POLICIES[1:]:
+                base = dict(policy=policy.split("+")[0], gen_length=64, stop_on_eos=False)  # still running after a step
+                if policy.startswith("blockbatch"):
+                    base.update(block_sizes=(4, 8, 16, 32, 64), share_prompt_kv=policy.endswith("share"))
+                else:
+                    base.update(block_length=16)
+                s = torch.classes.blockbatch.Scheduler(engine.model.obj, 1, 512, 0, [], [], 0.0, PAGE, False)
+                s.add(prompt, DecodeOptions(**base).native, False)
+                s.step(0.0)
+                held = dict(s.counters())["kv_pages_in_use"]
+                s.close()
+                want = request_pages(policy, 5, prompt_len, 64, PAGE, shift)
+                if held != want:
+                    raise SystemExit(
+                        f"{family} {policy} prompt {prompt_len}: the pool holds {held} pages, the formula {want}"
+                    )
+                checked[f"{family}/prompt{prompt_len}/{policy}"] = held
     print(f"bytes: the pool's pages equal the formula in {len(checked)} cases", file=sys.stderr)
     return checked
 
@@ -299,7 +309,12 @@ def part_share(n: int, repeats: int) -> dict:
                     "mean_refreshes": statistics.mean(x.stats["nfe_refresh"] for x in gs),
                     "mean_pages": statistics.mean(
                         request_pages(
-                            "blockbatch+share" if share else "blockbatch", len(x.stats["branches"]), len(ids), 64, PAGE
+                            "blockbatch+share" if share else "blockbatch",
+                            len(x.stats["branches"]),
+                            len(ids),
+                            64,
+                            PAGE,
+                            int(label.startswith("dream")),  # Dream: logit shift 1,
                         )
                         for ids, x in zip(prompts, gs)
                     ),
