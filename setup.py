@@ -56,6 +56,13 @@ def cuda_requested():
 
 
 class CMakeBuild(build_ext):
+    def run(self):
+        # setuptools' build_ext clears `inplace` while it builds (and copies the extension into
+        # the source tree afterwards): remember it, so that `setup.py build_ext --inplace` (the dev
+        # loop) places the bb_* binaries and their RUNPATH as an editable install does.
+        self._into_source = bool(self.inplace)
+        super().run()
+
     def build_extension(self, ext):
         import torch
 
@@ -65,7 +72,7 @@ class CMakeBuild(build_ext):
         tag += "-cuda" if with_cuda else ""
         tag += "-san-" + "-".join(san) if san else ""
         build_dir = os.path.join(ROOT, "build", f"cmake-{tag}")
-        editable = bool(self.inplace or getattr(self, "editable_mode", False))
+        editable = bool(self.inplace or getattr(self, "_into_source", False) or getattr(self, "editable_mode", False))
         # Wheels: only $ORIGIN-relative RUNPATHs (CMakeLists.txt). Editable installs run _C and the
         # binaries from the source tree, outside site-packages: add this venv's torch/lib too.
         torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
