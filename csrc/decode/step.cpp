@@ -25,7 +25,7 @@ namespace blockbatch {
 std::vector<int64_t> PackedQueries::host_buffer(KvMode mode) const {
   std::vector<int64_t> host;
   host.reserve(gather.size() + positions.size() + 2 * kv_rows.size() + 1 + prefix_lens.size() + kv_lens.size() +
-               logit_index.size());
+               key_offsets.size() + key_index.size() + logit_index.size());
   auto append = [&](const std::vector<int64_t>& v) { host.insert(host.end(), v.begin(), v.end()); };
   append(gather);
   append(positions);
@@ -33,6 +33,8 @@ std::vector<int64_t> PackedQueries::host_buffer(KvMode mode) const {
   append(kv_rows);
   if (mode == KvMode::kPrefix) append(prefix_lens);
   append(kv_lens);
+  append(key_offsets);
+  append(key_index);
   append(logit_index);
   return host;
 }
@@ -63,35 +65,50 @@ at::Tensor KvRows::layer_rows(int64_t layer, int64_t length) const {
   return g.reshape({rows, 2, kv.size(3), per_row * page_len, kv.size(5)}).narrow(3, 0, length);
 }
 
-ForwardBatch PackedQueries::batch(const at::Tensor& buffer, const KvRows& kv, KvMode mode,
-                                  const at::Tensor& canvas) const {
+ForwardBatch PackedQueries::views(const at::Tensor& buffer, KvMode mode) const {
   const int64_t n_tok = size(), n_rows = rows();
+  TORCH_CHECK(static_cast<int64_t>(cu_seqlens.size()) == n_rows + 1 && static_cast<int64_t>(gather.size()) == n_tok,
+              "PackedQueries: one cu_seqlens entry per row plus one, one gather entry per position");
+  TORCH_CHECK(kv_lens.empty() || static_cast<int64_t>(kv_lens.size()) == n_rows,
+              "PackedQueries: kv_lens needs one entry per row");
+  TORCH_CHECK(mode != KvMode::kPrefix || static_cast<int64_t>(prefix_lens.size()) == n_rows,
+              "PackedQueries: prefix mode needs one prefix_lens entry per row");
+  TORCH_CHECK(key_offsets.empty() || (static_cast<int64_t>(key_offsets.size()) == n_rows + 1 && mode != KvMode::kFull),
+              "PackedQueries: key lists need mode dual or prefix and one list per row");
   int64_t at_ = 0;
-  auto take = [&](int64_t n) {
-    at::Tensor t = buffer.narrow(0, at_, n);
-    at_ += n;
+  auto take = [&](size_t n) {
+    at::Tensor t = buffer.narrow(0, at_, static_cast<int64_t>(n));
+    at_ += static_cast<int64_t>(n);
     return t;
   };
   ForwardBatch b;
+  b.tokens = take(gather.size());
+  b.positions = take(positions.size());
+  b.cu_seqlens = take(cu_seqlens.size());
+  b.kv_rows = take(kv_rows.size());
+  if (mode == KvMode::kPrefix) b.prefix_lens = take(prefix_lens.size());
+  b.kv_lens = take(kv_lens.size());
+  b.key_offsets = take(key_offsets.size());
+  b.key_index = take(key_index.size());
+  b.logit_index = take(logit_index.size());
+  b.mode = mode;
+  for (int64_t p : positions) b.max_positions = std::max(b.max_positions, p + 1);
+  return b;
+}
+
+ForwardBatch PackedQueries::batch(const at::Tensor& buffer, const KvRows& kv, KvMode mode,
+                                  const at::Tensor& canvas) const {
   TORCH_CHECK(canvas.defined(), "PackedQueries: the canvas to gather tokens from is required");
-  b.tokens = canvas.reshape({-1}).index_select(0, take(n_tok));
-  b.positions = take(n_tok);
-  b.cu_seqlens = take(n_rows + 1);
-  at::Tensor rows_t = take(n_rows);
-  if (kv.defined()) b.kv_rows = rows_t;
-  if (mode == KvMode::kPrefix) b.prefix_lens = take(n_rows);
-  if (!kv_lens.empty()) {
-    TORCH_CHECK(mode == KvMode::kDual && static_cast<int64_t>(kv_lens.size()) == n_rows,
-                "PackedQueries: kv_lens needs dual mode and one entry per row");
-    b.kv_lens = take(n_rows);
-  }
-  if (!logit_index.empty()) b.logit_index = take(static_cast<int64_t>(logit_index.size()));
-  if (mode == KvMode::kDual && !b.kv_lens.defined() && kv.lens.defined()) b.kv_lens = kv.lens.narrow(0, 0, n_rows);
+  ForwardBatch b = views(buffer, mode);
+  b.tokens = canvas.reshape({-1}).index_select(0, b.tokens);
+  if (!kv.defined()) b.kv_rows = at::Tensor();
+  if (kv_lens.empty()) b.kv_lens = at::Tensor();
+  if (key_offsets.empty()) b.key_offsets = b.key_index = at::Tensor();
+  if (logit_index.empty()) b.logit_index = at::Tensor();
+  if (mode == KvMode::kDual && !b.kv_lens.defined() && kv.lens.defined()) b.kv_lens = kv.lens.narrow(0, 0, rows());
   b.kv = kv.kv;
   b.kv_pages = kv.pages;
   b.kv_write_pages = kv.write_pages;
-  b.mode = mode;
-  for (int64_t p : positions) b.max_positions = std::max(b.max_positions, p + 1);
   return b;
 }
 

@@ -62,12 +62,16 @@ PageTables page_tables(const std::vector<int64_t>& pages, int64_t rows, int64_t 
 
 // Host-side description of one packed forward over canvas rows that live on the model's device:
 // host_buffer() packs its indices for one host-to-device copy, batch() turns that copy into the
-// forward's inputs.
+// forward's inputs. The one layout of a packed forward's indices: the decoders' steps and the
+// scheduler's packed forwards (decode/batch/pack.cpp, its padding rows) both use it.
 struct PackedQueries {
   std::vector<int64_t> gather, positions, cu_seqlens{0}, kv_rows, prefix_lens, logit_index;
-  // Dual mode, optional (empty: every row attends the whole KV row): the keys each row attends.
-  // Block-causal families give each block its own row ending at the block's end.
+  // Optional (empty: every row attends the whole KV row): the KV length of each row, the keys it
+  // attends in dual mode. Block-causal families give each block its own row ending at the block's end.
   std::vector<int64_t> kv_lens;
+  // Optional gathered key sets (dual / prefix; empty: the contiguous ranges), CSR: row r attends
+  // the positions key_index[key_offsets[r] .. key_offsets[r+1]) of its KV row (ForwardBatch::key_index).
+  std::vector<int64_t> key_offsets, key_index;
 
   // A row whose tokens are gathered on the device from the canvas tensor (see batch): position p
   // takes the flattened canvas' element canvas_offset + p (canvas_offset = row * L for a [B, L] one).
@@ -81,10 +85,20 @@ struct PackedQueries {
   }
   int64_t size() const { return static_cast<int64_t>(positions.size()); }
   int64_t rows() const { return static_cast<int64_t>(kv_rows.size()); }
-  // All index vectors in one int64 buffer (gather indices, positions, cu_seqlens,
-  // kv_rows, then prefix_lens in prefix mode, kv_lens when set, and logit_index when set): one host-to-device copy
-  // per forward. Callers may append their own entries after it.
+  // Appends a row's gathered key set (positions of its KV row, ascending); call once per row,
+  // in row order, for every row or for none.
+  void add_keys(const std::vector<int64_t>& positions_of_row) {
+    if (key_offsets.empty()) key_offsets.push_back(0);
+    key_index.insert(key_index.end(), positions_of_row.begin(), positions_of_row.end());
+    key_offsets.push_back(static_cast<int64_t>(key_index.size()));
+  }
+  // All index vectors in one int64 buffer, in this order: gather | positions | cu_seqlens |
+  // kv_rows | prefix_lens (prefix mode) | kv_lens (when set) | key_offsets | key_index (when set) |
+  // logit_index: one host-to-device copy per forward. Callers may append their own entries after it.
   std::vector<int64_t> host_buffer(KvMode mode) const;
+  // The index vectors as views into `buffer` (host_buffer's layout): `tokens` holds the gather
+  // entries as they are; every vector of the layout is a view (empty ones too); no KV.
+  ForwardBatch views(const at::Tensor& buffer, KvMode mode) const;
   // The forward's inputs as views into `buffer` (host_buffer's layout, on the model's device);
   // the tokens are gathered from `canvas` (any shape, read flattened).
   ForwardBatch batch(const at::Tensor& buffer, const KvRows& kv, KvMode mode, const at::Tensor& canvas) const;

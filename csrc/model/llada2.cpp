@@ -19,6 +19,7 @@
 #include <limits>
 #include <optional>
 
+#include "model/attention.h"
 #include "ops/ops.h"
 
 namespace blockbatch {
@@ -182,23 +183,9 @@ at::Tensor LLaDA2Model::forward(const ForwardBatch& batch) const {
   const ForwardBatch b = contiguous_indices(batch);
   check(b);
   const ModelConfig& c = config_;
-  const int64_t T = b.tokens.size(0), R = b.cu_seqlens.size(0) - 1, hd = c.head_dim(), r = c.rope_dim();
+  const int64_t T = b.tokens.size(0), hd = c.head_dim(), r = c.rope_dim();
   const int64_t H = c.n_heads, Hkv = c.n_kv_heads;
-  const auto index_opts = b.tokens.options();
-  std::optional<at::Tensor> attn_kv, attn_rows, cache_lens;
-  const at::Tensor kv_rows = b.kv_rows.defined() ? b.kv_rows : at::arange(R, index_opts);
-  const bool write = b.kv.defined() && b.mode != KvMode::kPrefix;
-  bool attend_fresh = true;
-  if (b.mode == KvMode::kDual) {
-    attn_kv = b.kv;
-    attn_rows = kv_rows;
-    cache_lens = b.kv_lens.defined() ? b.kv_lens : at::full({R}, b.kv_length(), index_opts);
-    attend_fresh = false;
-  } else if (b.mode == KvMode::kPrefix) {
-    attn_kv = b.kv;
-    attn_rows = kv_rows;
-    cache_lens = b.prefix_lens;
-  }
+  const AttnMeta meta = attention_meta(b);  // once per forward (model/attention.h)
   int64_t positions = b.max_positions;  // a bound on the positions (as the LLaDA body finds it)
   if (positions <= 0) positions = b.kv.defined() ? b.kv_length() : (T > 0 ? b.positions.max().item<int64_t>() + 1 : 1);
   const at::Tensor table = rope_table(positions);
@@ -227,9 +214,8 @@ at::Tensor LLaDA2Model::forward(const ForwardBatch& batch) const {
     }
     q = rotate(q.contiguous().view({T, H, hd}));
     k = rotate(k.contiguous().view({T, Hkv, hd}));
-    if (write) ops::kv_write_(b.kv, k, v, b.positions, b.cu_seqlens, kv_rows, l, b.write_pages());
-    at::Tensor attn = ops::packed_attention(q, k, v, b.cu_seqlens, attn_kv, attn_rows, cache_lens, l, attend_fresh,
-                                            attn_kv ? b.pages() : std::nullopt);
+    write_kv(k, v, meta, l);
+    at::Tensor attn = attend(q, k, v, meta, l);
     at::Tensor out = ops::linear(attn.reshape({T, H * hd}), w.dense);
     if (w.dense_bias.defined()) out.add_(w.dense_bias);
     h = ops::add_rms_norm_(x, out, w.ff_norm, c.rms_norm_eps);

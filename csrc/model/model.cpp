@@ -14,6 +14,7 @@
 #include <optional>
 #include <set>
 
+#include "model/attention.h"
 #include "ops/ops.h"
 
 namespace blockbatch {
@@ -161,29 +162,14 @@ at::Tensor Model::forward(const ForwardBatch& batch) const {
   const ForwardBatch b = contiguous_indices(batch);
   check(b);
   const auto& c = config_;
-  const int64_t T = b.tokens.size(0), R = b.cu_seqlens.size(0) - 1, hd = c.head_dim();
+  const int64_t T = b.tokens.size(0), hd = c.head_dim();
   // A bound on the positions, for the RoPE table: the caller's, else the KV length (positions
   // index it), else read from the positions (a device sync off the CPU; the decode loops say it).
   int64_t positions = b.max_positions;
   if (positions <= 0) positions = b.kv.defined() ? b.kv_length() : (T > 0 ? b.positions.max().item<int64_t>() + 1 : 1);
   const at::Tensor rope_table = this->rope_table(positions);
   const int64_t q_width = c.n_heads * hd, kv_width = c.n_kv_heads * hd;
-  const auto index_opts = b.tokens.options();
-
-  std::optional<at::Tensor> attn_kv, attn_rows, cache_lens;
-  at::Tensor kv_rows = b.kv_rows.defined() ? b.kv_rows : at::arange(R, index_opts);
-  const bool write = b.kv.defined() && b.mode != KvMode::kPrefix;
-  bool attend_fresh = true;
-  if (b.mode == KvMode::kDual) {
-    attn_kv = b.kv;
-    attn_rows = kv_rows;
-    cache_lens = b.kv_lens.defined() ? b.kv_lens : at::full({R}, b.kv_length(), index_opts);
-    attend_fresh = false;  // the fresh K/V are already in their slots
-  } else if (b.mode == KvMode::kPrefix) {
-    attn_kv = b.kv;
-    attn_rows = kv_rows;
-    cache_lens = b.prefix_lens;
-  }
+  const AttnMeta meta = attention_meta(b);  // once per forward: every layer attends through it
 
   // Each residual add is fused with the RMSNorm after it (add_rms_norm_): x += attention output,
   // then ff_norm; x += MLP output, then the next layer's attn_norm. The last MLP add stays plain.
@@ -196,14 +182,14 @@ at::Tensor Model::forward(const ForwardBatch& batch) const {
     at::Tensor q = qkv.narrow(1, 0, q_width).view({T, c.n_heads, hd});
     at::Tensor k = qkv.narrow(1, q_width, kv_width).view({T, c.n_kv_heads, hd});
     at::Tensor v = qkv.narrow(1, q_width + kv_width, kv_width).view({T, c.n_kv_heads, hd});
-    if (write) {  // rotate q and k and fill the fresh K/V slots in one pass
-      ops::rope_kv_write_(q, k, v, b.positions, rope_table, b.kv, b.cu_seqlens, kv_rows, l, b.write_pages());
+    if (meta.write) {  // rotate q and k and fill the fresh K/V slots in one pass
+      ops::rope_kv_write_(q, k, v, meta.positions, rope_table, meta.kv, meta.cu_seqlens, meta.kv_rows, l,
+                          meta.write_pages);
     } else {
       ops::rope_(q, b.positions, rope_table);
       ops::rope_(k, b.positions, rope_table);
     }
-    at::Tensor attn = ops::packed_attention(q, k, v, b.cu_seqlens, attn_kv, attn_rows, cache_lens, l, attend_fresh,
-                                            attn_kv ? b.pages() : std::nullopt);
+    at::Tensor attn = attend(q, k, v, meta, l);
     h = ops::add_rms_norm_(x, ops::linear(attn, w.attn_out), w.ff_norm, c.rms_norm_eps);
     const at::Tensor mlp = ops::linear(ops::silu_mul(ops::linear(h, w.w_gate_up)), w.ff_out);
     if (l + 1 < c.n_layers) {

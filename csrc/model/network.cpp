@@ -51,7 +51,7 @@ at::Tensor zero_kv(const Network& net, const at::TensorOptions& options, int64_t
 ForwardBatch contiguous_indices(const ForwardBatch& batch) {
   ForwardBatch b = batch;
   for (at::Tensor* t : {&b.tokens, &b.positions, &b.cu_seqlens, &b.kv_rows, &b.prefix_lens, &b.logit_index, &b.kv_lens,
-                        &b.kv_pages, &b.kv_write_pages}) {
+                        &b.kv_pages, &b.kv_write_pages, &b.key_offsets, &b.key_index}) {
     if (t->defined() && !t->is_contiguous()) *t = t->contiguous();
   }
   return b;
@@ -124,7 +124,16 @@ void check_forward_batch(const Network& net, const ForwardBatch& b) {
     TORCH_CHECK(b.kv.defined(), "kv_lens needs a kv buffer");
     TORCH_CHECK(b.kv_lens.size(0) == R, "kv_lens must have ", R, " entries (one per row), got ", b.kv_lens.size(0));
   }
-  if (device().is_cpu()) {  // value checks need host data
+  TORCH_CHECK(b.key_offsets.defined() == b.key_index.defined(),
+              b.key_index.defined() ? "key_index needs key_offsets" : "key_offsets needs key_index");
+  if (b.key_index.defined()) {
+    TORCH_CHECK(b.mode != KvMode::kFull, "key_index needs mode 'dual' or 'prefix' (a key set of the KV rows)");
+    index_vector(b.key_index, "key_index");
+    index_vector(b.key_offsets, "key_offsets");
+    TORCH_CHECK(b.key_offsets.size(0) == R + 1, "key_offsets must have ", R + 1, " entries (rows + 1), got ",
+                b.key_offsets.size(0));
+  }
+  if (device().is_cpu()) {  // value checks need host data (key lists: packed_attention checks them)
     auto in_range = [](const at::Tensor& tensor, const char* name, int64_t lo, int64_t hi) {
       const at::Tensor t = tensor.contiguous();  // read what the view holds, whatever its strides
       const int64_t* p = t.const_data_ptr<int64_t>();

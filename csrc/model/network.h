@@ -49,6 +49,12 @@ struct ForwardBatch {
   // to, where they differ from kv_pages (-1: not written). Rows sharing a page write it through one
   // row only (share_prompt_kv: the prompt's pages, written by one branch).
   at::Tensor kv_write_pages;
+  // Gathered key sets, optional (dual and prefix modes): row r attends the positions
+  // key_index[key_offsets[r] .. key_offsets[r+1]) of its KV row (int64, ascending, inside the
+  // row's range: kv_lens[r] or the KV length in dual mode, prefix_lens[r] in prefix mode) instead
+  // of the whole range; key_offsets [R + 1] from 0. A list of the whole range gives the same
+  // logits bit for bit (model/attention.h).
+  at::Tensor key_offsets, key_index;
   KvMode mode = KvMode::kFull;
 
   // KV rows and positions per row: of the page table when paged, else of the buffer.

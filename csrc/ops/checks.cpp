@@ -48,7 +48,8 @@ cpu::AttentionArgs attention_args(const at::Tensor& q, const at::Tensor& k, cons
                                   const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
                                   const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
                                   int64_t layer, bool attend_fresh, const at::Tensor& out,
-                                  const std::optional<at::Tensor>& kv_pages) {
+                                  const std::optional<at::Tensor>& kv_pages, const std::optional<at::Tensor>& key_index,
+                                  const std::optional<at::Tensor>& key_offsets) {
   cpu::AttentionArgs a{};
   a.q = q.const_data_ptr();
   a.k = k.const_data_ptr();
@@ -68,6 +69,10 @@ cpu::AttentionArgs attention_args(const at::Tensor& q, const at::Tensor& k, cons
     a.geometry = kv_geometry(*kv, kv_pages);
     a.kv_rows = kv_rows->const_data_ptr<int64_t>();
     a.cache_lens = cache_lens->const_data_ptr<int64_t>();
+    if (key_offsets.has_value()) {
+      a.key_offsets = key_offsets->const_data_ptr<int64_t>();
+      a.key_index = key_index->const_data_ptr<int64_t>();
+    }
   }
   return a;
 }
@@ -229,7 +234,8 @@ void check_rope_kv_write(const at::Tensor& q, const at::Tensor& k, const at::Ten
 void check_packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
                             const std::optional<at::Tensor>& kv, const std::optional<at::Tensor>& kv_rows,
                             const std::optional<at::Tensor>& cache_lens, int64_t layer,
-                            const std::optional<at::Tensor>& kv_pages) {
+                            const std::optional<at::Tensor>& kv_pages, const std::optional<at::Tensor>& key_index,
+                            const std::optional<at::Tensor>& key_offsets) {
   check_floating(q, "q");
   check_heads_view(q, "q");
   check_heads_view(k, "k");
@@ -266,6 +272,42 @@ void check_packed_attention(const at::Tensor& q, const at::Tensor& k, const at::
     check_same_device(q, *cache_lens, "q", "cache_lens");
   } else {
     TORCH_CHECK(!kv_pages.has_value(), "kv_pages is given without kv");
+  }
+  // Gathered key sets: a CSR list per row of positions of its KV row (in place of [0, cache_lens[r])).
+  TORCH_CHECK(key_index.has_value() == key_offsets.has_value(),
+              key_index.has_value() ? "key_index needs key_offsets" : "key_offsets needs key_index",
+              " (a gathered key set per row: key_offsets [rows + 1] into key_index)");
+  if (key_index.has_value()) {
+    TORCH_CHECK(kv.has_value(), "key_index needs kv (its entries are positions of the rows' KV rows)");
+    check_index(*key_index, "key_index", 1);
+    check_index(*key_offsets, "key_offsets", 1);
+    TORCH_CHECK(key_offsets->size(0) == rows + 1, "key_offsets must have ", rows + 1, " entries (rows + 1), got ",
+                key_offsets->size(0));
+    check_same_device(q, *key_index, "q", "key_index");
+    check_same_device(q, *key_offsets, "q", "key_offsets");
+  }
+}
+
+void check_key_lists_values(const cpu::AttentionArgs& a, int64_t n_index) {
+  if (a.key_offsets == nullptr) return;
+  const int64_t* off = a.key_offsets;
+  TORCH_CHECK_INDEX(off[0] == 0, "key_offsets[0] = ", off[0], " must be 0");
+  for (int64_t r = 0; r < a.rows; ++r)
+    TORCH_CHECK_INDEX(off[r + 1] >= off[r], "key_offsets must be non-decreasing: key_offsets[", r + 1, "] = ",
+                      off[r + 1], " < key_offsets[", r, "] = ", off[r]);
+  TORCH_CHECK_INDEX(off[a.rows] == n_index, "key_offsets[", a.rows, "] = ", off[a.rows],
+                    " must equal key_index's size ", n_index);
+  for (int64_t r = 0; r < a.rows; ++r) {
+    for (int64_t i = off[r]; i < off[r + 1]; ++i) {
+      const int64_t p = a.key_index[i];
+      TORCH_CHECK_INDEX(p >= 0 && p < a.cache_lens[r], "key_index[", i, "] = ", p, " (row ", r,
+                        ") is outside the row's length [0, ", a.cache_lens[r], ") (cache_lens[", r, "])");
+      TORCH_CHECK_INDEX(i == off[r] || p > a.key_index[i - 1], "key_index[", i, "] = ", p, " (row ", r,
+                        ") must be above key_index[", i - 1, "] = ", a.key_index[i - 1],
+                        " (a row's keys ascending, each once)");
+      TORCH_CHECK_INDEX(a.geometry.pages == nullptr || a.geometry.page(a.kv_rows[r], p) >= 0, "key_index[", i,
+                        "] = ", p, " (row ", r, ") reads KV row ", a.kv_rows[r], ", which has no page there");
+    }
   }
 }
 

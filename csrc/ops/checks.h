@@ -23,7 +23,9 @@ cpu::AttentionArgs attention_args(const at::Tensor& q, const at::Tensor& k, cons
                                   const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
                                   const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
                                   int64_t layer, bool attend_fresh, const at::Tensor& out,
-                                  const std::optional<at::Tensor>& kv_pages);
+                                  const std::optional<at::Tensor>& kv_pages,
+                                  const std::optional<at::Tensor>& key_index = std::nullopt,
+                                  const std::optional<at::Tensor>& key_offsets = std::nullopt);
 // The geometry of a KV buffer (dense: [rows, layers, 2, kv_heads, L, head_dim]) or, with kv_pages
 // [rows, L / page_len] int64, of a page store [pages, layers, 2, kv_heads, page_len, head_dim]
 // read through that table (kernels/cpu/kernels.h KvGeometry). Checks shapes, dtype and device.
@@ -49,7 +51,13 @@ void check_rope_kv_write(const at::Tensor& q, const at::Tensor& k, const at::Ten
 void check_packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
                             const std::optional<at::Tensor>& kv, const std::optional<at::Tensor>& kv_rows,
                             const std::optional<at::Tensor>& cache_lens, int64_t layer,
-                            const std::optional<at::Tensor>& kv_pages);
+                            const std::optional<at::Tensor>& kv_pages,
+                            const std::optional<at::Tensor>& key_index = std::nullopt,
+                            const std::optional<at::Tensor>& key_offsets = std::nullopt);
+// CPU values of gathered key sets (packed_attention's key_offsets / key_index, checked shapes):
+// offsets from 0, non-decreasing, ending at key_index's size; each row's positions ascending and
+// inside [0, cache_lens[r]); on a page when paged.
+void check_key_lists_values(const cpu::AttentionArgs& a, int64_t n_index);
 
 // ---- The decode loop's bookkeeping ops: commit_, bb_absorb_, bb_coordinate_, kv_copy_rows_
 // (ops/checks_bookkeeping.cpp) ----

@@ -67,11 +67,12 @@ void rope_kv_write_(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
                             const std::optional<at::Tensor>& kv, const std::optional<at::Tensor>& kv_rows,
                             const std::optional<at::Tensor>& cache_lens, int64_t layer, bool attend_fresh,
-                            const std::optional<at::Tensor>& kv_pages) {
+                            const std::optional<at::Tensor>& kv_pages, const std::optional<at::Tensor>& key_index,
+                            const std::optional<at::Tensor>& key_offsets) {
   using T = const at::Tensor&;
   using P = const std::optional<at::Tensor>&;
-  static auto op = handle<at::Tensor(T, T, T, T, P, P, P, int64_t, bool, P)>("blockbatch::packed_attention");
-  return op.call(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer, attend_fresh, kv_pages);
+  static auto op = handle<at::Tensor(T, T, T, T, P, P, P, int64_t, bool, P, P, P)>("blockbatch::packed_attention");
+  return op.call(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer, attend_fresh, kv_pages, key_index, key_offsets);
 }
 
 std::tuple<at::Tensor, at::Tensor> confidence(const at::Tensor& logits, int64_t exclude) {

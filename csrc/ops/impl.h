@@ -39,7 +39,8 @@ void rope_kv_write_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 at::Tensor packed_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
                                 const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
-                                int64_t layer, bool attend_fresh, const std::optional<at::Tensor>& kv_pages);
+                                int64_t layer, bool attend_fresh, const std::optional<at::Tensor>& kv_pages,
+                                const std::optional<at::Tensor>& key_index, const std::optional<at::Tensor>& key_offsets);
 std::tuple<at::Tensor, at::Tensor> confidence_cpu(const at::Tensor& logits, int64_t exclude);
 std::tuple<at::Tensor, at::Tensor> sparse_probs_cpu(const at::Tensor& logits, double floor, int64_t max_k);
 at::Tensor commit_cpu(const at::Tensor& canvas, const at::Tensor& window, const at::Tensor& token,
@@ -73,7 +74,8 @@ void rope_kv_write_meta(const at::Tensor& q, const at::Tensor& k, const at::Tens
 at::Tensor packed_attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
                                  const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
-                                 int64_t layer, bool attend_fresh, const std::optional<at::Tensor>& kv_pages);
+                                 int64_t layer, bool attend_fresh, const std::optional<at::Tensor>& kv_pages,
+                                const std::optional<at::Tensor>& key_index, const std::optional<at::Tensor>& key_offsets);
 std::tuple<at::Tensor, at::Tensor> confidence_meta(const at::Tensor& logits, int64_t exclude);
 std::tuple<at::Tensor, at::Tensor> sparse_probs_meta(const at::Tensor& logits, double floor, int64_t max_k);
 at::Tensor commit_meta(const at::Tensor& canvas, const at::Tensor& window, const at::Tensor& token,
@@ -109,7 +111,8 @@ void rope_kv_write_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tens
 at::Tensor packed_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
                                  const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
-                                 int64_t layer, bool attend_fresh, const std::optional<at::Tensor>& kv_pages);
+                                 int64_t layer, bool attend_fresh, const std::optional<at::Tensor>& kv_pages,
+                                const std::optional<at::Tensor>& key_index, const std::optional<at::Tensor>& key_offsets);
 std::tuple<at::Tensor, at::Tensor> confidence_cuda(const at::Tensor& logits, int64_t exclude);
 std::tuple<at::Tensor, at::Tensor> sparse_probs_cuda(const at::Tensor& logits, double floor, int64_t max_k);
 at::Tensor commit_cuda(const at::Tensor& canvas, const at::Tensor& window, const at::Tensor& token,

@@ -52,8 +52,10 @@ void kv_write_meta(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& 
 at::Tensor packed_attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
                                  const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
-                                 int64_t layer, bool, const std::optional<at::Tensor>& kv_pages) {
-  check_packed_attention(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer, kv_pages);
+                                 int64_t layer, bool, const std::optional<at::Tensor>& kv_pages,
+                                 const std::optional<at::Tensor>& key_index,
+                                 const std::optional<at::Tensor>& key_offsets) {
+  check_packed_attention(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer, kv_pages, key_index, key_offsets);
   return at::empty({q.size(0), q.size(1) * q.size(2)}, q.options());
 }
 

@@ -36,7 +36,9 @@ void rope_kv_write_(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
                             const std::optional<at::Tensor>& kv, const std::optional<at::Tensor>& kv_rows,
                             const std::optional<at::Tensor>& cache_lens, int64_t layer, bool attend_fresh,
-                            const std::optional<at::Tensor>& kv_pages = std::nullopt);
+                            const std::optional<at::Tensor>& kv_pages = std::nullopt,
+                            const std::optional<at::Tensor>& key_index = std::nullopt,
+                            const std::optional<at::Tensor>& key_offsets = std::nullopt);
 std::tuple<at::Tensor, at::Tensor> confidence(const at::Tensor& logits, int64_t exclude);
 std::tuple<at::Tensor, at::Tensor> sparse_probs(const at::Tensor& logits, double floor, int64_t max_k);
 at::Tensor commit_(const at::Tensor& canvas, const at::Tensor& window, const at::Tensor& token, const at::Tensor& conf,

@@ -26,7 +26,8 @@ ForwardBatch make_batch(const at::Tensor& tokens, const at::Tensor& positions, c
                         const std::optional<at::Tensor>& kv, const std::optional<at::Tensor>& kv_rows,
                         const std::optional<at::Tensor>& prefix_lens, const std::string& mode,
                         const std::optional<at::Tensor>& logit_index, const std::optional<at::Tensor>& kv_lens,
-                        const std::optional<at::Tensor>& kv_pages) {
+                        const std::optional<at::Tensor>& kv_pages, const std::optional<at::Tensor>& key_index,
+                        const std::optional<at::Tensor>& key_offsets) {
   ForwardBatch b;
   b.tokens = tokens;
   b.positions = positions;
@@ -37,6 +38,8 @@ ForwardBatch make_batch(const at::Tensor& tokens, const at::Tensor& positions, c
   b.logit_index = logit_index.value_or(at::Tensor());
   b.kv_lens = kv_lens.value_or(at::Tensor());
   b.kv_pages = kv_pages.value_or(at::Tensor());
+  b.key_index = key_index.value_or(at::Tensor());
+  b.key_offsets = key_offsets.value_or(at::Tensor());
   b.mode = parse_kv_mode(mode);
   return b;
 }
@@ -45,9 +48,10 @@ at::Tensor model_forward(const c10::intrusive_ptr<ModelHandle>& model, const at:
                          const at::Tensor& positions, const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
                          const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& prefix_lens,
                          const std::string& mode, const std::optional<at::Tensor>& logit_index,
-                         const std::optional<at::Tensor>& kv_lens, const std::optional<at::Tensor>& kv_pages) {
-  return model->network().forward(
-      make_batch(tokens, positions, cu_seqlens, kv, kv_rows, prefix_lens, mode, logit_index, kv_lens, kv_pages));
+                         const std::optional<at::Tensor>& kv_lens, const std::optional<at::Tensor>& kv_pages,
+                         const std::optional<at::Tensor>& key_index, const std::optional<at::Tensor>& key_offsets) {
+  return model->network().forward(make_batch(tokens, positions, cu_seqlens, kv, kv_rows, prefix_lens, mode,
+                                             logit_index, kv_lens, kv_pages, key_index, key_offsets));
 }
 
 // Shape-only forward for FakeTensor / torch.compile (the model object stays real).
@@ -56,9 +60,12 @@ at::Tensor model_forward_meta(const c10::intrusive_ptr<ModelHandle>& model, cons
                               const std::optional<at::Tensor>& kv, const std::optional<at::Tensor>& kv_rows,
                               const std::optional<at::Tensor>& prefix_lens, const std::string& mode,
                               const std::optional<at::Tensor>& logit_index, const std::optional<at::Tensor>& kv_lens,
-                              const std::optional<at::Tensor>& kv_pages) {
+                              const std::optional<at::Tensor>& kv_pages, const std::optional<at::Tensor>& key_index,
+                              const std::optional<at::Tensor>& key_offsets) {
   (void)kv_lens;
   (void)kv_pages;
+  (void)key_index;
+  (void)key_offsets;
   parse_kv_mode(mode);
   TORCH_CHECK(tokens.dim() == 1 && positions.sizes() == tokens.sizes(),
               "tokens and positions must be 1-D of equal length");
@@ -98,11 +105,14 @@ TORCH_LIBRARY(blockbatch, m) {
   // Native LLaDA forward over packed variable-length query rows (cu_seqlens) with per-row KV
   // buffers; kv_mode full | dual | prefix (ALGORITHMS.md 3); kv_lens (dual): the keys each row
   // attends (default: the whole buffer; block-causal families give a row per block); kv_pages: kv is
-  // a page store read through this [KV rows, L / page_len] table. Returns logits [n, vocab].
+  // a page store read through this [KV rows, L / page_len] table; key_index / key_offsets (dual,
+  // prefix): gathered key sets, row r attending positions key_index[key_offsets[r] .. key_offsets[r+1])
+  // of its KV row (model/attention.h). Returns logits [n, vocab].
   // (Not named `mode`: torch.compile's dispatch-mode redirection reserves that keyword.)
   m.def("forward(__torch__.torch.classes.blockbatch.Model model, Tensor tokens, Tensor positions, "
         "Tensor cu_seqlens, Tensor(a!)? kv=None, Tensor? kv_rows=None, Tensor? prefix_lens=None, "
-        "str kv_mode=\"full\", Tensor? logit_index=None, Tensor? kv_lens=None, Tensor? kv_pages=None) -> Tensor");
+        "str kv_mode=\"full\", Tensor? logit_index=None, Tensor? kv_lens=None, Tensor? kv_pages=None, "
+        "Tensor? key_index=None, Tensor? key_offsets=None) -> Tensor");
   m.impl("forward", c10::DispatchKey::CPU, &model_forward);
   m.impl("forward", c10::DispatchKey::Meta, &model_forward_meta);
   BLOCKBATCH_IMPL_CUDA(m, "forward", &model_forward);  // device-agnostic: calls the CUDA kernel ops
@@ -168,9 +178,11 @@ TORCH_LIBRARY(blockbatch, m) {
   BLOCKBATCH_IMPL_CUDA(m, "rope_kv_write_", &rope_kv_write_cuda);
 
   // Packed varlen bidirectional attention: each row's queries attend to the first cache_lens[r]
-  // slots of its KV row, then (attend_fresh) to its own fresh K/V. GQA by head grouping.
+  // slots of its KV row (or, gathered key sets, to the ascending positions key_index[key_offsets[r]
+  // .. key_offsets[r+1]) inside them), then (attend_fresh) to its own fresh K/V. GQA by head grouping.
   m.def("packed_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, Tensor? kv, Tensor? kv_rows, "
-        "Tensor? cache_lens, int layer, bool attend_fresh, Tensor? kv_pages=None) -> Tensor");
+        "Tensor? cache_lens, int layer, bool attend_fresh, Tensor? kv_pages=None, Tensor? key_index=None, "
+        "Tensor? key_offsets=None) -> Tensor");
   m.impl("packed_attention", c10::DispatchKey::CPU, &packed_attention_cpu);
   m.impl("packed_attention", c10::DispatchKey::Meta, &packed_attention_meta);
   BLOCKBATCH_IMPL_CUDA(m, "packed_attention", &packed_attention_cuda);

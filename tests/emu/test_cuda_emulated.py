@@ -55,6 +55,7 @@ _SIGNATURES = {
     "bbemu_bb_coordinate": "ppppp lllll pp d ii ll i",
     "bbemu_kv_copy_rows": "pplll",
     "bbemu_set_kv_pages": "pll",
+    "bbemu_set_key_lists": "pp",
     "bbemu_moe_experts": "i ppppp ppp lllll",
     "bbemu_selftest_neighbour": "pii",
     "bbemu_selftest_copy": "ppii",
@@ -859,3 +860,82 @@ def test_paged_kv_kernels_emulated(emu, paged, dtype, kernels, page_len):
     emu.ok("bbemu_kv_copy_rows", got, src, len(table), got[0].numel() * got.element_size(), table.shape[1])
     paged(None, 0, 0)
     assert torch.equal(got, want)
+
+
+@pytest.fixture
+def key_lists(emu):
+    """Sets the emulator's gathered key sets for the attention kernels; unset again after the test."""
+
+    def use(index, offsets):
+        emu("bbemu_set_key_lists", offsets, index)
+
+    yield use
+    emu("bbemu_set_key_lists", None, None)
+
+
+@pytest.mark.parametrize("dtype,kernels", [(torch.float32, (0,)), (torch.bfloat16, (0, 1, 2, 3))])
+@pytest.mark.parametrize("page_len", [None, 16])
+def test_gathered_key_kernels_emulated(emu, paged, key_lists, dtype, kernels, page_len):
+    """The attention kernels (reference and the three tensor-core variants, split and not) reading
+    each row's cached keys through a gathered key set (dense and paged): a list of the whole range
+    == the contiguous kernel bit for bit; a proper subset (runs, gaps, an empty list beside fresh
+    keys) == the same kernel over a dense buffer holding only those keys, bit for bit."""
+    from helpers.pages import to_pages
+
+    heads, kv_heads, hd = 4, 2, 64
+    g = torch.Generator().manual_seed(11)
+    lengths, L = [1, 7, 33, 20], 70
+    T = sum(lengths)
+    q, k, v = (torch.randn(T, h, hd, generator=g).to(dtype) for h in (heads, kv_heads, kv_heads))
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)))
+    rows = torch.tensor([2, 0, 3, 1])
+    dense = torch.randn(4, 2, 2, kv_heads, L, hd, generator=g).to(dtype)
+    store, table = to_pages(dense, page_len, g) if page_len else (dense, None)
+    Lp = table.shape[1] * page_len if page_len else L
+    max_keys = L + max(lengths)
+
+    def csr(per_row):
+        offsets = torch.tensor([0] + [len(p) for p in per_row]).cumsum(0)
+        return torch.tensor([i for p in per_row for i in p], dtype=torch.long), offsets
+
+    for cache, fresh in ((torch.full((4,), L), False), (torch.tensor([0, 5, 64, 70]), True)):
+        subset = [sorted(torch.randperm(n, generator=g)[: n // 3].tolist()) for n in cache.tolist()]
+        subset[2] = list(range(10, 30)) + list(range(40, 64, 3))
+        if not fresh:
+            subset[1] = subset[1] or [3]
+        compact = torch.zeros_like(dense)
+        for r, pos in enumerate(subset):
+            compact[int(rows[r]), ..., : len(pos), :] = dense[int(rows[r])][..., pos, :]
+        counts = torch.tensor([len(p) for p in subset])
+        whole = csr([list(range(n)) for n in cache.tolist()])
+        for kernel in kernels:
+            for splits in (1, 3) if kernel else (1,):
+                want = _attention(emu, kernel, q, k, v, cu, dense, rows, cache, 1, fresh, splits, max_keys)
+                want_subset = _attention(emu, kernel, q, k, v, cu, compact, rows, counts, 1, fresh, splits, max_keys)
+                got = {}
+                for name, (index, offsets) in (("whole", whole), ("subset", csr(subset))):
+                    if page_len:
+                        paged(table, page_len, store.shape[0])
+                    key_lists(index, offsets)
+                    got[name] = _attention(
+                        emu,
+                        kernel,
+                        q,
+                        k,
+                        v,
+                        cu,
+                        store,
+                        rows,
+                        cache,
+                        1,
+                        fresh,
+                        splits,
+                        max_keys + Lp - L,
+                        length=Lp,
+                        buffers=len(rows) if page_len else None,
+                    )
+                    key_lists(None, None)
+                    paged(None, 0, 0)
+                where = f"kernel {kernel} splits {splits} cache {cache.tolist()}"
+                assert torch.equal(got["whole"], want), where
+                assert torch.equal(got["subset"], want_subset), where

@@ -1,5 +1,7 @@
 #include "decode/batch/pack.h"
 
+#include "decode/step.h"
+
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
@@ -92,11 +94,14 @@ PackedForward::PackedForward(const Network& model, KvPool& pool, bool pad, bool 
 PackedForward::~PackedForward() = default;
 
 void PackedForward::run(std::vector<Entry>& entries) {
-  // Groups: one packed forward per (mode, KV buffer or none), in the order of the entries.
+  // Groups: one packed forward per (mode, KV buffer or none, gathered key sets or ranges), in the
+  // order of the entries.
   std::vector<std::vector<Entry*>> groups;
   for (Entry& e : entries) {
     auto same = [&](const std::vector<Entry*>& g) {
-      return g.front()->batch->mode == e.batch->mode && g.front()->batch->kv.defined() == e.batch->kv.defined();
+      const ForwardBatch& f = *g.front()->batch;
+      return f.mode == e.batch->mode && f.kv.defined() == e.batch->kv.defined() &&
+             f.key_index.defined() == e.batch->key_index.defined();
     };
     auto it = std::find_if(groups.begin(), groups.end(), same);
     if (it == groups.end()) groups.push_back({&e});
@@ -107,10 +112,12 @@ void PackedForward::run(std::vector<Entry>& entries) {
       ForwardBatch packed;
       const ForwardBatch& first = *group.front()->batch;
       packed.mode = first.mode;
-      const bool with_kv = first.kv.defined();
+      const bool with_kv = first.kv.defined(), with_lists = first.key_index.defined();
       std::vector<at::Tensor> tokens, positions, cu{first.cu_seqlens.narrow(0, 0, 1)}, rows, lens, prefix, logit;
+      std::vector<at::Tensor> key_offsets, key_index;
+      if (with_lists) key_offsets.push_back(first.key_offsets.narrow(0, 0, 1));
       std::vector<int64_t> counts;
-      int64_t tok_off = 0;
+      int64_t tok_off = 0, key_off = 0;
       bool bounded = true;
       for (const Entry* e : group) {
         const ForwardBatch& b = *e->batch;
@@ -126,6 +133,11 @@ void PackedForward::run(std::vector<Entry>& entries) {
           if (bound <= 0) bound = e->length;
         }
         if (b.mode == KvMode::kPrefix) prefix.push_back(b.prefix_lens);
+        if (with_lists) {  // positions stay the request's own (KV rows are offset above)
+          key_offsets.push_back(b.key_offsets.narrow(0, 1, R) + key_off);
+          key_index.push_back(b.key_index);
+          key_off += b.key_index.size(0);
+        }
         const at::Tensor li = b.logit_index.defined() ? b.logit_index : at::arange(T, idx);
         logit.push_back(li + tok_off);
         counts.push_back(li.size(0));
@@ -146,6 +158,10 @@ void PackedForward::run(std::vector<Entry>& entries) {
         packed.kv_lens = at::cat(lens);
       }
       if (packed.mode == KvMode::kPrefix) packed.prefix_lens = at::cat(prefix);
+      if (with_lists) {
+        packed.key_offsets = at::cat(key_offsets);
+        packed.key_index = at::cat(key_index);
+      }
       int64_t n_logits = 0;
       for (int64_t c : counts) n_logits += c;
       const at::Tensor logits = run_packed(packed, n_logits);
@@ -173,42 +189,46 @@ at::Tensor PackedForward::run_packed(ForwardBatch& b, int64_t n) {
     Tb = pack_bucket(Tb + 1);
   }
   const int64_t P = Tb - T, D = Rb - R, Nb = pack_bucket(n);
-  const bool with_kv = b.kv.defined(), prefix = b.mode == KvMode::kPrefix;
-  // One host buffer, one copy: tokens | positions | cu_seqlens | kv_rows | kv_lens | prefix_lens | logit_index.
-  std::vector<int64_t> host(static_cast<size_t>(P), 0);  // pad token 0
-  std::vector<int64_t> lens(static_cast<size_t>(D));
+  const bool with_kv = b.kv.defined(), prefix = b.mode == KvMode::kPrefix, with_lists = b.key_index.defined();
+  // The dummy rows as packed queries (step.h's one layout, one host-to-device copy), appended to
+  // the pack: their gather entries are the pad token itself (0), their cu_seqlens continue the
+  // pack's, their keys are their own (dual: kv_lens / key lists of their own slots; prefix: none).
+  PackedQueries pad;
+  if (with_lists) pad.key_offsets.push_back(0);  // D + 1 offsets, even for no dummy row
   for (int64_t j = 0; j < D; ++j) {
-    lens[j] = P / D + (j < P % D ? 1 : 0);  // in [1, kDummyTokens]
-    for (int64_t i = 0; i < lens[j]; ++i) host.push_back(i);
+    const int64_t len = P / D + (j < P % D ? 1 : 0);  // in [1, kDummyTokens]
+    pad.add_positions(0, len, pool_.scratch_row());
+    if (with_kv) pad.kv_lens.push_back(len);
+    if (prefix) pad.prefix_lens.push_back(0);
+    if (with_lists) {
+      std::vector<int64_t> own;
+      for (int64_t i = 0; !prefix && i < len; ++i) own.push_back(i);
+      pad.add_keys(own);
+    }
   }
-  int64_t end = T;
-  for (int64_t j = 0; j < D; ++j) host.push_back(end += lens[j]);
+  std::fill(pad.gather.begin(), pad.gather.end(), 0);  // the pad token
+  for (int64_t& c : pad.cu_seqlens) c += T;
+  const int64_t n_keys = with_lists ? b.key_index.size(0) : 0;
+  for (int64_t& o : pad.key_offsets) o += n_keys;
+  pad.logit_index.assign(static_cast<size_t>(Nb - n), 0);  // any real token: these rows are dropped
+  const ForwardBatch d = pad.views(at::tensor(pad.host_buffer(b.mode), b.tokens.options()), b.mode);
+  b.tokens = at::cat({b.tokens, d.tokens});
+  b.positions = at::cat({b.positions, d.positions});
+  b.cu_seqlens = at::cat({b.cu_seqlens, d.cu_seqlens.narrow(0, 1, D)});
   if (with_kv) {
-    host.insert(host.end(), static_cast<size_t>(D), pool_.scratch_row());
-    host.insert(host.end(), lens.begin(), lens.end());  // dual: its own keys only
+    b.kv_rows = at::cat({b.kv_rows, d.kv_rows});
+    b.kv_lens = at::cat({b.kv_lens, d.kv_lens});
   }
-  if (prefix) host.insert(host.end(), static_cast<size_t>(D), 0);
-  host.insert(host.end(), static_cast<size_t>(Nb - n), 0);  // any real token: these rows are dropped
-  const at::Tensor pad = at::tensor(host, b.tokens.options());
-  int64_t used = 0;
-  auto next = [&](int64_t k) {
-    at::Tensor t = pad.narrow(0, used, k);
-    used += k;
-    return t;
-  };
-  b.tokens = at::cat({b.tokens, next(P)});
-  b.positions = at::cat({b.positions, next(P)});
-  b.cu_seqlens = at::cat({b.cu_seqlens, next(D)});
-  if (with_kv) {
-    b.kv_rows = at::cat({b.kv_rows, next(D)});
-    b.kv_lens = at::cat({b.kv_lens, next(D)});
+  if (prefix) b.prefix_lens = at::cat({b.prefix_lens, d.prefix_lens});
+  if (with_lists) {
+    b.key_offsets = at::cat({b.key_offsets, d.key_offsets.narrow(0, 1, D)});
+    b.key_index = at::cat({b.key_index, d.key_index});
   }
-  if (prefix) b.prefix_lens = at::cat({b.prefix_lens, next(D)});
-  b.logit_index = at::cat({b.logit_index, next(Nb - n)});
+  b.logit_index = at::cat({b.logit_index, d.logit_index});
   b.max_positions = pool_.max_length();  // every canvas fits the pool's rows
   ++padded_;
 #ifdef BLOCKBATCH_WITH_CUDA
-  if (graphs_) {
+  if (graphs_ && !with_lists) {  // key lists vary in size from step to step: eager
     Graphs& g = *graphs_;
     const std::array<int64_t, 5> key{static_cast<int64_t>(b.mode), with_kv ? 1 : 0, Tb, Rb, Nb};
     auto found = g.entries.find(key);

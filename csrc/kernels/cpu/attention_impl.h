@@ -155,7 +155,7 @@ void packed_attention_impl(const AttentionArgs& a) {
   int64_t work = 0;  // multiply-adds of one head over all rows
   for (int64_t r = 0; r < a.rows; ++r) {
     const int64_t nq = a.cu_seqlens[r + 1] - a.cu_seqlens[r];
-    work += 2 * nq * hd * ((cache ? a.cache_lens[r] : 0) + (a.attend_fresh ? nq : 0));
+    work += 2 * nq * hd * ((cache ? a.row_cache_len(r) : 0) + (a.attend_fresh ? nq : 0));
   }
   at::parallel_for(0, items, grain_for(work / (a.rows > 0 ? a.rows : 1)), [&](int64_t begin, int64_t end) {
     std::vector<float> kt, vt, scores, qf(kTile * hd), acc(kTile * hd);
@@ -165,7 +165,8 @@ void packed_attention_impl(const AttentionArgs& a) {
       const int64_t kvh = h / group;
       const int64_t row_begin = a.cu_seqlens[r], row_end = a.cu_seqlens[r + 1];
       if (row_end == row_begin) continue;
-      const int64_t n_cache = cache ? a.cache_lens[r] : 0;
+      const int64_t n_cache = cache ? a.row_cache_len(r) : 0;
+      const int64_t* keys = cache ? a.row_keys(r) : nullptr;  // gathered key set, or [0, n_cache)
       const int64_t n_fresh = a.attend_fresh ? row_end - row_begin : 0;
       const int64_t nk = n_cache + n_fresh;
       const int64_t ld = (nk + 2 * kW - 1) / (2 * kW) * (2 * kW);  // keys padded for score_block
@@ -173,12 +174,19 @@ void packed_attention_impl(const AttentionArgs& a) {
       const T* vfr = vf + row_begin * a.kv_stride + kvh * hd;
       kt.assign(hd * ld, 0.0f);
       vt.resize(nk * hd);  // values as contiguous float rows [nk, hd]
-      // Cached keys run by run: a run is the slots of one page (dense: the whole row), head_dim
-      // apart; the values gathered are the same whatever the page size.
+      // Cached keys run by run: a run is consecutive slots of one page (dense: the whole row;
+      // gathered: consecutive positions of the list), head_dim apart. Key j lands in column j
+      // whatever the runs: a list of the whole range gives the contiguous row's buffers exactly.
       for (int64_t j = 0; j < n_cache;) {
-        const int64_t run = std::min(n_cache - j, a.geometry.key_run(j));
-        const T* kc = cache + a.geometry.offset(a.kv_rows[r], a.layer, 0, kvh, j);
-        const T* vc = cache + a.geometry.offset(a.kv_rows[r], a.layer, 1, kvh, j);
+        const int64_t pos = keys ? keys[j] : j;
+        int64_t run = std::min(n_cache - j, a.geometry.key_run(pos));
+        if (keys) {
+          int64_t n = 1;
+          while (n < run && keys[j + n] == pos + n) ++n;
+          run = n;
+        }
+        const T* kc = cache + a.geometry.offset(a.kv_rows[r], a.layer, 0, kvh, pos);
+        const T* vc = cache + a.geometry.offset(a.kv_rows[r], a.layer, 1, kvh, pos);
         transpose_keys(kt.data(), ld, j, kc, hd, run, hd);
         rows_to_float(vt.data() + j * hd, vc, hd, run, hd);
         j += run;

@@ -108,8 +108,11 @@ void kv_write(T* kv, const KvGeometry& g, int64_t layer, const T* k, const T* v,
 
 // Packed variable-length bidirectional attention with GQA.
 // Row r's queries are tokens [cu_seqlens[r], cu_seqlens[r+1]). Its keys are, in order:
-// the first cache_lens[r] slots of KV row kv_rows[r] at `layer` (when cache != nullptr), then,
-// when attend_fresh, the row's own fresh k/v. Query head h reads kv head h / (heads/kv_heads).
+// its cached keys at `layer` (when cache != nullptr): the first cache_lens[r] slots of KV row
+// kv_rows[r], or (gathered key sets, key_offsets != nullptr) the slots key_index[key_offsets[r] ..
+// key_offsets[r+1]) of that row, ascending; then, when attend_fresh, the row's own fresh k/v.
+// A list equal to [0, cache_lens[r]) gives the contiguous row's output bit for bit (the same keys
+// in the same order). Query head h reads kv head h / (heads/kv_heads).
 struct AttentionArgs {
   const void* q;  // [T, heads, head_dim], row stride q_stride
   const void* k;  // [T, kv_heads, head_dim], row stride kv_stride
@@ -125,6 +128,19 @@ struct AttentionArgs {
   const int64_t* cache_lens;
   bool attend_fresh;
   int64_t heads, kv_heads, head_dim;
+  // Gathered key sets (CSR, optional, with cache): [rows + 1] offsets into key_index (positions
+  // of the KV row). The CPU op checks the values; the GPU kernels clamp a row's count to the row
+  // length and read a position outside the row as a key without a page (zeros).
+  const int64_t* key_offsets = nullptr;
+  const int64_t* key_index = nullptr;
+
+  // Row r's list (nullptr: the contiguous range) and its cached key count before clamping.
+  BLOCKBATCH_HOST_DEVICE const int64_t* row_keys(int64_t r) const {
+    return key_offsets != nullptr ? key_index + key_offsets[r] : nullptr;
+  }
+  BLOCKBATCH_HOST_DEVICE int64_t row_cache_len(int64_t r) const {
+    return key_offsets != nullptr ? key_offsets[r + 1] - key_offsets[r] : cache_lens[r];
+  }
 };
 template <typename T>
 void packed_attention(const AttentionArgs& a);

@@ -24,14 +24,21 @@ __global__ void attention_kernel(cpu::AttentionArgs a) {
   const T* kf = static_cast<const T*>(a.k) + row_begin * a.kv_stride + kvh * hd;
   const T* vf = static_cast<const T*>(a.v) + row_begin * a.kv_stride + kvh * hd;
   const T* cache = static_cast<const T*>(a.cache);
-  const int64_t n_cache = cache ? a.geometry.cache_keys(a.kv_rows[r], a.cache_lens[r]) : 0;  // inside the buffer
+  // inside the buffer; a gathered key set: its count, key j at position keys[j]
+  const int64_t n_cache = cache ? a.geometry.cache_keys(a.kv_rows[r], a.row_cache_len(r)) : 0;
+  const int64_t* keys = cache ? a.row_keys(r) : nullptr;
   const int64_t n_fresh = a.attend_fresh ? row_end - row_begin : 0;
   const int64_t nk = n_cache + n_fresh;
-  // Slot j of the row's cache is kc / vc + slot_from_base(row, j) (-1: no page, read as zero).
+  // Cached key j is kc / vc + slot(j) (-1: no page, read as zero).
   const cpu::KvGeometry& g = a.geometry;
   const int64_t kv_row = cache ? a.kv_rows[r] : 0;
   const T* kc = cache ? cache + g.row_base(kv_row, a.layer, 0, kvh) : nullptr;
   const T* vc = cache ? cache + g.row_base(kv_row, a.layer, 1, kvh) : nullptr;
+  auto slot = [&](int64_t j) -> int64_t {  // offset of cached key j from kc / vc; -1: none (read as zero)
+    if (keys == nullptr) return g.slot_from_base(kv_row, j);
+    const int64_t p = keys[j];
+    return p < 0 || p >= g.length ? -1 : g.slot_from_base(kv_row, p);
+  };
   float* qs = smem;
   float* scores = smem + hd;
   const float scale = rsqrtf(static_cast<float>(hd));
@@ -39,7 +46,7 @@ __global__ void attention_kernel(cpu::AttentionArgs a) {
   __syncthreads();
   float local_max = -INFINITY;
   for (int64_t j = threadIdx.x; j < nk; j += blockDim.x) {
-    const int64_t o = j < n_cache ? g.slot_from_base(kv_row, j) : 0;
+    const int64_t o = j < n_cache ? slot(j) : 0;
     const T* kj = j < n_cache ? (o < 0 ? nullptr : kc + o) : kf + (j - n_cache) * a.kv_stride;
     float s = 0;
     if (kj != nullptr)
@@ -59,7 +66,7 @@ __global__ void attention_kernel(cpu::AttentionArgs a) {
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
     float acc = 0;
     for (int64_t j = 0; j < nk; ++j) {
-      const int64_t o = j < n_cache ? g.slot_from_base(kv_row, j) : 0;
+      const int64_t o = j < n_cache ? slot(j) : 0;
       const T* vj = j < n_cache ? (o < 0 ? nullptr : vc + o) : vf + (j - n_cache) * a.kv_stride;
       if (vj != nullptr) acc += scores[j] * to_f(vj[d]);
     }

@@ -159,17 +159,23 @@ struct Ring {
 
 // What a block attends: its q-tile of row r and head h, and its keys [kb, ke) of the row's nk
 // (split blockIdx.z of `splits` ranges of whole key tiles): key j < n_cache is the row's cache
-// slot j (kc, vc), key j >= n_cache its fresh token j - n_cache (kf, vf; kv_stride apart).
+// slot j, or keys[j] with a gathered key set (kc, vc), key j >= n_cache its fresh token
+// j - n_cache (kf, vf; kv_stride apart).
 template <typename T, int HD>
 struct Work {
   int64_t r, q0, h, nq, n_cache, nk, kb, ke, ntiles, kv_stride;
   const T *kc, *vc, *kf, *vf, *q;
   const cpu::KvGeometry* g;  // the cache's geometry (KvGeometry::row_base: kc / vc)
   int64_t kv_row;
+  const int64_t* keys;  // the row's gathered key set (cached key j at position keys[j]), or nullptr
 
-  // Cache slot j from `base` (kc or vc; nullptr: no page). Dense rows are contiguous: j * HD, a
-  // compile-time stride, not the geometry's lookup.
+  // Cached key j from `base` (kc or vc; nullptr: no page, or a listed position outside the row).
+  // Dense rows are contiguous: position * HD, a compile-time stride, not the geometry's lookup.
   __device__ __forceinline__ const T* slot(const T* base, int64_t j) const {
+    if (keys != nullptr) {
+      j = keys[j];
+      if (j < 0 || j >= g->length) return nullptr;
+    }
     if (g->pages == nullptr) return base + j * HD;
     const int64_t o = g->slot_from_base(kv_row, j);
     return o < 0 ? nullptr : base + o;
@@ -182,7 +188,8 @@ struct Work {
     const int64_t kvh = h / (a.heads / a.kv_heads);
     const int64_t row_begin = a.cu_seqlens[r], row_end = a.cu_seqlens[r + 1];
     nq = row_end - q0 < kBlockQ ? row_end - q0 : kBlockQ;
-    n_cache = a.cache ? a.geometry.cache_keys(a.kv_rows[r], a.cache_lens[r]) : 0;  // inside the buffer
+    n_cache = a.cache ? a.geometry.cache_keys(a.kv_rows[r], a.row_cache_len(r)) : 0;  // inside the buffer
+    keys = a.cache ? a.row_keys(r) : nullptr;
     const int64_t n_fresh = a.attend_fresh ? row_end - row_begin : 0;
     nk = n_cache + n_fresh;
     const int64_t chunk = ((nk + splits - 1) / splits + kBlockK - 1) / kBlockK * kBlockK;

@@ -110,22 +110,29 @@ void kv_write_cpu(const at::Tensor& kv, const at::Tensor& k, const at::Tensor& v
 at::Tensor packed_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
                                 const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
-                                int64_t layer, bool attend_fresh, const std::optional<at::Tensor>& kv_pages) {
-  check_packed_attention(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer, kv_pages);
+                                int64_t layer, bool attend_fresh, const std::optional<at::Tensor>& kv_pages,
+                                const std::optional<at::Tensor>& key_index,
+                                const std::optional<at::Tensor>& key_offsets) {
+  check_packed_attention(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer, kv_pages, key_index, key_offsets);
   check_cu_seqlens_values(cu_seqlens, q.size(0));
   const int64_t rows = cu_seqlens.size(0) - 1;
   at::Tensor out = at::empty({q.size(0), q.size(1) * q.size(2)}, q.options());
   const cpu::AttentionArgs a =
-      attention_args(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer, attend_fresh, out, kv_pages);
+      attention_args(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer, attend_fresh, out, kv_pages, key_index,
+                     key_offsets);
   if (kv.has_value()) {
     check_range(*kv_rows, "kv_rows", 0, a.geometry.rows);
     check_range(*cache_lens, "cache_lens", 0, a.geometry.length + 1);
     check_kv_pages_values(a.geometry);
-    check_kv_pages_cover(a.geometry, a.kv_rows, a.cache_lens, rows);
+    if (key_index.has_value()) {
+      check_key_lists_values(a, key_index->size(0));  // a list reads only its own positions
+    } else {
+      check_kv_pages_cover(a.geometry, a.kv_rows, a.cache_lens, rows);
+    }
   }
   const int64_t* cu = a.cu_seqlens;
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t keys = (kv.has_value() ? a.cache_lens[r] : 0) + (attend_fresh ? cu[r + 1] - cu[r] : 0);
+    const int64_t keys = (kv.has_value() ? a.row_cache_len(r) : 0) + (attend_fresh ? cu[r + 1] - cu[r] : 0);
     TORCH_CHECK(keys > 0 || cu[r + 1] == cu[r], "row ", r, " has queries but no keys to attend to");
   }
   BLOCKBATCH_DISPATCH_FLOATING(q.scalar_type(), "packed_attention", [&] { cpu::packed_attention<scalar_t>(a); });

@@ -19,13 +19,16 @@ using namespace cuda_ops;
 at::Tensor packed_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
                                  const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
-                                 int64_t layer, bool attend_fresh, const std::optional<at::Tensor>& kv_pages) {
-  check_packed_attention(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer, kv_pages);
+                                 int64_t layer, bool attend_fresh, const std::optional<at::Tensor>& kv_pages,
+                                 const std::optional<at::Tensor>& key_index,
+                                 const std::optional<at::Tensor>& key_offsets) {
+  check_packed_attention(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer, kv_pages, key_index, key_offsets);
   check_cuda(cu_seqlens, "cu_seqlens");
   const c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out = at::empty({q.size(0), q.size(1) * q.size(2)}, q.options());
   const cpu::AttentionArgs a =
-      attention_args(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer, attend_fresh, out, kv_pages);
+      attention_args(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer, attend_fresh, out, kv_pages, key_index,
+                     key_offsets);
   const int64_t max_keys = (attend_fresh ? q.size(0) : 0) + (kv.has_value() ? a.geometry.length : 0);  // no host sync
   const int sm_major = device_attribute<cudaDevAttrComputeCapabilityMajor>(q.get_device());
   dispatch_cuda_type(q.scalar_type(), "packed_attention", [&](auto* tag) {

@@ -46,9 +46,22 @@ cpu::KvGeometry geometry_of(int64_t layers, int64_t kv_heads, int64_t length, in
   }
   return g;
 }
+
+// The gathered key sets the attention kernels read (bbemu_set_key_lists; none: contiguous ranges).
+struct {
+  const int64_t* offsets = nullptr;
+  const int64_t* index = nullptr;
+} g_keys;
 }  // namespace
 
 extern "C" {
+
+// Every later attention call reads each row's cached keys through these lists (CSR: offsets
+// [rows + 1] into index, positions of the KV row; offsets == nullptr: contiguous ranges again).
+void bbemu_set_key_lists(const int64_t* offsets, const int64_t* index) {
+  g_keys.offsets = offsets;
+  g_keys.index = index;
+}
 
 // Every later KV kernel call reads and writes through this table [rows, length / page_len] of a
 // store of store_pages pages (pages == nullptr: dense again).
@@ -82,9 +95,11 @@ int bbemu_attention(int dtype, int kernel, const void* q, const void* k, const v
                     const int64_t* kv_rows, const int64_t* cache_lens, int attend_fresh, int64_t heads, int64_t tokens,
                     int64_t max_keys, int splits, float* part) {
   const cpu::KvGeometry geometry = geometry_of(layers, kv_heads, length, head_dim, kv_buffers);
-  const cpu::AttentionArgs a{q,     k,        v,        out,   q_stride, kv_stride,  cu_seqlens,
-                             rows,  cache,    geometry, layer, kv_rows,  cache_lens, attend_fresh != 0,
-                             heads, kv_heads, head_dim};
+  cpu::AttentionArgs a{q,     k,        v,        out,   q_stride, kv_stride,  cu_seqlens,
+                       rows,  cache,    geometry, layer, kv_rows,  cache_lens, attend_fresh != 0,
+                       heads, kv_heads, head_dim};
+  a.key_offsets = g_keys.offsets;
+  a.key_index = g_keys.index;
   if (kernel != 0 && !bc::flash_attention_supported(a, dtype, 9)) return static_cast<int>(cudaErrorInvalidValue);
   if (kernel != 0 && splits == 0) splits = bc::flash_attention_splits(a, tokens, max_keys, 132);
   return by_dtype(dtype, [&](auto t) {
