@@ -39,8 +39,9 @@ void write_kv(const at::Tensor& k, const at::Tensor& v, const AttnMeta& m, int64
 }
 
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttnMeta& m, int64_t layer) {
-  if (!m.read_cache) return ops::packed_attention(q, k, v, m.cu_seqlens, std::nullopt, std::nullopt, std::nullopt,
-                                                  layer, m.attend_fresh);
+  if (!m.read_cache)
+    return ops::packed_attention(q, k, v, m.cu_seqlens, std::nullopt, std::nullopt, std::nullopt, layer,
+                                 m.attend_fresh);
   return ops::packed_attention(q, k, v, m.cu_seqlens, m.kv, m.kv_rows, m.key_lens, layer, m.attend_fresh, m.pages,
                                m.key_index, m.key_offsets);
 }

@@ -99,10 +99,9 @@ void validate_llada2(const ModelConfig& c) {
   TORCH_CHECK_VALUE(c.moe_hidden_size > 0 && c.moe_hidden_size <= kMaxDim,
                     "config: key 'moe_intermediate_size' = ", c.moe_hidden_size, " must be in [1, ", kMaxDim, "]");
   // shared_experts bounded first: the product below must not overflow.
-  TORCH_CHECK_VALUE(c.shared_experts >= 0 && c.shared_experts <= kMaxDim &&
-                        c.shared_experts * c.moe_hidden_size <= kMaxDim,
-                    "config: key 'num_shared_experts' = ", c.shared_experts, " must be >= 0 and its width at most ",
-                    kMaxDim);
+  TORCH_CHECK_VALUE(
+      c.shared_experts >= 0 && c.shared_experts <= kMaxDim && c.shared_experts * c.moe_hidden_size <= kMaxDim,
+      "config: key 'num_shared_experts' = ", c.shared_experts, " must be >= 0 and its width at most ", kMaxDim);
   TORCH_CHECK_VALUE(std::isfinite(c.routed_scaling) && c.routed_scaling > 0,
                     "config: key 'routed_scaling_factor' must be a positive finite number, got ", c.routed_scaling);
 }
@@ -141,8 +140,8 @@ void ModelConfig::validate() const {
   bounded("max_sequence_length", max_sequence_length, kMaxSequenceLength);
   TORCH_CHECK_VALUE(head_size > 0 || d_model % n_heads == 0, "config: key '", key("n_heads"), "' = ", n_heads,
                     " must divide ", key("d_model"), " = ", d_model);
-  TORCH_CHECK_VALUE(n_heads % n_kv_heads == 0, "config: key '", key("n_kv_heads"), "' = ", n_kv_heads,
-                    " must divide ", key("n_heads"), " = ", n_heads);
+  TORCH_CHECK_VALUE(n_heads % n_kv_heads == 0, "config: key '", key("n_kv_heads"), "' = ", n_kv_heads, " must divide ",
+                    key("n_heads"), " = ", n_heads);
   // The reference allows an odd LLaDA2 head_dim (only its rope_dims must be even); the engine's
   // kernels do not, so it is refused here by the key the user wrote.
   if (family == Family::kLLaDA2) {
@@ -152,9 +151,9 @@ void ModelConfig::validate() const {
     TORCH_CHECK_VALUE(head_dim() % 2 == 0, "config: key '", key("n_heads"), "' gives an odd head_dim ", head_dim(),
                       " (", key("d_model"), " / ", key("n_heads"), "); RoPE needs an even head_dim");
   }
-  TORCH_CHECK_VALUE(max_sequence_length * head_dim() <= kMaxRopeElements,
-                    "config: key '", key("max_sequence_length"), "' = ", max_sequence_length, " times head_dim = ",
-                    head_dim(), " is more than the ", kMaxRopeElements, " entries the RoPE table may hold");
+  TORCH_CHECK_VALUE(max_sequence_length * head_dim() <= kMaxRopeElements, "config: key '", key("max_sequence_length"),
+                    "' = ", max_sequence_length, " times head_dim = ", head_dim(), " is more than the ",
+                    kMaxRopeElements, " entries the RoPE table may hold");
   TORCH_CHECK_VALUE(embedding_size >= vocab_size, "config: key '", key("embedding_size"), "' = ", embedding_size,
                     " is smaller than vocab_size = ", vocab_size);
   TORCH_CHECK_VALUE(std::isfinite(rope_theta) && rope_theta > 0,

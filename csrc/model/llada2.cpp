@@ -186,7 +186,7 @@ at::Tensor LLaDA2Model::forward(const ForwardBatch& batch) const {
   const int64_t T = b.tokens.size(0), hd = c.head_dim(), r = c.rope_dim();
   const int64_t H = c.n_heads, Hkv = c.n_kv_heads;
   const AttnMeta meta = attention_meta(b);  // once per forward (model/attention.h)
-  int64_t positions = b.max_positions;  // a bound on the positions (as the LLaDA body finds it)
+  int64_t positions = b.max_positions;      // a bound on the positions (as the LLaDA body finds it)
   if (positions <= 0) positions = b.kv.defined() ? b.kv_length() : (T > 0 ? b.positions.max().item<int64_t>() + 1 : 1);
   const at::Tensor table = rope_table(positions);
   auto rotate = [&](at::Tensor t) {  // t: contiguous [T, heads, hd]; RoPE on its first r dims

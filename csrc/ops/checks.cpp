@@ -293,8 +293,8 @@ void check_key_lists_values(const cpu::AttentionArgs& a, int64_t n_index) {
   const int64_t* off = a.key_offsets;
   TORCH_CHECK_INDEX(off[0] == 0, "key_offsets[0] = ", off[0], " must be 0");
   for (int64_t r = 0; r < a.rows; ++r)
-    TORCH_CHECK_INDEX(off[r + 1] >= off[r], "key_offsets must be non-decreasing: key_offsets[", r + 1, "] = ",
-                      off[r + 1], " < key_offsets[", r, "] = ", off[r]);
+    TORCH_CHECK_INDEX(off[r + 1] >= off[r], "key_offsets must be non-decreasing: key_offsets[", r + 1,
+                      "] = ", off[r + 1], " < key_offsets[", r, "] = ", off[r]);
   TORCH_CHECK_INDEX(off[a.rows] == n_index, "key_offsets[", a.rows, "] = ", off[a.rows],
                     " must equal key_index's size ", n_index);
   for (int64_t r = 0; r < a.rows; ++r) {

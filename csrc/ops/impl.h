@@ -40,7 +40,8 @@ at::Tensor packed_attention_cpu(const at::Tensor& q, const at::Tensor& k, const 
                                 const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
                                 const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
                                 int64_t layer, bool attend_fresh, const std::optional<at::Tensor>& kv_pages,
-                                const std::optional<at::Tensor>& key_index, const std::optional<at::Tensor>& key_offsets);
+                                const std::optional<at::Tensor>& key_index,
+                                const std::optional<at::Tensor>& key_offsets);
 std::tuple<at::Tensor, at::Tensor> confidence_cpu(const at::Tensor& logits, int64_t exclude);
 std::tuple<at::Tensor, at::Tensor> sparse_probs_cpu(const at::Tensor& logits, double floor, int64_t max_k);
 at::Tensor commit_cpu(const at::Tensor& canvas, const at::Tensor& window, const at::Tensor& token,
@@ -75,7 +76,8 @@ at::Tensor packed_attention_meta(const at::Tensor& q, const at::Tensor& k, const
                                  const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
                                  const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
                                  int64_t layer, bool attend_fresh, const std::optional<at::Tensor>& kv_pages,
-                                const std::optional<at::Tensor>& key_index, const std::optional<at::Tensor>& key_offsets);
+                                 const std::optional<at::Tensor>& key_index,
+                                 const std::optional<at::Tensor>& key_offsets);
 std::tuple<at::Tensor, at::Tensor> confidence_meta(const at::Tensor& logits, int64_t exclude);
 std::tuple<at::Tensor, at::Tensor> sparse_probs_meta(const at::Tensor& logits, double floor, int64_t max_k);
 at::Tensor commit_meta(const at::Tensor& canvas, const at::Tensor& window, const at::Tensor& token,
@@ -112,7 +114,8 @@ at::Tensor packed_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
                                  const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& kv,
                                  const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& cache_lens,
                                  int64_t layer, bool attend_fresh, const std::optional<at::Tensor>& kv_pages,
-                                const std::optional<at::Tensor>& key_index, const std::optional<at::Tensor>& key_offsets);
+                                 const std::optional<at::Tensor>& key_index,
+                                 const std::optional<at::Tensor>& key_offsets);
 std::tuple<at::Tensor, at::Tensor> confidence_cuda(const at::Tensor& logits, int64_t exclude);
 std::tuple<at::Tensor, at::Tensor> sparse_probs_cuda(const at::Tensor& logits, double floor, int64_t max_k);
 at::Tensor commit_cuda(const at::Tensor& canvas, const at::Tensor& window, const at::Tensor& token,

@@ -50,8 +50,8 @@ at::Tensor model_forward(const c10::intrusive_ptr<ModelHandle>& model, const at:
                          const std::string& mode, const std::optional<at::Tensor>& logit_index,
                          const std::optional<at::Tensor>& kv_lens, const std::optional<at::Tensor>& kv_pages,
                          const std::optional<at::Tensor>& key_index, const std::optional<at::Tensor>& key_offsets) {
-  return model->network().forward(make_batch(tokens, positions, cu_seqlens, kv, kv_rows, prefix_lens, mode,
-                                             logit_index, kv_lens, kv_pages, key_index, key_offsets));
+  return model->network().forward(make_batch(tokens, positions, cu_seqlens, kv, kv_rows, prefix_lens, mode, logit_index,
+                                             kv_lens, kv_pages, key_index, key_offsets));
 }
 
 // Shape-only forward for FakeTensor / torch.compile (the model object stays real).

@@ -117,9 +117,8 @@ at::Tensor packed_attention_cpu(const at::Tensor& q, const at::Tensor& k, const 
   check_cu_seqlens_values(cu_seqlens, q.size(0));
   const int64_t rows = cu_seqlens.size(0) - 1;
   at::Tensor out = at::empty({q.size(0), q.size(1) * q.size(2)}, q.options());
-  const cpu::AttentionArgs a =
-      attention_args(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer, attend_fresh, out, kv_pages, key_index,
-                     key_offsets);
+  const cpu::AttentionArgs a = attention_args(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer, attend_fresh, out,
+                                              kv_pages, key_index, key_offsets);
   if (kv.has_value()) {
     check_range(*kv_rows, "kv_rows", 0, a.geometry.rows);
     check_range(*cache_lens, "cache_lens", 0, a.geometry.length + 1);

@@ -26,9 +26,8 @@ at::Tensor packed_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
   check_cuda(cu_seqlens, "cu_seqlens");
   const c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out = at::empty({q.size(0), q.size(1) * q.size(2)}, q.options());
-  const cpu::AttentionArgs a =
-      attention_args(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer, attend_fresh, out, kv_pages, key_index,
-                     key_offsets);
+  const cpu::AttentionArgs a = attention_args(q, k, v, cu_seqlens, kv, kv_rows, cache_lens, layer, attend_fresh, out,
+                                              kv_pages, key_index, key_offsets);
   const int64_t max_keys = (attend_fresh ? q.size(0) : 0) + (kv.has_value() ? a.geometry.length : 0);  // no host sync
   const int sm_major = device_attribute<cudaDevAttrComputeCapabilityMajor>(q.get_device());
   dispatch_cuda_type(q.scalar_type(), "packed_attention", [&](auto* tag) {
