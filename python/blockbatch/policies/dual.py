@@ -1,4 +1,5 @@
-"""Policy ``dual``: Fast-dLLM's dual cache: K/V of everything outside the current block kept, the block alone recomputed each step (the paper's baseline)."""
+"""Policy ``dual``: Fast-dLLM's dual cache: K/V of everything outside the current block kept, the block
+alone recomputed each step (the paper's baseline)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Policy ``prefix``: Fast-dLLM's prefix cache: the prompt and finished blocks' K/V kept, the current block and all after it recomputed each step."""
+"""Policy ``prefix``: Fast-dLLM's prefix cache: the prompt and finished blocks' K/V kept, the current
+block and all after it recomputed each step."""
 
 from __future__ import annotations
 
