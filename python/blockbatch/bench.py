@@ -200,8 +200,14 @@ def run_bench(
 
 
 def reference_model(checkpoint):
-    """The pure-PyTorch reference model of a checkpoint's family (its module's ``reference_model``)."""
-    return families.of(checkpoint.config).reference_model(checkpoint)
+    """The pure-PyTorch reference model of a checkpoint's family: its module's ``reference_model`` where
+    it has one (LLaDA2's own forward), else ``reference.model.ReferenceModel`` (LLaDA, Dream)."""
+    own = getattr(families.of(checkpoint.config), "reference_model", None)
+    if own is not None:
+        return own(checkpoint)
+    from .reference.model import ReferenceModel
+
+    return ReferenceModel.from_checkpoint(checkpoint)
 
 
 def reference_decode(

@@ -50,13 +50,6 @@ def generation_config(config: ModelConfig) -> dict | None:
     return None
 
 
-def reference_model(checkpoint):
-    """The float32 reference model of a checkpoint of this family (``bench --compare-reference``)."""
-    from ..reference.model import ReferenceModel
-
-    return ReferenceModel.from_checkpoint(checkpoint)
-
-
 def default_kv_heads(heads: int) -> int:
     """make-random's KV heads for ``heads`` query heads when none are given: no GQA."""
     return heads
