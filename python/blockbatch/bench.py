@@ -22,7 +22,7 @@ import torch
 
 from . import contract
 from . import families
-from . import policies
+from . import policies as policy_registry
 from . import tasks
 from .options import DecodeOptions
 from .tasks import Sample
@@ -36,7 +36,7 @@ DEFAULT_POLICIES = families.get(contract.FAMILIES[0]).BENCH_POLICIES
 SPEC_OPTIONS = tuple(n for n in contract.NAMES if n not in ("policy", "gen_length"))
 
 
-POLICY_BASES = tuple(policies.REGISTRY)  # a bare policy name: its module's bench_options
+POLICY_BASES = tuple(policy_registry.REGISTRY)  # a bare policy name: its module's bench_options
 
 
 def policy_kwargs(name: str, gen_length: int, fit: bool = True) -> dict:
@@ -47,10 +47,10 @@ def policy_kwargs(name: str, gen_length: int, fit: bool = True) -> dict:
 
     base, _, spec = name.partition(":")
     preset = None
-    if base not in policies.REGISTRY:
+    if base not in policy_registry.REGISTRY:
         if not (base in presets.BUILT_IN or os.path.exists(base) or base.endswith(".json") or os.sep in base):
             raise ValueError(
-                f"policy must be one of {', '.join(policies.REGISTRY)}, a preset ({', '.join(presets.names())}) "
+                f"policy must be one of {', '.join(policy_registry.REGISTRY)}, a preset ({', '.join(presets.names())}) "
                 f"or a preset file's path, optionally name:key=value,..., got {name!r}"
             )
         try:
@@ -67,7 +67,7 @@ def policy_kwargs(name: str, gen_length: int, fit: bool = True) -> dict:
         except ValueError:
             raise ValueError(f"{name!r}: option {key}={value!r} is not a valid value for {key}") from None
     if preset is None:
-        return {**policies.get(base).bench_options(gen_length), "gen_length": gen_length, **overrides}
+        return {**policy_registry.get(base).bench_options(gen_length), "gen_length": gen_length, **overrides}
     if not fit:
         return {
             **{k: tuple(v) if isinstance(v, list) else v for k, v in preset.options.items()},
@@ -81,7 +81,7 @@ def policy_kwargs(name: str, gen_length: int, fit: bool = True) -> dict:
 
 
 def policy_options(name: str, gen_length: int) -> DecodeOptions:
-    """A policy (``vanilla`` | ``prefix`` | ``dual`` | ``blockbatch`` | ``block``: ``policies.REGISTRY``, each
+    """A policy (``vanilla`` | ``prefix`` | ``dual`` | ``blockbatch`` | ``block``: ``blockbatch.policies``, each
     with its module's ``bench_options``) | a preset (``blockbatch-paper``, ...:
     ``blockbatch.presets``) | a preset file's path, optionally ``name:key=value,...`` (e.g.
     ``blockbatch:block_sizes=8/32,sync_gap=4``, ``dual:block_length=16,threshold=0.7`` or
@@ -191,8 +191,8 @@ def run_bench(
             s["speedup_vs_reference"] = s["reference_median_wall_ms"] / s["median_wall_ms"]
             s["reference_token_equal"] = sum(r["reference_equal"] for r in rows) / len(rows)
         summary[name] = s
-    if policies.BASELINE in summary:  # the columns keep their names: the baseline is dual cache
-        base = summary[policies.BASELINE]
+    if policy_registry.BASELINE in summary:  # the columns keep their names: the baseline is dual cache
+        base = summary[policy_registry.BASELINE]
         for s in summary.values():
             s["nfe_vs_dual"] = s["mean_nfe"] / base["mean_nfe"]
             s["speedup_vs_dual"] = base["median_wall_ms"] / s["median_wall_ms"]
@@ -214,12 +214,12 @@ def reference_decode(
     ref_model, ids: torch.Tensor, o: DecodeOptions, proposal_vocab: int | None = None, family: str | None = None
 ) -> torch.Tensor:
     """The same request through the pure-PyTorch reference loop (what the authors' code does): the
-    policy's reference entry for the model's family (``policies.reference``), the full canvas row (a
+    policy's reference entry for the model's family (``blockbatch.policies.reference``), the full canvas row (a
     BlockBatch row cut at its EOS continues with EOS). ``family``: the checkpoint's (None: the
     reference model's config says)."""
     if family is None:
         family = ref_model.config.family
-    row, _ = policies.reference(ref_model, ids, o, family, proposal_vocab)
+    row, _ = policy_registry.reference(ref_model, ids, o, family, proposal_vocab)
     return row
 
 
