@@ -274,3 +274,14 @@ def test_an_unknown_policy_is_named_with_the_known_ones():
         policies.get("fast")
     with pytest.raises(ValueError, match="policies: 'fast' is not one of vanilla, prefix, dual, blockbatch, block"):
         tune.configs(tune.Grid(policies=("fast",)), 64)
+
+
+def test_a_policy_without_a_reference_for_the_family_is_named_with_those_it_has():
+    """bench --compare-reference on a pair the engine refuses: a ValueError naming both, not a
+    wrong decoder (the old bench ran LLaDA2's block decoder whatever the policy)."""
+    import torch
+
+    from blockbatch import DecodeOptions
+
+    with pytest.raises(ValueError, match=r"policy 'dual' has no reference decoder for llada2 checkpoints; it decodes "):
+        policies.reference(None, torch.tensor([1, 2]), DecodeOptions(policy="dual", gen_length=32), "llada2")
