@@ -64,6 +64,11 @@ PENDING = {
     ("serve/protocol.py", 'values.get("policy", contract.DEFAULTS["policy"]) == "blockbatch"'): "the canvas unit",
     ("tune_report.py", '"vanilla": "tab:gray"'): "plot colours per policy",
 }
+# The same for family names: landed on main with the config work (fix/configs) while this test was
+# written; the family's ConfigCodec could say whether its configs set head_size / rope_dims.
+PENDING_FAMILY = {
+    ("config.py", 'self.family == "llada2"'): "head_size / rope_dims: LLaDA2's keys only",
+}
 
 
 def _exempt(rel: str, table: dict[str, str]) -> bool:
@@ -117,7 +122,7 @@ def _scan(names: frozenset[str], exempt: dict[str, str], allowed=()) -> list[str
 
 
 def test_no_front_door_tests_a_family_name():
-    bad = _scan(FAMILY_NAMES, EXEMPT_FAMILY)
+    bad = _scan(FAMILY_NAMES, EXEMPT_FAMILY, PENDING_FAMILY)
     assert not bad, "ask blockbatch.families.REGISTRY instead of naming a family:\n" + "\n".join(bad)
 
 
@@ -131,12 +136,16 @@ def test_every_exemption_names_a_file_that_exists():
         assert (PACKAGE / key).exists(), f"exemption {key!r}: no such file or folder under python/blockbatch"
 
 
-@pytest.mark.parametrize("site", [*NOT_A_POLICY, *PENDING], ids=lambda site: site[0])
-def test_every_allowed_site_is_still_there(site):
+@pytest.mark.parametrize(
+    "site, names",
+    [*((site, POLICY_NAMES) for site in [*NOT_A_POLICY, *PENDING]), *((site, FAMILY_NAMES) for site in PENDING_FAMILY)],
+    ids=lambda x: x[0] if isinstance(x, tuple) else "",
+)
+def test_every_allowed_site_is_still_there(site, names):
     """A site fixed (or moved) leaves the list: the allowances cannot outlive their code."""
     rel, text = site
-    found = [t for _, t, _ in offences((PACKAGE / rel).read_text(encoding="utf-8"), POLICY_NAMES)]
-    assert text in found, f"{rel}: {text!r} is no longer a policy-name test there; remove it from the list"
+    found = [t for _, t, _ in offences((PACKAGE / rel).read_text(encoding="utf-8"), names)]
+    assert text in found, f"{rel}: {text!r} is no longer a name test there; remove it from the list"
 
 
 @pytest.mark.parametrize(
