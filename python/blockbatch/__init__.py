@@ -1,4 +1,5 @@
-"""BlockBatch: a native inference engine for diffusion language models (LLaDA family).
+"""BlockBatch: a native inference engine for diffusion language models (the families of
+``blockbatch.families``: LLaDA, Dream, LLaDA2).
 
 ``import blockbatch`` loads the compiled extension (``blockbatch._C``) when it is present, so
 ``torch.ops.blockbatch.*`` and ``torch.classes.blockbatch.Model`` are registered from then on,

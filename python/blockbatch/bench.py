@@ -21,12 +21,14 @@ import time
 import torch
 
 from . import contract
+from . import families
+from . import policies as policy_registry
 from . import tasks
 from .options import DecodeOptions
 from .tasks import Sample
 
-# name -> options; the paper's settings (docs/ALGORITHMS.md 3): dual cache block 32 / threshold 0.9.
-DEFAULT_POLICIES = ("vanilla", "dual", "blockbatch")
+# The default family's (LLaDA's) bench policies: the paper's three (docs/ALGORITHMS.md 3).
+DEFAULT_POLICIES = families.get(contract.FAMILIES[0]).BENCH_POLICIES
 
 
 # The options a policy spec may set (policy and gen_length are set by the spec's name and the
@@ -34,7 +36,7 @@ DEFAULT_POLICIES = ("vanilla", "dual", "blockbatch")
 SPEC_OPTIONS = tuple(n for n in contract.NAMES if n not in ("policy", "gen_length"))
 
 
-POLICY_BASES = ("vanilla", "prefix", "dual", "blockbatch", "block")
+POLICY_BASES = tuple(policy_registry.REGISTRY)  # a bare policy name: its module's bench_options
 
 
 def policy_kwargs(name: str, gen_length: int, fit: bool = True) -> dict:
@@ -44,18 +46,11 @@ def policy_kwargs(name: str, gen_length: int, fit: bool = True) -> dict:
     from . import presets
 
     base, _, spec = name.partition(":")
-    bases = {
-        "vanilla": dict(policy="vanilla", block_length=32, threshold=None, steps=gen_length),
-        "prefix": dict(policy="prefix", block_length=32, threshold=0.9),
-        "dual": dict(policy="dual", block_length=32, threshold=0.9),
-        "blockbatch": dict(policy="blockbatch", threshold=0.9),
-        "block": dict(policy="block", block_length=32, threshold=0.95),  # LLaDA2.0's settings
-    }
     preset = None
-    if base not in bases:
+    if base not in policy_registry.REGISTRY:
         if not (base in presets.BUILT_IN or os.path.exists(base) or base.endswith(".json") or os.sep in base):
             raise ValueError(
-                f"policy must be one of {', '.join(bases)}, a preset ({', '.join(presets.names())}) "
+                f"policy must be one of {', '.join(policy_registry.REGISTRY)}, a preset ({', '.join(presets.names())}) "
                 f"or a preset file's path, optionally name:key=value,..., got {name!r}"
             )
         try:
@@ -72,7 +67,7 @@ def policy_kwargs(name: str, gen_length: int, fit: bool = True) -> dict:
         except ValueError:
             raise ValueError(f"{name!r}: option {key}={value!r} is not a valid value for {key}") from None
     if preset is None:
-        return {**bases[base], "gen_length": gen_length, **overrides}
+        return {**policy_registry.get(base).bench_options(gen_length), "gen_length": gen_length, **overrides}
     if not fit:
         return {
             **{k: tuple(v) if isinstance(v, list) else v for k, v in preset.options.items()},
@@ -86,7 +81,8 @@ def policy_kwargs(name: str, gen_length: int, fit: bool = True) -> dict:
 
 
 def policy_options(name: str, gen_length: int) -> DecodeOptions:
-    """``vanilla`` | ``prefix`` | ``dual`` | ``blockbatch`` | ``block`` (LLaDA2) | a preset (``blockbatch-paper``, ...:
+    """A policy (``vanilla`` | ``prefix`` | ``dual`` | ``blockbatch`` | ``block``: ``blockbatch.policies``, each
+    with its module's ``bench_options``) | a preset (``blockbatch-paper``, ...:
     ``blockbatch.presets``) | a preset file's path, optionally ``name:key=value,...`` (e.g.
     ``blockbatch:block_sizes=8/32,sync_gap=4``, ``dual:block_length=16,threshold=0.7`` or
     ``blockbatch-paper:threshold=0.8``: the pairs win over the preset's options)."""
@@ -163,7 +159,9 @@ def run_bench(
             }
             if ref_model is not None:
                 start = time.perf_counter()
-                ref_tokens = reference_decode(ref_model, ids, options, engine.checkpoint.proposal_vocab)
+                ref_tokens = reference_decode(
+                    ref_model, ids, options, engine.checkpoint.proposal_vocab, engine.checkpoint.config.family
+                )
                 rec["reference_wall_ms"] = (time.perf_counter() - start) * 1e3
                 rec["reference_equal"] = bool(torch.equal(ref_tokens, torch.tensor(ids.tolist() + gen.raw_ids)))
             records.append(rec)
@@ -193,94 +191,36 @@ def run_bench(
             s["speedup_vs_reference"] = s["reference_median_wall_ms"] / s["median_wall_ms"]
             s["reference_token_equal"] = sum(r["reference_equal"] for r in rows) / len(rows)
         summary[name] = s
-    if "dual" in summary:
+    if policy_registry.BASELINE in summary:  # the columns keep their names: the baseline is dual cache
+        base = summary[policy_registry.BASELINE]
         for s in summary.values():
-            s["nfe_vs_dual"] = s["mean_nfe"] / summary["dual"]["mean_nfe"]
-            s["speedup_vs_dual"] = summary["dual"]["median_wall_ms"] / s["median_wall_ms"]
+            s["nfe_vs_dual"] = s["mean_nfe"] / base["mean_nfe"]
+            s["speedup_vs_dual"] = base["median_wall_ms"] / s["median_wall_ms"]
     return {"summary": summary, "records": records, "peak_rss_mb": peak_rss_mb()}
 
 
 def reference_model(checkpoint):
-    """The pure-PyTorch reference model of a checkpoint's family."""
-    if checkpoint.config.family == "llada2":
-        from .families import llada2
-        from .reference.llada2 import LLaDA2Reference
-
-        config = checkpoint.config
-        return LLaDA2Reference(
-            llada2.reference_config(config), checkpoint.weights, config.mask_token_id, config.eos_token_id
-        )
+    """The pure-PyTorch reference model of a checkpoint's family: its module's ``reference_model`` where
+    it has one (LLaDA2's own forward), else ``reference.model.ReferenceModel`` (LLaDA, Dream)."""
+    own = getattr(families.of(checkpoint.config), "reference_model", None)
+    if own is not None:
+        return own(checkpoint)
     from .reference.model import ReferenceModel
 
     return ReferenceModel.from_checkpoint(checkpoint)
 
 
-def reference_decode(ref_model, ids: torch.Tensor, o: DecodeOptions, proposal_vocab: int | None = None) -> torch.Tensor:
-    """The same request through the pure-PyTorch reference loop (what the authors' code does), for
-    the model's family: the full canvas row (a BlockBatch row cut at its EOS continues with EOS)."""
-    from .reference.llada2 import LLaDA2Reference, block_generate
-
-    if isinstance(ref_model, LLaDA2Reference):  # the block policy, its exact cache
-        assert ref_model.mask_id is not None and ref_model.eos_id is not None
-        canvas, _ = block_generate(
-            ref_model,
-            ids,
-            gen_length=o.gen_length,
-            block_length=o.block_length,
-            steps=o.steps or o.block_length,
-            threshold=float("inf") if o.threshold is None else o.threshold,
-            edit_threshold=o.edit_threshold,
-            max_post_steps=o.max_post_steps,
-            stop_on_eos=o.eos_exit,
-            eos_id=ref_model.eos_id,
-            mask_id=ref_model.mask_id,
-            cache=True,
-        )
-        return canvas
-    family = ref_model.config.family
-    if family == "dream":
-        from .reference.dream import decode_with_options
-
-        tokens = decode_with_options(ref_model, ids.tolist(), o, proposal_vocab).tokens
-        full = ids.numel() + o.gen_length
-        return torch.tensor(tokens + [ref_model.config.eos_token_id] * (full - len(tokens)), dtype=torch.long)
-    if o.policy == "blockbatch":
-        from .reference.blockbatch import blockbatch_generate
-
-        assert o.threshold is not None  # DecodeOptions refuses blockbatch without a threshold
-        return blockbatch_generate(
-            ref_model,
-            ids,
-            o.gen_length,
-            o.resolved("block_sizes", family),
-            threshold=o.threshold,
-            merge_gate=o.merge_gate,
-            sync_gap=o.sync_gap,
-            refresh_tokens=o.refresh_tokens,
-            refresh_mode=o.refresh_mode,
-            prob_floor=o.resolved("prob_floor", family),
-            stop_on_eos=o.eos_exit,
-            merge=o.merge,
-            sync=o.sync,
-            temperature=o.temperature,
-            seed=o.seed,
-            sync_refresh=o.sync_refresh,
-        ).tokens
-    from .reference.policies import generate
-
-    return generate(
-        ref_model,
-        ids,
-        o.gen_length,
-        o.block_length,
-        o.policy,
-        steps=o.steps,
-        threshold=o.threshold,
-        factor=o.factor,
-        temperature=o.temperature,
-        seed=o.seed,
-        stop_on_eos=o.eos_exit,
-    ).tokens
+def reference_decode(
+    ref_model, ids: torch.Tensor, o: DecodeOptions, proposal_vocab: int | None = None, family: str | None = None
+) -> torch.Tensor:
+    """The same request through the pure-PyTorch reference loop (what the authors' code does): the
+    policy's reference entry for the model's family (``blockbatch.policies.reference``), the full canvas row (a
+    BlockBatch row cut at its EOS continues with EOS). ``family``: the checkpoint's (None: the
+    reference model's config says)."""
+    if family is None:
+        family = ref_model.config.family
+    row, _ = policy_registry.reference(ref_model, ids, o, family, proposal_vocab)
+    return row
 
 
 def format_table(result: dict) -> str:

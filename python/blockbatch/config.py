@@ -184,12 +184,14 @@ def supported_model_types() -> tuple[str, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Architecture and special ids of a bidirectional transformer (LLaDA or Dream family).
+    """Architecture and special ids of a checkpoint of any registered family (``blockbatch.families``:
+    LLaDA, Dream, LLaDA2).
 
-    Field names follow LLaDA's ``config.json``; a Dream ``config.json`` (Qwen2 names:
-    ``hidden_size``, ``num_hidden_layers``, ...) is read into the same fields by ``from_dict``.
-    ``head_dim = d_model // n_heads``. ``family`` follows from ``model_type``; ``attention_bias``
-    says the q/k/v projections carry biases (always true for Dream, false for LLaDA).
+    Field names follow LLaDA's ``config.json``; each family's module reads its own ``config.json``
+    keys into the same fields (Dream's and LLaDA2's Qwen2-style ``hidden_size``,
+    ``num_hidden_layers``, ...; LLaDA2's mixture-of-experts fields below). ``head_dim`` is
+    ``d_model // n_heads`` unless the family gives a head size. ``family`` follows from
+    ``model_type``; ``attention_bias`` says the q/k/v projections carry biases (Dream's do).
     """
 
     d_model: int

@@ -98,7 +98,8 @@ class Engine:
         dtype: torch.dtype | None = None,
         check_finite: bool | None = None,
     ) -> "Engine":
-        """Load a Hugging Face checkpoint folder of a supported family (LLaDA, Dream); ``None`` loads the toy
+        """Load a Hugging Face checkpoint folder of any registered family (``blockbatch.families``: LLaDA,
+        Dream, LLaDA2; the family follows from ``config.json``'s ``model_type``); ``None`` loads the toy
         model shipped in the package. ``check_finite=False`` skips the NaN / Inf check of the weights
         (about 0.15-0.25 s per GB; None: the BLOCKBATCH_CHECK_FINITE environment variable, default on)."""
         if path is None:

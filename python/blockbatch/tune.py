@@ -47,7 +47,7 @@ OBJECTIVES = ("nfe", "time")
 @dataclasses.dataclass(frozen=True)
 class Grid:
     policies: tuple[str, ...] = ("dual", "blockbatch")
-    block_lengths: tuple[int, ...] = (16, 32, 64)  # dual / prefix
+    block_lengths: tuple[int, ...] = (16, 32, 64)  # dual / prefix / block
     thresholds: tuple[float, ...] = (0.95, 0.9, 0.8, 0.7)
     branch_sets: tuple[tuple[int, ...], ...] = (
         (4, 8, 16, 32, 64, 128),
@@ -79,67 +79,19 @@ GRIDS = {
 }
 
 
-def _fmt(x: float) -> str:
-    return f"{x:g}"
-
-
 def configs(grid: Grid, gen_length: int) -> list[str]:
     """The policy specs of a grid, for one gen_length (block sizes that do not divide it are left
     out, duplicate branch sets once). Ordered coarse to fine, policies interleaved, so a sweep
-    cut short by its time budget has still covered every policy around the paper's settings."""
+    cut short by its time budget has still covered every policy around the paper's settings.
+    Each policy's rows and ranks are its module's (``blockbatch.policies``: ``tune_rows``)."""
+    from . import policies
+
     per_policy: dict[str, list[str]] = {}
     for policy in grid.policies:
-        rows: list[tuple[float, str]] = []
-        if policy in ("dual", "prefix"):
-            for bl in grid.block_lengths:
-                if gen_length % bl:
-                    continue
-                for t in grid.thresholds:
-                    rows.append((abs(t - 0.9) + abs(bl - 32) / 320, f"{policy}:block_length={bl},threshold={_fmt(t)}"))
-        elif policy == "blockbatch":
-            seen = set()
-            for sizes in grid.branch_sets:
-                kept = tuple(b for b in sizes if gen_length % b == 0 and b <= gen_length)
-                if not kept or kept in seen:
-                    continue
-                seen.add(kept)
-                for t in grid.thresholds:
-                    for g in grid.merge_gates:
-                        for eos in grid.eos_exit:
-                            for r in grid.refresh:
-                                refresh = min(kept) if r == "block" else int(r)
-                                if r == "block" and refresh == 32 and "32" in grid.refresh:
-                                    continue
-                                for sr in grid.sync_refresh:
-                                    spec = (
-                                        f"blockbatch:block_sizes={'/'.join(map(str, kept))},threshold={_fmt(t)},"
-                                        f"merge_gate={_fmt(g)},refresh_tokens={refresh}"
-                                    )
-                                    if not eos:
-                                        spec += ",stop_on_eos=false"
-                                    if sr:
-                                        spec += ",sync_refresh=true"
-                                    rank = (
-                                        abs(t - 0.9)
-                                        + abs(g - 0.5) / 4
-                                        + (0 if eos else 0.05)
-                                        + (0 if refresh == 32 else 0.02)
-                                        + len(seen) * 0.01
-                                        + (0.005 if sr else 0)
-                                    )
-                                    rows.append((rank, spec))
-        elif policy == "vanilla":
-            rows.append((0.0, "vanilla"))
-        elif policy == "block":  # LLaDA2: blocks aligned at 0 (need not divide), LLaDA2.0 and 2.1's editing
-            for bl in grid.block_lengths:
-                for t in grid.thresholds:
-                    for edit in (None, 0.5):
-                        spec = f"block:block_length={bl},threshold={_fmt(t)}"
-                        if edit is not None:
-                            spec += f",edit_threshold={_fmt(edit)}"
-                        rows.append((abs(t - 0.95) + abs(bl - 32) / 320 + (0.01 if edit else 0), spec))
-        else:
-            raise ValueError(f"policies: {policy!r} is not one of vanilla, prefix, dual, blockbatch, block")
+        module = policies.REGISTRY.get(policy)
+        if module is None:
+            raise ValueError(f"policies: {policy!r} is not one of {', '.join(policies.REGISTRY)}")
+        rows = module.tune_rows(grid, gen_length)
         per_policy[policy] = [s for _, s in sorted(rows, key=lambda r: r[0])]
     out, i = [], 0
     while any(i < len(v) for v in per_policy.values()):

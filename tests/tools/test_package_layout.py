@@ -1,7 +1,20 @@
-"""The package's shape (issue "The Python package by job"): no module over 500 lines outside the
-reference decoders, no import circle between its modules (imports inside functions count: a lazy
-import hides a circle, it does not remove it), no module importing another's private names, and
-the wheel's package holds no build-time tool or test helper."""
+"""The package's shape (issues "The Python package by job" and 52): each function does one job,
+no import circle between its modules (imports inside functions count: a lazy import hides a
+circle, it does not remove it), no module importing another's private names, and the wheel's
+package holds no build-time tool or test helper.
+
+One job per function, as three checkable rules (they replace a 500-line limit per module, which
+a long table or a well-split module could break and a 300-line function inside a short module
+could pass):
+
+* no function over ``MAX_FUNCTION_LINES`` lines outside the reference decoders (``reference/``
+  is written to read like the algorithm's pseudo-code, one loop per policy);
+* no function defining more than ``MAX_INNER_FUNCTIONS`` functions in its body (methods of a
+  class defined inside do not count): a function holding many closures is a module in disguise,
+  as ``create_app`` was with its 17 routes, handlers and helpers (324 lines);
+* HTTP routes are declared only in ``serve/routes/`` (one module per job: generation, status,
+  errors), so the app builder cannot grow them back.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +26,10 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "python" / "blockbatch"
-MAX_LINES = 500
+MAX_FUNCTION_LINES = 200
+MAX_INNER_FUNCTIONS = 6
+ROUTE_METHODS = {"get", "post", "put", "patch", "delete", "head", "options", "api_route", "websocket"}
+FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -49,13 +65,81 @@ def _imports(name: str, path: pathlib.Path, modules: dict) -> list[tuple[str, li
     return [(t, n, line) for t, n, line in found if t in modules and t != name]
 
 
-def test_no_module_is_a_god_file():
-    long = {
-        name: n
+def _functions(path: pathlib.Path):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, FUNCTIONS):
+            yield node
+
+
+def inner_functions(fn: ast.AST) -> list[ast.AST]:
+    """The functions defined in ``fn``'s own body (not inside a nested function or class)."""
+    out, stack = [], list(ast.iter_child_nodes(fn))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, FUNCTIONS):
+            out.append(node)
+        elif not isinstance(node, ast.ClassDef):
+            stack.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def _where(path: pathlib.Path, node: ast.AST) -> str:
+    return f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"
+
+
+def test_no_function_is_a_god_function():
+    long = [
+        f"{_where(path, fn)} ({fn.end_lineno - fn.lineno + 1} lines)"
         for name, path in _modules().items()
-        if ".reference" not in name and (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
-    }
-    assert not long, f"modules over {MAX_LINES} lines (split them by job): {long}"
+        if ".reference" not in name
+        for fn in _functions(path)
+        if fn.end_lineno - fn.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines (split them by job):\n" + "\n".join(long)
+
+
+def test_no_function_is_a_module_in_disguise():
+    crowded = [
+        f"{_where(path, fn)} defines {n} functions"
+        for path in _modules().values()
+        for fn in _functions(path)
+        if (n := len(inner_functions(fn))) > MAX_INNER_FUNCTIONS
+    ]
+    assert not crowded, (
+        f"functions defining more than {MAX_INNER_FUNCTIONS} functions (make them a module):\n" + "\n".join(crowded)
+    )
+
+
+def routes_declared(source: str) -> list[int]:
+    """Lines of functions decorated as HTTP routes (``@x.get(...)``, ``@x.post(...)``, ...)."""
+    return [
+        fn.lineno
+        for fn in ast.walk(ast.parse(source))
+        if isinstance(fn, FUNCTIONS)
+        for d in fn.decorator_list
+        if isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute) and d.func.attr in ROUTE_METHODS
+    ]
+
+
+def test_routes_live_in_the_route_modules():
+    routes = PACKAGE / "serve" / "routes"
+    stray = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in _modules().values()
+        if routes not in path.parents
+        for line in routes_declared(path.read_text(encoding="utf-8"))
+    ]
+    assert not stray, "HTTP routes outside serve/routes/ (give them a route module):\n" + "\n".join(stray)
+    assert routes_declared((routes / "generation.py").read_text(encoding="utf-8")), "the scan finds no route"
+
+
+def test_the_job_rules_catch_an_app_of_closures():
+    source = "def create_app(app):\n" + "".join(
+        f"    @app.get('/r{i}')\n    async def r{i}():\n        return {i}\n" for i in range(MAX_INNER_FUNCTIONS + 1)
+    )
+    [fn] = [n for n in ast.parse(source).body]
+    assert len(inner_functions(fn)) == MAX_INNER_FUNCTIONS + 1
+    assert len(routes_declared(source)) == MAX_INNER_FUNCTIONS + 1
 
 
 def test_no_import_circle():

@@ -1,4 +1,4 @@
-"""blockbatch: native decoding of diffusion language models (LLaDA, Dream families), BlockBatch included.
+"""blockbatch: native decoding of diffusion language models (LLaDA, Dream, LLaDA2), BlockBatch included.
 
     blockbatch generate [--model DIR] [--policy P] PROMPT...   decode prompts (default: the shipped toy model)
     blockbatch bench [--policies dual blockbatch ...]   accuracy / NFE / time of policies side by side

@@ -14,15 +14,15 @@ from .common import UsageError, positive_int, preset_names
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import bench
+    from .. import bench, families
     from ..engine import Engine
 
     _check_out(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     engine = Engine.from_pretrained(args.model, device=args.device, dtype=DTYPES[args.dtype])
-    if args.policies is None:  # the family's decoders: LLaDA2 has one (block)
-        args.policies = ["block"] if engine.config.family == "llada2" else ["vanilla", "dual", "blockbatch"]
+    if args.policies is None:  # the family's own (families.REGISTRY: LLaDA2 has one decoder, block)
+        args.policies = list(families.of(engine.config).BENCH_POLICIES)
     policies = {name: bench.policy_options(name, args.gen_length) for name in args.policies}
     samples = bench.load_tasks(args.tasks, args.n)
     if not samples:
@@ -72,13 +72,17 @@ def _check_out(args: argparse.Namespace) -> None:
 
 
 def add_parser(sub) -> None:
+    from .. import families, policies
+
     p = sub.add_parser(
         "bench",
         help="accuracy / NFE / time of several policies side by side on a task set",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run a task set under several policies on one checkpoint, interleaved per sample; print a "
         "table, write JSON (every per-sample record + environment) and PNG plots to --out.",
-        epilog="policies: vanilla | prefix | dual | blockbatch | block (LLaDA2), a preset ("
+        epilog="policies: "
+        + " | ".join(f"{name} ({', '.join(families.decoding(name))})" for name in policies.REGISTRY)
+        + ", a preset ("
         + ", ".join(preset_names())
         + ")\n"
         "or a preset file's path, each optionally name:key=value,... (the pairs win over the preset;\n"
@@ -94,7 +98,7 @@ def add_parser(sub) -> None:
         "--policies",
         nargs="+",
         default=None,
-        help="space-separated policy specs (default: vanilla dual blockbatch; block on LLaDA2 checkpoints): a "
+        help=f"space-separated policy specs (default: {families.per_family_text('BENCH_POLICIES')}): a "
         "policy, a preset name "
         "or a preset file, each optionally with :key=value,... (see below); the table and the JSON "
         "name each as given",

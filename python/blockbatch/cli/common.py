@@ -48,30 +48,11 @@ port = int_in(0, 65535, "a port number", "in [0, 65535]")
 
 
 def summary_line(stats: dict) -> str:
-    """One human line per generation: NFE split, tokens per forward, time (and BlockBatch extras)."""
-    committed = sum(stats["committed_per_step"])
-    tpf = committed / stats["nfe"] if stats["nfe"] else 0.0
-    if stats["policy"] == "blockbatch":
-        branches = stats["branches"]
-        return (
-            f"[blockbatch {','.join(str(b['block_size']) for b in branches)}] nfe={stats['nfe']} "
-            f"(init {stats['nfe_init']} + block {stats['nfe_block']} + refresh {stats['nfe_refresh']}), "
-            f"paper NFE {stats['nfe_paper']}, winner block {stats['winner_block_size']}"
-            f"{' (EOS exit)' if stats['early_exit'] else ''}, merged {sum(b['merged'] for b in branches)}, "
-            f"synced {sum(b['copied'] for b in branches)} tokens, {stats['wall_ms']:.1f} ms"
-        )
-    block = stats["branches"][0]["block_size"]
-    if stats["policy"] == "block":  # LLaDA2: forwards over the exact block cache, edits (LLaDA2.1)
-        return (
-            f"[block {block}] nfe={stats['nfe']}, {tpf:.2f} tokens/forward, {stats['edits']} edits, "
-            f"{stats['wall_ms']:.1f} ms"
-        )
-    where = f"block {block}" if block else "whole canvas"  # Dream's vanilla sampler has no blocks
-    return (
-        f"[{stats['policy']} {where}] nfe={stats['nfe']} "
-        f"(full {stats['nfe_full']} + block {stats['nfe_block']}), {tpf:.2f} tokens/forward, "
-        f"{stats['wall_ms']:.1f} ms"
-    )
+    """One human line per generation: NFE split, tokens per forward, time (and each policy's extras:
+    its module's ``summary``, ``blockbatch.policies``)."""
+    from .. import policies
+
+    return policies.summary_line(stats)
 
 
 def option_values(args: argparse.Namespace, family_defaults: dict | None = None) -> dict:

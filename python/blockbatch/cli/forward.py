@@ -98,7 +98,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "forward",
         help="load a checkpoint and print logits statistics of one native forward",
-        description="Load a Hugging Face checkpoint folder (LLaDA or Dream) with blockbatch's strict loader, "
+        description="Load a Hugging Face checkpoint folder (any family: LLaDA, Dream, LLaDA2) with blockbatch's "
+        "strict loader, "
         "run one full-canvas native forward and print logits statistics.",
     )
     p.add_argument("--model", required=True, help="checkpoint folder (config.json, *.safetensors, tokenizer.json)")

@@ -332,15 +332,21 @@ def add_parser(sub) -> None:
         ),
     )
     # One flag per decode option, from the options table (blockbatch.contract): defaults, types,
-    # ranges and help text are the table's.
-    option_flags.add_arguments(
-        p,
-        {
-            "decoding": "decoding (every policy; docs/ALGORITHMS.md)",
-            "dream": "Dream-family samplers (alg: vanilla, both families; the others: Dream only)",
-            "blockbatch": "blockbatch (policy blockbatch only)",
-            "llada2": "block (LLaDA2 checkpoints: policy block only)",
-            "runtime": "runtime",
-        },
-    )
+    # ranges and help text are the table's; the groups' titles are the registries'.
+    option_flags.add_arguments(p, _option_groups())
     p.set_defaults(func=run)
+
+
+def _option_groups() -> dict[str, str]:
+    """The titles of the options table's groups, in the table's order: a group named after a family
+    or a policy takes that module's ``OPTION_GROUP_HELP``; "decoding" and "runtime" are every policy's."""
+    from .. import contract, families, policies
+
+    own = {"decoding": "decoding (every policy; docs/ALGORITHMS.md)", "runtime": "runtime"}
+    for registry in (families.REGISTRY, policies.REGISTRY):
+        own.update({name: m.OPTION_GROUP_HELP for name, m in registry.items() if m.OPTION_GROUP_HELP})
+    groups = dict.fromkeys(o.group for o in contract.OPTIONS)
+    missing = [g for g in groups if g not in own]
+    if missing:  # a group no registry titles: tests/tools/test_registries.py fails first
+        raise RuntimeError(f"option groups without a title: {', '.join(missing)}")
+    return {g: own[g] for g in groups}

@@ -70,6 +70,9 @@ def _refresh(text: str) -> tuple[str, ...]:
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
+    from .. import families, policies
+
+    grids_own = "the grid's"
     p = sub.add_parser(
         "tune",
         help="sweep decode settings on a task set: frontier JSON + PNG, the chosen setting as a preset",
@@ -157,8 +160,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--policies",
         type=lambda t: tuple(x for x in t.split(",") if x),
         default=None,
-        help="comma-separated: vanilla, prefix, dual, blockbatch, block (default: dual,blockbatch; block on "
-        "LLaDA2 checkpoints)",
+        help=f"comma-separated: {', '.join(policies.REGISTRY)} (default: "
+        f"{families.per_family_text('TUNE_POLICIES', ',', otherwise=grids_own)}; "
+        f"the default grid's: {','.join(GRIDS['default'].policies)})",
     )
     g.add_argument("--block-lengths", type=_ints, default=None, help="dual / prefix block lengths, e.g. 16,32,64")
     g.add_argument("--thresholds", type=_floats, default=None, help="e.g. 0.95,0.9,0.8")
@@ -361,15 +365,15 @@ def _model_hash(model: str | None) -> dict:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from .. import presets, steptime
+    from .. import families, presets, steptime
     from ..engine import Engine
 
     if args.threads:
         torch.set_num_threads(args.threads)
     _check_outputs(args)  # before the model loads and long before the sweep
     engine = Engine.from_pretrained(args.model, device=args.device)
-    if args.policies is None and engine.config.family == "llada2":
-        args.policies = ("block",)  # the family's one decoder
+    if args.policies is None:  # the family's own where it has one (LLaDA2: block), else the grid's
+        args.policies = families.of(engine.config).TUNE_POLICIES
     base = GRIDS[args.grid]
     grid = dataclasses.replace(
         base,

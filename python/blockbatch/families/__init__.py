@@ -57,3 +57,22 @@ def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 def published_shapes() -> dict[str, tuple[str, dict]]:
     """``make-random --preset`` shapes of every family: preset name -> (family, config fields)."""
     return {preset: (name, shape) for name, m in REGISTRY.items() for preset, shape in m.PUBLISHED_SHAPES.items()}
+
+
+def decoding(policy: str) -> list[str]:
+    """Display names of the families that decode with ``policy`` (their ``POLICIES``)."""
+    return [m.DISPLAY_NAME for m in REGISTRY.values() if policy in m.POLICIES]
+
+
+def per_family_text(attribute: str, sep: str = " ", otherwise: str | None = None) -> str:
+    """Help text of a per-family tuple of policies, e.g. ``BENCH_POLICIES``: "vanilla dual blockbatch
+    on LLaDA and Dream checkpoints; block on LLaDA2 checkpoints". Families whose value is None are
+    described by ``otherwise`` (e.g. "the grid's")."""
+    groups: dict[str, list[str]] = {}
+    for m in REGISTRY.values():
+        value = getattr(m, attribute)
+        groups.setdefault(otherwise if value is None else sep.join(value), []).append(m.DISPLAY_NAME)
+    return "; ".join(
+        f"{value} on {' and '.join([', '.join(names[:-1]), names[-1]] if len(names) > 1 else names)} checkpoints"
+        for value, names in groups.items()
+    )

@@ -24,6 +24,21 @@ PROPOSALS_WITHIN_TOKENIZER = False  # every embedding row is a token the decoder
 # Decode options a request of this family gets where it sets none (under the options table's defaults).
 DEFAULT_OPTIONS: dict[str, Any] = {}
 
+# What the front doors ask of a family (never its name; tests/tools/test_registries.py checks each is here):
+# the policies it decodes with (the native engine refuses the others: csrc/decode/family.cpp), ...
+POLICIES: tuple[str, ...] = ("vanilla", "prefix", "dual", "blockbatch")
+# ... those `blockbatch bench` runs without --policies, those `blockbatch tune` sweeps without --policies
+# (None: the grid's own) ...
+BENCH_POLICIES: tuple[str, ...] = ("vanilla", "dual", "blockbatch")
+TUNE_POLICIES: tuple[str, ...] | None = None
+# ... whether Dream's samplers apply (alg, alg_temp, eps, top_p, top_k: FamilyRules::samplers) ...
+SAMPLERS = False
+# ... the title of the option group named after it in `generate --help` (None: no group of that name) ...
+OPTION_GROUP_HELP: str | None = None
+# ... and the policies `python -m blockbatch.toy.evaluate` runs through the float32 reference (none: its
+# toy is evaluated with the native engine, `blockbatch bench`).
+TOY_EVAL_POLICIES: tuple[str, ...] = ("vanilla", "prefix", "dual")
+
 
 def missing_tensor_hint(name: str) -> str:
     """Text added to the error of a missing tensor ``name`` (none for LLaDA)."""

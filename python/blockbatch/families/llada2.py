@@ -67,6 +67,21 @@ PROPOSALS_WITHIN_TOKENIZER = True
 # schedule, so it cannot hold a per-family value).
 DEFAULT_OPTIONS: dict[str, Any] = {"policy": "block", "threshold": 0.95}
 
+# What the front doors ask of a family (never its name; tests/tools/test_registries.py checks each is here):
+# the policies it decodes with (the native engine refuses the others: csrc/decode/family.cpp), ...
+POLICIES: tuple[str, ...] = ("block",)
+# ... those `blockbatch bench` runs without --policies, those `blockbatch tune` sweeps without --policies
+# (None: the grid's own) ...
+BENCH_POLICIES: tuple[str, ...] = ("block",)
+TUNE_POLICIES: tuple[str, ...] | None = ("block",)
+# ... whether Dream's samplers apply (alg, alg_temp, eps, top_p, top_k: FamilyRules::samplers) ...
+SAMPLERS = False
+# ... the title of the option group named after it in `generate --help` (None: no group of that name) ...
+OPTION_GROUP_HELP: str | None = "block (LLaDA2 checkpoints: policy block only)"
+# ... and the policies `python -m blockbatch.toy.evaluate` runs through the float32 reference (none: its
+# toy is evaluated with the native engine, `blockbatch bench`).
+TOY_EVAL_POLICIES: tuple[str, ...] = ()
+
 
 def tensor_count(config: ModelConfig) -> int:
     """How many tensors a checkpoint of ``config`` holds (MoE layers hold three per expert)."""
@@ -104,6 +119,13 @@ def default_kv_heads(heads: int) -> int:
 def reference_config(config: ModelConfig) -> ref.LLaDA2Config:
     """The reference model's config of ``config`` (its ``config.json`` keys)."""
     return ref.LLaDA2Config.from_dict(write_config(config))
+
+
+def reference_model(checkpoint) -> ref.LLaDA2Reference:
+    """The float32 reference model of a LLaDA2 checkpoint (``bench --compare-reference``), holding its
+    mask and EOS ids for the block decoder."""
+    config = checkpoint.config
+    return ref.LLaDA2Reference(reference_config(config), checkpoint.weights, config.mask_token_id, config.eos_token_id)
 
 
 def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:

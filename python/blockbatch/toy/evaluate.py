@@ -35,26 +35,29 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from .. import families
+from .. import policies as policy_registry
 from ..errors import write_json_file
 from ..loading import load_checkpoint
+from ..options import DecodeOptions
 from ..outputs import OutputError, check_output
-from ..reference import dream as dream_ref
+from ..reference.dream import ALG_NAMES
 from ..reference.proposals import ALGS
 from ..reference.model import ReferenceModel
-from ..reference.policies import POLICIES, generate
+from ..reference.policies import shift_rows
 from . import CHECKPOINT_DIRS, checkpoint_path
 from . import task as toy_task
 from . import tokenizer as toy_tok
 
 EVAL_SEED = 0  # default held-out problem set: make_problems(n, EVAL_SEED, "test")
 Decoder = Callable[[torch.Tensor], Any]
-DREAM_POLICIES = ("vanilla", "prefix", "dual", "blockbatch")
-DREAM_BLOCK_SIZES = (4, 8, 16, 32, 64)  # dream_blockbatch's default branches
+DREAM_BLOCK_SIZES = (4, 8, 16, 32, 64)  # dream_blockbatch's default branches (--block-sizes)
+_ALG_OPTION = {v: k for k, v in ALG_NAMES.items()}  # --dream-alg (the authors' names) -> DecodeOptions.alg
 
 
 def policies_for(family: str) -> tuple[str, ...]:
-    """Policies ``reference_decoder`` runs for a model of ``family``."""
-    return DREAM_POLICIES if family == "dream" else POLICIES
+    """Policies ``reference_decoder`` runs for a model of ``family`` (its ``TOY_EVAL_POLICIES``)."""
+    return families.get(family).TOY_EVAL_POLICIES
 
 
 @dataclasses.dataclass
@@ -178,73 +181,42 @@ def reference_decoder(
     block_sizes: Sequence[int] = DREAM_BLOCK_SIZES,
     steps: int | None = None,
 ) -> Decoder:
-    """A decoder running the float32 reference of ``model``'s family.
+    """A decoder running the float32 reference of ``policy`` on ``model``'s family: the policy's
+    reference entry for that family (``blockbatch.policies``: ``reference.policies.generate`` for
+    LLaDA, ``reference.dream``'s decoders for Dream), returning (generated ids, NFE).
 
-    LLaDA: ``reference.policies.generate``; ``policy="vanilla"`` with ``threshold=None`` is one
-    token per step (``steps = gen_length``). Dream: ``reference.dream`` (``dream_decoder``).
-    """
-    if getattr(model.config, "family", "llada") == "dream":
-        return dream_decoder(model, policy, gen_length, block_length, threshold, alg, block_sizes, steps)
-    if policy not in POLICIES:
-        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
-    if gen_length % block_length:
-        raise ValueError(f"block_length {block_length} must divide gen_length {gen_length}")
-
-    def decode(prompt: torch.Tensor):
-        res = generate(
-            model,
-            prompt,
-            gen_length,
-            block_length,
-            policy=policy,
-            steps=gen_length if threshold is None else None,
-            threshold=threshold,
-        )
-        return res.tokens[prompt.numel() :], res.nfe
-
-    return decode
-
-
-def dream_decoder(
-    model: ReferenceModel,
-    policy: str,
-    gen_length: int = 64,
-    block_length: int = 32,
-    threshold: float | None = 0.9,
-    alg: str = "entropy",
-    block_sizes: Sequence[int] = DREAM_BLOCK_SIZES,
-    steps: int | None = None,
-) -> Decoder:
-    """A decoder running a float32 Dream decoder of ``reference.dream`` (returns ``DreamResult``).
-
-    ``vanilla``: ``dream_vanilla`` with ``steps`` (default ``gen_length``) and ``alg`` (no blocks,
-    no threshold: ``threshold`` is ignored); ``prefix`` / ``dual``: ``dream_cached``
-    (``block_length``, ``threshold``); ``blockbatch``: ``dream_blockbatch`` (``block_sizes``,
-    ``threshold``).
-    """
-    if policy not in DREAM_POLICIES:
-        raise ValueError(f"policy must be one of {DREAM_POLICIES} for a Dream model, got {policy!r}")
-    if policy in ("prefix", "dual") and gen_length % block_length:
-        raise ValueError(f"block_length {block_length} must divide gen_length {gen_length}")
-    if policy != "vanilla" and threshold is None:
-        raise ValueError(f"Dream policy {policy!r} needs a threshold")
+    ``threshold`` None: one token per step (``steps = gen_length``). Where Dream's samplers apply
+    (the family's ``SAMPLERS``), vanilla is the family's own sampler: ``steps`` forwards (default
+    ``gen_length``) ranked by ``alg`` (the authors' names: ``maskgit_plus``, ``topk_margin``,
+    ``entropy``, ``origin``), no blocks, no threshold. A multi-branch policy decodes with the branch
+    sizes ``block_sizes``."""
+    family = families.get(model.config.family)
+    known = family.TOY_EVAL_POLICIES
+    if policy not in known:
+        raise ValueError(f"policy must be one of {known} for a {family.DISPLAY_NAME} model, got {policy!r}")
+    kw: dict[str, Any] = dict(policy=policy, gen_length=gen_length, block_length=block_length, threshold=threshold)
+    if family.SAMPLERS:
+        if alg not in _ALG_OPTION:
+            raise ValueError(f"alg must be one of {', '.join(_ALG_OPTION)}, got {alg!r}")
+        kw.update(steps=steps or gen_length, alg=_ALG_OPTION[alg])
+    else:
+        kw.update(steps=gen_length if threshold is None else None)
+    if policy_registry.get(policy).MULTI_BRANCH:
+        kw.update(block_sizes=tuple(block_sizes))
+    options = DecodeOptions(**kw)
 
     def decode(prompt: torch.Tensor):
-        ids = prompt.tolist()
-        if policy == "vanilla":
-            return dream_ref.dream_vanilla(model, ids, gen_length, steps=steps or gen_length, alg=alg)
-        assert threshold is not None  # checked above for every policy but vanilla
-        if policy == "blockbatch":
-            return dream_ref.dream_blockbatch(model, ids, gen_length, block_sizes=block_sizes, threshold=threshold)
-        return dream_ref.dream_cached(model, ids, gen_length, block_length, threshold, dual=policy == "dual")
+        row, nfe = policy_registry.reference(model, prompt, options, family.NAME)
+        return row[prompt.numel() :], nfe
 
     return decode
 
 
 def policy_threshold(policy: str, threshold: float) -> float | None:
-    """The commit rule the CLI uses: vanilla one token per step (LLaDA) or Dream's own schedule,
-    the other policies with the threshold."""
-    return None if policy == "vanilla" else threshold
+    """The commit rule the CLI uses: a policy whose bare spec commits without a threshold (vanilla:
+    one token per step on LLaDA, Dream's own schedule) runs without one, the others with
+    ``threshold``."""
+    return None if policy_registry.get(policy).bench_options(0)["threshold"] is None else threshold
 
 
 def evaluate_policies(
@@ -264,7 +236,7 @@ def evaluate_policies(
     """Every policy of ``policies`` (default: all of the model's family) on the same problems."""
     problems = toy_task.make_problems(n, seed, "test")
     if policies is None:
-        policies = policies_for(getattr(model.config, "family", "llada"))
+        policies = policies_for(model.config.family)
     out = {}
     for policy in policies:
         dec = reference_decoder(
@@ -316,7 +288,7 @@ def confidence_spread(
             while bool((x[s:e] == cfg.mask_token_id).any()):
                 logits = model.forward([x], [pos])[0]
                 if cfg.shifted_logits:
-                    logits = dream_ref.shift_rows(logits)
+                    logits = shift_rows(logits)
                 logits = logits[s:e].double()
                 conf, x0 = torch.softmax(logits, -1).max(-1)
                 if first:
@@ -355,16 +327,26 @@ def format_table(results: dict[str, EvalResult]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m blockbatch.toy.evaluate", description=__doc__.split("\n\n")[0])
+    evaluated = [f for f in CHECKPOINT_DIRS if policies_for(f)]  # the toys with float32 reference decoders
     where = ap.add_mutually_exclusive_group()
     where.add_argument(
         "--family",
-        choices=[f for f in CHECKPOINT_DIRS if f != "llada2"],
+        choices=evaluated,
         default=None,
-        help="evaluate the shipped toy checkpoint of this family (default llada; the LLaDA2 toy decodes with the "
-        "native block policy: blockbatch bench --model <its folder>)",
+        help=f"evaluate the shipped toy checkpoint of this family (default {evaluated[0]}; "
+        + "; ".join(
+            f"the {m.DISPLAY_NAME} toy decodes with the native policy {', '.join(m.POLICIES)}: "
+            "blockbatch bench --model <its folder>"
+            for m in families.REGISTRY.values()
+            if not m.TOY_EVAL_POLICIES
+        )
+        + ")",
     )
     where.add_argument(
-        "--checkpoint", default=None, help="checkpoint folder (LLaDA or Dream: the family comes from its config.json)"
+        "--checkpoint",
+        default=None,
+        help=f"checkpoint folder ({' or '.join(families.get(f).DISPLAY_NAME for f in evaluated)}: the family comes "
+        "from its config.json)",
     )
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--seed", type=int, default=EVAL_SEED)
@@ -373,7 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--policies",
         default=None,
-        help="comma-separated (default: vanilla,prefix,dual for LLaDA, vanilla,prefix,dual,blockbatch for Dream)",
+        help="comma-separated (default: "
+        + ", ".join(f"{','.join(policies_for(f))} for {families.get(f).DISPLAY_NAME}" for f in evaluated)
+        + ")",
     )
     ap.add_argument("--threshold", type=float, default=0.9)
     ap.add_argument(
@@ -407,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         block_sizes = tuple(int(b) for b in args.block_sizes.split(","))
     except ValueError:
         ap.error(f"--block-sizes {args.block_sizes!r}: expected comma-separated integers")
-    checkpoint = args.checkpoint or checkpoint_path(args.family or "llada")
+    checkpoint = args.checkpoint or checkpoint_path(args.family or evaluated[0])
     if args.json:  # the one output-file rule (blockbatch.outputs), before the work
         try:
             check_output(args.json, "--json", protected=[("the checkpoint folder", checkpoint)])
@@ -415,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(str(e))
     ck = load_checkpoint(checkpoint)
     family = ck.config.family
+    samplers = families.get(family).SAMPLERS  # Dream's: --dream-alg, --dream-steps apply
     known = policies_for(family)
     policies = known if args.policies is None else tuple(p.strip() for p in args.policies.split(",") if p.strip())
     for p in policies:
@@ -422,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"unknown policy {p!r} for a {family} checkpoint; choose from {', '.join(known)}")
     if args.dream_steps is not None and args.dream_steps <= 0:
         ap.error("--dream-steps must be positive")
-    if family == "dream" and "blockbatch" in policies:
+    if any(policy_registry.get(p).MULTI_BRANCH for p in policies):
         for b in block_sizes:
             if b <= 0 or args.gen_length % b:
                 ap.error(f"--block-sizes: {b} does not divide --gen-length {args.gen_length}")
@@ -443,9 +428,10 @@ def main(argv: list[str] | None = None) -> int:
         block_sizes=block_sizes,
         steps=args.dream_steps,
     )
-    if family == "dream":
+    if samplers:
+        name = families.get(family).DISPLAY_NAME
         rules = (
-            f"Dream reference decoders (float32): vanilla = Dream's sampler, "
+            f"{name} reference decoders (float32): vanilla = {name}'s sampler, "
             f"{args.dream_steps or args.gen_length} steps, "
             f"alg {args.dream_alg}; prefix/dual = threshold {args.threshold}, blockbatch = block sizes "
             f"{','.join(map(str, block_sizes))}, threshold {args.threshold}"
@@ -467,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         "threshold": args.threshold,
         "results": {k: dict(v.summary(), threshold=policy_threshold(k, args.threshold)) for k, v in results.items()},
     }
-    if family == "dream":
+    if samplers:
         report.update(
             {
                 "dream_alg": args.dream_alg,

@@ -1,0 +1,67 @@
+"""Policy ``block``: the decoder of block-causal checkpoints (LLaDA2): blocks aligned at 0 decoded in
+turn over the exact block cache, LLaDA2.0's threshold rule and LLaDA2.1's token editing
+(docs/ALGORITHMS.md 11)."""
+
+from __future__ import annotations
+
+from ._common import fmt, tokens_per_forward
+
+NAME = "block"
+MULTI_BRANCH = False
+OPTION_GROUP_HELP = None  # its options (edit_threshold, max_post_steps) are the "llada2" group
+TUNE_AXES = ("block_lengths", "thresholds")
+
+
+def bench_options(gen_length: int) -> dict:
+    """LLaDA2.0's settings: block 32, threshold 0.95."""
+    return dict(policy=NAME, block_length=32, threshold=0.95)
+
+
+def tune_rows(grid, gen_length: int) -> list[tuple[float, str]]:
+    """Each block length (need not divide gen_length: blocks are aligned at 0) x threshold, with and
+    without LLaDA2.1's editing (edit_threshold 0.5); LLaDA2.0's 32 / 0.95 first."""
+    rows = []
+    for bl in grid.block_lengths:
+        for t in grid.thresholds:
+            for edit in (None, 0.5):
+                spec = f"block:block_length={bl},threshold={fmt(t)}"
+                if edit is not None:
+                    spec += f",edit_threshold={fmt(edit)}"
+                rows.append((abs(t - 0.95) + abs(bl - 32) / 320 + (0.01 if edit else 0), spec))
+    return rows
+
+
+def summary(stats: dict) -> str:
+    """Forwards over the exact block cache, edits (LLaDA2.1)."""
+    block = stats["branches"][0]["block_size"]
+    return (
+        f"[block {block}] nfe={stats['nfe']}, {tokens_per_forward(stats):.2f} tokens/forward, {stats['edits']} edits, "
+        f"{stats['wall_ms']:.1f} ms"
+    )
+
+
+def llada2_reference(model, prompt, o, vocab_limit: int | None = None):
+    """LLaDA2's block decoder over its exact cache (``reference.llada2.block_generate``); ``model``:
+    an ``LLaDA2Reference`` holding the checkpoint's mask and EOS ids."""
+    from ..reference.llada2 import block_generate
+
+    assert model.mask_id is not None and model.eos_id is not None
+    canvas, stats = block_generate(
+        model,
+        prompt,
+        gen_length=o.gen_length,
+        block_length=o.block_length,
+        steps=o.steps or o.block_length,
+        threshold=float("inf") if o.threshold is None else o.threshold,
+        edit_threshold=o.edit_threshold,
+        max_post_steps=o.max_post_steps,
+        stop_on_eos=o.eos_exit,
+        eos_id=model.eos_id,
+        mask_id=model.mask_id,
+        cache=True,
+    )
+    return canvas, stats["nfe"]
+
+
+# family -> reference entry
+REFERENCE = {"llada2": llada2_reference}
