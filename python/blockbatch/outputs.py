@@ -177,15 +177,6 @@ def check_output_folder(folder: str, flag: str, names: Iterable[str], **rules) -
         check_output(p, f"{flag} {folder}:", inputs=rules.get("inputs", ()), protected=protected, others=others)
 
 
-def model_folder(model: str | None) -> str:
-    """The checkpoint folder a ``--model`` value loads (None: the shipped toy's)."""
-    if model:
-        return model
-    from .toy import checkpoint_path
-
-    return checkpoint_path()
-
-
 # --------------------------------------------------------------------------- the writer
 
 

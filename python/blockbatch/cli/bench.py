@@ -10,7 +10,7 @@ import torch
 
 from ..engine import DTYPES
 from ..errors import write_json_file
-from .common import UsageError, positive_int, preset_names
+from .common import UsageError, model_folder, positive_int, preset_names
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,7 +65,7 @@ def _check_out(args: argparse.Namespace) -> None:
             "--out",
             ("bench.json", *bench.PLOTS),
             inputs=[("--tasks", args.tasks), *presets],
-            protected=[("the model folder", outputs.model_folder(args.model))],
+            protected=[("the model folder", model_folder(args.model))],
         )
     except outputs.OutputError as e:
         raise UsageError(str(e)) from None

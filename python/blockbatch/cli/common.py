@@ -111,3 +111,13 @@ class Parser(argparse.ArgumentParser):
 def one_line(e: BaseException) -> str:
     text = " ".join(line.strip() for line in str(e).strip().splitlines() if line.strip())
     return text or type(e).__name__
+
+
+def model_folder(model: str | None) -> str:
+    """The checkpoint folder a ``--model`` value loads (None: the shipped toy's): what the output
+    rule protects (blockbatch.outputs)."""
+    if model:
+        return model
+    from ..toy import checkpoint_path
+
+    return checkpoint_path()

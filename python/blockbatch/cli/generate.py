@@ -13,7 +13,16 @@ from . import option_flags
 from ..engine import DTYPES
 from ..errors import UnknownCharactersError
 from ..tasks import jsonl_text, prompt_field
-from .common import UsageError, one_line, option_values, parse_ids, positive_int, preset_help, summary_line
+from .common import (
+    UsageError,
+    model_folder,
+    one_line,
+    option_values,
+    parse_ids,
+    positive_int,
+    preset_help,
+    summary_line,
+)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -94,7 +103,7 @@ def _check_output(args: argparse.Namespace) -> None:
             args.output,
             "--output",
             inputs=[("--input", args.input), ("--preset", preset)],
-            protected=[("the model folder", outputs.model_folder(args.model))],
+            protected=[("the model folder", model_folder(args.model))],
             stream=True,
         )
     except outputs.OutputError as e:

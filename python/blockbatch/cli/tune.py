@@ -11,7 +11,7 @@ import sys
 from .. import outputs, tasks
 from ..tune import GRIDS, OBJECTIVES, choose, configs, cost_key, frontier, run_tune, setup_key
 from ..tune_report import format_report, save_plot
-from .common import positive_float, positive_int
+from .common import model_folder, positive_float, positive_int
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -493,7 +493,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
     inputs = [("--tasks", args.tasks)]
     if args.step_time != "measure":
         inputs.append(("--step-time", args.step_time))
-    protected = [("the model folder", outputs.model_folder(args.model))]
+    protected = [("the model folder", model_folder(args.model))]
     if args.include_path:
         protected.append(("--include-path", args.include_path))
     names = ["tune.json", os.path.basename(_plot_path(args))] + ([] if args.write_preset else ["preset.json"])
