@@ -16,6 +16,15 @@ def summary(stats: dict) -> str:
     )
 
 
+# prefix / dual: the Fast-dLLM cached policies' tune axes and bench settings
+CACHED_TUNE_AXES = ("block_lengths", "thresholds")
+
+
+def cached_bench_options(name: str, gen_length: int) -> dict:
+    """The paper's settings (docs/ALGORITHMS.md 3): block 32, threshold 0.9."""
+    return dict(policy=name, block_length=32, threshold=0.9)
+
+
 def cached_tune_rows(name: str, grid, gen_length: int) -> list[tuple[float, str]]:
     """prefix / dual: each block length that divides gen_length x each threshold, nearest the
     paper's 32 / 0.9 first."""

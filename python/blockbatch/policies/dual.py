@@ -3,22 +3,15 @@ alone recomputed each step (the paper's baseline)."""
 
 from __future__ import annotations
 
+import functools
+
 from . import _single_branch
 
 NAME = "dual"
 MULTI_BRANCH = False
 OPTION_GROUP_HELP = None
-TUNE_AXES = ("block_lengths", "thresholds")
-
-
-def bench_options(gen_length: int) -> dict:
-    """The paper's settings (docs/ALGORITHMS.md 3): block 32, threshold 0.9."""
-    return dict(policy=NAME, block_length=32, threshold=0.9)
-
-
-def tune_rows(grid, gen_length: int) -> list[tuple[float, str]]:
-    return _single_branch.cached_tune_rows(NAME, grid, gen_length)
-
-
+TUNE_AXES = _single_branch.CACHED_TUNE_AXES
+bench_options = functools.partial(_single_branch.cached_bench_options, NAME)
+tune_rows = functools.partial(_single_branch.cached_tune_rows, NAME)
 summary = _single_branch.summary
 REFERENCE = _single_branch.REFERENCE
