@@ -164,6 +164,9 @@ class ConfigCodec:
     # ModelConfig field -> the config.json key the family writes it under, where the two differ (Dream:
     # n_layers -> num_hidden_layers, ...); every message names the user's key through it (C++: config_key).
     key_names: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Its configs always set head_size and rope_dims (its reader derives their defaults from its own
+    # keys: LLaDA2's head_dim and partial_rotary_factor); other families leave them unset.
+    sets_sizes: bool = False
 
     def key(self, field: str) -> str:
         """The config.json key of ModelConfig field ``field`` in this family."""
@@ -281,16 +284,11 @@ class ModelConfig:
             )
         key = self.codec.key  # field -> the key this family's config.json holds it under
         llada2_sizes = ("head_size", "rope_dims")
-        if self.family == "llada2":
-            for field in llada2_sizes:
-                if getattr(self, field) is None:
-                    raise bad(key(field), "is unset; a LLaDA2 config sets it (its reader derives the default)")
-        else:
-            for field in llada2_sizes:
-                if getattr(self, field) is not None:
-                    raise bad(
-                        field, f"is a LLaDA2 key; {self.family} models have no explicit head size or partial rotary"
-                    )
+        for field in llada2_sizes:
+            if self.codec.sets_sizes and getattr(self, field) is None:
+                raise bad(key(field), "is unset; a LLaDA2 config sets it (its reader derives the default)")
+            if not self.codec.sets_sizes and getattr(self, field) is not None:
+                raise bad(field, f"is a LLaDA2 key; {self.family} models have no explicit head size or partial rotary")
         for field in (*_INT_KEYS, "mask_token_id", "eos_token_id", *_LLADA2_INT_KEYS):
             value = getattr(self, field)
             if field in llada2_sizes and value is None:

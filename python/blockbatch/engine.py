@@ -477,7 +477,9 @@ class StreamItem:
 
 
 def _adaptive(o: DecodeOptions) -> bool:
-    return o.policy == "blockbatch" and o.branch_budget == "auto"
+    from . import policies
+
+    return policies.get(o.policy).MULTI_BRANCH and o.branch_budget == "auto"
 
 
 def _is_token_id(value: Any) -> bool:

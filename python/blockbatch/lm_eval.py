@@ -44,7 +44,7 @@ import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
-from . import contract, presets
+from . import contract, policies, presets
 from .bench import SPEC_OPTIONS, policy_kwargs
 from .engine import Engine
 from .options import DecodeOptions
@@ -160,11 +160,7 @@ class BlockBatchLM(LM):
             family = engine.config.family if engine is not None else contract.FAMILIES[0]
             family_sizes = contract.BY_NAME["block_sizes"].default_for("blockbatch", family)
             policy = kw.get("policy", contract.DEFAULTS["policy"])  # a preset file may leave it to the default
-            sizes = (
-                (kw.get("block_sizes") or family_sizes)
-                if policy == "blockbatch"
-                else [kw.get("block_length", contract.DEFAULTS["block_length"])]
-            )
+            sizes = policies.get(policy).unit_sizes(kw) or family_sizes
             if all(isinstance(b, int) and b > 0 for b in sizes):
                 unit = math.lcm(*sizes)
                 # parsed again at the rounded length, so that length-derived presets (vanilla's

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import torch
 
-from . import contract
+from . import contract, policies
 from ._C_loader import load_extension
 from .config import ModelConfig
 from .loading import Checkpoint, load_checkpoint
@@ -123,7 +123,7 @@ def _decode_fake(model, prompt_ids, **options):
     # op's keyword-only arguments (the table of blockbatch.contract), defaults filled in.
     o = {**contract.DEFAULTS, **options}
     forwards = torch.library.get_ctx().new_dynamic_size()
-    if o["policy"] != "blockbatch":
+    if not policies.get(o["policy"]).MULTI_BRANCH:
         branches = 1
     elif o["block_sizes"] is None:  # the model family's default list: its length depends on the checkpoint
         branches = torch.library.get_ctx().new_dynamic_size()

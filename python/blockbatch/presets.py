@@ -177,7 +177,7 @@ def values(
             and "block_length" not in (overrides or {})
             and isinstance(bl, int)
             and G % bl != 0
-            and out.get("policy") != "block"  # LLaDA2's blocks are aligned at 0 and need not divide
+            and not _aligned_at_zero(out.get("policy"))  # such blocks need not divide gen_length
         ):
             out["block_length"] = max((d for d in range(1, bl + 1) if G % d == 0))
     return out
@@ -204,3 +204,12 @@ def write(
     from .errors import write_json_file
 
     write_json_file(path, data, flag=flag)
+
+
+def _aligned_at_zero(policy) -> bool:
+    """Whether ``policy``'s blocks start at position 0, so that its block_length need not divide
+    gen_length (blockbatch.policies; an unknown name is refused where the options are checked)."""
+    from . import policies
+
+    module = policies.REGISTRY.get(policy) if isinstance(policy, str) else None
+    return bool(module is not None and module.BLOCKS_ALIGNED_AT_ZERO)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from . import policies
 from .outputs import write_atomic
 from .tune import cost_key, frontier, split
 
@@ -60,13 +61,7 @@ def save_plot(data: dict, path: str, chosen: str | None, flag: str = "file") -> 
     if plt is None:
         return None
     pts = data["configs"]
-    colors = {
-        "vanilla": "tab:gray",
-        "prefix": "tab:green",
-        "dual": "tab:blue",
-        "blockbatch": "tab:red",
-        "block": "tab:purple",
-    }
+    colors = {name: module.PLOT_COLOR for name, module in policies.REGISTRY.items()}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
     for ax, key, label in (
         (axes[0], "mean_nfe", "mean NFE per sample"),

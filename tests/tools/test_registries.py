@@ -37,7 +37,6 @@ EXEMPT_FAMILY = {
     "contract.py": "the options table: its by_family column and the family-named option groups",
     "settings.py": "bench_gpu_step's candidate models, named by the family whose steps they time",
     "toy/__init__.py": "the shipped toy checkpoints, one folder per family",
-    "cli/make_random.py": "being edited on another branch (issue 52): folded into the registry there",
 }
 EXEMPT_POLICY = {
     "policies/": "the policy registry itself",
@@ -46,28 +45,12 @@ EXEMPT_POLICY = {
 }
 
 
-# Single comparisons allowed outside those: (file, the offending code) -> why. The first three are
-# not policies at all; PENDING are real name tests in files other engineers own while issue 52 lands:
-# each is to become a question to policies.REGISTRY, and an entry whose code is gone must be removed
-# (test_every_allowed_site_is_still_there), so this list only shrinks.
+# Single comparisons allowed outside those: (file, the offending code) -> why. These are not
+# policies at all; an entry whose code is gone must be removed (test_every_allowed_site_is_still_there).
 NOT_A_POLICY = {
     ("bench.py", '"blockbatch": __version__'): "the package's name in the environment record",
     ("serve/responses.py", '"blockbatch": outcome.report'): "the response's blockbatch extension field",
     ("cli/tune.py", 'x == "block"'): "--refresh's keyword 'block' (the smallest branch), not the policy",
-}
-PENDING = {
-    ("cli/generate.py", 'values["policy"] != "block"'): "--steps with a threshold: the block policy's steps",
-    ("engine.py", 'o.policy == "blockbatch"'): "adaptive branch budget (MULTI_BRANCH)",
-    ("lm_eval.py", 'policy == "blockbatch"'): "the canvas unit: the branch sizes' (MULTI_BRANCH)",
-    ("native.py", 'o["policy"] != "blockbatch"'): "the fake op's branch count (MULTI_BRANCH)",
-    ("presets.py", 'out.get("policy") != "block"'): "blocks aligned at 0 need not divide gen_length",
-    ("serve/protocol.py", 'values.get("policy", contract.DEFAULTS["policy"]) == "blockbatch"'): "the canvas unit",
-    ("tune_report.py", '"vanilla": "tab:gray"'): "plot colours per policy",
-}
-# The same for family names: landed on main with the config work (fix/configs) while this test was
-# written; the family's ConfigCodec could say whether its configs set head_size / rope_dims.
-PENDING_FAMILY = {
-    ("config.py", 'self.family == "llada2"'): "head_size / rope_dims: LLaDA2's keys only",
 }
 
 
@@ -122,12 +105,12 @@ def _scan(names: frozenset[str], exempt: dict[str, str], allowed=()) -> list[str
 
 
 def test_no_front_door_tests_a_family_name():
-    bad = _scan(FAMILY_NAMES, EXEMPT_FAMILY, PENDING_FAMILY)
+    bad = _scan(FAMILY_NAMES, EXEMPT_FAMILY, {})
     assert not bad, "ask blockbatch.families.REGISTRY instead of naming a family:\n" + "\n".join(bad)
 
 
 def test_no_front_door_tests_a_policy_name():
-    bad = _scan(POLICY_NAMES, EXEMPT_POLICY, {**NOT_A_POLICY, **PENDING})
+    bad = _scan(POLICY_NAMES, EXEMPT_POLICY, NOT_A_POLICY)
     assert not bad, "ask blockbatch.policies.REGISTRY instead of naming a policy:\n" + "\n".join(bad)
 
 
@@ -138,7 +121,7 @@ def test_every_exemption_names_a_file_that_exists():
 
 @pytest.mark.parametrize(
     "site, names",
-    [*((site, POLICY_NAMES) for site in [*NOT_A_POLICY, *PENDING]), *((site, FAMILY_NAMES) for site in PENDING_FAMILY)],
+    [(site, POLICY_NAMES) for site in NOT_A_POLICY],
     ids=lambda x: x[0] if isinstance(x, tuple) else "",
 )
 def test_every_allowed_site_is_still_there(site, names):
@@ -199,6 +182,10 @@ POLICY_FIELDS = {
     "tune_rows": callable,
     "summary": callable,
     "REFERENCE": lambda v: isinstance(v, dict) and all(callable(e) for e in v.values()),
+    "PLOT_COLOR": lambda v: isinstance(v, str),
+    "unit_sizes": callable,
+    "BLOCKS_ALIGNED_AT_ZERO": lambda v: isinstance(v, bool),
+    "STEPS_WITH_CONFIDENCE": lambda v: isinstance(v, bool),
 }
 # What the front doors read of a family module (reference_model and tensor_count are optional:
 # without them, bench uses reference.model.ReferenceModel and a fixed count per layer).
@@ -211,6 +198,7 @@ FAMILY_FIELDS = {
     "BENCH_POLICIES": lambda v: isinstance(v, tuple) and len(v) > 0,
     "TUNE_POLICIES": lambda v: v is None or (isinstance(v, tuple) and len(v) > 0),
     "SAMPLERS": lambda v: isinstance(v, bool),
+    "MIXTURE_OF_EXPERTS": lambda v: isinstance(v, bool),
     "OPTION_GROUP_HELP": lambda v: v is None or isinstance(v, str),
     "TOY_EVAL_POLICIES": lambda v: isinstance(v, tuple),
     "PUBLISHED_SHAPES": lambda v: isinstance(v, dict),

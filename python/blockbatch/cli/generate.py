@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-from .. import outputs, settings
+from .. import outputs, policies, settings
 from . import option_flags
 from ..engine import DTYPES
 from ..errors import UnknownCharactersError
@@ -38,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
     family = families.default_options(ModelConfig.from_json_file(config_path)) if os.path.isfile(config_path) else {}
     values = option_values(args, family)
     steps, threshold, factor = values["steps"], values["threshold"], values["factor"]
-    if values["policy"] != "block" and steps is not None and (threshold is not None or factor is not None):
+    steps_bound_confidence = policies.get(values["policy"]).STEPS_WITH_CONFIDENCE
+    if not steps_bound_confidence and steps is not None and (threshold is not None or factor is not None):
         rule = f"--factor {factor}" if factor is not None else f"--threshold {threshold}"
         raise UsageError(
             f"--steps {steps} is used only by the fixed schedule, but {rule} commits by "

@@ -47,8 +47,9 @@ def _make_random_shape(args: argparse.Namespace, family: str) -> dict:
         if n != "kv_heads"
     }
     if args.experts is not None:
-        if family != "llada2":
-            raise UsageError(f"--experts is a llada2 flag (mixture-of-experts layers); {family} models are dense")
+        if not families.get(family).MIXTURE_OF_EXPERTS:
+            moe = ", ".join(n for n, m in families.REGISTRY.items() if m.MIXTURE_OF_EXPERTS)
+            raise UsageError(f"--experts is a {moe} flag (mixture-of-experts layers); {family} models are dense")
         shape["num_experts"] = args.experts
     heads = shape["n_heads"]
     if args.kv_heads is not None:
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
                 f"drop --family or pass --family {PRESETS[args.preset]}"
             )
         family = PRESETS[args.preset]
-    family = family or "llada"
+    family = family or next(iter(families.REGISTRY))  # the default family (the options table's first)
     if os.path.lexists(args.out) and not os.path.isdir(args.out):
         raise UsageError(f"{args.out}: exists and is not a directory; make-random writes a checkpoint folder")
     present = [

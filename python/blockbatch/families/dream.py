@@ -61,6 +61,8 @@ BENCH_POLICIES: tuple[str, ...] = ("vanilla", "dual", "blockbatch")
 TUNE_POLICIES: tuple[str, ...] | None = None
 # ... whether Dream's samplers apply (alg, alg_temp, eps, top_p, top_k: FamilyRules::samplers) ...
 SAMPLERS = True
+# Mixture-of-experts layers (make-random --experts): dense
+MIXTURE_OF_EXPERTS = False
 # ... the title of the option group named after it in `generate --help` (None: no group of that name) ...
 OPTION_GROUP_HELP: str | None = "Dream-family samplers (alg: vanilla, both families; the others: Dream only)"
 # ... and the policies `python -m blockbatch.toy.evaluate` runs through the float32 reference (none: its

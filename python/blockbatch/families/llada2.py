@@ -76,6 +76,8 @@ BENCH_POLICIES: tuple[str, ...] = ("block",)
 TUNE_POLICIES: tuple[str, ...] | None = ("block",)
 # ... whether Dream's samplers apply (alg, alg_temp, eps, top_p, top_k: FamilyRules::samplers) ...
 SAMPLERS = False
+# Mixture-of-experts layers (make-random --experts)
+MIXTURE_OF_EXPERTS = True
 # ... the title of the option group named after it in `generate --help` (None: no group of that name) ...
 OPTION_GROUP_HELP: str | None = "block (LLaDA2 checkpoints: policy block only)"
 # ... and the policies `python -m blockbatch.toy.evaluate` runs through the float32 reference (none: its
@@ -358,4 +360,8 @@ KEY_NAMES = {
     "routed_scaling": "routed_scaling_factor",
 }
 
-register_family(ConfigCodec(MODEL_TYPE, NAME, read_config, write_config, check_config, cpp_id=2, key_names=KEY_NAMES))
+register_family(
+    ConfigCodec(
+        MODEL_TYPE, NAME, read_config, write_config, check_config, cpp_id=2, key_names=KEY_NAMES, sets_sizes=True
+    )
+)

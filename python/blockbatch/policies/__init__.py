@@ -8,7 +8,13 @@ they ask instead of testing a policy's name. Each module declares:
 * ``BENCH_OPTIONS``: ``bench_options(gen_length)``, the options of the bare spec ``bench --policies NAME``;
 * ``TUNE_AXES`` and ``tune_rows(grid, gen_length)``: the ``tune.Grid`` fields it reads and its
   configs with their coarse-to-fine rank (``tune.configs`` interleaves the policies);
-* ``summary(stats)``: its part of ``generate``'s one human line per generation;
+* ``summary(stats)``: its part of ``generate``'s one human line per generation; ``PLOT_COLOR``:
+  its colour in the tune and bench plots;
+* ``unit_sizes(values)``: the block sizes ``gen_length`` must be a multiple of under the options
+  ``values`` (a dict; None: the model family's default sizes), ``BLOCKS_ALIGNED_AT_ZERO`` (its
+  blocks start at position 0, so block_length need not divide gen_length) and
+  ``STEPS_WITH_CONFIDENCE`` (``steps`` bounds its confidence rule rather than naming a fixed
+  schedule);
 * ``REFERENCE``: family name -> its float32 reference entry ``entry(model, prompt, options,
   vocab_limit) -> (row, nfe)`` (the whole canvas row the native engine must equal, and the
   forwards), one row per family the policy decodes (``bench --compare-reference``, the toy evaluation).

@@ -16,6 +16,13 @@ def summary(stats: dict) -> str:
     )
 
 
+def unit_sizes(values: dict) -> list:
+    """One block length: gen_length is a whole number of blocks."""
+    from ..contract import DEFAULTS
+
+    return [values.get("block_length", DEFAULTS["block_length"])]
+
+
 # prefix / dual: the Fast-dLLM cached policies' tune axes and bench settings
 CACHED_TUNE_AXES = ("block_lengths", "thresholds")
 

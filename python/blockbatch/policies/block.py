@@ -65,3 +65,15 @@ def llada2_reference(model, prompt, o, vocab_limit: int | None = None):
 
 # family -> reference entry
 REFERENCE = {"llada2": llada2_reference}
+
+
+PLOT_COLOR = "tab:purple"
+BLOCKS_ALIGNED_AT_ZERO = True  # LLaDA2's blocks start at 0: block_length need not divide gen_length
+STEPS_WITH_CONFIDENCE = True  # its steps bound each block's threshold rule (LLaDA2's own schedule)
+
+
+def unit_sizes(values: dict) -> list:
+    """One block length (the canvas is rounded up to whole blocks)."""
+    from ..contract import DEFAULTS
+
+    return [values.get("block_length", DEFAULTS["block_length"])]

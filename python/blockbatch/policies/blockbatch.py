@@ -95,3 +95,13 @@ def llada_reference(model, prompt, o, vocab_limit: int | None = None):
 
 # family -> reference entry
 REFERENCE = {"llada": llada_reference, "dream": dream_reference}
+
+
+PLOT_COLOR = "tab:red"
+BLOCKS_ALIGNED_AT_ZERO = False
+STEPS_WITH_CONFIDENCE = False
+
+
+def unit_sizes(values: dict) -> list | None:
+    """Every branch size (None: the model family's default branch set)."""
+    return values.get("block_sizes") or None

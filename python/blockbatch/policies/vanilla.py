@@ -21,4 +21,8 @@ def tune_rows(grid, gen_length: int) -> list[tuple[float, str]]:
 
 
 summary = _single_branch.summary
+unit_sizes = _single_branch.unit_sizes
+PLOT_COLOR = "tab:gray"
+BLOCKS_ALIGNED_AT_ZERO = False
+STEPS_WITH_CONFIDENCE = False
 REFERENCE = _single_branch.REFERENCE

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .. import contract, presets
+from .. import contract, policies, presets
 from .guard import APIError
 from ..options import DecodeOptions
 
@@ -322,15 +322,12 @@ def _gen_length(values: dict, max_tokens: int | None) -> int:
     without max_tokens the DecodeOptions default."""
     if max_tokens is None:
         return contract.DEFAULTS["gen_length"]
-    if values.get("policy", contract.DEFAULTS["policy"]) == "blockbatch":
-        sizes = values.get("block_sizes")
-        if isinstance(sizes, (list, tuple)) and sizes and all(is_int(b) and b > 0 for b in sizes):
-            unit = math.lcm(*sizes)
-        else:
-            unit = GEN_LENGTH_UNIT
-    else:
-        block = values.get("block_length", contract.DEFAULTS["block_length"])
-        unit = block if is_int(block) and block > 0 else 1
+    policy = policies.get(values.get("policy", contract.DEFAULTS["policy"]))
+    sizes = policy.unit_sizes(values)
+    if isinstance(sizes, (list, tuple)) and sizes and all(is_int(b) and b > 0 for b in sizes):
+        unit = math.lcm(*sizes)
+    else:  # its sizes are the family's (a multiple of 32) or not integers (refused later, naming them)
+        unit = GEN_LENGTH_UNIT if policy.MULTI_BRANCH else 1
     return -(-max_tokens // unit) * unit
 
 
