@@ -1,7 +1,7 @@
 // decode(): the entry point declared in decode/decode.h. Validates the options and the prompt,
-// then drives the request's decoder (decode/decoder.h) to the end: the device-side decoders
-// policies/single_branch.cpp / blockbatch.cpp, or the host-canvas ones policies/dream_*.cpp, as the
-// family's rules say (decode/family.h: its readout).
+// then drives the request's decoder (decode/decoder.h; made by make_decoder, decode/driver.cpp) to
+// the end: one of policies/single_branch.cpp, blockbatch.cpp (its device or host executor, as the
+// family's rules say: decode/family.h) or block.cpp.
 #include <c10/util/Exception.h>
 
 #include <cstdint>

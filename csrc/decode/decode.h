@@ -33,7 +33,7 @@ void check_prompt(const ModelConfig& config, const std::vector<int64_t>& prompt)
 // defaults filled in, an unset block_sizes cut to the family's sizes that divide gen_length.
 DecodeOptions decode_options_for(const ModelConfig& config, const DecodeOptions& options);
 
-// Many requests at once: decode_batch and the step-wise Scheduler are in decode/scheduler.h.
+// Many requests at once: decode_batch and the step-wise Scheduler are in decode/batch/scheduler.h.
 
 // The policies are step machines (decode/decoder.h), each request one; decode() drives one alone.
 

@@ -44,7 +44,7 @@ enum class Readout {
 };
 
 struct FamilyRules {
-  const char* name;     // "llada" | "dream": the options table's family column
+  const char* name;     // "llada" | "dream" | "llada2": the options table's family column
   int64_t logit_shift;  // canvas position p reads model output p - logit_shift
   VanillaSchedule vanilla;
   SeedRule full_forward;

@@ -77,8 +77,8 @@ RequestEvent failed_event(int64_t id, std::exception_ptr error, const int64_t& c
   return ev;
 }
 
-// The scheduler takes CPU models, and CUDA models unless BLOCKBATCH_CUDA_BATCHING is 0 (default 1:
-// eager packed steps; graphs: padded steps replayed from CUDA graphs, still a candidate; the table:
+// The scheduler takes CPU models, and CUDA models unless BLOCKBATCH_CUDA_BATCHING is 0 (default
+// graphs: padded steps replayed from CUDA graphs; 1: eager packed steps; the table:
 // python/blockbatch/settings.py; the GPU tests: tests/cuda/test_cuda_batching.py).
 // Returns whether the packed steps replay CUDA graphs.
 bool check_batching_device(c10::Device device, const char* who) {

@@ -97,8 +97,8 @@ class Scheduler {
   // gen_length it accepts (the KV pool's row length); kv_budget_bytes: the pool (0: max_batch
   // requests with the family's default BlockBatch branches). curve: the step-time curve for
   // branch_budget = auto requests (empty: measured now when calibrate_s > 0, else such requests
-  // run their full branch set). CPU models; CUDA models where BLOCKBATCH_CUDA_BATCHING=1
-  // (batching.h: one stream; eager steps, or with =graphs padded steps replayed from CUDA graphs).
+  // run their full branch set). CPU models; CUDA models unless BLOCKBATCH_CUDA_BATCHING=0 (default
+  // graphs: padded steps replayed from CUDA graphs, decode/step_runner.h; 1: eager packed steps).
   // pad_packs: pad every packed forward as the graphs do, also on the CPU (a check that padding
   // changes no result). Padding takes one KV row of the budget (the scratch row).
   // kv_page_len: the pool's layout (resolve_kv_page_len; -1 automatic). prefix_cache: block-causal
