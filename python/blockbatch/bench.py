@@ -12,6 +12,7 @@ stripped generation; ``blockbatch.tasks``).
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import statistics
@@ -290,7 +291,7 @@ def save_plots(result: dict, out_dir: str, flag: str = "--out") -> list[str]:
     ax.grid(alpha=0.3)
     fig.tight_layout()
     paths.append(os.path.join(out_dir, PLOTS[0]))
-    write_atomic(paths[-1], lambda buf, fig=fig: fig.savefig(buf, dpi=120, format="png"), flag)
+    write_atomic(paths[-1], functools.partial(_save_png, fig), flag)
     if "speedup_vs_dual" in next(iter(summary.values())):
         fig, ax = plt.subplots(figsize=(5, 4))
         names = list(summary)
@@ -299,6 +300,10 @@ def save_plots(result: dict, out_dir: str, flag: str = "--out") -> list[str]:
         ax.set_ylabel("speedup vs dual cache (median time per sample)")
         fig.tight_layout()
         paths.append(os.path.join(out_dir, PLOTS[1]))
-        write_atomic(paths[-1], lambda buf, fig=fig: fig.savefig(buf, dpi=120, format="png"), flag)
+        write_atomic(paths[-1], functools.partial(_save_png, fig), flag)
     plt.close("all")
     return paths
+
+
+def _save_png(fig, buf) -> None:
+    fig.savefig(buf, dpi=120, format="png")

@@ -243,8 +243,8 @@ def check_weights_finite(weights: dict[str, torch.Tensor], files: dict[str, str]
     for name, t in weights.items():
         if t.numel() == 0:
             continue
-        lo, hi = torch.aminmax(t)
-        lo, hi = float(lo), float(hi)
+        lo_t, hi_t = torch.aminmax(t)
+        lo, hi = float(lo_t), float(hi_t)
         if not (math.isfinite(lo) and math.isfinite(hi)):
             what = "NaN" if math.isnan(lo) or math.isnan(hi) else "Inf"
             raise CheckpointError(

@@ -37,7 +37,7 @@ import signal
 import stat
 import sys
 import threading
-from typing import Callable, Iterable, Iterator
+from typing import BinaryIO, Callable, Iterable, Iterator
 
 STDOUT = "-"
 
@@ -135,11 +135,11 @@ def check_output(
                     raise OutputError(f"{where}: is {name} of {what} {guarded} (a link to it); write elsewhere")
     if st is not None and not stat.S_ISREG(st.st_mode):
         return  # a stream: written in place, its folder is not written
-    fst = _stat(folder)
+    folder_st = _stat(folder)
     shown = folder if os.path.islink(path) else (os.path.dirname(path) or ".")  # as the user wrote it
-    if fst is None:
+    if folder_st is None:
         raise OutputError(f"{where}: the folder {shown} does not exist; create it first")
-    if not stat.S_ISDIR(fst.st_mode):
+    if not stat.S_ISDIR(folder_st.st_mode):
         raise OutputError(f"{where}: {shown} is not a folder")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise OutputError(f"{where}: the folder {shown} is not writable")
@@ -278,7 +278,7 @@ class AtomicFile:
         self._good = 0  # bytes of whole content (whole lines) in the file
         self._tmp_name: str | None = None
         self._fd: int | None = None
-        self._stream: io.BufferedWriter | None = None
+        self._stream: BinaryIO | None = None
         self.failed: str | None = None  # the write error, once one happened
         if path == STDOUT and stream:
             self._stream = sys.stdout.buffer

@@ -71,7 +71,8 @@ def per_family_text(attribute: str, sep: str = " ", otherwise: str | None = None
     groups: dict[str, list[str]] = {}
     for m in REGISTRY.values():
         value = getattr(m, attribute)
-        groups.setdefault(otherwise if value is None else sep.join(value), []).append(m.DISPLAY_NAME)
+        text = sep.join(value) if value is not None else otherwise
+        groups.setdefault(text or "", []).append(m.DISPLAY_NAME)
     return "; ".join(
         f"{value} on {' and '.join([', '.join(names[:-1]), names[-1]] if len(names) > 1 else names)} checkpoints"
         for value, names in groups.items()
