@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "decode/admit.h"
 #include "decode/budget.h"
 #include "decode/options.h"
 #include "decode/stop.h"
@@ -26,12 +27,7 @@ DecodeResult decode(const Network& model, const std::vector<int64_t>& prompt, co
                     const int64_t* cancel = nullptr, const Progress* progress = nullptr, int64_t* reason = nullptr,
                     const StepCurve* curve = nullptr);
 
-// Every prompt id in the vocabulary and none the mask id (throws c10::ValueError naming the index).
-void check_prompt(const ModelConfig& config, const std::vector<int64_t>& prompt);
-
-// The options a request decodes with on `config`'s model: the table's per-policy / per-family
-// defaults filled in, an unset block_sizes cut to the family's sizes that divide gen_length.
-DecodeOptions decode_options_for(const ModelConfig& config, const DecodeOptions& options);
+// check_prompt, decode_options_for and the whole admission of a request: decode/admit.h.
 
 // Many requests at once: decode_batch and the step-wise Scheduler are in decode/batch/scheduler.h.
 

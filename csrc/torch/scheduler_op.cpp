@@ -112,6 +112,15 @@ std::tuple<int64_t, int64_t> kv_request_rows(const c10::intrusive_ptr<ModelHandl
   return {kv_rows_needed(o), kv_row_bytes(net.config(), net.dtype(), length)};
 }
 
+// The positions and KV rows a prompt of prompt_length tokens takes with `options` on `model`
+// (decode/admit.h admit_sizes: the options resolved, their ranges checked, nothing else):
+// (canvas_length, kv_rows). Python's length checks ask it instead of adding prompt and gen_length.
+std::tuple<int64_t, int64_t> admit_op(const c10::intrusive_ptr<ModelHandle>& model, int64_t prompt_length,
+                                      const OptionsPtr& options) {
+  const Admitted a = admit_sizes(model->network().config(), prompt_length, options->options);
+  return {a.canvas_length, a.kv_rows};
+}
+
 // The pool a Scheduler with these arguments would take, checked without allocating it
 // (decode/scheduler.h scheduler_pool_rows): (KV rows, bytes per row).
 std::tuple<int64_t, int64_t> check_kv_pool(const c10::intrusive_ptr<ModelHandle>& model, int64_t max_batch,
@@ -155,6 +164,11 @@ TORCH_LIBRARY_FRAGMENT(blockbatch, m) {
   m.def("kv_request_rows(__torch__.torch.classes.blockbatch.Model model, "
         "__torch__.torch.classes.blockbatch.Options options, int length) -> (int, int)",
         &kv_request_rows);
+  // (canvas_length, kv_rows) of a prompt of prompt_length tokens with these options: its positions
+  // (policy block: rounded up to whole blocks) and KV rows, as decode and the scheduler admit it.
+  m.def("admit(__torch__.torch.classes.blockbatch.Model model, int prompt_length, "
+        "__torch__.torch.classes.blockbatch.Options options) -> (int, int)",
+        &admit_op);
   // (KV rows, bytes per row) of the pool a Scheduler(model, max_batch, max_length, kv_budget_bytes,
   // kv_page_len) takes (paged: rows of max_length rounded up to whole pages, as pages); ValueError
   // when it cannot (an argument out of range, more than the device's memory).

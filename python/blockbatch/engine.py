@@ -159,14 +159,21 @@ class Engine:
     def _outside(self, name: str, i: int, token: int) -> None:
         raise ValueError(f"{name}[{i}] = {_short(token)} is outside the vocabulary [0, {self.config.vocab_size})")
 
+    def canvas_length(self, prompt_length: int, options: DecodeOptions) -> int:
+        """Positions a prompt of ``prompt_length`` tokens takes with ``options`` on this model: prompt +
+        gen_length, for policy ``block`` rounded up to whole blocks, as decode and the scheduler admit
+        it (``torch.ops.blockbatch.admit``)."""
+        return torch.ops.blockbatch.admit(self.model.obj, prompt_length, options.native)[0]
+
     def _too_long(self, i: int, ids: torch.Tensor, o: DecodeOptions) -> ValueError | None:
         """prompts[i] with ``o`` needs more positions than the model has: the error, else None."""
-        limit, length = self.config.max_sequence_length, ids.numel() + o.gen_length
+        limit, length = self.config.max_sequence_length, self.canvas_length(ids.numel(), o)
         if length <= limit:
             return None
+        rounded = " (rounded up to whole blocks of block_length)" if length != ids.numel() + o.gen_length else ""
         return ValueError(
             f"prompts[{i}]: its prompt ({ids.numel()} tokens) plus gen_length ({o.gen_length}) needs "
-            f"{length} positions but the model's max_sequence_length is {limit} (shorten the prompt "
+            f"{length} positions{rounded} but the model's max_sequence_length is {limit} (shorten the prompt "
             f"or gen_length)"
         )
 
@@ -432,7 +439,7 @@ class Engine:
             return
         events: queue_module.SimpleQueue = queue_module.SimpleQueue()
         # Every request left fits the model (_too_long), so the pool's rows do too.
-        max_length = max(2, max(todo[i].numel() + opts[i].gen_length for i in todo))
+        max_length = max(2, max(self.canvas_length(todo[i].numel(), opts[i]) for i in todo))
         with self.scheduler(
             min(max_batch, len(todo)), max_length, kv_budget_bytes, adaptive=any(_adaptive(opts[i]) for i in todo)
         ) as sched:

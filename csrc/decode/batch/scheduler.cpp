@@ -1,15 +1,12 @@
 #include "decode/batch/scheduler.h"
 
 #include <ATen/ops/from_blob.h>
-#include <ATen/ops/tensor.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
-#include <sstream>
-#include <tuple>
 
 #include "decode/decoder.h"
 #include "decode/policies/branch_rows.h"  // shared_prompt_pages
@@ -17,31 +14,7 @@
 #include "decode/stop.h"
 #include "kernels/branches.h"  // kMaxBranches: the most KV rows a request holds
 
-#ifdef BLOCKBATCH_WITH_CUDA
-#include "ops/cuda/settings.h"  // cuda_batching
-#endif
-
 namespace blockbatch {
-
-int64_t kv_rows_needed(const DecodeOptions& o) {
-  if (o.policy == Policy::kVanilla) return 0;
-  return o.policy == Policy::kBlockBatch ? static_cast<int64_t>(o.block_sizes->size()) : 1;
-}
-
-int64_t kv_row_bytes(const ModelConfig& c, c10::ScalarType dtype, int64_t length) {
-  return c.n_layers * 2 * c.n_kv_heads * length * c.head_dim() * static_cast<int64_t>(c10::elementSize(dtype));
-}
-
-int64_t resolve_kv_page_len(c10::Device device, int64_t kv_page_len) {
-  TORCH_CHECK_VALUE(kv_page_len >= -1, "kv_page_len must be -1 (automatic), 0 (dense rows) or a page length >= 1, got ",
-                    kv_page_len);
-  if (kv_page_len >= 0) return kv_page_len;
-  return device.is_cpu() ? kDefaultKvPageLen : 0;  // CUDA: dense (docs/bench/gpu/NOTES.md "Paged KV")
-}
-
-int64_t pool_row_length(int64_t max_length, int64_t page_len) {
-  return page_len > 0 ? (max_length + page_len - 1) / page_len * page_len : max_length;
-}
 
 namespace {
 
@@ -77,119 +50,7 @@ RequestEvent failed_event(int64_t id, std::exception_ptr error, const int64_t& c
   return ev;
 }
 
-// The scheduler takes CPU models, and CUDA models unless BLOCKBATCH_CUDA_BATCHING is 0 (default
-// graphs: padded steps replayed from CUDA graphs; 1: eager packed steps; the table:
-// python/blockbatch/settings.py; the GPU tests: tests/cuda/test_cuda_batching.py).
-// Returns whether the packed steps replay CUDA graphs.
-bool check_batching_device(c10::Device device, const char* who) {
-  if (device.is_cpu()) return false;
-#ifdef BLOCKBATCH_WITH_CUDA
-  if (device.is_cuda()) {
-    const int mode = cuda_ops::cuda_batching();
-    TORCH_CHECK_VALUE(mode > 0, who,
-                      " on a CUDA model is off (BLOCKBATCH_CUDA_BATCHING=0): unset it or set "
-                      "BLOCKBATCH_CUDA_BATCHING=1 (eager packed steps) or =graphs (padded steps replayed from CUDA "
-                      "graphs), or decode the requests one by one with torch.ops.blockbatch.decode");
-    return mode == 2;
-  }
-#endif
-  TORCH_CHECK_VALUE(false, who, " runs CPU models (and CUDA models in a CUDA build), not a model on ", device);
-}
-
-// The KV rows a budget of `bytes` gives the requests: padded packs keep one (the scratch row).
-int64_t budget_rows(int64_t bytes, int64_t row_bytes, bool pad) { return bytes / row_bytes - (pad ? 1 : 0); }
-
-// KV rows of one request with the family's default BlockBatch branches: the pool's rows per
-// request when no budget is given.
-int64_t default_request_rows(const ModelConfig& c) {
-  DecodeOptions o;
-  o.policy = Policy::kBlockBatch;
-  return kv_rows_needed(decode_options_for(c, o));
-}
-
-double gib(double bytes) { return bytes / static_cast<double>(int64_t{1} << 30); }
-
 }  // namespace
-
-int64_t scheduler_pool_rows(const Network& model, int64_t max_batch, int64_t max_length, int64_t kv_budget_bytes,
-                            bool pad_packs, int64_t kv_page_len) {
-  const bool pad = check_batching_device(model.device(), "the batching scheduler") || pad_packs;
-  const ModelConfig& c = model.config();
-  TORCH_CHECK_VALUE(max_batch >= 1, "max_batch must be >= 1, got ", max_batch);
-  TORCH_CHECK_VALUE(max_length >= 2 && max_length <= c.max_sequence_length, "max_length must be in [2, ",
-                    c.max_sequence_length,
-                    "] (the longest prompt + gen_length accepted, at most the model's "
-                    "max_sequence_length), got ",
-                    max_length);
-  TORCH_CHECK_VALUE(kv_budget_bytes >= 0, "kv_budget_bytes must be >= 0 (0: room for max_batch requests), got ",
-                    kv_budget_bytes);
-  const int64_t page_len = resolve_kv_page_len(model.device(), kv_page_len);
-  const int64_t row_bytes = kv_row_bytes(c, model.dtype(), pool_row_length(max_length, page_len));
-  // In double: max_batch x rows per request may not fit an int64; the pool's size is checked first.
-  const double rows = kv_budget_bytes > 0
-                          ? static_cast<double>(budget_rows(kv_budget_bytes, row_bytes, pad))
-                          : static_cast<double>(max_batch) * static_cast<double>(default_request_rows(c));
-  TORCH_CHECK_VALUE(rows >= 1, "kv_budget_bytes = ", kv_budget_bytes, " holds no KV row of ", row_bytes, " bytes (",
-                    max_length, " positions)", pad ? " besides the scratch row of padded packs" : "",
-                    "; raise it to at least ", row_bytes * (pad ? 2 : 1));
-  const double bytes = (rows + (pad ? 1 : 0)) * static_cast<double>(row_bytes);
-  const int64_t memory = device_memory_bytes(model.device());
-  if (memory > 0 && bytes > static_cast<double>(memory)) {
-    std::ostringstream why;
-    why << std::fixed;
-    why.precision(0);
-    why << "the KV pool would take " << rows << " rows of " << row_bytes << " bytes (max_length = " << max_length
-        << " positions)";
-    why.precision(2);
-    why << ", " << gib(bytes) << " GiB, but " << model.device() << " has " << gib(static_cast<double>(memory))
-        << " GiB: ";
-    if (kv_budget_bytes > 0) {
-      why << "kv_budget_bytes = " << kv_budget_bytes << " (" << gib(static_cast<double>(kv_budget_bytes))
-          << " GiB) asks for it; lower kv_budget_bytes or max_length";
-    } else {
-      why << "kv_budget_bytes = 0 sizes it for max_batch = " << max_batch << " requests of " << default_request_rows(c)
-          << " KV rows each; lower max_batch or max_length, or give a kv_budget_bytes";
-    }
-    TORCH_CHECK_VALUE(false, why.str());
-  }
-  return static_cast<int64_t>(rows);
-}
-
-StepCurve measure_step_curve(const Network& model, double limit_s) {
-  StepCurve curve;
-  const ModelConfig& c = model.config();
-  const auto idx = at::TensorOptions().dtype(at::kLong).device(model.device());
-  const auto t0 = std::chrono::steady_clock::now();
-  auto since = [](std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-  };
-  for (int64_t T = 16; T <= 4096; T *= 2) {
-    const int64_t row = std::min<int64_t>({T, 128, c.max_sequence_length});
-    std::vector<int64_t> tok(T), pos(T), cu{0};
-    for (int64_t i = 0; i < T; ++i) {
-      tok[i] = (i * 7 + 1) % c.vocab_size == c.mask_token_id ? 0 : (i * 7 + 1) % c.vocab_size;
-      pos[i] = i % row;
-      if ((i + 1) % row == 0 || i + 1 == T) cu.push_back(i + 1);
-    }
-    ForwardBatch b;
-    b.tokens = at::tensor(tok, idx);
-    b.positions = at::tensor(pos, idx);
-    b.cu_seqlens = at::tensor(cu, idx);
-    b.max_positions = row;
-    std::vector<double> times;
-    for (int rep = 0; rep < 4; ++rep) {
-      const auto s = std::chrono::steady_clock::now();
-      model.forward(b).sum().item<double>();  // the read waits for the device
-      if (rep > 0) times.push_back(since(s));
-    }
-    std::sort(times.begin(), times.end());
-    const double t = std::max(times[1], curve.seconds.empty() ? 0.0 : curve.seconds.back());  // non-decreasing
-    curve.tokens.push_back(T);
-    curve.seconds.push_back(t);
-    if (t > limit_s / 8 || since(t0) > limit_s) break;
-  }
-  return curve;
-}
 
 struct Scheduler::Live {
   std::shared_ptr<Request> r;
@@ -248,12 +109,9 @@ Scheduler::~Scheduler() {
 }
 
 int64_t Scheduler::add(const std::vector<int64_t>& prompt, const DecodeOptions& options, bool stream) {
-  const ModelConfig& c = model_.config();
-  const DecodeOptions o = decode_options_for(c, options);
-  const int64_t lp = static_cast<int64_t>(prompt.size());
-  o.validate(c, lp);
-  check_prompt(c, prompt);
-  const int64_t length = canvas_length(o, lp), rows = kv_rows_needed(o);
+  const Admitted a = blockbatch::admit(model_, prompt, options);  // not the member admit()
+  const DecodeOptions& o = a.options;
+  const int64_t lp = a.prompt_length, length = a.canvas_length, rows = a.kv_rows;
   TORCH_CHECK_VALUE(length <= max_length_, "the prompt (", lp, " tokens) plus gen_length (", o.gen_length, ") needs ",
                     length, " positions but this scheduler's max_length is ", max_length_,
                     " (shorten the prompt or gen_length, or raise max_length)");
@@ -267,7 +125,7 @@ int64_t Scheduler::add(const std::vector<int64_t>& prompt, const DecodeOptions& 
                     pool_->capacity(), " (raise kv_budget_bytes, or decode it with fewer block sizes)");
   auto r = std::make_shared<Request>();
   r->prompt = prompt;
-  r->options = options;
+  r->options = o;  // resolved once; admission budgets them at the load it starts under
   r->stream = stream;
   r->length = length;
   {
@@ -308,7 +166,7 @@ bool Scheduler::admit() {
       // The load it joins: the requests decoding and waiting, itself included, at most max_batch.
       load = std::min<int64_t>(max_batch_, static_cast<int64_t>(live_.size() + queue_.size()));
     }
-    DecodeOptions o = budgeted(decode_options_for(model_.config(), r->options), load, curve_);
+    DecodeOptions o = budgeted(r->options, load, curve_);
     o.cuda_graphs = false;  // the packed forward replays its own graphs (pack.h)
     auto l = std::make_unique<Live>();
     const int64_t rows = kv_rows_needed(o);
@@ -569,46 +427,6 @@ void Scheduler::report(Request& r, const int64_t* x, int64_t numel) {
   push(std::move(ev));
 }
 
-}  // namespace blockbatch
-
-namespace blockbatch {
-
-namespace {
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// decode_batch's default pool keeps the prompt blocks its requests share up to this size, or the
-// size of the running requests' rows where that is larger.
-constexpr int64_t kPrefixCacheRoomBytes = int64_t{1} << 30;
-
-// Pages of the complete prompt blocks that at least two of `prompts` start with (block[i] > 0:
-// request i's prompt is cached in blocks of block[i] positions; 0: not cached): what a prefix cache
-// must keep for every repeat among them to be read rather than computed.
-int64_t shared_prompt_block_pages(const std::vector<std::vector<int64_t>>& prompts, const std::vector<int64_t>& block,
-                                  int64_t page_len) {
-  // A trie of the prompts' blocks, per block length: (block length, parent node, block tokens) -> node.
-  std::map<std::tuple<int64_t, int64_t, std::vector<int64_t>>, int64_t> node;
-  std::vector<int64_t> requests;  // per node: the requests whose prompts start with it
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    const int64_t b = block[i];
-    if (b <= 0) continue;
-    int64_t parent = -1;
-    for (auto it = prompts[i].begin(); prompts[i].end() - it >= b; it += b) {
-      const auto [at, added] =
-          node.try_emplace({b, parent, std::vector<int64_t>(it, it + b)}, static_cast<int64_t>(requests.size()));
-      if (added) requests.push_back(0);
-      parent = at->second;
-      ++requests[parent];
-    }
-  }
-  int64_t pages = 0;
-  for (const auto& [key, id] : node) {
-    if (requests[id] >= 2) pages += std::get<0>(key) / page_len;
-  }
-  return pages;
-}
-
-}  // namespace
 
 std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<std::vector<int64_t>>& prompts,
                                        const std::vector<DecodeOptions>& options, int64_t max_batch,
@@ -620,56 +438,20 @@ std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<s
   TORCH_CHECK_VALUE(max_batch >= 1, "max_batch must be >= 1, got ", max_batch);
   TORCH_CHECK_VALUE(kv_budget_bytes >= 0, "kv_budget_bytes must be >= 0 (0: room for max_batch requests), got ",
                     kv_budget_bytes);
-  const ModelConfig& c = model.config();
   const bool pad = check_batching_device(model.device(), "decode_batch") || pad_packs;
   // Every request checked before any runs: an error names the request.
-  int64_t max_length = 2, max_rows = 0;
-  std::vector<int64_t> rows_of(n, 0), cache_block_of(n, 0);
-  const int64_t page_len = resolve_kv_page_len(model.device(), -1);
+  std::vector<Admitted> admitted;
+  admitted.reserve(n);
   for (int64_t i = 0; i < n; ++i) {
     try {
-      const DecodeOptions o = decode_options_for(c, options[i]);
-      o.validate(c, static_cast<int64_t>(prompts[i].size()));
-      check_prompt(c, prompts[i]);
-      max_length = std::max(max_length, canvas_length(o, static_cast<int64_t>(prompts[i].size())));
-      rows_of[i] = kv_rows_needed(o);
-      max_rows = std::max(max_rows, rows_of[i]);
-      if (prefix_cache && page_len > 0 && o.policy == Policy::kBlock && o.block_length % page_len == 0) {
-        cache_block_of[i] = o.block_length;  // the scheduler caches this request's complete prompt blocks
-      }
+      admitted.push_back(admit(model, prompts[i], options[i]));
     } catch (c10::Error& e) {
       e.add_context("request " + std::to_string(i));
       throw;
     }
   }
   const int64_t workers = std::min(max_batch, std::max<int64_t>(n, 1));
-  // Rows of max_length (rounded up to whole pages when the pool is paged: the scheduler's unit).
-  const int64_t row_bytes =
-      kv_row_bytes(c, model.dtype(), pool_row_length(max_length, resolve_kv_page_len(model.device(), -1)));
-  int64_t pool_rows = kv_budget_bytes > 0 ? budget_rows(kv_budget_bytes, row_bytes, pad) : 0;
-  if (kv_budget_bytes == 0) {  // room for the `workers` largest requests
-    std::vector<int64_t> sorted = rows_of;
-    std::sort(sorted.rbegin(), sorted.rend());
-    for (int64_t i = 0; i < workers && i < n; ++i) pool_rows += sorted[i];
-    // With the prefix cache, also room to keep the blocks that more than one of these requests
-    // starts with: a pool of the running requests alone evicts every cached block at the next
-    // admission, and nothing is ever read. At most the larger of what the running requests take
-    // and kPrefixCacheRoomBytes (a budget given explicitly holds both).
-    if (page_len > 0) {
-      const int64_t row_len = pool_row_length(max_length, page_len);
-      const int64_t page_bytes = kv_row_bytes(c, model.dtype(), page_len);
-      const int64_t room = std::max(pool_rows * (row_len / page_len), kPrefixCacheRoomBytes / page_bytes);
-      const int64_t cache_pages = std::min(shared_prompt_block_pages(prompts, cache_block_of, page_len), room);
-      pool_rows += ceil_div(cache_pages * page_len, row_len);
-    }
-  }
-  TORCH_CHECK_VALUE(max_rows <= pool_rows || max_rows == 0, "kv_budget_bytes = ", kv_budget_bytes, " holds ", pool_rows,
-                    " KV rows of ", row_bytes, " bytes (", max_length, " positions) but a request needs ", max_rows,
-                    pad ? " (besides the scratch row of padded packs)" : "", "; raise the budget to at least ",
-                    (max_rows + (pad ? 1 : 0)) * row_bytes, " bytes");
-  // The budget's pool against the device's memory, in the caller's terms (the scheduler below is
-  // given the budget its rows take, not the one asked for).
-  if (kv_budget_bytes > 0) scheduler_pool_rows(model, workers, max_length, kv_budget_bytes, pad_packs);
+  const BatchPool pool = batch_pool(model, prompts, admitted, workers, kv_budget_bytes, pad, pad_packs, prefix_cache);
   std::vector<DecodeResult> results(n);
   std::vector<std::exception_ptr> errors(n);
   std::vector<int64_t> reasons(n, 0);
@@ -678,8 +460,9 @@ std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<s
     const bool adaptive = std::any_of(options.begin(), options.end(), [](const DecodeOptions& o) {
       return o.policy == Policy::kBlockBatch && o.branch_budget == BranchBudget::kAuto;
     });
-    Scheduler scheduler(model, workers, max_length, (std::max<int64_t>(pool_rows, 1) + (pad ? 1 : 0)) * row_bytes,
-                        curve, adaptive ? 1.0 : 0.0, pad_packs, -1, prefix_cache);
+    const int64_t budget = (std::max<int64_t>(pool.rows, 1) + (pad ? 1 : 0)) * pool.row_bytes;
+    Scheduler scheduler(model, workers, pool.max_length, budget, curve, adaptive ? 1.0 : 0.0, pad_packs, -1,
+                        prefix_cache);
     std::map<int64_t, int64_t> index;  // scheduler id -> request
     for (int64_t i = 0; i < n; ++i) index[scheduler.add(prompts[i], options[i], false)] = i;
     bool cancelled = false;

@@ -28,6 +28,8 @@
 
 #include "decode/batch/kv_pool.h"
 #include "decode/batch/pack.h"
+#include "decode/batch/pool_sizing.h"
+#include "decode/batch/step_curve.h"
 #include "decode/budget.h"
 #include "decode/decode.h"
 
@@ -45,24 +47,8 @@ struct RequestEvent {
   std::exception_ptr exception;  // kFailed / kCancelled: the error itself
 };
 
-// KV rows one request holds (options resolved): one per branch, none for vanilla.
-int64_t kv_rows_needed(const DecodeOptions& resolved);
-// Bytes of one KV row of `length` positions on `config`'s model in `dtype`.
-int64_t kv_row_bytes(const ModelConfig& config, c10::ScalarType dtype, int64_t length);
-
-// The KV pool's layout (decode/batch/kv_pool.h): kv_page_len -1 (automatic) is paged in pages of
-// kDefaultKvPageLen positions on the CPU and dense rows on CUDA (the paged CUDA kernels are a
-// candidate: docs/bench/gpu/NOTES.md "Paged KV"); 0 dense rows; > 0 pages of that many positions
-// (kDefaultKvPageLen: decode/step.h).
-int64_t resolve_kv_page_len(c10::Device device, int64_t kv_page_len);
-// Positions of one pool row: max_length, rounded up to whole pages when paged.
-int64_t pool_row_length(int64_t max_length, int64_t page_len);
-
-// Measures the curve on `model`: forwards of T = 16, 32, 64, ... query tokens (rows of up to 128
-// tokens, full mode, logits for every token as a block step has), the median of 3 after a
-// warm-up, doubling T until one forward takes more than limit_s / 8, T reaches 4096 or limit_s
-// is spent.
-StepCurve measure_step_curve(const Network& model, double limit_s);
+// Pool sizing (kv_row_bytes, resolve_kv_page_len, scheduler_pool_rows, ...): decode/batch/pool_sizing.h;
+// the step curve (measure_step_curve): decode/batch/step_curve.h.
 
 // Many requests at once (the Scheduler below): up to max_batch decode together, their forwards
 // packed into one per step; each request's result equals its decode() alone. kv_budget_bytes:
@@ -81,15 +67,6 @@ std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<s
                                        int64_t kv_budget_bytes = 0, const int64_t* cancel = nullptr,
                                        int64_t* reason = nullptr, BatchStats* stats = nullptr,
                                        const StepCurve& curve = {}, bool pad_packs = false, bool prefix_cache = false);
-
-// The KV rows a Scheduler(model, max_batch, max_length, kv_budget_bytes, ..., pad_packs) gives its
-// requests (padded packs, and CUDA graphs, take one more: the scratch row), checked without allocating anything:
-// c10::ValueError for an argument out of range (max_length above the model's max_sequence_length),
-// a budget that holds no row, or a pool larger than the device's memory (device_memory_bytes),
-// naming kv_budget_bytes, max_batch, max_length and the sizes in GiB. A server calls it before
-// it starts (torch.ops.blockbatch.check_kv_pool).
-int64_t scheduler_pool_rows(const Network& model, int64_t max_batch, int64_t max_length, int64_t kv_budget_bytes,
-                            bool pad_packs = false, int64_t kv_page_len = -1);
 
 class Scheduler {
  public:
@@ -140,7 +117,7 @@ class Scheduler {
   struct Request {
     int64_t id;
     std::vector<int64_t> prompt;
-    DecodeOptions options;
+    DecodeOptions options;  // resolved and validated (admit); budgeted when it starts
     bool stream;
     int64_t length;      // prompt + gen_length (policy 'block': rounded up to a whole block; canvas_length)
     int64_t cancel = 0;  // Stop's flag

@@ -18,7 +18,9 @@ def admit(state: ServerState, ids: torch.Tensor, params: Params, prompt_param: s
     submission are one step of the loop)."""
     s = state.settings
     gen = params.options.gen_length
-    if ids.numel() + gen > s.max_length:
+    length = state.engine.canvas_length(ids.numel(), params.options)  # policy block: whole blocks
+    if length > s.max_length:
+        rounded = " (rounded up to whole blocks of block_length)" if length != ids.numel() + gen else ""
         source = params.sources.get("gen_length", "gen_length")
         what = (
             f"gen_length {gen} ({source} {params.max_tokens} rounded up to a length the policy decodes)"
@@ -27,8 +29,8 @@ def admit(state: ServerState, ids: torch.Tensor, params: Params, prompt_param: s
         )
         raise APIError(
             413,
-            f"the prompt ({ids.numel()} tokens) plus {what} needs {ids.numel() + gen} "
-            f"positions, more than this server's max length {s.max_length}: shorten the prompt "
+            f"the prompt ({ids.numel()} tokens) plus {what} needs {length} "
+            f"positions{rounded}, more than this server's max length {s.max_length}: shorten the prompt "
             f"or {source}",
             param=prompt_param,
             code="context_length_exceeded",
