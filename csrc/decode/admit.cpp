@@ -7,7 +7,6 @@
 #include <limits>
 #include <string_view>
 
-
 namespace blockbatch {
 
 void check_prompt(const ModelConfig& c, const std::vector<int64_t>& prompt) {
@@ -46,7 +45,7 @@ Admitted admit_sizes(const ModelConfig& c, int64_t prompt_length, const DecodeOp
   const int64_t room = std::numeric_limits<int64_t>::max() - prompt_length;
   const int64_t slack = a.options.policy == Policy::kBlock ? a.options.block_length : 0;
   a.canvas_length = a.options.gen_length <= room - slack ? canvas_length(a.options, prompt_length)
-                                                          : std::numeric_limits<int64_t>::max();
+                                                         : std::numeric_limits<int64_t>::max();
   a.kv_rows = kv_rows_needed(a.options);
   return a;
 }

@@ -427,7 +427,6 @@ void Scheduler::report(Request& r, const int64_t* x, int64_t numel) {
   push(std::move(ev));
 }
 
-
 std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<std::vector<int64_t>>& prompts,
                                        const std::vector<DecodeOptions>& options, int64_t max_batch,
                                        int64_t kv_budget_bytes, const int64_t* cancel, int64_t* reason,
