@@ -140,12 +140,10 @@ bool is_file(const std::string& path) {
 }
 
 // The options a family's requests get where the flags set none: families/<family>.py
-// DEFAULT_OPTIONS, which blockbatch generate and the Engine put under the caller's options. LLaDA2
-// decodes only with its own policy, at the authors' threshold (the options table's threshold
-// default is LLaDA's 0.9, so it cannot hold this one).
+// DEFAULT_OPTIONS (the family table's row, model/families.h), which blockbatch generate and the Engine
+// put under the caller's options.
 void apply_family_defaults(Options& o, blockbatch::Family family) {
-  if (family != blockbatch::Family::kLLaDA2) return;
-  for (const auto& [name, value] : {std::pair{"policy", "block"}, std::pair{"threshold", "0.95"}}) {
+  for (const auto& [name, value] : blockbatch::family_spec(family).default_options) {
     if (!o.given.count(name)) blockbatch::set_option(o.decode, name, value);
   }
 }

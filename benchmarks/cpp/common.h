@@ -12,6 +12,7 @@
 #include <string>
 
 #include "io/safetensors.h"
+#include "model/families.h"
 #include "model/network.h"
 
 namespace blockbatch::bench {
@@ -48,7 +49,8 @@ inline void print_config(const ModelConfig& c) {
               static_cast<long long>(c.mask_token_id), static_cast<long long>(c.eos_token_id),
               static_cast<long long>(c.max_sequence_length), c.weight_tying ? 1 : 0, shortest(c.rope_theta).c_str(),
               shortest(c.rms_norm_eps).c_str());
-  if (c.family == Family::kLLaDA2) {
+  const BodyOptions& parts = family_spec(c.family).body;
+  if (parts.explicit_head_size || parts.partial_rotary || parts.moe) {  // the fields of the optional parts
     std::printf(" head_size=%lld rope_dims=%lld qk_norm=%d attn_out_bias=%d num_experts=%lld experts_per_token=%lld "
                 "expert_groups=%lld expert_groups_kept=%lld moe_hidden_size=%lld shared_experts=%lld "
                 "first_dense_layers=%lld routed_scaling=%s",

@@ -17,8 +17,8 @@
 
 #include "io/json.h"
 #include "io/safetensors.h"
-#include "model/llada2.h"
-#include "model/model.h"
+#include "model/families.h"
+#include "model/transformer.h"
 
 namespace blockbatch::io {
 
@@ -63,34 +63,6 @@ Json parse_or_throw(const std::string& text, const std::string& where) {
     TORCH_CHECK(false, where, ": not valid JSON (", e.what(), ")");
   }
 }
-// The key the user wrote for a LLaDA field name (model/config.h config_key).
-const char* key_name(Family family, const char* field) { return config_key(family, field); }
-
-// The name "unexpected tensor" messages give a family (families/<family>.py DISPLAY_NAME).
-const char* display_name(Family family) {
-  switch (family) {
-    case Family::kLLaDA: return "LLaDA";
-    case Family::kDream: return "Dream";
-    case Family::kLLaDA2: return "LLaDA2";
-  }
-  return "";
-}
-
-// Text added to the error of a missing tensor `name` (families/<family>.py missing_tensor_hint).
-std::string missing_tensor_hint(Family family, const std::string& name) {
-  auto has = [&](const char* part) { return name.find(part) != std::string::npos; };
-  if (family == Family::kDream && name.size() > 10 && name.compare(name.size() - 10, 10, "_proj.bias") == 0) {
-    return " (Dream's q/k/v projections carry biases)";
-  }
-  if (family == Family::kLLaDA2) {
-    if (has(".mlp.experts.") || has(".mlp.gate.") || has(".mlp.shared_experts.")) {
-      return " (the layers from first_k_dense_replace on are mixtures of experts)";
-    }
-    if (has("layernorm") && has(".attention.")) return " (use_qk_norm: per-head RMSNorm weights of q and k)";
-  }
-  return "";
-}
-
 // A JSON value as a message shows it: strings quoted and cut short (a fuzzed file can hold megabytes).
 std::string shown(const Json& v) {
   if (v.is_string()) {
@@ -113,7 +85,7 @@ struct KeyReader {
   const Json& j;
   const Json& generation;
   const std::string& where;
-  bool dream;
+  bool dream;  // the ids may come from generation_config.json (the row's ids_in_generation_config)
 
   static bool present_in(const Json& o, const char* key) {
     return o.is_object() && o.contains(key) && !o.at(key).is_null();
@@ -176,90 +148,96 @@ struct KeyReader {
 // Python's a // b (rounds toward minus infinity; b > 0).
 int64_t floor_div(int64_t a, int64_t b) { return a / b - (a % b != 0 && a < 0 ? 1 : 0); }
 
-// The authors' generate() ids (the published tokenizer's <|mask|> and EOS), taken when config.json
-// names none, as families/llada2.py does.
-constexpr int64_t kLLaDA2MaskId = 156895;
-constexpr int64_t kLLaDA2EosId = 156892;
-
-// A LLaDA2 config.json (model_type "llada2_moe"): families/llada2.py read_config and check_config,
-// key for key. A missing optional key takes the default of the authors' config class.
-ModelConfig read_llada2(const KeyReader& keys, std::optional<int64_t>* pad) {
+// A config.json whose optional keys take the defaults of the authors' config class (the row's
+// `defaults`: LLaDA2, model_type "llada2_moe"): families/llada2.py read_config and check_config, key for
+// key, for the parts the row's body has (explicit head size, partial rotary, MoE, optional biases).
+ModelConfig read_with_defaults(const KeyReader& keys, const FamilySpec& spec, std::optional<int64_t>* pad) {
   const std::string& where = keys.where;
+  const ConfigDefaults& d = *spec.defaults;
+  const BodyOptions& o = spec.body;
+  auto k = [&](const char* field) { return config_key(spec.id, field); };
   for (const auto& [key, allowed] : {std::pair{"score_function", "sigmoid"}, std::pair{"hidden_act", "silu"}}) {
     const Json* v = keys.find(key);
     TORCH_CHECK_VALUE(!v || (v->is_string() && v->as_string() == allowed), where, ": key '", key, "' is ",
-                      v ? shown(*v) : "", "; LLaDA2 checkpoints use '", allowed, "'");
+                      v ? shown(*v) : "", "; ", spec.display_name, " checkpoints use '", allowed, "'");
   }
-  if (const Json* v = keys.find("norm_topk_prob")) {
+  if (const Json* v = keys.find("norm_topk_prob"); v && o.moe) {
     TORCH_CHECK_VALUE(v->is_bool() && v->as_bool(), where,
                       ": key 'norm_topk_prob' must be true (the experts' weights are normalised, as published)");
   }
   ModelConfig c;
-  c.family = Family::kLLaDA2;
-  c.d_model = keys.integer("hidden_size");
-  c.n_heads = keys.integer("num_attention_heads");
+  c.family = spec.id;
+  c.d_model = keys.integer(k("d_model"));
+  c.n_heads = keys.integer(k("n_heads"));
   // Before anything divides by it.
-  TORCH_CHECK_VALUE(c.n_heads > 0, where, ": key 'num_attention_heads' must be a positive integer, got ", c.n_heads);
+  TORCH_CHECK_VALUE(c.n_heads > 0, where, ": key '", k("n_heads"), "' must be a positive integer, got ", c.n_heads);
   // head_dim: explicit (0 is a value, refused by validate() as the reference refuses it), or derived.
-  const bool head_dim_given = keys.find("head_dim") != nullptr;
-  const int64_t head_dim = head_dim_given ? keys.integer("head_dim") : floor_div(c.d_model, c.n_heads);
-  TORCH_CHECK_VALUE(head_dim_given || head_dim > 0, where, ": key 'num_attention_heads' = ", c.n_heads,
-                    " is more than hidden_size = ", c.d_model,
-                    ": the head size hidden_size // num_attention_heads would be ", head_dim,
-                    " (set head_dim, or fewer heads)");
+  const bool head_dim_given = o.explicit_head_size && keys.find(k("head_size")) != nullptr;
+  const int64_t head_dim = head_dim_given ? keys.integer(k("head_size")) : floor_div(c.d_model, c.n_heads);
+  TORCH_CHECK_VALUE(head_dim_given || head_dim > 0, where, ": key '", k("n_heads"), "' = ", c.n_heads, " is more than ",
+                    k("d_model"), " = ", c.d_model, ": the head size ", k("d_model"), " // ", k("n_heads"),
+                    " would be ", head_dim, " (set head_dim, or fewer heads)");
   // Unlike the other keys, a null partial_rotary_factor is an error, not the default.
-  double factor = 0.5;
-  if (keys.j.contains("partial_rotary_factor")) {
+  double factor = d.partial_rotary_factor;
+  if (o.partial_rotary && keys.j.contains("partial_rotary_factor")) {
     const Json& v = keys.j.at("partial_rotary_factor");
     const bool ok = v.is_number() && std::isfinite(v.as_double()) && v.as_double() > 0 && v.as_double() <= 1;
     TORCH_CHECK_VALUE(ok, where, ": key 'partial_rotary_factor' must be a number in (0, 1], got ", shown(v));
     factor = v.as_double();
   }
   c.vocab_size = keys.integer("vocab_size");
-  // num_experts absent: the config class's 16; null: every layer dense (no MoE key is read then).
-  const bool moe = !(keys.j.contains("num_experts") && keys.j.at("num_experts").is_null());
-  c.num_experts = moe ? keys.optional_integer("num_experts", 16) : 0;
+  // num_experts absent: the config class's default; null: every layer dense (no MoE key is read then).
+  const bool moe = o.moe && !(keys.j.contains("num_experts") && keys.j.at("num_experts").is_null());
+  c.num_experts = moe ? keys.optional_integer("num_experts", d.num_experts) : 0;
   // 0 experts is not "dense" (that is null): the reference would route over none.
   TORCH_CHECK_VALUE(!moe || c.num_experts > 0, where, ": key 'num_experts' = ", c.num_experts,
                     " must be in [1, 65536] (or null: every layer dense)");
-  c.moe_hidden_size = moe ? keys.optional_integer("moe_intermediate_size", 0) : 0;
-  TORCH_CHECK(!moe || keys.find("moe_intermediate_size"), where,
-              ": required key 'moe_intermediate_size' is missing (num_experts is set)");
-  c.first_dense_layers = moe ? keys.optional_integer("first_k_dense_replace", 0) : 0;
-  if (keys.find("intermediate_size")) {
-    c.mlp_hidden_size = keys.integer("intermediate_size");
+  c.moe_hidden_size = moe ? keys.optional_integer(k("moe_hidden_size"), 0) : 0;
+  TORCH_CHECK(!moe || keys.find(k("moe_hidden_size")), where, ": required key '", k("moe_hidden_size"),
+              "' is missing (num_experts is set)");
+  c.first_dense_layers = moe ? keys.optional_integer(k("first_dense_layers"), 0) : 0;
+  if (keys.find(k("mlp_hidden_size"))) {
+    c.mlp_hidden_size = keys.integer(k("mlp_hidden_size"));
   } else {
-    TORCH_CHECK(moe && c.first_dense_layers == 0, where,
-                ": required key 'intermediate_size' is missing (dense MLP layers)");
+    TORCH_CHECK(moe && c.first_dense_layers == 0, where, ": required key '", k("mlp_hidden_size"),
+                "' is missing (dense MLP layers)");
     c.mlp_hidden_size = c.moe_hidden_size;  // no dense layer reads it
   }
-  const bool mask_given = keys.find("mask_token_id") != nullptr, eos_given = keys.find("eos_token_id") != nullptr;
-  c.mask_token_id = mask_given ? keys.id("mask_token_id") : kLLaDA2MaskId;
-  c.eos_token_id = eos_given ? keys.id("eos_token_id") : kLLaDA2EosId;
-  c.n_layers = keys.integer("num_hidden_layers");
-  c.n_kv_heads = keys.optional_integer("num_key_value_heads", c.n_heads);
+  // The row's ids where config.json names none (-1: required).
+  const bool mask_given = spec.default_mask_id < 0 || keys.find("mask_token_id") != nullptr;
+  const bool eos_given = spec.default_eos_id < 0 || keys.find("eos_token_id") != nullptr;
+  c.mask_token_id = mask_given ? keys.id("mask_token_id") : spec.default_mask_id;
+  c.eos_token_id = eos_given ? keys.id("eos_token_id") : spec.default_eos_id;
+  c.n_layers = keys.integer(k("n_layers"));
+  c.n_kv_heads = keys.optional_integer(k("n_kv_heads"), c.n_heads);
   c.embedding_size = c.vocab_size;
-  c.rope_theta = keys.optional_number("rope_theta", 10000.0);
-  c.rms_norm_eps = keys.optional_number("rms_norm_eps", 1e-5);
-  c.weight_tying = keys.optional_boolean("tie_word_embeddings", false);
-  c.max_sequence_length = keys.optional_integer("max_position_embeddings", 32768);
+  c.rope_theta = keys.optional_number("rope_theta", d.rope_theta);
+  c.rms_norm_eps = keys.optional_number("rms_norm_eps", d.rms_norm_eps);
+  c.weight_tying = keys.optional_boolean(k("weight_tying"), false);
+  c.max_sequence_length = keys.optional_integer(k("max_sequence_length"), d.max_sequence_length);
   if (keys.find("pad_token_id")) *pad = keys.id("pad_token_id");
-  c.attention_bias = keys.optional_boolean("use_qkv_bias", false);
-  c.head_size = head_dim;
+  // The optional parts: config.json chooses (Option::kConfig, with the class's default), else the row.
+  auto part = [&](Option option, const char* field, bool fallback) {
+    return option == Option::kConfig ? keys.optional_boolean(k(field), fallback) : option == Option::kAlways;
+  };
+  c.attention_bias = part(o.qkv_bias, "attention_bias", d.qkv_bias);
+  c.head_size = o.explicit_head_size ? head_dim : 0;
   // Python's int(head_dim * factor) (a derived 0 is refused by validate(), naming partial_rotary_factor); a
   // head_dim out of range is refused by validate() before rope_dims is read.
-  c.rope_dims = head_dim >= 0 && head_dim <= kMaxDim ? static_cast<int64_t>(static_cast<double>(head_dim) * factor) : 0;
-  c.qk_norm = keys.optional_boolean("use_qk_norm", true);
-  c.attn_out_bias = keys.optional_boolean("use_bias", true);
-  c.experts_per_token = moe ? keys.optional_integer("num_experts_per_tok", 2) : 0;
-  c.expert_groups = moe ? keys.optional_integer("n_group", 8) : 1;
-  c.expert_groups_kept = moe ? keys.optional_integer("topk_group", 4) : 1;
-  c.shared_experts = moe ? keys.optional_integer("num_shared_experts", 0) : 0;
-  c.routed_scaling = moe ? keys.optional_number("routed_scaling_factor", 2.5) : 1.0;
+  c.rope_dims = o.partial_rotary && head_dim >= 0 && head_dim <= kMaxDim
+                    ? static_cast<int64_t>(static_cast<double>(head_dim) * factor)
+                    : 0;
+  c.qk_norm = part(o.qk_norm, "qk_norm", d.qk_norm);
+  c.attn_out_bias = part(o.attn_out_bias, "attn_out_bias", d.attn_out_bias);
+  c.experts_per_token = moe ? keys.optional_integer(k("experts_per_token"), d.experts_per_token) : 0;
+  c.expert_groups = moe ? keys.optional_integer(k("expert_groups"), d.expert_groups) : 1;
+  c.expert_groups_kept = moe ? keys.optional_integer(k("expert_groups_kept"), d.expert_groups_kept) : 1;
+  c.shared_experts = moe ? keys.optional_integer(k("shared_experts"), d.shared_experts) : 0;
+  c.routed_scaling = moe ? keys.optional_number(k("routed_scaling"), d.routed_scaling) : 1.0;
 
-  // check_config: worded with LLaDA2's keys, before the shared validator.
-  TORCH_CHECK_VALUE(c.n_kv_heads > 0 && c.n_heads % c.n_kv_heads == 0, where,
-                    ": key 'num_key_value_heads' = ", c.n_kv_heads, " must divide num_attention_heads = ", c.n_heads);
+  // check_config: worded with the family's keys, before the shared validator.
+  TORCH_CHECK_VALUE(c.n_kv_heads > 0 && c.n_heads % c.n_kv_heads == 0, where, ": key '", k("n_kv_heads"),
+                    "' = ", c.n_kv_heads, " must divide ", k("n_heads"), " = ", c.n_heads);
   keys.outside("mask_token_id", c.mask_token_id, c.vocab_size, mask_given ? "" : " (the authors' default)");
   keys.outside("eos_token_id", c.eos_token_id, c.vocab_size, eos_given ? "" : " (the authors' default)");
   return c;
@@ -273,10 +251,14 @@ ModelConfig parse_model_config(const std::string& text, const std::string& where
   TORCH_CHECK(j.contains("model_type"), where, ": key 'model_type' is missing");
   const Json& model_type = j.at("model_type");
   const std::string type = model_type.is_string() ? model_type.as_string() : "";
-  TORCH_CHECK(type == "llada" || type == "Dream" || type == "llada2_moe", where,
-              ": key 'model_type' must be \"llada\", \"Dream\" or \"llada2_moe\"");
-  const Family family = type == "Dream" ? Family::kDream : type == "llada2_moe" ? Family::kLLaDA2 : Family::kLLaDA;
-  const bool dream = family == Family::kDream;
+  const FamilySpec* found = family_by_model_type(type);
+  TORCH_CHECK(found, where, ": key 'model_type' must be ", model_types_text());
+  const FamilySpec& spec = *found;
+  const Family family = spec.id;
+  const bool dream = spec.ids_in_generation_config;
+  // A config.json in Qwen2's key names (Dream): its keys as Qwen2 reads them (optional tie_word_embeddings,
+  // special ids as lists) and its messages.
+  const bool qwen = !spec.keys.empty();
 
   // Dream keeps its special ids in generation_config.json too; config.json wins (as
   // ModelConfig.from_json_file does). Values read from it are still reported under `where`.
@@ -288,34 +270,33 @@ ModelConfig parse_model_config(const std::string& text, const std::string& where
 
   ModelConfig c;
   std::optional<int64_t> pad, bos;
-  if (family == Family::kLLaDA2) {
-    c = read_llada2(keys, &pad);
+  if (spec.defaults != nullptr) {
+    c = read_with_defaults(keys, spec, &pad);
   } else {
     c.family = family;
-    c.attention_bias = dream;  // Dream's q/k/v projections always carry biases
+    c.attention_bias = spec.body.qkv_bias == Option::kAlways;  // Dream's q/k/v projections always carry biases
     // Field by field: the LLaDA key, or the Qwen2 key a Dream config.json holds it under.
-    auto k = [&](const char* field) { return key_name(family, field); };
+    auto k = [&](const char* field) { return config_key(family, field); };
     c.d_model = keys.integer(k("d_model"));
     c.n_layers = keys.integer(k("n_layers"));
     c.n_heads = keys.integer(k("n_heads"));
     c.n_kv_heads = keys.optional_integer(k("n_kv_heads"), c.n_heads);
     c.mlp_hidden_size = keys.integer(k("mlp_hidden_size"));
     c.vocab_size = keys.integer("vocab_size");
-    c.embedding_size = dream ? c.vocab_size : keys.optional_integer("embedding_size", c.vocab_size);
+    c.embedding_size = qwen ? c.vocab_size : keys.optional_integer("embedding_size", c.vocab_size);
     c.mask_token_id = keys.integer("mask_token_id");
     c.eos_token_id = keys.id("eos_token_id");
     c.max_sequence_length = keys.integer(k("max_sequence_length"));
     // Dream (as Qwen2) leaves the embeddings untied unless told; LLaDA must say.
     c.weight_tying = false;
-    if (!dream || keys.find("tie_word_embeddings")) c.weight_tying = keys.boolean(k("weight_tying"));
+    if (!qwen || keys.find(k("weight_tying"))) c.weight_tying = keys.boolean(k("weight_tying"));
     c.rope_theta = keys.number("rope_theta");
     c.rms_norm_eps = keys.number("rms_norm_eps");
-    if (keys.find("pad_token_id"))
-      pad = dream ? keys.id("pad_token_id") : keys.integer("pad_token_id");  // as config.py
-    if (dream && keys.find("bos_token_id")) bos = keys.id("bos_token_id");
+    if (keys.find("pad_token_id")) pad = qwen ? keys.id("pad_token_id") : keys.integer("pad_token_id");  // as config.py
+    if (qwen && keys.find("bos_token_id")) bos = keys.id("bos_token_id");
   }
 
-  if (dream) {  // ModelConfig._validate_dream: its messages, naming the Qwen2 keys
+  if (qwen && spec.defaults == nullptr) {  // ModelConfig._validate_dream: its messages, naming the Qwen2 keys
     TORCH_CHECK_VALUE(c.n_heads > 0, where, ": key 'num_attention_heads' = ", c.n_heads, " must be positive");
     TORCH_CHECK_VALUE(c.n_kv_heads > 0 && c.n_heads % c.n_kv_heads == 0, where,
                       ": key 'num_key_value_heads' = ", c.n_kv_heads, " must divide num_attention_heads = ", c.n_heads,
@@ -347,7 +328,7 @@ LoadedCheckpoint load_checkpoint(const std::string& folder) {
   const std::string config_path = folder + "/config.json";
   out.config = read_model_config(folder);
   const Family family = out.config.family;
-  const bool llada2 = family == Family::kLLaDA2;
+  const FamilySpec& spec = family_spec(family);
 
   std::unordered_map<std::string, std::string> file_of;  // tensor -> shard path
   const std::string index_path = folder + "/model.safetensors.index.json";
@@ -378,14 +359,14 @@ LoadedCheckpoint load_checkpoint(const std::string& folder) {
   // The config against the weight files before anything sized by it is built: a 500-byte
   // config.json must not make us list 10^9 tensor names.
   const int64_t held = static_cast<int64_t>(file_of.size());
-  TORCH_CHECK_VALUE(out.config.n_layers <= held, config_path, ": key '", key_name(family, "n_layers"),
+  TORCH_CHECK_VALUE(out.config.n_layers <= held, config_path, ": key '", config_key(family, "n_layers"),
                     "' = ", out.config.n_layers, " needs ", out.config.tensor_count(),
                     " tensors but the weight files hold ", held);
-  // LLaDA2's list also grows with num_experts (three tensors an expert in every MoE layer): it is
+  // A MoE list also grows with num_experts (three tensors an expert in every MoE layer): it is
   // listed only while it is at most twice what the files hold, so that a few missing tensors are
   // still named one by one.
-  TORCH_CHECK_VALUE(!llada2 || out.config.tensor_count() <= 2 * held, config_path,
-                    ": keys 'num_hidden_layers' = ", out.config.n_layers,
+  TORCH_CHECK_VALUE(!spec.body.moe || out.config.tensor_count() <= 2 * held, config_path, ": keys '",
+                    config_key(family, "n_layers"), "' = ", out.config.n_layers,
                     " and 'num_experts' = ", out.config.num_experts, " need ", out.config.tensor_count(),
                     " tensors but the weight files hold ", held);
   // Weights are checked finite unless BLOCKBATCH_CHECK_FINITE=0 (python/blockbatch/settings.py).
@@ -394,15 +375,14 @@ LoadedCheckpoint load_checkpoint(const std::string& folder) {
                     "BLOCKBATCH_CHECK_FINITE must be '1' or '0', got '", env ? env : "", "'");
   const bool check_finite = env == nullptr || std::strcmp(env, "0") != 0;
   std::set<std::string> expected_names;
-  for (const auto& [name, shape] : llada2 ? llada2_weight_shapes(out.config) : expected_weight_shapes(out.config)) {
+  for (const auto& [name, shape] : weight_shapes(out.config)) {
     expected_names.insert(name);
     auto it = file_of.find(name);
     if (it == file_of.end()) {
       // Sharded: the index decides what exists, so say it is the index that leaves the tensor out.
-      TORCH_CHECK(listing == index_path, listing, ": tensor '", name, "' is missing",
-                  missing_tensor_hint(family, name));
+      TORCH_CHECK(listing == index_path, listing, ": tensor '", name, "' is missing", missing_tensor_hint(spec, name));
       TORCH_CHECK(false, index_path, ": the index (model.safetensors.index.json) does not list tensor '", name, "'",
-                  missing_tensor_hint(family, name));
+                  missing_tensor_hint(spec, name));
     }
     const TensorEntry* e = files[it->second]->find(name);
     TORCH_CHECK(e->shape == shape, it->second, ": tensor '", name, "' has shape ", c10::IntArrayRef(e->shape),
@@ -424,17 +404,14 @@ LoadedCheckpoint load_checkpoint(const std::string& folder) {
   for (const auto& [path, f] : files) {
     for (const auto& e : f->entries()) {
       TORCH_CHECK(expected_names.count(e.name), path, ": unexpected tensor '", e.name, "' (not part of a ",
-                  display_name(family), " model with this config)");
+                  spec.display_name, " model with this config)");
     }
   }
   return out;
 }
 
 std::unique_ptr<Network> build_model(const LoadedCheckpoint& checkpoint, c10::ScalarType dtype) {
-  if (checkpoint.config.family == Family::kLLaDA2) {
-    return std::make_unique<LLaDA2Model>(checkpoint.config, checkpoint.weights, dtype);
-  }
-  return std::make_unique<Model>(checkpoint.config, checkpoint.weights, dtype);
+  return std::make_unique<Transformer>(checkpoint.config, checkpoint.weights, dtype);
 }
 
 }  // namespace blockbatch::io

@@ -72,8 +72,8 @@ struct LoadedCheckpoint {
 // (the family's Hugging Face names) and shapes are checked against the config.
 LoadedCheckpoint load_checkpoint(const std::string& folder);
 
-// The native model of the checkpoint's family (LLaDA2Model for LLaDA2, Model otherwise), its
-// weights converted to `dtype`.
+// The native model of the checkpoint (the one body, model/transformer.h, assembled by its family's
+// row), its weights converted to `dtype`.
 std::unique_ptr<Network> build_model(const LoadedCheckpoint& checkpoint, c10::ScalarType dtype);
 
 }  // namespace blockbatch::io

@@ -6,63 +6,17 @@
 #include <cstring>
 #include <utility>
 
+#include "model/families.h"
+
 namespace blockbatch {
 
-const char* family_name(Family family) {
-  switch (family) {
-    case Family::kLLaDA: return "llada";
-    case Family::kDream: return "dream";
-    case Family::kLLaDA2: return "llada2";
-  }
-  return "";
-}
-
-namespace {
-// Dream and LLaDA2 write Qwen2's key names; LLaDA2 adds its own (python/blockbatch/families/*.py read_config).
-constexpr std::pair<const char*, const char*> kQwen2Keys[] = {
-    {"d_model", "hidden_size"},
-    {"n_layers", "num_hidden_layers"},
-    {"n_heads", "num_attention_heads"},
-    {"n_kv_heads", "num_key_value_heads"},
-    {"mlp_hidden_size", "intermediate_size"},
-    {"embedding_size", "vocab_size"},
-    {"max_sequence_length", "max_position_embeddings"},
-    {"weight_tying", "tie_word_embeddings"},
-};
-constexpr std::pair<const char*, const char*> kLLaDA2Keys[] = {
-    {"head_size", "head_dim"},
-    {"rope_dims", "partial_rotary_factor"},
-    {"attention_bias", "use_qkv_bias"},
-    {"qk_norm", "use_qk_norm"},
-    {"attn_out_bias", "use_bias"},
-    {"experts_per_token", "num_experts_per_tok"},
-    {"expert_groups", "n_group"},
-    {"expert_groups_kept", "topk_group"},
-    {"moe_hidden_size", "moe_intermediate_size"},
-    {"shared_experts", "num_shared_experts"},
-    {"first_dense_layers", "first_k_dense_replace"},
-    {"routed_scaling", "routed_scaling_factor"},
-};
-}  // namespace
-
-const char* config_key(Family family, const char* field) {
-  if (family == Family::kLLaDA) return field;
-  for (const auto& [name, key] : kQwen2Keys) {
-    if (std::strcmp(field, name) == 0) return key;
-  }
-  if (family == Family::kLLaDA2) {
-    for (const auto& [name, key] : kLLaDA2Keys) {
-      if (std::strcmp(field, name) == 0) return key;
-    }
-  }
-  return field;
-}
-
 int64_t ModelConfig::tensor_count() const {
+  const bool fused = family_spec(family).body.fused_qkv;
   const int64_t model_wide = 2 + (weight_tying ? 0 : 1);  // embeddings, final norm, LM head
-  if (family != Family::kLLaDA2) return (attention_bias ? 12 : 9) * n_layers + model_wide;
-  // norms, fused qkv (+ bias), q/k norms, dense (+ bias); a SwiGLU, or router + expert bias + experts (+ shared)
-  const int64_t attention = 4 + (attention_bias ? 1 : 0) + (qk_norm ? 2 : 0) + (attn_out_bias ? 1 : 0);
+  // norms, q/k/v (fused or apart, + biases), q/k norms, output (+ bias); a SwiGLU, or router + expert bias +
+  // experts (+ shared)
+  const int64_t attention =
+      3 + (fused ? 1 : 3) + (attention_bias ? (fused ? 1 : 3) : 0) + (qk_norm ? 2 : 0) + (attn_out_bias ? 1 : 0);
   int64_t count = model_wide;
   for (int64_t l = 0; l < n_layers; ++l) {
     count += attention + (moe_layer(l) ? 2 + 3 * num_experts + (shared_experts > 0 ? 3 : 0) : 3);
@@ -71,59 +25,73 @@ int64_t ModelConfig::tensor_count() const {
 }
 
 namespace {
-// LLaDA2's own keys: head size, partial rotary and the mixture of experts (names as config.json has them).
-// The reference's rules (python/blockbatch/reference/llada2.py cfg_ok): rope_dim = int(head_dim *
-// partial_rotary_factor) must be even and in (0, head_dim]; 0 is a value here, never "unset".
-void validate_llada2(const ModelConfig& c) {
-  TORCH_CHECK_VALUE(c.head_size >= 1 && c.head_size <= kMaxDim, "config: key 'head_dim' = ", c.head_size,
-                    " must be in [1, ", kMaxDim, "]");
-  TORCH_CHECK_VALUE(c.rope_dims > 0 && c.rope_dims <= c.head_size && c.rope_dims % 2 == 0,
-                    "config: key 'partial_rotary_factor' gives head_dim * partial_rotary_factor = ", c.rope_dims,
-                    " rotary dims (head_dim = ", c.head_size, "); they must be even and in (0, head_dim]");
-  TORCH_CHECK_VALUE(c.first_dense_layers >= 0 && c.first_dense_layers <= kMaxLayers,
-                    "config: key 'first_k_dense_replace' = ", c.first_dense_layers, " must be in [0, ", kMaxLayers,
-                    "]");
-  if (c.num_experts == 0) return;  // every layer dense (config.json's num_experts: null)
+// The parts a family's row says its models may have (model/families.h BodyOptions), checked by the keys its
+// config.json holds. The reference's rules (python/blockbatch/reference/llada2.py cfg_ok): rope_dim =
+// int(head_dim * partial_rotary_factor) must be even and in (0, head_dim]; 0 is a value here, never "unset".
+void validate_parts(const ModelConfig& c, const FamilySpec& spec) {
+  auto key = [&](const char* field) { return config_key(c.family, field); };
+  const BodyOptions& o = spec.body;
+  if (o.explicit_head_size) {
+    TORCH_CHECK_VALUE(c.head_size >= 1 && c.head_size <= kMaxDim, "config: key '", key("head_size"),
+                      "' = ", c.head_size, " must be in [1, ", kMaxDim, "]");
+  }
+  if (o.partial_rotary) {
+    TORCH_CHECK_VALUE(c.rope_dims > 0 && c.rope_dims <= c.head_size && c.rope_dims % 2 == 0, "config: key '",
+                      key("rope_dims"), "' gives head_dim * partial_rotary_factor = ", c.rope_dims,
+                      " rotary dims (head_dim = ", c.head_size, "); they must be even and in (0, head_dim]");
+  }
+  if (o.moe) {
+    TORCH_CHECK_VALUE(c.first_dense_layers >= 0 && c.first_dense_layers <= kMaxLayers, "config: key '",
+                      key("first_dense_layers"), "' = ", c.first_dense_layers, " must be in [0, ", kMaxLayers, "]");
+  }
+  // The optional parts: present exactly when the row says so (Option::kConfig: either).
+  struct Part {
+    const char* field;
+    Option option;
+    bool present;
+    const char* what;
+  };
+  for (const Part& p :
+       {Part{"attention_bias", o.qkv_bias, c.attention_bias, "q/k/v biases"},
+        Part{"qk_norm", o.qk_norm, c.qk_norm, "QK-norm"},
+        Part{"attn_out_bias", o.attn_out_bias, c.attn_out_bias, "attention output bias"},
+        Part{"head_size", o.explicit_head_size ? Option::kConfig : Option::kNever, c.head_size != 0,
+             "explicit head size"},
+        Part{"rope_dims", o.partial_rotary ? Option::kConfig : Option::kNever, c.rope_dims != 0, "partial rotary"},
+        Part{"num_experts", o.moe ? Option::kConfig : Option::kNever, c.num_experts != 0, "experts"}}) {
+    TORCH_CHECK_VALUE(p.option == Option::kConfig || p.present == (p.option == Option::kAlways), "config: key '",
+                      key(p.field), p.present ? "' is set, but " : "' is unset, but ", spec.name, " models ",
+                      p.option == Option::kAlways ? "always have " : "have no ", p.what);
+  }
+  if (!o.moe || c.num_experts == 0) return;  // every layer dense (config.json's num_experts: null)
   TORCH_CHECK_VALUE(c.num_experts > 0 && c.num_experts <= (1 << 16), "config: key 'num_experts' = ", c.num_experts,
                     " must be in [1, 65536] (or null: every layer dense)");
   TORCH_CHECK_VALUE(c.expert_groups > 0 && c.num_experts % c.expert_groups == 0 && c.num_experts / c.expert_groups >= 2,
-                    "config: key 'n_group' = ", c.expert_groups, " must divide num_experts = ", c.num_experts,
+                    "config: key '", key("expert_groups"), "' = ", c.expert_groups,
+                    " must divide num_experts = ", c.num_experts,
                     " into groups of at least 2 (a group is ranked by its two best scores)");
-  TORCH_CHECK_VALUE(c.expert_groups_kept >= 1 && c.expert_groups_kept <= c.expert_groups,
-                    "config: key 'topk_group' = ", c.expert_groups_kept, " must be in [1, n_group = ", c.expert_groups,
-                    "]");
+  TORCH_CHECK_VALUE(c.expert_groups_kept >= 1 && c.expert_groups_kept <= c.expert_groups, "config: key '",
+                    key("expert_groups_kept"), "' = ", c.expert_groups_kept, " must be in [1, ", key("expert_groups"),
+                    " = ", c.expert_groups, "]");
   const int64_t choosable = c.expert_groups_kept * (c.num_experts / c.expert_groups);
-  TORCH_CHECK_VALUE(c.experts_per_token >= 1 && c.experts_per_token <= choosable,
-                    "config: key 'num_experts_per_tok' = ", c.experts_per_token, " must be in [1, ", choosable,
-                    "] (the experts of the topk_group kept groups)");
-  TORCH_CHECK_VALUE(c.moe_hidden_size > 0 && c.moe_hidden_size <= kMaxDim,
-                    "config: key 'moe_intermediate_size' = ", c.moe_hidden_size, " must be in [1, ", kMaxDim, "]");
+  TORCH_CHECK_VALUE(c.experts_per_token >= 1 && c.experts_per_token <= choosable, "config: key '",
+                    key("experts_per_token"), "' = ", c.experts_per_token, " must be in [1, ", choosable,
+                    "] (the experts of the ", key("expert_groups_kept"), " kept groups)");
+  TORCH_CHECK_VALUE(c.moe_hidden_size > 0 && c.moe_hidden_size <= kMaxDim, "config: key '", key("moe_hidden_size"),
+                    "' = ", c.moe_hidden_size, " must be in [1, ", kMaxDim, "]");
   // shared_experts bounded first: the product below must not overflow.
   TORCH_CHECK_VALUE(
       c.shared_experts >= 0 && c.shared_experts <= kMaxDim && c.shared_experts * c.moe_hidden_size <= kMaxDim,
-      "config: key 'num_shared_experts' = ", c.shared_experts, " must be >= 0 and its width at most ", kMaxDim);
-  TORCH_CHECK_VALUE(std::isfinite(c.routed_scaling) && c.routed_scaling > 0,
-                    "config: key 'routed_scaling_factor' must be a positive finite number, got ", c.routed_scaling);
+      "config: key '", key("shared_experts"), "' = ", c.shared_experts, " must be >= 0 and its width at most ",
+      kMaxDim);
+  TORCH_CHECK_VALUE(std::isfinite(c.routed_scaling) && c.routed_scaling > 0, "config: key '", key("routed_scaling"),
+                    "' must be a positive finite number, got ", c.routed_scaling);
 }
 }  // namespace
 
 void ModelConfig::validate() const {
-  TORCH_CHECK_VALUE(family == Family::kLLaDA || family == Family::kDream || family == Family::kLLaDA2,
-                    "config: key 'family' = ", static_cast<int64_t>(family),
-                    " is not a model family (0: llada, 1: dream, 2: llada2)");
-  if (family == Family::kLLaDA2) {
-    validate_llada2(*this);
-  } else {
-    TORCH_CHECK_VALUE(attention_bias == (family == Family::kDream), "config: key 'attention_bias' = ", attention_bias,
-                      ": ", family_name(family), attention_bias ? " has no q/k/v biases" : " always has q/k/v biases");
-    // LLaDA2's keys, each by name: the other families have none of them.
-    for (const auto& [key, unset] : {std::pair{"head_size", head_size == 0}, std::pair{"rope_dims", rope_dims == 0},
-                                     std::pair{"qk_norm", !qk_norm}, std::pair{"attn_out_bias", !attn_out_bias},
-                                     std::pair{"num_experts", num_experts == 0}}) {
-      TORCH_CHECK_VALUE(unset, "config: key '", key, "' is a LLaDA2 key; ", family_name(family),
-                        " models have no explicit head size, partial rotary, QK-norm, output bias or experts");
-    }
-  }
+  const FamilySpec& spec = family_spec(family);  // names key 'family' when it is no family's id
+  validate_parts(*this, spec);
   auto key = [&](const char* field) { return config_key(family, field); };
   auto bounded = [&](const char* field, int64_t v, int64_t limit) {
     const char* name = config_key(family, field);
@@ -142,10 +110,10 @@ void ModelConfig::validate() const {
                     " must divide ", key("d_model"), " = ", d_model);
   TORCH_CHECK_VALUE(n_heads % n_kv_heads == 0, "config: key '", key("n_kv_heads"), "' = ", n_kv_heads, " must divide ",
                     key("n_heads"), " = ", n_heads);
-  // The reference allows an odd LLaDA2 head_dim (only its rope_dims must be even); the engine's
+  // The reference allows an odd explicit head_dim (only its rope_dims must be even); the engine's
   // kernels do not, so it is refused here by the key the user wrote.
-  if (family == Family::kLLaDA2) {
-    TORCH_CHECK_VALUE(head_size % 2 == 0, "config: key 'head_dim' = ", head_size,
+  if (spec.body.explicit_head_size) {
+    TORCH_CHECK_VALUE(head_size % 2 == 0, "config: key '", key("head_size"), "' = ", head_size,
                       " is odd; the engine's attention kernels need an even head_dim");
   } else {
     TORCH_CHECK_VALUE(head_dim() % 2 == 0, "config: key '", key("n_heads"), "' gives an odd head_dim ", head_dim(),

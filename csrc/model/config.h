@@ -1,4 +1,5 @@
-// Model configuration (LLaDA and Dream families), mirrored from python/blockbatch/config.py.
+// Model configuration (every family; what a family is: model/families.h), mirrored from
+// python/blockbatch/config.py.
 #pragma once
 
 #include <cstdint>
@@ -48,13 +49,14 @@ struct ModelConfig {
   int64_t proposal_vocab = 0;
   int64_t proposal_limit() const { return proposal_vocab > 0 ? proposal_vocab : vocab_size; }
 
-  // LLaDA2 only (model/llada2.h; 0 / false elsewhere): an explicit head size, RoPE on the first
-  // rope_dims of a head, per-head RMSNorm of q and k, a bias on the attention output, and the
-  // mixture of experts of the layers from first_dense_layers on (num_experts 0: every layer dense).
-  // head_size and rope_dims are never "unset" for LLaDA2: its readers resolve config.json's defaults
-  // (head_dim = hidden_size // num_attention_heads, rope_dims = int(head_dim * partial_rotary_factor)),
-  // and validate() refuses 0 there, as the reference does. The other families have no such key: 0
-  // (their only legal value) means d_model / n_heads and the whole head.
+  // The optional parts (0 / false where the family's row, model/families.h BodyOptions, has none;
+  // today LLaDA2 has them all): an explicit head size, RoPE on the first rope_dims of a head,
+  // per-head RMSNorm of q and k, a bias on the attention output, and the mixture of experts of the
+  // layers from first_dense_layers on (num_experts 0: every layer dense). head_size and rope_dims are
+  // never "unset" where the row has them: the readers resolve config.json's defaults (head_dim =
+  // hidden_size // num_attention_heads, rope_dims = int(head_dim * partial_rotary_factor)), and
+  // validate() refuses 0 there, as the reference does. Elsewhere 0 (the only legal value) means
+  // d_model / n_heads and the whole head.
   int64_t head_size = 0;
   int64_t rope_dims = 0;
   bool qk_norm = false;

@@ -1,7 +1,7 @@
 // The model interface the decode loop sees: a Network runs one packed forward over variable-length
 // query rows with per-row KV buffers and returns the logits (writing the rows' new K/V into the
-// batch's buffer where the mode says so). Nothing here is specific to one model family: LLaDA's
-// transformer (model/model.h) is one implementation.
+// batch's buffer where the mode says so). Nothing here is specific to one model family: the one
+// body every family is assembled into (model/transformer.h) implements it.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -4,6 +4,9 @@
 
 #include <unordered_map>
 
+#include "model/families.h"
+#include "model/transformer.h"
+
 namespace blockbatch {
 
 namespace {
@@ -32,7 +35,7 @@ ModelConfig config_from_dicts(const c10::Dict<std::string, int64_t>& ints,
   ModelConfig c;
   // Optional keys (a LLaDA config may leave them out): the family and the attention biases.
   const int64_t family = get_optional_int("family", 0);
-  TORCH_CHECK_VALUE(family >= 0 && family <= 2, "config: key 'family' must be 0 (llada), 1 (dream) or 2 (llada2), got ",
+  TORCH_CHECK_VALUE(family_by_id(family) != nullptr, "config: key 'family' must be ", family_ids_text(), ", got ",
                     family);
   c.family = static_cast<Family>(family);
   const int64_t bias = get_optional_int("attention_bias", 0);
@@ -54,7 +57,7 @@ ModelConfig config_from_dicts(const c10::Dict<std::string, int64_t>& ints,
   c.weight_tying = tying == 1;
   c.rope_theta = get_float("rope_theta");
   c.rms_norm_eps = get_float("rms_norm_eps");
-  // LLaDA2's keys (absent for the other families: their defaults).
+  // The keys of optional parts (model/families.h BodyOptions; absent where a family has no such part).
   auto flag = [&](const char* key) {
     const int64_t v = get_optional_int(key, 0);
     TORCH_CHECK_VALUE(v == 0 || v == 1, "config: key '", key, "' must be 0 or 1, got ", v);
@@ -83,11 +86,7 @@ ModelHandle::ModelHandle(const c10::Dict<std::string, int64_t>& ints, const c10:
   for (const auto& item : weights) map.emplace(item.key(), item.value());
   TORCH_CHECK(!map.empty(), "weights: the dict is empty");
   const c10::ScalarType type = parse_dtype(dtype, map.begin()->second.scalar_type());
-  if (config.family == Family::kLLaDA2) {
-    model_ = std::make_shared<const LLaDA2Model>(std::move(config), map, type);
-  } else {
-    model_ = std::make_shared<const Model>(std::move(config), map, type);
-  }
+  model_ = std::make_shared<const Transformer>(std::move(config), map, type);
 }
 
 }  // namespace blockbatch

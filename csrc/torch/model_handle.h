@@ -1,5 +1,5 @@
-// The TorchBind face of a model: torch.classes.blockbatch.Model holds a plain C++ model
-// (model/model.h) and hands it to the ops as the Network the decode loop sees.
+// The TorchBind face of a model: torch.classes.blockbatch.Model holds the plain C++ body
+// (model/transformer.h) and hands it to the ops as the Network the decode loop sees.
 #pragma once
 
 #include <ATen/core/Dict.h>
@@ -9,8 +9,6 @@
 #include <memory>
 #include <string>
 
-#include "model/llada2.h"
-#include "model/model.h"
 #include "model/network.h"
 
 namespace blockbatch {
@@ -18,7 +16,7 @@ namespace blockbatch {
 class ModelHandle : public torch::CustomClassHolder {
  public:
   // ints/floats: the config fields (python ModelConfig.int_fields / float_fields);
-  // weights: HF names (model.transformer.*), all on one device; dtype: "float32",
+  // weights: the HF names of the family's row (model/families.h), all on one device; dtype: "float32",
   // "bfloat16", "float16" or "" to keep the weights' dtype.
   ModelHandle(const c10::Dict<std::string, int64_t>& ints, const c10::Dict<std::string, double>& floats,
               const c10::Dict<std::string, at::Tensor>& weights, const std::string& dtype);

@@ -1,4 +1,5 @@
-"""The native LLaDA2 family (csrc/model/llada2.cpp, policy 'block' in csrc/decode/policies/block.cpp)
+"""The native LLaDA2 family (its row in csrc/model/families.cpp, the body csrc/model/transformer.cpp,
+policy 'block' in csrc/decode/policies/block.cpp)
 against the float32 reference (python/blockbatch/reference/llada2.py) and the authors' recorded runs:
 logits within 1e-4, tokens, NFE and edits exactly."""
 

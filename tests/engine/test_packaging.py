@@ -135,7 +135,7 @@ def test_sdist_holds_the_sources_and_no_build_outputs(tmp_path):
         "setup.py",
         "pyproject.toml",
         "MANIFEST.in",
-        "csrc/model/model.cpp",
+        "csrc/model/transformer.cpp",
         "csrc/kernels/branches.h",
         "csrc/kernels/cuda/attention.cu",
         "benchmarks/cpp/bb_forward.cpp",
