@@ -228,8 +228,18 @@ def test_policies_on_the_family_say_why(tmp_path):
     ):
         with pytest.raises(ValueError, match=match):
             engine.generate([[1, 2, 3]], DecodeOptions(policy="block", gen_length=16, **bad))
-    with pytest.raises(ValueError, match=r"rounded up to a whole block .* exceeds max_sequence_length"):
-        engine.generate([[1] * 10], DecodeOptions(policy="block", gen_length=989))  # 999 positions: blocks to 1024
+    # 999 positions: blocks to 1024. Refused before the decode, by the one admission rule (admit):
+    # Python's length check asks it, so it names the rounding too.
+    with pytest.raises(
+        ValueError,
+        match=r"needs 1024 positions \(rounded up to whole blocks of block_length\) but the model's "
+        r"max_sequence_length is 1000",
+    ):
+        engine.generate([[1] * 10], DecodeOptions(policy="block", gen_length=989))
+    # The C++ rule says the same where Python's check is not in front of it (the scheduler).
+    with engine.scheduler(max_batch=1, max_length=1000, adaptive=False) as sched:
+        with pytest.raises(ValueError, match=r"rounded up to a whole block .* exceeds max_sequence_length"):
+            sched.submit(torch.tensor([1] * 10), DecodeOptions(policy="block", gen_length=989))
     make_random_checkpoint(tmp_path / "llada", vocab_size=64)
     llada = Engine.from_pretrained(str(tmp_path / "llada"))
     assert llada.default_options().policy == "dual"
