@@ -282,3 +282,34 @@ def test_a_policy_without_a_reference_for_the_family_is_named_with_those_it_has(
 
     with pytest.raises(ValueError, match=r"policy 'dual' has no reference decoder for llada2 checkpoints; it decodes "):
         policies.reference(None, torch.tensor([1, 2]), DecodeOptions(policy="dual", gen_length=32), "llada2")
+
+
+def _call_keywords(function) -> set[str]:
+    """The keyword names of the calls inside ``function``'s source."""
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    return {k.arg for node in ast.walk(tree) if isinstance(node, ast.Call) for k in node.keywords if k.arg}
+
+
+def test_llada_reference_entries_pass_every_option_their_reference_reads():
+    """Class: a reference decode checked under other options than the engine's. bench
+    --compare-reference and the toy evaluation call a policy's REFERENCE entry; LLaDA's BlockBatch
+    entry once dropped share_prompt_kv and fold_rows, so a share decode was compared with the exact
+    one. Every parameter of the reference function that is a decode option LLaDA reads must be
+    passed (Dream's samplers, the options table's group "dream", are Dream's entry's)."""
+    import inspect
+
+    from blockbatch import contract, policies
+    from blockbatch.reference.blockbatch import blockbatch_generate
+    from blockbatch.reference.policies import generate
+
+    options = {o.name for o in contract.OPTIONS if o.group != "dream"}
+    for entry, reference in (
+        (policies.get("blockbatch").REFERENCE["llada"], blockbatch_generate),
+        (policies.get("dual").REFERENCE["llada"], generate),
+    ):
+        wanted = {p for p in inspect.signature(reference).parameters if p in options}
+        missing = sorted(wanted - _call_keywords(entry) - {"policy", "gen_length", "block_length", "block_sizes"})
+        assert not missing, f"{entry.__module__}.{entry.__name__} does not pass {missing} to {reference.__name__}"

@@ -89,6 +89,8 @@ def llada_reference(model, prompt, o, vocab_limit: int | None = None):
         temperature=o.temperature,
         seed=o.seed,
         sync_refresh=o.sync_refresh,
+        fold_rows=o.fold_rows,
+        share_prompt_kv=o.share_prompt_kv,
     )
     return r.tokens, r.nfe
 
