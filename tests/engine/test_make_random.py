@@ -178,3 +178,23 @@ def test_make_random_nan_free_by_default_loads_with_the_finite_check(tmp_path):
 def test_make_random_llada2_head_size_0_is_a_named_error_not_a_crash(tmp_path, capsys, flags, message):
     line = error_line(capsys, "make-random", tmp_path / "out", "--family", "llada2", *flags)
     assert line.startswith(message), line
+
+
+@pytest.mark.parametrize("family", ["llada", "dream", "llada2"])
+def test_make_random_never_replaces_a_shipped_toy_checkpoint(tmp_path, capsys, family):
+    """Class: a command writing over what the package itself reads. The toy checkpoints are the
+    default model of every command: make-random refuses their folders even with --force (also
+    through a symbolic link), and leaves every file as it was."""
+    import hashlib
+
+    from blockbatch.toy import checkpoint_path
+
+    toy = checkpoint_path(family)
+    before = {n: hashlib.sha256(open(os.path.join(toy, n), "rb").read()).hexdigest() for n in os.listdir(toy)}
+    link = tmp_path / "link"
+    link.symlink_to(toy)
+    for target in (toy, link):
+        line = error_line(capsys, "make-random", target, "--force")
+        assert "toy checkpoint shipped in the package" in line and str(target) in line
+    after = {n: hashlib.sha256(open(os.path.join(toy, n), "rb").read()).hexdigest() for n in os.listdir(toy)}
+    assert after == before
