@@ -183,6 +183,12 @@ def check_output_folder(folder: str, flag: str, names: Iterable[str], **rules) -
 _TEMP = re.compile(r"^\.(?P<name>.+)\.blockbatch-(?P<pid>\d+)-[0-9a-f]+\.tmp$")
 
 
+def _temp_name(target: str) -> str:
+    """A named temporary beside ``target`` (the name _TEMP matches, so a dead process's is swept)."""
+    folder, base = os.path.split(target)
+    return os.path.join(folder, f".{base}.blockbatch-{os.getpid()}-{secrets.token_hex(4)}.tmp")
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -294,9 +300,8 @@ class AtomicFile:
             mode = _new_mode(self.target)
             self._fd = self._open_unnamed(folder, mode)
             if self._fd is None:
-                base = os.path.basename(self.target)
-                sweep_stale_temporaries(folder, base)
-                self._tmp_name = os.path.join(folder, f".{base}.blockbatch-{os.getpid()}-{secrets.token_hex(4)}.tmp")
+                sweep_stale_temporaries(folder, os.path.basename(self.target))
+                self._tmp_name = _temp_name(self.target)
                 self._fd = os.open(self._tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             os.fchmod(self._fd, mode)
         except OSError as e:
@@ -365,10 +370,7 @@ class AtomicFile:
         try:
             os.fsync(fd)
             if self._tmp_name is None:  # unnamed: give it a name only for the rename
-                base = os.path.basename(self.target)
-                self._tmp_name = os.path.join(
-                    os.path.dirname(self.target), f".{base}.blockbatch-{os.getpid()}-{secrets.token_hex(4)}.tmp"
-                )
+                self._tmp_name = _temp_name(self.target)
                 _link_unnamed(fd, self._tmp_name, self._good)
             os.replace(self._tmp_name, self.target)
             self._tmp_name = None

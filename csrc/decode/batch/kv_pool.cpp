@@ -9,13 +9,10 @@
 
 #include <vector>
 
-#include "decode/batch/pack.h"  // default_stream_of
+#include "decode/batch/pack.h"         // default_stream_of
+#include "decode/batch/pool_sizing.h"  // ceil_div
 
 namespace blockbatch {
-
-namespace {
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-}  // namespace
 
 KvPool::KvPool(const Network& model, int64_t capacity, int64_t max_length, int64_t page_len, int64_t table_rows,
                bool scratch)

@@ -29,7 +29,7 @@ int64_t resolve_kv_page_len(c10::Device device, int64_t kv_page_len) {
 }
 
 int64_t pool_row_length(int64_t max_length, int64_t page_len) {
-  return page_len > 0 ? (max_length + page_len - 1) / page_len * page_len : max_length;
+  return page_len > 0 ? ceil_div(max_length, page_len) * page_len : max_length;
 }
 
 bool check_batching_device(c10::Device device, const char* who) {
@@ -60,8 +60,6 @@ int64_t default_request_rows(const ModelConfig& c) {
 }
 
 double gib(double bytes) { return bytes / static_cast<double>(int64_t{1} << 30); }
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // decode_batch's default pool keeps the prompt blocks its requests share up to this size, or the
 // size of the running requests' rows where that is larger.

@@ -14,6 +14,9 @@
 
 namespace blockbatch {
 
+// ceil(a / b) for a >= 0, b > 0: pages of positions, rows of pages.
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 // Bytes of one KV row of `length` positions on `config`'s model in `dtype`.
 int64_t kv_row_bytes(const ModelConfig& config, c10::ScalarType dtype, int64_t length);
 
