@@ -251,13 +251,16 @@ def test_errors_keep_openai_shape(server, client):
 
 def _replica_metrics(server, replicas: int = 2) -> dict[str, dict[str, float]]:
     """replica id -> every sample of its /metrics (name{labels} -> value); /metrics answers for the
-    replica a request reaches, so it is asked until all ``replicas`` have answered."""
+    replica a request reaches, so it is asked until all ``replicas`` have answered (a pause between
+    asks: a replica the router has not yet listed gets none of a burst; a fresh-clone CI run once
+    saw 200 back-to-back answers from one replica)."""
     out: dict[str, dict[str, float]] = {}
     for _ in range(200):
         r = httpx.get(server.url + "/metrics", timeout=10)
         out[r.headers["x-blockbatch-replica"]] = parse_metrics(r.text)
         if len(out) == replicas:
             return out
+        time.sleep(0.05)
     raise AssertionError(f"/metrics answered from {sorted(out)} only")
 
 
