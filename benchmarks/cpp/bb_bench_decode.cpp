@@ -26,7 +26,7 @@
 
 #include "common.h"
 #include "decode/decode.h"
-#include "decode/family.h"
+#include "decode/policies/policy.h"
 #include "io/json.h"
 
 namespace {
@@ -62,7 +62,7 @@ void print_usage() {
 
 Options parse(int argc, char** argv) {
   Options o;
-  o.decode.policy = blockbatch::Policy::kBlockBatch;
+  o.decode.policy = blockbatch::parse_policy("blockbatch");  // the bench's default (see --help)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -148,18 +148,18 @@ void apply_family_defaults(Options& o, blockbatch::Family family) {
   }
 }
 
-// Why the options cannot decode (rules: the family's, nullptr when unknown), or "" when they can:
-// checked before the weights are loaded, so a usage error costs no load.
-std::string option_error(const Options& o, const blockbatch::FamilyRules* rules) {
-  // Policy 'block' reads steps with a threshold too (steps per block).
-  if (o.decode.policy != blockbatch::Policy::kBlock && o.decode.steps &&
+// Why the options cannot decode (family: the checkpoint's, nullptr when unknown), or "" when they
+// can: checked before the weights are loaded, so a usage error costs no load.
+std::string option_error(const Options& o, const blockbatch::FamilySpec* family) {
+  // Some policies read steps with a threshold too (policy 'block': steps per block).
+  if (!blockbatch::policy(o.decode.policy).steps_with_confidence && o.decode.steps &&
       o.decode.commit() != blockbatch::CommitRule::kFixed) {
     return "--steps is used only by the fixed schedule, but the options commit by confidence and would ignore it: "
            "pass --threshold none with --steps";
   }
   try {
     o.decode.check();
-    blockbatch::check_supported(rules, o.decode);
+    blockbatch::check_supported(family, o.decode);
   } catch (const c10::Error& e) {
     return e.msg();
   }
@@ -209,13 +209,13 @@ int main(int argc, char** argv) {
   return blockbatch::bench::run_main([&]() -> int {
     // The family's defaults sit under the flags: config.json is read before the options are
     // checked (without it the load below says what is missing, as blockbatch generate does).
-    const blockbatch::FamilyRules* rules = nullptr;
+    const blockbatch::FamilySpec* family = nullptr;
     if (is_file(o.model + "/config.json")) {
       const blockbatch::ModelConfig config = blockbatch::io::read_model_config(o.model);
       apply_family_defaults(o, config.family);
-      rules = &blockbatch::rules_for(config.family);
+      family = &blockbatch::family_spec(config.family);
     }
-    if (const std::string why = option_error(o, rules); !why.empty()) {
+    if (const std::string why = option_error(o, family); !why.empty()) {
       std::cerr << "error: " << why << "\n";
       return 2;
     }

@@ -2,6 +2,8 @@
 // (decode/admit.h).
 #include "decode/admit.h"
 
+#include "decode/policies/policy.h"
+
 #include <c10/util/Exception.h>
 
 #include <limits>
@@ -30,10 +32,7 @@ DecodeOptions decode_options_for(const ModelConfig& c, const DecodeOptions& opti
   return o;
 }
 
-int64_t kv_rows_needed(const DecodeOptions& o) {
-  if (o.policy == Policy::kVanilla) return 0;
-  return o.policy == Policy::kBlockBatch ? static_cast<int64_t>(o.block_sizes->size()) : 1;
-}
+int64_t kv_rows_needed(const DecodeOptions& o) { return policy(o.policy).kv_rows(o); }
 
 Admitted admit_sizes(const ModelConfig& c, int64_t prompt_length, const DecodeOptions& options) {
   TORCH_CHECK_VALUE(prompt_length >= 0, "prompt_length must be >= 0, got ", prompt_length);
@@ -43,7 +42,7 @@ Admitted admit_sizes(const ModelConfig& c, int64_t prompt_length, const DecodeOp
   a.prompt_length = prompt_length;
   // Saturated: a canvas past INT64_MAX fits no model, and the sum must not overflow.
   const int64_t room = std::numeric_limits<int64_t>::max() - prompt_length;
-  const int64_t slack = a.options.policy == Policy::kBlock ? a.options.block_length : 0;
+  const int64_t slack = policy(a.options.policy).canvas_unit(a.options) - 1;
   a.canvas_length = a.options.gen_length <= room - slack ? canvas_length(a.options, prompt_length)
                                                          : std::numeric_limits<int64_t>::max();
   a.kv_rows = kv_rows_needed(a.options);

@@ -17,13 +17,6 @@ double StepCurve::at(int64_t t) const {
   return seconds[i - 1] + slope * static_cast<double>(t - tokens[i - 1]);
 }
 
-DecodeOptions single_branch_as_dual(DecodeOptions o) {
-  if (o.policy != Policy::kBlockBatch || !o.block_sizes || o.block_sizes->size() != 1) return o;
-  o.policy = Policy::kDual;  // one branch has nothing to merge or sync with: the dual cache's loop
-  o.block_length = o.block_sizes->front();
-  return o;  // threshold and stop_on_eos: blockbatch's, already resolved
-}
-
 std::vector<int64_t> budget_branches(const std::vector<int64_t>& sizes, int64_t block_length, int64_t load,
                                      const StepCurve& curve, double slack) {
   std::vector<int64_t> set = sizes;
@@ -51,13 +44,6 @@ std::vector<int64_t> budget_branches(const std::vector<int64_t>& sizes, int64_t 
     set.erase(drop);
   }
   return set;
-}
-
-DecodeOptions budgeted(const DecodeOptions& resolved, int64_t load, const StepCurve& curve) {
-  if (resolved.policy != Policy::kBlockBatch || resolved.branch_budget != BranchBudget::kAuto) return resolved;
-  DecodeOptions o = resolved;
-  o.block_sizes = budget_branches(*o.block_sizes, o.block_length, load, curve);
-  return single_branch_as_dual(o);
 }
 
 }  // namespace blockbatch

@@ -1,12 +1,11 @@
 // branch_budget = "auto" (docs/ALGORITHMS.md 9.4): the step-time curve and the branches a
-// BlockBatch request keeps at a load. The one place the rule lives: the scheduler applies it when
-// it admits a request, decode() alone at load 1.
+// BlockBatch request keeps at a load. The policy applies it (PolicyDescriptor::at_load,
+// decode/policies/blockbatch.cpp): the scheduler when it admits a request, decode() alone at load 1.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "decode/options.h"
 
 namespace blockbatch {
 
@@ -27,16 +26,5 @@ struct StepCurve {
 // and, once the anchor is the largest left, the smallest, down to the anchor alone.
 std::vector<int64_t> budget_branches(const std::vector<int64_t>& sizes, int64_t block_length, int64_t load,
                                      const StepCurve& curve, double slack = 0.10);
-
-// A blockbatch request left with one branch decodes as a dual cache of that block size (with
-// blockbatch's threshold and EOS exit): one branch has nothing to merge or sync with, and the
-// dual cache's loop does the same forwards without the branch bookkeeping (ALGORITHMS.md 9.4).
-// Other options are returned as they are.
-DecodeOptions single_branch_as_dual(DecodeOptions o);
-
-// The options `resolved` (decode_options_for) decodes with when admitted at `load`: for a
-// BlockBatch request with branch_budget = auto, budget_branches' sizes (an empty curve keeps them
-// all), one size left as single_branch_as_dual; any other request as it is.
-DecodeOptions budgeted(const DecodeOptions& resolved, int64_t load, const StepCurve& curve);
 
 }  // namespace blockbatch

@@ -65,8 +65,8 @@ class Decoder {
   KvRows kv_;
 };
 
-// The decoder of `o` (resolved and validated: decode_options_for, validate) for `prompt` on
-// `model`'s family (decode/family.h). kv: its KV rows (a scheduler's pool rows, dense or paged), or
+// The decoder of `o` (resolved and validated: admit) for `prompt` on `model`: its policy's
+// (decode/policies/policy.h). kv: its KV rows (a scheduler's pool rows, dense or paged), or
 // undefined to allocate dense rows with model.new_kv. `stop` is checked before every forward and must outlive it.
 std::unique_ptr<Decoder> make_decoder(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
                                       const Stop& stop, KvRows kv = {});
@@ -74,13 +74,5 @@ std::unique_ptr<Decoder> make_decoder(const Network& model, const std::vector<in
 // Runs `d` alone to the end, every step through `runner` (built before the decoder: on CUDA its
 // stream holds the request's work). Fills the wall time and the graph counters.
 DecodeResult drive(const Network& model, Decoder& d, StepRunner& runner);
-
-// The policies' constructors (csrc/decode/policies/), called by make_decoder.
-std::unique_ptr<Decoder> single_branch_decoder(const Network& model, const std::vector<int64_t>& prompt,
-                                               const DecodeOptions& o, const Stop& stop, KvRows kv);
-std::unique_ptr<Decoder> block_decoder(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
-                                       const Stop& stop, KvRows kv);
-std::unique_ptr<Decoder> blockbatch_decoder(const Network& model, const std::vector<int64_t>& prompt,
-                                            const DecodeOptions& o, const Stop& stop, KvRows kv);
 
 }  // namespace blockbatch

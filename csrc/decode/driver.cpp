@@ -1,8 +1,9 @@
 // The step machines' shared pieces (decode/decoder.h): a plan's index buffer and shape key, the
-// family's decoder for a request, and the driver that runs one decoder alone.
+// policy's decoder for a request, and the driver that runs one decoder alone.
 #include <chrono>
 
 #include "decode/decoder.h"
+#include "decode/policies/policy.h"
 #include "decode/step_runner.h"
 
 namespace blockbatch {
@@ -21,9 +22,7 @@ StepKey StepPlan::key(bool with_kv, int64_t buffer_size) const {
 
 std::unique_ptr<Decoder> make_decoder(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
                                       const Stop& stop, KvRows kv) {
-  if (o.policy == Policy::kBlock) return block_decoder(model, prompt, o, stop, std::move(kv));
-  if (o.policy != Policy::kBlockBatch) return single_branch_decoder(model, prompt, o, stop, std::move(kv));
-  return blockbatch_decoder(model, prompt, o, stop, std::move(kv));
+  return policy(o.policy).make(model, prompt, o, stop, std::move(kv));
 }
 
 DecodeResult drive(const Network& model, Decoder& d, StepRunner& runner) {

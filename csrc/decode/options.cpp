@@ -9,7 +9,7 @@
 #include <sstream>
 #include <string>
 
-#include "decode/family.h"
+#include "decode/policies/policy.h"
 #include "decode/options_parse.h"
 #include "kernels/branches.h"
 
@@ -55,7 +55,7 @@ void DecodeOptions::validate(const ModelConfig& c, int64_t prompt_length) const 
                       fits ? " = " + std::to_string(prompt_length + gen_length) : std::string(),
                       " exceeds max_sequence_length = ", c.max_sequence_length);
   }
-  check_supported(&rules_for(c.family), *this);
+  check_supported(&family_spec(c.family), *this);
   const int64_t canvas = canvas_length(*this, prompt_length);
   TORCH_CHECK_VALUE(canvas <= c.max_sequence_length, "prompt length ", prompt_length, " + gen_length ", gen_length,
                     " rounded up to a whole block (block_length = ", block_length,
@@ -65,8 +65,8 @@ void DecodeOptions::validate(const ModelConfig& c, int64_t prompt_length) const 
 
 int64_t canvas_length(const DecodeOptions& o, int64_t prompt_length) {
   const int64_t length = prompt_length + o.gen_length;
-  if (o.policy != Policy::kBlock) return length;
-  return (length + o.block_length - 1) / o.block_length * o.block_length;
+  const int64_t unit = policy(o.policy).canvas_unit(o);
+  return (length + unit - 1) / unit * unit;
 }
 
 // ---------------------------------------------------------------- helpers of the generated code

@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "decode/batch/pack.h"  // device_memory_bytes
+#include "decode/policies/policy.h"
 #include "decode/step.h"        // kDefaultKvPageLen
 
 #ifdef BLOCKBATCH_WITH_CUDA
@@ -51,12 +52,17 @@ int64_t budget_rows(int64_t bytes, int64_t row_bytes, bool pad) { return bytes /
 
 namespace {
 
-// KV rows of one request with the family's default BlockBatch branches: the pool's rows per
-// request when no budget is given.
+// KV rows of the largest request the family's policies make with their defaults (BlockBatch's
+// branches, where the family has them): the pool's rows per request when no budget is given.
 int64_t default_request_rows(const ModelConfig& c) {
-  DecodeOptions o;
-  o.policy = Policy::kBlockBatch;
-  return kv_rows_needed(decode_options_for(c, o));
+  int64_t rows = 0;
+  for (const PolicyDescriptor* d : policy_table()) {
+    if (!d->family_refusal(family_spec(c.family)).empty()) continue;
+    DecodeOptions o;
+    o.policy = d->id;
+    rows = std::max(rows, d->kv_rows(decode_options_for(c, o)));
+  }
+  return rows;
 }
 
 double gib(double bytes) { return bytes / static_cast<double>(int64_t{1} << 30); }
@@ -152,8 +158,9 @@ BatchPool batch_pool(const Network& model, const std::vector<std::vector<int64_t
     p.max_length = std::max(p.max_length, a.canvas_length);
     rows_of[i] = a.kv_rows;
     max_rows = std::max(max_rows, a.kv_rows);
-    if (prefix_cache && page_len > 0 && a.options.policy == Policy::kBlock && a.options.block_length % page_len == 0) {
-      cache_block_of[i] = a.options.block_length;  // the scheduler caches this request's complete prompt blocks
+    const int64_t block = policy(a.options.policy).cached_prompt_block(a.options);
+    if (prefix_cache && page_len > 0 && block > 0 && block % page_len == 0) {
+      cache_block_of[i] = block;  // the scheduler caches this request's complete prompt blocks
     }
   }
   // Rows of max_length (rounded up to whole pages when the pool is paged: the scheduler's unit).

@@ -10,6 +10,7 @@
 
 #include "decode/decoder.h"
 #include "decode/policies/branch_rows.h"  // shared_prompt_pages
+#include "decode/policies/policy.h"
 #include "decode/step.h"
 #include "decode/stop.h"
 #include "kernels/branches.h"  // kMaxBranches: the most KV rows a request holds
@@ -115,8 +116,9 @@ int64_t Scheduler::add(const std::vector<int64_t>& prompt, const DecodeOptions& 
   TORCH_CHECK_VALUE(length <= max_length_, "the prompt (", lp, " tokens) plus gen_length (", o.gen_length, ") needs ",
                     length, " positions but this scheduler's max_length is ", max_length_,
                     " (shorten the prompt or gen_length, or raise max_length)");
-  TORCH_CHECK_VALUE(!(o.policy == Policy::kBlockBatch && o.share_prompt_kv) || pool_->paged(),
-                    "share_prompt_kv needs a paged KV pool: this scheduler's pool is dense rows (kv_page_len = 0",
+  const char* paged_option = policy(o.policy).needs_paged_pool(o);
+  TORCH_CHECK_VALUE(paged_option == nullptr || pool_->paged(), paged_option,
+                    " needs a paged KV pool: this scheduler's pool is dense rows (kv_page_len = 0",
                     model_.device().is_cpu() ? "" : "; the automatic layout on CUDA", "); give kv_page_len > 0");
   const int64_t shared = shared_prompt_pages(model_, o, lp, page_len_);
   TORCH_CHECK_VALUE(pool_->fits(rows, length, shared), "the request needs ", rows, " KV rows of ", length,
@@ -166,16 +168,17 @@ bool Scheduler::admit() {
       // The load it joins: the requests decoding and waiting, itself included, at most max_batch.
       load = std::min<int64_t>(max_batch_, static_cast<int64_t>(live_.size() + queue_.size()));
     }
-    DecodeOptions o = budgeted(r->options, load, curve_);
+    DecodeOptions o = policy(r->options.policy).at_load(r->options, load, curve_);
     o.cuda_graphs = false;  // the packed forward replays its own graphs (pack.h)
     auto l = std::make_unique<Live>();
     const int64_t rows = kv_rows_needed(o);
     if (rows > 0) {
       const int64_t lp = static_cast<int64_t>(r->prompt.size());
-      // Block-causal (policy block, one row): its complete prompt blocks may come from the prefix cache.
+      // Block-causal (one row): its complete prompt blocks may come from the prefix cache.
       KvPool::Prefix prefix;
-      if (prefix_cache_ && pool_->paged() && o.policy == Policy::kBlock && o.block_length % page_len_ == 0) {
-        prefix = KvPool::Prefix{o.block_length, lp / o.block_length, &r->prompt};
+      const int64_t block = policy(o.policy).cached_prompt_block(o);
+      if (prefix_cache_ && pool_->paged() && block > 0 && block % page_len_ == 0) {
+        prefix = KvPool::Prefix{block, lp / block, &r->prompt};
       }
       l->kv = pool_->take(rows, r->length, shared_prompt_pages(model_, o, lp, page_len_),
                           prefix.block > 0 ? &prefix : nullptr);
@@ -457,7 +460,7 @@ std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<s
   {
     // branch_budget = auto without a curve: measured now (at most a second).
     const bool adaptive = std::any_of(options.begin(), options.end(), [](const DecodeOptions& o) {
-      return o.policy == Policy::kBlockBatch && o.branch_budget == BranchBudget::kAuto;
+      return policy(o.policy).adapts_to_load(o);
     });
     const int64_t budget = (std::max<int64_t>(pool.rows, 1) + (pad ? 1 : 0)) * pool.row_bytes;
     Scheduler scheduler(model, workers, pool.max_length, budget, curve, adaptive ? 1.0 : 0.0, pad_packs, -1,

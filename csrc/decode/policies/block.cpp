@@ -27,24 +27,42 @@
 #include <ATen/ops/topk.h>
 #include <ATen/ops/where.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 
 #include <algorithm>
 #include <limits>
 #include <string>
 
-#include "decode/decoder.h"
-#include "decode/family.h"
+#include "decode/policies/policy.h"
 
 namespace blockbatch {
 
 namespace {
 
+// The block policy's rules for one block-causal family: a family without a row is refused by the
+// policy (a new block-causal family adds its row here, and the fields its decoder differs by).
+struct BlockRules {
+  const char* family;
+  bool editing;  // LLaDA2.1's token editing (edit_threshold) is defined on its checkpoints
+};
+
+const std::vector<BlockRules> kRules{
+    {"llada2", /*editing=*/true},
+};
+
+const BlockRules& rules_of(const ModelConfig& c) {
+  const BlockRules* r = family_row(kRules, family_spec(c.family));
+  TORCH_CHECK(r != nullptr, "policy 'block' has no rules for ", family_spec(c.family).name,
+              " checkpoints (refused at admission)");
+  return *r;
+}
+
 class BlockDecoder final : public Decoder {
  public:
   BlockDecoder(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o, const Stop& stop,
                KvRows kv)
-      : c_(model.config()), o_(o), stop_(stop), lp_(static_cast<int64_t>(prompt.size())), B_(o.block_length),
-        L_(canvas_length(o, lp_)), blocks_(L_ / B_), editing_(o.edit_threshold.has_value()),
+      : c_(model.config()), rules_(rules_of(c_)), o_(o), stop_(stop), lp_(static_cast<int64_t>(prompt.size())), B_(o.block_length),
+        L_(canvas_length(o, lp_)), blocks_(L_ / B_), editing_(rules_.editing && o.edit_threshold.has_value()),
         threshold_(o.threshold.value_or(std::numeric_limits<double>::infinity())),
         schedule_(editing_ ? std::vector<int64_t>{} : transfer_schedule()) {
     x_ = prompt;
@@ -234,6 +252,7 @@ class BlockDecoder final : public Decoder {
   }
 
   const ModelConfig& c_;
+  const BlockRules& rules_;
   const DecodeOptions o_;
   const Stop& stop_;
   const int64_t lp_, B_, L_, blocks_;
@@ -248,9 +267,60 @@ class BlockDecoder final : public Decoder {
 
 }  // namespace
 
-std::unique_ptr<Decoder> block_decoder(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
-                                       const Stop& stop, KvRows kv) {
+namespace {
+
+std::unique_ptr<Decoder> make(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
+                              const Stop& stop, KvRows kv) {
   return std::make_unique<BlockDecoder>(model, prompt, o, stop, std::move(kv));
 }
+
+std::string family_refusal(const FamilySpec& f) {
+  if (f.attention != AttentionPattern::kBlockCausal) {
+    return c10::str("is the decoder of block-causal checkpoints; ", f.name, " checkpoints are bidirectional");
+  }
+  if (family_row(kRules, f) == nullptr) return c10::str("has no rules for ", f.name, " checkpoints");
+  return "";
+}
+
+std::string option_refusal(const FamilySpec* family, const DecodeOptions& o) {
+  const BlockRules* rules = family != nullptr ? family_row(kRules, *family) : nullptr;
+  if (o.steps && *o.steps < 1) {
+    return c10::str("steps must be None (block_length steps per block) or >= 1 for policy 'block', got ", *o.steps);
+  }
+  if (o.factor) return "policy 'block' commits by threshold: leave factor None";
+  if (o.temperature != 0) {
+    return "policy 'block' decodes greedily (the argmax, as the authors' greedy decoders): leave temperature 0";
+  }
+  if (o.top_p || o.top_k || o.alg_temp != 0 || (o.alg && *o.alg != Alg::kConfidence)) {
+    return "alg / alg_temp / top_p / top_k are samplers of the bidirectional decoders; policy 'block' proposes the "
+           "argmax";
+  }
+  if (rules != nullptr && !rules->editing && o.edit_threshold) {
+    return c10::str("edit_threshold: token editing is not defined on ", family->name, " checkpoints");
+  }
+  return "";
+}
+
+int64_t canvas_unit(const DecodeOptions& o) { return o.block_length; }  // whole blocks, aligned at position 0
+int64_t cached_prompt_block(const DecodeOptions& o) { return o.block_length; }
+
+}  // namespace
+
+namespace pd = policy_defaults;
+
+const PolicyDescriptor kBlockPolicy{.id = Policy::kBlock,
+                                    .family_refusal = family_refusal,
+                                    .option_refusal = option_refusal,
+                                    .kv_rows = pd::one,
+                                    .canvas_unit = canvas_unit,
+                                    .cached_prompt_block = cached_prompt_block,
+                                    .graphs = pd::yes,
+                                    .needs_paged_pool = pd::no_option,
+                                    .adapts_to_load = pd::no,
+                                    .at_load = pd::as_is,
+                                    .steps_with_confidence = true,
+                                    .step_kinds = {StepKind::kBlockStart, StepKind::kWindow},
+                                    .stats = {"nfe_block", "edits", "prefix_cache_hit_tokens"},
+                                    .make = make};
 
 }  // namespace blockbatch

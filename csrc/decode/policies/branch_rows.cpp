@@ -9,7 +9,7 @@
 
 #include <algorithm>
 
-#include "decode/family.h"
+#include "model/families.h"
 #include "ops/ops.h"
 
 namespace blockbatch {
@@ -17,7 +17,7 @@ namespace blockbatch {
 int64_t shared_prompt_pages(const Network& model, const DecodeOptions& o, int64_t prompt_len, int64_t page_len) {
   if (o.policy != Policy::kBlockBatch || !o.share_prompt_kv || page_len <= 0) return 0;
   // A block step feeds its window [start, end) from start - logit_shift, and start >= prompt_len.
-  const int64_t fixed = prompt_len - rules_for(model.config().family).logit_shift;
+  const int64_t fixed = prompt_len - family_spec(model.config().family).logit_shift;
   return fixed > 0 ? fixed / page_len : 0;
 }
 

@@ -5,7 +5,7 @@
 // The skeleton, the same for every family: blocks [s, e) left to right; a vanilla step and a cached
 // block's first step run the whole canvas (at a cached block start its K/V fill the cache), the
 // other steps the window (dual: the block against the whole cached canvas; prefix: block and
-// suffix against the frozen prefix [0, s)). The family's rules (decode/family.h) fill in:
+// suffix against the frozen prefix [0, s)). The family's row (kRules below) fills in:
 //   VanillaSchedule  kBlockFixed: blocks of block_length; kTimestep: one block over the generation
 //                    and `steps` forwards, step i committing int(masks * (1 - t[i+1] / t[i]))
 //   SeedRule         what a cached block's full forward commits: by the commit rule like any step,
@@ -31,14 +31,45 @@
 #include <limits>
 #include <string>
 
-#include "decode/family.h"
 #include "decode/policies/host_canvas.h"
+#include "decode/policies/policy.h"
 #include "kernels/cpu/commit_rules.h"
 #include "ops/ops.h"
 
 namespace blockbatch {
 
 namespace {
+
+enum class VanillaSchedule {
+  kBlockFixed,  // LLaDA: blocks of block_length, a fixed per-block schedule or a commit rule (section 3)
+  kTimestep,    // Dream: no blocks, k = m * (1 - t[i+1] / t[i]) over linspace(1, eps, steps + 1) (5.3)
+};
+
+// The single-branch policies' rules for one family (docs/ALGORITHMS.md sections 3 and 5): the
+// authors' LLaDA / Fast-dLLM code and the authors' Dream decoders.
+struct SingleBranchRules {
+  const char* family;
+  VanillaSchedule vanilla;
+  SeedRule seed;  // what a cached block's full forward commits
+  Readout readout;
+  bool samplers;                 // alg / alg_temp / top_p / top_k (Dream's sample_tokens)
+  bool samples_outside_vanilla;  // temperature > 0 in prefix and dual too
+  bool any_commit_rule;          // prefix / dual take the fixed schedule and factor, not only threshold
+};
+
+const std::vector<SingleBranchRules> kRules{
+    {"llada", VanillaSchedule::kBlockFixed, SeedRule::kCommitByRule, Readout::kDevice, /*samplers=*/false,
+     /*samples_outside_vanilla=*/true, /*any_commit_rule=*/true},
+    {"dream", VanillaSchedule::kTimestep, SeedRule::kFirstMaskArgmax, Readout::kHostTopk, /*samplers=*/true,
+     /*samples_outside_vanilla=*/false, /*any_commit_rule=*/false},
+};
+
+const SingleBranchRules& rules_of(const ModelConfig& c) {
+  const SingleBranchRules* r = family_row(kRules, family_spec(c.family));
+  TORCH_CHECK(r != nullptr, "the single-branch policies have no rules for ", family_spec(c.family).name,
+              " checkpoints (refused at admission)");
+  return *r;
+}
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
@@ -95,7 +126,7 @@ class DeviceReadout final : public Canvas {
   void check(const Stop& stop, int64_t forwards) const override { stop.check(forwards, canvas_); }
 
   void reads(StepPlan& p, const Step& s) override {
-    const int64_t shift = rules_for(c_.family).logit_shift;
+    const int64_t shift = family_spec(c_.family).logit_shift;
     if (!(s.out0 == s.s && s.outputs == b_ && shift == 0)) {  // else the forward's outputs are the block
       for (int64_t q = s.s; q < s.e; ++q) p.q.logit_index.push_back(output_of(q, shift, s.out0));
     }
@@ -166,7 +197,7 @@ class HostReadout final : public Canvas {
  public:
   HostReadout(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o)
       : model_(model), o_(o), mask_(model.config().mask_token_id), eos_(model.config().eos_token_id),
-        limit_(model.config().proposal_limit()), shift_(rules_for(model.config().family).logit_shift),
+        limit_(model.config().proposal_limit()), shift_(family_spec(model.config().family).logit_shift),
         L_(static_cast<int64_t>(prompt.size()) + o.gen_length),
         threshold_(static_cast<float>(o.threshold.value_or(1.0))),
         generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))) {
@@ -302,9 +333,9 @@ class SingleBranch final : public Decoder {
  public:
   SingleBranch(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o, const Stop& stop,
                KvRows kv)
-      : rules_(rules_for(model.config().family)), o_(o), stop_(stop), lp_(static_cast<int64_t>(prompt.size())),
+      : rules_(rules_of(model.config())), o_(o), stop_(stop), lp_(static_cast<int64_t>(prompt.size())),
         L_(lp_ + o.gen_length), timestep_(o.policy == Policy::kVanilla && rules_.vanilla == VanillaSchedule::kTimestep),
-        seeded_(o.policy != Policy::kVanilla && rules_.full_forward == SeedRule::kFirstMaskArgmax),
+        seeded_(o.policy != Policy::kVanilla && rules_.seed == SeedRule::kFirstMaskArgmax),
         b_(timestep_ ? o.gen_length : o.block_length), blocks_(o.gen_length / b_),
         steps_per_block_(timestep_                          ? o.steps.value_or(o.gen_length)
                          : o.commit() == CommitRule::kFixed ? *o.steps / blocks_
@@ -421,7 +452,7 @@ class SingleBranch final : public Decoder {
            ")";
   }
 
-  const FamilyRules& rules_;
+  const SingleBranchRules& rules_;
   const DecodeOptions o_;
   const Stop& stop_;
   const int64_t lp_, L_;
@@ -437,9 +468,114 @@ class SingleBranch final : public Decoder {
 
 }  // namespace
 
-std::unique_ptr<Decoder> single_branch_decoder(const Network& model, const std::vector<int64_t>& prompt,
-                                               const DecodeOptions& o, const Stop& stop, KvRows kv) {
+namespace {
+
+std::unique_ptr<Decoder> make(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
+                              const Stop& stop, KvRows kv) {
   return std::make_unique<SingleBranch>(model, prompt, o, stop, std::move(kv));
 }
+
+std::string family_refusal(const FamilySpec& f) {
+  if (f.attention == AttentionPattern::kBlockCausal) {
+    return c10::str("is not defined on ", f.name,
+                    " checkpoints (block-causal attention: a block sees only itself and earlier blocks, so "
+                    "their exact cache is decoding block by block)");
+  }
+  if (family_row(kRules, f) == nullptr) return c10::str("has no rules for ", f.name, " checkpoints");
+  return "";
+}
+
+std::string option_refusal(const FamilySpec* family, const DecodeOptions& o) {
+  const SingleBranchRules* rules = family != nullptr ? family_row(kRules, *family) : nullptr;
+  if (std::string why = bidirectional_refusal(family, rules == nullptr || rules->samplers, o); !why.empty()) {
+    return why;
+  }
+  if (rules != nullptr && !rules->samples_outside_vanilla && o.policy != Policy::kVanilla && o.temperature != 0) {
+    return c10::str("temperature > 0 samples only in policy 'vanilla' on ", family->name, " checkpoints; policy '",
+                    policy_name(o.policy), "' decodes them greedily (as the authors' decoders do)");
+  }
+  if (o.policy == Policy::kVanilla && (rules == nullptr || rules->vanilla == VanillaSchedule::kTimestep)) {
+    // A timestep schedule has no blocks (block_length unused) and runs over `steps`; the block
+    // and schedule rules of kBlockFixed are checked once the family is known.
+    if (rules != nullptr && o.steps.value_or(o.gen_length) < 1) {
+      return c10::str("steps must be >= 1 for the timestep sampler of ", family->name,
+                      " checkpoints (None: gen_length steps), got ", o.steps.value_or(0));
+    }
+    return "";
+  }
+  if (o.block_length > o.gen_length) {
+    return c10::str("block_length must be an integer in [1, gen_length = ", o.gen_length, "], got ", o.block_length);
+  }
+  if (o.gen_length % o.block_length != 0) {
+    return c10::str("block_length = ", o.block_length, " must divide gen_length = ", o.gen_length);
+  }
+  if (rules != nullptr && !rules->any_commit_rule && o.commit() != CommitRule::kThreshold) {
+    return c10::str("policy '", policy_name(o.policy), "' commits by threshold on ", family->name,
+                    " checkpoints (the authors' cached decoder): set threshold and leave factor None");
+  }
+  if (o.commit() == CommitRule::kFixed) {
+    const int64_t blocks = o.gen_length / o.block_length;
+    if (!(o.steps.value_or(0) > 0 && *o.steps % blocks == 0)) {
+      return c10::str("steps must be a positive multiple of the number of blocks (", blocks,
+                      " = gen_length / block_length) for the fixed schedule, got ",
+                      o.steps ? std::to_string(*o.steps) : std::string("None"));
+    }
+  }
+  return "";
+}
+
+int64_t cache_rows(const DecodeOptions&) { return 1; }
+
+}  // namespace
+
+namespace pd = policy_defaults;
+
+// vanilla: every step a full forward over the canvas, no KV cache (ALGORITHMS.md 3, 5.3).
+const PolicyDescriptor kVanillaPolicy{.id = Policy::kVanilla,
+                                      .family_refusal = family_refusal,
+                                      .option_refusal = option_refusal,
+                                      .kv_rows = pd::none,
+                                      .canvas_unit = pd::one,
+                                      .cached_prompt_block = pd::none,
+                                      .graphs = pd::yes,
+                                      .needs_paged_pool = pd::no_option,
+                                      .adapts_to_load = pd::no,
+                                      .at_load = pd::as_is,
+                                      .steps_with_confidence = false,
+                                      .step_kinds = {StepKind::kStep},
+                                      .stats = {"nfe_full"},
+                                      .make = make};
+
+// prefix: a block's first step fills the cache, the others run block and suffix against the frozen prefix.
+const PolicyDescriptor kPrefixPolicy{.id = Policy::kPrefix,
+                                     .family_refusal = family_refusal,
+                                     .option_refusal = option_refusal,
+                                     .kv_rows = cache_rows,
+                                     .canvas_unit = pd::one,
+                                     .cached_prompt_block = pd::none,
+                                     .graphs = pd::yes,
+                                     .needs_paged_pool = pd::no_option,
+                                     .adapts_to_load = pd::no,
+                                     .at_load = pd::as_is,
+                                     .steps_with_confidence = false,
+                                     .step_kinds = {StepKind::kBlockStart, StepKind::kWindow},
+                                     .stats = {"nfe_full", "nfe_block"},
+                                     .make = make};
+
+// dual: a block's first step fills the cache, the others run the block against the whole cached canvas.
+const PolicyDescriptor kDualPolicy{.id = Policy::kDual,
+                                   .family_refusal = family_refusal,
+                                   .option_refusal = option_refusal,
+                                   .kv_rows = cache_rows,
+                                   .canvas_unit = pd::one,
+                                   .cached_prompt_block = pd::none,
+                                   .graphs = pd::yes,
+                                   .needs_paged_pool = pd::no_option,
+                                   .adapts_to_load = pd::no,
+                                   .at_load = pd::as_is,
+                                   .steps_with_confidence = false,
+                                   .step_kinds = {StepKind::kBlockStart, StepKind::kWindow},
+                                   .stats = {"nfe_full", "nfe_block"},
+                                   .make = make};
 
 }  // namespace blockbatch

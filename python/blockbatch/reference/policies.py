@@ -2,7 +2,7 @@
 
 Policies: ``vanilla`` (full forward every step), ``prefix`` and ``dual`` (Fast-dLLM caches), for
 every family, over the rules table ``RULES`` (the oracle's own, written from the spec; the C++
-has its row in csrc/decode/family.cpp). LLaDA's commit rules: ``threshold`` (tau), ``fixed``
+has its rows in the tables of csrc/decode/policies/). LLaDA's commit rules: ``threshold`` (tau), ``fixed``
 (LLaDA schedule from ``steps``), ``factor`` (f); temperature > 0 adds Gumbel-max noise in float64,
 drawn from a ``torch.Generator`` seeded with ``seed``: one ``rand([n, vocab], float64)`` per
 forward, ``n`` = the rows whose proposals are used (the current block, in position order).
@@ -27,7 +27,7 @@ POLICIES = ("vanilla", "prefix", "dual")
 @dataclasses.dataclass(frozen=True)
 class Rules:
     """Where two families' decoders differ (ALGORITHMS.md 3, 4 and 5), one row per family. The same
-    rules as the native table (csrc/decode/family.h) in meaning, written again here from the spec."""
+    rules as the native policies' tables (csrc/decode/policies/) in meaning, written again here from the spec."""
 
     logit_shift: int  # canvas position p reads model output p - logit_shift (a window's first row: its own)
     timestep: bool  # vanilla: no blocks, ``steps`` forwards on Dream's timestep schedule

@@ -1,0 +1,89 @@
+// The policy table (decode/policies/policy.h): every policy's descriptor, in the options table's order,
+// and the refusals every policy shares. A new policy is its file here plus one line below.
+#include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
+
+#include "decode/policies/policy.h"
+
+namespace blockbatch {
+
+extern const PolicyDescriptor kVanillaPolicy, kPrefixPolicy, kDualPolicy, kBlockBatchPolicy, kBlockPolicy;
+
+const std::vector<const PolicyDescriptor*>& policy_table() {
+  static const std::vector<const PolicyDescriptor*> table = [] {
+    std::vector<const PolicyDescriptor*> t{&kVanillaPolicy, &kPrefixPolicy, &kDualPolicy, &kBlockBatchPolicy,
+                                           &kBlockPolicy};
+    for (size_t i = 0; i < t.size(); ++i) {
+      TORCH_CHECK(static_cast<size_t>(t[i]->id) == i, "policy table: row ", i, " is policy '",
+                  policy_name(t[i]->id), "' (rows must follow the options table's policy order)");
+    }
+    return t;
+  }();
+  return table;
+}
+
+const PolicyDescriptor& policy(Policy id) {
+  const auto& t = policy_table();
+  const auto i = static_cast<size_t>(id);
+  TORCH_CHECK(i < t.size(), "policy: no descriptor for policy id ", i);
+  return *t[i];
+}
+
+namespace {
+
+// "policy='block'" or "policy='vanilla', 'prefix', 'dual' or 'blockbatch'": the policies that
+// decode `family`'s checkpoints, as a remedy names them.
+std::string policies_for(const FamilySpec& family) {
+  std::vector<const char*> names;
+  for (const PolicyDescriptor* d : policy_table()) {
+    if (d->family_refusal(family).empty()) names.push_back(policy_name(d->id));
+  }
+  if (names.empty()) return "no policy decodes them";
+  std::string out = "use policy='";
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (i > 0) out += i + 1 == names.size() ? " or '" : ", '";
+    out += names[i];
+    out += "'";
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string refusal(const FamilySpec* family, const DecodeOptions& o) {
+  const PolicyDescriptor& d = policy(o.policy);
+  if (family != nullptr) {
+    if (const std::string why = d.family_refusal(*family); !why.empty()) {
+      return c10::str("policy '", policy_name(o.policy), "' ", why, ": ", policies_for(*family));
+    }
+  }
+  return d.option_refusal(family, o);
+}
+
+void check_supported(const FamilySpec* family, const DecodeOptions& o) {
+  const std::string why = refusal(family, o);
+  TORCH_CHECK_VALUE(why.empty(), why);
+}
+
+std::string bidirectional_refusal(const FamilySpec* family, bool samplers, const DecodeOptions& o) {
+  if (o.edit_threshold) return "edit_threshold applies to policy 'block' (token editing) only";
+  if (o.steps && *o.steps > o.gen_length) {
+    return c10::str("steps must be None or an integer in [0, gen_length = ", o.gen_length,
+                    "] (a step commits at least one token), got ", *o.steps);
+  }
+  if (family != nullptr && !samplers) {
+    if (o.alg && *o.alg != Alg::kConfidence) {
+      return c10::str("alg = '", alg_name(*o.alg), "' is a sampler that the decoders of ", family->name,
+                      " checkpoints do not implement: they rank by confidence (alg='confidence')");
+    }
+    if (o.alg_temp != 0) {
+      return c10::str("alg_temp applies to the samplers of other families; leave it 0 for ", family->name);
+    }
+    if (o.top_p || o.top_k) {
+      return c10::str("top_p / top_k apply to the samplers of other families; leave them None for ", family->name);
+    }
+  }
+  return "";
+}
+
+}  // namespace blockbatch
