@@ -22,6 +22,19 @@
 
 namespace blockbatch {
 
+const char* step_kind_name(StepKind kind) {
+  switch (kind) {
+    case StepKind::kStep: return "step";
+    case StepKind::kBlockStart: return "block_start";
+    case StepKind::kWindow: return "window";
+    case StepKind::kInit: return "init";
+    case StepKind::kBlock: return "block";
+    case StepKind::kRefresh: return "refresh";
+    case StepKind::kCoordinate: return "coordinate";
+  }
+  return "?";
+}
+
 std::vector<int64_t> PackedQueries::host_buffer(KvMode mode) const {
   std::vector<int64_t> host;
   host.reserve(gather.size() + positions.size() + 2 * kv_rows.size() + 1 + prefix_lens.size() + kv_lens.size() +

@@ -17,6 +17,8 @@ namespace blockbatch {
 // What a step is, across policies: part of its shape key (steps of equal shapes but different
 // device programs never share a graph).
 enum class StepKind : int64_t { kStep, kBlockStart, kWindow, kInit, kBlock, kRefresh, kCoordinate };
+// "step", "block_start", "window", "init", "block", "refresh", "coordinate".
+const char* step_kind_name(StepKind kind);
 
 // A step's shape: equal keys mean equal launch shapes (a CUDA graph per key).
 struct StepKey {

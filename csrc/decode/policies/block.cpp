@@ -308,7 +308,7 @@ int64_t cached_prompt_block(const DecodeOptions& o) { return o.block_length; }
 
 namespace pd = policy_defaults;
 
-const PolicyDescriptor kBlockPolicy{.id = Policy::kBlock,
+extern const PolicyDescriptor kBlockPolicy{.id = Policy::kBlock,
                                     .family_refusal = family_refusal,
                                     .option_refusal = option_refusal,
                                     .kv_rows = pd::one,

@@ -390,7 +390,7 @@ DecodeOptions at_load(const DecodeOptions& o, int64_t load, const StepCurve& cur
 
 namespace pd = policy_defaults;
 
-const PolicyDescriptor kBlockBatchPolicy{
+extern const PolicyDescriptor kBlockBatchPolicy{
     .id = Policy::kBlockBatch,
     .family_refusal = family_refusal,
     .option_refusal = option_refusal,

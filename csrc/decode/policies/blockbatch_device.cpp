@@ -281,7 +281,6 @@ class DeviceBranches final : public Branches {
   at::Tensor canvas_, state_, eos_prob_, map_ids_, map_probs_, flags_, sync_src_;
 };
 
-constexpr double kMaskPenalty = -1e4;  // written into the mask id's logit before ranking
 }  // namespace
 
 std::unique_ptr<Branches> device_branches(const Network& model, const std::vector<int64_t>& prompt,

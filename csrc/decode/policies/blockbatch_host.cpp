@@ -28,6 +28,7 @@ namespace blockbatch::bbatch {
 
 namespace {
 
+constexpr double kMaskPenalty = -1e4;  // written into the mask id's logit before ranking
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Readout::kHostTopk (docs/ALGORITHMS.md 5.4). The bookkeeping runs on the host over a host canvas

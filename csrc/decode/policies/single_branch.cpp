@@ -531,7 +531,7 @@ int64_t cache_rows(const DecodeOptions&) { return 1; }
 namespace pd = policy_defaults;
 
 // vanilla: every step a full forward over the canvas, no KV cache (ALGORITHMS.md 3, 5.3).
-const PolicyDescriptor kVanillaPolicy{.id = Policy::kVanilla,
+extern const PolicyDescriptor kVanillaPolicy{.id = Policy::kVanilla,
                                       .family_refusal = family_refusal,
                                       .option_refusal = option_refusal,
                                       .kv_rows = pd::none,
@@ -547,7 +547,7 @@ const PolicyDescriptor kVanillaPolicy{.id = Policy::kVanilla,
                                       .make = make};
 
 // prefix: a block's first step fills the cache, the others run block and suffix against the frozen prefix.
-const PolicyDescriptor kPrefixPolicy{.id = Policy::kPrefix,
+extern const PolicyDescriptor kPrefixPolicy{.id = Policy::kPrefix,
                                      .family_refusal = family_refusal,
                                      .option_refusal = option_refusal,
                                      .kv_rows = cache_rows,
@@ -563,7 +563,7 @@ const PolicyDescriptor kPrefixPolicy{.id = Policy::kPrefix,
                                      .make = make};
 
 // dual: a block's first step fills the cache, the others run the block against the whole cached canvas.
-const PolicyDescriptor kDualPolicy{.id = Policy::kDual,
+extern const PolicyDescriptor kDualPolicy{.id = Policy::kDual,
                                    .family_refusal = family_refusal,
                                    .option_refusal = option_refusal,
                                    .kv_rows = cache_rows,
