@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <vector>
 
-
 namespace blockbatch {
 
 // Seconds of one packed forward by query tokens: the step-time curve the load-adaptive branch

@@ -3,7 +3,8 @@
 // one transformer body (model/transformer.h) it is assembled with, its logit shift and attention
 // pattern, the special ids the C++ falls back to, the config.json key names and the Hugging Face
 // weight names. Nothing outside this table (and the policies' per-family rules tables in
-// decode/policies/, keyed by the row's name) asks which family a model is: a new family is a new row (docs/adding-a-family.md).
+// decode/policies/, keyed by the row's name) asks which family a model is: a new family is a new row
+// (docs/adding-a-family.md).
 #pragma once
 
 #include <cstdint>

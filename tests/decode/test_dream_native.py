@@ -357,7 +357,9 @@ def test_llada_refuses_dream_samplers():
     with tempfile.TemporaryDirectory() as d:
         make_random_checkpoint(d, seed=0)
         engine = Engine.from_pretrained(d)
-        with pytest.raises(ValueError, match="alg = 'entropy' is a Dream-family sampler"):
+        with pytest.raises(
+            ValueError, match="alg = 'entropy' is a sampler that the decoders of llada checkpoints do not implement"
+        ):
             engine.generate([[1, 2]], DecodeOptions(policy="vanilla", gen_length=32, alg="entropy"))
         with pytest.raises(ValueError, match="top_p / top_k"):
             engine.generate([[1, 2]], DecodeOptions(policy="dual", gen_length=32, top_k=4))

@@ -10,7 +10,7 @@
 
 #include "decode/batch/pack.h"  // device_memory_bytes
 #include "decode/policies/policy.h"
-#include "decode/step.h"        // kDefaultKvPageLen
+#include "decode/step.h"  // kDefaultKvPageLen
 
 #ifdef BLOCKBATCH_WITH_CUDA
 #include "ops/cuda/settings.h"  // cuda_batching

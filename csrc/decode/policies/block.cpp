@@ -61,8 +61,9 @@ class BlockDecoder final : public Decoder {
  public:
   BlockDecoder(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o, const Stop& stop,
                KvRows kv)
-      : c_(model.config()), rules_(rules_of(c_)), o_(o), stop_(stop), lp_(static_cast<int64_t>(prompt.size())), B_(o.block_length),
-        L_(canvas_length(o, lp_)), blocks_(L_ / B_), editing_(rules_.editing && o.edit_threshold.has_value()),
+      : c_(model.config()), rules_(rules_of(c_)), o_(o), stop_(stop), lp_(static_cast<int64_t>(prompt.size())),
+        B_(o.block_length), L_(canvas_length(o, lp_)), blocks_(L_ / B_),
+        editing_(rules_.editing && o.edit_threshold.has_value()),
         threshold_(o.threshold.value_or(std::numeric_limits<double>::infinity())),
         schedule_(editing_ ? std::vector<int64_t>{} : transfer_schedule()) {
     x_ = prompt;
@@ -309,18 +310,18 @@ int64_t cached_prompt_block(const DecodeOptions& o) { return o.block_length; }
 namespace pd = policy_defaults;
 
 extern const PolicyDescriptor kBlockPolicy{.id = Policy::kBlock,
-                                    .family_refusal = family_refusal,
-                                    .option_refusal = option_refusal,
-                                    .kv_rows = pd::one,
-                                    .canvas_unit = canvas_unit,
-                                    .cached_prompt_block = cached_prompt_block,
-                                    .graphs = pd::yes,
-                                    .needs_paged_pool = pd::no_option,
-                                    .adapts_to_load = pd::no,
-                                    .at_load = pd::as_is,
-                                    .steps_with_confidence = true,
-                                    .step_kinds = {StepKind::kBlockStart, StepKind::kWindow},
-                                    .stats = {"nfe_block", "edits", "prefix_cache_hit_tokens"},
-                                    .make = make};
+                                           .family_refusal = family_refusal,
+                                           .option_refusal = option_refusal,
+                                           .kv_rows = pd::one,
+                                           .canvas_unit = canvas_unit,
+                                           .cached_prompt_block = cached_prompt_block,
+                                           .graphs = pd::yes,
+                                           .needs_paged_pool = pd::no_option,
+                                           .adapts_to_load = pd::no,
+                                           .at_load = pd::as_is,
+                                           .steps_with_confidence = true,
+                                           .step_kinds = {StepKind::kBlockStart, StepKind::kWindow},
+                                           .stats = {"nfe_block", "edits", "prefix_cache_hit_tokens"},
+                                           .make = make};
 
 }  // namespace blockbatch

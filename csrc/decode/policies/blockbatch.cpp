@@ -119,8 +119,9 @@ class BlockBatch final : public Decoder {
  public:
   BlockBatch(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o, const Stop& stop,
              KvRows kv)
-      : rules_(rules_of(model.config())), shift_(family_spec(model.config().family).logit_shift), stop_(stop), lp_(static_cast<int64_t>(prompt.size())),
-        G_(o.gen_length), L_(lp_ + G_), B_(static_cast<int64_t>(o.block_sizes->size())), sizes_(*o.block_sizes),
+      : rules_(rules_of(model.config())), shift_(family_spec(model.config().family).logit_shift), stop_(stop),
+        lp_(static_cast<int64_t>(prompt.size())), G_(o.gen_length), L_(lp_ + G_),
+        B_(static_cast<int64_t>(o.block_sizes->size())), sizes_(*o.block_sizes),
         every_phase_(rules_.exit == ExitRule::kDecodedProgressBlock),
         seeding_(rules_.full_forward == SeedRule::kFirstMaskArgmax), fold_(o.fold_rows), forwards_(B_, 0) {
     std::sort(sizes_.begin(), sizes_.end());
@@ -133,7 +134,8 @@ class BlockBatch final : public Decoder {
                      : rules_.map == MapRule::kReplace && rules_.exit == ExitRule::kEosProbabilityTie &&
                            rules_.refresh_clock == RefreshClock::kBlocks && !seeding_ && !rules_.gate_inclusive,
                 "blockbatch: no branch executor implements the rules of family '", rules_.family, "'");
-    book_ = host ? host_branches(model, prompt, o, rules_, sizes_, *rows_) : device_branches(model, prompt, o, sizes_, *rows_);
+    book_ = host ? host_branches(model, prompt, o, rules_, sizes_, *rows_)
+                 : device_branches(model, prompt, o, sizes_, *rows_);
   }
 
   bool done() const override { return finished_; }

@@ -44,11 +44,11 @@ struct BlockBatchRules {
   ExitRule exit;
   RefreshClock refresh_clock;
   NfeCount nfe;
-  Readout readout;              // which executor keeps the branches
-  bool samplers;                // alg / alg_temp (the family's sample_tokens)
-  bool samples;                 // temperature > 0
-  bool divergence;              // refresh_mode 'divergence'
-  bool filters;                 // top_p / top_k (BlockBatch proposes the argmax otherwise)
+  Readout readout;  // which executor keeps the branches
+  bool samplers;    // alg / alg_temp (the family's sample_tokens)
+  bool samples;     // temperature > 0
+  bool divergence;  // refresh_mode 'divergence'
+  bool filters;     // top_p / top_k (BlockBatch proposes the argmax otherwise)
 };
 
 // Branch b's part of a step: its window [start, end) (a block step) or its whole row (a full

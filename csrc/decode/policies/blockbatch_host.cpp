@@ -42,7 +42,8 @@ class HostBranches final : public Branches {
  public:
   HostBranches(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
                const BlockBatchRules& rules, const std::vector<int64_t>& sizes, BranchRows& rows)
-      : Branches(static_cast<int64_t>(sizes.size())), o_(o), rules_(rules), shift_(family_spec(model.config().family).logit_shift), mask_(model.config().mask_token_id),
+      : Branches(static_cast<int64_t>(sizes.size())), o_(o), rules_(rules),
+        shift_(family_spec(model.config().family).logit_shift), mask_(model.config().mask_token_id),
         limit_(model.config().proposal_limit()), eos_(*o.stop_on_eos ? model.config().eos_token_id : -1),
         lp_(static_cast<int64_t>(prompt.size())), G_(o.gen_length), L_(lp_ + G_),
         B_(static_cast<int64_t>(sizes.size())), threshold_(static_cast<float>(*o.threshold)),

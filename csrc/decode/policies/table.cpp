@@ -14,8 +14,8 @@ const std::vector<const PolicyDescriptor*>& policy_table() {
     std::vector<const PolicyDescriptor*> t{&kVanillaPolicy, &kPrefixPolicy, &kDualPolicy, &kBlockBatchPolicy,
                                            &kBlockPolicy};
     for (size_t i = 0; i < t.size(); ++i) {
-      TORCH_CHECK(static_cast<size_t>(t[i]->id) == i, "policy table: row ", i, " is policy '",
-                  policy_name(t[i]->id), "' (rows must follow the options table's policy order)");
+      TORCH_CHECK(static_cast<size_t>(t[i]->id) == i, "policy table: row ", i, " is policy '", policy_name(t[i]->id),
+                  "' (rows must follow the options table's policy order)");
     }
     return t;
   }();
