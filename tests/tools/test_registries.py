@@ -313,3 +313,46 @@ def test_llada_reference_entries_pass_every_option_their_reference_reads():
         wanted = {p for p in inspect.signature(reference).parameters if p in options}
         missing = sorted(wanted - _call_keywords(entry) - {"policy", "gen_length", "block_length", "block_sizes"})
         assert not missing, f"{entry.__module__}.{entry.__name__} does not pass {missing} to {reference.__name__}"
+
+
+# Counters every policy fills (the rest are a policy's own, declared in its C++ descriptor).
+SHARED_STATS = frozenset(
+    {"nfe", "nfe_paper", "winner_block_size", "wall_ms", "steps", "branches", "graph_captures", "graph_replays"}
+)
+
+
+def test_the_python_policy_registry_is_the_native_policy_table():
+    import torch
+
+    import blockbatch  # noqa: F401  (loads the ops)
+
+    names, kinds, stats, steps_with_confidence = torch.ops.blockbatch.policy_table()
+    assert names == list(policies.REGISTRY) == list(contract.POLICIES)
+    stat_names = set(torch.ops.blockbatch.decode_stat_names())
+    for name, k, s, flag in zip(names, kinds, stats, steps_with_confidence):
+        assert policies.REGISTRY[name].STEPS_WITH_CONFIDENCE == flag, name
+        assert k, f"policy {name!r} declares no step kinds"
+        assert set(filter(None, s.split(","))) <= stat_names, (name, s)
+
+
+@pytest.mark.parametrize(
+    "family, policy",
+    [(f, p) for f, module in families.REGISTRY.items() for p in module.POLICIES],
+)
+def test_a_decode_fills_only_the_counters_its_policy_declares(tmp_path, family, policy):
+    """A decode fills only the shared counters and those its descriptor's `stats` declare: a counter
+    set by a policy that does not declare it is a descriptor out of date."""
+    import torch
+
+    from blockbatch import DecodeOptions, Engine
+    from blockbatch.random_checkpoint import make_random_checkpoint
+
+    make_random_checkpoint(tmp_path / "m", family=family)
+    engine = Engine.from_pretrained(str(tmp_path / "m"))
+    names, _, stats, _ = torch.ops.blockbatch.policy_table()
+    declared = set(filter(None, stats[names.index(policy)].split(",")))
+    options = DecodeOptions(policy=policy, gen_length=16, block_length=8)
+    (out,) = engine.generate([[5, 6, 7, 8, 9]], options)
+    counters = set(torch.ops.blockbatch.decode_stat_names())
+    filled = {k for k, v in out.stats.items() if k in counters and v}
+    assert filled - SHARED_STATS <= declared, (policy, sorted(filled - SHARED_STATS - declared))
