@@ -4,7 +4,8 @@
     python tools/gen_contract.py --check   # exit 1 naming each out-of-date file (CI)
 
 Generated: ``csrc/decode/options_table.{h,cpp}`` (the C++ options struct, enums, defaults, range
-checks, per-policy / per-family resolution, text parser), ``csrc/torch/decode_args.h`` (the op
+checks, per-policy / per-family resolution, text parser, the error kinds), ``csrc/decode/stats_table.cpp``
+(the scalar counters' names and values, from the STATS table), ``csrc/torch/decode_args.h`` (the op
 schema's options and the boxed-argument reader) and the options table of ``docs/options.md``.
 """
 
@@ -17,12 +18,16 @@ import textwrap
 from typing import Any
 
 from blockbatch.contract import (
+    BRANCH_FIELDS,
     BY_NAME,
     DEFAULTS,
     FAMILIES,
     NAMES,
+    ERROR_KINDS,
+    NATIVE_STATS,
     OPTIONS,
     POLICIES,
+    STATS,
     Option,
     cli_help,
     value_text,
@@ -105,6 +110,10 @@ def render_header() -> str:
             L.append(f"const char* {o.name}_name({o.cpp_enum} value);")
             L.append("")
     L.append("enum class CommitRule { kThreshold, kFixed, kFactor };")
+    L.append("")
+    L.append("// Why a request was refused or did not finish (the table's ERROR_KINDS; decode/refused.h).")
+    L.append("enum class ErrorKind { " + ", ".join(_enumerator(k.name) for k in ERROR_KINDS) + " };")
+    L.append('const char* error_kind_name(ErrorKind kind);  // "invalid_option", ...')
     L.append("")
     L.append("struct ModelConfig;")
     L.append("")
@@ -271,6 +280,14 @@ def render_source() -> str:
     L.append("  return nullptr;")
     L.append("}")
     L.append("")
+    L.append("const char* error_kind_name(ErrorKind kind) {")
+    L.append("  switch (kind) {")
+    for k in ERROR_KINDS:
+        L.append(f'    case ErrorKind::{_enumerator(k.name)}: return "{k.name}";')
+    L.append("  }")
+    L.append('  return "";')
+    L.append("}")
+    L.append("")
     L.append("std::string options_help() {")
     L.append("  return")
     for o in OPTIONS:
@@ -278,6 +295,38 @@ def render_source() -> str:
         text = f"  {o.flag} {meta}\n      {cli_help(o)}\n"
         L.append("      " + _c_string(text))
     L[-1] += ";"
+    L.append("}")
+    L.append("")
+    L.append("}  // namespace blockbatch")
+    L.append("")
+    return "\n".join(L)
+
+
+def _enumerator(name: str) -> str:
+    return "k" + "".join(part.capitalize() for part in name.split("_"))
+
+
+def render_stats_source() -> str:
+    """csrc/decode/stats_table.cpp: the scalar counters' names and values, in the table's order."""
+    L = [
+        _GENERATED,
+        "// The scalar counters of a decode (decode/options.h DecodeStats), in the order the ops return them.",
+        '#include "decode/options.h"',
+        "",
+        "namespace blockbatch {",
+        "",
+        "const std::vector<std::string>& decode_stat_names() {",
+        "  static const std::vector<std::string> names = {",
+    ]
+    L.extend(f'      "{st.name}",' for st in NATIVE_STATS)
+    L.append("  };")
+    L.append("  return names;")
+    L.append("}")
+    L.append("")
+    L.append("std::vector<double> decode_stat_values(const DecodeStats& s) {")
+    L.append("  return {")
+    L.extend(f"      static_cast<double>({st.cpp}),  // {st.name}" for st in NATIVE_STATS)
+    L.append("  };")
     L.append("}")
     L.append("")
     L.append("}  // namespace blockbatch")
@@ -353,6 +402,7 @@ def render_python_fields() -> str:
         "from __future__ import annotations",
         "",
         "import dataclasses",
+        "from typing import TypedDict",
         "",
         "",
         "@dataclasses.dataclass(frozen=True)",
@@ -371,7 +421,36 @@ def render_python_fields() -> str:
         text = textwrap.fill(doc, width=116, initial_indent='    """', subsequent_indent="    ") + '"""'
         L.extend(text.split("\n"))
     L.append("")
+    L.append("")
+    L.append("class BranchStats(TypedDict):")
+    L.append('    """One branch of a decode (BlockBatch: one per block size; other policies: one)."""')
+    L.append("")
+    for f in BRANCH_FIELDS:
+        L.append(f"    {f}: int")
+    L.append("")
+    L.append("")
+    L.append("class DecodeStats(TypedDict):")
+    L.append(
+        '    """A decode\'s statistics (``DecodeOutput.stats``): one key per row of ``blockbatch.contract.STATS``."""'
+    )
+    L.append("")
+    for st in STATS:
+        L.append(f"    {st.name}: {_PY_STAT_TYPES[st.type]}")
+        text = textwrap.fill(st.doc.rstrip(".") + ".", width=116, initial_indent='    """', subsequent_indent="    ")
+        L.extend((text + '"""').split("\n"))
+    L.append("")
     return "\n".join(L)
+
+
+_PY_STAT_TYPES = {
+    "int": "int",
+    "float": "float",
+    "bool": "bool",
+    "str": "str",
+    "int[]": "list[int]",
+    "float[]": "list[float]",
+    "branches": "list[BranchStats]",
+}
 
 
 # --------------------------------------------------------------------------- the options table of docs/options.md
@@ -434,6 +513,7 @@ def generated_files(root: pathlib.Path = ROOT) -> dict[pathlib.Path, str]:
     return {
         root / "csrc/decode/options_table.h": render_header(),
         root / "csrc/decode/options_table.cpp": render_source(),
+        root / "csrc/decode/stats_table.cpp": render_stats_source(),
         root / "csrc/torch/decode_args.h": render_torch_args(),
         root / "python/blockbatch/options_fields.py": render_python_fields(),
         page: replace_docs_table(page.read_text(encoding="utf-8")),

@@ -3,6 +3,7 @@
 #include "decode/admit.h"
 
 #include "decode/policies/policy.h"
+#include "decode/refused.h"
 
 #include <c10/util/Exception.h>
 
@@ -13,10 +14,14 @@ namespace blockbatch {
 
 void check_prompt(const ModelConfig& c, const std::vector<int64_t>& prompt) {
   for (size_t i = 0; i < prompt.size(); ++i) {
-    TORCH_CHECK_VALUE(prompt[i] >= 0 && prompt[i] < c.vocab_size, "prompt_ids[", i, "] = ", prompt[i],
-                      " is outside the vocabulary [0, ", c.vocab_size, ")");
-    TORCH_CHECK_VALUE(prompt[i] != c.mask_token_id, "prompt_ids[", i, "] is the mask id ", c.mask_token_id,
-                      "; prompts must not contain masks");
+    if (prompt[i] < 0 || prompt[i] >= c.vocab_size) {
+      refuse(ErrorKind::kInvalidPrompt, "prompt_ids", "prompt_ids[", i, "] = ", prompt[i],
+             " is outside the vocabulary [0, ", c.vocab_size, ")");
+    }
+    if (prompt[i] == c.mask_token_id) {
+      refuse(ErrorKind::kInvalidPrompt, "prompt_ids", "prompt_ids[", i, "] is the mask id ", c.mask_token_id,
+             "; prompts must not contain masks");
+    }
   }
 }
 
@@ -35,7 +40,9 @@ DecodeOptions decode_options_for(const ModelConfig& c, const DecodeOptions& opti
 int64_t kv_rows_needed(const DecodeOptions& o) { return policy(o.policy).kv_rows(o); }
 
 Admitted admit_sizes(const ModelConfig& c, int64_t prompt_length, const DecodeOptions& options) {
-  TORCH_CHECK_VALUE(prompt_length >= 0, "prompt_length must be >= 0, got ", prompt_length);
+  if (prompt_length < 0) {
+    refuse(ErrorKind::kInvalidPrompt, "prompt_length", "prompt_length must be >= 0, got ", prompt_length);
+  }
   Admitted a;
   a.options = decode_options_for(c, options);
   check_option_ranges(a.options);  // block_length >= 1 before canvas_length divides by it

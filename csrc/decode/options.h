@@ -51,7 +51,8 @@ struct DecodeStats {
 // block for policy 'block' (blocks aligned at position 0; the authors decode the tail block whole).
 int64_t canvas_length(const DecodeOptions& o, int64_t prompt_length);
 
-// Names of the scalar counters, in the order decode returns them.
+// Names of the scalar counters, in the order decode returns them, and their values (generated from
+// the STATS table of python/blockbatch/contract.py into decode/stats_table.cpp).
 const std::vector<std::string>& decode_stat_names();
 std::vector<double> decode_stat_values(const DecodeStats& s);
 

@@ -295,6 +295,20 @@ const char* option_type(std::string_view name) {
   return nullptr;
 }
 
+const char* error_kind_name(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::kInvalidOption: return "invalid_option";
+    case ErrorKind::kUnsupported: return "unsupported";
+    case ErrorKind::kInvalidPrompt: return "invalid_prompt";
+    case ErrorKind::kContextLength: return "context_length";
+    case ErrorKind::kKvBudget: return "kv_budget";
+    case ErrorKind::kTimeout: return "timeout";
+    case ErrorKind::kCancelled: return "cancelled";
+    case ErrorKind::kDecodeFailed: return "decode_failed";
+  }
+  return "";
+}
+
 std::string options_help() {
   return
       "  --policy vanilla|prefix|dual|blockbatch|block\n      vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; blockbatch: several block-size branches in one batched forward; block: the block-causal families' decoder (LLaDA2.0 / 2.1, exact block cache), the only policy of LLaDA2 checkpoints; default dual\n"

@@ -30,6 +30,10 @@ const char* branch_budget_name(BranchBudget value);
 
 enum class CommitRule { kThreshold, kFixed, kFactor };
 
+// Why a request was refused or did not finish (the table's ERROR_KINDS; decode/refused.h).
+enum class ErrorKind { kInvalidOption, kUnsupported, kInvalidPrompt, kContextLength, kKvBudget, kTimeout, kCancelled, kDecodeFailed };
+const char* error_kind_name(ErrorKind kind);  // "invalid_option", ...
+
 struct ModelConfig;
 
 struct DecodeOptions {

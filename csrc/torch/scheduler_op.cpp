@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "decode/batch/scheduler.h"
+#include "decode/refused.h"
 #include "torch/model_handle.h"
 #include "torch/options_handle.h"
 #include "torch/results.h"
@@ -35,38 +36,31 @@ class SchedulerHandle : public torch::CustomClassHolder {
   bool cancel(int64_t id) { return scheduler_->cancel(id); }
   int64_t step(double timeout_s) { return scheduler_->step(timeout_s); }
 
-  // Parallel lists, one entry per event: id, kind (0 tokens, 1 finished, 2 failed, 3 cancelled),
-  // offset (tokens: generation positions streamed before), tokens (tokens: the new stable ids;
-  // finished: [prompt | generation]), error message, then for finished events the counters,
-  // step log and branch stats of the decode op (empty tensors otherwise), then the stop reason of
-  // failed / cancelled ones (decode/stop.h StopReason: 2 = its deadline; 0 for other errors).
-  std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, std::vector<at::Tensor>,
-             std::vector<std::string>, std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>,
-             std::vector<int64_t>>
-  events() {
-    std::vector<int64_t> ids, kinds, offsets, reasons;
-    std::vector<at::Tensor> tokens, stats, logs, branches;
-    std::vector<std::string> errors;
+  // One record per event (Python: blockbatch.scheduler.EventRecord): id, kind ("tokens",
+  // "finished", "failed", "cancelled"), offset (tokens: generation positions streamed before),
+  // tokens (tokens: the new stable ids; finished: [prompt | generation]), error (the message),
+  // error_kind (failed / cancelled: a name of the ERROR_KINDS table: timeout, cancelled, a
+  // refusal's kind, decode_failed; "" otherwise), error_param (the argument a refusal names), and
+  // for finished events the counters, step log and branch stats as the decode op returns them.
+  using Record = std::tuple<int64_t, std::string, int64_t, at::Tensor, std::string, std::string, std::string,
+                            std::vector<at::Tensor>>;
+  std::vector<Record> events() {
+    std::vector<Record> out;
     for (const RequestEvent& ev : scheduler_->events()) {
-      ids.push_back(ev.id);
-      kinds.push_back(ev.kind);
-      offsets.push_back(ev.offset);
-      errors.push_back(ev.error);
-      reasons.push_back(ev.reason);
+      const bool final = ev.kind == RequestEvent::kFailed || ev.kind == RequestEvent::kCancelled;
+      std::vector<at::Tensor> result;
+      at::Tensor tokens;
       if (ev.kind == RequestEvent::kFinished) {
-        const std::vector<at::Tensor> t = result_tensors(ev.tokens, ev.stats);
-        tokens.push_back(t[0]);
-        stats.push_back(t[1]);
-        logs.push_back(t[2]);
-        branches.push_back(t[3]);
+        result = result_tensors(ev.tokens, ev.stats);
+        tokens = result[0];
+        result.erase(result.begin());
       } else {
-        tokens.push_back(at::tensor(ev.tokens, at::kLong));
-        stats.push_back(at::tensor(std::vector<double>{}, at::kDouble));
-        logs.push_back(at::tensor(std::vector<int64_t>{}, at::kLong));
-        branches.push_back(at::tensor(std::vector<int64_t>{}, at::kLong));
+        tokens = at::tensor(ev.tokens, at::kLong);
       }
+      out.emplace_back(ev.id, RequestEvent::kind_name(ev.kind), ev.offset, tokens, ev.error,
+                       final ? error_kind_name(ev.error_kind) : "", ev.error_param, std::move(result));
     }
-    return {ids, kinds, offsets, tokens, errors, stats, logs, branches, reasons};
+    return out;
   }
 
   c10::Dict<std::string, int64_t> counters() const {
@@ -160,6 +154,13 @@ TORCH_LIBRARY_FRAGMENT(blockbatch, m) {
       .def("step_curve", &SchedulerHandle::step_curve)
       .def("__len__",
            [](const Handle&) -> int64_t { TORCH_CHECK_TYPE(false, "object of type Scheduler has no len()"); });
+  // The last refusal (decode/refused.h) raised on the calling thread, then forgotten: (kind, param,
+  // message), empty strings when none. Python asks it right after catching a ValueError from an op
+  // (blockbatch.errors.RequestError).
+  m.def("last_refusal() -> (str, str, str)", []() -> std::tuple<std::string, std::string, std::string> {
+    RefusalRecord r = take_last_refusal();
+    return {std::move(r.kind), std::move(r.param), std::move(r.message)};
+  });
   // (KV rows one request with these options holds, bytes per row of `length` positions).
   m.def("kv_request_rows(__torch__.torch.classes.blockbatch.Model model, "
         "__torch__.torch.classes.blockbatch.Options options, int length) -> (int, int)",

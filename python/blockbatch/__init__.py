@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ._C_loader import try_load_extension
 from .config import ModelConfig
-from .errors import CheckpointError
+from .errors import CheckpointError, RequestError
 from .loading import Checkpoint, load_checkpoint, save_checkpoint
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "Engine",
     "ModelConfig",
     "NativeModel",
+    "RequestError",
     "load_checkpoint",
     "save_checkpoint",
 ]

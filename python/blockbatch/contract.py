@@ -391,6 +391,85 @@ def defaults_for(policy: str, family: str = FAMILIES[0]) -> dict[str, Any]:
     return {o.name: o.default_for(policy, family) for o in OPTIONS}
 
 
+# --------------------------------------------------------------------------- statistics and error kinds
+
+
+@dataclasses.dataclass(frozen=True)
+class Stat:
+    """One entry of a decode's statistics (``DecodeOutput.stats``)."""
+
+    name: str
+    type: str  # "int" | "float" | "bool" | "int[]" | "float[]" | "str" | "branches"
+    doc: str  # one line
+    cpp: str = ""  # the C++ expression over `const DecodeStats& s` of a scalar counter ("": filled in Python)
+
+
+# The scalar counters the native decoders fill (csrc/decode/options.h DecodeStats), in the order the
+# decode ops return them, then what Python adds from the per-forward log, the branch table and the
+# options. From this table: decode_stat_names / decode_stat_values (csrc/decode/options_table.cpp)
+# and the ``DecodeStats`` TypedDict of ``options_fields.py`` (the type of ``DecodeOutput.stats``).
+STATS: tuple[Stat, ...] = (
+    Stat("nfe", "int", "forwards executed (a batched forward of several branches is one)", "s.nfe"),
+    Stat("nfe_full", "int", "full-canvas forwards (single-branch block starts, vanilla steps)", "s.nfe_full"),
+    Stat("nfe_block", "int", "cached block forwards", "s.nfe_block"),
+    Stat("nfe_init", "int", "BlockBatch's init forward", "s.nfe_init"),
+    Stat("nfe_refresh", "int", "BlockBatch's full-sequence refresh forwards", "s.nfe_refresh"),
+    Stat("nfe_paper", "int", "the paper's accounting: the winning branch's participation count", "s.nfe_paper"),
+    Stat("winner", "int", "index of the returned branch (block sizes sorted)", "s.winner"),
+    Stat("winner_block_size", "int", "block size of the returned branch", "s.winner_block_size"),
+    Stat("early_exit", "bool", "the decode ended at an EOS before the canvas was full", "s.early_exit"),
+    Stat("wall_ms", "float", "wall time of the decode in milliseconds", "s.wall_ms"),
+    Stat("steps", "int", "forwards logged (one entry per forward in the per-step lists)", "s.steps.size()"),
+    Stat("graph_captures", "int", "CUDA graphs recorded (0 on the CPU or with cuda_graphs off)", "s.graph_captures"),
+    Stat("graph_replays", "int", "CUDA graph replays", "s.graph_replays"),
+    Stat("edits", "int", "policy block with edit_threshold: committed tokens replaced", "s.edits"),
+    Stat(
+        "folded_rows",
+        "int",
+        "BlockBatch fold_rows: refresh rows not fed (twins of an identical canvas)",
+        "s.folded_rows",
+    ),
+    Stat("folded_tokens", "int", "the query tokens of those rows", "s.folded_tokens"),
+    Stat(
+        "prefix_cache_hit_tokens",
+        "int",
+        "prompt positions whose K/V came from the prefix cache",
+        "s.prefix_cache_hit_tokens",
+    ),
+    Stat("kv_pages_copied", "int", "BlockBatch over paged rows: KV pages copied on write", "s.kv_pages_copied"),
+    Stat("committed_per_step", "int[]", "tokens committed by each forward"),
+    Stat("query_tokens_per_step", "int[]", "query tokens of each forward (packed over branches)"),
+    Stat("branches", "branches", "per branch: block_size, committed, merged, copied, forwards"),
+    Stat("policy", "str", "the policy that decoded"),
+)
+STAT_NAMES = tuple(s.name for s in STATS)
+NATIVE_STATS = tuple(s for s in STATS if s.cpp)  # the scalar counters, in the ops' order
+BRANCH_FIELDS = ("block_size", "committed", "merged", "copied", "forwards")  # csrc/decode/options.h BranchStats
+
+
+@dataclasses.dataclass(frozen=True)
+class ErrorKind:
+    """Why a request was refused or did not finish: ``RequestError.kind`` and ``Event.error_kind``."""
+
+    name: str
+    status: int  # the HTTP status the server answers with
+    doc: str  # one line
+
+
+# From this table: enum class ErrorKind and error_kind_name (csrc/decode/options_table.h / .cpp).
+ERROR_KINDS: tuple[ErrorKind, ...] = (
+    ErrorKind("invalid_option", 400, "an option is out of its range or malformed (param: the option)"),
+    ErrorKind("unsupported", 400, "the options cannot decode on this model or policy (param: the option to change)"),
+    ErrorKind("invalid_prompt", 400, "the prompt is empty or holds an id outside the vocabulary or the mask id"),
+    ErrorKind("context_length", 413, "prompt plus gen_length do not fit the model's or the server's length"),
+    ErrorKind("kv_budget", 400, "the request needs more KV rows or pages than the pool holds"),
+    ErrorKind("timeout", 504, "the decode ran past its timeout_s"),
+    ErrorKind("cancelled", 503, "the request was cancelled before it finished"),
+    ErrorKind("decode_failed", 500, "the decode failed (an internal error)"),
+)
+ERROR_KIND_NAMES = tuple(k.name for k in ERROR_KINDS)
+
+
 # --------------------------------------------------------------------------- Python-side types
 
 
@@ -411,15 +490,26 @@ _TYPE_CHECKS = {
 }
 
 
+class OptionTypeError(TypeError):
+    """An option's value of the wrong type; ``param`` is the option's name."""
+
+    kind = "invalid_option"
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 def check_type(name: str, value: Any) -> None:
-    """TypeError naming the option when `value` is not of its type (None where the option allows it)."""
+    """OptionTypeError (a TypeError) naming the option when `value` is not of its type (None where
+    the option allows it)."""
     o = BY_NAME[name]
     if value is None and (o.optional or o.resolved_by_table):
         return
     ok, what = _TYPE_CHECKS[o.type]
     if not ok(value):
         what += " or None" if o.optional or o.resolved_by_table else ""
-        raise TypeError(f"{name} must be {what}, got {type(value).__name__} {value!r}")
+        raise OptionTypeError(f"{name} must be {what}, got {type(value).__name__} {value!r}", name)
 
 
 def parse_text(name: str, text: str, list_sep: str = ",") -> Any:

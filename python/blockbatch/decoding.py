@@ -11,18 +11,24 @@ import dataclasses
 import os
 import signal
 import threading
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn, cast
 
 import torch
 
-from .errors import checked_int
+from . import contract
+from .errors import checked_int, typed_error
 from .options import DecodeOptions
+from .options_fields import DecodeStats
 
 
 @dataclasses.dataclass
 class DecodeOutput:
     tokens: torch.Tensor  # [L] int64: prompt + generation
-    stats: dict[str, Any]
+    stats: DecodeStats  # one key per row of blockbatch.contract.STATS
+
+
+_STAT_TYPES = {s.name: s.type for s in contract.NATIVE_STATS}
+_CAST: dict[str, Callable[[float], Any]] = {"int": int, "bool": bool, "float": float}
 
 
 def run_decode(
@@ -109,18 +115,17 @@ def run_decode_batch(
 
 
 def to_output(tokens, counters, step_log, branch_stats, o) -> DecodeOutput:
-    names = torch.ops.blockbatch.decode_stat_names()
+    """A decode op's outputs as a ``DecodeOutput``: the counters by the names the op gives them
+    (``decode_stat_names``), typed by the STATS table, then the per-forward log, the branches and
+    the policy."""
     stats: dict[str, Any] = {}
-    for name, value in zip(names, counters.tolist()):
-        stats[name] = value if name == "wall_ms" else int(value)
-    stats["early_exit"] = bool(stats["early_exit"])
+    for name, value in zip(torch.ops.blockbatch.decode_stat_names(), counters.tolist()):
+        stats[name] = _CAST[_STAT_TYPES[name]](value)
     stats["committed_per_step"] = step_log[:, 0].tolist()
     stats["query_tokens_per_step"] = step_log[:, 1].tolist()
-    stats["branches"] = [
-        dict(zip(("block_size", "committed", "merged", "copied", "forwards"), row)) for row in branch_stats.tolist()
-    ]
+    stats["branches"] = [dict(zip(contract.BRANCH_FIELDS, row)) for row in branch_stats.tolist()]
     stats["policy"] = o.policy
-    return DecodeOutput(tokens, stats)
+    return DecodeOutput(tokens, cast(DecodeStats, stats))
 
 
 STOP_DEADLINE = 2  # csrc/decode/stop.h StopReason: the request's timeout_s passed
@@ -168,6 +173,14 @@ def _worker() -> concurrent.futures.ThreadPoolExecutor:
     return _executor
 
 
+def _typed(call, cancel: torch.Tensor) -> tuple:
+    """``call(cancel)`` with a refusal raised as ``RequestError`` (asked on the thread the op ran on)."""
+    try:
+        return call(cancel)
+    except ValueError as e:
+        raise typed_error(e) from None
+
+
 def _interruptible(call, on_cuda: bool) -> tuple:
     """``call(cancel)`` (an op taking a cancel flag); on the main thread it runs on the decode
     thread and Ctrl-C sets the flag (the loops check it before every forward). The flag's second
@@ -175,7 +188,7 @@ def _interruptible(call, on_cuda: bool) -> tuple:
     cancel = torch.zeros(2, dtype=torch.long)
     if threading.current_thread() is not threading.main_thread():
         try:  # signals only reach the main thread: nothing to wait for here
-            return call(cancel)
+            return _typed(call, cancel)
         except RuntimeError as e:
             _raise_translated(e, int(cancel[1]))
     stream = torch.cuda.current_stream() if on_cuda else None
@@ -183,8 +196,8 @@ def _interruptible(call, on_cuda: bool) -> tuple:
     def work() -> tuple:
         if stream is not None:
             with torch.cuda.stream(stream):  # the caller's stream, as without the thread
-                return call(cancel)
-        return call(cancel)
+                return _typed(call, cancel)
+        return _typed(call, cancel)
 
     # While the op runs, Ctrl-C only sets the cancel flag (the loop checks it before every
     # forward); once the worker has stopped, KeyboardInterrupt is raised here as Python would.

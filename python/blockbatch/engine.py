@@ -6,15 +6,16 @@ import dataclasses
 import os
 import sys
 import time
-from typing import Any, Iterable, Iterator, Literal, Sequence, overload
+from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence, overload
 
 import torch
 
-from .errors import checked_int
+from .errors import RequestError, checked_int, typed_error
 from .loading import load_checkpoint
 from .native import NativeModel
 from .decoding import run_decode, run_decode_batch
 from .options import DecodeOptions
+from .options_fields import DecodeStats
 from .tokenization import TextCodec
 
 # The dtypes a checkpoint loads in, by the names the CLI and the server's replicas take.
@@ -40,7 +41,7 @@ class Generation:
     ids: list[int]  # generated ids, trimmed the same way
     raw_ids: list[int]  # all gen_length generated ids
     prompt_ids: list[int]
-    stats: dict[str, Any]  # nfe, nfe_full, nfe_block, ..., committed_per_step, branches, wall_ms
+    stats: DecodeStats  # one key per row of blockbatch.contract.STATS: nfe, ..., committed_per_step, branches
 
 
 class Engine:
@@ -153,28 +154,37 @@ class Engine:
                 f"{name} must be a str, a list of token ids or a 1-D int64 tensor, got {type(prompt).__name__}"
             )
         if ids.numel() == 0:
-            raise ValueError(f"{name}: prompt is empty")
+            raise RequestError(f"{name}: prompt is empty", "invalid_prompt", "prompt_ids")
         return ids
 
     def _outside(self, name: str, i: int, token: int) -> None:
-        raise ValueError(f"{name}[{i}] = {_short(token)} is outside the vocabulary [0, {self.config.vocab_size})")
+        raise RequestError(
+            f"{name}[{i}] = {_short(token)} is outside the vocabulary [0, {self.config.vocab_size})",
+            "invalid_prompt",
+            "prompt_ids",
+        )
 
     def canvas_length(self, prompt_length: int, options: DecodeOptions) -> int:
         """Positions a prompt of ``prompt_length`` tokens takes with ``options`` on this model: prompt +
         gen_length, for policy ``block`` rounded up to whole blocks, as decode and the scheduler admit
         it (``torch.ops.blockbatch.admit``)."""
-        return torch.ops.blockbatch.admit(self.model.obj, prompt_length, options.native)[0]
+        try:
+            return torch.ops.blockbatch.admit(self.model.obj, prompt_length, options.native)[0]
+        except ValueError as e:
+            raise typed_error(e) from None
 
-    def _too_long(self, i: int, ids: torch.Tensor, o: DecodeOptions) -> ValueError | None:
+    def _too_long(self, i: int, ids: torch.Tensor, o: DecodeOptions) -> RequestError | None:
         """prompts[i] with ``o`` needs more positions than the model has: the error, else None."""
         limit, length = self.config.max_sequence_length, self.canvas_length(ids.numel(), o)
         if length <= limit:
             return None
         rounded = " (rounded up to whole blocks of block_length)" if length != ids.numel() + o.gen_length else ""
-        return ValueError(
+        return RequestError(
             f"prompts[{i}]: its prompt ({ids.numel()} tokens) plus gen_length ({o.gen_length}) needs "
             f"{length} positions{rounded} but the model's max_sequence_length is {limit} (shorten the prompt "
-            f"or gen_length)"
+            f"or gen_length)",
+            "context_length",
+            "gen_length",
         )
 
     def generate(
@@ -515,7 +525,7 @@ class _Progress:
     def __init__(self, total: int):
         self.total, self.done, self.start, self.nfe = total, 0, time.perf_counter(), 0
 
-    def update(self, stats: dict) -> None:
+    def update(self, stats: Mapping[str, Any]) -> None:
         self.done += 1
         self.nfe += stats["nfe"]
         elapsed = time.perf_counter() - self.start

@@ -48,6 +48,35 @@ def short_repr(value: Any, limit: int = 40) -> str:
     return text if len(text) <= limit else f"{text[: limit - 3]}... ({len(text)} characters)"
 
 
+class RequestError(ValueError):
+    """A request refused before it decoded, by kind (``kind``: a name of
+    ``blockbatch.contract.ERROR_KINDS``: ``invalid_option``, ``unsupported``, ``invalid_prompt``,
+    ``context_length``, ``kv_budget``) and the argument to change (``param``: an option's name,
+    ``prompt_ids``, ...; None when none applies). A ValueError, with the native validator's message."""
+
+    def __init__(self, message: str, kind: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.param = param
+
+
+def typed_error(error: BaseException) -> BaseException:
+    """``error`` (just caught from a native op, on the thread that called it) as a ``RequestError``
+    when the op refused the request: the kind and the argument come from the refusal record the
+    op left on this thread (``torch.ops.blockbatch.last_refusal``), never from the message's text.
+    Any other error comes back as it is. Call it right after catching, before another op runs."""
+    import torch
+
+    if isinstance(error, RequestError) or not isinstance(error, ValueError):
+        return error
+    kind, param, message = torch.ops.blockbatch.last_refusal()
+    if not kind or message not in str(error):  # an older refusal, caught inside C++: not this error
+        return error
+    typed = RequestError(message, kind, param or None)
+    typed.__cause__ = None
+    return typed
+
+
 class UnknownCharactersError(ValueError):
     """Text holds characters the tokenizer cannot encode (the message names them and where).
     ``allow_unknown=True`` (``--allow-unknown``) encodes them as the unknown token instead."""

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from . import contract
-from .errors import short_repr
+from .errors import RequestError, short_repr, typed_error
 from .options_fields import DecodeOptionFields
 
 POLICIES = contract.POLICIES
@@ -51,14 +51,19 @@ class DecodeOptions(DecodeOptionFields):
             ints = (value or []) if o.type == "int[]" else [value] if o.type == "int" and value is not None else []
             if any(not _INT64[0] <= v <= _INT64[1] for v in ints):  # would not reach C++ as an int64
                 bound = "" if o.hi is not None else f"{' and' if o.range_text() else ''} at most 2^63 - 1 (an int64)"
-                raise ValueError(f"{name} must be {o.range_text()}{bound}, got {short_repr(value, 60)}")
+                message = f"{name} must be {o.range_text()}{bound}, got {short_repr(value, 60)}"
+                raise RequestError(message, "invalid_option", name)
         if isinstance(self.block_sizes, list):  # frozen: keep it hashable and immutable
             object.__setattr__(self, "block_sizes", tuple(self.block_sizes))
         from ._C_loader import load_extension
 
         load_extension()
-        # Checked once (ValueError naming the option) into the object every entry point takes.
-        object.__setattr__(self, "_native", torch.ops.blockbatch.options(**self.op_kwargs()))
+        # Checked once (RequestError naming the option) into the object every entry point takes.
+        try:
+            native = torch.ops.blockbatch.options(**self.op_kwargs())
+        except ValueError as e:
+            raise typed_error(e) from None
+        object.__setattr__(self, "_native", native)
 
     @property
     def native(self) -> Any:

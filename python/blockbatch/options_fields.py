@@ -5,6 +5,7 @@ the checks and the methods): name, type and default of every decode option."""
 from __future__ import annotations
 
 import dataclasses
+from typing import TypedDict
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,3 +88,62 @@ class DecodeOptionFields:
     """CUDA: replay recorded decode steps (same tokens as eager); no effect on CPU."""
     timeout_s: float = 0.0
     """fail with a timeout once a decode runs longer than this many seconds (0: no deadline)."""
+
+
+class BranchStats(TypedDict):
+    """One branch of a decode (BlockBatch: one per block size; other policies: one)."""
+
+    block_size: int
+    committed: int
+    merged: int
+    copied: int
+    forwards: int
+
+
+class DecodeStats(TypedDict):
+    """A decode's statistics (``DecodeOutput.stats``): one key per row of ``blockbatch.contract.STATS``."""
+
+    nfe: int
+    """forwards executed (a batched forward of several branches is one)."""
+    nfe_full: int
+    """full-canvas forwards (single-branch block starts, vanilla steps)."""
+    nfe_block: int
+    """cached block forwards."""
+    nfe_init: int
+    """BlockBatch's init forward."""
+    nfe_refresh: int
+    """BlockBatch's full-sequence refresh forwards."""
+    nfe_paper: int
+    """the paper's accounting: the winning branch's participation count."""
+    winner: int
+    """index of the returned branch (block sizes sorted)."""
+    winner_block_size: int
+    """block size of the returned branch."""
+    early_exit: bool
+    """the decode ended at an EOS before the canvas was full."""
+    wall_ms: float
+    """wall time of the decode in milliseconds."""
+    steps: int
+    """forwards logged (one entry per forward in the per-step lists)."""
+    graph_captures: int
+    """CUDA graphs recorded (0 on the CPU or with cuda_graphs off)."""
+    graph_replays: int
+    """CUDA graph replays."""
+    edits: int
+    """policy block with edit_threshold: committed tokens replaced."""
+    folded_rows: int
+    """BlockBatch fold_rows: refresh rows not fed (twins of an identical canvas)."""
+    folded_tokens: int
+    """the query tokens of those rows."""
+    prefix_cache_hit_tokens: int
+    """prompt positions whose K/V came from the prefix cache."""
+    kv_pages_copied: int
+    """BlockBatch over paged rows: KV pages copied on write."""
+    committed_per_step: list[int]
+    """tokens committed by each forward."""
+    query_tokens_per_step: list[int]
+    """query tokens of each forward (packed over branches)."""
+    branches: list[BranchStats]
+    """per branch: block_size, committed, merged, copied, forwards."""
+    policy: str
+    """the policy that decoded."""

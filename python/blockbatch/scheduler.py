@@ -19,15 +19,13 @@ import queue
 import signal
 import threading
 import weakref
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
 
-from .errors import checked_int
-from .decoding import DecodeOutput, to_output, translated_error
+from .errors import RequestError, checked_int, typed_error
+from .decoding import DecodeOutput, to_output
 from .options import DecodeOptions
-
-_KINDS = ("tokens", "finished", "failed", "cancelled")
 
 # Every scheduler not yet closed. Its thread steps inside C++ with the GIL released; were it still
 # there when the interpreter finalizes, taking the GIL back would end the thread mid-call and abort
@@ -45,6 +43,19 @@ def _close_open_schedulers() -> None:
             pass
 
 
+class EventRecord(NamedTuple):
+    """One event as ``torch.classes.blockbatch.Scheduler.events()`` hands it over (scheduler_op.cpp)."""
+
+    id: int
+    kind: str  # tokens | finished | failed | cancelled
+    offset: int
+    tokens: torch.Tensor
+    error: str
+    error_kind: str  # a name of contract.ERROR_KINDS ("" unless failed / cancelled)
+    error_param: str
+    result: list[torch.Tensor]  # finished: counters, step log, branch stats (the decode op's)
+
+
 class RequestCancelled(RuntimeError):
     """The request was cancelled (``Request.cancel``, or the scheduler closed) before it finished."""
 
@@ -55,7 +66,9 @@ class Event:
 
     ``kind``: ``"tokens"`` (``tokens`` are newly stable generation ids, following ``offset``
     earlier ones: a diffusion decode commits out of order, so only the prefix that can no longer
-    change is reported), ``"finished"`` (``output``), ``"failed"`` or ``"cancelled"`` (``error``).
+    change is reported), ``"finished"`` (``output``), ``"failed"`` or ``"cancelled"`` (``error``,
+    and why as ``error_kind``: a name of ``blockbatch.contract.ERROR_KINDS``, e.g. ``timeout``,
+    ``cancelled``, ``decode_failed``, or a refusal's kind with the argument in ``error_param``).
     """
 
     request_id: int
@@ -64,6 +77,8 @@ class Event:
     tokens: list[int] = dataclasses.field(default_factory=list)
     output: DecodeOutput | None = None
     error: BaseException | None = None
+    error_kind: str = ""
+    error_param: str | None = None
 
     @property
     def final(self) -> bool:
@@ -251,7 +266,10 @@ class BatchScheduler:
         if self._closed.is_set():
             raise RuntimeError("the scheduler is closed: it takes no new requests")
         with self._lock:  # registered before its first event can arrive
-            request_id = self._obj.add(prompt_ids, options.native, stream)
+            try:
+                request_id = self._obj.add(prompt_ids, options.native, stream)
+            except ValueError as e:  # refused: RequestError with its kind and the argument to change
+                raise typed_error(e) from None
             request = Request(self, request_id, prompt_ids, options, callback)
             self._requests[request_id] = request
         return request
@@ -297,25 +315,35 @@ class BatchScheduler:
             self._dispatch()
 
     def _dispatch(self) -> None:
-        ids, kinds, offsets, tokens, errors, stats, logs, branches, reasons = self._obj.events()
-        for i, request_id in enumerate(ids):
+        for e in map(EventRecord._make, self._obj.events()):
+            request_id, kind = e.id, e.kind
             with self._lock:
                 request = self._requests.get(request_id)
-                if request is not None and kinds[i] != 0:
+                if request is not None and kind != "tokens":
                     del self._requests[request_id]
             if request is None:
                 continue
-            kind = _KINDS[kinds[i]]
-            event = Event(request_id, kind, offsets[i])
+            event = Event(request_id, kind, e.offset)
             if kind == "tokens":
-                event.tokens = tokens[i].tolist()
+                event.tokens = e.tokens.tolist()
             elif kind == "finished":
-                event.output = to_output(tokens[i], stats[i], logs[i], branches[i], request.options)
-            elif kind == "cancelled":
-                event.error = RequestCancelled(errors[i])
+                stats, step_log, branch_stats = e.result
+                event.output = to_output(e.tokens, stats, step_log, branch_stats, request.options)
             else:
-                event.error = translated_error(RuntimeError(errors[i]), reasons[i])
+                event.error_kind, event.error_param = e.error_kind, e.error_param or None
+                event.error = _event_error(kind, e.error_kind, event.error_param, e.error)
             request._deliver(event)
+
+
+def _event_error(kind: str, error_kind: str, param: str | None, message: str) -> BaseException:
+    """The exception a failed or cancelled event carries, by its error kind (never its text)."""
+    if kind == "cancelled":
+        return RequestCancelled(message)
+    if error_kind == "timeout":
+        return TimeoutError(message)
+    if error_kind != "decode_failed":  # refused when it started (its options at that load)
+        return RequestError(message, error_kind, param)
+    return RuntimeError(message)
 
 
 def kv_report(model_obj, options: DecodeOptions, prompt_length: int, kv_budget_bytes: int) -> dict[str, int]:
@@ -328,11 +356,17 @@ def kv_report(model_obj, options: DecodeOptions, prompt_length: int, kv_budget_b
     kv_budget_bytes = checked_int("kv_budget_bytes", kv_budget_bytes, 0)
     if not isinstance(options, DecodeOptions):
         raise TypeError(f"options must be a DecodeOptions, got {type(options).__name__}")
-    length = prompt_length + options.gen_length
+    # The request's canvas as decode and the scheduler admit it (policy block: whole blocks).
+    try:
+        length, _ = torch.ops.blockbatch.admit(model_obj, prompt_length, options.native)
+    except ValueError as e:
+        raise typed_error(e) from None
     if length > longest:
-        raise ValueError(
-            f"prompt_length ({prompt_length}) plus gen_length ({options.gen_length}) is {length} "
-            f"positions, more than any model holds ({longest})"
+        raise RequestError(
+            f"prompt_length ({prompt_length}) plus gen_length ({options.gen_length}) needs {length} "
+            f"positions, more than any model holds ({longest})",
+            "context_length",
+            "gen_length",
         )
     rows, row_bytes = torch.ops.blockbatch.kv_request_rows(model_obj, options.native, length)
     per_request = rows * row_bytes

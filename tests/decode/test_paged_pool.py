@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from blockbatch import DecodeOptions
-from blockbatch.scheduler import check_pool
+from blockbatch.scheduler import EventRecord, check_pool
 
 from helpers.batching import mixed_requests, same, small_engine
 
@@ -66,7 +66,7 @@ def test_a_request_holds_the_pages_of_its_canvas(engine):
         s.step(0.0)  # admits it and runs its first forward
         k = dict(s.counters())
         assert k["kv_pages_in_use"] == held, (page_len, k)
-        while not any(kind == 1 for kind in s.events()[1]):
+        while not any(e.kind == "finished" for e in map(EventRecord._make, s.events())):
             s.step(0.0)
         assert dict(s.counters())["kv_pages_in_use"] == 0
         s.close()

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from blockbatch import DecodeOptions
+from blockbatch.scheduler import EventRecord
 
 from helpers.batching import small_engine
 
@@ -130,10 +131,9 @@ def test_a_running_request_shares_its_blocks_after_its_first_forward(engine):
     finished = {}
     while len(finished) < 2:
         s.step(0.0)
-        ids, kinds, *_ = s.events()
-        for i, kind in zip(ids, kinds):
-            if kind == 1:
-                finished[i] = True
+        for e in map(EventRecord._make, s.events()):
+            if e.kind == "finished":
+                finished[e.id] = True
     assert dict(s.counters())["prefix_cache_hit_tokens"] >= 4 * 16
     s.close()
     alone = [engine.generate([p], o)[0] for p in (p1, p2)]
@@ -154,7 +154,10 @@ def test_a_cancelled_request_leaves_only_blocks_it_wrote(engine):
         first = s.add(torch.tensor(p1), o.native, False)
         assert s.cancel(first)
         s.step(0.0)
-        assert s.events()[:2] == ([first], [3])  # cancelled (drained: step waits while events are pending)
+        # cancelled (drained: step waits while events are pending)
+        assert [(e.id, e.kind, e.error_kind) for e in map(EventRecord._make, s.events())] == [
+            (first, "cancelled", "cancelled")
+        ]
         k = dict(s.counters())
         assert k["running"] == 0 and k["prefix_cache_blocks"] == 0, k
         second = s.add(torch.tensor(p1), o.native, False)
@@ -164,20 +167,18 @@ def test_a_cancelled_request_leaves_only_blocks_it_wrote(engine):
         kinds = {}
         while second not in kinds:
             s.step(0.0)
-            ids, ks, *_ = s.events()
-            kinds.update(zip(ids, ks))
-        assert kinds[second] == 3, kinds  # cancelled
+            kinds.update((e.id, e.kind) for e in map(EventRecord._make, s.events()))
+        assert kinds[second] == "cancelled", kinds
         k = dict(s.counters())
         assert k["running"] == 0 and k["prefix_cache_blocks"] >= 4, k
         third = s.add(torch.tensor(p2), o.native, False)
         tokens = None
         while tokens is None:
             s.step(0.0)
-            ids, ks, _, toks, errors, *_ = s.events()
-            for i, kind, t, err in zip(ids, ks, toks, errors):
-                assert kind in (0, 1), err
-                if i == third and kind == 1:
-                    tokens = t
+            for e in map(EventRecord._make, s.events()):
+                assert e.kind in ("tokens", "finished"), e.error
+                if e.id == third and e.kind == "finished":
+                    tokens = e.tokens
         assert dict(s.counters())["prefix_cache_hit_tokens"] >= 4 * 16
     finally:
         s.close()

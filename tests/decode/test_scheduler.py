@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from blockbatch import DecodeOptions
+from blockbatch import DecodeOptions, RequestError
 from blockbatch.scheduler import RequestCancelled
 
 from helpers.batching import small_engine, mixed_requests as _mixed_requests, same as _same
@@ -94,22 +94,25 @@ def test_refusals_name_what_is_wrong(engine, requests_and_alone):
     reqs, _ = requests_and_alone
     prompt = torch.tensor(reqs[0][0])
     with engine.scheduler(max_batch=2, max_length=40, kv_budget_bytes=0) as sched:
-        with pytest.raises(ValueError, match=r"needs \d+ positions but this scheduler's max_length is 40"):
+        with pytest.raises(RequestError, match=r"needs \d+ positions but this scheduler's max_length is 40") as e:
             sched.submit(prompt, DecodeOptions(policy="dual", gen_length=64, block_length=16))
-        with pytest.raises(ValueError, match="mask id"):
+        assert (e.value.kind, e.value.param) == ("context_length", "gen_length")
+        with pytest.raises(RequestError, match="mask id") as e:
             sched.submit(
                 torch.tensor([engine.config.mask_token_id]),
                 DecodeOptions(policy="dual", gen_length=16, block_length=16),
             )
+        assert (e.value.kind, e.value.param) == ("invalid_prompt", "prompt_ids")
         with pytest.raises(TypeError, match="options must be a DecodeOptions"):
             sched.submit(prompt, {"policy": "dual"})
         row = sched.counters()["kv_row_bytes"]
     # dense rows (the paged pool's refusals: test_paged_pool.py)
     with engine.scheduler(max_batch=2, max_length=40, kv_budget_bytes=2 * row, kv_page_len=0) as sched:
         with pytest.raises(
-            ValueError, match=r"needs 3 KV rows of \d+ positions \(3 rows of 40 positions\) but the KV budget holds 2"
-        ):
+            RequestError, match=r"needs 3 KV rows of \d+ positions \(3 rows of 40 positions\) but the KV budget holds 2"
+        ) as e:
             sched.submit(prompt, DecodeOptions(policy="blockbatch", gen_length=16, block_sizes=(4, 8, 16)))
+        assert (e.value.kind, e.value.param) == ("kv_budget", "block_sizes")
         # two rows: two dual requests at once at most, a third waits for rows and still finishes
         hs = [sched.submit(prompt, DecodeOptions(policy="dual", gen_length=16, block_length=8)) for _ in range(3)]
         assert [h.result(timeout=60).tokens.tolist() for h in hs].count(hs[0].result().tokens.tolist()) == 3
@@ -146,9 +149,16 @@ def test_close_ends_every_request_and_deadlines_raise_timeout(engine, requests_a
         except TimeoutError:
             kinds.append("timeout")
     assert "cancelled" in kinds, kinds
+    # the final event says why by kind, as the exception's class does
+    finals = [list(h.events(timeout=0))[-1] for h in hs + [late]]
+    assert [{"finished": "", "cancelled": "cancelled", "timeout": "timeout"}[k] for k in kinds] == [
+        ev.error_kind for ev in finals
+    ]
     with engine.scheduler(max_batch=1, max_length=128) as sched:
+        h = sched.submit(torch.tensor(reqs[0][0]), slow.replace(timeout_s=1e-6))
         with pytest.raises(TimeoutError, match="deadline exceeded"):
-            sched.submit(torch.tensor(reqs[0][0]), slow.replace(timeout_s=1e-6)).result(timeout=30)
+            h.result(timeout=30)
+        assert [ev.error_kind for ev in h.events(timeout=0)][-1] == "timeout"
 
 
 def test_engine_stream_yields_each_result_as_it_finishes(engine, requests_and_alone):

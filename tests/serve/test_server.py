@@ -431,6 +431,22 @@ def test_full_queue_gets_429_and_no_request_is_lost(small, engine):
     ) == len(texts)
 
 
+def test_a_request_larger_than_the_kv_pool_is_400_naming_block_sizes(small):
+    """The pool holds one request of the family's default branches (6) at --max-length (--max-batch
+    1): seven branches of a canvas near max_length can never fit. The answer says so by kind (code
+    kv_budget) and names the option to change, read from the refusal's data, not its text."""
+    sizes = [1, 2, 4, 7, 8, 14, 16]  # each divides 448
+    with pytest.raises(openai.BadRequestError) as e:
+        OpenAI(base_url=small.url + "/v1", api_key="unused", max_retries=0).completions.create(
+            model="blockbatch-toy",
+            prompt=PROMPT,
+            max_tokens=448,
+            extra_body={"blockbatch": {"policy": "blockbatch", "gen_length": 448, "block_sizes": sizes}},
+        )
+    assert e.value.body["code"] == "kv_budget" and e.value.body["param"] == "blockbatch.block_sizes", e.value.body
+    assert "KV" in e.value.body["message"]
+
+
 def test_chat_without_a_template_is_400(small):
     with pytest.raises(openai.BadRequestError) as e:
         OpenAI(base_url=small.url + "/v1", api_key="unused", max_retries=0).chat.completions.create(

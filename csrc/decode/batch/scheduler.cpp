@@ -11,6 +11,7 @@
 #include "decode/decoder.h"
 #include "decode/policies/branch_rows.h"  // shared_prompt_pages
 #include "decode/policies/policy.h"
+#include "decode/refused.h"
 #include "decode/step.h"
 #include "decode/stop.h"
 #include "kernels/branches.h"  // kMaxBranches: the most KV rows a request holds
@@ -23,6 +24,7 @@ RequestEvent cancelled_event(int64_t id, const std::string& why) {
   RequestEvent ev;
   ev.id = id;
   ev.kind = RequestEvent::kCancelled;
+  ev.error_kind = ErrorKind::kCancelled;
   try {
     TORCH_CHECK(false, "blockbatch: request ", id, " cancelled ", why);
   } catch (const c10::Error& e) {
@@ -40,6 +42,10 @@ RequestEvent failed_event(int64_t id, std::exception_ptr error, const int64_t& c
   ev.reason = reason;
   try {
     std::rethrow_exception(error);
+  } catch (const Refused& e) {  // admitted when it started: the options at that load refused
+    ev.error = e.what_without_backtrace();
+    ev.error_kind = e.kind();
+    ev.error_param = e.param();
   } catch (const c10::Error& e) {
     ev.error = e.what_without_backtrace();
   } catch (const std::exception& e) {
@@ -48,10 +54,22 @@ RequestEvent failed_event(int64_t id, std::exception_ptr error, const int64_t& c
     ev.error = "unknown error";
   }
   ev.kind = __atomic_load_n(&cancel, __ATOMIC_RELAXED) ? RequestEvent::kCancelled : RequestEvent::kFailed;
+  if (reason == kCancelled || ev.kind == RequestEvent::kCancelled) ev.error_kind = ErrorKind::kCancelled;
+  if (reason == kDeadline) ev.error_kind = ErrorKind::kTimeout;
   return ev;
 }
 
 }  // namespace
+
+const char* RequestEvent::kind_name(Kind kind) {
+  switch (kind) {
+    case kTokens: return "tokens";
+    case kFinished: return "finished";
+    case kFailed: return "failed";
+    case kCancelled: return "cancelled";
+  }
+  return "";
+}
 
 struct Scheduler::Live {
   std::shared_ptr<Request> r;
@@ -110,21 +128,29 @@ Scheduler::~Scheduler() {
 }
 
 int64_t Scheduler::add(const std::vector<int64_t>& prompt, const DecodeOptions& options, bool stream) {
-  const Admitted a = blockbatch::admit(model_, prompt, options);  // not the member admit()
+  return add(prompt, blockbatch::admit(model_, prompt, options), stream);  // not the member admit()
+}
+
+int64_t Scheduler::add(const std::vector<int64_t>& prompt, const Admitted& a, bool stream) {
   const DecodeOptions& o = a.options;
   const int64_t lp = a.prompt_length, length = a.canvas_length, rows = a.kv_rows;
-  TORCH_CHECK_VALUE(length <= max_length_, "the prompt (", lp, " tokens) plus gen_length (", o.gen_length, ") needs ",
-                    length, " positions but this scheduler's max_length is ", max_length_,
-                    " (shorten the prompt or gen_length, or raise max_length)");
-  const char* paged_option = policy(o.policy).needs_paged_pool(o);
-  TORCH_CHECK_VALUE(paged_option == nullptr || pool_->paged(), paged_option,
-                    " needs a paged KV pool: this scheduler's pool is dense rows (kv_page_len = 0",
-                    model_.device().is_cpu() ? "" : "; the automatic layout on CUDA", "); give kv_page_len > 0");
+  if (length > max_length_) {
+    refuse(ErrorKind::kContextLength, "gen_length", "the prompt (", lp, " tokens) plus gen_length (", o.gen_length,
+           ") needs ", length, " positions but this scheduler's max_length is ", max_length_,
+           " (shorten the prompt or gen_length, or raise max_length)");
+  }
+  if (const char* paged_option = policy(o.policy).needs_paged_pool(o); paged_option != nullptr && !pool_->paged()) {
+    refuse(ErrorKind::kUnsupported, paged_option, paged_option,
+           " needs a paged KV pool: this scheduler's pool is dense rows (kv_page_len = 0",
+           model_.device().is_cpu() ? "" : "; the automatic layout on CUDA", "); give kv_page_len > 0");
+  }
   const int64_t shared = shared_prompt_pages(model_, o, lp, page_len_);
-  TORCH_CHECK_VALUE(pool_->fits(rows, length, shared), "the request needs ", rows, " KV rows of ", length,
-                    " positions (", pool_->pages_for(rows, length, shared), pool_->paged() ? " pages of " : " rows of ",
-                    pool_->paged() ? pool_->page_len() : max_length_, " positions) but the KV budget holds ",
-                    pool_->capacity(), " (raise kv_budget_bytes, or decode it with fewer block sizes)");
+  if (!pool_->fits(rows, length, shared)) {
+    refuse(ErrorKind::kKvBudget, "block_sizes", "the request needs ", rows, " KV rows of ", length, " positions (",
+           pool_->pages_for(rows, length, shared), pool_->paged() ? " pages of " : " rows of ",
+           pool_->paged() ? pool_->page_len() : max_length_, " positions) but the KV budget holds ", pool_->capacity(),
+           " (raise kv_budget_bytes, or decode it with fewer block sizes)");
+  }
   auto r = std::make_shared<Request>();
   r->prompt = prompt;
   r->options = o;  // resolved once; admission budgets them at the load it starts under
@@ -459,14 +485,14 @@ std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<s
   std::vector<int64_t> reasons(n, 0);
   {
     // branch_budget = auto without a curve: measured now (at most a second).
-    const bool adaptive = std::any_of(options.begin(), options.end(), [](const DecodeOptions& o) {
-      return policy(o.policy).adapts_to_load(o);
+    const bool adaptive = std::any_of(admitted.begin(), admitted.end(), [](const Admitted& a) {
+      return policy(a.options.policy).adapts_to_load(a.options);
     });
     const int64_t budget = (std::max<int64_t>(pool.rows, 1) + (pad ? 1 : 0)) * pool.row_bytes;
     Scheduler scheduler(model, workers, pool.max_length, budget, curve, adaptive ? 1.0 : 0.0, pad_packs, -1,
                         prefix_cache);
     std::map<int64_t, int64_t> index;  // scheduler id -> request
-    for (int64_t i = 0; i < n; ++i) index[scheduler.add(prompts[i], options[i], false)] = i;
+    for (int64_t i = 0; i < n; ++i) index[scheduler.add(prompts[i], admitted[i], false)] = i;
     bool cancelled = false;
     for (int64_t done = 0; done < n;) {
       scheduler.step(0.05);

@@ -37,12 +37,15 @@ namespace blockbatch {
 
 struct RequestEvent {
   enum Kind : int64_t { kTokens = 0, kFinished = 1, kFailed = 2, kCancelled = 3 };
+  static const char* kind_name(Kind kind);  // "tokens", "finished", "failed", "cancelled"
   int64_t id = 0;
   Kind kind = kTokens;
-  int64_t offset = 0;            // kTokens: generation positions streamed before these
-  std::vector<int64_t> tokens;   // kTokens: the newly stable generation tokens; kFinished: [prompt | generation]
-  DecodeStats stats;             // kFinished
-  std::string error;             // kFailed / kCancelled: the message
+  int64_t offset = 0;           // kTokens: generation positions streamed before these
+  std::vector<int64_t> tokens;  // kTokens: the newly stable generation tokens; kFinished: [prompt | generation]
+  DecodeStats stats;            // kFinished
+  std::string error;            // kFailed / kCancelled: the message
+  ErrorKind error_kind = ErrorKind::kDecodeFailed;  // kFailed / kCancelled: why (timeout, cancelled, a refusal's kind)
+  std::string error_param;                          // kFailed: the argument a refusal names ("" for other errors)
   int64_t reason = 0;            // kFailed / kCancelled: the StopReason (decode/stop.h), 0 for other errors
   std::exception_ptr exception;  // kFailed / kCancelled: the error itself
 };
@@ -91,6 +94,9 @@ class Scheduler {
   // wrong; a request that fits the pool but not now waits in the queue) and queues it; returns
   // its id. stream: report its stable tokens as they grow (kTokens events).
   int64_t add(const std::vector<int64_t>& prompt, const DecodeOptions& options, bool stream);
+  // The same for a request admitted already (blockbatch::admit(model, prompt, options) on this
+  // scheduler's model): decode_batch admits every request before any runs.
+  int64_t add(const std::vector<int64_t>& prompt, const Admitted& admitted, bool stream);
   // Cancels a queued request at once and a running one before its next forward; false when the
   // id is unknown or already finished. Its kCancelled event follows.
   bool cancel(int64_t id);

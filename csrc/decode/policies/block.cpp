@@ -283,23 +283,28 @@ std::string family_refusal(const FamilySpec& f) {
   return "";
 }
 
-std::string option_refusal(const FamilySpec* family, const DecodeOptions& o) {
+Refusal option_refusal(const FamilySpec* family, const DecodeOptions& o) {
   const BlockRules* rules = family != nullptr ? family_row(kRules, *family) : nullptr;
   if (o.steps && *o.steps < 1) {
-    return c10::str("steps must be None (block_length steps per block) or >= 1 for policy 'block', got ", *o.steps);
+    return {"steps",
+            c10::str("steps must be None (block_length steps per block) or >= 1 for policy 'block', got ", *o.steps)};
   }
-  if (o.factor) return "policy 'block' commits by threshold: leave factor None";
+  if (o.factor) return {"factor", "policy 'block' commits by threshold: leave factor None"};
   if (o.temperature != 0) {
-    return "policy 'block' decodes greedily (the argmax, as the authors' greedy decoders): leave temperature 0";
+    return {"temperature",
+            "policy 'block' decodes greedily (the argmax, as the authors' greedy decoders): leave temperature 0"};
   }
   if (o.top_p || o.top_k || o.alg_temp != 0 || (o.alg && *o.alg != Alg::kConfidence)) {
-    return "alg / alg_temp / top_p / top_k are samplers of the bidirectional decoders; policy 'block' proposes the "
-           "argmax";
+    const char* param = o.top_p ? "top_p" : o.top_k ? "top_k" : o.alg_temp != 0 ? "alg_temp" : "alg";
+    return {param,
+            "alg / alg_temp / top_p / top_k are samplers of the bidirectional decoders; policy 'block' proposes the "
+            "argmax"};
   }
   if (rules != nullptr && !rules->editing && o.edit_threshold) {
-    return c10::str("edit_threshold: token editing is not defined on ", family->name, " checkpoints");
+    return {"edit_threshold",
+            c10::str("edit_threshold: token editing is not defined on ", family->name, " checkpoints")};
   }
-  return "";
+  return {};
 }
 
 int64_t canvas_unit(const DecodeOptions& o) { return o.block_length; }  // whole blocks, aligned at position 0

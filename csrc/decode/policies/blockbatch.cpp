@@ -328,35 +328,40 @@ std::string family_refusal(const FamilySpec& f) {
   return "";
 }
 
-std::string option_refusal(const FamilySpec* family, const DecodeOptions& o) {
+Refusal option_refusal(const FamilySpec* family, const DecodeOptions& o) {
   const BlockBatchRules* rules = family != nullptr ? family_row(kRules, *family) : nullptr;
-  if (std::string why = bidirectional_refusal(family, rules == nullptr || rules->samplers, o); !why.empty()) {
-    return why;
-  }
+  if (Refusal why = bidirectional_refusal(family, rules == nullptr || rules->samplers, o)) return why;
   if (rules != nullptr && !rules->samples && o.temperature != 0) {
-    return c10::str("temperature > 0 samples only in policy 'vanilla' on ", family->name,
-                    " checkpoints; policy 'blockbatch' decodes them greedily (as the authors' decoders do)");
+    return {"temperature",
+            c10::str("temperature > 0 samples only in policy 'vanilla' on ", family->name,
+                     " checkpoints; policy 'blockbatch' decodes them greedily (as the authors' decoders do)")};
   }
   if (o.commit() != CommitRule::kThreshold) {
-    return "policy 'blockbatch' commits by threshold: set threshold and leave factor None";
+    return {o.factor ? "factor" : "threshold",
+            "policy 'blockbatch' commits by threshold: set threshold and leave factor None"};
   }
   if (rules != nullptr && !rules->divergence && o.refresh_mode != RefreshMode::kPeriodic) {
-    return c10::str("refresh_mode 'divergence' is not defined for ", family->name,
-                    " checkpoints: their BlockBatch refreshes every refresh_tokens tokens (refresh_mode='periodic')");
+    return {"refresh_mode",
+            c10::str("refresh_mode 'divergence' is not defined for ", family->name,
+                     " checkpoints: their BlockBatch refreshes every refresh_tokens tokens (refresh_mode='periodic')")};
   }
   if (rules != nullptr && rules->samplers && !rules->filters && (o.top_p || o.top_k)) {
-    return "top_p / top_k apply to the single-branch decoders; BlockBatch proposes the argmax";
+    return {o.top_p ? "top_p" : "top_k",
+            "top_p / top_k apply to the single-branch decoders; BlockBatch proposes the argmax"};
   }
-  if (!o.block_sizes) return "";  // the family's default, checked once resolved
-  if (o.block_sizes->empty()) return "block_sizes must be a non-empty list of block sizes";
+  if (!o.block_sizes) return {};  // the family's default, checked once resolved
+  if (o.block_sizes->empty()) return {"block_sizes", "block_sizes must be a non-empty list of block sizes"};
   std::set<int64_t> seen;
   for (int64_t b : *o.block_sizes) {
     if (o.gen_length % b != 0) {
-      return c10::str("block size ", b, " in block_sizes must be a positive divisor of gen_length = ", o.gen_length);
+      return {"block_sizes",
+              c10::str("block size ", b, " in block_sizes must be a positive divisor of gen_length = ", o.gen_length)};
     }
-    if (!seen.insert(b).second) return c10::str("block_sizes must not repeat a size, got ", b, " twice");
+    if (!seen.insert(b).second) {
+      return {"block_sizes", c10::str("block_sizes must not repeat a size, got ", b, " twice")};
+    }
   }
-  return "";
+  return {};
 }
 
 int64_t kv_rows(const DecodeOptions& o) { return static_cast<int64_t>(o.block_sizes->size()); }

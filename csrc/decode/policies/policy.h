@@ -14,6 +14,7 @@
 
 #include "decode/budget.h"
 #include "decode/decoder.h"
+#include "decode/refused.h"
 #include "model/families.h"
 
 namespace blockbatch {
@@ -23,10 +24,10 @@ struct PolicyDescriptor {
   // Why the policy has no decoder for `family`'s checkpoints ("" when it has one): a reason naming
   // the family; refusal() adds the policies that do decode it.
   std::string (*family_refusal)(const FamilySpec& family);
-  // Why `o` (table ranges checked, the family's decoder exists) cannot decode: the first reason, an
-  // error message naming the option, or "" when it can. family nullptr: the family is not known yet,
-  // so only the rules that hold on every family.
-  std::string (*option_refusal)(const FamilySpec* family, const DecodeOptions& o);
+  // Why `o` (table ranges checked, the family's decoder exists) cannot decode: the first reason (the
+  // option to change and an error message naming it), or an empty Refusal when it can. family
+  // nullptr: the family is not known yet, so only the rules that hold on every family.
+  Refusal (*option_refusal)(const FamilySpec* family, const DecodeOptions& o);
   // KV rows one request holds (o resolved): 0 for none.
   int64_t (*kv_rows)(const DecodeOptions& o);
   // The canvas (and its KV rows) spans prompt + gen_length rounded up to a multiple of this.
@@ -57,9 +58,9 @@ const std::vector<const PolicyDescriptor*>& policy_table();
 // The descriptor of `id`.
 const PolicyDescriptor& policy(Policy id);
 
-// Why `o` cannot decode on a model of `family` (nullptr: not known yet): the first reason, or "".
-std::string refusal(const FamilySpec* family, const DecodeOptions& o);
-// refusal() as a c10::ValueError.
+// Why `o` cannot decode on a model of `family` (nullptr: not known yet): the first reason, or none.
+Refusal refusal(const FamilySpec* family, const DecodeOptions& o);
+// refusal() thrown (Refused, kind unsupported).
 void check_supported(const FamilySpec* family, const DecodeOptions& o);
 
 // The row of a policy's per-family rules for `family` (rows have a `family` name), nullptr if none.
@@ -94,6 +95,6 @@ enum class Readout {
 // Refusals the bidirectional policies (vanilla, prefix, dual, blockbatch) share: the options of the
 // block policy, steps beyond gen_length, and the samplers of families whose rows have none.
 // `samplers`: whether the family's row implements alg / alg_temp / top_p / top_k.
-std::string bidirectional_refusal(const FamilySpec* family, bool samplers, const DecodeOptions& o);
+Refusal bidirectional_refusal(const FamilySpec* family, bool samplers, const DecodeOptions& o);
 
 }  // namespace blockbatch

@@ -485,43 +485,44 @@ std::string family_refusal(const FamilySpec& f) {
   return "";
 }
 
-std::string option_refusal(const FamilySpec* family, const DecodeOptions& o) {
+Refusal option_refusal(const FamilySpec* family, const DecodeOptions& o) {
   const SingleBranchRules* rules = family != nullptr ? family_row(kRules, *family) : nullptr;
-  if (std::string why = bidirectional_refusal(family, rules == nullptr || rules->samplers, o); !why.empty()) {
-    return why;
-  }
+  if (Refusal why = bidirectional_refusal(family, rules == nullptr || rules->samplers, o)) return why;
   if (rules != nullptr && !rules->samples_outside_vanilla && o.policy != Policy::kVanilla && o.temperature != 0) {
-    return c10::str("temperature > 0 samples only in policy 'vanilla' on ", family->name, " checkpoints; policy '",
-                    policy_name(o.policy), "' decodes them greedily (as the authors' decoders do)");
+    return {"temperature",
+            c10::str("temperature > 0 samples only in policy 'vanilla' on ", family->name, " checkpoints; policy '",
+                     policy_name(o.policy), "' decodes them greedily (as the authors' decoders do)")};
   }
   if (o.policy == Policy::kVanilla && (rules == nullptr || rules->vanilla == VanillaSchedule::kTimestep)) {
     // A timestep schedule has no blocks (block_length unused) and runs over `steps`; the block
     // and schedule rules of kBlockFixed are checked once the family is known.
     if (rules != nullptr && o.steps.value_or(o.gen_length) < 1) {
-      return c10::str("steps must be >= 1 for the timestep sampler of ", family->name,
-                      " checkpoints (None: gen_length steps), got ", o.steps.value_or(0));
+      return {"steps", c10::str("steps must be >= 1 for the timestep sampler of ", family->name,
+                                " checkpoints (None: gen_length steps), got ", o.steps.value_or(0))};
     }
-    return "";
+    return {};
   }
   if (o.block_length > o.gen_length) {
-    return c10::str("block_length must be an integer in [1, gen_length = ", o.gen_length, "], got ", o.block_length);
+    return {"block_length",
+            c10::str("block_length must be an integer in [1, gen_length = ", o.gen_length, "], got ", o.block_length)};
   }
   if (o.gen_length % o.block_length != 0) {
-    return c10::str("block_length = ", o.block_length, " must divide gen_length = ", o.gen_length);
+    return {"block_length", c10::str("block_length = ", o.block_length, " must divide gen_length = ", o.gen_length)};
   }
   if (rules != nullptr && !rules->any_commit_rule && o.commit() != CommitRule::kThreshold) {
-    return c10::str("policy '", policy_name(o.policy), "' commits by threshold on ", family->name,
-                    " checkpoints (the authors' cached decoder): set threshold and leave factor None");
+    return {o.factor ? "factor" : "threshold",
+            c10::str("policy '", policy_name(o.policy), "' commits by threshold on ", family->name,
+                     " checkpoints (the authors' cached decoder): set threshold and leave factor None")};
   }
   if (o.commit() == CommitRule::kFixed) {
     const int64_t blocks = o.gen_length / o.block_length;
     if (!(o.steps.value_or(0) > 0 && *o.steps % blocks == 0)) {
-      return c10::str("steps must be a positive multiple of the number of blocks (", blocks,
-                      " = gen_length / block_length) for the fixed schedule, got ",
-                      o.steps ? std::to_string(*o.steps) : std::string("None"));
+      return {"steps", c10::str("steps must be a positive multiple of the number of blocks (", blocks,
+                                " = gen_length / block_length) for the fixed schedule, got ",
+                                o.steps ? std::to_string(*o.steps) : std::string("None"))};
     }
   }
-  return "";
+  return {};
 }
 
 int64_t cache_rows(const DecodeOptions&) { return 1; }

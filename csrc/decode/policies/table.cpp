@@ -50,40 +50,41 @@ std::string policies_for(const FamilySpec& family) {
 
 }  // namespace
 
-std::string refusal(const FamilySpec* family, const DecodeOptions& o) {
+Refusal refusal(const FamilySpec* family, const DecodeOptions& o) {
   const PolicyDescriptor& d = policy(o.policy);
   if (family != nullptr) {
     if (const std::string why = d.family_refusal(*family); !why.empty()) {
-      return c10::str("policy '", policy_name(o.policy), "' ", why, ": ", policies_for(*family));
+      return {"policy", c10::str("policy '", policy_name(o.policy), "' ", why, ": ", policies_for(*family))};
     }
   }
   return d.option_refusal(family, o);
 }
 
 void check_supported(const FamilySpec* family, const DecodeOptions& o) {
-  const std::string why = refusal(family, o);
-  TORCH_CHECK_VALUE(why.empty(), why);
+  if (Refusal why = refusal(family, o)) refuse(ErrorKind::kUnsupported, why.param, why.message);
 }
 
-std::string bidirectional_refusal(const FamilySpec* family, bool samplers, const DecodeOptions& o) {
-  if (o.edit_threshold) return "edit_threshold applies to policy 'block' (token editing) only";
+Refusal bidirectional_refusal(const FamilySpec* family, bool samplers, const DecodeOptions& o) {
+  if (o.edit_threshold) return {"edit_threshold", "edit_threshold applies to policy 'block' (token editing) only"};
   if (o.steps && *o.steps > o.gen_length) {
-    return c10::str("steps must be None or an integer in [0, gen_length = ", o.gen_length,
-                    "] (a step commits at least one token), got ", *o.steps);
+    return {"steps", c10::str("steps must be None or an integer in [0, gen_length = ", o.gen_length,
+                              "] (a step commits at least one token), got ", *o.steps)};
   }
   if (family != nullptr && !samplers) {
     if (o.alg && *o.alg != Alg::kConfidence) {
-      return c10::str("alg = '", alg_name(*o.alg), "' is a sampler that the decoders of ", family->name,
-                      " checkpoints do not implement: they rank by confidence (alg='confidence')");
+      return {"alg", c10::str("alg = '", alg_name(*o.alg), "' is a sampler that the decoders of ", family->name,
+                              " checkpoints do not implement: they rank by confidence (alg='confidence')")};
     }
     if (o.alg_temp != 0) {
-      return c10::str("alg_temp applies to the samplers of other families; leave it 0 for ", family->name);
+      return {"alg_temp",
+              c10::str("alg_temp applies to the samplers of other families; leave it 0 for ", family->name)};
     }
     if (o.top_p || o.top_k) {
-      return c10::str("top_p / top_k apply to the samplers of other families; leave them None for ", family->name);
+      return {o.top_p ? "top_p" : "top_k",
+              c10::str("top_p / top_k apply to the samplers of other families; leave them None for ", family->name)};
     }
   }
-  return "";
+  return {};
 }
 
 }  // namespace blockbatch

@@ -3,6 +3,8 @@ line, the decode options of the option flags (with ``--preset``) and the preset 
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 import argparse
 import math
 
@@ -47,7 +49,7 @@ non_negative_int = int_in(0, None, "an integer >= 0", ">= 0")
 port = int_in(0, 65535, "a port number", "in [0, 65535]")
 
 
-def summary_line(stats: dict) -> str:
+def summary_line(stats: Mapping[str, Any]) -> str:
     """One human line per generation: NFE split, tokens per forward, time (and each policy's extras:
     its module's ``summary``, ``blockbatch.policies``)."""
     from .. import policies

@@ -24,6 +24,7 @@ The C++ decoders and their rules are csrc/decode/policies/. Adding a policy: doc
 from __future__ import annotations
 
 import types
+from typing import Any, Mapping
 
 import torch
 
@@ -49,7 +50,7 @@ def get(name: str) -> types.ModuleType:
         raise ValueError(f"unknown policy {name!r}; the policies are {', '.join(REGISTRY)}") from None
 
 
-def summary_line(stats: dict) -> str:
+def summary_line(stats: Mapping[str, Any]) -> str:
     """One human line for a generation's stats (``stats["policy"]`` says whose)."""
     return get(stats["policy"]).summary(stats)
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 from typing import Any
 
 import torch
@@ -81,13 +80,13 @@ class Params:
     preset: str | None = None  # the name of the preset under the request's options (its own or the server's)
 
 
-def option_param(message: str, sources: dict[str, str]) -> str | None:
-    """The request field a DecodeOptions / scheduler message is about: the option named earliest in
-    it, as the client sent it (``temperature``, ``max_tokens`` or ``blockbatch.<name>``)."""
-    found = [(m.start(), name) for name in contract.NAMES for m in [re.search(rf"\b{name}\b", message)] if m]
-    if not found:
+def option_param(error: BaseException, sources: dict[str, str]) -> str | None:
+    """The request field a refusal (``RequestError``, ``contract.OptionTypeError``) names: its
+    option as the client sent it (``temperature``, ``max_tokens`` or ``blockbatch.<name>``), or
+    None when it names no option (the prompt, say). Read from the error's ``param``, never its text."""
+    name = getattr(error, "param", None)
+    if name not in contract.BY_NAME:
         return None
-    name = min(found)[1]
     return sources.get(name, f"blockbatch.{name}")
 
 
@@ -289,7 +288,7 @@ def parse_params(body: dict, chat: bool, preset: presets.Preset | None = None, d
     try:  # the model family's defaults (LLaDA2: policy 'block') under the request's and the preset's
         options = DecodeOptions(**{**(defaults or {}), **values})
     except (TypeError, ValueError) as e:
-        raise APIError(400, str(e), param=option_param(str(e), sources)) from None
+        raise APIError(400, str(e), param=option_param(e, sources), code=getattr(e, "kind", None)) from None
     return Params(max_tokens, stop, stream, options, sources, limit_name, preset.name if preset else None)
 
 

@@ -4,13 +4,20 @@ the scheduler, then submit), ``outcome`` (usage and the decode report of a finis
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 import torch
 
+from ... import contract
+from ...errors import RequestError
 from ...scheduler import Event
 from ..guard import APIError
 from ..jobs import Job, ServerState
 from ..protocol import Params, option_param
 from ..responses import DecodeReport, Outcome, Usage
+
+
+_STATUS = {k.name: k.status for k in contract.ERROR_KINDS}
 
 
 def admit(state: ServerState, ids: torch.Tensor, params: Params, prompt_param: str, arrival: float) -> Job:
@@ -47,17 +54,18 @@ def admit(state: ServerState, ids: torch.Tensor, params: Params, prompt_param: s
     job = Job(state, ids, params.options, params.max_tokens, params.stop, arrival, params.preset)
     try:
         job.submit()
-    except ValueError as e:
-        text = str(e)
-        if "KV rows" in text:
-            raise APIError(400, text, param="blockbatch.block_sizes") from None
-        raise APIError(400, text, param=option_param(text, params.sources) or prompt_param) from None
+    except RequestError as e:  # by its kind and the argument it names, never its text
+        status = _STATUS[e.kind]
+        code = "context_length_exceeded" if e.kind == "context_length" else e.kind
+        raise APIError(status, str(e), param=option_param(e, params.sources) or prompt_param, code=code) from None
+    except ValueError as e:  # a check without a kind (the prompt tensor's shape, say): the prompt's
+        raise APIError(400, str(e), param=prompt_param) from None
     except RuntimeError as e:  # the scheduler closed under us
         raise APIError(503, f"the server is shutting down ({e})", code="shutting_down") from None
     return job
 
 
-def outcome(job: Job, completion_tokens: int, stats: dict) -> Outcome:
+def outcome(job: Job, completion_tokens: int, stats: Mapping[str, Any]) -> Outcome:
     prompt = job.prompt_ids.numel()
     report = DecodeReport(
         policy=stats["policy"], gen_length=job.options.gen_length, nfe=stats["nfe"], wall_ms=stats["wall_ms"]
@@ -70,11 +78,16 @@ def outcome(job: Job, completion_tokens: int, stats: dict) -> Outcome:
     )
 
 
-def failure(event: Event) -> APIError:
-    if isinstance(event.error, TimeoutError):
+def failure(event: Event, sources: dict[str, str] | None = None) -> APIError:
+    """The answer to a request whose decode did not finish, by the event's error kind."""
+    kind = event.error_kind
+    if kind == "timeout":
         return APIError(
             504, f"the decode ran past its timeout_s: {event.error}", param="blockbatch.timeout_s", code="timeout"
         )
-    if event.kind == "cancelled":
+    if event.kind == "cancelled" or kind == "cancelled":
         return APIError(503, f"the request was cancelled: {event.error}", code="cancelled")
+    if kind in _STATUS and kind != "decode_failed":  # refused when it started
+        param = option_param(event.error, sources or {}) if event.error else None
+        return APIError(_STATUS[kind], str(event.error), param=param, code=kind)
     return APIError(500, f"the decode failed: {event.error}", code="decode_failed")
