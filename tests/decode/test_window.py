@@ -2,11 +2,12 @@
 
 The fixture holds what the authors' LLaDA ``generate`` (vhicrgit/Window-Diffusion,
 ``llada/model/modeling_llada.py``; its forwards on our float32 reference model) returned on the
-shipped LLaDA toy for held-out toy prompts at six settings (the authors' window 64 / active 16 /
+shipped LLaDA toy for held-out toy prompts at eight settings (the authors' window 64 / active 16 /
 refresh 32 at one token per step, and smaller windows, two tokens per step, mixed counts, an empty
-mask window, a full forward every step). ``tests/tools/record_authors_window.py`` recorded it (the
-authors' code is not a dependency). Per prompt: the generated tokens, the forwards (full and
-pruned), the keys the pruned forwards attended and the query tokens of all forwards.
+mask window, a full forward every step; two with their Gumbel sampling, seeded).
+``tests/tools/record_authors_window.py`` recorded it (the authors' code is not a dependency).
+Per prompt: the generated tokens, the forwards (full and pruned), the keys the pruned forwards
+attended and the query tokens of all forwards.
 
 The engine runs every prompt; the Python reference (``blockbatch.reference.window``) every
 ``REFERENCE_EVERY``-th. Ties decide tokens: the toy's float32 confidences are often exactly 1.0, and
@@ -57,6 +58,8 @@ SETTINGS = [
     "gen64_steps48_w0_a3_r5",
     "gen64_steps64_w32_a8_r1",
     "gen32_steps32_w4_a1_r16",
+    "gen64_steps64_w16_a4_r8_t3.0_s3",  # their Gumbel sampling, seeded (the toy is so sure of
+    "gen64_steps32_w8_a2_r4_t3.0_s5",  # itself that temperature 1 samples its argmax)
 ]
 
 
@@ -90,6 +93,9 @@ def test_fixture_covers_the_settings(recorded):
         for r in rs:
             assert r["nfe"] == s["steps"]  # one forward per step
             assert r["nfe_full"] == -(-s["steps"] // s["refresh_interval"])
+        if s["temperature"] > 0:  # sampling changes answers: the draws are matched, not only ties
+            greedy = runs(recorded, key.rsplit("_t", 1)[0])
+            assert any(a["tokens"] != b["tokens"] for a, b in zip(rs, greedy))
 
 
 @pytest.mark.parametrize("key", SETTINGS)
@@ -124,6 +130,8 @@ def _reference_decode(ref, s):
             s["active_tokens"],
             s["refresh_interval"],
             ref.config.mask_token_id,
+            temperature=s["temperature"],
+            seed=s["seed"],
         )
         return dict(
             tokens="".join(DIGITS[int(t)] for t in r.tokens[len(ids) :]),
@@ -179,7 +187,6 @@ def test_pruned_steps_compute_few_queries_over_a_window(recorded, toy):
 
 REFUSALS = [
     (dict(active_tokens=1, steps=32), "active_tokens"),  # two tokens a step, one active mask
-    (dict(temperature=0.5), "temperature"),
     (dict(factor=1.0), "factor"),
     (dict(stop_on_eos=True), "stop_on_eos"),
     (dict(slide_window=True), "slide_window"),
@@ -220,6 +227,8 @@ def test_window_requests_batch_with_every_other_policy(tmp_path):
             window_tokens=rng.choice([0, 8, 64]),
             active_tokens=rng.choice([2, 4, 16]),
             refresh_interval=rng.choice([1, 4, 16]),
+            temperature=(0.0, 0.8)[i % 2],
+            seed=i,
         )
         reqs.insert(2 * i, (prompt, o))
     alone = [engine.generate([p], o)[0] for p, o in reqs]

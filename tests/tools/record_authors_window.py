@@ -23,8 +23,9 @@ reference decoder sees and any difference in the recorded results comes from the
 
 The model object their ``generate`` unwraps is a stand-in holding what it reads (``device``,
 ``model.transformer.blocks`` and ``blocks[0].rotary_emb.get_rotary_embedding``, ``config``).
-Forwards are counted by the two adapters (the NFE). Greedy (temperature 0), cfg_scale 0,
-remasking low_confidence: their benchmark settings.
+Forwards are counted by the two adapters (the NFE). cfg_scale 0 and remasking low_confidence
+(their benchmark settings); greedy, and two settings with their Gumbel sampling (temperature > 0,
+torch's global generator seeded with the setting's seed right before the call).
 
 Usage (from the repository root, with the package importable)::
 
@@ -60,7 +61,12 @@ SETTINGS = (
     (64, 48, 0, 3, 5),
     (64, 64, 32, 8, 1),
     (32, 32, 4, 1, 16),
+    # sampled: (..., temperature, seed); their Gumbel noise draws from torch's global generator,
+    # seeded with the seed right before the call
+    (64, 64, 16, 4, 8, 3.0, 3),
+    (64, 32, 8, 2, 4, 3.0, 5),
 )
+FIELDS = ("gen_length", "steps", "window_tokens", "active_tokens", "refresh_interval", "temperature", "seed")
 DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"  # token ids as one base-36 digit each (toy vocab: 21)
 
 
@@ -69,7 +75,8 @@ def pack(ids) -> str:
 
 
 def setting_key(s) -> str:
-    return "gen{}_steps{}_w{}_a{}_r{}".format(*s)
+    key = "gen{}_steps{}_w{}_a{}_r{}".format(*s[:5])
+    return key + "_t{}_s{}".format(*s[5:]) if len(s) > 5 else key
 
 
 def load_authors(path: str) -> types.ModuleType:
@@ -136,14 +143,15 @@ RUN_FIELDS = ("tokens", "nfe", "nfe_full", "nfe_pruned", "pruned_key_tokens", "q
 
 
 def run_one(module, ref: ReferenceModel, prompt: list[int], s) -> list:
-    gen_length, steps, window_tokens, active_tokens, refresh = s
+    gen_length, steps, window_tokens, active_tokens, refresh, temperature, seed = (*s, 0.0, 0)[:7]
     a = Adapter(ref, module)
+    torch.manual_seed(seed)
     x = module.generate(
         a.model,
         torch.tensor([prompt]),
         steps=steps,
         gen_length=gen_length,
-        temperature=0.0,
+        temperature=temperature,
         cfg_scale=0.0,
         remasking="low_confidence",
         mask_id=ref.config.mask_token_id,
@@ -178,10 +186,7 @@ def main(argv=None) -> None:
         "source": "vhicrgit/Window-Diffusion llada/model/modeling_llada.py (generate), its forwards on our "
         "float32 reference model; CPU, LLaDA toy checkpoint, run by tests/tools/record_authors_window.py",
         "authors_file_sha256": digest,
-        "settings": {
-            setting_key(s): dict(zip(("gen_length", "steps", "window_tokens", "active_tokens", "refresh_interval"), s))
-            for s in SETTINGS
-        },
+        "settings": {setting_key(s): dict(zip(FIELDS, (*s, 0.0, 0)[:7])) for s in SETTINGS},
         "problems": {"seed": PROBLEM_SEED, "split": "test", "n": args.prompts},
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # torch's float32 softmax kernel
         "prompts": [pack(p) for p in prompts],

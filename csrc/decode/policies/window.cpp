@@ -12,12 +12,15 @@
 // generation (`steps` steps, one block) by confidence.
 //
 // Ties decide tokens: the proposal is the argmax of the logits (first index of the maximum, ids past
-// the tokenizer's never; the mask id is not excluded, as in the authors' code), its confidence the
+// the tokenizer's never; the mask id is not excluded, as in the authors' code; temperature > 0: of
+// their Gumbel-perturbed float64 logits, drawn from the seeded host generator), its confidence the
 // float32 softmax probability, and the selection at::topk on the host over the vector the authors
 // build (the whole canvas at a full step, -inf where no mask; the active positions in ascending order
 // at a pruned step), so equal confidences fall as their torch.topk on the CPU.
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/from_blob.h>
+#include <ATen/ops/rand.h>
 #include <ATen/ops/softmax.h>
 #include <ATen/ops/topk.h>
 #include <c10/util/Exception.h>
@@ -67,7 +70,8 @@ class WindowDecoder final : public Decoder {
   WindowDecoder(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o, const Stop& stop,
                 KvRows kv)
       : c_(model.config()), rules_(rules_of(c_)), o_(o), stop_(stop), lp_(static_cast<int64_t>(prompt.size())),
-        L_(lp_ + o.gen_length), schedule_(fixed_schedule(o.gen_length, steps_of(o))) {
+        L_(lp_ + o.gen_length), schedule_(fixed_schedule(o.gen_length, steps_of(o))),
+        generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))) {
     (void)rules_;
     x_ = prompt;
     x_.resize(L_, c_.mask_token_id);
@@ -107,9 +111,19 @@ class WindowDecoder final : public Decoder {
   void absorb(const StepPlan& p, const at::Tensor& logits, const std::vector<at::Tensor>&) override {
     const int64_t mask = c_.mask_token_id;
     // The authors' proposals: argmax of the float32 logits (first index of the maximum) among the
-    // tokenizer's ids, its float32 softmax probability over the whole vocabulary.
+    // tokenizer's ids, or with temperature > 0 of their Gumbel-perturbed float64 logits
+    // exp(l) / (-log u)^temperature, u one uniform draw per logit of the step's rows from the
+    // seeded host generator; the confidence is the float32 softmax probability of the proposal.
     const at::Tensor l = logits.to(at::kFloat);
-    const at::Tensor x0 = l.narrow(1, 0, c_.proposal_limit()).argmax(-1);
+    at::Tensor x0;
+    if (o_.temperature > 0) {
+      const at::Tensor l64 = l.to(at::kDouble).cpu();
+      const at::Tensor u = at::rand(l64.sizes(), generator_, at::kDouble);
+      const at::Tensor score = l64.exp() / (-u.log()).pow(o_.temperature);
+      x0 = score.narrow(1, 0, c_.proposal_limit()).argmax(-1).to(l.device());
+    } else {
+      x0 = l.narrow(1, 0, c_.proposal_limit()).argmax(-1);
+    }
     const at::Tensor conf = at::softmax(l, -1).gather(-1, x0.unsqueeze(-1)).squeeze(-1).cpu().contiguous();
     const at::Tensor tok = x0.cpu().contiguous();
     const float* c = conf.const_data_ptr<float>();
@@ -192,6 +206,7 @@ class WindowDecoder final : public Decoder {
   const Stop& stop_;
   const int64_t lp_, L_;
   const std::vector<int64_t> schedule_;
+  at::Generator generator_;
   std::vector<int64_t> x_;
   std::vector<int64_t> window_, active_;  // ascending canvas positions
   std::vector<int64_t> phase_commits_, pruned_commits_;
@@ -219,9 +234,6 @@ Refusal option_refusal(const FamilySpec* family, const DecodeOptions& o) {
   if (steps_of(o) < 1) {
     return {"steps", c10::str("steps must be None (gen_length) or an integer in [1, gen_length = ", o.gen_length,
                               "] for policy 'window', got ", steps_of(o))};
-  }
-  if (o.temperature != 0) {
-    return {"temperature", "policy 'window' decodes greedily (temperature 0): its sampling is not implemented"};
   }
   if (o.factor) {
     return {"factor", "policy 'window' commits LLaDA's fixed per-step counts (steps); leave factor None"};

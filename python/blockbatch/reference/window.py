@@ -17,7 +17,9 @@ Ties decide tokens, so the selection follows the authors' code exactly: proposal
 logits (first index of the maximum; ids at or above ``vocab_limit`` never; the mask id is not
 excluded), confidence = its float32 softmax probability, and ``torch.topk`` (CPU) over the vector
 they rank: the whole canvas (``-inf`` where no mask) at a full step, the active positions in
-ascending order (``-inf`` where no mask) at a pruned step.
+ascending order (``-inf`` where no mask) at a pruned step. With ``temperature > 0`` the proposal
+is the argmax of their Gumbel-perturbed float64 logits, the draws from a generator seeded with
+``seed`` (their ``torch.rand_like`` on the global generator, seeded the same way).
 """
 
 from __future__ import annotations
@@ -51,10 +53,18 @@ def _first_masks(x: torch.Tensor, mask_id: int, n: int) -> torch.Tensor:
     return is_mask & (torch.cumsum(is_mask.long(), 0) <= n)
 
 
-def _propose(logits: torch.Tensor, vocab_limit: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(argmax among the ids below vocab_limit, its float32 softmax probability)."""
+def _propose(
+    logits: torch.Tensor, vocab_limit: int | None, temperature: float, g: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(argmax among the ids below vocab_limit, its float32 softmax probability). temperature > 0:
+    the argmax of the authors' Gumbel-perturbed float64 logits ``exp(l) / (-log u)^temperature``,
+    ``u`` one uniform float64 draw per logit of the step's rows from ``g``."""
     lg = logits.float()
-    x0 = lg[:, :vocab_limit].argmax(-1) if vocab_limit is not None else lg.argmax(-1)
+    score = lg
+    if temperature > 0:
+        u = torch.rand(lg.shape, dtype=torch.float64, generator=g)
+        score = lg.double().exp() / (-torch.log(u)) ** temperature
+    x0 = score[:, :vocab_limit].argmax(-1) if vocab_limit is not None else score.argmax(-1)
     conf = torch.softmax(lg, -1).gather(-1, x0[:, None])[:, 0]
     return x0, conf
 
@@ -75,6 +85,8 @@ def window_generate(
     refresh_interval: int,
     mask_id: int,
     vocab_limit: int | None = None,
+    temperature: float = 0.0,
+    seed: int = 0,
 ) -> WindowResult:
     """Window-Diffusion on a LLaDA model (module docstring); ``prompt``: int64 ``[P]``."""
     P = prompt.numel()
@@ -85,6 +97,7 @@ def window_generate(
     if max(counts) > active_tokens:
         raise ValueError(f"active_tokens = {active_tokens} is below a step's count {max(counts)}")
     kv = model.new_kv(1, L)
+    g = torch.Generator().manual_seed(seed)
     res = WindowResult(tokens=x)
     everything = torch.arange(L)
     window = active = everything
@@ -97,7 +110,7 @@ def window_generate(
         else:
             positions = active
             [logits] = model.forward([x[positions]], [positions], kv, "dual", key_positions=[window])
-        x0, p = _propose(logits, vocab_limit)
+        x0, p = _propose(logits, vocab_limit, temperature, g)
         conf = torch.where(x[positions] == mask_id, p, torch.tensor(float("-inf")))
         sel = select(conf, k)
         picked = positions[sel]
@@ -133,5 +146,7 @@ def reference_entry(model: ReferenceModel, prompt: torch.Tensor, o, vocab_limit:
         refresh_interval=o.refresh_interval,
         mask_id=model.config.mask_token_id,
         vocab_limit=vocab_limit,
+        temperature=o.temperature,
+        seed=o.seed,
     )
     return r.tokens, r.nfe
