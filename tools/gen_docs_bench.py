@@ -569,6 +569,28 @@ def loto_frontier(d: dict) -> str:
 
 
 # name -> (result file under the repository root, renderer)
+def window(d: dict) -> str:
+    """benchmarks/bench_window.py: Window-Diffusion against vanilla, dual and BlockBatch per gen_length."""
+    rows = []
+    for G, by_policy in d["results"].items():
+        for name, r in by_policy.items():
+            keys = r["key_tokens_per_forward"]
+            rows.append(
+                [
+                    G,
+                    name,
+                    f"{r['accuracy']:.3f}",
+                    f"{r['mean_nfe']:.1f}",
+                    f"{r['query_tokens_per_forward']:.1f}",
+                    "-" if keys is None else f"{keys:.1f}",
+                    f"{r['mean_ms']:.1f}",
+                    f"{r['batched_tokens_per_s']:.0f}",
+                ]
+            )
+    head = ["gen", "policy", "accuracy", "NFE", "queries / forward", "keys / forward", "ms / sample"]
+    return _table(head + [f"batched tok/s (max_batch {d['batch']})"], rows)
+
+
 TABLES: dict[str, tuple[str, Callable[[dict], str]]] = {
     "toy": ("docs/bench/bench.json", policies("llada")),
     "dream": ("docs/bench/dream/bench.json", policies("dream")),
@@ -595,6 +617,7 @@ TABLES: dict[str, tuple[str, Callable[[dict], str]]] = {
     "paged-prefix": ("docs/bench/paged/bench_paged.json", paged_prefix),
     "loto-tally": ("docs/bench/loto/loto.json", loto_tally),
     "loto-frontier": ("docs/bench/loto/loto.json", loto_frontier),
+    "window": ("docs/bench/window/bench_window.json", window),
 }
 
 

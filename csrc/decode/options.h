@@ -43,6 +43,8 @@ struct DecodeStats {
   int64_t folded_tokens = 0;            // their query tokens (steps counts the fed ones)
   int64_t prefix_cache_hit_tokens = 0;  // prompt positions whose K/V came from the scheduler's prefix cache
   int64_t kv_pages_copied = 0;          // blockbatch, paged rows: KV pages copied on write (a row copy moves none)
+  int64_t nfe_pruned = 0;               // window: pruned forwards (active positions over a key window)
+  int64_t pruned_key_tokens = 0;        // window: keys those forwards attended, summed
   std::vector<std::array<int64_t, 2>> steps;  // per forward: tokens committed, packed query tokens
   std::vector<BranchStats> branches;
 };

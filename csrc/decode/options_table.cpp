@@ -13,7 +13,8 @@ Policy parse_policy(std::string_view name) {
   if (name == "dual") return Policy::kDual;
   if (name == "blockbatch") return Policy::kBlockBatch;
   if (name == "block") return Policy::kBlock;
-  bad_choice("policy", name, "one of 'vanilla', 'prefix', 'dual', 'blockbatch', 'block'");
+  if (name == "window") return Policy::kWindow;
+  bad_choice("policy", name, "one of 'vanilla', 'prefix', 'dual', 'blockbatch', 'block', 'window'");
 }
 
 const char* policy_name(Policy value) {
@@ -23,6 +24,7 @@ const char* policy_name(Policy value) {
     case Policy::kDual: return "dual";
     case Policy::kBlockBatch: return "blockbatch";
     case Policy::kBlock: return "block";
+    case Policy::kWindow: return "window";
   }
   return "";
 }
@@ -95,6 +97,9 @@ void check_option_ranges(const DecodeOptions& o) {
   if (o.prob_floor) check_range("prob_floor", *o.prob_floor, 0.01, false, 1.0, true, "in [0.01, 1)");
   if (o.edit_threshold) check_range("edit_threshold", *o.edit_threshold, 0.0, false, 1.0, false, "in [0, 1]");
   check_range("max_post_steps", o.max_post_steps, 0, false, 1073741824, false, "in [0, 2^30]");
+  check_range("window_tokens", o.window_tokens, 0, false, 1073741824, false, "in [0, 2^30]");
+  check_range("active_tokens", o.active_tokens, 1, false, 1073741824, false, "in [1, 2^30]");
+  check_range("refresh_interval", o.refresh_interval, 1, false, 1073741824, false, "in [1, 2^30]");
   check_range("timeout_s", o.timeout_s, 0.0, false, std::nullopt, false, ">= 0 and finite");
 }
 
@@ -245,6 +250,26 @@ bool set_option(DecodeOptions& o, std::string_view name, const std::string& text
     o.max_post_steps = parse_int("max_post_steps", text);
     return true;
   }
+  if (name == "window_tokens") {
+    o.window_tokens = parse_int("window_tokens", text);
+    return true;
+  }
+  if (name == "active_tokens") {
+    o.active_tokens = parse_int("active_tokens", text);
+    return true;
+  }
+  if (name == "refresh_interval") {
+    o.refresh_interval = parse_int("refresh_interval", text);
+    return true;
+  }
+  if (name == "slide_window") {
+    o.slide_window = parse_bool("slide_window", text);
+    return true;
+  }
+  if (name == "early_stop") {
+    o.early_stop = parse_bool("early_stop", text);
+    return true;
+  }
   if (name == "cuda_graphs") {
     o.cuda_graphs = parse_bool("cuda_graphs", text);
     return true;
@@ -257,7 +282,7 @@ bool set_option(DecodeOptions& o, std::string_view name, const std::string& text
 }
 
 const std::vector<std::string>& option_names() {
-  static const std::vector<std::string> names = {"policy", "gen_length", "block_length", "steps", "threshold", "factor", "temperature", "seed", "stop_on_eos", "alg", "alg_temp", "eps", "top_p", "top_k", "block_sizes", "merge_gate", "sync_gap", "refresh_tokens", "refresh_mode", "prob_floor", "merge", "sync", "sync_refresh", "branch_budget", "fold_rows", "share_prompt_kv", "edit_threshold", "max_post_steps", "cuda_graphs", "timeout_s"};
+  static const std::vector<std::string> names = {"policy", "gen_length", "block_length", "steps", "threshold", "factor", "temperature", "seed", "stop_on_eos", "alg", "alg_temp", "eps", "top_p", "top_k", "block_sizes", "merge_gate", "sync_gap", "refresh_tokens", "refresh_mode", "prob_floor", "merge", "sync", "sync_refresh", "branch_budget", "fold_rows", "share_prompt_kv", "edit_threshold", "max_post_steps", "window_tokens", "active_tokens", "refresh_interval", "slide_window", "early_stop", "cuda_graphs", "timeout_s"};
   return names;
 }
 
@@ -290,6 +315,11 @@ const char* option_type(std::string_view name) {
   if (name == "share_prompt_kv") return "bool";
   if (name == "edit_threshold") return "float";
   if (name == "max_post_steps") return "int";
+  if (name == "window_tokens") return "int";
+  if (name == "active_tokens") return "int";
+  if (name == "refresh_interval") return "int";
+  if (name == "slide_window") return "bool";
+  if (name == "early_stop") return "bool";
   if (name == "cuda_graphs") return "bool";
   if (name == "timeout_s") return "float";
   return nullptr;
@@ -311,10 +341,10 @@ const char* error_kind_name(ErrorKind kind) {
 
 std::string options_help() {
   return
-      "  --policy vanilla|prefix|dual|blockbatch|block\n      vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; blockbatch: several block-size branches in one batched forward; block: the block-causal families' decoder (LLaDA2.0 / 2.1, exact block cache), the only policy of LLaDA2 checkpoints; default dual\n"
+      "  --policy vanilla|prefix|dual|blockbatch|block|window\n      vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; blockbatch: several block-size branches in one batched forward; block: the block-causal families' decoder (LLaDA2.0 / 2.1, exact block cache), the only policy of LLaDA2 checkpoints; window: Window-Diffusion's pruned forwards (a few active positions over a gathered key window); default dual\n"
       "  --gen-length N\n      tokens to generate (the diffusion canvas after the prompt); >= 1; default 128\n"
       "  --block-length N\n      block size of the single-branch policies (divides gen_length) and of block (blocks aligned at position 0); >= 1; default 32\n"
-      "  --steps N\n      total steps of LLaDA's fixed schedule (a multiple of the number of blocks, <= gen_length); Dream vanilla: its number of steps (<= gen_length); block: steps per block (block_length // steps commits a step, the remainder first); >= 0; default none; 'none': no fixed schedule (Dream vanilla: gen_length steps)\n"
+      "  --steps N\n      total steps of LLaDA's fixed schedule (a multiple of the number of blocks, <= gen_length); Dream vanilla: its number of steps (<= gen_length); block: steps per block (block_length // steps commits a step, the remainder first); window: its forwards (LLaDA's schedule over the whole generation, <= gen_length); >= 0; default none; 'none': no fixed schedule (Dream vanilla and window: gen_length steps)\n"
       "  --threshold X\n      commit every masked position whose confidence is >= this (block: > this, if at least the schedule's count are; the authors of LLaDA2 use 0.95, and 0.7 with edit_threshold 0.5); in (0, 1]; default 0.9; 'none': the fixed schedule (with steps)\n"
       "  --factor X\n      Fast-dLLM's factor rule instead of the threshold (wins over threshold); > 0 and finite; default none; 'none': off\n"
       "  --temperature X\n      Gumbel-max sampling temperature (float64, seeded); 0: greedy; >= 0 and finite; default 0.0\n"
@@ -339,6 +369,11 @@ std::string options_help() {
       "  --share-prompt-kv BOOL\n      every branch reads one copy of the prompt's K/V, written by the first row each refresh feeds (an approximation: exact refreshes give each branch its own); its KV pages are held once (ALGORITHMS.md 12); default off\n"
       "  --edit-threshold X\n      block (LLaDA2.1 token editing): in the same step, replace every generated committed token of the current block whose prediction differs with confidence above this; in [0, 1]; default none; 'none': no editing (LLaDA2.0)\n"
       "  --max-post-steps N\n      block with editing: a block ends after at most this many steps that start without masks; in [0, 2^30]; default 16\n"
+      "  --window-tokens N\n      window: masked positions, beyond the decoded ones, kept as keys during a phase (the first ones); in [0, 2^30]; default 64\n"
+      "  --active-tokens N\n      window: masked positions a pruned step computes (the first ones, with the phase's own commits); in [1, 2^30]; default 16\n"
+      "  --refresh-interval N\n      window: steps per phase (a full forward every this many steps, the others pruned); in [1, 2^30]; default 32\n"
+      "  --slide-window BOOL\n      window, Dream: the active span follows the first masks inside a phase (else its start is frozen); default off\n"
+      "  --early-stop BOOL\n      window, Dream (the authors' flag, not stop_on_eos): one token per pruned step, the canvas cut after the first EOS, every step after it a full one; default off\n"
       "  --cuda-graphs BOOL\n      CUDA: replay recorded decode steps (same tokens as eager); no effect on CPU; default on\n"
       "  --timeout-s X\n      fail with a timeout once a decode runs longer than this many seconds (0: no deadline); >= 0 and finite; default 0.0\n";
 }

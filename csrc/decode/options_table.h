@@ -12,7 +12,7 @@
 
 namespace blockbatch {
 
-enum class Policy { kVanilla, kPrefix, kDual, kBlockBatch, kBlock };
+enum class Policy { kVanilla, kPrefix, kDual, kBlockBatch, kBlock, kWindow };
 Policy parse_policy(std::string_view name);  // throws c10::ValueError naming 'policy'
 const char* policy_name(Policy value);
 
@@ -37,13 +37,13 @@ const char* error_kind_name(ErrorKind kind);  // "invalid_option", ...
 struct ModelConfig;
 
 struct DecodeOptions {
-  // vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; blockbatch: several block-size branches in one batched forward; block: the block-causal families' decoder (LLaDA2.0 / 2.1, exact block cache), the only policy of LLaDA2 checkpoints
+  // vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; blockbatch: several block-size branches in one batched forward; block: the block-causal families' decoder (LLaDA2.0 / 2.1, exact block cache), the only policy of LLaDA2 checkpoints; window: Window-Diffusion's pruned forwards (a few active positions over a gathered key window)
   Policy policy = Policy::kDual;
   // tokens to generate (the diffusion canvas after the prompt)
   int64_t gen_length = 128;
   // block size of the single-branch policies (divides gen_length) and of block (blocks aligned at position 0)
   int64_t block_length = 32;
-  // total steps of LLaDA's fixed schedule (a multiple of the number of blocks, <= gen_length); Dream vanilla: its number of steps (<= gen_length); block: steps per block (block_length // steps commits a step, the remainder first); nullopt: no fixed schedule (Dream vanilla: gen_length steps)
+  // total steps of LLaDA's fixed schedule (a multiple of the number of blocks, <= gen_length); Dream vanilla: its number of steps (<= gen_length); block: steps per block (block_length // steps commits a step, the remainder first); window: its forwards (LLaDA's schedule over the whole generation, <= gen_length); nullopt: no fixed schedule (Dream vanilla and window: gen_length steps)
   std::optional<int64_t> steps = std::nullopt;
   // commit every masked position whose confidence is >= this (block: > this, if at least the schedule's count are; the authors of LLaDA2 use 0.95, and 0.7 with edit_threshold 0.5); nullopt: the fixed schedule (with steps)
   std::optional<double> threshold = 0.9;
@@ -93,6 +93,16 @@ struct DecodeOptions {
   std::optional<double> edit_threshold = std::nullopt;
   // block with editing: a block ends after at most this many steps that start without masks
   int64_t max_post_steps = 16;
+  // window: masked positions, beyond the decoded ones, kept as keys during a phase (the first ones)
+  int64_t window_tokens = 64;
+  // window: masked positions a pruned step computes (the first ones, with the phase's own commits)
+  int64_t active_tokens = 16;
+  // window: steps per phase (a full forward every this many steps, the others pruned)
+  int64_t refresh_interval = 32;
+  // window, Dream: the active span follows the first masks inside a phase (else its start is frozen)
+  bool slide_window = false;
+  // window, Dream (the authors' flag, not stop_on_eos): one token per pruned step, the canvas cut after the first EOS, every step after it a full one
+  bool early_stop = false;
   // CUDA: replay recorded decode steps (same tokens as eager); no effect on CPU
   bool cuda_graphs = true;
   // fail with a timeout once a decode runs longer than this many seconds (0: no deadline)

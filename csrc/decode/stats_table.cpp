@@ -26,6 +26,8 @@ const std::vector<std::string>& decode_stat_names() {
       "folded_tokens",
       "prefix_cache_hit_tokens",
       "kv_pages_copied",
+      "nfe_pruned",
+      "pruned_key_tokens",
   };
   return names;
 }
@@ -50,6 +52,8 @@ std::vector<double> decode_stat_values(const DecodeStats& s) {
       static_cast<double>(s.folded_tokens),  // folded_tokens
       static_cast<double>(s.prefix_cache_hit_tokens),  // prefix_cache_hit_tokens
       static_cast<double>(s.kv_pages_copied),  // kv_pages_copied
+      static_cast<double>(s.nfe_pruned),  // nfe_pruned
+      static_cast<double>(s.pruned_key_tokens),  // pruned_key_tokens
   };
 }
 

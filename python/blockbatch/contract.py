@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
-POLICIES = ("vanilla", "prefix", "dual", "blockbatch", "block")
+POLICIES = ("vanilla", "prefix", "dual", "blockbatch", "block", "window")
 SINGLE_BRANCH = ("vanilla", "prefix", "dual")
 FAMILIES = ("llada", "dream", "llada2")  # model families; the first is the default (the table's "default" column)
 
@@ -119,10 +119,11 @@ OPTIONS: tuple[Option, ...] = (
         "dual",
         "vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; "
         "blockbatch: several block-size branches in one batched forward; block: the block-causal families' "
-        "decoder (LLaDA2.0 / 2.1, exact block cache), the only policy of LLaDA2 checkpoints",
+        "decoder (LLaDA2.0 / 2.1, exact block cache), the only policy of LLaDA2 checkpoints; window: "
+        "Window-Diffusion's pruned forwards (a few active positions over a gathered key window)",
         choices=POLICIES,
         cpp_enum="Policy",
-        cpp_values=("kVanilla", "kPrefix", "kDual", "kBlockBatch", "kBlock"),
+        cpp_values=("kVanilla", "kPrefix", "kDual", "kBlockBatch", "kBlock", "kWindow"),
     ),
     Option("gen_length", "int", 128, "tokens to generate (the diffusion canvas after the prompt)", lo=1),
     Option(
@@ -139,9 +140,10 @@ OPTIONS: tuple[Option, ...] = (
         None,
         "total steps of LLaDA's fixed schedule (a multiple of the number of blocks, "
         "<= gen_length); Dream vanilla: its number of steps (<= gen_length); block: steps per block "
-        "(block_length // steps commits a step, the remainder first)",
+        "(block_length // steps commits a step, the remainder first); window: its forwards (LLaDA's schedule "
+        "over the whole generation, <= gen_length)",
         optional=True,
-        none_doc="no fixed schedule (Dream vanilla: gen_length steps)",
+        none_doc="no fixed schedule (Dream vanilla and window: gen_length steps)",
         lo=0,
     ),
     Option(
@@ -362,6 +364,53 @@ OPTIONS: tuple[Option, ...] = (
         group="llada2",
     ),
     Option(
+        "window_tokens",
+        "int",
+        64,
+        "window: masked positions, beyond the decoded ones, kept as keys during a phase (the first ones)",
+        policies=("window",),
+        lo=0,
+        hi=MAX_GAP_TOKENS,
+        group="window",
+    ),
+    Option(
+        "active_tokens",
+        "int",
+        16,
+        "window: masked positions a pruned step computes (the first ones, with the phase's own commits)",
+        policies=("window",),
+        lo=1,
+        hi=MAX_GAP_TOKENS,
+        group="window",
+    ),
+    Option(
+        "refresh_interval",
+        "int",
+        32,
+        "window: steps per phase (a full forward every this many steps, the others pruned)",
+        policies=("window",),
+        lo=1,
+        hi=MAX_GAP_TOKENS,
+        group="window",
+    ),
+    Option(
+        "slide_window",
+        "bool",
+        False,
+        "window, Dream: the active span follows the first masks inside a phase (else its start is frozen)",
+        policies=("window",),
+        group="window",
+    ),
+    Option(
+        "early_stop",
+        "bool",
+        False,
+        "window, Dream (the authors' flag, not stop_on_eos): one token per pruned step, the canvas cut "
+        "after the first EOS, every step after it a full one",
+        policies=("window",),
+        group="window",
+    ),
+    Option(
         "cuda_graphs",
         "bool",
         True,
@@ -437,6 +486,13 @@ STATS: tuple[Stat, ...] = (
         "s.prefix_cache_hit_tokens",
     ),
     Stat("kv_pages_copied", "int", "BlockBatch over paged rows: KV pages copied on write", "s.kv_pages_copied"),
+    Stat("nfe_pruned", "int", "window: pruned forwards (active positions over the phase's key window)", "s.nfe_pruned"),
+    Stat(
+        "pruned_key_tokens",
+        "int",
+        "window: keys the pruned forwards attended, summed over them (a window each)",
+        "s.pruned_key_tokens",
+    ),
     Stat("committed_per_step", "int[]", "tokens committed by each forward"),
     Stat("query_tokens_per_step", "int[]", "query tokens of each forward (packed over branches)"),
     Stat("branches", "branches", "per branch: block_size, committed, merged, copied, forwards"),

@@ -15,7 +15,8 @@ class DecodeOptionFields:
     policy: str = "dual"
     """vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; blockbatch: several block-size
     branches in one batched forward; block: the block-causal families' decoder (LLaDA2.0 / 2.1, exact block cache),
-    the only policy of LLaDA2 checkpoints."""
+    the only policy of LLaDA2 checkpoints; window: Window-Diffusion's pruned forwards (a few active positions over a
+    gathered key window)."""
     gen_length: int = 128
     """tokens to generate (the diffusion canvas after the prompt)."""
     block_length: int = 32
@@ -23,7 +24,8 @@ class DecodeOptionFields:
     steps: int | None = None
     """total steps of LLaDA's fixed schedule (a multiple of the number of blocks, <= gen_length); Dream vanilla: its
     number of steps (<= gen_length); block: steps per block (block_length // steps commits a step, the remainder
-    first). None: no fixed schedule (Dream vanilla: gen_length steps)."""
+    first); window: its forwards (LLaDA's schedule over the whole generation, <= gen_length). None: no fixed
+    schedule (Dream vanilla and window: gen_length steps)."""
     threshold: float | None = 0.9
     """commit every masked position whose confidence is >= this (block: > this, if at least the schedule's count
     are; the authors of LLaDA2 use 0.95, and 0.7 with edit_threshold 0.5). None: the fixed schedule (with steps)."""
@@ -84,6 +86,17 @@ class DecodeOptionFields:
     block whose prediction differs with confidence above this. None: no editing (LLaDA2.0)."""
     max_post_steps: int = 16
     """block with editing: a block ends after at most this many steps that start without masks."""
+    window_tokens: int = 64
+    """window: masked positions, beyond the decoded ones, kept as keys during a phase (the first ones)."""
+    active_tokens: int = 16
+    """window: masked positions a pruned step computes (the first ones, with the phase's own commits)."""
+    refresh_interval: int = 32
+    """window: steps per phase (a full forward every this many steps, the others pruned)."""
+    slide_window: bool = False
+    """window, Dream: the active span follows the first masks inside a phase (else its start is frozen)."""
+    early_stop: bool = False
+    """window, Dream (the authors' flag, not stop_on_eos): one token per pruned step, the canvas cut after the first
+    EOS, every step after it a full one."""
     cuda_graphs: bool = True
     """CUDA: replay recorded decode steps (same tokens as eager); no effect on CPU."""
     timeout_s: float = 0.0
@@ -139,6 +152,10 @@ class DecodeStats(TypedDict):
     """prompt positions whose K/V came from the prefix cache."""
     kv_pages_copied: int
     """BlockBatch over paged rows: KV pages copied on write."""
+    nfe_pruned: int
+    """window: pruned forwards (active positions over the phase's key window)."""
+    pruned_key_tokens: int
+    """window: keys the pruned forwards attended, summed over them (a window each)."""
     committed_per_step: list[int]
     """tokens committed by each forward."""
     query_tokens_per_step: list[int]

@@ -60,6 +60,9 @@ class Grid:
     refresh: tuple[str, ...] = ("32",)  # refresh_tokens; "block": the smallest branch (every branch refreshes
     #                                     at each of its own block boundaries)
     sync_refresh: tuple[bool, ...] = (False, True)  # the variant of ALGORITHMS.md 10.3
+    refresh_intervals: tuple[int, ...] = (8, 16, 32)  # window: steps per phase
+    active_tokens: tuple[int, ...] = (8, 16)  # window: masks a pruned step computes
+    window_tokens: tuple[int, ...] = (32, 64)  # window: masks kept as keys
 
 
 GRIDS = {

@@ -8,7 +8,7 @@ import dataclasses
 import os
 import sys
 
-from .. import outputs, tasks
+from .. import contract, outputs, tasks
 from ..tune import GRIDS, OBJECTIVES, choose, configs, cost_key, frontier, run_tune, setup_key
 from ..tune_report import format_report, save_plot
 from .common import model_folder, positive_float, positive_int
@@ -219,7 +219,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument(
         "--pick-policy",
         default=None,
-        choices=("vanilla", "prefix", "dual", "blockbatch", "block"),
+        choices=contract.POLICIES,
         help="choose among this policy's configs only",
     )
     p.add_argument(

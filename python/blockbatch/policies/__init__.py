@@ -1,5 +1,5 @@
 """Decoding policies on the Python side: one module per policy (``vanilla``, ``prefix``, ``dual``,
-``blockbatch``, ``block``) holding all that the front doors know about it, and this registry, which
+``blockbatch``, ``block``, ``window``) holding all that the front doors know about it, and this registry, which
 they ask instead of testing a policy's name. Each module declares:
 
 * ``NAME``: the policy's name (``DecodeOptions.policy``; the order of ``REGISTRY`` is the options
@@ -33,9 +33,10 @@ from . import prefix
 from . import dual
 from . import blockbatch
 from . import block
+from . import window
 
 # policy name (DecodeOptions.policy) -> its module, in the options table's order
-REGISTRY: dict[str, types.ModuleType] = {m.NAME: m for m in (vanilla, prefix, dual, blockbatch, block)}
+REGISTRY: dict[str, types.ModuleType] = {m.NAME: m for m in (vanilla, prefix, dual, blockbatch, block, window)}
 
 # The policy bench compares every other against (its "NFE/dual" and "x dual" columns): Fast-dLLM's
 # dual cache, the paper's baseline.

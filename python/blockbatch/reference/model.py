@@ -21,7 +21,8 @@ keys stored after RoPE). ``forward`` takes, per row, query ids and their absolut
 * ``"full"``: the queries attend to themselves only (the whole canvas); when a buffer is
   given their K/V are written to the slots of their positions.
 * ``"dual"``: the queries' K/V overwrite their own slots first, then attention runs over all
-  ``L`` keys of that row (Fast-dLLM dual cache).
+  ``L`` keys of that row (Fast-dLLM dual cache), or over the positions ``key_positions[r]`` of
+  that row when given (a gathered key set: Window-Diffusion's window).
 * ``"prefix"``: attention over the row's cached keys ``[0, s)`` followed by the queries' own
   K/V; nothing is written (Fast-dLLM prefix cache).
 """
@@ -154,12 +155,16 @@ class ReferenceModel:
         mode: str = "full",
         kv_rows: Sequence[int] | None = None,
         prefix_lens: Sequence[int] | None = None,
+        key_positions: Sequence[torch.Tensor] | None = None,
     ) -> list[torch.Tensor]:
         """Logits ``[len(ids[r]), vocab_size]`` (float32) for each query row ``r``.
 
         ``kv_rows[r]`` picks the buffer row used by query row ``r`` (default ``r``);
-        ``prefix_lens[r]`` is ``s`` for mode ``"prefix"``.
+        ``prefix_lens[r]`` is ``s`` for mode ``"prefix"``; ``key_positions[r]`` (mode ``"dual"``):
+        the positions of its KV row that row ``r`` attends (default: all).
         """
+        if key_positions is not None and mode != "dual":
+            raise ValueError("key_positions needs mode 'dual'")
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if mode != "full" and kv is None:
@@ -168,7 +173,8 @@ class ReferenceModel:
         out = []
         for r, (row_ids, row_pos) in enumerate(zip(ids, positions)):
             s = prefix_lens[r] if prefix_lens is not None else 0
-            out.append(self._forward_row(row_ids, row_pos, kv, mode, kv_rows[r], s))
+            keys = key_positions[r] if key_positions is not None else None
+            out.append(self._forward_row(row_ids, row_pos, kv, mode, kv_rows[r], s, keys))
         return out
 
     def forward_batch(self, ids: torch.Tensor) -> torch.Tensor:
@@ -199,7 +205,14 @@ class ReferenceModel:
         return (x @ self.lm_head[: c.vocab_size].T).float()
 
     def _forward_row(
-        self, ids: torch.Tensor, pos: torch.Tensor, kv: torch.Tensor | None, mode: str, kv_row: int, prefix_len: int
+        self,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        kv: torch.Tensor | None,
+        mode: str,
+        kv_row: int,
+        prefix_len: int,
+        key_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         c = self.config
         hd = c.head_dim
@@ -221,6 +234,8 @@ class ReferenceModel:
                 kv[kv_row, layer_index, 1][:, pos] = v.transpose(0, 1)
                 keys = kv[kv_row, layer_index, 0].transpose(0, 1)  # [L, KVH, hd]
                 values = kv[kv_row, layer_index, 1].transpose(0, 1)
+                if key_positions is not None:
+                    keys, values = keys[key_positions], values[key_positions]
             else:  # prefix
                 assert kv is not None  # forward refuses a cached mode without a KV buffer
                 keys = torch.cat([kv[kv_row, layer_index, 0, :, :prefix_len].transpose(0, 1), k])
