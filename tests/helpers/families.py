@@ -480,24 +480,39 @@ POLICY_CASES = {
     ],
 }
 
-# Options the family's decoders refuse: (DecodeOptions fields, a pattern of the message).
+# Options the family's decoders refuse: (DecodeOptions fields, a pattern of the message, the option
+# the refusal names as the one to change).
 REFUSED_OPTIONS = {
     "llada": [
         (
             dict(policy="vanilla", gen_length=32, alg="entropy"),
             "alg = 'entropy' is a sampler that the decoders of llada checkpoints do not implement",
+            "alg",
         ),
-        (dict(policy="dual", gen_length=32, top_k=4), "top_p / top_k"),
-        (dict(gen_length=16, edit_threshold=0.5), r"edit_threshold applies to policy 'block'"),
+        (dict(policy="dual", gen_length=32, top_k=4), "top_p / top_k", "top_k"),
+        (dict(gen_length=16, edit_threshold=0.5), r"edit_threshold applies to policy 'block'", "edit_threshold"),
     ],
     "dream": [
-        (dict(policy="blockbatch", gen_length=64, temperature=0.5), "temperature"),
-        (dict(policy="dual", gen_length=64, threshold=None, steps=2), "threshold"),
-        (dict(policy="blockbatch", gen_length=64, refresh_mode="divergence"), "refresh_mode"),
+        (dict(policy="blockbatch", gen_length=64, temperature=0.5), "temperature", "temperature"),
+        (dict(policy="dual", gen_length=64, threshold=None, steps=2), "threshold", "threshold"),
+        (dict(policy="blockbatch", gen_length=64, refresh_mode="divergence"), "refresh_mode", "refresh_mode"),
     ],
     "llada2": [
-        (dict(policy="block", gen_length=16, temperature=0.5), "decodes greedily"),
-        (dict(policy="block", gen_length=16, factor=1.0), "leave factor None"),
-        (dict(policy="block", gen_length=16, steps=0), "steps must be None"),
+        (dict(policy="block", gen_length=16, temperature=0.5), "decodes greedily", "temperature"),
+        (dict(policy="block", gen_length=16, factor=1.0), "leave factor None", "factor"),
+        (dict(policy="block", gen_length=16, steps=0), "steps must be None", "steps"),
     ],
 }
+
+# The stop_on_eos test's options per policy (gen_length 32 in blocks of 8), whether the policy ends
+# the decode at the block holding the first EOS (else only its own exit rule), and what the canvas
+# holds after that block: "eos" (filled) or "mask" (left undecoded; the text is cut at the EOS).
+STOP_CASES = {
+    "vanilla": (dict(gen_length=32, block_length=8, steps=32, threshold=None), True, "eos"),
+    "prefix": (dict(gen_length=32, block_length=8, threshold=0.9), True, "eos"),
+    "dual": (dict(gen_length=32, block_length=8, threshold=0.9), True, "eos"),
+    "blockbatch": (dict(gen_length=32, block_sizes=(4, 8, 16), threshold=0.9), False, "eos"),
+    "block": (dict(gen_length=32, block_length=8, steps=8, threshold=0.5), True, "mask"),
+}
+# (family, policy) pairs whose schedule has no blocks to stop at (Dream's vanilla: one block of timesteps).
+NO_BLOCK_STOP = {("dream", "vanilla")}
