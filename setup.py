@@ -27,6 +27,9 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 BINARIES = ("bb_forward", "bb_bench_decode")
+# The C++ unit tests (tests/cpp; built where doctest's header is found): never packaged. An editable
+# build places them in build/bin, where tests/tools/test_cpp_units.py runs them.
+UNIT_TESTS = "bb_unit_tests"
 BASE_DEPENDENCIES = ["numpy", "safetensors", "tokenizers"]
 
 
@@ -120,6 +123,19 @@ class CMakeBuild(build_ext):
             with open(os.path.join(bin_dir, "build_info.json"), "w") as f:
                 json.dump(info, f, indent=1)
                 f.write("\n")
+        if editable:
+            self.place_unit_tests(out_dir)
+
+    @staticmethod
+    def place_unit_tests(out_dir):
+        """build/bin/bb_unit_tests: this build's unit tests, or none (no stale copy) without doctest."""
+        built = os.path.join(out_dir, UNIT_TESTS)
+        dest = os.path.join(ROOT, "build", "bin", UNIT_TESTS)
+        if os.path.exists(dest):
+            os.remove(dest)
+        if os.path.exists(built):
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            shutil.copy2(built, dest)
 
 
 setup(

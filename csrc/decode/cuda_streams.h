@@ -1,7 +1,7 @@
 // CUDA builds only: one stream waiting for the work queued so far on another, with a raw event
 // (ATen's CUDAEvent.h pulls cuBLAS / cuSPARSE headers that a bare toolkit may not ship). Used
 // where graphs are captured and replayed on a side stream (decode/step_runner.cpp,
-// decode/batching.cpp).
+// decode/batch/scheduler.cpp).
 #pragma once
 
 #include <c10/cuda/CUDAException.h>

@@ -16,7 +16,7 @@ namespace blockbatch {
 
 // What a decode shows of its progress: its canvases (each row [prompt | generation], rows
 // concatenated, host memory) before every forward. The scheduler's streaming reads from them the
-// prefix that can no longer change (decode/scheduler.h).
+// prefix that can no longer change (decode/batch/scheduler.h).
 using Progress = std::function<void(const int64_t* canvases, int64_t numel)>;
 
 // `seconds` (>= 0) after `from`, or nullopt when that instant does not fit a steady_clock

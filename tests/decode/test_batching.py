@@ -10,11 +10,12 @@ import random
 import pytest
 import torch
 
+from blockbatch import families
 from blockbatch.decoding import run_decode_batch
 from helpers.batching import small_engine, COUNTERS, mixed_requests as _mixed_requests, same as _same
 
 
-@pytest.fixture(scope="module", params=["llada", "dream", "llada2"])
+@pytest.fixture(scope="module", params=list(families.REGISTRY))
 def engine(request, tmp_path_factory):
     return small_engine(tmp_path_factory.mktemp(request.param), request.param, seed=3)
 
@@ -135,7 +136,7 @@ def test_padded_packs_change_no_result(engine, requests_and_alone, max_batch):
 def test_padded_packs_of_many_sizes(engine):
     """40 requests of prompt lengths 1..23 padded together: as they finish, the packs shrink through
     many row and token counts (and so many buckets); every result stays that of the request alone."""
-    o = engine.default_options(policy="block" if engine.config.family == "llada2" else "dual")
+    o = engine.default_options()  # the family's default policy (dual, or block)
     o = o.replace(gen_length=16, block_length=16, threshold=0.6)
     prompts = [torch.tensor([1 + (i % 5)] * (1 + i % 23)) for i in range(40)]
     outs, stats = run_decode_batch(engine.model.obj, prompts, [o] * 40, 40, pad_packs=True)

@@ -341,28 +341,8 @@ def test_family_defaults_apply_when_unset(authors_engine, fixture):
     assert g.stats["nfe"] == 32  # steps = gen_length, alg = entropy
 
 
-def test_dream_option_errors_name_the_option(authors_engine):
-    with pytest.raises(ValueError, match="temperature"):
-        authors_engine.generate([[1, 2]], DecodeOptions(policy="blockbatch", gen_length=64, temperature=0.5))
-    with pytest.raises(ValueError, match="threshold"):
-        authors_engine.generate([[1, 2]], DecodeOptions(policy="dual", gen_length=64, threshold=None, steps=2))
-    with pytest.raises(ValueError, match="refresh_mode"):
-        authors_engine.generate([[1, 2]], DecodeOptions(policy="blockbatch", gen_length=64, refresh_mode="divergence"))
-
-
-def test_llada_refuses_dream_samplers():
-    from blockbatch.random_checkpoint import make_random_checkpoint
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as d:
-        make_random_checkpoint(d, seed=0)
-        engine = Engine.from_pretrained(d)
-        with pytest.raises(
-            ValueError, match="alg = 'entropy' is a sampler that the decoders of llada checkpoints do not implement"
-        ):
-            engine.generate([[1, 2]], DecodeOptions(policy="vanilla", gen_length=32, alg="entropy"))
-        with pytest.raises(ValueError, match="top_p / top_k"):
-            engine.generate([[1, 2]], DecodeOptions(policy="dual", gen_length=32, top_k=4))
+# The options Dream's decoders refuse, LLaDA's refusal of Dream's samplers and the policies a family
+# does not decode: test_family_decode.py (rows in tests/helpers/families.py).
 
 
 def test_ids_the_tokenizer_cannot_produce_are_never_proposed(tmp_path):

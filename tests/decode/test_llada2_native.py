@@ -71,20 +71,8 @@ def test_forward_equals_the_reference(shape):
         assert (again - out[last:]).abs().max() < 1e-5
 
 
-def test_moe_rows_do_not_depend_on_their_neighbours():
-    """A token's logits are the same whichever other tokens share its forward (and so its experts'
-    GEMMs): the batch-invariance the scheduler relies on."""
-    _, model, _ = _model("groups-16")
-    ids = torch.randint(0, 60, (40,), generator=torch.Generator().manual_seed(2))
-    alone = torch.ops.blockbatch.forward(model.obj, ids[:8], torch.arange(8), torch.tensor([0, 8]))
-    other = torch.randint(0, 60, (32,), generator=torch.Generator().manual_seed(3))
-    packed = torch.ops.blockbatch.forward(
-        model.obj,
-        torch.cat([other, ids[:8]]),
-        torch.cat([torch.arange(32), torch.arange(8)]),
-        torch.tensor([0, 32, 40]),
-    )
-    assert torch.equal(packed[32:], alone)
+# A token's logits whichever tokens share its forward (its experts' GEMMs): every family's body in
+# tests/ops/test_batch_invariance.py (LLaDA2's row: 16 experts in 8 groups).
 
 
 GRID = list(
@@ -207,29 +195,13 @@ def test_native_equals_the_authors(case):
     assert stats["nfe"] == case["nfe"]
 
 
-def test_policies_on_the_family_say_why(tmp_path):
-    """LLaDA2 decodes with policy 'block' (the default a LLaDA2 model gives a request); the other
-    policies are refused with the reason, and 'block' is refused on a bidirectional family."""
+def test_whole_blocks_past_max_sequence_length_are_refused(tmp_path):
+    """The block policy's canvas is whole blocks: 999 positions take blocks to 1024, refused before the
+    decode by the one admission rule (admit), which names the rounding. (The policies LLaDA2 does not
+    decode, its refused options and defaults, and 'block' on bidirectional families: test_family_decode.py.)"""
     make_random_checkpoint(tmp_path / "l2", family="llada2", vocab_size=64, logit_scale=4.0, max_sequence_length=1000)
     engine = Engine.from_pretrained(str(tmp_path / "l2"))
-    assert engine.default_options().policy == "block" and engine.default_options().threshold == 0.95
-    out = engine.generate([[1, 2, 3]], engine.default_options(gen_length=16))[0]
-    assert out.stats["policy"] == "block" and out.stats["nfe"] >= 1
-    assert engine.generate([[1, 2, 3]], DecodeOptions(policy="block", gen_length=16))[0].raw_ids  # no options: block
-    for policy in ("vanilla", "prefix", "dual", "blockbatch"):
-        with pytest.raises(
-            ValueError, match=rf"policy '{policy}' is not defined on llada2 checkpoints.*policy='block'"
-        ):
-            engine.generate([[1, 2, 3]], DecodeOptions(policy=policy, gen_length=32))
-    for bad, match in (
-        (dict(temperature=0.5), "decodes greedily"),
-        (dict(factor=1.0), "leave factor None"),
-        (dict(steps=0), "steps must be None"),
-    ):
-        with pytest.raises(ValueError, match=match):
-            engine.generate([[1, 2, 3]], DecodeOptions(policy="block", gen_length=16, **bad))
-    # 999 positions: blocks to 1024. Refused before the decode, by the one admission rule (admit):
-    # Python's length check asks it, so it names the rounding too.
+    # Python's length check asks admit, so it names the rounding too.
     with pytest.raises(
         ValueError,
         match=r"needs 1024 positions \(rounded up to whole blocks of block_length\) but the model's "
@@ -240,13 +212,6 @@ def test_policies_on_the_family_say_why(tmp_path):
     with engine.scheduler(max_batch=1, max_length=1000, adaptive=False) as sched:
         with pytest.raises(ValueError, match=r"rounded up to a whole block .* exceeds max_sequence_length"):
             sched.submit(torch.tensor([1] * 10), DecodeOptions(policy="block", gen_length=989))
-    make_random_checkpoint(tmp_path / "llada", vocab_size=64)
-    llada = Engine.from_pretrained(str(tmp_path / "llada"))
-    assert llada.default_options().policy == "dual"
-    with pytest.raises(ValueError, match=r"policy 'block' is the decoder of block-causal checkpoints"):
-        llada.generate([[1, 2, 3]], DecodeOptions(policy="block", gen_length=16))
-    with pytest.raises(ValueError, match=r"edit_threshold applies to policy 'block'"):
-        llada.generate([[1, 2, 3]], DecodeOptions(gen_length=16, edit_threshold=0.5))
 
 
 def test_loading_the_published_layout(tmp_path):

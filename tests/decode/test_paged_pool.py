@@ -11,13 +11,13 @@ import random
 import pytest
 import torch
 
-from blockbatch import DecodeOptions
+from blockbatch import DecodeOptions, families
 from blockbatch.scheduler import EventRecord, check_pool
 
 from helpers.batching import mixed_requests, same, small_engine
 
 
-@pytest.fixture(scope="module", params=["llada", "dream", "llada2"])
+@pytest.fixture(scope="module", params=list(families.REGISTRY))
 def engine(request, tmp_path_factory):
     return small_engine(tmp_path_factory.mktemp("paged-" + request.param), request.param, seed=6)
 
@@ -57,10 +57,12 @@ def test_a_request_holds_the_pages_of_its_canvas(engine):
     and none after."""
     c = engine.config
     o = DecodeOptions(policy="blockbatch", gen_length=32, block_sizes=(4, 8, 16))
-    if c.family == "llada2":
-        o = DecodeOptions(policy="block", gen_length=32, block_length=16)
+    if "blockbatch" not in families.get(c.family).POLICIES:  # its default policy, blocks of 16 (block: one row)
+        o = engine.default_options(gen_length=32, block_length=16)
     prompt = torch.tensor([1 + i % 5 for i in range(20)])
-    for page_len, held in ((16, 12 if c.family != "llada2" else 4), (0, 3 if c.family != "llada2" else 1)):
+    canvas, rows = torch.ops.blockbatch.admit(engine.model.obj, len(prompt), o.native)
+    assert (canvas, rows) in ((52, 3), (64, 1))  # 3 branches; or one row of whole blocks of 16
+    for page_len, held in ((16, rows * -(-canvas // 16)), (0, rows)):
         s = _native(engine, 2, 256, 0, page_len)
         s.add(prompt, o.native, False)
         s.step(0.0)  # admits it and runs its first forward
@@ -76,8 +78,8 @@ def test_a_budget_of_too_few_rows_holds_the_request_as_pages(engine):
     """kv_budget_bytes for 2 rows of max_length 512: a 3-branch request is refused by dense rows
     (it needs 3) but fits as pages (3 x 3 of the 64 pages the budget buys), and decodes as alone."""
     c = engine.config
-    if c.family == "llada2":
-        pytest.skip("LLaDA2 decodes with one KV row (policy block)")
+    if "blockbatch" not in families.get(c.family).POLICIES:
+        pytest.skip(f"{c.family} checkpoints decode with one KV row (no blockbatch)")
     o = DecodeOptions(policy="blockbatch", gen_length=32, block_sizes=(4, 8, 16))
     prompt = torch.tensor([1, 2, 3, 4])
     row_512 = check_pool(engine.model.obj, 1, 512, 0, 0)["kv_row_bytes"]

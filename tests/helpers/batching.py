@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import random
 
-from blockbatch import DecodeOptions, Engine
+from blockbatch import DecodeOptions, Engine, families
 from blockbatch.random_checkpoint import make_random_checkpoint
+from helpers import families as data
 
 COUNTERS = (
     "nfe",
@@ -24,38 +25,58 @@ COUNTERS = (
 )
 
 
+def _block(rng, G, i, family):  # blocks of 8 / 16 / 32 aligned at 0, 2.0 and 2.1 (editing)
+    return DecodeOptions(
+        policy="block",
+        gen_length=G + rng.choice([0, 5]),
+        block_length=rng.choice([8, 16, 32]),
+        steps=rng.choice([None, 4]),
+        threshold=rng.choice([0.6, 0.95]),
+        edit_threshold=(None, 0.5)[i % 2],
+        stop_on_eos=rng.choice([False, True]),
+    )
+
+
+def _vanilla(rng, G, i, family):
+    return DecodeOptions(policy="vanilla", gen_length=G, **data.VANILLA_SCHEDULE.get(family, data.TIMESTEPS)(G))
+
+
+def _blockbatch(rng, G, i, family):
+    sizes = rng.choice([(4, 8, 16), (8, 16), (16,), None])
+    return DecodeOptions(policy="blockbatch", gen_length=G, block_sizes=sizes, threshold=rng.choice([0.7, 0.9]))
+
+
+def _cached(policy):
+    def options(rng, G, i, family):
+        return DecodeOptions(
+            policy=policy, gen_length=G, block_length=rng.choice([8, 16]), threshold=rng.choice([0.6, 0.9])
+        )
+
+    return options
+
+
+# One request's options per policy (policy name -> builder(rng, gen_length, index, family)).
+REQUEST_OPTIONS = {
+    "vanilla": _vanilla,
+    "prefix": _cached("prefix"),
+    "dual": _cached("dual"),
+    "blockbatch": _blockbatch,
+    "block": _block,
+}
+
+
 def mixed_requests(rng: random.Random, vocab: int, mask: int, n: int, family: str):
+    """n requests on ``family``: its policies in turn (families.REGISTRY POLICIES), mixed prompt
+    lengths, gen_lengths and per-policy options."""
+    policies = families.get(family).POLICIES
     reqs = []
     for i in range(n):
         prompt = [
             t if t != mask else 1 for t in (rng.randrange(vocab - 2) for _ in range(rng.choice([1, 3, 7, 12, 20])))
         ]
-        policy = ("vanilla", "prefix", "dual", "blockbatch")[i % 4] if family != "llada2" else "block"
+        policy = policies[i % len(policies)]
         G = rng.choice([16, 32, 64])
-        if policy == "block":  # LLaDA2: blocks of 8 / 16 / 32 aligned at 0, 2.0 and 2.1 (editing)
-            o = DecodeOptions(
-                policy="block",
-                gen_length=G + rng.choice([0, 5]),
-                block_length=rng.choice([8, 16, 32]),
-                steps=rng.choice([None, 4]),
-                threshold=rng.choice([0.6, 0.95]),
-                edit_threshold=(None, 0.5)[i % 2],
-                stop_on_eos=rng.choice([False, True]),
-            )
-        elif policy == "vanilla":
-            o = (
-                DecodeOptions(policy="vanilla", gen_length=G, block_length=16, threshold=None, steps=G)
-                if family == "llada"
-                else DecodeOptions(policy="vanilla", gen_length=G, steps=G // 2)
-            )
-        elif policy == "blockbatch":
-            sizes = rng.choice([(4, 8, 16), (8, 16), (16,), None])
-            o = DecodeOptions(policy="blockbatch", gen_length=G, block_sizes=sizes, threshold=rng.choice([0.7, 0.9]))
-        else:
-            o = DecodeOptions(
-                policy=policy, gen_length=G, block_length=rng.choice([8, 16]), threshold=rng.choice([0.6, 0.9])
-            )
-        reqs.append((prompt, o))
+        reqs.append((prompt, REQUEST_OPTIONS[policy](rng, G, i, family)))
     return reqs
 
 
@@ -66,11 +87,7 @@ def same(a, b, what: str):
 
 
 def small_engine(folder, family: str, seed: int) -> Engine:
-    """A small random checkpoint of `family` ("llada", "dream" or "llada2") written to `folder`, loaded."""
-    if family == "llada":
-        make_random_checkpoint(folder, seed=seed, logit_scale=5.0, d_model=64, n_layers=2, vocab_size=97)
-    elif family == "llada2":  # GQA, partial rotary, a dense layer then 8 experts top-2 + shared
-        make_random_checkpoint(folder, seed=seed, logit_scale=5.0, vocab_size=64, n_layers=3, family="llada2")
-    else:
-        make_random_checkpoint(folder, seed=seed, logit_scale=5.0, vocab_size=64, family="dream")
+    """A small random checkpoint of `family` (its shape: helpers/families.py SMALL_CHECKPOINT) written
+    to `folder`, loaded."""
+    make_random_checkpoint(folder, seed=seed, logit_scale=5.0, family=family, **data.small_checkpoint(family))
     return Engine.from_pretrained(folder)

@@ -1,5 +1,5 @@
 // Commit rules (ALGORITHMS.md section 2) on host confidences: used by commit_'s CPU implementation
-// (ops/cpu/commit.cpp) and the decode loop's host path (decode/single_branch.cpp).
+// (ops/cpu/commit.cpp) and the decode loop's host path (decode/policies/single_branch.cpp).
 // conf[i] is the proposal's softmax probability for candidate i, -inf for non-candidates.
 #pragma once
 

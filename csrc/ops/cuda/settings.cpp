@@ -73,10 +73,10 @@ int attention_variant() {
 // "scalar" (element pairs, the reference it is tested against; same bits). Read per call.
 bool rope_vectorized() { return env_choice("BLOCKBATCH_ROPE_KERNEL", {"scalar", "vec"}, kDefaultRopeKernel) == "vec"; }
 
-// The batching scheduler (decode/scheduler.cpp) on a CUDA model: BLOCKBATCH_CUDA_BATCHING = "1"
-// (the default) lets requests of a CUDA model share packed forwards (eager steps), "graphs" also
-// pads each packed step to bucketed sizes and replays it from a CUDA graph; "0" refuses (decode
-// them one by one). Read when a scheduler starts.
+// The batching scheduler (decode/batch/scheduler.cpp) on a CUDA model: BLOCKBATCH_CUDA_BATCHING = "1"
+// lets requests of a CUDA model share packed forwards (eager steps), "graphs" (the default) also
+// pads each packed step to bucketed sizes and replays it from a CUDA graph; "0" refuses (decode them
+// one by one). Read when a scheduler starts.
 int cuda_batching() {
   const std::string v = env_choice("BLOCKBATCH_CUDA_BATCHING", {"0", "1", "graphs"}, kDefaultCudaBatching);
   return v == "0" ? 0 : v == "1" ? 1 : 2;

@@ -12,7 +12,7 @@ int attention_splits(int heuristic);
 int attention_variant();
 // rope_kv_write_'s 16-byte kernel (BLOCKBATCH_ROPE_KERNEL = vec).
 bool rope_vectorized();
-// BLOCKBATCH_CUDA_BATCHING: whether the batching scheduler takes a CUDA model (default 1): 0 no,
+// BLOCKBATCH_CUDA_BATCHING: whether the batching scheduler takes a CUDA model (default "graphs"): 0 no,
 // 1 eager packed steps, 2 ("graphs") padded packed steps replayed from CUDA graphs.
 int cuda_batching();
 // BLOCKBATCH_BATCH_INVARIANT: GEMMs in fixed-size row chunks and unsplit attention, so a row's

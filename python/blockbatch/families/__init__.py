@@ -2,8 +2,9 @@
 differs between two families here: its ``config.json`` keys and checks (a ``ConfigCodec`` it
 registers with ``blockbatch.config`` on import), its weight names and shapes, its random configs
 and weights (``blockbatch make-random``, the tests), published shapes; and this registry, which
-every other module asks instead of testing a family's name. How the C++ decoders differ per family
-is ``csrc/decode/family.{h,cpp}`` (``FamilyRules``). Adding a family: ``docs/adding-a-family.md``."""
+every other module asks instead of testing a family's name. Its C++ twin is the family table
+(``csrc/model/families.h``); how the C++ decoders differ per family is each policy's per-family rules
+table (``csrc/decode/policies/``). Adding a family: ``docs/adding-a-family.md``."""
 
 from __future__ import annotations
 
