@@ -157,7 +157,9 @@ const std::vector<std::string>& decode_stat_names() {
                                                  "folded_rows",
                                                  "folded_tokens",
                                                  "prefix_cache_hit_tokens",
-                                                 "kv_pages_copied"};
+                                                 "kv_pages_copied",
+                                                 "nfe_prefill",
+                                                 "nfe_store"};
   return names;
 }
 
@@ -179,7 +181,9 @@ std::vector<double> decode_stat_values(const DecodeStats& s) {
           static_cast<double>(s.folded_rows),
           static_cast<double>(s.folded_tokens),
           static_cast<double>(s.prefix_cache_hit_tokens),
-          static_cast<double>(s.kv_pages_copied)};
+          static_cast<double>(s.kv_pages_copied),
+          static_cast<double>(s.nfe_prefill),
+          static_cast<double>(s.nfe_store)};
 }
 
 }  // namespace blockbatch

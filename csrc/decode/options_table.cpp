@@ -73,6 +73,24 @@ const char* branch_budget_name(BranchBudget value) {
   return "";
 }
 
+Unmasking parse_unmasking(std::string_view name) {
+  if (name == "dynamic") return Unmasking::kDynamic;
+  if (name == "static") return Unmasking::kStatic;
+  if (name == "sequential") return Unmasking::kSequential;
+  if (name == "entropy_bounded") return Unmasking::kEntropyBounded;
+  bad_choice("unmasking", name, "one of 'dynamic', 'static', 'sequential', 'entropy_bounded'");
+}
+
+const char* unmasking_name(Unmasking value) {
+  switch (value) {
+    case Unmasking::kDynamic: return "dynamic";
+    case Unmasking::kStatic: return "static";
+    case Unmasking::kSequential: return "sequential";
+    case Unmasking::kEntropyBounded: return "entropy_bounded";
+  }
+  return "";
+}
+
 void check_option_ranges(const DecodeOptions& o) {
   check_range("gen_length", o.gen_length, 1, false, std::nullopt, false, ">= 1");
   check_range("block_length", o.block_length, 1, false, std::nullopt, false, ">= 1");
@@ -95,6 +113,7 @@ void check_option_ranges(const DecodeOptions& o) {
   if (o.prob_floor) check_range("prob_floor", *o.prob_floor, 0.01, false, 1.0, true, "in [0.01, 1)");
   if (o.edit_threshold) check_range("edit_threshold", *o.edit_threshold, 0.0, false, 1.0, false, "in [0, 1]");
   check_range("max_post_steps", o.max_post_steps, 0, false, 1073741824, false, "in [0, 2^30]");
+  check_range("entropy_bound", o.entropy_bound, 0.0, true, std::nullopt, false, "> 0 and finite");
   check_range("timeout_s", o.timeout_s, 0.0, false, std::nullopt, false, ">= 0 and finite");
 }
 
@@ -245,6 +264,15 @@ bool set_option(DecodeOptions& o, std::string_view name, const std::string& text
     o.max_post_steps = parse_int("max_post_steps", text);
     return true;
   }
+  if (name == "unmasking") {
+    if (is_none(text)) { o.unmasking = std::nullopt; return true; }
+    o.unmasking = parse_unmasking(text);
+    return true;
+  }
+  if (name == "entropy_bound") {
+    o.entropy_bound = parse_float("entropy_bound", text);
+    return true;
+  }
   if (name == "cuda_graphs") {
     o.cuda_graphs = parse_bool("cuda_graphs", text);
     return true;
@@ -257,7 +285,7 @@ bool set_option(DecodeOptions& o, std::string_view name, const std::string& text
 }
 
 const std::vector<std::string>& option_names() {
-  static const std::vector<std::string> names = {"policy", "gen_length", "block_length", "steps", "threshold", "factor", "temperature", "seed", "stop_on_eos", "alg", "alg_temp", "eps", "top_p", "top_k", "block_sizes", "merge_gate", "sync_gap", "refresh_tokens", "refresh_mode", "prob_floor", "merge", "sync", "sync_refresh", "branch_budget", "fold_rows", "share_prompt_kv", "edit_threshold", "max_post_steps", "cuda_graphs", "timeout_s"};
+  static const std::vector<std::string> names = {"policy", "gen_length", "block_length", "steps", "threshold", "factor", "temperature", "seed", "stop_on_eos", "alg", "alg_temp", "eps", "top_p", "top_k", "block_sizes", "merge_gate", "sync_gap", "refresh_tokens", "refresh_mode", "prob_floor", "merge", "sync", "sync_refresh", "branch_budget", "fold_rows", "share_prompt_kv", "edit_threshold", "max_post_steps", "unmasking", "entropy_bound", "cuda_graphs", "timeout_s"};
   return names;
 }
 
@@ -290,6 +318,8 @@ const char* option_type(std::string_view name) {
   if (name == "share_prompt_kv") return "bool";
   if (name == "edit_threshold") return "float";
   if (name == "max_post_steps") return "int";
+  if (name == "unmasking") return "str";
+  if (name == "entropy_bound") return "float";
   if (name == "cuda_graphs") return "bool";
   if (name == "timeout_s") return "float";
   return nullptr;
@@ -297,7 +327,7 @@ const char* option_type(std::string_view name) {
 
 std::string options_help() {
   return
-      "  --policy vanilla|prefix|dual|blockbatch|block\n      vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; blockbatch: several block-size branches in one batched forward; block: the block-causal families' decoder (LLaDA2.0 / 2.1, exact block cache), the only policy of LLaDA2 checkpoints; default dual\n"
+      "  --policy vanilla|prefix|dual|blockbatch|block\n      vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; blockbatch: several block-size branches in one batched forward; block: the block-causal families' decoder (LLaDA2.0 / 2.1, SDAR; exact block cache), the only policy of LLaDA2 and SDAR checkpoints; default dual\n"
       "  --gen-length N\n      tokens to generate (the diffusion canvas after the prompt); >= 1; default 128\n"
       "  --block-length N\n      block size of the single-branch policies (divides gen_length) and of block (blocks aligned at position 0); >= 1; default 32\n"
       "  --steps N\n      total steps of LLaDA's fixed schedule (a multiple of the number of blocks, <= gen_length); Dream vanilla: its number of steps (<= gen_length); block: steps per block (block_length // steps commits a step, the remainder first); >= 0; default none; 'none': no fixed schedule (Dream vanilla: gen_length steps)\n"
@@ -325,6 +355,8 @@ std::string options_help() {
       "  --share-prompt-kv BOOL\n      every branch reads one copy of the prompt's K/V, written by the first row each refresh feeds (an approximation: exact refreshes give each branch its own); its KV pages are held once (ALGORITHMS.md 12); default off\n"
       "  --edit-threshold X\n      block (LLaDA2.1 token editing): in the same step, replace every generated committed token of the current block whose prediction differs with confidence above this; in [0, 1]; default none; 'none': no editing (LLaDA2.0)\n"
       "  --max-post-steps N\n      block with editing: a block ends after at most this many steps that start without masks; in [0, 2^30]; default 16\n"
+      "  --unmasking dynamic|static|sequential|entropy_bounded\n      block on SDAR checkpoints: which masked positions a step commits (n: the step's share of block_length over steps): dynamic: those rated > threshold, at least the top n; static: the top n; sequential: the n leftmost; entropy_bounded: the k leftmost, k the multiples of the block's summed entropy below entropy_bound; default none; 'none': the family's rule (SDAR: dynamic; LLaDA2 has only its own and refuses this option)\n"
+      "  --entropy-bound X\n      block on SDAR, unmasking entropy_bounded: the bound on the running sums of the block's entropy (the authors' CLI default 0.35); > 0 and finite; default 0.35\n"
       "  --cuda-graphs BOOL\n      CUDA: replay recorded decode steps (same tokens as eager); no effect on CPU; default on\n"
       "  --timeout-s X\n      fail with a timeout once a decode runs longer than this many seconds (0: no deadline); >= 0 and finite; default 0.0\n";
 }

@@ -28,12 +28,16 @@ enum class BranchBudget { kFull, kAuto };
 BranchBudget parse_branch_budget(std::string_view name);  // throws c10::ValueError naming 'branch_budget'
 const char* branch_budget_name(BranchBudget value);
 
+enum class Unmasking { kDynamic, kStatic, kSequential, kEntropyBounded };
+Unmasking parse_unmasking(std::string_view name);  // throws c10::ValueError naming 'unmasking'
+const char* unmasking_name(Unmasking value);
+
 enum class CommitRule { kThreshold, kFixed, kFactor };
 
 struct ModelConfig;
 
 struct DecodeOptions {
-  // vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; blockbatch: several block-size branches in one batched forward; block: the block-causal families' decoder (LLaDA2.0 / 2.1, exact block cache), the only policy of LLaDA2 checkpoints
+  // vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; blockbatch: several block-size branches in one batched forward; block: the block-causal families' decoder (LLaDA2.0 / 2.1, SDAR; exact block cache), the only policy of LLaDA2 and SDAR checkpoints
   Policy policy = Policy::kDual;
   // tokens to generate (the diffusion canvas after the prompt)
   int64_t gen_length = 128;
@@ -89,6 +93,10 @@ struct DecodeOptions {
   std::optional<double> edit_threshold = std::nullopt;
   // block with editing: a block ends after at most this many steps that start without masks
   int64_t max_post_steps = 16;
+  // block on SDAR checkpoints: which masked positions a step commits (n: the step's share of block_length over steps): dynamic: those rated > threshold, at least the top n; static: the top n; sequential: the n leftmost; entropy_bounded: the k leftmost, k the multiples of the block's summed entropy below entropy_bound; nullopt: the family's rule (SDAR: dynamic; LLaDA2 has only its own and refuses this option)
+  std::optional<Unmasking> unmasking = std::nullopt;
+  // block on SDAR, unmasking entropy_bounded: the bound on the running sums of the block's entropy (the authors' CLI default 0.35)
+  double entropy_bound = 0.35;
   // CUDA: replay recorded decode steps (same tokens as eager); no effect on CPU
   bool cuda_graphs = true;
   // fail with a timeout once a decode runs longer than this many seconds (0: no deadline)
@@ -119,7 +127,7 @@ std::string options_help();
 // The model family whose defaults the table's "default" column holds (resolved()'s argument).
 constexpr const char* kDefaultFamily = "llada";
 // The model families the table knows, in its column order.
-inline constexpr const char* kFamilies[] = {"llada", "dream", "llada2"};
+inline constexpr const char* kFamilies[] = {"llada", "dream", "llada2", "sdar"};
 constexpr int64_t kMaxBranchesOption = 16;  // block_sizes entries
 
 }  // namespace blockbatch

@@ -13,8 +13,8 @@ class DecodeOptionFields:
 
     policy: str = "dual"
     """vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; blockbatch: several block-size
-    branches in one batched forward; block: the block-causal families' decoder (LLaDA2.0 / 2.1, exact block cache),
-    the only policy of LLaDA2 checkpoints."""
+    branches in one batched forward; block: the block-causal families' decoder (LLaDA2.0 / 2.1, SDAR; exact block
+    cache), the only policy of LLaDA2 and SDAR checkpoints."""
     gen_length: int = 128
     """tokens to generate (the diffusion canvas after the prompt)."""
     block_length: int = 32
@@ -83,6 +83,14 @@ class DecodeOptionFields:
     block whose prediction differs with confidence above this. None: no editing (LLaDA2.0)."""
     max_post_steps: int = 16
     """block with editing: a block ends after at most this many steps that start without masks."""
+    unmasking: str | None = None
+    """block on SDAR checkpoints: which masked positions a step commits (n: the step's share of block_length over
+    steps): dynamic: those rated > threshold, at least the top n; static: the top n; sequential: the n leftmost;
+    entropy_bounded: the k leftmost, k the multiples of the block's summed entropy below entropy_bound. None: the
+    family's rule (SDAR: dynamic; LLaDA2 has only its own and refuses this option)."""
+    entropy_bound: float = 0.35
+    """block on SDAR, unmasking entropy_bounded: the bound on the running sums of the block's entropy (the authors'
+    CLI default 0.35)."""
     cuda_graphs: bool = True
     """CUDA: replay recorded decode steps (same tokens as eager); no effect on CPU."""
     timeout_s: float = 0.0

@@ -60,6 +60,7 @@ class Grid:
     refresh: tuple[str, ...] = ("32",)  # refresh_tokens; "block": the smallest branch (every branch refreshes
     #                                     at each of its own block boundaries)
     sync_refresh: tuple[bool, ...] = (False, True)  # the variant of ALGORITHMS.md 10.3
+    unmasking: tuple[str, ...] = ()  # block on SDAR: its commit rules (a family's TUNE_GRID sets them)
 
 
 GRIDS = {

@@ -15,6 +15,8 @@ COUNTERS = (
     "nfe_init",
     "nfe_refresh",
     "nfe_paper",
+    "nfe_prefill",
+    "nfe_store",
     "winner",
     "winner_block_size",
     "early_exit",
@@ -30,9 +32,20 @@ def mixed_requests(rng: random.Random, vocab: int, mask: int, n: int, family: st
         prompt = [
             t if t != mask else 1 for t in (rng.randrange(vocab - 2) for _ in range(rng.choice([1, 3, 7, 12, 20])))
         ]
-        policy = ("vanilla", "prefix", "dual", "blockbatch")[i % 4] if family != "llada2" else "block"
+        policy = ("vanilla", "prefix", "dual", "blockbatch")[i % 4] if family not in ("llada2", "sdar") else "block"
         G = rng.choice([16, 32, 64])
-        if policy == "block":  # LLaDA2: blocks of 8 / 16 / 32 aligned at 0, 2.0 and 2.1 (editing)
+        if family == "sdar":  # SDAR: blocks of 4 / 8 / 16 aligned at 0, every unmasking rule
+            rule = ("dynamic", "static", "sequential", "entropy_bounded")[i % 4]
+            o = DecodeOptions(
+                policy="block",
+                gen_length=G + rng.choice([0, 5]),
+                block_length=rng.choice([4, 8, 16]),
+                steps=rng.choice([None, 2]) if rule != "entropy_bounded" else None,
+                threshold=rng.choice([0.6, 0.85]),
+                unmasking=rule,
+                entropy_bound=rng.choice([0.35, 1.5]) if rule == "entropy_bounded" else 0.35,
+            )
+        elif policy == "block":  # LLaDA2: blocks of 8 / 16 / 32 aligned at 0, 2.0 and 2.1 (editing)
             o = DecodeOptions(
                 policy="block",
                 gen_length=G + rng.choice([0, 5]),
@@ -66,11 +79,13 @@ def same(a, b, what: str):
 
 
 def small_engine(folder, family: str, seed: int) -> Engine:
-    """A small random checkpoint of `family` ("llada", "dream" or "llada2") written to `folder`, loaded."""
+    """A small random checkpoint of `family` ("llada", "dream", "llada2" or "sdar") written to `folder`, loaded."""
     if family == "llada":
         make_random_checkpoint(folder, seed=seed, logit_scale=5.0, d_model=64, n_layers=2, vocab_size=97)
     elif family == "llada2":  # GQA, partial rotary, a dense layer then 8 experts top-2 + shared
         make_random_checkpoint(folder, seed=seed, logit_scale=5.0, vocab_size=64, n_layers=3, family="llada2")
+    elif family == "sdar":  # GQA 4/2, QK-norm, full rotary
+        make_random_checkpoint(folder, seed=seed, logit_scale=5.0, vocab_size=64, n_layers=3, family="sdar")
     else:
         make_random_checkpoint(folder, seed=seed, logit_scale=5.0, vocab_size=64, family="dream")
     return Engine.from_pretrained(folder)

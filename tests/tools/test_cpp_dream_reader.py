@@ -250,7 +250,10 @@ def test_missing_mask_id_names_both_files(tmp_path):
         (dict(intermediate_size=0), r"config.json: key 'intermediate_size' must be a positive integer, got 0"),
         (dict(tie_word_embeddings="false"), r"config.json: key 'tie_word_embeddings' must be true or false"),
         (dict(eos_token_id=96), r"config.json: key 'eos_token_id' = 96 equals mask_token_id"),
-        (dict(model_type="dream"), r"config.json: key 'model_type' must be \"llada\", \"Dream\" or \"llada2_moe\""),
+        (
+            dict(model_type="dream"),
+            r"config.json: key 'model_type' must be \"llada\", \"Dream\", \"llada2_moe\" or \"sdar\"",
+        ),
     ],
 )
 def test_bad_dream_config_names_the_qwen2_key(tmp_path, changes, pattern):

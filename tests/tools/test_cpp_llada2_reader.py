@@ -351,7 +351,10 @@ def test_bad_llada2_config_names_the_key_as_python_does(tmp_path, changes, messa
 @pytest.mark.parametrize(
     "changes,pattern",
     [
-        (dict(model_type="llada2"), r"config.json: key 'model_type' must be \"llada\", \"Dream\" or \"llada2_moe\""),
+        (
+            dict(model_type="llada2"),
+            r"config.json: key 'model_type' must be \"llada\", \"Dream\", \"llada2_moe\" or \"sdar\"",
+        ),
         (dict(hidden_size=0), r"config.json: key 'hidden_size' must be a positive integer, got 0"),
         (dict(num_hidden_layers=10**8), r"config.json: key 'num_hidden_layers' = 100000000 is larger than"),
         (dict(num_hidden_layers=1000), r"config.json: key 'num_hidden_layers' = 1000 needs \d+ tensors but the weight"),
