@@ -17,7 +17,7 @@ from blockbatch.scheduler import check_pool
 from helpers.batching import mixed_requests, same, small_engine
 
 
-@pytest.fixture(scope="module", params=["llada", "dream", "llada2"])
+@pytest.fixture(scope="module", params=["llada", "dream", "llada2", "sdar"])
 def engine(request, tmp_path_factory):
     return small_engine(tmp_path_factory.mktemp("paged-" + request.param), request.param, seed=6)
 
@@ -57,10 +57,11 @@ def test_a_request_holds_the_pages_of_its_canvas(engine):
     and none after."""
     c = engine.config
     o = DecodeOptions(policy="blockbatch", gen_length=32, block_sizes=(4, 8, 16))
-    if c.family == "llada2":
+    block_causal = c.family in ("llada2", "sdar")
+    if block_causal:
         o = DecodeOptions(policy="block", gen_length=32, block_length=16)
     prompt = torch.tensor([1 + i % 5 for i in range(20)])
-    for page_len, held in ((16, 12 if c.family != "llada2" else 4), (0, 3 if c.family != "llada2" else 1)):
+    for page_len, held in ((16, 4 if block_causal else 12), (0, 1 if block_causal else 3)):
         s = _native(engine, 2, 256, 0, page_len)
         s.add(prompt, o.native, False)
         s.step(0.0)  # admits it and runs its first forward
@@ -76,7 +77,7 @@ def test_a_budget_of_too_few_rows_holds_the_request_as_pages(engine):
     """kv_budget_bytes for 2 rows of max_length 512: a 3-branch request is refused by dense rows
     (it needs 3) but fits as pages (3 x 3 of the 64 pages the budget buys), and decodes as alone."""
     c = engine.config
-    if c.family == "llada2":
+    if c.family in ("llada2", "sdar"):
         pytest.skip("LLaDA2 decodes with one KV row (policy block)")
     o = DecodeOptions(policy="blockbatch", gen_length=32, block_sizes=(4, 8, 16))
     prompt = torch.tensor([1, 2, 3, 4])
