@@ -231,8 +231,8 @@ std::vector<FamilySpec> make_table() {
                   RopeAngles::kFloat32, /*moe=*/false},
       /*logit_shift=*/0,
       AttentionPattern::kBlockCausal,
-      // Only the block policy, at the authors' generate.py threshold (low_confidence_dynamic, 0.85).
-      /*default_options=*/{{"policy", "block"}, {"threshold", "0.85"}},
+      // Only the block policy, at the authors' generate.py defaults (low_confidence_dynamic, 0.85, blocks of 4).
+      /*default_options=*/{{"policy", "block"}, {"threshold", "0.85"}, {"block_length", "4"}},
       sdar_keys(),
       /*default_mask_id=*/-1,
       /*default_eos_id=*/-1,

@@ -52,9 +52,9 @@ SDAR_8B = dict(
 PUBLISHED_SHAPES = {"sdar-1.7b": SDAR_1_7B, "sdar-8b": SDAR_8B}  # make-random --preset
 PROPOSALS_WITHIN_TOKENIZER = True
 
-# The block policy, the authors' generate.py rule and threshold (low_confidence_dynamic, 0.85); block_length
-# is the request's (the published models were trained with blocks of 4: config.json's block_size).
-DEFAULT_OPTIONS: dict[str, Any] = {"policy": "block", "threshold": 0.85}
+# The block policy with the authors' generate.py defaults: low_confidence_dynamic at 0.85, blocks of 4 (the
+# published models' training block, config.json's block_size; a request may pick another).
+DEFAULT_OPTIONS: dict[str, Any] = {"policy": "block", "threshold": 0.85, "block_length": 4}
 POLICIES: tuple[str, ...] = ("block",)
 BENCH_POLICIES: tuple[str, ...] = ("block",)
 TUNE_POLICIES: tuple[str, ...] | None = ("block",)
