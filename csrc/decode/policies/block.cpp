@@ -87,7 +87,10 @@ class BlockDecoder final : public Decoder {
         editing_(rules_.editing && o.edit_threshold.has_value()),
         unmasking_(rules_.unmasking ? o.unmasking.value_or(Unmasking::kDynamic) : std::optional<Unmasking>{}),
         threshold_(o.threshold.value_or(std::numeric_limits<double>::infinity())),
-        schedule_(editing_ ? std::vector<int64_t>{} : transfer_schedule()) {
+        schedule_(editing_ ? std::vector<int64_t>{} : transfer_schedule()),
+        // SDAR's ranked rules with a count above one a step may rewrite decided positions of the block.
+        rewrites_(unmasking_ && (*unmasking_ == Unmasking::kDynamic || *unmasking_ == Unmasking::kStatic) &&
+                  static_cast<int64_t>(schedule_.size()) < B_) {
     x_ = prompt;
     x_.resize(L_, c_.mask_token_id);
     kv_ = kv.defined() ? std::move(kv) : KvRows{model.new_kv(1, L_), {}};
@@ -104,7 +107,7 @@ class BlockDecoder final : public Decoder {
   bool done() const override { return block_ >= blocks_; }
 
   StepPlan plan() override {
-    if (editing_) {  // the current block's committed tokens may still be edited: not stable yet
+    if (editing_ || rewrites_) {  // the current block's committed tokens may still change: not stable yet
       std::vector<int64_t> stable = x_;
       std::fill(stable.begin() + block_ * B_, stable.begin() + (block_ + 1) * B_, c_.mask_token_id);
       stop_.check(st_.nfe, stable);
@@ -341,6 +344,7 @@ class BlockDecoder final : public Decoder {
   const std::optional<Unmasking> unmasking_;  // SDAR's rule (nullopt: LLaDA2's)
   const double threshold_;
   const std::vector<int64_t> schedule_;
+  const bool rewrites_;
   std::vector<int64_t> x_;
   int64_t block_ = 0, step_ = 0, post_steps_ = 0, cached_ = 0;
   bool stopped_ = false;
