@@ -330,6 +330,27 @@ def block_policies(d: dict) -> str:
     return _table(head + ["native vs reference", "tokens equal"], rows)
 
 
+def sdar_toy(d: dict) -> str:
+    """benchmarks/bench_sdar.py: SDAR's unmasking rules on the SDAR toy."""
+    rows = []
+    for label, r in d["rules"].items():
+        k = r["mean_nfe_kinds"]
+        rows.append(
+            [
+                label,
+                f"{r['accuracy']:.3f}",
+                f"{r['mean_nfe']:.2f}",
+                f"{k['prefill']:.2f} + {k['denoise']:.2f} + {k['store']:.2f}",
+                f"{r['mean_forwards_run']:.2f}",
+                f"{r['median_wall_ms']:.2f}",
+                f"{r['reference_median_wall_ms']:.1f}",
+                f"{r['reference_equal']}/{d['n']}",
+            ]
+        )
+    head = ["rule", "accuracy", "mean NFE", "prefill + denoise + store", "forwards run", "median ms / sample"]
+    return _table(head + ["reference ms", "reference equal"], rows)
+
+
 def llada2_cpu(d: dict) -> str:
     """benchmarks/bench_llada2.py: one step of the exact block cache against the authors' recompute."""
     s = d["steps"]
@@ -607,6 +628,7 @@ TABLES: dict[str, tuple[str, Callable[[dict], str]]] = {
     "gpu-step": ("docs/bench/gpu/bench_gpu_step.json", gpu_step),
     "llada2-cpu": ("docs/bench/llada2/bench_llada2.json", llada2_cpu),
     "llada2-toy": ("docs/bench/llada2/bench.json", block_policies),
+    "sdar-toy": ("docs/bench/sdar/bench_sdar.json", sdar_toy),
     "fold": ("docs/bench/fold/bench_fold.json", fold),
     "loto": ("docs/bench/loto/loto.json", loto),
     "paged-pages": ("docs/bench/paged/bench_paged.json", paged_pages),

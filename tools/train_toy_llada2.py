@@ -1,7 +1,13 @@
-"""Block-diffusion SFT of the LLaDA2-layout toy (``toy/checkpoint_llada2``) on the toy task (CPU,
-deterministic).
+"""Block-diffusion SFT of the block-causal toys on the toy task (CPU, deterministic): the LLaDA2-layout
+toy (``toy/checkpoint_llada2``) and, with ``--family sdar``, the SDAR-layout one (``toy/checkpoint_sdar``).
 
-    python tools/train_toy_llada2.py [--out DIR] [--steps 2500] [--threads 1] [--quiet]
+    python tools/train_toy_llada2.py [--family llada2|sdar] [--out DIR] [--steps 2500] [--threads 1] [--quiet]
+
+SDAR (``--family sdar``, ``SDAR_DEFAULTS``): a dense Qwen3 body (d_model 128, 4 layers, 4 query / 2 KV heads
+of 32 dims, QK-norm, RoPE on the whole head, MLP 384), trained on blocks of 4, 8 and 16 (a block length drawn per
+step) so that one toy decodes at each; its forward below is ``reference/sdar.py``'s over a batch, and
+its held-out accuracy is measured with the native ``block`` decoder's SDAR rules (blocks of 4, dynamic
+at 0.85 and one token a step). The rest of this docstring is the LLaDA2 toy's.
 
 The model is a small LLaDA2 (``model_type`` "llada2_moe"): d_model 128, 4 layers (the first dense,
 then mixtures of 8 experts in 4 groups, 2 kept, top-2 plus a shared expert), 4 query / 2 KV heads
@@ -34,7 +40,9 @@ import torch.nn.functional as F
 
 from blockbatch.config import ModelConfig
 from blockbatch.families import llada2 as fam
+from blockbatch.families import sdar as sdar_fam
 from blockbatch.reference import llada2 as ref
+from blockbatch.reference import sdar as sdar_ref
 from blockbatch.reference.model import rms_norm, rotate_half
 from blockbatch.toy import CHECKPOINT_DIRS
 from blockbatch.toy import task as toy_task
@@ -46,6 +54,8 @@ DEFAULT_OUT = CHECKPOINT_DIRS["llada2"]
 
 @dataclasses.dataclass
 class TrainConfig:
+    family: str = "llada2"  # "llada2" or "sdar": the layout, forward and decoder of the toy
+    task: str = "arith"  # train_toy.TASKS (data_streams reads it)
     d_model: int = 128
     n_layers: int = 4
     n_heads: int = 4
@@ -61,6 +71,7 @@ class TrainConfig:
     shared_experts: int = 1
     first_dense_layers: int = 1
     block_length: int = 32
+    block_lengths: tuple[int, ...] = ()  # a block length drawn per step from these (empty: block_length)
     rope_theta: float = 10000.0
     max_sequence_length: int = 512
     steps: int = 3000
@@ -81,7 +92,50 @@ class TrainConfig:
     eval_gen_length: int = 64
 
 
+# What ``--family sdar`` changes (anything can still be overridden): a smaller dense body, SDAR's blocks.
+SDAR_DEFAULTS: dict = dict(
+    family="sdar",
+    d_model=128,
+    n_layers=4,
+    n_heads=4,
+    n_kv_heads=2,
+    head_size=32,
+    mlp_hidden_size=384,
+    block_length=4,
+    block_lengths=(4, 8, 16),
+    steps=3000,
+    threads=1,
+)
+
+
+def train_config(family: str = "llada2", **overrides) -> TrainConfig:
+    """``TrainConfig`` with the defaults of ``family`` (``SDAR_DEFAULTS`` for sdar), then ``overrides``."""
+    if family not in ("llada2", "sdar"):
+        raise ValueError(f"family must be llada2 or sdar, got {family!r}")
+    return TrainConfig(**{**(SDAR_DEFAULTS if family == "sdar" else {}), **overrides, "family": family})
+
+
 def model_config(tc: TrainConfig) -> ModelConfig:
+    if tc.family == "sdar":
+        return ModelConfig(
+            d_model=tc.d_model,
+            n_layers=tc.n_layers,
+            n_heads=tc.n_heads,
+            n_kv_heads=tc.n_kv_heads,
+            head_size=tc.head_size,
+            mlp_hidden_size=tc.mlp_hidden_size,
+            max_sequence_length=tc.max_sequence_length,
+            rope_theta=tc.rope_theta,
+            vocab_size=toy_tok.VOCAB_SIZE,
+            embedding_size=toy_tok.VOCAB_SIZE,
+            rms_norm_eps=1e-6,
+            weight_tying=False,
+            mask_token_id=toy_tok.MASK_ID,
+            eos_token_id=toy_tok.EOS_ID,
+            pad_token_id=toy_tok.PAD_ID,
+            model_type=sdar_fam.MODEL_TYPE,
+            qk_norm=True,
+        ).validate()
     fields = {f: getattr(tc, f) for f in fam.LLADA2_MINI if hasattr(tc, f) and f != "vocab_size"}
     return ModelConfig(
         **fields,
@@ -103,16 +157,17 @@ def init_weights(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
     ``down_proj``) scaled by 1/sqrt(2 * n_layers), the LM head by 0.1, unit norms, zero expert biases."""
     g = torch.Generator().manual_seed(seed)
     out = {}
-    for name, shape in fam.weight_shapes(config).items():
+    shapes = (sdar_fam if config.family == "sdar" else fam).weight_shapes(config)
+    for name, shape in shapes.items():
         if name.endswith("expert_bias") or name.endswith(".bias"):
             t = torch.zeros(shape)
         elif len(shape) == 1:
             t = torch.ones(shape)
-        elif name.endswith("word_embeddings.weight"):
+        elif name.endswith(("word_embeddings.weight", "embed_tokens.weight")):
             t = torch.randn(shape, generator=g)
         else:
             t = torch.randn(shape, generator=g) / math.sqrt(shape[1])
-            if name.endswith(".dense.weight") or name.endswith(".down_proj.weight"):
+            if name.endswith((".dense.weight", ".o_proj.weight", ".down_proj.weight")):
                 t = t / math.sqrt(2 * config.n_layers)
             elif name == "lm_head.weight":
                 t = t * 0.1
@@ -120,9 +175,43 @@ def init_weights(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
     return out
 
 
-def forward_batch(cfg: ref.LLaDA2Config, w: dict[str, torch.Tensor], ids: torch.Tensor, block: int) -> torch.Tensor:
+def sdar_forward_batch(
+    cfg: sdar_ref.SDARConfig, w: dict[str, torch.Tensor], ids: torch.Tensor, block: int
+) -> torch.Tensor:
+    """Logits ``[B, T, V]`` of SDAR rows ``ids`` ``[B, T]``, block-causal: ``SDARReference.forward`` over a
+    batch, differentiable."""
+    B, T = ids.shape
+    H, Hkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    P = sdar_ref.PREFIX
+    cos, sin = sdar_ref.rope_cos_sin(T, hd, cfg.rope_theta)
+    mask = ref.block_causal_mask(T, block)
+    h = w[P + "embed_tokens.weight"][ids]
+    for i in range(cfg.num_hidden_layers):
+        p = f"{P}layers.{i}."
+        x = rms_norm(h, w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
+        q = F.linear(x, w[p + "self_attn.q_proj.weight"]).view(B, T, H, hd).transpose(1, 2)
+        k = F.linear(x, w[p + "self_attn.k_proj.weight"]).view(B, T, Hkv, hd).transpose(1, 2)
+        v = F.linear(x, w[p + "self_attn.v_proj.weight"]).view(B, T, Hkv, hd).transpose(1, 2)
+        q = rms_norm(q, w[p + "self_attn.q_norm.weight"], cfg.rms_norm_eps)
+        k = rms_norm(k, w[p + "self_attn.k_norm.weight"], cfg.rms_norm_eps)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
+        scores = torch.matmul(q, k.transpose(2, 3)) * hd**-0.5 + mask
+        attn = torch.matmul(F.softmax(scores, dim=-1, dtype=torch.float32), v)
+        h = h + F.linear(attn.transpose(1, 2).reshape(B, T, H * hd), w[p + "self_attn.o_proj.weight"])
+        x = rms_norm(h, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
+        gate = F.linear(x, w[p + "mlp.gate_proj.weight"])
+        h = h + F.linear(F.silu(gate) * F.linear(x, w[p + "mlp.up_proj.weight"]), w[p + "mlp.down_proj.weight"])
+    h = rms_norm(h, w[P + "norm.weight"], cfg.rms_norm_eps)
+    return F.linear(h, w["lm_head.weight"])
+
+
+def forward_batch(cfg, w: dict[str, torch.Tensor], ids: torch.Tensor, block: int) -> torch.Tensor:
     """Logits ``[B, T, V]`` of rows ``ids`` ``[B, T]`` at positions ``0..T-1``, block-causal: the
-    reference's forward (``LLaDA2Reference.forward``) over a batch, differentiable."""
+    reference's forward (``LLaDA2Reference.forward``; SDAR's: ``sdar_forward_batch``) over a batch,
+    differentiable."""
+    if isinstance(cfg, sdar_ref.SDARConfig):
+        return sdar_forward_batch(cfg, w, ids, block)
     B, T = ids.shape
     H, Hkv, hd, r = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rope_dim
     P = ref.PREFIX
@@ -204,13 +293,15 @@ def block_diffusion_loss(
 
 
 @torch.no_grad()
-def heldout(config: ModelConfig, weights: dict, tokenizer, problems, gen_length: int, threshold: float | None):
-    """Accuracy and mean NFE of the native block decoder (blocks of 32; threshold, or one token a step)."""
+def heldout(
+    config: ModelConfig, weights: dict, tokenizer, problems, gen_length: int, threshold: float | None, block: int = 32
+):
+    """Accuracy and mean NFE of the native block decoder (blocks of ``block``; threshold, or one token a step)."""
     from blockbatch import DecodeOptions
     from blockbatch.native import NativeModel
 
     model = NativeModel(config, {k: v.detach() for k, v in weights.items()})
-    o = DecodeOptions(policy="block", gen_length=gen_length, block_length=32, threshold=threshold)
+    o = DecodeOptions(policy="block", gen_length=gen_length, block_length=block, threshold=threshold)
     ok, nfe = 0, 0
     for p in problems:
         out = torch.ops.blockbatch.decode(model.obj, torch.tensor(toy_tok.encode(tokenizer, p.prompt)), o.native)
@@ -224,7 +315,7 @@ def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
     torch.set_num_threads(tc.threads)
     torch.manual_seed(tc.seed)
     config = model_config(tc)
-    cfg = fam.reference_config(config)
+    cfg = (sdar_fam if tc.family == "sdar" else fam).reference_config(config)
     tokenizer = toy_tok.build_tokenizer()
     weights = init_weights(config, tc.seed)
     router = [n for n in weights if n.endswith("mlp.gate.weight")]  # no decay on the router
@@ -235,7 +326,9 @@ def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
     curve: list[dict] = []
     progress = Progress(tc.steps, tc.log_every)
     if not quiet:
-        progress.note(f"toy llada2 model: {n_params / 1e6:.2f}M parameters, {tc.steps} steps, {tc.threads} threads")
+        progress.note(
+            f"toy {tc.family} model: {n_params / 1e6:.2f}M parameters, {tc.steps} steps, {tc.threads} threads"
+        )
     running, running_n, ema = 0.0, 0, 0.0
     t0 = time.perf_counter()
     for step in range(1, tc.steps + 1):
@@ -244,7 +337,8 @@ def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
         ids, resp = make_batch(tokenizer, [next(stream) for _ in range(rows)], canvas)
         for group in opt.param_groups:
             group["lr"] = lr_at(tc, step - 1)  # type: ignore[arg-type]
-        loss = block_diffusion_loss(cfg, weights, ids, resp, tc.block_length, g, tc.eps)
+        block = rng.choice(tc.block_lengths) if tc.block_lengths else tc.block_length
+        loss = block_diffusion_loss(cfg, weights, ids, resp, block, g, tc.eps)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(weights.values()), tc.grad_clip)
@@ -256,8 +350,9 @@ def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
             rec = {"step": step, "loss": round(running / running_n, 5), "elapsed_s": round(time.perf_counter() - t0, 1)}
             running, running_n = 0.0, 0
             if tc.eval_every and (step % tc.eval_every == 0 or step == tc.steps):
-                acc, nfe = heldout(config, weights, tokenizer, eval_problems, tc.eval_gen_length, None)
-                acc_t, nfe_t = heldout(config, weights, tokenizer, eval_problems, tc.eval_gen_length, 0.95)
+                B, t = tc.block_length, 0.85 if tc.family == "sdar" else 0.95
+                acc, nfe = heldout(config, weights, tokenizer, eval_problems, tc.eval_gen_length, None, B)
+                acc_t, nfe_t = heldout(config, weights, tokenizer, eval_problems, tc.eval_gen_length, t, B)
                 rec.update(
                     {
                         "heldout_acc": round(acc, 4),
@@ -269,7 +364,7 @@ def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
                 if not quiet:
                     progress.note(
                         f"step {step}: loss {rec['loss']:.4f}, held-out accuracy {acc:.3f} (one token a step), "
-                        f"{acc_t:.3f} (threshold 0.95, mean NFE {nfe_t:.1f}), n={len(eval_problems)}"
+                        f"{acc_t:.3f} (threshold {t}, mean NFE {nfe_t:.1f}), n={len(eval_problems)}"
                     )
             curve.append(rec)
         if not quiet:
@@ -281,8 +376,9 @@ def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
             "n": tc.eval_n,
             "split": "test",
             "seed": 1000 + tc.seed,
-            "decoders": f"native policy block, blocks of 32, gen {tc.eval_gen_length}: heldout_acc one token a "
-            "step (threshold none), heldout_acc_threshold threshold 0.95 (LLaDA2.0's)",
+            "decoders": f"native policy block, blocks of {tc.block_length}, gen {tc.eval_gen_length}: heldout_acc one "
+            "token a step (threshold none), heldout_acc_threshold threshold "
+            + ("0.85 (SDAR's dynamic)" if tc.family == "sdar" else "0.95 (LLaDA2.0's)"),
         },
         "train_time_s": round(time.perf_counter() - t0, 1),
         "torch_version": torch.__version__,
@@ -296,19 +392,23 @@ def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python tools/train_toy_llada2.py", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=DEFAULT_OUT, help=f"checkpoint folder (default: the shipped {DEFAULT_OUT})")
+    ap.add_argument("--family", choices=("llada2", "sdar"), default="llada2", help="the toy's family (default llada2)")
+    ap.add_argument("--out", default=None, help="checkpoint folder (default: the family's shipped toy)")
     defaults = TrainConfig()
     for f in dataclasses.fields(TrainConfig):
         value = getattr(defaults, f.name)
-        if isinstance(value, tuple):
+        if isinstance(value, tuple) or f.name in ("family", "task"):
             continue
-        ap.add_argument("--" + f.name.replace("_", "-"), type=type(value), default=value, help=f"default {value}")
+        ap.add_argument("--" + f.name.replace("_", "-"), type=type(value), default=None, help=f"default {value}")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
-    tc = TrainConfig(
-        **{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)}
-    )
-    train(tc, out=args.out, quiet=args.quiet)
+    given = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(TrainConfig)
+        if getattr(args, f.name, None) is not None
+    }
+    tc = train_config(args.family, **{k: v for k, v in given.items() if k != "family"})
+    train(tc, out=args.out or CHECKPOINT_DIRS.get(tc.family, DEFAULT_OUT), quiet=args.quiet)
     return 0
 
 

@@ -52,8 +52,9 @@ void print_usage() {
                "  --threads N          intra-op threads (default: torch's choice)\n"
                "  --help               this text\n\n"
                "Decode options (the same as blockbatch generate's and the op's; the policy defaults to blockbatch\n"
-               "here, and on LLaDA2 checkpoints, as in blockbatch generate, to block with threshold 0.95 where\n"
-               "the flags do not set them; booleans also as --NAME / --no-NAME; 'none' where a value may be None):\n"
+               "here, and on LLaDA2 checkpoints, as in blockbatch generate, to block with threshold 0.95 (on SDAR\n"
+               "checkpoints to block with threshold 0.85 and blocks of 4) where the flags do not set them; booleans\n"
+               "also as --NAME / --no-NAME; 'none' where a value may be None):\n"
             << blockbatch::options_help()
             << "\nOutput: the config read (model family=... d_model=... ...), then one line\n"
                "  result policy=... prompts=N nfe_mean=... ms_per_sample=... tokens_per_s=...\n"

@@ -31,8 +31,10 @@ struct DecodeStats {
   int64_t nfe_block = 0;  // cached block forwards
   int64_t nfe_init = 0;   // BlockBatch init forward
   int64_t nfe_refresh = 0;
-  int64_t nfe_paper = 0;  // the paper's accounting: the winner's participation count
-  int64_t winner = 0;     // index of the returned branch (sorted block sizes)
+  int64_t nfe_prefill = 0;  // block on SDAR: the authors' prefill forward (1 if the prompt holds a complete block)
+  int64_t nfe_store = 0;    // block on SDAR: the authors' store forwards (one per decoded block)
+  int64_t nfe_paper = 0;    // the paper's accounting: the winner's participation count
+  int64_t winner = 0;       // index of the returned branch (sorted block sizes)
   int64_t winner_block_size = 0;
   bool early_exit = false;
   double wall_ms = 0;

@@ -75,6 +75,24 @@ const char* branch_budget_name(BranchBudget value) {
   return "";
 }
 
+Unmasking parse_unmasking(std::string_view name) {
+  if (name == "dynamic") return Unmasking::kDynamic;
+  if (name == "static") return Unmasking::kStatic;
+  if (name == "sequential") return Unmasking::kSequential;
+  if (name == "entropy_bounded") return Unmasking::kEntropyBounded;
+  bad_choice("unmasking", name, "one of 'dynamic', 'static', 'sequential', 'entropy_bounded'");
+}
+
+const char* unmasking_name(Unmasking value) {
+  switch (value) {
+    case Unmasking::kDynamic: return "dynamic";
+    case Unmasking::kStatic: return "static";
+    case Unmasking::kSequential: return "sequential";
+    case Unmasking::kEntropyBounded: return "entropy_bounded";
+  }
+  return "";
+}
+
 void check_option_ranges(const DecodeOptions& o) {
   check_range("gen_length", o.gen_length, 1, false, std::nullopt, false, ">= 1");
   check_range("block_length", o.block_length, 1, false, std::nullopt, false, ">= 1");
@@ -100,6 +118,7 @@ void check_option_ranges(const DecodeOptions& o) {
   check_range("window_tokens", o.window_tokens, 0, false, 1073741824, false, "in [0, 2^30]");
   check_range("active_tokens", o.active_tokens, 1, false, 1073741824, false, "in [1, 2^30]");
   check_range("refresh_interval", o.refresh_interval, 1, false, 1073741824, false, "in [1, 2^30]");
+  check_range("entropy_bound", o.entropy_bound, 0.0, true, std::nullopt, false, "> 0 and finite");
   check_range("timeout_s", o.timeout_s, 0.0, false, std::nullopt, false, ">= 0 and finite");
 }
 
@@ -270,6 +289,15 @@ bool set_option(DecodeOptions& o, std::string_view name, const std::string& text
     o.early_stop = parse_bool("early_stop", text);
     return true;
   }
+  if (name == "unmasking") {
+    if (is_none(text)) { o.unmasking = std::nullopt; return true; }
+    o.unmasking = parse_unmasking(text);
+    return true;
+  }
+  if (name == "entropy_bound") {
+    o.entropy_bound = parse_float("entropy_bound", text);
+    return true;
+  }
   if (name == "cuda_graphs") {
     o.cuda_graphs = parse_bool("cuda_graphs", text);
     return true;
@@ -282,7 +310,7 @@ bool set_option(DecodeOptions& o, std::string_view name, const std::string& text
 }
 
 const std::vector<std::string>& option_names() {
-  static const std::vector<std::string> names = {"policy", "gen_length", "block_length", "steps", "threshold", "factor", "temperature", "seed", "stop_on_eos", "alg", "alg_temp", "eps", "top_p", "top_k", "block_sizes", "merge_gate", "sync_gap", "refresh_tokens", "refresh_mode", "prob_floor", "merge", "sync", "sync_refresh", "branch_budget", "fold_rows", "share_prompt_kv", "edit_threshold", "max_post_steps", "window_tokens", "active_tokens", "refresh_interval", "slide_window", "early_stop", "cuda_graphs", "timeout_s"};
+  static const std::vector<std::string> names = {"policy", "gen_length", "block_length", "steps", "threshold", "factor", "temperature", "seed", "stop_on_eos", "alg", "alg_temp", "eps", "top_p", "top_k", "block_sizes", "merge_gate", "sync_gap", "refresh_tokens", "refresh_mode", "prob_floor", "merge", "sync", "sync_refresh", "branch_budget", "fold_rows", "share_prompt_kv", "edit_threshold", "max_post_steps", "window_tokens", "active_tokens", "refresh_interval", "slide_window", "early_stop", "unmasking", "entropy_bound", "cuda_graphs", "timeout_s"};
   return names;
 }
 
@@ -320,6 +348,8 @@ const char* option_type(std::string_view name) {
   if (name == "refresh_interval") return "int";
   if (name == "slide_window") return "bool";
   if (name == "early_stop") return "bool";
+  if (name == "unmasking") return "str";
+  if (name == "entropy_bound") return "float";
   if (name == "cuda_graphs") return "bool";
   if (name == "timeout_s") return "float";
   return nullptr;
@@ -341,7 +371,7 @@ const char* error_kind_name(ErrorKind kind) {
 
 std::string options_help() {
   return
-      "  --policy vanilla|prefix|dual|blockbatch|block|window\n      vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; blockbatch: several block-size branches in one batched forward; block: the block-causal families' decoder (LLaDA2.0 / 2.1, exact block cache), the only policy of LLaDA2 checkpoints; window: Window-Diffusion's pruned forwards (a few active positions over a gathered key window); default dual\n"
+      "  --policy vanilla|prefix|dual|blockbatch|block|window\n      vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; blockbatch: several block-size branches in one batched forward; block: the block-causal families' decoder (LLaDA2.0 / 2.1, SDAR; exact block cache), the only policy of LLaDA2 and SDAR checkpoints; window: Window-Diffusion's pruned forwards (a few active positions over a gathered key window); default dual\n"
       "  --gen-length N\n      tokens to generate (the diffusion canvas after the prompt); >= 1; default 128\n"
       "  --block-length N\n      block size of the single-branch policies (divides gen_length) and of block (blocks aligned at position 0); >= 1; default 32\n"
       "  --steps N\n      total steps of LLaDA's fixed schedule (a multiple of the number of blocks, <= gen_length); Dream vanilla: its number of steps (<= gen_length); block: steps per block (block_length // steps commits a step, the remainder first); window: its forwards (LLaDA's schedule over the whole generation, <= gen_length); >= 0; default none; 'none': no fixed schedule (Dream vanilla and window: gen_length steps)\n"
@@ -374,6 +404,8 @@ std::string options_help() {
       "  --refresh-interval N\n      window: steps per phase (a full forward every this many steps, the others pruned); in [1, 2^30]; default 32\n"
       "  --slide-window BOOL\n      window, Dream: the active span follows the first masks inside a phase (else its start is frozen); default off\n"
       "  --early-stop BOOL\n      window, Dream (the authors' flag, not stop_on_eos): one token per pruned step, the canvas cut after the first EOS, every step after it a full one; default off\n"
+      "  --unmasking dynamic|static|sequential|entropy_bounded\n      block on SDAR checkpoints: which masked positions a step commits (n: the step's share of block_length over steps): dynamic: those rated > threshold, at least the top n; static: the top n; sequential: the n leftmost; entropy_bounded: the k leftmost, k the multiples of the block's summed entropy below entropy_bound; default none; 'none': the family's rule (SDAR: dynamic; LLaDA2 has only its own and refuses this option)\n"
+      "  --entropy-bound X\n      block on SDAR, unmasking entropy_bounded: the bound on the running sums of the block's entropy (the authors' CLI default 0.35); > 0 and finite; default 0.35\n"
       "  --cuda-graphs BOOL\n      CUDA: replay recorded decode steps (same tokens as eager); no effect on CPU; default on\n"
       "  --timeout-s X\n      fail with a timeout once a decode runs longer than this many seconds (0: no deadline); >= 0 and finite; default 0.0\n";
 }

@@ -28,6 +28,10 @@ enum class BranchBudget { kFull, kAuto };
 BranchBudget parse_branch_budget(std::string_view name);  // throws c10::ValueError naming 'branch_budget'
 const char* branch_budget_name(BranchBudget value);
 
+enum class Unmasking { kDynamic, kStatic, kSequential, kEntropyBounded };
+Unmasking parse_unmasking(std::string_view name);  // throws c10::ValueError naming 'unmasking'
+const char* unmasking_name(Unmasking value);
+
 enum class CommitRule { kThreshold, kFixed, kFactor };
 
 // Why a request was refused or did not finish (the table's ERROR_KINDS; decode/refused.h).
@@ -37,7 +41,7 @@ const char* error_kind_name(ErrorKind kind);  // "invalid_option", ...
 struct ModelConfig;
 
 struct DecodeOptions {
-  // vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; blockbatch: several block-size branches in one batched forward; block: the block-causal families' decoder (LLaDA2.0 / 2.1, exact block cache), the only policy of LLaDA2 checkpoints; window: Window-Diffusion's pruned forwards (a few active positions over a gathered key window)
+  // vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; blockbatch: several block-size branches in one batched forward; block: the block-causal families' decoder (LLaDA2.0 / 2.1, SDAR; exact block cache), the only policy of LLaDA2 and SDAR checkpoints; window: Window-Diffusion's pruned forwards (a few active positions over a gathered key window)
   Policy policy = Policy::kDual;
   // tokens to generate (the diffusion canvas after the prompt)
   int64_t gen_length = 128;
@@ -103,6 +107,10 @@ struct DecodeOptions {
   bool slide_window = false;
   // window, Dream (the authors' flag, not stop_on_eos): one token per pruned step, the canvas cut after the first EOS, every step after it a full one
   bool early_stop = false;
+  // block on SDAR checkpoints: which masked positions a step commits (n: the step's share of block_length over steps): dynamic: those rated > threshold, at least the top n; static: the top n; sequential: the n leftmost; entropy_bounded: the k leftmost, k the multiples of the block's summed entropy below entropy_bound; nullopt: the family's rule (SDAR: dynamic; LLaDA2 has only its own and refuses this option)
+  std::optional<Unmasking> unmasking = std::nullopt;
+  // block on SDAR, unmasking entropy_bounded: the bound on the running sums of the block's entropy (the authors' CLI default 0.35)
+  double entropy_bound = 0.35;
   // CUDA: replay recorded decode steps (same tokens as eager); no effect on CPU
   bool cuda_graphs = true;
   // fail with a timeout once a decode runs longer than this many seconds (0: no deadline)
@@ -133,7 +141,7 @@ std::string options_help();
 // The model family whose defaults the table's "default" column holds (resolved()'s argument).
 constexpr const char* kDefaultFamily = "llada";
 // The model families the table knows, in its column order.
-inline constexpr const char* kFamilies[] = {"llada", "dream", "llada2"};
+inline constexpr const char* kFamilies[] = {"llada", "dream", "llada2", "sdar"};
 constexpr int64_t kMaxBranchesOption = 16;  // block_sizes entries
 
 }  // namespace blockbatch

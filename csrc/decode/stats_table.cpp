@@ -28,6 +28,8 @@ const std::vector<std::string>& decode_stat_names() {
       "kv_pages_copied",
       "nfe_pruned",
       "pruned_key_tokens",
+      "nfe_prefill",
+      "nfe_store",
   };
   return names;
 }
@@ -54,6 +56,8 @@ std::vector<double> decode_stat_values(const DecodeStats& s) {
       static_cast<double>(s.kv_pages_copied),  // kv_pages_copied
       static_cast<double>(s.nfe_pruned),  // nfe_pruned
       static_cast<double>(s.pruned_key_tokens),  // pruned_key_tokens
+      static_cast<double>(s.nfe_prefill),  // nfe_prefill
+      static_cast<double>(s.nfe_store),  // nfe_store
   };
 }
 

@@ -218,6 +218,11 @@ ModelConfig read_with_defaults(const KeyReader& keys, const FamilySpec& spec, st
   if (keys.find("pad_token_id")) *pad = keys.id("pad_token_id");
   // The optional parts: config.json chooses (Option::kConfig, with the class's default), else the row.
   auto part = [&](Option option, const char* field, bool fallback) {
+    if (option == Option::kNever) {  // a key naming a part the family lacks may only say so (SDAR's attention_bias)
+      const Json* v = keys.find(k(field));
+      TORCH_CHECK_VALUE(!v || (v->is_bool() && !v->as_bool()), where, ": key '", k(field),
+                        "' must be false: ", spec.display_name, " checkpoints have no such part");
+    }
     return option == Option::kConfig ? keys.optional_boolean(k(field), fallback) : option == Option::kAlways;
   };
   c.attention_bias = part(o.qkv_bias, "attention_bias", d.qkv_bias);

@@ -20,8 +20,9 @@ enum class Family : int64_t {
   kLLaDA = 0,   // LLaDA: unshifted logits, no attention biases
   kDream = 1,   // Dream (Qwen2 body): q/k/v biases; logits shifted (position i read from output i - 1)
   kLLaDA2 = 2,  // LLaDA2 (block-diffusion MoE): QK-norm, partial rotary, mixture-of-experts MLPs, block-causal
+  kSDAR = 3,    // SDAR (dense Qwen3 body): split q/k/v, QK-norm, full rotary, block-causal
 };
-const char* family_name(Family family);  // "llada" | "dream" | "llada2"
+const char* family_name(Family family);  // "llada" | "dream" | "llada2" | "sdar"
 // The config.json key a family writes a ModelConfig field under (LLaDA: the field's own name; Dream and
 // LLaDA2: Qwen2's, e.g. n_layers -> num_hidden_layers; LLaDA2's own fields: head_size -> head_dim, ...).
 // Every validate() message names keys through it, so each front door speaks the user's keys.

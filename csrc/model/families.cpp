@@ -54,6 +54,27 @@ constexpr ConfigDefaults kLLaDA2Defaults{/*rope_theta=*/10000.0,
                                          /*shared_experts=*/0,
                                          /*routed_scaling=*/2.5};
 
+// The SDAR authors' config class (python/blockbatch/families/sdar.py read_config): a dense Qwen3 body.
+constexpr ConfigDefaults kSDARDefaults{/*rope_theta=*/10000.0,
+                                       /*rms_norm_eps=*/1e-6,
+                                       /*max_sequence_length=*/32768,
+                                       /*partial_rotary_factor=*/1.0,
+                                       /*qkv_bias=*/false,
+                                       /*qk_norm=*/true,
+                                       /*attn_out_bias=*/false,
+                                       /*num_experts=*/0,
+                                       /*experts_per_token=*/0,
+                                       /*expert_groups=*/1,
+                                       /*expert_groups_kept=*/1,
+                                       /*shared_experts=*/0,
+                                       /*routed_scaling=*/1.0};
+
+std::vector<std::pair<const char*, const char*>> sdar_keys() {
+  std::vector<std::pair<const char*, const char*>> keys = kQwen2Keys;
+  keys.push_back({"head_size", "head_dim"});
+  return keys;
+}
+
 std::vector<FamilySpec> make_table() {
   std::vector<FamilySpec> rows;
   // LLaDA (OLMo-style names): split q/k/v without biases, a SwiGLU MLP, unshifted logits.
@@ -196,6 +217,54 @@ std::vector<FamilySpec> make_table() {
         nullptr,
         " (the layers from first_k_dense_replace on are mixtures of experts)"},
        {{"layernorm"}, ".attention.", " (use_qk_norm: per-head RMSNorm weights of q and k)"}},
+  });
+  // SDAR (model_type sdar, SDARForCausalLM; TraDo's body): a dense Qwen3 body (split q/k/v/o without
+  // biases, per-head QK-norm before RoPE on the whole head, GQA, untied lm_head), block-causal; special
+  // ids from config.json (required).
+  rows.push_back(FamilySpec{
+      Family::kSDAR,
+      "sdar",
+      "SDAR",
+      "sdar",
+      BodyOptions{/*fused_qkv=*/false, /*qkv_bias=*/Option::kNever, /*qk_norm=*/Option::kAlways,
+                  /*attn_out_bias=*/Option::kNever, /*explicit_head_size=*/true, /*partial_rotary=*/false,
+                  RopeAngles::kFloat32, /*moe=*/false},
+      /*logit_shift=*/0,
+      AttentionPattern::kBlockCausal,
+      // Only the block policy, at the authors' generate.py defaults (low_confidence_dynamic, 0.85, blocks of 4).
+      /*default_options=*/{{"policy", "block"}, {"threshold", "0.85"}, {"block_length", "4"}},
+      sdar_keys(),
+      /*default_mask_id=*/-1,
+      /*default_eos_id=*/-1,
+      /*ids_in_generation_config=*/false,
+      &kSDARDefaults,
+      WeightNames{"model.embed_tokens.weight",
+                  "model.norm.weight",
+                  "lm_head.weight",
+                  "model.layers.",
+                  "input_layernorm.weight",
+                  "self_attn.q_proj.weight",
+                  "self_attn.k_proj.weight",
+                  "self_attn.v_proj.weight",
+                  "",
+                  "",
+                  "",
+                  "",
+                  "",
+                  "self_attn.q_norm.weight",
+                  "self_attn.k_norm.weight",
+                  "self_attn.o_proj.weight",
+                  "",
+                  "post_attention_layernorm.weight",
+                  "mlp.",
+                  "gate_proj.weight",
+                  "up_proj.weight",
+                  "down_proj.weight",
+                  "",
+                  "",
+                  "",
+                  ""},
+      /*missing_hints=*/{{{"_norm.weight"}, ".self_attn.", " (SDAR: per-head RMSNorm weights of q and k)"}},
   });
   for (size_t i = 0; i < rows.size(); ++i) {
     TORCH_INTERNAL_ASSERT(static_cast<size_t>(rows[i].id) == i, "family table: row ", i, " has another id");

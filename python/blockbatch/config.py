@@ -164,9 +164,10 @@ class ConfigCodec:
     # ModelConfig field -> the config.json key the family writes it under, where the two differ (Dream:
     # n_layers -> num_hidden_layers, ...); every message names the user's key through it (C++: config_key).
     key_names: dict[str, str] = dataclasses.field(default_factory=dict)
-    # Its configs always set head_size and rope_dims (its reader derives their defaults from its own
-    # keys: LLaDA2's head_dim and partial_rotary_factor); other families leave them unset.
-    sets_sizes: bool = False
+    # The sizes its configs always set, of head_size and rope_dims (its reader derives their defaults from
+    # its own keys: LLaDA2's head_dim and partial_rotary_factor, SDAR's head_dim); other families leave
+    # them unset.
+    sizes: tuple[str, ...] = ()
 
     def key(self, field: str) -> str:
         """The config.json key of ModelConfig field ``field`` in this family."""
@@ -285,10 +286,11 @@ class ModelConfig:
         key = self.codec.key  # field -> the key this family's config.json holds it under
         llada2_sizes = ("head_size", "rope_dims")
         for field in llada2_sizes:
-            if self.codec.sets_sizes and getattr(self, field) is None:
-                raise bad(key(field), "is unset; a LLaDA2 config sets it (its reader derives the default)")
-            if not self.codec.sets_sizes and getattr(self, field) is not None:
-                raise bad(field, f"is a LLaDA2 key; {self.family} models have no explicit head size or partial rotary")
+            if field in self.codec.sizes and getattr(self, field) is None:
+                raise bad(key(field), f"is unset; a {self.family} config sets it (its reader derives the default)")
+            if field not in self.codec.sizes and getattr(self, field) is not None:
+                what = "an explicit head size" if field == "head_size" else "partial rotary"
+                raise bad(field, f"is set, but {self.family} models have no {what}")
         for field in (*_INT_KEYS, "mask_token_id", "eos_token_id", *_LLADA2_INT_KEYS):
             value = getattr(self, field)
             if field in llada2_sizes and value is None:

@@ -30,7 +30,12 @@ from typing import Any, Optional
 
 POLICIES = ("vanilla", "prefix", "dual", "blockbatch", "block", "window")
 SINGLE_BRANCH = ("vanilla", "prefix", "dual")
-FAMILIES = ("llada", "dream", "llada2")  # model families; the first is the default (the table's "default" column)
+FAMILIES = (
+    "llada",
+    "dream",
+    "llada2",
+    "sdar",
+)  # model families; the first is the default (the table's "default" column)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,8 +124,8 @@ OPTIONS: tuple[Option, ...] = (
         "dual",
         "vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; "
         "blockbatch: several block-size branches in one batched forward; block: the block-causal families' "
-        "decoder (LLaDA2.0 / 2.1, exact block cache), the only policy of LLaDA2 checkpoints; window: "
-        "Window-Diffusion's pruned forwards (a few active positions over a gathered key window)",
+        "decoder (LLaDA2.0 / 2.1, SDAR; exact block cache), the only policy of LLaDA2 and SDAR checkpoints; "
+        "window: Window-Diffusion's pruned forwards (a few active positions over a gathered key window)",
         choices=POLICIES,
         cpp_enum="Policy",
         cpp_values=("kVanilla", "kPrefix", "kDual", "kBlockBatch", "kBlock", "kWindow"),
@@ -411,6 +416,33 @@ OPTIONS: tuple[Option, ...] = (
         group="window",
     ),
     Option(
+        "unmasking",
+        "str",
+        None,
+        "block on SDAR checkpoints: which masked positions a step commits (n: the step's share of block_length "
+        "over steps): dynamic: those rated > threshold, at least the top n; static: the top n; sequential: the n "
+        "leftmost; entropy_bounded: the k leftmost, k the multiples of the block's summed entropy below "
+        "entropy_bound",
+        policies=("block",),
+        optional=True,
+        none_doc="the family's rule (SDAR: dynamic; LLaDA2 has only its own and refuses this option)",
+        choices=("dynamic", "static", "sequential", "entropy_bounded"),
+        cpp_enum="Unmasking",
+        cpp_values=("kDynamic", "kStatic", "kSequential", "kEntropyBounded"),
+        group="sdar",
+    ),
+    Option(
+        "entropy_bound",
+        "float",
+        0.35,
+        "block on SDAR, unmasking entropy_bounded: the bound on the running sums of the block's entropy "
+        "(the authors' CLI default 0.35)",
+        policies=("block",),
+        lo=0.0,
+        lo_open=True,
+        group="sdar",
+    ),
+    Option(
         "cuda_graphs",
         "bool",
         True,
@@ -493,6 +525,13 @@ STATS: tuple[Stat, ...] = (
         "window: keys the pruned forwards attended, summed over them (a window each)",
         "s.pruned_key_tokens",
     ),
+    Stat(
+        "nfe_prefill",
+        "int",
+        "block on SDAR: the authors' prefill forward (1 when the prompt holds a complete block)",
+        "s.nfe_prefill",
+    ),
+    Stat("nfe_store", "int", "block on SDAR: the authors' store forwards (one per decoded block)", "s.nfe_store"),
     Stat("committed_per_step", "int[]", "tokens committed by each forward"),
     Stat("query_tokens_per_step", "int[]", "query tokens of each forward (packed over branches)"),
     Stat("branches", "branches", "per branch: block_size, committed, merged, copied, forwards"),

@@ -14,9 +14,9 @@ class DecodeOptionFields:
 
     policy: str = "dual"
     """vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; blockbatch: several block-size
-    branches in one batched forward; block: the block-causal families' decoder (LLaDA2.0 / 2.1, exact block cache),
-    the only policy of LLaDA2 checkpoints; window: Window-Diffusion's pruned forwards (a few active positions over a
-    gathered key window)."""
+    branches in one batched forward; block: the block-causal families' decoder (LLaDA2.0 / 2.1, SDAR; exact block
+    cache), the only policy of LLaDA2 and SDAR checkpoints; window: Window-Diffusion's pruned forwards (a few active
+    positions over a gathered key window)."""
     gen_length: int = 128
     """tokens to generate (the diffusion canvas after the prompt)."""
     block_length: int = 32
@@ -97,6 +97,14 @@ class DecodeOptionFields:
     early_stop: bool = False
     """window, Dream (the authors' flag, not stop_on_eos): one token per pruned step, the canvas cut after the first
     EOS, every step after it a full one."""
+    unmasking: str | None = None
+    """block on SDAR checkpoints: which masked positions a step commits (n: the step's share of block_length over
+    steps): dynamic: those rated > threshold, at least the top n; static: the top n; sequential: the n leftmost;
+    entropy_bounded: the k leftmost, k the multiples of the block's summed entropy below entropy_bound. None: the
+    family's rule (SDAR: dynamic; LLaDA2 has only its own and refuses this option)."""
+    entropy_bound: float = 0.35
+    """block on SDAR, unmasking entropy_bounded: the bound on the running sums of the block's entropy (the authors'
+    CLI default 0.35)."""
     cuda_graphs: bool = True
     """CUDA: replay recorded decode steps (same tokens as eager); no effect on CPU."""
     timeout_s: float = 0.0
@@ -156,6 +164,10 @@ class DecodeStats(TypedDict):
     """window: pruned forwards (active positions over the phase's key window)."""
     pruned_key_tokens: int
     """window: keys the pruned forwards attended, summed over them (a window each)."""
+    nfe_prefill: int
+    """block on SDAR: the authors' prefill forward (1 when the prompt holds a complete block)."""
+    nfe_store: int
+    """block on SDAR: the authors' store forwards (one per decoded block)."""
     committed_per_step: list[int]
     """tokens committed by each forward."""
     query_tokens_per_step: list[int]

@@ -63,6 +63,7 @@ class Grid:
     refresh_intervals: tuple[int, ...] = (8, 16, 32)  # window: steps per phase
     active_tokens: tuple[int, ...] = (8, 16)  # window: masks a pruned step computes
     window_tokens: tuple[int, ...] = (32, 64)  # window: masks kept as keys
+    unmasking: tuple[str, ...] = ()  # block on SDAR: its commit rules (a family's TUNE_GRID sets them)
 
 
 GRIDS = {

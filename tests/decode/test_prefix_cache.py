@@ -17,9 +17,9 @@ from helpers.batching import small_engine
 SAME = ("nfe", "nfe_block", "edits", "winner_block_size", "committed_per_step")
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    return small_engine(tmp_path_factory.mktemp("prefix-llada2"), "llada2", seed=5)
+@pytest.fixture(scope="module", params=["llada2", "sdar"])
+def engine(request, tmp_path_factory):
+    return small_engine(tmp_path_factory.mktemp("prefix-" + request.param), request.param, seed=5)
 
 
 def _requests(vocab: int, mask: int, n: int, common: int, block: int, editing: bool):
@@ -50,7 +50,10 @@ def _same(a, b, what):
 @pytest.mark.parametrize("block,max_batch", [(16, 1), (16, 3), (32, 2)])
 def test_cached_requests_equal_their_decode_alone(engine, block, max_batch):
     c = engine.config
-    reqs = _requests(c.vocab_size, c.mask_token_id, 8, 3 * block + 5, block, editing=True)
+    # LLaDA2: every other request edits; SDAR: every other one unmasks statically (it has no editing)
+    reqs = _requests(c.vocab_size, c.mask_token_id, 8, 3 * block + 5, block, editing=c.family == "llada2")
+    if c.family == "sdar":
+        reqs = [(p, o.replace(unmasking="static") if i % 2 else o) for i, (p, o) in enumerate(reqs)]
     alone = [engine.generate([p], o)[0] for p, o in reqs]
     cached = engine.generate([p for p, _ in reqs], [o for _, o in reqs], max_batch=max_batch, prefix_cache=True)
     hits = [g.stats["prefix_cache_hit_tokens"] for g in cached]

@@ -344,6 +344,7 @@ FAMILY_TENSORS = {
     "llada": PREFIX + "ff_out.weight",
     "dream": "lm_head.weight",
     "llada2": "model.layers.1.mlp.gate.weight",  # one router row: every answer pad tokens after 63 forwards
+    "sdar": "model.layers.1.self_attn.o_proj.weight",
 }
 
 
@@ -396,7 +397,7 @@ def test_check_finite_env_var_opts_out_and_is_checked(tmp_path, monkeypatch):
 def test_clean_toys_pass_the_finite_check():
     from blockbatch import toy
 
-    for family in ("llada", "dream", "llada2"):
+    for family in ("llada", "dream", "llada2", "sdar"):
         load_checkpoint(toy.checkpoint_path(family), check_finite=True)
 
 

@@ -124,8 +124,8 @@ def test_make_random_help_teaches_the_families():
     res = run_cli("make-random", "--help", timeout=120)
     assert res.returncode == 0, res.stderr
     for text in (
-        "--family {llada,dream,llada2}",
-        "--preset {dream-7b,llada2-mini}",
+        "--family {llada,dream,llada2,sdar}",
+        "--preset {dream-7b,llada2-mini,sdar-1.7b,sdar-8b}",
         "--dtype bfloat16",
         "generation_config.json",
         "half of",

@@ -349,3 +349,24 @@ def test_the_grid_of_policy_block_for_llada2():
     for spec in specs:
         o = policy_options(spec, 40)
         assert o.policy == "block" and o.gen_length == 40
+
+
+def test_the_grid_of_policy_block_for_sdar():
+    """SDAR's family grid (families/sdar.py TUNE_GRID): each unmasking rule x block length, dynamic x each
+    threshold too; the authors' dynamic at 0.85 with blocks of 4 first; no token editing (LLaDA2.1's)."""
+    import dataclasses
+
+    from blockbatch import families
+    from blockbatch.bench import policy_options
+    from blockbatch.tune import Grid, configs
+
+    grid = dataclasses.replace(
+        Grid(policies=("block",), block_lengths=(4, 8), thresholds=(0.85, 0.6)), **families.get("sdar").TUNE_GRID
+    )
+    specs = configs(grid, 40)
+    assert len(specs) == 2 * 2 + 3 * 2 and specs[0] == "block:block_length=4,unmasking=dynamic,threshold=0.85"
+    assert "block:block_length=8,unmasking=entropy_bounded" in specs
+    assert not any("edit_threshold" in s for s in specs)
+    for spec in specs:
+        o = policy_options(spec, 40)
+        assert o.policy == "block" and o.unmasking in ("dynamic", "static", "sequential", "entropy_bounded")

@@ -16,6 +16,8 @@ COUNTERS = (
     "nfe_init",
     "nfe_refresh",
     "nfe_paper",
+    "nfe_prefill",
+    "nfe_store",
     "winner",
     "winner_block_size",
     "early_exit",
@@ -26,6 +28,17 @@ COUNTERS = (
 
 
 def _block(rng, G, i, family):  # blocks of 8 / 16 / 32 aligned at 0, 2.0 and 2.1 (editing)
+    if family in data.UNMASKING_FAMILIES:  # SDAR: blocks of 4 / 8 / 16 aligned at 0, every unmasking rule
+        rule = ("dynamic", "static", "sequential", "entropy_bounded")[i % 4]
+        return DecodeOptions(
+            policy="block",
+            gen_length=G + rng.choice([0, 5]),
+            block_length=rng.choice([4, 8, 16]),
+            steps=rng.choice([None, 2]) if rule != "entropy_bounded" else None,
+            threshold=rng.choice([0.6, 0.85]),
+            unmasking=rule,
+            entropy_bound=rng.choice([0.35, 1.5]) if rule == "entropy_bounded" else 0.35,
+        )
     return DecodeOptions(
         policy="block",
         gen_length=G + rng.choice([0, 5]),
@@ -46,6 +59,17 @@ def _blockbatch(rng, G, i, family):
     return DecodeOptions(policy="blockbatch", gen_length=G, block_sizes=sizes, threshold=rng.choice([0.7, 0.9]))
 
 
+def _window(rng, G, i, family):  # Window-Diffusion: phases of a full forward then pruned ones
+    return DecodeOptions(
+        policy="window",
+        gen_length=G,
+        steps=rng.choice([G, G // 2]),
+        window_tokens=rng.choice([0, 8, 64]),
+        active_tokens=rng.choice([2, 4, 16]),
+        refresh_interval=rng.choice([1, 4, 16]),
+    )
+
+
 def _cached(policy):
     def options(rng, G, i, family):
         return DecodeOptions(
@@ -62,6 +86,7 @@ REQUEST_OPTIONS = {
     "dual": _cached("dual"),
     "blockbatch": _blockbatch,
     "block": _block,
+    "window": _window,
 }
 
 

@@ -169,14 +169,14 @@ KEY_PATTERN = {
         (dict(eos_token_id=96), r"config.json: key 'eos_token_id' = 96 equals mask_token_id", False),
         (
             dict(model_type="dream"),
-            r"config.json: key 'model_type' must be \"llada\", \"Dream\" or \"llada2_moe\"",
+            r"config.json: key 'model_type' must be \"llada\", \"Dream\", \"llada2_moe\" or \"sdar\"",
             False,
         ),
     ],
     "llada2": [
         (
             dict(model_type="llada2"),
-            r"config.json: key 'model_type' must be \"llada\", \"Dream\" or \"llada2_moe\"",
+            r"config.json: key 'model_type' must be \"llada\", \"Dream\", \"llada2_moe\" or \"sdar\"",
             True,
         ),
         (dict(hidden_size=0), r"config.json: key 'hidden_size' must be a positive integer, got 0", True),
@@ -427,7 +427,12 @@ FOREIGN_NAMES = {"dream": [("llada", "model.embed_tokens.weight")]}
 SMALL_CHECKPOINT = {
     "llada": dict(d_model=64, n_layers=2, vocab_size=97),
     "llada2": dict(vocab_size=64, n_layers=3),  # GQA, partial rotary, a dense layer then 8 experts top-2 + shared
+    "sdar": dict(vocab_size=64, n_layers=3),  # GQA 4/2, QK-norm, full rotary
 }
+
+
+# Block-causal families whose block policy reads `unmasking` (SDAR's four rules).
+UNMASKING_FAMILIES = ("sdar",)
 
 
 def small_checkpoint(family: str) -> dict:

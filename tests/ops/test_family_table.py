@@ -22,6 +22,7 @@ VARIANTS = {
     "llada2-dense-biases": ("llada2", {**LLADA2_SMALL, "num_experts": 0, "attention_bias": True}),
     "llada2-no-qk-norm-no-out-bias": ("llada2", {**LLADA2_SMALL, "qk_norm": False, "attn_out_bias": False}),
     "llada2-shared-tied": ("llada2", {**LLADA2_SMALL, "shared_experts": 2, "weight_tying": True}),
+    "sdar": ("sdar", {}),
 }
 
 
@@ -32,8 +33,10 @@ def _check(config_fields: dict):
 
 def test_family_id_outside_the_table_is_refused_naming_key_family():
     cfg = random_config("llada")
-    ints = cfg.int_fields() | {"family": 3}
-    with pytest.raises(ValueError, match=r"key 'family' must be 0 \(llada\), 1 \(dream\) or 2 \(llada2\), got 3"):
+    ints = cfg.int_fields() | {"family": 4}
+    with pytest.raises(
+        ValueError, match=r"key 'family' must be 0 \(llada\), 1 \(dream\), 2 \(llada2\) or 3 \(sdar\), got 4"
+    ):
         torch.ops.blockbatch.check_config(ints, cfg.float_fields())
 
 
@@ -45,6 +48,8 @@ def test_family_id_outside_the_table_is_refused_naming_key_family():
         ("llada", "head_size", 8, "key 'head_size' is set, but llada models have no explicit head size"),
         ("dream", "attention_bias", 0, "key 'attention_bias' is unset, but dream models always have q/k/v biases"),
         ("dream", "attn_out_bias", 1, "key 'attn_out_bias' is set, but dream models have no attention output"),
+        ("sdar", "qk_norm", 0, "key 'qk_norm' is unset, but sdar models always have QK-norm"),
+        ("sdar", "attention_bias", 1, "key 'attention_bias' is set, but sdar models have no q/k/v biases"),
     ],
 )
 def test_a_part_the_row_lacks_is_refused_by_its_key(family, field, value, message):

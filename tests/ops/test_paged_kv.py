@@ -17,6 +17,7 @@ FAMILIES = {
     "llada": dict(d_model=64, n_heads=4, n_kv_heads=4, mlp_hidden_size=96, n_layers=2),
     "dream": dict(d_model=64, n_heads=4, n_kv_heads=2, mlp_hidden_size=96, n_layers=2),
     "llada2": dict(),
+    "sdar": dict(),
 }
 
 

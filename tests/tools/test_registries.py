@@ -197,6 +197,7 @@ FAMILY_FIELDS = {
     "POLICIES": lambda v: isinstance(v, tuple) and len(v) > 0,
     "BENCH_POLICIES": lambda v: isinstance(v, tuple) and len(v) > 0,
     "TUNE_POLICIES": lambda v: v is None or (isinstance(v, tuple) and len(v) > 0),
+    "TUNE_GRID": lambda v: isinstance(v, dict),
     "SAMPLERS": lambda v: isinstance(v, bool),
     "MIXTURE_OF_EXPERTS": lambda v: isinstance(v, bool),
     "OPTION_GROUP_HELP": lambda v: v is None or isinstance(v, str),

@@ -38,3 +38,27 @@ def test_the_loss_masks_one_block_per_row_and_trains():
     loss.backward()
     assert torch.isfinite(loss) and loss > 0
     assert all(w.grad is not None for n, w in weights.items() if ".experts." not in n and "gate" not in n)
+
+
+def test_the_sdar_toy_trainer_forward_equals_the_reference():
+    """--family sdar: the same trainer, SDAR's layout and forward (reference/sdar.py's, batched)."""
+    from blockbatch.families import sdar as sdar_fam
+    from blockbatch.reference import sdar as sdar_ref
+
+    tc = trainer.train_config("sdar", d_model=64, n_layers=2, head_size=16, mlp_hidden_size=96)
+    config = trainer.model_config(tc)
+    assert config.family == "sdar" and tc.block_lengths == (4, 8, 16)
+    weights = {k: v.detach() for k, v in trainer.init_weights(config, seed=3).items()}
+    weights = {
+        k: v + 0.05 * torch.randn(v.shape, generator=torch.Generator().manual_seed(1)) for k, v in weights.items()
+    }
+    cfg = sdar_fam.reference_config(config)
+    model = sdar_ref.SDARReference(cfg, weights)
+    ids = torch.randint(0, toy_tok.VOCAB_SIZE, (3, 40), generator=torch.Generator().manual_seed(2))
+    batched = trainer.forward_batch(cfg, weights, ids, 8)
+    for row in range(3):
+        assert (batched[row] - model.forward(ids[row], 8)).abs().max() < 1e-4
+    resp = torch.zeros_like(ids, dtype=torch.bool)
+    resp[:, 10:] = True
+    loss = trainer.block_diffusion_loss(cfg, weights, ids, resp, 4, torch.Generator().manual_seed(0), 1e-3)
+    assert torch.isfinite(loss) and loss > 0

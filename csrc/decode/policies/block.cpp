@@ -19,8 +19,23 @@
 // one and, in the same step, replaces every generated committed token of the block whose prediction
 // differs with confidence > edit_threshold; a block ends on a step that starts without masks and
 // edits nothing, or after max_post_steps mask-free steps.
+//
+// SDAR (the authors' generate.py block_diffusion_generate with their harness's greedy proposal; the python
+// twin is reference/sdar.py block_generate, docs/sdar.md): a block runs the schedule of `steps` (not
+// capped at gen_length); the option `unmasking` picks a step's commits (dynamic: > threshold if at least
+// the schedule's count are, else the top count; static: the top count; sequential: the count leftmost
+// masks; entropy_bounded: the k leftmost masks, k the multiples of the block's summed entropy below
+// entropy_bound). The top count is at::topk over the block's confidences (-inf off the masks) on the
+// host: torch's CPU order on ties, as the authors' torch.topk on CPU; a count above the masks left takes
+// decided positions too, rewritten with their argmax (the authors' code). The decode ends at the end of
+// a block whose generated part holds EOS. The authors run a block's store forward (its final K/V) and
+// the prefill of the prompt's complete blocks as forwards of their own; here both fold into the next
+// block's first forward, as for LLaDA2, and the NFE reported is the authors' count: prefill (1 if the
+// prompt holds a complete block) + denoising forwards + one store forward per decoded block
+// (nfe_prefill, nfe_block, nfe_store).
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/argmax.h>
+#include <ATen/ops/cumsum.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/softmax.h>
@@ -44,10 +59,16 @@ namespace {
 struct BlockRules {
   const char* family;
   bool editing;  // LLaDA2.1's token editing (edit_threshold) is defined on its checkpoints
+  // SDAR's generate: the option `unmasking` picks a step's commits, `steps` is not capped at gen_length,
+  // a top count above the masks left rewrites decided positions, and the NFE counts the prefill and one
+  // store forward per block (else LLaDA2.0's threshold rule, its count capped, and the forwards run)
+  bool unmasking;
+  bool eos_early_stop;  // LLaDA2.0's eos_early_stop under stop_on_eos (else EOS ends a decode at a block's end only)
 };
 
 const std::vector<BlockRules> kRules{
-    {"llada2", /*editing=*/true},
+    {"llada2", /*editing=*/true, /*unmasking=*/false, /*eos_early_stop=*/true},
+    {"sdar", /*editing=*/false, /*unmasking=*/true, /*eos_early_stop=*/false},
 };
 
 const BlockRules& rules_of(const ModelConfig& c) {
@@ -64,8 +85,12 @@ class BlockDecoder final : public Decoder {
       : c_(model.config()), rules_(rules_of(c_)), o_(o), stop_(stop), lp_(static_cast<int64_t>(prompt.size())),
         B_(o.block_length), L_(canvas_length(o, lp_)), blocks_(L_ / B_),
         editing_(rules_.editing && o.edit_threshold.has_value()),
+        unmasking_(rules_.unmasking ? o.unmasking.value_or(Unmasking::kDynamic) : std::optional<Unmasking>{}),
         threshold_(o.threshold.value_or(std::numeric_limits<double>::infinity())),
-        schedule_(editing_ ? std::vector<int64_t>{} : transfer_schedule()) {
+        schedule_(editing_ ? std::vector<int64_t>{} : transfer_schedule()),
+        // SDAR's ranked rules with a count above one a step may rewrite decided positions of the block.
+        rewrites_(unmasking_ && (*unmasking_ == Unmasking::kDynamic || *unmasking_ == Unmasking::kStatic) &&
+                  static_cast<int64_t>(schedule_.size()) < B_) {
     x_ = prompt;
     x_.resize(L_, c_.mask_token_id);
     kv_ = kv.defined() ? std::move(kv) : KvRows{model.new_kv(1, L_), {}};
@@ -82,7 +107,7 @@ class BlockDecoder final : public Decoder {
   bool done() const override { return block_ >= blocks_; }
 
   StepPlan plan() override {
-    if (editing_) {  // the current block's committed tokens may still be edited: not stable yet
+    if (editing_ || rewrites_) {  // the current block's committed tokens may still change: not stable yet
       std::vector<int64_t> stable = x_;
       std::fill(stable.begin() + block_ * B_, stable.begin() + (block_ + 1) * B_, c_.mask_token_id);
       stop_.check(st_.nfe, stable);
@@ -123,8 +148,12 @@ class BlockDecoder final : public Decoder {
     int64_t masks = 0;
     for (int64_t i = 0; i < B_; ++i) masks += active[i] = x_[s + i] == c_.mask_token_id;
     const int64_t* t = tok.const_data_ptr<int64_t>();
-    const std::vector<int64_t> chosen =
-        masks > 0 ? commit_masks(active, conf, editing_ ? 1 : schedule_[step_]) : std::vector<int64_t>{};
+    std::vector<int64_t> chosen;
+    if (unmasking_) {
+      chosen = unmask(active, conf, schedule_[step_]);
+    } else if (masks > 0) {
+      chosen = commit_masks(active, conf, editing_ ? 1 : schedule_[step_]);
+    }
     // Edits are decided on the block as the step found it, then written with the commits.
     std::vector<int64_t> edits;
     if (editing_) {
@@ -140,9 +169,9 @@ class BlockDecoder final : public Decoder {
       eos_committed = eos_committed || t[i] == c_.eos_token_id;
     }
     for (int64_t i : edits) x_[s + i] = t[i];
+    // Masks given a token (a rewritten decided position is no commit).
     const int64_t committed =
-        static_cast<int64_t>(chosen.size()) -
-        std::count_if(chosen.begin(), chosen.end(), [&](int64_t i) { return t[i] == c_.mask_token_id; });
+        std::count_if(chosen.begin(), chosen.end(), [&](int64_t i) { return active[i] && t[i] != c_.mask_token_id; });
     st_.steps.push_back({committed, p.q.size()});
     st_.branches[0].committed += committed;
     st_.edits += static_cast<int64_t>(edits.size());
@@ -153,7 +182,7 @@ class BlockDecoder final : public Decoder {
     ++step_;
     if (editing_) {
       if (masks == 0 && edits.empty()) return end_block();
-    } else if (o_.stop_on_eos.value_or(false) && eos_committed && eos_ends_text()) {
+    } else if (rules_.eos_early_stop && o_.stop_on_eos.value_or(false) && eos_committed && eos_ends_text()) {
       stopped_ = true;
       return end_block();
     }
@@ -164,6 +193,10 @@ class BlockDecoder final : public Decoder {
     DecodeResult res;
     res.tokens.assign(x_.begin(), x_.begin() + lp_ + o_.gen_length);
     st_.nfe_block = st_.nfe;
+    if (rules_.unmasking) {  // the authors' count: their prefill and store forwards are folded here
+      st_.nfe_prefill = lp_ >= B_ ? 1 : 0;
+      st_.nfe = st_.nfe_prefill + st_.nfe_block + st_.nfe_store;
+    }
     st_.nfe_paper = st_.nfe;
     st_.branches[0].forwards = st_.nfe;
     st_.winner_block_size = B_;
@@ -175,7 +208,7 @@ class BlockDecoder final : public Decoder {
   // LLaDA2.0's schedule: `steps` steps of block_length // steps commits, one more for the first
   // block_length % steps (steps capped at gen_length, as the authors' min(steps, gen_length)).
   std::vector<int64_t> transfer_schedule() const {
-    const int64_t steps = std::min(o_.steps.value_or(B_), o_.gen_length);
+    const int64_t steps = rules_.unmasking ? o_.steps.value_or(B_) : std::min(o_.steps.value_or(B_), o_.gen_length);
     std::vector<int64_t> out;
     for (int64_t i = 0; i < steps; ++i) out.push_back(B_ / steps + (i < B_ % steps ? 1 : 0));
     return out;
@@ -202,6 +235,54 @@ class BlockDecoder final : public Decoder {
     const at::Tensor idx = std::get<1>(at::topk(row, std::min(at_least, masks))).contiguous();
     const int64_t* ip = idx.const_data_ptr<int64_t>();
     return std::vector<int64_t>(ip, ip + idx.numel());
+  }
+
+  // SDAR's commits (`unmasking`): the block positions a step writes its proposals to, `count` the
+  // schedule's share of this step. The ranked rules take at::topk over the whole block (-inf off the
+  // masks) on the host, torch's CPU order as the authors' torch.topk: a count above the masks left takes
+  // decided positions too.
+  std::vector<int64_t> unmask(const std::vector<bool>& active, const at::Tensor& conf, int64_t count) const {
+    const float* c = conf.const_data_ptr<float>();
+    std::vector<int64_t> masked;
+    for (int64_t i = 0; i < B_; ++i) {
+      if (active[i]) masked.push_back(i);
+    }
+    auto top = [&]() {
+      std::vector<float> ranked(B_, -std::numeric_limits<float>::infinity());
+      for (int64_t i : masked) ranked[i] = c[i];
+      const at::Tensor row = at::from_blob(ranked.data(), {B_}, at::kFloat);
+      const at::Tensor idx = std::get<1>(at::topk(row, count)).contiguous();
+      const int64_t* ip = idx.const_data_ptr<int64_t>();
+      return std::vector<int64_t>(ip, ip + idx.numel());
+    };
+    switch (*unmasking_) {
+      case Unmasking::kDynamic: {
+        const float threshold = static_cast<float>(threshold_);
+        std::vector<int64_t> high;
+        for (int64_t i : masked) {
+          if (c[i] > threshold) high.push_back(i);
+        }
+        return static_cast<int64_t>(high.size()) >= count ? high : top();
+      }
+      case Unmasking::kStatic: return top();
+      case Unmasking::kSequential: {
+        std::vector<int64_t> out;
+        for (int64_t i = masked.front(); i < std::min(masked.front() + count, B_); ++i) out.push_back(i);
+        return out;
+      }
+      case Unmasking::kEntropyBounded: {
+        // One entropy for the whole block (every position's q = max(p, 1e-12)); k = how many of its
+        // running sums E, 2E, ... (over the masks) are below the bound, in [1, masks]; the k leftmost.
+        const at::Tensor q = conf.clamp_min(1e-12);
+        const at::Tensor entropy = q.mul(q.log()).sum().neg();
+        const at::Tensor sums = at::cumsum(entropy.expand({static_cast<int64_t>(masked.size())}), 0);
+        const at::Tensor bound = at::full({}, static_cast<float>(o_.entropy_bound), at::kFloat);
+        const int64_t below = sums.lt(bound).sum().item<int64_t>();
+        const int64_t k = std::max<int64_t>(1, std::min<int64_t>(below, static_cast<int64_t>(masked.size())));
+        return std::vector<int64_t>(masked.begin(), masked.begin() + k);
+      }
+    }
+    return {};
   }
 
   // LLaDA2.0's eos_early_stop: the first EOS of the canvas before the block's end has no mask
@@ -242,6 +323,8 @@ class BlockDecoder final : public Decoder {
     const int64_t end = (block_ + 1) * B_;
     const auto gen = x_.begin() + std::min(lp_, end), stop = x_.begin() + end;
     const bool eos = std::find(gen, stop, c_.eos_token_id) != stop;
+    // SDAR: a block left without masks runs its store forward (counted; folded into the next forward here).
+    if (unmasking_ && std::find(x_.begin() + block_ * B_, stop, c_.mask_token_id) == stop) ++st_.nfe_store;
     bool over;
     if (!editing_) {
       over = stopped_ || eos;  // LLaDA2.0 ends at a block holding EOS, stop_on_eos or not
@@ -258,8 +341,10 @@ class BlockDecoder final : public Decoder {
   const Stop& stop_;
   const int64_t lp_, B_, L_, blocks_;
   const bool editing_;
+  const std::optional<Unmasking> unmasking_;  // SDAR's rule (nullopt: LLaDA2's)
   const double threshold_;
   const std::vector<int64_t> schedule_;
+  const bool rewrites_;
   std::vector<int64_t> x_;
   int64_t block_ = 0, step_ = 0, post_steps_ = 0, cached_ = 0;
   bool stopped_ = false;
@@ -304,6 +389,26 @@ Refusal option_refusal(const FamilySpec* family, const DecodeOptions& o) {
     return {"edit_threshold",
             c10::str("edit_threshold: token editing is not defined on ", family->name, " checkpoints")};
   }
+  if (rules != nullptr && !rules->unmasking) {
+    if (o.unmasking) {
+      return {"unmasking", c10::str("unmasking: the unmasking rules are SDAR's; ", family->name,
+                                    " checkpoints commit by their own rule (leave unmasking None)")};
+    }
+    if (o.entropy_bound != DecodeOptions{}.entropy_bound) {
+      return {"entropy_bound", c10::str("entropy_bound is read by SDAR's unmasking 'entropy_bounded'; ", family->name,
+                                        " checkpoints do not read it (leave it at its default)")};
+    }
+  }
+  if (o.unmasking && *o.unmasking != Unmasking::kEntropyBounded && o.entropy_bound != DecodeOptions{}.entropy_bound) {
+    return {"entropy_bound", c10::str("entropy_bound is read by unmasking 'entropy_bounded' only, not '",
+                                      unmasking_name(*o.unmasking), "'")};
+  }
+  if (o.unmasking == Unmasking::kEntropyBounded && o.steps && *o.steps < o.block_length) {
+    return {"steps",
+            c10::str("unmasking 'entropy_bounded' may commit one token a step: steps must be None or >= block_length (",
+                     o.block_length, "), got ", *o.steps,
+                     " (with fewer, the authors' loop leaves masks in a block and never stores its K/V)")};
+  }
   return {};
 }
 
@@ -314,19 +419,20 @@ int64_t cached_prompt_block(const DecodeOptions& o) { return o.block_length; }
 
 namespace pd = policy_defaults;
 
-extern const PolicyDescriptor kBlockPolicy{.id = Policy::kBlock,
-                                           .family_refusal = family_refusal,
-                                           .option_refusal = option_refusal,
-                                           .kv_rows = pd::one,
-                                           .canvas_unit = canvas_unit,
-                                           .cached_prompt_block = cached_prompt_block,
-                                           .graphs = pd::yes,
-                                           .needs_paged_pool = pd::no_option,
-                                           .adapts_to_load = pd::no,
-                                           .at_load = pd::as_is,
-                                           .steps_with_confidence = true,
-                                           .step_kinds = {StepKind::kBlockStart, StepKind::kWindow},
-                                           .stats = {"nfe_block", "edits", "prefix_cache_hit_tokens"},
-                                           .make = make};
+extern const PolicyDescriptor kBlockPolicy{
+    .id = Policy::kBlock,
+    .family_refusal = family_refusal,
+    .option_refusal = option_refusal,
+    .kv_rows = pd::one,
+    .canvas_unit = canvas_unit,
+    .cached_prompt_block = cached_prompt_block,
+    .graphs = pd::yes,
+    .needs_paged_pool = pd::no_option,
+    .adapts_to_load = pd::no,
+    .at_load = pd::as_is,
+    .steps_with_confidence = true,
+    .step_kinds = {StepKind::kBlockStart, StepKind::kWindow},
+    .stats = {"nfe_block", "edits", "prefix_cache_hit_tokens", "nfe_prefill", "nfe_store"},
+    .make = make};
 
 }  // namespace blockbatch

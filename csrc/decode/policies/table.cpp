@@ -67,6 +67,11 @@ void check_supported(const FamilySpec* family, const DecodeOptions& o) {
 
 Refusal bidirectional_refusal(const FamilySpec* family, bool samplers, const DecodeOptions& o) {
   if (o.edit_threshold) return {"edit_threshold", "edit_threshold applies to policy 'block' (token editing) only"};
+  if (o.unmasking) return {"unmasking", "unmasking applies to policy 'block' (SDAR checkpoints) only"};
+  if (o.entropy_bound != DecodeOptions{}.entropy_bound) {
+    return {"entropy_bound",
+            "entropy_bound applies to policy 'block' (SDAR checkpoints, unmasking 'entropy_bounded') only"};
+  }
   if (o.steps && *o.steps > o.gen_length) {
     return {"steps", c10::str("steps must be None or an integer in [0, gen_length = ", o.gen_length,
                               "] (a step commits at least one token), got ", *o.steps)};

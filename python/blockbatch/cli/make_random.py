@@ -165,12 +165,13 @@ def _physical_memory() -> int:
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "make-random",
-        help="write a random LLaDA, Dream or LLaDA2 checkpoint folder",
+        help="write a random LLaDA, Dream, LLaDA2 or SDAR checkpoint folder",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Write a checkpoint with random weights in the exact Hugging Face layout of its family: LLaDA\n"
         "(model.transformer.*, config.json) or Dream (Qwen2 names with q/k/v biases, config.json with\n"
         'model_type "Dream", generation_config.json) or LLaDA2 (model_type "llada2_moe": fused\n'
-        "query_key_value, QK-norm, mixtures of experts after the first layer). The weights are random: such a\n"
+        'query_key_value, QK-norm, mixtures of experts after the first layer) or SDAR (model_type "sdar": a dense\n'
+        "Qwen3 body, split q/k/v/o, QK-norm, block-causal). The weights are random: such a\n"
         "checkpoint\n"
         "exercises loading, the forward and the decoders at a given shape, never answers anything.\n"
         "The shipped trained toys are python/blockbatch/toy/checkpoint{,_dream}.",
@@ -180,6 +181,7 @@ def add_parser(sub) -> None:
         "  blockbatch make-random /tmp/dream --family dream --layers 4 --kv-heads 1\n"
         "  blockbatch make-random /tmp/llada2 --family llada2      (LLaDA2: 4/2 heads, 8 experts top-2 + 1 shared)\n"
         "  blockbatch make-random /tmp/llada2 --family llada2 --experts 16\n"
+        "  blockbatch make-random /tmp/sdar --family sdar          (SDAR: 4/2 heads of 16 dims, QK-norm)\n"
         "  blockbatch make-random /tmp/dream7b --preset dream-7b --dtype bfloat16\n"
         "        (the real Dream-v0-7B shape: 7.6B parameters, about 15 GB in bfloat16, written in 5 GB\n"
         "         shards; refused when the machine has less than about twice that in memory)\n"
@@ -191,7 +193,7 @@ def add_parser(sub) -> None:
         choices=list(families.REGISTRY),
         default=None,
         help="model family and checkpoint layout (default llada; dream with --preset dream-7b, llada2 with "
-        "--preset llada2-mini)",
+        "--preset llada2-mini, sdar with --preset sdar-1.7b / sdar-8b)",
     )
     p.add_argument(
         "--preset",
@@ -199,7 +201,8 @@ def add_parser(sub) -> None:
         default=None,
         help="a published shape instead of the shape flags: dream-7b = Dream-v0-7B (d_model 3584, "
         "28 layers, 28/4 heads, mlp 18944, vocab 152064); llada2-mini = LLaDA2.0-mini / 2.1-mini (16.3B "
-        "parameters: 20 layers, 256 experts top-8 + 1 shared); use --dtype bfloat16",
+        "parameters: 20 layers, 256 experts top-8 + 1 shared); sdar-1.7b / sdar-8b = SDAR-1.7B / 8B-Chat; use "
+        "--dtype bfloat16",
     )
     p.add_argument("--force", action="store_true", help="overwrite a checkpoint already in the folder")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")

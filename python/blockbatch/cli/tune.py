@@ -374,7 +374,8 @@ def run(args: argparse.Namespace) -> int:
     engine = Engine.from_pretrained(args.model, device=args.device)
     if args.policies is None:  # the family's own where it has one (LLaDA2: block), else the grid's
         args.policies = families.of(engine.config).TUNE_POLICIES
-    base = GRIDS[args.grid]
+    # The family's own axes (SDAR: its unmasking rules), under the flags given.
+    base = dataclasses.replace(GRIDS[args.grid], **families.of(engine.config).TUNE_GRID)
     grid = dataclasses.replace(
         base,
         **{

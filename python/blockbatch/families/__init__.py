@@ -1,5 +1,5 @@
-"""Model families on the Python side: one module per family (``llada``, ``dream``, ``llada2``) holding all that
-differs between two families here: its ``config.json`` keys and checks (a ``ConfigCodec`` it
+"""Model families on the Python side: one module per family (``llada``, ``dream``, ``llada2``, ``sdar``)
+holding all that differs between two families here: its ``config.json`` keys and checks (a ``ConfigCodec`` it
 registers with ``blockbatch.config`` on import), its weight names and shapes, its random configs
 and weights (``blockbatch make-random``, the tests), published shapes; and this registry, which
 every other module asks instead of testing a family's name. Its C++ twin is the family table
@@ -13,13 +13,14 @@ import types
 from ..config import ModelConfig
 
 # LLaDA first: importing a family registers its config.json reader, and the order of registration
-# is the order messages list the model types in (llada, Dream, llada2_moe).
+# is the order messages list the model types in (llada, Dream, llada2_moe, sdar).
 from . import llada
 from . import dream
 from . import llada2
+from . import sdar
 
 # family name (ModelConfig.family) -> its module
-REGISTRY: dict[str, types.ModuleType] = {m.NAME: m for m in (llada, dream, llada2)}
+REGISTRY: dict[str, types.ModuleType] = {m.NAME: m for m in (llada, dream, llada2, sdar)}
 
 
 def get(name: str) -> types.ModuleType:

@@ -74,6 +74,7 @@ POLICIES: tuple[str, ...] = ("block",)
 # (None: the grid's own) ...
 BENCH_POLICIES: tuple[str, ...] = ("block",)
 TUNE_POLICIES: tuple[str, ...] | None = ("block",)
+TUNE_GRID: dict = {}  # tune.Grid fields of its own (none)
 # ... whether Dream's samplers apply (alg, alg_temp, eps, top_p, top_k: FamilyRules::samplers) ...
 SAMPLERS = False
 # Mixture-of-experts layers (make-random --experts)
@@ -362,6 +363,13 @@ KEY_NAMES = {
 
 register_family(
     ConfigCodec(
-        MODEL_TYPE, NAME, read_config, write_config, check_config, cpp_id=2, key_names=KEY_NAMES, sets_sizes=True
+        MODEL_TYPE,
+        NAME,
+        read_config,
+        write_config,
+        check_config,
+        cpp_id=2,
+        key_names=KEY_NAMES,
+        sizes=("head_size", "rope_dims"),
     )
 )

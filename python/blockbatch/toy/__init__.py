@@ -1,14 +1,17 @@
 """Small trained masked-diffusion LMs shipped with the package, and the task they solve.
 
-Three checkpoints, trained on the chained-arithmetic task of ``toy.task`` with the same character
-tokenizer and data (``python tools/train_toy.py``; the LLaDA2 one ``python tools/train_toy_llada2.py``):
+Four checkpoints, trained on the chained-arithmetic task of ``toy.task`` with the same character
+tokenizer and data (``python tools/train_toy.py``; the block-causal ones ``python tools/train_toy_llada2.py
+[--family sdar]``):
 
 * ``toy/checkpoint``: LLaDA layout (``--family llada``, the default);
 * ``toy/checkpoint_dream``: Hugging Face Dream layout (``--family dream``): q/k/v biases, GQA,
   ``generation_config.json``, and Dream's shifted outputs (position ``p`` is read from the
   output at ``p - 1``);
 * ``toy/checkpoint_llada2``: LLaDA2 layout (``model_type`` "llada2_moe": QK-norm, partial rotary, a
-  dense layer then mixtures of 8 experts), block-causal, trained with the block-diffusion objective.
+  dense layer then mixtures of 8 experts), block-causal, trained with the block-diffusion objective;
+* ``toy/checkpoint_sdar``: SDAR layout (``model_type`` "sdar": a dense Qwen3 body, QK-norm), block-causal,
+  trained with the same objective on blocks of 4, 8 and 16.
 
 ``load_checkpoint`` reads either (the family comes from ``config.json``);
 ``python -m blockbatch.toy.evaluate [--family dream]`` measures exact-match accuracy and NFE
@@ -23,11 +26,17 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 CHECKPOINT_DIR = os.path.join(_HERE, "checkpoint")
 DREAM_CHECKPOINT_DIR = os.path.join(_HERE, "checkpoint_dream")
 LLADA2_CHECKPOINT_DIR = os.path.join(_HERE, "checkpoint_llada2")
-CHECKPOINT_DIRS = {"llada": CHECKPOINT_DIR, "dream": DREAM_CHECKPOINT_DIR, "llada2": LLADA2_CHECKPOINT_DIR}
+SDAR_CHECKPOINT_DIR = os.path.join(_HERE, "checkpoint_sdar")
+CHECKPOINT_DIRS = {
+    "llada": CHECKPOINT_DIR,
+    "dream": DREAM_CHECKPOINT_DIR,
+    "llada2": LLADA2_CHECKPOINT_DIR,
+    "sdar": SDAR_CHECKPOINT_DIR,
+}
 
 
 def checkpoint_path(family: str = "llada") -> str:
-    """Folder of the shipped toy checkpoint of ``family`` (``"llada"``, ``"dream"`` or ``"llada2"``)."""
+    """Folder of the shipped toy checkpoint of ``family`` (``"llada"``, ``"dream"``, ``"llada2"`` or ``"sdar"``)."""
     try:
         return CHECKPOINT_DIRS[family]
     except KeyError:
