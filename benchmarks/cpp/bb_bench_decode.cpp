@@ -28,6 +28,7 @@
 #include "decode/decode.h"
 #include "decode/policies/policy.h"
 #include "io/json.h"
+#include "model/families.h"
 
 namespace {
 
@@ -43,7 +44,8 @@ struct Options {
 void print_usage() {
   std::cout << "bb_bench_decode: decode prompts from a JSONL file with the native BlockBatch loop and time it.\n\n"
                "Usage: bb_bench_decode --model DIR --prompts FILE.jsonl [options]\n\n"
-               "  --model DIR          Hugging Face LLaDA, Dream or LLaDA2 checkpoint folder (read by the strict C++\n"
+            << "  --model DIR          Hugging Face " << blockbatch::family_names_text()
+            << " checkpoint folder (read by the strict C++\n"
                "                       reader; the family is config.json's model_type)\n"
                "  --prompts FILE       JSONL, one object per line: {\"prompt_ids\": [...], \"expected_ids\": [...]}\n"
                "  --dtype T            float32 (default) or bfloat16\n"

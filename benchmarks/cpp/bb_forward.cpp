@@ -1,4 +1,4 @@
-// bb_forward: load a Hugging Face LLaDA, Dream or LLaDA2 checkpoint with the strict C++ reader and time
+// bb_forward: load a Hugging Face checkpoint of any family (model/families.cpp) with the strict C++ reader and time
 // the native packed forward. One result line per configuration.
 //
 //   bb_forward --model DIR [--dtype float32|bfloat16] [--mode full|dual|prefix]
@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common.h"
+#include "model/families.h"
 
 namespace {
 
@@ -34,10 +35,13 @@ struct Options {
 };
 
 void print_usage() {
-  std::cout << "bb_forward: time the native BlockBatch forward on a Hugging Face LLaDA, Dream or LLaDA2 checkpoint.\n\n"
-               "Usage: bb_forward --model DIR [options]\n\n"
+  const std::string names = blockbatch::family_names_text();
+  std::cout << "bb_forward: time the native BlockBatch forward on a Hugging Face " << names << " checkpoint.\n\n"
+            << "Usage: bb_forward --model DIR [options]\n\n"
                "  --model DIR        checkpoint folder (config.json + model.safetensors or sharded index); the family\n"
-               "                     (LLaDA, Dream or LLaDA2) is config.json's model_type\n"
+               "                     ("
+            << names
+            << ") is config.json's model_type\n"
                "  --dtype T          float32 (default) or bfloat16: weights are converted on load\n"
                "  --mode M           dual (default): each row's window attends to its own KV row of --canvas slots;\n"
                "                     prefix: window + nothing cached before it; full: whole canvas per row\n"

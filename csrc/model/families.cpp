@@ -324,6 +324,12 @@ std::string model_types_text() {
   return listed(items);
 }
 
+std::string family_names_text() {
+  std::vector<std::string> items;
+  for (const FamilySpec& spec : families()) items.push_back(spec.display_name);
+  return listed(items);
+}
+
 std::string missing_tensor_hint(const FamilySpec& spec, const std::string& name) {
   auto has = [&](const char* part) { return name.find(part) != std::string::npos; };
   for (const MissingHint& h : spec.missing_hints) {

@@ -135,6 +135,8 @@ const FamilySpec* family_by_model_type(const std::string& model_type);
 // types as messages list them.
 std::string family_ids_text();
 std::string model_types_text();
+// The families' display names as a help text lists them: "LLaDA, Dream, LLaDA2 or SDAR".
+std::string family_names_text();
 // The hint for missing tensor `name` of `spec` ("" if none).
 std::string missing_tensor_hint(const FamilySpec& spec, const std::string& name);
 

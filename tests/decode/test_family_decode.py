@@ -50,7 +50,7 @@ def test_each_policy_equals_its_reference(engines, family, policy):
     mask = engine.config.mask_token_id
     for prompt in PROMPTS:
         prompt = [t if t != mask else 0 for t in prompt]
-        for overrides in data.POLICY_CASES[policy]:
+        for overrides in data.policy_cases(policy, family):
             o = engine.default_options(policy=policy, **overrides)
             g = engine.generate([prompt], o)[0]
             row, nfe = policies.reference(ref, torch.tensor(prompt), o, family, engine.checkpoint.proposal_vocab)

@@ -319,6 +319,8 @@ def all_policies() -> list[str]:
 # How a policy refuses a family it has no decoder for (the C++ descriptor's family_refusal), then
 # the policies that do decode it.
 _REFUSAL = {"block": "is the decoder of block-causal checkpoints; {family} checkpoints are bidirectional"}
+# A policy with a decoder for the family's attention but no row for it in its rules table.
+_NO_ROW = {("window", "dream")}
 
 
 def policy_refusal(policy: str, family: str) -> str:
@@ -326,7 +328,11 @@ def policy_refusal(policy: str, family: str) -> str:
     policies that decode the family (its POLICIES, in the table's order)."""
     import re
 
-    words = _REFUSAL.get(policy, "is not defined on {family} checkpoints").format(family=family)
+    words = (
+        "has no rules for {family} checkpoints"
+        if (policy, family) in _NO_ROW
+        else _REFUSAL.get(policy, "is not defined on {family} checkpoints")
+    ).format(family=family)
     names = [f"'{p}'" for p in all_policies() if p in families.get(family).POLICIES]
     remedy = "use policy=" + (", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0])
     return re.escape(f"policy '{policy}' {words}") + ".*" + re.escape(remedy)
@@ -483,7 +489,25 @@ POLICY_CASES = {
         dict(gen_length=24, block_length=8, steps=4, threshold=0.5, stop_on_eos=True),
         dict(gen_length=24, block_length=8, threshold=0.95, edit_threshold=0.5),
     ],
+    "window": [
+        dict(gen_length=32, steps=32, window_tokens=8, active_tokens=4, refresh_interval=8),
+        dict(gen_length=32, steps=16, window_tokens=0, active_tokens=4, refresh_interval=4),
+    ],
 }
+# Where a family's cases of a policy differ (SDAR: no token editing, its unmasking rules instead).
+POLICY_CASES_BY_FAMILY = {
+    ("block", "sdar"): [
+        dict(gen_length=24, block_length=8, threshold=0.95),
+        dict(gen_length=24, block_length=8, steps=4, threshold=0.5, stop_on_eos=True),
+        dict(gen_length=24, block_length=4, unmasking="static", steps=2),
+        dict(gen_length=24, block_length=8, unmasking="entropy_bounded", entropy_bound=1.5),
+    ],
+}
+
+
+def policy_cases(policy: str, family: str) -> list[dict]:
+    return POLICY_CASES_BY_FAMILY.get((policy, family), POLICY_CASES[policy])
+
 
 # Options the family's decoders refuse: (DecodeOptions fields, a pattern of the message, the option
 # the refusal names as the one to change).

@@ -17,19 +17,9 @@ from blockbatch.native import NativeModel
 from blockbatch.random_checkpoint import make_random_checkpoint
 from helpers.bb_forward import assert_forward_matches
 
-from test_cpp_llada2_reader import BOOL_FIELDS, FLOAT_FIELDS, INT_FIELDS, bb_bench_decode, bb_forward, read_config_line
+from test_cpp_reader import assert_config_read, bb_bench_decode, bb_forward, read_config_line
 
 SHAPE = dict(n_layers=2, vocab_size=64, d_model=32, n_heads=4, n_kv_heads=2, head_size=16)
-
-
-def assert_config_read(seen, config):
-    assert seen["family"] == "sdar"
-    for key in INT_FIELDS:
-        assert int(seen[key]) == (getattr(config, key) or 0), key
-    for key in BOOL_FIELDS:
-        assert int(seen[key]) == int(getattr(config, key)), key
-    for key in FLOAT_FIELDS:
-        assert float(seen[key]) == getattr(config, key), key
 
 
 @pytest.mark.parametrize("shards", [None, 10_000], ids=["single", "sharded"])
