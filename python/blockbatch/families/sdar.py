@@ -163,6 +163,10 @@ def read_config(keys: KeyReader) -> ModelConfig:
     if not isinstance(tie, bool):
         raise keys.bad("tie_word_embeddings", f"must be true or false (a JSON boolean), got {show_value(tie)}")
     vocab = keys.integer("vocab_size")
+    keys.need("eos_token_id")  # present (a null is refused below)
+    eos = keys.token_id("eos_token_id")
+    if eos is None:
+        raise keys.bad("eos_token_id", "must be an integer or a non-empty list of integers, got null")
     return ModelConfig(
         d_model=d_model,
         n_layers=keys.integer("num_hidden_layers"),
@@ -175,7 +179,7 @@ def read_config(keys: KeyReader) -> ModelConfig:
         rms_norm_eps=keys.number("rms_norm_eps") if keys.present("rms_norm_eps") else 1e-6,
         weight_tying=tie,
         mask_token_id=keys.integer("mask_token_id"),
-        eos_token_id=keys.token_id("eos_token_id") if keys.need("eos_token_id") is not None else None,
+        eos_token_id=eos,
         max_sequence_length=keys.integer("max_position_embeddings")
         if keys.present("max_position_embeddings")
         else 32768,
