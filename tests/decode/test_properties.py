@@ -35,8 +35,9 @@ def divisors(n: int) -> list[int]:
 
 @st.composite
 def valid_options(draw) -> DecodeOptions:
-    # the toy is LLaDA: every policy but LLaDA2's block (tests/decode/test_llada2_native.py)
-    policy = draw(st.sampled_from([p for p in POLICIES if p != "block"]))
+    # the toy is LLaDA: every policy but the block-causal families' block (test_llada2_native.py,
+    # test_sdar_native.py) and window, whose phases have their own invariants (tests/decode/test_window.py)
+    policy = draw(st.sampled_from([p for p in POLICIES if p not in ("block", "window")]))
     gen_length = draw(st.sampled_from([8, 16, 24, 32, 64]))
     common = dict(
         policy=policy,
@@ -154,6 +155,16 @@ INVALID = {
     "top_k": st.one_of(st.integers(max_value=0), st.floats(), st.booleans()),
     "edit_threshold": st.one_of(st.floats().filter(lambda v: not 0 <= v <= 1), st.text(max_size=3)),
     "max_post_steps": st.one_of(st.integers(max_value=-1), st.integers(min_value=MAX_GAP_TOKENS + 1), st.floats()),
+    "unmasking": st.one_of(
+        st.text(max_size=8).filter(lambda v: v not in ("dynamic", "static", "sequential", "entropy_bounded")),
+        st.integers(),
+    ),
+    "entropy_bound": st.one_of(st.floats().filter(lambda v: not 0 < v < float("inf")), st.text(max_size=3)),
+    "window_tokens": st.one_of(st.integers(max_value=-1), st.integers(min_value=MAX_GAP_TOKENS + 1), st.floats()),
+    "active_tokens": st.one_of(st.integers(max_value=0), st.integers(min_value=MAX_GAP_TOKENS + 1), st.floats()),
+    "refresh_interval": st.one_of(st.integers(max_value=0), st.integers(min_value=MAX_GAP_TOKENS + 1), st.floats()),
+    "slide_window": st.one_of(st.integers(), st.text(max_size=4)),
+    "early_stop": st.one_of(st.integers(), st.text(max_size=4)),
 }
 
 
