@@ -40,20 +40,16 @@ SHAPES = {
     },
 }
 L = 512
+DECODES_FAMILY = "dream"  # the model --decodes times whole decodes on (the benchmark's subject)
 
 
 def build(family: str, shape: dict, device: str, dtype: torch.dtype):
     from blockbatch.random_checkpoint import random_config
-    from blockbatch.families.dream import weight_shapes as dream_weight_shapes
     from blockbatch.loading import expected_weight_shapes
     from blockbatch.native import NativeModel
 
-    if family == "dream":
-        config = random_config("dream", **shape, max_sequence_length=4096)
-        shapes = dream_weight_shapes(config)
-    else:
-        config = random_config(**shape, max_sequence_length=4096)
-        shapes = expected_weight_shapes(config)
+    config = random_config(family, **shape, max_sequence_length=4096)
+    shapes = expected_weight_shapes(config)  # the family's own tensor names (families.REGISTRY)
     g = torch.Generator(device=device).manual_seed(0)
     weights = {}
     for name, s in shapes.items():
@@ -168,7 +164,7 @@ def main(argv=None) -> int:
         config, model = build(family, SHAPES[args.shape][family], args.device, dtype)
         row = step_times(config, model, windows, args.device, args.repeats)
         print("  " + json.dumps(row), flush=True)
-        if family == "dream" and args.decodes:
+        if family == DECODES_FAMILY and args.decodes:
             row["decode"] = decode_times(config, model, args.device, args.gen_length, args.decodes)
         report["models"][family] = row
         with open(path, "w") as f:  # after each model: nothing lost on a time-out
