@@ -547,36 +547,30 @@ extern const PolicyDescriptor kVanillaPolicy{.id = Policy::kVanilla,
                                              .stats = {"nfe_full"},
                                              .make = make};
 
-// prefix: a block's first step fills the cache, the others run block and suffix against the frozen prefix.
-extern const PolicyDescriptor kPrefixPolicy{.id = Policy::kPrefix,
-                                            .family_refusal = family_refusal,
-                                            .option_refusal = option_refusal,
-                                            .kv_rows = cache_rows,
-                                            .canvas_unit = pd::one,
-                                            .cached_prompt_block = pd::none,
-                                            .graphs = pd::yes,
-                                            .needs_paged_pool = pd::no_option,
-                                            .adapts_to_load = pd::no,
-                                            .at_load = pd::as_is,
-                                            .steps_with_confidence = false,
-                                            .step_kinds = {StepKind::kBlockStart, StepKind::kWindow},
-                                            .stats = {"nfe_full", "nfe_block"},
-                                            .make = make};
+// prefix and dual share every rule but the key range a block step attends (the decoder reads
+// o.policy): a block's first step fills the cache, the others run against it.
+namespace {
+PolicyDescriptor cached_policy(Policy id) {
+  return {.id = id,
+          .family_refusal = family_refusal,
+          .option_refusal = option_refusal,
+          .kv_rows = cache_rows,
+          .canvas_unit = pd::one,
+          .cached_prompt_block = pd::none,
+          .graphs = pd::yes,
+          .needs_paged_pool = pd::no_option,
+          .adapts_to_load = pd::no,
+          .at_load = pd::as_is,
+          .steps_with_confidence = false,
+          .step_kinds = {StepKind::kBlockStart, StepKind::kWindow},
+          .stats = {"nfe_full", "nfe_block"},
+          .make = make};
+}
+}  // namespace
 
-// dual: a block's first step fills the cache, the others run the block against the whole cached canvas.
-extern const PolicyDescriptor kDualPolicy{.id = Policy::kDual,
-                                          .family_refusal = family_refusal,
-                                          .option_refusal = option_refusal,
-                                          .kv_rows = cache_rows,
-                                          .canvas_unit = pd::one,
-                                          .cached_prompt_block = pd::none,
-                                          .graphs = pd::yes,
-                                          .needs_paged_pool = pd::no_option,
-                                          .adapts_to_load = pd::no,
-                                          .at_load = pd::as_is,
-                                          .steps_with_confidence = false,
-                                          .step_kinds = {StepKind::kBlockStart, StepKind::kWindow},
-                                          .stats = {"nfe_full", "nfe_block"},
-                                          .make = make};
+// prefix: the block and the suffix against the frozen prefix.
+extern const PolicyDescriptor kPrefixPolicy = cached_policy(Policy::kPrefix);
+// dual: the block against the whole cached canvas.
+extern const PolicyDescriptor kDualPolicy = cached_policy(Policy::kDual);
 
 }  // namespace blockbatch
