@@ -17,9 +17,6 @@ probabilities 1 - 1e-7 apart: the early exit's tie rule (ALGORITHMS.md, "early e
 the winner in about one prompt in six.
 """
 
-import json
-import os
-
 import pytest
 import torch
 
@@ -28,21 +25,14 @@ from blockbatch.decoding import run_decode
 from blockbatch.options import DecodeOptions
 from blockbatch.reference.blockbatch import blockbatch_generate
 from blockbatch.reference.model import ReferenceModel
+from helpers.packing import load_fixture, unpack
 
-TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIXTURE = os.path.join(TESTS, "fixtures", "authors_refresh_toy.json")
-DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"  # the fixture's token packing (one digit per id)
 REFERENCE_EVERY = 5
-
-
-def unpack(text: str) -> list[int]:
-    return [DIGITS.index(c) for c in text]
 
 
 @pytest.fixture(scope="module")
 def recorded():
-    with open(FIXTURE, encoding="utf-8") as f:
-        return json.load(f)
+    return load_fixture("authors_refresh_toy.json")
 
 
 @pytest.fixture(scope="module")

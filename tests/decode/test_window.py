@@ -17,8 +17,6 @@ changes answers, which ``test_ties_decide_tokens`` shows on the fixture itself.
 
 from __future__ import annotations
 
-import json
-import os
 
 import pytest
 import torch
@@ -28,21 +26,14 @@ from blockbatch.decoding import run_decode
 from blockbatch.engine import Engine
 from blockbatch.reference import window as ref_window
 from blockbatch.reference.model import ReferenceModel
+from helpers.packing import load_fixture, pack, unpack
 
-TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIXTURE = os.path.join(TESTS, "fixtures", "authors_window_llada.json")
-DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"  # the fixture's token packing (one digit per id)
 REFERENCE_EVERY = 10
-
-
-def unpack(text: str) -> list[int]:
-    return [DIGITS.index(c) for c in text]
 
 
 @pytest.fixture(scope="module")
 def recorded():
-    with open(FIXTURE, encoding="utf-8") as f:
-        return json.load(f)
+    return load_fixture("authors_window_llada.json")
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +98,7 @@ def test_engine_matches_authors(recorded, toy, key):
         out = run_decode(engine.model.obj, ids, options)
         s = out.stats
         return dict(
-            tokens="".join(DIGITS[int(t)] for t in out.tokens[len(ids) :]),
+            tokens=pack(out.tokens[len(ids) :]),
             nfe=s["nfe"],
             nfe_full=s["nfe_full"],
             nfe_pruned=s["nfe_pruned"],
@@ -134,7 +125,7 @@ def _reference_decode(ref, s):
             seed=s["seed"],
         )
         return dict(
-            tokens="".join(DIGITS[int(t)] for t in r.tokens[len(ids) :]),
+            tokens=pack(r.tokens[len(ids) :]),
             nfe=r.nfe,
             nfe_full=r.nfe_full,
             nfe_pruned=r.nfe_pruned,
