@@ -88,3 +88,35 @@ class ServeProcess:
                 self.proc.wait()
         self._log.close()
         return self.proc.returncode
+
+
+def assert_block_completions_equal_the_engine(server, engine, model: str, prompt: str, blockbatch: dict) -> None:
+    """A block-causal family's completion, whole and streamed, equals the engine's decode of the same
+    options (policy block: text and NFE), through the real openai client."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    body = {"blockbatch": {"gen_length": 40, **blockbatch}}
+    done = client.completions.create(model=model, prompt=prompt, extra_body=body)
+    chunks = list(client.completions.create(model=model, prompt=prompt, extra_body=body, stream=True))
+    [expected] = engine.generate(prompt, engine.default_options(gen_length=40, **blockbatch), chat=False)
+    assert expected.stats["policy"] == "block"
+    assert done.choices[0].text == expected.text
+    assert done.model_extra["nfe"] == expected.stats["nfe"]
+    assert done.model_extra["blockbatch"]["policy"] == "block"
+    assert "".join(c.choices[0].text for c in chunks) == expected.text
+    assert chunks[-1].model_extra["nfe"] == expected.stats["nfe"]
+
+
+def assert_refuses_policy_dual(server, model: str, prompt: str, family: str) -> None:
+    """A block-causal family's server refuses policy dual, naming the family and the remedy."""
+    import openai
+    import pytest
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(
+            model=model, prompt=prompt, extra_body={"blockbatch": {"policy": "dual", "gen_length": 32}}
+        )
+    assert f"not defined on {family} checkpoints" in str(e.value) and "policy='block'" in str(e.value)

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import openai
 import pytest
-from openai import OpenAI
 
 from blockbatch import Engine
 from helpers.llada2 import toy_tokenizer_checkpoint
-from helpers.serve import ServeProcess
+from helpers.serve import ServeProcess, assert_block_completions_equal_the_engine, assert_refuses_policy_dual
 
 PROMPT = "72-2=__-3=__-3=__...............?"
 
@@ -41,23 +39,8 @@ def engine(model):
     "blockbatch", [{}, {"block_length": 16, "steps": 4}, {"threshold": 0.7, "edit_threshold": 0.5}], ids=str
 )
 def test_llada2_completions_equal_the_engine(server, engine, blockbatch):
-    client = OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
-    body = {"blockbatch": {"gen_length": 40, **blockbatch}}
-    done = client.completions.create(model="llada2-toy", prompt=PROMPT, extra_body=body)
-    chunks = list(client.completions.create(model="llada2-toy", prompt=PROMPT, extra_body=body, stream=True))
-    [expected] = engine.generate(PROMPT, engine.default_options(gen_length=40, **blockbatch), chat=False)
-    assert expected.stats["policy"] == "block"
-    assert done.choices[0].text == expected.text
-    assert done.model_extra["nfe"] == expected.stats["nfe"]
-    assert done.model_extra["blockbatch"]["policy"] == "block"
-    assert "".join(c.choices[0].text for c in chunks) == expected.text
-    assert chunks[-1].model_extra["nfe"] == expected.stats["nfe"]
+    assert_block_completions_equal_the_engine(server, engine, "llada2-toy", PROMPT, blockbatch)
 
 
 def test_llada2_refuses_a_policy_it_does_not_define(server):
-    client = OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
-    with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(
-            model="llada2-toy", prompt=PROMPT, extra_body={"blockbatch": {"policy": "dual", "gen_length": 32}}
-        )
-    assert "not defined on llada2 checkpoints" in str(e.value) and "policy='block'" in str(e.value)
+    assert_refuses_policy_dual(server, "llada2-toy", PROMPT, "llada2")

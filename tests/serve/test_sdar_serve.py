@@ -9,15 +9,13 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import openai
 import pytest
-from openai import OpenAI
 
 from blockbatch import Engine
 from blockbatch.random_checkpoint import make_random_checkpoint
 from blockbatch.toy import checkpoint_path
 from blockbatch.toy import tokenizer as toy_tok
-from helpers.serve import ServeProcess
+from helpers.serve import ServeProcess, assert_block_completions_equal_the_engine, assert_refuses_policy_dual
 
 PROMPT = "72-2=__-3=__-3=__...............?"
 
@@ -58,23 +56,8 @@ def engine(model):
     ids=str,
 )
 def test_sdar_completions_equal_the_engine(server, engine, blockbatch):
-    client = OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
-    body = {"blockbatch": {"gen_length": 40, **blockbatch}}
-    done = client.completions.create(model="sdar-toy", prompt=PROMPT, extra_body=body)
-    chunks = list(client.completions.create(model="sdar-toy", prompt=PROMPT, extra_body=body, stream=True))
-    [expected] = engine.generate(PROMPT, engine.default_options(gen_length=40, **blockbatch), chat=False)
-    assert expected.stats["policy"] == "block"
-    assert done.choices[0].text == expected.text
-    assert done.model_extra["nfe"] == expected.stats["nfe"]
-    assert done.model_extra["blockbatch"]["policy"] == "block"
-    assert "".join(c.choices[0].text for c in chunks) == expected.text
-    assert chunks[-1].model_extra["nfe"] == expected.stats["nfe"]
+    assert_block_completions_equal_the_engine(server, engine, "sdar-toy", PROMPT, blockbatch)
 
 
 def test_sdar_refuses_a_policy_it_does_not_define(server):
-    client = OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
-    with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(
-            model="sdar-toy", prompt=PROMPT, extra_body={"blockbatch": {"policy": "dual", "gen_length": 32}}
-        )
-    assert "not defined on sdar checkpoints" in str(e.value) and "policy='block'" in str(e.value)
+    assert_refuses_policy_dual(server, "sdar-toy", PROMPT, "sdar")
