@@ -47,7 +47,7 @@ struct DecodeStats {
   int64_t kv_pages_copied = 0;          // blockbatch, paged rows: KV pages copied on write (a row copy moves none)
   int64_t nfe_pruned = 0;               // window: pruned forwards (active positions over a key window)
   int64_t pruned_key_tokens = 0;        // window: keys those forwards attended, summed
-  std::vector<std::array<int64_t, 2>> steps;  // per forward: tokens committed, packed query tokens
+  std::vector<std::array<int64_t, 3>> steps;  // per forward: tokens committed, packed query tokens, keys attended
   std::vector<BranchStats> branches;
 };
 

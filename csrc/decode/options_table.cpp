@@ -115,7 +115,7 @@ void check_option_ranges(const DecodeOptions& o) {
   if (o.prob_floor) check_range("prob_floor", *o.prob_floor, 0.01, false, 1.0, true, "in [0.01, 1)");
   if (o.edit_threshold) check_range("edit_threshold", *o.edit_threshold, 0.0, false, 1.0, false, "in [0, 1]");
   check_range("max_post_steps", o.max_post_steps, 0, false, 1073741824, false, "in [0, 2^30]");
-  check_range("window_tokens", o.window_tokens, 0, false, 1073741824, false, "in [0, 2^30]");
+  if (o.window_tokens) check_range("window_tokens", *o.window_tokens, 0, false, 1073741824, false, "in [0, 2^30]");
   check_range("active_tokens", o.active_tokens, 1, false, 1073741824, false, "in [1, 2^30]");
   check_range("refresh_interval", o.refresh_interval, 1, false, 1073741824, false, "in [1, 2^30]");
   check_range("entropy_bound", o.entropy_bound, 0.0, true, std::nullopt, false, "> 0 and finite");
@@ -142,6 +142,14 @@ DecodeOptions DecodeOptions::resolved(std::string_view family) const {
   if (!r.prob_floor) {
     if (!r.prob_floor && family == "dream") r.prob_floor = 0.2;
     if (!r.prob_floor) r.prob_floor = 0.1;
+  }
+  if (!r.window_tokens) {
+    if (!r.window_tokens && family == "dream") r.window_tokens = 127;
+    if (!r.window_tokens) r.window_tokens = 64;
+  }
+  if (!r.slide_window) {
+    if (!r.slide_window && family == "dream") r.slide_window = true;
+    if (!r.slide_window) r.slide_window = false;
   }
   return r;
 }
@@ -270,6 +278,7 @@ bool set_option(DecodeOptions& o, std::string_view name, const std::string& text
     return true;
   }
   if (name == "window_tokens") {
+    if (is_none(text)) { o.window_tokens = std::nullopt; return true; }
     o.window_tokens = parse_int("window_tokens", text);
     return true;
   }
@@ -282,6 +291,7 @@ bool set_option(DecodeOptions& o, std::string_view name, const std::string& text
     return true;
   }
   if (name == "slide_window") {
+    if (is_none(text)) { o.slide_window = std::nullopt; return true; }
     o.slide_window = parse_bool("slide_window", text);
     return true;
   }
@@ -380,11 +390,11 @@ std::string options_help() {
       "  --temperature X\n      Gumbel-max sampling temperature (float64, seeded); 0: greedy; >= 0 and finite; default 0.0\n"
       "  --seed N\n      sampling seed (with temperature > 0); in [0, 2^63 - 1]; default 0\n"
       "  --stop-on-eos BOOL\n      stop once a completed block holds EOS (the text is cut at the first EOS either way); default off; blockbatch: on; dream models: off\n"
-      "  --alg confidence|margin|entropy|origin\n      vanilla: which masked positions a step commits first: the most probable (confidence), the largest top-1 minus top-2 probability (margin), the lowest entropy (entropy), or a seeded random choice (origin); LLaDA ranks by confidence only; default confidence; dream models: entropy\n"
-      "  --alg-temp X\n      Dream vanilla: > 0 draws the positions to commit from softmax(confidence / alg_temp) (seeded) instead of taking the top ones; >= 0 and finite; default 0.0\n"
-      "  --eps X\n      Dream vanilla: the schedule's last time step (t runs from 1 down to eps over steps); in (0, 1); default 0.001\n"
-      "  --top-p X\n      Dream vanilla / prefix / dual: propose only from the most probable tokens holding this much probability; in (0, 1]; default none; 'none': off\n"
-      "  --top-k N\n      Dream vanilla / prefix / dual: propose only from the top_k most probable tokens; >= 1; default none; 'none': off\n"
+      "  --alg confidence|margin|entropy|origin\n      vanilla: which masked positions a step commits first: the most probable (confidence), the largest top-1 minus top-2 probability (margin), the lowest entropy (entropy), or a seeded random choice (origin); LLaDA ranks by confidence only; window on Dream: entropy only (the authors' ranking); default confidence; dream models: entropy\n"
+      "  --alg-temp X\n      Dream vanilla and window: > 0 draws the positions to commit from softmax(confidence / alg_temp) (seeded) instead of taking the top ones; >= 0 and finite; default 0.0\n"
+      "  --eps X\n      Dream vanilla and window: the schedule's last time step (t runs from 1 down to eps over steps); in (0, 1); default 0.001\n"
+      "  --top-p X\n      Dream vanilla / prefix / dual / window: propose only from the most probable tokens holding this much probability; in (0, 1]; default none; 'none': off\n"
+      "  --top-k N\n      Dream vanilla / prefix / dual / window: propose only from the top_k most probable tokens; >= 1; default none; 'none': off\n"
       "  --block-sizes LIST\n      blockbatch: one branch per block size; each divides gen_length, no repeats (unset: the family's default sizes that divide gen_length); up to 16 entries, each >= 1; default 4,8,16,32,64,128; dream models: 4,8,16,32,64\n"
       "  --merge-gate X\n      merge a token into a branch when that branch's own probability of it exceeds this; in (0, 1]; default 0.5\n"
       "  --sync-gap N\n      copy the leader into a branch lagging by more than this many tokens; in [0, 2^30]; default 8\n"
@@ -399,10 +409,10 @@ std::string options_help() {
       "  --share-prompt-kv BOOL\n      every branch reads one copy of the prompt's K/V, written by the first row each refresh feeds (an approximation: exact refreshes give each branch its own); its KV pages are held once (ALGORITHMS.md 12); default off\n"
       "  --edit-threshold X\n      block (LLaDA2.1 token editing): in the same step, replace every generated committed token of the current block whose prediction differs with confidence above this; in [0, 1]; default none; 'none': no editing (LLaDA2.0)\n"
       "  --max-post-steps N\n      block with editing: a block ends after at most this many steps that start without masks; in [0, 2^30]; default 16\n"
-      "  --window-tokens N\n      window: masked positions, beyond the decoded ones, kept as keys during a phase (the first ones); in [0, 2^30]; default 64\n"
+      "  --window-tokens N\n      window: masked positions, beyond the decoded ones, kept as keys during a phase (the first ones; on Dream, the authors' o_win_size minus one); in [0, 2^30]; default 64; dream models: 127\n"
       "  --active-tokens N\n      window: masked positions a pruned step computes (the first ones, with the phase's own commits); in [1, 2^30]; default 16\n"
       "  --refresh-interval N\n      window: steps per phase (a full forward every this many steps, the others pruned); in [1, 2^30]; default 32\n"
-      "  --slide-window BOOL\n      window, Dream: the active span follows the first masks inside a phase (else its start is frozen); default off\n"
+      "  --slide-window BOOL\n      window, Dream: inside a phase the active span's end follows the first active_tokens masks (its start stays at the phase's first mask; else the whole span is frozen); default off; dream models: on\n"
       "  --early-stop BOOL\n      window, Dream (the authors' flag, not stop_on_eos): one token per pruned step, the canvas cut after the first EOS, every step after it a full one; default off\n"
       "  --unmasking dynamic|static|sequential|entropy_bounded\n      block on SDAR checkpoints: which masked positions a step commits (n: the step's share of block_length over steps): dynamic: those rated > threshold, at least the top n; static: the top n; sequential: the n leftmost; entropy_bounded: the k leftmost, k the multiples of the block's summed entropy below entropy_bound; default none; 'none': the family's rule (SDAR: dynamic; LLaDA2 has only its own and refuses this option)\n"
       "  --entropy-bound X\n      block on SDAR, unmasking entropy_bounded: the bound on the running sums of the block's entropy (the authors' CLI default 0.35); > 0 and finite; default 0.35\n"

@@ -59,15 +59,15 @@ struct DecodeOptions {
   int64_t seed = 0;
   // stop once a completed block holds EOS (the text is cut at the first EOS either way); nullopt: the per-policy / per-family default (resolved())
   std::optional<bool> stop_on_eos = std::nullopt;
-  // vanilla: which masked positions a step commits first: the most probable (confidence), the largest top-1 minus top-2 probability (margin), the lowest entropy (entropy), or a seeded random choice (origin); LLaDA ranks by confidence only; nullopt: the per-policy / per-family default (resolved())
+  // vanilla: which masked positions a step commits first: the most probable (confidence), the largest top-1 minus top-2 probability (margin), the lowest entropy (entropy), or a seeded random choice (origin); LLaDA ranks by confidence only; window on Dream: entropy only (the authors' ranking); nullopt: the per-policy / per-family default (resolved())
   std::optional<Alg> alg = std::nullopt;
-  // Dream vanilla: > 0 draws the positions to commit from softmax(confidence / alg_temp) (seeded) instead of taking the top ones
+  // Dream vanilla and window: > 0 draws the positions to commit from softmax(confidence / alg_temp) (seeded) instead of taking the top ones
   double alg_temp = 0.0;
-  // Dream vanilla: the schedule's last time step (t runs from 1 down to eps over steps)
+  // Dream vanilla and window: the schedule's last time step (t runs from 1 down to eps over steps)
   double eps = 0.001;
-  // Dream vanilla / prefix / dual: propose only from the most probable tokens holding this much probability; nullopt: off
+  // Dream vanilla / prefix / dual / window: propose only from the most probable tokens holding this much probability; nullopt: off
   std::optional<double> top_p = std::nullopt;
-  // Dream vanilla / prefix / dual: propose only from the top_k most probable tokens; nullopt: off
+  // Dream vanilla / prefix / dual / window: propose only from the top_k most probable tokens; nullopt: off
   std::optional<int64_t> top_k = std::nullopt;
   // blockbatch: one branch per block size; each divides gen_length, no repeats (unset: the family's default sizes that divide gen_length); nullopt: the per-policy / per-family default (resolved())
   std::optional<std::vector<int64_t>> block_sizes = std::nullopt;
@@ -97,14 +97,14 @@ struct DecodeOptions {
   std::optional<double> edit_threshold = std::nullopt;
   // block with editing: a block ends after at most this many steps that start without masks
   int64_t max_post_steps = 16;
-  // window: masked positions, beyond the decoded ones, kept as keys during a phase (the first ones)
-  int64_t window_tokens = 64;
+  // window: masked positions, beyond the decoded ones, kept as keys during a phase (the first ones; on Dream, the authors' o_win_size minus one); nullopt: the per-policy / per-family default (resolved())
+  std::optional<int64_t> window_tokens = std::nullopt;
   // window: masked positions a pruned step computes (the first ones, with the phase's own commits)
   int64_t active_tokens = 16;
   // window: steps per phase (a full forward every this many steps, the others pruned)
   int64_t refresh_interval = 32;
-  // window, Dream: the active span follows the first masks inside a phase (else its start is frozen)
-  bool slide_window = false;
+  // window, Dream: inside a phase the active span's end follows the first active_tokens masks (its start stays at the phase's first mask; else the whole span is frozen); nullopt: the per-policy / per-family default (resolved())
+  std::optional<bool> slide_window = std::nullopt;
   // window, Dream (the authors' flag, not stop_on_eos): one token per pruned step, the canvas cut after the first EOS, every step after it a full one
   bool early_stop = false;
   // block on SDAR checkpoints: which masked positions a step commits (n: the step's share of block_length over steps): dynamic: those rated > threshold, at least the top n; static: the top n; sequential: the n leftmost; entropy_bounded: the k leftmost, k the multiples of the block's summed entropy below entropy_bound; nullopt: the family's rule (SDAR: dynamic; LLaDA2 has only its own and refuses this option)

@@ -35,6 +35,23 @@ const char* step_kind_name(StepKind kind) {
   return "?";
 }
 
+int64_t PackedQueries::key_tokens(KvMode mode, int64_t row_length) const {
+  int64_t keys = 0;
+  for (int64_t r = 0; r < rows(); ++r) {
+    const int64_t queries = cu_seqlens[r + 1] - cu_seqlens[r];
+    if (!key_offsets.empty()) {
+      keys += key_offsets[r + 1] - key_offsets[r];
+    } else if (mode == KvMode::kFull) {
+      keys += queries;
+    } else if (mode == KvMode::kPrefix) {
+      keys += prefix_lens[r] + queries;
+    } else {
+      keys += kv_lens.empty() ? row_length : kv_lens[r];
+    }
+  }
+  return keys;
+}
+
 std::vector<int64_t> PackedQueries::host_buffer(KvMode mode) const {
   std::vector<int64_t> host;
   host.reserve(gather.size() + positions.size() + 2 * kv_rows.size() + 1 + prefix_lens.size() + kv_lens.size() +

@@ -87,6 +87,10 @@ struct PackedQueries {
   }
   int64_t size() const { return static_cast<int64_t>(positions.size()); }
   int64_t rows() const { return static_cast<int64_t>(kv_rows.size()); }
+  // Keys the forward's rows attend, summed over its rows: a row's gathered key list, else its kv_lens
+  // entry (dual), its prefix and itself (prefix), itself (full), or `row_length` keys (dual over the
+  // whole KV row). The per-step key count of the stats (key_tokens_per_step).
+  int64_t key_tokens(KvMode mode, int64_t row_length) const;
   // Appends a row's gathered key set (positions of its KV row, ascending); call once per row,
   // in row order, for every row or for none.
   void add_keys(const std::vector<int64_t>& positions_of_row) {

@@ -190,8 +190,9 @@ OPTIONS: tuple[Option, ...] = (
         "confidence",
         "vanilla: which masked positions a step commits first: the most probable "
         "(confidence), the largest top-1 minus top-2 probability (margin), the lowest entropy (entropy), or a "
-        "seeded random choice (origin); LLaDA ranks by confidence only",
-        policies=("vanilla",),
+        "seeded random choice (origin); LLaDA ranks by confidence only; window on Dream: entropy only (the "
+        "authors' ranking)",
+        policies=("vanilla", "window"),
         choices=("confidence", "margin", "entropy", "origin"),
         cpp_enum="Alg",
         cpp_values=("kConfidence", "kMargin", "kEntropy", "kOrigin"),
@@ -202,9 +203,9 @@ OPTIONS: tuple[Option, ...] = (
         "alg_temp",
         "float",
         0.0,
-        "Dream vanilla: > 0 draws the positions to commit from softmax(confidence / "
+        "Dream vanilla and window: > 0 draws the positions to commit from softmax(confidence / "
         "alg_temp) (seeded) instead of taking the top ones",
-        policies=("vanilla",),
+        policies=("vanilla", "window"),
         lo=0.0,
         group="dream",
     ),
@@ -212,8 +213,8 @@ OPTIONS: tuple[Option, ...] = (
         "eps",
         "float",
         1e-3,
-        "Dream vanilla: the schedule's last time step (t runs from 1 down to eps over steps)",
-        policies=("vanilla",),
+        "Dream vanilla and window: the schedule's last time step (t runs from 1 down to eps over steps)",
+        policies=("vanilla", "window"),
         lo=0.0,
         lo_open=True,
         hi=1.0,
@@ -224,8 +225,9 @@ OPTIONS: tuple[Option, ...] = (
         "top_p",
         "float",
         None,
-        "Dream vanilla / prefix / dual: propose only from the most probable tokens holding this much probability",
-        policies=SINGLE_BRANCH,
+        "Dream vanilla / prefix / dual / window: propose only from the most probable tokens holding this much "
+        "probability",
+        policies=(*SINGLE_BRANCH, "window"),
         optional=True,
         none_doc="off",
         lo=0.0,
@@ -237,8 +239,8 @@ OPTIONS: tuple[Option, ...] = (
         "top_k",
         "int",
         None,
-        "Dream vanilla / prefix / dual: propose only from the top_k most probable tokens",
-        policies=SINGLE_BRANCH,
+        "Dream vanilla / prefix / dual / window: propose only from the top_k most probable tokens",
+        policies=(*SINGLE_BRANCH, "window"),
         optional=True,
         none_doc="off",
         lo=1,
@@ -372,10 +374,12 @@ OPTIONS: tuple[Option, ...] = (
         "window_tokens",
         "int",
         64,
-        "window: masked positions, beyond the decoded ones, kept as keys during a phase (the first ones)",
+        "window: masked positions, beyond the decoded ones, kept as keys during a phase (the first ones; "
+        "on Dream, the authors' o_win_size minus one)",
         policies=("window",),
         lo=0,
         hi=MAX_GAP_TOKENS,
+        by_family=(("dream", 127),),
         group="window",
     ),
     Option(
@@ -402,8 +406,10 @@ OPTIONS: tuple[Option, ...] = (
         "slide_window",
         "bool",
         False,
-        "window, Dream: the active span follows the first masks inside a phase (else its start is frozen)",
+        "window, Dream: inside a phase the active span's end follows the first active_tokens masks (its start stays "
+        "at the phase's first mask; else the whole span is frozen)",
         policies=("window",),
+        by_family=(("dream", True),),
         group="window",
     ),
     Option(
@@ -534,6 +540,12 @@ STATS: tuple[Stat, ...] = (
     Stat("nfe_store", "int", "block on SDAR: the authors' store forwards (one per decoded block)", "s.nfe_store"),
     Stat("committed_per_step", "int[]", "tokens committed by each forward"),
     Stat("query_tokens_per_step", "int[]", "query tokens of each forward (packed over branches)"),
+    Stat(
+        "key_tokens_per_step",
+        "int[]",
+        "keys each forward attended, summed over its rows (a full forward: its own tokens; a cached one: the "
+        "cache rows it reads)",
+    ),
     Stat("branches", "branches", "per branch: block_size, committed, merged, copied, forwards"),
     Stat("policy", "str", "the policy that decoded"),
 )

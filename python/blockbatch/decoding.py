@@ -123,6 +123,7 @@ def to_output(tokens, counters, step_log, branch_stats, o) -> DecodeOutput:
         stats[name] = _CAST[_STAT_TYPES[name]](value)
     stats["committed_per_step"] = step_log[:, 0].tolist()
     stats["query_tokens_per_step"] = step_log[:, 1].tolist()
+    stats["key_tokens_per_step"] = step_log[:, 2].tolist()
     stats["branches"] = [dict(zip(contract.BRANCH_FIELDS, row)) for row in branch_stats.tolist()]
     stats["policy"] = o.policy
     return DecodeOutput(tokens, cast(DecodeStats, stats))

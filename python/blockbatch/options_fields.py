@@ -40,17 +40,17 @@ class DecodeOptionFields:
     alg: str | None = None
     """vanilla: which masked positions a step commits first: the most probable (confidence), the largest top-1 minus
     top-2 probability (margin), the lowest entropy (entropy), or a seeded random choice (origin); LLaDA ranks by
-    confidence only."""
+    confidence only; window on Dream: entropy only (the authors' ranking)."""
     alg_temp: float = 0.0
-    """Dream vanilla: > 0 draws the positions to commit from softmax(confidence / alg_temp) (seeded) instead of
-    taking the top ones."""
+    """Dream vanilla and window: > 0 draws the positions to commit from softmax(confidence / alg_temp) (seeded)
+    instead of taking the top ones."""
     eps: float = 0.001
-    """Dream vanilla: the schedule's last time step (t runs from 1 down to eps over steps)."""
+    """Dream vanilla and window: the schedule's last time step (t runs from 1 down to eps over steps)."""
     top_p: float | None = None
-    """Dream vanilla / prefix / dual: propose only from the most probable tokens holding this much probability.
-    None: off."""
+    """Dream vanilla / prefix / dual / window: propose only from the most probable tokens holding this much
+    probability. None: off."""
     top_k: int | None = None
-    """Dream vanilla / prefix / dual: propose only from the top_k most probable tokens. None: off."""
+    """Dream vanilla / prefix / dual / window: propose only from the top_k most probable tokens. None: off."""
     block_sizes: tuple[int, ...] | None = None
     """blockbatch: one branch per block size; each divides gen_length, no repeats (unset: the family's default sizes
     that divide gen_length)."""
@@ -86,14 +86,16 @@ class DecodeOptionFields:
     block whose prediction differs with confidence above this. None: no editing (LLaDA2.0)."""
     max_post_steps: int = 16
     """block with editing: a block ends after at most this many steps that start without masks."""
-    window_tokens: int = 64
-    """window: masked positions, beyond the decoded ones, kept as keys during a phase (the first ones)."""
+    window_tokens: int | None = None
+    """window: masked positions, beyond the decoded ones, kept as keys during a phase (the first ones; on Dream, the
+    authors' o_win_size minus one)."""
     active_tokens: int = 16
     """window: masked positions a pruned step computes (the first ones, with the phase's own commits)."""
     refresh_interval: int = 32
     """window: steps per phase (a full forward every this many steps, the others pruned)."""
-    slide_window: bool = False
-    """window, Dream: the active span follows the first masks inside a phase (else its start is frozen)."""
+    slide_window: bool | None = None
+    """window, Dream: inside a phase the active span's end follows the first active_tokens masks (its start stays at
+    the phase's first mask; else the whole span is frozen)."""
     early_stop: bool = False
     """window, Dream (the authors' flag, not stop_on_eos): one token per pruned step, the canvas cut after the first
     EOS, every step after it a full one."""
@@ -172,6 +174,9 @@ class DecodeStats(TypedDict):
     """tokens committed by each forward."""
     query_tokens_per_step: list[int]
     """query tokens of each forward (packed over branches)."""
+    key_tokens_per_step: list[int]
+    """keys each forward attended, summed over its rows (a full forward: its own tokens; a cached one: the cache
+    rows it reads)."""
     branches: list[BranchStats]
     """per branch: block_size, committed, merged, copied, forwards."""
     policy: str

@@ -129,7 +129,7 @@ def test_folding_changes_nothing_but_the_tokens_fed(models):
             o = DecodeOptions(policy="blockbatch", **case)
             on, off = run_decode(nat.obj, prompt, o), run_decode(nat.obj, prompt, o.replace(fold_rows=False))
             assert torch.equal(on.tokens, off.tokens), case
-            fed = ("query_tokens_per_step", "folded_rows", "folded_tokens", "wall_ms")
+            fed = ("query_tokens_per_step", "key_tokens_per_step", "folded_rows", "folded_tokens", "wall_ms")
             assert {k: v for k, v in on.stats.items() if k not in fed} == {
                 k: v for k, v in off.stats.items() if k not in fed
             }, case
@@ -137,6 +137,9 @@ def test_folding_changes_nothing_but_the_tokens_fed(models):
             diff = [b - a for a, b in zip(on.stats["query_tokens_per_step"], off.stats["query_tokens_per_step"])]
             assert all(d >= 0 and d % L == 0 for d in diff), case
             assert sum(diff) == on.stats["folded_tokens"] == L * on.stats["folded_rows"], case
+            # a folded refresh row (a full forward) would have read its own L keys
+            keys = [b - a for a, b in zip(on.stats["key_tokens_per_step"], off.stats["key_tokens_per_step"])]
+            assert keys == diff, case
             assert off.stats["folded_rows"] == 0
             folded += on.stats["folded_rows"]
     assert folded > 0  # the cases do fold rows

@@ -94,7 +94,8 @@ def test_valid_options_decode_and_keep_the_invariants(engine, data):
         assert cfg.mask_token_id not in raw, "a finished decode leaves no mask"
     assert all(0 <= t < cfg.vocab_size for t in raw)
     assert s["nfe"] == s["nfe_full"] + s["nfe_block"] + s["nfe_init"] + s["nfe_refresh"]
-    assert len(s["committed_per_step"]) == s["nfe"] == len(s["query_tokens_per_step"])
+    assert len(s["committed_per_step"]) == s["nfe"] == len(s["query_tokens_per_step"]) == len(s["key_tokens_per_step"])
+    assert all(k >= 1 for k in s["key_tokens_per_step"])
     assert sum(s["committed_per_step"]) == sum(b["committed"] for b in s["branches"])
     assert all(c >= 0 for c in s["committed_per_step"])
     winner = s["branches"][s["winner"]]

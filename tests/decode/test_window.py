@@ -26,7 +26,8 @@ from blockbatch.decoding import run_decode
 from blockbatch.engine import Engine
 from blockbatch.reference import window as ref_window
 from blockbatch.reference.model import ReferenceModel
-from helpers.packing import load_fixture, pack, unpack
+from helpers.packing import fixture_runs as runs
+from helpers.packing import assert_matches_recording, load_fixture, mismatches, pack, unpack
 
 REFERENCE_EVERY = 10
 
@@ -56,23 +57,6 @@ SETTINGS = [
 
 def options_of(s: dict) -> DecodeOptions:
     return DecodeOptions(policy="window", **s)
-
-
-def runs(recorded, key):
-    return [dict(zip(recorded["run_fields"], row)) for row in recorded["runs"][key]]
-
-
-def mismatches(recorded, key, decode, every=1):
-    out = []
-    for i, (prompt, run) in enumerate(zip(recorded["prompts"], runs(recorded, key))):
-        if i % every:
-            continue
-        ids = torch.tensor(unpack(prompt))
-        got = decode(ids)
-        diff = {k: (run[k], got[k]) for k in run if run[k] != got[k]}
-        if diff:
-            out.append((i, diff))
-    return out
 
 
 def test_fixture_covers_the_settings(recorded):
@@ -106,8 +90,8 @@ def test_engine_matches_authors(recorded, toy, key):
             query_tokens=sum(s["query_tokens_per_step"]),
         )
 
-    bad = mismatches(recorded, key, decode)
-    assert not bad, f"{len(bad)} of {len(recorded['prompts'])} prompts differ, first: {bad[:3]}"
+    here = _reference_decode(toy[1], recorded["settings"][key])
+    assert_matches_recording(recorded, key, decode, here=here)
 
 
 def _reference_decode(ref, s):
@@ -139,8 +123,7 @@ def _reference_decode(ref, s):
 @pytest.mark.parametrize("key", SETTINGS)
 def test_reference_matches_authors(recorded, toy, key):
     _, ref = toy
-    bad = mismatches(recorded, key, _reference_decode(ref, recorded["settings"][key]), every=REFERENCE_EVERY)
-    assert not bad, f"{len(bad)} prompts differ, first: {bad[:3]}"
+    assert_matches_recording(recorded, key, _reference_decode(ref, recorded["settings"][key]), every=REFERENCE_EVERY)
 
 
 def test_ties_decide_tokens(recorded, toy, monkeypatch):
@@ -177,11 +160,8 @@ def test_pruned_steps_compute_few_queries_over_a_window(recorded, toy):
 
 
 REFUSALS = [
-    (dict(active_tokens=1, steps=32), "active_tokens"),  # two tokens a step, one active mask
     (dict(factor=1.0), "factor"),
     (dict(stop_on_eos=True), "stop_on_eos"),
-    (dict(slide_window=True), "slide_window"),
-    (dict(early_stop=True), "early_stop"),
     (dict(steps=128), "steps"),
     (dict(steps=0), "steps"),
     (dict(edit_threshold=0.5), "edit_threshold"),
@@ -194,6 +174,24 @@ def test_settings_their_code_cannot_run_are_refused(kwargs, param):
         DecodeOptions(policy="window", gen_length=64, **kwargs)
     assert (e.value.kind, e.value.param) == ("unsupported", param), str(e.value)
     assert param in str(e.value)
+
+
+LLADA_REFUSALS = [
+    (dict(slide_window=True), "slide_window", "Dream options"),
+    (dict(early_stop=True), "early_stop", "Dream options"),
+    (dict(active_tokens=1, steps=32), "active_tokens", "below the 2 tokens a step commits"),  # one active mask
+]
+
+
+@pytest.mark.parametrize("kwargs,param,words", LLADA_REFUSALS, ids=[p for _, p, _ in LLADA_REFUSALS])
+def test_llada_rules_refuse_once_the_checkpoint_is_known(toy, kwargs, param, words):
+    """The LLaDA row's own refusals (Dream's options; fewer active masks than a step commits), made
+    when the checkpoint is known, naming the option."""
+    engine, _ = toy
+    with pytest.raises(RequestError) as e:
+        engine.generate(["12+3=__?"], DecodeOptions(policy="window", gen_length=64, **kwargs))
+    assert (e.value.kind, e.value.param) == ("unsupported", param), str(e.value)
+    assert words in str(e.value)
 
 
 def test_window_requests_batch_with_every_other_policy(tmp_path):

@@ -60,6 +60,17 @@ def _blockbatch(rng, G, i, family):
 
 
 def _window(rng, G, i, family):  # Window-Diffusion: phases of a full forward then pruned ones
+    if family == "dream":  # a window holding the generation and a span that always holds the step's count
+        early = rng.random() < 0.5
+        return DecodeOptions(
+            policy="window",
+            gen_length=G,
+            steps=rng.choice([G, G // 2]),
+            window_tokens=G,
+            active_tokens=rng.choice([4, 8]) if early else G,
+            refresh_interval=rng.choice([1, 4, 16]),
+            early_stop=early,
+        )
     return DecodeOptions(
         policy="window",
         gen_length=G,

@@ -319,8 +319,8 @@ def all_policies() -> list[str]:
 # How a policy refuses a family it has no decoder for (the C++ descriptor's family_refusal), then
 # the policies that do decode it.
 _REFUSAL = {"block": "is the decoder of block-causal checkpoints; {family} checkpoints are bidirectional"}
-# A policy with a decoder for the family's attention but no row for it in its rules table.
-_NO_ROW = {("window", "dream")}
+# A policy with a decoder for the family's attention but no row for it in its rules table (none now).
+_NO_ROW: set[tuple[str, str]] = set()
 
 
 def policy_refusal(policy: str, family: str) -> str:
@@ -494,8 +494,13 @@ POLICY_CASES = {
         dict(gen_length=32, steps=16, window_tokens=0, active_tokens=4, refresh_interval=4),
     ],
 }
-# Where a family's cases of a policy differ (SDAR: no token editing, its unmasking rules instead).
+# Where a family's cases of a policy differ (SDAR: no token editing, its unmasking rules instead; window on
+# Dream: its sliding span and early_stop, a window at least the generation so that no span passes it).
 POLICY_CASES_BY_FAMILY = {
+    ("window", "dream"): [
+        dict(gen_length=32, steps=32, window_tokens=32, active_tokens=32, refresh_interval=8, slide_window=False),
+        dict(gen_length=32, steps=16, window_tokens=32, active_tokens=16, refresh_interval=4, early_stop=True),
+    ],
     ("block", "sdar"): [
         dict(gen_length=24, block_length=8, threshold=0.95),
         dict(gen_length=24, block_length=8, steps=4, threshold=0.5, stop_on_eos=True),

@@ -172,7 +172,7 @@ class BlockDecoder final : public Decoder {
     // Masks given a token (a rewritten decided position is no commit).
     const int64_t committed =
         std::count_if(chosen.begin(), chosen.end(), [&](int64_t i) { return active[i] && t[i] != c_.mask_token_id; });
-    st_.steps.push_back({committed, p.q.size()});
+    st_.steps.push_back({committed, p.q.size(), p.q.key_tokens(p.mode, L_)});
     st_.branches[0].committed += committed;
     st_.edits += static_cast<int64_t>(edits.size());
     if (editing_ && masks > 0 && committed == 0) {  // the authors' loop would never end

@@ -206,7 +206,7 @@ class BlockBatch final : public Decoder {
     book_->absorb(p, logits, host);
     if (p.forward) {
       const int64_t committed = book_->committed() - before_;
-      stats_.steps.push_back({committed, p.q.size()});
+      stats_.steps.push_back({committed, p.q.size(), p.q.key_tokens(p.mode, L_)});
       // Every branch in an init or block step commits at least one token in its window.
       if (committed == 0 && p.kind != StepKind::kRefresh) no_progress(p.kind == StepKind::kInit);
     }

@@ -408,7 +408,7 @@ class SingleBranch final : public Decoder {
   void absorb(const StepPlan& p, const at::Tensor& logits, const std::vector<at::Tensor>& host) override {
     const Commits c = readout_->absorb(p, s_, logits, host);
     masks_left_ = c.masks_left;
-    st_.steps.push_back({c.committed, p.q.size()});
+    st_.steps.push_back({c.committed, p.q.size(), p.q.key_tokens(p.mode, L_)});
     st_.branches[0].committed += c.committed;
     if (!timestep_ && c.committed == 0 && masks_left_ > 0) {
       stop_.no_progress(

@@ -1,14 +1,14 @@
-// Policy 'window': Window-Diffusion (arXiv 2601.20332; the authors' LLaDA `generate`, ALGORITHMS.md 13)
-// as a step machine (decode/decoder.h). The python twin is reference/window.py.
+// Policy 'window': Window-Diffusion (arXiv 2601.20332, ALGORITHMS.md 13) as step machines
+// (decode/decoder.h), one per family row: the authors' LLaDA `generate` (CanvasWindow) and their Dream
+// `nearest_sample_fast_v2_cache` (PrefixSpanWindow). The python twin is reference/window.py.
 //
-// A decode runs in phases of refresh_interval steps. A phase's first step is a full forward over the
-// whole canvas that writes every position's K/V and commits like LLaDA's vanilla decoder; right after
-// its commit the phase's key window is fixed: every non-mask position (prompt included) plus the first
-// window_tokens masks. The other steps of the phase are pruned: only the active positions (the first
-// active_tokens masks, plus the positions the phase's full step committed for the first pruned step,
-// then the positions its pruned steps committed) run through the layers, each writing its own K/V
-// into the cache before the layer's attention (KvMode::kDual) and attending the window (a gathered
-// key list, PackedQueries::add_keys). Every step commits LLaDA's fixed per-step count over the whole
+// LLaDA (CanvasWindow). A decode runs in phases of refresh_interval steps. A phase's first step is a full forward over
+// the whole canvas that writes every position's K/V and commits like LLaDA's vanilla decoder; right after its commit
+// the phase's key window is fixed: every non-mask position (prompt included) plus the first window_tokens masks. The
+// other steps of the phase are pruned: only the active positions (the first active_tokens masks, plus the positions the
+// phase's full step committed for the first pruned step, then the positions its pruned steps committed) run through the
+// layers, each writing its own K/V into the cache before the layer's attention (KvMode::kDual) and attending the window
+// (a gathered key list, PackedQueries::add_keys). Every step commits LLaDA's fixed per-step count over the whole
 // generation (`steps` steps, one block) by confidence.
 //
 // Ties decide tokens: the proposal is the argmax of the logits (first index of the maximum, ids past
@@ -19,9 +19,13 @@
 // at a pruned step), so equal confidences fall as their torch.topk on the CPU.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/div.h>
 #include <ATen/ops/from_blob.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/linspace.h>
 #include <ATen/ops/rand.h>
 #include <ATen/ops/softmax.h>
+#include <ATen/ops/tensor.h>
 #include <ATen/ops/topk.h>
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
@@ -31,29 +35,13 @@
 #include <limits>
 #include <string>
 
+#include "decode/policies/host_canvas.h"
 #include "decode/policies/policy.h"
 #include "kernels/cpu/commit_rules.h"
 
 namespace blockbatch {
 
 namespace {
-
-// The window policy's rules for one family: a family without a row is refused by the policy.
-struct WindowRules {
-  const char* family;
-  bool phase_full_canvas;  // LLaDA: a phase's full forward runs the whole canvas and commits by the schedule
-};
-
-const std::vector<WindowRules> kRules{
-    {"llada", /*phase_full_canvas=*/true},
-};
-
-const WindowRules& rules_of(const ModelConfig& c) {
-  const WindowRules* r = family_row(kRules, family_spec(c.family));
-  TORCH_CHECK(r != nullptr, "policy 'window' has no rules for ", family_spec(c.family).name,
-              " checkpoints (refused at admission)");
-  return *r;
-}
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -65,14 +53,13 @@ int64_t max_count(const DecodeOptions& o) {
   return (o.gen_length + s - 1) / s;
 }
 
-class WindowDecoder final : public Decoder {
+class CanvasWindow final : public Decoder {
  public:
-  WindowDecoder(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o, const Stop& stop,
-                KvRows kv)
-      : c_(model.config()), rules_(rules_of(c_)), o_(o), stop_(stop), lp_(static_cast<int64_t>(prompt.size())),
-        L_(lp_ + o.gen_length), schedule_(fixed_schedule(o.gen_length, steps_of(o))),
+  CanvasWindow(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o, const Stop& stop,
+               KvRows kv)
+      : c_(model.config()), o_(o), stop_(stop), lp_(static_cast<int64_t>(prompt.size())), L_(lp_ + o.gen_length),
+        schedule_(fixed_schedule(o.gen_length, steps_of(o))),
         generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))) {
-    (void)rules_;
     x_ = prompt;
     x_.resize(L_, c_.mask_token_id);
     kv_ = kv.defined() ? std::move(kv) : KvRows{model.new_kv(1, L_), {}};
@@ -159,7 +146,7 @@ class WindowDecoder final : public Decoder {
       for (int64_t q = 0; q < L_; ++q) {
         if (x_[q] != mask) {
           window_.push_back(q);
-        } else if (seen++ < o_.window_tokens) {
+        } else if (seen++ < o_.window_tokens.value()) {
           window_.push_back(q);
         }
       }
@@ -185,7 +172,7 @@ class WindowDecoder final : public Decoder {
       if (first_mask || commit) active_.push_back(q);
     }
     st_.nfe += 1;
-    st_.steps.push_back({committed, n});
+    st_.steps.push_back({committed, n, p.q.key_tokens(p.mode, L_)});
     st_.branches[0].committed += committed;
     ++step_;
   }
@@ -201,7 +188,6 @@ class WindowDecoder final : public Decoder {
 
  private:
   const ModelConfig& c_;
-  const WindowRules& rules_;
   const DecodeOptions o_;
   const Stop& stop_;
   const int64_t lp_, L_;
@@ -215,9 +201,218 @@ class WindowDecoder final : public Decoder {
   DecodeStats st_;
 };
 
+// Dream (PrefixSpanWindow), the authors' nearest_sample_fast_v2_cache. Dream reads canvas position p
+// from output p - 1 (a forward's first output keeps its own row). Steps run in phases of
+// refresh_interval:
+// - a full step (a phase's first; every step once early_stop has cut the canvas) forwards the canvas
+//   prefix [0, K), K = decoded positions + min(window_tokens, masks) (everything after dropped), with
+//   full attention, writing its K/V; it fixes the active span [s, e): s the first mask, e the
+//   position of the (active_tokens + 1)-th mask (the canvas end if fewer); it commits exactly one
+//   token, Dream's proposal for position s (every span mask's proposal is drawn, as theirs);
+// - a pruned step forwards the span (slide_window: e recomputed from the masks, s frozen), writes its
+//   K/V and attends the cache rows [0, K) (kv_lens), committing int(masks * (1 - t[i+1] / t[i]))
+//   (float32, Dream's timesteps; every mask at the last step; one with early_stop) of the span's
+//   masks, ranked by minus the entropy of the filtered distribution (at::topk over the span, -inf
+//   where no mask) or drawn from softmax(confidence / alg_temp);
+// - early_stop: after a pruned step's commit the canvas is cut after its first EOS (the checkpoint's
+//   id) and every later step is a full one.
+// The decode ends after `steps` steps or when no mask is left. A span past the kept prefix or a count
+// above the span's masks (where the authors' code reads unwritten cache rows or re-masks decoded
+// tokens) ends the request as refused, naming the option to change.
+class PrefixSpanWindow final : public Decoder {
+ public:
+  PrefixSpanWindow(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o, const Stop& stop,
+                   KvRows kv)
+      : model_(model), c_(model.config()), o_(o), stop_(stop), L_(static_cast<int64_t>(prompt.size()) + o.gen_length),
+        steps_(steps_of(o)), limit_(c_.proposal_limit()), timesteps_(at::linspace(1, o.eps, steps_ + 1, at::kFloat)),
+        generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))) {
+    x_ = prompt;
+    x_.resize(L_, c_.mask_token_id);
+    n_ = L_;
+    masks_ = o.gen_length;
+    kv_ = kv.defined() ? std::move(kv) : KvRows{model.new_kv(1, L_), {}};
+    st_.branches.push_back(BranchStats{0});
+  }
+
+  bool done() const override { return step_ >= steps_ || masks_ == 0; }
+
+  StepPlan plan() override {
+    stop_.check(st_.nfe, x_);
+    const int64_t mask = c_.mask_token_id;
+    StepPlan p;
+    full_ = step_ % o_.refresh_interval == 0 || reach_eos_;
+    if (full_) {
+      K_ = n_ - masks_ + std::min(o_.window_tokens.value(), masks_);
+      s_ = std::find(x_.begin(), x_.begin() + n_, mask) - x_.begin();
+      e_ = span_end();
+      if (e_ > K_) {
+        refuse(ErrorKind::kUnsupported, "active_tokens", "window (dream): at step ", step_, " the active span [", s_,
+               ", ", e_, ") passes the kept prefix [0, ", K_,
+               "): the authors' full step cannot run it; keep "
+               "active_tokens <= window_tokens");
+      }
+      p.q.add_positions(0, K_, 0);
+      p.mode = KvMode::kFull;
+      p.kind = StepKind::kRefresh;
+    } else {
+      if (o_.slide_window.value()) {
+        e_ = span_end();
+        if (e_ > K_) {
+          refuse(ErrorKind::kUnsupported, "window_tokens", "window (dream): at step ", step_, " the sliding span [", s_,
+                 ", ", e_, ") passes the phase's kept prefix [0, ", K_,
+                 "), where the authors' cache holds no "
+                 "K/V; raise window_tokens, or lower active_tokens or refresh_interval");
+        }
+      }
+      p.q.add_positions(s_, e_, 0);
+      p.q.kv_lens.push_back(K_);
+      p.mode = KvMode::kDual;
+      p.kind = StepKind::kWindow;
+    }
+    // The outputs the step reads: the span's masks, shifted by one (the forward's first output keeps its own).
+    rows_.clear();
+    const int64_t out0 = full_ ? 0 : s_;
+    for (int64_t q = s_; q < e_; ++q) {
+      if (x_[q] == mask) rows_.push_back(q);
+    }
+    for (int64_t q : rows_) p.q.logit_index.push_back(std::max<int64_t>(q - 1 - out0, 0));
+    if (rows_.empty()) p.q.logit_index.push_back(0);  // nothing to read; the step still runs
+    p.extra = x_;
+    return p;
+  }
+
+  at::Tensor tokens_from(const StepPlan& p, const at::Tensor& buffer) const override {
+    return buffer.narrow(0, p.base, static_cast<int64_t>(p.extra.size()));
+  }
+
+  void absorb(const StepPlan& p, const at::Tensor& out, const std::vector<at::Tensor>&) override {
+    const int64_t mask = c_.mask_token_id;
+    const int64_t n = static_cast<int64_t>(rows_.size());
+    int64_t committed = 0;
+    // Dream's sample_tokens over the span's masks (drawn even when none is committed, as theirs).
+    const host::Proposal prop = host::propose(out.to(at::kFloat).narrow(0, 0, n), Alg::kEntropy, o_.temperature,
+                                              generator_, o_.top_p, o_.top_k, limit_);
+    if (full_) {
+      const at::Tensor x0 = host::to_host({prop.x0})[0];
+      x_[s_] = x0.const_data_ptr<int64_t>()[0];
+      committed = x_[s_] != mask;
+      st_.nfe_full += 1;
+    } else {
+      const float* ts = timesteps_.const_data_ptr<float>();
+      const int64_t k = o_.early_stop ? 1
+                        : step_ < steps_ - 1
+                            ? static_cast<int64_t>(static_cast<float>(masks_) * (1.0f - ts[step_ + 1] / ts[step_]))
+                            : masks_;
+      st_.nfe_pruned += 1;
+      st_.pruned_key_tokens += K_;
+      if (k > 0) committed = commit(prop, k);
+    }
+    masks_ = std::count(x_.begin(), x_.begin() + n_, mask);
+    st_.nfe += 1;
+    st_.steps.push_back({committed, p.q.size(), p.q.key_tokens(p.mode, L_)});
+    st_.branches[0].committed += committed;
+    ++step_;
+  }
+
+  DecodeResult finish() override {
+    std::fill(x_.begin() + n_, x_.end(), c_.eos_token_id);  // early_stop's cut: the text ends at its EOS
+    DecodeResult res;
+    res.tokens = x_;
+    st_.nfe_paper = st_.nfe;
+    st_.branches[0].forwards = st_.nfe;
+    res.stats = std::move(st_);
+    return res;
+  }
+
+ private:
+  // The position of the (active_tokens + 1)-th mask of the canvas, or its end if it has fewer.
+  int64_t span_end() const {
+    int64_t seen = 0;
+    for (int64_t q = 0; q < n_; ++q) {
+      if (x_[q] == c_.mask_token_id && seen++ == o_.active_tokens) return q;
+    }
+    return n_;
+  }
+
+  // A pruned step's commit of `k` span masks; returns the tokens written that are not the mask id.
+  int64_t commit(const host::Proposal& prop, int64_t k) {
+    const int64_t n = static_cast<int64_t>(rows_.size());
+    if (k > n) {
+      refuse(ErrorKind::kUnsupported, o_.slide_window.value() ? "active_tokens" : "slide_window",
+             "window (dream): step ", step_, " commits ", k, " tokens but the active span [", s_, ", ", e_, ") holds ",
+             n, " masks (the authors' code would mask decoded tokens again); ",
+             o_.slide_window.value() ? "raise active_tokens or steps" : "set slide_window, or raise active_tokens");
+    }
+    const c10::Device dev = model_.device();
+    std::vector<int64_t> rel;
+    for (int64_t q : rows_) rel.push_back(q - s_);
+    at::Tensor full = at::full({1, e_ - s_}, -std::numeric_limits<float>::infinity(), prop.conf.options());
+    full.select(0, 0).index_put_({at::tensor(rel, at::kLong).to(dev)}, prop.conf);
+    const at::Tensor picked = o_.alg_temp > 0
+                                  ? host::multinomial(at::softmax(at::div(full, o_.alg_temp), -1), k, generator_)
+                                  : std::get<1>(at::topk(full, k));
+    const std::vector<at::Tensor> host = host::to_host({picked, prop.x0});
+    std::vector<int64_t> slot(e_ - s_, -1);  // span offset -> its row among the masks
+    for (int64_t j = 0; j < n; ++j) slot[rel[j]] = j;
+    int64_t committed = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t at_ = host[0].const_data_ptr<int64_t>()[j];
+      TORCH_CHECK(at_ >= 0 && at_ < e_ - s_ && slot[at_] >= 0, "window (dream): internal error: picked span offset ",
+                  at_, ", which holds no mask");
+      x_[s_ + at_] = host[1].const_data_ptr<int64_t>()[slot[at_]];
+      committed += x_[s_ + at_] != c_.mask_token_id;
+    }
+    if (o_.early_stop) {  // the canvas ends at its first EOS (the prompt's included, as theirs)
+      const auto eos = std::find(x_.begin(), x_.begin() + n_, c_.eos_token_id);
+      if (eos != x_.begin() + n_) {
+        n_ = eos - x_.begin() + 1;
+        reach_eos_ = true;
+      }
+    }
+    return committed;
+  }
+
+  const Network& model_;
+  const ModelConfig& c_;
+  const DecodeOptions o_;
+  const Stop& stop_;
+  const int64_t L_, steps_, limit_;
+  const at::Tensor timesteps_;
+  at::Generator generator_;
+  std::vector<int64_t> x_, rows_;
+  int64_t n_ = 0;                  // the canvas length (early_stop cuts it after the first EOS)
+  int64_t masks_ = 0;              // masks in [0, n_)
+  int64_t K_ = 0, s_ = 0, e_ = 0;  // the phase's kept prefix [0, K), the active span [s, e)
+  int64_t step_ = 0;
+  bool full_ = false, reach_eos_ = false;
+  DecodeStats st_;
+};
+
+// The window policy's rules for one family: a family without a row is refused by the policy.
+struct WindowRules {
+  const char* family;
+  bool samplers;  // Dream's sampler options (alg_temp, eps, top_p, top_k) and its own (slide_window, early_stop)
+  std::unique_ptr<Decoder> (*make)(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
+                                   const Stop& stop, KvRows kv);
+};
+
+template <typename D>
+std::unique_ptr<Decoder> make_as(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
+                                 const Stop& stop, KvRows kv) {
+  return std::make_unique<D>(model, prompt, o, stop, std::move(kv));
+}
+
+const std::vector<WindowRules> kRules{
+    {"llada", /*samplers=*/false, make_as<CanvasWindow>},
+    {"dream", /*samplers=*/true, make_as<PrefixSpanWindow>},
+};
+
 std::unique_ptr<Decoder> make(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
                               const Stop& stop, KvRows kv) {
-  return std::make_unique<WindowDecoder>(model, prompt, o, stop, std::move(kv));
+  const WindowRules* r = family_row(kRules, family_spec(model.config().family));
+  TORCH_CHECK(r != nullptr, "policy 'window' has no rules for ", family_spec(model.config().family).name,
+              " checkpoints (refused at admission)");
+  return r->make(model, prompt, o, stop, std::move(kv));
 }
 
 std::string family_refusal(const FamilySpec& f) {
@@ -229,29 +424,50 @@ std::string family_refusal(const FamilySpec& f) {
   return "";
 }
 
-Refusal option_refusal(const FamilySpec* family, const DecodeOptions& o) {
-  if (Refusal why = bidirectional_refusal(family, /*samplers=*/false, o)) return why;
+Refusal option_refusal(const FamilySpec* family, const DecodeOptions& options) {
+  const WindowRules* row = family != nullptr ? family_row(kRules, *family) : nullptr;
+  // The family's defaults where the request leaves an option to them (window_tokens, slide_window).
+  const DecodeOptions o = family != nullptr ? options.resolved(family->name) : options;
+  if (Refusal why = bidirectional_refusal(family, row != nullptr && row->samplers, o)) return why;
   if (steps_of(o) < 1) {
     return {"steps", c10::str("steps must be None (gen_length) or an integer in [1, gen_length = ", o.gen_length,
                               "] for policy 'window', got ", steps_of(o))};
   }
   if (o.factor) {
-    return {"factor", "policy 'window' commits LLaDA's fixed per-step counts (steps); leave factor None"};
+    return {"factor", "policy 'window' commits by its own schedule (steps); leave factor None"};
   }
   if (o.stop_on_eos.value_or(false)) {
-    return {"stop_on_eos", "policy 'window' runs its steps to the end, as the authors' decoder does; leave "
-                           "stop_on_eos false (the text is cut at the first EOS either way)"};
+    return {"stop_on_eos", "policy 'window' runs its steps to the end, as the authors' decoders do; leave "
+                           "stop_on_eos false (the text is cut at the first EOS either way; on Dream checkpoints "
+                           "early_stop is the authors' own rule)"};
   }
-  if (o.slide_window || o.early_stop) {
-    return {o.slide_window ? "slide_window" : "early_stop",
-            "slide_window and early_stop are Window-Diffusion's Dream options; leave them false"};
+  if (row == nullptr) return {};
+  if (!row->samplers) {  // LLaDA: the authors' generate
+    if (o.slide_window.value_or(false) || o.early_stop) {
+      return {o.slide_window.value_or(false) ? "slide_window" : "early_stop",
+              "slide_window and early_stop are Window-Diffusion's Dream options; leave them false"};
+    }
+    if (o.active_tokens < max_count(o)) {
+      return {"active_tokens",
+              c10::str("active_tokens = ", o.active_tokens, " is below the ", max_count(o),
+                       " tokens a step commits (gen_length / steps, rounded up): a pruned step would commit "
+                       "positions that hold no mask (the authors' code overwrites decoded tokens); raise "
+                       "active_tokens or steps")};
+    }
+    return {};
   }
-  if (o.active_tokens < max_count(o)) {
+  // Dream: the authors' nearest_sample_fast_v2_cache
+  if (o.alg && *o.alg != Alg::kEntropy) {
+    return {"alg", c10::str("policy 'window' on ", family->name,
+                            " checkpoints ranks by minus the entropy, as the authors' decoder does whatever its "
+                            "alg; leave alg 'entropy' (alg = '",
+                            alg_name(*o.alg), "')")};
+  }
+  if (o.active_tokens > *o.window_tokens && o.gen_length > *o.window_tokens) {
     return {"active_tokens",
-            c10::str("active_tokens = ", o.active_tokens, " is below the ", max_count(o),
-                     " tokens a step commits (gen_length / steps, rounded up): a pruned step would commit "
-                     "positions that hold no mask (the authors' code overwrites decoded tokens); raise "
-                     "active_tokens or steps")};
+            c10::str("active_tokens = ", o.active_tokens, " exceeds window_tokens = ", *o.window_tokens,
+                     ": the active span would pass the kept prefix of a full step (the authors' code cannot run "
+                     "it); keep active_tokens <= window_tokens")};
   }
   return {};
 }

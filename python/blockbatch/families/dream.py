@@ -54,7 +54,7 @@ DEFAULT_OPTIONS: dict[str, Any] = {}
 
 # What the front doors ask of a family (never its name; tests/tools/test_registries.py checks each is here):
 # the policies it decodes with (the native engine refuses the others: csrc/decode/policies/), ...
-POLICIES: tuple[str, ...] = ("vanilla", "prefix", "dual", "blockbatch")
+POLICIES: tuple[str, ...] = ("vanilla", "prefix", "dual", "blockbatch", "window")
 # ... those `blockbatch bench` runs without --policies, those `blockbatch tune` sweeps without --policies
 # (None: the grid's own) ...
 BENCH_POLICIES: tuple[str, ...] = ("vanilla", "dual", "blockbatch")

@@ -13,9 +13,10 @@ TUNE_AXES = ("refresh_intervals", "active_tokens", "window_tokens")
 
 
 def bench_options(gen_length: int) -> dict:
-    """The authors' benchmark settings (their scripts/run_benchmarks.sh): one token per step,
-    window 64, active 16, a full forward every 32 steps."""
-    return dict(policy=NAME, threshold=None, steps=gen_length, window_tokens=64, active_tokens=16, refresh_interval=32)
+    """The authors' benchmark settings (their scripts/run_benchmarks.sh): one token per step, active 16,
+    a full forward every 32 steps, the family's window (LLaDA 64; Dream 127 masks, their o_win_size 128,
+    with its sliding span)."""
+    return dict(policy=NAME, threshold=None, steps=gen_length, active_tokens=16, refresh_interval=32)
 
 
 def tune_rows(grid, gen_length: int) -> list[tuple[float, str]]:
@@ -50,8 +51,15 @@ def llada_reference(model, prompt, o, vocab_limit: int | None = None):
     return reference_entry(model, prompt, o, vocab_limit)
 
 
+def dream_reference(model, prompt, o, vocab_limit: int | None = None):
+    """Window-Diffusion's Dream decoder (``reference.window.dream_window_generate``)."""
+    from ..reference.window import dream_reference_entry
+
+    return dream_reference_entry(model, prompt, o, vocab_limit)
+
+
 # family -> reference entry
-REFERENCE = {"llada": llada_reference}
+REFERENCE = {"llada": llada_reference, "dream": dream_reference}
 
 PLOT_COLOR = "tab:olive"
 BLOCKS_ALIGNED_AT_ZERO = False
