@@ -243,8 +243,12 @@ def run_tune(
     max_batch: int = 1,
 ) -> dict:
     """Decode every sample with every config, saving ``out_path`` after each config; returns the
-    JSON's contents. A config already in an existing ``out_path`` with the same setup is skipped."""
+    JSON's contents. A config already in an existing ``out_path`` with the same setup is skipped. A
+    config whose decodes are refused (a setting the policy cannot run on these prompts, such as a
+    window span past its kept prefix) is reported on stderr and kept under ``refused`` with the
+    reason, out of the frontier."""
     from . import bench, tasks
+    from .errors import RequestError
 
     data = None
     if os.path.exists(out_path) and not fresh:
@@ -265,7 +269,8 @@ def run_tune(
     encoded = [tasks.encode(engine, s) for s in samples]
     scored_by = "answers" if all(s.check is not None for s in samples) else "reference"
     data["scored_by"] = scored_by
-    todo = [s for s in specs if s not in data["configs"]]
+    refused = data.setdefault("refused", {})  # spec -> why its decodes were refused (e.g. window's spans)
+    todo = [s for s in specs if s not in data["configs"] and s not in refused]
     need_ref = scored_by == "reference" and data.get("reference") is None
     bar = _Bar(len(samples) * (len(todo) + need_ref), progress)
     t0 = time.perf_counter()
@@ -287,21 +292,13 @@ def run_tune(
                 break
             o = options[spec]
             records = []
-            gens = []
-            if max_batch > 1:
-                start = time.perf_counter()
-                gens = engine.generate(encoded, o, max_batch=max_batch)
-                per = (time.perf_counter() - start) * 1e3 / len(encoded)
-                walls = [per] * len(encoded)
-                bar.update(len(encoded), spec)
-            else:
-                walls = []
-                for ids in encoded:
-                    start = time.perf_counter()
-                    [g] = engine.generate(ids, o)
-                    walls.append((time.perf_counter() - start) * 1e3)
-                    gens.append(g)
-                    bar.update(1, spec)
+            try:
+                gens, walls = _decode_config(engine, encoded, o, max_batch, bar, spec)
+            except RequestError as e:  # a setting the policy cannot run on these prompts: skipped, said why
+                refused[spec] = str(e)
+                print(f"tune: {spec}: refused ({e.param}): {e}", file=sys.stderr)
+                _write_json(out_path, data)
+                continue
             for i, (g, wall) in enumerate(zip(gens, walls)):
                 if scored_by == "answers":
                     score = float(samples[i].check(g))
@@ -338,10 +335,28 @@ def run_tune(
     finally:
         bar.close()
     data["stopped"] = stopped
-    data["remaining"] = [s for s in specs if s not in data["configs"]]
+    data["remaining"] = [s for s in specs if s not in data["configs"] and s not in refused]
     remodel(data, step_model)
     _write_json(out_path, data)
     return data
+
+
+def _decode_config(engine, encoded, o, max_batch: int, bar, spec: str):
+    """One config's decodes of every prompt: (generations, wall ms per sample)."""
+    if max_batch > 1:
+        start = time.perf_counter()
+        gens = engine.generate(encoded, o, max_batch=max_batch)
+        per = (time.perf_counter() - start) * 1e3 / len(encoded)
+        bar.update(len(encoded), spec)
+        return gens, [per] * len(encoded)
+    gens, walls = [], []
+    for ids in encoded:
+        start = time.perf_counter()
+        [g] = engine.generate(ids, o)
+        walls.append((time.perf_counter() - start) * 1e3)
+        gens.append(g)
+        bar.update(1, spec)
+    return gens, walls
 
 
 def remodel(data: dict, step_model) -> None:

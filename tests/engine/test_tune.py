@@ -370,3 +370,20 @@ def test_the_grid_of_policy_block_for_sdar():
     for spec in specs:
         o = policy_options(spec, 40)
         assert o.policy == "block" and o.unmasking in ("dynamic", "static", "sequential", "entropy_bounded")
+
+
+def test_a_window_grid_on_dream_keeps_the_configs_it_cannot_run_apart(tmp_path, capsys):
+    """`tune --policies window` on the Dream toy: a config whose sliding span passes its kept prefix (the
+    authors' code cannot run it) is refused by the engine; the sweep says so, keeps the reason under
+    `refused`, and goes on with the others (scored as usual)."""
+    from blockbatch.toy import checkpoint_path
+
+    out = tmp_path / "t"
+    args = ["tune", "--model", checkpoint_path("dream"), "--out", str(out), "--n", "4", "--gen-length", "64"]
+    grid = ["--policies", "window", "--refresh-intervals", "16", "--active-tokens", "4", "--window-tokens", "8,127"]
+    assert main([*args, *grid, "--quiet"]) == 0
+    data = json.loads((out / "tune.json").read_text())
+    small, large = (f"window:steps=64,refresh_interval=16,active_tokens=4,window_tokens={w}" for w in (8, 127))
+    assert list(data["refused"]) == [small] and "window_tokens" in data["refused"][small]
+    assert list(data["configs"]) == [large] and data["remaining"] == []
+    assert f"{small}: refused (window_tokens)" in capsys.readouterr().err

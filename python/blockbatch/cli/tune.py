@@ -183,6 +183,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument(
         "--sync-refresh", type=_on_off, default=None, help="blockbatch sync_refresh variant: on, off or off,on"
     )
+    g.add_argument("--refresh-intervals", type=_ints, default=None, help="window: steps per phase, e.g. 8,16,32")
+    g.add_argument("--active-tokens", type=_ints, default=None, help="window: masks a pruned step computes, e.g. 8,16")
+    g.add_argument("--window-tokens", type=_ints, default=None, help="window: masks kept as keys, e.g. 32,64,127")
     p.add_argument(
         "--out",
         default="results/tune",
@@ -389,6 +392,9 @@ def run(args: argparse.Namespace) -> int:
                 ("eos_exit", args.eos_exit),
                 ("refresh", args.refresh),
                 ("sync_refresh", args.sync_refresh),
+                ("refresh_intervals", args.refresh_intervals),
+                ("active_tokens", args.active_tokens),
+                ("window_tokens", args.window_tokens),
             )
             if v is not None
         },
