@@ -1,21 +1,23 @@
-"""Window-Diffusion (policy ``window``) against vanilla, dual cache and BlockBatch on the LLaDA toy.
+"""Window-Diffusion (policy ``window``) against vanilla, dual cache and BlockBatch on a toy (LLaDA or Dream).
 
-    python benchmarks/bench_window.py [--n 40] [--gen-lengths 64 256] [--threads 2] \\
-        [--out docs/bench/window/bench_window.json]
+    python benchmarks/bench_window.py [--family llada|dream] [--n 40] [--gen-lengths 64 256] \\
+        [--threads 2] [--out docs/bench/window/bench_window.json]
 
 Per generation length and policy (each policy's ``bench_options``: vanilla one token per step,
-dual block 32 / threshold 0.9, BlockBatch's defaults, window the authors' 64 / 16 / 32 at one token
-per step), on the toy task's held-out problems, interleaved per problem: accuracy (exact match of
-the final answer), mean NFE, mean query tokens per forward, mean key tokens per forward (vanilla
-and dual: the whole canvas; window: the canvas at a full forward, the window at a pruned one;
-BlockBatch: not counted), mean wall ms per sample. Then batched throughput: the same problems
+dual block 32 / threshold 0.9, BlockBatch's defaults, window the authors' settings at one token per
+step: active 16, refresh 32, the family's window: LLaDA 64, Dream 127 with its sliding span), on the
+toy task's held-out problems, interleaved per problem: accuracy (exact match of the final answer),
+mean NFE, mean query tokens per forward, mean key tokens per forward (the decode's
+``key_tokens_per_step``: a full forward its own tokens, a cached one the cache rows it reads; window:
+the window at a pruned forward), mean wall ms per sample. Then batched throughput: the same problems
 through ``Engine.generate(max_batch=8)``, generated tokens per second. Writes the JSON and a PNG
-beside it (query and key tokens per forward, time per sample).
+beside it (time per sample).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import dataclasses
 import statistics
 import time
@@ -45,19 +47,13 @@ def run(engine, samples, gen_length: int) -> dict:
     rows: dict[str, list[dict]] = {name: [] for name in POLICIES}
     prompts = [tasks.encode(engine, s) for s in samples]
     for sample, ids in zip(samples, prompts):
-        L = ids.numel() + gen_length
         for name, o in options.items():
             t0 = time.perf_counter()
             [gen] = engine.generate(ids, o)
             ms = (time.perf_counter() - t0) * 1e3
             s = gen.stats
             queries = sum(s["query_tokens_per_step"])
-            if name == "window":
-                keys = s["nfe_full"] * L + s["pruned_key_tokens"]
-            elif name in ("vanilla", "dual"):
-                keys = s["nfe"] * L
-            else:
-                keys = None
+            keys = sum(s["key_tokens_per_step"])
             rows[name].append(
                 dict(
                     correct=bool(sample.check(gen)),
@@ -76,7 +72,7 @@ def run(engine, samples, gen_length: int) -> dict:
             accuracy=sum(r["correct"] for r in rs) / len(rs),
             mean_nfe=statistics.mean(r["nfe"] for r in rs),
             query_tokens_per_forward=sum(r["queries"] for r in rs) / nfe,
-            key_tokens_per_forward=None if rs[0]["keys"] is None else sum(r["keys"] for r in rs) / nfe,
+            key_tokens_per_forward=sum(r["keys"] for r in rs) / nfe,
             mean_ms=statistics.mean(r["ms"] for r in rs),
         )
         t0 = time.perf_counter()
@@ -87,17 +83,24 @@ def run(engine, samples, gen_length: int) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--family", default="llada", help="the toy to decode: llada (default) or dream")
     ap.add_argument("--n", type=int, default=40, help="held-out problems (default 40)")
     ap.add_argument("--gen-lengths", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--out", default="docs/bench/window/bench_window.json")
+    ap.add_argument("--out", default=None, help="default docs/bench/window/bench_window[_dream].json")
     args = ap.parse_args(argv)
+    if args.family not in ("llada", "dream"):
+        ap.error(f"--family: the toys with a window decoder are llada and dream, got {args.family!r}")
+    if args.out is None:
+        suffix = "" if args.family == "llada" else "_" + args.family
+        args.out = f"docs/bench/window/bench_window{suffix}.json"
     if args.threads:
         torch.set_num_threads(args.threads)
     from blockbatch import bench
     from blockbatch.engine import Engine
+    from blockbatch.toy import checkpoint_path
 
-    engine = Engine.from_pretrained()
+    engine = Engine.from_pretrained(checkpoint_path(args.family))
     samples = bench.load_tasks(None, args.n)
     results = {}
     for G in args.gen_lengths:
@@ -112,7 +115,8 @@ def main(argv=None) -> int:
             )
     payload = dict(
         benchmark="bench_window",
-        model="LLaDA toy (python/blockbatch/toy/checkpoint)",
+        model=f"{args.family} toy (python/blockbatch/toy/{os.path.basename(checkpoint_path(args.family))})",
+        family=args.family,
         problems=args.n,
         batch=BATCH,
         environment=environment(),
@@ -128,7 +132,7 @@ def main(argv=None) -> int:
             ax.bar(xs, [results[G][name]["mean_ms"] for G in Gs], width, label=name)
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(Gs))], [f"gen {G}" for G in Gs])
         ax.set_ylabel("ms per sample (CPU, alone)")
-        ax.set_title("LLaDA toy: time per sample")
+        ax.set_title(f"{args.family} toy: time per sample")
         ax.legend()
 
     write_png(args.out, draw)

@@ -640,6 +640,7 @@ TABLES: dict[str, tuple[str, Callable[[dict], str]]] = {
     "loto-tally": ("docs/bench/loto/loto.json", loto_tally),
     "loto-frontier": ("docs/bench/loto/loto.json", loto_frontier),
     "window": ("docs/bench/window/bench_window.json", window),
+    "window-dream": ("docs/bench/window/bench_window_dream.json", window),
 }
 
 

@@ -248,8 +248,7 @@ class PrefixSpanWindow final : public Decoder {
       if (e_ > K_) {
         refuse(ErrorKind::kUnsupported, "active_tokens", "window (dream): at step ", step_, " the active span [", s_,
                ", ", e_, ") passes the kept prefix [0, ", K_,
-               "): the authors' full step cannot run it; keep "
-               "active_tokens <= window_tokens");
+               "): the authors' full step cannot run it; keep active_tokens <= window_tokens");
       }
       p.q.add_positions(0, K_, 0);
       p.mode = KvMode::kFull;
@@ -260,8 +259,8 @@ class PrefixSpanWindow final : public Decoder {
         if (e_ > K_) {
           refuse(ErrorKind::kUnsupported, "window_tokens", "window (dream): at step ", step_, " the sliding span [", s_,
                  ", ", e_, ") passes the phase's kept prefix [0, ", K_,
-                 "), where the authors' cache holds no "
-                 "K/V; raise window_tokens, or lower active_tokens or refresh_interval");
+                 "), where the authors' cache holds no K/V; raise window_tokens, or lower active_tokens or "
+                 "refresh_interval");
         }
       }
       p.q.add_positions(s_, e_, 0);
