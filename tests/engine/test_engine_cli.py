@@ -68,6 +68,28 @@ def test_batch_of_prompts_equals_one_by_one(ckpt):
     assert together[1].stats["policy"] == "blockbatch" and len(together[1].stats["branches"]) == 3
 
 
+def test_generate_n_gives_n_per_prompt_with_seeds_seed_plus_i(ckpt):
+    """n generations per prompt, in order (prompt 0's n, then prompt 1's), generation i decoding with
+    seed + i: each equals the decode of that seed alone, batched or not; greedy ones are equal."""
+    path, _ = ckpt
+    engine = Engine.from_pretrained(path)
+    prompts = ["1+2=", "45-3+9="]
+    sampled = DecodeOptions(policy="dual", gen_length=32, block_length=8, temperature=3.0, seed=11)
+    for max_batch in (1, 4):
+        got = engine.generate(prompts, sampled, n=3, max_batch=max_batch)
+        alone = [engine.generate(p, sampled.replace(seed=11 + i))[0] for p in prompts for i in range(3)]
+        assert [g.raw_ids for g in got] == [g.raw_ids for g in alone]
+        assert [g.prompt_ids for g in got] == [engine.codec.encode(p) for p in prompts for _ in range(3)]
+    assert len({tuple(g.raw_ids) for g in got[:3]}) > 1  # the seeds make different draws
+    greedy = engine.generate(prompts[0], DecodeOptions(policy="dual", gen_length=32, block_length=8), n=2)
+    assert greedy[0].raw_ids == greedy[1].raw_ids
+    for bad, error in ((0, ValueError), (17, ValueError), (True, TypeError), (2.0, TypeError)):
+        with pytest.raises(error, match="^n must be an integer"):
+            engine.generate(prompts[0], sampled, n=bad)
+    with pytest.raises(ValueError, match="^seed: .*seed \\+ i"):
+        engine.generate(prompts[0], sampled.replace(seed=(1 << 63) - 2), n=3)
+
+
 def test_engine_bad_prompts(ckpt):
     path, config = ckpt
     engine = Engine.from_pretrained(path)
