@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -165,6 +166,36 @@ def test_cli_generate_json_and_progress(ckpt):
     )
     assert eager.returncode == 0, eager.stderr
     assert [json.loads(line)["text"] for line in eager.stdout.splitlines()] == [r["text"] for r in rows]
+
+
+def test_cli_generate_n_prints_each_prompts_n_generations(ckpt):
+    """--n 2 with two PROMPTs: prompt 0's two generations, then prompt 1's, generation i with seed
+    --seed + i: the engine's Engine.generate(n=2) texts; --n past 16 and --n with --input refused."""
+    path, _ = ckpt
+    flags = ["--policy", "dual", "--gen-length", 32, "--block-length", 8, "--temperature", 3.0, "--seed", 11]
+    res = _cli("generate", "--model", path, *flags, "--n", 2, "--json", "1+2=", "45-3+9=")
+    assert res.returncode == 0, res.stderr
+    rows = [json.loads(line) for line in res.stdout.splitlines()]
+    assert [(r["prompt"], r["choice"], r["seed"]) for r in rows] == [
+        ("1+2=", 0, 11),
+        ("1+2=", 1, 12),
+        ("45-3+9=", 0, 11),
+        ("45-3+9=", 1, 12),
+    ]
+    engine = Engine.from_pretrained(path)
+    options = DecodeOptions(policy="dual", gen_length=32, block_length=8, temperature=3.0, seed=11)
+    assert [r["ids"] for r in rows] == [g.ids for g in engine.generate(["1+2=", "45-3+9="], options, n=2)]
+    text = _cli("generate", "--model", path, *flags, "--n", 2, "1+2=")
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.splitlines()[0] == f"'1+2=' #0 (seed 11) -> {rows[0]['text']!r}"
+    assert text.stdout.splitlines()[2] == f"'1+2=' #1 (seed 12) -> {rows[1]['text']!r}"
+    for bad, pattern in (
+        (["--n", 17, "1+2="], "argument --n: must be in \\[1, 16\\], got 17"),
+        (["--n", 2, "--input", "-"], "--n 2 applies to PROMPTs only"),
+    ):
+        res = _cli("generate", "--model", path, *bad)
+        assert res.returncode != 0 and "Traceback" not in res.stderr
+        assert re.search(pattern, res.stderr), res.stderr
 
 
 @pytest.mark.parametrize(
