@@ -257,6 +257,18 @@ def test_n_greedy_choices_are_equal_and_chat_has_n_too(server, client, engine):
     assert (chat.usage.prompt_tokens, chat.usage.completion_tokens) == (33, 2 * tokens)
 
 
+@pytest.mark.parametrize("n", [0, 17, "2", True, 2.5])
+def test_n_outside_1_to_16_or_not_an_integer_is_400_naming_n(server, client, n):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="toy-chat", prompt=PROMPT, n=n, max_tokens=8)
+    assert e.value.body["param"] == "n" and "must be an integer in [1, 16]" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model="toy-chat", messages=[{"role": "user", "content": PROMPT}], n=n, max_tokens=8, stream=True
+        )
+    assert e.value.body["param"] == "n"
+
+
 @pytest.mark.parametrize("route", ["completions", "chat"])
 def test_n_streams_carry_their_choice_index(server, client, route):
     """n=2 sampled, streamed: chunks of both indices whose texts add up to the non-streamed
