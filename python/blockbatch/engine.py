@@ -14,7 +14,7 @@ from .errors import RequestError, checked_int, typed_error
 from .loading import load_checkpoint
 from .native import NativeModel
 from .decoding import run_decode, run_decode_batch
-from .options import DecodeOptions
+from .options import MAX_N, DecodeOptions, seed_for_choice
 from .options_fields import DecodeStats
 from .tokenization import TextCodec
 
@@ -197,8 +197,15 @@ class Engine:
         max_batch: int = 1,
         kv_budget_bytes: int = 0,
         prefix_cache: bool = False,
+        n: int = 1,
     ) -> list[Generation]:
         """Decode each prompt (text, a list of ids, or a 1-D/2-D int64 tensor); results in input order.
+
+        ``n`` (1 to ``MAX_N``): generations per prompt, in order (prompt 0's n, then prompt 1's, ...);
+        generation i of a prompt decodes with ``seed + i`` (``seed_for_choice``), so with temperature
+        > 0 they are n draws, and with temperature 0 (and no other seeded choice: Dream's
+        ``alg="origin"`` or ``alg_temp``) they are n equal greedy decodes. They are n requests like
+        any others: with ``max_batch`` > 1 they share packed forwards.
 
         ``prompts`` is one prompt or a list / tuple of prompts; anything else (a dict, a set, a
         generator of characters, bytes) raises ``TypeError`` naming the argument. ``options`` is
@@ -222,7 +229,11 @@ class Engine:
         kv_budget_bytes = checked_int("kv_budget_bytes", kv_budget_bytes, 0)
         if not isinstance(prefix_cache, bool):
             raise TypeError(f"prefix_cache must be True or False, got {prefix_cache!r}")
+        n = checked_int("n", n, 1, MAX_N)
         encoded, opts = self._requests(prompts, options, chat, allow_unknown)
+        if n > 1:
+            opts = [seed_for_choice(o, i, n) for o in opts for i in range(n)]
+            encoded = [ids for ids in encoded for _ in range(n)]
         for i, (ids, o) in enumerate(zip(encoded, opts)):  # before any decodes
             too_long = self._too_long(i, ids, o)
             if too_long is not None:

@@ -114,3 +114,18 @@ class DecodeOptions(DecodeOptionFields):
 
 def _rebuild(fields: dict) -> DecodeOptions:
     return DecodeOptions(**fields)
+
+
+MAX_N = 16  # generations per prompt (Engine.generate's n, the server's n)
+
+
+def seed_for_choice(options: DecodeOptions, i: int, n: int) -> DecodeOptions:
+    """The options of choice ``i`` of ``n`` (``Engine.generate(n=...)``, the server's ``n``): the
+    seed plus ``i``. ValueError naming ``seed`` when ``seed + n - 1`` passes the largest seed."""
+    limit = contract.BY_NAME["seed"].hi
+    if limit is not None and options.seed + n - 1 > limit:
+        raise ValueError(
+            f"seed: choice i of n decodes with seed + i, and seed {options.seed} + {n - 1} passes the "
+            f"largest seed {limit}: give a smaller seed"
+        )
+    return options if i == 0 else options.replace(seed=options.seed + i)

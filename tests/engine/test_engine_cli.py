@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -66,6 +67,28 @@ def test_batch_of_prompts_equals_one_by_one(ckpt):
     alone = [engine.generate(p, options)[0] for p in prompts]
     assert [g.raw_ids for g in together] == [g.raw_ids for g in alone]
     assert together[1].stats["policy"] == "blockbatch" and len(together[1].stats["branches"]) == 3
+
+
+def test_generate_n_gives_n_per_prompt_with_seeds_seed_plus_i(ckpt):
+    """n generations per prompt, in order (prompt 0's n, then prompt 1's), generation i decoding with
+    seed + i: each equals the decode of that seed alone, batched or not; greedy ones are equal."""
+    path, _ = ckpt
+    engine = Engine.from_pretrained(path)
+    prompts = ["1+2=", "45-3+9="]
+    sampled = DecodeOptions(policy="dual", gen_length=32, block_length=8, temperature=3.0, seed=11)
+    for max_batch in (1, 4):
+        got = engine.generate(prompts, sampled, n=3, max_batch=max_batch)
+        alone = [engine.generate(p, sampled.replace(seed=11 + i))[0] for p in prompts for i in range(3)]
+        assert [g.raw_ids for g in got] == [g.raw_ids for g in alone]
+        assert [g.prompt_ids for g in got] == [engine.codec.encode(p) for p in prompts for _ in range(3)]
+    assert len({tuple(g.raw_ids) for g in got[:3]}) > 1  # the seeds make different draws
+    greedy = engine.generate(prompts[0], DecodeOptions(policy="dual", gen_length=32, block_length=8), n=2)
+    assert greedy[0].raw_ids == greedy[1].raw_ids
+    for bad, error in ((0, ValueError), (17, ValueError), (True, TypeError), (2.0, TypeError)):
+        with pytest.raises(error, match="^n must be an integer"):
+            engine.generate(prompts[0], sampled, n=bad)
+    with pytest.raises(ValueError, match="^seed: .*seed \\+ i"):
+        engine.generate(prompts[0], sampled.replace(seed=(1 << 63) - 2), n=3)
 
 
 def test_engine_bad_prompts(ckpt):
@@ -143,6 +166,36 @@ def test_cli_generate_json_and_progress(ckpt):
     )
     assert eager.returncode == 0, eager.stderr
     assert [json.loads(line)["text"] for line in eager.stdout.splitlines()] == [r["text"] for r in rows]
+
+
+def test_cli_generate_n_prints_each_prompts_n_generations(ckpt):
+    """--n 2 with two PROMPTs: prompt 0's two generations, then prompt 1's, generation i with seed
+    --seed + i: the engine's Engine.generate(n=2) texts; --n past 16 and --n with --input refused."""
+    path, _ = ckpt
+    flags = ["--policy", "dual", "--gen-length", 32, "--block-length", 8, "--temperature", 3.0, "--seed", 11]
+    res = _cli("generate", "--model", path, *flags, "--n", 2, "--json", "1+2=", "45-3+9=")
+    assert res.returncode == 0, res.stderr
+    rows = [json.loads(line) for line in res.stdout.splitlines()]
+    assert [(r["prompt"], r["choice"], r["seed"]) for r in rows] == [
+        ("1+2=", 0, 11),
+        ("1+2=", 1, 12),
+        ("45-3+9=", 0, 11),
+        ("45-3+9=", 1, 12),
+    ]
+    engine = Engine.from_pretrained(path)
+    options = DecodeOptions(policy="dual", gen_length=32, block_length=8, temperature=3.0, seed=11)
+    assert [r["ids"] for r in rows] == [g.ids for g in engine.generate(["1+2=", "45-3+9="], options, n=2)]
+    text = _cli("generate", "--model", path, *flags, "--n", 2, "1+2=")
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.splitlines()[0] == f"'1+2=' #0 (seed 11) -> {rows[0]['text']!r}"
+    assert text.stdout.splitlines()[2] == f"'1+2=' #1 (seed 12) -> {rows[1]['text']!r}"
+    for bad, pattern in (
+        (["--n", 17, "1+2="], "argument --n: must be in \\[1, 16\\], got 17"),
+        (["--n", 2, "--input", "-"], "--n 2 applies to PROMPTs only"),
+    ):
+        res = _cli("generate", "--model", path, *bad)
+        assert res.returncode != 0 and "Traceback" not in res.stderr
+        assert re.search(pattern, res.stderr), res.stderr
 
 
 @pytest.mark.parametrize(

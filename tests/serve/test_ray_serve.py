@@ -219,7 +219,7 @@ def test_errors_keep_openai_shape(server, client):
     assert e.value.status_code == 400
     assert e.value.body["param"] == "temperature" and e.value.body["type"] == "invalid_request_error"
     with pytest.raises(openai.BadRequestError) as e:  # refused before the stream starts: a plain 400
-        client.completions.create(model="blockbatch-toy", prompt=PROMPT, n=2, stream=True)
+        client.completions.create(model="blockbatch-toy", prompt=PROMPT, n=17, stream=True)
     assert e.value.body["param"] == "n"
     with pytest.raises(openai.NotFoundError) as e:
         client.completions.create(model="no-such-model", prompt=PROMPT, max_tokens=20)

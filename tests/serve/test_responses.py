@@ -22,7 +22,7 @@ REPORT = {"policy": "dual", "gen_length": 32, "nfe": 3, "wall_ms": 1.5}
 
 def test_completion_and_chat_completion_bodies():
     head = {"id": "cmpl-1", "object": "text_completion", "created": 7, "model": "m"}
-    body = response(False, "cmpl-1", 7, "m", "72", "length", _outcome()).body()
+    body = response(False, "cmpl-1", 7, "m", [("72", "length")], _outcome()).body()
     assert json.dumps(body) == json.dumps(
         {
             **head,
@@ -32,7 +32,7 @@ def test_completion_and_chat_completion_bodies():
             "blockbatch": REPORT,
         }
     )
-    body = response(True, "c", 7, "m", "hi", "stop", _outcome(preset="blockbatch-best")).body()
+    body = response(True, "c", 7, "m", [("hi", "stop")], _outcome(preset="blockbatch-best")).body()
     assert body["object"] == "chat.completion"
     assert body["choices"] == [
         {"index": 0, "message": {"role": "assistant", "content": "hi"}, "logprobs": None, "finish_reason": "stop"}

@@ -185,6 +185,152 @@ def test_chat_uses_the_template_and_streams_the_same(server, client, engine):
     assert two.usage.prompt_tokens == 34
 
 
+# n > 1 draws: at temperature 20 the toy's seeds 5, 6, 7 give different texts (at 0.8 it is too sure of itself)
+SAMPLED = {"temperature": 20.0, "seed": 5}
+N_OPTIONS = {"policy": "dual", "gen_length": 32}
+
+
+def _alone(engine, seed: int, temperature: float = 0.0) -> tuple[str, str, int, int]:
+    """(text, finish reason, completion tokens, nfe) of the engine decoding PROMPT with ``seed``."""
+    [g] = engine.generate(PROMPT, DecodeOptions(**N_OPTIONS, temperature=temperature, seed=seed), chat=False)
+    return g.text, "stop" if len(g.ids) < len(g.raw_ids) else "length", len(g.ids), g.stats["nfe"]
+
+
+def _by_index(chunks, chat: bool) -> dict[int, tuple[str, list]]:
+    """A stream's text and finish reasons per choice index."""
+    out: dict[int, tuple[str, list]] = {}
+    for c in chunks:
+        [choice] = c.choices
+        text, reasons = out.get(choice.index, ("", []))
+        piece = (choice.delta.content or "") if chat else choice.text
+        out[choice.index] = (text + piece, reasons + [choice.finish_reason])
+    return out
+
+
+def test_n_choices_are_decodes_with_seeds_seed_plus_i(server, client, engine):
+    """n=3 sampled: choice i is the engine's decode of seed + i (its text and finish reason), the
+    draws differ, usage counts the prompt once and sums the completions, nfe sums the choices'."""
+    server.wait_idle()
+    before = server.metrics()
+    done = client.completions.create(
+        model="toy-chat", prompt=PROMPT, n=3, **SAMPLED, extra_body={"blockbatch": N_OPTIONS}
+    )
+    after = server.metrics()
+    alone = [_alone(engine, SAMPLED["seed"] + i, SAMPLED["temperature"]) for i in range(3)]
+    assert [c.index for c in done.choices] == [0, 1, 2]
+    assert [(c.text, c.finish_reason) for c in done.choices] == [(text, reason) for text, reason, _, _ in alone]
+    assert len({text for text, _, _, _ in alone}) >= 2, alone
+    tokens = sum(a[2] for a in alone)
+    assert (done.usage.prompt_tokens, done.usage.completion_tokens, done.usage.total_tokens) == (
+        33,
+        tokens,
+        33 + tokens,
+    )
+    assert done.model_extra["nfe"] == sum(a[3] for a in alone)
+
+    def delta(name):
+        return after.get(name, 0) - before.get(name, 0)
+
+    # one request, served: counted once; its tokens and forwards are its three decodes'
+    assert delta('blockbatch_requests_total{status="200"}') == 1
+    assert delta("blockbatch_prompt_tokens_total") == 33
+    assert delta("blockbatch_generated_tokens_total") == tokens
+    assert delta("blockbatch_nfe_total") == delta("blockbatch_request_forwards_total") == done.model_extra["nfe"]
+    assert delta("blockbatch_e2e_request_seconds_count") == delta("blockbatch_time_to_first_token_seconds_count") == 1
+    assert delta("blockbatch_step_seconds_count") == 3
+
+
+def test_n_greedy_choices_are_equal_and_chat_has_n_too(server, client, engine):
+    text, reason, tokens, nfe = _alone(engine, 0)
+    done = client.completions.create(model="toy-chat", prompt=PROMPT, n=2, extra_body={"blockbatch": N_OPTIONS})
+    assert [(c.index, c.text, c.finish_reason) for c in done.choices] == [(0, text, reason), (1, text, reason)]
+    assert done.usage.completion_tokens == 2 * tokens and done.model_extra["nfe"] == 2 * nfe
+
+    messages = [{"role": "user", "content": PROMPT}]
+    chat = client.chat.completions.create(
+        model="toy-chat", messages=messages, n=2, temperature=0, extra_body={"blockbatch": N_OPTIONS}
+    )
+    assert [(c.index, c.message.content, c.finish_reason) for c in chat.choices] == [
+        (0, text, reason),
+        (1, text, reason),
+    ]
+    assert (chat.usage.prompt_tokens, chat.usage.completion_tokens) == (33, 2 * tokens)
+
+
+@pytest.mark.parametrize("n", [0, 17, "2", True, 2.5])
+def test_n_outside_1_to_16_or_not_an_integer_is_400_naming_n(server, client, n):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="toy-chat", prompt=PROMPT, n=n, max_tokens=8)
+    assert e.value.body["param"] == "n" and "must be an integer in [1, 16]" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model="toy-chat", messages=[{"role": "user", "content": PROMPT}], n=n, max_tokens=8, stream=True
+        )
+    assert e.value.body["param"] == "n"
+
+
+@pytest.mark.parametrize("route", ["completions", "chat"])
+def test_n_streams_carry_their_choice_index(server, client, route):
+    """n=2 sampled, streamed: chunks of both indices whose texts add up to the non-streamed
+    choices, one finish reason per choice, the usage in the last chunk."""
+    chat = route == "chat"
+    kw = dict(model="toy-chat", n=2, **SAMPLED, extra_body={"blockbatch": N_OPTIONS})
+    if chat:
+        kw["messages"] = [{"role": "user", "content": PROMPT}]
+        create = client.chat.completions.create
+    else:
+        kw["prompt"] = PROMPT
+        create = client.completions.create
+    done = create(**kw)
+    chunks = list(create(stream=True, **kw))
+    streamed = _by_index(chunks, chat)
+    assert sorted(streamed) == [0, 1]
+    texts = [c.message.content if chat else c.text for c in done.choices]
+    assert texts[0] != texts[1]  # so a chunk given the wrong index would show
+    for i, choice in enumerate(done.choices):
+        text, reasons = streamed[i]
+        assert text == texts[i]
+        assert [r for r in reasons if r is not None] == [choice.finish_reason]
+        assert reasons[-1] == choice.finish_reason  # a choice's last chunk carries its reason
+    if chat:
+        assert [c.choices[0].delta.role for c in chunks[:2]] == ["assistant", "assistant"]
+        assert [c.choices[0].index for c in chunks[:2]] == [0, 1]
+    assert chunks[-1].usage == done.usage and chunks[-1].model_extra["nfe"] == done.model_extra["nfe"]
+    assert all(c.usage is None for c in chunks[:-1])
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_n_choices_are_cancelled_together(server, client):
+    """A client gone (streamed or not) cancels all n of its decodes: one cancelled request, and
+    fewer forwards than one choice left running would make (256)."""
+    server.wait_idle()
+    before = server.metrics()
+    stream = client.completions.create(
+        model="toy-chat", prompt=PROMPT, n=2, stream=True, extra_body={"blockbatch": LONG}
+    )
+    first = next(iter(stream))
+    assert first.choices[0].text and first.choices[0].index in (0, 1)
+    stream.close()
+    assert server.wait_idle(timeout=10) < 2.0
+    after = server.metrics()
+    cancelled = 'blockbatch_requests_total{status="cancelled"}'
+    assert after[cancelled] - before.get(cancelled, 0) == 1
+    forwards = after["blockbatch_request_forwards_total"] - before["blockbatch_request_forwards_total"]
+    assert 0 < forwards < 192, forwards
+
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            server.url + "/v1/completions",
+            headers={"Authorization": f"Bearer {KEY}"},
+            timeout=0.5,
+            json={"model": "toy-chat", "prompt": PROMPT, "n": 2, "blockbatch": LONG},
+        )
+    assert server.wait_idle(timeout=10) < 2.0
+    final = server.metrics()
+    assert final[cancelled] == after[cancelled] + 1
+    assert final["blockbatch_request_forwards_total"] - after["blockbatch_request_forwards_total"] < 192
+
+
 def test_request_preset_sets_the_options_under_the_requests_own(server, client, engine):
     """``"blockbatch": {"preset": NAME, ...}``: the preset's options, the request's others on top;
     gen_length from max_tokens follows the preset's policy; the response names the preset."""
@@ -243,7 +389,17 @@ def test_models_health_and_auth(server, client):
 
 
 ERRORS = [  # (route, changes to a valid body, status, param)
-    ("completions", {"n": 2}, 400, "n"),
+    ("completions", {"n": 0}, 400, "n"),
+    ("completions", {"n": 17}, 400, "n"),
+    ("completions", {"n": "2"}, 400, "n"),
+    ("completions", {"n": True}, 400, "n"),
+    ("completions", {"n": 2.0}, 400, "n"),
+    ("chat/completions", {"n": 0}, 400, "n"),
+    ("chat/completions", {"n": 17}, 400, "n"),
+    ("chat/completions", {"n": "2"}, 400, "n"),
+    ("chat/completions", {"n": True}, 400, "n"),
+    ("completions", {"n": 3, "seed": (1 << 63) - 2, "temperature": 1}, 400, "seed"),  # choice 2's seed overflows
+    ("completions", {"n": 2, "blockbatch": {"seed": (1 << 63) - 1}}, 400, "blockbatch.seed"),
     ("completions", {"temperature": -1}, 400, "temperature"),
     ("completions", {"temperature": "hot"}, 400, "temperature"),
     ("completions", {"seed": -5}, 400, "seed"),
@@ -353,7 +509,7 @@ def test_metrics_count_what_was_served(server, client):
     a = client.completions.create(model="toy-chat", prompt=PROMPT, max_tokens=20)
     b = client.completions.create(model="toy-chat", prompt=PROMPT, extra_body={"blockbatch": {"policy": "blockbatch"}})
     with pytest.raises(openai.BadRequestError):
-        client.completions.create(model="toy-chat", prompt=PROMPT, n=3)
+        client.completions.create(model="toy-chat", prompt=PROMPT, n=17)
     after = server.metrics()
 
     def delta(name):
@@ -429,6 +585,17 @@ def test_full_queue_gets_429_and_no_request_is_lost(small, engine):
     assert after['blockbatch_requests_total{status="200"}'] - before.get(
         'blockbatch_requests_total{status="200"}', 0
     ) == len(texts)
+
+
+def test_n_beyond_what_the_server_holds_is_400_and_n_that_fits_is_served(small):
+    """max_batch 1 + max_queue 1: n=3 could never be admitted (a 400 naming n, not a 429 to retry);
+    n=2 fills it and is served (its choices decode one after the other)."""
+    client = OpenAI(base_url=small.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="blockbatch-toy", prompt=PROMPT, n=3, max_tokens=8)
+    assert e.value.body["param"] == "n" and "max_batch 1 + max_queue 1" in e.value.body["message"]
+    done = client.completions.create(model="blockbatch-toy", prompt=PROMPT, n=2, max_tokens=8)
+    assert [c.index for c in done.choices] == [0, 1] and done.choices[0].text == done.choices[1].text
 
 
 def test_a_request_larger_than_the_kv_pool_is_400_naming_block_sizes(small):

@@ -11,10 +11,12 @@ import sys
 from .. import outputs, policies, settings
 from . import option_flags
 from ..engine import DTYPES
+from ..options import MAX_N
 from ..errors import UnknownCharactersError
 from ..tasks import jsonl_text, prompt_field
 from .common import (
     UsageError,
+    int_in,
     model_folder,
     one_line,
     option_values,
@@ -50,6 +52,10 @@ def run(args: argparse.Namespace) -> int:
     if args.input is not None:
         if args.prompts:
             raise UsageError("pass either PROMPTs or --input FILE, not both")
+        if args.n != 1:
+            raise UsageError(
+                f"--n {args.n} applies to PROMPTs only: with --input each JSONL line is one request, decoded once"
+            )
         _check_output(args)
         engine = Engine.from_pretrained(args.model, device=args.device, dtype=DTYPES[args.dtype])
         return _generate_jsonl(engine, args, options)
@@ -66,14 +72,21 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.json and len(prompts) > 1,
             allow_unknown=args.allow_unknown,
             max_batch=args.max_batch,
+            n=args.n,
         )
     except UnknownCharactersError as e:
         raise UsageError(f"{e}; pass --allow-unknown to decode it anyway") from None
-    for prompt, gen in zip(args.prompts, results):
+    # --n N: each prompt's N generations in a row, generation i decoded with --seed + i
+    for k, gen in enumerate(results):
+        prompt, i = args.prompts[k // args.n], k % args.n
         if args.json:
-            print(json.dumps({"prompt": prompt, "text": gen.text, "ids": gen.ids, "stats": gen.stats}))
+            record = {"prompt": prompt, "text": gen.text, "ids": gen.ids, "stats": gen.stats}
+            if args.n > 1:
+                record = {"prompt": prompt, "choice": i, "seed": options.seed + i, **record}
+            print(json.dumps(record))
         else:
-            print(f"{prompt!r} -> {gen.text!r}" if len(args.prompts) > 1 else gen.text)
+            label = f"{prompt!r}" + (f" #{i} (seed {options.seed + i})" if args.n > 1 else "")
+            print(f"{label} -> {gen.text!r}" if len(args.prompts) > 1 or args.n > 1 else gen.text)
             print("  " + summary_line(gen.stats))
     return 0
 
@@ -311,6 +324,14 @@ def add_parser(sub) -> None:
         metavar="N",
         help="decode up to N requests together, their forwards packed into one per step (CPU; each "
         "result equals its decode alone); default 1",
+    )
+    p.add_argument(
+        "--n",
+        type=int_in(1, MAX_N, "an integer", f"in [1, {MAX_N}]"),
+        default=1,
+        metavar="N",
+        help=f"generations per PROMPT (at most {MAX_N}), generation i decoded with seed --seed + i: N draws "
+        "with --temperature > 0, N equal greedy texts with temperature 0; default 1",
     )
     p.add_argument(
         "--max-length",

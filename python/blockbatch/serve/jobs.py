@@ -1,7 +1,8 @@
 """The bridge between the HTTP routes and the scheduler: what the routes share (``ServerState``:
-the scheduler, the admitted requests, the draining flag, the metrics) and one admitted request
-(``Job``): its scheduler request, the events handed over from the scheduler's thread to the event
-loop, and the text rules (EOS, max_tokens, stop strings) both response kinds share."""
+the scheduler, the admitted requests, the draining flag, the metrics), one admitted decode
+(``Job``, a request's choice): its scheduler request, the events handed over from the scheduler's
+thread to the event loop, and the text rules (EOS, max_tokens, stop strings) both response kinds
+share; and a request's n choices (``Choices``: their events in one queue, the request's metrics)."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ class ServerState:
         self.engine = engine
         self.settings = settings
         self.scheduler: BatchScheduler | None = None
-        self.jobs: set[Job] = set()  # admitted (submitted, not yet final)
+        self.jobs: set[Job] = set()  # admitted decodes (submitted, not yet final): n per request of n choices
         self.draining = False
         self.created = int(time.time())
         self.metrics = Metrics(lambda: self.scheduler.counters() if self.scheduler is not None else None)
@@ -63,9 +64,52 @@ class ServerState:
             job.cancel()
 
 
+class Choices:
+    """The n jobs of one request (``n`` choices, choice i decoding with seed + i): their events in
+    one queue as (choice index, event), and the request's own metrics, counted once however many
+    choices it has: its outcome (200 when every choice finished; else the first choice to end
+    otherwise: cancelled, 504 or 500), its time to first token (any choice's), its end-to-end time
+    (its last choice's end) and its prompt tokens. Each choice's NFE and step time count as its own."""
+
+    def __init__(self, state: ServerState, arrival: float):
+        self.state = state
+        self.arrival = arrival
+        self.jobs: list[Job] = []
+        self.events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+        self.first_token: float | None = None
+        self.failed: Event | None = None  # the first choice that ended without finishing
+
+    def cancel(self) -> None:
+        for job in self.jobs:
+            job.cancel()
+
+    def _tokens(self, now: float) -> None:
+        if self.first_token is None:
+            self.first_token = now
+            self.state.metrics.ttft.observe(now - self.arrival)
+
+    def _final(self, job: Job, event: Event, now: float) -> None:
+        if event.kind != "finished" and self.failed is None:
+            self.failed = event
+        if any(j.final is None for j in self.jobs):
+            return
+        m = self.state.metrics
+        m.e2e.observe(now - self.arrival)
+        if self.failed is None:
+            if self.first_token is None:
+                m.ttft.observe(now - self.arrival)
+            m.prompt_tokens.inc(job.prompt_ids.numel())
+            m.requests.labels("200").inc()
+        elif self.failed.kind == "cancelled":
+            m.requests.labels("cancelled").inc()
+        else:
+            m.requests.labels("504" if isinstance(self.failed.error, TimeoutError) else "500").inc()
+
+
 class Job:
-    """One admitted request: its scheduler request, the events handed over from the scheduler's
-    thread, and the text rules (EOS, max_tokens, stop strings) shared by both response kinds."""
+    """One admitted decode (a request's choice): its scheduler request, the events handed over from
+    the scheduler's thread (to its ``Choices``' queue), and the text rules (EOS, max_tokens, stop
+    strings) shared by both response kinds."""
 
     def __init__(
         self,
@@ -76,6 +120,7 @@ class Job:
         stop: list[str],
         arrival: float,
         preset: str | None = None,
+        choices: Choices | None = None,
     ):
         self.state = state
         self.preset = preset  # the name of the preset the options came from, if any
@@ -85,9 +130,10 @@ class Job:
         self.max_tokens = max_tokens
         self.stop = stop
         self.arrival = arrival
-        self.first_token: float | None = None
         self.stable: list[int] = []
-        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.choices = Choices(state, arrival) if choices is None else choices
+        self.index = len(self.choices.jobs)  # the choice's index in the response
+        self.choices.jobs.append(self)
         self.request: Request | None = None
         self.final: Event | None = None
 
@@ -113,28 +159,19 @@ class Job:
         now = time.perf_counter()
         if event.kind == "tokens":
             self.stable.extend(event.tokens)
-            if self.first_token is None and event.tokens:
-                self.first_token = now
-                m.ttft.observe(now - self.arrival)
+            if event.tokens:
+                self.choices._tokens(now)
         else:
             self.final = event
             self.state.jobs.discard(self)
-            m.e2e.observe(now - self.arrival)
             if event.kind == "finished":
                 assert event.output is not None  # a finished event carries its output
                 stats = event.output.stats
-                if self.first_token is None:
-                    m.ttft.observe(now - self.arrival)
                 m.nfe.inc(stats["nfe"])
-                m.prompt_tokens.inc(self.prompt_ids.numel())
                 if stats["nfe"]:
                     m.step.observe(stats["wall_ms"] / 1e3 / stats["nfe"])
-                m.requests.labels("200").inc()
-            elif event.kind == "cancelled":
-                m.requests.labels("cancelled").inc()
-            else:
-                m.requests.labels("504" if isinstance(event.error, TimeoutError) else "500").inc()
-        self.events.put_nowait(event)
+            self.choices._final(self, event, now)
+        self.choices.events.put_nowait((self.index, event))
 
     def visible(self, ids: list[int], final: bool) -> tuple[str, int, str | None]:
         """The text the client may see of generation ``ids`` (``final``: the whole generation, else

@@ -19,7 +19,7 @@ import torch
 
 from .. import contract, policies, presets
 from .guard import APIError
-from ..options import DecodeOptions
+from ..options import MAX_N, DecodeOptions, seed_for_choice
 
 GEN_LENGTH_UNIT = 32  # max_tokens rounds up to a multiple of this for blockbatch without block_sizes
 
@@ -78,6 +78,16 @@ class Params:
     sources: dict[str, str]  # decode option -> the request field it came from (for error messages)
     limit_name: str  # max_tokens or max_completion_tokens
     preset: str | None = None  # the name of the preset under the request's options (its own or the server's)
+    n: int = 1  # choices: n decodes, choice i with seed + i (choice_options)
+
+    def choice_options(self) -> list[DecodeOptions]:
+        """The decode options of each of the n choices: choice i decodes with seed + i (so with
+        temperature 0 they are equal); a 400 naming the seed's field when seed + n - 1 is too large."""
+        try:
+            return [seed_for_choice(self.options, i, self.n) for i in range(self.n)]
+        except ValueError as e:
+            param = self.sources.get("seed", "seed")
+            raise APIError(400, f"{param}{str(e).removeprefix('seed')}", param=param) from None
 
 
 def option_param(error: BaseException, sources: dict[str, str]) -> str | None:
@@ -191,8 +201,6 @@ def parse_json_body(raw: bytes) -> dict:
 
 
 def _check_unsupported(body: dict) -> None:
-    if body.get("n") not in (None, 1) or isinstance(body.get("n"), bool):
-        raise bad("n", f"only n = 1 is supported (one choice per request), got {json.dumps(body['n'])[:60]}")
     for name, off in _UNSUPPORTED.items():
         value = body.get(name)
         if (
@@ -215,6 +223,10 @@ def parse_params(body: dict, chat: bool, preset: presets.Preset | None = None, d
     Errors are 400s naming the field as the client sent it."""
     _check_fields(body, chat)
     _check_unsupported(body)
+    n = body.get("n")
+    n = 1 if n is None else n
+    if not (is_int(n) and 1 <= n <= MAX_N):
+        raise bad("n", f"must be an integer in [1, {MAX_N}] (choices per request), got {json.dumps(n)[:60]}")
     stream = body.get("stream")
     stream = False if stream is None else stream
     if not isinstance(stream, bool):
@@ -289,7 +301,7 @@ def parse_params(body: dict, chat: bool, preset: presets.Preset | None = None, d
         options = DecodeOptions(**{**(defaults or {}), **values})
     except (TypeError, ValueError) as e:
         raise APIError(400, str(e), param=option_param(e, sources), code=getattr(e, "kind", None)) from None
-    return Params(max_tokens, stop, stream, options, sources, limit_name, preset.name if preset else None)
+    return Params(max_tokens, stop, stream, options, sources, limit_name, preset.name if preset else None, n)
 
 
 def _request_preset(name: Any, default: presets.Preset | None) -> presets.Preset:

@@ -97,22 +97,29 @@ class Outcome:
 
 
 def response(
-    chat: bool, rid: str, created: int, model: str, text: str, reason: str | None, outcome: Outcome
+    chat: bool, rid: str, created: int, model: str, texts: list[tuple[str, str | None]], outcome: Outcome
 ) -> GenerationResponse:
-    """The whole (non-streamed) response of a finished request."""
-    choice: CompletionChoice | ChatChoice
-    if chat:
-        choice = ChatChoice(
-            index=0, message=AssistantMessage(role="assistant", content=text), logprobs=None, finish_reason=reason
-        )
-    else:
-        choice = CompletionChoice(index=0, text=text, logprobs=None, finish_reason=reason)
+    """The whole (non-streamed) response of a finished request: its choices' (text, finish reason)
+    in index order."""
+    choices: list[CompletionChoice | ChatChoice | ChatChunkChoice] = []
+    for index, (text, reason) in enumerate(texts):
+        if chat:
+            choices.append(
+                ChatChoice(
+                    index=index,
+                    message=AssistantMessage(role="assistant", content=text),
+                    logprobs=None,
+                    finish_reason=reason,
+                )
+            )
+        else:
+            choices.append(CompletionChoice(index=index, text=text, logprobs=None, finish_reason=reason))
     return GenerationResponse(
         id=rid,
         object="chat.completion" if chat else "text_completion",
         created=created,
         model=model,
-        choices=[choice],
+        choices=choices,
         usage=outcome.usage,
         nfe=outcome.report.nfe,
         blockbatch=outcome.report,
@@ -128,9 +135,11 @@ def chunk(
     reason: str | None = None,
     role: bool = False,
     outcome: Outcome | None = None,
+    index: int = 0,
 ) -> GenerationResponse:
-    """One chunk of a stream: the role (chat's first chunk), a piece of text, or the last chunk
-    (``reason`` and ``outcome``: an empty text, or chat's empty delta)."""
+    """One chunk of choice ``index``'s stream: the role (chat's first chunk), a piece of text, or its
+    last chunk (``reason``: an empty text, or chat's empty delta; the request's last chunk carries
+    ``outcome`` too)."""
     choice: ChatChunkChoice | CompletionChoice
     if chat:
         delta = (
@@ -140,9 +149,9 @@ def chunk(
             if text is None
             else ChatDelta(content=text)
         )
-        choice = ChatChunkChoice(index=0, delta=delta, logprobs=None, finish_reason=reason)
+        choice = ChatChunkChoice(index=index, delta=delta, logprobs=None, finish_reason=reason)
     else:
-        choice = CompletionChoice(index=0, text=text or "", logprobs=None, finish_reason=reason)
+        choice = CompletionChoice(index=index, text=text or "", logprobs=None, finish_reason=reason)
     more: dict[str, Any] = (
         {} if outcome is None else {"usage": outcome.usage, "nfe": outcome.report.nfe, "blockbatch": outcome.report}
     )

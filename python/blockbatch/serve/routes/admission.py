@@ -4,7 +4,7 @@ the scheduler, then submit), ``outcome`` (usage and the decode report of a finis
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Sequence
 
 import torch
 
@@ -12,7 +12,7 @@ from ... import contract
 from ...errors import RequestError
 from ...scheduler import Event
 from ..guard import APIError
-from ..jobs import Job, ServerState
+from ..jobs import Choices, Job, ServerState
 from ..protocol import Params, option_param
 from ..responses import DecodeReport, Outcome, Usage
 
@@ -20,9 +20,10 @@ from ..responses import DecodeReport, Outcome, Usage
 _STATUS = {k.name: k.status for k in contract.ERROR_KINDS}
 
 
-def admit(state: ServerState, ids: torch.Tensor, params: Params, prompt_param: str, arrival: float) -> Job:
-    """Checks that need the scheduler, then submit (no await in here: the drain check and the
-    submission are one step of the loop)."""
+def admit(state: ServerState, ids: torch.Tensor, params: Params, prompt_param: str, arrival: float) -> Choices:
+    """Checks that need the scheduler, then submit the request's n choices, each a request of the
+    scheduler (no await in here: the drain check and the submissions are one step of the loop). A
+    request is admitted whole or not at all."""
     s = state.settings
     gen = params.options.gen_length
     length = state.engine.canvas_length(ids.numel(), params.options)  # policy block: whole blocks
@@ -44,36 +45,62 @@ def admit(state: ServerState, ids: torch.Tensor, params: Params, prompt_param: s
         )
     if state.draining:
         raise APIError(503, "the server is shutting down: it takes no new requests", code="shutting_down")
-    if len(state.jobs) >= s.max_batch + s.max_queue:
+    choice_options = params.choice_options()
+    room = s.max_batch + s.max_queue
+    if params.n > room:
+        raise APIError(
+            400,
+            f"n: {params.n} choices are {params.n} requests, more than this server ever holds at once "
+            f"(max_batch {s.max_batch} + max_queue {s.max_queue} = {room}): ask for fewer",
+            param="n",
+        )
+    if len(state.jobs) + params.n > room:
         raise APIError(
             429,
             f"the server is full: {len(state.jobs)} requests are decoding or queued (max_batch "
-            f"{s.max_batch} + max_queue {s.max_queue}); retry later",
+            f"{s.max_batch} + max_queue {s.max_queue})"
+            + (f", and n = {params.n} choices are {params.n} requests" if params.n > 1 else "")
+            + "; retry later",
             code="queue_full",
         )
-    job = Job(state, ids, params.options, params.max_tokens, params.stop, arrival, params.preset)
+    choices = Choices(state, arrival)
     try:
-        job.submit()
+        for options in choice_options:
+            Job(state, ids, options, params.max_tokens, params.stop, arrival, params.preset, choices).submit()
     except RequestError as e:  # by its kind and the argument it names, never its text
+        choices.cancel()  # the choices submitted already: a request is refused whole
         status = _STATUS[e.kind]
         code = "context_length_exceeded" if e.kind == "context_length" else e.kind
         raise APIError(status, str(e), param=option_param(e, params.sources) or prompt_param, code=code) from None
     except ValueError as e:  # a check without a kind (the prompt tensor's shape, say): the prompt's
+        choices.cancel()
         raise APIError(400, str(e), param=prompt_param) from None
     except RuntimeError as e:  # the scheduler closed under us
+        choices.cancel()
         raise APIError(503, f"the server is shutting down ({e})", code="shutting_down") from None
-    return job
+    return choices
 
 
-def outcome(job: Job, completion_tokens: int, stats: Mapping[str, Any]) -> Outcome:
-    prompt = job.prompt_ids.numel()
+def outcome(choices: Choices, completion_tokens: Sequence[int]) -> Outcome:
+    """Usage and the decode report of a request whose choices all finished (``completion_tokens``:
+    each choice's): the prompt counted once, the completion tokens and NFE summed over the choices,
+    the wall time of the longest."""
+    jobs = choices.jobs
+    stats = []
+    for job in jobs:
+        assert job.final is not None and job.final.output is not None  # finished
+        stats.append(job.final.output.stats)
+    prompt, completion = jobs[0].prompt_ids.numel(), sum(completion_tokens)
     report = DecodeReport(
-        policy=stats["policy"], gen_length=job.options.gen_length, nfe=stats["nfe"], wall_ms=stats["wall_ms"]
+        policy=stats[0]["policy"],
+        gen_length=jobs[0].options.gen_length,
+        nfe=sum(s["nfe"] for s in stats),
+        wall_ms=max(s["wall_ms"] for s in stats),
     )
-    if job.preset is not None:
-        report.preset = job.preset
+    if jobs[0].preset is not None:
+        report.preset = jobs[0].preset
     return Outcome(
-        Usage(prompt_tokens=prompt, completion_tokens=completion_tokens, total_tokens=prompt + completion_tokens),
+        Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion),
         report,
     )
 

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from .. import responses
 from ..guard import APIError
-from ..jobs import Job, ServerState
+from ..jobs import Choices, Job, ServerState
 from ..protocol import chat_ids, parse_params, precheck_length, prompt_ids
 from ..responses import Outcome
 from .access import authorize, error_response, read_body, served
@@ -38,11 +38,11 @@ async def chat_completions(request: Request):
     return await generate(request, chat=True)
 
 
-async def watch_disconnect(request: Request, job: Job) -> None:
+async def watch_disconnect(request: Request, choices: Choices) -> None:
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
-            job.cancel()
+            choices.cancel()
             return
 
 
@@ -60,75 +60,96 @@ async def generate(request: Request, chat: bool):
     # Tokenizing (and rendering the chat template) runs off the event loop: a long prompt must
     # not hold up the other streams and /health.
     ids = await asyncio.to_thread(chat_ids if chat else prompt_ids, state.engine, body)
-    job = admit(state, ids, params, prompt_param, arrival)
+    choices = admit(state, ids, params, prompt_param, arrival)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     created = int(time.time())
     name = state.settings.served_model_name
     if params.stream:
         return StreamingResponse(
-            _stream(state, request, job, chat, rid, created, name),
+            _stream(state, request, choices, chat, rid, created, name),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-    watcher = asyncio.create_task(watch_disconnect(request, job))
+    watcher = asyncio.create_task(watch_disconnect(request, choices))
     try:
-        while True:
-            event = await job.events.get()
-            if event.final:
-                break
+        left = len(choices.jobs)
+        while left:
+            _, event = await choices.events.get()
+            if not event.final:
+                continue
+            if event.kind != "finished":  # the request fails with its first choice that does
+                return error_response(failure(event))
+            left -= 1
     finally:
         watcher.cancel()
-        job.cancel()  # the handler was cancelled (server stopping): so is the decode
-    if event.kind != "finished":
-        return error_response(failure(event))
-    output = event.output
-    assert output is not None  # a finished event carries its output
-    raw = output.tokens[ids.numel() :].tolist()
-    text, completion_tokens, reason = job.visible(raw, final=True)
-    state.metrics.generated_tokens.inc(completion_tokens)
-    done = outcome(job, completion_tokens, output.stats)
-    return JSONResponse(responses.response(chat, rid, created, name, text, reason, done).body())
+        choices.cancel()  # a choice failed, or the handler was cancelled (server stopping): so is the decode
+    texts, counts = [], []
+    for job in choices.jobs:
+        text, completion_tokens, reason = job.visible(_generated(job), final=True)
+        texts.append((text, reason))
+        counts.append(completion_tokens)
+    state.metrics.generated_tokens.inc(sum(counts))
+    done = outcome(choices, counts)
+    return JSONResponse(responses.response(chat, rid, created, name, texts, done).body())
+
+
+def _generated(job: Job) -> list[int]:
+    """A finished choice's generated ids (its canvas after the prompt)."""
+    assert job.final is not None and job.final.output is not None  # a finished event carries its output
+    return job.final.output.tokens[job.prompt_ids.numel() :].tolist()
 
 
 async def _stream(
-    state: ServerState, request: Request, job: Job, chat: bool, rid: str, created: int, name: str
+    state: ServerState, request: Request, choices: Choices, chat: bool, rid: str, created: int, name: str
 ) -> AsyncIterator[str]:
+    """The request's chunks: each choice's role (chat), its stable text as it grows and its finish
+    reason, each chunk naming its choice's index; the last chunk also carries the usage and the
+    decode report. A choice that fails ends the stream with the error event (and the other choices)."""
+
     def chunk(
-        text: str | None = None, reason: str | None = None, role: bool = False, outcome: Outcome | None = None
+        index: int,
+        text: str | None = None,
+        reason: str | None = None,
+        role: bool = False,
+        outcome: Outcome | None = None,
     ) -> str:
-        body = responses.chunk(chat, rid, created, name, text, reason, role, outcome).body()
+        body = responses.chunk(chat, rid, created, name, text, reason, role, outcome, index).body()
         return f"data: {json.dumps(body)}\n\n"
 
-    watcher = asyncio.create_task(watch_disconnect(request, job))
-    sent = ""
+    watcher = asyncio.create_task(watch_disconnect(request, choices))
+    jobs = choices.jobs
+    sent = [""] * len(jobs)
+    counts = [0] * len(jobs)
+    left = len(jobs)
     try:
         if chat:
-            yield chunk(role=True)
+            for job in jobs:
+                yield chunk(job.index, role=True)
         while True:
-            event = await job.events.get()
+            i, event = await choices.events.get()
+            job = jobs[i]
             if event.kind == "tokens":
                 text, _, _ = job.visible(job.stable, final=False)
-                if len(text) > len(sent) and text.startswith(sent):
-                    yield chunk(text[len(sent) :])
-                    sent = text
+                if len(text) > len(sent[i]) and text.startswith(sent[i]):
+                    yield chunk(i, text[len(sent[i]) :])
+                    sent[i] = text
                 continue
-            if event.kind == "finished":
-                output = event.output
-                assert output is not None  # a finished event carries its output
-                raw = output.tokens[job.prompt_ids.numel() :].tolist()
-                text, completion_tokens, reason = job.visible(raw, final=True)
-                if not text.startswith(sent):  # a tokenizer whose text of a prefix is not a prefix of its text
-                    log.warning("request %s: streamed text %r is not a prefix of the result %r", rid, sent, text)
-                elif len(text) > len(sent):
-                    yield chunk(text[len(sent) :])
-                state.metrics.generated_tokens.inc(completion_tokens)
-                yield chunk(
-                    "" if not chat else None, reason=reason, outcome=outcome(job, completion_tokens, output.stats)
-                )
-            else:
+            if event.kind != "finished":
                 yield f"data: {json.dumps(failure(event).body())}\n\n"
-            yield "data: [DONE]\n\n"
-            return
+                yield "data: [DONE]\n\n"
+                return
+            text, counts[i], reason = job.visible(_generated(job), final=True)
+            if not text.startswith(sent[i]):  # a tokenizer whose text of a prefix is not a prefix of its text
+                log.warning("request %s: streamed text %r is not a prefix of the result %r", rid, sent[i], text)
+            elif len(text) > len(sent[i]):
+                yield chunk(i, text[len(sent[i]) :])
+            state.metrics.generated_tokens.inc(counts[i])
+            left -= 1
+            done = outcome(choices, counts) if left == 0 else None
+            yield chunk(i, "" if not chat else None, reason=reason, outcome=done)
+            if left == 0:
+                yield "data: [DONE]\n\n"
+                return
     finally:
         watcher.cancel()
-        job.cancel()
+        choices.cancel()
