@@ -226,3 +226,35 @@ def test_refusals_name_the_option_or_the_family(tmp_path, toy_models):
     ) as e:
         sdar.generate([[1, 2, 3]], DecodeOptions(policy="wavefront", gen_length=16, edit_threshold=0.5))
     assert e.value.param == "policy"
+
+
+def test_windows_of_every_size_pack_with_block_requests(toy_models):
+    """Heterogeneous packing through the scheduler: wavefront requests of 1..4 blocks, several gates and
+    block lengths, mixed with block requests (with and without editing), eight at a time: every request's
+    tokens and counters equal its decode alone."""
+    engine, _ = toy_models
+    problems = toy_task.make_problems(10, seed=11, split="test")
+    prompts = [engine.encode(p.prompt, chat=False) for p in problems]
+    options = [
+        DecodeOptions(policy="block", gen_length=64, threshold=0.95),
+        DecodeOptions(policy="block", gen_length=48, block_length=16, threshold=0.7, edit_threshold=0.9),
+    ] + [
+        DecodeOptions(
+            policy="wavefront",
+            gen_length=64 + 16 * (k % 2),
+            block_length=(16, 32)[k % 2],
+            threshold=(0.7, 0.95)[k % 2],
+            edit_threshold=(0.5, 1.0)[k % 2],
+            max_active_blocks=1 + k % 4,
+            spawn_threshold=(0.0, 0.25, 0.5, 1.0)[k % 4],
+            stop_on_eos=k % 3 == 0,
+        )
+        for k in range(8)
+    ]
+    alone = [engine.generate(p, o)[0] for p, o in zip(prompts, options)]
+    packed = engine.generate(prompts, options, max_batch=8)
+    assert max(g.stats["max_blocks_in_flight"] for g in alone) >= 3
+    for a, b, o in zip(alone, packed, options):
+        assert a.raw_ids == b.raw_ids, o
+        for k in ("nfe", "edits", "committed_per_step", "query_tokens_per_step", *STATS):
+            assert a.stats[k] == b.stats[k], (k, o)
