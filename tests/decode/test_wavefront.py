@@ -258,3 +258,21 @@ def test_windows_of_every_size_pack_with_block_requests(toy_models):
         assert a.raw_ids == b.raw_ids, o
         for k in ("nfe", "edits", "committed_per_step", "query_tokens_per_step", *STATS):
             assert a.stats[k] == b.stats[k], (k, o)
+
+
+def test_a_model_that_proposes_the_mask_id_fails_naming_the_block():
+    """A step that leaves a block's masks without a token (every logit equal: the argmax is id 0, here the
+    mask id) fails with an error naming the block, in the native decoder and in the reference, instead of
+    looping."""
+    cfg = random_config(
+        "llada2", vocab_size=64, d_model=32, n_heads=4, n_kv_heads=2, head_size=16, mask_token_id=0, eos_token_id=1
+    )
+    weights = random_weights(cfg, seed=1, logit_scale=4.0)
+    weights["lm_head.weight"].zero_()
+    model = NativeModel(cfg, weights)
+    reference = ref.LLaDA2Reference(fam.reference_config(cfg), weights, cfg.mask_token_id, cfg.eos_token_id)
+    o = DecodeOptions(policy="wavefront", gen_length=16, block_length=8, edit_threshold=0.5, max_active_blocks=2)
+    with pytest.raises(RuntimeError, match="block 0: the model proposes the mask id"):
+        _decode(model.obj, [5, 6, 7], o)
+    with pytest.raises(RuntimeError, match="block 0: the model proposes the mask id"):
+        _reference(reference, [5, 6, 7], o, cfg.eos_token_id, cfg.mask_token_id)
