@@ -612,6 +612,59 @@ def window(d: dict) -> str:
     return _table(head + [f"batched tok/s (max_batch {d['batch']})"], rows)
 
 
+def wavefront(d: dict) -> str:
+    """benchmarks/bench_wavefront.py: block and wavefront decoded alone, per gen_length and config."""
+    rows = []
+    for G, by_config in d["results"].items():
+        for name, r in by_config.items():
+            rows.append(
+                [
+                    G,
+                    name,
+                    f"{r['accuracy']:.3f}",
+                    f"{r['mean_nfe']:.2f}",
+                    f"{r['tokens_per_forward']:.2f}",
+                    f"{r['forwards_per_answer_token']:.3f}",
+                    f"{r['blocks_per_forward']:.2f}",
+                    f"{r['mean_edits']:.1f}",
+                    f"{r['mean_ms']:.1f}",
+                ]
+            )
+    head = ["gen", "config", "accuracy", "NFE", "tokens / forward", "forwards / answer token", "blocks / forward"]
+    return _table(head + ["edits", "ms / sample"], rows)
+
+
+def wavefront_batched(d: dict) -> str:
+    """benchmarks/bench_wavefront.py: requests per second through the scheduler per max_batch."""
+    rows = []
+    for G, by_config in d["requests_per_s"].items():
+        for name, by_batch in by_config.items():
+            rows.append([G, name] + [f"{v:.1f}" for v in by_batch.values()])
+    batches = next(iter(next(iter(d["requests_per_s"].values())).values()))
+    return _table(["gen", "config"] + [f"max_batch {b}" for b in batches], rows)
+
+
+def wavefront_gates(d: dict) -> str:
+    """benchmarks/bench_wavefront.py: the readiness gates through the reference (toy; random checkpoint)."""
+    rows = []
+    for name, r in d["gates"].items():
+        other = d["gates_random_checkpoint"].get(name, {})
+        gate, blocks, spawn = name.split()
+        rows.append(
+            [
+                gate,
+                blocks,
+                spawn,
+                f"{r['accuracy']:.3f}",
+                f"{r['mean_nfe']:.2f}",
+                f"{other['mean_nfe']:.2f}" if other else "-",
+            ]
+        )
+    serial = d["gates_random_checkpoint"]["serial"]["mean_nfe"]
+    head = ["gate", "blocks", "spawn_threshold", "toy accuracy", "toy NFE", f"random NFE (serial {serial:.2f})"]
+    return _table(head, rows)
+
+
 TABLES: dict[str, tuple[str, Callable[[dict], str]]] = {
     "toy": ("docs/bench/bench.json", policies("llada")),
     "dream": ("docs/bench/dream/bench.json", policies("dream")),
@@ -641,6 +694,9 @@ TABLES: dict[str, tuple[str, Callable[[dict], str]]] = {
     "loto-frontier": ("docs/bench/loto/loto.json", loto_frontier),
     "window": ("docs/bench/window/bench_window.json", window),
     "window-dream": ("docs/bench/window/bench_window_dream.json", window),
+    "wavefront": ("docs/bench/wavefront/bench_wavefront.json", wavefront),
+    "wavefront-batched": ("docs/bench/wavefront/bench_wavefront.json", wavefront_batched),
+    "wavefront-gates": ("docs/bench/wavefront/bench_wavefront.json", wavefront_gates),
 }
 
 

@@ -47,12 +47,15 @@ struct DecodeStats {
   int64_t kv_pages_copied = 0;          // blockbatch, paged rows: KV pages copied on write (a row copy moves none)
   int64_t nfe_pruned = 0;               // window: pruned forwards (active positions over a key window)
   int64_t pruned_key_tokens = 0;        // window: keys those forwards attended, summed
+  int64_t blocks_in_flight = 0;         // wavefront: active blocks summed over the forwards
+  int64_t max_blocks_in_flight = 0;     // wavefront: the most blocks one forward ran
+  int64_t redrafted_tokens = 0;         // wavefront: edits of tokens drafted while an older block was in flight
   std::vector<std::array<int64_t, 3>> steps;  // per forward: tokens committed, packed query tokens, keys attended
   std::vector<BranchStats> branches;
 };
 
 // The positions a request's canvas (and KV row) spans: prompt + gen_length, rounded up to a whole
-// block for policy 'block' (blocks aligned at position 0; the authors decode the tail block whole).
+// block for the block-causal policies (blocks aligned at position 0; the authors decode the tail block whole).
 int64_t canvas_length(const DecodeOptions& o, int64_t prompt_length);
 
 // Names of the scalar counters, in the order decode returns them, and their values (generated from

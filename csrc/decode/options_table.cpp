@@ -14,7 +14,8 @@ Policy parse_policy(std::string_view name) {
   if (name == "blockbatch") return Policy::kBlockBatch;
   if (name == "block") return Policy::kBlock;
   if (name == "window") return Policy::kWindow;
-  bad_choice("policy", name, "one of 'vanilla', 'prefix', 'dual', 'blockbatch', 'block', 'window'");
+  if (name == "wavefront") return Policy::kWavefront;
+  bad_choice("policy", name, "one of 'vanilla', 'prefix', 'dual', 'blockbatch', 'block', 'window', 'wavefront'");
 }
 
 const char* policy_name(Policy value) {
@@ -25,6 +26,7 @@ const char* policy_name(Policy value) {
     case Policy::kBlockBatch: return "blockbatch";
     case Policy::kBlock: return "block";
     case Policy::kWindow: return "window";
+    case Policy::kWavefront: return "wavefront";
   }
   return "";
 }
@@ -115,6 +117,8 @@ void check_option_ranges(const DecodeOptions& o) {
   if (o.prob_floor) check_range("prob_floor", *o.prob_floor, 0.01, false, 1.0, true, "in [0.01, 1)");
   if (o.edit_threshold) check_range("edit_threshold", *o.edit_threshold, 0.0, false, 1.0, false, "in [0, 1]");
   check_range("max_post_steps", o.max_post_steps, 0, false, 1073741824, false, "in [0, 2^30]");
+  check_range("max_active_blocks", o.max_active_blocks, 1, false, 64, false, "in [1, 64]");
+  check_range("spawn_threshold", o.spawn_threshold, 0.0, false, 1.0, false, "in [0, 1]");
   if (o.window_tokens) check_range("window_tokens", *o.window_tokens, 0, false, 1073741824, false, "in [0, 2^30]");
   check_range("active_tokens", o.active_tokens, 1, false, 1073741824, false, "in [1, 2^30]");
   check_range("refresh_interval", o.refresh_interval, 1, false, 1073741824, false, "in [1, 2^30]");
@@ -277,6 +281,14 @@ bool set_option(DecodeOptions& o, std::string_view name, const std::string& text
     o.max_post_steps = parse_int("max_post_steps", text);
     return true;
   }
+  if (name == "max_active_blocks") {
+    o.max_active_blocks = parse_int("max_active_blocks", text);
+    return true;
+  }
+  if (name == "spawn_threshold") {
+    o.spawn_threshold = parse_float("spawn_threshold", text);
+    return true;
+  }
   if (name == "window_tokens") {
     if (is_none(text)) { o.window_tokens = std::nullopt; return true; }
     o.window_tokens = parse_int("window_tokens", text);
@@ -320,7 +332,7 @@ bool set_option(DecodeOptions& o, std::string_view name, const std::string& text
 }
 
 const std::vector<std::string>& option_names() {
-  static const std::vector<std::string> names = {"policy", "gen_length", "block_length", "steps", "threshold", "factor", "temperature", "seed", "stop_on_eos", "alg", "alg_temp", "eps", "top_p", "top_k", "block_sizes", "merge_gate", "sync_gap", "refresh_tokens", "refresh_mode", "prob_floor", "merge", "sync", "sync_refresh", "branch_budget", "fold_rows", "share_prompt_kv", "edit_threshold", "max_post_steps", "window_tokens", "active_tokens", "refresh_interval", "slide_window", "early_stop", "unmasking", "entropy_bound", "cuda_graphs", "timeout_s"};
+  static const std::vector<std::string> names = {"policy", "gen_length", "block_length", "steps", "threshold", "factor", "temperature", "seed", "stop_on_eos", "alg", "alg_temp", "eps", "top_p", "top_k", "block_sizes", "merge_gate", "sync_gap", "refresh_tokens", "refresh_mode", "prob_floor", "merge", "sync", "sync_refresh", "branch_budget", "fold_rows", "share_prompt_kv", "edit_threshold", "max_post_steps", "max_active_blocks", "spawn_threshold", "window_tokens", "active_tokens", "refresh_interval", "slide_window", "early_stop", "unmasking", "entropy_bound", "cuda_graphs", "timeout_s"};
   return names;
 }
 
@@ -353,6 +365,8 @@ const char* option_type(std::string_view name) {
   if (name == "share_prompt_kv") return "bool";
   if (name == "edit_threshold") return "float";
   if (name == "max_post_steps") return "int";
+  if (name == "max_active_blocks") return "int";
+  if (name == "spawn_threshold") return "float";
   if (name == "window_tokens") return "int";
   if (name == "active_tokens") return "int";
   if (name == "refresh_interval") return "int";
@@ -381,9 +395,9 @@ const char* error_kind_name(ErrorKind kind) {
 
 std::string options_help() {
   return
-      "  --policy vanilla|prefix|dual|blockbatch|block|window\n      vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; blockbatch: several block-size branches in one batched forward; block: the block-causal families' decoder (LLaDA2.0 / 2.1, SDAR; exact block cache), the only policy of LLaDA2 and SDAR checkpoints; window: Window-Diffusion's pruned forwards (a few active positions over a gathered key window); default dual\n"
+      "  --policy vanilla|prefix|dual|blockbatch|block|window|wavefront\n      vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; blockbatch: several block-size branches in one batched forward; block: the block-causal families' decoder (LLaDA2.0 / 2.1, SDAR; exact block cache), the only policy of LLaDA2 and SDAR checkpoints; window: Window-Diffusion's pruned forwards (a few active positions over a gathered key window); wavefront: FlowBlock's gated wavefront (LLaDA2.1 with editing: up to max_active_blocks blocks in flight); default dual\n"
       "  --gen-length N\n      tokens to generate (the diffusion canvas after the prompt); >= 1; default 128\n"
-      "  --block-length N\n      block size of the single-branch policies (divides gen_length) and of block (blocks aligned at position 0); >= 1; default 32\n"
+      "  --block-length N\n      block size of the single-branch policies (divides gen_length) and of block / wavefront (blocks aligned at position 0); >= 1; default 32\n"
       "  --steps N\n      total steps of LLaDA's fixed schedule (a multiple of the number of blocks, <= gen_length); Dream vanilla: its number of steps (<= gen_length); block: steps per block (block_length // steps commits a step, the remainder first); window: its forwards (LLaDA's schedule over the whole generation, <= gen_length); >= 0; default none; 'none': no fixed schedule (Dream vanilla and window: gen_length steps)\n"
       "  --threshold X\n      commit every masked position whose confidence is >= this (block: > this, if at least the schedule's count are; the authors of LLaDA2 use 0.95, and 0.7 with edit_threshold 0.5); in (0, 1]; default 0.9; 'none': the fixed schedule (with steps)\n"
       "  --factor X\n      Fast-dLLM's factor rule instead of the threshold (wins over threshold); > 0 and finite; default none; 'none': off\n"
@@ -407,8 +421,10 @@ std::string options_help() {
       "  --branch-budget full|auto\n      full: every branch of block_sizes; auto: under the batching scheduler, the branch set is cut to the query tokens a step can carry at the current load (measured step-time curve; the largest branches go first, down to the one nearest block_length), so results depend on load; default full\n"
       "  --fold-rows BOOL\n      feed a refresh's rows of identical canvases once, the twins taking that row's logits and K/V (exact: the same tokens and counters, fewer query tokens; folded_rows / folded_tokens count them); default on\n"
       "  --share-prompt-kv BOOL\n      every branch reads one copy of the prompt's K/V, written by the first row each refresh feeds (an approximation: exact refreshes give each branch its own); its KV pages are held once (ALGORITHMS.md 12); default off\n"
-      "  --edit-threshold X\n      block (LLaDA2.1 token editing): in the same step, replace every generated committed token of the current block whose prediction differs with confidence above this; in [0, 1]; default none; 'none': no editing (LLaDA2.0)\n"
-      "  --max-post-steps N\n      block with editing: a block ends after at most this many steps that start without masks; in [0, 2^30]; default 16\n"
+      "  --edit-threshold X\n      block (LLaDA2.1 token editing): in the same step, replace every generated committed token of the current block whose prediction differs with confidence above this (wavefront: required, in every active block); in [0, 1]; default none; 'none': no editing (LLaDA2.0)\n"
+      "  --max-post-steps N\n      block with editing: a block ends after at most this many steps that start without masks (wavefront: the oldest active block commits then); in [0, 2^30]; default 16\n"
+      "  --max-active-blocks N\n      wavefront: blocks in flight at most (the oldest and the drafts after it, each step one forward over all of them); 1: the block policy with editing; in [1, 64]; default 2\n"
+      "  --spawn-threshold X\n      wavefront: a new block enters the window once this fraction of the youngest active block's generated positions is decoded (0: the window fills at once; 1: once the youngest has no masks); in [0, 1]; default 0.5\n"
       "  --window-tokens N\n      window: masked positions, beyond the decoded ones, kept as keys during a phase (the first ones; on Dream, the authors' o_win_size minus one); in [0, 2^30]; default 64; dream models: 127\n"
       "  --active-tokens N\n      window: masked positions a pruned step computes (the first ones, with the phase's own commits); in [1, 2^30]; default 16\n"
       "  --refresh-interval N\n      window: steps per phase (a full forward every this many steps, the others pruned); in [1, 2^30]; default 32\n"

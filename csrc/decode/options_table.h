@@ -12,7 +12,7 @@
 
 namespace blockbatch {
 
-enum class Policy { kVanilla, kPrefix, kDual, kBlockBatch, kBlock, kWindow };
+enum class Policy { kVanilla, kPrefix, kDual, kBlockBatch, kBlock, kWindow, kWavefront };
 Policy parse_policy(std::string_view name);  // throws c10::ValueError naming 'policy'
 const char* policy_name(Policy value);
 
@@ -41,11 +41,11 @@ const char* error_kind_name(ErrorKind kind);  // "invalid_option", ...
 struct ModelConfig;
 
 struct DecodeOptions {
-  // vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; blockbatch: several block-size branches in one batched forward; block: the block-causal families' decoder (LLaDA2.0 / 2.1, SDAR; exact block cache), the only policy of LLaDA2 and SDAR checkpoints; window: Window-Diffusion's pruned forwards (a few active positions over a gathered key window)
+  // vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; blockbatch: several block-size branches in one batched forward; block: the block-causal families' decoder (LLaDA2.0 / 2.1, SDAR; exact block cache), the only policy of LLaDA2 and SDAR checkpoints; window: Window-Diffusion's pruned forwards (a few active positions over a gathered key window); wavefront: FlowBlock's gated wavefront (LLaDA2.1 with editing: up to max_active_blocks blocks in flight)
   Policy policy = Policy::kDual;
   // tokens to generate (the diffusion canvas after the prompt)
   int64_t gen_length = 128;
-  // block size of the single-branch policies (divides gen_length) and of block (blocks aligned at position 0)
+  // block size of the single-branch policies (divides gen_length) and of block / wavefront (blocks aligned at position 0)
   int64_t block_length = 32;
   // total steps of LLaDA's fixed schedule (a multiple of the number of blocks, <= gen_length); Dream vanilla: its number of steps (<= gen_length); block: steps per block (block_length // steps commits a step, the remainder first); window: its forwards (LLaDA's schedule over the whole generation, <= gen_length); nullopt: no fixed schedule (Dream vanilla and window: gen_length steps)
   std::optional<int64_t> steps = std::nullopt;
@@ -93,10 +93,14 @@ struct DecodeOptions {
   bool fold_rows = true;
   // every branch reads one copy of the prompt's K/V, written by the first row each refresh feeds (an approximation: exact refreshes give each branch its own); its KV pages are held once (ALGORITHMS.md 12)
   bool share_prompt_kv = false;
-  // block (LLaDA2.1 token editing): in the same step, replace every generated committed token of the current block whose prediction differs with confidence above this; nullopt: no editing (LLaDA2.0)
+  // block (LLaDA2.1 token editing): in the same step, replace every generated committed token of the current block whose prediction differs with confidence above this (wavefront: required, in every active block); nullopt: no editing (LLaDA2.0)
   std::optional<double> edit_threshold = std::nullopt;
-  // block with editing: a block ends after at most this many steps that start without masks
+  // block with editing: a block ends after at most this many steps that start without masks (wavefront: the oldest active block commits then)
   int64_t max_post_steps = 16;
+  // wavefront: blocks in flight at most (the oldest and the drafts after it, each step one forward over all of them); 1: the block policy with editing
+  int64_t max_active_blocks = 2;
+  // wavefront: a new block enters the window once this fraction of the youngest active block's generated positions is decoded (0: the window fills at once; 1: once the youngest has no masks)
+  double spawn_threshold = 0.5;
   // window: masked positions, beyond the decoded ones, kept as keys during a phase (the first ones; on Dream, the authors' o_win_size minus one); nullopt: the per-policy / per-family default (resolved())
   std::optional<int64_t> window_tokens = std::nullopt;
   // window: masked positions a pruned step computes (the first ones, with the phase's own commits)

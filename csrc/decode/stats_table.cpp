@@ -30,6 +30,9 @@ const std::vector<std::string>& decode_stat_names() {
       "pruned_key_tokens",
       "nfe_prefill",
       "nfe_store",
+      "blocks_in_flight",
+      "max_blocks_in_flight",
+      "redrafted_tokens",
   };
   return names;
 }
@@ -58,6 +61,9 @@ std::vector<double> decode_stat_values(const DecodeStats& s) {
       static_cast<double>(s.pruned_key_tokens),  // pruned_key_tokens
       static_cast<double>(s.nfe_prefill),  // nfe_prefill
       static_cast<double>(s.nfe_store),  // nfe_store
+      static_cast<double>(s.blocks_in_flight),  // blocks_in_flight
+      static_cast<double>(s.max_blocks_in_flight),  // max_blocks_in_flight
+      static_cast<double>(s.redrafted_tokens),  // redrafted_tokens
   };
 }
 

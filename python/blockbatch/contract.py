@@ -28,7 +28,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
-POLICIES = ("vanilla", "prefix", "dual", "blockbatch", "block", "window")
+POLICIES = ("vanilla", "prefix", "dual", "blockbatch", "block", "window", "wavefront")
+BLOCK_CAUSAL = ("block", "wavefront")  # the block-causal families' decoders: they read the block options
 SINGLE_BRANCH = ("vanilla", "prefix", "dual")
 FAMILIES = (
     "llada",
@@ -109,6 +110,7 @@ def _num_text(v: float) -> str:
 
 MAX_BRANCHES = 16  # csrc/kernels/branches.h kMaxBranches (a static_assert compares)
 MAX_GAP_TOKENS = 1 << 30  # sync_gap, refresh_tokens
+MAX_ACTIVE_BLOCKS = 64  # wavefront: max_active_blocks (a step packs one query row per active block)
 MIN_PROB_FLOOR = 0.01  # the probability maps hold at most 1 / prob_floor + 1 entries per position
 
 _FOLD, _SHARE = (  # two long docs
@@ -125,18 +127,20 @@ OPTIONS: tuple[Option, ...] = (
         "vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; "
         "blockbatch: several block-size branches in one batched forward; block: the block-causal families' "
         "decoder (LLaDA2.0 / 2.1, SDAR; exact block cache), the only policy of LLaDA2 and SDAR checkpoints; "
-        "window: Window-Diffusion's pruned forwards (a few active positions over a gathered key window)",
+        "window: Window-Diffusion's pruned forwards (a few active positions over a gathered key window); "
+        "wavefront: FlowBlock's gated wavefront (LLaDA2.1 with editing: up to max_active_blocks blocks in flight)",
         choices=POLICIES,
         cpp_enum="Policy",
-        cpp_values=("kVanilla", "kPrefix", "kDual", "kBlockBatch", "kBlock", "kWindow"),
+        cpp_values=("kVanilla", "kPrefix", "kDual", "kBlockBatch", "kBlock", "kWindow", "kWavefront"),
     ),
     Option("gen_length", "int", 128, "tokens to generate (the diffusion canvas after the prompt)", lo=1),
     Option(
         "block_length",
         "int",
         32,
-        "block size of the single-branch policies (divides gen_length) and of block (blocks aligned at position 0)",
-        policies=(*SINGLE_BRANCH, "block"),
+        "block size of the single-branch policies (divides gen_length) and of block / wavefront (blocks aligned at "
+        "position 0)",
+        policies=(*SINGLE_BRANCH, *BLOCK_CAUSAL),
         lo=1,
     ),
     Option(
@@ -352,8 +356,9 @@ OPTIONS: tuple[Option, ...] = (
         "float",
         None,
         "block (LLaDA2.1 token editing): in the same step, replace every generated committed token of the "
-        "current block whose prediction differs with confidence above this",
-        policies=("block",),
+        "current block whose prediction differs with confidence above this (wavefront: required, in every active "
+        "block)",
+        policies=BLOCK_CAUSAL,
         optional=True,
         none_doc="no editing (LLaDA2.0)",
         lo=0.0,
@@ -364,11 +369,34 @@ OPTIONS: tuple[Option, ...] = (
         "max_post_steps",
         "int",
         16,
-        "block with editing: a block ends after at most this many steps that start without masks",
-        policies=("block",),
+        "block with editing: a block ends after at most this many steps that start without masks (wavefront: "
+        "the oldest active block commits then)",
+        policies=BLOCK_CAUSAL,
         lo=0,
         hi=MAX_GAP_TOKENS,
         group="llada2",
+    ),
+    Option(
+        "max_active_blocks",
+        "int",
+        2,
+        "wavefront: blocks in flight at most (the oldest and the drafts after it, each step one forward over "
+        "all of them); 1: the block policy with editing",
+        policies=("wavefront",),
+        lo=1,
+        hi=MAX_ACTIVE_BLOCKS,
+        group="wavefront",
+    ),
+    Option(
+        "spawn_threshold",
+        "float",
+        0.5,
+        "wavefront: a new block enters the window once this fraction of the youngest active block's generated "
+        "positions is decoded (0: the window fills at once; 1: once the youngest has no masks)",
+        policies=("wavefront",),
+        lo=0.0,
+        hi=1.0,
+        group="wavefront",
     ),
     Option(
         "window_tokens",
@@ -509,7 +537,7 @@ STATS: tuple[Stat, ...] = (
     Stat("steps", "int", "forwards logged (one entry per forward in the per-step lists)", "s.steps.size()"),
     Stat("graph_captures", "int", "CUDA graphs recorded (0 on the CPU or with cuda_graphs off)", "s.graph_captures"),
     Stat("graph_replays", "int", "CUDA graph replays", "s.graph_replays"),
-    Stat("edits", "int", "policy block with edit_threshold: committed tokens replaced", "s.edits"),
+    Stat("edits", "int", "policy block with edit_threshold, wavefront: committed tokens replaced", "s.edits"),
     Stat(
         "folded_rows",
         "int",
@@ -538,6 +566,19 @@ STATS: tuple[Stat, ...] = (
         "s.nfe_prefill",
     ),
     Stat("nfe_store", "int", "block on SDAR: the authors' store forwards (one per decoded block)", "s.nfe_store"),
+    Stat(
+        "blocks_in_flight",
+        "int",
+        "wavefront: active blocks summed over the forwards (divided by nfe: the mean window)",
+        "s.blocks_in_flight",
+    ),
+    Stat("max_blocks_in_flight", "int", "wavefront: the most blocks one forward ran", "s.max_blocks_in_flight"),
+    Stat(
+        "redrafted_tokens",
+        "int",
+        "wavefront: edits of tokens drafted while an older block was still in flight (repairs of stale drafts)",
+        "s.redrafted_tokens",
+    ),
     Stat("committed_per_step", "int[]", "tokens committed by each forward"),
     Stat("query_tokens_per_step", "int[]", "query tokens of each forward (packed over branches)"),
     Stat(

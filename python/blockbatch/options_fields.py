@@ -16,11 +16,13 @@ class DecodeOptionFields:
     """vanilla: a full forward per step; prefix / dual: Fast-dLLM's KV caches; blockbatch: several block-size
     branches in one batched forward; block: the block-causal families' decoder (LLaDA2.0 / 2.1, SDAR; exact block
     cache), the only policy of LLaDA2 and SDAR checkpoints; window: Window-Diffusion's pruned forwards (a few active
-    positions over a gathered key window)."""
+    positions over a gathered key window); wavefront: FlowBlock's gated wavefront (LLaDA2.1 with editing: up to
+    max_active_blocks blocks in flight)."""
     gen_length: int = 128
     """tokens to generate (the diffusion canvas after the prompt)."""
     block_length: int = 32
-    """block size of the single-branch policies (divides gen_length) and of block (blocks aligned at position 0)."""
+    """block size of the single-branch policies (divides gen_length) and of block / wavefront (blocks aligned at
+    position 0)."""
     steps: int | None = None
     """total steps of LLaDA's fixed schedule (a multiple of the number of blocks, <= gen_length); Dream vanilla: its
     number of steps (<= gen_length); block: steps per block (block_length // steps commits a step, the remainder
@@ -83,9 +85,17 @@ class DecodeOptionFields:
     approximation: exact refreshes give each branch its own); its KV pages are held once (ALGORITHMS.md 12)."""
     edit_threshold: float | None = None
     """block (LLaDA2.1 token editing): in the same step, replace every generated committed token of the current
-    block whose prediction differs with confidence above this. None: no editing (LLaDA2.0)."""
+    block whose prediction differs with confidence above this (wavefront: required, in every active block). None: no
+    editing (LLaDA2.0)."""
     max_post_steps: int = 16
-    """block with editing: a block ends after at most this many steps that start without masks."""
+    """block with editing: a block ends after at most this many steps that start without masks (wavefront: the
+    oldest active block commits then)."""
+    max_active_blocks: int = 2
+    """wavefront: blocks in flight at most (the oldest and the drafts after it, each step one forward over all of
+    them); 1: the block policy with editing."""
+    spawn_threshold: float = 0.5
+    """wavefront: a new block enters the window once this fraction of the youngest active block's generated
+    positions is decoded (0: the window fills at once; 1: once the youngest has no masks)."""
     window_tokens: int | None = None
     """window: masked positions, beyond the decoded ones, kept as keys during a phase (the first ones; on Dream, the
     authors' o_win_size minus one)."""
@@ -153,7 +163,7 @@ class DecodeStats(TypedDict):
     graph_replays: int
     """CUDA graph replays."""
     edits: int
-    """policy block with edit_threshold: committed tokens replaced."""
+    """policy block with edit_threshold, wavefront: committed tokens replaced."""
     folded_rows: int
     """BlockBatch fold_rows: refresh rows not fed (twins of an identical canvas)."""
     folded_tokens: int
@@ -170,6 +180,12 @@ class DecodeStats(TypedDict):
     """block on SDAR: the authors' prefill forward (1 when the prompt holds a complete block)."""
     nfe_store: int
     """block on SDAR: the authors' store forwards (one per decoded block)."""
+    blocks_in_flight: int
+    """wavefront: active blocks summed over the forwards (divided by nfe: the mean window)."""
+    max_blocks_in_flight: int
+    """wavefront: the most blocks one forward ran."""
+    redrafted_tokens: int
+    """wavefront: edits of tokens drafted while an older block was still in flight (repairs of stale drafts)."""
     committed_per_step: list[int]
     """tokens committed by each forward."""
     query_tokens_per_step: list[int]

@@ -64,6 +64,8 @@ class Grid:
     active_tokens: tuple[int, ...] = (8, 16)  # window: masks a pruned step computes
     window_tokens: tuple[int, ...] = (32, 64)  # window: masks kept as keys
     unmasking: tuple[str, ...] = ()  # block on SDAR: its commit rules (a family's TUNE_GRID sets them)
+    max_active_blocks: tuple[int, ...] = (1, 2, 3, 4)  # wavefront: blocks in flight at most
+    spawn_thresholds: tuple[float, ...] = (0.25, 0.5, 0.75)  # wavefront: the readiness gate
 
 
 GRIDS = {

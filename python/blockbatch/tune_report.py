@@ -73,7 +73,7 @@ def save_plot(data: dict, path: str, chosen: str | None, flag: str = "file") -> 
                 ax.scatter(
                     [p[key] for p in sel], [p["accuracy"] for p in sel], s=22, alpha=0.7, c=colors[policy], label=policy
                 )
-        for policy in ("dual", "blockbatch", "block", "window"):
+        for policy in ("dual", "blockbatch", "block", "window", "wavefront"):
             own = {n: p for n, p in pts.items() if p["policy"] == policy}
             f = frontier(own, key)
             if len(f) > 1:

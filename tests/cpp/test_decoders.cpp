@@ -1,8 +1,8 @@
 // Each policy's decoder run to the end on a fake Network (fake_network.h), whose logits give every
 // canvas position a fixed token and confidence: the order of the commits and the NFE below are
-// counted by hand from the policies' rules (docs/ALGORITHMS.md 2-4 and 11). The bidirectional
-// policies run on the LLaDA row (the device readout), the block policy on the LLaDA2 row
-// (block-causal, blocks aligned at position 0).
+// counted by hand from the policies' rules (docs/ALGORITHMS.md 2-4, 11 and 15). The bidirectional
+// policies run on the LLaDA row (the device readout), the block and wavefront policies on the LLaDA2
+// row (block-causal, blocks aligned at position 0).
 //
 // The canvas: prompt {3, 4} (positions 0-1), gen_length 8 (positions 2-9), block_length 4; the
 // block policy's canvas runs to 12 (whole blocks). Position p proposes token p % 12 + 1 with the
@@ -226,6 +226,54 @@ TEST_CASE("block: block-causal blocks aligned at position 0, the last one whole"
   CHECK(net.calls[6].rows == 2);
 }
 
+// Block 0 holds positions 2-3 (commits 3 then 2), block 1 4-7 (5, 6, 4, 7), block 2 8-11 (8, 11, 10, 9); with
+// editing (no edit fires: the proposals are the committed tokens) a block ends on a step that starts
+// without masks, one more forward each: 3 + 5 + 5 = 13 forwards one block at a time.
+TEST_CASE("wavefront: one block in flight is the block policy with editing") {
+  DecodeOptions o = options(Policy::kBlock);
+  o.steps = std::nullopt;
+  o.edit_threshold = 0.5;
+  FakeNetwork block_net(fake_config("llada2"), targets(), kLow);
+  const Recorded block = run_decode(block_net, kPrompt, o);
+  o.policy = Policy::kWavefront;
+  o.max_active_blocks = 1;
+  FakeNetwork net(fake_config("llada2"), targets(), kLow);
+  const Recorded r = run_decode(net, kPrompt, o);
+  CHECK(r.result.tokens == expected_tokens());
+  CHECK(r.result.tokens == block.result.tokens);
+  CHECK(r.result.stats.nfe == 13);
+  CHECK(block.result.stats.nfe == 13);
+  CHECK(query_tokens(net) == (std::vector<int64_t>{4, 4, 4, 8, 4, 4, 4, 4, 8, 4, 4, 4, 4}));
+  CHECK(query_tokens(net) == query_tokens(block_net));
+  CHECK(r.commits == block.commits);
+  CHECK(r.result.stats.max_blocks_in_flight == 1);
+}
+
+// Two blocks in flight, a block entering once the youngest is half decoded. Forward by forward (window;
+// commits; query rows): F1 [0] 3; F2 [0,1] 2, 5 (block 0 half decoded after F1); F3 [0,1] block 0 settles
+// (mask-free, no edit) and commits, 6, then block 2 enters (block 1 half decoded); F4 [1,2] 4, 8, rows
+// [0,4) (block 0's final K/V), [4,8), [8,12); F5 [1,2] 7, 11; F6 [1,2] block 1 settles, 10; F7 [2] 9, rows
+// [4,8), [8,12); F8 [2] block 2 settles. 8 forwards instead of 13. A block's tokens show (the stable
+// canvas the progress callback gets) once it commits, the prompt's tail with its block.
+TEST_CASE("wavefront: two blocks in flight, one forward over both") {
+  DecodeOptions o = options(Policy::kWavefront);
+  o.steps = std::nullopt;
+  o.edit_threshold = 0.5;
+  o.max_active_blocks = 2;
+  o.spawn_threshold = 0.5;
+  FakeNetwork net(fake_config("llada2"), targets(), kLow);
+  const Recorded r = run_decode(net, kPrompt, o);
+  CHECK(r.result.tokens == expected_tokens());
+  CHECK(r.result.stats.nfe == 8);
+  CHECK(query_tokens(net) == (std::vector<int64_t>{4, 8, 8, 12, 8, 8, 8, 4}));
+  CHECK(net.calls[3].rows == 3);
+  CHECK(modes(net) == std::vector<KvMode>(8, KvMode::kDual));
+  CHECK(r.commits == (std::vector<std::vector<int64_t>>{{}, {}, {0, 1, 2, 3}, {}, {}, {4, 5, 6, 7}, {}, {8, 9}}));
+  CHECK(r.result.stats.blocks_in_flight == 1 + 2 + 2 + 2 + 2 + 2 + 1 + 1);
+  CHECK(r.result.stats.max_blocks_in_flight == 2);
+  CHECK(r.result.stats.edits == 0);
+}
+
 TEST_CASE("stop rule: stop_on_eos ends the decode after the block holding EOS") {
   std::vector<int64_t> t = targets();
   t[4] = kEos;  // committed third, in the first block
@@ -266,11 +314,18 @@ TEST_CASE("admission: refusals before any forward, by kind and argument") {
     CHECK(net.calls.empty());
   };
   const ErrorKind unsupported = ErrorKind::kUnsupported, prompt = ErrorKind::kInvalidPrompt;
+  DecodeOptions o;
   refused(fake_config("llada"), kPrompt, options(Policy::kBlock), unsupported, "policy", "block-causal");
   refused(fake_config("llada2"), kPrompt, options(Policy::kDual), unsupported, "policy", "'block'");
+  refused(fake_config("llada2"), kPrompt, options(Policy::kWavefront), unsupported, "edit_threshold",
+          "needs edit_threshold");
+  o = options(Policy::kWavefront);
+  o.edit_threshold = 0.5;
+  refused(fake_config("sdar"), kPrompt, o, unsupported, "policy", "has no rules for sdar checkpoints");
+  refused(fake_config("llada"), kPrompt, o, unsupported, "policy", "block-causal");
   refused(fake_config("llada"), {3, kMask}, options(Policy::kDual), prompt, "prompt_ids", "mask id");
   refused(fake_config("llada"), {3, kVocab}, options(Policy::kDual), prompt, "prompt_ids", "outside the vocabulary");
-  DecodeOptions o = options(Policy::kDual);
+  o = options(Policy::kDual);
   o.gen_length = 6;
   refused(fake_config("llada"), kPrompt, o, unsupported, "block_length", "must divide gen_length");
   o = options(Policy::kDual);

@@ -135,7 +135,8 @@ def _decode(nat, prompt, **kw):
         (dict(temperature=-1.0), r"temperature must be >= 0 and finite, got -1"),
         (
             dict(policy="greedy"),
-            r"policy must be one of 'vanilla', 'prefix', 'dual', 'blockbatch', 'block', 'window', got 'greedy'",
+            r"policy must be one of 'vanilla', 'prefix', 'dual', 'blockbatch', 'block', 'window', 'wavefront', "
+            r"got 'greedy'",
         ),
     ],
 )
@@ -168,7 +169,8 @@ def test_cpp_rejects_bad_prompts(models):
     [
         (
             dict(policy="greedy"),
-            r"policy must be one of 'vanilla', 'prefix', 'dual', 'blockbatch', 'block', 'window', got 'greedy'",
+            r"policy must be one of 'vanilla', 'prefix', 'dual', 'blockbatch', 'block', 'window', 'wavefront', "
+            r"got 'greedy'",
         ),
         (dict(gen_length=-4), r"gen_length must be >= 1, got -4"),
         (dict(block_length=5), r"block_length = 5 must divide gen_length = 128"),

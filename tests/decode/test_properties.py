@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from blockbatch.engine import Engine
-from blockbatch.contract import MAX_GAP_TOKENS, MIN_PROB_FLOOR, POLICIES
+from blockbatch.contract import MAX_ACTIVE_BLOCKS, MAX_GAP_TOKENS, MIN_PROB_FLOOR, POLICIES
 from blockbatch.options import DecodeOptions
 
 SETTINGS = settings(
@@ -36,8 +36,9 @@ def divisors(n: int) -> list[int]:
 @st.composite
 def valid_options(draw) -> DecodeOptions:
     # the toy is LLaDA: every policy but the block-causal families' block (test_llada2_native.py,
-    # test_sdar_native.py) and window, whose phases have their own invariants (tests/decode/test_window.py)
-    policy = draw(st.sampled_from([p for p in POLICIES if p not in ("block", "window")]))
+    # test_sdar_native.py) and wavefront (test_wavefront.py), and window, whose phases have their own
+    # invariants (tests/decode/test_window.py)
+    policy = draw(st.sampled_from([p for p in POLICIES if p not in ("block", "window", "wavefront")]))
     gen_length = draw(st.sampled_from([8, 16, 24, 32, 64]))
     common = dict(
         policy=policy,
@@ -166,6 +167,10 @@ INVALID = {
     "refresh_interval": st.one_of(st.integers(max_value=0), st.integers(min_value=MAX_GAP_TOKENS + 1), st.floats()),
     "slide_window": st.one_of(st.integers(), st.text(max_size=4)),
     "early_stop": st.one_of(st.integers(), st.text(max_size=4)),
+    "max_active_blocks": st.one_of(
+        st.integers(max_value=0), st.integers(min_value=MAX_ACTIVE_BLOCKS + 1), st.floats(), st.booleans()
+    ),
+    "spawn_threshold": st.one_of(st.floats().filter(lambda v: not 0 <= v <= 1), st.text(max_size=3)),
 }
 
 

@@ -292,7 +292,7 @@ def test_bench_policy_specs_take_presets(mine):
     assert policy_options("blockbatch-best:threshold=0.8", 128).threshold == 0.8
     with pytest.raises(
         ValueError,
-        match=r"policy must be one of vanilla, prefix, dual, blockbatch, block, window, a preset "
+        match=r"policy must be one of vanilla, prefix, dual, blockbatch, block, window, wavefront, a preset "
         r"\(blockbatch-paper, blockbatch-best, dual-fast-dllm, llada2.0, llada2.1-edit\) or a preset file",
     ):
         policy_options("greedy", 64)

@@ -351,6 +351,27 @@ def test_the_grid_of_policy_block_for_llada2():
         assert o.policy == "block" and o.gen_length == 40
 
 
+def test_the_grid_of_policy_wavefront():
+    """FlowBlock's wavefront in the grid: max_active_blocks x spawn_threshold x threshold (the gate once
+    for one block, which never reads it), LLaDA2.1's block 32 and edit_threshold 0.5 throughout; two
+    blocks, gate 0.5, threshold 0.7 first; every spec a valid DecodeOptions."""
+    from blockbatch.bench import policy_options
+    from blockbatch.tune import Grid, configs
+
+    grid = Grid(policies=("wavefront",), thresholds=(0.95, 0.7), max_active_blocks=(1, 2, 4))
+    specs = configs(grid, 64)
+    assert len(specs) == 2 + 2 * 3 * 2
+    assert (
+        specs[0] == "wavefront:block_length=32,edit_threshold=0.5,threshold=0.7,max_active_blocks=2,spawn_threshold=0.5"
+    )
+    seen = set()
+    for spec in specs:
+        o = policy_options(spec, 64)
+        assert o.policy == "wavefront" and o.edit_threshold == 0.5 and o.gen_length == 64
+        seen.add((o.max_active_blocks, o.spawn_threshold, o.threshold))
+    assert len(seen) == len(specs) and {m for m, _, _ in seen} == {1, 2, 4}
+
+
 def test_the_grid_of_policy_block_for_sdar():
     """SDAR's family grid (families/sdar.py TUNE_GRID): each unmasking rule x block length, dynamic x each
     threshold too; the authors' dynamic at 0.85 with blocks of 4 first; no token editing (LLaDA2.1's)."""

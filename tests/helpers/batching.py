@@ -50,6 +50,19 @@ def _block(rng, G, i, family):  # blocks of 8 / 16 / 32 aligned at 0, 2.0 and 2.
     )
 
 
+def _wavefront(rng, G, i, family):  # LLaDA2.1 with 1..4 blocks in flight, several gates
+    return DecodeOptions(
+        policy="wavefront",
+        gen_length=G + rng.choice([0, 5]),
+        block_length=rng.choice([8, 16]),
+        threshold=rng.choice([0.6, 0.95]),
+        edit_threshold=rng.choice([0.5, 0.9]),
+        max_active_blocks=rng.choice([1, 2, 3, 4]),
+        spawn_threshold=rng.choice([0.0, 0.5, 1.0]),
+        stop_on_eos=rng.choice([False, True]),
+    )
+
+
 def _vanilla(rng, G, i, family):
     return DecodeOptions(policy="vanilla", gen_length=G, **data.VANILLA_SCHEDULE.get(family, data.TIMESTEPS)(G))
 
@@ -98,6 +111,7 @@ REQUEST_OPTIONS = {
     "blockbatch": _blockbatch,
     "block": _block,
     "window": _window,
+    "wavefront": _wavefront,
 }
 
 

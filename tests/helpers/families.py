@@ -318,9 +318,10 @@ def all_policies() -> list[str]:
 
 # How a policy refuses a family it has no decoder for (the C++ descriptor's family_refusal), then
 # the policies that do decode it.
-_REFUSAL = {"block": "is the decoder of block-causal checkpoints; {family} checkpoints are bidirectional"}
-# A policy with a decoder for the family's attention but no row for it in its rules table (none now).
-_NO_ROW: set[tuple[str, str]] = set()
+_BIDIRECTIONAL = "is the decoder of block-causal checkpoints; {family} checkpoints are bidirectional"
+_REFUSAL = {"block": _BIDIRECTIONAL, "wavefront": _BIDIRECTIONAL}
+# A policy with a decoder for the family's attention but no row for it in its rules table.
+_NO_ROW = {("wavefront", "sdar")}
 
 
 def policy_refusal(policy: str, family: str) -> str:
@@ -493,6 +494,11 @@ POLICY_CASES = {
         dict(gen_length=32, steps=32, window_tokens=8, active_tokens=4, refresh_interval=8),
         dict(gen_length=32, steps=16, window_tokens=0, active_tokens=4, refresh_interval=4),
     ],
+    "wavefront": [
+        dict(gen_length=32, block_length=8, threshold=0.7, edit_threshold=0.5, max_active_blocks=2),
+        dict(gen_length=40, block_length=8, threshold=0.9, edit_threshold=0.5, max_active_blocks=3, spawn_threshold=0),
+        dict(gen_length=24, block_length=8, threshold=0.5, edit_threshold=0.9, max_active_blocks=4, max_post_steps=2),
+    ],
 }
 # Where a family's cases of a policy differ (SDAR: no token editing, its unmasking rules instead; window on
 # Dream: its sliding span and early_stop, a window at least the generation so that no span passes it).
@@ -508,6 +514,10 @@ POLICY_CASES_BY_FAMILY = {
         dict(gen_length=24, block_length=8, unmasking="entropy_bounded", entropy_bound=1.5),
     ],
 }
+
+
+# Options a policy refuses to leave unset (no default): wavefront repairs its drafts by editing.
+REQUIRED_OPTIONS = {"wavefront": dict(edit_threshold=0.5)}
 
 
 def policy_cases(policy: str, family: str) -> list[dict]:
@@ -535,6 +545,12 @@ REFUSED_OPTIONS = {
         (dict(policy="block", gen_length=16, temperature=0.5), "decodes greedily", "temperature"),
         (dict(policy="block", gen_length=16, factor=1.0), "leave factor None", "factor"),
         (dict(policy="block", gen_length=16, steps=0), "steps must be None", "steps"),
+        (dict(policy="wavefront", gen_length=16), r"policy 'wavefront' needs edit_threshold", "edit_threshold"),
+        (
+            dict(policy="wavefront", gen_length=16, edit_threshold=0.5, temperature=0.5),
+            "decodes greedily",
+            "temperature",
+        ),
     ],
 }
 
@@ -547,6 +563,11 @@ STOP_CASES = {
     "dual": (dict(gen_length=32, block_length=8, threshold=0.9), True, "eos"),
     "blockbatch": (dict(gen_length=32, block_sizes=(4, 8, 16), threshold=0.9), False, "eos"),
     "block": (dict(gen_length=32, block_length=8, steps=8, threshold=0.5), True, "mask"),
+    "wavefront": (
+        dict(gen_length=32, block_length=8, threshold=0.5, edit_threshold=0.5, max_active_blocks=3),
+        True,
+        "mask",
+    ),
 }
 # (family, policy) pairs whose schedule has no blocks to stop at (Dream's vanilla: one block of timesteps).
 NO_BLOCK_STOP = {("dream", "vanilla")}

@@ -352,7 +352,9 @@ def test_a_decode_fills_only_the_counters_its_policy_declares(tmp_path, family, 
     engine = Engine.from_pretrained(str(tmp_path / "m"))
     names, _, stats, _ = torch.ops.blockbatch.policy_table()
     declared = set(filter(None, stats[names.index(policy)].split(",")))
-    options = DecodeOptions(policy=policy, gen_length=16, block_length=8)
+    from helpers.families import REQUIRED_OPTIONS
+
+    options = DecodeOptions(policy=policy, gen_length=16, block_length=8, **REQUIRED_OPTIONS.get(policy, {}))
     (out,) = engine.generate([[5, 6, 7, 8, 9]], options)
     counters = set(torch.ops.blockbatch.decode_stat_names())
     filled = {k for k, v in out.stats.items() if k in counters and v}

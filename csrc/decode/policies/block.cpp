@@ -12,13 +12,14 @@
 // count of forwards.
 //
 // A step reads the current block's logits: argmax and its float32 softmax probability (the mask id
-// is not excluded, as in the authors' code). LLaDA2.0 (edit_threshold None): the block's steps follow
-// the schedule of `steps` (block_length // steps commits each, the remainder first); a step commits
-// every mask rated > threshold if at least the schedule's count are, else the count most confident
-// (at::topk, as the authors' torch.topk). LLaDA2.1: a step commits by the same rule with a count of
-// one and, in the same step, replaces every generated committed token of the block whose prediction
-// differs with confidence > edit_threshold; a block ends on a step that starts without masks and
-// edits nothing, or after max_post_steps mask-free steps.
+// is not excluded, as in the authors' code; block_rules.h, shared with policy 'wavefront'). LLaDA2.0
+// (edit_threshold None): the block's steps follow the schedule of `steps` (block_length // steps
+// commits each, the remainder first); a step commits every mask rated > threshold if at least the
+// schedule's count are, else the count most confident (at::topk, as the authors' torch.topk).
+// LLaDA2.1: a step commits by the same rule with a count of one and, in the same step, replaces every
+// generated committed token of the block whose prediction differs with confidence > edit_threshold; a
+// block ends on a step that starts without masks and edits nothing, or after max_post_steps mask-free
+// steps.
 //
 // SDAR (the authors' generate.py block_diffusion_generate with their harness's greedy proposal; the python
 // twin is reference/sdar.py block_generate, docs/sdar.md): a block runs the schedule of `steps` (not
@@ -48,6 +49,7 @@
 #include <limits>
 #include <string>
 
+#include "decode/policies/block_rules.h"
 #include "decode/policies/policy.h"
 
 namespace blockbatch {
@@ -139,10 +141,8 @@ class BlockDecoder final : public Decoder {
     cached_ = block_ * B_;  // every block before the current one is final and written now
     // The authors' proposals: argmax of the float32 logits (the first index of the maximum), its
     // softmax probability; ids past the tokenizer's are never proposed.
-    at::Tensor l = logits.to(at::kFloat);
-    const at::Tensor x0 = l.narrow(1, 0, c_.proposal_limit()).argmax(-1);
-    const at::Tensor conf = at::softmax(l, -1).gather(-1, x0.unsqueeze(-1)).squeeze(-1).cpu();
-    const at::Tensor tok = x0.cpu();
+    const block_rules::Proposals proposals = block_rules::proposals(logits, c_.proposal_limit());
+    const at::Tensor &conf = proposals.conf, &tok = proposals.token;
     const int64_t s = block_ * B_;
     std::vector<bool> active(B_);
     int64_t masks = 0;
@@ -157,11 +157,8 @@ class BlockDecoder final : public Decoder {
     // Edits are decided on the block as the step found it, then written with the commits.
     std::vector<int64_t> edits;
     if (editing_) {
-      const float* c = conf.const_data_ptr<float>();
-      const float edit = static_cast<float>(*o_.edit_threshold);
-      for (int64_t i = 0; i < B_; ++i) {
-        if (!active[i] && s + i >= lp_ && c[i] > edit && t[i] != x_[s + i]) edits.push_back(i);
-      }
+      edits = block_rules::edits(active, x_, s, lp_, t, conf.const_data_ptr<float>(),
+                                 static_cast<float>(*o_.edit_threshold));
     }
     bool eos_committed = false;
     for (int64_t i : chosen) {
@@ -217,24 +214,7 @@ class BlockDecoder final : public Decoder {
   // The masks to commit: those rated > threshold if at least `at_least` are, else the `at_least`
   // most confident (at::topk over the block, -inf where no mask: the authors' torch.topk order).
   std::vector<int64_t> commit_masks(const std::vector<bool>& active, const at::Tensor& conf, int64_t at_least) const {
-    const float* c = conf.const_data_ptr<float>();
-    const float threshold = static_cast<float>(threshold_);
-    std::vector<int64_t> high;
-    int64_t masks = 0;
-    for (int64_t i = 0; i < B_; ++i) {
-      if (!active[i]) continue;
-      ++masks;
-      if (c[i] > threshold) high.push_back(i);
-    }
-    if (static_cast<int64_t>(high.size()) >= at_least) return high;
-    std::vector<float> ranked(B_, -std::numeric_limits<float>::infinity());
-    for (int64_t i = 0; i < B_; ++i) {
-      if (active[i]) ranked[i] = c[i];
-    }
-    const at::Tensor row = at::from_blob(ranked.data(), {B_}, at::kFloat);
-    const at::Tensor idx = std::get<1>(at::topk(row, std::min(at_least, masks))).contiguous();
-    const int64_t* ip = idx.const_data_ptr<int64_t>();
-    return std::vector<int64_t>(ip, ip + idx.numel());
+    return block_rules::commit_masks(active, conf.const_data_ptr<float>(), static_cast<float>(threshold_), at_least);
   }
 
   // SDAR's commits (`unmasking`): the block positions a step writes its proposals to, `count` the
@@ -329,7 +309,8 @@ class BlockDecoder final : public Decoder {
     if (!editing_) {
       over = stopped_ || eos;  // LLaDA2.0 ends at a block holding EOS, stop_on_eos or not
     } else {
-      over = o_.stop_on_eos.value_or(false) && eos && std::find(gen, stop, c_.mask_token_id) == stop;
+      over = o_.stop_on_eos.value_or(false) &&
+             block_rules::eos_ends_generation(x_, lp_, end, c_.eos_token_id, c_.mask_token_id);
     }
     block_ = over ? blocks_ : block_ + 1;
     if (!done()) start_block();

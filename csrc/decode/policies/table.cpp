@@ -8,12 +8,12 @@
 namespace blockbatch {
 
 extern const PolicyDescriptor kVanillaPolicy, kPrefixPolicy, kDualPolicy, kBlockBatchPolicy, kBlockPolicy,
-    kWindowPolicy;
+    kWindowPolicy, kWavefrontPolicy;
 
 const std::vector<const PolicyDescriptor*>& policy_table() {
   static const std::vector<const PolicyDescriptor*> table = [] {
-    std::vector<const PolicyDescriptor*> t{&kVanillaPolicy,    &kPrefixPolicy, &kDualPolicy,
-                                           &kBlockBatchPolicy, &kBlockPolicy,  &kWindowPolicy};
+    std::vector<const PolicyDescriptor*> t{&kVanillaPolicy, &kPrefixPolicy, &kDualPolicy,     &kBlockBatchPolicy,
+                                           &kBlockPolicy,   &kWindowPolicy, &kWavefrontPolicy};
     for (size_t i = 0; i < t.size(); ++i) {
       TORCH_CHECK(static_cast<size_t>(t[i]->id) == i, "policy table: row ", i, " is policy '", policy_name(t[i]->id),
                   "' (rows must follow the options table's policy order)");

@@ -2,7 +2,8 @@
 LLaDA2.0 / 2.1, mini and flash): its ``config.json`` keys, its weight names and shapes (one fused
 ``attention.query_key_value``, QK-norm, ``mlp.experts.{e}.*`` from ``first_k_dense_replace`` on),
 the published LLaDA2.0-mini shape and its random checkpoints. The readable model is
-``blockbatch.reference.llada2``; the decoder is the ``block`` policy (docs/ALGORITHMS.md 11)."""
+``blockbatch.reference.llada2``; the decoders are the ``block`` policy (docs/ALGORITHMS.md 11) and, with
+LLaDA2.1's editing, the ``wavefront`` policy (several blocks in flight, ALGORITHMS.md 15)."""
 
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ DEFAULT_OPTIONS: dict[str, Any] = {"policy": "block", "threshold": 0.95}
 
 # What the front doors ask of a family (never its name; tests/tools/test_registries.py checks each is here):
 # the policies it decodes with (the native engine refuses the others: csrc/decode/policies/), ...
-POLICIES: tuple[str, ...] = ("block",)
+POLICIES: tuple[str, ...] = ("block", "wavefront")
 # ... those `blockbatch bench` runs without --policies, those `blockbatch tune` sweeps without --policies
 # (None: the grid's own) ...
 BENCH_POLICIES: tuple[str, ...] = ("block",)
@@ -80,7 +81,7 @@ SAMPLERS = False
 # Mixture-of-experts layers (make-random --experts)
 MIXTURE_OF_EXPERTS = True
 # ... the title of the option group named after it in `generate --help` (None: no group of that name) ...
-OPTION_GROUP_HELP: str | None = "block (LLaDA2 checkpoints: policy block only)"
+OPTION_GROUP_HELP: str | None = "block / wavefront (LLaDA2 checkpoints)"
 # ... and the policies `python -m blockbatch.toy.evaluate` runs through the float32 reference (none: its
 # toy is evaluated with the native engine, `blockbatch bench`).
 TOY_EVAL_POLICIES: tuple[str, ...] = ()

@@ -1,6 +1,6 @@
 """Decoding policies on the Python side: one module per policy (``vanilla``, ``prefix``, ``dual``,
-``blockbatch``, ``block``, ``window``) holding all that the front doors know about it, and this registry, which
-they ask instead of testing a policy's name. Each module declares:
+``blockbatch``, ``block``, ``window``, ``wavefront``) holding all that the front doors know about it, and this
+registry, which they ask instead of testing a policy's name. Each module declares:
 
 * ``NAME``: the policy's name (``DecodeOptions.policy``; the order of ``REGISTRY`` is the options
   table's, ``contract.POLICIES``), ``MULTI_BRANCH`` (several branches per request) and
@@ -34,9 +34,12 @@ from . import dual
 from . import blockbatch
 from . import block
 from . import window
+from . import wavefront
 
 # policy name (DecodeOptions.policy) -> its module, in the options table's order
-REGISTRY: dict[str, types.ModuleType] = {m.NAME: m for m in (vanilla, prefix, dual, blockbatch, block, window)}
+REGISTRY: dict[str, types.ModuleType] = {
+    m.NAME: m for m in (vanilla, prefix, dual, blockbatch, block, window, wavefront)
+}
 
 # The policy bench compares every other against (its "NFE/dual" and "x dual" columns): Fast-dLLM's
 # dual cache, the paper's baseline.

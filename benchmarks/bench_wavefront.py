@@ -1,0 +1,257 @@
+"""Policy ``wavefront`` (FlowBlock's gated wavefront, issue 54) against ``block`` on the LLaDA2 toy.
+
+    python benchmarks/bench_wavefront.py [--n 40] [--gen-lengths 64 256] [--threads 1] \\
+        [--out docs/bench/wavefront/bench_wavefront.json]
+
+On the toy task's held-out problems (python/blockbatch/toy/checkpoint_llada2, blocks of 32), per
+generation length: ``block`` without editing (LLaDA2.0, threshold 0.95), ``block`` with LLaDA2.1's
+editing rule (threshold 0.95; edit_threshold 0.9 and 1.0), and ``wavefront`` with max_active_blocks 1..4
+(spawn_threshold 0.5; edit_threshold 0.9 and 1.0), each decoded alone: accuracy (exact final answer), mean
+NFE, tokens committed per forward, forwards per answer token (the text up to its EOS), blocks in flight per
+forward, edits, ms per sample. Then requests per second through the scheduler (``Engine.generate``
+with ``max_batch`` 1, 8, 32) for block and wavefront. Then the readiness gate: the float32 reference
+(reference/wavefront.py) with the decoded-fraction gate (the policy's rule) and the mean-confidence gate
+at spawn_threshold 0.25 / 0.5 / 0.75 and 2 / 3 blocks, gen 64: accuracy and NFE.
+
+edit_threshold 1.0 keeps the editing rule (a block commits once a step starts without masks and edits
+nothing) but no edit fires (a confidence is never > 1): the toy was trained as a masked-diffusion model
+only (tools/train_toy_llada2.py: loss on masked positions), so its predictions at decided positions are not
+edits worth taking, and edit_threshold 0.9 rewrites correct answers (the rows say how much). Writes the
+JSON and a PNG beside it (forwards per answer token and accuracy per config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from common import environment, write_json, write_png
+
+BLOCK = 32
+THRESHOLD = 0.95
+SPAWN = 0.5
+BATCHES = (1, 8, 32)
+
+
+def configs() -> dict[str, dict]:
+    out = {"block": dict(policy="block", threshold=THRESHOLD)}
+    for edit in (0.9, 1.0):
+        out[f"block edit {edit:g}"] = dict(policy="block", threshold=THRESHOLD, edit_threshold=edit)
+        for k in (1, 2, 3, 4):
+            out[f"wavefront {k} edit {edit:g}"] = dict(
+                policy="wavefront", threshold=THRESHOLD, edit_threshold=edit, max_active_blocks=k, spawn_threshold=SPAWN
+            )
+    return out
+
+
+def answer_tokens(gen, eos_id: int) -> int:
+    """Generated tokens up to and including the first EOS (the answer's length in tokens)."""
+    ids = list(gen.raw_ids)
+    return ids.index(eos_id) + 1 if eos_id in ids else len(ids)
+
+
+def run_alone(engine, problems, prompts, gen_length: int) -> dict:
+    from blockbatch.toy import task as toy_task
+
+    eos = engine.config.eos_token_id
+    out = {}
+    for name, kw in configs().items():
+        o = engine.default_options(gen_length=gen_length, block_length=BLOCK, **kw)
+        rows = []
+        for problem, ids in zip(problems, prompts):
+            t0 = time.perf_counter()
+            [gen] = engine.generate(ids, o)
+            ms = (time.perf_counter() - t0) * 1e3
+            s = gen.stats
+            rows.append(
+                dict(
+                    correct=bool(toy_task.check_answer(problem, gen.text)),
+                    nfe=s["nfe"],
+                    committed=sum(s["committed_per_step"]),
+                    answer=answer_tokens(gen, eos),
+                    in_flight=s["blocks_in_flight"] if kw["policy"] == "wavefront" else s["nfe"],
+                    edits=s["edits"],
+                    ms=ms,
+                )
+            )
+        nfe = sum(r["nfe"] for r in rows)
+        out[name] = dict(
+            options=kw,
+            accuracy=sum(r["correct"] for r in rows) / len(rows),
+            mean_nfe=statistics.mean(r["nfe"] for r in rows),
+            tokens_per_forward=sum(r["committed"] for r in rows) / nfe,
+            forwards_per_answer_token=nfe / sum(r["answer"] for r in rows),
+            blocks_per_forward=sum(r["in_flight"] for r in rows) / nfe,
+            mean_edits=statistics.mean(r["edits"] for r in rows),
+            mean_ms=statistics.mean(r["ms"] for r in rows),
+        )
+    return out
+
+
+def run_batched(engine, prompts, gen_length: int) -> dict:
+    out = {}
+    for name in ("block edit 1", "wavefront 2 edit 1", "wavefront 3 edit 1", "block"):
+        o = engine.default_options(gen_length=gen_length, block_length=BLOCK, **configs()[name])
+        out[name] = {}
+        for batch in BATCHES:
+            t0 = time.perf_counter()
+            engine.generate(prompts, [o] * len(prompts), max_batch=batch)
+            out[name][str(batch)] = len(prompts) / (time.perf_counter() - t0)
+    return out
+
+
+def run_gates(engine, problems, prompts) -> dict:
+    """The two readiness gates through the float32 reference, gen 64, edit_threshold 1.0."""
+    from blockbatch import bench
+    from blockbatch.reference.wavefront import wavefront_generate
+    from blockbatch.toy import task as toy_task
+
+    reference = bench.reference_model(engine.checkpoint)
+    c = engine.config
+    out = {}
+    for gate in ("decoded", "confidence"):
+        for k in (2, 3):
+            for spawn in (0.25, 0.5, 0.75):
+                correct, nfe = 0, 0
+                for problem, ids in zip(problems, prompts):
+                    canvas, st = wavefront_generate(
+                        reference,
+                        ids,
+                        gen_length=64,
+                        block_length=BLOCK,
+                        threshold=THRESHOLD,
+                        edit_threshold=1.0,
+                        max_active_blocks=k,
+                        spawn_threshold=spawn,
+                        eos_id=c.eos_token_id,
+                        mask_id=c.mask_token_id,
+                        gate=gate,
+                    )
+                    gen = canvas[ids.numel() :].tolist()
+                    gen = gen[: gen.index(c.eos_token_id)] if c.eos_token_id in gen else gen
+                    correct += bool(toy_task.check_answer(problem, engine.codec.decode(gen)))
+                    nfe += st["nfe"]
+                out[f"{gate} {k} {spawn:g}"] = dict(accuracy=correct / len(problems), mean_nfe=nfe / len(problems))
+    return out
+
+
+def run_gates_random(n: int) -> dict:
+    """The two gates on a random LLaDA2 checkpoint (blocks of 16 decode over many steps there, so the gates
+    fire at different steps), gen 64, threshold 0.7, edit_threshold 0.5: mean NFE and the share of
+    prompts whose text equals the serial decode's (max_active_blocks 1)."""
+    from blockbatch.families import llada2 as fam
+    from blockbatch.random_checkpoint import random_config, random_weights
+    from blockbatch.reference.llada2 import LLaDA2Reference
+    from blockbatch.reference.wavefront import wavefront_generate
+
+    cfg = random_config("llada2", vocab_size=64, d_model=32, n_heads=4, n_kv_heads=2, head_size=16)
+    model = LLaDA2Reference(fam.reference_config(cfg), random_weights(cfg, seed=3, logit_scale=4.0))
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 60, (int(torch.randint(3, 24, (1,), generator=g)),), generator=g) for _ in range(n)]
+    kw = dict(
+        gen_length=64,
+        block_length=16,
+        threshold=0.7,
+        edit_threshold=0.5,
+        eos_id=cfg.eos_token_id,
+        mask_id=cfg.mask_token_id,
+    )
+    serial = [wavefront_generate(model, p, max_active_blocks=1, **kw) for p in prompts]
+    out = {"serial": dict(mean_nfe=statistics.mean(st["nfe"] for _, st in serial), same_as_serial=1.0)}
+    for gate in ("decoded", "confidence"):
+        for k in (2, 3):
+            for spawn in (0.25, 0.5, 0.75):
+                runs = [
+                    wavefront_generate(model, p, max_active_blocks=k, spawn_threshold=spawn, gate=gate, **kw)
+                    for p in prompts
+                ]
+                same = sum(a.tolist() == b.tolist() for (a, _), (b, _) in zip(runs, serial)) / n
+                out[f"{gate} {k} {spawn:g}"] = dict(
+                    mean_nfe=statistics.mean(st["nfe"] for _, st in runs), same_as_serial=same
+                )
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=40, help="held-out problems (default 40)")
+    ap.add_argument("--gate-n", type=int, default=16, help="held-out problems of the gate measurement (default 16)")
+    ap.add_argument("--gen-lengths", type=int, nargs="+", default=[64, 256])
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", default="docs/bench/wavefront/bench_wavefront.json")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from blockbatch import toy
+    from blockbatch.engine import Engine
+    from blockbatch.toy import task as toy_task
+
+    engine = Engine.from_pretrained(toy.checkpoint_path("llada2"))
+    problems = toy_task.make_problems(args.n, seed=1000, split="test")
+    prompts = [engine.encode(p.prompt, chat=False) for p in problems]
+    results, batched = {}, {}
+    for G in args.gen_lengths:
+        results[str(G)] = run_alone(engine, problems, prompts, G)
+        print(f"gen_length {G}:")
+        for name, r in results[str(G)].items():
+            print(
+                f"  {name:20s} acc {r['accuracy']:.3f}  NFE {r['mean_nfe']:6.2f}"
+                f"  tok/fwd {r['tokens_per_forward']:6.2f}"
+                f"  fwd/answer tok {r['forwards_per_answer_token']:.3f}  blocks/fwd {r['blocks_per_forward']:.2f}"
+                f"  edits {r['mean_edits']:5.1f}  {r['mean_ms']:6.1f} ms"
+            )
+        batched[str(G)] = run_batched(engine, prompts, G)
+        for name, r in batched[str(G)].items():
+            print(f"  {name:20s} requests/s " + "  ".join(f"max_batch {b}: {v:6.1f}" for b, v in r.items()))
+    gates = run_gates(engine, problems[: args.gate_n], prompts[: args.gate_n])
+    print("readiness gates (reference, gen 64, edit_threshold 1.0):")
+    for name, r in gates.items():
+        print(f"  {name:18s} acc {r['accuracy']:.3f}  NFE {r['mean_nfe']:.2f}")
+    gates_random = run_gates_random(args.gate_n)
+    print("readiness gates (reference, random LLaDA2 checkpoint, gen 64, block 16, edit_threshold 0.5):")
+    for name, r in gates_random.items():
+        print(f"  {name:18s} NFE {r['mean_nfe']:6.2f}  same text as serial {r['same_as_serial']:.2f}")
+    payload = dict(
+        benchmark="bench_wavefront",
+        model="LLaDA2 toy (python/blockbatch/toy/checkpoint_llada2)",
+        problems=args.n,
+        gate_problems=args.gate_n,
+        block_length=BLOCK,
+        environment=environment(),
+        results=results,
+        requests_per_s=batched,
+        gates=gates,
+        gates_random_checkpoint=gates_random,
+    )
+    write_json(args.out, payload)
+
+    def draw(ax):
+        names = [n for n in configs() if "edit 0.9" not in n]
+        Gs = list(results)
+        width = 0.8 / len(Gs)
+        for j, G in enumerate(Gs):
+            xs = [i + j * width for i in range(len(names))]
+            ax.bar(xs, [results[G][n]["forwards_per_answer_token"] for n in names], width, label=f"gen {G}")
+            for x, n in zip(xs, names):
+                ax.text(
+                    x,
+                    results[G][n]["forwards_per_answer_token"],
+                    f"{results[G][n]['accuracy']:.2f}",
+                    ha="center",
+                    va="bottom",
+                    fontsize=6,
+                )
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names, rotation=30, ha="right", fontsize=7)
+        ax.set_ylabel("forwards per answer token (label: accuracy)")
+        ax.set_title("LLaDA2 toy: block vs wavefront (CPU)")
+        ax.legend()
+
+    write_png(args.out, draw, size=(7, 4.5))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
