@@ -120,6 +120,23 @@ SETTINGS = [
 ]
 
 
+def _options(setting, blocks: int, gen_length: int) -> DecodeOptions:
+    """A SETTINGS row (block_length, threshold, edit_threshold, spawn_threshold, max_post_steps,
+    stop_on_eos) with ``blocks`` in flight."""
+    bl, t, e, gate, post, stop = setting
+    return DecodeOptions(
+        policy="wavefront",
+        gen_length=gen_length,
+        block_length=bl,
+        threshold=t,
+        edit_threshold=e,
+        max_active_blocks=blocks,
+        spawn_threshold=gate,
+        max_post_steps=post,
+        stop_on_eos=stop,
+    )
+
+
 @pytest.mark.parametrize("blocks", [2, 3, 4])
 def test_native_equals_the_reference_on_the_toy(toy_models, blocks):
     """The trained LLaDA2 toy (gen 64; held-out problems and the fixtures' prompts): tokens, NFE, edits,
@@ -128,21 +145,11 @@ def test_native_equals_the_reference_on_the_toy(toy_models, blocks):
     c = engine.config
     prompts = [p.prompt for p in toy_task.make_problems(2, seed=7, split="test")]
     ids = [engine.encode(p, chat=False).tolist() for p in prompts]
-    for bl, t, e, gate, post, stop in SETTINGS:
+    for setting in SETTINGS:
         for prompt in ids:
-            o = DecodeOptions(
-                policy="wavefront",
-                gen_length=64,
-                block_length=bl,
-                threshold=t,
-                edit_threshold=e,
-                max_active_blocks=blocks,
-                spawn_threshold=gate,
-                max_post_steps=post,
-                stop_on_eos=stop,
-            )
+            o = _options(setting, blocks, gen_length=64)
             native = _decode(engine.model.obj, prompt, o)
-            _same(native, _reference(reference, prompt, o, c.eos_token_id, c.mask_token_id), (blocks, bl, t, e, gate))
+            _same(native, _reference(reference, prompt, o, c.eos_token_id, c.mask_token_id), (blocks, *setting))
 
 
 def _random(seed: int):
@@ -159,20 +166,10 @@ def test_native_equals_the_reference_on_a_random_checkpoint(blocks):
     cfg, model, reference = _random(seed=3)
     for plen in (3, 16, 21):
         prompt = torch.randint(0, 60, (plen,), generator=torch.Generator().manual_seed(plen)).tolist()
-        for bl, t, e, gate, post, stop in SETTINGS:
-            o = DecodeOptions(
-                policy="wavefront",
-                gen_length=40,
-                block_length=bl,
-                threshold=t,
-                edit_threshold=e,
-                max_active_blocks=blocks,
-                spawn_threshold=gate,
-                max_post_steps=post,
-                stop_on_eos=stop,
-            )
+        for setting in SETTINGS:
+            o = _options(setting, blocks, gen_length=40)
             native = _decode(model.obj, prompt, o)
-            what = (blocks, plen, bl, t, e, gate)
+            what = (blocks, plen, *setting)
             _same(native, _reference(reference, prompt, o, cfg.eos_token_id, cfg.mask_token_id), what)
 
 

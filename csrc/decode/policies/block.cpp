@@ -133,7 +133,7 @@ class BlockDecoder final : public Decoder {
   }
 
   at::Tensor tokens_from(const StepPlan& p, const at::Tensor& buffer) const override {
-    return buffer.narrow(0, p.base, static_cast<int64_t>(p.extra.size()));
+    return host_canvas_tokens(p, buffer);
   }
 
   void absorb(const StepPlan& p, const at::Tensor& logits, const std::vector<at::Tensor>&) override {
@@ -393,9 +393,6 @@ Refusal option_refusal(const FamilySpec* family, const DecodeOptions& o) {
   return {};
 }
 
-int64_t canvas_unit(const DecodeOptions& o) { return o.block_length; }  // whole blocks, aligned at position 0
-int64_t cached_prompt_block(const DecodeOptions& o) { return o.block_length; }
-
 }  // namespace
 
 namespace pd = policy_defaults;
@@ -405,8 +402,8 @@ extern const PolicyDescriptor kBlockPolicy{
     .family_refusal = family_refusal,
     .option_refusal = option_refusal,
     .kv_rows = pd::one,
-    .canvas_unit = canvas_unit,
-    .cached_prompt_block = cached_prompt_block,
+    .canvas_unit = pd::block_length,
+    .cached_prompt_block = pd::block_length,
     .graphs = pd::yes,
     .needs_paged_pool = pd::no_option,
     .adapts_to_load = pd::no,

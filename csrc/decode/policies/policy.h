@@ -72,9 +72,16 @@ const Row* family_row(const std::vector<Row>& rows, const FamilySpec& family) {
   return nullptr;
 }
 
+// The tokens of a step whose plan put the host canvas into its extra entries (p.extra = the canvas):
+// that part of the step's index buffer, on the model's device (Decoder::tokens_from).
+inline at::Tensor host_canvas_tokens(const StepPlan& p, const at::Tensor& buffer) {
+  return buffer.narrow(0, p.base, static_cast<int64_t>(p.extra.size()));
+}
+
 // The descriptor defaults most policies share.
 namespace policy_defaults {
 inline int64_t one(const DecodeOptions&) { return 1; }
+inline int64_t block_length(const DecodeOptions& o) { return o.block_length; }  // whole blocks, aligned at 0
 inline int64_t none(const DecodeOptions&) { return 0; }
 inline bool yes(const DecodeOptions&) { return true; }
 inline bool no(const DecodeOptions&) { return false; }

@@ -222,7 +222,7 @@ class HostReadout final : public Canvas {
   }
 
   at::Tensor tokens_from(const StepPlan& p, const at::Tensor& buffer) const override {
-    return buffer.narrow(0, p.base, static_cast<int64_t>(p.extra.size()));
+    return host_canvas_tokens(p, buffer);
   }
 
   std::vector<at::Tensor> after_forward(const StepPlan&, const at::Tensor&, const at::Tensor&) override { return {}; }

@@ -93,7 +93,7 @@ class WavefrontDecoder final : public Decoder {
   }
 
   at::Tensor tokens_from(const StepPlan& p, const at::Tensor& buffer) const override {
-    return buffer.narrow(0, p.base, static_cast<int64_t>(p.extra.size()));
+    return host_canvas_tokens(p, buffer);
   }
 
   void absorb(const StepPlan& p, const at::Tensor& logits, const std::vector<at::Tensor>&) override {
@@ -258,9 +258,6 @@ Refusal option_refusal(const FamilySpec* family, const DecodeOptions& o) {
   return {};
 }
 
-int64_t canvas_unit(const DecodeOptions& o) { return o.block_length; }  // whole blocks, aligned at position 0
-int64_t cached_prompt_block(const DecodeOptions& o) { return o.block_length; }
-
 }  // namespace
 
 namespace pd = policy_defaults;
@@ -270,8 +267,8 @@ extern const PolicyDescriptor kWavefrontPolicy{
     .family_refusal = family_refusal,
     .option_refusal = option_refusal,
     .kv_rows = pd::one,
-    .canvas_unit = canvas_unit,
-    .cached_prompt_block = cached_prompt_block,
+    .canvas_unit = pd::block_length,
+    .cached_prompt_block = pd::block_length,
     .graphs = pd::yes,
     .needs_paged_pool = pd::no_option,
     .adapts_to_load = pd::no,

@@ -92,7 +92,7 @@ class CanvasWindow final : public Decoder {
   }
 
   at::Tensor tokens_from(const StepPlan& p, const at::Tensor& buffer) const override {
-    return buffer.narrow(0, p.base, static_cast<int64_t>(p.extra.size()));
+    return host_canvas_tokens(p, buffer);
   }
 
   void absorb(const StepPlan& p, const at::Tensor& logits, const std::vector<at::Tensor>&) override {
@@ -281,7 +281,7 @@ class PrefixSpanWindow final : public Decoder {
   }
 
   at::Tensor tokens_from(const StepPlan& p, const at::Tensor& buffer) const override {
-    return buffer.narrow(0, p.base, static_cast<int64_t>(p.extra.size()));
+    return host_canvas_tokens(p, buffer);
   }
 
   void absorb(const StepPlan& p, const at::Tensor& out, const std::vector<at::Tensor>&) override {
