@@ -23,6 +23,8 @@ JSON and a PNG beside it (forwards per answer token and accuracy per config).
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import time
 
@@ -175,6 +177,69 @@ def run_gates_random(n: int) -> dict:
     return out
 
 
+def frontier(points: dict[str, dict]) -> list[str]:
+    """The configs no other beats in accuracy (>=) and time per sample (<=, one of them strictly), by time."""
+    keep = [
+        n
+        for n, p in points.items()
+        if not any(
+            q["accuracy"] >= p["accuracy"]
+            and q["mean_ms"] <= p["mean_ms"]
+            and (q["accuracy"] > p["accuracy"] or q["mean_ms"] < p["mean_ms"])
+            for m, q in points.items()
+            if m != n
+        )
+    ]
+    return sorted(keep, key=lambda n: points[n]["mean_ms"])
+
+
+def plot(out: str, results: dict) -> None:
+    """bench_wavefront.png (forwards per answer token, accuracy on the bars) and
+    bench_wavefront_frontier.png (accuracy against time per sample, the frontier joined) beside ``out``."""
+
+    def draw(ax):
+        names = [n for n in configs() if "edit 0.9" not in n]
+        Gs = list(results)
+        width = 0.8 / len(Gs)
+        for j, G in enumerate(Gs):
+            xs = [i + j * width for i in range(len(names))]
+            ax.bar(xs, [results[G][n]["forwards_per_answer_token"] for n in names], width, label=f"gen {G}")
+            for x, n in zip(xs, names):
+                ax.text(
+                    x,
+                    results[G][n]["forwards_per_answer_token"],
+                    f"{results[G][n]['accuracy']:.2f}",
+                    ha="center",
+                    va="bottom",
+                    fontsize=6,
+                )
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names, rotation=30, ha="right", fontsize=7)
+        ax.set_ylabel("forwards per answer token (label: accuracy)")
+        ax.set_title("LLaDA2 toy: block vs wavefront (CPU)")
+        ax.legend()
+
+    def draw_frontier(ax):
+        for G, points in results.items():
+            xs = [p["mean_ms"] for p in points.values()]
+            dots = ax.scatter(xs, [p["accuracy"] for p in points.values()], s=14, label=f"gen {G}")
+            color = dots.get_facecolor()[0]
+            editing = {n: p for n, p in points.items() if p["options"].get("edit_threshold") is not None}
+            for subset, style in ((points, "-"), (editing, "--")):
+                best = frontier(subset)
+                ax.plot([subset[n]["mean_ms"] for n in best], [subset[n]["accuracy"] for n in best], style, color=color)
+                for n in best:
+                    xy = (subset[n]["mean_ms"], subset[n]["accuracy"])
+                    ax.annotate(n, xy, fontsize=6, xytext=(3, 3), textcoords="offset points")
+        ax.set_xscale("log")
+        ax.set_xlabel("ms per sample (CPU, alone; log)")
+        ax.set_ylabel("accuracy")
+        ax.set_title("LLaDA2 toy: accuracy / time frontier (solid: all; dashed: with the editing rule)", fontsize=9)
+        ax.legend()
+
+    write_png(out, draw, size=(7, 4.5))
+    write_png(os.path.splitext(out)[0] + "_frontier.json", draw_frontier, size=(7, 4.5))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=40, help="held-out problems (default 40)")
@@ -182,7 +247,12 @@ def main(argv=None) -> int:
     ap.add_argument("--gen-lengths", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default="docs/bench/wavefront/bench_wavefront.json")
+    ap.add_argument("--plot-only", action="store_true", help="redraw the PNGs from --out's JSON, decoding nothing")
     args = ap.parse_args(argv)
+    if args.plot_only:
+        with open(args.out, encoding="utf-8") as f:
+            plot(args.out, json.load(f)["results"])
+        return 0
     if args.threads:
         torch.set_num_threads(args.threads)
     from blockbatch import toy
@@ -228,28 +298,7 @@ def main(argv=None) -> int:
     )
     write_json(args.out, payload)
 
-    def draw(ax):
-        names = [n for n in configs() if "edit 0.9" not in n]
-        Gs = list(results)
-        width = 0.8 / len(Gs)
-        for j, G in enumerate(Gs):
-            xs = [i + j * width for i in range(len(names))]
-            ax.bar(xs, [results[G][n]["forwards_per_answer_token"] for n in names], width, label=f"gen {G}")
-            for x, n in zip(xs, names):
-                ax.text(
-                    x,
-                    results[G][n]["forwards_per_answer_token"],
-                    f"{results[G][n]['accuracy']:.2f}",
-                    ha="center",
-                    va="bottom",
-                    fontsize=6,
-                )
-        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names, rotation=30, ha="right", fontsize=7)
-        ax.set_ylabel("forwards per answer token (label: accuracy)")
-        ax.set_title("LLaDA2 toy: block vs wavefront (CPU)")
-        ax.legend()
-
-    write_png(args.out, draw, size=(7, 4.5))
+    plot(args.out, results)
     return 0
 
 
