@@ -213,6 +213,27 @@ def test_stream_equals_non_stream(server, client):
     assert lines[-1] == "data: [DONE]" and all(line.startswith("data: ") for line in lines)
 
 
+def test_n_choices_go_whole_to_a_replica_with_seeds_seed_plus_i(client):
+    """n=3 sampled through the router: one replica decodes the three choices, choice i equal to the
+    engine's decode with seed + i (the draws differ: the seeds are shown, not assumed)."""
+    from blockbatch import DecodeOptions, Engine
+
+    options = {"policy": "dual", "gen_length": 32}
+    raw = client.completions.with_raw_response.create(
+        model="blockbatch-toy", prompt=PROMPT, n=3, temperature=20.0, seed=5, extra_body={"blockbatch": options}
+    )
+    done = raw.parse()
+    engine = Engine.from_pretrained()
+    alone = [
+        engine.generate(PROMPT, DecodeOptions(**options, temperature=20.0, seed=5 + i), chat=False)[0] for i in range(3)
+    ]
+    assert [c.index for c in done.choices] == [0, 1, 2]
+    assert [c.text for c in done.choices] == [g.text for g in alone]
+    assert len({g.text for g in alone}) >= 2
+    assert done.usage.completion_tokens == sum(len(g.ids) for g in alone)
+    assert "x-blockbatch-replica" in raw.headers
+
+
 def test_errors_keep_openai_shape(server, client):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="blockbatch-toy", prompt=PROMPT, max_tokens=20, temperature=-1)
