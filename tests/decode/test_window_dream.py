@@ -238,6 +238,22 @@ def test_spans_their_code_cannot_run_end_the_request(recorded, toy, kwargs, para
     assert f"step {step} " in str(r.value) and r.value.param == param
 
 
+def test_early_stop_cuts_at_an_eos_of_the_prompt_as_theirs(toy):
+    """Their early_stop cuts the canvas after the first EOS anywhere, the prompt's included: a prompt
+    holding EOS ends after the first pruned step with an empty generation (all EOS), the prompt kept;
+    the reference agrees."""
+    engine, ref = toy
+    eos = engine.config.eos_token_id
+    ids = torch.tensor(unpack("56d4e") + [eos] + unpack("gg"))
+    o = DecodeOptions(policy="window", gen_length=32, steps=32, window_tokens=32, active_tokens=8, early_stop=True)
+    out = run_decode(engine.model.obj, ids, o)
+    assert out.tokens[: len(ids)].tolist() == ids.tolist()
+    assert out.tokens[len(ids) :].tolist() == [eos] * 32
+    assert (out.stats["nfe_full"], out.stats["nfe_pruned"]) == (1, 1)
+    tokens, nfe = ref_window.dream_reference_entry(ref, ids, o)
+    assert tokens.tolist() == out.tokens.tolist() and nfe == out.stats["nfe"]
+
+
 def test_window_requests_batch_with_every_other_policy(tmp_path):
     """Dream window requests (sliding and frozen spans, early_stop, sampled) packed with Dream's vanilla
     / prefix / dual / blockbatch requests in the scheduler: every request's tokens and counters equal its

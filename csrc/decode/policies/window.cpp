@@ -223,8 +223,9 @@ class PrefixSpanWindow final : public Decoder {
  public:
   PrefixSpanWindow(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o, const Stop& stop,
                    KvRows kv)
-      : model_(model), c_(model.config()), o_(o), stop_(stop), L_(static_cast<int64_t>(prompt.size()) + o.gen_length),
-        steps_(steps_of(o)), limit_(c_.proposal_limit()), timesteps_(at::linspace(1, o.eps, steps_ + 1, at::kFloat)),
+      : model_(model), c_(model.config()), o_(o), stop_(stop), lp_(static_cast<int64_t>(prompt.size())),
+        L_(lp_ + o.gen_length), steps_(steps_of(o)), limit_(c_.proposal_limit()),
+        timesteps_(at::linspace(1, o.eps, steps_ + 1, at::kFloat)),
         generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))) {
     x_ = prompt;
     x_.resize(L_, c_.mask_token_id);
@@ -314,7 +315,8 @@ class PrefixSpanWindow final : public Decoder {
   }
 
   DecodeResult finish() override {
-    std::fill(x_.begin() + n_, x_.end(), c_.eos_token_id);  // early_stop's cut: the text ends at its EOS
+    // early_stop's cut: the generation ends at its EOS (a cut inside the prompt leaves the prompt as it is)
+    std::fill(x_.begin() + std::max(n_, lp_), x_.end(), c_.eos_token_id);
     DecodeResult res;
     res.tokens = x_;
     st_.nfe_paper = st_.nfe;
@@ -375,7 +377,7 @@ class PrefixSpanWindow final : public Decoder {
   const ModelConfig& c_;
   const DecodeOptions o_;
   const Stop& stop_;
-  const int64_t L_, steps_, limit_;
+  const int64_t lp_, L_, steps_, limit_;
   const at::Tensor timesteps_;
   at::Generator generator_;
   std::vector<int64_t> x_, rows_;

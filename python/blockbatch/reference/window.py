@@ -300,7 +300,7 @@ def dream_window_generate(
         res.committed_per_step.append(committed)
     res.nfe = res.nfe_full + res.nfe_pruned
     res.length = n
-    x[n:] = eos_id  # the cut canvas ends at its EOS
+    x[max(n, P) :] = eos_id  # the cut generation ends at its EOS (a cut inside the prompt keeps the prompt)
     return res
 
 
