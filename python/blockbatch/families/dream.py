@@ -59,7 +59,7 @@ POLICIES: tuple[str, ...] = ("vanilla", "prefix", "dual", "blockbatch", "window"
 # (None: the grid's own) ...
 BENCH_POLICIES: tuple[str, ...] = ("vanilla", "dual", "blockbatch")
 TUNE_POLICIES: tuple[str, ...] | None = None
-TUNE_GRID: dict = {}  # tune.Grid fields of its own (none)
+TUNE_GRID: dict = {"window_tokens": (64, 127)}  # tune.Grid fields of its own: window around the authors' 127
 # ... whether Dream's samplers apply (alg, alg_temp, eps, top_p, top_k: FamilyRules::samplers) ...
 SAMPLERS = True
 # Mixture-of-experts layers (make-random --experts): dense
