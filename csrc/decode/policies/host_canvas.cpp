@@ -4,6 +4,7 @@
 #include <ATen/ops/cumsum.h>
 #include <ATen/ops/div.h>
 #include <ATen/ops/gather.h>
+#include <ATen/ops/linspace.h>
 #include <ATen/ops/log.h>
 #include <ATen/ops/max.h>
 #include <ATen/ops/multinomial.h>
@@ -23,6 +24,17 @@ namespace blockbatch::host {
 namespace {
 constexpr double kEntropyEps = 1e-10;  // Dream's entropy: sum(p * log(p + 1e-10))
 }  // namespace
+
+at::Tensor timesteps(double eps, int64_t steps) { return at::linspace(1, eps, steps + 1, at::kFloat); }
+
+float timestep_ratio(const at::Tensor& timesteps, int64_t step) {
+  const float* t = timesteps.const_data_ptr<float>();
+  return 1.0f - t[step + 1] / t[step];
+}
+
+int64_t timestep_count(float ratio, bool last, int64_t masks) {
+  return last ? masks : static_cast<int64_t>(static_cast<float>(masks) * ratio);
+}
 
 at::Tensor multinomial(const at::Tensor& probs, int64_t samples, at::Generator& generator) {
   if (probs.is_cpu()) return at::multinomial(probs, samples, /*replacement=*/false, generator);

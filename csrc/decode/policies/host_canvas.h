@@ -30,6 +30,13 @@ struct Proposal {
 Proposal propose(at::Tensor logits, Alg alg, double temperature, at::Generator& generator, std::optional<double> top_p,
                  std::optional<int64_t> top_k, int64_t limit);
 
+// Dream's timestep schedule (ALGORITHMS.md 5.3), as the authors' float32 tensors: t = linspace(1, eps,
+// steps + 1); step i commits int(masks * (1 - t[i+1] / t[i])) masks (the product in float32,
+// truncated), every mask at the last step.
+at::Tensor timesteps(double eps, int64_t steps);
+float timestep_ratio(const at::Tensor& timesteps, int64_t step);  // 1 - t[i+1] / t[i]
+int64_t timestep_count(float ratio, bool last, int64_t masks);
+
 // Draws `samples` indices per row of `probs` ([rows, V]) without replacement, from `generator`
 // (a CPU generator: rows on another device are drawn on the host and moved back).
 at::Tensor multinomial(const at::Tensor& probs, int64_t samples, at::Generator& generator);

@@ -20,7 +20,6 @@
 #include <ATen/ops/div.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/full.h>
-#include <ATen/ops/linspace.h>
 #include <ATen/ops/rand.h>
 #include <ATen/ops/softmax.h>
 #include <ATen/ops/tensor.h>
@@ -272,7 +271,7 @@ class HostReadout final : public Canvas {
     }
     if (n == 0) return 0;
     const host::Proposal p = host::propose(logits, alg, o_.temperature, generator_, o_.top_p, o_.top_k, limit_);
-    const int64_t k = s.last ? n : static_cast<int64_t>(static_cast<float>(n) * s.ratio);
+    const int64_t k = host::timestep_count(s.ratio, s.last, n);
     if (k == 0) return 0;
     at::Tensor full = at::full({1, L_}, -kInf, logits.options());
     full.select(0, 0).index_put_({long_tensor(masked_, dev)}, p.conf);
@@ -345,7 +344,7 @@ class SingleBranch final : public Decoder {
     } else {
       readout_ = std::make_unique<DeviceReadout>(model, prompt, o, b_);
     }
-    if (timestep_) timesteps_ = at::linspace(1, o.eps, steps_per_block_ + 1, at::kFloat);
+    if (timestep_) timesteps_ = host::timesteps(o.eps, steps_per_block_);
     st_.branches.push_back(BranchStats{timestep_ ? 0 : b_});
     if (o.policy != Policy::kVanilla) kv_ = kv.defined() ? std::move(kv) : KvRows{model.new_kv(1, L_), {}};
     start_block();
@@ -387,9 +386,8 @@ class SingleBranch final : public Decoder {
     s_.outputs = p.q.size();
     if (!schedule_.empty()) s_.count = schedule_.at(step_);
     if (timestep_) {
-      const float* ts = timesteps_.const_data_ptr<float>();
       s_.timestep = true;
-      s_.ratio = 1.0f - ts[step_ + 1] / ts[step_];
+      s_.ratio = host::timestep_ratio(timesteps_, step_);
       s_.last = step_ == steps_per_block_ - 1;
     }
     readout_->reads(p, s_);

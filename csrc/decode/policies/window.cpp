@@ -22,7 +22,6 @@
 #include <ATen/ops/div.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/full.h>
-#include <ATen/ops/linspace.h>
 #include <ATen/ops/rand.h>
 #include <ATen/ops/softmax.h>
 #include <ATen/ops/tensor.h>
@@ -225,7 +224,7 @@ class PrefixSpanWindow final : public Decoder {
                    KvRows kv)
       : model_(model), c_(model.config()), o_(o), stop_(stop), lp_(static_cast<int64_t>(prompt.size())),
         L_(lp_ + o.gen_length), steps_(steps_of(o)), limit_(c_.proposal_limit()),
-        timesteps_(at::linspace(1, o.eps, steps_ + 1, at::kFloat)),
+        timesteps_(host::timesteps(o.eps, steps_)),
         generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))) {
     x_ = prompt;
     x_.resize(L_, c_.mask_token_id);
@@ -298,11 +297,9 @@ class PrefixSpanWindow final : public Decoder {
       committed = x_[s_] != mask;
       st_.nfe_full += 1;
     } else {
-      const float* ts = timesteps_.const_data_ptr<float>();
-      const int64_t k = o_.early_stop ? 1
-                        : step_ < steps_ - 1
-                            ? static_cast<int64_t>(static_cast<float>(masks_) * (1.0f - ts[step_ + 1] / ts[step_]))
-                            : masks_;
+      const int64_t k =
+          o_.early_stop ? 1
+                        : host::timestep_count(host::timestep_ratio(timesteps_, step_), step_ == steps_ - 1, masks_);
       st_.nfe_pruned += 1;
       st_.pruned_key_tokens += K_;
       if (k > 0) committed = commit(prop, k);

@@ -138,6 +138,14 @@ def fixed_schedule(masks: int, steps_per_block: int) -> list[int]:
 _D = contract.defaults_for("dual")  # the table's defaults
 
 
+def timestep_count(timesteps: torch.Tensor, i: int, masks: int) -> int:
+    """Dream's count at step ``i`` of ``timesteps = linspace(1, eps, steps + 1)`` (float32):
+    ``int(masks * (1 - t[i+1] / t[i]))``, the product in float32 and truncated; every mask at the last step."""
+    if i == timesteps.numel() - 2:
+        return masks
+    return int(masks * (1 - timesteps[i + 1] / timesteps[i]))
+
+
 def generate(
     model: ReferenceModel,
     prompt: torch.Tensor,
@@ -239,8 +247,7 @@ def generate(
             res.committed_per_step.append(int(chosen.sum()))
             return
         conf, x0 = sample_tokens(mask_logits, alg, temperature, generator, top_p, top_k, vocab_limit)
-        masks = mask_index.sum() / mask_index.shape[0]
-        k = int(masks * (1 - s / t)) if i < timestep_steps - 1 else int(masks)
+        k = timestep_count(timesteps, i, int(mask_index.sum()))
         full = torch.full_like(xr, -torch.inf, dtype=logits.dtype)
         full[mask_index] = conf
         if k > 0:

@@ -29,6 +29,7 @@ import dataclasses
 import torch
 
 from .model import ReferenceModel
+from .policies import timestep_count
 from .proposals import sample_tokens
 
 
@@ -264,12 +265,7 @@ def dream_window_generate(
         transfer = is_mask[s:e]
         rows = [max(j - 1, 0) for j in range(e - s) if transfer[j]]
         conf, x0 = sample_tokens(logits[rows], "entropy", temperature, g, top_p, top_k, vocab_limit)
-        if early_stop:
-            k = 1
-        elif i < steps - 1:
-            k = int(float(masks) * (1 - ts[i + 1] / ts[i]))
-        else:
-            k = masks
+        k = 1 if early_stop else timestep_count(ts, i, masks)
         res.nfe_pruned += 1
         res.pruned_key_tokens += K
         res.query_tokens_per_step.append(e - s)
