@@ -386,10 +386,44 @@ class PrefixSpanWindow final : public Decoder {
   DecodeStats st_;
 };
 
+// The LLaDA row's own refusals (the authors' generate), `o` resolved for the family.
+Refusal llada_refusal(const FamilySpec&, const DecodeOptions& o) {
+  if (o.slide_window.value_or(false) || o.early_stop) {
+    return {o.slide_window.value_or(false) ? "slide_window" : "early_stop",
+            "slide_window and early_stop are Window-Diffusion's Dream options; leave them false"};
+  }
+  if (o.active_tokens < max_count(o)) {
+    return {"active_tokens",
+            c10::str("active_tokens = ", o.active_tokens, " is below the ", max_count(o),
+                     " tokens a step commits (gen_length / steps, rounded up): a pruned step would commit "
+                     "positions that hold no mask (the authors' code overwrites decoded tokens); raise "
+                     "active_tokens or steps")};
+  }
+  return {};
+}
+
+// The Dream row's own refusals (the authors' nearest_sample_fast_v2_cache), `o` resolved for the family.
+Refusal dream_refusal(const FamilySpec& family, const DecodeOptions& o) {
+  if (o.alg && *o.alg != Alg::kEntropy) {
+    return {"alg", c10::str("policy 'window' on ", family.name,
+                            " checkpoints ranks by minus the entropy, as the authors' decoder does whatever its "
+                            "alg; leave alg 'entropy' (alg = '",
+                            alg_name(*o.alg), "')")};
+  }
+  if (o.active_tokens > *o.window_tokens && o.gen_length > *o.window_tokens) {
+    return {"active_tokens",
+            c10::str("active_tokens = ", o.active_tokens, " exceeds window_tokens = ", *o.window_tokens,
+                     ": the active span would pass the kept prefix of a full step (the authors' code cannot run "
+                     "it); keep active_tokens <= window_tokens")};
+  }
+  return {};
+}
+
 // The window policy's rules for one family: a family without a row is refused by the policy.
 struct WindowRules {
   const char* family;
-  bool samplers;  // Dream's sampler options (alg_temp, eps, top_p, top_k) and its own (slide_window, early_stop)
+  bool samplers;  // Dream's sampler options (alg_temp, eps, top_p, top_k) apply
+  Refusal (*refusal)(const FamilySpec& family, const DecodeOptions& o);  // the row's own option rules
   std::unique_ptr<Decoder> (*make)(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
                                    const Stop& stop, KvRows kv);
 };
@@ -401,8 +435,8 @@ std::unique_ptr<Decoder> make_as(const Network& model, const std::vector<int64_t
 }
 
 const std::vector<WindowRules> kRules{
-    {"llada", /*samplers=*/false, make_as<CanvasWindow>},
-    {"dream", /*samplers=*/true, make_as<PrefixSpanWindow>},
+    {"llada", /*samplers=*/false, llada_refusal, make_as<CanvasWindow>},
+    {"dream", /*samplers=*/true, dream_refusal, make_as<PrefixSpanWindow>},
 };
 
 std::unique_ptr<Decoder> make(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
@@ -439,35 +473,7 @@ Refusal option_refusal(const FamilySpec* family, const DecodeOptions& options) {
                            "stop_on_eos false (the text is cut at the first EOS either way; on Dream checkpoints "
                            "early_stop is the authors' own rule)"};
   }
-  if (row == nullptr) return {};
-  if (!row->samplers) {  // LLaDA: the authors' generate
-    if (o.slide_window.value_or(false) || o.early_stop) {
-      return {o.slide_window.value_or(false) ? "slide_window" : "early_stop",
-              "slide_window and early_stop are Window-Diffusion's Dream options; leave them false"};
-    }
-    if (o.active_tokens < max_count(o)) {
-      return {"active_tokens",
-              c10::str("active_tokens = ", o.active_tokens, " is below the ", max_count(o),
-                       " tokens a step commits (gen_length / steps, rounded up): a pruned step would commit "
-                       "positions that hold no mask (the authors' code overwrites decoded tokens); raise "
-                       "active_tokens or steps")};
-    }
-    return {};
-  }
-  // Dream: the authors' nearest_sample_fast_v2_cache
-  if (o.alg && *o.alg != Alg::kEntropy) {
-    return {"alg", c10::str("policy 'window' on ", family->name,
-                            " checkpoints ranks by minus the entropy, as the authors' decoder does whatever its "
-                            "alg; leave alg 'entropy' (alg = '",
-                            alg_name(*o.alg), "')")};
-  }
-  if (o.active_tokens > *o.window_tokens && o.gen_length > *o.window_tokens) {
-    return {"active_tokens",
-            c10::str("active_tokens = ", o.active_tokens, " exceeds window_tokens = ", *o.window_tokens,
-                     ": the active span would pass the kept prefix of a full step (the authors' code cannot run "
-                     "it); keep active_tokens <= window_tokens")};
-  }
-  return {};
+  return row != nullptr ? row->refusal(*family, o) : Refusal{};
 }
 
 int64_t one_row(const DecodeOptions&) { return 1; }
