@@ -83,14 +83,19 @@ def run(engine, samples, gen_length: int) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--family", default="llada", help="the toy to decode: llada (default) or dream")
+    ap.add_argument(
+        "--family", default="llada", help="the toy to decode: a family with a window decoder (default llada)"
+    )
     ap.add_argument("--n", type=int, default=40, help="held-out problems (default 40)")
     ap.add_argument("--gen-lengths", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default=None, help="default docs/bench/window/bench_window[_dream].json")
     args = ap.parse_args(argv)
-    if args.family not in ("llada", "dream"):
-        ap.error(f"--family: the toys with a window decoder are llada and dream, got {args.family!r}")
+    from blockbatch import families
+
+    windowed = [name for name, family in families.REGISTRY.items() if "window" in family.POLICIES]
+    if args.family not in windowed:
+        ap.error(f"--family: the toys with a window decoder are {', '.join(windowed)}, got {args.family!r}")
     if args.out is None:
         suffix = "" if args.family == "llada" else "_" + args.family
         args.out = f"docs/bench/window/bench_window{suffix}.json"
