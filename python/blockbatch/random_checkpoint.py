@@ -40,15 +40,19 @@ def make_random_checkpoint(
     max_shard_bytes: int | None = None,
     tokenizer=None,
     family: str = "llada",
+    chat_template: str | None = None,
     **config_overrides,
 ) -> ModelConfig:
-    """Write a random checkpoint folder of ``family`` at ``path`` and return its config."""
+    """Write a random checkpoint folder of ``family`` at ``path`` and return its config (with
+    ``tokenizer``, a ``tokenizers.Tokenizer``, and ``chat_template`` when given: for a byte-level
+    BPE one, ``random_tokenizer.build_bpe_tokenizer`` and ``random_tokenizer.CHAT_TEMPLATE``)."""
     config = random_config(family, **config_overrides)
     save_checkpoint(
         path,
         config,
         random_weights(config, seed, dtype, logit_scale),
         tokenizer=tokenizer,
+        chat_template=chat_template,
         max_shard_bytes=max_shard_bytes,
     )
     return config

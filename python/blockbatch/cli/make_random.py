@@ -9,6 +9,7 @@ import os
 
 from .. import families
 from ..engine import DTYPES
+from ..random_tokenizer import CHAT_TEMPLATE
 from .common import UsageError
 
 
@@ -21,6 +22,7 @@ _SHAPE_FLAGS = {
     "vocab": "vocab_size",
 }
 _SHAPE_DEFAULTS = {"d_model": 128, "layers": 2, "heads": 4, "mlp": 256, "vocab": 256}
+BPE_DEFAULT_VOCAB = 1024  # --vocab with --tokenizer bpe (the 256 bytes, 759 merges, 9 markup / special tokens)
 PRESETS = {preset: family for preset, (family, _) in families.published_shapes().items()}  # preset -> family
 _SHARD_BYTES = 5 * 10**9  # presets are written in shards of at most 5 GB, as save_pretrained does
 # At most this many tensors (LLaDA2-flash, 100B parameters, has about 25k; each is listed before it is made).
@@ -96,8 +98,25 @@ def run(args: argparse.Namespace) -> int:
     ]
     if present and not args.force:
         raise UsageError(f"{args.out}: already holds {', '.join(present)}; pass --force to overwrite that checkpoint")
+    if args.tokenizer == "bpe" and args.preset is None and args.vocab is None:
+        args.vocab = BPE_DEFAULT_VOCAB
     shape = _make_random_shape(args, family)
     from ..random_checkpoint import make_random_checkpoint, random_config
+
+    tokenizer = None
+    if args.tokenizer == "bpe":
+        from ..random_tokenizer import MAX_VOCAB, MIN_VOCAB, build_bpe_tokenizer
+
+        vocab = shape["vocab_size"]
+        if not MIN_VOCAB <= vocab <= MAX_VOCAB:
+            raise UsageError(
+                f"--tokenizer bpe makes a tokenizer of --vocab ids, which must be in [{MIN_VOCAB}, {MAX_VOCAB}] "
+                f"(the 256 bytes, the markup and special tokens, merges), got {vocab}"
+            )
+        tokenizer = build_bpe_tokenizer(vocab, seed=args.seed)
+        # the tokenizer's EOS and mask are its last two ids, as a random config's are; said explicitly so
+        # that every family's config names them
+        shape["eos_token_id"], shape["mask_token_id"] = vocab - 2, vocab - 1
 
     if not math.isfinite(args.logit_scale):
         raise UsageError(f"--logit-scale must be a finite number, got {args.logit_scale}")
@@ -143,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
         dtype=dtype,
         logit_scale=args.logit_scale,
         max_shard_bytes=_SHARD_BYTES if args.preset and nbytes > _SHARD_BYTES else None,
+        tokenizer=tokenizer,
+        chat_template=CHAT_TEMPLATE if tokenizer is not None else None,
         **shape,
     )
     name = families.get(family).DISPLAY_NAME
@@ -151,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
         f"d_model={config.d_model}, layers={config.n_layers}, heads={config.n_heads}/{config.n_kv_heads} (q/kv), "
         f"mlp={config.mlp_hidden_size}, vocab={config.vocab_size}, {params / 1e6:.2f}M parameters in {args.dtype} "
         f"({nbytes / 2**20:.1f} MiB); mask id {config.mask_token_id}, eos id {config.eos_token_id}"
+        + ("; byte-level BPE tokenizer and a chat template with tools" if tokenizer is not None else "")
     )
     return 0
 
@@ -185,6 +207,8 @@ def add_parser(sub) -> None:
         "  blockbatch make-random /tmp/dream7b --preset dream-7b --dtype bfloat16\n"
         "        (the real Dream-v0-7B shape: 7.6B parameters, about 15 GB in bfloat16, written in 5 GB\n"
         "         shards; refused when the machine has less than about twice that in memory)\n"
+        "  blockbatch make-random /tmp/bpe --tokenizer bpe         (LLaDA with a byte-level BPE tokenizer of 1024\n"
+        "        ids and an LLaDA2-style chat template that renders tools: it can spell JSON and tool calls)\n"
         "then e.g.: blockbatch forward --model /tmp/dream",
     )
     p.add_argument("out", help="folder to create (or an empty / new one)")
@@ -231,6 +255,15 @@ def add_parser(sub) -> None:
         default=None,
         help="llada2: routed experts of the MoE layers (default 8; 0: every layer dense, written as num_experts "
         f"null); at most {MAX_TENSORS} tensors in all",
+    )
+    p.add_argument(
+        "--tokenizer",
+        choices=("none", "bpe"),
+        default="none",
+        help="none: weights only (pass token ids); bpe: also write a byte-level BPE tokenizer.json of --vocab ids "
+        f"(default {BPE_DEFAULT_VOCAB} with bpe; merges trained on generated JSON and English-like text, EOS and "
+        "mask its last two ids) and a tokenizer_config.json whose chat template, in LLaDA2's markup, renders "
+        "tools and writes calls as <tool_call>{json}</tool_call>",
     )
     p.add_argument(
         "--logit-scale", type=float, default=1.0, help="LM-head scale, a finite number (sharper softmax when larger)"
