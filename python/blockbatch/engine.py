@@ -157,6 +157,27 @@ class Engine:
             raise RequestError(f"{name}: prompt is empty", "invalid_prompt", "prompt_ids")
         return ids
 
+    def encode_chat(
+        self, messages: Sequence[dict], tools: Sequence[dict] | None = None, allow_unknown: bool = False
+    ) -> torch.Tensor:
+        """Token ids of a conversation (``[{"role": ..., "content": ...}, ...]``; an assistant turn may
+        carry OpenAI's ``tool_calls``, a ``tool`` turn a call's result) through the chat template,
+        with OpenAI-shaped ``tools`` given to it. ValueError naming ``tools`` when tools are given and
+        the template does not render them (the model would never hear of them); the calls in a
+        reply are read by ``blockbatch.tools.parse_reply``."""
+        if self.codec is None or self.codec.chat_template is None:
+            raise ValueError("messages: this checkpoint has no chat template (tokenizer_config.json chat_template)")
+        if tools and not self.codec.renders_tools:
+            raise RequestError(
+                "tools: this checkpoint's chat template does not render tools, so the model cannot be told of them",
+                "unsupported",
+                "tools",
+            )
+        ids = self.codec.encode_chat(messages, allow_unknown, tools=tools or None)
+        if not ids:
+            raise RequestError("messages: the chat template rendered the conversation as no tokens", "invalid_prompt")
+        return torch.tensor(ids, dtype=torch.long)
+
     def _outside(self, name: str, i: int, token: int) -> None:
         raise RequestError(
             f"{name}[{i}] = {_short(token)} is outside the vocabulary [0, {self.config.vocab_size})",

@@ -76,6 +76,7 @@ class TextCodec:
                 reverse=True,
             )
         )
+        self._renders_tools: bool | None = None  # renders_tools, probed on first use
         self._plain: object | None = None  # the tokenizer with special-token matching off, made on first use
         # Every token covers at least one character of the text it encodes, so a text of more than
         # max_length * max_token_chars characters cannot fit max_length tokens (a cheap precheck).
@@ -130,10 +131,17 @@ class TextCodec:
         return self._plain
 
     def encode_chat(
-        self, messages: Sequence[dict], allow_unknown: bool = False, names: Sequence[str] | None = None
+        self,
+        messages: Sequence[dict],
+        allow_unknown: bool = False,
+        names: Sequence[str] | None = None,
+        tools: Sequence[dict] | None = None,
     ) -> list[int]:
         """Token ids of a conversation (``[{"role": ..., "content": "..."}, ...]``) rendered by the
-        chat template with the generation prompt (the assistant's turn) appended.
+        chat template with the generation prompt (the assistant's turn) appended; ``tools`` (OpenAI's
+        ``[{"type": "function", "function": {...}}]``) are given to the template as ``tools``, as
+        Hugging Face's apply_chat_template does (a template that does not read them leaves them out:
+        ``renders_tools``).
 
         Characters outside the vocabulary raise ``ValueError`` naming the message they are in
         (``names[i]``, default ``messages[i].content``) and their positions, as ``encode`` does.
@@ -149,10 +157,10 @@ class TextCodec:
             if isinstance(message.get("content"), str):
                 check_text(message["content"], what[i])
         if any(isinstance(m.get("content"), str) and self._holds_special(m["content"]) for m in messages):
-            ids = self._encode_pieces(messages, what)
+            ids = self._encode_pieces(messages, what, tools)
         else:
             ids = self.tokenizer.encode(
-                self.render_chat(messages, add_generation_prompt=True), add_special_tokens=False
+                self.render_chat(messages, add_generation_prompt=True, tools=tools), add_special_tokens=False
             ).ids
         if not allow_unknown and self.unk_id is not None and self.unk_id in ids:
             for i, message in enumerate(messages):  # name positions in the caller's text first
@@ -160,13 +168,15 @@ class TextCodec:
                 if isinstance(content, str):
                     self._check_known(content, add_special_tokens=False, what=what[i])
             self._check_known(
-                self.render_chat(messages, add_generation_prompt=True),
+                self.render_chat(messages, add_generation_prompt=True, tools=tools),
                 add_special_tokens=False,
                 what="the chat template's output",
             )
         return ids
 
-    def _encode_pieces(self, messages: Sequence[dict], what: Sequence[str]) -> list[int]:
+    def _encode_pieces(
+        self, messages: Sequence[dict], what: Sequence[str], tools: Sequence[dict] | None = None
+    ) -> list[int]:
         """The conversation's ids with every content encoded as plain text: the template rendered
         with a unique placeholder for each content, split at the placeholders, its pieces encoded
         with special tokens and the contents without. A template that does not keep a
@@ -184,7 +194,7 @@ class TextCodec:
                 placed.append({**m, "content": mark})
             else:
                 placed.append(m)
-        rendered = self.render_chat(placed, add_generation_prompt=True)
+        rendered = self.render_chat(placed, add_generation_prompt=True, tools=tools)
         pieces = re.split("(" + "|".join(re.escape(k) for k in marks) + ")", rendered)
         seen = [marks[p] for p in pieces if p in marks]
         if sorted(seen) != sorted(marks.values()):
@@ -231,8 +241,23 @@ class TextCodec:
             f"them into {unk_text or 'its unknown token'}, which the model cannot decode from)"
         )
 
-    def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
-        """The chat template applied to ``messages`` (``[{"role": ..., "content": ...}, ...]``), as text."""
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the chat template puts the ``tools`` it is given into the prompt (LLaDA2's and
+        Dream's do, LLaDA's has no tools): probed once by rendering a made-up tool."""
+        if self._renders_tools is None:
+            from .tools import template_renders_tools
+
+            self._renders_tools = self.chat_template is not None and template_renders_tools(
+                lambda messages, tools: self.render_chat(messages, tools=tools)
+            )
+        return self._renders_tools
+
+    def render_chat(
+        self, messages: Sequence[dict], add_generation_prompt: bool = True, tools: Sequence[dict] | None = None
+    ) -> str:
+        """The chat template applied to ``messages`` (``[{"role": ..., "content": ...}, ...]``), as
+        text; ``tools``, when given, are the template's ``tools`` variable."""
         if self.chat_template is None:
             raise ValueError("chat=True but the checkpoint has no chat template (tokenizer_config.json)")
         try:
@@ -244,7 +269,9 @@ class TextCodec:
             ) from None
         try:
             template = chat_environment().from_string(self.chat_template)
+            extra = {} if tools is None else {"tools": list(tools)}
             return template.render(
+                **extra,
                 messages=list(messages),
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self._token_text("bos"),

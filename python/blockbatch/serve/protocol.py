@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from typing import Any
 
 import torch
@@ -35,8 +36,6 @@ _UNSUPPORTED = {
     "presence_penalty": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0),
     "logit_bias": (None,),
-    "tools": (None,),
-    "tool_choice": (None, "none"),
     "functions": (None,),
     "function_call": (None, "none"),
     "response_format": (None,),
@@ -79,6 +78,7 @@ class Params:
     limit_name: str  # max_tokens or max_completion_tokens
     preset: str | None = None  # the name of the preset under the request's options (its own or the server's)
     n: int = 1  # choices: n decodes, choice i with seed + i (choice_options)
+    tools: list[dict] | None = None  # chat: the tools the template renders (None: none, or tool_choice "none")
 
     def choice_options(self) -> list[DecodeOptions]:
         """The decode options of each of the n choices: choice i decodes with seed + i (so with
@@ -301,7 +301,62 @@ def parse_params(body: dict, chat: bool, preset: presets.Preset | None = None, d
         options = DecodeOptions(**{**(defaults or {}), **values})
     except (TypeError, ValueError) as e:
         raise APIError(400, str(e), param=option_param(e, sources), code=getattr(e, "kind", None)) from None
-    return Params(max_tokens, stop, stream, options, sources, limit_name, preset.name if preset else None, n)
+    tools = _parse_tools(body) if chat else None
+    return Params(max_tokens, stop, stream, options, sources, limit_name, preset.name if preset else None, n, tools)
+
+
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+GRAMMAR_NEEDED = "needs grammar-constrained decoding (the output held to a call of the tools), not yet supported"
+
+
+def _parse_tools(body: dict) -> list[dict] | None:
+    """The request's ``tools`` checked (each ``{"type": "function", "function": {"name", "description"?,
+    "parameters"?}}``, names unique), or None when it has none or ``tool_choice`` is "none" (the
+    template then renders none, so the model cannot call one). ``tool_choice`` "auto" (the default
+    with tools) lets the model choose; "required" and a named function are 400s: holding the output
+    to a call needs grammar-constrained decoding."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if tools is not None and not isinstance(tools, list):
+        raise bad("tools", f"must be an array of function tools, got {type_name(tools)}")
+    tools = tools or None
+    if choice is not None and choice not in ("none", "auto"):
+        if choice == "required" or isinstance(choice, dict):
+            shown = "required" if choice == "required" else "a named function"
+            raise bad("tool_choice", f'{shown} {GRAMMAR_NEEDED}; use "auto" or "none"')
+        raise bad("tool_choice", f'must be "none", "auto", "required" or a function, got {json.dumps(choice)[:60]}')
+    if choice == "auto" and tools is None:
+        raise bad("tool_choice", '"auto" needs tools: give tools, or leave tool_choice out')
+    if tools is None:
+        return None
+    seen = set()
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
+            raise bad(where, 'must be {"type": "function", "function": {"name": ..., "parameters": {...}}}')
+        unknown = set(tool) - {"type", "function"}
+        if unknown:
+            raise bad(f"{where}.{sorted(unknown)[0]}", "unknown field of a function tool")
+        function = tool["function"]
+        name = function.get("name")
+        if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+            raise bad(f"{where}.function.name", "must be 1 to 64 letters, digits, underscores or dashes")
+        if name in seen:
+            raise bad(f"{where}.function.name", f"{name!r} names two tools: tool names must be unique")
+        seen.add(name)
+        for key, value in function.items():
+            ok = {
+                "name": True,
+                "description": isinstance(value, str),
+                "parameters": isinstance(value, dict),
+                "strict": isinstance(value, bool) or value is None,
+            }.get(key)
+            if ok is None:
+                raise bad(f"{where}.function.{key}", "unknown field (a function has name, description, parameters)")
+            if not ok:
+                raise bad(f"{where}.function.{key}", f"has the wrong type ({type_name(value)})")
+        if function.get("strict"):
+            raise bad(f"{where}.function.strict", f"true {GRAMMAR_NEEDED}")
+    return None if choice == "none" else tools
 
 
 def _request_preset(name: Any, default: presets.Preset | None) -> presets.Preset:
@@ -408,7 +463,24 @@ def prompt_ids(engine, body: dict) -> torch.Tensor:
         raise APIError(400, str(e), param="prompt") from None
 
 
-def chat_ids(engine, body: dict) -> torch.Tensor:
+def _check_calls(calls: Any, where: str) -> None:
+    """An assistant message's ``tool_calls`` (OpenAI's shape: ``[{"id", "type": "function", "function":
+    {"name", "arguments"}}]``, arguments the JSON text of an object), given to the chat template as they are."""
+    if not isinstance(calls, list):
+        raise bad(where, f"must be an array of tool calls, got {type_name(calls)}")
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise bad(f"{where}[{j}]", 'must be {"id", "type": "function", "function": {"name", "arguments"}}')
+        arguments = function.get("arguments")
+        if not isinstance(arguments, str):
+            raise bad(f"{where}[{j}].function.arguments", f"must be a string (JSON text), got {type_name(arguments)}")
+
+
+def chat_ids(engine, body: dict, tools: list[dict] | None = None) -> torch.Tensor:
+    """The conversation's ids through the chat template, ``tools`` (``Params.tools``) rendered by it:
+    a 400 naming ``tools`` when the template renders none or writes calls in a markup this server
+    does not read (``blockbatch.tools``)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("messages", 'required: a non-empty array of {"role", "content"} objects')
@@ -419,6 +491,11 @@ def chat_ids(engine, body: dict) -> torch.Tensor:
         role, content = m.get("role"), m.get("content")
         if not isinstance(role, str) or not role:
             raise bad(f"messages[{i}].role", "must be a non-empty string (system, user, assistant, ...)")
+        calls = m.get("tool_calls") if role == "assistant" else None
+        if calls is not None:
+            _check_calls(calls, f"messages[{i}].tool_calls")
+            if content is None:
+                content = ""  # an assistant turn of calls only
         if isinstance(content, list):  # content parts: text only
             texts = []
             for j, part in enumerate(content):
@@ -428,7 +505,12 @@ def chat_ids(engine, body: dict) -> torch.Tensor:
             content = "".join(texts)
         if not isinstance(content, str):
             raise bad(f"messages[{i}].content", f"must be a string or an array of text parts, got {type_name(content)}")
-        plain.append({"role": role, "content": content})
+        message = {"role": role, "content": content}
+        if calls:
+            message["tool_calls"] = calls
+        if role == "tool" and isinstance(m.get("tool_call_id"), str):
+            message["tool_call_id"] = m["tool_call_id"]
+        plain.append(message)
     codec = engine.codec
     if codec.chat_template is None:
         raise APIError(
@@ -438,8 +520,27 @@ def chat_ids(engine, body: dict) -> torch.Tensor:
             param="messages",
             code="no_chat_template",
         )
+    if tools:
+        from ..tools import template_markup
+
+        if not codec.renders_tools:
+            raise APIError(
+                400,
+                "tools: this model's chat template does not render tools (it never writes the tools it is given into "
+                "the prompt), so the model cannot be told of them: send the request without tools",
+                param="tools",
+                code="tools_not_supported",
+            )
+        if template_markup(codec.chat_template) is None:
+            raise APIError(
+                400,
+                "tools: this model's chat template renders tools but does not teach the <tool_call>{json}</tool_call> "
+                "markup, the only one this server reads calls in: send the request without tools",
+                param="tools",
+                code="tools_not_supported",
+            )
     try:
-        ids = codec.encode_chat(plain)
+        ids = codec.encode_chat(plain, tools=tools)
     except (TypeError, ValueError) as e:
         raise APIError(400, str(e), param="messages") from None
     if not ids:

@@ -34,9 +34,21 @@ class CompletionChoice(BaseModel):
     finish_reason: str | None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text of an object
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None  # written only when the reply is calls (finish_reason "tool_calls")
 
 
 class ChatChoice(BaseModel):
@@ -46,9 +58,14 @@ class ChatChoice(BaseModel):
     finish_reason: str | None
 
 
+class ChunkToolCall(ToolCall):
+    index: int  # the call's place in the reply (a stream sends each call whole, in one delta)
+
+
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ChunkToolCall] | None = None
 
 
 class ChatChunkChoice(BaseModel):
@@ -96,18 +113,38 @@ class Outcome:
     report: DecodeReport
 
 
+def tool_calls(calls, stream: bool = False) -> list:
+    """``blockbatch.tools.ToolCall``s in the response's shape (a stream's carry their index)."""
+    shaped = [c.openai() for c in calls]
+    if stream:
+        return [ChunkToolCall(index=i, **c) for i, c in enumerate(shaped)]
+    return [ToolCall(**c) for c in shaped]
+
+
 def response(
-    chat: bool, rid: str, created: int, model: str, texts: list[tuple[str, str | None]], outcome: Outcome
+    chat: bool,
+    rid: str,
+    created: int,
+    model: str,
+    texts: list[tuple[str, str | None]],
+    outcome: Outcome,
+    calls: list | None = None,
 ) -> GenerationResponse:
     """The whole (non-streamed) response of a finished request: its choices' (text, finish reason)
-    in index order."""
+    in index order; ``calls[i]``: choice i's tool calls (``blockbatch.tools.Reply``) or None."""
     choices: list[CompletionChoice | ChatChoice | ChatChunkChoice] = []
     for index, (text, reason) in enumerate(texts):
         if chat:
+            reply = calls[index] if calls else None
+            message = (
+                AssistantMessage(role="assistant", content=text)
+                if reply is None
+                else AssistantMessage(role="assistant", content=reply.content, tool_calls=tool_calls(reply.calls))
+            )
             choices.append(
                 ChatChoice(
                     index=index,
-                    message=AssistantMessage(role="assistant", content=text),
+                    message=message,
                     logprobs=None,
                     finish_reason=reason,
                 )
@@ -136,15 +173,18 @@ def chunk(
     role: bool = False,
     outcome: Outcome | None = None,
     index: int = 0,
+    calls: list | None = None,
 ) -> GenerationResponse:
     """One chunk of choice ``index``'s stream: the role (chat's first chunk), a piece of text, or its
     last chunk (``reason``: an empty text, or chat's empty delta; the request's last chunk carries
-    ``outcome`` too)."""
+    ``outcome`` too) or, chat, its tool calls (``calls``: ``blockbatch.tools.ToolCall``s)."""
     choice: ChatChunkChoice | CompletionChoice
     if chat:
         delta = (
             ChatDelta(role="assistant", content="")
             if role
+            else ChatDelta(tool_calls=tool_calls(calls, stream=True))
+            if calls
             else ChatDelta()
             if text is None
             else ChatDelta(content=text)

@@ -15,6 +15,7 @@ from typing import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from ... import tools
 from .. import responses
 from ..guard import APIError
 from ..jobs import Choices, Job, ServerState
@@ -59,14 +60,17 @@ async def generate(request: Request, chat: bool):
     precheck_length(state.engine, body, chat, state.settings.max_length)
     # Tokenizing (and rendering the chat template) runs off the event loop: a long prompt must
     # not hold up the other streams and /health.
-    ids = await asyncio.to_thread(chat_ids if chat else prompt_ids, state.engine, body)
+    if chat:
+        ids = await asyncio.to_thread(chat_ids, state.engine, body, params.tools)
+    else:
+        ids = await asyncio.to_thread(prompt_ids, state.engine, body)
     choices = admit(state, ids, params, prompt_param, arrival)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     created = int(time.time())
     name = state.settings.served_model_name
     if params.stream:
         return StreamingResponse(
-            _stream(state, request, choices, chat, rid, created, name),
+            _stream(state, request, choices, chat, rid, created, name, _tool_names(params.tools)),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -83,14 +87,22 @@ async def generate(request: Request, chat: bool):
     finally:
         watcher.cancel()
         choices.cancel()  # a choice failed, or the handler was cancelled (server stopping): so is the decode
-    texts, counts = [], []
+    texts, counts, calls = [], [], []
+    names = _tool_names(params.tools)
     for job in choices.jobs:
         text, completion_tokens, reason = job.visible(_generated(job), final=True)
-        texts.append((text, reason))
+        reply = tools.parse_reply(text, names) if names else None
+        texts.append((text, "tool_calls" if reply is not None else reason))
+        calls.append(reply)
         counts.append(completion_tokens)
     state.metrics.generated_tokens.inc(sum(counts))
     done = outcome(choices, counts)
-    return JSONResponse(responses.response(chat, rid, created, name, texts, done).body())
+    return JSONResponse(responses.response(chat, rid, created, name, texts, done, calls).body())
+
+
+def _tool_names(request_tools: list[dict] | None) -> list[str]:
+    """The names of the functions a reply may call (none: the reply is text)."""
+    return [t["function"]["name"] for t in request_tools or ()]
 
 
 def _generated(job: Job) -> list[int]:
@@ -100,11 +112,23 @@ def _generated(job: Job) -> list[int]:
 
 
 async def _stream(
-    state: ServerState, request: Request, choices: Choices, chat: bool, rid: str, created: int, name: str
+    state: ServerState,
+    request: Request,
+    choices: Choices,
+    chat: bool,
+    rid: str,
+    created: int,
+    name: str,
+    names: list[str] | None = None,
 ) -> AsyncIterator[str]:
     """The request's chunks: each choice's role (chat), its stable text as it grows and its finish
     reason, each chunk naming its choice's index; the last chunk also carries the usage and the
-    decode report. A choice that fails ends the stream with the error event (and the other choices)."""
+    decode report. A choice that fails ends the stream with the error event (and the other choices).
+
+    With tools (``names``: the functions a reply may call) the text from the first ``<tool_call>`` on
+    is held back until the choice ends (``tools.shown_prefix``): no piece of markup is ever sent as
+    content. Then a reply of well-formed calls sends them in one delta (each whole, with its index)
+    and ends with finish_reason "tool_calls"; any other reply sends the rest of its text."""
 
     def chunk(
         index: int,
@@ -112,8 +136,9 @@ async def _stream(
         reason: str | None = None,
         role: bool = False,
         outcome: Outcome | None = None,
+        calls=None,
     ) -> str:
-        body = responses.chunk(chat, rid, created, name, text, reason, role, outcome, index).body()
+        body = responses.chunk(chat, rid, created, name, text, reason, role, outcome, index, calls).body()
         return f"data: {json.dumps(body)}\n\n"
 
     watcher = asyncio.create_task(watch_disconnect(request, choices))
@@ -130,6 +155,8 @@ async def _stream(
             job = jobs[i]
             if event.kind == "tokens":
                 text, _, _ = job.visible(job.stable, final=False)
+                if names:
+                    text = tools.shown_prefix(text)
                 if len(text) > len(sent[i]) and text.startswith(sent[i]):
                     yield chunk(i, text[len(sent[i]) :])
                     sent[i] = text
@@ -139,10 +166,15 @@ async def _stream(
                 yield "data: [DONE]\n\n"
                 return
             text, counts[i], reason = job.visible(_generated(job), final=True)
+            reply = tools.parse_reply(text, names) if names else None
+            if reply is not None:
+                text, reason = reply.content or "", "tool_calls"
             if not text.startswith(sent[i]):  # a tokenizer whose text of a prefix is not a prefix of its text
                 log.warning("request %s: streamed text %r is not a prefix of the result %r", rid, sent[i], text)
             elif len(text) > len(sent[i]):
                 yield chunk(i, text[len(sent[i]) :])
+            if reply is not None:
+                yield chunk(i, calls=reply.calls)
             state.metrics.generated_tokens.inc(counts[i])
             left -= 1
             done = outcome(choices, counts) if left == 0 else None
