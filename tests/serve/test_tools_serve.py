@@ -4,9 +4,10 @@ renders tools (``make-random --tokenizer bpe``), and the toy whose template rend
 
 A random model does not write a call by itself: these tests show the tools reach the prompt (the
 ids the server decodes are the tokenizer's rendering of the conversation with the tools, so its
-answer is the engine's for those ids), the refusals, and the shape of replies; the markup parser
-is tested on its own in tests/engine/test_tools.py, the response shapes of calls against the
-``openai`` package's own types below."""
+answer is the engine's for those ids), the refusals, and the shape of replies. For the replies of
+calls, the same checkpoint's weights are fitted (a few seconds of the float32 reference's training,
+``helpers.bpe.train_to_reply``) to answer one conversation with a call: the server reads a call the
+model really decoded. The markup parser is tested on its own in tests/engine/test_tools.py."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from blockbatch import DecodeOptions, Engine
 from blockbatch.serve import responses
 from blockbatch.tools import parse_reply
-from helpers.bpe import make_bpe_checkpoint
+from helpers.bpe import make_bpe_checkpoint, train_to_reply
 from helpers.serve import ServeProcess
 
 WEATHER = {
@@ -209,3 +210,77 @@ def test_a_reply_of_calls_has_openais_shape():
     delta = ChatCompletionChunk.model_validate(chunk).choices[0].delta
     assert delta.content is None and [c.index for c in delta.tool_calls] == [0]
     assert delta.tool_calls[0].function.name == "get_weather" and delta.tool_calls[0].id.startswith("call_")
+
+
+CALL_REPLY = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def caller(tmp_path_factory):
+    """(server, engine) of a checkpoint fitted to answer MESSAGES with tools [WEATHER] by CALL_REPLY."""
+    folder = make_bpe_checkpoint(tmp_path_factory.mktemp("models") / "caller")
+    engine = Engine.from_pretrained(str(folder))
+    train_to_reply(folder, engine.encode_chat(MESSAGES, tools=[WEATHER]).tolist(), CALL_REPLY)
+    engine = Engine.from_pretrained(str(folder))
+    s = ServeProcess(["--model", str(folder), "--max-batch", "2"], tmp_path_factory.mktemp("logs") / "caller.log")
+    yield s, engine
+    assert s.stop() == 0, s.log()
+
+
+def _caller_client(caller) -> OpenAI:
+    return OpenAI(base_url=caller[0].url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def test_a_decoded_call_is_answered_as_tool_calls(caller):
+    server, engine = caller
+    [g] = engine.generate(engine.encode_chat(MESSAGES, tools=[WEATHER]), DecodeOptions(**OPTIONS))
+    assert g.text == CALL_REPLY  # the model really writes the call
+    done = _caller_client(caller).chat.completions.create(
+        model="caller", messages=MESSAGES, tools=[WEATHER], n=2, extra_body={"blockbatch": OPTIONS}
+    )
+    assert done.usage.completion_tokens == 2 * len(g.ids) and done.model_extra["nfe"] == 2 * g.stats["nfe"]
+    for choice in done.choices:
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        [call] = choice.message.tool_calls
+        assert call.type == "function" and call.id.startswith("call_") and call.function.name == "get_weather"
+        assert json.loads(call.function.arguments) == {"city": "Paris"}
+    assert done.choices[0].message.tool_calls[0].id != done.choices[1].message.tool_calls[0].id
+    # without tools in the request the same reply is plain text (nothing is read as a call)
+    plain = _caller_client(caller).chat.completions.create(
+        model="caller", messages=MESSAGES, extra_body={"blockbatch": OPTIONS}
+    )
+    assert plain.choices[0].message.tool_calls is None and plain.choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_streamed_call_never_leaks_markup(caller):
+    chunks = list(
+        _caller_client(caller).chat.completions.create(
+            model="caller", messages=MESSAGES, tools=[WEATHER], stream=True, extra_body={"blockbatch": OPTIONS}
+        )
+    )
+    assert not any("<" in (c.choices[0].delta.content or "") for c in chunks)
+    calls = [t for c in chunks for t in c.choices[0].delta.tool_calls or ()]
+    assert [(t.index, t.type, t.function.name) for t in calls] == [(0, "function", "get_weather")]
+    assert json.loads(calls[0].function.arguments) == {"city": "Paris"} and calls[0].id.startswith("call_")
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert [c.choices[0].finish_reason for c in chunks].count(None) == len(chunks) - 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_cut_by_max_tokens_is_content_not_a_call(caller, stream):
+    """max_tokens ends inside the call: unclosed markup is plain text, finish_reason "length", and
+    a stream sends the same text (held back to the end, then whole)."""
+    server, engine = caller
+    [g] = engine.generate(engine.encode_chat(MESSAGES, tools=[WEATHER]), DecodeOptions(**OPTIONS))
+    cut = engine.codec.decode(g.ids[:8])
+    assert cut.startswith("<tool_call>") and "</tool_call>" not in cut
+    kwargs = dict(model="caller", messages=MESSAGES, tools=[WEATHER], max_tokens=8, extra_body={"blockbatch": OPTIONS})
+    if stream:
+        chunks = list(_caller_client(caller).chat.completions.create(stream=True, **kwargs))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == cut
+        assert all(c.choices[0].delta.tool_calls is None for c in chunks)
+        assert chunks[-1].choices[0].finish_reason == "length"
+    else:
+        done = _caller_client(caller).chat.completions.create(**kwargs)
+        assert done.choices[0].message.content == cut and done.choices[0].message.tool_calls is None
+        assert done.choices[0].finish_reason == "length"
