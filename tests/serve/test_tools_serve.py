@@ -158,6 +158,18 @@ def test_tool_choice_that_needs_a_grammar_is_400(client, tool_choice, shown):
             {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f"}}]}]},
             "messages[0].tool_calls[0].function.arguments",
         ),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}],
+                    }
+                ]
+            },
+            "messages[0].tool_calls[0].function.arguments",
+        ),
     ],
 )
 def test_malformed_tools_are_400_naming_the_field(server, body, param):

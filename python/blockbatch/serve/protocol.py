@@ -475,6 +475,12 @@ def _check_calls(calls: Any, where: str) -> None:
         arguments = function.get("arguments")
         if not isinstance(arguments, str):
             raise bad(f"{where}[{j}].function.arguments", f"must be a string (JSON text), got {type_name(arguments)}")
+        try:
+            value = json.loads(arguments)
+        except (json.JSONDecodeError, RecursionError):
+            value = None
+        if not isinstance(value, dict):
+            raise bad(f"{where}[{j}].function.arguments", "must be the JSON text of an object (the call's arguments)")
 
 
 def chat_ids(engine, body: dict, tools: list[dict] | None = None) -> torch.Tensor:
