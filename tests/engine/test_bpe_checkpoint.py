@@ -94,3 +94,29 @@ def test_bpe_checkpoint_loads_and_decodes_through_engine(tmp_path, family, polic
     g = engine.generate(ids, DecodeOptions(policy=policy, gen_length=32, block_length=32))[0]
     assert len(g.ids) <= 32 and engine.config.mask_token_id not in g.ids
     assert g.text == codec.decode(codec.trim(g.ids))
+
+
+def test_bpe_checkpoint_serves_json_text_through_the_server(tmp_path):
+    """The LLaDA2 BPE checkpoint behind the real server: a message holding JSON is encoded (the toys'
+    vocabularies refuse it as unknown characters) and the reply is the engine's for the same ids."""
+    from openai import OpenAI
+
+    from helpers.serve import ServeProcess
+
+    messages = [{"role": "user", "content": 'Echo {"key": [1, 2.5, "é"]}'}]
+    with pytest.raises(ValueError, match="outside the tokenizer's vocabulary"):
+        Engine.from_pretrained().encode(messages[0]["content"], chat=False)  # the toy cannot spell it
+    folder = make_bpe_checkpoint(tmp_path / "bpe-llada2", "llada2")
+    engine = Engine.from_pretrained(str(folder))
+    ids = engine.encode_chat(messages)
+    [g] = engine.generate(ids, DecodeOptions(policy="block", gen_length=32, block_length=32))
+    server = ServeProcess(["--model", str(folder)], tmp_path / "serve.log")
+    try:
+        client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        done = client.chat.completions.create(
+            model="bpe-llada2", messages=messages, max_tokens=32, extra_body={"blockbatch": {"block_length": 32}}
+        )
+        assert done.usage.prompt_tokens == ids.numel()
+        assert done.choices[0].message.content == g.text and done.model_extra["nfe"] == g.stats["nfe"]
+    finally:
+        assert server.stop() == 0, server.log()
