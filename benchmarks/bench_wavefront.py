@@ -227,7 +227,7 @@ def plot(out: str, results: dict, edit: float = 1.0) -> None:
                 )
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names, rotation=30, ha="right", fontsize=7)
         ax.set_ylabel("forwards per answer token (label: accuracy)")
-        ax.set_title(f"{toy_name}: block vs wavefront (CPU)")
+        ax.set_title(f"{toy_name}: block vs wavefront (CPU)" + ("" if edit == 1.0 else f", edits at {edit:g}"))
         ax.legend()
 
     def draw_frontier(ax):
@@ -248,7 +248,7 @@ def plot(out: str, results: dict, edit: float = 1.0) -> None:
         ax.set_title(f"{toy_name}: accuracy / time frontier (solid: all; dashed: with the editing rule)", fontsize=9)
         ax.legend()
 
-    toy_name = "LLaDA2 toy" if edit == 1.0 else f"LLaDA2 editing toy (edit_threshold {edit:g})"
+    toy_name = "LLaDA2 toy" if edit == 1.0 else "LLaDA2 editing toy"
     write_png(out, draw, size=(7, 4.5))
     write_png(os.path.splitext(out)[0] + "_frontier.json", draw_frontier, size=(7, 4.5))
 
