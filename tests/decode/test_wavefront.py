@@ -21,6 +21,7 @@ import torch
 
 from blockbatch import DecodeOptions, Engine, toy
 from blockbatch.config import ModelConfig
+from blockbatch.decoding import run_decode_batch
 from blockbatch.errors import RequestError
 from blockbatch.families import llada2 as fam
 from blockbatch.loading import load_checkpoint
@@ -247,14 +248,10 @@ def test_refusals_name_the_option_or_the_family(tmp_path, toy_models):
     assert e.value.param == "policy"
 
 
-def test_windows_of_every_size_pack_with_block_requests(toy_models):
-    """Heterogeneous packing through the scheduler: wavefront requests of 1..4 blocks, several gates and
-    block lengths, mixed with block requests (with and without editing), eight at a time: every request's
-    tokens and counters equal its decode alone."""
-    engine, _ = toy_models
-    problems = toy_task.make_problems(10, seed=11, split="test")
-    prompts = [engine.encode(p.prompt, chat=False) for p in problems]
-    options = [
+def _mixed_options() -> list[DecodeOptions]:
+    """Two block requests (with and without editing) and eight wavefront ones of 1..4 blocks, several gates,
+    block lengths, thresholds and stop rules."""
+    return [
         DecodeOptions(policy="block", gen_length=64, threshold=0.95),
         DecodeOptions(policy="block", gen_length=48, block_length=16, threshold=0.7, edit_threshold=0.9),
     ] + [
@@ -270,6 +267,16 @@ def test_windows_of_every_size_pack_with_block_requests(toy_models):
         )
         for k in range(8)
     ]
+
+
+def test_windows_of_every_size_pack_with_block_requests(toy_models):
+    """Heterogeneous packing through the scheduler: wavefront requests of 1..4 blocks, several gates and
+    block lengths, mixed with block requests (with and without editing), eight at a time: every request's
+    tokens and counters equal its decode alone."""
+    engine, _ = toy_models
+    problems = toy_task.make_problems(10, seed=11, split="test")
+    prompts = [engine.encode(p.prompt, chat=False) for p in problems]
+    options = _mixed_options()
     alone = [engine.generate(p, o)[0] for p, o in zip(prompts, options)]
     packed = engine.generate(prompts, options, max_batch=8)
     assert max(g.stats["max_blocks_in_flight"] for g in alone) >= 3
@@ -295,3 +302,22 @@ def test_a_model_that_proposes_the_mask_id_fails_naming_the_block():
         _decode(model.obj, [5, 6, 7], o)
     with pytest.raises(RuntimeError, match="block 0: the model proposes the mask id"):
         _reference(reference, [5, 6, 7], o, cfg.eos_token_id, cfg.mask_token_id)
+
+
+def test_padded_wavefront_packs_change_no_result(toy_models):
+    """Shape buckets for heterogeneous wavefront packs: with pad_packs the scheduler pads every packed forward
+    to bucketed token / row / logit-row counts (what BLOCKBATCH_CUDA_BATCHING=graphs does on a GPU, so that each
+    bucket's CUDA graph replays whatever windows the requests hold); windows of 1..4 blocks at their own stages,
+    mixed with block requests, keep every request's tokens, counters and per-forward windows those of its
+    decode alone."""
+    engine, _ = toy_models
+    problems = toy_task.make_problems(10, seed=11, split="test")
+    prompts = [engine.encode(p.prompt, chat=False) for p in problems]
+    options = _mixed_options()
+    alone = [engine.generate(p, o)[0] for p, o in zip(prompts, options)]
+    outs, stats = run_decode_batch(engine.model.obj, prompts, options, 8, pad_packs=True)
+    assert stats["padded_forwards"] >= stats["packed_forwards"] > 0
+    for a, out, p, o in zip(alone, outs, prompts, options):
+        assert out.tokens[len(p) :].tolist() == a.raw_ids, o
+        for k in ("nfe", "edits", "committed_per_step", "blocks_per_step", *STATS):
+            assert out.stats[k] == a.stats[k], (k, o)
