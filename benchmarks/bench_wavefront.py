@@ -1,7 +1,7 @@
 """Policy ``wavefront`` (FlowBlock's gated wavefront, issue 54) against ``block`` on the LLaDA2 toy.
 
     python benchmarks/bench_wavefront.py [--n 40] [--gen-lengths 64 256] [--threads 1] \\
-        [--checkpoint llada2|llada2-edit|DIR] [--edit 1.0] [--gate-n 16] \\
+        [--checkpoint llada2|llada2-edit|DIR] [--edit 1.0] [--gate-n 16] [--repeats 1] \\
         [--out docs/bench/wavefront/bench_wavefront.json]
 
 On the toy task's held-out problems (``--checkpoint``: the LLaDA2 toy python/blockbatch/toy/checkpoint_llada2
@@ -10,9 +10,10 @@ generation length: ``block`` without editing (LLaDA2.0, threshold 0.95), ``block
 editing rule (threshold 0.95; edit_threshold 0.9 and 1.0), and ``wavefront`` with max_active_blocks 1..4
 (spawn_threshold 0.5; edit_threshold 0.9 and 1.0), each decoded alone: accuracy (exact final answer), mean
 NFE, tokens committed per forward, forwards per answer token (the text up to its EOS), blocks in flight per
-forward, edits, ms per sample (mean and median). Then requests per second through the scheduler
-(``Engine.generate`` with ``max_batch`` 1, 8, 32) for block without editing and block and wavefront (2 and 3
-blocks) at edit_threshold ``--edit``. Then (``--gate-n`` > 0) the readiness gate: the float32 reference
+forward, edits, ms per sample (mean and median; the configs interleaved per problem). Then requests per
+second through the scheduler (``Engine.generate`` with ``max_batch`` 1, 8, 32; the median of ``--repeats``
+interleaved runs) for block without editing and block and wavefront (2 and 3 blocks) at edit_threshold
+``--edit``. Then (``--gate-n`` > 0) the readiness gate: the float32 reference
 (reference/wavefront.py) with the decoded-fraction gate (the policy's rule) and the mean-confidence gate
 at spawn_threshold 0.25 / 0.5 / 0.75 and 2 / 3 blocks, gen 64: accuracy and NFE.
 
@@ -65,15 +66,20 @@ def run_alone(engine, problems, prompts, gen_length: int) -> dict:
 
     eos = engine.config.eos_token_id
     out = {}
-    for name, kw in configs().items():
-        o = engine.default_options(gen_length=gen_length, block_length=BLOCK, **kw)
-        rows = []
-        for problem, ids in zip(problems, prompts):
+    options = {
+        name: engine.default_options(gen_length=gen_length, block_length=BLOCK, **kw) for name, kw in configs().items()
+    }
+    by_config: dict[str, list] = {name: [] for name in options}
+    # Interleaved: every config decodes a problem before the next problem, so a change of the shared machine's
+    # load reaches all configs alike.
+    for problem, ids in zip(problems, prompts):
+        for name, o in options.items():
+            kw = configs()[name]
             t0 = time.perf_counter()
             [gen] = engine.generate(ids, o)
             ms = (time.perf_counter() - t0) * 1e3
             s = gen.stats
-            rows.append(
+            by_config[name].append(
                 dict(
                     correct=bool(toy_task.check_answer(problem, gen.text)),
                     nfe=s["nfe"],
@@ -85,6 +91,8 @@ def run_alone(engine, problems, prompts, gen_length: int) -> dict:
                     blocks_per_step=s["blocks_per_step"],
                 )
             )
+    for name, rows in by_config.items():
+        kw = configs()[name]
         nfe = sum(r["nfe"] for r in rows)
         out[name] = dict(
             options=kw,
@@ -105,16 +113,19 @@ def run_alone(engine, problems, prompts, gen_length: int) -> dict:
     return out
 
 
-def run_batched(engine, prompts, gen_length: int, edit: float) -> dict:
-    out = {}
-    for name in (f"block edit {edit:g}", f"wavefront 2 edit {edit:g}", f"wavefront 3 edit {edit:g}", "block"):
-        o = engine.default_options(gen_length=gen_length, block_length=BLOCK, **configs()[name])
-        out[name] = {}
+def run_batched(engine, prompts, gen_length: int, edit: float, repeats: int = 1) -> dict:
+    """Requests per second per config and max_batch: the median of ``repeats`` runs, the configs interleaved
+    within each repeat (the shared machine's load drifts between runs)."""
+    names = (f"block edit {edit:g}", f"wavefront 2 edit {edit:g}", f"wavefront 3 edit {edit:g}", "block")
+    runs: dict[str, dict[str, list[float]]] = {name: {str(b): [] for b in BATCHES} for name in names}
+    for _ in range(repeats):
         for batch in BATCHES:
-            t0 = time.perf_counter()
-            engine.generate(prompts, [o] * len(prompts), max_batch=batch)
-            out[name][str(batch)] = len(prompts) / (time.perf_counter() - t0)
-    return out
+            for name in names:
+                o = engine.default_options(gen_length=gen_length, block_length=BLOCK, **configs()[name])
+                t0 = time.perf_counter()
+                engine.generate(prompts, [o] * len(prompts), max_batch=batch)
+                runs[name][str(batch)].append(len(prompts) / (time.perf_counter() - t0))
+    return {name: {b: statistics.median(v) for b, v in by_batch.items()} for name, by_batch in runs.items()}
 
 
 def run_gates(engine, problems, prompts) -> dict:
@@ -265,6 +276,9 @@ def main(argv=None) -> int:
         help="llada2 (the LLaDA2 toy, default), llada2-edit (the editing toy) or a checkpoint folder",
     )
     ap.add_argument(
+        "--repeats", type=int, default=1, help="runs of each batched measurement, interleaved; the median (default 1)"
+    )
+    ap.add_argument(
         "--edit", type=float, default=1.0, help="edit_threshold of the batched rows and the figure (default 1.0)"
     )
     ap.add_argument("--gen-lengths", type=int, nargs="+", default=[64, 256])
@@ -300,7 +314,7 @@ def main(argv=None) -> int:
                 f"  fwd/answer tok {r['forwards_per_answer_token']:.3f}  blocks/fwd {r['blocks_per_forward']:.2f}"
                 f"  edits {r['mean_edits']:5.1f}  {r['mean_ms']:6.1f} ms"
             )
-        batched[str(G)] = run_batched(engine, prompts, G, args.edit)
+        batched[str(G)] = run_batched(engine, prompts, G, args.edit, args.repeats)
         for name, r in batched[str(G)].items():
             print(f"  {name:20s} requests/s " + "  ".join(f"max_batch {b}: {v:6.1f}" for b, v in r.items()))
     gates, gates_random = {}, {}
@@ -321,6 +335,7 @@ def main(argv=None) -> int:
         benchmark="bench_wavefront",
         model=model,
         edit_threshold=args.edit,
+        batched_repeats=args.repeats,
         problems=args.n,
         gate_problems=args.gate_n,
         block_length=BLOCK,
