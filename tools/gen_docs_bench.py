@@ -613,8 +613,10 @@ def window(d: dict) -> str:
 
 
 def wavefront(d: dict) -> str:
-    """benchmarks/bench_wavefront.py: block and wavefront decoded alone, per gen_length and config."""
+    """benchmarks/bench_wavefront.py: block and wavefront decoded alone, per gen_length and config (the median
+    time per sample too where the run recorded it)."""
     rows = []
+    median = all("median_ms" in r for by_config in d["results"].values() for r in by_config.values())
     for G, by_config in d["results"].items():
         for name, r in by_config.items():
             rows.append(
@@ -629,9 +631,10 @@ def wavefront(d: dict) -> str:
                     f"{r['mean_edits']:.1f}",
                     f"{r['mean_ms']:.1f}",
                 ]
+                + ([f"{r['median_ms']:.1f}"] if median else [])
             )
     head = ["gen", "config", "accuracy", "NFE", "tokens / forward", "forwards / answer token", "blocks / forward"]
-    return _table(head + ["edits", "ms / sample"], rows)
+    return _table(head + ["edits", "ms / sample"] + (["median ms"] if median else []), rows)
 
 
 def wavefront_batched(d: dict) -> str:
@@ -697,6 +700,8 @@ TABLES: dict[str, tuple[str, Callable[[dict], str]]] = {
     "wavefront": ("docs/bench/wavefront/bench_wavefront.json", wavefront),
     "wavefront-batched": ("docs/bench/wavefront/bench_wavefront.json", wavefront_batched),
     "wavefront-gates": ("docs/bench/wavefront/bench_wavefront.json", wavefront_gates),
+    "wavefront-edit": ("docs/bench/wavefront/bench_wavefront_edit.json", wavefront),
+    "wavefront-edit-batched": ("docs/bench/wavefront/bench_wavefront_edit.json", wavefront_batched),
 }
 
 

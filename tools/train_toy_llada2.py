@@ -2,6 +2,7 @@
 toy (``toy/checkpoint_llada2``) and, with ``--family sdar``, the SDAR-layout one (``toy/checkpoint_sdar``).
 
     python tools/train_toy_llada2.py [--family llada2|sdar] [--out DIR] [--steps 2500] [--threads 1] [--quiet]
+    python tools/train_toy_llada2.py --edit [--init-from DIR] [--edit-prob 0.15] [--stale-prob 0.5] ...
 
 SDAR (``--family sdar``, ``SDAR_DEFAULTS``): a dense Qwen3 body (d_model 128, 4 layers, 4 query / 2 KV heads
 of 32 dims, QK-norm, RoPE on the whole head, MLP 384), trained on blocks of 4, 8 and 16 (a block length drawn per
@@ -26,6 +27,27 @@ test_train_toy_llada2.py`` checks it equals ``LLaDA2Reference.forward`` row by r
 accuracy is measured with the native ``block`` decoder (LLaDA2.0 settings: threshold 0.95, and one
 token a step). Everything is seeded and runs on a fixed thread count (2 by default), so a run reproduces the shipped
 checkpoint on the same software stack (``learning_curve.json`` records the sha256).
+
+The editing toy (``--edit``, ``EDIT_DEFAULTS``: ``toy/checkpoint_llada2_edit``) is LLaDA2.1's recipe at the toy's
+scale: LLaDA2.0 continued with a token-to-token (T2T) objective, so that at decode time a decided position whose
+argmax differs from its token with probability above ``edit_threshold`` is a repair, not noise. It starts from
+the shipped LLaDA2 toy's weights (``--init-from``) and trains a few hundred steps on the same data with the same
+block choice, plus:
+
+* of the chosen block's response positions that stay unmasked, each is replaced with probability
+  ``edit_prob`` by a wrong token (uniform over the toy's characters and EOS, never the original), and the loss
+  also asks for the original token at every unmasked response position of the block: the corrupted ones (a
+  repair) and the clean ones (keep the token), cross-entropy weighted 1 (the masked positions keep ``1/t``),
+  all over the block's response positions;
+* with probability ``stale_prob`` a row also noises the block before it (masks at the same ``t``, wrong tokens
+  at ``edit_prob``) and trains it with the same loss: the chosen block then learns to draft against a stale,
+  partly masked or wrong upstream (what ``wavefront`` shows a downstream block) and the upstream to repair its
+  own wrong tokens. Block-causal attention keeps the upstream block's logits blind to the chosen one, so both are
+  honest samples of one forward.
+
+A model trained on masked positions only (the LLaDA2 toy) was never asked anything at decided positions, so its
+argmax there is arbitrary and edits at 0.9 rewrite correct answers; this objective is what makes them repairs.
+Held-out accuracy is measured as for the LLaDA2 toy plus LLaDA2.1's decoder (``block`` with edit_threshold 0.9).
 """
 
 from __future__ import annotations
@@ -33,6 +55,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import time
 
 import torch
@@ -44,12 +67,15 @@ from blockbatch.families import sdar as sdar_fam
 from blockbatch.reference import llada2 as ref
 from blockbatch.reference import sdar as sdar_ref
 from blockbatch.reference.model import rms_norm, rotate_half
-from blockbatch.toy import CHECKPOINT_DIRS
+from blockbatch.toy import CHECKPOINT_DIRS, LLADA2_EDIT_CHECKPOINT_DIR
 from blockbatch.toy import task as toy_task
 from blockbatch.toy import tokenizer as toy_tok
 from train_toy import Progress, data_streams, lr_at, make_batch, make_optimizer, save_run
 
 DEFAULT_OUT = CHECKPOINT_DIRS["llada2"]
+EDIT_OUT = LLADA2_EDIT_CHECKPOINT_DIR
+# The wrong tokens of the T2T objective: the toy's characters and EOS (never PAD, UNK or MASK).
+WRONG_TOKENS = torch.tensor([toy_tok.VOCAB.index(c) for c in toy_tok.CHARS] + [toy_tok.EOS_ID])
 
 
 @dataclasses.dataclass
@@ -90,6 +116,21 @@ class TrainConfig:
     eval_every: int = 500
     eval_n: int = 64
     eval_gen_length: int = 64
+    edit_prob: float = 0.0  # T2T: a wrong token at each unmasked response position of the block (0: LLaDA2.0's)
+    stale_prob: float = 0.0  # T2T: the share of rows whose previous block is noised and trained too
+    init_from: str = ""  # a checkpoint folder to continue from (empty: init_weights)
+
+
+# What ``--edit`` changes: LLaDA2.1's continued training of the LLaDA2 toy with the T2T objective.
+EDIT_DEFAULTS: dict = dict(
+    edit_prob=0.15,
+    stale_prob=0.5,
+    steps=300,
+    lr=5e-4,
+    warmup=30,
+    eval_every=150,
+    threads=1,  # the machine is shared: one thread trains faster than two oversubscribed ones
+)
 
 
 # What ``--family sdar`` changes (anything can still be overridden): a smaller dense body, SDAR's blocks.
@@ -269,8 +310,11 @@ def block_diffusion_loss(
     block: int,
     g: torch.Generator,
     eps: float,
+    edit_prob: float = 0.0,
+    stale_prob: float = 0.0,
 ) -> torch.Tensor:
-    """The loss of one block per row (see the module docstring)."""
+    """The loss of one block per row (see the module docstring); with ``edit_prob`` / ``stale_prob`` > 0 the
+    T2T objective of the editing toy (wrong tokens, the loss at unmasked positions, a stale previous block)."""
     B, T = ids.shape
     u = torch.rand((), generator=g)
     t = ((u + torch.arange(B) / B) % 1.0) * (1 - eps) + eps
@@ -284,24 +328,47 @@ def block_diffusion_loss(
     k = torch.minimum(lo + (torch.rand(B, generator=g) * (hi - lo + 1).float()).long(), hi)
     pos_block = torch.arange(T)[None, :] // block
     target = resp & (pos_block == k[:, None])  # the chosen block's response positions
+    t2t = edit_prob > 0 or stale_prob > 0
+    if t2t:  # the T2T draws come after LLaDA2.0's, so edit_prob = stale_prob = 0 reproduces its stream
+        stale = (torch.rand(B, generator=g) < stale_prob) & (k > lo)
+        target = target | (resp & stale[:, None] & (pos_block == (k - 1)[:, None]))
     masked = target & (torch.rand(ids.shape, generator=g) < t[:, None])
     noisy = torch.where(masked, torch.full_like(ids, toy_tok.MASK_ID), ids)
+    if t2t:
+        wrong = target & ~masked & (torch.rand(ids.shape, generator=g) < edit_prob)
+        n = len(WRONG_TOKENS)
+        r = torch.randint(0, n, ids.shape, generator=g)
+        other = WRONG_TOKENS[(r + torch.randint(1, n, ids.shape, generator=g)) % n]  # never WRONG_TOKENS[r]
+        draw = torch.where(WRONG_TOKENS[r] == ids, other, WRONG_TOKENS[r])
+        noisy = torch.where(wrong, draw, noisy)
     logits = forward_batch(cfg, w, noisy, block)
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1), reduction="none").view(B, T)
-    per_row = (ce * masked).sum(1) / t / target.sum(1).clamp(min=1)
-    return per_row.mean()
+    per_row = (ce * masked).sum(1) / t
+    if t2t:
+        per_row = per_row + (ce * (target & ~masked)).sum(1)
+    return (per_row / target.sum(1).clamp(min=1)).mean()
 
 
 @torch.no_grad()
 def heldout(
-    config: ModelConfig, weights: dict, tokenizer, problems, gen_length: int, threshold: float | None, block: int = 32
+    config: ModelConfig,
+    weights: dict,
+    tokenizer,
+    problems,
+    gen_length: int,
+    threshold: float | None,
+    block: int = 32,
+    edit_threshold: float | None = None,
 ):
-    """Accuracy and mean NFE of the native block decoder (blocks of ``block``; threshold, or one token a step)."""
+    """Accuracy and mean NFE of the native block decoder (blocks of ``block``; threshold, or one token a step;
+    LLaDA2.1's edits above ``edit_threshold`` when given)."""
     from blockbatch import DecodeOptions
     from blockbatch.native import NativeModel
 
     model = NativeModel(config, {k: v.detach() for k, v in weights.items()})
-    o = DecodeOptions(policy="block", gen_length=gen_length, block_length=block, threshold=threshold)
+    o = DecodeOptions(
+        policy="block", gen_length=gen_length, block_length=block, threshold=threshold, edit_threshold=edit_threshold
+    )
     ok, nfe = 0, 0
     for p in problems:
         out = torch.ops.blockbatch.decode(model.obj, torch.tensor(toy_tok.encode(tokenizer, p.prompt)), o.native)
@@ -311,6 +378,13 @@ def heldout(
     return ok / len(problems), nfe / len(problems)
 
 
+def _repo_relative(path: str) -> str:
+    """``path`` relative to the repository root when inside it (what a shipped learning curve records)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    full = os.path.abspath(path)
+    return os.path.relpath(full, root) if full.startswith(root + os.sep) else path
+
+
 def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
     torch.set_num_threads(tc.threads)
     torch.manual_seed(tc.seed)
@@ -318,6 +392,13 @@ def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
     cfg = (sdar_fam if tc.family == "sdar" else fam).reference_config(config)
     tokenizer = toy_tok.build_tokenizer()
     weights = init_weights(config, tc.seed)
+    if tc.init_from:  # continued training (the editing toy from the LLaDA2 toy, as LLaDA2.1 from LLaDA2.0)
+        from blockbatch.loading import load_checkpoint
+
+        start = load_checkpoint(tc.init_from, torch.float32)
+        if set(start.weights) != set(weights) or any(start.weights[n].shape != w.shape for n, w in weights.items()):
+            raise ValueError(f"init_from: {tc.init_from} does not hold the weights of this TrainConfig's model")
+        weights = {n: start.weights[n].clone().requires_grad_(True) for n in weights}
     router = [n for n in weights if n.endswith("mlp.gate.weight")]  # no decay on the router
     decay = [w for n, w in weights.items() if w.dim() == 2 and n not in router]
     opt = make_optimizer(tc, decay, [w for n, w in weights.items() if w.dim() < 2 or n in router])
@@ -338,7 +419,7 @@ def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
         for group in opt.param_groups:
             group["lr"] = lr_at(tc, step - 1)  # type: ignore[arg-type]
         block = rng.choice(tc.block_lengths) if tc.block_lengths else tc.block_length
-        loss = block_diffusion_loss(cfg, weights, ids, resp, block, g, tc.eps)
+        loss = block_diffusion_loss(cfg, weights, ids, resp, block, g, tc.eps, tc.edit_prob, tc.stale_prob)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(weights.values()), tc.grad_clip)
@@ -361,6 +442,11 @@ def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
                         "heldout_nfe_threshold": round(nfe_t, 2),
                     }
                 )
+                if tc.family == "llada2":  # LLaDA2.1's decoder: edits above 0.9
+                    acc_e, nfe_e = heldout(config, weights, tokenizer, eval_problems, tc.eval_gen_length, t, B, 0.9)
+                    rec.update({"heldout_acc_edit": round(acc_e, 4), "heldout_nfe_edit": round(nfe_e, 2)})
+                    if not quiet:
+                        progress.note(f"  with edits above 0.9: accuracy {acc_e:.3f}, mean NFE {nfe_e:.1f}")
                 if not quiet:
                     progress.note(
                         f"step {step}: loss {rec['loss']:.4f}, held-out accuracy {acc:.3f} (one token a step), "
@@ -369,8 +455,9 @@ def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
             curve.append(rec)
         if not quiet:
             progress.update(step, f"loss {ema:.4f}")
+    recorded = dataclasses.replace(tc, init_from=_repo_relative(tc.init_from)) if tc.init_from else tc
     result = {
-        "train_config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(tc).items()},
+        "train_config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(recorded).items()},
         "n_parameters": n_params,
         "heldout_eval": {
             "n": tc.eval_n,
@@ -378,7 +465,8 @@ def train(tc: TrainConfig, out: str | None = None, quiet: bool = False) -> dict:
             "seed": 1000 + tc.seed,
             "decoders": f"native policy block, blocks of {tc.block_length}, gen {tc.eval_gen_length}: heldout_acc one "
             "token a step (threshold none), heldout_acc_threshold threshold "
-            + ("0.85 (SDAR's dynamic)" if tc.family == "sdar" else "0.95 (LLaDA2.0's)"),
+            + ("0.85 (SDAR's dynamic)" if tc.family == "sdar" else "0.95 (LLaDA2.0's)")
+            + ("" if tc.family == "sdar" else ", heldout_acc_edit threshold 0.95 and edit_threshold 0.9 (LLaDA2.1's)"),
         },
         "train_time_s": round(time.perf_counter() - t0, 1),
         "torch_version": torch.__version__,
@@ -400,6 +488,12 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(value, tuple) or f.name in ("family", "task"):
             continue
         ap.add_argument("--" + f.name.replace("_", "-"), type=type(value), default=None, help=f"default {value}")
+    ap.add_argument(
+        "--edit",
+        action="store_true",
+        help="the editing toy: LLaDA2.1's T2T objective continued from the LLaDA2 toy (EDIT_DEFAULTS; "
+        "default --out toy/checkpoint_llada2_edit, --init-from toy/checkpoint_llada2)",
+    )
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     given = {
@@ -407,8 +501,12 @@ def main(argv: list[str] | None = None) -> int:
         for f in dataclasses.fields(TrainConfig)
         if getattr(args, f.name, None) is not None
     }
-    tc = train_config(args.family, **{k: v for k, v in given.items() if k != "family"})
-    train(tc, out=args.out or CHECKPOINT_DIRS.get(tc.family, DEFAULT_OUT), quiet=args.quiet)
+    if args.edit and args.family != "llada2":
+        ap.error("--edit: the editing toy is the LLaDA2 one (--family llada2)")
+    edit = {**EDIT_DEFAULTS, "init_from": DEFAULT_OUT} if args.edit else {}
+    tc = train_config(args.family, **{**edit, **{k: v for k, v in given.items() if k != "family"}})
+    default_out = EDIT_OUT if args.edit else CHECKPOINT_DIRS.get(tc.family, DEFAULT_OUT)
+    train(tc, out=args.out or default_out, quiet=args.quiet)
     return 0
 
 

@@ -50,7 +50,9 @@ struct DecodeStats {
   int64_t blocks_in_flight = 0;         // wavefront: active blocks summed over the forwards
   int64_t max_blocks_in_flight = 0;     // wavefront: the most blocks one forward ran
   int64_t redrafted_tokens = 0;         // wavefront: edits of tokens drafted while an older block was in flight
-  std::vector<std::array<int64_t, 3>> steps;  // per forward: tokens committed, packed query tokens, keys attended
+  // Per forward: tokens committed, packed query tokens, keys attended, and the blocks in flight (wavefront's
+  // active blocks; 0 where the policy keeps no block window: every other policy).
+  std::vector<std::array<int64_t, 4>> steps;
   std::vector<BranchStats> branches;
 };
 

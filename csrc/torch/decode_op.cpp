@@ -161,7 +161,7 @@ std::vector<at::Tensor> result_tensors(const std::vector<int64_t>& tokens, const
     branches.insert(branches.end(), {b.block_size, b.committed, b.merged, b.copied, b.forwards});
   }
   return {at::tensor(tokens, at::kLong), at::tensor(decode_stat_values(stats), at::kDouble),
-          at::tensor(log, at::kLong).view({-1, 3}), at::tensor(branches, at::kLong).view({-1, 5})};
+          at::tensor(log, at::kLong).view({-1, 4}), at::tensor(branches, at::kLong).view({-1, 5})};
 }
 
 std::vector<int64_t> prompt_ids(const at::Tensor& prompt, const std::string& what) {

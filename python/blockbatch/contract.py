@@ -587,6 +587,12 @@ STATS: tuple[Stat, ...] = (
         "keys each forward attended, summed over its rows (a full forward: its own tokens; a cached one: the "
         "cache rows it reads)",
     ),
+    Stat(
+        "blocks_per_step",
+        "int[]",
+        "wavefront: blocks in flight in each forward (its active window, 1..max_active_blocks); empty for every "
+        "other policy",
+    ),
     Stat("branches", "branches", "per branch: block_size, committed, merged, copied, forwards"),
     Stat("policy", "str", "the policy that decoded"),
 )

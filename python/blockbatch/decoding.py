@@ -124,6 +124,9 @@ def to_output(tokens, counters, step_log, branch_stats, o) -> DecodeOutput:
     stats["committed_per_step"] = step_log[:, 0].tolist()
     stats["query_tokens_per_step"] = step_log[:, 1].tolist()
     stats["key_tokens_per_step"] = step_log[:, 2].tolist()
+    # The ops log 0 blocks in flight on the forwards of policies without a block window (all but wavefront).
+    blocks = step_log[:, 3]
+    stats["blocks_per_step"] = blocks.tolist() if bool((blocks > 0).all()) else []
     stats["branches"] = [dict(zip(contract.BRANCH_FIELDS, row)) for row in branch_stats.tolist()]
     stats["policy"] = o.policy
     return DecodeOutput(tokens, cast(DecodeStats, stats))

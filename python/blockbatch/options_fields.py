@@ -193,6 +193,9 @@ class DecodeStats(TypedDict):
     key_tokens_per_step: list[int]
     """keys each forward attended, summed over its rows (a full forward: its own tokens; a cached one: the cache
     rows it reads)."""
+    blocks_per_step: list[int]
+    """wavefront: blocks in flight in each forward (its active window, 1..max_active_blocks); empty for every other
+    policy."""
     branches: list[BranchStats]
     """per branch: block_size, committed, merged, copied, forwards."""
     policy: str

@@ -21,6 +21,7 @@ import torch
 
 from blockbatch import DecodeOptions, Engine, toy
 from blockbatch.config import ModelConfig
+from blockbatch.decoding import run_decode_batch
 from blockbatch.errors import RequestError
 from blockbatch.families import llada2 as fam
 from blockbatch.loading import load_checkpoint
@@ -43,8 +44,10 @@ STATS = ("nfe", "edits", "redrafted_tokens", "blocks_in_flight", "max_blocks_in_
 
 
 def _decode(model_obj, prompt, o: DecodeOptions):
+    """Tokens and counters of one native decode, plus its step log's blocks in flight per forward."""
     out = torch.ops.blockbatch.decode(model_obj, torch.as_tensor(prompt), o.native)
-    return out[0].tolist(), dict(zip(torch.ops.blockbatch.decode_stat_names(), out[1].tolist()))
+    stats = dict(zip(torch.ops.blockbatch.decode_stat_names(), out[1].tolist()))
+    return out[0].tolist(), {**stats, "blocks_per_step": out[2][:, 3].tolist()}
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +87,8 @@ def test_one_active_block_is_the_block_policy_with_editing(toy_models, kind, cas
     assert tokens == block_tokens
     assert (stats["nfe"], stats["edits"]) == (block_stats["nfe"], block_stats["edits"])
     assert stats["max_blocks_in_flight"] == 1 and stats["blocks_in_flight"] == stats["nfe"]
+    nfe = int(stats["nfe"])
+    assert stats["blocks_per_step"] == [1] * nfe and block_stats["blocks_per_step"] == [0] * nfe
     assert stats["redrafted_tokens"] == 0
 
 
@@ -109,6 +114,7 @@ def _same(native, reference, what):
     canvas, st = reference
     assert tokens == canvas.tolist(), what
     assert {k: stats[k] for k in STATS} == {k: st[k] for k in STATS}, what
+    assert stats["blocks_per_step"] == st["window_per_step"], what  # the window of every forward
 
 
 # (block_length, threshold, edit_threshold, spawn_threshold, max_post_steps, stop_on_eos) per row
@@ -173,6 +179,23 @@ def test_native_equals_the_reference_on_a_random_checkpoint(blocks):
             _same(native, _reference(reference, prompt, o, cfg.eos_token_id, cfg.mask_token_id), what)
 
 
+def test_blocks_per_step_lists_each_forwards_window(toy_models):
+    """Stats ``blocks_per_step``: wavefront's active blocks of each forward (they sum to blocks_in_flight,
+    their maximum is max_blocks_in_flight, the window grows and shrinks), empty for the block policy."""
+    engine, _ = toy_models
+    prompt = engine.encode(toy_task.make_problems(1, seed=7, split="test")[0].prompt, chat=False)
+    base = dict(gen_length=64, block_length=16, threshold=0.7, edit_threshold=0.5)
+    [wave] = engine.generate(
+        prompt, DecodeOptions(policy="wavefront", max_active_blocks=4, spawn_threshold=0.25, **base)
+    )
+    s = wave.stats
+    assert len(s["blocks_per_step"]) == s["nfe"] == len(s["committed_per_step"])
+    assert sum(s["blocks_per_step"]) == s["blocks_in_flight"] and max(s["blocks_per_step"]) == s["max_blocks_in_flight"]
+    assert len(set(s["blocks_per_step"])) >= 3  # not one window size throughout
+    [block] = engine.generate(prompt, DecodeOptions(policy="block", **base))
+    assert block.stats["blocks_per_step"] == [] and block.stats["nfe"] > 0
+
+
 def test_the_cases_reach_several_blocks_and_redrafts(toy_models):
     """Not vacuous: the wavefront runs several blocks in one forward, repairs stale drafts, and takes fewer
     forwards than the block policy on the toy."""
@@ -225,14 +248,10 @@ def test_refusals_name_the_option_or_the_family(tmp_path, toy_models):
     assert e.value.param == "policy"
 
 
-def test_windows_of_every_size_pack_with_block_requests(toy_models):
-    """Heterogeneous packing through the scheduler: wavefront requests of 1..4 blocks, several gates and
-    block lengths, mixed with block requests (with and without editing), eight at a time: every request's
-    tokens and counters equal its decode alone."""
-    engine, _ = toy_models
-    problems = toy_task.make_problems(10, seed=11, split="test")
-    prompts = [engine.encode(p.prompt, chat=False) for p in problems]
-    options = [
+def _mixed_options() -> list[DecodeOptions]:
+    """Two block requests (with and without editing) and eight wavefront ones of 1..4 blocks, several gates,
+    block lengths, thresholds and stop rules."""
+    return [
         DecodeOptions(policy="block", gen_length=64, threshold=0.95),
         DecodeOptions(policy="block", gen_length=48, block_length=16, threshold=0.7, edit_threshold=0.9),
     ] + [
@@ -248,12 +267,22 @@ def test_windows_of_every_size_pack_with_block_requests(toy_models):
         )
         for k in range(8)
     ]
+
+
+def test_windows_of_every_size_pack_with_block_requests(toy_models):
+    """Heterogeneous packing through the scheduler: wavefront requests of 1..4 blocks, several gates and
+    block lengths, mixed with block requests (with and without editing), eight at a time: every request's
+    tokens and counters equal its decode alone."""
+    engine, _ = toy_models
+    problems = toy_task.make_problems(10, seed=11, split="test")
+    prompts = [engine.encode(p.prompt, chat=False) for p in problems]
+    options = _mixed_options()
     alone = [engine.generate(p, o)[0] for p, o in zip(prompts, options)]
     packed = engine.generate(prompts, options, max_batch=8)
     assert max(g.stats["max_blocks_in_flight"] for g in alone) >= 3
     for a, b, o in zip(alone, packed, options):
         assert a.raw_ids == b.raw_ids, o
-        for k in ("nfe", "edits", "committed_per_step", "query_tokens_per_step", *STATS):
+        for k in ("nfe", "edits", "committed_per_step", "query_tokens_per_step", "blocks_per_step", *STATS):
             assert a.stats[k] == b.stats[k], (k, o)
 
 
@@ -273,3 +302,22 @@ def test_a_model_that_proposes_the_mask_id_fails_naming_the_block():
         _decode(model.obj, [5, 6, 7], o)
     with pytest.raises(RuntimeError, match="block 0: the model proposes the mask id"):
         _reference(reference, [5, 6, 7], o, cfg.eos_token_id, cfg.mask_token_id)
+
+
+def test_padded_wavefront_packs_change_no_result(toy_models):
+    """Shape buckets for heterogeneous wavefront packs: with pad_packs the scheduler pads every packed forward
+    to bucketed token / row / logit-row counts (what BLOCKBATCH_CUDA_BATCHING=graphs does on a GPU, so that each
+    bucket's CUDA graph replays whatever windows the requests hold); windows of 1..4 blocks at their own stages,
+    mixed with block requests, keep every request's tokens, counters and per-forward windows those of its
+    decode alone."""
+    engine, _ = toy_models
+    problems = toy_task.make_problems(10, seed=11, split="test")
+    prompts = [engine.encode(p.prompt, chat=False) for p in problems]
+    options = _mixed_options()
+    alone = [engine.generate(p, o)[0] for p, o in zip(prompts, options)]
+    outs, stats = run_decode_batch(engine.model.obj, prompts, options, 8, pad_packs=True)
+    assert stats["padded_forwards"] >= stats["packed_forwards"] > 0
+    for a, out, p, o in zip(alone, outs, prompts, options):
+        assert out.tokens[len(p) :].tolist() == a.raw_ids, o
+        for k in ("nfe", "edits", "committed_per_step", "blocks_per_step", *STATS):
+            assert out.stats[k] == a.stats[k], (k, o)

@@ -180,16 +180,16 @@ def test_make_random_llada2_head_size_0_is_a_named_error_not_a_crash(tmp_path, c
     assert line.startswith(message), line
 
 
-@pytest.mark.parametrize("family", ["llada", "dream", "llada2"])
+@pytest.mark.parametrize("family", ["llada", "dream", "llada2", "llada2 editing"])
 def test_make_random_never_replaces_a_shipped_toy_checkpoint(tmp_path, capsys, family):
     """Class: a command writing over what the package itself reads. The toy checkpoints are the
     default model of every command: make-random refuses their folders even with --force (also
     through a symbolic link), and leaves every file as it was."""
     import hashlib
 
-    from blockbatch.toy import checkpoint_path
+    from blockbatch.toy import SHIPPED_CHECKPOINT_DIRS
 
-    toy = checkpoint_path(family)
+    toy = SHIPPED_CHECKPOINT_DIRS[family]
     before = {n: hashlib.sha256(open(os.path.join(toy, n), "rb").read()).hexdigest() for n in os.listdir(toy)}
     link = tmp_path / "link"
     link.symlink_to(toy)

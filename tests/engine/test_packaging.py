@@ -144,6 +144,7 @@ def test_sdist_holds_the_sources_and_no_build_outputs(tmp_path):
         "python/blockbatch/toy/checkpoint_dream/model.safetensors",
         "python/blockbatch/toy/checkpoint_dream/generation_config.json",
         "python/blockbatch/toy/checkpoint_llada2/model.safetensors",
+        "python/blockbatch/toy/checkpoint_llada2_edit/model.safetensors",
         "python/blockbatch/_bin.py",
         "tests/ops/test_ops.py",
         "mkdocs.yml",

@@ -62,3 +62,25 @@ def test_the_sdar_toy_trainer_forward_equals_the_reference():
     resp[:, 10:] = True
     loss = trainer.block_diffusion_loss(cfg, weights, ids, resp, 4, torch.Generator().manual_seed(0), 1e-3)
     assert torch.isfinite(loss) and loss > 0
+
+
+def test_the_t2t_objective_trains_the_unmasked_positions_too():
+    """--edit's token-to-token terms: off (edit_prob = stale_prob = 0) it is LLaDA2.0's loss draw for draw; on,
+    the loss also reaches unmasked positions, so a model that copies every visible token is not free."""
+    tc = trainer.TrainConfig(d_model=32, n_layers=2, head_size=8, rope_dims=4, moe_hidden_size=16, mlp_hidden_size=64)
+    config = trainer.model_config(tc)
+    weights = {k: v.detach() for k, v in trainer.init_weights(config, seed=0).items()}
+    cfg = fam.reference_config(config)
+    ids = torch.randint(2, toy_tok.EOS_ID, (4, 96), generator=torch.Generator().manual_seed(0))
+    resp = torch.zeros_like(ids, dtype=torch.bool)
+    resp[:, 20:] = True
+
+    def loss(edit_prob: float, stale_prob: float) -> torch.Tensor:
+        g = torch.Generator().manual_seed(5)
+        return trainer.block_diffusion_loss(cfg, weights, ids, resp, 32, g, 1e-3, edit_prob, stale_prob)
+
+    plain = trainer.block_diffusion_loss(cfg, weights, ids, resp, 32, torch.Generator().manual_seed(5), 1e-3)
+    assert torch.equal(loss(0.0, 0.0), plain)
+    t2t = loss(0.3, 1.0)
+    assert torch.isfinite(t2t) and not torch.equal(t2t, plain)
+    assert all(int(t) not in (toy_tok.PAD_ID, toy_tok.MASK_ID) for t in trainer.WRONG_TOKENS)

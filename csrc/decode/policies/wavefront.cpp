@@ -140,7 +140,7 @@ class WavefrontDecoder final : public Decoder {
       }
       st_.edits += static_cast<int64_t>(edits[k].size());
     }
-    st_.steps.push_back({committed, p.q.size(), p.q.key_tokens(p.mode, L_)});
+    st_.steps.push_back({committed, p.q.size(), p.q.key_tokens(p.mode, L_), window});
     st_.branches[0].committed += committed;
     // The oldest blocks that settled commit, in order.
     const int64_t oldest = first_;

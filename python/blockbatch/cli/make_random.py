@@ -83,9 +83,12 @@ def run(args: argparse.Namespace) -> int:
     family = family or next(iter(families.REGISTRY))  # the default family (the options table's first)
     if os.path.lexists(args.out) and not os.path.isdir(args.out):
         raise UsageError(f"{args.out}: exists and is not a directory; make-random writes a checkpoint folder")
-    from ..toy import CHECKPOINT_DIRS
+    from ..toy import SHIPPED_CHECKPOINT_DIRS
 
-    for toy_family, toy in CHECKPOINT_DIRS.items():  # part of the installed package: never replaced, --force or not
+    for (
+        toy_family,
+        toy,
+    ) in SHIPPED_CHECKPOINT_DIRS.items():  # part of the installed package: never replaced, --force or not
         if os.path.isdir(args.out) and os.path.samefile(args.out, toy):
             raise UsageError(
                 f"{args.out}: is the {toy_family} toy checkpoint shipped in the package (the default model); "
