@@ -45,6 +45,19 @@ void LogprobRecord::record(const std::vector<int64_t>& positions, const at::Tens
   record(dev(positions), rows, dev(before), dev(after));
 }
 
+std::vector<int64_t> LogprobRecord::held(const std::vector<int64_t>& canvas,
+                                         const std::vector<int64_t>& positions) const {
+  std::vector<int64_t> out;
+  if (!on()) return out;
+  out.reserve(positions.size());
+  for (int64_t q : positions) out.push_back(canvas[q]);
+  return out;
+}
+
+void LogprobRecord::forget(int64_t from, int64_t count) {
+  if (on() && count > 0) table_.narrow(0, from, count).fill_(std::numeric_limits<double>::quiet_NaN());
+}
+
 at::Tensor LogprobRecord::rows(int64_t from, int64_t count) const {
   if (!on()) return {};
   return table_.narrow(0, from, count).cpu();

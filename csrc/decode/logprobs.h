@@ -33,6 +33,11 @@ class LogprobRecord {
   // The same from host vectors (a host canvas): positions, and the tokens before / after.
   void record(const std::vector<int64_t>& positions, const at::Tensor& rows, const std::vector<int64_t>& before,
               const std::vector<int64_t>& after);
+  // What `canvas` holds at `positions` (empty when off): a host canvas' tokens before and after a step.
+  std::vector<int64_t> held(const std::vector<int64_t>& canvas, const std::vector<int64_t>& positions) const;
+  // Positions [from, from + count) lose their values: the decoder rewrote them without reading them
+  // (an early stop's fill), so no step committed what they now hold.
+  void forget(int64_t from, int64_t count);
 
   // Host float64 [count, 1 + 2 top] for positions [from, from + count): the token's log-prob, then
   // `top` ids, then their log-probs; NaN where no step committed the position (a filled EOS).
