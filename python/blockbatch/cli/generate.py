@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -93,13 +94,15 @@ def run(args: argparse.Namespace) -> int:
             if gen.logprobs is not None:
                 for r in logprob_records(engine, gen):
                     top = " ".join(f"{t['text']!r}:{t['logprob']:.4f}" for t in r["top"])
-                    print(f"  {r['text']!r} {r['logprob']:.4f}" + (f"  top: {top}" if top else ""))
+                    value = "-" if r["logprob"] is None else f"{r['logprob']:.4f}"
+                    print(f"  {r['text']!r} {value}" + (f"  top: {top}" if top else ""))
     return 0
 
 
 def logprob_records(engine, gen) -> list[dict]:
     """``Generation.logprobs`` as JSON records: per token its id, its text (the token decoded alone;
-    "" without a tokenizer), its log-probability and its top alternatives (id, text, log-prob)."""
+    "" without a tokenizer), its log-probability (None for a token no step committed, a mask left
+    undecoded) and its top alternatives (id, text, log-prob)."""
 
     def text(i: int) -> str:
         return engine.codec.decode([i]) if engine.codec else ""
@@ -108,7 +111,7 @@ def logprob_records(engine, gen) -> list[dict]:
         {
             "id": t.token,
             "text": text(t.token),
-            "logprob": t.logprob,
+            "logprob": None if math.isnan(t.logprob) else t.logprob,  # a token no step committed: null, valid JSON
             "top": [{"id": i, "text": text(i), "logprob": v} for i, v in t.top],
         }
         for t in gen.logprobs
