@@ -15,6 +15,9 @@ namespace blockbatch {
 struct DecodeResult {
   std::vector<int64_t> tokens;  // [prompt | generation]
   DecodeStats stats;
+  // The `logprobs` option: host float64 [gen_length, 1 + 2 k] (decode/logprobs.h, LogprobRecord::rows);
+  // undefined when off.
+  at::Tensor logprobs;
 };
 
 // Validates the options and the prompt (ids in the vocabulary, no mask id), then runs the policy.

@@ -57,6 +57,13 @@ class Decoder {
   virtual void absorb(const StepPlan& p, const at::Tensor& logits, const std::vector<at::Tensor>& host) = 0;
   // The result, once done(): every counter but the wall time and the graph counters (the caller's).
   virtual DecodeResult finish() = 0;
+  // The `logprobs` option's rows (decode/logprobs.h) of generation positions [from, from + count) as
+  // they stand (host float64; undefined when off): final for positions the decoder's stop check
+  // shows as stable (a scheduler's stream events carry them with their tokens).
+  virtual at::Tensor logprob_rows(int64_t from, int64_t count) const {
+    (void)from, (void)count;
+    return {};
+  }
   // The request's KV rows (undefined: none, vanilla): kv_rows_needed(options) rows of at least the
   // canvas' length.
   const KvRows& kv() const { return kv_; }

@@ -124,6 +124,7 @@ void check_option_ranges(const DecodeOptions& o) {
   check_range("refresh_interval", o.refresh_interval, 1, false, 1073741824, false, "in [1, 2^30]");
   check_range("entropy_bound", o.entropy_bound, 0.0, true, std::nullopt, false, "> 0 and finite");
   check_range("timeout_s", o.timeout_s, 0.0, false, std::nullopt, false, ">= 0 and finite");
+  if (o.logprobs) check_range("logprobs", *o.logprobs, 0, false, 20, false, "in [0, 20]");
 }
 
 DecodeOptions DecodeOptions::resolved(std::string_view family) const {
@@ -328,11 +329,16 @@ bool set_option(DecodeOptions& o, std::string_view name, const std::string& text
     o.timeout_s = parse_float("timeout_s", text);
     return true;
   }
+  if (name == "logprobs") {
+    if (is_none(text)) { o.logprobs = std::nullopt; return true; }
+    o.logprobs = parse_int("logprobs", text);
+    return true;
+  }
   return false;
 }
 
 const std::vector<std::string>& option_names() {
-  static const std::vector<std::string> names = {"policy", "gen_length", "block_length", "steps", "threshold", "factor", "temperature", "seed", "stop_on_eos", "alg", "alg_temp", "eps", "top_p", "top_k", "block_sizes", "merge_gate", "sync_gap", "refresh_tokens", "refresh_mode", "prob_floor", "merge", "sync", "sync_refresh", "branch_budget", "fold_rows", "share_prompt_kv", "edit_threshold", "max_post_steps", "max_active_blocks", "spawn_threshold", "window_tokens", "active_tokens", "refresh_interval", "slide_window", "early_stop", "unmasking", "entropy_bound", "cuda_graphs", "timeout_s"};
+  static const std::vector<std::string> names = {"policy", "gen_length", "block_length", "steps", "threshold", "factor", "temperature", "seed", "stop_on_eos", "alg", "alg_temp", "eps", "top_p", "top_k", "block_sizes", "merge_gate", "sync_gap", "refresh_tokens", "refresh_mode", "prob_floor", "merge", "sync", "sync_refresh", "branch_budget", "fold_rows", "share_prompt_kv", "edit_threshold", "max_post_steps", "max_active_blocks", "spawn_threshold", "window_tokens", "active_tokens", "refresh_interval", "slide_window", "early_stop", "unmasking", "entropy_bound", "cuda_graphs", "timeout_s", "logprobs"};
   return names;
 }
 
@@ -376,6 +382,7 @@ const char* option_type(std::string_view name) {
   if (name == "entropy_bound") return "float";
   if (name == "cuda_graphs") return "bool";
   if (name == "timeout_s") return "float";
+  if (name == "logprobs") return "int";
   return nullptr;
 }
 
@@ -433,7 +440,8 @@ std::string options_help() {
       "  --unmasking dynamic|static|sequential|entropy_bounded\n      block on SDAR checkpoints: which masked positions a step commits (n: the step's share of block_length over steps): dynamic: those rated > threshold, at least the top n; static: the top n; sequential: the n leftmost; entropy_bounded: the k leftmost, k the multiples of the block's summed entropy below entropy_bound; default none; 'none': the family's rule (SDAR: dynamic; LLaDA2 has only its own and refuses this option)\n"
       "  --entropy-bound X\n      block on SDAR, unmasking entropy_bounded: the bound on the running sums of the block's entropy (the authors' CLI default 0.35); > 0 and finite; default 0.35\n"
       "  --cuda-graphs BOOL\n      CUDA: replay recorded decode steps (same tokens as eager); no effect on CPU; default on\n"
-      "  --timeout-s X\n      fail with a timeout once a decode runs longer than this many seconds (0: no deadline); >= 0 and finite; default 0.0\n";
+      "  --timeout-s X\n      fail with a timeout once a decode runs longer than this many seconds (0: no deadline); >= 0 and finite; default 0.0\n"
+      "  --logprobs N\n      record, per generated token, the log-probability the model gave it in the forward that committed (or last edited) it (float32 log_softmax of the raw logits row the commit read: before temperature, top_p, top_k) and this many top alternatives from the same row (0..20); not a left-to-right likelihood; in [0, 20]; default none; 'none': off\n";
 }
 
 }  // namespace blockbatch

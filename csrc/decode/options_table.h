@@ -119,6 +119,8 @@ struct DecodeOptions {
   bool cuda_graphs = true;
   // fail with a timeout once a decode runs longer than this many seconds (0: no deadline)
   double timeout_s = 0.0;
+  // record, per generated token, the log-probability the model gave it in the forward that committed (or last edited) it (float32 log_softmax of the raw logits row the commit read: before temperature, top_p, top_k) and this many top alternatives from the same row (0..20); not a left-to-right likelihood; nullopt: off
+  std::optional<int64_t> logprobs = std::nullopt;
 
   // factor if set, else threshold if set, else the fixed schedule (steps).
   CommitRule commit() const;

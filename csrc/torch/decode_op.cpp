@@ -7,6 +7,7 @@
 // decode.typed takes the Options object instead (Python's path: built once per DecodeOptions).
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/tensor.h>
 #include <torch/library.h>
 
@@ -28,7 +29,7 @@ const std::string& decode_schema() {
   static const std::string s =
       std::string("decode(__torch__.torch.classes.blockbatch.Model model, Tensor prompt_ids, *, ") +
       kDecodeOptionsSchema +
-      ", Tensor? cancel=None) -> (Tensor tokens, Tensor stats, Tensor step_log, Tensor branch_stats)";
+      ", Tensor? cancel=None) -> (Tensor tokens, Tensor stats, Tensor step_log, Tensor branch_stats, Tensor logprobs)";
   return s;
 }
 
@@ -78,14 +79,14 @@ void decode_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (o.block_sizes) std::sort(o.block_sizes->begin(), o.block_sizes->end());
   const CancelArg cancel = cancel_arg(optional_tensor(arg("cancel")));
   const DecodeResult r = decode(*model, prompt, o, cancel.flag, nullptr, cancel.reason);
-  const std::vector<at::Tensor> out = result_tensors(r.tokens, r.stats);
+  const std::vector<at::Tensor> out = result_tensors(r.tokens, r.stats, r.logprobs);
   torch::jit::drop(*stack, schema.arguments().size());
-  torch::jit::push(*stack, out[0], out[1], out[2], out[3]);
+  torch::jit::push(*stack, out[0], out[1], out[2], out[3], out[4]);
 }
 
 // decode.typed: the options as one Options object; curve: the step-time curve of branch_budget =
 // auto (empty: every branch).
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> decode_typed(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> decode_typed(
     const c10::intrusive_ptr<ModelHandle>& model, const at::Tensor& prompt, const OptionsPtr& options,
     const std::optional<at::Tensor>& cancel, std::vector<int64_t> curve_tokens, std::vector<double> curve_seconds) {
   TORCH_CHECK_VALUE(curve_tokens.size() == curve_seconds.size(), "curve_tokens and curve_seconds differ in length");
@@ -93,8 +94,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> decode_typed(
   const StepCurve curve{std::move(curve_tokens), std::move(curve_seconds)};
   const DecodeResult r = decode(*model, prompt_ids(prompt, "prompt_ids"), options->options, c.flag, nullptr, c.reason,
                                 curve.empty() ? nullptr : &curve);
-  const std::vector<at::Tensor> out = result_tensors(r.tokens, r.stats);
-  return {out[0], out[1], out[2], out[3]};
+  const std::vector<at::Tensor> out = result_tensors(r.tokens, r.stats, r.logprobs);
+  return {out[0], out[1], out[2], out[3], out[4]};
 }
 
 void options_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -122,7 +123,7 @@ c10::Dict<std::string, int64_t> config_limits_op() {
 std::vector<std::string> decode_stat_names_op() { return decode_stat_names(); }
 
 std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>,
-           std::vector<int64_t>>
+           std::vector<at::Tensor>, std::vector<int64_t>>
 decode_batch_op(const c10::intrusive_ptr<ModelHandle>& model, const std::vector<at::Tensor>& prompts,
                 const std::vector<OptionsPtr>& options, int64_t max_batch, int64_t kv_budget_bytes,
                 const std::optional<at::Tensor>& cancel, std::vector<int64_t> curve_tokens,
@@ -137,31 +138,33 @@ decode_batch_op(const c10::intrusive_ptr<ModelHandle>& model, const std::vector<
   std::vector<DecodeResult> results =
       decode_batch(*model, ids, opts, max_batch, kv_budget_bytes, c.flag, c.reason, &bs,
                    StepCurve{std::move(curve_tokens), std::move(curve_seconds)}, pad_packs, prefix_cache);
-  std::vector<at::Tensor> tokens, stats, logs, branches;
+  std::vector<at::Tensor> tokens, stats, logs, branches, logprobs;
   for (const DecodeResult& r : results) {
-    const std::vector<at::Tensor> t = result_tensors(r.tokens, r.stats);
+    const std::vector<at::Tensor> t = result_tensors(r.tokens, r.stats, r.logprobs);
     tokens.push_back(t[0]);
     stats.push_back(t[1]);
     logs.push_back(t[2]);
     branches.push_back(t[3]);
+    logprobs.push_back(t[4]);
   }
-  return {tokens,
-          stats,
-          logs,
-          branches,
-          {bs.steps, bs.forwards, bs.pool_rows, bs.row_bytes, bs.padded, bs.graph_captures, bs.graph_replays}};
+  return {
+      tokens,   stats,
+      logs,     branches,
+      logprobs, {bs.steps, bs.forwards, bs.pool_rows, bs.row_bytes, bs.padded, bs.graph_captures, bs.graph_replays}};
 }
 
 }  // namespace
 
-std::vector<at::Tensor> result_tensors(const std::vector<int64_t>& tokens, const DecodeStats& stats) {
+std::vector<at::Tensor> result_tensors(const std::vector<int64_t>& tokens, const DecodeStats& stats,
+                                       const at::Tensor& logprobs) {
   std::vector<int64_t> log, branches;
   for (const auto& s : stats.steps) log.insert(log.end(), s.begin(), s.end());
   for (const auto& b : stats.branches) {
     branches.insert(branches.end(), {b.block_size, b.committed, b.merged, b.copied, b.forwards});
   }
   return {at::tensor(tokens, at::kLong), at::tensor(decode_stat_values(stats), at::kDouble),
-          at::tensor(log, at::kLong).view({-1, 4}), at::tensor(branches, at::kLong).view({-1, 5})};
+          at::tensor(log, at::kLong).view({-1, 4}), at::tensor(branches, at::kLong).view({-1, 5}),
+          logprobs.defined() ? logprobs : at::empty({0, 0}, at::kDouble)};
 }
 
 std::vector<int64_t> prompt_ids(const at::Tensor& prompt, const std::string& what) {
@@ -178,14 +181,16 @@ TORCH_LIBRARY_FRAGMENT(blockbatch, m) {
   // within one forward (both checked before every forward). Returns the canvas
   // [prompt | generation], the scalar counters (names: decode_stat_names), a per-forward log
   // [forwards, 2] (tokens committed, packed query tokens) and per-branch stats [branches, 5]
-  // (block size, committed, merged, copied, forwards).
+  // (block size, committed, merged, copied, forwards), and the logprobs option's table
+  // [gen_length, 1 + 2 k] float64 (the token's log-prob, k ids, their log-probs; [0, 0] when off).
   m.def(decode_schema().c_str());
   // decode with the options as one Options object (below; Python's path), and the step-time curve
   // branch_budget = auto reads (empty: every branch). cancel may have a second element: where the
   // stop reason is written before the op throws (1 cancelled, 2 deadline, 3 no progress).
   m.def("decode.typed(__torch__.torch.classes.blockbatch.Model model, Tensor prompt_ids, "
         "__torch__.torch.classes.blockbatch.Options options, Tensor? cancel=None, int[] curve_tokens=[], "
-        "float[] curve_seconds=[]) -> (Tensor tokens, Tensor stats, Tensor step_log, Tensor branch_stats)",
+        "float[] curve_seconds=[]) -> (Tensor tokens, Tensor stats, Tensor step_log, Tensor branch_stats, "
+        "Tensor logprobs)",
         &decode_typed);
   // One request's options (keyword-only, the table's) checked once (DecodeOptions::check: ValueError
   // naming the option) into the Options object decode.typed, decode_batch and the Scheduler take.
@@ -207,7 +212,7 @@ TORCH_LIBRARY_FRAGMENT(blockbatch, m) {
         "__torch__.torch.classes.blockbatch.Options[] options, "
         "int max_batch=8, int kv_budget_bytes=0, Tensor? cancel=None, int[] curve_tokens=[], "
         "float[] curve_seconds=[], bool pad_packs=False, bool prefix_cache=False) -> (Tensor[] tokens, Tensor[] stats, "
-        "Tensor[] step_logs, Tensor[] branch_stats, int[] batch_stats)",
+        "Tensor[] step_logs, Tensor[] branch_stats, Tensor[] logprobs, int[] batch_stats)",
         &decode_batch_op);
 }
 

@@ -41,7 +41,8 @@ class SchedulerHandle : public torch::CustomClassHolder {
   // tokens (tokens: the new stable ids; finished: [prompt | generation]), error (the message),
   // error_kind (failed / cancelled: a name of the ERROR_KINDS table: timeout, cancelled, a
   // refusal's kind, decode_failed; "" otherwise), error_param (the argument a refusal names), and
-  // for finished events the counters, step log and branch stats as the decode op returns them.
+  // for finished events the counters, step log, branch stats and logprobs as the decode op returns them
+  // (tokens events with the logprobs option: the rows of their tokens).
   using Record = std::tuple<int64_t, std::string, int64_t, at::Tensor, std::string, std::string, std::string,
                             std::vector<at::Tensor>>;
   std::vector<Record> events() {
@@ -51,11 +52,12 @@ class SchedulerHandle : public torch::CustomClassHolder {
       std::vector<at::Tensor> result;
       at::Tensor tokens;
       if (ev.kind == RequestEvent::kFinished) {
-        result = result_tensors(ev.tokens, ev.stats);
+        result = result_tensors(ev.tokens, ev.stats, ev.logprobs);
         tokens = result[0];
         result.erase(result.begin());
       } else {
         tokens = at::tensor(ev.tokens, at::kLong);
+        if (ev.logprobs.defined()) result.push_back(ev.logprobs);  // tokens: their logprob rows
       }
       out.emplace_back(ev.id, RequestEvent::kind_name(ev.kind), ev.offset, tokens, ev.error,
                        final ? error_kind_name(ev.error_kind) : "", ev.error_param, std::move(result));

@@ -491,6 +491,19 @@ OPTIONS: tuple[Option, ...] = (
         lo=0.0,
         group="runtime",
     ),
+    Option(
+        "logprobs",
+        "int",
+        None,
+        "record, per generated token, the log-probability the model gave it in the forward that committed (or "
+        "last edited) it (float32 log_softmax of the raw logits row the commit read: before temperature, top_p, "
+        "top_k) and this many top alternatives from the same row (0..20); not a left-to-right likelihood",
+        optional=True,
+        none_doc="off",
+        lo=0,
+        hi=20,
+        group="runtime",
+    ),
 )
 
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}

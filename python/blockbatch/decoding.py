@@ -25,6 +25,34 @@ from .options_fields import DecodeStats
 class DecodeOutput:
     tokens: torch.Tensor  # [L] int64: prompt + generation
     stats: DecodeStats  # one key per row of blockbatch.contract.STATS
+    # The ``logprobs`` option: float64 [gen_length, 1 + 2 k] (the token's log-prob, k ids, their
+    # log-probs; NaN where no step committed the position); None when off.
+    logprobs: torch.Tensor | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log-probability (the ``logprobs`` option; docs/ALGORITHMS.md "Logprobs").
+
+    ``logprob``: float32 ``log_softmax`` of the raw logits row the decoder read when it committed (or
+    last edited) this token, at this token; ``top``: the ``k`` largest entries of the same row as
+    (id, log-prob), most probable first. A diffusion decoder commits out of order, so this is the
+    model's distribution at commit time (given the canvas of that step), not a left-to-right
+    likelihood. ``logprob`` is NaN (and ``top`` empty) for a token no step committed (a filled EOS)."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+def token_logprobs(ids: list[int], table: torch.Tensor) -> list[TokenLogprob]:
+    """``TokenLogprob`` of the first ``len(ids)`` generated positions from a decode's logprobs table."""
+    k = (table.shape[1] - 1) // 2
+    rows = table[: len(ids)].tolist()
+    return [
+        TokenLogprob(int(t), r[0], [(int(i), v) for i, v in zip(r[1 : 1 + k], r[1 + k :]) if i == i])  # NaN: none
+        for t, r in zip(ids, rows)
+    ]
 
 
 _STAT_TYPES = {s.name: s.type for s in contract.NATIVE_STATS}
@@ -43,7 +71,7 @@ def run_decode(
     scheduler would give it alone (load 1), else all of them.
     """
     op = torch.ops.blockbatch.decode.typed
-    tokens, counters, step_log, branch_stats = _interruptible(
+    tokens, counters, step_log, branch_stats, logprobs = _interruptible(
         lambda cancel: op(
             model_obj,
             prompt_ids,
@@ -54,7 +82,7 @@ def run_decode(
         ),
         prompt_ids.is_cuda,
     )
-    return to_output(tokens, counters, step_log, branch_stats, options)
+    return to_output(tokens, counters, step_log, branch_stats, options, logprobs)
 
 
 def run_decode_batch(
@@ -82,7 +110,7 @@ def run_decode_batch(
     kv_budget_bytes = checked_int("kv_budget_bytes", kv_budget_bytes, 0)
     natives = [o.native for o in options]
     op = torch.ops.blockbatch.decode_batch
-    tokens, counters, logs, branches, batch = _interruptible(
+    tokens, counters, logs, branches, logprobs, batch = _interruptible(
         lambda cancel: op(
             model_obj,
             prompts,
@@ -97,7 +125,10 @@ def run_decode_batch(
         ),
         any(p.is_cuda for p in prompts),
     )
-    outs = [to_output(t, c, log, br, o) for t, c, log, br, o in zip(tokens, counters, logs, branches, options)]
+    outs = [
+        to_output(t, c, log, br, o, lp)
+        for t, c, log, br, o, lp in zip(tokens, counters, logs, branches, options, logprobs)
+    ]
     return outs, dict(
         zip(
             (
@@ -114,7 +145,7 @@ def run_decode_batch(
     )
 
 
-def to_output(tokens, counters, step_log, branch_stats, o) -> DecodeOutput:
+def to_output(tokens, counters, step_log, branch_stats, o, logprobs=None) -> DecodeOutput:
     """A decode op's outputs as a ``DecodeOutput``: the counters by the names the op gives them
     (``decode_stat_names``), typed by the STATS table, then the per-forward log, the branches and
     the policy."""
@@ -129,7 +160,8 @@ def to_output(tokens, counters, step_log, branch_stats, o) -> DecodeOutput:
     stats["blocks_per_step"] = blocks.tolist() if bool((blocks > 0).all()) else []
     stats["branches"] = [dict(zip(contract.BRANCH_FIELDS, row)) for row in branch_stats.tolist()]
     stats["policy"] = o.policy
-    return DecodeOutput(tokens, cast(DecodeStats, stats))
+    table = logprobs if logprobs is not None and o.logprobs is not None else None
+    return DecodeOutput(tokens, cast(DecodeStats, stats), table)
 
 
 STOP_DEADLINE = 2  # csrc/decode/stop.h StopReason: the request's timeout_s passed

@@ -13,7 +13,7 @@ import torch
 from .errors import RequestError, checked_int, typed_error
 from .loading import load_checkpoint
 from .native import NativeModel
-from .decoding import run_decode, run_decode_batch
+from .decoding import TokenLogprob, run_decode, run_decode_batch, token_logprobs
 from .options import MAX_N, DecodeOptions, seed_for_choice
 from .options_fields import DecodeStats
 from .tokenization import TextCodec
@@ -42,6 +42,9 @@ class Generation:
     raw_ids: list[int]  # all gen_length generated ids
     prompt_ids: list[int]
     stats: DecodeStats  # one key per row of blockbatch.contract.STATS: nfe, ..., committed_per_step, branches
+    # With the ``logprobs`` option: one entry per token of ``ids`` (docs/ALGORITHMS.md "Logprobs":
+    # the raw model distribution of the forward that committed the token); None when off.
+    logprobs: list[TokenLogprob] | None = None
 
 
 class Engine:
@@ -361,7 +364,10 @@ class Engine:
     def _generation(self, ids: torch.Tensor, result) -> Generation:
         raw = result.tokens[ids.numel() :].tolist()
         trimmed = self._trim(raw)
-        return Generation(self.codec.decode(trimmed) if self.codec else "", trimmed, raw, ids.tolist(), result.stats)
+        logprobs = token_logprobs(trimmed, result.logprobs) if result.logprobs is not None else None
+        return Generation(
+            self.codec.decode(trimmed) if self.codec else "", trimmed, raw, ids.tolist(), result.stats, logprobs
+        )
 
     def _trim(self, raw: list[int]) -> list[int]:
         return self.codec.trim(raw) if self.codec else _trim_eos(raw, self.config.eos_token_id)

@@ -135,4 +135,9 @@ def _decode_fake(model, prompt_ids, **options):
         torch.empty(len(torch.ops.blockbatch.decode_stat_names()), dtype=torch.float64, device=cpu),
         torch.empty(forwards, 2, dtype=torch.long, device=cpu),
         torch.empty(branches, 5, dtype=torch.long, device=cpu),
+        torch.empty(
+            *((o["gen_length"], 1 + 2 * o["logprobs"]) if o["logprobs"] is not None else (0, 0)),
+            dtype=torch.float64,
+            device=cpu,
+        ),
     )

@@ -121,6 +121,10 @@ class DecodeOptionFields:
     """CUDA: replay recorded decode steps (same tokens as eager); no effect on CPU."""
     timeout_s: float = 0.0
     """fail with a timeout once a decode runs longer than this many seconds (0: no deadline)."""
+    logprobs: int | None = None
+    """record, per generated token, the log-probability the model gave it in the forward that committed (or last
+    edited) it (float32 log_softmax of the raw logits row the commit read: before temperature, top_p, top_k) and
+    this many top alternatives from the same row (0..20); not a left-to-right likelihood. None: off."""
 
 
 class BranchStats(TypedDict):

@@ -53,7 +53,7 @@ class EventRecord(NamedTuple):
     error: str
     error_kind: str  # a name of contract.ERROR_KINDS ("" unless failed / cancelled)
     error_param: str
-    result: list[torch.Tensor]  # finished: counters, step log, branch stats (the decode op's)
+    result: list[torch.Tensor]  # finished: counters, step log, branch stats, logprobs (the decode op's)
 
 
 class RequestCancelled(RuntimeError):
@@ -69,6 +69,8 @@ class Event:
     change is reported), ``"finished"`` (``output``), ``"failed"`` or ``"cancelled"`` (``error``,
     and why as ``error_kind``: a name of ``blockbatch.contract.ERROR_KINDS``, e.g. ``timeout``,
     ``cancelled``, ``decode_failed``, or a refusal's kind with the argument in ``error_param``).
+    With the ``logprobs`` option a ``"tokens"`` event's ``logprobs`` are its tokens' rows (as
+    ``DecodeOutput.logprobs``: final, the tokens being stable).
     """
 
     request_id: int
@@ -79,6 +81,7 @@ class Event:
     error: BaseException | None = None
     error_kind: str = ""
     error_param: str | None = None
+    logprobs: torch.Tensor | None = None
 
     @property
     def final(self) -> bool:
@@ -326,9 +329,11 @@ class BatchScheduler:
             event = Event(request_id, kind, e.offset)
             if kind == "tokens":
                 event.tokens = e.tokens.tolist()
+                if e.result and request.options.logprobs is not None:
+                    event.logprobs = e.result[0]
             elif kind == "finished":
-                stats, step_log, branch_stats = e.result
-                event.output = to_output(e.tokens, stats, step_log, branch_stats, request.options)
+                stats, step_log, branch_stats, logprobs = e.result
+                event.output = to_output(e.tokens, stats, step_log, branch_stats, request.options, logprobs)
             else:
                 event.error_kind, event.error_param = e.error_kind, e.error_param or None
                 event.error = _event_error(kind, e.error_kind, event.error_param, e.error)

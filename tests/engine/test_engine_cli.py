@@ -198,6 +198,37 @@ def test_cli_generate_n_prints_each_prompts_n_generations(ckpt):
         assert re.search(pattern, res.stderr), res.stderr
 
 
+def test_cli_generate_logprobs_are_the_engines(ckpt):
+    """--logprobs 2 --json: per token its id, text, log-prob and top 2, Engine.generate's with
+    logprobs=2; the text form prints a line per token; out of range or on a policy that does not
+    record them: one clear error naming logprobs."""
+    path, _ = ckpt
+    flags = ["--policy", "dual", "--gen-length", 32, "--block-length", 8]
+    res = _cli("generate", "--model", path, *flags, "--logprobs", 2, "--json", "1+2=")
+    assert res.returncode == 0, res.stderr
+    [row] = [json.loads(line) for line in res.stdout.splitlines()]
+    engine = Engine.from_pretrained(path)
+    [g] = engine.generate("1+2=", DecodeOptions(policy="dual", gen_length=32, block_length=8, logprobs=2))
+    assert row["ids"] == g.ids and len(row["logprobs"]) == len(g.ids) > 0
+    decode = engine.codec.decode
+    assert row["logprobs"] == [
+        {
+            "id": t.token,
+            "text": decode([t.token]),
+            "logprob": t.logprob,
+            "top": [{"id": i, "text": decode([i]), "logprob": v} for i, v in t.top],
+        }
+        for t in g.logprobs
+    ]
+    text = _cli("generate", "--model", path, *flags, "--logprobs", 2, "1+2=")
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert len(lines) == 2 + len(g.ids) and lines[2].startswith(f"  {decode([g.ids[0]])!r} {g.logprobs[0].logprob:.4f}")
+    for bad, pattern in ((["--logprobs", 21], "logprobs"), (["--policy", "blockbatch", "--logprobs", 1], "logprobs")):
+        res = _cli("generate", "--model", path, "--gen-length", 32, *bad, "1+2=")
+        assert res.returncode != 0 and "Traceback" not in res.stderr and re.search(pattern, res.stderr), res.stderr
+
+
 @pytest.mark.parametrize(
     "args,pattern",
     [

@@ -82,6 +82,8 @@ def test_native_weight_checks_name_the_dream_tensor():
 def test_native_decode_runs_dream():
     """The op decodes a Dream model (tests/decode/test_dream_native.py holds it to the reference)."""
     _, _, _, nat = _models("gqa-hd16")
-    tokens, counters, _, _ = torch.ops.blockbatch.decode(nat.obj, torch.tensor([3, 4, 5]), gen_length=8, block_length=8)
+    tokens, counters, _, _, _ = torch.ops.blockbatch.decode(
+        nat.obj, torch.tensor([3, 4, 5]), gen_length=8, block_length=8
+    )
     assert tokens.shape == (11,) and tokens[:3].tolist() == [3, 4, 5]
     assert int(counters[0]) >= 2  # a block-start forward and at least one window forward

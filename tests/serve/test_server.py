@@ -269,6 +269,88 @@ def test_n_outside_1_to_16_or_not_an_integer_is_400_naming_n(server, client, n):
     assert e.value.body["param"] == "n"
 
 
+# Logprobs: vanilla in blocks of 8, so the stable prefix (and a stream's chunks) grows block by block (the text
+# fills the first three blocks, the other thirteen come after it, so text chunks come before the end).
+LP_OPTIONS = {"policy": "vanilla", "gen_length": 128, "block_length": 8}
+
+
+def _engine_entries(engine, k: int, count: int | None = None, chat: bool = True, **sampling) -> list:
+    """The engine's (text piece, logprob, [(text, logprob)] top) per completion token of PROMPT
+    (completions: the top as OpenAI's {text: logprob}, where equal texts, the special tokens', collapse)."""
+    [g] = engine.generate(PROMPT, DecodeOptions(**LP_OPTIONS, logprobs=k, **sampling), chat=False)
+    text = engine.codec.decode
+    out = []
+    for t in g.logprobs[:count]:
+        top = [(text([i]), v) for i, v in t.top]
+        out.append((text([t.token]), t.logprob, top if chat else list(dict(top).items())))
+    return out
+
+
+def _joined(chunks, chat: bool, index: int = 0) -> list:
+    """A stream's logprobs entries of choice ``index``, chunk after chunk, as (token, logprob, top)."""
+    out = []
+    for c in chunks:
+        [choice] = c.choices
+        if choice.index != index or choice.logprobs is None:
+            continue
+        out.extend(_entries(choice.logprobs, chat))
+    return out
+
+
+def _entries(lp, chat: bool) -> list:
+    if chat:
+        for e in lp.content:
+            assert e.bytes == list(e.token.encode()) and all(t.bytes == list(t.token.encode()) for t in e.top_logprobs)
+        return [(e.token, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs]) for e in lp.content]
+    return [(t, v, list(top.items())) for t, v, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs)]
+
+
+@pytest.mark.parametrize("route", ["completions", "chat"])
+def test_logprobs_are_the_engines_and_streamed_the_same(server, client, engine, route):
+    """logprobs 3 (completions) / logprobs true + top_logprobs 3 (chat): per completion token its text,
+    the engine's log-prob and top 3 for the same request (Engine.generate with logprobs=3); the
+    stream's chunks carry the entries of their tokens, several chunks, joined equal to the response."""
+    chat = route == "chat"
+    kw = dict(model="toy-chat", extra_body={"blockbatch": LP_OPTIONS})
+    if chat:
+        create = client.chat.completions.create
+        kw.update(messages=[{"role": "user", "content": PROMPT}], logprobs=True, top_logprobs=3)
+    else:
+        create = client.completions.create
+        kw.update(prompt=PROMPT, logprobs=3)
+    done = create(**kw)
+    [choice] = done.choices
+    n = done.usage.completion_tokens
+    want = _engine_entries(engine, 3, n, chat)
+    got = _entries(choice.logprobs, chat)
+    assert got == want and len(got) == n > 0
+    text = choice.message.content if chat else choice.text
+    assert "".join(t for t, _, _ in got) == text
+    if not chat:
+        assert choice.logprobs.text_offset == [len("".join(t for t, _, _ in got[:i])) for i in range(n)]
+    chunks = list(create(stream=True, **kw))
+    assert _joined(chunks, chat) == got
+    assert sum(1 for c in chunks if c.choices[0].logprobs is not None) >= 2  # entries came block by block
+    plain = create(**{k: v for k, v in kw.items() if k not in ("logprobs", "top_logprobs")})
+    assert plain.choices[0].logprobs is None
+    assert (plain.choices[0].message.content if chat else plain.choices[0].text) == text
+
+
+def test_logprobs_of_n_choices_are_each_their_own(server, client, engine):
+    """n=2 sampled with logprobs 0: choice i's entries are the engine's with seed + i, streamed too."""
+    kw = dict(model="toy-chat", prompt=PROMPT, n=2, logprobs=0, **SAMPLED, extra_body={"blockbatch": LP_OPTIONS})
+    done = client.completions.create(**kw)
+    chunks = list(client.completions.create(stream=True, **kw))
+    for i, choice in enumerate(done.choices):
+        got = _entries(choice.logprobs, chat=False)
+        want = _engine_entries(
+            engine, 0, len(got), chat=False, temperature=SAMPLED["temperature"], seed=SAMPLED["seed"] + i
+        )
+        assert got == want and all(top == [] for _, _, top in got)
+        assert _joined(chunks, chat=False, index=i) == got
+    assert _entries(done.choices[0].logprobs, False) != _entries(done.choices[1].logprobs, False)
+
+
 @pytest.mark.parametrize("route", ["completions", "chat"])
 def test_n_streams_carry_their_choice_index(server, client, route):
     """n=2 sampled, streamed: chunks of both indices whose texts add up to the non-streamed
@@ -407,7 +489,16 @@ ERRORS = [  # (route, changes to a valid body, status, param)
     ("completions", {"max_tokens": 2.5}, 400, "max_tokens"),
     ("completions", {"stream": "yes"}, 400, "stream"),
     ("completions", {"stop": [1]}, 400, "stop"),
-    ("completions", {"logprobs": 3}, 400, "logprobs"),
+    ("completions", {"logprobs": 21}, 400, "logprobs"),
+    ("completions", {"logprobs": "3"}, 400, "logprobs"),
+    ("completions", {"logprobs": True}, 400, "logprobs"),
+    ("completions", {"logprobs": 2, "blockbatch": {"policy": "blockbatch"}}, 400, "logprobs"),  # not recorded there
+    ("completions", {"logprobs": 2, "blockbatch": {"logprobs": 2}}, 400, "logprobs"),
+    ("chat/completions", {"logprobs": 1}, 400, "logprobs"),
+    ("chat/completions", {"top_logprobs": 2}, 400, "top_logprobs"),  # without logprobs: true, as OpenAI
+    ("chat/completions", {"logprobs": False, "top_logprobs": 2}, 400, "top_logprobs"),
+    ("chat/completions", {"logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
+    ("chat/completions", {"logprobs": True, "top_logprobs": 1.5}, 400, "top_logprobs"),
     ("completions", {"blockbatch": "dual"}, 400, "blockbatch"),
     ("completions", {"blockbatch": {"bogus": 1}}, 400, "blockbatch.bogus"),
     ("completions", {"blockbatch": {"preset": "nope"}}, 400, "blockbatch.preset"),

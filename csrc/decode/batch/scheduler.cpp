@@ -222,7 +222,10 @@ bool Scheduler::admit() {
     }
     r->options = o;
     l->t0 = std::chrono::steady_clock::now();
-    l->progress = [this, req = r.get()](const int64_t* x, int64_t n) { report(*req, x, n); };
+    // The stop check runs inside the decoder's plan(): the decoder exists whenever it reports.
+    l->progress = [this, req = r.get(), live = l.get()](const int64_t* x, int64_t n) {
+      report(*req, live->d.get(), x, n);
+    };
     try {
       l->stop = std::make_unique<Stop>(o.timeout_s, &r->cancel, r->stream ? &l->progress : nullptr, &r->reason);
       l->d = make_decoder(model_, r->prompt, o, *l->stop, l->kv ? l->kv->kv : KvRows{});
@@ -330,6 +333,7 @@ bool Scheduler::finish_if_done(Live& l) {
     res.stats.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - l.t0).count();
     ev.tokens = std::move(res.tokens);
     ev.stats = std::move(res.stats);
+    ev.logprobs = std::move(res.logprobs);
     retire(l, std::move(ev));
   } catch (...) {
     retire(l, failed_event(l.r->id, std::current_exception(), l.r->cancel, l.r->reason));
@@ -435,7 +439,7 @@ void Scheduler::push(RequestEvent ev) {
   queue_cv_.notify_all();  // a step() waiting for work returns to hand the event over
 }
 
-void Scheduler::report(Request& r, const int64_t* x, int64_t numel) {
+void Scheduler::report(Request& r, const Decoder* d, const int64_t* x, int64_t numel) {
   const int64_t L = r.length, rows = numel / L, lp = static_cast<int64_t>(r.prompt.size());
   const int64_t mask = model_.config().mask_token_id;
   const int64_t end = std::min(L, lp + r.options.gen_length);  // a block canvas runs past the generation
@@ -452,6 +456,7 @@ void Scheduler::report(Request& r, const int64_t* x, int64_t numel) {
   ev.kind = RequestEvent::kTokens;
   ev.offset = r.stable;
   ev.tokens.assign(x + lp + r.stable, x + p);
+  if (d != nullptr && r.options.logprobs) ev.logprobs = d->logprob_rows(r.stable, p - lp - r.stable);
   r.stable = p - lp;
   push(std::move(ev));
 }
@@ -507,6 +512,7 @@ std::vector<DecodeResult> decode_batch(const Network& model, const std::vector<s
         if (ev.kind == RequestEvent::kFinished) {
           results[i].tokens = std::move(ev.tokens);
           results[i].stats = std::move(ev.stats);
+          results[i].logprobs = std::move(ev.logprobs);
         } else {
           errors[i] = ev.exception;
           reasons[i] = ev.reason;

@@ -35,6 +35,8 @@
 
 namespace blockbatch {
 
+class Decoder;  // decode/decoder.h
+
 struct RequestEvent {
   enum Kind : int64_t { kTokens = 0, kFinished = 1, kFailed = 2, kCancelled = 3 };
   static const char* kind_name(Kind kind);  // "tokens", "finished", "failed", "cancelled"
@@ -43,6 +45,7 @@ struct RequestEvent {
   int64_t offset = 0;           // kTokens: generation positions streamed before these
   std::vector<int64_t> tokens;  // kTokens: the newly stable generation tokens; kFinished: [prompt | generation]
   DecodeStats stats;            // kFinished
+  at::Tensor logprobs;          // kFinished: DecodeResult::logprobs; kTokens: the rows of `tokens` (logprobs on)
   std::string error;            // kFailed / kCancelled: the message
   ErrorKind error_kind = ErrorKind::kDecodeFailed;  // kFailed / kCancelled: why (timeout, cancelled, a refusal's kind)
   std::string error_param;                          // kFailed: the argument a refusal names ("" for other errors)
@@ -135,7 +138,7 @@ class Scheduler {
   void run_step();               // the driver: one step of every live decoder
   bool finish_if_done(Live& l);  // finished: its event out, its rows free; true when it left
   void retire(Live& l, RequestEvent ev);
-  void report(Request& r, const int64_t* canvases, int64_t numel);
+  void report(Request& r, const Decoder* d, const int64_t* canvases, int64_t numel);
   void push(RequestEvent ev);
 
   const Network& model_;

@@ -49,6 +49,7 @@
 #include <limits>
 #include <string>
 
+#include "decode/logprobs.h"
 #include "decode/policies/block_rules.h"
 #include "decode/policies/policy.h"
 
@@ -92,7 +93,8 @@ class BlockDecoder final : public Decoder {
         schedule_(editing_ ? std::vector<int64_t>{} : transfer_schedule()),
         // SDAR's ranked rules with a count above one a step may rewrite decided positions of the block.
         rewrites_(unmasking_ && (*unmasking_ == Unmasking::kDynamic || *unmasking_ == Unmasking::kStatic) &&
-                  static_cast<int64_t>(schedule_.size()) < B_) {
+                  static_cast<int64_t>(schedule_.size()) < B_),
+        logprobs_(o.logprobs, L_, model.device()) {
     x_ = prompt;
     x_.resize(L_, c_.mask_token_id);
     kv_ = kv.defined() ? std::move(kv) : KvRows{model.new_kv(1, L_), {}};
@@ -160,12 +162,19 @@ class BlockDecoder final : public Decoder {
       edits = block_rules::edits(active, x_, s, lp_, t, conf.const_data_ptr<float>(),
                                  static_cast<float>(*o_.edit_threshold));
     }
+    const std::vector<int64_t> before =
+        logprobs_.on() ? std::vector<int64_t>(x_.begin() + s, x_.begin() + s + B_) : std::vector<int64_t>();
     bool eos_committed = false;
     for (int64_t i : chosen) {
       x_[s + i] = t[i];
       eos_committed = eos_committed || t[i] == c_.eos_token_id;
     }
     for (int64_t i : edits) x_[s + i] = t[i];
+    if (logprobs_.on()) {  // the block's rows, in its order: commits and edits alike
+      std::vector<int64_t> positions(B_);
+      for (int64_t i = 0; i < B_; ++i) positions[i] = s + i;
+      logprobs_.record(positions, logits, before, std::vector<int64_t>(x_.begin() + s, x_.begin() + s + B_));
+    }
     // Masks given a token (a rewritten decided position is no commit).
     const int64_t committed =
         std::count_if(chosen.begin(), chosen.end(), [&](int64_t i) { return active[i] && t[i] != c_.mask_token_id; });
@@ -186,9 +195,12 @@ class BlockDecoder final : public Decoder {
     advance();
   }
 
+  at::Tensor logprob_rows(int64_t from, int64_t count) const override { return logprobs_.rows(lp_ + from, count); }
+
   DecodeResult finish() override {
     DecodeResult res;
     res.tokens.assign(x_.begin(), x_.begin() + lp_ + o_.gen_length);
+    res.logprobs = logprobs_.rows(lp_, o_.gen_length);
     st_.nfe_block = st_.nfe;
     if (rules_.unmasking) {  // the authors' count: their prefill and store forwards are folded here
       st_.nfe_prefill = lp_ >= B_ ? 1 : 0;
@@ -327,6 +339,7 @@ class BlockDecoder final : public Decoder {
   const std::vector<int64_t> schedule_;
   const bool rewrites_;
   std::vector<int64_t> x_;
+  LogprobRecord logprobs_;
   int64_t block_ = 0, step_ = 0, post_steps_ = 0, cached_ = 0;
   bool stopped_ = false;
   DecodeStats st_;
@@ -411,6 +424,7 @@ extern const PolicyDescriptor kBlockPolicy{
     .steps_with_confidence = true,
     .step_kinds = {StepKind::kBlockStart, StepKind::kWindow},
     .stats = {"nfe_block", "edits", "prefix_cache_hit_tokens", "nfe_prefill", "nfe_store"},
+    .logprobs = true,
     .make = make};
 
 }  // namespace blockbatch

@@ -49,6 +49,8 @@ struct PolicyDescriptor {
   std::vector<StepKind> step_kinds;
   // Its counters beyond those every policy fills (nfe, steps, branches, wall_ms, graph counters).
   std::vector<std::string> stats;
+  // Its decoder records the `logprobs` option (decode/logprobs.h); false: the option is refused.
+  bool logprobs = false;
   std::unique_ptr<Decoder> (*make)(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o,
                                    const Stop& stop, KvRows kv);
 };

@@ -30,6 +30,7 @@
 #include <limits>
 #include <string>
 
+#include "decode/logprobs.h"
 #include "decode/policies/host_canvas.h"
 #include "decode/policies/policy.h"
 #include "kernels/cpu/commit_rules.h"
@@ -103,6 +104,7 @@ class Canvas {
                          const std::vector<at::Tensor>& host) = 0;
   virtual void fill_eos(int64_t from) = 0;
   virtual std::vector<int64_t> tokens() = 0;
+  virtual const LogprobRecord& logprobs() const = 0;
 };
 
 // Output row of canvas position `pos` in a forward whose first output is position `out0`.
@@ -116,7 +118,8 @@ class DeviceReadout final : public Canvas {
   DeviceReadout(const Network& model, const std::vector<int64_t>& prompt, const DecodeOptions& o, int64_t b)
       : model_(model), c_(model.config()), o_(o), L_(static_cast<int64_t>(prompt.size()) + o.gen_length), b_(b),
         sampling_(o.temperature > 0),
-        generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))) {
+        generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))),
+        logprobs_(o.logprobs, L_, model.device()) {
     std::vector<int64_t> init(L_, c_.mask_token_id);
     std::copy(prompt.begin(), prompt.end(), init.begin());
     canvas_ = at::from_blob(init.data(), {L_}, at::kLong).to(model.device(), false, /*copy=*/true);
@@ -141,18 +144,25 @@ class DeviceReadout final : public Canvas {
                                         const at::Tensor& logits) override {
     if (sampling_) return {logits.to(at::kDouble)};  // proposals from the seeded host generator
     auto [token, conf] = ops::confidence(logits.contiguous(), c_.mask_token_id);
-    return {commit(buffer.narrow(0, p.base, b_ + 1), token, conf)};
+    const at::Tensor extra = buffer.narrow(0, p.base, b_ + 1);
+    const at::Tensor before = logprobs_.on() ? canvas_.index_select(0, extra.narrow(0, 0, b_)) : at::Tensor();
+    at::Tensor counts = commit(extra, token, conf);
+    record(extra, logits, before);
+    return {counts};
   }
 
-  Commits absorb(const StepPlan& p, const Step&, const at::Tensor&, const std::vector<at::Tensor>& host) override {
+  Commits absorb(const StepPlan& p, const Step&, const at::Tensor& logits,
+                 const std::vector<at::Tensor>& host) override {
     at::Tensor counts = host[0];
     if (sampling_) {  // commit the host proposals: window and count uploaded again
       const Proposals prop = sample_proposals(host[0], c_.mask_token_id, o_.temperature, generator_);
       std::vector<int64_t> extra = p.extra;
       const at::Tensor dev = at::from_blob(extra.data(), {b_ + 1}, at::kLong).to(model_.device(), false, true);
+      const at::Tensor before = logprobs_.on() ? canvas_.index_select(0, dev.narrow(0, 0, b_)) : at::Tensor();
       counts = commit(dev, at::tensor(prop.token, at::kLong).to(model_.device()),
                       at::tensor(prop.conf, at::kDouble).to(model_.device()))
                    .cpu();
+      record(dev, logits, before);
     }
     const int64_t* n = counts.const_data_ptr<int64_t>();
     return Commits{n[0], n[1], n[2] != 0};
@@ -165,7 +175,16 @@ class DeviceReadout final : public Canvas {
     return std::vector<int64_t>(t.const_data_ptr<int64_t>(), t.const_data_ptr<int64_t>() + L_);
   }
 
+  const LogprobRecord& logprobs() const override { return logprobs_; }
+
  private:
+  // The step's commits into the logprob table: window = extra[0, b), the logits' rows in its order.
+  void record(const at::Tensor& extra, const at::Tensor& logits, const at::Tensor& before) {
+    if (!logprobs_.on()) return;
+    const at::Tensor window = extra.narrow(0, 0, b_);
+    logprobs_.record(window, logits, before, canvas_.index_select(0, window));
+  }
+
   // commit_ on the device: window = extra[0, b), the fixed rule's count = extra[b].
   at::Tensor commit(const at::Tensor& extra, const at::Tensor& token, const at::Tensor& conf) const {
     return ops::commit_(canvas_, extra.narrow(0, 0, b_), token, conf, extra.narrow(0, b_, 1), c_.mask_token_id,
@@ -180,6 +199,7 @@ class DeviceReadout final : public Canvas {
   const bool sampling_;
   at::Generator generator_;
   at::Tensor canvas_;
+  LogprobRecord logprobs_;
 };
 
 at::Tensor long_tensor(const std::vector<int64_t>& v, c10::Device device) {
@@ -199,7 +219,8 @@ class HostReadout final : public Canvas {
         limit_(model.config().proposal_limit()), shift_(family_spec(model.config().family).logit_shift),
         L_(static_cast<int64_t>(prompt.size()) + o.gen_length),
         threshold_(static_cast<float>(o.threshold.value_or(1.0))),
-        generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))) {
+        generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))),
+        logprobs_(o.logprobs, L_, model.device()) {
     x_ = prompt;
     x_.resize(L_, mask_);
   }
@@ -228,6 +249,11 @@ class HostReadout final : public Canvas {
 
   Commits absorb(const StepPlan&, const Step& s, const at::Tensor& out, const std::vector<at::Tensor>&) override {
     const at::Tensor logits = out.to(at::kFloat);
+    std::vector<int64_t> read, before;  // logprobs: the positions the step read and what they held
+    if (logprobs_.on()) {
+      read = s.seed ? std::vector<int64_t>{s.s} : masked_;
+      for (int64_t q : read) before.push_back(x_[q]);
+    }
     Commits c;
     if (s.seed) {
       const host::Proposal p = host::propose(logits, Alg::kConfidence, 0.0, generator_, o_.top_p, o_.top_k, limit_);
@@ -238,6 +264,11 @@ class HostReadout final : public Canvas {
     } else {
       c.committed = by_threshold(logits, s);
     }
+    if (!read.empty()) {  // the rows the step read are the masks' (a seed: its one row)
+      std::vector<int64_t> after;
+      for (int64_t q : read) after.push_back(x_[q]);
+      logprobs_.record(read, logits.narrow(0, 0, static_cast<int64_t>(read.size())), before, after);
+    }
     c.masks_left = std::count(x_.begin() + s.s, x_.begin() + s.e, mask_);
     c.eos = std::find(x_.begin() + s.s, x_.begin() + s.e, eos_) != x_.begin() + s.e;
     return c;
@@ -246,6 +277,8 @@ class HostReadout final : public Canvas {
   void fill_eos(int64_t from) override { std::fill(x_.begin() + from, x_.end(), eos_); }
 
   std::vector<int64_t> tokens() override { return std::move(x_); }
+
+  const LogprobRecord& logprobs() const override { return logprobs_; }
 
  private:
   // Commits the step's masks by the timestep rule; returns how many it wrote.
@@ -326,6 +359,7 @@ class HostReadout final : public Canvas {
   const float threshold_;  // compared with float32 confidences
   at::Generator generator_;
   std::vector<int64_t> x_, masked_;
+  LogprobRecord logprobs_;
 };
 
 class SingleBranch final : public Decoder {
@@ -426,8 +460,13 @@ class SingleBranch final : public Decoder {
     if (!done()) start_block();
   }
 
+  at::Tensor logprob_rows(int64_t from, int64_t count) const override {
+    return readout_->logprobs().rows(lp_ + from, count);
+  }
+
   DecodeResult finish() override {
     DecodeResult res;
+    res.logprobs = readout_->logprobs().rows(lp_, o_.gen_length);
     res.tokens = readout_->tokens();
     st_.nfe = st_.nfe_full + st_.nfe_block;
     st_.nfe_paper = st_.nfe;
@@ -543,6 +582,7 @@ extern const PolicyDescriptor kVanillaPolicy{.id = Policy::kVanilla,
                                              .steps_with_confidence = false,
                                              .step_kinds = {StepKind::kStep},
                                              .stats = {"nfe_full"},
+                                             .logprobs = true,
                                              .make = make};
 
 // prefix and dual share every rule but the key range a block step attends (the decoder reads
@@ -562,6 +602,7 @@ PolicyDescriptor cached_policy(Policy id) {
           .steps_with_confidence = false,
           .step_kinds = {StepKind::kBlockStart, StepKind::kWindow},
           .stats = {"nfe_full", "nfe_block"},
+          .logprobs = true,
           .make = make};
 }
 }  // namespace

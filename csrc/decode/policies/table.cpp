@@ -58,6 +58,14 @@ Refusal refusal(const FamilySpec* family, const DecodeOptions& o) {
       return {"policy", c10::str("policy '", policy_name(o.policy), "' ", why, ": ", policies_for(*family))};
     }
   }
+  if (o.logprobs && !d.logprobs) {
+    std::string which;
+    for (const PolicyDescriptor* r : policy_table()) {
+      if (r->logprobs) which += std::string(which.empty() ? "'" : ", '") + policy_name(r->id) + "'";
+    }
+    return {"logprobs", c10::str("policy '", policy_name(o.policy), "' does not record logprobs yet (", which,
+                                 " do): leave logprobs None or use one of those")};
+  }
   return d.option_refusal(family, o);
 }
 

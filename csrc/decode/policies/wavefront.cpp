@@ -31,6 +31,7 @@
 #include <limits>
 #include <string>
 
+#include "decode/logprobs.h"
 #include "decode/policies/block_rules.h"
 #include "decode/policies/policy.h"
 
@@ -55,7 +56,8 @@ class WavefrontDecoder final : public Decoder {
       : c_(model.config()), o_(o), stop_(stop), lp_(static_cast<int64_t>(prompt.size())), B_(o.block_length),
         L_(canvas_length(o, lp_)), blocks_(L_ / B_),
         threshold_(static_cast<float>(o.threshold.value_or(std::numeric_limits<double>::infinity()))),
-        edit_threshold_(static_cast<float>(o.edit_threshold.value())), post_(blocks_, 0), stale_(L_, false) {
+        edit_threshold_(static_cast<float>(o.edit_threshold.value())), post_(blocks_, 0), stale_(L_, false),
+        logprobs_(o.logprobs, L_, model.device()) {
     x_ = prompt;
     x_.resize(L_, c_.mask_token_id);
     kv_ = kv.defined() ? std::move(kv) : KvRows{model.new_kv(1, L_), {}};
@@ -126,6 +128,11 @@ class WavefrontDecoder final : public Decoder {
       committed += given;
       settled[k] = masks == 0 && edits[k].empty();
     }
+    std::vector<int64_t> positions;  // the active blocks', the logits rows' order
+    if (logprobs_.on()) {
+      for (int64_t q = first_ * B_; q < end_ * B_; ++q) positions.push_back(q);
+    }
+    const std::vector<int64_t> before = logprobs_.held(x_, positions);
     for (int64_t k = 0; k < window; ++k) {
       const int64_t s = (first_ + k) * B_;
       const bool stale = k > 0;  // drafted while an older block is still in flight
@@ -140,6 +147,7 @@ class WavefrontDecoder final : public Decoder {
       }
       st_.edits += static_cast<int64_t>(edits[k].size());
     }
+    logprobs_.record(positions, logits, before, logprobs_.held(x_, positions));
     st_.steps.push_back({committed, p.q.size(), p.q.key_tokens(p.mode, L_), window});
     st_.branches[0].committed += committed;
     // The oldest blocks that settled commit, in order.
@@ -148,9 +156,12 @@ class WavefrontDecoder final : public Decoder {
     advance();
   }
 
+  at::Tensor logprob_rows(int64_t from, int64_t count) const override { return logprobs_.rows(lp_ + from, count); }
+
   DecodeResult finish() override {
     DecodeResult res;
     res.tokens.assign(x_.begin(), x_.begin() + lp_ + o_.gen_length);
+    res.logprobs = logprobs_.rows(lp_, o_.gen_length);
     st_.nfe_block = st_.nfe;
     st_.nfe_paper = st_.nfe;
     st_.branches[0].forwards = st_.nfe;
@@ -191,6 +202,7 @@ class WavefrontDecoder final : public Decoder {
     if (o_.stop_on_eos.value_or(false) &&
         block_rules::eos_ends_generation(x_, lp_, end, c_.eos_token_id, c_.mask_token_id)) {
       std::fill(x_.begin() + end, x_.end(), c_.mask_token_id);  // the drafts after it are not committed
+      logprobs_.forget(end, L_ - end);
       first_ = end_ = blocks_;
       return;
     }
@@ -204,8 +216,9 @@ class WavefrontDecoder final : public Decoder {
   const int64_t lp_, B_, L_, blocks_;
   const float threshold_, edit_threshold_;
   std::vector<int64_t> x_;
-  std::vector<int64_t> post_;                 // per block: steps it began without masks
-  std::vector<bool> stale_;                   // per position: its token was written while an older block was in flight
+  std::vector<int64_t> post_;  // per block: steps it began without masks
+  std::vector<bool> stale_;    // per position: its token was written while an older block was in flight
+  LogprobRecord logprobs_;
   int64_t first_ = 0, end_ = 0, cached_ = 0;  // the window: blocks [first_, end_)
   DecodeStats st_;
 };
@@ -277,6 +290,7 @@ extern const PolicyDescriptor kWavefrontPolicy{
     .step_kinds = {StepKind::kBlockStart, StepKind::kWindow},
     .stats = {"nfe_block", "edits", "prefix_cache_hit_tokens", "blocks_in_flight", "max_blocks_in_flight",
               "redrafted_tokens"},
+    .logprobs = true,
     .make = make};
 
 }  // namespace blockbatch

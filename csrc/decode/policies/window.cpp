@@ -34,6 +34,7 @@
 #include <limits>
 #include <string>
 
+#include "decode/logprobs.h"
 #include "decode/policies/host_canvas.h"
 #include "decode/policies/policy.h"
 #include "kernels/cpu/commit_rules.h"
@@ -58,7 +59,8 @@ class CanvasWindow final : public Decoder {
                KvRows kv)
       : c_(model.config()), o_(o), stop_(stop), lp_(static_cast<int64_t>(prompt.size())), L_(lp_ + o.gen_length),
         schedule_(fixed_schedule(o.gen_length, steps_of(o))),
-        generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))) {
+        generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))),
+        logprobs_(o.logprobs, L_, model.device()) {
     x_ = prompt;
     x_.resize(L_, c_.mask_token_id);
     kv_ = kv.defined() ? std::move(kv) : KvRows{model.new_kv(1, L_), {}};
@@ -130,12 +132,14 @@ class CanvasWindow final : public Decoder {
     const int64_t* ip = idx.const_data_ptr<int64_t>();
     std::vector<int64_t> chosen;  // canvas positions, in topk's order
     int64_t committed = 0;
+    const std::vector<int64_t> before = logprobs_.held(x_, pos);
     for (int64_t r = 0; r < count; ++r) {
       const int64_t q = pos[ip[r]];
       x_[q] = t[ip[r]];
       chosen.push_back(q);
       committed += t[ip[r]] != mask;
     }
+    logprobs_.record(pos, l, before, logprobs_.held(x_, pos));  // output j is position pos[j]
     std::sort(chosen.begin(), chosen.end());
     if (full_) {
       st_.nfe_full += 1;
@@ -176,8 +180,11 @@ class CanvasWindow final : public Decoder {
     ++step_;
   }
 
+  at::Tensor logprob_rows(int64_t from, int64_t count) const override { return logprobs_.rows(lp_ + from, count); }
+
   DecodeResult finish() override {
     DecodeResult res;
+    res.logprobs = logprobs_.rows(lp_, o_.gen_length);
     res.tokens = x_;
     st_.nfe_paper = st_.nfe;
     st_.branches[0].forwards = st_.nfe;
@@ -193,6 +200,7 @@ class CanvasWindow final : public Decoder {
   const std::vector<int64_t> schedule_;
   at::Generator generator_;
   std::vector<int64_t> x_;
+  LogprobRecord logprobs_;
   std::vector<int64_t> window_, active_;  // ascending canvas positions
   std::vector<int64_t> phase_commits_, pruned_commits_;
   int64_t step_ = 0;
@@ -225,7 +233,8 @@ class PrefixSpanWindow final : public Decoder {
       : model_(model), c_(model.config()), o_(o), stop_(stop), lp_(static_cast<int64_t>(prompt.size())),
         L_(lp_ + o.gen_length), steps_(steps_of(o)), limit_(c_.proposal_limit()),
         timesteps_(host::timesteps(o.eps, steps_)),
-        generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))) {
+        generator_(at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed))),
+        logprobs_(o.logprobs, L_, model.device()) {
     x_ = prompt;
     x_.resize(L_, c_.mask_token_id);
     n_ = L_;
@@ -291,6 +300,7 @@ class PrefixSpanWindow final : public Decoder {
     // Dream's sample_tokens over the span's masks (drawn even when none is committed, as theirs).
     const host::Proposal prop = host::propose(out.to(at::kFloat).narrow(0, 0, n), Alg::kEntropy, o_.temperature,
                                               generator_, o_.top_p, o_.top_k, limit_);
+    const std::vector<int64_t> before = logprobs_.held(x_, rows_);
     if (full_) {
       const at::Tensor x0 = host::to_host({prop.x0})[0];
       x_[s_] = x0.const_data_ptr<int64_t>()[0];
@@ -304,6 +314,7 @@ class PrefixSpanWindow final : public Decoder {
       st_.pruned_key_tokens += K_;
       if (k > 0) committed = commit(prop, k);
     }
+    logprobs_.record(rows_, out.narrow(0, 0, n), before, logprobs_.held(x_, rows_));  // output j: rows_[j]
     masks_ = std::count(x_.begin(), x_.begin() + n_, mask);
     st_.nfe += 1;
     st_.steps.push_back({committed, p.q.size(), p.q.key_tokens(p.mode, L_)});
@@ -311,10 +322,14 @@ class PrefixSpanWindow final : public Decoder {
     ++step_;
   }
 
+  at::Tensor logprob_rows(int64_t from, int64_t count) const override { return logprobs_.rows(lp_ + from, count); }
+
   DecodeResult finish() override {
     // early_stop's cut: the generation ends at its EOS (a cut inside the prompt leaves the prompt as it is)
     std::fill(x_.begin() + std::max(n_, lp_), x_.end(), c_.eos_token_id);
+    logprobs_.forget(std::max(n_, lp_), L_ - std::max(n_, lp_));
     DecodeResult res;
+    res.logprobs = logprobs_.rows(lp_, o_.gen_length);
     res.tokens = x_;
     st_.nfe_paper = st_.nfe;
     st_.branches[0].forwards = st_.nfe;
@@ -378,6 +393,7 @@ class PrefixSpanWindow final : public Decoder {
   const at::Tensor timesteps_;
   at::Generator generator_;
   std::vector<int64_t> x_, rows_;
+  LogprobRecord logprobs_;
   int64_t n_ = 0;                  // the canvas length (early_stop cuts it after the first EOS)
   int64_t masks_ = 0;              // masks in [0, n_)
   int64_t K_ = 0, s_ = 0, e_ = 0;  // the phase's kept prefix [0, K), the active span [s, e)
@@ -496,6 +512,7 @@ extern const PolicyDescriptor kWindowPolicy{.id = Policy::kWindow,
                                             .steps_with_confidence = false,
                                             .step_kinds = {StepKind::kRefresh, StepKind::kWindow},
                                             .stats = {"nfe_full", "nfe_pruned", "pruned_key_tokens"},
+                                            .logprobs = true,
                                             .make = make};
 
 }  // namespace blockbatch

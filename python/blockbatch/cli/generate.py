@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -81,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
         prompt, i = args.prompts[k // args.n], k % args.n
         if args.json:
             record = {"prompt": prompt, "text": gen.text, "ids": gen.ids, "stats": gen.stats}
+            if gen.logprobs is not None:
+                record["logprobs"] = logprob_records(engine, gen)
             if args.n > 1:
                 record = {"prompt": prompt, "choice": i, "seed": options.seed + i, **record}
             print(json.dumps(record))
@@ -88,7 +91,31 @@ def run(args: argparse.Namespace) -> int:
             label = f"{prompt!r}" + (f" #{i} (seed {options.seed + i})" if args.n > 1 else "")
             print(f"{label} -> {gen.text!r}" if len(args.prompts) > 1 or args.n > 1 else gen.text)
             print("  " + summary_line(gen.stats))
+            if gen.logprobs is not None:
+                for r in logprob_records(engine, gen):
+                    top = " ".join(f"{t['text']!r}:{t['logprob']:.4f}" for t in r["top"])
+                    value = "-" if r["logprob"] is None else f"{r['logprob']:.4f}"
+                    print(f"  {r['text']!r} {value}" + (f"  top: {top}" if top else ""))
     return 0
+
+
+def logprob_records(engine, gen) -> list[dict]:
+    """``Generation.logprobs`` as JSON records: per token its id, its text (the token decoded alone;
+    "" without a tokenizer), its log-probability (None for a token no step committed, a mask left
+    undecoded) and its top alternatives (id, text, log-prob)."""
+
+    def text(i: int) -> str:
+        return engine.codec.decode([i]) if engine.codec else ""
+
+    return [
+        {
+            "id": t.token,
+            "text": text(t.token),
+            "logprob": None if math.isnan(t.logprob) else t.logprob,  # a token no step committed: null, valid JSON
+            "top": [{"id": i, "text": text(i), "logprob": v} for i, v in t.top],
+        }
+        for t in gen.logprobs
+    ]
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -193,7 +220,10 @@ def _generate_jsonl(engine, args: argparse.Namespace, options) -> int:
         nonlocal done, tokens
         done += 1
         tokens += len(g.ids)
-        emit({"id": rid, "text": g.text, "ids": g.ids, "nfe": g.stats["nfe"], "wall_ms": g.stats["wall_ms"]})
+        record = {"id": rid, "text": g.text, "ids": g.ids, "nfe": g.stats["nfe"], "wall_ms": g.stats["wall_ms"]}
+        if g.logprobs is not None:
+            record["logprobs"] = logprob_records(engine, g)
+        emit(record)
         progress()
 
     def requests():

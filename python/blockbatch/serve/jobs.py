@@ -131,6 +131,7 @@ class Job:
         self.stop = stop
         self.arrival = arrival
         self.stable: list[int] = []
+        self.stable_rows: list[list[float]] = []  # with logprobs: the rows of `stable` (serve/logprobs.py)
         self.choices = Choices(state, arrival) if choices is None else choices
         self.index = len(self.choices.jobs)  # the choice's index in the response
         self.choices.jobs.append(self)
@@ -159,6 +160,8 @@ class Job:
         now = time.perf_counter()
         if event.kind == "tokens":
             self.stable.extend(event.tokens)
+            if event.logprobs is not None:
+                self.stable_rows.extend(event.logprobs.tolist())
             if event.tokens:
                 self.choices._tokens(now)
         else:

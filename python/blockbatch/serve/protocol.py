@@ -28,8 +28,6 @@ GEN_LENGTH_UNIT = 32  # max_tokens rounds up to a multiple of this for blockbatc
 # OpenAI parameters this server does not implement: refused (400 naming the field) unless they
 # hold the value that means "off" (null, or the listed value).
 _UNSUPPORTED = {
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
     "echo": (None, False),
     "suffix": (None, ""),
     "best_of": (None, 1),
@@ -79,6 +77,7 @@ class Params:
     preset: str | None = None  # the name of the preset under the request's options (its own or the server's)
     n: int = 1  # choices: n decodes, choice i with seed + i (choice_options)
     tools: list[dict] | None = None  # chat: the tools the template renders (None: none, or tool_choice "none")
+    logprobs: int | None = None  # top alternatives per token when the response carries logprobs (None: off)
 
     def choice_options(self) -> list[DecodeOptions]:
         """The decode options of each of the n choices: choice i decodes with seed + i (so with
@@ -276,6 +275,12 @@ def parse_params(body: dict, chat: bool, preset: presets.Preset | None = None, d
             )
     values = dict(extra)
     sources = {name: f"blockbatch.{name}" for name in values}
+    logprobs = _logprobs(body, chat)
+    if logprobs is not None:
+        if "logprobs" in extra:
+            raise bad("logprobs", "given both as an OpenAI field and as blockbatch.logprobs: give one")
+        values["logprobs"] = logprobs
+        sources["logprobs"] = "top_logprobs" if chat and body.get("top_logprobs") is not None else "logprobs"
     for name in ("temperature", "seed", "top_p"):
         value = body.get(name)
         if value is None:
@@ -302,7 +307,9 @@ def parse_params(body: dict, chat: bool, preset: presets.Preset | None = None, d
     except (TypeError, ValueError) as e:
         raise APIError(400, str(e), param=option_param(e, sources), code=getattr(e, "kind", None)) from None
     tools = _parse_tools(body) if chat else None
-    return Params(max_tokens, stop, stream, options, sources, limit_name, preset.name if preset else None, n, tools)
+    return Params(
+        max_tokens, stop, stream, options, sources, limit_name, preset.name if preset else None, n, tools, logprobs
+    )
 
 
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -357,6 +364,32 @@ def _parse_tools(body: dict) -> list[dict] | None:
         if function.get("strict"):
             raise bad(f"{where}.function.strict", f"true {GRAMMAR_NEEDED}")
     return None if choice == "none" else tools
+
+
+
+MAX_LOGPROBS = 20  # top alternatives per token at most (contract: the logprobs option's range)
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """The top alternatives a request asks for with its tokens' log-probabilities, or None: completions'
+    ``logprobs`` (an integer in [0, 20]); chat's ``logprobs: true`` with ``top_logprobs`` (an integer in
+    [0, 20], default 0), ``top_logprobs`` needing ``logprobs: true`` as OpenAI does."""
+    value = body.get("logprobs")
+    if not chat:
+        if value is None:
+            return None
+        if not (is_int(value) and 0 <= value <= MAX_LOGPROBS):
+            raise bad("logprobs", f"must be an integer in [0, {MAX_LOGPROBS}] or null, got {json.dumps(value)[:60]}")
+        return value
+    if value is not None and not isinstance(value, bool):
+        raise bad("logprobs", f"must be a boolean, got {type_name(value)}")
+    top = body.get("top_logprobs")
+    if top is not None:
+        if not (is_int(top) and 0 <= top <= MAX_LOGPROBS):
+            raise bad("top_logprobs", f"must be an integer in [0, {MAX_LOGPROBS}], got {json.dumps(top)[:60]}")
+        if value is not True:
+            raise bad("top_logprobs", "needs logprobs: true")
+    return (top or 0) if value else None
 
 
 def _request_preset(name: Any, default: presets.Preset | None) -> presets.Preset:

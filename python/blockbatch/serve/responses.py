@@ -30,7 +30,7 @@ class DecodeReport(BaseModel):
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None
+    logprobs: dict[str, Any] | None  # serve/logprobs.py: the request's logprobs, else null
     finish_reason: str | None
 
 
@@ -54,7 +54,7 @@ class AssistantMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    logprobs: None
+    logprobs: dict[str, Any] | None
     finish_reason: str | None
 
 
@@ -71,7 +71,7 @@ class ChatDelta(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int
     delta: ChatDelta
-    logprobs: None
+    logprobs: dict[str, Any] | None
     finish_reason: str | None
 
 
@@ -129,11 +129,14 @@ def response(
     texts: list[tuple[str, str | None]],
     outcome: Outcome,
     calls: list | None = None,
+    logprobs: list[dict[str, Any] | None] | None = None,
 ) -> GenerationResponse:
     """The whole (non-streamed) response of a finished request: its choices' (text, finish reason)
-    in index order; ``calls[i]``: choice i's tool calls (``blockbatch.tools.Reply``) or None."""
+    in index order; ``calls[i]``: choice i's tool calls (``blockbatch.tools.Reply``) or None; their
+    logprobs (serve/logprobs.py) when the request asked for them."""
     choices: list[CompletionChoice | ChatChoice | ChatChunkChoice] = []
     for index, (text, reason) in enumerate(texts):
+        lp = logprobs[index] if logprobs is not None else None
         if chat:
             reply = calls[index] if calls else None
             message = (
@@ -145,12 +148,12 @@ def response(
                 ChatChoice(
                     index=index,
                     message=message,
-                    logprobs=None,
+                    logprobs=lp,
                     finish_reason=reason,
                 )
             )
         else:
-            choices.append(CompletionChoice(index=index, text=text, logprobs=None, finish_reason=reason))
+            choices.append(CompletionChoice(index=index, text=text, logprobs=lp, finish_reason=reason))
     return GenerationResponse(
         id=rid,
         object="chat.completion" if chat else "text_completion",
@@ -174,10 +177,12 @@ def chunk(
     outcome: Outcome | None = None,
     index: int = 0,
     calls: list | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> GenerationResponse:
     """One chunk of choice ``index``'s stream: the role (chat's first chunk), a piece of text, or its
     last chunk (``reason``: an empty text, or chat's empty delta; the request's last chunk carries
-    ``outcome`` too) or, chat, its tool calls (``calls``: ``blockbatch.tools.ToolCall``s)."""
+    ``outcome`` too) or, chat, its tool calls (``calls``: ``blockbatch.tools.ToolCall``s);
+    ``logprobs``: those of the tokens the chunk carries (serve/logprobs.py)."""
     choice: ChatChunkChoice | CompletionChoice
     if chat:
         delta = (
@@ -189,9 +194,9 @@ def chunk(
             if text is None
             else ChatDelta(content=text)
         )
-        choice = ChatChunkChoice(index=index, delta=delta, logprobs=None, finish_reason=reason)
+        choice = ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=reason)
     else:
-        choice = CompletionChoice(index=index, text=text or "", logprobs=None, finish_reason=reason)
+        choice = CompletionChoice(index=index, text=text or "", logprobs=logprobs, finish_reason=reason)
     more: dict[str, Any] = (
         {} if outcome is None else {"usage": outcome.usage, "nfe": outcome.report.nfe, "blockbatch": outcome.report}
     )

@@ -19,6 +19,7 @@ from ... import tools
 from .. import responses
 from ..guard import APIError
 from ..jobs import Choices, Job, ServerState
+from ..logprobs import Entries, covered
 from ..protocol import chat_ids, parse_params, precheck_length, prompt_ids
 from ..responses import Outcome
 from .access import authorize, error_response, read_body, served
@@ -87,22 +88,35 @@ async def generate(request: Request, chat: bool):
     finally:
         watcher.cancel()
         choices.cancel()  # a choice failed, or the handler was cancelled (server stopping): so is the decode
-    texts, counts, calls = [], [], []
+    texts, counts, calls, logprobs = [], [], [], []
     names = _tool_names(params.tools)
     for job in choices.jobs:
-        text, completion_tokens, reason = job.visible(_generated(job), final=True)
+        generated = _generated(job)
+        text, completion_tokens, reason = job.visible(generated, final=True)
         reply = tools.parse_reply(text, names) if names else None
         texts.append((text, "tool_calls" if reply is not None else reason))
         calls.append(reply)
         counts.append(completion_tokens)
+        logprobs.append(_logprobs(job, generated, 0, completion_tokens, chat))
     state.metrics.generated_tokens.inc(sum(counts))
     done = outcome(choices, counts)
-    return JSONResponse(responses.response(chat, rid, created, name, texts, done, calls).body())
+    return JSONResponse(responses.response(chat, rid, created, name, texts, done, calls, logprobs).body())
 
 
 def _tool_names(request_tools: list[dict] | None) -> list[str]:
     """The names of the functions a reply may call (none: the reply is text)."""
     return [t["function"]["name"] for t in request_tools or ()]
+
+
+def _logprobs(job: Job, ids: list[int], start: int, end: int, chat: bool, rows=None) -> dict | None:
+    """The logprobs of a choice's tokens [start, end) (None when the request did not ask for them):
+    the finished decode's rows, or ``rows`` (a stream's stable tokens')."""
+    if job.options.logprobs is None:
+        return None
+    if rows is None:
+        assert job.final is not None and job.final.output is not None and job.final.output.logprobs is not None
+        rows = job.final.output.logprobs
+    return Entries(job.codec, ids, rows, start, end).body(chat)
 
 
 def _generated(job: Job) -> list[int]:
@@ -137,13 +151,15 @@ async def _stream(
         role: bool = False,
         outcome: Outcome | None = None,
         calls=None,
+        logprobs: dict | None = None,
     ) -> str:
-        body = responses.chunk(chat, rid, created, name, text, reason, role, outcome, index, calls).body()
+        body = responses.chunk(chat, rid, created, name, text, reason, role, outcome, index, calls, logprobs).body()
         return f"data: {json.dumps(body)}\n\n"
 
     watcher = asyncio.create_task(watch_disconnect(request, choices))
     jobs = choices.jobs
     sent = [""] * len(jobs)
+    sent_tokens = [0] * len(jobs)  # with logprobs: the tokens whose entries were sent (their text was)
     counts = [0] * len(jobs)
     left = len(jobs)
     try:
@@ -154,31 +170,39 @@ async def _stream(
             i, event = await choices.events.get()
             job = jobs[i]
             if event.kind == "tokens":
-                text, _, _ = job.visible(job.stable, final=False)
+                text, count, _ = job.visible(job.stable, final=False)
                 if names:
                     text = tools.shown_prefix(text)
                 if len(text) > len(sent[i]) and text.startswith(sent[i]):
-                    yield chunk(i, text[len(sent[i]) :])
+                    lp = None
+                    if job.options.logprobs is not None:  # the tokens whose text this chunk completes
+                        upto = covered(job.codec, job.stable[:count], len(text))
+                        lp = _logprobs(job, job.stable, sent_tokens[i], upto, chat, job.stable_rows)
+                        sent_tokens[i] = upto
+                    yield chunk(i, text[len(sent[i]) :], logprobs=lp)
                     sent[i] = text
                 continue
             if event.kind != "finished":
                 yield f"data: {json.dumps(failure(event).body())}\n\n"
                 yield "data: [DONE]\n\n"
                 return
-            text, counts[i], reason = job.visible(_generated(job), final=True)
+            ids = _generated(job)
+            text, counts[i], reason = job.visible(ids, final=True)
             reply = tools.parse_reply(text, names) if names else None
             if reply is not None:
                 text, reason = reply.content or "", "tool_calls"
+            rest = _logprobs(job, ids, sent_tokens[i], counts[i], chat) if counts[i] > sent_tokens[i] else None
             if not text.startswith(sent[i]):  # a tokenizer whose text of a prefix is not a prefix of its text
                 log.warning("request %s: streamed text %r is not a prefix of the result %r", rid, sent[i], text)
             elif len(text) > len(sent[i]):
-                yield chunk(i, text[len(sent[i]) :])
+                yield chunk(i, text[len(sent[i]) :], logprobs=rest)
+                rest = None
             if reply is not None:
                 yield chunk(i, calls=reply.calls)
             state.metrics.generated_tokens.inc(counts[i])
             left -= 1
             done = outcome(choices, counts) if left == 0 else None
-            yield chunk(i, "" if not chat else None, reason=reason, outcome=done)
+            yield chunk(i, "" if not chat else None, reason=reason, outcome=done, logprobs=rest)
             if left == 0:
                 yield "data: [DONE]\n\n"
                 return

@@ -1,0 +1,127 @@
+"""The ``logprobs`` option (docs/ALGORITHMS.md "Logprobs"), over the registries: for every family x
+policy that records them, each generated token's log-probability and top alternatives equal a
+recomputation by the float32 reference (the row its reference decoder used when it committed the
+token, helpers/logprobs.py), within 1e-4; turning them on changes no token and no forward count; a
+request's logprobs do not change with the batch it decodes in; the policies that do not record them
+refuse the option by name."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from blockbatch import bench, families, policies
+from blockbatch.decoding import run_decode, token_logprobs
+from blockbatch.errors import RequestError
+from helpers import families as data
+from helpers import logprobs as lp
+from helpers.batching import small_engine
+
+PAIRS = [(f, p) for f in data.names() for p in families.get(f).POLICIES]
+RECORDING = ("vanilla", "prefix", "dual", "block", "window", "wavefront")  # the policies that record logprobs
+PROMPTS = ([5], [3, 9, 27, 1, 44, 2, 8, 8, 19])
+TOP = 3
+
+_engines: dict[str, tuple] = {}
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    def get(family):
+        if family not in _engines:
+            engine = small_engine(tmp_path_factory.mktemp(family), family, seed=9)
+            _engines[family] = (engine, bench.reference_model(engine.checkpoint))
+        return _engines[family]
+
+    yield get
+    _engines.clear()
+
+
+def _cases(policy, family):
+    cases = data.policy_cases(policy, family)
+    if policy == "vanilla" and family == "llada":  # the seeded sampler too
+        cases = [*cases, dict(gen_length=16, block_length=8, temperature=0.7, seed=3)]
+    return cases
+
+
+def _plain(entries) -> list:
+    """TokenLogprobs comparable with ==, NaN (a position no step committed: a mask left) as None."""
+    return [(t.token, None if math.isnan(t.logprob) else t.logprob, t.top) for t in entries]
+
+
+OK = [(f, p) for f, p in PAIRS if p in RECORDING]
+
+
+@pytest.mark.parametrize("family,policy", OK, ids=[f"{f}-{p}" for f, p in OK])
+def test_logprobs_equal_the_references_commit_rows(engines, family, policy):
+    engine, ref = engines(family)
+    mask = engine.config.mask_token_id
+    shifted = engine.config.shifted_logits
+    for prompt in PROMPTS:
+        prompt = [t if t != mask else 0 for t in prompt]
+        for overrides in _cases(policy, family):
+            what = f"{family} {policy} {overrides} prompt {prompt}"
+            o = engine.default_options(policy=policy, logprobs=TOP, **overrides)
+            g = engine.generate([prompt], o)[0]
+            off = engine.generate([prompt], engine.default_options(policy=policy, **overrides))[0]
+            assert off.logprobs is None, what
+            assert (g.raw_ids, g.stats["nfe"]) == (off.raw_ids, off.stats["nfe"]), what
+            rec = lp.Recording(ref)
+            row, nfe = policies.reference(rec, torch.tensor(prompt), o, family, engine.checkpoint.proposal_vocab)
+            assert row.tolist() == prompt + g.raw_ids and nfe == g.stats["nfe"], what
+            # every generated position (the text may end at a first EOS): the decode op's whole table
+            table = run_decode(engine.model.obj, torch.tensor(prompt), o).logprobs
+            every = token_logprobs(g.raw_ids, table)
+            want = lp.expected(rec, len(prompt), g.raw_ids, TOP, shifted)
+            assert any(w is not None for w in want), what
+            eos = engine.config.eos_token_id
+            lp.assert_close(every, want, what, filled_after=g.raw_ids.index(eos) if eos in g.raw_ids else None)
+            assert _plain(g.logprobs) == _plain(every[: len(g.ids)]), what  # those of its (trimmed) ids
+
+
+@pytest.mark.parametrize("family", data.names())
+def test_logprobs_do_not_change_with_the_batch(engines, family):
+    engine, _ = engines(family)
+    policy = next(p for p in families.get(family).POLICIES if p in RECORDING)
+    overrides = data.policy_cases(policy, family)[0]
+    prompts = [[5], [3, 9, 27, 1, 44, 2, 8, 8, 19], [7, 7, 2], [11, 4]]
+    o = engine.default_options(policy=policy, logprobs=2, **overrides)
+    alone = [engine.generate([p], o)[0] for p in prompts]
+    together = engine.generate(prompts, o, max_batch=4)
+    for a, b in zip(alone, together):
+        assert a.raw_ids == b.raw_ids and a.stats["nfe"] == b.stats["nfe"]
+        assert [(t.token, t.logprob, t.top) for t in a.logprobs] == [(t.token, t.logprob, t.top) for t in b.logprobs]
+        assert all(not math.isnan(t.logprob) for t in a.logprobs)
+
+
+@pytest.mark.parametrize("top", [0, 20])
+def test_top_zero_gives_the_token_only_and_twenty_gives_twenty(engines, top):
+    engine, _ = engines("llada")
+    g = engine.generate([[5, 6]], engine.default_options(policy="dual", gen_length=16, block_length=8, logprobs=top))[0]
+    assert g.logprobs and all(len(t.top) == top and t.logprob <= 0 for t in g.logprobs)
+    if top:  # the top alternatives are sorted and include the most probable token
+        for t in g.logprobs:
+            values = [v for _, v in t.top]
+            assert values == sorted(values, reverse=True) and t.logprob <= values[0] + 1e-6
+
+
+REFUSING = [(f, p) for f, p in PAIRS if p not in RECORDING]
+
+
+@pytest.mark.parametrize("family,policy", REFUSING, ids=[f"{f}-{p}" for f, p in REFUSING])
+def test_policies_without_logprobs_refuse_the_option(engines, family, policy):
+    engine, _ = engines(family)
+    overrides = data.policy_cases(policy, family)[0]
+    with pytest.raises(RequestError, match="does not record logprobs") as e:
+        engine.generate([[1, 2, 3]], engine.default_options(policy=policy, logprobs=1, **overrides))
+    assert (e.value.kind, e.value.param) == ("unsupported", "logprobs")
+
+
+@pytest.mark.parametrize("bad", [-1, 21])
+def test_out_of_range_logprobs_name_the_option(bad):
+    from blockbatch import DecodeOptions
+
+    with pytest.raises(ValueError, match="logprobs"):
+        DecodeOptions(logprobs=bad)
