@@ -118,7 +118,7 @@ struct DecodeOptions {
   // block (DUET, ALGORITHMS.md 16.1): prefix keys each layer attends after a block's first step, selected there by Raw-L1 distance to the block's queries (0: every prefix key, dense)
   int64_t prefix_kv_budget = 0;
   // block, prefix_kv_budget > 0: the cost gate; a block whose prefix is shorter decodes densely
-  int64_t prefix_kv_min_context = 4096;
+  int64_t prefix_kv_min_context = 2048;
   // block (DUET, ALGORITHMS.md 16.2): after query_select_layer, only ceil(ratio x masks) masked rows (the most confident at that layer) and the decided rows run the deeper layers (1.0: every row, dense)
   double query_keep_ratio = 1.0;
   // block, query_keep_ratio < 1: the layer after which the block's rows are ranked (the LM head on its hidden state) and pruned; nullopt: the per-policy / per-family default (resolved())

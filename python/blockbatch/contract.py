@@ -111,8 +111,11 @@ def _num_text(v: float) -> str:
 MAX_BRANCHES = 16  # csrc/kernels/branches.h kMaxBranches (a static_assert compares)
 MAX_GAP_TOKENS = 1 << 30  # sync_gap, refresh_tokens
 MAX_ACTIVE_BLOCKS = 64  # wavefront: max_active_blocks (a step packs one query row per active block)
-# DUET's cost gates (prefix length below which a block decodes densely): measured by benchmarks/bench_duet.py
-DUET_PREFIX_GATE = 4096
+# DUET's cost gates (prefix length below which a block decodes densely). The prefix gate is measured
+# (benchmarks/bench_duet.py, docs/benchmarks.md "DUET"): 2048, the shortest context where a sparse block step
+# was clearly faster (1.7x at budget 256; 1.1-1.2x at 512-1024, within the shared machine's noise). The query
+# gate is not measured (native query pruning is not implemented): DUET_QUERY_GATE is a stated placeholder.
+DUET_PREFIX_GATE = 2048
 DUET_QUERY_GATE = 4096
 MIN_PROB_FLOOR = 0.01  # the probability maps hold at most 1 / prob_floor + 1 entries per position
 

@@ -120,7 +120,7 @@ class DecodeOptionFields:
     prefix_kv_budget: int = 0
     """block (DUET, ALGORITHMS.md 16.1): prefix keys each layer attends after a block's first step, selected there
     by Raw-L1 distance to the block's queries (0: every prefix key, dense)."""
-    prefix_kv_min_context: int = 4096
+    prefix_kv_min_context: int = 2048
     """block, prefix_kv_budget > 0: the cost gate; a block whose prefix is shorter decodes densely."""
     query_keep_ratio: float = 1.0
     """block (DUET, ALGORITHMS.md 16.2): after query_select_layer, only ceil(ratio x masks) masked rows (the most

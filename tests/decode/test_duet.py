@@ -192,7 +192,7 @@ def test_native_prefix_sparsity_equals_the_reference_llada2(llada2_toy, budget, 
         canvas, st = duet.duet_generate(
             reference,
             prompt,
-            duet={"prefix_kv_budget": budget},
+            duet={"prefix_kv_budget": budget, "prefix_kv_min_context": 0},
             gen_length=32,
             block_length=block,
             steps=steps,
@@ -232,7 +232,7 @@ def test_native_prefix_sparsity_equals_the_reference_sdar(sdar_toy, budget):
         canvas, st = duet.duet_generate(
             reference,
             prompt,
-            duet={"prefix_kv_budget": budget},
+            duet={"prefix_kv_budget": budget, "prefix_kv_min_context": 0},
             mask_id=cfg.mask_token_id,
             eos_id=cfg.eos_token_id,
             **kw,
@@ -253,7 +253,13 @@ def test_reference_query_pruning_drops_rows_and_finishes(llada2_toy):
     canvas, st = duet.duet_generate(
         reference,
         prompt,
-        duet={"query_keep_ratio": 0.5, "query_dense_masks": 2, "prefix_kv_budget": 8},
+        duet={
+            "query_keep_ratio": 0.5,
+            "query_dense_masks": 2,
+            "prefix_kv_budget": 8,
+            "prefix_kv_min_context": 0,
+            "query_min_context": 0,
+        },
         gen_length=32,
         block_length=16,
         steps=16,

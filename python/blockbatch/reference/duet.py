@@ -20,8 +20,8 @@ forwards of a block after its first one become sparse.
   remain; a forward with at most ``query_dense_masks`` masks is dense.
 
 Each part is off for a block whose prefix is shorter than its cost gate (``prefix_kv_min_context`` /
-``query_min_context``). The stats ``prefix_keys_selected`` and ``query_rows_dropped`` count as the native
-decoder's (section 16.4).
+``query_min_context``; defaults: the contract's). The stats ``prefix_keys_selected`` and
+``query_rows_dropped`` count as the native decoder's (section 16.4).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .. import contract
 from . import llada2, sdar
 from .model import rms_norm, rotate_half
 
@@ -156,12 +157,12 @@ class DuetModel:
         block_length: int,
         threshold: float,
         prefix_kv_budget: int = 0,
-        prefix_kv_min_context: int = 0,
+        prefix_kv_min_context: int = contract.DUET_PREFIX_GATE,
         query_keep_ratio: float = 1.0,
         query_select_layer: int | None = None,
         query_reuse_interval: int = 4,
         query_dense_masks: int = 4,
-        query_min_context: int = 0,
+        query_min_context: int = contract.DUET_QUERY_GATE,
     ):
         self.sdar = isinstance(model, sdar.SDARReference)
         self.net: Any = _SDARLayers(model) if isinstance(model, sdar.SDARReference) else _LLaDA2Layers(model)
