@@ -50,6 +50,8 @@ struct DecodeStats {
   int64_t blocks_in_flight = 0;         // wavefront: active blocks summed over the forwards
   int64_t max_blocks_in_flight = 0;     // wavefront: the most blocks one forward ran
   int64_t redrafted_tokens = 0;         // wavefront: edits of tokens drafted while an older block was in flight
+  int64_t prefix_keys_selected = 0;     // block, DUET: selected prefix keys, summed over layers and sparse steps
+  int64_t query_rows_dropped = 0;       // block, DUET: block rows dropped after the selection layer
   // Per forward: tokens committed, packed query tokens, keys attended, and the blocks in flight (wavefront's
   // active blocks; 0 where the policy keeps no block window: every other policy).
   std::vector<std::array<int64_t, 4>> steps;

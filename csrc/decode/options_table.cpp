@@ -123,6 +123,13 @@ void check_option_ranges(const DecodeOptions& o) {
   check_range("active_tokens", o.active_tokens, 1, false, 1073741824, false, "in [1, 2^30]");
   check_range("refresh_interval", o.refresh_interval, 1, false, 1073741824, false, "in [1, 2^30]");
   check_range("entropy_bound", o.entropy_bound, 0.0, true, std::nullopt, false, "> 0 and finite");
+  check_range("prefix_kv_budget", o.prefix_kv_budget, 0, false, 1073741824, false, "in [0, 2^30]");
+  check_range("prefix_kv_min_context", o.prefix_kv_min_context, 0, false, 1073741824, false, "in [0, 2^30]");
+  check_range("query_keep_ratio", o.query_keep_ratio, 0.0, true, 1.0, false, "in (0, 1]");
+  if (o.query_select_layer) check_range("query_select_layer", *o.query_select_layer, 0, false, 1073741824, false, "in [0, 2^30]");
+  check_range("query_reuse_interval", o.query_reuse_interval, 1, false, 1073741824, false, "in [1, 2^30]");
+  check_range("query_dense_masks", o.query_dense_masks, 0, false, 1073741824, false, "in [0, 2^30]");
+  check_range("query_min_context", o.query_min_context, 0, false, 1073741824, false, "in [0, 2^30]");
   check_range("timeout_s", o.timeout_s, 0.0, false, std::nullopt, false, ">= 0 and finite");
   if (o.logprobs) check_range("logprobs", *o.logprobs, 0, false, 20, false, "in [0, 20]");
 }
@@ -155,6 +162,11 @@ DecodeOptions DecodeOptions::resolved(std::string_view family) const {
   if (!r.slide_window) {
     if (!r.slide_window && family == "dream") r.slide_window = true;
     if (!r.slide_window) r.slide_window = false;
+  }
+  if (!r.query_select_layer) {
+    if (!r.query_select_layer && family == "llada2") r.query_select_layer = 1;
+    if (!r.query_select_layer && family == "sdar") r.query_select_layer = 5;
+    if (!r.query_select_layer) r.query_select_layer = std::nullopt;
   }
   return r;
 }
@@ -321,6 +333,35 @@ bool set_option(DecodeOptions& o, std::string_view name, const std::string& text
     o.entropy_bound = parse_float("entropy_bound", text);
     return true;
   }
+  if (name == "prefix_kv_budget") {
+    o.prefix_kv_budget = parse_int("prefix_kv_budget", text);
+    return true;
+  }
+  if (name == "prefix_kv_min_context") {
+    o.prefix_kv_min_context = parse_int("prefix_kv_min_context", text);
+    return true;
+  }
+  if (name == "query_keep_ratio") {
+    o.query_keep_ratio = parse_float("query_keep_ratio", text);
+    return true;
+  }
+  if (name == "query_select_layer") {
+    if (is_none(text)) { o.query_select_layer = std::nullopt; return true; }
+    o.query_select_layer = parse_int("query_select_layer", text);
+    return true;
+  }
+  if (name == "query_reuse_interval") {
+    o.query_reuse_interval = parse_int("query_reuse_interval", text);
+    return true;
+  }
+  if (name == "query_dense_masks") {
+    o.query_dense_masks = parse_int("query_dense_masks", text);
+    return true;
+  }
+  if (name == "query_min_context") {
+    o.query_min_context = parse_int("query_min_context", text);
+    return true;
+  }
   if (name == "cuda_graphs") {
     o.cuda_graphs = parse_bool("cuda_graphs", text);
     return true;
@@ -338,7 +379,7 @@ bool set_option(DecodeOptions& o, std::string_view name, const std::string& text
 }
 
 const std::vector<std::string>& option_names() {
-  static const std::vector<std::string> names = {"policy", "gen_length", "block_length", "steps", "threshold", "factor", "temperature", "seed", "stop_on_eos", "alg", "alg_temp", "eps", "top_p", "top_k", "block_sizes", "merge_gate", "sync_gap", "refresh_tokens", "refresh_mode", "prob_floor", "merge", "sync", "sync_refresh", "branch_budget", "fold_rows", "share_prompt_kv", "edit_threshold", "max_post_steps", "max_active_blocks", "spawn_threshold", "window_tokens", "active_tokens", "refresh_interval", "slide_window", "early_stop", "unmasking", "entropy_bound", "cuda_graphs", "timeout_s", "logprobs"};
+  static const std::vector<std::string> names = {"policy", "gen_length", "block_length", "steps", "threshold", "factor", "temperature", "seed", "stop_on_eos", "alg", "alg_temp", "eps", "top_p", "top_k", "block_sizes", "merge_gate", "sync_gap", "refresh_tokens", "refresh_mode", "prob_floor", "merge", "sync", "sync_refresh", "branch_budget", "fold_rows", "share_prompt_kv", "edit_threshold", "max_post_steps", "max_active_blocks", "spawn_threshold", "window_tokens", "active_tokens", "refresh_interval", "slide_window", "early_stop", "unmasking", "entropy_bound", "prefix_kv_budget", "prefix_kv_min_context", "query_keep_ratio", "query_select_layer", "query_reuse_interval", "query_dense_masks", "query_min_context", "cuda_graphs", "timeout_s", "logprobs"};
   return names;
 }
 
@@ -380,6 +421,13 @@ const char* option_type(std::string_view name) {
   if (name == "early_stop") return "bool";
   if (name == "unmasking") return "str";
   if (name == "entropy_bound") return "float";
+  if (name == "prefix_kv_budget") return "int";
+  if (name == "prefix_kv_min_context") return "int";
+  if (name == "query_keep_ratio") return "float";
+  if (name == "query_select_layer") return "int";
+  if (name == "query_reuse_interval") return "int";
+  if (name == "query_dense_masks") return "int";
+  if (name == "query_min_context") return "int";
   if (name == "cuda_graphs") return "bool";
   if (name == "timeout_s") return "float";
   if (name == "logprobs") return "int";
@@ -439,6 +487,13 @@ std::string options_help() {
       "  --early-stop BOOL\n      window, Dream (the authors' flag, not stop_on_eos): one token per pruned step, the canvas cut after the first EOS, every step after it a full one; default off\n"
       "  --unmasking dynamic|static|sequential|entropy_bounded\n      block on SDAR checkpoints: which masked positions a step commits (n: the step's share of block_length over steps): dynamic: those rated > threshold, at least the top n; static: the top n; sequential: the n leftmost; entropy_bounded: the k leftmost, k the multiples of the block's summed entropy below entropy_bound; default none; 'none': the family's rule (SDAR: dynamic; LLaDA2 has only its own and refuses this option)\n"
       "  --entropy-bound X\n      block on SDAR, unmasking entropy_bounded: the bound on the running sums of the block's entropy (the authors' CLI default 0.35); > 0 and finite; default 0.35\n"
+      "  --prefix-kv-budget N\n      block (DUET, ALGORITHMS.md 18.1): prefix keys each layer attends after a block's first step, selected there by Raw-L1 distance to the block's queries (0: every prefix key, dense); in [0, 2^30]; default 0\n"
+      "  --prefix-kv-min-context N\n      block, prefix_kv_budget > 0: the cost gate; a block whose prefix is shorter decodes densely; in [0, 2^30]; default 2048\n"
+      "  --query-keep-ratio X\n      block (DUET, ALGORITHMS.md 18.2): after query_select_layer, only ceil(ratio x masks) masked rows (the most confident at that layer) and the decided rows run the deeper layers (1.0: every row, dense); in (0, 1]; default 1.0\n"
+      "  --query-select-layer N\n      block, query_keep_ratio < 1: the layer after which the block's rows are ranked (the LM head on its hidden state) and pruned; in [0, 2^30]; default none; llada2 models: 1, sdar models: 5\n"
+      "  --query-reuse-interval N\n      block, query_keep_ratio < 1: a row selection is reused for this many steps while enough of its masks remain (1: ranked every step); in [1, 2^30]; default 4\n"
+      "  --query-dense-masks N\n      block, query_keep_ratio < 1: a step with at most this many masks in its block runs every row; in [0, 2^30]; default 4\n"
+      "  --query-min-context N\n      block, query_keep_ratio < 1: the cost gate; a block whose prefix is shorter decodes densely; in [0, 2^30]; default 4096\n"
       "  --cuda-graphs BOOL\n      CUDA: replay recorded decode steps (same tokens as eager); no effect on CPU; default on\n"
       "  --timeout-s X\n      fail with a timeout once a decode runs longer than this many seconds (0: no deadline); >= 0 and finite; default 0.0\n"
       "  --logprobs N\n      record, per generated token, the log-probability the model gave it in the forward that committed (or last edited) it (float32 log_softmax of the raw logits row the commit read: before temperature, top_p, top_k) and this many top alternatives from the same row (0..20); not a left-to-right likelihood; in [0, 20]; default none; 'none': off\n";

@@ -115,6 +115,20 @@ struct DecodeOptions {
   std::optional<Unmasking> unmasking = std::nullopt;
   // block on SDAR, unmasking entropy_bounded: the bound on the running sums of the block's entropy (the authors' CLI default 0.35)
   double entropy_bound = 0.35;
+  // block (DUET, ALGORITHMS.md 18.1): prefix keys each layer attends after a block's first step, selected there by Raw-L1 distance to the block's queries (0: every prefix key, dense)
+  int64_t prefix_kv_budget = 0;
+  // block, prefix_kv_budget > 0: the cost gate; a block whose prefix is shorter decodes densely
+  int64_t prefix_kv_min_context = 2048;
+  // block (DUET, ALGORITHMS.md 18.2): after query_select_layer, only ceil(ratio x masks) masked rows (the most confident at that layer) and the decided rows run the deeper layers (1.0: every row, dense)
+  double query_keep_ratio = 1.0;
+  // block, query_keep_ratio < 1: the layer after which the block's rows are ranked (the LM head on its hidden state) and pruned; nullopt: the per-policy / per-family default (resolved())
+  std::optional<int64_t> query_select_layer = std::nullopt;
+  // block, query_keep_ratio < 1: a row selection is reused for this many steps while enough of its masks remain (1: ranked every step)
+  int64_t query_reuse_interval = 4;
+  // block, query_keep_ratio < 1: a step with at most this many masks in its block runs every row
+  int64_t query_dense_masks = 4;
+  // block, query_keep_ratio < 1: the cost gate; a block whose prefix is shorter decodes densely
+  int64_t query_min_context = 4096;
   // CUDA: replay recorded decode steps (same tokens as eager); no effect on CPU
   bool cuda_graphs = true;
   // fail with a timeout once a decode runs longer than this many seconds (0: no deadline)

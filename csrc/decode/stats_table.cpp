@@ -33,6 +33,8 @@ const std::vector<std::string>& decode_stat_names() {
       "blocks_in_flight",
       "max_blocks_in_flight",
       "redrafted_tokens",
+      "prefix_keys_selected",
+      "query_rows_dropped",
   };
   return names;
 }
@@ -64,6 +66,8 @@ std::vector<double> decode_stat_values(const DecodeStats& s) {
       static_cast<double>(s.blocks_in_flight),  // blocks_in_flight
       static_cast<double>(s.max_blocks_in_flight),  // max_blocks_in_flight
       static_cast<double>(s.redrafted_tokens),  // redrafted_tokens
+      static_cast<double>(s.prefix_keys_selected),  // prefix_keys_selected
+      static_cast<double>(s.query_rows_dropped),  // query_rows_dropped
   };
 }
 

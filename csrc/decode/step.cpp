@@ -122,6 +122,8 @@ ForwardBatch PackedQueries::views(const at::Tensor& buffer, KvMode mode) const {
   b.key_index = take(key_index.size());
   b.logit_index = take(logit_index.size());
   b.mode = mode;
+  b.key_layers = key_layers;
+  b.query_capture = query_capture;
   for (int64_t p : positions) b.max_positions = std::max(b.max_positions, p + 1);
   return b;
 }

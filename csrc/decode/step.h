@@ -4,6 +4,7 @@
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 
 #include <cstdint>
 #include <optional>
@@ -74,6 +75,10 @@ struct PackedQueries {
   // Optional gathered key sets (dual / prefix; empty: the contiguous ranges), CSR: row r attends
   // the positions key_index[key_offsets[r] .. key_offsets[r+1]) of its KV row (ForwardBatch::key_index).
   std::vector<int64_t> key_offsets, key_index;
+  // > 1: one key set per layer (ForwardBatch::key_layers), set by set_layer_keys.
+  int64_t key_layers = 1;
+  // Optional: filled by the forward with the last tokens' queries per layer (ForwardBatch::query_capture).
+  at::Tensor query_capture;
 
   // A row whose tokens are gathered on the device from the canvas tensor (see batch): position p
   // takes the flattened canvas' element canvas_offset + p (canvas_offset = row * L for a [B, L] one).
@@ -97,6 +102,18 @@ struct PackedQueries {
     if (key_offsets.empty()) key_offsets.push_back(0);
     key_index.insert(key_index.end(), positions_of_row.begin(), positions_of_row.end());
     key_offsets.push_back(static_cast<int64_t>(key_index.size()));
+  }
+  // One row's key set per layer (a single-row step; every list of one length, positions ascending):
+  // layer l attends by_layer[l] (DUET's prefix selection plus the block's own keys).
+  void set_layer_keys(const std::vector<std::vector<int64_t>>& by_layer) {
+    TORCH_CHECK(rows() == 1 && !by_layer.empty(), "set_layer_keys: one row and at least one layer");
+    key_offsets = {0, static_cast<int64_t>(by_layer.front().size())};
+    key_index.clear();
+    for (const auto& keys : by_layer) {
+      TORCH_CHECK(keys.size() == by_layer.front().size(), "set_layer_keys: every layer's list has one length");
+      key_index.insert(key_index.end(), keys.begin(), keys.end());
+    }
+    key_layers = static_cast<int64_t>(by_layer.size());
   }
   // All index vectors in one int64 buffer, in this order: gather | positions | cu_seqlens |
   // kv_rows | prefix_lens (prefix mode) | kv_lens (when set) | key_offsets | key_index (when set) |

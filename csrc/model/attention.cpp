@@ -27,9 +27,11 @@ AttnMeta attention_meta(const ForwardBatch& b) {
   } else if (b.mode == KvMode::kPrefix) {
     m.key_lens = b.prefix_lens;
   }
+  m.query_capture = b.query_capture;
   if (b.key_offsets.defined()) {
     m.key_offsets = b.key_offsets;
     m.key_index = b.key_index;
+    m.key_layers = b.key_layers;
   }
   return m;
 }
@@ -42,8 +44,13 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   if (!m.read_cache)
     return ops::packed_attention(q, k, v, m.cu_seqlens, std::nullopt, std::nullopt, std::nullopt, layer,
                                  m.attend_fresh);
-  return ops::packed_attention(q, k, v, m.cu_seqlens, m.kv, m.kv_rows, m.key_lens, layer, m.attend_fresh, m.pages,
-                               m.key_index, m.key_offsets);
+  std::optional<at::Tensor> keys = m.key_index;
+  if (keys && m.key_layers > 1) {  // this layer's lists
+    const int64_t n = keys->size(0) / m.key_layers;
+    keys = keys->narrow(0, layer * n, n);
+  }
+  return ops::packed_attention(q, k, v, m.cu_seqlens, m.kv, m.kv_rows, m.key_lens, layer, m.attend_fresh, m.pages, keys,
+                               m.key_offsets);
 }
 
 }  // namespace blockbatch

@@ -32,6 +32,8 @@ struct AttnMeta {
   bool read_cache = false;
   at::Tensor key_lens;
   std::optional<at::Tensor> key_offsets, key_index;
+  at::Tensor query_capture;  // optional: filled with the last tokens' rotated queries (ForwardBatch::query_capture)
+  int64_t key_layers = 1;    // > 1: key_index holds one equal-length list set per layer (ForwardBatch::key_layers)
 };
 
 // The metadata of `batch` (checked, index tensors contiguous): built once per forward.

@@ -132,6 +132,19 @@ void check_forward_batch(const Network& net, const ForwardBatch& b) {
     index_vector(b.key_offsets, "key_offsets");
     TORCH_CHECK(b.key_offsets.size(0) == R + 1, "key_offsets must have ", R + 1, " entries (rows + 1), got ",
                 b.key_offsets.size(0));
+    TORCH_CHECK(b.key_layers == 1 || (b.key_layers == config_.n_layers && b.key_index.size(0) % b.key_layers == 0),
+                "key_layers must be 1 or n_layers (", config_.n_layers,
+                ") with key_index a whole number of lists, got ", b.key_layers, " over ", b.key_index.size(0),
+                " entries");
+  }
+  if (b.query_capture.defined()) {
+    const ModelConfig& c = config_;
+    TORCH_CHECK(b.query_capture.dim() == 4 && b.query_capture.size(0) == c.n_layers &&
+                    b.query_capture.size(1) <= b.tokens.size(0) && b.query_capture.size(2) == c.n_heads &&
+                    b.query_capture.size(3) == c.head_dim() && b.query_capture.scalar_type() == at::kFloat &&
+                    b.query_capture.is_contiguous() && b.query_capture.device() == device(),
+                "query_capture must be a contiguous float32 [n_layers, n <= tokens, n_heads, head_dim] on the model's "
+                "device");
   }
   if (device().is_cpu()) {  // value checks need host data (key lists: packed_attention checks them)
     auto in_range = [](const at::Tensor& tensor, const char* name, int64_t lo, int64_t hi) {

@@ -55,6 +55,12 @@ struct ForwardBatch {
   // of the whole range; key_offsets [R + 1] from 0. A list of the whole range gives the same
   // logits bit for bit (model/attention.h).
   at::Tensor key_offsets, key_index;
+  // > 1: one key set per layer (DUET's per-layer prefix selection, ALGORITHMS.md 18.1): key_index holds
+  // key_layers equal-length lists back to back, layer l's the l-th; key_offsets are every layer's.
+  int64_t key_layers = 1;
+  // Optional float32 [layers, n, heads, head_dim]: filled with the queries (after QK-norm and RoPE) of
+  // the forward's last n tokens at every layer (DUET's selection reads a block's queries).
+  at::Tensor query_capture;
   KvMode mode = KvMode::kFull;
 
   // KV rows and positions per row: of the page table when paged, else of the buffer.

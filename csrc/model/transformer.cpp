@@ -176,6 +176,10 @@ at::Tensor Transformer::attention(const AttentionPart& w, const at::Tensor& h, c
     k = rotate(k.contiguous().view({T, Hkv, hd}));
     write_kv(k, v, meta, layer);
   }
+  if (meta.query_capture.defined()) {  // DUET: the last n tokens' rotated queries of this layer
+    const int64_t n = meta.query_capture.size(1);
+    meta.query_capture.select(0, layer).copy_(q.view({T, H, hd}).narrow(0, T - n, n));
+  }
   at::Tensor out = ops::linear(attend(q, k, v, meta, layer), w.out);
   if (w.out_bias.defined()) out.add_(w.out_bias);
   return out;

@@ -14,7 +14,7 @@ namespace blockbatch {
 
 // Keyword-only options of torch.ops.blockbatch.decode and options (after their `*`).
 inline constexpr const char kDecodeOptionsSchema[] =
-    "str policy=\"dual\", int gen_length=128, int block_length=32, int? steps=None, float? threshold=0.9, float? factor=None, float temperature=0.0, int seed=0, bool? stop_on_eos=None, str? alg=None, float alg_temp=0.0, float eps=0.001, float? top_p=None, int? top_k=None, int[]? block_sizes=None, float merge_gate=0.5, int sync_gap=8, int refresh_tokens=32, str refresh_mode=\"periodic\", float? prob_floor=None, bool merge=True, bool sync=True, bool sync_refresh=False, str branch_budget=\"full\", bool fold_rows=True, bool share_prompt_kv=False, float? edit_threshold=None, int max_post_steps=16, int max_active_blocks=2, float spawn_threshold=0.5, int? window_tokens=None, int active_tokens=16, int refresh_interval=32, bool? slide_window=None, bool early_stop=False, str? unmasking=None, float entropy_bound=0.35, bool cuda_graphs=True, float timeout_s=0.0, int? logprobs=None";
+    "str policy=\"dual\", int gen_length=128, int block_length=32, int? steps=None, float? threshold=0.9, float? factor=None, float temperature=0.0, int seed=0, bool? stop_on_eos=None, str? alg=None, float alg_temp=0.0, float eps=0.001, float? top_p=None, int? top_k=None, int[]? block_sizes=None, float merge_gate=0.5, int sync_gap=8, int refresh_tokens=32, str refresh_mode=\"periodic\", float? prob_floor=None, bool merge=True, bool sync=True, bool sync_refresh=False, str branch_budget=\"full\", bool fold_rows=True, bool share_prompt_kv=False, float? edit_threshold=None, int max_post_steps=16, int max_active_blocks=2, float spawn_threshold=0.5, int? window_tokens=None, int active_tokens=16, int refresh_interval=32, bool? slide_window=None, bool early_stop=False, str? unmasking=None, float entropy_bound=0.35, int prefix_kv_budget=0, int prefix_kv_min_context=2048, float query_keep_ratio=1.0, int? query_select_layer=None, int query_reuse_interval=4, int query_dense_masks=4, int query_min_context=4096, bool cuda_graphs=True, float timeout_s=0.0, int? logprobs=None";
 
 // Argument `name` of a boxed call, looked up in `schema`, so the order of the schema's
 // arguments never matters. `args` points at the call's first argument.
@@ -77,6 +77,14 @@ inline DecodeOptions decode_options_from_args(const c10::FunctionSchema& schema,
   if (!arg("unmasking").isNone()) o.unmasking = parse_unmasking(arg("unmasking").toStringRef());
   else o.unmasking = std::nullopt;
   o.entropy_bound = arg("entropy_bound").toDouble();
+  o.prefix_kv_budget = arg("prefix_kv_budget").toInt();
+  o.prefix_kv_min_context = arg("prefix_kv_min_context").toInt();
+  o.query_keep_ratio = arg("query_keep_ratio").toDouble();
+  if (!arg("query_select_layer").isNone()) o.query_select_layer = arg("query_select_layer").toInt();
+  else o.query_select_layer = std::nullopt;
+  o.query_reuse_interval = arg("query_reuse_interval").toInt();
+  o.query_dense_masks = arg("query_dense_masks").toInt();
+  o.query_min_context = arg("query_min_context").toInt();
   o.cuda_graphs = arg("cuda_graphs").toBool();
   o.timeout_s = arg("timeout_s").toDouble();
   if (!arg("logprobs").isNone()) o.logprobs = arg("logprobs").toInt();

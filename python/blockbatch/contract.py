@@ -111,6 +111,12 @@ def _num_text(v: float) -> str:
 MAX_BRANCHES = 16  # csrc/kernels/branches.h kMaxBranches (a static_assert compares)
 MAX_GAP_TOKENS = 1 << 30  # sync_gap, refresh_tokens
 MAX_ACTIVE_BLOCKS = 64  # wavefront: max_active_blocks (a step packs one query row per active block)
+# DUET's cost gates (prefix length below which a block decodes densely). The prefix gate is measured
+# (benchmarks/bench_duet.py, docs/benchmarks.md "DUET"): 2048, the shortest context where a sparse block step
+# was clearly faster (1.7x at budget 256; 1.1-1.2x at 512-1024, within the shared machine's noise). The query
+# gate is not measured (native query pruning is not implemented): DUET_QUERY_GATE is a stated placeholder.
+DUET_PREFIX_GATE = 2048
+DUET_QUERY_GATE = 4096
 MIN_PROB_FLOOR = 0.01  # the probability maps hold at most 1 / prob_floor + 1 entries per position
 
 _FOLD, _SHARE = (  # two long docs
@@ -477,6 +483,82 @@ OPTIONS: tuple[Option, ...] = (
         group="sdar",
     ),
     Option(
+        "prefix_kv_budget",
+        "int",
+        0,
+        "block (DUET, ALGORITHMS.md 18.1): prefix keys each layer attends after a block's first step, selected "
+        "there by Raw-L1 distance to the block's queries (0: every prefix key, dense)",
+        policies=("block",),
+        lo=0,
+        hi=MAX_GAP_TOKENS,
+        group="block",
+    ),
+    Option(
+        "prefix_kv_min_context",
+        "int",
+        DUET_PREFIX_GATE,
+        "block, prefix_kv_budget > 0: the cost gate; a block whose prefix is shorter decodes densely",
+        policies=("block",),
+        lo=0,
+        hi=MAX_GAP_TOKENS,
+        group="block",
+    ),
+    Option(
+        "query_keep_ratio",
+        "float",
+        1.0,
+        "block (DUET, ALGORITHMS.md 18.2): after query_select_layer, only ceil(ratio x masks) masked rows (the "
+        "most confident at that layer) and the decided rows run the deeper layers (1.0: every row, dense)",
+        policies=("block",),
+        lo=0.0,
+        lo_open=True,
+        hi=1.0,
+        group="block",
+    ),
+    Option(
+        "query_select_layer",
+        "int",
+        None,
+        "block, query_keep_ratio < 1: the layer after which the block's rows are ranked (the LM head on its "
+        "hidden state) and pruned",
+        policies=("block",),
+        lo=0,
+        hi=MAX_GAP_TOKENS,
+        by_family=(("llada2", 1), ("sdar", 5)),
+        group="block",
+    ),
+    Option(
+        "query_reuse_interval",
+        "int",
+        4,
+        "block, query_keep_ratio < 1: a row selection is reused for this many steps while enough of its masks "
+        "remain (1: ranked every step)",
+        policies=("block",),
+        lo=1,
+        hi=MAX_GAP_TOKENS,
+        group="block",
+    ),
+    Option(
+        "query_dense_masks",
+        "int",
+        4,
+        "block, query_keep_ratio < 1: a step with at most this many masks in its block runs every row",
+        policies=("block",),
+        lo=0,
+        hi=MAX_GAP_TOKENS,
+        group="block",
+    ),
+    Option(
+        "query_min_context",
+        "int",
+        DUET_QUERY_GATE,
+        "block, query_keep_ratio < 1: the cost gate; a block whose prefix is shorter decodes densely",
+        policies=("block",),
+        lo=0,
+        hi=MAX_GAP_TOKENS,
+        group="block",
+    ),
+    Option(
         "cuda_graphs",
         "bool",
         True,
@@ -591,6 +673,18 @@ STATS: tuple[Stat, ...] = (
         "int",
         "wavefront: edits of tokens drafted while an older block was still in flight (repairs of stale drafts)",
         "s.redrafted_tokens",
+    ),
+    Stat(
+        "prefix_keys_selected",
+        "int",
+        "block, prefix_kv_budget: selected prefix keys summed over the layers and the block steps that read them",
+        "s.prefix_keys_selected",
+    ),
+    Stat(
+        "query_rows_dropped",
+        "int",
+        "block, query_keep_ratio: block rows dropped after query_select_layer, summed over the steps",
+        "s.query_rows_dropped",
     ),
     Stat("committed_per_step", "int[]", "tokens committed by each forward"),
     Stat("query_tokens_per_step", "int[]", "query tokens of each forward (packed over branches)"),

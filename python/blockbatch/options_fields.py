@@ -117,6 +117,24 @@ class DecodeOptionFields:
     entropy_bound: float = 0.35
     """block on SDAR, unmasking entropy_bounded: the bound on the running sums of the block's entropy (the authors'
     CLI default 0.35)."""
+    prefix_kv_budget: int = 0
+    """block (DUET, ALGORITHMS.md 18.1): prefix keys each layer attends after a block's first step, selected there
+    by Raw-L1 distance to the block's queries (0: every prefix key, dense)."""
+    prefix_kv_min_context: int = 2048
+    """block, prefix_kv_budget > 0: the cost gate; a block whose prefix is shorter decodes densely."""
+    query_keep_ratio: float = 1.0
+    """block (DUET, ALGORITHMS.md 18.2): after query_select_layer, only ceil(ratio x masks) masked rows (the most
+    confident at that layer) and the decided rows run the deeper layers (1.0: every row, dense)."""
+    query_select_layer: int | None = None
+    """block, query_keep_ratio < 1: the layer after which the block's rows are ranked (the LM head on its hidden
+    state) and pruned."""
+    query_reuse_interval: int = 4
+    """block, query_keep_ratio < 1: a row selection is reused for this many steps while enough of its masks remain
+    (1: ranked every step)."""
+    query_dense_masks: int = 4
+    """block, query_keep_ratio < 1: a step with at most this many masks in its block runs every row."""
+    query_min_context: int = 4096
+    """block, query_keep_ratio < 1: the cost gate; a block whose prefix is shorter decodes densely."""
     cuda_graphs: bool = True
     """CUDA: replay recorded decode steps (same tokens as eager); no effect on CPU."""
     timeout_s: float = 0.0
@@ -190,6 +208,10 @@ class DecodeStats(TypedDict):
     """wavefront: the most blocks one forward ran."""
     redrafted_tokens: int
     """wavefront: edits of tokens drafted while an older block was still in flight (repairs of stale drafts)."""
+    prefix_keys_selected: int
+    """block, prefix_kv_budget: selected prefix keys summed over the layers and the block steps that read them."""
+    query_rows_dropped: int
+    """block, query_keep_ratio: block rows dropped after query_select_layer, summed over the steps."""
     committed_per_step: list[int]
     """tokens committed by each forward."""
     query_tokens_per_step: list[int]

@@ -34,6 +34,17 @@
 // block's first forward, as for LLaDA2, and the NFE reported is the authors' count: prefill (1 if the
 // prompt holds a complete block) + denoising forwards + one store forward per decoded block
 // (nfe_prefill, nfe_block, nfe_store).
+//
+// DUET's prefix K/V sparsity (prefix_kv_budget, ALGORITHMS.md 18.1; the python twin is reference/duet.py):
+// a block's first step also captures every layer's queries of the block (ForwardBatch::query_capture);
+// from them and the cached prefix keys each layer selects at most prefix_kv_budget prefix positions
+// (select_prefix below), and the block's later steps attend, per layer, those keys and the block's own
+// (PackedQueries::set_layer_keys). A block whose prefix is shorter than prefix_kv_min_context, or not
+// longer than the budget, decodes densely.
+#include <ATen/ops/cdist.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/sort.h>
+#include <ATen/ops/tensor.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/argmax.h>
 #include <ATen/ops/cumsum.h>
@@ -46,6 +57,7 @@
 #include <c10/util/StringUtil.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <string>
 
@@ -94,7 +106,7 @@ class BlockDecoder final : public Decoder {
         // SDAR's ranked rules with a count above one a step may rewrite decided positions of the block.
         rewrites_(unmasking_ && (*unmasking_ == Unmasking::kDynamic || *unmasking_ == Unmasking::kStatic) &&
                   static_cast<int64_t>(schedule_.size()) < B_),
-        logprobs_(o.logprobs, L_, model.device()) {
+        device_(model.device()), logprobs_(o.logprobs, L_, model.device()) {
     x_ = prompt;
     x_.resize(L_, c_.mask_token_id);
     kv_ = kv.defined() ? std::move(kv) : KvRows{model.new_kv(1, L_), {}};
@@ -130,6 +142,19 @@ class BlockDecoder final : public Decoder {
     if (first > 0) {
       for (int64_t i = 0; i < B_; ++i) p.q.logit_index.push_back(first + i);
     }
+    const int64_t s = block_ * B_;
+    if (step_ == 0 && prefix_sparse(s)) {  // DUET: this dense step yields the block's queries
+      p.q.query_capture = at::empty({c_.n_layers, B_, c_.n_heads, c_.head_dim()},
+                                    at::TensorOptions().dtype(at::kFloat).device(device_));
+    } else if (step_ > 0 && selected_block_ == block_ && p.q.rows() == 1) {
+      std::vector<std::vector<int64_t>> keys(selected_.size());
+      for (size_t l = 0; l < selected_.size(); ++l) {
+        keys[l] = selected_[l];
+        for (int64_t i = s; i < end; ++i) keys[l].push_back(i);
+      }
+      p.q.set_layer_keys(keys);
+      st_.prefix_keys_selected += c_.n_layers * static_cast<int64_t>(selected_.front().size());
+    }
     p.extra = x_;
     return p;
   }
@@ -141,6 +166,7 @@ class BlockDecoder final : public Decoder {
   void absorb(const StepPlan& p, const at::Tensor& logits, const std::vector<at::Tensor>&) override {
     st_.nfe += 1;
     cached_ = block_ * B_;  // every block before the current one is final and written now
+    if (p.q.query_capture.defined()) select_prefix(p.q.query_capture);
     // The authors' proposals: argmax of the float32 logits (the first index of the maximum), its
     // softmax probability; ids past the tokenizer's are never proposed.
     const block_rules::Proposals proposals = block_rules::proposals(logits, c_.proposal_limit());
@@ -277,6 +303,75 @@ class BlockDecoder final : public Decoder {
     return {};
   }
 
+  // DUET: whether block steps starting at prefix length s select prefix keys (the cost gate, and a
+  // prefix longer than the budget: a budget covering it selects everything, the dense decode).
+  bool prefix_sparse(int64_t s) const {
+    return o_.prefix_kv_budget > 0 && s >= o_.prefix_kv_min_context && s > o_.prefix_kv_budget;
+  }
+
+  // DUET's selection (ALGORITHMS.md 18.1) for the current block, from its queries q [layers, B, H, hd]
+  // (after QK-norm and RoPE) and the cached prefix keys. Candidates: the previous block's selection and
+  // the positions final since, else the whole prefix. Per layer: Raw-L1 distances D[h, i, j] from each
+  // query head and row to the candidate keys of its KV head; each (head, row) keeps its
+  // ceil(budget / (H B)) nearest (ties: the lower position), their union is filled (or cut) to the budget
+  // by min_{h,i} D ascending (ties: the lower position); the positions ascending.
+  void select_prefix(const at::Tensor& q) {
+    const int64_t s = block_ * B_, H = c_.n_heads, Hkv = c_.n_kv_heads, hd = c_.head_dim();
+    const int64_t budget = o_.prefix_kv_budget;
+    const bool incremental = selected_block_ == block_ - 1 && !selected_.empty();
+    std::vector<std::vector<int64_t>> out(c_.n_layers);
+    for (int64_t l = 0; l < c_.n_layers; ++l) {
+      std::vector<int64_t> cand;
+      if (incremental) {
+        cand = selected_[l];
+        for (int64_t i = s - B_; i < s; ++i) cand.push_back(i);
+      } else {
+        for (int64_t i = 0; i < s; ++i) cand.push_back(i);
+      }
+      const int64_t C = static_cast<int64_t>(cand.size());
+      if (C <= budget) {
+        out[l] = cand;
+        continue;
+      }
+      const at::Tensor idx = at::tensor(cand, at::TensorOptions().dtype(at::kLong)).to(device_);
+      // [Hkv, C, hd] candidate keys of this layer (KV row 0), float32
+      const at::Tensor k = kv_.layer_rows(l, s).select(0, 0).select(0, 0).index_select(1, idx).to(at::kFloat);
+      // [Hkv, (H / Hkv) B, hd]: query head h reads KV head h / (H / Hkv)
+      const at::Tensor qg = q.select(0, l).permute({1, 0, 2}).reshape({Hkv, (H / Hkv) * B_, hd});
+      const at::Tensor d = at::cdist(qg, k, 1.0).reshape({H * B_, C}).cpu();  // [pairs, C]
+      const int64_t local = std::min<int64_t>(C, (budget + H * B_ - 1) / (H * B_));
+      const at::Tensor nearest =
+          std::get<1>(at::sort(d, /*stable=*/true, /*dim=*/1, /*descending=*/false)).narrow(1, 0, local).contiguous();
+      std::vector<char> in_union(C, 0);
+      const int64_t* np = nearest.const_data_ptr<int64_t>();
+      for (int64_t i = 0; i < nearest.numel(); ++i) in_union[np[i]] = 1;
+      const at::Tensor score = std::get<0>(d.min(0)).contiguous();
+      const at::Tensor order =
+          std::get<1>(at::sort(score, /*stable=*/true, /*dim=*/0, /*descending=*/false)).contiguous();
+      const int64_t* op = order.const_data_ptr<int64_t>();
+      const int64_t in = std::count(in_union.begin(), in_union.end(), 1);
+      std::vector<char> keep(C, 0);
+      int64_t taken = 0;
+      if (in >= budget) {  // the union's best `budget` by score
+        for (int64_t i = 0; i < C && taken < budget; ++i) {
+          if (in_union[op[i]]) keep[op[i]] = 1, ++taken;
+        }
+      } else {  // the union, filled by score
+        keep = in_union;
+        taken = in;
+        for (int64_t i = 0; i < C && taken < budget; ++i) {
+          if (!keep[op[i]]) keep[op[i]] = 1, ++taken;
+        }
+      }
+      for (int64_t j = 0; j < C; ++j) {
+        if (keep[j]) out[l].push_back(cand[j]);
+      }
+      std::sort(out[l].begin(), out[l].end());
+    }
+    selected_ = std::move(out);
+    selected_block_ = block_;
+  }
+
   // LLaDA2.0's eos_early_stop: the first EOS of the canvas before the block's end has no mask
   // between the prompt and it.
   bool eos_ends_text() const {
@@ -338,8 +433,12 @@ class BlockDecoder final : public Decoder {
   const double threshold_;
   const std::vector<int64_t> schedule_;
   const bool rewrites_;
+  const c10::Device device_;
   std::vector<int64_t> x_;
   LogprobRecord logprobs_;
+  // DUET: each layer's selected prefix positions (ascending) and the block they were selected for.
+  std::vector<std::vector<int64_t>> selected_;
+  int64_t selected_block_ = -1;
   int64_t block_ = 0, step_ = 0, post_steps_ = 0, cached_ = 0;
   bool stopped_ = false;
   DecodeStats st_;
@@ -393,6 +492,11 @@ Refusal option_refusal(const FamilySpec* family, const DecodeOptions& o) {
                                         " checkpoints do not read it (leave it at its default)")};
     }
   }
+  if (o.query_keep_ratio != 1.0) {
+    return {"query_keep_ratio",
+            "query_keep_ratio: DUET's query pruning is in the reference (reference/duet.py) but not yet in the native "
+            "policy 'block'; leave it 1.0 (prefix_kv_budget is implemented)"};
+  }
   if (o.unmasking && *o.unmasking != Unmasking::kEntropyBounded && o.entropy_bound != DecodeOptions{}.entropy_bound) {
     return {"entropy_bound", c10::str("entropy_bound is read by unmasking 'entropy_bounded' only, not '",
                                       unmasking_name(*o.unmasking), "'")};
@@ -410,6 +514,11 @@ Refusal option_refusal(const FamilySpec* family, const DecodeOptions& o) {
 
 namespace pd = policy_defaults;
 
+namespace {
+// DUET's steps capture queries into a fresh tensor and vary their key lists: eager.
+bool graphs(const DecodeOptions& o) { return o.prefix_kv_budget == 0; }
+}  // namespace
+
 extern const PolicyDescriptor kBlockPolicy{
     .id = Policy::kBlock,
     .family_refusal = family_refusal,
@@ -417,7 +526,7 @@ extern const PolicyDescriptor kBlockPolicy{
     .kv_rows = pd::one,
     .canvas_unit = pd::block_length,
     .cached_prompt_block = pd::block_length,
-    .graphs = pd::yes,
+    .graphs = graphs,
     .needs_paged_pool = pd::no_option,
     .adapts_to_load = pd::no,
     .at_load = pd::as_is,

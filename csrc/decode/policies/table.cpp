@@ -49,6 +49,25 @@ std::string policies_for(const FamilySpec& family) {
   return out;
 }
 
+// DUET's options (ALGORITHMS.md 18) are implemented by policy 'block' only: any other policy refuses
+// them, naming the option, rather than decoding densely as if they were unset.
+Refusal duet_refusal(const DecodeOptions& o) {
+  if (o.policy == Policy::kBlock) return {};
+  const DecodeOptions d{};
+  const char* param = o.prefix_kv_budget != d.prefix_kv_budget             ? "prefix_kv_budget"
+                      : o.query_keep_ratio != d.query_keep_ratio           ? "query_keep_ratio"
+                      : o.prefix_kv_min_context != d.prefix_kv_min_context ? "prefix_kv_min_context"
+                      : o.query_reuse_interval != d.query_reuse_interval   ? "query_reuse_interval"
+                      : o.query_dense_masks != d.query_dense_masks         ? "query_dense_masks"
+                      : o.query_min_context != d.query_min_context         ? "query_min_context"
+                                                                           : nullptr;
+  if (param == nullptr) return {};
+  return {param, c10::str(param,
+                          " is DUET's sparsity for the block-causal families' policy 'block' (ALGORITHMS.md 18); "
+                          "policy '",
+                          policy_name(o.policy), "' does not implement it")};
+}
+
 }  // namespace
 
 Refusal refusal(const FamilySpec* family, const DecodeOptions& o) {
@@ -66,6 +85,7 @@ Refusal refusal(const FamilySpec* family, const DecodeOptions& o) {
     return {"logprobs", c10::str("policy '", policy_name(o.policy), "' does not record logprobs yet (", which,
                                  " do): leave logprobs None or use one of those")};
   }
+  if (Refusal why = duet_refusal(o)) return why;
   return d.option_refusal(family, o);
 }
 

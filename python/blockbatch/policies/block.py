@@ -8,7 +8,7 @@ from ._common import fmt, tokens_per_forward
 
 NAME = "block"
 MULTI_BRANCH = False
-OPTION_GROUP_HELP = None  # its options (edit_threshold, max_post_steps) are the "llada2" group
+OPTION_GROUP_HELP = "block: DUET sparsity (ALGORITHMS.md 18); edit_threshold, max_post_steps: the llada2 group"
 TUNE_AXES = ("block_lengths", "thresholds", "unmasking")
 
 
