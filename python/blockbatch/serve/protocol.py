@@ -366,7 +366,6 @@ def _parse_tools(body: dict) -> list[dict] | None:
     return None if choice == "none" else tools
 
 
-
 MAX_LOGPROBS = 20  # top alternatives per token at most (contract: the logprobs option's range)
 
 
