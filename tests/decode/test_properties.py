@@ -171,6 +171,16 @@ INVALID = {
         st.integers(max_value=0), st.integers(min_value=MAX_ACTIVE_BLOCKS + 1), st.floats(), st.booleans()
     ),
     "spawn_threshold": st.one_of(st.floats().filter(lambda v: not 0 <= v <= 1), st.text(max_size=3)),
+    "prefix_kv_budget": st.one_of(st.integers(max_value=-1), st.integers(min_value=MAX_GAP_TOKENS + 1), st.floats()),
+    "prefix_kv_min_context": st.one_of(
+        st.integers(max_value=-1), st.integers(min_value=MAX_GAP_TOKENS + 1), st.floats(), st.text(max_size=3)
+    ),
+    "query_keep_ratio": st.one_of(st.floats().filter(lambda v: not 0 < v <= 1), st.text(max_size=3)),
+    "query_select_layer": st.one_of(st.integers(max_value=-1), st.integers(min_value=MAX_GAP_TOKENS + 1), st.floats()),
+    "query_reuse_interval": st.one_of(st.integers(max_value=0), st.integers(min_value=MAX_GAP_TOKENS + 1), st.floats()),
+    "query_dense_masks": st.one_of(st.integers(max_value=-1), st.integers(min_value=MAX_GAP_TOKENS + 1), st.floats()),
+    "query_min_context": st.one_of(st.integers(max_value=-1), st.integers(min_value=MAX_GAP_TOKENS + 1), st.floats()),
+    "logprobs": st.one_of(st.integers(max_value=-1), st.integers(min_value=21), st.floats(), st.text(max_size=3)),
 }
 
 
