@@ -26,6 +26,7 @@ import dataclasses
 import json
 import math
 import statistics
+from typing import Any
 
 import torch
 
@@ -112,8 +113,8 @@ def whole_decode(model, cfg, context: int, budget: int, ratio: float, repeats: i
     base = DecodeOptions(policy="block", gen_length=B, block_length=B, steps=B, threshold=1.0)
     out: dict[str, dict] = {}
     run_decode(model.obj, prompt[: 4 * B], base)  # warm-up (allocator, RoPE table): not the first timed run's cost
-    prefix = dict(prefix_kv_budget=budget, prefix_kv_min_context=0)
-    query = dict(query_keep_ratio=ratio, query_min_context=0)
+    prefix: dict[str, Any] = dict(prefix_kv_budget=budget, prefix_kv_min_context=0)
+    query: dict[str, Any] = dict(query_keep_ratio=ratio, query_min_context=0)
     variants = {
         "dense": base,
         "prefix": dataclasses.replace(base, **prefix),
