@@ -386,6 +386,23 @@ def test_native_prefix_and_query_sparsity_at_once_equal_the_reference(llada2_toy
             assert stats[key] == st[key], key
 
 
+def test_native_query_pruning_changes_tokens_as_the_reference_does(llada2_toy):
+    """The equalities above are not those of two dense decodes: on some prompt the pruned decode's tokens differ
+    from the dense decode's, and the reference's pruned decode differs the same way."""
+    model, reference = llada2_toy
+    g = torch.Generator().manual_seed(1)
+    kw = dict(gen_length=32, block_length=16, steps=16, threshold=1.0)
+    q = {"query_keep_ratio": 0.25, "query_min_context": 0}
+    changed = 0
+    for n in (21, 40, 33, 50):
+        prompt = torch.randint(0, 19, (n,), generator=g)
+        dense, _, _ = _native_decode(model.obj, prompt, DecodeOptions(policy="block", **kw))
+        (tokens, stats), (canvas, st) = _query_pair(model, reference, prompt, q, **kw)
+        assert tokens == canvas and stats["query_rows_dropped"] == st["query_rows_dropped"] > 0, n
+        changed += tokens != dense
+    assert changed > 0
+
+
 def test_native_query_ratio_one_and_the_gates_are_the_dense_decode(llada2_toy):
     """Ratio 1.0, a prefix below query_min_context, or a dense-masks bound above the block: the dense
     decode's tokens, NFE and keys read, no row dropped."""
