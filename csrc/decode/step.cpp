@@ -124,6 +124,8 @@ ForwardBatch PackedQueries::views(const at::Tensor& buffer, KvMode mode) const {
   b.mode = mode;
   b.key_layers = key_layers;
   b.query_capture = query_capture;
+  b.row_keep_layer = row_keep_layer;
+  b.row_keep = row_keep;
   for (int64_t p : positions) b.max_positions = std::max(b.max_positions, p + 1);
   return b;
 }

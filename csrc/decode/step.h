@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <tuple>
+#include <functional>
 #include <vector>
 
 #include "model/network.h"
@@ -79,6 +80,9 @@ struct PackedQueries {
   int64_t key_layers = 1;
   // Optional: filled by the forward with the last tokens' queries per layer (ForwardBatch::query_capture).
   at::Tensor query_capture;
+  // Optional row pruning after a layer (ForwardBatch::row_keep_layer / row_keep; DUET's query sparsity).
+  int64_t row_keep_layer = -1;
+  std::function<at::Tensor(const at::Tensor&)> row_keep;
 
   // A row whose tokens are gathered on the device from the canvas tensor (see batch): position p
   // takes the flattened canvas' element canvas_offset + p (canvas_offset = row * L for a [B, L] one).

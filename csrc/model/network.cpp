@@ -48,6 +48,10 @@ at::Tensor zero_kv(const Network& net, const at::TensorOptions& options, int64_t
   return at::zeros({rows, c.n_layers, 2, c.n_kv_heads, length, c.head_dim()}, options);
 }
 
+at::Tensor Network::head(const at::Tensor&) const {
+  TORCH_CHECK(false, "this network has no separate LM head (row_keep rankings need one)");
+}
+
 ForwardBatch contiguous_indices(const ForwardBatch& batch) {
   ForwardBatch b = batch;
   for (at::Tensor* t : {&b.tokens, &b.positions, &b.cu_seqlens, &b.kv_rows, &b.prefix_lens, &b.logit_index, &b.kv_lens,
@@ -136,6 +140,12 @@ void check_forward_batch(const Network& net, const ForwardBatch& b) {
                 "key_layers must be 1 or n_layers (", config_.n_layers,
                 ") with key_index a whole number of lists, got ", b.key_layers, " over ", b.key_index.size(0),
                 " entries");
+  }
+  if (b.row_keep) {
+    TORCH_CHECK(b.row_keep_layer >= 0 && b.row_keep_layer + 1 < config_.n_layers,
+                "row_keep_layer must be in [0, n_layers - 1) = [0, ", config_.n_layers - 1, ") with row_keep, got ",
+                b.row_keep_layer);
+    TORCH_CHECK(!b.query_capture.defined(), "row_keep and query_capture do not combine (the capture reads every row)");
   }
   if (b.query_capture.defined()) {
     const ModelConfig& c = config_;

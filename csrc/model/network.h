@@ -9,6 +9,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -61,6 +62,14 @@ struct ForwardBatch {
   // Optional float32 [layers, n, heads, head_dim]: filled with the queries (after QK-norm and RoPE) of
   // the forward's last n tokens at every layer (DUET's selection reads a block's queries).
   at::Tensor query_capture;
+  // Optional row pruning between layers (DUET's query sparsity, ALGORITHMS.md 18.2): after layer
+  // row_keep_layer (< n_layers - 1) the forward calls row_keep with that layer's residual stream [T, d]
+  // (dtype()); a defined result (int64 token indices into [0, T), ascending, on the model's device) keeps
+  // only those tokens for the deeper layers. There only the kept tokens' K/V are written (a dropped
+  // token's slots keep what they held, which the kept ones attend in dual mode), and the logits of a
+  // dropped token are zeros (uniform). Undefined result: every token goes on. Not with query_capture.
+  int64_t row_keep_layer = -1;
+  std::function<at::Tensor(const at::Tensor&)> row_keep;
   KvMode mode = KvMode::kFull;
 
   // KV rows and positions per row: of the page table when paged, else of the buffer.
@@ -90,6 +99,9 @@ class Network {
   virtual void check(const ForwardBatch& batch) const = 0;
   // A zeroed KV buffer [rows, layers, 2, kv_heads, length, head_dim] in dtype() on device().
   virtual at::Tensor new_kv(int64_t rows, int64_t length) const = 0;
+  // The LM head alone (no final norm) over hidden states [n, d]: logits [n, vocab_size] in dtype().
+  // DUET ranks a block's rows by it at a shallow layer (the authors apply it un-normalised).
+  virtual at::Tensor head(const at::Tensor& hidden) const;
   // Whether a forward may be recorded into a CUDA graph (false: it reads device values on the host).
   virtual bool capturable() const { return true; }
 

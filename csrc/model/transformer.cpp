@@ -8,8 +8,10 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/pow.h>
 #include <ATen/ops/reciprocal.h>
+#include <ATen/ops/searchsorted.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/topk.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/util/Exception.h>
 
@@ -132,6 +134,8 @@ at::Tensor Transformer::new_kv(int64_t rows, int64_t length) const {
   return zero_kv(*this, wte_.options(), rows, length);
 }
 
+at::Tensor Transformer::head(const at::Tensor& hidden) const { return ops::linear(hidden, lm_head_); }
+
 void Transformer::check(const ForwardBatch& b) const { check_forward_batch(*this, b); }
 
 at::Tensor Transformer::attention(const AttentionPart& w, const at::Tensor& h, const AttnMeta& meta,
@@ -224,7 +228,9 @@ at::Tensor Transformer::forward(const ForwardBatch& batch) const {
   int64_t positions = b.max_positions;
   if (positions <= 0) positions = b.kv.defined() ? b.kv_length() : (T > 0 ? b.positions.max().item<int64_t>() + 1 : 1);
   const at::Tensor table = rope_table(positions);
-  const AttnMeta meta = attention_meta(b);  // once per forward: every layer attends through it
+  AttnMeta meta = attention_meta(b);  // once per forward (again after a row pruning): every layer attends through it
+  at::Tensor pos = b.positions;
+  at::Tensor kept;  // defined once rows were pruned: the tokens x holds, of [0, T)
 
   // Each residual add is fused with the RMSNorm after it (add_rms_norm_): x += attention output,
   // then ff_norm; x += MLP output, then the next layer's attn_norm. The last MLP add stays plain.
@@ -232,13 +238,34 @@ at::Tensor Transformer::forward(const ForwardBatch& batch) const {
   at::Tensor h = ops::rms_norm(x, layers_[0].attn_norm, c.rms_norm_eps);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const Layer& w = layers_[l];
-    h = ops::add_rms_norm_(x, attention(w.attention, h, meta, b.positions, table, l), w.ff_norm, c.rms_norm_eps);
+    h = ops::add_rms_norm_(x, attention(w.attention, h, meta, pos, table, l), w.ff_norm, c.rms_norm_eps);
     const at::Tensor out = mlp(w.mlp, h, l);
     if (l + 1 < c.n_layers) {
       h = ops::add_rms_norm_(x, out, layers_[l + 1].attn_norm, c.rms_norm_eps);
     } else {
       x.add_(out);
     }
+    if (l == b.row_keep_layer && b.row_keep) {  // DUET: the deeper layers run the kept tokens only
+      kept = b.row_keep(x);
+      if (kept.defined()) {
+        TORCH_CHECK(
+            kept.dim() == 1 && kept.scalar_type() == at::kLong && kept.device() == device() && kept.size(0) <= T,
+            "row_keep must return int64 token indices [n <= tokens] on the model's device");
+        kept = kept.contiguous();
+        x = x.index_select(0, kept);
+        h = h.index_select(0, kept);
+        ForwardBatch pruned = b;
+        pruned.tokens = b.tokens.index_select(0, kept);
+        pruned.positions = pos = b.positions.index_select(0, kept);
+        pruned.cu_seqlens = at::searchsorted(kept, b.cu_seqlens);  // each row keeps its own kept tokens
+        meta = attention_meta(pruned);
+      }
+    }
+  }
+  if (kept.defined()) {  // a dropped token's logits are zeros (uniform)
+    const at::Tensor logits = ops::linear(ops::rms_norm(x, norm_, c.rms_norm_eps), lm_head_);
+    at::Tensor all = at::zeros({T, logits.size(1)}, logits.options()).index_copy_(0, kept, logits);
+    return b.logit_index.defined() ? all.index_select(0, b.logit_index) : all;
   }
   at::Tensor last = b.logit_index.defined() ? x.index_select(0, b.logit_index) : x;
   return ops::linear(ops::rms_norm(last, norm_, c.rms_norm_eps), lm_head_);

@@ -67,6 +67,7 @@ class Transformer : public Network {
   at::Tensor forward(const ForwardBatch& batch) const override;
   void check(const ForwardBatch& batch) const override;
   at::Tensor new_kv(int64_t rows, int64_t length) const override;
+  at::Tensor head(const at::Tensor& hidden) const override;
   // The router's choices stay on the device only with moe_experts' fused CUDA kernels
   // (BLOCKBATCH_MOE_KERNEL=fused); the grouped path reads them on the host: no CUDA graph then.
   bool capturable() const override;

@@ -49,9 +49,16 @@ at::Tensor model_forward(const c10::intrusive_ptr<ModelHandle>& model, const at:
                          const std::optional<at::Tensor>& kv_rows, const std::optional<at::Tensor>& prefix_lens,
                          const std::string& mode, const std::optional<at::Tensor>& logit_index,
                          const std::optional<at::Tensor>& kv_lens, const std::optional<at::Tensor>& kv_pages,
-                         const std::optional<at::Tensor>& key_index, const std::optional<at::Tensor>& key_offsets) {
-  return model->network().forward(make_batch(tokens, positions, cu_seqlens, kv, kv_rows, prefix_lens, mode, logit_index,
-                                             kv_lens, kv_pages, key_index, key_offsets));
+                         const std::optional<at::Tensor>& key_index, const std::optional<at::Tensor>& key_offsets,
+                         int64_t row_keep_layer, const std::optional<at::Tensor>& row_keep) {
+  ForwardBatch b = make_batch(tokens, positions, cu_seqlens, kv, kv_rows, prefix_lens, mode, logit_index, kv_lens,
+                              kv_pages, key_index, key_offsets);
+  if (row_keep.has_value()) {  // a fixed pruning: these tokens go on after layer row_keep_layer
+    const at::Tensor keep = *row_keep;
+    b.row_keep_layer = row_keep_layer;
+    b.row_keep = [keep](const at::Tensor&) { return keep; };
+  }
+  return model->network().forward(b);
 }
 
 // Shape-only forward for FakeTensor / torch.compile (the model object stays real).
@@ -61,7 +68,10 @@ at::Tensor model_forward_meta(const c10::intrusive_ptr<ModelHandle>& model, cons
                               const std::optional<at::Tensor>& prefix_lens, const std::string& mode,
                               const std::optional<at::Tensor>& logit_index, const std::optional<at::Tensor>& kv_lens,
                               const std::optional<at::Tensor>& kv_pages, const std::optional<at::Tensor>& key_index,
-                              const std::optional<at::Tensor>& key_offsets) {
+                              const std::optional<at::Tensor>& key_offsets, int64_t row_keep_layer,
+                              const std::optional<at::Tensor>& row_keep) {
+  (void)row_keep_layer;
+  (void)row_keep;
   (void)kv_lens;
   (void)kv_pages;
   (void)key_index;
@@ -107,12 +117,14 @@ TORCH_LIBRARY(blockbatch, m) {
   // attends (default: the whole buffer; block-causal families give a row per block); kv_pages: kv is
   // a page store read through this [KV rows, L / page_len] table; key_index / key_offsets (dual,
   // prefix): gathered key sets, row r attending positions key_index[key_offsets[r] .. key_offsets[r+1])
-  // of its KV row (model/attention.h). Returns logits [n, vocab].
+  // of its KV row (model/attention.h); row_keep (int64 token indices, ascending): only those tokens run
+  // the layers after row_keep_layer (ForwardBatch::row_keep; a dropped token's logits are zeros). Returns
+  // logits [n, vocab].
   // (Not named `mode`: torch.compile's dispatch-mode redirection reserves that keyword.)
   m.def("forward(__torch__.torch.classes.blockbatch.Model model, Tensor tokens, Tensor positions, "
         "Tensor cu_seqlens, Tensor(a!)? kv=None, Tensor? kv_rows=None, Tensor? prefix_lens=None, "
         "str kv_mode=\"full\", Tensor? logit_index=None, Tensor? kv_lens=None, Tensor? kv_pages=None, "
-        "Tensor? key_index=None, Tensor? key_offsets=None) -> Tensor");
+        "Tensor? key_index=None, Tensor? key_offsets=None, int row_keep_layer=-1, Tensor? row_keep=None) -> Tensor");
   m.impl("forward", c10::DispatchKey::CPU, &model_forward);
   m.impl("forward", c10::DispatchKey::Meta, &model_forward_meta);
   BLOCKBATCH_IMPL_CUDA(m, "forward", &model_forward);  // device-agnostic: calls the CUDA kernel ops

@@ -8,6 +8,9 @@
   (tokens, NFE, keys read); with small budgets that drop keys it equals the reference in tokens, NFE and the
   selected-key count, and reads fewer keys per step;
 - the reference's query pruning drops rows and still finishes every block;
+- the native query pruning (LLaDA2 toy, its editing toy, SDAR toy) equals the reference in tokens, NFE, edits
+  and dropped rows, alone and with the prefix part; ratio 1.0 and its gates are the dense decode; a pruning
+  request's result does not depend on its batch;
 - refusals name the option.
 """
 
@@ -289,10 +292,168 @@ def test_other_policies_refuse_duet(policy, option, value):
     assert "policy 'block'" in str(err.value)
 
 
-def test_native_query_pruning_is_refused_until_implemented():
-    with pytest.raises(RequestError) as err:
-        DecodeOptions(policy="block", gen_length=16, block_length=8, query_keep_ratio=0.5)
-    assert (err.value.kind, err.value.param) == ("unsupported", "query_keep_ratio"), str(err.value)
+@pytest.fixture(scope="module")
+def llada2_edit_toy():
+    ckpt = load_checkpoint(toy.SHIPPED_CHECKPOINT_DIRS["llada2 editing"])
+    c = ckpt.config
+    reference = ref.LLaDA2Reference(fam.reference_config(c), ckpt.weights, c.mask_token_id, c.eos_token_id)
+    return NativeModel(c, ckpt.weights), reference
+
+
+def _query_pair(model, reference, prompt, duet_options: dict, **kw):
+    """The native decode and the reference's with the same DUET options: (tokens, stats), (canvas, stats)."""
+    c = model.config
+    canvas, st = duet.duet_generate(
+        reference, prompt, duet=duet_options, eos_id=c.eos_token_id, mask_id=c.mask_token_id, **kw
+    )
+    o = DecodeOptions(policy="block", **kw, **duet_options)
+    tokens, stats, _ = _native_decode(model.obj, prompt, o)
+    return (tokens, stats), (canvas.tolist(), st)
+
+
+# threshold 1.0: one commit a step (many pruned steps); 0.9 on the LLaDA2 toy's blocks of 16 (the toy commits every
+# mask above 0.9 at once: blocks of 8, and the editing toy's, end before a pruned step there)
+QUERY_LLADA2 = [
+    (toy_name, ratio, block, threshold, edit)
+    for toy_name, edit in (("llada2", None), ("llada2_edit", 0.9))
+    for ratio in (0.25, 0.5)
+    for block, threshold in ((16, 1.0), (8, 1.0), (16, 0.9))
+    if threshold == 1.0 or toy_name == "llada2"
+]
+
+
+@pytest.mark.parametrize("toy_name,ratio,block,threshold,edit", QUERY_LLADA2)
+def test_native_query_pruning_equals_the_reference_llada2(
+    llada2_toy, llada2_edit_toy, toy_name, ratio, block, threshold, edit
+):
+    """The LLaDA2 toy and its editing toy with ratios that drop rows (selection layer 1, the family's
+    default): native tokens, NFE, edits and dropped-row count equal the reference's, and rows were dropped."""
+    model, reference = llada2_toy if toy_name == "llada2" else llada2_edit_toy
+    c = model.config
+    g = torch.Generator().manual_seed(int(ratio * 100) + block)
+    q = {"query_keep_ratio": ratio, "query_dense_masks": 2, "query_min_context": 0}
+    dropped = 0
+    for n in (21, 40):
+        prompt = torch.randint(0, min(c.eos_token_id, c.mask_token_id), (n,), generator=g)
+        kw = dict(gen_length=32, block_length=block, steps=block, threshold=threshold, edit_threshold=edit)
+        (tokens, stats), (canvas, st) = _query_pair(model, reference, prompt, q, **kw)
+        assert tokens == canvas, n
+        assert stats["nfe"] == st["nfe"] and stats["edits"] == st["edits"]
+        assert stats["query_rows_dropped"] == st["query_rows_dropped"]
+        dropped += st["query_rows_dropped"]
+    assert dropped > 0
+
+
+@pytest.mark.parametrize("ratio,layer,interval", [(0.25, 1, 4), (0.5, 2, 1), (0.5, 0, 2)])
+def test_native_query_pruning_equals_the_reference_sdar(sdar_toy, ratio, layer, interval):
+    """The SDAR toy (4 layers: the authors' layer 5 would leave nothing to prune, so the selection layer is
+    set): native tokens, NFE and dropped rows equal the reference's."""
+    cfg, model, reference = sdar_toy
+    dropped = 0
+    for prompt in _sdar_prompts(cfg):
+        q = {
+            "query_keep_ratio": ratio,
+            "query_select_layer": layer,
+            "query_reuse_interval": interval,
+            "query_dense_masks": 1,
+            "query_min_context": 0,
+        }
+        kw = dict(gen_length=24, block_length=8, threshold=1.0)  # one commit a step: later steps exist
+        (tokens, stats), (canvas, st) = _query_pair(model, reference, prompt, q, **kw)
+        assert tokens == canvas
+        assert stats["nfe"] == st["nfe"] and stats["query_rows_dropped"] == st["query_rows_dropped"]
+        dropped += st["query_rows_dropped"]
+    assert dropped > 0
+
+
+def test_native_prefix_and_query_sparsity_at_once_equal_the_reference(llada2_toy, llada2_edit_toy):
+    """Both parts on: native tokens, NFE, edits, selected keys and dropped rows equal the reference's."""
+    both = {
+        "prefix_kv_budget": 6,
+        "prefix_kv_min_context": 0,
+        "query_keep_ratio": 0.5,
+        "query_dense_masks": 2,
+        "query_min_context": 0,
+    }
+    for (model, reference), edit in ((llada2_toy, None), (llada2_edit_toy, 0.9)):
+        c = model.config
+        prompt = torch.arange(3, 43) % c.eos_token_id
+        kw = dict(gen_length=32, block_length=16, steps=16, threshold=1.0, edit_threshold=edit)
+        (tokens, stats), (canvas, st) = _query_pair(model, reference, prompt, both, **kw)
+        assert st["query_rows_dropped"] > 0 and st["prefix_keys_selected"] > 0
+        assert tokens == canvas
+        for key in ("nfe", "edits", "prefix_keys_selected", "query_rows_dropped"):
+            assert stats[key] == st[key], key
+
+
+def test_native_query_pruning_changes_tokens_as_the_reference_does(llada2_toy):
+    """The equalities above are not those of two dense decodes: on some prompt the pruned decode's tokens differ
+    from the dense decode's, and the reference's pruned decode differs the same way."""
+    model, reference = llada2_toy
+    g = torch.Generator().manual_seed(1)
+    kw = dict(gen_length=32, block_length=16, steps=16, threshold=1.0)
+    q = {"query_keep_ratio": 0.25, "query_min_context": 0}
+    changed = 0
+    for n in (21, 40, 33, 50):
+        prompt = torch.randint(0, 19, (n,), generator=g)
+        dense, _, _ = _native_decode(model.obj, prompt, DecodeOptions(policy="block", **kw))
+        (tokens, stats), (canvas, st) = _query_pair(model, reference, prompt, q, **kw)
+        assert tokens == canvas and stats["query_rows_dropped"] == st["query_rows_dropped"] > 0, n
+        changed += tokens != dense
+    assert changed > 0
+
+
+def test_native_query_ratio_one_and_the_gates_are_the_dense_decode(llada2_toy):
+    """Ratio 1.0, a prefix below query_min_context, or a dense-masks bound above the block: the dense
+    decode's tokens, NFE and keys read, no row dropped."""
+    model, _ = llada2_toy
+    prompt = [i % 19 for i in range(3, 43)]
+    base = DecodeOptions(policy="block", gen_length=32, block_length=16, steps=16, threshold=1.0)
+    dense_tokens, dense, _ = _native_decode(model.obj, prompt, base)
+    for q in (
+        {"query_keep_ratio": 1.0, "query_min_context": 0},
+        {"query_keep_ratio": 0.25, "query_min_context": 1 << 20},
+        {"query_keep_ratio": 0.25, "query_min_context": 0, "query_dense_masks": 16},
+    ):
+        tokens, stats, _ = _native_decode(model.obj, prompt, dataclasses.replace(base, **q))
+        assert tokens == dense_tokens, q
+        assert stats["nfe"] == dense["nfe"] and stats["key_tokens_per_step"] == dense["key_tokens_per_step"], q
+        assert stats["query_rows_dropped"] == 0, q
+    _, pruned, _ = _native_decode(
+        model.obj, prompt, dataclasses.replace(base, query_keep_ratio=0.25, query_min_context=0)
+    )
+    assert pruned["query_rows_dropped"] > 0
+
+
+def test_query_pruning_requests_do_not_depend_on_their_batch():
+    """Query-pruning requests (alone, with the prefix part, and dense ones) in the scheduler at max_batch 3:
+    every request's tokens, NFE and dropped rows equal its decode alone (a pruning forward runs as its
+    own group)."""
+    import random
+
+    from blockbatch import Engine
+    from helpers.batching import same
+
+    engine = Engine.from_pretrained(toy.checkpoint_path("llada2"))
+    c = engine.config
+    rng = random.Random(56)
+    reqs = []
+    for i in range(7):
+        prompt = [rng.randrange(1, min(c.mask_token_id, c.eos_token_id)) for _ in range(rng.choice([9, 20, 37]))]
+        duet_options: dict = {}
+        if i % 3 != 2:
+            duet_options = dict(query_keep_ratio=rng.choice([0.25, 0.5]), query_dense_masks=2, query_min_context=0)
+        if i % 3 == 1:
+            duet_options.update(prefix_kv_budget=5, prefix_kv_min_context=0)
+        o = DecodeOptions(policy="block", gen_length=32, block_length=16, steps=16, threshold=1.0, **duet_options)
+        reqs.append((prompt, o))
+    alone = [engine.generate([p], o)[0] for p, o in reqs]
+    assert sum(a.stats["query_rows_dropped"] for a in alone) > 0
+    got = engine.generate([p for p, _ in reqs], [o for _, o in reqs], max_batch=3)
+    for i, (g, a) in enumerate(zip(got, alone)):
+        same(g, a, f"request {i} at max_batch 3")
+        assert g.stats["query_rows_dropped"] == a.stats["query_rows_dropped"]
+        assert g.stats["prefix_keys_selected"] == a.stats["prefix_keys_selected"]
 
 
 def test_duet_requests_batch_with_dense_block_requests(tmp_path):

@@ -100,8 +100,11 @@ void PackedForward::run(std::vector<Entry>& entries) {
   for (Entry& e : entries) {
     auto same = [&](const std::vector<Entry*>& g) {
       const ForwardBatch& f = *g.front()->batch;
-      // A forward with per-layer key lists or a query capture (DUET) runs alone: its layouts do not concatenate.
-      auto alone = [](const ForwardBatch& x) { return x.key_layers > 1 || x.query_capture.defined(); };
+      // A forward with per-layer key lists, a query capture or a row pruning (DUET) runs alone: its layouts
+      // do not concatenate (and a pruning decides on its own rows).
+      auto alone = [](const ForwardBatch& x) {
+        return x.key_layers > 1 || x.query_capture.defined() || static_cast<bool>(x.row_keep);
+      };
       if (alone(f) || alone(*e.batch)) return false;
       return f.mode == e.batch->mode && f.kv.defined() == e.batch->kv.defined() &&
              f.key_index.defined() == e.batch->key_index.defined();
@@ -117,6 +120,8 @@ void PackedForward::run(std::vector<Entry>& entries) {
       packed.mode = first.mode;
       packed.key_layers = first.key_layers;  // > 1 or a capture: a group of one (above)
       packed.query_capture = first.query_capture;
+      packed.row_keep_layer = first.row_keep_layer;
+      packed.row_keep = first.row_keep;
       const bool with_kv = first.kv.defined(), with_lists = first.key_index.defined();
       std::vector<at::Tensor> tokens, positions, cu{first.cu_seqlens.narrow(0, 0, 1)}, rows, lens, prefix, logit;
       std::vector<at::Tensor> key_offsets, key_index;
@@ -182,7 +187,7 @@ void PackedForward::run(std::vector<Entry>& entries) {
 }
 
 at::Tensor PackedForward::run_packed(ForwardBatch& b, int64_t n) {
-  if (!pad_ || b.key_layers > 1 || b.query_capture.defined()) return model_.forward(b);
+  if (!pad_ || b.key_layers > 1 || b.query_capture.defined() || b.row_keep) return model_.forward(b);
   // Buckets: the tokens' first, then rows enough for the pad tokens in dummy rows of at most
   // kDummyTokens, each with at least one token (else a larger token bucket). A pack that already
   // fills its buckets runs as it is (16 requests of 32 queries: 512 tokens, not 768).

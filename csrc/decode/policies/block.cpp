@@ -41,6 +41,11 @@
 // (select_prefix below), and the block's later steps attend, per layer, those keys and the block's own
 // (PackedQueries::set_layer_keys). A block whose prefix is shorter than prefix_kv_min_context, or not
 // longer than the budget, decodes densely.
+//
+// DUET's query pruning (query_keep_ratio, ALGORITHMS.md 18.2): a block's later step hands the forward a row_keep
+// callback (ForwardBatch::row_keep) that, after query_select_layer, ranks the block's masks by the LM head on that
+// layer's hidden state (or reuses the last ranking) and keeps the decided rows and ceil(ratio x masks) masks for
+// the deeper layers (query_rows below); a dropped row keeps its previous K/V there and gets uniform logits.
 #include <ATen/ops/cdist.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/sort.h>
@@ -59,6 +64,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "decode/logprobs.h"
@@ -106,7 +112,7 @@ class BlockDecoder final : public Decoder {
         // SDAR's ranked rules with a count above one a step may rewrite decided positions of the block.
         rewrites_(unmasking_ && (*unmasking_ == Unmasking::kDynamic || *unmasking_ == Unmasking::kStatic) &&
                   static_cast<int64_t>(schedule_.size()) < B_),
-        device_(model.device()), logprobs_(o.logprobs, L_, model.device()) {
+        device_(model.device()), model_(model), logprobs_(o.logprobs, L_, model.device()) {
     x_ = prompt;
     x_.resize(L_, c_.mask_token_id);
     kv_ = kv.defined() ? std::move(kv) : KvRows{model.new_kv(1, L_), {}};
@@ -155,6 +161,12 @@ class BlockDecoder final : public Decoder {
       p.q.set_layer_keys(keys);
       st_.prefix_keys_selected += c_.n_layers * static_cast<int64_t>(selected_.front().size());
     }
+    pending_.reset();
+    if (step_ > 0 && p.q.rows() == 1) {
+      query_rows(p.q);
+    } else {
+      kept_.clear();
+    }
     p.extra = x_;
     return p;
   }
@@ -165,7 +177,13 @@ class BlockDecoder final : public Decoder {
 
   void absorb(const StepPlan& p, const at::Tensor& logits, const std::vector<at::Tensor>&) override {
     st_.nfe += 1;
-    cached_ = block_ * B_;  // every block before the current one is final and written now
+    cached_ = block_ * B_;           // every block before the current one is final and written now
+    if (p.q.row_keep && pending_) {  // the forward's row selection (DUET 18.2)
+      kept_ = pending_->kept;
+      kept_age_ = pending_->age;
+      st_.query_rows_dropped += pending_->dropped;
+    }
+    pending_.reset();
     if (p.q.query_capture.defined()) select_prefix(p.q.query_capture);
     // The authors' proposals: argmax of the float32 logits (the first index of the maximum), its
     // softmax probability; ids past the tokenizer's are never proposed.
@@ -372,6 +390,65 @@ class BlockDecoder final : public Decoder {
     selected_block_ = block_;
   }
 
+  // DUET's query pruning (ALGORITHMS.md 18.2) for a later step of the block (its one query row, the
+  // block): dense (kept_ cleared) when the ratio is 1, the prefix is below the cost gate, at most
+  // query_dense_masks masks remain or no layer follows the selection layer; else the step prunes its
+  // rows after query_select_layer: the decided rows and the reused selection's masks still masked
+  // when at least `count` are and it is younger than query_reuse_interval, else a fresh one ranked by
+  // the LM head on that layer's residual stream (argmax softmax probability; those > threshold if at
+  // least `count` are, else the `count` most confident, at::topk as the reference's torch.topk).
+  void query_rows(PackedQueries& q) {
+    const int64_t s = block_ * B_;
+    std::vector<int64_t> masked, decided;
+    for (int64_t i = 0; i < B_; ++i) (x_[s + i] == c_.mask_token_id ? masked : decided).push_back(i);
+    const int64_t m = static_cast<int64_t>(masked.size());
+    const int64_t layer = o_.query_select_layer.value_or(rules_.unmasking ? 5 : 1);
+    if (o_.query_keep_ratio >= 1.0 || s < o_.query_min_context || m <= o_.query_dense_masks ||
+        layer >= c_.n_layers - 1) {
+      kept_.clear();
+      return;
+    }
+    const int64_t count =
+        std::min<int64_t>(m, std::max<int64_t>(1, static_cast<int64_t>(std::ceil(o_.query_keep_ratio * m))));
+    q.row_keep_layer = layer;
+    q.row_keep = [this, masked, decided, count](const at::Tensor& hidden) {
+      std::vector<int64_t> pick;
+      const int64_t s = block_ * B_;
+      for (int64_t i : kept_) {
+        if (x_[s + i] == c_.mask_token_id) pick.push_back(i);
+      }
+      if (!kept_.empty() && kept_age_ < o_.query_reuse_interval && static_cast<int64_t>(pick.size()) >= count) {
+        pending_ = Pending{kept_, kept_age_ + 1, 0};  // reused: its masks still masked
+      } else {
+        pick.clear();
+        const auto opts = at::TensorOptions().dtype(at::kLong);
+        const at::Tensor rows = at::tensor(masked, opts).to(hidden.device());
+        const at::Tensor p =
+            std::get<0>(at::softmax(model_.head(hidden.index_select(0, rows)).to(at::kFloat), -1).max(-1)).cpu();
+        const float* pp = p.const_data_ptr<float>();
+        const float threshold = static_cast<float>(threshold_);
+        std::vector<int64_t> high;
+        for (int64_t j = 0; j < static_cast<int64_t>(masked.size()); ++j) {
+          if (pp[j] > threshold) high.push_back(masked[j]);
+        }
+        if (static_cast<int64_t>(high.size()) >= count) {
+          pick = high;
+        } else {
+          const at::Tensor top = std::get<1>(at::topk(p, count)).contiguous();
+          const int64_t* tp = top.const_data_ptr<int64_t>();
+          for (int64_t j = 0; j < count; ++j) pick.push_back(masked[tp[j]]);
+          std::sort(pick.begin(), pick.end());
+        }
+        pending_ = Pending{pick, 1, 0};
+      }
+      std::vector<int64_t> keep = decided;
+      keep.insert(keep.end(), pick.begin(), pick.end());
+      std::sort(keep.begin(), keep.end());
+      pending_->dropped = B_ - static_cast<int64_t>(keep.size());
+      return at::tensor(keep, at::TensorOptions().dtype(at::kLong)).to(hidden.device());
+    };
+  }
+
   // LLaDA2.0's eos_early_stop: the first EOS of the canvas before the block's end has no mask
   // between the prompt and it.
   bool eos_ends_text() const {
@@ -434,11 +511,21 @@ class BlockDecoder final : public Decoder {
   const std::vector<int64_t> schedule_;
   const bool rewrites_;
   const c10::Device device_;
+  const Network& model_;
   std::vector<int64_t> x_;
   LogprobRecord logprobs_;
   // DUET: each layer's selected prefix positions (ascending) and the block they were selected for.
   std::vector<std::vector<int64_t>> selected_;
   int64_t selected_block_ = -1;
+  // DUET's query pruning: the last fresh row selection (block offsets of its masks, ascending) and its age
+  // in steps; a forward's pruning records its outcome in pending_, which absorb() applies.
+  struct Pending {
+    std::vector<int64_t> kept;
+    int64_t age = 0, dropped = 0;
+  };
+  std::vector<int64_t> kept_;
+  int64_t kept_age_ = 0;
+  std::optional<Pending> pending_;
   int64_t block_ = 0, step_ = 0, post_steps_ = 0, cached_ = 0;
   bool stopped_ = false;
   DecodeStats st_;
@@ -492,11 +579,6 @@ Refusal option_refusal(const FamilySpec* family, const DecodeOptions& o) {
                                         " checkpoints do not read it (leave it at its default)")};
     }
   }
-  if (o.query_keep_ratio != 1.0) {
-    return {"query_keep_ratio",
-            "query_keep_ratio: DUET's query pruning is in the reference (reference/duet.py) but not yet in the native "
-            "policy 'block'; leave it 1.0 (prefix_kv_budget is implemented)"};
-  }
   if (o.unmasking && *o.unmasking != Unmasking::kEntropyBounded && o.entropy_bound != DecodeOptions{}.entropy_bound) {
     return {"entropy_bound", c10::str("entropy_bound is read by unmasking 'entropy_bounded' only, not '",
                                       unmasking_name(*o.unmasking), "'")};
@@ -515,8 +597,8 @@ Refusal option_refusal(const FamilySpec* family, const DecodeOptions& o) {
 namespace pd = policy_defaults;
 
 namespace {
-// DUET's steps capture queries into a fresh tensor and vary their key lists: eager.
-bool graphs(const DecodeOptions& o) { return o.prefix_kv_budget == 0; }
+// DUET's steps capture queries into a fresh tensor, vary their key lists and prune rows on the host: eager.
+bool graphs(const DecodeOptions& o) { return o.prefix_kv_budget == 0 && o.query_keep_ratio == 1.0; }
 }  // namespace
 
 extern const PolicyDescriptor kBlockPolicy{

@@ -1,5 +1,5 @@
 """DUET (docs/ALGORITHMS.md section 18) in plain PyTorch: the float32 oracle for the native block
-policy's ``prefix_kv_budget`` and the definition of ``query_keep_ratio``'s row pruning.
+policy's ``prefix_kv_budget`` and ``query_keep_ratio`` (tests/decode/test_duet.py).
 
 :class:`DuetModel` wraps a LLaDA2 or SDAR reference model and offers the ``forward_window`` each family's
 ``block_generate`` calls (``reference/llada2.py`` with ``cache=True``, ``reference/sdar.py``), with its own
