@@ -2,8 +2,9 @@
 policy that records them, each generated token's log-probability and top alternatives equal a
 recomputation by the float32 reference (the row its reference decoder used when it committed the
 token, helpers/logprobs.py), within 1e-4; turning them on changes no token and no forward count; a
-request's logprobs do not change with the batch it decodes in; the policies that do not record them
-refuse the option by name."""
+request's logprobs do not change with the batch it decodes in; what does not record them (BlockBatch
+on Dream) refuses the option by name. BlockBatch (several canvases per forward, merges and syncs) is compared
+with the rows its reference names (``reference.blockbatch``'s ``commit_rows``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from blockbatch import bench, families, policies
+from blockbatch.policies.blockbatch import llada_reference_result
 from blockbatch.decoding import run_decode, token_logprobs
 from blockbatch.errors import RequestError
 from helpers import families as data
@@ -20,7 +22,7 @@ from helpers import logprobs as lp
 from helpers.batching import small_engine
 
 PAIRS = [(f, p) for f in data.names() for p in families.get(f).POLICIES]
-RECORDING = ("vanilla", "prefix", "dual", "block", "window", "wavefront")  # the policies that record logprobs
+RECORDING = ("vanilla", "prefix", "dual", "block", "window", "wavefront")  # recorded, the rule of helpers/logprobs.py
 PROMPTS = ([5], [3, 9, 27, 1, 44, 2, 8, 8, 19])
 TOP = 3
 
@@ -107,15 +109,61 @@ def test_top_zero_gives_the_token_only_and_twenty_gives_twenty(engines, top):
             assert values == sorted(values, reverse=True) and t.logprob <= values[0] + 1e-6
 
 
-REFUSING = [(f, p) for f, p in PAIRS if p not in RECORDING]
+# BlockBatch on LLaDA: the registry's cases and ones where merges, syncs, both refresh modes and the
+# seeded sampler fire (the test checks that they did).
+BLOCKBATCH_CASES = [
+    *data.policy_cases("blockbatch", "llada"),
+    dict(gen_length=32, block_sizes=(2, 4, 8), threshold=0.6, merge_gate=0.3, refresh_tokens=4, sync_gap=1),
+    dict(gen_length=32, block_sizes=(4, 16), threshold=0.95, merge_gate=0.5, refresh_tokens=8, sync_gap=0),
+    dict(gen_length=32, block_sizes=(2, 4, 8), threshold=0.6, merge_gate=0.3, sync_gap=1, refresh_mode="divergence"),
+    dict(gen_length=32, block_sizes=(4, 8, 16), threshold=0.8, refresh_tokens=8, sync_gap=4, temperature=0.7, seed=3),
+]
 
 
-@pytest.mark.parametrize("family,policy", REFUSING, ids=[f"{f}-{p}" for f, p in REFUSING])
-def test_policies_without_logprobs_refuse_the_option(engines, family, policy):
-    engine, _ = engines(family)
-    overrides = data.policy_cases(policy, family)[0]
-    with pytest.raises(RequestError, match="does not record logprobs") as e:
-        engine.generate([[1, 2, 3]], engine.default_options(policy=policy, logprobs=1, **overrides))
+def test_blockbatch_logprobs_are_the_winners_commit_rows(engines):
+    """Per token of the winner: the row its branch committed it from (a merge: the row whose
+    probability the merge read; a sync: the leader's record), recomputed by the reference."""
+    engine, ref = engines("llada")
+    fired = dict(merged=0, copied=0, nfe_refresh=0)
+    for prompt in (*PROMPTS, [7, 7, 2]):
+        for overrides in BLOCKBATCH_CASES:
+            what = f"blockbatch {overrides} prompt {prompt}"
+            o = engine.default_options(policy="blockbatch", logprobs=TOP, **overrides)
+            g = engine.generate([prompt], o)[0]
+            off = engine.generate([prompt], engine.default_options(policy="blockbatch", **overrides))[0]
+            assert off.logprobs is None, what
+            assert (g.raw_ids, g.stats["nfe"]) == (off.raw_ids, off.stats["nfe"]), what
+            r = llada_reference_result(ref, torch.tensor(prompt), o, commit_rows=True)
+            assert r.tokens.tolist() == prompt + g.raw_ids and r.nfe == g.stats["nfe"], what
+            every = token_logprobs(g.raw_ids, run_decode(engine.model.obj, torch.tensor(prompt), o).logprobs)
+            want = lp.from_rows(r.commit_rows, g.raw_ids, TOP)
+            assert any(w is not None for w in want), what
+            lp.assert_close(every, want, what)
+            assert _plain(g.logprobs) == _plain(every[: len(g.ids)]), what
+            fired["nfe_refresh"] += g.stats["nfe_refresh"]
+            for b in g.stats["branches"]:
+                fired["merged"] += b["merged"]
+                fired["copied"] += b["copied"]
+    assert all(n > 0 for n in fired.values()), fired
+
+
+def test_blockbatch_logprobs_do_not_change_with_the_batch(engines):
+    engine, _ = engines("llada")
+    prompts = [[5], [3, 9, 27, 1, 44, 2, 8, 8, 19], [7, 7, 2], [11, 4]]
+    o = engine.default_options(policy="blockbatch", logprobs=2, **BLOCKBATCH_CASES[2])
+    alone = [engine.generate([p], o)[0] for p in prompts]
+    together = engine.generate(prompts, o, max_batch=4)
+    for a, b in zip(alone, together):
+        assert a.raw_ids == b.raw_ids and a.stats["nfe"] == b.stats["nfe"]
+        assert [(t.token, t.logprob, t.top) for t in a.logprobs] == [(t.token, t.logprob, t.top) for t in b.logprobs]
+        assert a.logprobs and all(not math.isnan(t.logprob) for t in a.logprobs)
+
+
+def test_blockbatch_refuses_logprobs_on_dream_by_name(engines):
+    engine, _ = engines("dream")
+    overrides = data.policy_cases("blockbatch", "dream")[0]
+    with pytest.raises(RequestError, match="does not record logprobs on dream checkpoints") as e:
+        engine.generate([[1, 2, 3]], engine.default_options(policy="blockbatch", logprobs=1, **overrides))
     assert (e.value.kind, e.value.param) == ("unsupported", "logprobs")
 
 

@@ -213,10 +213,13 @@ class BlockBatch final : public Decoder {
     settle(p.kind);
   }
 
+  at::Tensor logprob_rows(int64_t from, int64_t count) const override { return book_->settled_logprobs(from, count); }
+
   DecodeResult finish() override {
     if (winner_ < 0) winner_ = book_->natural_winner();
     DecodeResult res;
     res.tokens = book_->tokens(winner_, early_exit_);
+    res.logprobs = book_->logprobs(winner_);
     stats_.nfe = nfe();
     stats_.nfe_paper = rules_.nfe == NfeCount::kWinnerParticipation ? forwards_[winner_] : stats_.nfe;
     stats_.winner = winner_;
@@ -331,6 +334,12 @@ std::string family_refusal(const FamilySpec& f) {
 Refusal option_refusal(const FamilySpec* family, const DecodeOptions& o) {
   const BlockBatchRules* rules = family != nullptr ? family_row(kRules, *family) : nullptr;
   if (Refusal why = bidirectional_refusal(family, rules == nullptr || rules->samplers, o)) return why;
+  if (rules != nullptr && o.logprobs && rules->readout != Readout::kDevice) {
+    return {"logprobs",
+            c10::str("policy 'blockbatch' does not record logprobs on ", family->name,
+                     " checkpoints yet: its merges read a probability map that accumulates over several forwards "
+                     "(ALGORITHMS.md 17); leave logprobs None or use policy 'dual'")};
+  }
   if (rules != nullptr && !rules->samples && o.temperature != 0) {
     return {"temperature",
             c10::str("temperature > 0 samples only in policy 'vanilla' on ", family->name,
@@ -412,6 +421,7 @@ extern const PolicyDescriptor kBlockBatchPolicy{
     .step_kinds = {StepKind::kInit, StepKind::kBlock, StepKind::kCoordinate, StepKind::kRefresh},
     .stats = {"nfe_init", "nfe_block", "nfe_refresh", "nfe_paper", "winner", "winner_block_size", "early_exit",
               "folded_rows", "folded_tokens", "kv_pages_copied"},
+    .logprobs = true,
     .make = make};
 
 }  // namespace blockbatch

@@ -100,6 +100,18 @@ class Branches {
   virtual int64_t exit(bool& eos) = 0;
   virtual int64_t natural_winner() const = 0;  // every branch done without an exit
   virtual std::vector<int64_t> tokens(int64_t winner, bool eos) = 0;
+  // The `logprobs` option (docs/ALGORITHMS.md 17): branch `winner`'s records of the generation
+  // (host float64 [G, 1 + 2 top]; undefined when off or not recorded), and the rows of generation
+  // positions [from, from + count) that can no longer change whoever wins: the longest prefix where
+  // every branch holds the same record (a sync copies records, so such a row stays).
+  virtual at::Tensor logprobs(int64_t winner) const {
+    (void)winner;
+    return {};
+  }
+  virtual at::Tensor settled_logprobs(int64_t from, int64_t count) const {
+    (void)from, (void)count;
+    return {};
+  }
   BranchStats stats(int64_t b) const {  // all but forwards (the skeleton's)
     BranchStats s;
     s.block_size = st(b)[br::kBlock];
