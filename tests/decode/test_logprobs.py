@@ -2,9 +2,8 @@
 policy that records them, each generated token's log-probability and top alternatives equal a
 recomputation by the float32 reference (the row its reference decoder used when it committed the
 token, helpers/logprobs.py), within 1e-4; turning them on changes no token and no forward count; a
-request's logprobs do not change with the batch it decodes in; what does not record them (BlockBatch
-on Dream) refuses the option by name. BlockBatch (several canvases per forward, merges and syncs) is compared
-with the rows its reference names (``reference.blockbatch``'s ``commit_rows``)."""
+request's logprobs do not change with the batch it decodes in. BlockBatch (several canvases per
+forward, merges and syncs) is compared with the rows its reference names (``commit_rows``)."""
 
 from __future__ import annotations
 
@@ -14,15 +13,16 @@ import pytest
 import torch
 
 from blockbatch import bench, families, policies
-from blockbatch.policies.blockbatch import llada_reference_result
 from blockbatch.decoding import run_decode, token_logprobs
-from blockbatch.errors import RequestError
+from blockbatch.policies.blockbatch import llada_reference_result
+from blockbatch.reference.dream import decode_with_options
 from helpers import families as data
 from helpers import logprobs as lp
 from helpers.batching import small_engine
 
 PAIRS = [(f, p) for f in data.names() for p in families.get(f).POLICIES]
-RECORDING = ("vanilla", "prefix", "dual", "block", "window", "wavefront")  # recorded, the rule of helpers/logprobs.py
+# compared by the rule of helpers/logprobs.py (blockbatch: by its reference's commit rows, below)
+RECORDING = ("vanilla", "prefix", "dual", "block", "window", "wavefront")
 PROMPTS = ([5], [3, 9, 27, 1, 44, 2, 8, 8, 19])
 TOP = 3
 
@@ -109,34 +109,56 @@ def test_top_zero_gives_the_token_only_and_twenty_gives_twenty(engines, top):
             assert values == sorted(values, reverse=True) and t.logprob <= values[0] + 1e-6
 
 
-# BlockBatch on LLaDA: the registry's cases and ones where merges, syncs, both refresh modes and the
-# seeded sampler fire (the test checks that they did).
-BLOCKBATCH_CASES = [
-    *data.policy_cases("blockbatch", "llada"),
-    dict(gen_length=32, block_sizes=(2, 4, 8), threshold=0.6, merge_gate=0.3, refresh_tokens=4, sync_gap=1),
-    dict(gen_length=32, block_sizes=(4, 16), threshold=0.95, merge_gate=0.5, refresh_tokens=8, sync_gap=0),
-    dict(gen_length=32, block_sizes=(2, 4, 8), threshold=0.6, merge_gate=0.3, sync_gap=1, refresh_mode="divergence"),
-    dict(gen_length=32, block_sizes=(4, 8, 16), threshold=0.8, refresh_tokens=8, sync_gap=4, temperature=0.7, seed=3),
-]
+# BlockBatch: the registry's cases and ones where merges, syncs and refreshes fire (the test checks
+# that they did); on LLaDA divergence refreshes and the seeded sampler too, on Dream an EOS exit.
+BLOCKBATCH_CASES = {
+    "llada": [
+        *data.policy_cases("blockbatch", "llada"),
+        dict(gen_length=32, block_sizes=(2, 4, 8), threshold=0.6, merge_gate=0.3, refresh_tokens=4, sync_gap=1),
+        dict(gen_length=32, block_sizes=(4, 16), threshold=0.95, merge_gate=0.5, refresh_tokens=8, sync_gap=0),
+        dict(
+            gen_length=32, block_sizes=(2, 4, 8), threshold=0.6, merge_gate=0.3, sync_gap=1, refresh_mode="divergence"
+        ),
+        dict(
+            gen_length=32, block_sizes=(4, 8, 16), threshold=0.8, refresh_tokens=8, sync_gap=4, temperature=0.7, seed=3
+        ),
+    ],
+    "dream": [
+        *data.policy_cases("blockbatch", "dream"),
+        dict(gen_length=32, block_sizes=(2, 4, 8), threshold=0.6, merge_gate=0.3, refresh_tokens=4, sync_gap=1),
+        dict(gen_length=32, block_sizes=(4, 8, 16), threshold=0.8, merge_gate=0.2, refresh_tokens=6, sync_gap=0),
+    ],
+}
 
 
-def test_blockbatch_logprobs_are_the_winners_commit_rows(engines):
+def _blockbatch_rows(family, ref, prompt, o, vocab) -> tuple[list[int], int, list]:
+    """The reference's (row, nfe, commit rows of the generation) for BlockBatch on ``family``."""
+    if family == "llada":
+        r = llada_reference_result(ref, torch.tensor(prompt), o, commit_rows=True)
+        return r.tokens.tolist(), r.nfe, r.commit_rows
+    d = decode_with_options(ref, prompt, o, vocab, commit_rows=True)
+    return d.tokens, d.nfe, d.stats["commit_rows"]
+
+
+@pytest.mark.parametrize("family", sorted(BLOCKBATCH_CASES))
+def test_blockbatch_logprobs_are_the_winners_commit_rows(engines, family):
     """Per token of the winner: the row its branch committed it from (a merge: the row whose
-    probability the merge read; a sync: the leader's record), recomputed by the reference."""
-    engine, ref = engines("llada")
+    probability the merge read; a sync: the leader's record), recomputed by the reference; NaN
+    where the EOS exit filled the row after the first EOS."""
+    engine, ref = engines(family)
     fired = dict(merged=0, copied=0, nfe_refresh=0)
     for prompt in (*PROMPTS, [7, 7, 2]):
-        for overrides in BLOCKBATCH_CASES:
-            what = f"blockbatch {overrides} prompt {prompt}"
+        for overrides in BLOCKBATCH_CASES[family]:
+            what = f"{family} blockbatch {overrides} prompt {prompt}"
             o = engine.default_options(policy="blockbatch", logprobs=TOP, **overrides)
             g = engine.generate([prompt], o)[0]
             off = engine.generate([prompt], engine.default_options(policy="blockbatch", **overrides))[0]
             assert off.logprobs is None, what
             assert (g.raw_ids, g.stats["nfe"]) == (off.raw_ids, off.stats["nfe"]), what
-            r = llada_reference_result(ref, torch.tensor(prompt), o, commit_rows=True)
-            assert r.tokens.tolist() == prompt + g.raw_ids and r.nfe == g.stats["nfe"], what
+            row, nfe, rows = _blockbatch_rows(family, ref, prompt, o, engine.checkpoint.proposal_vocab)
+            assert row == (prompt + g.raw_ids)[: len(row)] and nfe == g.stats["nfe"], what
             every = token_logprobs(g.raw_ids, run_decode(engine.model.obj, torch.tensor(prompt), o).logprobs)
-            want = lp.from_rows(r.commit_rows, g.raw_ids, TOP)
+            want = lp.from_rows(rows, g.raw_ids, TOP)
             assert any(w is not None for w in want), what
             lp.assert_close(every, want, what)
             assert _plain(g.logprobs) == _plain(every[: len(g.ids)]), what
@@ -147,24 +169,17 @@ def test_blockbatch_logprobs_are_the_winners_commit_rows(engines):
     assert all(n > 0 for n in fired.values()), fired
 
 
-def test_blockbatch_logprobs_do_not_change_with_the_batch(engines):
-    engine, _ = engines("llada")
+@pytest.mark.parametrize("family", sorted(BLOCKBATCH_CASES))
+def test_blockbatch_logprobs_do_not_change_with_the_batch(engines, family):
+    engine, _ = engines(family)
     prompts = [[5], [3, 9, 27, 1, 44, 2, 8, 8, 19], [7, 7, 2], [11, 4]]
-    o = engine.default_options(policy="blockbatch", logprobs=2, **BLOCKBATCH_CASES[2])
+    o = engine.default_options(policy="blockbatch", logprobs=2, **BLOCKBATCH_CASES[family][2])
     alone = [engine.generate([p], o)[0] for p in prompts]
     together = engine.generate(prompts, o, max_batch=4)
     for a, b in zip(alone, together):
         assert a.raw_ids == b.raw_ids and a.stats["nfe"] == b.stats["nfe"]
         assert [(t.token, t.logprob, t.top) for t in a.logprobs] == [(t.token, t.logprob, t.top) for t in b.logprobs]
         assert a.logprobs and all(not math.isnan(t.logprob) for t in a.logprobs)
-
-
-def test_blockbatch_refuses_logprobs_on_dream_by_name(engines):
-    engine, _ = engines("dream")
-    overrides = data.policy_cases("blockbatch", "dream")[0]
-    with pytest.raises(RequestError, match="does not record logprobs on dream checkpoints") as e:
-        engine.generate([[1, 2, 3]], engine.default_options(policy="blockbatch", logprobs=1, **overrides))
-    assert (e.value.kind, e.value.param) == ("unsupported", "logprobs")
 
 
 @pytest.mark.parametrize("bad", [-1, 21])

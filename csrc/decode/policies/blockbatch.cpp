@@ -84,6 +84,19 @@ void add_fold_sources(StepPlan& p, const std::vector<Span>& spans, int64_t B) {
 }
 // Those sources again, from the plan's entries (the last B).
 std::vector<int64_t> fold_sources(const StepPlan& p, int64_t B) { return {p.extra.end() - B, p.extra.end()}; }
+
+at::Tensor settled_rows(const at::Tensor& rec, int64_t count) {
+  const at::Tensor r = rec.contiguous().cpu();
+  const int64_t B = r.size(0), R = r.size(2);
+  const double* d = r.const_data_ptr<double>();
+  int64_t n = 0;
+  for (bool same = true; same && n < count; n += same ? 1 : 0) {
+    for (int64_t b = 1; b < B && same; ++b) {
+      same = std::memcmp(d + n * R, d + (b * count + n) * R, sizeof(double) * R) == 0;
+    }
+  }
+  return r.select(0, 0).narrow(0, 0, n);
+}
 // The init's row copies as a source map: the batch-1 forward filled row 0, every other row copies it.
 std::vector<int64_t> init_sources(int64_t B) {
   std::vector<int64_t> src(static_cast<size_t>(B), 0);
@@ -219,7 +232,7 @@ class BlockBatch final : public Decoder {
     if (winner_ < 0) winner_ = book_->natural_winner();
     DecodeResult res;
     res.tokens = book_->tokens(winner_, early_exit_);
-    res.logprobs = book_->logprobs(winner_);
+    res.logprobs = book_->logprobs(winner_, early_exit_);
     stats_.nfe = nfe();
     stats_.nfe_paper = rules_.nfe == NfeCount::kWinnerParticipation ? forwards_[winner_] : stats_.nfe;
     stats_.winner = winner_;
@@ -334,12 +347,6 @@ std::string family_refusal(const FamilySpec& f) {
 Refusal option_refusal(const FamilySpec* family, const DecodeOptions& o) {
   const BlockBatchRules* rules = family != nullptr ? family_row(kRules, *family) : nullptr;
   if (Refusal why = bidirectional_refusal(family, rules == nullptr || rules->samplers, o)) return why;
-  if (rules != nullptr && o.logprobs && rules->readout != Readout::kDevice) {
-    return {"logprobs",
-            c10::str("policy 'blockbatch' does not record logprobs on ", family->name,
-                     " checkpoints yet: its merges read a probability map that accumulates over several forwards "
-                     "(ALGORITHMS.md 17); leave logprobs None or use policy 'dual'")};
-  }
   if (rules != nullptr && !rules->samples && o.temperature != 0) {
     return {"temperature",
             c10::str("temperature > 0 samples only in policy 'vanilla' on ", family->name,

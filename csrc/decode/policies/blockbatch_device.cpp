@@ -201,23 +201,14 @@ class DeviceBranches final : public Branches {
     return w;
   }
 
-  at::Tensor logprobs(int64_t winner) const override {
+  at::Tensor logprobs(int64_t winner, bool) const override {
     if (!recording()) return {};
     return rec_.select(0, winner).narrow(0, lp_, G_).cpu();
   }
 
   at::Tensor settled_logprobs(int64_t from, int64_t count) const override {
     if (!recording()) return {};
-    const at::Tensor r = rec_.narrow(1, lp_ + from, count).contiguous().cpu();  // [B, count, R]
-    const int64_t R = r.size(2);
-    const double* d = r.const_data_ptr<double>();
-    int64_t n = 0;
-    for (bool same = true; same && n < count; n += same ? 1 : 0) {
-      for (int64_t b = 1; b < B_ && same; ++b) {
-        same = std::memcmp(d + n * R, d + (b * count + n) * R, sizeof(double) * R) == 0;
-      }
-    }
-    return r.select(0, 0).narrow(0, 0, n);
+    return settled_rows(rec_.narrow(1, lp_ + from, count), count);
   }
 
   std::vector<int64_t> tokens(int64_t winner, bool) override {
