@@ -182,6 +182,31 @@ def test_blockbatch_logprobs_do_not_change_with_the_batch(engines, family):
         assert a.logprobs and all(not math.isnan(t.logprob) for t in a.logprobs)
 
 
+@pytest.mark.parametrize("family", sorted(BLOCKBATCH_CASES))
+def test_blockbatch_streams_final_rows(engines, family):
+    """A stream's token events carry rows (once every branch holds the same record) equal to the
+    result's rows of the same tokens, joined in order; tokens and rows stay aligned."""
+    engine, _ = engines(family)
+    o = engine.default_options(policy="blockbatch", logprobs=2, **BLOCKBATCH_CASES[family][2])
+    prompts = [[5], [3, 9, 27, 1, 44, 2, 8, 8, 19], [7, 7, 2]]
+    with engine.scheduler(max_batch=2, max_length=128) as sched:
+        handles = [sched.submit(torch.tensor(p), o, stream=True) for p in prompts]
+        outs = [h.result(timeout=120) for h in handles]
+        streamed = 0
+        for h, out in zip(handles, outs):
+            events = list(h.events(timeout=5))
+            tokens, rows = [], []
+            for ev in events[:-1]:
+                assert ev.kind == "tokens" and ev.logprobs is not None and len(ev.logprobs) == len(ev.tokens)
+                tokens += ev.tokens
+                rows += ev.logprobs.tolist()
+            streamed += len(events) - 1
+            n = len(tokens)
+            assert tokens == out.tokens[len(out.tokens) - o.gen_length :][:n].tolist()
+            assert rows == out.logprobs[:n].tolist()
+    assert streamed > len(prompts), "no request streamed more than one chunk"
+
+
 @pytest.mark.parametrize("bad", [-1, 21])
 def test_out_of_range_logprobs_name_the_option(bad):
     from blockbatch import DecodeOptions
