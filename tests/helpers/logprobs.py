@@ -64,6 +64,20 @@ def expected(rec: Recording, prompt_len: int, ids: list[int], top: int, shifted:
     return out
 
 
+def from_rows(rows: list, ids: list[int], top: int) -> list:
+    """``expected``'s entries from one logits row per token (None: none), as a reference decoder
+    that names its commit rows gives them (``reference.blockbatch``'s ``commit_rows``)."""
+    out = []
+    for row, token in zip(rows, ids):
+        if row is None:
+            out.append(None)
+            continue
+        ls = torch.log_softmax(row.float(), -1)
+        v, k = torch.topk(ls, top)
+        out.append((float(ls[token]), k.tolist(), v.tolist()))
+    return out
+
+
 def assert_close(got, want, what: str, atol: float = 1e-4, filled_after: int | None = None) -> None:
     """Engine ``Generation.logprobs`` against ``expected``: values within ``atol``, top ids equal
     (where two alternatives' values tie within ``atol`` their order may differ: compared as sets).

@@ -274,10 +274,12 @@ def test_n_outside_1_to_16_or_not_an_integer_is_400_naming_n(server, client, n):
 LP_OPTIONS = {"policy": "vanilla", "gen_length": 128, "block_length": 8}
 
 
-def _engine_entries(engine, k: int, count: int | None = None, chat: bool = True, **sampling) -> list:
+def _engine_entries(
+    engine, k: int, count: int | None = None, chat: bool = True, options=LP_OPTIONS, **sampling
+) -> list:
     """The engine's (text piece, logprob, [(text, logprob)] top) per completion token of PROMPT
     (completions: the top as OpenAI's {text: logprob}, where equal texts, the special tokens', collapse)."""
-    [g] = engine.generate(PROMPT, DecodeOptions(**LP_OPTIONS, logprobs=k, **sampling), chat=False)
+    [g] = engine.generate(PROMPT, DecodeOptions(**options, logprobs=k, **sampling), chat=False)
     text = engine.codec.decode
     out = []
     for t in g.logprobs[:count]:
@@ -334,6 +336,20 @@ def test_logprobs_are_the_engines_and_streamed_the_same(server, client, engine, 
     plain = create(**{k: v for k, v in kw.items() if k not in ("logprobs", "top_logprobs")})
     assert plain.choices[0].logprobs is None
     assert (plain.choices[0].message.content if chat else plain.choices[0].text) == text
+
+
+def test_blockbatch_logprobs_are_the_winners_and_streamed_the_same(server, client, engine):
+    """Policy blockbatch: the response's entries are the engine's (the winning branch's records), and
+    the stream, which hands a token once every branch holds the same record, joins to the same."""
+    options = {"policy": "blockbatch", "gen_length": 64, "block_sizes": [4, 8, 16], "sync_gap": 1}
+    kw = dict(model="toy-chat", prompt=PROMPT, logprobs=2, extra_body={"blockbatch": options})
+    done = client.completions.create(**kw)
+    [choice] = done.choices
+    n = done.usage.completion_tokens
+    got = _entries(choice.logprobs, False)
+    assert got == _engine_entries(engine, 2, n, False, options) and len(got) == n > 0
+    assert "".join(t for t, _, _ in got) == choice.text
+    assert _joined(list(client.completions.create(stream=True, **kw)), False) == got
 
 
 def test_logprobs_of_n_choices_are_each_their_own(server, client, engine):
@@ -492,7 +508,6 @@ ERRORS = [  # (route, changes to a valid body, status, param)
     ("completions", {"logprobs": 21}, 400, "logprobs"),
     ("completions", {"logprobs": "3"}, 400, "logprobs"),
     ("completions", {"logprobs": True}, 400, "logprobs"),
-    ("completions", {"logprobs": 2, "blockbatch": {"policy": "blockbatch"}}, 400, "logprobs"),  # not recorded there
     ("completions", {"logprobs": 2, "blockbatch": {"logprobs": 2}}, 400, "logprobs"),
     ("chat/completions", {"logprobs": 1}, 400, "logprobs"),
     ("chat/completions", {"top_logprobs": 2}, 400, "top_logprobs"),  # without logprobs: true, as OpenAI

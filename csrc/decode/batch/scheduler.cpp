@@ -452,11 +452,17 @@ void Scheduler::report(Request& r, const Decoder* d, const int64_t* x, int64_t n
   }
   if (p - lp <= r.stable) return;
   RequestEvent ev;
+  if (d != nullptr && r.options.logprobs) {
+    ev.logprobs = d->logprob_rows(r.stable, p - lp - r.stable);
+    // A decoder may hand fewer rows: those of the rest can still change (blockbatch: until every
+    // branch holds the same record); their tokens wait for them.
+    if (ev.logprobs.defined()) p = std::min(p, lp + r.stable + ev.logprobs.size(0));
+    if (p - lp <= r.stable) return;
+  }
   ev.id = r.id;
   ev.kind = RequestEvent::kTokens;
   ev.offset = r.stable;
   ev.tokens.assign(x + lp + r.stable, x + p);
-  if (d != nullptr && r.options.logprobs) ev.logprobs = d->logprob_rows(r.stable, p - lp - r.stable);
   r.stable = p - lp;
   push(std::move(ev));
 }

@@ -84,6 +84,19 @@ void add_fold_sources(StepPlan& p, const std::vector<Span>& spans, int64_t B) {
 }
 // Those sources again, from the plan's entries (the last B).
 std::vector<int64_t> fold_sources(const StepPlan& p, int64_t B) { return {p.extra.end() - B, p.extra.end()}; }
+
+at::Tensor settled_rows(const at::Tensor& rec, int64_t count) {
+  const at::Tensor r = rec.contiguous().cpu();
+  const int64_t B = r.size(0), R = r.size(2);
+  const double* d = r.const_data_ptr<double>();
+  int64_t n = 0;
+  for (bool same = true; same && n < count; n += same ? 1 : 0) {
+    for (int64_t b = 1; b < B && same; ++b) {
+      same = std::memcmp(d + n * R, d + (b * count + n) * R, sizeof(double) * R) == 0;
+    }
+  }
+  return r.select(0, 0).narrow(0, 0, n);
+}
 // The init's row copies as a source map: the batch-1 forward filled row 0, every other row copies it.
 std::vector<int64_t> init_sources(int64_t B) {
   std::vector<int64_t> src(static_cast<size_t>(B), 0);
@@ -213,10 +226,13 @@ class BlockBatch final : public Decoder {
     settle(p.kind);
   }
 
+  at::Tensor logprob_rows(int64_t from, int64_t count) const override { return book_->settled_logprobs(from, count); }
+
   DecodeResult finish() override {
     if (winner_ < 0) winner_ = book_->natural_winner();
     DecodeResult res;
     res.tokens = book_->tokens(winner_, early_exit_);
+    res.logprobs = book_->logprobs(winner_, early_exit_);
     stats_.nfe = nfe();
     stats_.nfe_paper = rules_.nfe == NfeCount::kWinnerParticipation ? forwards_[winner_] : stats_.nfe;
     stats_.winner = winner_;
@@ -412,6 +428,7 @@ extern const PolicyDescriptor kBlockBatchPolicy{
     .step_kinds = {StepKind::kInit, StepKind::kBlock, StepKind::kCoordinate, StepKind::kRefresh},
     .stats = {"nfe_init", "nfe_block", "nfe_refresh", "nfe_paper", "winner", "winner_block_size", "early_exit",
               "folded_rows", "folded_tokens", "kv_pages_copied"},
+    .logprobs = true,
     .make = make};
 
 }  // namespace blockbatch

@@ -100,6 +100,12 @@ class Branches {
   virtual int64_t exit(bool& eos) = 0;
   virtual int64_t natural_winner() const = 0;  // every branch done without an exit
   virtual std::vector<int64_t> tokens(int64_t winner, bool eos) = 0;
+  // The `logprobs` option (docs/ALGORITHMS.md 17): branch `winner`'s records of the generation
+  // (host float64 [G, 1 + 2 top]; undefined when off; eos: as tokens(), NaN where it filled EOS),
+  // and the rows of generation positions [from, from + count) that can no longer change whoever
+  // wins: the longest prefix where every branch holds the same record (settled_rows).
+  virtual at::Tensor logprobs(int64_t winner, bool eos) const = 0;
+  virtual at::Tensor settled_logprobs(int64_t from, int64_t count) const = 0;
   BranchStats stats(int64_t b) const {  // all but forwards (the skeleton's)
     BranchStats s;
     s.block_size = st(b)[br::kBlock];
@@ -114,6 +120,11 @@ class Branches {
   const int64_t* st(int64_t b) const { return &st_[b * br::kFields]; }
   std::vector<int64_t> st_;  // the state table [B, kFields] of kernels/branches.h (kDevice: the last readback)
 };
+
+// The rows of `rec` [B, count, R] (the branches' records of `count` positions, any device) that
+// every branch holds alike, from the first: host [n, R]. A sync copies records and nothing else
+// rewrites a position that holds a token, so such a row is the winner's whoever wins.
+at::Tensor settled_rows(const at::Tensor& rec, int64_t count);
 
 // The executors (one file each).
 std::unique_ptr<Branches> device_branches(const Network& model, const std::vector<int64_t>& prompt,

@@ -4,9 +4,13 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/from_blob.h>
+#include <ATen/ops/arange.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/gather.h>
+#include <ATen/ops/log.h>
+#include <ATen/ops/log_softmax.h>
 #include <ATen/ops/softmax.h>
+#include <ATen/ops/where.h>
 #include <ATen/ops/topk.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
@@ -74,6 +78,11 @@ class DeviceBranches final : public Branches {
     // Until the first coordination overwrites it: the init's copies.
     std::vector<int64_t> init = init_sources(B_);
     sync_src_ = to_dev(init, {B_});
+    if (o.logprobs) {  // the `logprobs` option: per-branch records (ALGORITHMS.md 17)
+      top_ = *o.logprobs;
+      rec_ = at::full({B_, L_, 1 + 2 * top_}, std::numeric_limits<double>::quiet_NaN(), dev.dtype(at::kDouble));
+      seen_ = at::zeros({B_, G_, 2 * top_}, dev.dtype(at::kDouble));
+    }
   }
 
   void check(const Stop& stop, int64_t forwards) const override { stop.check(forwards, canvas_); }
@@ -124,7 +133,10 @@ class DeviceBranches final : public Branches {
     if (sampling_) return {lg.to(at::kDouble)};
     auto [token, conf] = ops::confidence(lg, c_.mask_token_id);
     auto [ids, probs] = ops::sparse_probs(lg, *o_.prob_floor, K_);
-    absorb_spans(lg, buffer.narrow(0, p.base, S * br::kSpanFields).view({S, br::kSpanFields}), token, conf, ids, probs);
+    const at::Tensor spans = buffer.narrow(0, p.base, S * br::kSpanFields).view({S, br::kSpanFields});
+    const at::Tensor before = recording() ? canvas_.clone() : at::Tensor();
+    absorb_spans(lg, spans, token, conf, ids, probs);
+    record_commits(lg, spans, before);
     if (p.kind != StepKind::kRefresh) coordinate_on_device();
     return status();
   }
@@ -154,8 +166,11 @@ class DeviceBranches final : public Branches {
       std::memcpy(h.data() + br::kSpanFields + n + wrow, prop.conf.data(), sizeof(double) * prop.conf.size());
       const at::Tensor dev = at::from_blob(h.data(), {static_cast<int64_t>(h.size())}, at::kLong)
                                  .to(model_.device(), false, /*copy=*/true);
-      absorb_spans(lg, dev.narrow(0, 0, br::kSpanFields).view({1, br::kSpanFields}), dev.narrow(0, br::kSpanFields, n),
-                   dev.narrow(0, br::kSpanFields + n, n).view(at::kDouble), ids, probs);
+      const at::Tensor span = dev.narrow(0, 0, br::kSpanFields).view({1, br::kSpanFields});
+      const at::Tensor before = recording() ? canvas_.clone() : at::Tensor();
+      absorb_spans(lg, span, dev.narrow(0, br::kSpanFields, n), dev.narrow(0, br::kSpanFields + n, n).view(at::kDouble),
+                   ids, probs);
+      record_commits(lg, span, before);
     }
     if (p.kind != StepKind::kRefresh) coordinate_on_device();
     take_status(read_back(status()));
@@ -184,6 +199,16 @@ class DeviceBranches final : public Branches {
       if (progress(b) > progress(w)) w = b;
     }
     return w;
+  }
+
+  at::Tensor logprobs(int64_t winner, bool) const override {
+    if (!recording()) return {};
+    return rec_.select(0, winner).narrow(0, lp_, G_).cpu();
+  }
+
+  at::Tensor settled_logprobs(int64_t from, int64_t count) const override {
+    if (!recording()) return {};
+    return settled_rows(rec_.narrow(1, lp_ + from, count), count);
   }
 
   std::vector<int64_t> tokens(int64_t winner, bool) override {
@@ -249,8 +274,10 @@ class DeviceBranches final : public Branches {
   // Steps 3-5 (advance, merge, sync and its KV copies) and the refresh decision, on the device.
   void coordinate_on_device() {
     const bool periodic = o_.refresh_mode == RefreshMode::kPeriodic;
+    const at::Tensor before = recording() ? canvas_.clone() : at::Tensor();
     ops::bb_coordinate_(canvas_, state_, eos_prob_, flags_, sync_src_, map_ids_, map_probs_, lp_, c_.mask_token_id,
                         o_.merge_gate, o_.merge, o_.sync, o_.sync_gap, o_.refresh_tokens, periodic);
+    record_coordination(before);
     rows_.copy_on_device(sync_src_);
     if (!periodic && o_.refresh_tokens > 0) flags_.narrow(0, br::kRefreshWanted, 1).copy_(diverged());
     if (o_.sync_refresh) {  // a branch that received the leader's row (and is not done) refreshes: on the device
@@ -258,6 +285,60 @@ class DeviceBranches final : public Branches {
       at::Tensor wanted = flags_.narrow(0, br::kRefreshWanted, 1);
       wanted.copy_(wanted.bitwise_or(synced));
     }
+  }
+
+  // --- the `logprobs` option (docs/ALGORITHMS.md 17): per-branch tables on the device ------------
+  // rec_ [B, L, 1 + 2 top]: what each branch's canvas holds, the record of the forward that gave it
+  // (the token's log-prob, then the top ids and their log-probs); seen_ [B, G, 2 top]: the top
+  // alternatives of the forward that last wrote each position's probability map entry (the row a
+  // merge reads). Every update is a fixed-shape tensor op on device data (the spans, the canvas
+  // before and after), so a captured step replays it.
+  bool recording() const { return rec_.defined(); }
+
+  // A forward's commits: position q of branch b read logits row rowmap[b, q] (-1: not read) where
+  // some span covers it; the positions whose token changed take that row's values, every covered
+  // position's map-entry alternatives (seen_) too.
+  void record_commits(const at::Tensor& logits, const at::Tensor& spans, const at::Tensor& before) {
+    if (!recording()) return;
+    const int64_t V = logits.size(1), R = 1 + 2 * top_;
+    const at::TensorOptions lo = spans.options();
+    const at::Tensor b = spans.select(1, br::kSpanRow).view({-1, 1, 1});
+    const at::Tensor lrow = spans.select(1, br::kSpanLogitRow).view({-1, 1, 1});
+    const at::Tensor pos0 = spans.select(1, br::kSpanFirstPos).view({-1, 1, 1});
+    const at::Tensor cnt = spans.select(1, br::kSpanRows).view({-1, 1, 1});
+    const at::Tensor q = at::arange(L_, lo).view({1, 1, L_});
+    const at::Tensor in = at::arange(B_, lo).view({1, B_, 1}).eq(b) & q.ge(pos0) & q.lt(pos0 + cnt);
+    const at::Tensor rowmap = at::where(in, lrow + q - pos0, -1).amax(0);  // [B, L]; one span per branch
+    const at::Tensor covered = rowmap.ge(0), r = rowmap.clamp_min(0).reshape({-1});
+    const at::Tensor ls = at::log_softmax(logits.to(at::kFloat), -1);
+    const at::Tensor token = canvas_.clamp(0, V - 1).reshape({-1});
+    std::vector<at::Tensor> cols{ls.reshape({-1}).index_select(0, r * V + token).to(at::kDouble).view({B_, L_, 1})};
+    if (top_ > 0) {
+      auto [v, i] = at::topk(ls, top_, -1);
+      const at::Tensor alt = at::cat({i.to(at::kDouble), v.to(at::kDouble)}, 1).index_select(0, r).view({B_, L_, -1});
+      cols.push_back(alt);
+      const at::Tensor gen = covered.narrow(1, lp_, G_).unsqueeze(-1);
+      seen_.copy_(at::where(gen, alt.narrow(1, lp_, G_), seen_));
+    }
+    const at::Tensor changed = (canvas_.ne(before) & covered).unsqueeze(-1);
+    rec_.copy_(at::where(changed, at::cat(cols, -1).view({B_, L_, R}), rec_));
+  }
+
+  // A coordination: a merge fills a mask of branch b from b's probability map, whose entry its last
+  // forward over the position wrote: the record is the log of the probability the merge read and
+  // that forward's alternatives (seen_). Then a sync copies the leader's canvas, records included.
+  void record_coordination(const at::Tensor& before) {
+    if (!recording()) return;
+    const at::Tensor tok = canvas_.narrow(1, lp_, G_);
+    const at::Tensor p = (map_probs_ * map_ids_.eq(tok.unsqueeze(-1))).sum(-1);  // [B, G]
+    std::vector<at::Tensor> cols{at::log(p).unsqueeze(-1)};
+    if (top_ > 0) cols.push_back(seen_);
+    const at::Tensor merged =
+        (tok.ne(before.narrow(1, lp_, G_)) & sync_src_.lt(0).unsqueeze(1)).unsqueeze(-1);  // synced rows: below
+    at::Tensor gen = rec_.narrow(1, lp_, G_);
+    gen.copy_(at::where(merged, at::cat(cols, -1), gen));
+    const at::Tensor src = at::where(sync_src_.ge(0), sync_src_, at::arange(B_, sync_src_.options()));
+    rec_.copy_(rec_.index_select(0, src));
   }
 
   void absorb_spans(const at::Tensor& logits, const at::Tensor& spans, const at::Tensor& token, const at::Tensor& conf,
@@ -279,6 +360,8 @@ class DeviceBranches final : public Branches {
   // Device state (rows = branches by ascending block size; see kernels/branches.h).
   BranchRows& rows_;
   at::Tensor canvas_, state_, eos_prob_, map_ids_, map_probs_, flags_, sync_src_;
+  int64_t top_ = 0;        // the `logprobs` option's top alternatives
+  at::Tensor rec_, seen_;  // its per-branch tables (undefined when off): record_commits
 };
 
 }  // namespace

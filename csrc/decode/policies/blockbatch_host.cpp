@@ -6,7 +6,10 @@
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/gather.h>
+#include <ATen/ops/log_softmax.h>
 #include <ATen/ops/softmax.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/where.h>
 #include <ATen/ops/topk.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
@@ -61,6 +64,11 @@ class HostBranches final : public Branches {
            /*merge_own_window=*/true,
            /*sync_copies_map=*/true} {
     x_.resize(B_ * L_, mask_);
+    if (o.logprobs) {  // the `logprobs` option: per-branch records (ALGORITHMS.md 17), on the device
+      top_ = *o.logprobs;
+      const at::TensorOptions f64 = at::TensorOptions().dtype(at::kDouble).device(model.device());
+      rec_ = at::full({B_ * L_, 1 + 2 * top_}, std::numeric_limits<double>::quiet_NaN(), f64);
+    }
     grow(K_);
     for (int64_t r = 0; r < B_; ++r) {
       std::copy(prompt.begin(), prompt.end(), x_.begin() + r * L_);
@@ -121,11 +129,16 @@ class HostBranches final : public Branches {
   void coordinate() override {
     snap_all();
     if (st(br::leader(view()))[br::kDecoded] == 0) return;
-    if (o_.merge) br::merge_step(br::SerialExec{}, view(), p_);
+    if (o_.merge) {
+      const std::vector<int64_t> before = recording() ? x_ : std::vector<int64_t>();
+      br::merge_step(br::SerialExec{}, view(), p_);
+      record_merges(before);
+    }
     snap_all();
     if (!o_.sync) return;
     std::vector<int64_t> src(B_, -1);  // the rows each synced branch copied: its KV row follows
     br::sync_step(br::SerialExec{}, view(), src.data(), p_);
+    record_syncs(src);
     for (int64_t b = 0; b < B_; ++b) synced_ = synced_ || (src[b] >= 0 && !done(b));
     rows_.copy(src);
   }
@@ -169,6 +182,19 @@ class HostBranches final : public Branches {
     return w;
   }
 
+  at::Tensor logprobs(int64_t winner, bool eos) const override {
+    if (!recording()) return {};
+    at::Tensor r = rec_.narrow(0, winner * L_ + lp_, G_).to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+    if (eos)
+      r.narrow(0, *first_eos(winner) + 1, G_ - *first_eos(winner) - 1).fill_(std::numeric_limits<double>::quiet_NaN());
+    return r;
+  }
+
+  at::Tensor settled_logprobs(int64_t from, int64_t count) const override {
+    if (!recording()) return {};
+    return settled_rows(rec_.view({B_, L_, -1}).narrow(1, lp_ + from, count), count);
+  }
+
   std::vector<int64_t> tokens(int64_t winner, bool eos) override {
     std::vector<int64_t> t(x_.begin() + winner * L_, x_.begin() + (winner + 1) * L_);
     if (eos) std::fill(t.begin() + lp_ + *first_eos(winner) + 1, t.end(), eos_);  // cut after the first EOS
@@ -189,6 +215,11 @@ class HostBranches final : public Branches {
     for (int64_t e = 0; e < B_ * G_; ++e) {
       std::copy_n(map_ids_.data() + e * map_k_, map_k_, ids.data() + e * k);
       std::copy_n(map_probs_.data() + e * map_k_, map_k_, probs.data() + e * k);
+    }
+    if (recording()) {  // the slots' records grow with them
+      at::Tensor slots = at::zeros({B_ * G_, k, 1 + 2 * top_}, rec_.options());
+      if (map_k_ > 0) slots.narrow(1, 0, map_k_).copy_(slots_.view({B_ * G_, map_k_, -1}));
+      slots_ = slots.view({B_ * G_ * k, -1});
     }
     map_ids_.swap(ids), map_probs_.swap(probs), map_k_ = k;
   }
@@ -249,7 +280,7 @@ class HostBranches final : public Branches {
   }
   // Writes the seeds; `logits` holds one row per seed, in order.
   void seed(const at::Tensor& logits) {
-    std::vector<int64_t> token;
+    std::vector<int64_t> token, at, from;  // logprobs: the seeds' rec_ rows and logits rows
     if (std::any_of(seeds_.begin(), seeds_.end(), [](int64_t p) { return p >= 0; })) {
       at::Tensor lg = logits.to(at::kFloat).clone();
       lg.select(1, mask_).fill_(kMaskPenalty);
@@ -261,12 +292,19 @@ class HostBranches final : public Branches {
       const int64_t b = spans_[i].b;
       if (seeds_[i] == kWasDone) continue;
       if (seeds_[i] != kNoSeed) {
+        at.push_back(b * L_ + seeds_[i]);
+        from.push_back(static_cast<int64_t>(k));
         row(b)[seeds_[i]] = token[k++];
         st(b)[br::kCommitted] += 1;
         std::fill_n(&map_ids_[view().entry(b, lp_)], G_ * map_k_, -1);  // the seed clears the map
         advance(b);
       }
       st(b)[br::kSinceRefresh] = 0;
+    }
+    if (recording() && !at.empty()) {
+      const at::Tensor lg = logits.to(at::kFloat);
+      const at::Tensor tok = dev(token).view({-1, 1});
+      rec_.index_copy_(0, dev(at), row_values(at::log_softmax(lg, -1), tok).index_select(0, dev(from)));
     }
   }
 
@@ -282,7 +320,22 @@ class HostBranches final : public Branches {
     auto [pv, pid] = at::topk(at::softmax(logits, -1), std::min(K_, logits.size(-1)));
     const std::vector<at::Tensor> h =
         host::to_host({pred.squeeze(-1), conf, pid.masked_fill(pv.gt(*o_.prob_floor).logical_not(), -1), pv});
+    commits_.clear(), commit_rows_.clear(), slot_ids_.clear(), slot_from_.clear();
     for (const Span& s : spans_) absorb(s.b, s.first, h);
+    if (!recording()) return;
+    // The rows' values for the committed tokens, and for every id a map slot took (row i's k-th id:
+    // entry i * K + k of the second table), written where the absorbs said.
+    const at::Tensor ls = at::log_softmax(logits, -1);
+    if (!commits_.empty()) {
+      rec_.index_copy_(0, dev(commits_), row_values(ls, pred).index_select(0, dev(commit_rows_)));
+    }
+    if (!slot_ids_.empty()) {  // the slots as the map stands now (an entry may have grown since)
+      std::vector<int64_t> at;
+      for (size_t i = 0; i < slot_ids_.size(); i += 3)
+        at.push_back(slot_of(slot_ids_[i], slot_ids_[i + 1], slot_ids_[i + 2]));
+      const at::Tensor per_id = row_values(ls, pid).reshape({-1, 1 + 2 * top_});  // [rows * K, R]
+      slots_.index_copy_(0, dev(at), per_id.index_select(0, dev(slot_from_)));
+    }
   }
 
   void absorb(int64_t b, int64_t first, const std::vector<at::Tensor>& h) {
@@ -315,12 +368,71 @@ class HostBranches final : public Branches {
       if (!take[j]) continue;
       x[lo + j] = pred[j];
       st(b)[br::kCommitted] += 1;
+      if (recording()) commits_.push_back(b * L_ + lo + j), commit_rows_.push_back(first + j);
     }
     // MapRule::kAccumulateSinceSeed: every probability above the floor, over older entries of its token.
     while (br::record_map(br::SerialExec{}, view(), b, lo, n, pid, pv, K, br::MapMode::kAccumulate)) {
       grow(2 * map_k_);
     }
+    // logprobs: the slot each id went to takes this row's values for it (absorb_block writes them)
+    for (int64_t j = 0; recording() && j < n; ++j) {
+      for (int64_t k = 0; k < K; ++k) {
+        if (pid[j * K + k] >= 0) {
+          slot_ids_.insert(slot_ids_.end(), {b, lo + j, pid[j * K + k]});
+          slot_from_.push_back((first + j) * K + k);
+        }
+      }
+    }
     advance(b);
+  }
+
+  // --- the `logprobs` option (docs/ALGORITHMS.md 17) ---------------------------------------------
+  // rec_ [B L, 1 + 2 top]: what each branch's canvas holds, the record of the forward that gave it;
+  // slots_ [B G map_k, 1 + 2 top]: per map slot, the row whose probability it holds (the id's
+  // log-prob in it, its top alternatives), the row a merge of that id reads. On the device; the
+  // host hands index lists only.
+  bool recording() const { return rec_.defined(); }
+  at::Tensor dev(const std::vector<int64_t>& v) const { return at::tensor(v, at::kLong).to(rec_.device()); }
+  // Per row of log-softmax `ls` [n, V] and each of its ids [n, m]: [n, m, R] (the id's log-prob,
+  // then the row's top ids and log-probs); m = 1 gives [n, R].
+  at::Tensor row_values(const at::Tensor& ls, const at::Tensor& ids) const {
+    const at::Tensor lp = ls.gather(1, ids.clamp(0, ls.size(1) - 1)).to(at::kDouble).unsqueeze(-1);  // [n, m, 1]
+    if (top_ == 0) return ids.size(1) == 1 ? lp.squeeze(1) : lp;
+    auto [v, i] = at::topk(ls, top_, -1);
+    const at::Tensor alt =
+        at::cat({i.to(at::kDouble), v.to(at::kDouble)}, 1).unsqueeze(1).expand({-1, ids.size(1), -1});
+    const at::Tensor out = at::cat({lp, alt}, -1);
+    return ids.size(1) == 1 ? out.squeeze(1) : out;
+  }
+  // The flat slot of `id` in branch b's map entry at `pos` (it holds it).
+  int64_t slot_of(int64_t b, int64_t pos, int64_t id) const {
+    const int64_t e = (b * G_ + pos - lp_) * map_k_;
+    for (int64_t s = 0; s < map_k_; ++s) {
+      if (map_ids_[e + s] == id) return e + s;
+    }
+    TORCH_CHECK(false, "blockbatch: internal error: map entry (", b, ", ", pos, ") lost token ", id);
+  }
+  // A merge filled masks of its destination from its own map: each takes its slot's record.
+  void record_merges(const std::vector<int64_t>& before) {
+    if (!recording()) return;
+    std::vector<int64_t> at, from;
+    for (int64_t b = 0; b < B_; ++b) {
+      for (int64_t q = lp_; q < L_; ++q) {
+        if (before[b * L_ + q] != x_[b * L_ + q])
+          at.push_back(b * L_ + q), from.push_back(slot_of(b, q, x_[b * L_ + q]));
+      }
+    }
+    if (!at.empty()) rec_.index_copy_(0, dev(at), slots_.index_select(0, dev(from)));
+  }
+  // A sync copies the leader's canvas and map: their records with them.
+  void record_syncs(const std::vector<int64_t>& src) {
+    if (!recording() || std::all_of(src.begin(), src.end(), [](int64_t s) { return s < 0; })) return;
+    std::vector<int64_t> rows(B_);
+    for (int64_t b = 0; b < B_; ++b) rows[b] = src[b] >= 0 ? src[b] : b;
+    const at::Tensor r = dev(rows);
+    at::Tensor rec = rec_.view({B_, L_, -1}), slots = slots_.view({B_, G_ * map_k_, -1});
+    rec.copy_(rec.index_select(0, r));
+    slots.copy_(slots.index_select(0, r));
   }
 
   // Logits for ranking proposals: ids the tokenizer cannot produce never win (the probabilities
@@ -348,6 +460,11 @@ class HostBranches final : public Branches {
   bool synced_ = false;         // sync_refresh: the last coordination synced a branch that is not done
   std::vector<Span> spans_;     // the step in flight
   std::vector<int64_t> seeds_;  // its seed positions (full forwards)
+  int64_t top_ = 0;             // the `logprobs` option's top alternatives
+  at::Tensor rec_, slots_;      // its tables (undefined when off): recording()
+  // A block step's writes into them: rec_ rows and logits rows; (branch, position, id) and entries of
+  // the step's [rows K] ids.
+  std::vector<int64_t> commits_, commit_rows_, slot_ids_, slot_from_;
 };
 
 }  // namespace

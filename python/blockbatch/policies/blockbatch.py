@@ -68,6 +68,12 @@ def summary(stats: dict) -> str:
 
 def llada_reference(model, prompt, o, vocab_limit: int | None = None):
     """LLaDA's BlockBatch reference (``reference.blockbatch``; its row cut at EOS continues with EOS)."""
+    r = llada_reference_result(model, prompt, o)
+    return r.tokens, r.nfe
+
+
+def llada_reference_result(model, prompt, o, commit_rows: bool = False):
+    """``llada_reference``'s whole ``BlockBatchResult`` (``commit_rows``: with the winner's commit rows)."""
     from ..reference.blockbatch import blockbatch_generate
 
     assert o.threshold is not None  # DecodeOptions refuses blockbatch without a threshold
@@ -91,8 +97,9 @@ def llada_reference(model, prompt, o, vocab_limit: int | None = None):
         sync_refresh=o.sync_refresh,
         fold_rows=o.fold_rows,
         share_prompt_kv=o.share_prompt_kv,
+        commit_rows=commit_rows,
     )
-    return r.tokens, r.nfe
+    return r
 
 
 # family -> reference entry

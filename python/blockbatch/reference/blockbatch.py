@@ -50,6 +50,10 @@ class Branch:
     nfe_init: int = 0
     nfe_block: int = 0
     nfe_refresh: int = 0
+    # commit_rows (the `logprobs` rule, ALGORITHMS.md 17): per position, the logits row its token came
+    # from (rows), and per map entry the row that gave each token its probability (seen)
+    rows: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
+    seen: dict[int, dict[int, torch.Tensor]] = dataclasses.field(default_factory=dict)
 
     @property
     def forwards(self) -> int:
@@ -74,6 +78,8 @@ class BlockBatchResult:
     exit_reason: str = ""  # "eos_ready" | "branch_complete" | "all_branches_done"
     folded_rows: int = 0  # fold_rows: refresh rows a folding engine does not feed (an earlier row has their canvas)
     folded_tokens: int = 0
+    # commit_rows: per generated position of the winner, the logits row its token came from (None: none)
+    commit_rows: list[torch.Tensor | None] | None = None
 
 
 class _BlockBatch:
@@ -150,10 +156,13 @@ class _BlockBatch:
         for i in range(logits.shape[0]):
             keep = (probs[i] > self.o["prob_floor"]).nonzero()[:, 0]
             entry = {int(t): float(probs[i, t]) for t in keep}
+            rows = {t: logits[i] for t in entry} if self.o["commit_rows"] else {}
             if self.rules.map_accumulate:
                 br.prob_map.setdefault(first_pos + i, {}).update(entry)
+                br.seen.setdefault(first_pos + i, {}).update(rows)
             else:
                 br.prob_map[first_pos + i] = entry
+                br.seen[first_pos + i] = rows
 
     def commit(self, br: Branch, logits: torch.Tensor, lo: int, hi: int) -> int:
         """Threshold rule over [lo, hi); logits rows = those positions."""
@@ -177,6 +186,9 @@ class _BlockBatch:
                 pick = no_eos if float(no_eos.max()) > float("-inf") else masked_conf
                 chosen[int(pick.argmax())] = True
         window[chosen] = x0[chosen]
+        if self.o["commit_rows"]:
+            for i in chosen.nonzero()[:, 0].tolist():
+                br.rows[lo + i] = logits[i]
         k = int(chosen.sum())
         if not self.rules.count_from_row:
             br.decoded += k
@@ -190,8 +202,9 @@ class _BlockBatch:
             return 0
         pos = br.start + int(window.nonzero()[0, 0])
         self.canvas[br.row, pos] = topk_propose(logits[pos : pos + 1], self.mask, self.o["vocab_limit"])[0][0]
+        br.rows[pos] = logits[pos]
         br.committed += 1
-        br.prob_map = {}
+        br.prob_map, br.seen = {}, {}
         self.advance(br)
         return 1
 
@@ -314,6 +327,8 @@ class _BlockBatch:
                         best_tok, best_p = tok, p
                 if (best_p >= gate if self.rules.gate_inclusive else best_p > gate) and best_tok != mask:
                     self.canvas[dst.row, pos] = best_tok
+                    if self.o["commit_rows"]:  # the row whose probability the merge read
+                        dst.rows[pos] = dst.seen[pos][int(best_tok)]
                     filled += 1
             dst.merged += filled
             if filled and not dst.done and (self.rules.count_from_row or not self.has_masks(dst, dst.start, dst.end)):
@@ -327,6 +342,7 @@ class _BlockBatch:
             before = self.canvas[br.row].clone()
             self.canvas[br.row] = self.canvas[lead.row]
             self.kv[br.row] = self.kv[lead.row]
+            br.rows = dict(lead.rows)  # the records travel with the canvas
             if self.rules.count_from_row:
                 br.copied += int(((before != self.canvas[br.row]) & (self.canvas[br.row] != self.mask)).sum())
             else:
@@ -334,6 +350,7 @@ class _BlockBatch:
                 br.decoded = lead.decoded
             if self.rules.map_accumulate:  # the map and the token clock describe the row: they travel with it
                 br.prob_map = {p: dict(e) for p, e in lead.prob_map.items()}
+                br.seen = {p: dict(e) for p, e in lead.seen.items()}
             if self.rules.refresh_clock == "tokens":
                 br.since_refresh = lead.since_refresh
             self.snap(br)  # own block size
@@ -434,6 +451,7 @@ class _BlockBatch:
             exit_reason=reason,
             folded_rows=self.folded_rows,
             folded_tokens=self.folded_rows * self.L,
+            commit_rows=[winner.rows.get(p) for p in range(self.lp, self.L)] if self.o["commit_rows"] else None,
         )
 
     def run(self) -> BlockBatchResult:
@@ -475,9 +493,13 @@ def blockbatch_generate(
     share_prompt_kv: bool = _D["share_prompt_kv"],
     family: str = "llada",
     vocab_limit: int | None = None,
+    commit_rows: bool = False,
 ) -> BlockBatchResult:
     """BlockBatch over one prompt (``[Lp]`` int64) under the rules of ``family``; ``vocab_limit``
-    (the topk readout): only ids below it are proposed."""
+    (the topk readout): only ids below it are proposed. ``commit_rows``: the result's
+    ``commit_rows`` hold the logits row each of the winner's tokens came from (the `logprobs` rule,
+    docs/ALGORITHMS.md 17: a commit's row; a merge's, the row whose probability it read; a sync
+    copies the leader's)."""
     o = dict(
         threshold=threshold,
         merge_gate=merge_gate,
@@ -494,5 +516,6 @@ def blockbatch_generate(
         fold_rows=fold_rows,
         share_prompt_kv=share_prompt_kv,
         vocab_limit=vocab_limit,
+        commit_rows=commit_rows,
     )
     return _BlockBatch(model, prompt, gen_length, block_sizes, family, o).run()

@@ -155,13 +155,16 @@ def dream_blockbatch(
     sync_refresh: bool = False,
     fold_rows: bool = True,
     share_prompt_kv: bool = False,
+    commit_rows: bool = False,
 ) -> DreamResult:
     """BlockBatch for Dream (ALGORITHMS.md section 5.4): ``blockbatch.blockbatch_generate`` under
     Dream's rules; NFE counts every forward executed; the row is cut after the winner's first EOS on
     an EOS exit. ``refresh_tokens=0`` never refreshes (the engine's meaning; the authors' default is
     32); ``merge`` / ``sync`` are the ablation switches; ``sync_refresh`` the variant of section 10.3;
     ``fold_rows``: the query-token log and ``folded_rows`` count a folding engine's refresh rows;
-    ``share_prompt_kv``: every branch reads the prompt K/V of the first row each full forward feeds."""
+    ``share_prompt_kv``: every branch reads the prompt K/V of the first row each full forward feeds;
+    ``commit_rows``: ``stats["commit_rows"]``, the logits row of each generated token of the row
+    (``blockbatch_generate``'s, None after the first EOS on an EOS exit: filled, not read)."""
     prompt_ids = torch.as_tensor(list(prompt), dtype=torch.long)
     r = blockbatch_generate(
         model,
@@ -184,6 +187,7 @@ def dream_blockbatch(
         share_prompt_kv=share_prompt_kv,
         family="dream",
         vocab_limit=vocab_limit,
+        commit_rows=commit_rows,
     )
     tokens, lp = r.tokens.tolist(), prompt_ids.numel()
     if r.early_exit:
@@ -205,14 +209,23 @@ def dream_blockbatch(
                 {"block_size": b.block_size, "committed": b.committed, "merged": b.merged, "copied": b.copied}
                 for b in r.branches
             ],
+            **({"commit_rows": _cut_rows(r, len(tokens) - lp)} if commit_rows else {}),
         },
     )
+
+
+def _cut_rows(r, kept: int) -> list:
+    """A BlockBatch result's commit rows, None past the ``kept`` tokens of its (cut) row."""
+    assert r.commit_rows is not None
+    return [row if j < kept else None for j, row in enumerate(r.commit_rows)]
 
 
 ALG_NAMES = {"confidence": "maskgit_plus", "margin": "topk_margin", "entropy": "entropy", "origin": "origin"}
 
 
-def decode_with_options(model: ReferenceModel, prompt: Sequence[int], options, vocab_limit: int | None = None):
+def decode_with_options(
+    model: ReferenceModel, prompt: Sequence[int], options, vocab_limit: int | None = None, commit_rows: bool = False
+):
     """One request under ``blockbatch.DecodeOptions`` (unset options: Dream's defaults from the
     options table), through the decoder of its policy: what the native engine must return."""
     o = options
@@ -266,4 +279,5 @@ def decode_with_options(model: ReferenceModel, prompt: Sequence[int], options, v
         sync_refresh=o.sync_refresh,
         fold_rows=o.fold_rows,
         share_prompt_kv=o.share_prompt_kv,
+        commit_rows=commit_rows,
     )
