@@ -23,25 +23,10 @@ from blockbatch import DecodeOptions, Engine, bench, families, policies
 from blockbatch.errors import RequestError
 from blockbatch.random_checkpoint import make_random_checkpoint
 from helpers import families as data
-from helpers.batching import small_engine
 
 PAIRS = [(f, p) for f in data.names() for p in families.get(f).POLICIES]
 REFUSED = [(f, p) for f in data.names() for p in policies.REGISTRY if p not in families.get(f).POLICIES]
 PROMPTS = ([5], [3, 9, 27, 1, 44, 2, 8, 8, 19])
-
-_engines: dict[str, tuple] = {}
-
-
-@pytest.fixture(scope="module")
-def engines(tmp_path_factory):
-    def get(family):
-        if family not in _engines:
-            engine = small_engine(tmp_path_factory.mktemp(family), family, seed=9)
-            _engines[family] = (engine, bench.reference_model(engine.checkpoint))
-        return _engines[family]
-
-    yield get
-    _engines.clear()
 
 
 @pytest.mark.parametrize("family,policy", PAIRS, ids=[f"{f}-{p}" for f, p in PAIRS])

@@ -12,33 +12,18 @@ import math
 import pytest
 import torch
 
-from blockbatch import bench, families, policies
+from blockbatch import families, policies
 from blockbatch.decoding import run_decode, token_logprobs
 from blockbatch.policies.blockbatch import llada_reference_result
 from blockbatch.reference.dream import decode_with_options
 from helpers import families as data
 from helpers import logprobs as lp
-from helpers.batching import small_engine
 
 PAIRS = [(f, p) for f in data.names() for p in families.get(f).POLICIES]
 # compared by the rule of helpers/logprobs.py (blockbatch: by its reference's commit rows, below)
 RECORDING = ("vanilla", "prefix", "dual", "block", "window", "wavefront")
 PROMPTS = ([5], [3, 9, 27, 1, 44, 2, 8, 8, 19])
 TOP = 3
-
-_engines: dict[str, tuple] = {}
-
-
-@pytest.fixture(scope="module")
-def engines(tmp_path_factory):
-    def get(family):
-        if family not in _engines:
-            engine = small_engine(tmp_path_factory.mktemp(family), family, seed=9)
-            _engines[family] = (engine, bench.reference_model(engine.checkpoint))
-        return _engines[family]
-
-    yield get
-    _engines.clear()
 
 
 def _cases(policy, family):

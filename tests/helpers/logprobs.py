@@ -58,9 +58,7 @@ def expected(rec: Recording, prompt_len: int, ids: list[int], top: int, shifted:
         if row is None:
             out.append(None)
             continue
-        ls = torch.log_softmax(row.float(), -1)
-        v, k = torch.topk(ls, top)
-        out.append((float(ls[token]), k.tolist(), v.tolist()))
+        out.append(entry(row, token, top))
     return out
 
 
@@ -72,9 +70,7 @@ def from_rows(rows: list, ids: list[int], top: int) -> list:
         if row is None:
             out.append(None)
             continue
-        ls = torch.log_softmax(row.float(), -1)
-        v, k = torch.topk(ls, top)
-        out.append((float(ls[token]), k.tolist(), v.tolist()))
+        out.append(entry(row, token, top))
     return out
 
 
@@ -98,3 +94,11 @@ def assert_close(got, want, what: str, atol: float = 1e-4, filled_after: int | N
         tied = any(abs(a - b) <= atol for a, b in zip(vals, vals[1:]))
         got_ids = [i for i, _ in g.top]
         assert (sorted(got_ids) == sorted(ids)) if tied else got_ids == ids, f"{what}: token {j} top ids"
+
+
+def entry(row: torch.Tensor, token: int, top: int) -> tuple[float, list[int], list[float]]:
+    """One token's expected entry from the logits row that committed it: its log-prob under the row's
+    float32 log-softmax and the ``top`` most probable (ids, log-probs)."""
+    ls = torch.log_softmax(row.float(), -1)
+    v, k = torch.topk(ls, top)
+    return float(ls[token]), k.tolist(), v.tolist()
