@@ -148,4 +148,6 @@ def test_default_blockbatch_settings_are_the_authors_dream_defaults():
         sync_refresh=False,
         fold_rows=True,
         share_prompt_kv=False,
-    )  # sync_refresh, share_prompt_kv: our variants, off; fold_rows: only the query-token accounting
+        commit_rows=False,
+    )  # sync_refresh, share_prompt_kv: our variants, off; fold_rows: only the query-token accounting;
+    # commit_rows: what the result records for logprobs, off
