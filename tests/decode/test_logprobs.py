@@ -96,7 +96,7 @@ def test_top_zero_gives_the_token_only_and_twenty_gives_twenty(engines, top):
 
 # BlockBatch: the registry's cases and ones where merges, syncs and refreshes fire (the test checks
 # that they did); on LLaDA divergence refreshes and the seeded sampler too, on Dream an EOS exit.
-BLOCKBATCH_CASES = {
+BRANCH_CASES = {
     "llada": [
         *data.policy_cases("blockbatch", "llada"),
         dict(gen_length=32, block_sizes=(2, 4, 8), threshold=0.6, merge_gate=0.3, refresh_tokens=4, sync_gap=1),
@@ -126,7 +126,7 @@ def _blockbatch_rows(family, ref, prompt, o, vocab) -> tuple[list[int], int, lis
     return d.tokens, d.nfe, d.stats["commit_rows"]
 
 
-@pytest.mark.parametrize("family", sorted(BLOCKBATCH_CASES))
+@pytest.mark.parametrize("family", sorted(BRANCH_CASES))
 def test_blockbatch_logprobs_are_the_winners_commit_rows(engines, family):
     """Per token of the winner: the row its branch committed it from (a merge: the row whose
     probability the merge read; a sync: the leader's record), recomputed by the reference; NaN
@@ -136,7 +136,7 @@ def test_blockbatch_logprobs_are_the_winners_commit_rows(engines, family):
     # [11, 4] on Dream: merges that read a probability an older forward than the entry's last gave
     # (a slot's record, not the last row's: a per-position record would fail here)
     for prompt in (*PROMPTS, [7, 7, 2], [11, 4]):
-        for overrides in BLOCKBATCH_CASES[family]:
+        for overrides in BRANCH_CASES[family]:
             what = f"{family} blockbatch {overrides} prompt {prompt}"
             o = engine.default_options(policy="blockbatch", logprobs=TOP, **overrides)
             g = engine.generate([prompt], o)[0]
@@ -157,11 +157,11 @@ def test_blockbatch_logprobs_are_the_winners_commit_rows(engines, family):
     assert all(n > 0 for n in fired.values()), fired
 
 
-@pytest.mark.parametrize("family", sorted(BLOCKBATCH_CASES))
+@pytest.mark.parametrize("family", sorted(BRANCH_CASES))
 def test_blockbatch_logprobs_do_not_change_with_the_batch(engines, family):
     engine, _ = engines(family)
     prompts = [[5], [3, 9, 27, 1, 44, 2, 8, 8, 19], [7, 7, 2], [11, 4]]
-    o = engine.default_options(policy="blockbatch", logprobs=2, **BLOCKBATCH_CASES[family][2])
+    o = engine.default_options(policy="blockbatch", logprobs=2, **BRANCH_CASES[family][2])
     alone = [engine.generate([p], o)[0] for p in prompts]
     together = engine.generate(prompts, o, max_batch=4)
     for a, b in zip(alone, together):
@@ -170,12 +170,12 @@ def test_blockbatch_logprobs_do_not_change_with_the_batch(engines, family):
         assert a.logprobs and all(not math.isnan(t.logprob) for t in a.logprobs)
 
 
-@pytest.mark.parametrize("family", sorted(BLOCKBATCH_CASES))
+@pytest.mark.parametrize("family", sorted(BRANCH_CASES))
 def test_blockbatch_streams_final_rows(engines, family):
     """A stream's token events carry rows (once every branch holds the same record) equal to the
     result's rows of the same tokens, joined in order; tokens and rows stay aligned."""
     engine, _ = engines(family)
-    o = engine.default_options(policy="blockbatch", logprobs=2, **BLOCKBATCH_CASES[family][2])
+    o = engine.default_options(policy="blockbatch", logprobs=2, **BRANCH_CASES[family][2])
     prompts = [[5], [3, 9, 27, 1, 44, 2, 8, 8, 19], [7, 7, 2]]
     with engine.scheduler(max_batch=2, max_length=128) as sched:
         handles = [sched.submit(torch.tensor(p), o, stream=True) for p in prompts]

@@ -303,12 +303,17 @@ def test_llada_reference_entries_pass_every_option_their_reference_reads():
     import inspect
 
     from blockbatch import contract, policies
+    from blockbatch.policies import blockbatch as blockbatch_policy
     from blockbatch.reference.blockbatch import blockbatch_generate
     from blockbatch.reference.policies import generate
 
     options = {o.name for o in contract.OPTIONS if o.group != "dream"}
+    # BlockBatch's entry returns the tokens and NFE of llada_reference_result (which logprobs' tests also
+    # call for the commit rows): that is the function that calls the reference.
+    entry = policies.get("blockbatch").REFERENCE["llada"]
+    assert "llada_reference_result(model, prompt, o)" in inspect.getsource(entry)
     for entry, reference in (
-        (policies.get("blockbatch").REFERENCE["llada"], blockbatch_generate),
+        (blockbatch_policy.llada_reference_result, blockbatch_generate),
         (policies.get("dual").REFERENCE["llada"], generate),
     ):
         wanted = {p for p in inspect.signature(reference).parameters if p in options}
