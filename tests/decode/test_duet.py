@@ -129,7 +129,7 @@ def test_reference_with_nothing_dropped_is_the_sdar_block_decode(sdar_toy):
 
 
 def test_selection_follows_the_rule():
-    """select_prefix against a direct reading of 16.1: exactly the budget when there are more candidates;
+    """select_prefix against a direct reading of 18.1: exactly the budget when there are more candidates;
     every (head, row)'s nearest candidate kept when the union fits the budget; the fill by best distance."""
     g = torch.Generator().manual_seed(0)
     H, Hkv, B, hd, C = 4, 2, 3, 8, 40

@@ -402,12 +402,13 @@ class BlockDecoder final : public Decoder {
     std::vector<int64_t> masked, decided;
     for (int64_t i = 0; i < B_; ++i) (x_[s + i] == c_.mask_token_id ? masked : decided).push_back(i);
     const int64_t m = static_cast<int64_t>(masked.size());
-    const int64_t layer = o_.query_select_layer.value_or(rules_.unmasking ? 5 : 1);
+    // query_select_layer: the family's default (contract.py by_family) was filled in by admit().
     if (o_.query_keep_ratio >= 1.0 || s < o_.query_min_context || m <= o_.query_dense_masks ||
-        layer >= c_.n_layers - 1) {
+        o_.query_select_layer.value() >= c_.n_layers - 1) {
       kept_.clear();
       return;
     }
+    const int64_t layer = *o_.query_select_layer;
     const int64_t count =
         std::min<int64_t>(m, std::max<int64_t>(1, static_cast<int64_t>(std::ceil(o_.query_keep_ratio * m))));
     q.row_keep_layer = layer;

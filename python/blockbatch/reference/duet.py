@@ -6,12 +6,12 @@ policy's ``prefix_kv_budget`` and ``query_keep_ratio`` (tests/decode/test_duet.p
 layer loop: the decoder's rules (schedules, commits, edits, NFE) stay those of the block policy, and the
 forwards of a block after its first one become sparse.
 
-- Prefix K/V (16.1): the block's first forward is dense and yields each layer's block queries (after
+- Prefix K/V (18.1): the block's first forward is dense and yields each layer's block queries (after
   QK-norm and RoPE); each layer then selects at most ``prefix_kv_budget`` prefix positions (Raw-L1 distance,
   the union of every (head, row)'s nearest keys, filled or cut to the budget by the best distance; ties to
   the lower position) among the previous block's selection and the positions final since (else the whole
   prefix). The block's later forwards attend those keys and the block's own.
-- Query rows (16.2): at a later forward, after ``query_select_layer`` the masked rows are ranked by the LM
+- Query rows (18.2): at a later forward, after ``query_select_layer`` the masked rows are ranked by the LM
   head applied to that layer's hidden state (no final norm, as the authors); the decided rows and
   ``min(m, max(1, ceil(ratio m)))`` of the ``m`` masks (those above ``threshold`` when enough are, else the
   most confident) run the deeper layers; the dropped rows keep the K/V of the block's previous forward and get
@@ -21,7 +21,7 @@ forwards of a block after its first one become sparse.
 
 Each part is off for a block whose prefix is shorter than its cost gate (``prefix_kv_min_context`` /
 ``query_min_context``; defaults: the contract's). The stats ``prefix_keys_selected`` and
-``query_rows_dropped`` count as the native decoder's (section 16.4).
+``query_rows_dropped`` count as the native decoder's (section 18.4).
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ class _SDARLayers:
 
 
 def select_prefix(q: torch.Tensor, keys: torch.Tensor, candidates: torch.Tensor, budget: int) -> torch.Tensor:
-    """DUET's Raw-L1 selection (section 16.1) for one layer: ``q`` [H, B, hd] the block's queries,
+    """DUET's Raw-L1 selection (section 18.1) for one layer: ``q`` [H, B, hd] the block's queries,
     ``keys`` [Hkv, C, hd] the candidates' keys, ``candidates`` [C] their positions (ascending). Returns at
     most ``budget`` positions, ascending."""
     H, B, hd = q.shape
